@@ -1,0 +1,44 @@
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V1`.
+//!
+//! Every verdict the datapath reaches bumps exactly one of these.
+
+/// Not a service packet, nor a reply of a tracked flow: passed untouched.
+pub const R_PASS: u32 = 0;
+/// New flow to a service: backend chosen, conntrack created, DNATed.
+pub const R_NEW_FLOW: u32 = 1;
+/// Packet of a tracked flow: DNATed to its backend.
+pub const R_ESTABLISHED: u32 = 2;
+/// Reply from a backend: source restored to the VIP.
+pub const R_REVERSE_NAT: u32 = 3;
+/// Service has no usable backend: dropped.
+pub const R_NO_BACKEND: u32 = 4;
+/// IPv4 header or L4 header truncated or invalid: dropped.
+pub const R_MALFORMED: u32 = 5;
+/// IP fragment (ports not visible): passed untouched.
+pub const R_FRAGMENT: u32 = 6;
+/// A backend slot or backend id vanished mid-update: dropped (retransmission recovers).
+pub const R_STALE_SLOT: u32 = 7;
+/// A helper that rewrites the packet failed: dropped.
+pub const R_REWRITE_FAILED: u32 = 8;
+/// The conntrack map refused an insert: dropped (the reply could not be reverse-NATed).
+pub const R_CT_FULL: u32 = 9;
+/// Tracked flow whose backend was removed: a new backend was chosen.
+pub const R_BACKEND_GONE: u32 = 10;
+
+/// Number of counters (the size of `XLB_STATS_V1`).
+pub const R_COUNT: u32 = 11;
+
+/// Human names, indexed by reason code.
+pub const REASON_NAMES: [&str; R_COUNT as usize] = [
+    "pass",
+    "new_flow",
+    "established",
+    "reverse_nat",
+    "no_backend",
+    "malformed",
+    "fragment",
+    "stale_slot",
+    "rewrite_failed",
+    "ct_full",
+    "backend_gone",
+];

@@ -1,0 +1,160 @@
+//! Map names, keys and values.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Service map: written by the agent, read by the datapath.
+pub const MAP_SVC: &str = "XLB_SVC_V1";
+/// Backend map: written by the agent, read by the datapath.
+pub const MAP_BACKEND: &str = "XLB_BE_V1";
+/// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
+pub const MAP_CT: &str = "XLB_CT_V1";
+/// Per-CPU counters indexed by [`crate::counters`] reason codes.
+pub const MAP_STATS: &str = "XLB_STATS_V1";
+/// Service names for `xlb list`; written by the agent, never read by the datapath.
+pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
+
+/// Every map the object defines, in the order `xlb cleanup` removes them.
+pub const ALL_MAPS: [&str; 5] = [MAP_SVC, MAP_BACKEND, MAP_CT, MAP_STATS, MAP_SVC_NAME];
+
+/// Default capacities; the agent may override them at load time.
+pub const SVC_MAP_CAPACITY: u32 = 262_144;
+/// Default backend map capacity.
+pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
+/// Default conntrack capacity (two entries per flow: forward and reply).
+pub const CT_MAP_CAPACITY: u32 = 262_144;
+/// Default name map capacity (one per service port).
+pub const SVC_NAME_MAP_CAPACITY: u32 = 65_536;
+/// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC).
+pub const MAX_BACKENDS_PER_SVC: u16 = 4096;
+
+/// Key of the service map: a frontend (VIP, port, protocol) and a slot.
+///
+/// Slot 0 holds the service entry ([`SvcValue::count`] = number of backend slots);
+/// slots `1..=count` hold one backend id each.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SvcKey {
+    /// Frontend address, network order; IPv4 uses word 0 only.
+    pub addr_be: [u32; 4],
+    /// Frontend port, network order.
+    pub port_be: u16,
+    /// 0 = service entry, 1..=count = backend slot.
+    pub slot: u16,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<SvcKey>() == 24);
+
+/// Value of the service map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SvcValue {
+    /// Slot > 0: the backend id in that slot. Slot 0: unused (0).
+    pub backend_id: u32,
+    /// Slot 0: number of backend slots. Slot > 0: unused (0).
+    pub count: u16,
+    /// Slot 0: `SVC_F_*` flags.
+    pub flags: u16,
+    /// Identifies the service port (names map, per-service counters).
+    pub svc_id: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
+
+/// A backend: where a flow is DNATed to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct Backend {
+    /// Backend address, network order; IPv4 uses word 0 only.
+    pub addr_be: [u32; 4],
+    /// Backend port, network order.
+    pub port_be: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// `BE_F_*` flags.
+    pub flags: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<Backend>() == 24);
+
+/// Backend flag: the endpoint is terminating (kept for established flows only).
+pub const BE_F_TERMINATING: u8 = 1;
+
+/// Conntrack direction: the original tuple (client → VIP).
+pub const CT_DIR_FORWARD: u8 = 0;
+/// Conntrack direction: the reply tuple as the backend sends it (backend → client).
+pub const CT_DIR_REPLY: u8 = 1;
+
+/// Key of the conntrack map: a 5-tuple as seen on the wire, and its direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtKey {
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
+    pub dir: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+
+/// Value of the conntrack map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtValue {
+    /// Forward: the backend address chosen at creation. Reply: the VIP to restore as source.
+    pub nat_addr_be: [u32; 4],
+    /// Forward: the backend port. Reply: the VIP port.
+    pub nat_port_be: u16,
+    pub _pad: u16,
+    /// The backend the flow is pinned to.
+    pub backend_id: u32,
+    /// The service port the flow belongs to.
+    pub svc_id: u32,
+    pub _pad2: u32,
+    /// `bpf_ktime_get_ns` at creation.
+    pub created_ns: u64,
+    /// `bpf_ktime_get_ns` of a recent packet (refreshed at most once a second).
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
+
+/// One per-CPU counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+
+/// Longest service name kept in the names map (`namespace/name:port/proto`, truncated).
+pub const SVC_NAME_LEN: usize = 128;
+
+/// Value of the names map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct SvcName {
+    /// UTF-8, NUL-padded.
+    pub name: [u8; SVC_NAME_LEN],
+}
+const _: () = assert!(core::mem::size_of::<SvcName>() == SVC_NAME_LEN);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type is repr(C), has no implicit padding, and is valid for any bit pattern
+    // (the same guarantee as bytemuck::Pod, which each derives).
+    unsafe impl aya::Pod for super::SvcKey {}
+    unsafe impl aya::Pod for super::SvcValue {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::CtKey {}
+    unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::Counter {}
+    unsafe impl aya::Pod for super::SvcName {}
+}

@@ -1,0 +1,81 @@
+//! xlb's datapath: tc programs that DNAT service traffic to backends and reverse-NAT replies.
+//!
+//! Each program is `entry → try_fn → Result<Verdict, Reason>`; both arms bump one per-CPU
+//! counter. Nothing here logs per packet.
+#![no_std]
+#![no_main]
+
+mod conntrack;
+mod maps;
+mod nat;
+mod parse;
+mod reason;
+mod select;
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
+use lb_common::{R_ESTABLISHED, R_PASS, R_REVERSE_NAT};
+
+use crate::{parse::Parsed, reason::Reason};
+
+/// tc ingress on the host side of pod veths (and node interfaces that carry replies):
+/// service packets are DNATed to a backend, replies of tracked flows get the VIP back.
+#[classifier]
+pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
+    let (action, reason) = match try_tc_ingress(&ctx) {
+        Ok(counted) => (TC_ACT_OK, counted),
+        Err(dropped) => (TC_ACT_SHOT, dropped),
+    };
+    reason.count(ctx.len());
+    action as i32
+}
+
+/// `Ok(reason)`: the packet continues (possibly rewritten); `Err(reason)`: it is dropped.
+#[inline(always)]
+fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
+    let t = match parse::parse_ipv4(ctx)? {
+        Parsed::Flow(t) => t,
+        Parsed::Pass(reason) => return Ok(reason),
+    };
+
+    // A reply from a backend of a tracked flow: restore the VIP as source.
+    if let Some(ct) = conntrack::lookup_reply(&t) {
+        nat::rewrite_src(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
+        return Ok(Reason(R_REVERSE_NAT));
+    }
+
+    let Some(svc) = select::lookup_service(&t) else {
+        return Ok(Reason(R_PASS));
+    };
+
+    // A packet of a tracked flow whose backend still exists keeps it.
+    let mut reason = None;
+    if let Some(ct) = conntrack::lookup_forward(&t) {
+        match select::backend(ct.backend_id) {
+            Some(be) => {
+                conntrack::touch(ct);
+                nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
+                return Ok(Reason(R_ESTABLISHED));
+            }
+            None => reason = Some(Reason(lb_common::R_BACKEND_GONE)),
+        }
+    }
+
+    let (backend_id, be) = select::pick(&t, svc)?;
+    conntrack::create(&t, backend_id, &be, svc.svc_id)?;
+    nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
+    Ok(reason.unwrap_or(Reason(lb_common::R_NEW_FLOW)))
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

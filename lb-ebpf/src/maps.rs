@@ -1,0 +1,38 @@
+//! The datapath's maps. Each comment says who writes it, key → value, size and eviction.
+
+use aya_ebpf::{
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use lb_common::{
+    BACKEND_MAP_CAPACITY, Backend, CT_MAP_CAPACITY, Counter, CtKey, CtValue, R_COUNT,
+    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
+};
+
+/// Services. Written by the agent (make-before-break), read here.
+/// `SvcKey{vip, port, proto, slot}` → `SvcValue`: slot 0 = service entry with the backend
+/// count, slots 1..=count = backend ids. 24 B → 16 B, 262,144 entries, no eviction.
+#[btf_map]
+pub static XLB_SVC_V1: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
+
+/// Backends. Written by the agent, read here. backend id (u32) → `Backend`.
+/// 4 B → 24 B, 262,144 entries, no eviction.
+#[btf_map]
+pub static XLB_BE_V1: HashMap<u32, Backend, { BACKEND_MAP_CAPACITY as usize }> = HashMap::new();
+
+/// Conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
+/// `CtKey{5-tuple, dir}` → `CtValue`. 40 B → 48 B, 262,144 entries, LRU eviction.
+#[btf_map]
+pub static XLB_CT_V1: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> =
+    LruHashMap::new();
+
+/// Counters. Written here (per CPU), read by `xlb list` and metrics.
+/// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
+#[btf_map]
+pub static XLB_STATS_V1: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+
+/// Service names for humans. Written by the agent, never read here.
+/// svc id (u32) → `SvcName`. 4 B → 128 B, 65,536 entries, no eviction.
+#[btf_map]
+pub static XLB_SVCNAME_V1: HashMap<u32, SvcName, { SVC_NAME_MAP_CAPACITY as usize }> =
+    HashMap::new();

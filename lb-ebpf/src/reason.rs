@@ -1,0 +1,21 @@
+//! Reason codes and the per-CPU counters they bump.
+
+use crate::maps::XLB_STATS_V1;
+
+/// A reason code from `lb_common::counters`.
+#[derive(Clone, Copy)]
+pub struct Reason(pub u32);
+
+impl Reason {
+    /// Adds one packet of `len` bytes to this reason's counter on the current CPU.
+    #[inline(always)]
+    pub fn count(self, len: u32) {
+        if let Some(c) = XLB_STATS_V1.get_ptr_mut(self.0) {
+            // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+            unsafe {
+                (*c).packets += 1;
+                (*c).bytes += len as u64;
+            }
+        }
+    }
+}

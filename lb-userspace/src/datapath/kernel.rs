@@ -1,0 +1,151 @@
+//! `MapWriter` over the kernel's maps (owned by a loaded object, or opened from pins).
+
+use std::path::Path;
+
+use aya::maps::{HashMap, Map, MapData, MapError};
+use lb_common::{Backend, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
+
+use super::{
+    DatapathError,
+    writer::{MapWriter, WriteError},
+};
+use crate::desired::{Desired, show_frontend};
+
+/// The agent's three writable maps.
+pub struct KernelMaps {
+    svc: HashMap<MapData, SvcKey, SvcValue>,
+    backends: HashMap<MapData, u32, Backend>,
+    names: HashMap<MapData, u32, SvcName>,
+    svc_capacity: u32,
+    backend_capacity: u32,
+}
+
+/// Opens a pinned map by name from `dir`.
+pub fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, DatapathError> {
+    let data = MapData::from_pin(dir.join(name)).map_err(|source| DatapathError::Map { name, source })?;
+    Map::from_map_data(data).map_err(|source| DatapathError::Map { name, source })
+}
+
+fn capacity(map: &Map) -> u32 {
+    let data = match map {
+        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) => d,
+        _ => return 0,
+    };
+    data.info().map(|i| i.max_entries()).unwrap_or(0)
+}
+
+impl KernelMaps {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MapMissing { name });
+        Self::from_maps(take(MAP_SVC)?, take(MAP_BACKEND)?, take(MAP_SVC_NAME)?)
+    }
+
+    /// Opens the pinned maps in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, DatapathError> {
+        Self::from_maps(
+            open_pinned(dir, MAP_SVC)?,
+            open_pinned(dir, MAP_BACKEND)?,
+            open_pinned(dir, MAP_SVC_NAME)?,
+        )
+    }
+
+    fn from_maps(svc: Map, backends: Map, names: Map) -> Result<Self, DatapathError> {
+        let svc_capacity = capacity(&svc);
+        let backend_capacity = capacity(&backends);
+        Ok(Self {
+            svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map { name: MAP_SVC, source })?,
+            backends: HashMap::try_from(backends)
+                .map_err(|source| DatapathError::Map { name: MAP_BACKEND, source })?,
+            names: HashMap::try_from(names)
+                .map_err(|source| DatapathError::Map { name: MAP_SVC_NAME, source })?,
+            svc_capacity,
+            backend_capacity,
+        })
+    }
+
+    /// Capacities of the service and backend maps as the kernel reports them.
+    pub fn limits(&self) -> crate::desired::Limits {
+        crate::desired::Limits {
+            svc_entries: self.svc_capacity,
+            backends: self.backend_capacity,
+        }
+    }
+}
+
+fn cause(e: &MapError, capacity: u32) -> String {
+    let text = e.to_string();
+    let full = matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG));
+    if full {
+        format!("map is full (capacity {capacity})")
+    } else {
+        text
+    }
+}
+
+fn err(map: &'static str, op: &'static str, entry: String, e: &MapError, capacity: u32) -> WriteError {
+    WriteError {
+        map,
+        op,
+        entry,
+        cause: cause(e, capacity),
+    }
+}
+
+impl MapWriter for KernelMaps {
+    fn read(&self) -> Result<Desired, WriteError> {
+        let read_err = |map, e: MapError| err(map, "read", "entries".into(), &e, 0);
+        let mut d = Desired::default();
+        for kv in self.svc.iter() {
+            let (k, v) = kv.map_err(|e| read_err(MAP_SVC, e))?;
+            d.services.insert(k, v);
+        }
+        for kv in self.backends.iter() {
+            let (k, v) = kv.map_err(|e| read_err(MAP_BACKEND, e))?;
+            d.backends.insert(k, v);
+        }
+        for kv in self.names.iter() {
+            let (k, v) = kv.map_err(|e| read_err(MAP_SVC_NAME, e))?;
+            d.names.insert(k, v);
+        }
+        Ok(d)
+    }
+
+    fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError> {
+        let cap = self.backend_capacity;
+        self.backends
+            .insert(id, be, 0)
+            .map_err(|e| err(MAP_BACKEND, "insert", format!("backend {id}"), &e, cap))
+    }
+
+    fn del_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        self.backends
+            .remove(&id)
+            .map_err(|e| err(MAP_BACKEND, "delete", format!("backend {id}"), &e, 0))
+    }
+
+    fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
+        let cap = self.svc_capacity;
+        self.svc.insert(key, value, 0).map_err(|e| {
+            err(MAP_SVC, "insert", format!("{}#{}", show_frontend(key), key.slot), &e, cap)
+        })
+    }
+
+    fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
+        self.svc
+            .remove(key)
+            .map_err(|e| err(MAP_SVC, "delete", format!("{}#{}", show_frontend(key), key.slot), &e, 0))
+    }
+
+    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+        self.names
+            .insert(id, name, 0)
+            .map_err(|e| err(MAP_SVC_NAME, "insert", format!("name {id}"), &e, 0))
+    }
+
+    fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
+        self.names
+            .remove(&id)
+            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))
+    }
+}

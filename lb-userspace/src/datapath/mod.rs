@@ -1,0 +1,46 @@
+//! Everything that touches the kernel: loading the object, pinning, attaching, map writes.
+
+pub mod attach;
+pub mod kernel;
+pub mod loader;
+pub mod sync;
+pub mod writer;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// Errors of the datapath layer, each naming the object and what to do.
+#[derive(Debug, Error)]
+pub enum DatapathError {
+    #[error("the eBPF object is not embedded in this xlb binary: run `cargo xtask build` first")]
+    ObjectMissing,
+    #[error("{path} is not a mounted bpf filesystem: mount it with `mount -t bpf bpf /sys/fs/bpf`")]
+    BpffsNotMounted { path: PathBuf },
+    #[error("cannot create pin directory {path}: {source}")]
+    PinDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the eBPF object failed (kernel too old, no BTF, or not root?): {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name} is missing from the object or the pin directory")]
+    MapMissing { name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error(transparent)]
+    Write(#[from] writer::WriteError),
+    #[error("interface {iface}: cannot attach tc ingress: {reason}")]
+    Attach { iface: String, reason: String },
+}

@@ -1,0 +1,167 @@
+//! Applies desired state make-before-break: backends, then slots, then the service entry;
+//! deletes in reverse. At no instant does a programmed slot name a missing backend.
+
+use std::collections::BTreeSet;
+
+use lb_common::SvcKey;
+
+use super::writer::{MapWriter, WriteError};
+use crate::desired::Desired;
+
+/// What one sync did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    pub writes: usize,
+    pub deletes: usize,
+    pub errors: Vec<WriteError>,
+}
+
+/// Moves the maps from `current` to `desired`; returns what is programmed afterwards (equal
+/// to `desired` unless a write failed) and the report. A failed write leaves the affected
+/// service as it was; every other service is still updated.
+pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (Desired, SyncReport) {
+    let mut now = current.clone();
+    let mut r = SyncReport::default();
+
+    // 1. Backends that are new or changed.
+    let mut failed_backends = BTreeSet::new();
+    for (id, be) in &desired.backends {
+        if now.backends.get(id) != Some(be) {
+            match w.put_backend(*id, be) {
+                Ok(()) => {
+                    now.backends.insert(*id, *be);
+                    r.writes += 1;
+                }
+                Err(e) => {
+                    failed_backends.insert(*id);
+                    r.errors.push(e);
+                }
+            }
+        }
+    }
+
+    // 2. Each desired service: name, slots, entry, then trim slots past the new count.
+    for (key, entry) in desired.services.iter().filter(|(k, _)| k.slot == 0) {
+        let slots: Vec<(SvcKey, _)> = (1..=entry.count)
+            .filter_map(|slot| {
+                let k = SvcKey { slot, ..*key };
+                desired.services.get(&k).map(|v| (k, *v))
+            })
+            .collect();
+        if slots.iter().any(|(_, v)| failed_backends.contains(&v.backend_id)) {
+            continue;
+        }
+        if let Some(name) = desired.names.get(&entry.svc_id)
+            && now.names.get(&entry.svc_id) != Some(name)
+        {
+            match w.put_name(entry.svc_id, name) {
+                Ok(()) => {
+                    now.names.insert(entry.svc_id, *name);
+                    r.writes += 1;
+                }
+                Err(e) => r.errors.push(e),
+            }
+        }
+        let mut ok = true;
+        for (k, v) in &slots {
+            if now.services.get(k) != Some(v) {
+                match w.put_svc(k, v) {
+                    Ok(()) => {
+                        now.services.insert(*k, *v);
+                        r.writes += 1;
+                    }
+                    Err(e) => {
+                        r.errors.push(e);
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let old_count = now.services.get(key).map_or(0, |v| v.count);
+        if now.services.get(key) != Some(entry) {
+            match w.put_svc(key, entry) {
+                Ok(()) => {
+                    now.services.insert(*key, *entry);
+                    r.writes += 1;
+                }
+                Err(e) => {
+                    r.errors.push(e);
+                    continue;
+                }
+            }
+        }
+        for slot in entry.count + 1..=old_count {
+            delete_svc(w, &mut now, &mut r, SvcKey { slot, ..*key });
+        }
+    }
+
+    // 3. Services no longer desired: entry first, then its slots, then its name.
+    let gone: Vec<(SvcKey, u16, u32)> = now
+        .services
+        .iter()
+        .filter(|(k, _)| k.slot == 0 && !desired.services.contains_key(k))
+        .map(|(k, v)| (*k, v.count, v.svc_id))
+        .collect();
+    for (key, count, svc_id) in gone {
+        if !delete_svc(w, &mut now, &mut r, key) {
+            continue;
+        }
+        for slot in 1..=count {
+            delete_svc(w, &mut now, &mut r, SvcKey { slot, ..key });
+        }
+        if !desired.names.contains_key(&svc_id) && now.names.contains_key(&svc_id) {
+            match w.del_name(svc_id) {
+                Ok(()) => {
+                    now.names.remove(&svc_id);
+                    r.deletes += 1;
+                }
+                Err(e) => r.errors.push(e),
+            }
+        }
+    }
+
+    // 4. Backends no slot references any more.
+    let referenced: BTreeSet<u32> = now
+        .services
+        .iter()
+        .filter(|(k, _)| k.slot > 0)
+        .map(|(_, v)| v.backend_id)
+        .collect();
+    let unused: Vec<u32> = now
+        .backends
+        .keys()
+        .filter(|id| !desired.backends.contains_key(id) && !referenced.contains(id))
+        .copied()
+        .collect();
+    for id in unused {
+        match w.del_backend(id) {
+            Ok(()) => {
+                now.backends.remove(&id);
+                r.deletes += 1;
+            }
+            Err(e) => r.errors.push(e),
+        }
+    }
+    (now, r)
+}
+
+fn delete_svc(w: &mut dyn MapWriter, now: &mut Desired, r: &mut SyncReport, key: SvcKey) -> bool {
+    if !now.services.contains_key(&key) {
+        return true;
+    }
+    match w.del_svc(&key) {
+        Ok(()) => {
+            now.services.remove(&key);
+            r.deletes += 1;
+            true
+        }
+        Err(e) => {
+            r.errors.push(e);
+            false
+        }
+    }
+}

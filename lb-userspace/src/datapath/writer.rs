@@ -1,0 +1,95 @@
+//! The `MapWriter` interface and its in-memory implementation (for golden tests).
+
+use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+use thiserror::Error;
+
+use crate::desired::Desired;
+
+/// A write the kernel refused, with the map, the entry and the cause.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("map {map}: cannot {op} {entry}: {cause}")]
+pub struct WriteError {
+    pub map: &'static str,
+    pub op: &'static str,
+    pub entry: String,
+    pub cause: String,
+}
+
+/// Where desired state is written: the pinned kernel maps, or memory.
+pub trait MapWriter {
+    /// Everything currently in the maps the agent owns.
+    fn read(&self) -> Result<Desired, WriteError>;
+    fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError>;
+    fn del_backend(&mut self, id: u32) -> Result<(), WriteError>;
+    fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError>;
+    fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError>;
+    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError>;
+    fn del_name(&mut self, id: u32) -> Result<(), WriteError>;
+}
+
+/// Maps in memory, with an op log; `dump()` renders them as sorted text.
+#[derive(Debug, Default)]
+pub struct MemoryMaps {
+    pub state: Desired,
+    /// Every write in order, e.g. `put svc 10.96.0.10:80/TCP#1`.
+    pub log: Vec<String>,
+    /// Fail puts to the service map once it holds this many entries (to test full maps).
+    pub svc_capacity: Option<usize>,
+}
+
+impl MemoryMaps {
+    pub fn dump(&self) -> String {
+        self.state.dump()
+    }
+}
+
+fn svc_entry(k: &SvcKey) -> String {
+    format!("{}#{}", crate::desired::show_frontend(k), k.slot)
+}
+
+impl MapWriter for MemoryMaps {
+    fn read(&self) -> Result<Desired, WriteError> {
+        Ok(self.state.clone())
+    }
+    fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError> {
+        self.log.push(format!("put backend {id}"));
+        self.state.backends.insert(id, *be);
+        Ok(())
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        self.log.push(format!("del backend {id}"));
+        self.state.backends.remove(&id);
+        Ok(())
+    }
+    fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
+        if let Some(cap) = self.svc_capacity
+            && !self.state.services.contains_key(key)
+            && self.state.services.len() >= cap
+        {
+            return Err(WriteError {
+                map: lb_common::MAP_SVC,
+                op: "insert",
+                entry: svc_entry(key),
+                cause: format!("map is full (capacity {cap})"),
+            });
+        }
+        self.log.push(format!("put svc {}", svc_entry(key)));
+        self.state.services.insert(*key, *value);
+        Ok(())
+    }
+    fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
+        self.log.push(format!("del svc {}", svc_entry(key)));
+        self.state.services.remove(key);
+        Ok(())
+    }
+    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+        self.log.push(format!("put name {id}"));
+        self.state.names.insert(id, *name);
+        Ok(())
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
+        self.log.push(format!("del name {id}"));
+        self.state.names.remove(&id);
+        Ok(())
+    }
+}

@@ -1,0 +1,359 @@
+//! Desired state: a pure function from the model (and the ids already handed out) to the
+//! exact contents of the service, backend and name maps.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use lb_common::{
+    BACKEND_MAP_CAPACITY, Backend, FAMILY_V4, MAP_BACKEND, MAP_SVC, MAX_BACKENDS_PER_SVC,
+    SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+};
+use thiserror::Error;
+
+use crate::model::{BackendAddr, Model, Protocol};
+
+/// The contents of the maps the agent owns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    /// Service entries (slot 0) and backend slots.
+    pub services: BTreeMap<SvcKey, SvcValue>,
+    pub backends: BTreeMap<u32, Backend>,
+    pub names: BTreeMap<u32, SvcName>,
+}
+
+/// A service port that could not be programmed (fully), named with the reason and the limit.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DesiredError {
+    #[error("Service {object}: {what} is not supported by the datapath yet; skipped")]
+    Unsupported { object: String, what: String },
+    #[error("Service {object}: frontend {frontend} is already used by Service {owner}; skipped")]
+    FrontendConflict {
+        object: String,
+        frontend: String,
+        owner: String,
+    },
+    #[error(
+        "Service {object}: map {map} is full (capacity {capacity}, {needed} more entries needed); skipped, programmed services are kept"
+    )]
+    MapFull {
+        object: String,
+        map: &'static str,
+        capacity: u32,
+        needed: usize,
+    },
+    #[error(
+        "Service {object}: {count} backends exceed the limit of {limit} per service port; the first {limit} are used"
+    )]
+    TooManyBackends {
+        object: String,
+        count: usize,
+        limit: u16,
+    },
+    #[error("Service {object} has no EndpointSlice: it has no backends and its packets are dropped")]
+    NoEndpointSlice { object: String },
+}
+
+/// Capacities the desired state must fit in.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub svc_entries: u32,
+    pub backends: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            svc_entries: SVC_MAP_CAPACITY,
+            backends: BACKEND_MAP_CAPACITY,
+        }
+    }
+}
+
+/// Ids handed out to frontends and backends. Ids are never reused while the agent runs, so a
+/// conntrack entry can never point at an unrelated backend that took a freed id.
+#[derive(Clone, Debug, Default)]
+pub struct Ids {
+    svc: BTreeMap<SvcKey, u32>,
+    backend: BTreeMap<Backend, u32>,
+    next_svc: u32,
+    next_backend: u32,
+}
+
+impl Ids {
+    /// Takes over the ids of what is already programmed (a restarted agent adopts its pins).
+    pub fn adopt(current: &Desired) -> Self {
+        let mut ids = Ids::default();
+        for (k, v) in current.services.iter().filter(|(k, _)| k.slot == 0) {
+            ids.svc.insert(*k, v.svc_id);
+            ids.next_svc = ids.next_svc.max(v.svc_id);
+        }
+        for (id, be) in &current.backends {
+            ids.backend.insert(*be, *id);
+            ids.next_backend = ids.next_backend.max(*id);
+        }
+        ids
+    }
+
+    fn svc_id(&mut self, key: SvcKey) -> u32 {
+        *self.svc.entry(key).or_insert_with(|| {
+            self.next_svc = self.next_svc.wrapping_add(1).max(1);
+            self.next_svc
+        })
+    }
+
+    fn backend_id(&mut self, be: Backend) -> u32 {
+        *self.backend.entry(be).or_insert_with(|| {
+            self.next_backend = self.next_backend.wrapping_add(1).max(1);
+            self.next_backend
+        })
+    }
+
+    fn has_svc(&self, key: &SvcKey) -> bool {
+        self.svc.contains_key(key)
+    }
+
+    /// Forgets ids of what is no longer desired (the counters never go back).
+    fn retain(&mut self, desired: &Desired) {
+        self.svc.retain(|k, _| desired.services.contains_key(k));
+        let live: BTreeSet<&Backend> = desired.backends.values().collect();
+        self.backend.retain(|b, _| live.contains(b));
+    }
+}
+
+/// The key of a frontend's service entry (slot 0), for IPv4 TCP/UDP.
+pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
+    SvcKey {
+        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+        port_be: port.to_be(),
+        slot: 0,
+        proto: protocol.number(),
+        family: FAMILY_V4,
+        _pad: [0; 2],
+    }
+}
+
+/// The backend map value for an IPv4 backend.
+pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
+    Backend {
+        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+        port_be: port.to_be(),
+        proto: protocol.number(),
+        family: FAMILY_V4,
+        flags: 0,
+        _pad: [0; 3],
+    }
+}
+
+/// Encodes a service name for the names map (truncated to fit, NUL-padded).
+pub fn svc_name(name: &str) -> SvcName {
+    let mut out = SvcName {
+        name: [0; SVC_NAME_LEN],
+    };
+    let mut len = name.len().min(SVC_NAME_LEN);
+    while !name.is_char_boundary(len) {
+        len -= 1;
+    }
+    out.name[..len].copy_from_slice(&name.as_bytes()[..len]);
+    out
+}
+
+/// Decodes a name written by [`svc_name`].
+pub fn svc_name_str(name: &SvcName) -> String {
+    let end = name.name.iter().position(|&b| b == 0).unwrap_or(SVC_NAME_LEN);
+    String::from_utf8_lossy(&name.name[..end]).into_owned()
+}
+
+struct Planned {
+    object: String,
+    entries: Vec<(SvcKey, SvcValue)>,
+    backends: Vec<(u32, Backend)>,
+    name: (u32, SvcName),
+}
+
+/// Computes the desired maps for `model`. Frontends already programmed are placed first, so
+/// a full map rejects new services rather than dropping working ones.
+pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<DesiredError>) {
+    let mut errors = Vec::new();
+    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
+    let mut planned = Vec::new();
+
+    for (id, svc) in &model.services {
+        if !model.slices.contains_key(id) {
+            errors.push(DesiredError::NoEndpointSlice {
+                object: id.to_string(),
+            });
+        }
+        for port in &svc.ports {
+            let port_name = if port.name.is_empty() {
+                port.port.to_string()
+            } else {
+                port.name.clone()
+            };
+            let object = format!("{id}:{port_name}");
+            if port.protocol == Protocol::Sctp {
+                errors.push(DesiredError::Unsupported {
+                    object,
+                    what: "SCTP".into(),
+                });
+                continue;
+            }
+            let mut backends: Vec<BackendAddr> = model.backends(id, port);
+            if backends.len() > MAX_BACKENDS_PER_SVC as usize {
+                errors.push(DesiredError::TooManyBackends {
+                    object: object.clone(),
+                    count: backends.len(),
+                    limit: MAX_BACKENDS_PER_SVC,
+                });
+                backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+            }
+            for ip in &svc.cluster_ips {
+                let IpAddr::V4(vip) = *ip else {
+                    errors.push(DesiredError::Unsupported {
+                        object: object.clone(),
+                        what: format!("IPv6 ClusterIP {ip}"),
+                    });
+                    continue;
+                };
+                let key = frontend_key(vip, port.port, port.protocol);
+                let frontend = format!("{vip}:{}/{}", port.port, port.protocol);
+                if let Some(owner) = owners.get(&key) {
+                    errors.push(DesiredError::FrontendConflict {
+                        object: object.clone(),
+                        frontend,
+                        owner: owner.clone(),
+                    });
+                    continue;
+                }
+                owners.insert(key, object.clone());
+                planned.push((key, object.clone(), backends.clone()));
+            }
+        }
+    }
+
+    // Already-programmed frontends first, then new ones, each group in model order.
+    planned.sort_by_key(|(key, _, _)| !ids.has_svc(key));
+    let mut desired = Desired::default();
+    for (key, object, backends) in planned {
+        let svc_id = ids.svc_id(key);
+        let mut plan = Planned {
+            object,
+            entries: Vec::new(),
+            backends: Vec::new(),
+            name: (svc_id, SvcName { name: [0; SVC_NAME_LEN] }),
+        };
+        plan.name.1 = svc_name(&plan.object);
+        let mut slot = 0u16;
+        for b in &backends {
+            let IpAddr::V4(ip) = b.ip else { continue };
+            let be = backend_value(ip, b.port, b.protocol);
+            let backend_id = ids.backend_id(be);
+            slot += 1;
+            plan.backends.push((backend_id, be));
+            plan.entries.push((
+                SvcKey { slot, ..key },
+                SvcValue {
+                    backend_id,
+                    svc_id,
+                    ..SvcValue::default()
+                },
+            ));
+        }
+        plan.entries.push((
+            key,
+            SvcValue {
+                count: slot,
+                svc_id,
+                ..SvcValue::default()
+            },
+        ));
+        admit(&mut desired, plan, limits, &mut errors);
+    }
+    ids.retain(&desired);
+    (desired, errors)
+}
+
+fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<DesiredError>) {
+    let svc_needed = plan.entries.len();
+    if desired.services.len() + svc_needed > limits.svc_entries as usize {
+        errors.push(DesiredError::MapFull {
+            object: plan.object,
+            map: MAP_SVC,
+            capacity: limits.svc_entries,
+            needed: svc_needed,
+        });
+        return;
+    }
+    let new_backends = plan
+        .backends
+        .iter()
+        .filter(|(id, _)| !desired.backends.contains_key(id))
+        .count();
+    if desired.backends.len() + new_backends > limits.backends as usize {
+        errors.push(DesiredError::MapFull {
+            object: plan.object,
+            map: MAP_BACKEND,
+            capacity: limits.backends,
+            needed: new_backends,
+        });
+        return;
+    }
+    desired.services.extend(plan.entries);
+    desired.backends.extend(plan.backends);
+    desired.names.insert(plan.name.0, plan.name.1);
+}
+
+fn addr4(addr_be: [u32; 4]) -> Ipv4Addr {
+    Ipv4Addr::from(addr_be[0].to_ne_bytes())
+}
+
+fn proto_name(p: u8) -> String {
+    Protocol::from_number(p).map_or_else(|| format!("proto{p}"), |p| p.to_string())
+}
+
+/// `a.b.c.d:port/PROTO` of a service key.
+pub fn show_frontend(k: &SvcKey) -> String {
+    format!("{}:{}/{}", addr4(k.addr_be), u16::from_be(k.port_be), proto_name(k.proto))
+}
+
+/// `a.b.c.d:port/PROTO` of a backend.
+pub fn show_backend(b: &Backend) -> String {
+    format!("{}:{}/{}", addr4(b.addr_be), u16::from_be(b.port_be), proto_name(b.proto))
+}
+
+impl Desired {
+    /// Sorted text of every entry, for golden tests and `xlb list --raw`.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        let mut entries: Vec<_> = self.services.iter().collect();
+        entries.sort_by_key(|(k, _)| (show_frontend(k), k.slot));
+        for (k, v) in entries {
+            if k.slot == 0 {
+                let name = self.names.get(&v.svc_id).map(svc_name_str).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "service {} id={} name={} count={}",
+                    show_frontend(k),
+                    v.svc_id,
+                    name,
+                    v.count
+                );
+            } else {
+                let be = self.backends.get(&v.backend_id).map(show_backend);
+                let _ = writeln!(
+                    out,
+                    "  slot {} -> backend {} {}",
+                    k.slot,
+                    v.backend_id,
+                    be.unwrap_or_else(|| "MISSING".into())
+                );
+            }
+        }
+        for (id, b) in &self.backends {
+            let _ = writeln!(out, "backend {id} {}", show_backend(b));
+        }
+        out
+    }
+}

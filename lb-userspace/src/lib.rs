@@ -1,0 +1,20 @@
+//! xlb's agent: sources → model → desired maps → pinned BPF maps, and the tools around them.
+//!
+//! One way in (the model), several ways out (the map writer, `xlb list`, later the emitters).
+
+pub mod agent;
+pub mod cleanup;
+pub mod datapath;
+pub mod desired;
+pub mod glob;
+pub mod list;
+pub mod model;
+pub mod netif;
+pub mod packet;
+pub mod source;
+
+/// The eBPF object built from `lb-ebpf`, embedded at build time (empty when it was not built).
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf.o"));
+
+/// Default directory for xlb's pinned maps and links (a layout version is in every map name).
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/xlb";

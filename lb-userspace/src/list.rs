@@ -1,0 +1,193 @@
+//! `xlb list`: reads the pinned maps and shows them in Kubernetes terms.
+
+use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+
+use aya::maps::{HashMap, MapData, PerCpuArray};
+use lb_common::{
+    CT_DIR_FORWARD, Counter, CtKey, CtValue, MAP_CT, MAP_STATS, R_COUNT, REASON_NAMES,
+};
+use serde::Serialize;
+
+use crate::{
+    datapath::{
+        DatapathError,
+        kernel::{KernelMaps, open_pinned},
+        writer::MapWriter,
+    },
+    desired::{Desired, show_backend, show_frontend, svc_name_str},
+    model::Protocol,
+};
+
+#[derive(Debug, Serialize)]
+pub struct ServiceRow {
+    pub service: String,
+    pub frontend: String,
+    pub id: u32,
+    pub backends: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BackendRow {
+    pub id: u32,
+    pub backend: String,
+    pub services: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FlowRow {
+    pub protocol: String,
+    pub client: String,
+    pub frontend: String,
+    pub backend: String,
+    pub service: String,
+    pub age_seconds: u64,
+    pub idle_seconds: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CounterRow {
+    pub reason: &'static str,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+fn read_state(dir: &Path) -> Result<Desired, DatapathError> {
+    let maps = KernelMaps::open(dir)?;
+    Ok(maps.read()?)
+}
+
+fn name_of(state: &Desired, svc_id: u32) -> String {
+    state.names.get(&svc_id).map(svc_name_str).unwrap_or_else(|| format!("#{svc_id}"))
+}
+
+/// One row per frontend.
+pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
+    let state = read_state(dir)?;
+    Ok(services_of(&state))
+}
+
+/// Rows for a state already read.
+pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
+    let mut rows = Vec::new();
+    for (k, v) in state.services.iter().filter(|(k, _)| k.slot == 0) {
+        let backends = (1..=v.count)
+            .filter_map(|slot| state.services.get(&lb_common::SvcKey { slot, ..*k }))
+            .map(|s| state.backends.get(&s.backend_id).map_or("MISSING".into(), show_backend))
+            .collect();
+        rows.push(ServiceRow {
+            service: name_of(state, v.svc_id),
+            frontend: show_frontend(k),
+            id: v.svc_id,
+            backends,
+        });
+    }
+    rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
+    rows
+}
+
+/// One row per backend, with the services that use it.
+pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
+    let state = read_state(dir)?;
+    let mut rows = Vec::new();
+    for (id, be) in &state.backends {
+        let mut services: Vec<String> = state
+            .services
+            .iter()
+            .filter(|(k, v)| k.slot > 0 && v.backend_id == *id)
+            .map(|(_, v)| name_of(&state, v.svc_id))
+            .collect();
+        services.dedup();
+        rows.push(BackendRow {
+            id: *id,
+            backend: show_backend(be),
+            services,
+        });
+    }
+    Ok(rows)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns reads.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn sock(addr_be: [u32; 4], port_be: u16) -> String {
+    format!("{}:{}", Ipv4Addr::from(addr_be[0].to_ne_bytes()), u16::from_be(port_be))
+}
+
+/// Tracked flows (forward entries), oldest first.
+pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
+    let state = read_state(dir)?;
+    let map = open_pinned(dir, MAP_CT)?;
+    let ct: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(map).map_err(|source| DatapathError::Map { name: MAP_CT, source })?;
+    let now = monotonic_ns();
+    let mut rows = Vec::new();
+    for kv in ct.iter() {
+        let (k, v) = kv.map_err(|source| DatapathError::Map { name: MAP_CT, source })?;
+        if k.dir != CT_DIR_FORWARD {
+            continue;
+        }
+        rows.push(FlowRow {
+            protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+            client: sock(k.saddr_be, k.sport_be),
+            frontend: sock(k.daddr_be, k.dport_be),
+            backend: sock(v.nat_addr_be, v.nat_port_be),
+            service: name_of(&state, v.svc_id),
+            age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
+            idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
+        });
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.age_seconds));
+    Ok(rows)
+}
+
+/// Datapath counters summed over CPUs, one row per reason.
+pub fn counters(dir: &Path) -> Result<Vec<CounterRow>, DatapathError> {
+    let map = open_pinned(dir, MAP_STATS)?;
+    let stats: PerCpuArray<MapData, Counter> =
+        PerCpuArray::try_from(map).map_err(|source| DatapathError::Map { name: MAP_STATS, source })?;
+    let mut rows = Vec::new();
+    for i in 0..R_COUNT {
+        let per_cpu = stats.get(&i, 0).map_err(|source| DatapathError::Map { name: MAP_STATS, source })?;
+        let (packets, bytes) = per_cpu
+            .iter()
+            .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));
+        rows.push(CounterRow {
+            reason: REASON_NAMES[i as usize],
+            packets,
+            bytes,
+        });
+    }
+    Ok(rows)
+}
+
+/// Formats rows as an aligned text table.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                let _ = write!(s, "{c:<w$}  ");
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}

@@ -1,0 +1,228 @@
+//! `xlb`: the agent and the tools around it.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use lb_userspace::{
+    DEFAULT_BPFFS_DIR,
+    agent::{self, AgentOptions},
+    cleanup, desired, list,
+    source::file,
+};
+
+#[derive(Parser)]
+#[command(name = "xlb", version, about = "Kubernetes Service load balancer on eBPF")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load and attach the datapath, then keep its maps in sync with the source.
+    Agent {
+        /// Where services come from: `file:PATH` (Kubernetes YAML).
+        #[arg(long)]
+        source: Option<String>,
+        /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
+        #[arg(long, default_value = "")]
+        pod_interfaces: String,
+        /// Node interfaces where replies from remote backends arrive, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        node_interfaces: Vec<String>,
+        /// Pin directory on bpffs.
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs: PathBuf,
+        /// Poll interval for the source file and interfaces, in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        poll_ms: u64,
+        /// Remove everything xlb installed and exit.
+        #[arg(long)]
+        cleanup: bool,
+    },
+    /// Show what the pinned maps hold.
+    List {
+        what: ListWhat,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs: PathBuf,
+    },
+    /// Print the maps a source would produce, without touching the kernel.
+    Desired {
+        /// `file:PATH`.
+        #[arg(long)]
+        source: String,
+    },
+    /// Detach and unpin everything xlb installed.
+    Cleanup {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ListWhat {
+    Services,
+    Backends,
+    Conntrack,
+    Counters,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn source_file(source: &str) -> Result<PathBuf> {
+    match source.split_once(':') {
+        Some(("file", path)) if !path.is_empty() => Ok(PathBuf::from(path)),
+        _ => bail!("unsupported --source {source:?}: expected file:PATH"),
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Agent {
+            source,
+            pod_interfaces,
+            node_interfaces,
+            bpffs,
+            poll_ms,
+            cleanup: true,
+        } => {
+            let _ = (source, pod_interfaces, node_interfaces, poll_ms);
+            run_cleanup(&bpffs)
+        }
+        Command::Agent {
+            source,
+            pod_interfaces,
+            node_interfaces,
+            bpffs,
+            poll_ms,
+            cleanup: false,
+        } => {
+            let source = source.context("--source file:PATH is required")?;
+            let opts = AgentOptions {
+                source_file: source_file(&source)?,
+                pod_interfaces,
+                node_interfaces,
+                bpffs,
+                poll: Duration::from_millis(poll_ms.max(10)),
+            };
+            let stop = Arc::new(AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(sig, Arc::clone(&stop)).context("install signal handler")?;
+            }
+            agent::run(&opts, &stop)?;
+            Ok(())
+        }
+        Command::Cleanup { bpffs } => run_cleanup(&bpffs),
+        Command::Desired { source } => {
+            let loaded = file::load(&source_file(&source)?)?;
+            for e in &loaded.errors {
+                eprintln!("warning: {e}");
+            }
+            let (d, problems) =
+                desired::compute(&loaded.model, &mut desired::Ids::default(), desired::Limits::default());
+            for p in &problems {
+                eprintln!("warning: {p}");
+            }
+            print!("{}", d.dump());
+            Ok(())
+        }
+        Command::List { what, output, bpffs } => run_list(what, output, &bpffs),
+    }
+}
+
+fn run_cleanup(bpffs: &std::path::Path) -> Result<()> {
+    let removed = cleanup::cleanup(bpffs).with_context(|| format!("cleanup of {}", bpffs.display()))?;
+    println!(
+        "removed {} link(s) and {} map(s) under {}",
+        removed.links.len(),
+        removed.maps.len(),
+        bpffs.display()
+    );
+    Ok(())
+}
+
+fn print_json<T: serde::Serialize>(rows: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(rows)?);
+    Ok(())
+}
+
+fn run_list(what: ListWhat, output: Output, bpffs: &std::path::Path) -> Result<()> {
+    let ctx = || format!("reading pinned maps in {}", bpffs.display());
+    match what {
+        ListWhat::Services => {
+            let rows = list::services(bpffs).with_context(ctx)?;
+            if output == Output::Json {
+                return print_json(&rows);
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| vec![r.service.clone(), r.frontend.clone(), r.backends.join(", ")])
+                .collect();
+            print!("{}", list::table(&["SERVICE", "FRONTEND", "BACKENDS"], &cells));
+        }
+        ListWhat::Backends => {
+            let rows = list::backends(bpffs).with_context(ctx)?;
+            if output == Output::Json {
+                return print_json(&rows);
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| vec![r.id.to_string(), r.backend.clone(), r.services.join(", ")])
+                .collect();
+            print!("{}", list::table(&["ID", "BACKEND", "SERVICES"], &cells));
+        }
+        ListWhat::Conntrack => {
+            let rows = list::conntrack(bpffs).with_context(ctx)?;
+            if output == Output::Json {
+                return print_json(&rows);
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.protocol.clone(),
+                        r.client.clone(),
+                        r.frontend.clone(),
+                        r.backend.clone(),
+                        r.service.clone(),
+                        format!("{}s", r.age_seconds),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                list::table(&["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"], &cells)
+            );
+        }
+        ListWhat::Counters => {
+            let rows = list::counters(bpffs).with_context(ctx)?;
+            if output == Output::Json {
+                return print_json(&rows);
+            }
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| vec![r.reason.to_string(), r.packets.to_string(), r.bytes.to_string()])
+                .collect();
+            print!("{}", list::table(&["REASON", "PACKETS", "BYTES"], &cells));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! Kubernetes objects (k8s-openapi types) → model, with kube-proxy's reading of each field.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+
+use super::SourceError;
+use crate::model::{
+    Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePort, ServiceRef,
+};
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Parses an IP as Kubernetes does: IPv4 octets may carry leading zeros and are decimal
+/// ("010.0.0.1" is 10.0.0.1), which `std`'s parser rejects.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some(IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(other.to_string()),
+    }
+}
+
+fn parse_port(p: i32) -> Option<u16> {
+    u16::try_from(p).ok().filter(|&p| p != 0)
+}
+
+fn service_ref(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceRef {
+    ServiceRef {
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
+/// What a Service becomes: a model service, nothing (a kind xlb does not proxy), or an error.
+pub enum Converted<T> {
+    Take(T),
+    /// Not proxied (headless, ExternalName, no ClusterIP), with the reason for the log.
+    Ignore(String),
+}
+
+/// Converts a Service. ExternalName and headless services are ignored, as kube-proxy does.
+pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
+    let id = service_ref(&svc.metadata);
+    let invalid = |field: String, value: String, reason: &str| SourceError::Invalid {
+        kind: "Service",
+        object: id.to_string(),
+        field,
+        value,
+        reason: reason.to_string(),
+    };
+    if id.name.is_empty() {
+        return Err(invalid("metadata.name".into(), String::new(), "a Service needs a name"));
+    }
+    let spec = svc.spec.clone().unwrap_or_default();
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok(Converted::Ignore(format!("Service {id} is ExternalName")));
+    }
+    let mut raw_ips = spec.cluster_ips.clone().unwrap_or_default();
+    if raw_ips.is_empty() {
+        raw_ips.extend(spec.cluster_ip.clone());
+    }
+    if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip == "None" || ip.is_empty()) {
+        return Ok(Converted::Ignore(format!("Service {id} is headless or has no ClusterIP")));
+    }
+    let mut cluster_ips = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate() {
+        let ip = parse_ip(raw).ok_or_else(|| {
+            invalid(format!("spec.clusterIPs[{i}]"), raw.clone(), "not an IPv4 or IPv6 address")
+        })?;
+        cluster_ips.push(ip);
+    }
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let port = parse_port(p.port).ok_or_else(|| {
+            invalid(format!("spec.ports[{i}].port"), p.port.to_string(), "must be 1..=65535")
+        })?;
+        let protocol = parse_protocol(p.protocol.as_deref()).map_err(|v| {
+            invalid(format!("spec.ports[{i}].protocol"), v, "must be TCP, UDP or SCTP")
+        })?;
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(np) => Some(parse_port(np).ok_or_else(|| {
+                invalid(format!("spec.ports[{i}].nodePort"), np.to_string(), "must be 1..=65535")
+            })?),
+        };
+        ports.push(ServicePort {
+            name: p.name.clone().unwrap_or_default(),
+            port,
+            protocol,
+            node_port,
+        });
+    }
+    if ports.is_empty() {
+        return Err(invalid("spec.ports".into(), "[]".into(), "a Service needs at least one port"));
+    }
+    Ok(Converted::Take(Service {
+        id,
+        cluster_ips,
+        ports,
+    }))
+}
+
+/// Converts an EndpointSlice. FQDN slices and slices without the service-name label are
+/// ignored; an endpoint address of the wrong family is an error naming the slice.
+pub fn endpoint_slice(
+    slice: &discovery::EndpointSlice,
+) -> Result<Converted<EndpointSlice>, SourceError> {
+    let meta = &slice.metadata;
+    let name = meta.name.clone().unwrap_or_default();
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let object = format!("{namespace}/{name}");
+    let invalid = |field: String, value: String, reason: &str| SourceError::Invalid {
+        kind: "EndpointSlice",
+        object: object.clone(),
+        field,
+        value,
+        reason: reason.to_string(),
+    };
+    let Some(svc_name) = meta.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
+        return Ok(Converted::Ignore(format!(
+            "EndpointSlice {object} has no {SERVICE_NAME_LABEL} label"
+        )));
+    };
+    let want_v4 = match slice.address_type.as_str() {
+        "IPv4" => true,
+        "IPv6" => false,
+        "FQDN" => return Ok(Converted::Ignore(format!("EndpointSlice {object} is FQDN"))),
+        other => {
+            return Err(invalid(
+                "addressType".into(),
+                other.into(),
+                "unknown address family (IPv4, IPv6 or FQDN)",
+            ));
+        }
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let Some(raw) = p.port else { continue };
+        let port = parse_port(raw).ok_or_else(|| {
+            invalid(format!("ports[{i}].port"), raw.to_string(), "must be 1..=65535")
+        })?;
+        let protocol = parse_protocol(p.protocol.as_deref())
+            .map_err(|v| invalid(format!("ports[{i}].protocol"), v, "must be TCP, UDP or SCTP"))?;
+        ports.push(EndpointPort {
+            name: p.name.clone().unwrap_or_default(),
+            port,
+            protocol,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let mut addresses = Vec::new();
+        for (j, raw) in ep.addresses.iter().enumerate() {
+            let field = format!("endpoints[{i}].addresses[{j}]");
+            let ip = parse_ip(raw)
+                .ok_or_else(|| invalid(field.clone(), raw.clone(), "not an IP address"))?;
+            if ip.is_ipv4() != want_v4 {
+                return Err(invalid(field, raw.clone(), "wrong family for the slice's addressType"));
+            }
+            addresses.push(ip);
+        }
+        let cond = ep.conditions.clone().unwrap_or_default();
+        // As the API documents: unknown readiness counts as ready; serving defaults to ready.
+        let ready = cond.ready.unwrap_or(true);
+        endpoints.push(Endpoint {
+            addresses,
+            ready,
+            serving: cond.serving.unwrap_or(ready),
+            terminating: cond.terminating.unwrap_or(false),
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+        });
+    }
+    Ok(Converted::Take(EndpointSlice {
+        name,
+        service: ServiceRef {
+            namespace,
+            name: svc_name.clone(),
+        },
+        ports,
+        endpoints,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_with_leading_zeros_reads_as_decimal() {
+        assert_eq!(parse_ip("010.000.001.009"), Some("10.0.1.9".parse().expect("ip")));
+        assert_eq!(parse_ip(" 10.0.0.1"), Some("10.0.0.1".parse().expect("ip")));
+        assert_eq!(parse_ip("2001:db8::1"), Some("2001:db8::1".parse().expect("ip")));
+        assert_eq!(parse_ip("10.0.0.256"), None);
+        assert_eq!(parse_ip("10.0.0"), None);
+        assert_eq!(parse_ip("10.0.0.1.2"), None);
+        assert_eq!(parse_ip("ten.0.0.1"), None);
+    }
+}

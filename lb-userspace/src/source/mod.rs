@@ -1,0 +1,39 @@
+//! Sources: translate what they read (Kubernetes objects) into the [`crate::model::Model`].
+
+pub mod convert;
+pub mod file;
+
+use thiserror::Error;
+
+/// An object a source could not take, named so a user can find and fix it.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid YAML: {source}")]
+    Yaml {
+        path: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{path}: document {index} ({kind}): cannot decode: {source}")]
+    Decode {
+        path: String,
+        index: usize,
+        kind: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("{kind} {object}: {field} {value:?} is invalid: {reason}")]
+    Invalid {
+        kind: &'static str,
+        object: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+}
