@@ -1,0 +1,99 @@
+//! `xlb agent` as a process inside a node namespace, with its own pin directory; stopped and
+//! cleaned up on drop.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::netns::Netns;
+
+/// A running agent.
+pub struct Agent {
+    child: Option<Child>,
+    pub pins: PathBuf,
+    pub log: PathBuf,
+    xlb: PathBuf,
+}
+
+impl Agent {
+    /// Starts `xlb agent` in `node` on `source` (a YAML file), attached to `pod_glob`.
+    pub fn start(node: &Netns, source: &Path, pod_glob: &str, pins: PathBuf, log: PathBuf) -> Result<Self, String> {
+        let xlb = crate::xlb_bin();
+        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = node
+            .command(&xlb)
+            .args(["agent", "--source"])
+            .arg(format!("file:{}", source.display()))
+            .args(["--pod-interfaces", pod_glob, "--bpffs"])
+            .arg(&pins)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", xlb.display()))?;
+        Ok(Agent {
+            child: Some(child),
+            pins,
+            log,
+            xlb,
+        })
+    }
+
+    /// The agent's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `pred` holds for the programmed services (read from the pinned maps).
+    pub fn wait_for(
+        &mut self,
+        timeout: Duration,
+        pred: impl Fn(&[lb_userspace::list::ServiceRow]) -> bool,
+    ) -> Result<Duration, String> {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                return Err(format!("agent exited with {status}:\n{}", self.log_text()));
+            }
+            if let Ok(rows) = lb_userspace::list::services(&self.pins)
+                && pred(&rows)
+            {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                return Err(format!("agent not in the expected state after {timeout:?}:\n{}", self.log_text()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops the agent (SIGTERM) and leaves its pins in place.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = Command::new(&self.xlb).arg("cleanup").arg("--bpffs").arg(&self.pins).output();
+    }
+}

@@ -1,0 +1,56 @@
+//! Clients: one request over TCP or UDP, and what the reply says.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+/// One answered request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The backend that answered (its echo name).
+    pub backend: String,
+    /// The client address the backend saw.
+    pub seen_client: String,
+    /// The peer the client's socket saw the answer come from.
+    pub peer: SocketAddr,
+}
+
+fn parse(line: &str, peer: SocketAddr) -> Result<Answer, String> {
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next()) {
+        (Some(b), Some(c)) => Ok(Answer {
+            backend: b.to_string(),
+            seen_client: c.to_string(),
+            peer,
+        }),
+        _ => Err(format!("unexpected reply {line:?} from {peer}")),
+    }
+}
+
+/// Connects, sends one line, reads the answer, closes. Must run inside the client namespace.
+pub fn tcp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> {
+    let mut s = TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.write_all(b"hello\n").map_err(|e| format!("send to {to}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| format!("read from {to}: {e}"))?;
+    let peer = s.peer_addr().map_err(|e| e.to_string())?;
+    parse(&line, peer)
+}
+
+/// Sends one datagram from a fresh socket and waits for the answer. The socket is connected
+/// to `to`, so the kernel only delivers an answer whose source is exactly `to`.
+pub fn udp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> {
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    s.connect(to).map_err(|e| format!("connect {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.send(b"hello\n").map_err(|e| format!("send to {to}: {e}"))?;
+    let mut buf = [0u8; 512];
+    let n = s.recv(&mut buf).map_err(|e| format!("recv from {to}: {e}"))?;
+    let peer = s.peer_addr().map_err(|e| e.to_string())?;
+    parse(&String::from_utf8_lossy(&buf[..n]), peer)
+}

@@ -1,0 +1,91 @@
+//! The datapath loaded into the kernel (not attached) with its own pin directory, for packet
+//! tests through `BPF_PROG_TEST_RUN`. Pins are removed on drop.
+
+use std::path::PathBuf;
+
+use aya::programs::{TestRun, TestRunOptions};
+use lb_userspace::{
+    EBPF_OBJECT,
+    datapath::{kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
+    desired::{self, Desired, Ids},
+    model::Model,
+};
+
+/// A loaded object and its maps.
+pub struct LoadedDatapath {
+    pub ebpf: aya::Ebpf,
+    pub maps: KernelMaps,
+    pub pins: PathBuf,
+    current: Desired,
+    ids: Ids,
+}
+
+/// The verdict and the packet as the program left it.
+#[derive(Debug)]
+pub struct RunResult {
+    pub verdict: u32,
+    pub packet: Vec<u8>,
+}
+
+impl LoadedDatapath {
+    /// Loads the embedded object with pins under a fresh directory named after `tag`.
+    pub fn load(tag: &str) -> Result<Self, String> {
+        let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+        let mut ebpf = loader::load(EBPF_OBJECT, &pins).map_err(|e| e.to_string())?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| e.to_string())?;
+        Ok(Self {
+            ebpf,
+            maps,
+            pins,
+            current: Desired::default(),
+            ids: Ids::default(),
+        })
+    }
+
+    /// Programs the maps for `model`, as the agent would.
+    pub fn program(&mut self, model: &Model) -> Result<(), String> {
+        let (want, _) = desired::compute(model, &mut self.ids, self.maps.limits());
+        let (now, report) = apply(&mut self.maps, &self.current, &want);
+        self.current = now;
+        match report.errors.first() {
+            Some(e) => Err(e.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// What the maps hold now.
+    pub fn state(&self) -> Desired {
+        self.maps.read().unwrap_or_default()
+    }
+
+    /// Runs the tc program once on `packet`; `Err` when the kernel refuses the input.
+    pub fn run(&mut self, packet: &[u8]) -> Result<RunResult, String> {
+        let prog = loader::tc_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        };
+        let r = prog.test_run(opts).map_err(|e| {
+            let mut s = e.to_string();
+            let mut cur = std::error::Error::source(&e);
+            while let Some(c) = cur {
+                s.push_str(&format!(": {c}"));
+                cur = c.source();
+            }
+            s
+        })?;
+        out.truncate(r.data_size_out as usize);
+        Ok(RunResult {
+            verdict: r.return_value,
+            packet: out,
+        })
+    }
+}
+
+impl Drop for LoadedDatapath {
+    fn drop(&mut self) {
+        let _ = lb_userspace::cleanup::cleanup(&self.pins);
+    }
+}

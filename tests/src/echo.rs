@@ -1,0 +1,125 @@
+//! Echo servers for backend pods: every request line (TCP) or datagram (UDP) is answered with
+//! `"<name> <peer-ip>:<peer-port>\n"`, the server's name and the peer address it saw.
+
+use std::{
+    io::{BufRead, BufReader, ErrorKind, Write},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::{self, JoinHandle},
+    time::Duration,
+};
+
+use crate::netns::Netns;
+
+/// TCP and UDP echo servers running inside a namespace until dropped.
+pub struct EchoServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<Result<(), String>>>,
+}
+
+impl EchoServer {
+    /// Starts servers named `name` on `tcp_port` and `udp_port` (0 = none) inside `ns`.
+    pub fn start(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Result<Self, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        if tcp_port != 0 {
+            let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx.clone());
+            threads.push(ns.spawn(move || serve_tcp(tcp_port, &name, &stop, ready)));
+        }
+        if udp_port != 0 {
+            let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx.clone());
+            threads.push(ns.spawn(move || serve_udp(udp_port, &name, &stop, ready)));
+        }
+        drop(ready_tx);
+        for r in ready_rx {
+            r?;
+        }
+        Ok(EchoServer { stop, threads })
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The reply a server named `name` gives a peer.
+pub fn reply(name: &str, peer: SocketAddr) -> String {
+    format!("{name} {peer}\n")
+}
+
+fn serve_tcp(
+    port: u16,
+    name: &str,
+    stop: &AtomicBool,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let listener = match TcpListener::bind(("0.0.0.0", port)).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(format!("{name}: tcp bind :{port}: {e}")));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((conn, peer)) => {
+                let name = name.to_string();
+                thread::spawn(move || handle_tcp(conn, peer, &name));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            Err(_) => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(mut writer) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+        if writer.write_all(reply(name, peer).as_bytes()).is_err() {
+            return;
+        }
+        line.clear();
+    }
+}
+
+fn serve_udp(
+    port: u16,
+    name: &str,
+    stop: &AtomicBool,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let sock = match UdpSocket::bind(("0.0.0.0", port)).and_then(|s| {
+        s.set_read_timeout(Some(Duration::from_millis(20)))?;
+        Ok(s)
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(format!("{name}: udp bind :{port}: {e}")));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok((_, peer)) = sock.recv_from(&mut buf) {
+            let _ = sock.send_to(reply(name, peer).as_bytes(), peer);
+        }
+    }
+}

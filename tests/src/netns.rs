@@ -1,0 +1,89 @@
+//! Network namespaces owned by a test: created with `ip netns add`, removed on drop.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    process::{Command, Output},
+    thread,
+};
+
+/// A named network namespace, deleted (with its interfaces) when dropped.
+#[derive(Debug)]
+pub struct Netns {
+    pub name: String,
+}
+
+/// Runs a command and fails with its stderr when it exits non-zero.
+pub fn run(cmd: &mut Command) -> Result<Output, String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| format!("{shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{shown}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(out)
+}
+
+impl Netns {
+    /// Creates the namespace with `lo` up.
+    pub fn new(name: &str) -> Result<Self, String> {
+        run(Command::new("ip").args(["netns", "add", name]))?;
+        let ns = Netns { name: name.to_string() };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// `ip -n NAME ARGS...`.
+    pub fn ip(&self, args: &[&str]) -> Result<Output, String> {
+        run(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// A command that runs inside this namespace's network (mounts stay those of the
+    /// caller, so /sys/fs/bpf stays visible; `ip netns exec` would remount /sys).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name)).arg("--").arg(program);
+        c
+    }
+
+    /// Sets sysctls inside the namespace (`key=value`).
+    pub fn sysctl(&self, settings: &[&str]) -> Result<(), String> {
+        let mut c = self.command("sysctl");
+        c.arg("-qw").args(settings);
+        run(&mut c).map(|_| ())
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace; sockets it creates live
+    /// there. The calling thread's namespace is never changed.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<Result<T, String>> {
+        let path = format!("/run/netns/{}", self.name);
+        thread::spawn(move || {
+            enter(&path)?;
+            Ok(f())
+        })
+    }
+
+    /// Runs `f` inside this namespace on a dedicated thread and waits for it.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+        self.spawn(f).join().map_err(|_| "thread in netns panicked".to_string())?
+    }
+}
+
+/// Moves the current thread into the network namespace at `path`.
+pub fn enter(path: &str) -> Result<(), String> {
+    let f = File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    // SAFETY: a valid fd to a netns file; affects only the calling thread.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}

@@ -1,0 +1,30 @@
+//! Service YAML for tests: ClusterIPs in front of pods of the [`crate::topology`].
+
+use std::net::Ipv4Addr;
+
+/// A Service with one port and an EndpointSlice listing `backends` (all ready
+///), as Kubernetes YAML.
+pub fn service_yaml(
+    name: &str,
+    cluster_ip: Ipv4Addr,
+    port: u16,
+    protocol: &str,
+    target_port: u16,
+    backends: &[Ipv4Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {cluster_ip}\n  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
+    );
+    y.push_str(if backends.is_empty() { " []\n" } else { "\n" });
+    for ip in backends {
+        y.push_str(&format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"));
+    }
+    y
+}
+
+/// Writes `text` to `path` atomically (a reader sees the old or the new file, never half).
+pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}

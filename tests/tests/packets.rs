@@ -1,0 +1,268 @@
+//! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
+//! table of cases, Katran-style.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use lb_userspace::{
+    packet::{PacketBuilder, TCP_ACK, parse},
+    source::file,
+};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use xlb_tests::{datapath::LoadedDatapath, require_root, services::service_yaml, unique_tag};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
+const CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 2), 40000);
+const BACKENDS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(10, 244, 2, 2),
+    Ipv4Addr::new(10, 244, 3, 2),
+    Ipv4Addr::new(10, 244, 4, 2),
+];
+
+fn setup(test: &str) -> Option<LoadedDatapath> {
+    if !require_root(test) {
+        return None;
+    }
+    let mut dp = LoadedDatapath::load(&unique_tag("xlbp")).expect("load the eBPF object");
+    let yaml = service_yaml("web", VIP, 80, "TCP", 8080, &BACKENDS)
+        + &service_yaml("dns", VIP, 53, "UDP", 5353, &BACKENDS)
+        + &service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[]);
+    let loaded = file::parse("packets.yaml", &yaml).expect("yaml");
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    dp.program(&loaded.model).expect("program maps");
+    Some(dp)
+}
+
+/// What a case expects of the program.
+#[derive(Debug)]
+enum Expect {
+    /// TC_ACT_OK and the packet unchanged.
+    PassUntouched,
+    /// TC_ACT_SHOT.
+    Drop,
+    /// TC_ACT_OK, destination rewritten to one of the backends on `port`, checksums valid.
+    Dnat { port: u16 },
+    /// TC_ACT_OK, source rewritten to `from`, checksums valid.
+    ReverseNat { from: SocketAddrV4 },
+}
+
+struct Case {
+    desc: &'static str,
+    packet: Vec<u8>,
+    expect: Expect,
+}
+
+fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
+    let r = dp.run(&case.packet).unwrap_or_else(|e| panic!("{}: test run: {e}", case.desc));
+    let out = parse(&r.packet);
+    match case.expect {
+        Expect::PassUntouched => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
+            assert_eq!(r.packet, case.packet, "{}: packet changed", case.desc);
+            None
+        }
+        Expect::Drop => {
+            assert_eq!(r.verdict, TC_ACT_SHOT, "{}", case.desc);
+            None
+        }
+        Expect::Dnat { port } => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
+            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
+            let input = parse(&case.packet).expect("input parses");
+            assert!(BACKENDS.contains(p.dst.ip()), "{}: dst {} is not a backend", case.desc, p.dst);
+            assert_eq!(p.dst.port(), port, "{}", case.desc);
+            assert_eq!(p.src, input.src, "{}: source must be kept", case.desc);
+            assert!(p.ip_checksum_ok, "{}: IPv4 checksum", case.desc);
+            assert!(p.l4_checksum_ok, "{}: L4 checksum", case.desc);
+            Some(p.dst)
+        }
+        Expect::ReverseNat { from } => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
+            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
+            let input = parse(&case.packet).expect("input parses");
+            assert_eq!(p.src, from, "{}", case.desc);
+            assert_eq!(p.dst, input.dst, "{}: destination must be kept", case.desc);
+            assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{}: checksums", case.desc);
+            Some(p.src)
+        }
+    }
+}
+
+#[test]
+fn rewrites_follow_the_table() {
+    let Some(mut dp) = setup("rewrites_follow_the_table") else { return };
+    let vip80 = SocketAddrV4::new(VIP, 80);
+    let vip53 = SocketAddrV4::new(VIP, 53);
+
+    // New flows: DNAT to a backend with valid checksums.
+    let syn = PacketBuilder::tcp(CLIENT, vip80).build();
+    let chosen = check(&mut dp, &Case { desc: "TCP SYN to ClusterIP → DNAT", packet: syn.clone(), expect: Expect::Dnat { port: 8080 } })
+        .expect("backend");
+    let udp = PacketBuilder::udp(CLIENT, vip53).payload(b"query").build();
+    let udp_backend = check(&mut dp, &Case { desc: "UDP to ClusterIP → DNAT", packet: udp, expect: Expect::Dnat { port: 5353 } })
+        .expect("backend");
+
+    let table = vec![
+        Case {
+            desc: "later packet of the TCP flow keeps its backend",
+            packet: PacketBuilder::tcp(CLIENT, vip80).flags(TCP_ACK).payload(b"GET /").build(),
+            expect: Expect::Dnat { port: 8080 },
+        },
+        Case {
+            desc: "reply from the backend → source is the ClusterIP again",
+            packet: PacketBuilder::tcp(chosen, CLIENT).flags(TCP_ACK).payload(b"200 OK").build(),
+            expect: Expect::ReverseNat { from: vip80 },
+        },
+        Case {
+            desc: "UDP reply → source is the ClusterIP again",
+            packet: PacketBuilder::udp(udp_backend, CLIENT).payload(b"answer").build(),
+            expect: Expect::ReverseNat { from: vip53 },
+        },
+        Case {
+            desc: "UDP without checksum: rewritten, checksum stays 0",
+            packet: PacketBuilder::udp(SocketAddrV4::new(*CLIENT.ip(), 40001), vip53).without_udp_checksum().build(),
+            expect: Expect::Dnat { port: 5353 },
+        },
+        Case {
+            desc: "packet to a non-service address passes untouched",
+            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 2), 8080)).build(),
+            expect: Expect::PassUntouched,
+        },
+        Case {
+            desc: "ClusterIP on a port the service does not have passes untouched",
+            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 81)).build(),
+            expect: Expect::PassUntouched,
+        },
+        Case {
+            desc: "ClusterIP:80 over UDP (service is TCP) passes untouched",
+            packet: PacketBuilder::udp(CLIENT, vip80).build(),
+            expect: Expect::PassUntouched,
+        },
+        Case {
+            desc: "service without backends → dropped",
+            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80)).build(),
+            expect: Expect::Drop,
+        },
+    ];
+    for case in &table {
+        let got = check(&mut dp, case);
+        if case.desc.starts_with("later packet") {
+            assert_eq!(got, Some(chosen), "{}", case.desc);
+        }
+    }
+    let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
+    assert!(udp_zero.udp_checksum_zero, "a zero UDP checksum must stay zero");
+}
+
+#[test]
+fn new_flows_spread_over_all_backends() {
+    let Some(mut dp) = setup("new_flows_spread_over_all_backends") else { return };
+    let mut seen = std::collections::BTreeMap::new();
+    for port in 20000..20300u16 {
+        let pkt = PacketBuilder::tcp(SocketAddrV4::new(*CLIENT.ip(), port), SocketAddrV4::new(VIP, 80)).build();
+        let r = dp.run(&pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        let p = parse(&r.packet).expect("parses");
+        *seen.entry(*p.dst.ip()).or_insert(0) += 1;
+    }
+    for b in BACKENDS {
+        let n = seen.get(&b).copied().unwrap_or(0);
+        assert!(n >= 45, "backend {b} got {n} of 300 new flows: {seen:?}");
+    }
+}
+
+/// The kernel's BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header, and
+/// IPv4/IPv6 frames shorter than their fixed IP header, before the program runs.
+fn kernel_refuses(buf: &[u8]) -> bool {
+    buf.len() < 14
+        || (buf[12..14] == [0x08, 0x00] && buf.len() < 34)
+        || (buf[12..14] == [0x86, 0xdd] && buf.len() < 54)
+}
+
+#[test]
+fn truncated_packets_are_never_rewritten() {
+    let Some(mut dp) = setup("truncated_packets_are_never_rewritten") else { return };
+    let tcp = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53)).payload(&[7; 30]).build();
+    let mut ran = 0;
+    for pkt in [&tcp, &udp] {
+        for len in 0..=60.min(pkt.len() - 1) {
+            let cut = &pkt[..len];
+            match dp.run(cut) {
+                Err(e) => assert!(kernel_refuses(cut), "len {len}: kernel refused: {e}"),
+                Ok(r) => {
+                    ran += 1;
+                    assert!(!kernel_refuses(cut), "len {len}: expected the kernel to refuse it");
+                    // The IPv4 total length now exceeds the frame: malformed, dropped.
+                    assert_eq!(r.verdict, TC_ACT_SHOT, "len {len}: verdict {}", r.verdict);
+                    assert_eq!(&r.packet[..], cut, "len {len}: truncated packet was rewritten");
+                }
+            }
+        }
+    }
+    assert!(ran >= 40, "only {ran} truncated frames reached the program");
+}
+
+#[test]
+fn malformed_headers_are_dropped_untouched() {
+    let Some(mut dp) = setup("malformed_headers_are_dropped_untouched") else { return };
+    let good = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
+    let mut ihl4 = good.clone();
+    ihl4[14] = 0x44;
+    let mut v6_in_v4 = good.clone();
+    v6_in_v4[14] = 0x65;
+    let mut short_total = good.clone();
+    short_total[16..18].copy_from_slice(&30u16.to_be_bytes()); // IP + 10 bytes: TCP cut
+    let mut long_total = good.clone();
+    long_total[16..18].copy_from_slice(&1500u16.to_be_bytes());
+    for (desc, pkt) in [
+        ("IHL below 5", ihl4),
+        ("version 6 in an IPv4 frame", v6_in_v4),
+        ("total length cuts the TCP header", short_total),
+        ("total length beyond the frame", long_total),
+    ] {
+        let r = dp.run(&pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_SHOT, "{desc}");
+        assert_eq!(r.packet, pkt, "{desc}: rewritten");
+    }
+    let mut frag = good.clone();
+    frag[20] = 0x20; // more fragments
+    let r = dp.run(&frag).expect("run");
+    assert_eq!((r.verdict, &r.packet), (TC_ACT_OK, &frag), "fragment passes untouched");
+}
+
+#[test]
+fn random_buffers_get_an_allowed_verdict() {
+    let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else { return };
+    let mut rng = StdRng::seed_from_u64(0x71b);
+    let template = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).payload(&[0; 40]).build();
+    let mut ran = 0;
+    for i in 0..10_000 {
+        let len = rng.random_range(14..=template.len() + 64);
+        let mut buf: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        // Half the buffers start like a service packet so the parser goes deep.
+        if i % 2 == 0 {
+            let keep = rng.random_range(14..template.len()).min(len);
+            buf[..keep].copy_from_slice(&template[..keep]);
+            let flip = rng.random_range(14..len.max(15));
+            let flip = flip.min(len - 1);
+            buf[flip] = rng.random();
+        }
+        match dp.run(&buf) {
+            Err(e) => assert!(kernel_refuses(&buf), "buffer {i} ({len} bytes): {e}"),
+            Ok(r) => {
+                ran += 1;
+                assert!(
+                    r.verdict == TC_ACT_OK || r.verdict == TC_ACT_SHOT,
+                    "buffer {i}: verdict {}",
+                    r.verdict
+                );
+                assert_eq!(r.packet.len(), buf.len(), "buffer {i}: length changed");
+            }
+        }
+    }
+    assert!(ran >= 9_000, "only {ran} of 10,000 buffers reached the program");
+}
