@@ -15,32 +15,53 @@ pub struct Agent {
     pub pins: PathBuf,
     pub log: PathBuf,
     xlb: PathBuf,
+    /// The full command line (nsenter … xlb agent …), to start it again on the same pins.
+    command: Vec<std::ffi::OsString>,
 }
 
 impl Agent {
     /// Starts `xlb agent` in `node` on `source` (a YAML file), attached to `pod_glob`.
     pub fn start(node: &Netns, source: &Path, pod_glob: &str, pins: PathBuf, log: PathBuf) -> Result<Self, String> {
         let xlb = crate::xlb_bin();
-        let out = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = node
-            .command(&xlb)
-            .args(["agent", "--source"])
+        let mut cmd = node.command(&xlb);
+        cmd.args(["agent", "--source"])
             .arg(format!("file:{}", source.display()))
             .args(["--pod-interfaces", pod_glob, "--bpffs"])
-            .arg(&pins)
+            .arg(&pins);
+        let mut command = vec![cmd.get_program().to_os_string()];
+        command.extend(cmd.get_args().map(|a| a.to_os_string()));
+        let mut agent = Agent {
+            child: None,
+            pins,
+            log,
+            xlb,
+            command,
+        };
+        agent.spawn()?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let out = std::fs::File::create(&self.log).map_err(|e| format!("{}: {e}", self.log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(&self.command[0])
+            .args(&self.command[1..])
             .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("spawn {}: {e}", xlb.display()))?;
-        Ok(Agent {
-            child: Some(child),
-            pins,
-            log,
-            xlb,
-        })
+            .map_err(|e| format!("spawn {}: {e}", self.xlb.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Stops the agent, leaving its pins, and starts a new one on them, logging to `log`.
+    pub fn restart(&mut self, log: PathBuf) -> Result<(), String> {
+        self.stop();
+        self.log = log;
+        self.spawn()
     }
 
     /// The agent's log so far.

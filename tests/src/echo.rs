@@ -35,8 +35,8 @@ impl EchoServer {
             threads.push(ns.spawn(move || serve_udp(udp_port, &name, &stop, ready)));
         }
         drop(ready_tx);
-        for r in ready_rx {
-            r?;
+        for _ in 0..threads.len() {
+            ready_rx.recv().map_err(|_| format!("{name}: server thread died"))??;
         }
         Ok(EchoServer { stop, threads })
     }

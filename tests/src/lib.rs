@@ -10,6 +10,7 @@ pub mod client;
 pub mod datapath;
 pub mod echo;
 pub mod netns;
+pub mod scenario;
 pub mod services;
 pub mod topology;
 
