@@ -8,7 +8,9 @@ use std::{env, fs, path::PathBuf};
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let default = manifest.join("../lb-ebpf/target/bpfel-unknown-none/release/lb-ebpf");
-    let source = env::var_os("XLB_EBPF_OBJECT").map(PathBuf::from).unwrap_or(default);
+    let source = env::var_os("XLB_EBPF_OBJECT")
+        .map(PathBuf::from)
+        .unwrap_or(default);
     println!("cargo:rerun-if-env-changed=XLB_EBPF_OBJECT");
     println!("cargo:rerun-if-changed={}", source.display());
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it")).join("lb-ebpf.o");

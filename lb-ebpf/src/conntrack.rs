@@ -2,9 +2,7 @@
 //! (backend → client) restores the VIP.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use lb_common::{
-    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL,
-};
+use lb_common::{Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL};
 
 use crate::{maps::XLB_CT_V1, parse::Tuple, reason::Reason};
 
@@ -27,7 +25,14 @@ fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Ct
 /// The reply entry for a packet from a backend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
-    let k = key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, CT_DIR_REPLY);
+    let k = key(
+        t.saddr_be,
+        t.daddr_be,
+        t.sport_be,
+        t.dport_be,
+        t.proto,
+        CT_DIR_REPLY,
+    );
     // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
     unsafe { XLB_CT_V1.get(k) }
 }
@@ -35,7 +40,14 @@ pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
 /// The forward entry for a packet to a VIP, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
-    let k = key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, CT_DIR_FORWARD);
+    let k = key(
+        t.saddr_be,
+        t.daddr_be,
+        t.sport_be,
+        t.dport_be,
+        t.proto,
+        CT_DIR_FORWARD,
+    );
     // SAFETY: only `last_seen_ns` is written through this reference.
     XLB_CT_V1.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
@@ -55,7 +67,14 @@ pub fn touch(ct: &mut CtValue) {
 pub fn create(t: &Tuple, backend_id: u32, be: &Backend, svc_id: u32) -> Result<(), Reason> {
     // SAFETY: helper without side effects.
     let now = unsafe { bpf_ktime_get_ns() };
-    let reply_key = key(be.addr_be[0], t.saddr_be, be.port_be, t.sport_be, t.proto, CT_DIR_REPLY);
+    let reply_key = key(
+        be.addr_be[0],
+        t.saddr_be,
+        be.port_be,
+        t.sport_be,
+        t.proto,
+        CT_DIR_REPLY,
+    );
     let reply = CtValue {
         nat_addr_be: [t.daddr_be, 0, 0, 0],
         nat_port_be: t.dport_be,
@@ -65,12 +84,23 @@ pub fn create(t: &Tuple, backend_id: u32, be: &Backend, svc_id: u32) -> Result<(
         last_seen_ns: now,
         ..CtValue::default()
     };
-    XLB_CT_V1.insert(reply_key, reply, 0).map_err(|_| Reason(R_CT_FULL))?;
-    let fwd_key = key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, CT_DIR_FORWARD);
+    XLB_CT_V1
+        .insert(reply_key, reply, 0)
+        .map_err(|_| Reason(R_CT_FULL))?;
+    let fwd_key = key(
+        t.saddr_be,
+        t.daddr_be,
+        t.sport_be,
+        t.dport_be,
+        t.proto,
+        CT_DIR_FORWARD,
+    );
     let fwd = CtValue {
         nat_addr_be: be.addr_be,
         nat_port_be: be.port_be,
         ..reply
     };
-    XLB_CT_V1.insert(fwd_key, fwd, 0).map_err(|_| Reason(R_CT_FULL))
+    XLB_CT_V1
+        .insert(fwd_key, fwd, 0)
+        .map_err(|_| Reason(R_CT_FULL))
 }

@@ -30,7 +30,7 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
-    action as i32
+    action
 }
 
 /// `Ok(reason)`: the packet continues (possibly rewritten); `Err(reason)`: it is dropped.

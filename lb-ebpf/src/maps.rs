@@ -23,8 +23,7 @@ pub static XLB_BE_V1: HashMap<u32, Backend, { BACKEND_MAP_CAPACITY as usize }> =
 /// Conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
 /// `CtKey{5-tuple, dir}` → `CtValue`. 40 B → 48 B, 262,144 entries, LRU eviction.
 #[btf_map]
-pub static XLB_CT_V1: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> =
-    LruHashMap::new();
+pub static XLB_CT_V1: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
 
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.

@@ -14,13 +14,24 @@ use crate::{
 /// DNAT: destination address and port become the backend's.
 #[inline(always)]
 pub fn rewrite_dst(ctx: &TcContext, t: &Tuple, addr_be: u32, port_be: u16) -> Result<(), Reason> {
-    rewrite(ctx, t, IP_DST_OFF, t.daddr_be, addr_be, t.l4_off + 2, t.dport_be, port_be)
+    rewrite(
+        ctx,
+        t,
+        IP_DST_OFF,
+        t.daddr_be,
+        addr_be,
+        t.l4_off + 2,
+        t.dport_be,
+        port_be,
+    )
 }
 
 /// Reverse NAT: source address and port become the VIP's.
 #[inline(always)]
 pub fn rewrite_src(ctx: &TcContext, t: &Tuple, addr_be: u32, port_be: u16) -> Result<(), Reason> {
-    rewrite(ctx, t, IP_SRC_OFF, t.saddr_be, addr_be, t.l4_off, t.sport_be, port_be)
+    rewrite(
+        ctx, t, IP_SRC_OFF, t.saddr_be, addr_be, t.l4_off, t.sport_be, port_be,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -37,7 +48,11 @@ fn rewrite(
 ) -> Result<(), Reason> {
     let failed = |_| Reason(R_REWRITE_FAILED);
     // A UDP checksum of 0 means "none": keep it 0.
-    let l4_flags = if t.proto == IPPROTO_UDP { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+    let l4_flags = if t.proto == IPPROTO_UDP {
+        BPF_F_MARK_MANGLED_0 as u64
+    } else {
+        0
+    };
     if old_addr != new_addr {
         ctx.l4_csum_replace(
             t.csum_off,

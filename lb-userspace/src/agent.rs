@@ -14,9 +14,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     EBPF_OBJECT,
-    datapath::{
-        DatapathError, attach, kernel::KernelMaps, loader, sync::apply, writer::MapWriter,
-    },
+    datapath::{DatapathError, attach, kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
     desired::{self, Desired, Ids},
     glob, netif,
     source::file::{self, FileWatch},
@@ -147,11 +145,15 @@ fn sync_interfaces(
         }
     }
     let wanted = live.iter().filter(|i| {
-        *i != "lo" && (glob::matches_any(&opts.pod_interfaces, i) || opts.node_interfaces.contains(i))
+        *i != "lo"
+            && (glob::matches_any(&opts.pod_interfaces, i) || opts.node_interfaces.contains(i))
     });
     for iface in wanted {
         if ifs.attached.contains(iface)
-            || ifs.failed.get(iface).is_some_and(|t| t.elapsed() < ATTACH_RETRY)
+            || ifs
+                .failed
+                .get(iface)
+                .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
         {
             continue;
         }

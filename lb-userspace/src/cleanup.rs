@@ -20,7 +20,9 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
     if let Ok(entries) = std::fs::read_dir(dir.join("links")) {
         for e in entries.flatten() {
             std::fs::remove_file(e.path())?;
-            removed.links.push(e.file_name().to_string_lossy().into_owned());
+            removed
+                .links
+                .push(e.file_name().to_string_lossy().into_owned());
         }
     }
     let _ = std::fs::remove_dir(dir.join("links"));

@@ -52,7 +52,9 @@ pub enum DesiredError {
         count: usize,
         limit: u16,
     },
-    #[error("Service {object} has no EndpointSlice: it has no backends and its packets are dropped")]
+    #[error(
+        "Service {object} has no EndpointSlice: it has no backends and its packets are dropped"
+    )]
     NoEndpointSlice { object: String },
 }
 
@@ -162,7 +164,11 @@ pub fn svc_name(name: &str) -> SvcName {
 
 /// Decodes a name written by [`svc_name`].
 pub fn svc_name_str(name: &SvcName) -> String {
-    let end = name.name.iter().position(|&b| b == 0).unwrap_or(SVC_NAME_LEN);
+    let end = name
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(SVC_NAME_LEN);
     String::from_utf8_lossy(&name.name[..end]).into_owned()
 }
 
@@ -177,8 +183,7 @@ struct Planned {
 /// a full map rejects new services rather than dropping working ones.
 pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<DesiredError>) {
     let mut errors = Vec::new();
-    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
-    let mut planned = Vec::new();
+    let mut candidates = Vec::new();
 
     for (id, svc) in &model.services {
         if !model.slices.contains_key(id) {
@@ -218,23 +223,28 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
                     continue;
                 };
                 let key = frontend_key(vip, port.port, port.protocol);
-                let frontend = format!("{vip}:{}/{}", port.port, port.protocol);
-                if let Some(owner) = owners.get(&key) {
-                    errors.push(DesiredError::FrontendConflict {
-                        object: object.clone(),
-                        frontend,
-                        owner: owner.clone(),
-                    });
-                    continue;
-                }
-                owners.insert(key, object.clone());
-                planned.push((key, object.clone(), backends.clone()));
+                candidates.push((key, object.clone(), backends.clone()));
             }
         }
     }
 
-    // Already-programmed frontends first, then new ones, each group in model order.
-    planned.sort_by_key(|(key, _, _)| !ids.has_svc(key));
+    // Already-programmed frontends first, then new ones, each group in model order: a full
+    // map or a clashing frontend never takes the place of something that works.
+    candidates.sort_by_key(|(key, _, _)| !ids.has_svc(key));
+    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
+    let mut planned = Vec::new();
+    for (key, object, backends) in candidates {
+        if let Some(owner) = owners.get(&key) {
+            errors.push(DesiredError::FrontendConflict {
+                frontend: show_frontend(&key),
+                object,
+                owner: owner.clone(),
+            });
+            continue;
+        }
+        owners.insert(key, object.clone());
+        planned.push((key, object, backends));
+    }
     let mut desired = Desired::default();
     for (key, object, backends) in planned {
         let svc_id = ids.svc_id(key);
@@ -242,7 +252,12 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
             object,
             entries: Vec::new(),
             backends: Vec::new(),
-            name: (svc_id, SvcName { name: [0; SVC_NAME_LEN] }),
+            name: (
+                svc_id,
+                SvcName {
+                    name: [0; SVC_NAME_LEN],
+                },
+            ),
         };
         plan.name.1 = svc_name(&plan.object);
         let mut slot = 0u16;
@@ -315,12 +330,22 @@ fn proto_name(p: u8) -> String {
 
 /// `a.b.c.d:port/PROTO` of a service key.
 pub fn show_frontend(k: &SvcKey) -> String {
-    format!("{}:{}/{}", addr4(k.addr_be), u16::from_be(k.port_be), proto_name(k.proto))
+    format!(
+        "{}:{}/{}",
+        addr4(k.addr_be),
+        u16::from_be(k.port_be),
+        proto_name(k.proto)
+    )
 }
 
 /// `a.b.c.d:port/PROTO` of a backend.
 pub fn show_backend(b: &Backend) -> String {
-    format!("{}:{}/{}", addr4(b.addr_be), u16::from_be(b.port_be), proto_name(b.proto))
+    format!(
+        "{}:{}/{}",
+        addr4(b.addr_be),
+        u16::from_be(b.port_be),
+        proto_name(b.proto)
+    )
 }
 
 impl Desired {
@@ -331,7 +356,11 @@ impl Desired {
         entries.sort_by_key(|(k, _)| (show_frontend(k), k.slot));
         for (k, v) in entries {
             if k.slot == 0 {
-                let name = self.names.get(&v.svc_id).map(svc_name_str).unwrap_or_default();
+                let name = self
+                    .names
+                    .get(&v.svc_id)
+                    .map(svc_name_str)
+                    .unwrap_or_default();
                 let _ = writeln!(
                     out,
                     "service {} id={} name={} count={}",

@@ -57,7 +57,11 @@ fn read_state(dir: &Path) -> Result<Desired, DatapathError> {
 }
 
 fn name_of(state: &Desired, svc_id: u32) -> String {
-    state.names.get(&svc_id).map(svc_name_str).unwrap_or_else(|| format!("#{svc_id}"))
+    state
+        .names
+        .get(&svc_id)
+        .map(svc_name_str)
+        .unwrap_or_else(|| format!("#{svc_id}"))
 }
 
 /// One row per frontend.
@@ -72,7 +76,12 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
     for (k, v) in state.services.iter().filter(|(k, _)| k.slot == 0) {
         let backends = (1..=v.count)
             .filter_map(|slot| state.services.get(&lb_common::SvcKey { slot, ..*k }))
-            .map(|s| state.backends.get(&s.backend_id).map_or("MISSING".into(), show_backend))
+            .map(|s| {
+                state
+                    .backends
+                    .get(&s.backend_id)
+                    .map_or("MISSING".into(), show_backend)
+            })
             .collect();
         rows.push(ServiceRow {
             service: name_of(state, v.svc_id),
@@ -107,14 +116,21 @@ pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns reads.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn sock(addr_be: [u32; 4], port_be: u16) -> String {
-    format!("{}:{}", Ipv4Addr::from(addr_be[0].to_ne_bytes()), u16::from_be(port_be))
+    format!(
+        "{}:{}",
+        Ipv4Addr::from(addr_be[0].to_ne_bytes()),
+        u16::from_be(port_be)
+    )
 }
 
 /// Tracked flows (forward entries), oldest first.
@@ -122,16 +138,23 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
     let state = read_state(dir)?;
     let map = open_pinned(dir, MAP_CT)?;
     let ct: HashMap<MapData, CtKey, CtValue> =
-        HashMap::try_from(map).map_err(|source| DatapathError::Map { name: MAP_CT, source })?;
+        HashMap::try_from(map).map_err(|source| DatapathError::Map {
+            name: MAP_CT,
+            source,
+        })?;
     let now = monotonic_ns();
     let mut rows = Vec::new();
     for kv in ct.iter() {
-        let (k, v) = kv.map_err(|source| DatapathError::Map { name: MAP_CT, source })?;
+        let (k, v) = kv.map_err(|source| DatapathError::Map {
+            name: MAP_CT,
+            source,
+        })?;
         if k.dir != CT_DIR_FORWARD {
             continue;
         }
         rows.push(FlowRow {
-            protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+            protocol: Protocol::from_number(k.proto)
+                .map_or_else(|| k.proto.to_string(), |p| p.to_string()),
             client: sock(k.saddr_be, k.sport_be),
             frontend: sock(k.daddr_be, k.dport_be),
             backend: sock(v.nat_addr_be, v.nat_port_be),
@@ -148,10 +171,16 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
 pub fn counters(dir: &Path) -> Result<Vec<CounterRow>, DatapathError> {
     let map = open_pinned(dir, MAP_STATS)?;
     let stats: PerCpuArray<MapData, Counter> =
-        PerCpuArray::try_from(map).map_err(|source| DatapathError::Map { name: MAP_STATS, source })?;
+        PerCpuArray::try_from(map).map_err(|source| DatapathError::Map {
+            name: MAP_STATS,
+            source,
+        })?;
     let mut rows = Vec::new();
     for i in 0..R_COUNT {
-        let per_cpu = stats.get(&i, 0).map_err(|source| DatapathError::Map { name: MAP_STATS, source })?;
+        let per_cpu = stats.get(&i, 0).map_err(|source| DatapathError::Map {
+            name: MAP_STATS,
+            source,
+        })?;
         let (packets, bytes) = per_cpu
             .iter()
             .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));

@@ -16,7 +16,11 @@ use lb_userspace::{
 };
 
 #[derive(Parser)]
-#[command(name = "xlb", version, about = "Kubernetes Service load balancer on eBPF")]
+#[command(
+    name = "xlb",
+    version,
+    about = "Kubernetes Service load balancer on eBPF"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -126,7 +130,8 @@ fn main() -> Result<()> {
             };
             let stop = Arc::new(AtomicBool::new(false));
             for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-                signal_hook::flag::register(sig, Arc::clone(&stop)).context("install signal handler")?;
+                signal_hook::flag::register(sig, Arc::clone(&stop))
+                    .context("install signal handler")?;
             }
             agent::run(&opts, &stop)?;
             Ok(())
@@ -137,20 +142,28 @@ fn main() -> Result<()> {
             for e in &loaded.errors {
                 eprintln!("warning: {e}");
             }
-            let (d, problems) =
-                desired::compute(&loaded.model, &mut desired::Ids::default(), desired::Limits::default());
+            let (d, problems) = desired::compute(
+                &loaded.model,
+                &mut desired::Ids::default(),
+                desired::Limits::default(),
+            );
             for p in &problems {
                 eprintln!("warning: {p}");
             }
             print!("{}", d.dump());
             Ok(())
         }
-        Command::List { what, output, bpffs } => run_list(what, output, &bpffs),
+        Command::List {
+            what,
+            output,
+            bpffs,
+        } => run_list(what, output, &bpffs),
     }
 }
 
 fn run_cleanup(bpffs: &std::path::Path) -> Result<()> {
-    let removed = cleanup::cleanup(bpffs).with_context(|| format!("cleanup of {}", bpffs.display()))?;
+    let removed =
+        cleanup::cleanup(bpffs).with_context(|| format!("cleanup of {}", bpffs.display()))?;
     println!(
         "removed {} link(s) and {} map(s) under {}",
         removed.links.len(),
@@ -177,7 +190,10 @@ fn run_list(what: ListWhat, output: Output, bpffs: &std::path::Path) -> Result<(
                 .iter()
                 .map(|r| vec![r.service.clone(), r.frontend.clone(), r.backends.join(", ")])
                 .collect();
-            print!("{}", list::table(&["SERVICE", "FRONTEND", "BACKENDS"], &cells));
+            print!(
+                "{}",
+                list::table(&["SERVICE", "FRONTEND", "BACKENDS"], &cells)
+            );
         }
         ListWhat::Backends => {
             let rows = list::backends(bpffs).with_context(ctx)?;
@@ -210,7 +226,10 @@ fn run_list(what: ListWhat, output: Output, bpffs: &std::path::Path) -> Result<(
                 .collect();
             print!(
                 "{}",
-                list::table(&["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"], &cells)
+                list::table(
+                    &["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"],
+                    &cells
+                )
             );
         }
         ListWhat::Counters => {
@@ -220,7 +239,13 @@ fn run_list(what: ListWhat, output: Output, bpffs: &std::path::Path) -> Result<(
             }
             let cells: Vec<Vec<String>> = rows
                 .iter()
-                .map(|r| vec![r.reason.to_string(), r.packets.to_string(), r.bytes.to_string()])
+                .map(|r| {
+                    vec![
+                        r.reason.to_string(),
+                        r.packets.to_string(),
+                        r.bytes.to_string(),
+                    ]
+                })
                 .collect();
             print!("{}", list::table(&["REASON", "PACKETS", "BYTES"], &cells));
         }

@@ -237,7 +237,11 @@ mod tests {
             ep("10.0.0.2", true, true, false),
             ep("10.0.0.1", false, true, true),
         ]);
-        let got: Vec<String> = m.backends(&id, &port).iter().map(|b| b.to_string()).collect();
+        let got: Vec<String> = m
+            .backends(&id, &port)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
         assert_eq!(got, vec!["10.0.0.2:8080/TCP"]);
     }
 
@@ -248,7 +252,11 @@ mod tests {
             ep("10.0.0.3", false, false, true),
             ep("10.0.0.4", false, false, false),
         ]);
-        let got: Vec<String> = m.backends(&id, &port).iter().map(|b| b.to_string()).collect();
+        let got: Vec<String> = m
+            .backends(&id, &port)
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
         assert_eq!(got, vec!["10.0.0.1:8080/TCP"]);
     }
 

@@ -11,7 +11,11 @@ pub fn interfaces() -> Vec<String> {
         }
         let mut p = list;
         while (*p).if_index != 0 && !(*p).if_name.is_null() {
-            names.push(std::ffi::CStr::from_ptr((*p).if_name).to_string_lossy().into_owned());
+            names.push(
+                std::ffi::CStr::from_ptr((*p).if_name)
+                    .to_string_lossy()
+                    .into_owned(),
+            );
             p = p.add(1);
         }
         libc::if_freenameindex(list);

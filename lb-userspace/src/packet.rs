@@ -63,7 +63,17 @@ impl PacketBuilder {
         let mut p = Vec::with_capacity(34 + l4_len);
         p.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00]);
         let tot = (20 + l4_len) as u16;
-        p.extend_from_slice(&[0x45, 0, (tot >> 8) as u8, tot as u8, 0x12, 0x34, 0x40, 0, 64]);
+        p.extend_from_slice(&[
+            0x45,
+            0,
+            (tot >> 8) as u8,
+            tot as u8,
+            0x12,
+            0x34,
+            0x40,
+            0,
+            64,
+        ]);
         p.push(self.protocol.number());
         p.extend_from_slice(&[0, 0]);
         p.extend_from_slice(&self.src.ip().octets());
@@ -89,7 +99,12 @@ impl PacketBuilder {
             if self.protocol == Protocol::Udp && c == 0 {
                 c = 0xffff;
             }
-            let off = 34 + if self.protocol == Protocol::Udp { 6 } else { 16 };
+            let off = 34
+                + if self.protocol == Protocol::Udp {
+                    6
+                } else {
+                    16
+                };
             p[off..off + 2].copy_from_slice(&c.to_be_bytes());
         }
         p

@@ -21,7 +21,13 @@ pub struct Agent {
 
 impl Agent {
     /// Starts `xlb agent` in `node` on `source` (a YAML file), attached to `pod_glob`.
-    pub fn start(node: &Netns, source: &Path, pod_glob: &str, pins: PathBuf, log: PathBuf) -> Result<Self, String> {
+    pub fn start(
+        node: &Netns,
+        source: &Path,
+        pod_glob: &str,
+        pins: PathBuf,
+        log: PathBuf,
+    ) -> Result<Self, String> {
         let xlb = crate::xlb_bin();
         let mut cmd = node.command(&xlb);
         cmd.args(["agent", "--source"])
@@ -42,7 +48,8 @@ impl Agent {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let out = std::fs::File::create(&self.log).map_err(|e| format!("{}: {e}", self.log.display()))?;
+        let out =
+            std::fs::File::create(&self.log).map_err(|e| format!("{}: {e}", self.log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = Command::new(&self.command[0])
             .args(&self.command[1..])
@@ -88,7 +95,10 @@ impl Agent {
                 return Ok(start.elapsed());
             }
             if start.elapsed() > timeout {
-                return Err(format!("agent not in the expected state after {timeout:?}:\n{}", self.log_text()));
+                return Err(format!(
+                    "agent not in the expected state after {timeout:?}:\n{}",
+                    self.log_text()
+                ));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -115,6 +125,10 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.stop();
-        let _ = Command::new(&self.xlb).arg("cleanup").arg("--bpffs").arg(&self.pins).output();
+        let _ = Command::new(&self.xlb)
+            .arg("cleanup")
+            .arg("--bpffs")
+            .arg(&self.pins)
+            .output();
     }
 }

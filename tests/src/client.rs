@@ -31,9 +31,12 @@ fn parse(line: &str, peer: SocketAddr) -> Result<Answer, String> {
 
 /// Connects, sends one line, reads the answer, closes. Must run inside the client namespace.
 pub fn tcp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> {
-    let mut s = TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.write_all(b"hello\n").map_err(|e| format!("send to {to}: {e}"))?;
+    let mut s =
+        TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"hello\n")
+        .map_err(|e| format!("send to {to}: {e}"))?;
     let mut line = String::new();
     BufReader::new(&s)
         .read_line(&mut line)
@@ -47,10 +50,14 @@ pub fn tcp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> 
 pub fn udp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> {
     let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
     s.connect(to).map_err(|e| format!("connect {to}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.send(b"hello\n").map_err(|e| format!("send to {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.send(b"hello\n")
+        .map_err(|e| format!("send to {to}: {e}"))?;
     let mut buf = [0u8; 512];
-    let n = s.recv(&mut buf).map_err(|e| format!("recv from {to}: {e}"))?;
+    let n = s
+        .recv(&mut buf)
+        .map_err(|e| format!("recv from {to}: {e}"))?;
     let peer = s.peer_addr().map_err(|e| e.to_string())?;
     parse(&String::from_utf8_lossy(&buf[..n]), peer)
 }

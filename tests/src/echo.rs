@@ -36,7 +36,9 @@ impl EchoServer {
         }
         drop(ready_tx);
         for _ in 0..threads.len() {
-            ready_rx.recv().map_err(|_| format!("{name}: server thread died"))??;
+            ready_rx
+                .recv()
+                .map_err(|_| format!("{name}: server thread died"))??;
         }
         Ok(EchoServer { stop, threads })
     }
@@ -88,7 +90,9 @@ fn serve_tcp(
 fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-    let Ok(mut writer) = conn.try_clone() else { return };
+    let Ok(mut writer) = conn.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
     while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {

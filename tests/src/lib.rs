@@ -50,5 +50,8 @@ pub fn xlb_bin() -> std::path::PathBuf {
             return p;
         }
     }
-    panic!("xlb binary not found under {}: run `cargo xtask build` first", target.display());
+    panic!(
+        "xlb binary not found under {}: run `cargo xtask build` first",
+        target.display()
+    );
 }

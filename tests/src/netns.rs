@@ -18,7 +18,10 @@ pub fn run(cmd: &mut Command) -> Result<Output, String> {
     let shown = format!("{cmd:?}");
     let out = cmd.output().map_err(|e| format!("{shown}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{shown}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!(
+            "{shown}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
     Ok(out)
 }
@@ -27,7 +30,9 @@ impl Netns {
     /// Creates the namespace with `lo` up.
     pub fn new(name: &str) -> Result<Self, String> {
         run(Command::new("ip").args(["netns", "add", name]))?;
-        let ns = Netns { name: name.to_string() };
+        let ns = Netns {
+            name: name.to_string(),
+        };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -41,7 +46,9 @@ impl Netns {
     /// caller, so /sys/fs/bpf stays visible; `ip netns exec` would remount /sys).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.name)).arg("--").arg(program);
+        c.arg(format!("--net=/run/netns/{}", self.name))
+            .arg("--")
+            .arg(program);
         c
     }
 
@@ -66,8 +73,13 @@ impl Netns {
     }
 
     /// Runs `f` inside this namespace on a dedicated thread and waits for it.
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-        self.spawn(f).join().map_err(|_| "thread in netns panicked".to_string())?
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        self.spawn(f)
+            .join()
+            .map_err(|_| "thread in netns panicked".to_string())?
     }
 }
 
@@ -84,6 +96,8 @@ pub fn enter(path: &str) -> Result<(), String> {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }

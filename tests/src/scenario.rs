@@ -60,10 +60,16 @@ impl Scenario {
     }
 
     /// Waits until the frontend `vip:port` has `n` backends programmed.
-    pub fn wait_backends(&mut self, frontend: &str, n: usize, timeout: Duration) -> Result<Duration, String> {
+    pub fn wait_backends(
+        &mut self,
+        frontend: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Duration, String> {
         let frontend = frontend.to_string();
         self.agent.wait_for(timeout, move |rows| {
-            rows.iter().any(|r| r.frontend == frontend && r.backends.len() == n)
+            rows.iter()
+                .any(|r| r.frontend == frontend && r.backends.len() == n)
         })
     }
 }

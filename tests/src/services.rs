@@ -17,7 +17,9 @@ pub fn service_yaml(
     );
     y.push_str(if backends.is_empty() { " []\n" } else { "\n" });
     for ip in backends {
-        y.push_str(&format!("- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"));
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+        ));
     }
     y
 }

@@ -63,7 +63,9 @@ impl Topology {
 fn add_pod(node: &Netns, tag: &str, name: &str, index: u8) -> Result<Pod, String> {
     let ns = Netns::new(&format!("{tag}-{name}"))?;
     let host_if = format!("xv-{name}");
-    node.ip(&["link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
+    node.ip(&[
+        "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+    ])?;
     let gw = format!("10.244.{index}.1");
     node.ip(&["addr", "add", &format!("{gw}/24"), "dev", &host_if])?;
     node.ip(&["link", "set", &host_if, "up"])?;

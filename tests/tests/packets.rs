@@ -56,7 +56,9 @@ struct Case {
 }
 
 fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
-    let r = dp.run(&case.packet).unwrap_or_else(|e| panic!("{}: test run: {e}", case.desc));
+    let r = dp
+        .run(&case.packet)
+        .unwrap_or_else(|e| panic!("{}: test run: {e}", case.desc));
     let out = parse(&r.packet);
     match case.expect {
         Expect::PassUntouched => {
@@ -72,7 +74,12 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
             assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
             let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
             let input = parse(&case.packet).expect("input parses");
-            assert!(BACKENDS.contains(p.dst.ip()), "{}: dst {} is not a backend", case.desc, p.dst);
+            assert!(
+                BACKENDS.contains(p.dst.ip()),
+                "{}: dst {} is not a backend",
+                case.desc,
+                p.dst
+            );
             assert_eq!(p.dst.port(), port, "{}", case.desc);
             assert_eq!(p.src, input.src, "{}: source must be kept", case.desc);
             assert!(p.ip_checksum_ok, "{}: IPv4 checksum", case.desc);
@@ -85,7 +92,11 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
             let input = parse(&case.packet).expect("input parses");
             assert_eq!(p.src, from, "{}", case.desc);
             assert_eq!(p.dst, input.dst, "{}: destination must be kept", case.desc);
-            assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{}: checksums", case.desc);
+            assert!(
+                p.ip_checksum_ok && p.l4_checksum_ok,
+                "{}: checksums",
+                case.desc
+            );
             Some(p.src)
         }
     }
@@ -93,42 +104,72 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
 
 #[test]
 fn rewrites_follow_the_table() {
-    let Some(mut dp) = setup("rewrites_follow_the_table") else { return };
+    let Some(mut dp) = setup("rewrites_follow_the_table") else {
+        return;
+    };
     let vip80 = SocketAddrV4::new(VIP, 80);
     let vip53 = SocketAddrV4::new(VIP, 53);
 
     // New flows: DNAT to a backend with valid checksums.
     let syn = PacketBuilder::tcp(CLIENT, vip80).build();
-    let chosen = check(&mut dp, &Case { desc: "TCP SYN to ClusterIP → DNAT", packet: syn.clone(), expect: Expect::Dnat { port: 8080 } })
-        .expect("backend");
+    let chosen = check(
+        &mut dp,
+        &Case {
+            desc: "TCP SYN to ClusterIP → DNAT",
+            packet: syn.clone(),
+            expect: Expect::Dnat { port: 8080 },
+        },
+    )
+    .expect("backend");
     let udp = PacketBuilder::udp(CLIENT, vip53).payload(b"query").build();
-    let udp_backend = check(&mut dp, &Case { desc: "UDP to ClusterIP → DNAT", packet: udp, expect: Expect::Dnat { port: 5353 } })
-        .expect("backend");
+    let udp_backend = check(
+        &mut dp,
+        &Case {
+            desc: "UDP to ClusterIP → DNAT",
+            packet: udp,
+            expect: Expect::Dnat { port: 5353 },
+        },
+    )
+    .expect("backend");
 
     let table = vec![
         Case {
             desc: "later packet of the TCP flow keeps its backend",
-            packet: PacketBuilder::tcp(CLIENT, vip80).flags(TCP_ACK).payload(b"GET /").build(),
+            packet: PacketBuilder::tcp(CLIENT, vip80)
+                .flags(TCP_ACK)
+                .payload(b"GET /")
+                .build(),
             expect: Expect::Dnat { port: 8080 },
         },
         Case {
             desc: "reply from the backend → source is the ClusterIP again",
-            packet: PacketBuilder::tcp(chosen, CLIENT).flags(TCP_ACK).payload(b"200 OK").build(),
+            packet: PacketBuilder::tcp(chosen, CLIENT)
+                .flags(TCP_ACK)
+                .payload(b"200 OK")
+                .build(),
             expect: Expect::ReverseNat { from: vip80 },
         },
         Case {
             desc: "UDP reply → source is the ClusterIP again",
-            packet: PacketBuilder::udp(udp_backend, CLIENT).payload(b"answer").build(),
+            packet: PacketBuilder::udp(udp_backend, CLIENT)
+                .payload(b"answer")
+                .build(),
             expect: Expect::ReverseNat { from: vip53 },
         },
         Case {
             desc: "UDP without checksum: rewritten, checksum stays 0",
-            packet: PacketBuilder::udp(SocketAddrV4::new(*CLIENT.ip(), 40001), vip53).without_udp_checksum().build(),
+            packet: PacketBuilder::udp(SocketAddrV4::new(*CLIENT.ip(), 40001), vip53)
+                .without_udp_checksum()
+                .build(),
             expect: Expect::Dnat { port: 5353 },
         },
         Case {
             desc: "packet to a non-service address passes untouched",
-            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 2), 8080)).build(),
+            packet: PacketBuilder::tcp(
+                CLIENT,
+                SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 2), 8080),
+            )
+            .build(),
             expect: Expect::PassUntouched,
         },
         Case {
@@ -154,15 +195,24 @@ fn rewrites_follow_the_table() {
         }
     }
     let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
-    assert!(udp_zero.udp_checksum_zero, "a zero UDP checksum must stay zero");
+    assert!(
+        udp_zero.udp_checksum_zero,
+        "a zero UDP checksum must stay zero"
+    );
 }
 
 #[test]
 fn new_flows_spread_over_all_backends() {
-    let Some(mut dp) = setup("new_flows_spread_over_all_backends") else { return };
+    let Some(mut dp) = setup("new_flows_spread_over_all_backends") else {
+        return;
+    };
     let mut seen = std::collections::BTreeMap::new();
     for port in 20000..20300u16 {
-        let pkt = PacketBuilder::tcp(SocketAddrV4::new(*CLIENT.ip(), port), SocketAddrV4::new(VIP, 80)).build();
+        let pkt = PacketBuilder::tcp(
+            SocketAddrV4::new(*CLIENT.ip(), port),
+            SocketAddrV4::new(VIP, 80),
+        )
+        .build();
         let r = dp.run(&pkt).expect("run");
         assert_eq!(r.verdict, TC_ACT_OK);
         let p = parse(&r.packet).expect("parses");
@@ -184,9 +234,13 @@ fn kernel_refuses(buf: &[u8]) -> bool {
 
 #[test]
 fn truncated_packets_are_never_rewritten() {
-    let Some(mut dp) = setup("truncated_packets_are_never_rewritten") else { return };
+    let Some(mut dp) = setup("truncated_packets_are_never_rewritten") else {
+        return;
+    };
     let tcp = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
-    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53)).payload(&[7; 30]).build();
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53))
+        .payload(&[7; 30])
+        .build();
     let mut ran = 0;
     for pkt in [&tcp, &udp] {
         for len in 0..=60.min(pkt.len() - 1) {
@@ -195,10 +249,17 @@ fn truncated_packets_are_never_rewritten() {
                 Err(e) => assert!(kernel_refuses(cut), "len {len}: kernel refused: {e}"),
                 Ok(r) => {
                     ran += 1;
-                    assert!(!kernel_refuses(cut), "len {len}: expected the kernel to refuse it");
+                    assert!(
+                        !kernel_refuses(cut),
+                        "len {len}: expected the kernel to refuse it"
+                    );
                     // The IPv4 total length now exceeds the frame: malformed, dropped.
                     assert_eq!(r.verdict, TC_ACT_SHOT, "len {len}: verdict {}", r.verdict);
-                    assert_eq!(&r.packet[..], cut, "len {len}: truncated packet was rewritten");
+                    assert_eq!(
+                        &r.packet[..],
+                        cut,
+                        "len {len}: truncated packet was rewritten"
+                    );
                 }
             }
         }
@@ -208,7 +269,9 @@ fn truncated_packets_are_never_rewritten() {
 
 #[test]
 fn malformed_headers_are_dropped_untouched() {
-    let Some(mut dp) = setup("malformed_headers_are_dropped_untouched") else { return };
+    let Some(mut dp) = setup("malformed_headers_are_dropped_untouched") else {
+        return;
+    };
     let good = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
     let mut ihl4 = good.clone();
     ihl4[14] = 0x44;
@@ -231,14 +294,22 @@ fn malformed_headers_are_dropped_untouched() {
     let mut frag = good.clone();
     frag[20] = 0x20; // more fragments
     let r = dp.run(&frag).expect("run");
-    assert_eq!((r.verdict, &r.packet), (TC_ACT_OK, &frag), "fragment passes untouched");
+    assert_eq!(
+        (r.verdict, &r.packet),
+        (TC_ACT_OK, &frag),
+        "fragment passes untouched"
+    );
 }
 
 #[test]
 fn random_buffers_get_an_allowed_verdict() {
-    let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else { return };
+    let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else {
+        return;
+    };
     let mut rng = StdRng::seed_from_u64(0x71b);
-    let template = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).payload(&[0; 40]).build();
+    let template = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80))
+        .payload(&[0; 40])
+        .build();
     let mut ran = 0;
     for i in 0..10_000 {
         let len = rng.random_range(14..=template.len() + 64);
@@ -264,5 +335,8 @@ fn random_buffers_get_an_allowed_verdict() {
             }
         }
     }
-    assert!(ran >= 9_000, "only {ran} of 10,000 buffers reached the program");
+    assert!(
+        ran >= 9_000,
+        "only {ran} of 10,000 buffers reached the program"
+    );
 }

@@ -28,7 +28,8 @@ fn backends(n: u8) -> Vec<Ipv4Addr> {
 }
 
 fn yaml(web: &[Ipv4Addr], dns: &[Ipv4Addr]) -> String {
-    service_yaml("web", WEB, 80, "TCP", TCP_PORT, web) + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, dns)
+    service_yaml("web", WEB, 80, "TCP", TCP_PORT, web)
+        + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, dns)
 }
 
 fn spread(answers: &[Answer]) -> BTreeMap<String, usize> {
@@ -46,8 +47,10 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
     }
     let all = backends(3);
     let mut s = Scenario::start("xt", 3, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10)).expect("web programmed");
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10)).expect("dns programmed");
+    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10))
+        .expect("web programmed");
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
+        .expect("dns programmed");
     let client_ip = s.topo.client.ip;
 
     let (tcp, udp) = s
@@ -55,18 +58,31 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
         .client
         .ns
         .run(move || {
-            let tcp: Vec<Result<Answer, String>> = (0..300).map(|_| tcp_request(sock(WEB, 80), TIMEOUT)).collect();
-            let udp: Vec<Result<Answer, String>> = (0..300).map(|_| udp_request(sock(DNS, 53), TIMEOUT)).collect();
+            let tcp: Vec<Result<Answer, String>> = (0..300)
+                .map(|_| tcp_request(sock(WEB, 80), TIMEOUT))
+                .collect();
+            let udp: Vec<Result<Answer, String>> = (0..300)
+                .map(|_| udp_request(sock(DNS, 53), TIMEOUT))
+                .collect();
             (tcp, udp)
         })
         .expect("client thread");
 
     for (proto, results, vip) in [("TCP", tcp, sock(WEB, 80)), ("UDP", udp, sock(DNS, 53))] {
         let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-        assert!(failures.is_empty(), "{proto}: {} of 300 failed, first: {:?}\n{}", failures.len(), failures.first(), s.agent.log_text());
-        let answers: Vec<Answer> = results.into_iter().map(Result::unwrap_or_else_default).collect();
+        assert!(
+            failures.is_empty(),
+            "{proto}: {} of 300 failed, first: {:?}\n{}",
+            failures.len(),
+            failures.first(),
+            s.agent.log_text()
+        );
+        let answers: Vec<Answer> = results.into_iter().flatten().collect();
         for a in &answers {
-            assert_eq!(a.peer, vip, "{proto}: the client's socket must see the ClusterIP as its peer");
+            assert_eq!(
+                a.peer, vip,
+                "{proto}: the client's socket must see the ClusterIP as its peer"
+            );
             assert!(
                 a.seen_client.starts_with(&format!("{client_ip}:")),
                 "{proto}: backend saw {} instead of the client pod {client_ip}",
@@ -76,26 +92,22 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
         let by_backend = spread(&answers);
         assert_eq!(by_backend.len(), 3, "{proto}: {by_backend:?}");
         for (b, n) in &by_backend {
-            assert!(*n >= 45, "{proto}: {b} got {n} of 300 (< 15%): {by_backend:?}");
+            assert!(
+                *n >= 45,
+                "{proto}: {b} got {n} of 300 (< 15%): {by_backend:?}"
+            );
         }
     }
 }
 
-/// `Result<Answer, String>` → `Answer` after the failures were asserted away.
-trait UnwrapAnswer {
-    fn unwrap_or_else_default(self) -> Answer;
-}
-impl UnwrapAnswer for Result<Answer, String> {
-    fn unwrap_or_else_default(self) -> Answer {
-        match self {
-            Ok(a) => a,
-            Err(e) => panic!("{e}"),
-        }
-    }
-}
+/// A request's start time and result.
+type Timed = (Instant, Result<Answer, String>);
 
 /// Requests in a loop from the client pod until stopped; returns every result with its time.
-fn traffic(s: &Scenario, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Result<Vec<(Instant, Result<Answer, String>)>, String>> {
+fn traffic(
+    s: &Scenario,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Result<Vec<Timed>, String>> {
     s.topo.client.ns.spawn(move || {
         let mut out = Vec::new();
         while !stop.load(Ordering::Relaxed) {
@@ -113,7 +125,8 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
     }
     let all = backends(3);
     let mut s = Scenario::start("xe", 3, &yaml(&all[..2], &all[..2])).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10)).expect("initial sync");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("initial sync");
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&s, stop.clone());
@@ -121,23 +134,32 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
 
     // Add backend-3.
     write_atomic(&s.yaml, &yaml(&all, &all)).expect("write");
-    let took = s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(5)).expect("scale up");
+    let took = s
+        .wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(5))
+        .expect("scale up");
     assert!(took < Duration::from_secs(1), "scale-up took {took:?}");
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(1)).expect("udp scale up");
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(1))
+        .expect("udp scale up");
     std::thread::sleep(Duration::from_millis(500));
 
     // Remove backend-1; its server keeps running, so any failure would be xlb's.
     write_atomic(&s.yaml, &yaml(&all[1..], &all[1..])).expect("write");
     let removed_at = Instant::now();
-    let took = s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(5)).expect("scale down");
+    let took = s
+        .wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(5))
+        .expect("scale down");
     assert!(took < Duration::from_secs(1), "scale-down took {took:?}");
-    s.wait_backends("10.96.0.53:53/UDP", 2, Duration::from_secs(1)).expect("udp scale down");
+    s.wait_backends("10.96.0.53:53/UDP", 2, Duration::from_secs(1))
+        .expect("udp scale down");
     let synced_at = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
     let results = load.join().expect("join").expect("client thread");
 
-    let failures: Vec<&String> = results.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
+    let failures: Vec<&String> = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err())
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of {} requests failed during the edits, first: {:?}",
@@ -145,14 +167,28 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
         results.len(),
         failures.first()
     );
-    let answered = |name: &str| results.iter().filter(|(_, r)| matches!(r, Ok(a) if a.backend == name)).count();
-    assert!(answered("backend-3") > 0, "backend-3 never answered after it was added");
+    let answered = |name: &str| {
+        results
+            .iter()
+            .filter(|(_, r)| matches!(r, Ok(a) if a.backend == name))
+            .count()
+    };
+    assert!(
+        answered("backend-3") > 0,
+        "backend-3 never answered after it was added"
+    );
     let late_to_removed = results
         .iter()
         .filter(|(t, r)| *t > synced_at && matches!(r, Ok(a) if a.backend == "backend-1"))
         .count();
-    assert_eq!(late_to_removed, 0, "backend-1 still got new flows after its removal was synced");
-    assert!(results.iter().any(|(t, _)| *t > removed_at), "no traffic after the removal");
+    assert_eq!(
+        late_to_removed, 0,
+        "backend-1 still got new flows after its removal was synced"
+    );
+    assert!(
+        results.iter().any(|(t, _)| *t > removed_at),
+        "no traffic after the removal"
+    );
 }
 
 #[test]
@@ -162,12 +198,17 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
     }
     let all = backends(3);
     let mut s = Scenario::start("xr", 3, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10)).expect("sync");
+    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10))
+        .expect("sync");
     let burst = |s: &Scenario| {
         s.topo
             .client
             .ns
-            .run(|| (0..30).map(|_| tcp_request(sock(WEB, 80), TIMEOUT)).collect::<Result<Vec<_>, _>>())
+            .run(|| {
+                (0..30)
+                    .map(|_| tcp_request(sock(WEB, 80), TIMEOUT))
+                    .collect::<Result<Vec<_>, _>>()
+            })
             .expect("client thread")
     };
     burst(&s).expect("traffic with the agent up");
@@ -183,11 +224,25 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
     stable.expect("restarted agent");
     std::thread::sleep(Duration::from_millis(500));
     let text = s.agent.log_text();
-    assert!(text.contains("adopted") && text.contains("services=2"), "restart did not adopt: {text}");
-    assert!(text.contains("writes=0"), "restart rewrote maps that were already right: {text}");
+    assert!(
+        text.contains("adopted") && text.contains("services=2"),
+        "restart did not adopt: {text}"
+    );
+    assert!(
+        text.contains("writes=0"),
+        "restart rewrote maps that were already right: {text}"
+    );
     let after = lb_userspace::list::services(&s.agent.pins).expect("read pins");
-    let ids = |rows: &[lb_userspace::list::ServiceRow]| rows.iter().map(|r| (r.frontend.clone(), r.id)).collect::<Vec<_>>();
-    assert_eq!(ids(&before), ids(&after), "service ids changed across the restart");
+    let ids = |rows: &[lb_userspace::list::ServiceRow]| {
+        rows.iter()
+            .map(|r| (r.frontend.clone(), r.id))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&before),
+        ids(&after),
+        "service ids changed across the restart"
+    );
     burst(&s).expect("traffic after the restart");
 }
 
@@ -198,17 +253,30 @@ fn cleanup_removes_every_pin_and_the_datapath() {
     }
     let all = backends(2);
     let mut s = Scenario::start("xc", 2, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10)).expect("sync");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("sync");
     s.agent.stop();
     let out = std::process::Command::new(xlb_tests::xlb_bin())
         .args(["agent", "--cleanup", "--bpffs"])
         .arg(&s.agent.pins)
         .output()
         .expect("xlb agent --cleanup");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!s.agent.pins.exists(), "pin directory still there");
-    let r = s.topo.client.ns.run(|| tcp_request(sock(WEB, 80), Duration::from_millis(500))).expect("client");
-    assert!(r.is_err(), "the ClusterIP still answers after cleanup: {r:?}");
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), Duration::from_millis(500)))
+        .expect("client");
+    assert!(
+        r.is_err(),
+        "the ClusterIP still answers after cleanup: {r:?}"
+    );
 }
 
 #[test]
@@ -219,20 +287,39 @@ fn a_bad_service_is_named_and_the_good_ones_work() {
     let all = backends(2);
     let bad = yaml(&all, &all).replace("clusterIP: 10.96.0.53", "clusterIP: 10.96.0.530");
     let mut s = Scenario::start("xb", 2, &bad).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10)).expect("good service programmed");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("good service programmed");
     std::thread::sleep(Duration::from_millis(200));
     let log = s.agent.log_text();
-    assert!(log.contains("Service test/dns") && log.contains("10.96.0.530"), "error does not name the object: {log}");
-    let r = s.topo.client.ns.run(|| tcp_request(sock(WEB, 80), TIMEOUT)).expect("client");
+    assert!(
+        log.contains("Service test/dns") && log.contains("10.96.0.530"),
+        "error does not name the object: {log}"
+    );
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), TIMEOUT))
+        .expect("client");
     r.expect("the good service still works");
 
     // Fixing the file programs the service; breaking the whole file keeps what works.
     write_atomic(&s.yaml, &yaml(&all, &all)).expect("write");
-    s.wait_backends("10.96.0.53:53/UDP", 2, Duration::from_secs(5)).expect("fixed service programmed");
+    s.wait_backends("10.96.0.53:53/UDP", 2, Duration::from_secs(5))
+        .expect("fixed service programmed");
     write_atomic(&s.yaml, "kind: [this is not yaml").expect("write");
     std::thread::sleep(Duration::from_millis(500));
     let rows = lb_userspace::list::services(&s.agent.pins).expect("read");
-    assert_eq!(rows.len(), 2, "a broken file must not remove programmed services");
-    let r = s.topo.client.ns.run(|| udp_request(sock(DNS, 53), TIMEOUT)).expect("client");
+    assert_eq!(
+        rows.len(),
+        2,
+        "a broken file must not remove programmed services"
+    );
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| udp_request(sock(DNS, 53), TIMEOUT))
+        .expect("client");
     r.expect("still forwarding after a broken file");
 }

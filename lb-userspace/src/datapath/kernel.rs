@@ -22,7 +22,8 @@ pub struct KernelMaps {
 
 /// Opens a pinned map by name from `dir`.
 pub fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, DatapathError> {
-    let data = MapData::from_pin(dir.join(name)).map_err(|source| DatapathError::Map { name, source })?;
+    let data =
+        MapData::from_pin(dir.join(name)).map_err(|source| DatapathError::Map { name, source })?;
     Map::from_map_data(data).map_err(|source| DatapathError::Map { name, source })
 }
 
@@ -37,7 +38,10 @@ fn capacity(map: &Map) -> u32 {
 impl KernelMaps {
     /// Takes the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MapMissing { name });
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or(DatapathError::MapMissing { name })
+        };
         Self::from_maps(take(MAP_SVC)?, take(MAP_BACKEND)?, take(MAP_SVC_NAME)?)
     }
 
@@ -54,11 +58,18 @@ impl KernelMaps {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends);
         Ok(Self {
-            svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map { name: MAP_SVC, source })?,
-            backends: HashMap::try_from(backends)
-                .map_err(|source| DatapathError::Map { name: MAP_BACKEND, source })?,
-            names: HashMap::try_from(names)
-                .map_err(|source| DatapathError::Map { name: MAP_SVC_NAME, source })?,
+            svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
+                name: MAP_SVC,
+                source,
+            })?,
+            backends: HashMap::try_from(backends).map_err(|source| DatapathError::Map {
+                name: MAP_BACKEND,
+                source,
+            })?,
+            names: HashMap::try_from(names).map_err(|source| DatapathError::Map {
+                name: MAP_SVC_NAME,
+                source,
+            })?,
             svc_capacity,
             backend_capacity,
         })
@@ -75,7 +86,8 @@ impl KernelMaps {
 
 fn cause(e: &MapError, capacity: u32) -> String {
     let text = e.to_string();
-    let full = matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG));
+    let full =
+        matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG));
     if full {
         format!("map is full (capacity {capacity})")
     } else {
@@ -83,7 +95,13 @@ fn cause(e: &MapError, capacity: u32) -> String {
     }
 }
 
-fn err(map: &'static str, op: &'static str, entry: String, e: &MapError, capacity: u32) -> WriteError {
+fn err(
+    map: &'static str,
+    op: &'static str,
+    entry: String,
+    e: &MapError,
+    capacity: u32,
+) -> WriteError {
     WriteError {
         map,
         op,
@@ -127,14 +145,26 @@ impl MapWriter for KernelMaps {
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
         let cap = self.svc_capacity;
         self.svc.insert(key, value, 0).map_err(|e| {
-            err(MAP_SVC, "insert", format!("{}#{}", show_frontend(key), key.slot), &e, cap)
+            err(
+                MAP_SVC,
+                "insert",
+                format!("{}#{}", show_frontend(key), key.slot),
+                &e,
+                cap,
+            )
         })
     }
 
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
-        self.svc
-            .remove(key)
-            .map_err(|e| err(MAP_SVC, "delete", format!("{}#{}", show_frontend(key), key.slot), &e, 0))
+        self.svc.remove(key).map_err(|e| {
+            err(
+                MAP_SVC,
+                "delete",
+                format!("{}#{}", show_frontend(key), key.slot),
+                &e,
+                0,
+            )
+        })
     }
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {

@@ -32,10 +32,15 @@ pub fn on_bpffs(path: &Path) -> bool {
 /// Creates the pin directory (and `links/` in it) on bpffs.
 pub fn ensure_pin_dir(dir: &Path) -> Result<(), DatapathError> {
     if !on_bpffs(dir) {
-        return Err(DatapathError::BpffsNotMounted { path: dir.to_path_buf() });
+        return Err(DatapathError::BpffsNotMounted {
+            path: dir.to_path_buf(),
+        });
     }
     let links = dir.join("links");
-    std::fs::create_dir_all(&links).map_err(|source| DatapathError::PinDir { path: links, source })
+    std::fs::create_dir_all(&links).map_err(|source| DatapathError::PinDir {
+        path: links,
+        source,
+    })
 }
 
 /// Loads the object from `object`, pinning (or reusing) every map in `dir`, and loads the
@@ -53,7 +58,10 @@ pub fn load(object: &[u8], dir: &Path) -> Result<Ebpf, DatapathError> {
     let mut ebpf = loader.load(object)?;
     tc_program(&mut ebpf)?
         .load()
-        .map_err(|source| DatapathError::Program { name: TC_INGRESS, source })?;
+        .map_err(|source| DatapathError::Program {
+            name: TC_INGRESS,
+            source,
+        })?;
     Ok(ebpf)
 }
 
@@ -63,6 +71,8 @@ pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError
         name: TC_INGRESS,
         source: aya::programs::ProgramError::NotLoaded,
     })?;
-    prog.try_into()
-        .map_err(|source| DatapathError::Program { name: TC_INGRESS, source })
+    prog.try_into().map_err(|source| DatapathError::Program {
+        name: TC_INGRESS,
+        source,
+    })
 }

@@ -48,7 +48,10 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
                 desired.services.get(&k).map(|v| (k, *v))
             })
             .collect();
-        if slots.iter().any(|(_, v)| failed_backends.contains(&v.backend_id)) {
+        if slots
+            .iter()
+            .any(|(_, v)| failed_backends.contains(&v.backend_id))
+        {
             continue;
         }
         if let Some(name) = desired.names.get(&entry.svc_id)

@@ -28,7 +28,10 @@ pub fn parse_ip(s: &str) -> Option<IpAddr> {
         }
         *octet = part.parse().ok()?;
     }
-    parts.next().is_none().then_some(IpAddr::V4(Ipv4Addr::from(octets)))
+    parts
+        .next()
+        .is_none()
+        .then_some(IpAddr::V4(Ipv4Addr::from(octets)))
 }
 
 fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
@@ -69,7 +72,11 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         reason: reason.to_string(),
     };
     if id.name.is_empty() {
-        return Err(invalid("metadata.name".into(), String::new(), "a Service needs a name"));
+        return Err(invalid(
+            "metadata.name".into(),
+            String::new(),
+            "a Service needs a name",
+        ));
     }
     let spec = svc.spec.clone().unwrap_or_default();
     if spec.type_.as_deref() == Some("ExternalName") {
@@ -80,27 +87,45 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         raw_ips.extend(spec.cluster_ip.clone());
     }
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip == "None" || ip.is_empty()) {
-        return Ok(Converted::Ignore(format!("Service {id} is headless or has no ClusterIP")));
+        return Ok(Converted::Ignore(format!(
+            "Service {id} is headless or has no ClusterIP"
+        )));
     }
     let mut cluster_ips = Vec::new();
     for (i, raw) in raw_ips.iter().enumerate() {
         let ip = parse_ip(raw).ok_or_else(|| {
-            invalid(format!("spec.clusterIPs[{i}]"), raw.clone(), "not an IPv4 or IPv6 address")
+            invalid(
+                format!("spec.clusterIPs[{i}]"),
+                raw.clone(),
+                "not an IPv4 or IPv6 address",
+            )
         })?;
         cluster_ips.push(ip);
     }
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let port = parse_port(p.port).ok_or_else(|| {
-            invalid(format!("spec.ports[{i}].port"), p.port.to_string(), "must be 1..=65535")
+            invalid(
+                format!("spec.ports[{i}].port"),
+                p.port.to_string(),
+                "must be 1..=65535",
+            )
         })?;
         let protocol = parse_protocol(p.protocol.as_deref()).map_err(|v| {
-            invalid(format!("spec.ports[{i}].protocol"), v, "must be TCP, UDP or SCTP")
+            invalid(
+                format!("spec.ports[{i}].protocol"),
+                v,
+                "must be TCP, UDP or SCTP",
+            )
         })?;
         let node_port = match p.node_port {
             None | Some(0) => None,
             Some(np) => Some(parse_port(np).ok_or_else(|| {
-                invalid(format!("spec.ports[{i}].nodePort"), np.to_string(), "must be 1..=65535")
+                invalid(
+                    format!("spec.ports[{i}].nodePort"),
+                    np.to_string(),
+                    "must be 1..=65535",
+                )
             })?),
         };
         ports.push(ServicePort {
@@ -111,7 +136,11 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         });
     }
     if ports.is_empty() {
-        return Err(invalid("spec.ports".into(), "[]".into(), "a Service needs at least one port"));
+        return Err(invalid(
+            "spec.ports".into(),
+            "[]".into(),
+            "a Service needs at least one port",
+        ));
     }
     Ok(Converted::Take(Service {
         id,
@@ -157,10 +186,19 @@ pub fn endpoint_slice(
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let Some(raw) = p.port else { continue };
         let port = parse_port(raw).ok_or_else(|| {
-            invalid(format!("ports[{i}].port"), raw.to_string(), "must be 1..=65535")
+            invalid(
+                format!("ports[{i}].port"),
+                raw.to_string(),
+                "must be 1..=65535",
+            )
         })?;
-        let protocol = parse_protocol(p.protocol.as_deref())
-            .map_err(|v| invalid(format!("ports[{i}].protocol"), v, "must be TCP, UDP or SCTP"))?;
+        let protocol = parse_protocol(p.protocol.as_deref()).map_err(|v| {
+            invalid(
+                format!("ports[{i}].protocol"),
+                v,
+                "must be TCP, UDP or SCTP",
+            )
+        })?;
         ports.push(EndpointPort {
             name: p.name.clone().unwrap_or_default(),
             port,
@@ -175,7 +213,11 @@ pub fn endpoint_slice(
             let ip = parse_ip(raw)
                 .ok_or_else(|| invalid(field.clone(), raw.clone(), "not an IP address"))?;
             if ip.is_ipv4() != want_v4 {
-                return Err(invalid(field, raw.clone(), "wrong family for the slice's addressType"));
+                return Err(invalid(
+                    field,
+                    raw.clone(),
+                    "wrong family for the slice's addressType",
+                ));
             }
             addresses.push(ip);
         }
@@ -208,9 +250,15 @@ mod tests {
 
     #[test]
     fn ipv4_with_leading_zeros_reads_as_decimal() {
-        assert_eq!(parse_ip("010.000.001.009"), Some("10.0.1.9".parse().expect("ip")));
+        assert_eq!(
+            parse_ip("010.000.001.009"),
+            Some("10.0.1.9".parse().expect("ip"))
+        );
         assert_eq!(parse_ip(" 10.0.0.1"), Some("10.0.0.1".parse().expect("ip")));
-        assert_eq!(parse_ip("2001:db8::1"), Some("2001:db8::1".parse().expect("ip")));
+        assert_eq!(
+            parse_ip("2001:db8::1"),
+            Some("2001:db8::1".parse().expect("ip"))
+        );
         assert_eq!(parse_ip("10.0.0.256"), None);
         assert_eq!(parse_ip("10.0.0"), None);
         assert_eq!(parse_ip("10.0.0.1.2"), None);

@@ -35,8 +35,15 @@ pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
         if value.is_null() {
             continue;
         }
-        let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
-        let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         let decode_err = |source| SourceError::Decode {
             path: path.to_string(),
             index,
@@ -184,7 +191,11 @@ spec:
     fn wrong_family_and_unknown_address_type_are_errors() {
         let bad = GOOD.replace("10.244.3.2", "2001:db8::1");
         let l = parse("t.yaml", &bad).expect("parse");
-        assert!(l.errors[0].to_string().contains("wrong family"), "{:?}", l.errors);
+        assert!(
+            l.errors[0].to_string().contains("wrong family"),
+            "{:?}",
+            l.errors
+        );
         let bad = GOOD.replace("addressType: IPv4", "addressType: IPX");
         let l = parse("t.yaml", &bad).expect("parse");
         assert!(l.errors[0].to_string().contains("unknown address family"));

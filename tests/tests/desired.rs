@@ -1,0 +1,297 @@
+//! Desired state and make-before-break writes, without the kernel: golden dumps of fixture
+//! inputs, the order of writes, and full maps.
+
+use std::path::Path;
+
+use lb_common::{SvcKey, SvcName, SvcValue};
+use lb_userspace::{
+    datapath::{
+        sync::apply,
+        writer::{MapWriter, MemoryMaps, WriteError},
+    },
+    desired::{self, Desired, Ids, Limits},
+    model::Model,
+    source::file,
+};
+
+fn load(path: &Path) -> file::Loaded {
+    file::load(path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Errors and the desired dump, as a golden file holds them.
+fn render(path: &Path) -> String {
+    let loaded = load(path);
+    let (d, problems) = desired::compute(&loaded.model, &mut Ids::default(), Limits::default());
+    let mut out = String::new();
+    let mut errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+    errors.extend(problems.iter().map(|p| p.to_string()));
+    errors.sort();
+    for e in errors {
+        out.push_str(&format!("# error: {e}\n"));
+    }
+    out.push_str(&d.dump());
+    out
+}
+
+/// Compares with `<name>.desired.txt`; `XLB_BLESS=1` rewrites it.
+fn golden(input: &Path, expected: &Path) {
+    let got = render(input);
+    if std::env::var_os("XLB_BLESS").is_some() {
+        std::fs::write(expected, &got).expect("bless");
+        return;
+    }
+    let want = std::fs::read_to_string(expected).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with XLB_BLESS=1 to create it)",
+            expected.display()
+        )
+    });
+    assert_eq!(got, want, "golden mismatch for {}", input.display());
+}
+
+fn fixtures() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+#[test]
+fn golden_demo_services() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    golden(
+        &root.join("examples/demo-services.yaml"),
+        &fixtures().join("demo.desired.txt"),
+    );
+}
+
+#[test]
+fn golden_multi_slice_multi_port() {
+    golden(
+        &fixtures().join("multi.yaml"),
+        &fixtures().join("multi.desired.txt"),
+    );
+}
+
+#[test]
+fn golden_bad_input() {
+    golden(
+        &fixtures().join("bad.yaml"),
+        &fixtures().join("bad.desired.txt"),
+    );
+}
+
+/// A writer that checks, after every single write, that no programmed slot names a missing
+/// backend and every service entry's slots exist: the make-before-break invariant.
+struct Checked {
+    inner: MemoryMaps,
+}
+
+impl Checked {
+    fn check(&self, op: &str) {
+        let s = &self.inner.state;
+        for (k, v) in s.services.iter().filter(|(k, _)| k.slot == 0) {
+            for slot in 1..=v.count {
+                let slot_key = SvcKey { slot, ..*k };
+                let entry = s.services.get(&slot_key);
+                assert!(entry.is_some(), "after `{op}`: {k:?} slot {slot} missing");
+                let id = entry.map(|e| e.backend_id).unwrap_or_default();
+                assert!(
+                    s.backends.contains_key(&id),
+                    "after `{op}`: slot {slot} names missing backend {id}"
+                );
+            }
+        }
+        for (k, v) in s.services.iter().filter(|(k, _)| k.slot > 0) {
+            assert!(
+                s.backends.contains_key(&v.backend_id),
+                "after `{op}`: {k:?} names missing backend"
+            );
+        }
+    }
+}
+
+impl MapWriter for Checked {
+    fn read(&self) -> Result<Desired, WriteError> {
+        self.inner.read()
+    }
+    fn put_backend(&mut self, id: u32, be: &lb_common::Backend) -> Result<(), WriteError> {
+        self.inner.put_backend(id, be)?;
+        self.check("put backend");
+        Ok(())
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        self.inner.del_backend(id)?;
+        self.check("del backend");
+        Ok(())
+    }
+    fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
+        self.inner.put_svc(key, value)?;
+        self.check("put svc");
+        Ok(())
+    }
+    fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
+        self.inner.del_svc(key)?;
+        self.check("del svc");
+        Ok(())
+    }
+    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+        self.inner.put_name(id, name)
+    }
+    fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
+        self.inner.del_name(id)
+    }
+}
+
+fn model_with(backends: &[&str]) -> Model {
+    let ips: Vec<std::net::Ipv4Addr> = backends.iter().map(|b| b.parse().expect("ip")).collect();
+    let yaml = xlb_tests::services::service_yaml(
+        "web",
+        "10.96.0.10".parse().expect("ip"),
+        80,
+        "TCP",
+        8080,
+        &ips,
+    );
+    file::parse("t.yaml", &yaml).expect("yaml").model
+}
+
+#[test]
+fn every_sync_is_make_before_break() {
+    let mut w = Checked {
+        inner: MemoryMaps::default(),
+    };
+    let mut ids = Ids::default();
+    let mut current = Desired::default();
+    let steps: [&[&str]; 6] = [
+        &["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+        &["10.0.0.2", "10.0.0.3"],
+        &["10.0.0.4", "10.0.0.5", "10.0.0.2", "10.0.0.6"],
+        &[],
+        &["10.0.0.7"],
+        &["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+    ];
+    for backends in steps {
+        let (want, _) = desired::compute(&model_with(backends), &mut ids, Limits::default());
+        let (now, report) = apply(&mut w, &current, &want);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(now, want);
+        assert_eq!(w.inner.state, want);
+        current = now;
+    }
+    // Deleting the service: the entry goes before its slots, backends last.
+    w.inner.log.clear();
+    let (want, _) = desired::compute(&Model::default(), &mut ids, Limits::default());
+    let (now, _) = apply(&mut w, &current, &want);
+    assert_eq!(now, Desired::default());
+    let log = &w.inner.log;
+    assert_eq!(
+        log.first().map(String::as_str),
+        Some("del svc 10.96.0.10:80/TCP#0"),
+        "{log:?}"
+    );
+    let first_backend_delete = log
+        .iter()
+        .position(|l| l.starts_with("del backend"))
+        .expect("backend deletes");
+    assert!(
+        log[..first_backend_delete]
+            .iter()
+            .all(|l| l.starts_with("del svc") || l.starts_with("del name")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn ids_survive_resyncs_and_adoption() {
+    let mut ids = Ids::default();
+    let (a, _) = desired::compute(
+        &model_with(&["10.0.0.1", "10.0.0.2"]),
+        &mut ids,
+        Limits::default(),
+    );
+    let (b, _) = desired::compute(
+        &model_with(&["10.0.0.2", "10.0.0.1"]),
+        &mut ids,
+        Limits::default(),
+    );
+    assert_eq!(a, b, "the same model must give the same maps");
+    let mut adopted = Ids::adopt(&a);
+    let (c, _) = desired::compute(
+        &model_with(&["10.0.0.1", "10.0.0.2"]),
+        &mut adopted,
+        Limits::default(),
+    );
+    assert_eq!(
+        a, c,
+        "an agent that adopts the pins must compute the same maps"
+    );
+}
+
+#[test]
+fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
+    let yaml = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| {
+                xlb_tests::services::service_yaml(
+                    n,
+                    format!("10.96.0.{}", n.as_bytes()[0]).parse().expect("ip"),
+                    80,
+                    "TCP",
+                    8080,
+                    &[
+                        "10.0.0.1".parse().expect("ip"),
+                        "10.0.0.2".parse().expect("ip"),
+                    ],
+                )
+            })
+            .collect::<String>()
+    };
+    // Each service needs 3 entries (service + 2 slots); room for 2 services.
+    let limits = Limits {
+        svc_entries: 7,
+        backends: 100,
+    };
+    let mut ids = Ids::default();
+    let m1 = file::parse("t", &yaml(&["b", "c"])).expect("yaml").model;
+    let (d1, e1) = desired::compute(&m1, &mut ids, limits);
+    assert!(e1.is_empty(), "{e1:?}");
+    // "a" sorts first but is new: it is the one refused, and the error names the limit.
+    let m2 = file::parse("t", &yaml(&["a", "b", "c"]))
+        .expect("yaml")
+        .model;
+    let (d2, e2) = desired::compute(&m2, &mut ids, limits);
+    let msgs: Vec<String> = e2.iter().map(|e| e.to_string()).collect();
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(
+        msgs[0].contains("test/a:p")
+            && msgs[0].contains("XLB_SVC_V1")
+            && msgs[0].contains("capacity 7"),
+        "{msgs:?}"
+    );
+    let fronts = |d: &Desired| {
+        d.services
+            .keys()
+            .filter(|k| k.slot == 0)
+            .map(desired::show_frontend)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(fronts(&d1), fronts(&d2), "programmed services must be kept");
+
+    // A kernel map that refuses a write mid-sync: the failing service stays as it was.
+    let mut w = MemoryMaps {
+        svc_capacity: Some(4),
+        ..MemoryMaps::default()
+    };
+    let (now, report) = apply(&mut w, &Desired::default(), &d1);
+    assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+    assert!(
+        report.errors[0]
+            .to_string()
+            .contains("map is full (capacity 4)")
+    );
+    let programmed = now.services.keys().filter(|k| k.slot == 0).count();
+    assert_eq!(
+        programmed, 1,
+        "one service fits, the other is left out whole"
+    );
+    assert_eq!(now, w.state);
+}
