@@ -1,1 +1,63 @@
-fn main() {}
+//! `cargo xtask`: set up the machine, build, run the demo, run the tests.
+
+mod build;
+mod demo;
+mod setup;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install or verify what the project needs (idempotent).
+    Setup,
+    /// Build the eBPF object (nightly, bpfel-unknown-none).
+    BuildEbpf,
+    /// Build the eBPF object and the `xlb` binary with it embedded.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// The demo: namespaces, backends, the agent on examples/demo-services.yaml, traffic.
+    Run {
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long)]
+        duration: Option<u64>,
+        /// The services file.
+        #[arg(long, default_value = "examples/demo-services.yaml")]
+        services: std::path::PathBuf,
+    },
+    /// Every test tier: unit, golden, packet (TestRun) and real traffic.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let root = build::workspace_root();
+    std::env::set_current_dir(&root)?;
+    match Cli::parse().command {
+        Command::Setup => setup::run(),
+        Command::BuildEbpf => build::ebpf().map(|_| ()),
+        Command::Build { release } => build::all(release).map(|_| ()),
+        Command::Run { duration, services } => {
+            setup::run()?;
+            let xlb = build::all(false)?;
+            demo::run(&xlb, &services, duration)
+        }
+        Command::Test { args } => {
+            setup::run()?;
+            build::all(false)?;
+            build::test(&args)
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! `cargo xtask setup`: installs or verifies, idempotently, everything the project needs on a
+//! fresh Debian machine: packages, the nightly's rust-src, bpf-linker against the nightly's
+//! LLVM, and bpffs on /sys/fs/bpf.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context, Result, bail};
+
+use crate::build::{run as exec, workspace_root};
+
+/// Commands the project and its tests use, and the Debian package of each.
+const PACKAGES: &[(&str, &str)] = &[
+    ("bpftool", "bpftool"),
+    ("iptables", "iptables"),
+    ("nft", "nftables"),
+    ("ipvsadm", "ipvsadm"),
+    ("ipset", "ipset"),
+    ("ip", "iproute2"),
+    ("conntrack", "conntrack"),
+    ("ethtool", "ethtool"),
+    ("nsenter", "util-linux"),
+];
+
+const BPF_LINKER_VERSION: &str = "0.13";
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false)
+}
+
+fn on_path(cmd: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .any(|d| d.join(cmd).is_file())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs every step; prints what it did.
+pub fn run() -> Result<()> {
+    let root = is_root();
+    let mut missing = Vec::new();
+    packages(root, &mut missing)?;
+    rust_src()?;
+    bpf_linker()?;
+    bpffs(root, &mut missing)?;
+    if !missing.is_empty() {
+        println!("xtask setup: NOT ROOT, so these stay missing (privileged tests will be skipped):");
+        for m in &missing {
+            println!("  - {m}");
+        }
+    }
+    Ok(())
+}
+
+fn packages(root: bool, missing: &mut Vec<String>) -> Result<()> {
+    let absent: Vec<&str> = PACKAGES.iter().filter(|(cmd, _)| !on_path(cmd)).map(|(_, pkg)| *pkg).collect();
+    if absent.is_empty() {
+        println!("xtask setup: packages present ({})", PACKAGES.iter().map(|p| p.1).collect::<Vec<_>>().join(" "));
+        return Ok(());
+    }
+    if !root {
+        missing.push(format!("Debian packages: sudo apt-get install {}", absent.join(" ")));
+        return Ok(());
+    }
+    println!("xtask setup: installing {}", absent.join(" "));
+    exec(Command::new("apt-get").args(["update", "-qq"]))?;
+    exec(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&absent)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .with_context(|| format!("apt-get install {}", absent.join(" ")))?;
+    Ok(())
+}
+
+fn rust_src() -> Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        bail!("the nightly toolchain is missing (the eBPF crate needs it): rustup toolchain install nightly");
+    }
+    let installed =
+        output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+            .unwrap_or_default();
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        println!("xtask setup: nightly rust-src present");
+        return Ok(());
+    }
+    println!("xtask setup: adding rust-src to the nightly toolchain");
+    exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// The nightly toolchain's libLLVM and its major version.
+fn nightly_llvm() -> Result<(PathBuf, String)> {
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("rustc +nightly --print sysroot")?;
+    let lib = PathBuf::from(sysroot.trim()).join("lib");
+    for e in std::fs::read_dir(&lib).with_context(|| lib.display().to_string())? {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix("libLLVM.so.") {
+            let major = rest.split('.').next().unwrap_or_default().to_string();
+            return Ok((lib.join(&name), major));
+        }
+    }
+    bail!("no libLLVM.so.* in {}: is the nightly toolchain complete?", lib.display())
+}
+
+fn bpf_linker() -> Result<()> {
+    // bpf-linker finds the nightly's libLLVM through the toolchain's library path.
+    let version = output(Command::new("rustup").args(["run", "nightly", "bpf-linker", "--version"]));
+    if version.as_deref().is_some_and(|v| v.contains(&format!(" {BPF_LINKER_VERSION}."))) {
+        println!("xtask setup: {}", version.unwrap_or_default().trim());
+        return Ok(());
+    }
+    let (llvm, major) = nightly_llvm()?;
+    let prefix = workspace_root().join("target/xtask-llvm");
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&llvm, &link).with_context(|| link.display().to_string())?;
+    println!("xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm.display());
+    exec(Command::new("cargo")
+        .args(["install", "--locked", "bpf-linker", "--version", &format!("~{BPF_LINKER_VERSION}")])
+        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+        .env("LLVM_PREFIX", &prefix))
+    .context("cargo install bpf-linker")
+}
+
+fn bpffs(root: bool, missing: &mut Vec<String>) -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mounted = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(1) == Some(&"/sys/fs/bpf") && f.get(2) == Some(&"bpf")
+    });
+    if mounted {
+        println!("xtask setup: bpffs mounted on /sys/fs/bpf");
+        return Ok(());
+    }
+    if !root {
+        missing.push("bpffs: sudo mount -t bpf bpf /sys/fs/bpf".into());
+        return Ok(());
+    }
+    println!("xtask setup: mounting bpffs on /sys/fs/bpf");
+    exec(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+}
