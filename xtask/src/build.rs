@@ -1,8 +1,9 @@
 //! Builds: the eBPF object with the nightly toolchain, then `xlb` with it embedded.
 
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
@@ -20,7 +21,9 @@ pub fn ebpf_object() -> PathBuf {
 /// Runs a command, failing with its name when it fails.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed with {status}");
     }
@@ -32,7 +35,14 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 fn nightly_cargo() -> Command {
     let mut c = Command::new("rustup");
     c.args(["run", "nightly", "cargo"]);
-    for var in ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO", "CARGO_TARGET_DIR"] {
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO",
+        "CARGO_TARGET_DIR",
+    ] {
         c.env_remove(var);
     }
     c
@@ -41,8 +51,10 @@ fn nightly_cargo() -> Command {
 /// Builds lb-ebpf for bpfel-unknown-none; returns the object's path.
 pub fn ebpf() -> Result<PathBuf> {
     println!("xtask: building the eBPF object (nightly, bpf-linker)");
-    run(nightly_cargo().current_dir(workspace_root().join("lb-ebpf")).args(["build", "--release"]))
-        .context("building lb-ebpf (run `cargo xtask setup` if bpf-linker or rust-src is missing)")?;
+    run(nightly_cargo()
+        .current_dir(workspace_root().join("lb-ebpf"))
+        .args(["build", "--release"]))
+    .context("building lb-ebpf (run `cargo xtask setup` if bpf-linker or rust-src is missing)")?;
     let obj = ebpf_object();
     if !obj.exists() {
         bail!("the eBPF build succeeded but {} is missing", obj.display());
@@ -55,7 +67,8 @@ pub fn all(release: bool) -> Result<PathBuf> {
     let obj = ebpf()?;
     println!("xtask: building xlb");
     let mut c = Command::new("cargo");
-    c.args(["build", "--package", "lb-userspace", "--bin", "xlb"]).env("XLB_EBPF_OBJECT", &obj);
+    c.args(["build", "--package", "lb-userspace", "--bin", "xlb"])
+        .env("XLB_EBPF_OBJECT", &obj);
     if release {
         c.arg("--release");
     }
@@ -63,16 +76,79 @@ pub fn all(release: bool) -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"));
-    Ok(target.join(if release { "release" } else { "debug" }).join("xlb"))
+    Ok(target
+        .join(if release { "release" } else { "debug" })
+        .join("xlb"))
 }
 
-/// Runs the workspace's tests with the built object and binary.
+/// Runs the workspace's tests with the built object and binary, echoing cargo's output,
+/// and ends with one summary line over every test binary.
 pub fn test(extra: &[String]) -> Result<()> {
     let xlb = all(false)?;
+    if !is_root() {
+        println!(
+            "\n!!!!! NOT ROOT: the packet and traffic tests will SKIP (they need BPF and network namespaces). CI runs as root. !!!!!\n"
+        );
+    }
     println!("xtask: running every test tier (unit, golden, packet, traffic)");
-    run(Command::new("cargo")
+    let mut child = Command::new("cargo")
         .args(["test", "--workspace"])
         .args(extra)
         .env("XLB_EBPF_OBJECT", ebpf_object())
-        .env("XLB_BIN", &xlb))
+        .env("XLB_BIN", &xlb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test")?;
+    let mut totals = [0u64; 3];
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some(counts) = result_counts(&line) {
+                for (t, c) in totals.iter_mut().zip(counts) {
+                    *t += c;
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        totals[0], totals[1], totals[2]
+    );
+    if !status.success() {
+        bail!("cargo test failed with {status}");
+    }
+    Ok(())
+}
+
+/// (passed, failed, ignored) of a `test result:` line.
+fn result_counts(line: &str) -> Option<[u64; 3]> {
+    let rest = line.strip_prefix("test result: ")?;
+    let mut counts = [0u64; 3];
+    for part in rest.split(['.', ';']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (words.next(), words.next()) {
+            let slot = match what {
+                "passed" => 0,
+                "failed" => 1,
+                "ignored" => 2,
+                _ => continue,
+            };
+            counts[slot] = n.parse().ok()?;
+        }
+    }
+    Some(counts)
+}
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
 }

@@ -56,7 +56,6 @@ fn main() -> Result<()> {
         }
         Command::Test { args } => {
             setup::run()?;
-            build::all(false)?;
             build::test(&args)
         }
     }

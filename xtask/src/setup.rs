@@ -6,7 +6,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result, bail};
 
-use crate::build::{run as exec, workspace_root};
+use crate::build::{is_root, run as exec, workspace_root};
 
 /// Commands the project and its tests use, and the Debian package of each.
 const PACKAGES: &[(&str, &str)] = &[
@@ -23,13 +23,6 @@ const PACKAGES: &[(&str, &str)] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13";
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0")))
-        .unwrap_or(false)
-}
-
 fn on_path(cmd: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -39,7 +32,9 @@ fn on_path(cmd: &str) -> bool {
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs every step; prints what it did.
@@ -51,7 +46,9 @@ pub fn run() -> Result<()> {
     bpf_linker()?;
     bpffs(root, &mut missing)?;
     if !missing.is_empty() {
-        println!("xtask setup: NOT ROOT, so these stay missing (privileged tests will be skipped):");
+        println!(
+            "xtask setup: NOT ROOT, so these stay missing (privileged tests will be skipped):"
+        );
         for m in &missing {
             println!("  - {m}");
         }
@@ -60,21 +57,33 @@ pub fn run() -> Result<()> {
 }
 
 fn packages(root: bool, missing: &mut Vec<String>) -> Result<()> {
-    let absent: Vec<&str> = PACKAGES.iter().filter(|(cmd, _)| !on_path(cmd)).map(|(_, pkg)| *pkg).collect();
+    let absent: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(cmd, _)| !on_path(cmd))
+        .map(|(_, pkg)| *pkg)
+        .collect();
     if absent.is_empty() {
-        println!("xtask setup: packages present ({})", PACKAGES.iter().map(|p| p.1).collect::<Vec<_>>().join(" "));
+        println!(
+            "xtask setup: packages present ({})",
+            PACKAGES.iter().map(|p| p.1).collect::<Vec<_>>().join(" ")
+        );
         return Ok(());
     }
     if !root {
-        missing.push(format!("Debian packages: sudo apt-get install {}", absent.join(" ")));
+        missing.push(format!(
+            "Debian packages: sudo apt-get install {}",
+            absent.join(" ")
+        ));
         return Ok(());
     }
     println!("xtask setup: installing {}", absent.join(" "));
     exec(Command::new("apt-get").args(["update", "-qq"]))?;
-    exec(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&absent)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    exec(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&absent)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
     .with_context(|| format!("apt-get install {}", absent.join(" ")))?;
     Ok(())
 }
@@ -82,11 +91,18 @@ fn packages(root: bool, missing: &mut Vec<String>) -> Result<()> {
 fn rust_src() -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
-        bail!("the nightly toolchain is missing (the eBPF crate needs it): rustup toolchain install nightly");
+        bail!(
+            "the nightly toolchain is missing (the eBPF crate needs it): rustup toolchain install nightly"
+        );
     }
-    let installed =
-        output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
-            .unwrap_or_default();
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .unwrap_or_default();
     if installed.lines().any(|l| l.starts_with("rust-src")) {
         println!("xtask setup: nightly rust-src present");
         return Ok(());
@@ -107,13 +123,20 @@ fn nightly_llvm() -> Result<(PathBuf, String)> {
             return Ok((lib.join(&name), major));
         }
     }
-    bail!("no libLLVM.so.* in {}: is the nightly toolchain complete?", lib.display())
+    bail!(
+        "no libLLVM.so.* in {}: is the nightly toolchain complete?",
+        lib.display()
+    )
 }
 
 fn bpf_linker() -> Result<()> {
     // bpf-linker finds the nightly's libLLVM through the toolchain's library path.
-    let version = output(Command::new("rustup").args(["run", "nightly", "bpf-linker", "--version"]));
-    if version.as_deref().is_some_and(|v| v.contains(&format!(" {BPF_LINKER_VERSION}."))) {
+    let version =
+        output(Command::new("rustup").args(["run", "nightly", "bpf-linker", "--version"]));
+    if version
+        .as_deref()
+        .is_some_and(|v| v.contains(&format!(" {BPF_LINKER_VERSION}.")))
+    {
         println!("xtask setup: {}", version.unwrap_or_default().trim());
         return Ok(());
     }
@@ -123,11 +146,26 @@ fn bpf_linker() -> Result<()> {
     let link = prefix.join("lib/libLLVM.so");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&llvm, &link).with_context(|| link.display().to_string())?;
-    println!("xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", llvm.display());
-    exec(Command::new("cargo")
-        .args(["install", "--locked", "bpf-linker", "--version", &format!("~{BPF_LINKER_VERSION}")])
-        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
-        .env("LLVM_PREFIX", &prefix))
+    println!(
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
+        llvm.display()
+    );
+    exec(
+        Command::new("cargo")
+            .args([
+                "install",
+                "--locked",
+                "bpf-linker",
+                "--version",
+                &format!("~{BPF_LINKER_VERSION}"),
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .env("LLVM_PREFIX", &prefix),
+    )
     .context("cargo install bpf-linker")
 }
 
