@@ -58,6 +58,19 @@ impl Topology {
             node,
         })
     }
+
+    /// Adds one more backend pod (`backend-N`, the next address) to a running topology.
+    pub fn add_backend(&mut self) -> Result<&Pod, String> {
+        let k = self.backends.len() + 1;
+        let pod = add_pod(
+            &self.node,
+            &self.tag,
+            &format!("backend-{k}"),
+            (k + 1) as u8,
+        )?;
+        self.backends.push(pod);
+        Ok(&self.backends[k - 1])
+    }
 }
 
 fn add_pod(node: &Netns, tag: &str, name: &str, index: u8) -> Result<Pod, String> {

@@ -323,3 +323,50 @@ fn a_bad_service_is_named_and_the_good_ones_work() {
         .expect("client");
     r.expect("still forwarding after a broken file");
 }
+
+#[test]
+fn a_pod_interface_that_appears_later_is_attached() {
+    if !require_root("a_pod_interface_that_appears_later_is_attached") {
+        return;
+    }
+    let all = backends(3);
+    let mut s = Scenario::start("xh", 2, &yaml(&all[..2], &all[..2])).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("sync");
+
+    // A new pod: its veth appears after the agent started. Only backend-3 is left in the
+    // service, so every answer must cross the new interface's reverse NAT.
+    let pod = s.topo.add_backend().expect("new pod");
+    let server =
+        xlb_tests::echo::EchoServer::start(&pod.ns, &pod.name, TCP_PORT, UDP_PORT).expect("server");
+    s.servers.push(server);
+    write_atomic(&s.yaml, &yaml(&all[2..], &all[2..])).expect("write");
+    s.wait_backends("10.96.0.10:80/TCP", 1, Duration::from_secs(5))
+        .expect("resync");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        let r = s
+            .topo
+            .client
+            .ns
+            .run(|| tcp_request(sock(WEB, 80), Duration::from_millis(300)))
+            .expect("client");
+        match r {
+            Ok(a) => break a,
+            Err(e) if Instant::now() > deadline => {
+                panic!("new pod never answered: {e}\n{}", s.agent.log_text())
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    assert_eq!(answer.backend, "backend-3");
+    assert_eq!(
+        answer.peer,
+        sock(WEB, 80),
+        "the reply crossed xv-backend-3 un-NATed"
+    );
+    assert!(
+        s.agent.log_text().contains("xv-backend-3"),
+        "attach not logged"
+    );
+}
