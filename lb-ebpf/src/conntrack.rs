@@ -22,17 +22,16 @@ fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> Ct
     }
 }
 
+/// The key of the packet's own 5-tuple in direction `dir`.
+#[inline(always)]
+fn tuple_key(t: &Tuple, dir: u8) -> CtKey {
+    key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, dir)
+}
+
 /// The reply entry for a packet from a backend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
-    let k = key(
-        t.saddr_be,
-        t.daddr_be,
-        t.sport_be,
-        t.dport_be,
-        t.proto,
-        CT_DIR_REPLY,
-    );
+    let k = tuple_key(t, CT_DIR_REPLY);
     // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
     unsafe { XLB_CT_V1.get(k) }
 }
@@ -40,14 +39,7 @@ pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
 /// The forward entry for a packet to a VIP, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
-    let k = key(
-        t.saddr_be,
-        t.daddr_be,
-        t.sport_be,
-        t.dport_be,
-        t.proto,
-        CT_DIR_FORWARD,
-    );
+    let k = tuple_key(t, CT_DIR_FORWARD);
     // SAFETY: only `last_seen_ns` is written through this reference.
     XLB_CT_V1.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
@@ -87,14 +79,7 @@ pub fn create(t: &Tuple, backend_id: u32, be: &Backend, svc_id: u32) -> Result<(
     XLB_CT_V1
         .insert(reply_key, reply, 0)
         .map_err(|_| Reason(R_CT_FULL))?;
-    let fwd_key = key(
-        t.saddr_be,
-        t.daddr_be,
-        t.sport_be,
-        t.dport_be,
-        t.proto,
-        CT_DIR_FORWARD,
-    );
+    let fwd_key = tuple_key(t, CT_DIR_FORWARD);
     let fwd = CtValue {
         nat_addr_be: be.addr_be,
         nat_port_be: be.port_be,

@@ -193,6 +193,66 @@ pub fn counters(dir: &Path) -> Result<Vec<CounterRow>, DatapathError> {
     Ok(rows)
 }
 
+/// A row `xlb list` can print as a table.
+pub trait TableRow {
+    const HEADERS: &'static [&'static str];
+    fn cells(&self) -> Vec<String>;
+}
+
+impl TableRow for ServiceRow {
+    const HEADERS: &'static [&'static str] = &["SERVICE", "FRONTEND", "BACKENDS"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.service.clone(),
+            self.frontend.clone(),
+            self.backends.join(", "),
+        ]
+    }
+}
+
+impl TableRow for BackendRow {
+    const HEADERS: &'static [&'static str] = &["ID", "BACKEND", "SERVICES"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.id.to_string(),
+            self.backend.clone(),
+            self.services.join(", "),
+        ]
+    }
+}
+
+impl TableRow for FlowRow {
+    const HEADERS: &'static [&'static str] =
+        &["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.protocol.clone(),
+            self.client.clone(),
+            self.frontend.clone(),
+            self.backend.clone(),
+            self.service.clone(),
+            format!("{}s", self.age_seconds),
+        ]
+    }
+}
+
+impl TableRow for CounterRow {
+    const HEADERS: &'static [&'static str] = &["REASON", "PACKETS", "BYTES"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.reason.to_string(),
+            self.packets.to_string(),
+            self.bytes.to_string(),
+        ]
+    }
+}
+
+/// Rows as an aligned text table under their headers.
+pub fn render<T: TableRow>(rows: &[T]) -> String {
+    let cells: Vec<Vec<String>> = rows.iter().map(TableRow::cells).collect();
+    table(T::HEADERS, &cells)
+}
+
 /// Formats rows as an aligned text table.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();

@@ -102,16 +102,10 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Agent {
-            source,
-            pod_interfaces,
-            node_interfaces,
             bpffs,
-            poll_ms,
             cleanup: true,
-        } => {
-            let _ = (source, pod_interfaces, node_interfaces, poll_ms);
-            run_cleanup(&bpffs)
-        }
+            ..
+        } => run_cleanup(&bpffs),
         Command::Agent {
             source,
             pod_interfaces,
@@ -173,82 +167,20 @@ fn run_cleanup(bpffs: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn print_json<T: serde::Serialize>(rows: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(rows)?);
+fn show<T: list::TableRow + serde::Serialize>(rows: &[T], output: Output) -> Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(rows)?),
+        Output::Table => print!("{}", list::render(rows)),
+    }
     Ok(())
 }
 
 fn run_list(what: ListWhat, output: Output, bpffs: &std::path::Path) -> Result<()> {
     let ctx = || format!("reading pinned maps in {}", bpffs.display());
     match what {
-        ListWhat::Services => {
-            let rows = list::services(bpffs).with_context(ctx)?;
-            if output == Output::Json {
-                return print_json(&rows);
-            }
-            let cells: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| vec![r.service.clone(), r.frontend.clone(), r.backends.join(", ")])
-                .collect();
-            print!(
-                "{}",
-                list::table(&["SERVICE", "FRONTEND", "BACKENDS"], &cells)
-            );
-        }
-        ListWhat::Backends => {
-            let rows = list::backends(bpffs).with_context(ctx)?;
-            if output == Output::Json {
-                return print_json(&rows);
-            }
-            let cells: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| vec![r.id.to_string(), r.backend.clone(), r.services.join(", ")])
-                .collect();
-            print!("{}", list::table(&["ID", "BACKEND", "SERVICES"], &cells));
-        }
-        ListWhat::Conntrack => {
-            let rows = list::conntrack(bpffs).with_context(ctx)?;
-            if output == Output::Json {
-                return print_json(&rows);
-            }
-            let cells: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.protocol.clone(),
-                        r.client.clone(),
-                        r.frontend.clone(),
-                        r.backend.clone(),
-                        r.service.clone(),
-                        format!("{}s", r.age_seconds),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                list::table(
-                    &["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"],
-                    &cells
-                )
-            );
-        }
-        ListWhat::Counters => {
-            let rows = list::counters(bpffs).with_context(ctx)?;
-            if output == Output::Json {
-                return print_json(&rows);
-            }
-            let cells: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
-                    vec![
-                        r.reason.to_string(),
-                        r.packets.to_string(),
-                        r.bytes.to_string(),
-                    ]
-                })
-                .collect();
-            print!("{}", list::table(&["REASON", "PACKETS", "BYTES"], &cells));
-        }
+        ListWhat::Services => show(&list::services(bpffs).with_context(ctx)?, output),
+        ListWhat::Backends => show(&list::backends(bpffs).with_context(ctx)?, output),
+        ListWhat::Conntrack => show(&list::conntrack(bpffs).with_context(ctx)?, output),
+        ListWhat::Counters => show(&list::counters(bpffs).with_context(ctx)?, output),
     }
-    Ok(())
 }
