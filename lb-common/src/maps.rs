@@ -13,8 +13,18 @@ pub const MAP_STATS: &str = "XLB_STATS_V1";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
+/// Per-service per-CPU counters; the agent creates and deletes entries, the datapath adds.
+pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V1";
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 5] = [MAP_SVC, MAP_BACKEND, MAP_CT, MAP_STATS, MAP_SVC_NAME];
+pub const ALL_MAPS: [&str; 6] = [
+    MAP_SVC,
+    MAP_BACKEND,
+    MAP_CT,
+    MAP_STATS,
+    MAP_SVC_NAME,
+    MAP_SVC_STATS,
+];
 
 /// Default capacities; the agent may override them at load time.
 pub const SVC_MAP_CAPACITY: u32 = 262_144;
@@ -22,7 +32,7 @@ pub const SVC_MAP_CAPACITY: u32 = 262_144;
 pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
 /// Default conntrack capacity (two entries per flow: forward and reply).
 pub const CT_MAP_CAPACITY: u32 = 262_144;
-/// Default name map capacity (one per service port).
+/// Default name and per-service counter map capacity (one per frontend).
 pub const SVC_NAME_MAP_CAPACITY: u32 = 65_536;
 /// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC).
 pub const MAX_BACKENDS_PER_SVC: u16 = 4096;

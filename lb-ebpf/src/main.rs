@@ -44,6 +44,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
     // A reply from a backend of a tracked flow: restore the VIP as source.
     if let Some(ct) = conntrack::lookup_reply(&t) {
         nat::rewrite_src(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
+        reason::count_service(ct.svc_id, ctx.len());
         return Ok(Reason(R_REVERSE_NAT));
     }
 
@@ -58,6 +59,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
             Some(be) => {
                 conntrack::touch(ct);
                 nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
+                reason::count_service(svc.svc_id, ctx.len());
                 return Ok(Reason(R_ESTABLISHED));
             }
             None => reason = Some(Reason(lb_common::R_BACKEND_GONE)),
@@ -67,6 +69,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
     let (backend_id, be) = select::pick(&t, svc)?;
     conntrack::create(&t, backend_id, &be, svc.svc_id)?;
     nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
+    reason::count_service(svc.svc_id, ctx.len());
     Ok(reason.unwrap_or(Reason(lb_common::R_NEW_FLOW)))
 }
 

@@ -1,7 +1,8 @@
 //! The datapath's maps. Each comment says who writes it, key → value, size and eviction.
 
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    bindings::BPF_F_NO_PREALLOC,
+    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
 use lb_common::{
@@ -35,3 +36,14 @@ pub static XLB_STATS_V1: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArra
 #[btf_map]
 pub static XLB_SVCNAME_V1: HashMap<u32, SvcName, { SVC_NAME_MAP_CAPACITY as usize }> =
     HashMap::new();
+
+/// Per-service counters. The agent creates (zeroed) and deletes an entry with each service
+/// entry; the datapath only looks entries up and adds to its CPU's slot.
+/// svc id (u32) → `Counter` per CPU. 65,536 entries, not preallocated, no eviction.
+#[btf_map]
+pub static XLB_SVCSTAT_V1: PerCpuHashMap<
+    u32,
+    Counter,
+    { SVC_NAME_MAP_CAPACITY as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = PerCpuHashMap::new();

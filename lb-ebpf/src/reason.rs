@@ -1,6 +1,6 @@
 //! Reason codes and the per-CPU counters they bump.
 
-use crate::maps::XLB_STATS_V1;
+use crate::maps::{XLB_STATS_V1, XLB_SVCSTAT_V1};
 
 /// A reason code from `lb_common::counters`.
 #[derive(Clone, Copy)]
@@ -16,6 +16,18 @@ impl Reason {
                 (*c).packets += 1;
                 (*c).bytes += len as u64;
             }
+        }
+    }
+}
+
+/// Adds one packet of `len` bytes to service `svc_id`'s counter on the current CPU.
+#[inline(always)]
+pub fn count_service(svc_id: u32, len: u32) {
+    if let Some(c) = XLB_SVCSTAT_V1.get_ptr_mut(svc_id) {
+        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += len as u64;
         }
     }
 }

@@ -24,6 +24,9 @@ pub struct ServiceRow {
     pub frontend: String,
     pub id: u32,
     pub backends: Vec<String>,
+    /// Packets and bytes forwarded for this service (both directions), summed over CPUs.
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,11 +69,17 @@ fn name_of(state: &Desired, svc_id: u32) -> String {
 
 /// One row per frontend.
 pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
-    let state = read_state(dir)?;
-    Ok(services_of(&state))
+    let maps = KernelMaps::open(dir)?;
+    let state = maps.read()?;
+    let mut rows = services_of(&state);
+    for r in &mut rows {
+        let c = maps.service_counter(r.id);
+        (r.packets, r.bytes) = (c.packets, c.bytes);
+    }
+    Ok(rows)
 }
 
-/// Rows for a state already read.
+/// Rows for a state already read (counters left at zero).
 pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
     let mut rows = Vec::new();
     for (k, v) in state.services.iter().filter(|(k, _)| k.slot == 0) {
@@ -88,6 +97,8 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
             frontend: show_frontend(k),
             id: v.svc_id,
             backends,
+            packets: 0,
+            bytes: 0,
         });
     }
     rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
@@ -200,11 +211,14 @@ pub trait TableRow {
 }
 
 impl TableRow for ServiceRow {
-    const HEADERS: &'static [&'static str] = &["SERVICE", "FRONTEND", "BACKENDS"];
+    const HEADERS: &'static [&'static str] =
+        &["SERVICE", "FRONTEND", "PACKETS", "BYTES", "BACKENDS"];
     fn cells(&self) -> Vec<String> {
         vec![
             self.service.clone(),
             self.frontend.clone(),
+            self.packets.to_string(),
+            self.bytes.to_string(),
             self.backends.join(", "),
         ]
     }

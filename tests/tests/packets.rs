@@ -195,6 +195,29 @@ fn rewrites_follow_the_table() {
         }
     }
     let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
+
+    // Every verdict above bumped its reason's counter.
+    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
+    let count = |reason: &str| {
+        counters
+            .iter()
+            .find(|c| c.reason == reason)
+            .map_or(0, |c| c.packets)
+    };
+    assert_eq!(count("new_flow"), 3, "{counters:?}");
+    assert_eq!(count("established"), 2, "{counters:?}");
+    assert_eq!(count("reverse_nat"), 2, "{counters:?}");
+    assert_eq!(count("no_backend"), 1, "{counters:?}");
+    assert_eq!(count("pass"), 3, "{counters:?}");
+    let web = lb_userspace::list::services(&dp.pins).expect("services");
+    let web = web
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web");
+    assert_eq!(
+        web.packets, 3,
+        "SYN, later packet and reply of the web flow"
+    );
     assert!(
         udp_zero.udp_checksum_zero,
         "a zero UDP checksum must stay zero"

@@ -98,6 +98,27 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
             );
         }
     }
+
+    // The counters saw it: per service (both directions) and per reason.
+    let rows = lb_userspace::list::services(&s.agent.pins).expect("read pins");
+    for r in &rows {
+        assert!(
+            r.packets >= 600,
+            "{}: only {} packets counted",
+            r.service,
+            r.packets
+        );
+    }
+    let counters = lb_userspace::list::counters(&s.agent.pins).expect("read counters");
+    let count = |reason: &str| {
+        counters
+            .iter()
+            .find(|c| c.reason == reason)
+            .map_or(0, |c| c.packets)
+    };
+    // A fresh socket may reuse an earlier flow's source port: that flow is then established.
+    assert!(count("new_flow") >= 550, "{counters:?}");
+    assert!(count("reverse_nat") >= 600, "{counters:?}");
 }
 
 /// A request's start time and result.

@@ -2,8 +2,10 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapError};
-use lb_common::{Backend, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use lb_common::{
+    Backend, Counter, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcName, SvcValue,
+};
 
 use super::{
     DatapathError,
@@ -11,11 +13,13 @@ use super::{
 };
 use crate::desired::{Desired, show_frontend};
 
-/// The agent's three writable maps.
+/// The maps the agent writes. A service's name and its (zeroed) per-service counters are
+/// created and deleted together.
 pub struct KernelMaps {
     svc: HashMap<MapData, SvcKey, SvcValue>,
     backends: HashMap<MapData, u32, Backend>,
     names: HashMap<MapData, u32, SvcName>,
+    svc_stats: PerCpuHashMap<MapData, u32, Counter>,
     svc_capacity: u32,
     backend_capacity: u32,
 }
@@ -42,7 +46,12 @@ impl KernelMaps {
             ebpf.take_map(name)
                 .ok_or(DatapathError::MapMissing { name })
         };
-        Self::from_maps(take(MAP_SVC)?, take(MAP_BACKEND)?, take(MAP_SVC_NAME)?)
+        Self::from_maps(
+            take(MAP_SVC)?,
+            take(MAP_BACKEND)?,
+            take(MAP_SVC_NAME)?,
+            take(MAP_SVC_STATS)?,
+        )
     }
 
     /// Opens the pinned maps in `dir`.
@@ -51,10 +60,11 @@ impl KernelMaps {
             open_pinned(dir, MAP_SVC)?,
             open_pinned(dir, MAP_BACKEND)?,
             open_pinned(dir, MAP_SVC_NAME)?,
+            open_pinned(dir, MAP_SVC_STATS)?,
         )
     }
 
-    fn from_maps(svc: Map, backends: Map, names: Map) -> Result<Self, DatapathError> {
+    fn from_maps(svc: Map, backends: Map, names: Map, stats: Map) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends);
         Ok(Self {
@@ -70,9 +80,25 @@ impl KernelMaps {
                 name: MAP_SVC_NAME,
                 source,
             })?,
+            svc_stats: PerCpuHashMap::try_from(stats).map_err(|source| DatapathError::Map {
+                name: MAP_SVC_STATS,
+                source,
+            })?,
             svc_capacity,
             backend_capacity,
         })
+    }
+
+    /// A service's counters summed over CPUs (zero when it has none).
+    pub fn service_counter(&self, svc_id: u32) -> Counter {
+        self.svc_stats
+            .get(&svc_id, 0)
+            .map_or(Counter::default(), |per_cpu| {
+                per_cpu.iter().fold(Counter::default(), |a, c| Counter {
+                    packets: a.packets + c.packets,
+                    bytes: a.bytes + c.bytes,
+                })
+            })
     }
 
     /// Capacities of the service and backend maps as the kernel reports them.
@@ -168,6 +194,20 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+        if self.svc_stats.get(&id, 0).is_err() {
+            let zero = |e: String| WriteError {
+                map: MAP_SVC_STATS,
+                op: "insert",
+                entry: format!("counters of {id}"),
+                cause: e,
+            };
+            let cpus = aya::util::nr_cpus().map_err(|(what, e)| zero(format!("{what}: {e}")))?;
+            let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
+                .map_err(|e| zero(e.to_string()))?;
+            self.svc_stats
+                .insert(id, values, 0)
+                .map_err(|e| err(MAP_SVC_STATS, "insert", format!("counters of {id}"), &e, 0))?;
+        }
         self.names
             .insert(id, name, 0)
             .map_err(|e| err(MAP_SVC_NAME, "insert", format!("name {id}"), &e, 0))
@@ -176,6 +216,16 @@ impl MapWriter for KernelMaps {
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
         self.names
             .remove(&id)
-            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))
+            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))?;
+        match self.svc_stats.remove(&id) {
+            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
+            Err(e) => Err(err(
+                MAP_SVC_STATS,
+                "delete",
+                format!("counters of {id}"),
+                &e,
+                0,
+            )),
+        }
     }
 }

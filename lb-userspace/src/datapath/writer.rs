@@ -23,7 +23,9 @@ pub trait MapWriter {
     fn del_backend(&mut self, id: u32) -> Result<(), WriteError>;
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError>;
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError>;
+    /// Writes a service's name; a kernel writer also creates its zeroed counters.
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError>;
+    /// Deletes a service's name (and its counters).
     fn del_name(&mut self, id: u32) -> Result<(), WriteError>;
 }
 
