@@ -222,12 +222,11 @@ pub fn endpoint_slice(
             addresses.push(ip);
         }
         let cond = ep.conditions.clone().unwrap_or_default();
-        // As the API documents: unknown readiness counts as ready; serving defaults to ready.
-        let ready = cond.ready.unwrap_or(true);
+        // As kube-proxy reads them: ready and serving unset count as true, terminating as false.
         endpoints.push(Endpoint {
             addresses,
-            ready,
-            serving: cond.serving.unwrap_or(ready),
+            ready: cond.ready.unwrap_or(true),
+            serving: cond.serving.unwrap_or(true),
             terminating: cond.terminating.unwrap_or(false),
             node_name: ep.node_name.clone(),
             zone: ep.zone.clone(),
