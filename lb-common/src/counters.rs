@@ -22,7 +22,7 @@ pub const R_STALE_SLOT: u32 = 7;
 pub const R_REWRITE_FAILED: u32 = 8;
 /// The conntrack map refused an insert: dropped (the reply could not be reverse-NATed).
 pub const R_CT_FULL: u32 = 9;
-/// Tracked flow whose backend was removed: a new backend was chosen.
+/// Tracked UDP flow whose backend was removed: a new backend was chosen.
 pub const R_BACKEND_GONE: u32 = 10;
 
 /// Number of counters (the size of `XLB_STATS_V1`).

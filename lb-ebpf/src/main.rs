@@ -17,7 +17,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use lb_common::{R_ESTABLISHED, R_PASS, R_REVERSE_NAT};
+use lb_common::{IPPROTO_TCP, R_ESTABLISHED, R_PASS, R_REVERSE_NAT};
 
 use crate::{parse::Parsed, reason::Reason};
 
@@ -52,18 +52,18 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
         return Ok(Reason(R_PASS));
     };
 
-    // A packet of a tracked flow whose backend still exists keeps it.
+    // A packet of a tracked flow keeps its backend. As with kube-proxy's conntrack: a TCP
+    // connection stays on a backend even after it left the service (graceful termination),
+    // while a UDP flow whose backend was removed is re-balanced (kube-proxy flushes those).
     let mut reason = None;
     if let Some(ct) = conntrack::lookup_forward(&t) {
-        match select::backend(ct.backend_id) {
-            Some(be) => {
-                conntrack::touch(ct);
-                nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
-                reason::count_service(svc.svc_id, ctx.len());
-                return Ok(Reason(R_ESTABLISHED));
-            }
-            None => reason = Some(Reason(lb_common::R_BACKEND_GONE)),
+        if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
+            conntrack::touch(ct);
+            nat::rewrite_dst(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
+            reason::count_service(svc.svc_id, ctx.len());
+            return Ok(Reason(R_ESTABLISHED));
         }
+        reason = Some(Reason(lb_common::R_BACKEND_GONE));
     }
 
     let (backend_id, be) = select::pick(&t, svc)?;

@@ -17,14 +17,27 @@ use crate::{
     datapath::{DatapathError, attach, kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
     desired::{self, Desired, Ids},
     glob, netif,
-    source::file::{self, FileWatch},
+    source::{
+        SourceError,
+        file::{self, FileWatch, Loaded},
+        kube::{self as kube_source, KubeError, KubeOptions},
+    },
 };
+
+/// Where services come from.
+#[derive(Clone, Debug)]
+pub enum SourceSpec {
+    /// A YAML file of Services and EndpointSlices, re-read when it changes.
+    File(PathBuf),
+    /// The Kubernetes API server.
+    Kubernetes(KubeOptions),
+}
 
 /// How the agent runs.
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
-    /// The YAML file of Services and EndpointSlices.
-    pub source_file: PathBuf,
+    /// Where services come from.
+    pub source: SourceSpec,
     /// Glob(s) of pod-facing interfaces to attach to (comma-separated).
     pub pod_interfaces: String,
     /// Node interfaces that carry replies from remote backends.
@@ -39,6 +52,70 @@ pub struct AgentOptions {
 pub enum AgentError {
     #[error(transparent)]
     Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error("the Kubernetes source stopped")]
+    SourceStopped,
+}
+
+/// The agent's view of a source: the next model to program, when there is one.
+enum Feed {
+    File {
+        watch: FileWatch,
+        reported: bool,
+    },
+    Kube {
+        rx: std::sync::mpsc::Receiver<Loaded>,
+        thread: Option<std::thread::JoinHandle<Result<(), KubeError>>>,
+    },
+}
+
+impl Feed {
+    fn start(spec: &SourceSpec) -> Self {
+        match spec {
+            SourceSpec::File(path) => Feed::File {
+                watch: FileWatch::new(path.clone()),
+                reported: false,
+            },
+            SourceSpec::Kubernetes(opts) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let thread = Some(kube_source::spawn(opts.clone(), tx));
+                Feed::Kube { rx, thread }
+            }
+        }
+    }
+
+    /// `Ok(Some)` when there is something new to program (only the newest snapshot counts).
+    fn next(&mut self) -> Result<Option<Result<Loaded, SourceError>>, AgentError> {
+        match self {
+            Feed::File { watch, reported } => {
+                if watch.changed() {
+                    *reported = true;
+                    return Ok(Some(file::load(watch.path())));
+                }
+                if !*reported {
+                    error!(file = %watch.path().display(), "cannot read the source file; waiting for it");
+                    *reported = true;
+                }
+                Ok(None)
+            }
+            Feed::Kube { rx, thread } => {
+                let mut newest = None;
+                loop {
+                    match rx.try_recv() {
+                        Ok(l) => newest = Some(Ok(l)),
+                        Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(newest),
+                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                            return match thread.take().map(|t| t.join()) {
+                                Some(Ok(Err(e))) => Err(e.into()),
+                                _ => Err(AgentError::SourceStopped),
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 const ATTACH_RETRY: Duration = Duration::from_secs(5);
@@ -68,16 +145,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         failed: BTreeMap::new(),
         missing_reported: BTreeSet::new(),
     };
-    let mut watch = FileWatch::new(opts.source_file.clone());
-    let mut first = true;
+    let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
         sync_interfaces(opts, &mut ebpf, &mut ifs)?;
-        if watch.changed() {
-            current = sync_file(&mut watch, &mut maps, &current, &mut ids, limits);
-            first = false;
-        } else if first {
-            error!(file = %watch.path().display(), "cannot read the source file; waiting for it");
-            first = false;
+        if let Some(loaded) = feed.next()? {
+            current = sync(loaded, &mut maps, &current, &mut ids, limits);
         }
         std::thread::sleep(opts.poll);
     }
@@ -88,15 +160,15 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn sync_file(
-    watch: &mut FileWatch,
+fn sync(
+    loaded: Result<Loaded, SourceError>,
     maps: &mut KernelMaps,
     current: &Desired,
     ids: &mut Ids,
     limits: desired::Limits,
 ) -> Desired {
     let started = Instant::now();
-    let loaded = match file::load(watch.path()) {
+    let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
             error!("{e}; keeping what is programmed");

@@ -10,9 +10,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lb_userspace::{
     DEFAULT_BPFFS_DIR,
-    agent::{self, AgentOptions},
+    agent::{self, AgentOptions, SourceSpec},
     cleanup, desired, list,
-    source::file,
+    source::{file, kube::KubeOptions},
 };
 
 #[derive(Parser)]
@@ -30,9 +30,21 @@ struct Cli {
 enum Command {
     /// Load and attach the datapath, then keep its maps in sync with the source.
     Agent {
-        /// Where services come from: `file:PATH` (Kubernetes YAML).
+        /// Where services come from: `file:PATH` (Kubernetes YAML) or `kubernetes`.
         #[arg(long)]
         source: Option<String>,
+        /// kubeconfig for `--source kubernetes` (default: in-cluster, then $KUBECONFIG).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Serve only Services labelled service.kubernetes.io/service-proxy-name=NAME.
+        #[arg(long)]
+        service_proxy_name: Option<String>,
+        /// This node's name (default: $NODE_NAME, else the hostname).
+        #[arg(long)]
+        hostname_override: Option<String>,
+        /// Smallest interval between two syncs from the API server, in milliseconds.
+        #[arg(long, default_value_t = 100)]
+        min_sync_period_ms: u64,
         /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
         #[arg(long, default_value = "")]
         pod_interfaces: String,
@@ -84,10 +96,21 @@ enum Output {
     Json,
 }
 
+/// The node's name: the flag, else $NODE_NAME (the DaemonSet sets it), else the hostname.
+fn node_name(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("NODE_NAME").ok())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
 fn source_file(source: &str) -> Result<PathBuf> {
     match source.split_once(':') {
         Some(("file", path)) if !path.is_empty() => Ok(PathBuf::from(path)),
-        _ => bail!("unsupported --source {source:?}: expected file:PATH"),
+        _ => bail!("unsupported --source {source:?}: expected file:PATH or kubernetes"),
     }
 }
 
@@ -108,15 +131,29 @@ fn main() -> Result<()> {
         } => run_cleanup(&bpffs),
         Command::Agent {
             source,
+            kubeconfig,
+            service_proxy_name,
+            hostname_override,
+            min_sync_period_ms,
             pod_interfaces,
             node_interfaces,
             bpffs,
             poll_ms,
             cleanup: false,
         } => {
-            let source = source.context("--source file:PATH is required")?;
+            let source = source.context("--source file:PATH or --source kubernetes is required")?;
+            let source = if source == "kubernetes" {
+                SourceSpec::Kubernetes(KubeOptions {
+                    kubeconfig,
+                    service_proxy_name,
+                    node_name: node_name(hostname_override),
+                    min_sync: Duration::from_millis(min_sync_period_ms),
+                })
+            } else {
+                SourceSpec::File(source_file(&source)?)
+            };
             let opts = AgentOptions {
-                source_file: source_file(&source)?,
+                source,
                 pod_interfaces,
                 node_interfaces,
                 bpffs,

@@ -28,12 +28,25 @@ impl Agent {
         pins: PathBuf,
         log: PathBuf,
     ) -> Result<Self, String> {
+        let args = vec![
+            "--source".into(),
+            format!("file:{}", source.display()),
+            "--pod-interfaces".into(),
+            pod_glob.into(),
+        ];
+        Self::start_with(node, &args, pins, log)
+    }
+
+    /// Starts `xlb agent ARGS… --bpffs PINS` in `node`.
+    pub fn start_with(
+        node: &Netns,
+        args: &[String],
+        pins: PathBuf,
+        log: PathBuf,
+    ) -> Result<Self, String> {
         let xlb = crate::xlb_bin();
         let mut cmd = node.command(&xlb);
-        cmd.args(["agent", "--source"])
-            .arg(format!("file:{}", source.display()))
-            .args(["--pod-interfaces", pod_glob, "--bpffs"])
-            .arg(&pins);
+        cmd.arg("agent").args(args).arg("--bpffs").arg(&pins);
         let mut command = vec![cmd.get_program().to_os_string()];
         command.extend(cmd.get_args().map(|a| a.to_os_string()));
         let mut agent = Agent {

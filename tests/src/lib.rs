@@ -6,6 +6,7 @@
 //! drop, on success and on failure. Nothing touches the root namespace's interfaces.
 
 pub mod agent;
+pub mod apiserver;
 pub mod client;
 pub mod datapath;
 pub mod echo;

@@ -363,3 +363,60 @@ fn random_buffers_get_an_allowed_verdict() {
         "only {ran} of 10,000 buffers reached the program"
     );
 }
+
+#[test]
+fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
+    let Some(mut dp) = setup("a_removed_backend_keeps_tcp_flows_and_rebalances_udp") else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let dns = SocketAddrV4::new(VIP, 53);
+    let first = |dp: &mut LoadedDatapath, pkt: &[u8]| {
+        let r = dp.run(pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        parse(&r.packet).expect("parses").dst
+    };
+    let tcp_backend = first(&mut dp, &PacketBuilder::tcp(CLIENT, web).build());
+    let udp_backend = first(&mut dp, &PacketBuilder::udp(CLIENT, dns).build());
+
+    // Each flow's backend leaves its service.
+    let others = |gone: &SocketAddrV4| {
+        BACKENDS
+            .iter()
+            .copied()
+            .filter(|b| b != gone.ip())
+            .collect::<Vec<_>>()
+    };
+    let yaml = service_yaml("web", VIP, 80, "TCP", 8080, &others(&tcp_backend))
+        + &service_yaml("dns", VIP, 53, "UDP", 5353, &others(&udp_backend));
+    dp.program(&file::parse("t.yaml", &yaml).expect("yaml").model)
+        .expect("reprogram");
+
+    let later_tcp = PacketBuilder::tcp(CLIENT, web)
+        .flags(TCP_ACK)
+        .payload(b"more")
+        .build();
+    assert_eq!(
+        first(&mut dp, &later_tcp),
+        tcp_backend,
+        "an established TCP flow keeps its backend"
+    );
+    let later_udp = PacketBuilder::udp(CLIENT, dns).payload(b"again").build();
+    let moved = first(&mut dp, &later_udp);
+    assert_ne!(
+        moved, udp_backend,
+        "a UDP flow to a removed backend must move"
+    );
+    assert!(BACKENDS.contains(moved.ip()));
+    assert_eq!(
+        first(&mut dp, &later_udp),
+        moved,
+        "and then stay on its new backend"
+    );
+    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
+    let gone = counters
+        .iter()
+        .find(|c| c.reason == "backend_gone")
+        .map_or(0, |c| c.packets);
+    assert_eq!(gone, 1, "{counters:?}");
+}

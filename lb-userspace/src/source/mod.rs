@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod file;
+pub mod kube;
 
 use thiserror::Error;
 

@@ -1,0 +1,220 @@
+//! The Kubernetes source: reflectors over Services, EndpointSlices and this node's Node, as
+//! kube-proxy watches them. Level-triggered: nothing is sent until every initial list is
+//! complete; then one full snapshot, and after that coalesced snapshots at most once per
+//! `min_sync`. A broken watch or a 410 Gone re-lists in the reflector's buffer and the store
+//! swaps atomically when the new list is complete, so a snapshot never shows half a list.
+
+use std::{path::PathBuf, sync::mpsc::Sender, time::Duration};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use thiserror::Error;
+use tracing::{debug, info, warn};
+
+use super::{
+    convert::{self, Converted},
+    file::Loaded,
+};
+
+/// Label selector kube-proxy uses when it serves every Service.
+pub const DEFAULT_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// How to reach the API server and what to watch.
+#[derive(Clone, Debug)]
+pub struct KubeOptions {
+    /// A kubeconfig file; in-cluster config (or `$KUBECONFIG`) when absent.
+    pub kubeconfig: Option<PathBuf>,
+    /// Serve only Services labelled `service.kubernetes.io/service-proxy-name=NAME`.
+    pub service_proxy_name: Option<String>,
+    /// This node's name (its Node object is watched).
+    pub node_name: String,
+    /// Smallest interval between two snapshots after the first.
+    pub min_sync: Duration,
+}
+
+#[derive(Debug, Error)]
+pub enum KubeError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot configure a Kubernetes client (no kubeconfig and not in a cluster?): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    #[error("cannot start the Kubernetes source's runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// The label selector for Services and EndpointSlices.
+pub fn selector(service_proxy_name: Option<&str>) -> String {
+    match service_proxy_name {
+        Some(name) => format!(
+            "service.kubernetes.io/service-proxy-name={name},!service.kubernetes.io/headless"
+        ),
+        None => DEFAULT_SELECTOR.to_string(),
+    }
+}
+
+/// Builds the model from the stores' current contents.
+pub fn snapshot(services: &Store<Service>, slices: &Store<EndpointSlice>) -> Loaded {
+    let mut loaded = Loaded::default();
+    for svc in services.state() {
+        match convert::service(&svc) {
+            Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
+            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
+            Err(e) => loaded.errors.push(e),
+        }
+    }
+    for slice in slices.state() {
+        match convert::endpoint_slice(&slice) {
+            Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
+            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
+            Err(e) => loaded.errors.push(e),
+        }
+    }
+    loaded
+}
+
+async fn client(opts: &KubeOptions) -> Result<Client, KubeError> {
+    let config = match &opts.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            })?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    source,
+                })?
+        }
+        None => Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Runs the source on its own thread (a current-thread tokio runtime); every snapshot is sent
+/// to `tx`. The thread ends when `tx`'s receiver is gone.
+pub fn spawn(
+    opts: KubeOptions,
+    tx: Sender<Loaded>,
+) -> std::thread::JoinHandle<Result<(), KubeError>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(run(opts, tx))
+    })
+}
+
+enum Changed {
+    Services,
+    Slices,
+    Node,
+}
+
+async fn run(opts: KubeOptions, tx: Sender<Loaded>) -> Result<(), KubeError> {
+    let client = client(&opts).await?;
+    let sel = selector(opts.service_proxy_name.as_deref());
+    let (svc_store, svc_writer) = reflector::store::<Service>();
+    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
+    let (node_store, node_writer) = reflector::store::<Node>();
+    let svc_events = reflector::reflector(
+        svc_writer,
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().labels(&sel),
+        ),
+    )
+    .default_backoff()
+    .map(|e| (Changed::Services, e.map(|_| ())));
+    let slice_events = reflector::reflector(
+        slice_writer,
+        watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default().labels(&sel),
+        ),
+    )
+    .default_backoff()
+    .map(|e| (Changed::Slices, e.map(|_| ())));
+    let node_events = reflector::reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client),
+            watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name)),
+        ),
+    )
+    .default_backoff()
+    .map(|e| (Changed::Node, e.map(|_| ())));
+    let mut events = std::pin::pin!(stream::select(
+        stream::select(svc_events, slice_events),
+        node_events
+    ));
+
+    let mut ready = false;
+    let mut dirty = false;
+    let mut last_sent = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(opts.min_sync.max(Duration::from_millis(1)));
+    loop {
+        tokio::select! {
+            ev = events.next() => {
+                let Some((what, result)) = ev else { return Ok(()) };
+                match result {
+                    Ok(()) => dirty = true,
+                    Err(e) => warn!(
+                        "watch of {}: {e}; retrying (the datapath keeps what it has)",
+                        match what { Changed::Services => "Services", Changed::Slices => "EndpointSlices", Changed::Node => "Node" }
+                    ),
+                }
+            }
+            _ = tick.tick() => {}
+        }
+        if !ready {
+            // Level-triggered start: every initial list must be complete before the first write.
+            let all_ready = is_ready(&svc_store) && is_ready(&slice_store) && is_ready(&node_store);
+            if !all_ready {
+                continue;
+            }
+            ready = true;
+            info!(
+                services = svc_store.state().len(),
+                slices = slice_store.state().len(),
+                "initial lists complete"
+            );
+        } else if !dirty || last_sent.elapsed() < opts.min_sync {
+            continue;
+        }
+        dirty = false;
+        last_sent = tokio::time::Instant::now();
+        debug!("sending a snapshot");
+        if tx.send(snapshot(&svc_store, &slice_store)).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// True once the store has seen its first complete list.
+fn is_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+}

@@ -1,0 +1,302 @@
+//! `xlb agent --source kubernetes` against the test API server (tests/src/apiserver.rs), with
+//! real traffic: initial lists gate the first write, scaling, terminating endpoints, deletes,
+//! a cut watch, a 410 Gone relist without disruption, and the service-proxy-name selector.
+
+use std::{
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use xlb_tests::{
+    agent::Agent,
+    apiserver::ApiServer,
+    client::tcp_request,
+    echo::EchoServer,
+    require_root,
+    scenario::{TCP_PORT, UDP_PORT, sock},
+    topology::{Topology, pod_ip},
+    unique_tag,
+};
+
+const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const FRONTEND: &str = "10.96.0.10:80/TCP";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn service(name: &str, ip: Ipv4Addr, labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}, labels: {{{labels}}}}}\nspec:\n  clusterIP: {ip}\n  ports: [{{name: http, port: 80, protocol: TCP}}]\n"
+    )
+}
+
+/// An EndpointSlice for `svc` with (ip, ready, serving, terminating) endpoints.
+fn slice(svc: &str, endpoints: &[(Ipv4Addr, bool, bool, bool)]) -> String {
+    let mut y = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: {svc}-abc, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:"
+    );
+    if endpoints.is_empty() {
+        y.push_str(" []");
+    }
+    y.push('\n');
+    for (ip, ready, serving, terminating) in endpoints {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  nodeName: node1\n  conditions: {{ready: {ready}, serving: {serving}, terminating: {terminating}}}\n"
+        ));
+    }
+    y
+}
+
+fn ready(ips: &[Ipv4Addr]) -> Vec<(Ipv4Addr, bool, bool, bool)> {
+    ips.iter().map(|ip| (*ip, true, true, false)).collect()
+}
+
+struct Cluster {
+    agent: Agent,
+    api: ApiServer,
+    _servers: Vec<EchoServer>,
+    topo: Topology,
+    workdir: PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+fn start(prefix: &str, hold_lists: bool, extra: &[&str]) -> Cluster {
+    let tag = unique_tag(prefix);
+    let topo = Topology::build(&tag, 3).expect("topology");
+    let servers = topo
+        .backends
+        .iter()
+        .map(|p| EchoServer::start(&p.ns, &p.name, TCP_PORT, UDP_PORT).expect("server"))
+        .collect();
+    let api = ApiServer::start(&topo.node).expect("api server");
+    api.apply_yaml("apiVersion: v1\nkind: Node\nmetadata: {name: node1, labels: {topology.kubernetes.io/zone: z1}}\n")
+        .expect("node");
+    api.hold_lists(hold_lists);
+    let workdir = std::env::temp_dir().join(&tag);
+    std::fs::create_dir_all(&workdir).expect("workdir");
+    let kubeconfig = workdir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let mut args: Vec<String> = vec![
+        "--source".into(),
+        "kubernetes".into(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--hostname-override".into(),
+        "node1".into(),
+        "--pod-interfaces".into(),
+        "xv-*".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let agent = Agent::start_with(
+        &topo.node,
+        &args,
+        PathBuf::from(format!("/sys/fs/bpf/{tag}")),
+        workdir.join("agent.log"),
+    )
+    .expect("agent");
+    Cluster {
+        agent,
+        api,
+        _servers: servers,
+        topo,
+        workdir,
+    }
+}
+
+impl Cluster {
+    fn wait_backends(&mut self, n: usize) -> Duration {
+        self.agent
+            .wait_for(WAIT, |rows| {
+                rows.iter()
+                    .any(|r| r.frontend == FRONTEND && r.backends.len() == n)
+            })
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{FRONTEND} never had {n} backends: {e}\nrequests: {:#?}",
+                    self.api.requests()
+                )
+            })
+    }
+
+    fn backends_of(&self) -> Vec<String> {
+        lb_userspace::list::services(&self.agent.pins)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|r| r.frontend == FRONTEND)
+            .map(|r| r.backends)
+            .unwrap_or_default()
+    }
+
+    fn request(&self) -> Result<String, String> {
+        self.topo
+            .client
+            .ns
+            .run(|| tcp_request(sock(WEB, 80), Duration::from_secs(2)).map(|a| a.backend))
+            .expect("client thread")
+    }
+}
+
+#[test]
+fn the_agent_follows_the_api_server() {
+    if !require_root("the_agent_follows_the_api_server") {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
+    let mut c = start("xk", true, &[]);
+    c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
+    c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+
+    // Lists are held: the agent must not write a single service.
+    std::thread::sleep(Duration::from_millis(1500));
+    let rows = lb_userspace::list::services(&c.agent.pins).unwrap_or_default();
+    assert!(
+        rows.is_empty(),
+        "services were written before the initial lists completed: {rows:?}"
+    );
+    c.api.hold_lists(false);
+    c.wait_backends(3);
+    assert!(c.request().is_ok(), "traffic after the first sync");
+
+    // Scale down, then one endpoint terminating: new flows go to ready ones only.
+    c.api
+        .apply_yaml(&slice("web", &ready(&b[..2])))
+        .expect("slice");
+    let took = c.wait_backends(2);
+    assert!(took < Duration::from_secs(1), "scale-down took {took:?}");
+    c.api
+        .apply_yaml(&slice(
+            "web",
+            &[(b[0], true, true, false), (b[1], false, true, true)],
+        ))
+        .expect("slice");
+    c.wait_backends(1);
+    assert_eq!(c.backends_of(), vec![format!("{}:{TCP_PORT}/TCP", b[0])]);
+    // All terminating: kube-proxy falls back to the serving-terminating ones.
+    c.api
+        .apply_yaml(&slice(
+            "web",
+            &[
+                (b[0], false, true, true),
+                (b[1], false, true, true),
+                (b[2], false, false, true),
+            ],
+        ))
+        .expect("slice");
+    c.wait_backends(2);
+
+    // A cut watch: the agent re-watches and still sees changes.
+    c.api.cut_watches();
+    c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+    c.wait_backends(3);
+
+    // A 410 Gone: the agent relists; traffic keeps flowing throughout.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let load = c.topo.client.ns.spawn(move || {
+        let mut failures = Vec::new();
+        let mut n = 0;
+        while !flag.load(Ordering::Relaxed) {
+            n += 1;
+            if let Err(e) = tcp_request(sock(WEB, 80), Duration::from_secs(2)) {
+                failures.push(e);
+            }
+        }
+        (n, failures)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    c.api.compact();
+    c.api
+        .apply_yaml(&slice("web", &ready(&b[1..])))
+        .expect("slice");
+    c.wait_backends(2);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (n, failures) = load.join().expect("join").expect("client");
+    assert!(n > 10, "too little traffic during the relist: {n}");
+    assert!(
+        failures.is_empty(),
+        "{} of {n} requests failed across the relist: {:?}",
+        failures.len(),
+        failures.first()
+    );
+    let lists_after = c
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.contains("/endpointslices") && !r.contains("watch="))
+        .count();
+    assert!(
+        lists_after >= 2,
+        "the agent did not relist after 410: {:#?}",
+        c.api.requests()
+    );
+
+    // Delete: the frontend goes away.
+    c.api.delete("Service", "test/web");
+    c.api.delete("EndpointSlice", "test/web-abc");
+    c.agent
+        .wait_for(WAIT, |rows| rows.iter().all(|r| r.frontend != FRONTEND))
+        .expect("service removed");
+}
+
+#[test]
+fn service_proxy_name_and_headless_labels_select_services() {
+    if !require_root("service_proxy_name_and_headless_labels_select_services") {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();
+    let mut c = start("xs", false, &[]);
+    let other = Ipv4Addr::new(10, 96, 0, 11);
+    let headless_ip = Ipv4Addr::new(10, 96, 0, 12);
+    c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
+    c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+    c.api
+        .apply_yaml(&service(
+            "other",
+            other,
+            "service.kubernetes.io/service-proxy-name: someone-else",
+        ))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice("other", &ready(&b)))
+        .expect("slice");
+    c.api
+        .apply_yaml(&service(
+            "marked",
+            headless_ip,
+            "service.kubernetes.io/headless: \"\"",
+        ))
+        .expect("svc");
+    c.wait_backends(2);
+    std::thread::sleep(Duration::from_millis(300));
+    let fronts: Vec<String> = lb_userspace::list::services(&c.agent.pins)
+        .expect("read")
+        .into_iter()
+        .map(|r| r.frontend)
+        .collect();
+    assert_eq!(
+        fronts,
+        vec![FRONTEND.to_string()],
+        "only the unlabelled service is served"
+    );
+    let lists: Vec<String> = c
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/services?"))
+        .collect();
+    assert!(
+        lists
+            .iter()
+            .all(|r| r.contains("service-proxy-name") && r.contains("headless")),
+        "kube-proxy's label selector must be used: {lists:?}"
+    );
+}
