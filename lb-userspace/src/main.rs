@@ -31,31 +31,31 @@ enum Command {
     /// Load and attach the datapath, then keep its maps in sync with the source.
     Agent {
         /// Where services come from: `file:PATH` (Kubernetes YAML) or `kubernetes`.
-        #[arg(long)]
+        #[arg(long, env = "XLB_SOURCE")]
         source: Option<String>,
         /// kubeconfig for `--source kubernetes` (default: in-cluster, then $KUBECONFIG).
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
         /// Serve only Services labelled service.kubernetes.io/service-proxy-name=NAME.
-        #[arg(long)]
+        #[arg(long, env = "XLB_SERVICE_PROXY_NAME")]
         service_proxy_name: Option<String>,
         /// This node's name (default: $NODE_NAME, else the hostname).
-        #[arg(long)]
+        #[arg(long, env = "XLB_HOSTNAME_OVERRIDE")]
         hostname_override: Option<String>,
         /// Smallest interval between two syncs from the API server, in milliseconds.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, env = "XLB_MIN_SYNC_PERIOD_MS", default_value_t = 100)]
         min_sync_period_ms: u64,
         /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
-        #[arg(long, default_value = "")]
+        #[arg(long, env = "XLB_POD_INTERFACES", default_value = "")]
         pod_interfaces: String,
         /// Node interfaces where replies from remote backends arrive, comma-separated.
-        #[arg(long, value_delimiter = ',')]
+        #[arg(long, env = "XLB_NODE_INTERFACES", value_delimiter = ',')]
         node_interfaces: Vec<String>,
         /// Pin directory on bpffs.
-        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        #[arg(long, env = "XLB_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
         bpffs: PathBuf,
         /// Poll interval for the source file and interfaces, in milliseconds.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, env = "XLB_POLL_MS", default_value_t = 100)]
         poll_ms: u64,
         /// Remove everything xlb installed and exit.
         #[arg(long)]

@@ -44,8 +44,26 @@ impl Agent {
         pins: PathBuf,
         log: PathBuf,
     ) -> Result<Self, String> {
+        Self::start_wrapped(node, &[], args, pins, log)
+    }
+
+    /// Like [`Agent::start_with`], with `wrapper` (e.g. `setpriv …`) before `xlb`.
+    pub fn start_wrapped(
+        node: &Netns,
+        wrapper: &[&str],
+        args: &[String],
+        pins: PathBuf,
+        log: PathBuf,
+    ) -> Result<Self, String> {
         let xlb = crate::xlb_bin();
-        let mut cmd = node.command(&xlb);
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = node.command(first);
+                c.args(rest).arg(&xlb);
+                c
+            }
+            None => node.command(&xlb),
+        };
         cmd.arg("agent").args(args).arg("--bpffs").arg(&pins);
         let mut command = vec![cmd.get_program().to_os_string()];
         command.extend(cmd.get_args().map(|a| a.to_os_string()));
@@ -82,6 +100,11 @@ impl Agent {
         self.stop();
         self.log = log;
         self.spawn()
+    }
+
+    /// The agent process's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// The agent's log so far.

@@ -391,3 +391,59 @@ fn a_pod_interface_that_appears_later_is_attached() {
         "attach not logged"
     );
 }
+
+#[test]
+fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
+    if !require_root("the_agent_needs_only_cap_bpf_and_cap_net_admin") {
+        return;
+    }
+    let all = backends(2);
+    // The scenario's own agent is replaced by one whose capabilities are cut down to the two
+    // deploy/daemonset-capabilities.yaml grants.
+    let mut s = Scenario::start("xp", 2, &yaml(&all, &all)).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("sync");
+    s.agent.stop();
+    let _ = lb_userspace::cleanup::cleanup(&s.agent.pins);
+    let args = vec![
+        "--source".to_string(),
+        format!("file:{}", s.yaml.display()),
+        "--pod-interfaces".into(),
+        "xv-*".into(),
+    ];
+    let pins = s.agent.pins.clone();
+    s.agent = xlb_tests::agent::Agent::start_wrapped(
+        &s.topo.node,
+        &[
+            "setpriv",
+            "--bounding-set=-all,+bpf,+net_admin",
+            "--inh-caps=-all",
+        ],
+        &args,
+        pins,
+        s.workdir.join("agent-caps.log"),
+    )
+    .expect("agent with reduced capabilities");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("sync with CAP_BPF + CAP_NET_ADMIN");
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), TIMEOUT))
+        .expect("client");
+    let answer = r.unwrap_or_else(|e| panic!("{e}\n{}", s.agent.log_text()));
+    assert_eq!(answer.peer, sock(WEB, 80));
+    // And it really ran with just those: CAP_NET_ADMIN is bit 12, CAP_BPF bit 39.
+    let pid = s.agent.pid().expect("agent running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim);
+    assert_eq!(
+        eff,
+        Some("0000008000001000"),
+        "agent capabilities:\n{status}"
+    );
+}
