@@ -5,7 +5,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::PathBuf,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -16,11 +19,14 @@ use crate::{
     EBPF_OBJECT,
     datapath::{DatapathError, attach, kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
     desired::{self, Desired, Ids},
-    glob, netif,
+    glob,
+    model::Model,
+    netif,
+    serve::{self, health::Health, metrics::Metrics},
     source::{
         SourceError,
         file::{self, FileWatch, Loaded},
-        kube::{self as kube_source, KubeError, KubeOptions},
+        kube::{self as kube_source, KubeError, KubeOptions, Snapshot},
     },
 };
 
@@ -46,6 +52,10 @@ pub struct AgentOptions {
     pub bpffs: PathBuf,
     /// How often the source and the interfaces are polled.
     pub poll: Duration,
+    /// Where `/healthz` and `/livez` are served (kube-proxy: 0.0.0.0:10256).
+    pub healthz_addr: Option<std::net::SocketAddr>,
+    /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Error)]
@@ -56,6 +66,16 @@ pub enum AgentError {
     Kube(#[from] KubeError),
     #[error("the Kubernetes source stopped")]
     SourceStopped,
+    #[error(transparent)]
+    Serve(#[from] serve::ServeError),
+}
+
+/// Something new from the source.
+struct Update {
+    loaded: Result<Loaded, SourceError>,
+    /// When the oldest change in it was seen.
+    since: Instant,
+    node_deleting: bool,
 }
 
 /// The agent's view of a source: the next model to program, when there is one.
@@ -65,7 +85,7 @@ enum Feed {
         reported: bool,
     },
     Kube {
-        rx: std::sync::mpsc::Receiver<Loaded>,
+        rx: std::sync::mpsc::Receiver<Snapshot>,
         thread: Option<std::thread::JoinHandle<Result<(), KubeError>>>,
     },
 }
@@ -86,12 +106,16 @@ impl Feed {
     }
 
     /// `Ok(Some)` when there is something new to program (only the newest snapshot counts).
-    fn next(&mut self) -> Result<Option<Result<Loaded, SourceError>>, AgentError> {
+    fn next(&mut self) -> Result<Option<Update>, AgentError> {
         match self {
             Feed::File { watch, reported } => {
                 if watch.changed() {
                     *reported = true;
-                    return Ok(Some(file::load(watch.path())));
+                    return Ok(Some(Update {
+                        since: Instant::now(),
+                        loaded: file::load(watch.path()),
+                        node_deleting: false,
+                    }));
                 }
                 if !*reported {
                     error!(file = %watch.path().display(), "cannot read the source file; waiting for it");
@@ -103,7 +127,16 @@ impl Feed {
                 let mut newest = None;
                 loop {
                     match rx.try_recv() {
-                        Ok(l) => newest = Some(Ok(l)),
+                        Ok(s) => {
+                            let since = newest
+                                .as_ref()
+                                .map_or(s.since, |u: &Update| u.since.min(s.since));
+                            newest = Some(Update {
+                                loaded: Ok(s.loaded),
+                                since,
+                                node_deleting: s.node_deleting,
+                            });
+                        }
                         Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(newest),
                         Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                             return match thread.take().map(|t| t.join()) {
@@ -145,11 +178,47 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         failed: BTreeMap::new(),
         missing_reported: BTreeSet::new(),
     };
+    let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
+    let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
+    if let Some(addr) = opts.healthz_addr {
+        let h = health.clone();
+        let bound = serve::spawn(
+            addr,
+            Arc::new(move |path: &str| {
+                h.handle(path)
+                    .unwrap_or_else(|| serve::Response::text("404 Not Found", "not found\n"))
+            }),
+        )?;
+        info!(%bound, "serving /healthz and /livez");
+    }
+    if let Some(addr) = opts.metrics_addr {
+        let m = metrics.clone();
+        let bound = serve::spawn(
+            addr,
+            Arc::new(move |path: &str| {
+                m.handle(path)
+                    .unwrap_or_else(|| serve::Response::text("404 Not Found", "not found\n"))
+            }),
+        )?;
+        info!(%bound, "serving /metrics");
+    }
+    let mut model = Model::default();
     let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
         sync_interfaces(opts, &mut ebpf, &mut ifs)?;
-        if let Some(loaded) = feed.next()? {
-            current = sync(loaded, &mut maps, &current, &mut ids, limits);
+        if let Some(update) = feed.next()? {
+            health.set_node_deleting(update.node_deleting);
+            if let Ok(l) = &update.loaded {
+                let (svc, ep) = changes(&model, &l.model);
+                metrics.queued(svc, ep);
+                health.queued();
+                model = l.model.clone();
+            }
+            let started = Instant::now();
+            let (now, errors) = sync(update.loaded, &mut maps, &current, &mut ids, limits);
+            current = now;
+            metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
+            health.synced();
         }
         std::thread::sleep(opts.poll);
     }
@@ -160,19 +229,33 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// How many services and how many services' endpoints differ between two models.
+fn changes(old: &Model, new: &Model) -> (u64, u64) {
+    fn diff<K: Ord, V: PartialEq>(a: &BTreeMap<K, V>, b: &BTreeMap<K, V>) -> u64 {
+        let gone = a.keys().filter(|k| !b.contains_key(k)).count();
+        let changed = b.iter().filter(|(k, v)| a.get(k) != Some(v)).count();
+        (gone + changed) as u64
+    }
+    (
+        diff(&old.services, &new.services),
+        diff(&old.slices, &new.slices),
+    )
+}
+
+/// Programs `loaded`; returns what is programmed and how many errors the sync had.
 fn sync(
     loaded: Result<Loaded, SourceError>,
     maps: &mut KernelMaps,
     current: &Desired,
     ids: &mut Ids,
     limits: desired::Limits,
-) -> Desired {
+) -> (Desired, u64) {
     let started = Instant::now();
     let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
             error!("{e}; keeping what is programmed");
-            return current.clone();
+            return (current.clone(), 1);
         }
     };
     for e in &loaded.errors {
@@ -189,16 +272,17 @@ fn sync(
     for e in &report.errors {
         error!("{e}");
     }
+    let errors = report.errors.len() + loaded.errors.len() + problems.len();
     info!(
         services = now.services.keys().filter(|k| k.slot == 0).count(),
         backends = now.backends.len(),
         writes = report.writes,
         deletes = report.deletes,
-        errors = report.errors.len() + loaded.errors.len() + problems.len(),
+        errors,
         took_us = started.elapsed().as_micros() as u64,
         "synced"
     );
-    now
+    (now, errors as u64)
 }
 
 fn sync_interfaces(

@@ -11,6 +11,7 @@ pub mod list;
 pub mod model;
 pub mod netif;
 pub mod packet;
+pub mod serve;
 pub mod source;
 
 /// The eBPF object built from `lb-ebpf`, embedded at build time (empty when it was not built).

@@ -294,3 +294,52 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     }
     out
 }
+
+/// How full one pinned map is.
+#[derive(Debug, Serialize)]
+pub struct MapUsage {
+    pub map: &'static str,
+    pub entries: u64,
+    pub capacity: u32,
+}
+
+/// Entries and capacity of every hash map xlb pins (the per-CPU array is fixed-size).
+pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
+    use lb_common::{
+        Backend, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcName, SvcValue,
+    };
+    fn usage<K: aya::Pod, V: aya::Pod>(
+        dir: &Path,
+        name: &'static str,
+        per_cpu: bool,
+    ) -> Result<MapUsage, DatapathError> {
+        let map = open_pinned(dir, name)?;
+        let err = |source| DatapathError::Map { name, source };
+        let capacity = match &map {
+            aya::maps::Map::HashMap(d)
+            | aya::maps::Map::LruHashMap(d)
+            | aya::maps::Map::PerCpuHashMap(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
+            _ => 0,
+        };
+        let entries = if per_cpu {
+            let m: aya::maps::PerCpuHashMap<MapData, K, V> =
+                aya::maps::PerCpuHashMap::try_from(map).map_err(err)?;
+            m.keys().count() as u64
+        } else {
+            let m: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(err)?;
+            m.keys().count() as u64
+        };
+        Ok(MapUsage {
+            map: name,
+            entries,
+            capacity,
+        })
+    }
+    Ok(vec![
+        usage::<SvcKey, SvcValue>(dir, MAP_SVC, false)?,
+        usage::<u32, Backend>(dir, MAP_BACKEND, false)?,
+        usage::<CtKey, CtValue>(dir, MAP_CT, false)?,
+        usage::<u32, SvcName>(dir, MAP_SVC_NAME, false)?,
+        usage::<u32, Counter>(dir, MAP_SVC_STATS, true)?,
+    ])
+}

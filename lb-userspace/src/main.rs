@@ -26,6 +26,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per run: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Load and attach the datapath, then keep its maps in sync with the source.
@@ -57,6 +59,12 @@ enum Command {
         /// Poll interval for the source file and interfaces, in milliseconds.
         #[arg(long, env = "XLB_POLL_MS", default_value_t = 100)]
         poll_ms: u64,
+                /// Where to serve /healthz and /livez ("" to disable).
+        #[arg(long, env = "XLB_HEALTHZ_BIND_ADDRESS", default_value = "0.0.0.0:10256")]
+        healthz_bind_address: String,
+        /// Where to serve /metrics ("" to disable).
+        #[arg(long, env = "XLB_METRICS_BIND_ADDRESS", default_value = "127.0.0.1:10249")]
+        metrics_bind_address: String,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -107,6 +115,16 @@ fn node_name(flag: Option<String>) -> String {
         .unwrap_or_default()
 }
 
+/// An optional `IP:PORT` ("" disables).
+fn bind_address(s: &str) -> Result<Option<std::net::SocketAddr>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .with_context(|| format!("{s:?} is not an IP:PORT bind address"))
+}
+
 fn source_file(source: &str) -> Result<PathBuf> {
     match source.split_once(':') {
         Some(("file", path)) if !path.is_empty() => Ok(PathBuf::from(path)),
@@ -137,8 +155,10 @@ fn main() -> Result<()> {
             min_sync_period_ms,
             pod_interfaces,
             node_interfaces,
-            bpffs,
+                        bpffs,
             poll_ms,
+            healthz_bind_address,
+            metrics_bind_address,
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -157,7 +177,9 @@ fn main() -> Result<()> {
                 pod_interfaces,
                 node_interfaces,
                 bpffs,
-                poll: Duration::from_millis(poll_ms.max(10)),
+                                poll: Duration::from_millis(poll_ms.max(10)),
+                healthz_addr: bind_address(&healthz_bind_address)?,
+                metrics_addr: bind_address(&metrics_bind_address)?,
             };
             let stop = Arc::new(AtomicBool::new(false));
             for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

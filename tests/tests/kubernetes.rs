@@ -300,3 +300,96 @@ fn service_proxy_name_and_headless_labels_select_services() {
         "kube-proxy's label selector must be used: {lists:?}"
     );
 }
+
+/// GET `path` on 127.0.0.1:`port` inside the node namespace: (status code, body).
+fn http_get(c: &Cluster, port: u16, path: &str) -> (u16, String) {
+    let path = path.to_string();
+    c.topo
+        .node
+        .run(move || {
+            use std::io::{Read, Write};
+            let mut s =
+                std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            write!(s, "GET {path} HTTP/1.1\r\nHost: node\r\n\r\n").map_err(|e| e.to_string())?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+            let code = text
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = text
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or_default();
+            Ok::<_, String>((code, body))
+        })
+        .expect("thread")
+        .unwrap_or_else(|e| panic!("GET {port}: {e}"))
+}
+
+#[test]
+fn health_and_metrics_follow_kube_proxy() {
+    if !require_root("health_and_metrics_follow_kube_proxy") {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();
+    let mut c = start("xm", true, &[]);
+    c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
+    c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        http_get(&c, 10256, "/healthz").0,
+        503,
+        "healthy before the first sync"
+    );
+    c.api.hold_lists(false);
+    c.wait_backends(2);
+    let deadline = std::time::Instant::now() + WAIT;
+    while http_get(&c, 10256, "/healthz").0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/healthz never became 200"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http_get(&c, 10256, "/livez").0, 200);
+    for _ in 0..5 {
+        c.request().expect("traffic");
+    }
+
+    let (code, text) = http_get(&c, 10249, "/metrics");
+    assert_eq!(code, 200);
+    let value = |prefix: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"))
+    };
+    assert!(value("kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0);
+    assert!(value("kubeproxy_network_programming_duration_seconds_count") >= 1.0);
+    assert!(value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.0e9);
+    assert!(value("kubeproxy_sync_proxy_rules_service_changes_total") >= 1.0);
+    assert!(value("kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 1.0);
+    assert!(value("xlb_service_packets_total{service=\"test/web:http\"") >= 10.0);
+    assert!(value("xlb_datapath_packets_total{reason=\"new_flow\"}") >= 5.0);
+    assert_eq!(value("xlb_map_entries{map=\"XLB_BE_V1\"}"), 2.0);
+    assert!(value("xlb_map_capacity{map=\"XLB_SVC_V1\"}") > 0.0);
+
+    // The node is being deleted: /healthz says so, /livez does not.
+    c.api
+        .apply_yaml("apiVersion: v1\nkind: Node\nmetadata: {name: node1, deletionTimestamp: \"2026-01-01T00:00:00Z\"}\n")
+        .expect("node");
+    let deadline = std::time::Instant::now() + WAIT;
+    while http_get(&c, 10256, "/healthz").0 != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/healthz never reported the node deletion"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http_get(&c, 10256, "/livez").0, 200);
+}

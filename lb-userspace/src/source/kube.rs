@@ -110,11 +110,31 @@ async fn client(opts: &KubeOptions) -> Result<Client, KubeError> {
     Ok(Client::try_from(config)?)
 }
 
+/// One snapshot of the cluster as the agent should program it.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub loaded: Loaded,
+    /// When the oldest change in this snapshot was seen (for programming latency).
+    pub since: std::time::Instant,
+    /// This node has a deletion timestamp or is tainted for deletion by the autoscaler.
+    pub node_deleting: bool,
+}
+
+/// True when the node is going away (kube-proxy's healthz then answers 503).
+pub fn node_deleting(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_some()
+        || node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"))
+}
+
 /// Runs the source on its own thread (a current-thread tokio runtime); every snapshot is sent
 /// to `tx`. The thread ends when `tx`'s receiver is gone.
 pub fn spawn(
     opts: KubeOptions,
-    tx: Sender<Loaded>,
+    tx: Sender<Snapshot>,
 ) -> std::thread::JoinHandle<Result<(), KubeError>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -130,7 +150,7 @@ enum Changed {
     Node,
 }
 
-async fn run(opts: KubeOptions, tx: Sender<Loaded>) -> Result<(), KubeError> {
+async fn run(opts: KubeOptions, tx: Sender<Snapshot>) -> Result<(), KubeError> {
     let client = client(&opts).await?;
     let sel = selector(opts.service_proxy_name.as_deref());
     let (svc_store, svc_writer) = reflector::store::<Service>();
@@ -171,13 +191,19 @@ async fn run(opts: KubeOptions, tx: Sender<Loaded>) -> Result<(), KubeError> {
     let mut ready = false;
     let mut dirty = false;
     let mut last_sent = tokio::time::Instant::now();
+    let mut since = std::time::Instant::now();
     let mut tick = tokio::time::interval(opts.min_sync.max(Duration::from_millis(1)));
     loop {
         tokio::select! {
             ev = events.next() => {
                 let Some((what, result)) = ev else { return Ok(()) };
                 match result {
-                    Ok(()) => dirty = true,
+                                        Ok(()) => {
+                        if !dirty {
+                            since = std::time::Instant::now();
+                        }
+                        dirty = true;
+                    }
                     Err(e) => warn!(
                         "watch of {}: {e}; retrying (the datapath keeps what it has)",
                         match what { Changed::Services => "Services", Changed::Slices => "EndpointSlices", Changed::Node => "Node" }
@@ -204,7 +230,12 @@ async fn run(opts: KubeOptions, tx: Sender<Loaded>) -> Result<(), KubeError> {
         dirty = false;
         last_sent = tokio::time::Instant::now();
         debug!("sending a snapshot");
-        if tx.send(snapshot(&svc_store, &slice_store)).is_err() {
+        let snap = Snapshot {
+            loaded: snapshot(&svc_store, &slice_store),
+            since,
+            node_deleting: node_store.state().iter().any(|n| node_deleting(n)),
+        };
+        if tx.send(snap).is_err() {
             return Ok(());
         }
     }

@@ -1,0 +1,138 @@
+//! Health as kube-proxy reports it: healthy when the datapath was synced recently (or has
+//! nothing waiting), `/healthz` also 503 while this node is being deleted; `/livez` ignores
+//! node deletion.
+
+use std::{
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime},
+};
+
+use super::Response;
+
+/// What the sync loop tells the health endpoints.
+#[derive(Debug)]
+pub struct Health {
+    inner: Mutex<State>,
+    timeout: Duration,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    last_synced: Option<(Instant, SystemTime)>,
+    /// Oldest change that arrived and is not programmed yet.
+    pending_since: Option<Instant>,
+    node_deleting: bool,
+}
+
+impl Health {
+    /// `timeout`: how long a change may wait for its sync before the agent counts as unhealthy.
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            inner: Mutex::new(State::default()),
+            timeout,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A change arrived from the source.
+    pub fn queued(&self) {
+        let mut s = self.state();
+        s.pending_since.get_or_insert_with(Instant::now);
+    }
+
+    /// Everything that arrived has been programmed.
+    pub fn synced(&self) {
+        let mut s = self.state();
+        s.last_synced = Some((Instant::now(), SystemTime::now()));
+        s.pending_since = None;
+    }
+
+    /// This node has a deletion timestamp (or is being drained for deletion).
+    pub fn set_node_deleting(&self, deleting: bool) {
+        self.state().node_deleting = deleting;
+    }
+
+    fn healthy(&self, s: &State) -> Result<(), String> {
+        match (s.last_synced, s.pending_since) {
+            (None, _) => Err("not synced yet".into()),
+            (_, Some(since)) if since.elapsed() > self.timeout => Err(format!(
+                "a change has waited {:.1}s for its sync (limit {:.1}s)",
+                since.elapsed().as_secs_f64(),
+                self.timeout.as_secs_f64()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn render(&self, check_node: bool) -> Response {
+        let s = self.state();
+        let last = s
+            .last_synced
+            .and_then(|(_, t)| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        let verdict = self.healthy(&s).and_then(|()| {
+            if check_node && s.node_deleting {
+                Err("node is being deleted".into())
+            } else {
+                Ok(())
+            }
+        });
+        let body = |ok: bool, why: &str| {
+            format!("{{\"healthy\": {ok}, \"lastUpdated\": {last:.3}, \"message\": {why:?}}}\n")
+        };
+        match verdict {
+            Ok(()) => Response {
+                status: "200 OK",
+                content_type: "application/json",
+                body: body(true, ""),
+            },
+            Err(why) => Response {
+                status: "503 Service Unavailable",
+                content_type: "application/json",
+                body: body(false, &why),
+            },
+        }
+    }
+
+    /// `/healthz` and `/livez`.
+    pub fn handle(&self, path: &str) -> Option<Response> {
+        match path {
+            "/healthz" => Some(self.render(true)),
+            "/livez" => Some(self.render(false)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_follows_syncs_and_node_deletion() {
+        let h = Health::new(Duration::from_millis(50));
+        assert_eq!(
+            h.handle("/healthz").map(|r| r.status),
+            Some("503 Service Unavailable")
+        );
+        h.synced();
+        assert_eq!(h.handle("/healthz").map(|r| r.status), Some("200 OK"));
+        h.queued();
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(
+            h.handle("/livez").map(|r| r.status),
+            Some("503 Service Unavailable")
+        );
+        h.synced();
+        h.set_node_deleting(true);
+        assert_eq!(
+            h.handle("/healthz").map(|r| r.status),
+            Some("503 Service Unavailable")
+        );
+        assert_eq!(h.handle("/livez").map(|r| r.status), Some("200 OK"));
+        assert!(h.handle("/other").is_none());
+    }
+}
