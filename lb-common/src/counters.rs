@@ -10,7 +10,7 @@ pub const R_NEW_FLOW: u32 = 1;
 pub const R_ESTABLISHED: u32 = 2;
 /// Reply from a backend: source restored to the VIP.
 pub const R_REVERSE_NAT: u32 = 3;
-/// Service has no usable backend: dropped.
+/// Service has no usable backend and must not be refused (or cannot be): dropped.
 pub const R_NO_BACKEND: u32 = 4;
 /// IPv4 header or L4 header truncated or invalid: dropped.
 pub const R_MALFORMED: u32 = 5;
@@ -25,8 +25,11 @@ pub const R_CT_FULL: u32 = 9;
 /// Tracked UDP flow whose backend was removed: a new backend was chosen.
 pub const R_BACKEND_GONE: u32 = 10;
 
-/// Number of counters (the size of `XLB_STATS_V1`).
-pub const R_COUNT: u32 = 11;
+/// Service has no endpoints: refused (TCP RST, ICMP port unreachable), as kube-proxy's REJECT.
+pub const R_REJECT: u32 = 11;
+
+/// Number of counters (the size of `XLB_STATS_V2`).
+pub const R_COUNT: u32 = 12;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -40,5 +43,6 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "stale_slot",
     "rewrite_failed",
     "ct_full",
-    "backend_gone",
+        "backend_gone",
+    "reject",
 ];

@@ -8,8 +8,8 @@ pub const MAP_SVC: &str = "XLB_SVC_V1";
 pub const MAP_BACKEND: &str = "XLB_BE_V1";
 /// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
 pub const MAP_CT: &str = "XLB_CT_V1";
-/// Per-CPU counters indexed by [`crate::counters`] reason codes.
-pub const MAP_STATS: &str = "XLB_STATS_V1";
+/// Per-CPU counters indexed by [`crate::counters`] reason codes (V2: 12 reasons).
+pub const MAP_STATS: &str = "XLB_STATS_V2";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -89,6 +89,10 @@ pub struct Backend {
     pub _pad: [u8; 3],
 }
 const _: () = assert!(core::mem::size_of::<Backend>() == 24);
+
+/// Service flag (slot 0): with no backends, drop instead of refusing (kube-proxy drops when
+/// a Local traffic policy has no local endpoint).
+pub const SVC_F_DROP_EMPTY: u16 = 1;
 
 /// Backend flag: the endpoint is terminating (kept for established flows only).
 pub const BE_F_TERMINATING: u8 = 1;

@@ -10,6 +10,7 @@ mod maps;
 mod nat;
 mod parse;
 mod reason;
+mod reject;
 mod select;
 
 use aya_ebpf::{
@@ -17,7 +18,10 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use lb_common::{IPPROTO_TCP, R_ESTABLISHED, R_PASS, R_REVERSE_NAT};
+use lb_common::{
+    IPPROTO_TCP, R_BACKEND_GONE, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REJECT, R_REVERSE_NAT,
+    SVC_F_DROP_EMPTY,
+};
 
 use crate::{parse::Parsed, reason::Reason};
 
@@ -26,51 +30,65 @@ use crate::{parse::Parsed, reason::Reason};
 #[classifier]
 pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
     let (action, reason) = match try_tc_ingress(&ctx) {
-        Ok(counted) => (TC_ACT_OK, counted),
+        Ok(verdict) => verdict,
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
     action
 }
 
-/// `Ok(reason)`: the packet continues (possibly rewritten); `Err(reason)`: it is dropped.
+/// Bench-only floor: passes every packet untouched, reads no map and counts nothing.
+/// `cargo xtask bench datapath` measures it beside `xlb_tc_ingress` (the cost of the
+/// `BPF_PROG_TEST_RUN` harness itself); the agent never loads or attaches it.
+#[classifier]
+pub fn xlb_tc_pass(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
+}
+
+/// `Ok((action, reason))`: the packet continues (possibly rewritten) or is sent back as a
+/// refusal; `Err(reason)`: it is dropped.
 #[inline(always)]
-fn try_tc_ingress(ctx: &TcContext) -> Result<Reason, Reason> {
+fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
+    let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
     let t = match parse::parse_ipv4(ctx)? {
         Parsed::Flow(t) => t,
-        Parsed::Pass(reason) => return Ok(reason),
+        Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 
     // A reply from a backend of a tracked flow: restore the VIP as source.
     if let Some(ct) = conntrack::lookup_reply(&t) {
         nat::rewrite_src(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
         reason::count_service(ct.svc_id, ctx.len());
-        return Ok(Reason(R_REVERSE_NAT));
+        return pass(R_REVERSE_NAT);
     }
 
     let Some(svc) = select::lookup_service(&t) else {
-        return Ok(Reason(R_PASS));
+        return pass(R_PASS);
     };
 
     // A packet of a tracked flow keeps its backend. As with kube-proxy's conntrack: a TCP
     // connection stays on a backend even after it left the service (graceful termination),
     // while a UDP flow whose backend was removed is re-balanced (kube-proxy flushes those).
-    let mut reason = None;
+    let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(&t) {
         if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
             conntrack::touch(ct);
             nat::rewrite_dst(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
             reason::count_service(svc.svc_id, ctx.len());
-            return Ok(Reason(R_ESTABLISHED));
+            return pass(R_ESTABLISHED);
         }
-        reason = Some(Reason(lb_common::R_BACKEND_GONE));
+        reason = R_BACKEND_GONE;
     }
 
+    // No endpoints: refuse at once (kube-proxy's REJECT), unless the service must drop.
+    if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
+        return Ok((reject::refuse(ctx, &t)?, Reason(R_REJECT)));
+    }
     let (backend_id, be) = select::pick(&t, svc)?;
     conntrack::create(&t, backend_id, &be, svc.svc_id)?;
     nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
     reason::count_service(svc.svc_id, ctx.len());
-    Ok(reason.unwrap_or(Reason(lb_common::R_NEW_FLOW)))
+    pass(reason)
 }
 
 #[cfg(not(test))]

@@ -29,7 +29,7 @@ pub static XLB_CT_V1: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> =
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
 #[btf_map]
-pub static XLB_STATS_V1: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+pub static XLB_STATS_V2: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
 
 /// Service names for humans. Written by the agent, never read here.
 /// svc id (u32) → `SvcName`. 4 B → 128 B, 65,536 entries, no eviction.

@@ -53,7 +53,7 @@ pub enum DesiredError {
         limit: u16,
     },
     #[error(
-        "Service {object} has no EndpointSlice: it has no backends and its packets are dropped"
+        "Service {object} has no EndpointSlice: it has no backends and new connections are refused"
     )]
     NoEndpointSlice { object: String },
 }

@@ -12,6 +12,7 @@ use xlb_tests::{datapath::LoadedDatapath, require_root, services::service_yaml, 
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
@@ -43,6 +44,8 @@ enum Expect {
     PassUntouched,
     /// TC_ACT_SHOT.
     Drop,
+    /// TC_ACT_REDIRECT back to the sender: a TCP RST from the frontend.
+    Refused,
     /// TC_ACT_OK, destination rewritten to one of the backends on `port`, checksums valid.
     Dnat { port: u16 },
     /// TC_ACT_OK, source rewritten to `from`, checksums valid.
@@ -68,6 +71,24 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
         }
         Expect::Drop => {
             assert_eq!(r.verdict, TC_ACT_SHOT, "{}", case.desc);
+            None
+        }
+        Expect::Refused => {
+            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{}", case.desc);
+            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
+            let input = parse(&case.packet).expect("input parses");
+            assert_eq!(
+                (p.src, p.dst),
+                (input.dst, input.src),
+                "{}: RST goes back",
+                case.desc
+            );
+            assert!(
+                p.ip_checksum_ok && p.l4_checksum_ok,
+                "{}: checksums",
+                case.desc
+            );
+            assert_eq!(r.packet[47] & 0x04, 0x04, "{}: RST flag", case.desc);
             None
         }
         Expect::Dnat { port } => {
@@ -183,9 +204,9 @@ fn rewrites_follow_the_table() {
             expect: Expect::PassUntouched,
         },
         Case {
-            desc: "service without backends → dropped",
+            desc: "service without backends → refused (RST back to the client)",
             packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80)).build(),
-            expect: Expect::Drop,
+            expect: Expect::Refused,
         },
     ];
     for case in &table {
@@ -207,7 +228,7 @@ fn rewrites_follow_the_table() {
     assert_eq!(count("new_flow"), 3, "{counters:?}");
     assert_eq!(count("established"), 2, "{counters:?}");
     assert_eq!(count("reverse_nat"), 2, "{counters:?}");
-    assert_eq!(count("no_backend"), 1, "{counters:?}");
+    assert_eq!(count("reject"), 1, "{counters:?}");
     assert_eq!(count("pass"), 3, "{counters:?}");
     let web = lb_userspace::list::services(&dp.pins).expect("services");
     let web = web
@@ -350,11 +371,13 @@ fn random_buffers_get_an_allowed_verdict() {
             Ok(r) => {
                 ran += 1;
                 assert!(
-                    r.verdict == TC_ACT_OK || r.verdict == TC_ACT_SHOT,
+                    [TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT].contains(&r.verdict),
                     "buffer {i}: verdict {}",
                     r.verdict
                 );
-                assert_eq!(r.packet.len(), buf.len(), "buffer {i}: length changed");
+                if r.verdict != TC_ACT_REDIRECT {
+                    assert_eq!(r.packet.len(), buf.len(), "buffer {i}: length changed");
+                }
             }
         }
     }
@@ -419,4 +442,77 @@ fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
         .find(|c| c.reason == "backend_gone")
         .map_or(0, |c| c.packets);
     assert_eq!(gone, 1, "{counters:?}");
+}
+
+/// The refusal a client gets from a service without endpoints, byte by byte.
+#[test]
+fn services_without_endpoints_refuse_like_kube_proxy() {
+    let Some(mut dp) = setup("services_without_endpoints_refuse_like_kube_proxy") else {
+        return;
+    };
+    let empty = SocketAddrV4::new(EMPTY_VIP, 80);
+    let sum_ok = |bytes: &[u8], pseudo: u32| lb_userspace::packet::checksum(bytes, pseudo) == 0;
+
+    // SYN with options and payload: RST|ACK acknowledging seq + payload + SYN, options gone.
+    let mut syn = PacketBuilder::tcp(CLIENT, empty).payload(b"early").build();
+    syn[38..42].copy_from_slice(&7000u32.to_be_bytes());
+    let r = dp.run(&syn).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(r.packet.len(), 54, "Ethernet + IPv4 + TCP, nothing else");
+    assert_eq!(&r.packet[0..6], &syn[6..12], "back to the sender's MAC");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!((p.src, p.dst), (empty, CLIENT));
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    assert_eq!(r.packet[47], 0x14, "RST|ACK");
+    assert_eq!(
+        u32::from_be_bytes([r.packet[42], r.packet[43], r.packet[44], r.packet[45]]),
+        7000 + 5 + 1
+    );
+
+    // A segment with ACK set: RST whose seq is that ack, no ACK flag.
+    let mut ack = PacketBuilder::tcp(CLIENT, empty).flags(TCP_ACK).build();
+    ack[42..46].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+    let r = dp.run(&ack).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(r.packet[47], 0x04, "RST alone");
+    assert_eq!(&r.packet[38..42], &0xdead_beefu32.to_be_bytes());
+
+    // A RST is never answered.
+    let rst = PacketBuilder::tcp(CLIENT, empty).flags(0x04).build();
+    assert_eq!(dp.run(&rst).expect("run").verdict, TC_ACT_SHOT);
+
+    // UDP: ICMP port unreachable from the frontend, quoting the datagram's IP header + 8 bytes.
+    let dns = service_yaml("none", EMPTY_VIP, 53, "UDP", 5353, &[]);
+    let mut model = file::parse("t.yaml", &dns).expect("yaml").model;
+    let base = file::parse(
+        "t.yaml",
+        &(service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[])),
+    )
+    .expect("yaml")
+    .model;
+    model.services.extend(base.services);
+    model.slices.extend(base.slices);
+    dp.program(&model).expect("program");
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 53))
+        .payload(b"query payload")
+        .build();
+    let r = dp.run(&udp).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let o = &r.packet;
+    assert_eq!(o.len(), 14 + 20 + 8 + 28);
+    assert_eq!(o[23], 1, "ICMP");
+    assert_eq!(&o[26..30], &EMPTY_VIP.octets(), "from the frontend");
+    assert_eq!(&o[30..34], &CLIENT.ip().octets(), "to the client");
+    assert!(sum_ok(&o[14..34], 0), "IPv4 checksum");
+    assert_eq!(
+        (o[34], o[35]),
+        (3, 3),
+        "destination unreachable / port unreachable"
+    );
+    assert!(sum_ok(&o[34..], 0), "ICMP checksum");
+    assert_eq!(
+        &o[42..70],
+        &udp[14..42],
+        "the quoted IP header and UDP header"
+    );
 }

@@ -447,3 +447,44 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
         "agent capabilities:\n{status}"
     );
 }
+
+#[test]
+fn a_service_without_endpoints_refuses_at_once() {
+    if !require_root("a_service_without_endpoints_refuses_at_once") {
+        return;
+    }
+    let s_yaml = yaml(&[], &[]);
+    let mut s = Scenario::start("xn", 1, &s_yaml).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 0, Duration::from_secs(10))
+        .expect("sync");
+    s.wait_backends("10.96.0.53:53/UDP", 0, Duration::from_secs(10))
+        .expect("sync");
+    let (tcp, udp) = s
+        .topo
+        .client
+        .ns
+        .run(|| {
+            let t0 = Instant::now();
+            let tcp = std::net::TcpStream::connect_timeout(&sock(WEB, 80), Duration::from_secs(3))
+                .map(|_| ())
+                .map_err(|e| (e.kind(), t0.elapsed()));
+            let t1 = Instant::now();
+            let udp =
+                udp_request(sock(DNS, 53), Duration::from_secs(3)).map_err(|e| (e, t1.elapsed()));
+            (tcp, udp)
+        })
+        .expect("client");
+    let (kind, took) = tcp.expect_err("connect to a service without endpoints must fail");
+    assert_eq!(
+        kind,
+        std::io::ErrorKind::ConnectionRefused,
+        "TCP must be refused (RST), not time out"
+    );
+    assert!(took < Duration::from_millis(500), "refusal took {took:?}");
+    let (err, took) = udp.expect_err("UDP to a service without endpoints must fail");
+    assert!(
+        err.contains("refused"),
+        "UDP must get ICMP port unreachable: {err}"
+    );
+    assert!(took < Duration::from_millis(500), "refusal took {took:?}");
+}

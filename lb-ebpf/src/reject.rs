@@ -1,0 +1,169 @@
+//! Refusing a connection to a service without endpoints, as kube-proxy's REJECT does: a TCP
+//! segment is answered with a RST, a UDP datagram with ICMP port unreachable. The packet is
+//! rewritten in place into the answer and sent back out of the interface it came in on.
+
+use aya_ebpf::{
+    bindings::TC_ACT_REDIRECT,
+    helpers::{bpf_redirect, bpf_skb_change_tail},
+    programs::TcContext,
+};
+use lb_common::{IPPROTO_TCP, R_REJECT, R_REWRITE_FAILED};
+
+use crate::{
+    parse::{ETH_HLEN, Tuple},
+    reason::Reason,
+};
+
+const IPPROTO_ICMP: u8 = 1;
+/// Original IP header + 8 bytes of its payload, quoted in the ICMP error.
+const QUOTE: usize = 28;
+
+#[inline(always)]
+fn failed<E>(_: E) -> Reason {
+    Reason(R_REWRITE_FAILED)
+}
+
+/// One's-complement sum of big-endian 16-bit words.
+#[inline(always)]
+fn sum16(bytes: &[u8], mut sum: u32) -> u32 {
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        sum += ((bytes[i] as u32) << 8) | bytes[i + 1] as u32;
+        i += 2;
+    }
+    sum
+}
+
+#[inline(always)]
+fn fold(mut sum: u32) -> [u8; 2] {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    (!(sum as u16)).to_be_bytes()
+}
+
+/// An IPv4 header (no options) from `src` to `dst` with a valid checksum.
+#[inline(always)]
+fn ip_header(src: [u8; 4], dst: [u8; 4], proto: u8, total: u16) -> [u8; 20] {
+    let t = total.to_be_bytes();
+    let mut h = [
+        0x45, 0, t[0], t[1], 0, 0, 0x40, 0, 64, proto, 0, 0, src[0], src[1], src[2], src[3],
+        dst[0], dst[1], dst[2], dst[3],
+    ];
+    let c = fold(sum16(&h, 0));
+    h[10] = c[0];
+    h[11] = c[1];
+    h
+}
+
+/// The Ethernet header of the answer: addresses swapped.
+#[inline(always)]
+fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
+    let e: [u8; 14] = ctx.load(0).map_err(failed)?;
+    Ok([
+        e[6], e[7], e[8], e[9], e[10], e[11], e[0], e[1], e[2], e[3], e[4], e[5], e[12], e[13],
+    ])
+}
+
+/// Rewrites the packet into the refusal and redirects it back; returns the tc action.
+#[inline(always)]
+pub fn refuse(ctx: &TcContext, t: &Tuple) -> Result<i32, Reason> {
+    if t.l4_off != ETH_HLEN + 20 {
+        // IP options: too rare to answer; drop, as a timeout would.
+        return Err(Reason(lb_common::R_NO_BACKEND));
+    }
+    let eth = eth_reply(ctx)?;
+    let ip: [u8; 20] = ctx.load(ETH_HLEN).map_err(failed)?;
+    let client = [ip[12], ip[13], ip[14], ip[15]];
+    let vip = [ip[16], ip[17], ip[18], ip[19]];
+    if t.proto == IPPROTO_TCP {
+        tcp_rst(ctx, t, &eth, &ip, client, vip)?;
+    } else {
+        icmp_unreachable(ctx, &eth, client, vip)?;
+    }
+    // SAFETY: reading the ifindex field of the context the kernel passed us.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: helper on our own skb.
+    let action = unsafe { bpf_redirect(ifindex, 0) };
+    if action != TC_ACT_REDIRECT as i64 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    Ok(action as i32)
+}
+
+#[inline(always)]
+fn tcp_rst(
+    ctx: &TcContext,
+    t: &Tuple,
+    eth: &[u8; 14],
+    ip: &[u8; 20],
+    client: [u8; 4],
+    vip: [u8; 4],
+) -> Result<(), Reason> {
+    let tcp: [u8; 20] = ctx.load(t.l4_off).map_err(failed)?;
+    if tcp[13] & 0x04 != 0 {
+        // Never answer a RST.
+        return Err(Reason(R_REJECT));
+    }
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as u32;
+    let doff = ((tcp[12] >> 4) as u32) * 4;
+    let flags = tcp[13];
+    let mut seg = total.saturating_sub(20 + doff);
+    if flags & 0x02 != 0 {
+        seg += 1; // SYN
+    }
+    if flags & 0x01 != 0 {
+        seg += 1; // FIN
+    }
+    let (seq, ack, out_flags) = if flags & 0x10 != 0 {
+        ([tcp[8], tcp[9], tcp[10], tcp[11]], [0u8; 4], 0x04u8)
+    } else {
+        let s = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).wrapping_add(seg);
+        ([0u8; 4], s.to_be_bytes(), 0x14u8) // RST|ACK
+    };
+    let mut rst = [
+        tcp[2], tcp[3], tcp[0], tcp[1], seq[0], seq[1], seq[2], seq[3], ack[0], ack[1], ack[2],
+        ack[3], 0x50, out_flags, 0, 0, 0, 0, 0, 0,
+    ];
+    let pseudo = sum16(&vip, sum16(&client, 0)) + IPPROTO_TCP as u32 + 20;
+    let c = fold(sum16(&rst, pseudo));
+    rst[16] = c[0];
+    rst[17] = c[1];
+    let len = (ETH_HLEN + 40) as u32;
+    // SAFETY: helper on our own skb; packet pointers are not used afterwards.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) } != 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    ctx.store(0, eth, 0).map_err(failed)?;
+    ctx.store(ETH_HLEN, &ip_header(vip, client, IPPROTO_TCP, 40), 0)
+        .map_err(failed)?;
+    ctx.store(ETH_HLEN + 20, &rst, 0).map_err(failed)
+}
+
+#[inline(always)]
+fn icmp_unreachable(
+    ctx: &TcContext,
+    eth: &[u8; 14],
+    client: [u8; 4],
+    vip: [u8; 4],
+) -> Result<(), Reason> {
+    let quote: [u8; QUOTE] = ctx.load(ETH_HLEN).map_err(failed)?;
+    // Type 3 (destination unreachable), code 3 (port unreachable).
+    let mut icmp = [3u8, 3, 0, 0, 0, 0, 0, 0];
+    let c = fold(sum16(&quote, sum16(&icmp, 0)));
+    icmp[2] = c[0];
+    icmp[3] = c[1];
+    let len = (ETH_HLEN + 20 + 8 + QUOTE) as u32;
+    // SAFETY: helper on our own skb; packet pointers are not used afterwards.
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) } != 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    ctx.store(0, eth, 0).map_err(failed)?;
+    ctx.store(
+        ETH_HLEN,
+        &ip_header(vip, client, IPPROTO_ICMP, (20 + 8 + QUOTE) as u16),
+        0,
+    )
+    .map_err(failed)?;
+    ctx.store(ETH_HLEN + 20, &icmp, 0).map_err(failed)?;
+    ctx.store(ETH_HLEN + 28, &quote, 0).map_err(failed)
+}
