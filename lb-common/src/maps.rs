@@ -16,14 +16,20 @@ pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 /// Per-service per-CPU counters; the agent creates and deletes entries, the datapath adds.
 pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V1";
 
+/// Session affinity: written by the datapath (LRU), read by `xlb list`.
+pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
+/// Default affinity capacity (one per client and service with affinity).
+pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 6] = [
+pub const ALL_MAPS: [&str; 7] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
     MAP_STATS,
     MAP_SVC_NAME,
     MAP_SVC_STATS,
+    MAP_AFFINITY,
 ];
 
 /// Default capacities; the agent may override them at load time.
@@ -68,9 +74,11 @@ pub struct SvcValue {
     pub count: u16,
     /// Slot 0: `SVC_F_*` flags.
     pub flags: u16,
-    /// Identifies the service port (names map, per-service counters).
+        /// Identifies the service port (names map, per-service counters).
     pub svc_id: u32,
-    pub _pad: u32,
+    /// Slot 0: sessionAffinity ClientIP timeout in seconds (0 = no affinity). This was
+    /// padding (always 0) before affinity existed, so V1 maps read the same.
+    pub affinity_timeout_s: u32,
 }
 const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
 
@@ -139,6 +147,31 @@ pub struct CtValue {
 }
 const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
 
+/// Key of the affinity map: a client of a service (ClientIP affinity).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityKey {
+    pub svc_id: u32,
+    /// Client address, network order; IPv4 uses word 0 only.
+    pub client_be: [u32; 4],
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
+
+/// Value of the affinity map: where the client went, and when it was last seen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    /// The service slot the backend was in (checked again before reuse).
+    pub slot: u16,
+    pub _pad: u16,
+    /// `bpf_ktime_get_ns` of the client's last new connection or packet (per-second grain).
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+
 /// One per-CPU counter slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
@@ -170,5 +203,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtValue {}
     unsafe impl aya::Pod for super::Counter {}
-    unsafe impl aya::Pod for super::SvcName {}
+        unsafe impl aya::Pod for super::SvcName {}
+    unsafe impl aya::Pod for super::AffinityKey {}
+    unsafe impl aya::Pod for super::AffinityValue {}
 }

@@ -5,6 +5,7 @@
 #![no_std]
 #![no_main]
 
+mod affinity;
 mod conntrack;
 mod maps;
 mod nat;
@@ -73,6 +74,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
     if let Some(ct) = conntrack::lookup_forward(&t) {
         if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
             conntrack::touch(ct);
+            affinity::touch(&t, svc);
             nat::rewrite_dst(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
             reason::count_service(svc.svc_id, ctx.len());
             return pass(R_ESTABLISHED);
@@ -84,7 +86,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
         return Ok((reject::refuse(ctx, &t)?, Reason(R_REJECT)));
     }
-    let (backend_id, be) = select::pick(&t, svc)?;
+    let (backend_id, slot, be) = match affinity::lookup(&t, svc) {
+        Some(remembered) => remembered,
+        None => select::pick(&t, svc)?,
+    };
+    affinity::remember(&t, svc, backend_id, slot);
     conntrack::create(&t, backend_id, &be, svc.svc_id)?;
     nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
     reason::count_service(svc.svc_id, ctx.len());

@@ -6,8 +6,9 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, CT_MAP_CAPACITY, Counter, CtKey, CtValue, R_COUNT,
-    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
+    AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
+    CT_MAP_CAPACITY, Counter, CtKey, CtValue, R_COUNT, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
+    SvcKey, SvcName, SvcValue,
 };
 
 /// Services. Written by the agent (make-before-break), read here.
@@ -47,3 +48,11 @@ pub static XLB_SVCSTAT_V1: PerCpuHashMap<
     { SVC_NAME_MAP_CAPACITY as usize },
     { BPF_F_NO_PREALLOC as usize },
 > = PerCpuHashMap::new();
+
+/// Session affinity (ClientIP). Written here: a new connection of a client records its
+/// backend; later ones reuse it until `affinity_timeout_s` passes without a packet.
+/// `AffinityKey{svc_id, client}` → `AffinityValue{backend_id, slot, last_seen_ns}`.
+/// 24 B → 16 B, 65,536 entries, LRU eviction.
+#[btf_map]
+pub static XLB_AFF_V1: LruHashMap<AffinityKey, AffinityValue, { AFFINITY_MAP_CAPACITY as usize }> =
+    LruHashMap::new();

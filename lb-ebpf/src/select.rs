@@ -35,18 +35,24 @@ pub fn backend(id: u32) -> Option<&'static Backend> {
     unsafe { XLB_BE_V1.get(id) }
 }
 
-/// Picks a backend uniformly at random among the service's slots (kube-proxy's iptables
-/// mode picks at random too).
+/// The entry of backend slot `slot` of the packet's service.
 #[inline(always)]
-pub fn pick(t: &Tuple, svc: &SvcValue) -> Result<(u32, Backend), Reason> {
+pub fn slot(t: &Tuple, slot: u16) -> Option<&'static SvcValue> {
+    // SAFETY: read-only here.
+    unsafe { XLB_SVC_V1.get(svc_key(t, slot)) }
+}
+
+/// Picks a backend uniformly at random among the service's slots (kube-proxy's iptables
+/// mode picks at random too): its id, its slot and the backend.
+#[inline(always)]
+pub fn pick(t: &Tuple, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
     }
     // SAFETY: helper without side effects.
-    let slot = (unsafe { bpf_get_prandom_u32() } % count) + 1;
-    // SAFETY: read-only here.
-    let entry = unsafe { XLB_SVC_V1.get(svc_key(t, slot as u16)) }.ok_or(Reason(R_STALE_SLOT))?;
+    let n = ((unsafe { bpf_get_prandom_u32() } % count) + 1) as u16;
+    let entry = slot(t, n).ok_or(Reason(R_STALE_SLOT))?;
     let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
-    Ok((entry.backend_id, *be))
+    Ok((entry.backend_id, n, *be))
 }

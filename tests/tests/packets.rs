@@ -1,7 +1,10 @@
 //! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
 //! table of cases, Katran-style.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
 
 use lb_userspace::{
     packet::{PacketBuilder, TCP_ACK, parse},
@@ -514,5 +517,88 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
         &o[42..70],
         &udp[14..42],
         "the quoted IP header and UDP header"
+    );
+}
+
+/// Sets sessionAffinity ClientIP with `timeout_s` (0 = off) on the frontend VIP:80/TCP.
+fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
+    use lb_userspace::datapath::writer::MapWriter;
+    let state = dp.state();
+    let (k, v) = state
+        .services
+        .iter()
+        .find(|(k, _)| {
+            k.slot == 0
+                && u16::from_be(k.port_be) == 80
+                && k.addr_be[0] == u32::from_ne_bytes(VIP.octets())
+        })
+        .map(|(k, v)| (*k, *v))
+        .expect("web entry");
+    let v = lb_common::SvcValue {
+        affinity_timeout_s: timeout_s,
+        ..v
+    };
+    dp.maps.put_svc(&k, &v).expect("write entry");
+}
+
+#[test]
+fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
+    let Some(mut dp) = setup("client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires")
+    else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let mut backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
+        let r = dp
+            .run(&PacketBuilder::tcp(SocketAddrV4::new(client, port), web).build())
+            .expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        *parse(&r.packet).expect("parses").dst.ip()
+    };
+    // Off: one client's new connections spread.
+    let spread: std::collections::BTreeSet<Ipv4Addr> = (0..30)
+        .map(|i| backend_of(&mut dp, *CLIENT.ip(), 30000 + i))
+        .collect();
+    assert!(
+        spread.len() > 1,
+        "without affinity one client must reach several backends"
+    );
+
+    // On: every client sticks to its first backend.
+    set_affinity(&mut dp, 1);
+    let clients: Vec<Ipv4Addr> = (10..22).map(|i| Ipv4Addr::new(10, 244, 9, i)).collect();
+    let first: Vec<Ipv4Addr> = clients
+        .iter()
+        .map(|c| backend_of(&mut dp, *c, 40000))
+        .collect();
+    for (c, b) in clients.iter().zip(&first) {
+        for port in 40001..40011 {
+            assert_eq!(
+                backend_of(&mut dp, *c, port),
+                *b,
+                "client {c} left its backend"
+            );
+        }
+    }
+    // After the timeout without packets, new connections are balanced again.
+    std::thread::sleep(Duration::from_millis(2100));
+    let moved = clients
+        .iter()
+        .zip(&first)
+        .filter(|(c, b)| backend_of(&mut dp, **c, 41000) != **b)
+        .count();
+    assert!(
+        moved > 0,
+        "affinity never expired (12 clients all re-picked their old backend)"
+    );
+
+    // Switching it off takes effect at once.
+    set_affinity(&mut dp, 0);
+    let spread: std::collections::BTreeSet<Ipv4Addr> = (0..30)
+        .map(|i| backend_of(&mut dp, clients[0], 42000 + i))
+        .collect();
+    assert!(
+        spread.len() > 1,
+        "affinity still applied after it was switched off"
     );
 }
