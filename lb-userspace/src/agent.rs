@@ -182,24 +182,12 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
     if let Some(addr) = opts.healthz_addr {
         let h = health.clone();
-        let bound = serve::spawn(
-            addr,
-            Arc::new(move |path: &str| {
-                h.handle(path)
-                    .unwrap_or_else(|| serve::Response::text("404 Not Found", "not found\n"))
-            }),
-        )?;
+        let bound = serve::spawn(addr, move |path| h.handle(path))?;
         info!(%bound, "serving /healthz and /livez");
     }
     if let Some(addr) = opts.metrics_addr {
         let m = metrics.clone();
-        let bound = serve::spawn(
-            addr,
-            Arc::new(move |path: &str| {
-                m.handle(path)
-                    .unwrap_or_else(|| serve::Response::text("404 Not Found", "not found\n"))
-            }),
-        )?;
+        let bound = serve::spawn(addr, move |path| m.handle(path))?;
         info!(%bound, "serving /metrics");
     }
     let mut model = Model::default();

@@ -164,81 +164,75 @@ impl Metrics {
 
     fn render_datapath(&self, out: &mut String) {
         if let Ok(rows) = list::counters(&self.pins) {
-            let _ = writeln!(
+            let by_reason = |v: fn(&list::CounterRow) -> u64| {
+                rows.iter()
+                    .map(move |r| (format!("reason=\"{}\"", r.reason), v(r)))
+            };
+            family(
                 out,
-                "# HELP xlb_datapath_packets_total Packets by datapath verdict reason\n# TYPE xlb_datapath_packets_total counter"
+                "xlb_datapath_packets_total",
+                "counter",
+                "Packets by datapath verdict reason",
+                by_reason(|r| r.packets),
             );
-            for r in &rows {
-                let _ = writeln!(
-                    out,
-                    "xlb_datapath_packets_total{{reason=\"{}\"}} {}",
-                    r.reason, r.packets
-                );
-            }
-            let _ = writeln!(
+            family(
                 out,
-                "# HELP xlb_datapath_bytes_total Bytes by datapath verdict reason\n# TYPE xlb_datapath_bytes_total counter"
+                "xlb_datapath_bytes_total",
+                "counter",
+                "Bytes by datapath verdict reason",
+                by_reason(|r| r.bytes),
             );
-            for r in &rows {
-                let _ = writeln!(
-                    out,
-                    "xlb_datapath_bytes_total{{reason=\"{}\"}} {}",
-                    r.reason, r.bytes
-                );
-            }
         }
         if let Ok(rows) = list::services(&self.pins) {
-            let _ = writeln!(
+            let by_service = |v: fn(&list::ServiceRow) -> u64| {
+                rows.iter().map(move |r| {
+                    (
+                        format!("service=\"{}\",frontend=\"{}\"", r.service, r.frontend),
+                        v(r),
+                    )
+                })
+            };
+            family(
                 out,
-                "# HELP xlb_service_packets_total Packets forwarded for a service frontend, both directions\n# TYPE xlb_service_packets_total counter"
+                "xlb_service_packets_total",
+                "counter",
+                "Packets forwarded for a service frontend, both directions",
+                by_service(|r| r.packets),
             );
-            for r in &rows {
-                let _ = writeln!(
-                    out,
-                    "xlb_service_packets_total{{service=\"{}\",frontend=\"{}\"}} {}",
-                    r.service, r.frontend, r.packets
-                );
-            }
-            let _ = writeln!(
+            family(
                 out,
-                "# HELP xlb_service_bytes_total Bytes forwarded for a service frontend, both directions\n# TYPE xlb_service_bytes_total counter"
+                "xlb_service_bytes_total",
+                "counter",
+                "Bytes forwarded for a service frontend, both directions",
+                by_service(|r| r.bytes),
             );
-            for r in &rows {
-                let _ = writeln!(
-                    out,
-                    "xlb_service_bytes_total{{service=\"{}\",frontend=\"{}\"}} {}",
-                    r.service, r.frontend, r.bytes
-                );
-            }
-            let _ = writeln!(
+            family(
                 out,
-                "# HELP xlb_service_backends Backends a service frontend balances over\n# TYPE xlb_service_backends gauge"
+                "xlb_service_backends",
+                "gauge",
+                "Backends a service frontend balances over",
+                by_service(|r| r.backends.len() as u64),
             );
-            for r in &rows {
-                let _ = writeln!(
-                    out,
-                    "xlb_service_backends{{service=\"{}\",frontend=\"{}\"}} {}",
-                    r.service,
-                    r.frontend,
-                    r.backends.len()
-                );
-            }
         }
         if let Ok(maps) = list::map_usage(&self.pins) {
-            let _ = writeln!(
+            let by_map = |v: fn(&list::MapUsage) -> u64| {
+                maps.iter()
+                    .map(move |m| (format!("map=\"{}\"", m.map), v(m)))
+            };
+            family(
                 out,
-                "# HELP xlb_map_entries Entries in a pinned map\n# TYPE xlb_map_entries gauge"
+                "xlb_map_entries",
+                "gauge",
+                "Entries in a pinned map",
+                by_map(|m| m.entries),
             );
-            for m in &maps {
-                let _ = writeln!(out, "xlb_map_entries{{map=\"{}\"}} {}", m.map, m.entries);
-            }
-            let _ = writeln!(
+            family(
                 out,
-                "# HELP xlb_map_capacity Capacity (max_entries) of a pinned map\n# TYPE xlb_map_capacity gauge"
+                "xlb_map_capacity",
+                "gauge",
+                "Capacity (max_entries) of a pinned map",
+                by_map(|m| m.capacity.into()),
             );
-            for m in &maps {
-                let _ = writeln!(out, "xlb_map_capacity{{map=\"{}\"}} {}", m.map, m.capacity);
-            }
         }
     }
 
@@ -249,5 +243,19 @@ impl Metrics {
             content_type: "text/plain; version=0.0.4",
             body: self.render(),
         })
+    }
+}
+
+/// One metric family: its HELP and TYPE lines, then one sample per (labels, value).
+fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl Iterator<Item = (String, u64)>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(out, "{name}{{{labels}}} {v}");
     }
 }

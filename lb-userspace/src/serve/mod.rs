@@ -40,11 +40,15 @@ impl Response {
     }
 }
 
-/// Serves `handler(path)` on `addr` from a background thread for the life of the process.
+/// Serves `handler(path)` on `addr` from a background thread for the life of the process;
+/// a path the handler does not know is a 404.
 pub fn spawn(
     addr: SocketAddr,
-    handler: Arc<dyn Fn(&str) -> Response + Send + Sync>,
+    handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
 ) -> Result<SocketAddr, ServeError> {
+    let handler: Arc<dyn Fn(&str) -> Response + Send + Sync> = Arc::new(move |path: &str| {
+        handler(path).unwrap_or_else(|| Response::text("404 Not Found", "not found\n"))
+    });
     let listener = TcpListener::bind(addr).map_err(|source| ServeError { addr, source })?;
     let bound = listener
         .local_addr()
