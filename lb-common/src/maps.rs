@@ -74,7 +74,7 @@ pub struct SvcValue {
     pub count: u16,
     /// Slot 0: `SVC_F_*` flags.
     pub flags: u16,
-        /// Identifies the service port (names map, per-service counters).
+    /// Identifies the service port (names map, per-service counters).
     pub svc_id: u32,
     /// Slot 0: sessionAffinity ClientIP timeout in seconds (0 = no affinity). This was
     /// padding (always 0) before affinity existed, so V1 maps read the same.
@@ -153,9 +153,12 @@ const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
 pub struct AffinityKey {
     pub svc_id: u32,
     /// Client address, network order; IPv4 uses word 0 only.
-    pub client_be: [u32; 4],
+        pub client_be: [u32; 4],
     pub family: u8,
-    pub _pad: [u8; 3],
+    // Scalar padding, not an array: zeroing `[u8; 3]` compiles to a byte loop whose pointer
+    // arithmetic the verifier refuses without CAP_PERFMON.
+    pub _pad0: u8,
+    pub _pad1: u16,
 }
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 
@@ -203,7 +206,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtValue {}
     unsafe impl aya::Pod for super::Counter {}
-        unsafe impl aya::Pod for super::SvcName {}
+    unsafe impl aya::Pod for super::SvcName {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityValue {}
 }

@@ -18,7 +18,8 @@ fn key(t: &Tuple, svc: &SvcValue) -> AffinityKey {
         svc_id: svc.svc_id,
         client_be: [t.saddr_be, 0, 0, 0],
         family: FAMILY_V4,
-        _pad: [0; 3],
+        _pad0: 0,
+        _pad1: 0,
     }
 }
 

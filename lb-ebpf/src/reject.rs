@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use lb_common::{IPPROTO_TCP, R_REJECT, R_REWRITE_FAILED};
+use lb_common::{IPPROTO_TCP, R_NO_BACKEND, R_REWRITE_FAILED};
 
 use crate::{
     parse::{ETH_HLEN, Tuple},
@@ -69,7 +69,7 @@ fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
 pub fn refuse(ctx: &TcContext, t: &Tuple) -> Result<i32, Reason> {
     if t.l4_off != ETH_HLEN + 20 {
         // IP options: too rare to answer; drop, as a timeout would.
-        return Err(Reason(lb_common::R_NO_BACKEND));
+        return Err(Reason(R_NO_BACKEND));
     }
     let eth = eth_reply(ctx)?;
     let ip: [u8; 20] = ctx.load(ETH_HLEN).map_err(failed)?;
@@ -101,8 +101,8 @@ fn tcp_rst(
 ) -> Result<(), Reason> {
     let tcp: [u8; 20] = ctx.load(t.l4_off).map_err(failed)?;
     if tcp[13] & 0x04 != 0 {
-        // Never answer a RST.
-        return Err(Reason(R_REJECT));
+        // Never answer a RST: drop it.
+        return Err(Reason(R_NO_BACKEND));
     }
     let total = u16::from_be_bytes([ip[2], ip[3]]) as u32;
     let doff = ((tcp[12] >> 4) as u32) * 4;

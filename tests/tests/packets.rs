@@ -207,9 +207,16 @@ fn rewrites_follow_the_table() {
             expect: Expect::PassUntouched,
         },
         Case {
-            desc: "service without backends → refused (RST back to the client)",
+                        desc: "service without backends → refused (RST back to the client)",
             packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80)).build(),
             expect: Expect::Refused,
+        },
+        Case {
+            desc: "a RST to a service without backends is not answered → dropped",
+            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80))
+                .flags(0x04)
+                .build(),
+            expect: Expect::Drop,
         },
     ];
     for case in &table {
@@ -231,7 +238,8 @@ fn rewrites_follow_the_table() {
     assert_eq!(count("new_flow"), 3, "{counters:?}");
     assert_eq!(count("established"), 2, "{counters:?}");
     assert_eq!(count("reverse_nat"), 2, "{counters:?}");
-    assert_eq!(count("reject"), 1, "{counters:?}");
+        assert_eq!(count("reject"), 1, "{counters:?}");
+    assert_eq!(count("no_backend"), 1, "{counters:?}");
     assert_eq!(count("pass"), 3, "{counters:?}");
     let web = lb_userspace::list::services(&dp.pins).expect("services");
     let web = web
@@ -548,7 +556,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
-    let mut backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
+        let backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
         let r = dp
             .run(&PacketBuilder::tcp(SocketAddrV4::new(client, port), web).build())
             .expect("run");
