@@ -43,6 +43,6 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "stale_slot",
     "rewrite_failed",
     "ct_full",
-        "backend_gone",
+    "backend_gone",
     "reject",
 ];

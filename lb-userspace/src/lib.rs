@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cleanup;
 pub mod datapath;
 pub mod desired;
+pub mod emit;
 pub mod glob;
 pub mod list;
 pub mod model;

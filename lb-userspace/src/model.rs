@@ -4,14 +4,17 @@
 //! endpoint selection kube-proxy does (ready, else serving-and-terminating) is computed here,
 //! once, so every writer agrees by construction.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fmt,
-    net::IpAddr,
-};
+pub mod cidr;
+pub mod node;
+pub mod select;
+
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+pub use cidr::Cidr;
+pub use node::{IpFamily, LocalDetector, NodeSettings};
 
 /// `namespace/name` of a Service.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceRef {
     pub namespace: String,
     pub name: String,
@@ -24,14 +27,24 @@ impl fmt::Display for ServiceRef {
 }
 
 /// L4 protocol of a service port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Protocol {
+    #[default]
     Tcp,
     Udp,
     Sctp,
 }
 
 impl Protocol {
+    /// Lowercase name, as iptables and nftables write it (`tcp`).
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+
     /// The IP protocol number.
     pub fn number(self) -> u8 {
         match self {
@@ -63,7 +76,7 @@ impl fmt::Display for Protocol {
 }
 
 /// One port of a Service.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct ServicePort {
     /// The port's name ("" when the service has a single unnamed port).
     pub name: String,
@@ -73,17 +86,63 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
 }
 
+/// `spec.type` of a Service (ExternalName services never reach the model).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceType {
+    #[default]
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// `externalTrafficPolicy` / `internalTrafficPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// `spec.sessionAffinity`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SessionAffinity {
+    #[default]
+    None,
+    /// ClientIP affinity with its timeout in seconds (Kubernetes' default is 10800).
+    ClientIp { timeout_seconds: u32 },
+}
+
+/// The default ClientIP affinity timeout (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
+
 /// A Service as the datapath and emitters need it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Service {
     pub id: ServiceRef,
     /// ClusterIPs, primary first.
     pub cluster_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
+    /// `spec.type`.
+    pub service_type: ServiceType,
+    /// `spec.externalIPs` that parse (canonical form), both families.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, without entries whose `ipMode` is `Proxy`.
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`, trimmed and parsed, both families.
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    /// `spec.sessionAffinity` (+ `sessionAffinityConfig.clientIP.timeoutSeconds`).
+    pub session_affinity: SessionAffinity,
+    /// `spec.externalTrafficPolicy` (unset = Cluster).
+    pub external_traffic_policy: TrafficPolicy,
+    /// `spec.internalTrafficPolicy` (unset = Cluster).
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `spec.healthCheckNodePort` as written (kube-proxy only uses it for LoadBalancer
+    /// services with externalTrafficPolicy Local; see [`select::PortView`]).
+    pub health_check_node_port: Option<u16>,
 }
 
 /// An endpoint of a slice with kube-proxy's conditions.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Endpoint {
     pub addresses: Vec<IpAddr>,
     pub ready: bool,
@@ -91,10 +150,14 @@ pub struct Endpoint {
     pub terminating: bool,
     pub node_name: Option<String>,
     pub zone: Option<String>,
+    /// `hints.forZones[].name` (topology-aware routing).
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name` (PreferSameNode traffic distribution).
+    pub node_hints: Vec<String>,
 }
 
 /// A named port of an EndpointSlice.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct EndpointPort {
     pub name: String,
     pub port: u16,
@@ -102,7 +165,7 @@ pub struct EndpointPort {
 }
 
 /// An EndpointSlice, attached to its Service by the `kubernetes.io/service-name` label.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct EndpointSlice {
     /// The slice's own name (unique within the namespace).
     pub name: String,
@@ -150,39 +213,49 @@ impl Model {
             .insert(slice.name.clone(), slice);
     }
 
-    /// The backends that new connections to `port` of `svc` may use, sorted and deduplicated.
+    /// The backends that new connections to `port` of `svc` may use, deduplicated and in
+    /// kube-proxy's order (by their `ip:port` string).
     ///
-    /// As kube-proxy: endpoints from every slice of the service, matched by port name and
-    /// protocol; the ready ones, or when none is ready, the serving-and-terminating ones.
+    /// As kube-proxy's cluster-policy choice (see [`select`]): endpoints from every slice of
+    /// the service, matched by port name and protocol; the ready ones, or when none is ready,
+    /// the serving-and-terminating ones. Node-independent: no topology hints, no
+    /// internalTrafficPolicy (the datapath does not know its node yet).
     pub fn backends(&self, svc: &ServiceRef, port: &ServicePort) -> Vec<BackendAddr> {
-        let mut ready = BTreeSet::new();
-        let mut terminating = BTreeSet::new();
+        let mut families = Vec::new();
         for slice in self.slices.get(svc).into_iter().flat_map(|s| s.values()) {
-            let Some(ep_port) = slice
-                .ports
-                .iter()
-                .find(|p| p.name == port.name && p.protocol == port.protocol)
-            else {
-                continue;
-            };
             for ep in &slice.endpoints {
-                let Some(&ip) = ep.addresses.first() else {
-                    continue;
-                };
-                let addr = BackendAddr {
-                    ip,
-                    port: ep_port.port,
-                    protocol: port.protocol,
-                };
-                if ep.ready {
-                    ready.insert(addr);
-                } else if ep.serving && ep.terminating {
-                    terminating.insert(addr);
+                if let Some(ip) = ep.addresses.first() {
+                    let fam = if ip.is_ipv4() {
+                        IpFamily::V4
+                    } else {
+                        IpFamily::V6
+                    };
+                    if !families.contains(&fam) {
+                        families.push(fam);
+                    }
                 }
             }
         }
-        let chosen = if ready.is_empty() { terminating } else { ready };
-        chosen.into_iter().collect()
+        families.sort();
+        let mut out = Vec::new();
+        for family in families {
+            let eps = select::port_endpoints(self, svc, port, family, None);
+            let uses = select::Uses {
+                cluster: true,
+                local: false,
+            };
+            out.extend(
+                select::categorize(&eps, uses, None)
+                    .cluster
+                    .into_iter()
+                    .map(|e| BackendAddr {
+                        ip: e.ip,
+                        port: e.port,
+                        protocol: port.protocol,
+                    }),
+            );
+        }
+        out
     }
 }
 
@@ -198,6 +271,7 @@ mod tests {
             terminating,
             node_name: None,
             zone: None,
+            ..Default::default()
         }
     }
 
@@ -217,6 +291,7 @@ mod tests {
             id: id.clone(),
             cluster_ips: vec!["10.96.0.1".parse().expect("ip")],
             ports: vec![port.clone()],
+            ..Default::default()
         });
         m.upsert_slice(EndpointSlice {
             name: "svc-a".into(),

@@ -207,7 +207,7 @@ fn rewrites_follow_the_table() {
             expect: Expect::PassUntouched,
         },
         Case {
-                        desc: "service without backends → refused (RST back to the client)",
+            desc: "service without backends → refused (RST back to the client)",
             packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80)).build(),
             expect: Expect::Refused,
         },
@@ -238,7 +238,7 @@ fn rewrites_follow_the_table() {
     assert_eq!(count("new_flow"), 3, "{counters:?}");
     assert_eq!(count("established"), 2, "{counters:?}");
     assert_eq!(count("reverse_nat"), 2, "{counters:?}");
-        assert_eq!(count("reject"), 1, "{counters:?}");
+    assert_eq!(count("reject"), 1, "{counters:?}");
     assert_eq!(count("no_backend"), 1, "{counters:?}");
     assert_eq!(count("pass"), 3, "{counters:?}");
     let web = lb_userspace::list::services(&dp.pins).expect("services");
@@ -556,7 +556,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
-        let backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
+    let backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
         let r = dp
             .run(&PacketBuilder::tcp(SocketAddrV4::new(client, port), web).build())
             .expect("run");

@@ -6,7 +6,8 @@ use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 
 use super::SourceError;
 use crate::model::{
-    Endpoint, EndpointPort, EndpointSlice, Protocol, Service, ServicePort, ServiceRef,
+    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Protocol,
+    Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -142,10 +143,79 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
             "a Service needs at least one port",
         ));
     }
+    let service_type = match spec.type_.as_deref() {
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        _ => ServiceType::ClusterIp,
+    };
+    // kube-proxy drops externalIPs, ingress IPs and source ranges it cannot parse (they
+    // are usually of the other family); so does the model, with a log line.
+    let mut external_ips = Vec::new();
+    for raw in spec.external_ips.iter().flatten() {
+        match parse_ip(raw) {
+            Some(ip) => external_ips.push(ip),
+            None => tracing::warn!(service = %id, value = %raw, "externalIP is not an IP; ignored"),
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for ing in ingress.into_iter().flatten() {
+        if ing.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        let Some(raw) = ing.ip.as_deref() else {
+            continue;
+        };
+        match parse_ip(raw) {
+            Some(ip) => load_balancer_ips.push(ip),
+            None => {
+                tracing::warn!(service = %id, value = %raw, "LoadBalancer ingress IP is not an IP; ignored")
+            }
+        }
+    }
+    let mut load_balancer_source_ranges = Vec::new();
+    for raw in spec.load_balancer_source_ranges.iter().flatten() {
+        match Cidr::parse_sloppy(raw) {
+            Ok(c) => load_balancer_source_ranges.push(c),
+            Err(e) => tracing::warn!(service = %id, "loadBalancerSourceRanges: {e}; ignored"),
+        }
+    }
+    let session_affinity = match spec.session_affinity.as_deref() {
+        Some("ClientIP") => SessionAffinity::ClientIp {
+            timeout_seconds: spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .filter(|&t| t > 0)
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS),
+        },
+        _ => SessionAffinity::None,
+    };
+    let policy = |p: Option<&str>| match p {
+        Some("Local") => TrafficPolicy::Local,
+        _ => TrafficPolicy::Cluster,
+    };
     Ok(Converted::Take(Service {
         id,
         cluster_ips,
         ports,
+        service_type,
+        external_ips,
+        load_balancer_ips,
+        load_balancer_source_ranges,
+        session_affinity,
+        external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
+        internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
+        health_check_node_port: spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p != 0),
     }))
 }
 
@@ -230,6 +300,18 @@ pub fn endpoint_slice(
             terminating: cond.terminating.unwrap_or(false),
             node_name: ep.node_name.clone(),
             zone: ep.zone.clone(),
+            zone_hints: ep
+                .hints
+                .iter()
+                .flat_map(|h| h.for_zones.iter().flatten())
+                .map(|z| z.name.clone())
+                .collect(),
+            node_hints: ep
+                .hints
+                .iter()
+                .flat_map(|h| h.for_nodes.iter().flatten())
+                .map(|n| n.name.clone())
+                .collect(),
         });
     }
     Ok(Converted::Take(EndpointSlice {

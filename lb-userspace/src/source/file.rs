@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::{
     SourceError,
     convert::{self, Converted},
+    testconfig,
 };
 use crate::model::Model;
 
@@ -21,11 +22,19 @@ pub struct Loaded {
     pub model: Model,
     pub errors: Vec<SourceError>,
     pub ignored: Vec<String>,
+    /// The `kind: TestConfig` header of a kube-proxy conformance case, when the file has one.
+    pub test_config: Option<testconfig::TestConfig>,
 }
 
 /// Parses a multi-document YAML text. A document that is not a Service or EndpointSlice is
 /// ignored; an invalid object is reported and left out, every other object is kept.
 pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
+    parse_step(path, text, None)
+}
+
+/// As [`parse`], keeping only the objects present in `step` of a multi-step conformance
+/// case (see [`testconfig::present_in_step`]); `None` keeps everything.
+pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Loaded, SourceError> {
     let mut loaded = Loaded::default();
     for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| SourceError::Yaml {
@@ -50,7 +59,18 @@ pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
             kind: kind.clone(),
             source,
         };
+        if let Some(step) = step
+            && !testconfig::present_in_step(&value, step)
+        {
+            continue;
+        }
         match (api_version, kind.as_str()) {
+            (_, "TestConfig") if api_version.starts_with("peertest.kube-proxy.local/") => {
+                match testconfig::parse(&value) {
+                    Ok(tc) => loaded.test_config = Some(tc),
+                    Err(e) => loaded.errors.push(e),
+                }
+            }
             ("v1", "Service") => {
                 let svc: core::Service = serde_yaml::from_value(value).map_err(decode_err)?;
                 match convert::service(&svc) {

@@ -3,6 +3,7 @@
 pub mod convert;
 pub mod file;
 pub mod kube;
+pub mod testconfig;
 
 use thiserror::Error;
 

@@ -1,0 +1,741 @@
+//! kube-proxy's ipvs mode (SPEC §3): IPVS virtual and real servers, the ipsets its
+//! iptables rules match on, the addresses of the `kube-ipvs0` dummy interface, and the
+//! iptables rules the mode still needs.
+//!
+//! Renderings: [`IpvsState::render_ipvsadm`] (`ipvsadm-restore` input),
+//! [`IpvsState::render_ipset`] (`ipset restore` input), [`IpvsState::render_addresses`]
+//! (`ip -batch` input for `kube-ipvs0`) and [`IpvsState::iptables`] (`iptables-restore`
+//! input). The iptables rule set follows SPEC §3; only the jumps that the conformance
+//! cases assert were checked against kube-proxy.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::IpAddr,
+};
+
+use super::iptables::{Payload, Table};
+use crate::model::{IpFamily, Model, NodeSettings, Protocol, select};
+
+/// An IPVS real server.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RealServer {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub weight: u32,
+}
+
+/// An IPVS virtual server and its real servers.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct VirtualServer {
+    pub protocol: Protocol,
+    pub ip: IpAddr,
+    pub port: u16,
+    pub scheduler: String,
+    /// Persistence timeout (ClientIP session affinity).
+    pub persistent_timeout: Option<u32>,
+    pub reals: Vec<RealServer>,
+}
+
+fn hostport(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v) => format!("{v}:{port}"),
+        IpAddr::V6(v) => format!("[{v}]:{port}"),
+    }
+}
+
+impl VirtualServer {
+    fn service_flag(&self) -> &'static str {
+        match self.protocol {
+            Protocol::Tcp => "-t",
+            Protocol::Udp => "-u",
+            Protocol::Sctp => "--sctp-service",
+        }
+    }
+}
+
+/// An ipset: its type and entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IpSet {
+    /// `hash:ip,port`, `bitmap:port`, …
+    pub kind: &'static str,
+    pub entries: BTreeSet<String>,
+}
+
+/// Everything ipvs mode programs on a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IpvsState {
+    pub family: IpFamily,
+    pub virtual_servers: Vec<VirtualServer>,
+    /// By full set name (`KUBE-CLUSTER-IP`, or `KUBE-6-CLUSTER-IP` for IPv6).
+    pub ipsets: BTreeMap<String, IpSet>,
+    /// Addresses bound to `kube-ipvs0`.
+    pub dummy_addresses: BTreeSet<IpAddr>,
+    /// The iptables rules ipvs mode needs.
+    pub iptables: Payload,
+}
+
+/// The ipsets kube-proxy's ipvs mode creates, with their types (IPv4 names).
+pub const IPSETS: [(&str, &str); 17] = [
+    ("KUBE-LOOP-BACK", "hash:ip,port,ip"),
+    ("KUBE-CLUSTER-IP", "hash:ip,port"),
+    ("KUBE-EXTERNAL-IP", "hash:ip,port"),
+    ("KUBE-EXTERNAL-IP-LOCAL", "hash:ip,port"),
+    ("KUBE-LOAD-BALANCER", "hash:ip,port"),
+    ("KUBE-LOAD-BALANCER-FW", "hash:ip,port"),
+    ("KUBE-LOAD-BALANCER-LOCAL", "hash:ip,port"),
+    ("KUBE-LOAD-BALANCER-SOURCE-IP", "hash:ip,port,ip"),
+    ("KUBE-LOAD-BALANCER-SOURCE-CIDR", "hash:ip,port,net"),
+    ("KUBE-NODE-PORT-TCP", "bitmap:port"),
+    ("KUBE-NODE-PORT-LOCAL-TCP", "bitmap:port"),
+    ("KUBE-NODE-PORT-UDP", "bitmap:port"),
+    ("KUBE-NODE-PORT-LOCAL-UDP", "bitmap:port"),
+    ("KUBE-NODE-PORT-SCTP-HASH", "hash:ip,port"),
+    ("KUBE-NODE-PORT-LOCAL-SCTP-HASH", "hash:ip,port"),
+    ("KUBE-HEALTH-CHECK-NODE-PORT", "bitmap:port"),
+    ("KUBE-IPVS-IPS", "hash:ip"),
+];
+
+/// The set's name for a family (`KUBE-6-…` on IPv6).
+pub fn set_name(family: IpFamily, base: &str) -> String {
+    match family {
+        IpFamily::V4 => base.to_string(),
+        IpFamily::V6 => base.replacen("KUBE-", "KUBE-6-", 1),
+    }
+}
+
+impl IpvsState {
+    fn add(&mut self, base: &str, entry: String) {
+        let name = set_name(self.family, base);
+        if let Some(s) = self.ipsets.get_mut(&name) {
+            s.entries.insert(entry);
+        }
+    }
+
+    fn set(&self, base: &str) -> Option<&IpSet> {
+        self.ipsets.get(&set_name(self.family, base))
+    }
+
+    /// `ipvsadm-restore` input.
+    pub fn render_ipvsadm(&self) -> String {
+        let mut out = String::new();
+        for vs in &self.virtual_servers {
+            let addr = hostport(vs.ip, vs.port);
+            let flag = vs.service_flag();
+            let _ = write!(out, "-A {flag} {addr} -s {}", vs.scheduler);
+            if let Some(t) = vs.persistent_timeout {
+                let _ = write!(out, " -p {t}");
+            }
+            out.push('\n');
+            for rs in &vs.reals {
+                let _ = writeln!(
+                    out,
+                    "-a {flag} {addr} -r {} -m -w {}",
+                    hostport(rs.ip, rs.port),
+                    rs.weight
+                );
+            }
+        }
+        out
+    }
+
+    /// `ipset restore` input (`-exist`, so it can be applied repeatedly).
+    pub fn render_ipset(&self) -> String {
+        let inet = match self.family {
+            IpFamily::V4 => "inet",
+            IpFamily::V6 => "inet6",
+        };
+        let mut out = String::new();
+        for (name, s) in &self.ipsets {
+            if s.kind == "bitmap:port" {
+                let _ = writeln!(out, "create {name} {} range 0-65535 -exist", s.kind);
+            } else {
+                let _ = writeln!(
+                    out,
+                    "create {name} {} family {inet} hashsize 1024 maxelem 65536 -exist",
+                    s.kind
+                );
+            }
+            for e in &s.entries {
+                let _ = writeln!(out, "add {name} {e} -exist");
+            }
+        }
+        out
+    }
+
+    /// `ip -batch` input binding every service address to `kube-ipvs0`.
+    pub fn render_addresses(&self) -> String {
+        let mut out = String::from("link add kube-ipvs0 type dummy\n");
+        for ip in &self.dummy_addresses {
+            let len = if ip.is_ipv4() { 32 } else { 128 };
+            let _ = writeln!(out, "address add {ip}/{len} dev kube-ipvs0");
+        }
+        out
+    }
+}
+
+/// The node IPs NodePort virtual servers listen on: local addresses of the family, without
+/// loopback and link-local ones, narrowed by nodePortAddresses when it is set.
+pub fn node_port_ips(node: &NodeSettings) -> Vec<IpAddr> {
+    let link_local = |ip: &IpAddr| match ip {
+        IpAddr::V4(v) => v.is_link_local(),
+        IpAddr::V6(v) => (v.segments()[0] & 0xffc0) == 0xfe80,
+    };
+    let mut ips: Vec<IpAddr> = node
+        .local_addresses
+        .iter()
+        .chain(node.node_ips.iter())
+        .copied()
+        .filter(|ip| node.family.matches(*ip) && !ip.is_loopback() && !link_local(ip))
+        .filter(|ip| {
+            node.node_port_addresses.is_empty()
+                || node.node_port_addresses.iter().any(|c| c.contains(*ip))
+        })
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
+/// Computes the ipvs-mode state for `model` on `node`.
+pub fn emit(model: &Model, node: &NodeSettings) -> IpvsState {
+    let mut st = IpvsState {
+        family: node.family,
+        ..IpvsState::default()
+    };
+    for (base, kind) in IPSETS {
+        st.ipsets.insert(
+            set_name(node.family, base),
+            IpSet {
+                kind,
+                entries: BTreeSet::new(),
+            },
+        );
+    }
+    let np_ips = node_port_ips(node);
+    for pv in select::service_ports(model, node) {
+        let proto = pv.protocol();
+        let p = proto.lower();
+        let port = pv.port.port;
+        let cat = &pv.categorized;
+        let reals = |eps: &[select::EndpointView]| -> Vec<RealServer> {
+            eps.iter()
+                .map(|e| RealServer {
+                    ip: e.ip,
+                    port: e.port,
+                    weight: 1,
+                })
+                .collect()
+        };
+        let internal = if pv.internal_policy_local() {
+            reals(&cat.local)
+        } else {
+            reals(&cat.cluster)
+        };
+        let external = if pv.external_policy_local() {
+            reals(&cat.local)
+        } else {
+            reals(&cat.cluster)
+        };
+        let vs = |ip: IpAddr, port: u16, reals: &Vec<RealServer>| VirtualServer {
+            protocol: proto,
+            ip,
+            port,
+            scheduler: node.ipvs_scheduler.clone(),
+            persistent_timeout: pv.affinity_timeout(),
+            reals: reals.clone(),
+        };
+        let entry = |ip: IpAddr| format!("{ip},{p}:{port}");
+        let local = pv.external_policy_local();
+
+        st.virtual_servers.push(vs(pv.cluster_ip, port, &internal));
+        st.dummy_addresses.insert(pv.cluster_ip);
+        st.add("KUBE-CLUSTER-IP", entry(pv.cluster_ip));
+        for e in pv.endpoints.iter().filter(|e| e.local) {
+            st.add(
+                "KUBE-LOOP-BACK",
+                format!("{},{p}:{},{}", e.ip, e.port, e.ip),
+            );
+        }
+        for ip in &pv.external_ips {
+            st.virtual_servers.push(vs(*ip, port, &external));
+            st.dummy_addresses.insert(*ip);
+            st.add("KUBE-EXTERNAL-IP", entry(*ip));
+            if local {
+                st.add("KUBE-EXTERNAL-IP-LOCAL", entry(*ip));
+            }
+        }
+        for ip in &pv.load_balancer_ips {
+            st.virtual_servers.push(vs(*ip, port, &external));
+            st.dummy_addresses.insert(*ip);
+            st.add("KUBE-LOAD-BALANCER", entry(*ip));
+            if local {
+                st.add("KUBE-LOAD-BALANCER-LOCAL", entry(*ip));
+            }
+            if !pv.source_ranges.is_empty() {
+                st.add("KUBE-LOAD-BALANCER-FW", entry(*ip));
+                for c in &pv.source_ranges {
+                    st.add(
+                        "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+                        format!("{},{c}", entry(*ip)),
+                    );
+                }
+                if node
+                    .node_ip()
+                    .is_some_and(|n| pv.source_ranges.iter().any(|c| c.contains(n)))
+                {
+                    st.add(
+                        "KUBE-LOAD-BALANCER-SOURCE-IP",
+                        format!("{},{ip}", entry(*ip)),
+                    );
+                }
+            }
+        }
+        if let Some(np) = pv.node_port {
+            for ip in &np_ips {
+                st.virtual_servers.push(vs(*ip, np, &external));
+            }
+            match proto {
+                Protocol::Tcp | Protocol::Udp => {
+                    let up = p.to_uppercase();
+                    st.add(&format!("KUBE-NODE-PORT-{up}"), np.to_string());
+                    if local {
+                        st.add(&format!("KUBE-NODE-PORT-LOCAL-{up}"), np.to_string());
+                    }
+                }
+                Protocol::Sctp => {
+                    for ip in &np_ips {
+                        let e = format!("{ip},sctp:{np}");
+                        st.add("KUBE-NODE-PORT-SCTP-HASH", e.clone());
+                        if local {
+                            st.add("KUBE-NODE-PORT-LOCAL-SCTP-HASH", e);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(hc) = pv.health_check_node_port {
+            st.add("KUBE-HEALTH-CHECK-NODE-PORT", hc.to_string());
+        }
+    }
+    let addrs: Vec<IpAddr> = st.dummy_addresses.iter().copied().collect();
+    for ip in addrs {
+        st.add("KUBE-IPVS-IPS", ip.to_string());
+    }
+    st.virtual_servers.sort();
+    st.iptables = iptables_rules(&st, node);
+    st
+}
+
+fn rule(t: &mut Table, chain: &str, args: &[&str]) {
+    t.rules.push(format!("-A {chain} {}", args.join(" ")));
+}
+
+/// The iptables rules of ipvs mode (SPEC §3).
+fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
+    let mark = node.mark.text.as_str();
+    let mm = format!("{mark}/{mark}");
+    let n = |base: &str| set_name(st.family, base);
+    let has = |base: &str| st.set(base).is_some_and(|s| !s.entries.is_empty());
+    let mut nat = Table::default();
+    let mut filter = Table::default();
+    for c in [
+        "KUBE-SERVICES",
+        "KUBE-POSTROUTING",
+        "KUBE-NODE-PORT",
+        "KUBE-LOAD-BALANCER",
+        "KUBE-MARK-MASQ",
+    ] {
+        nat.chains.push(c.into());
+    }
+    for c in [
+        "KUBE-FORWARD",
+        "KUBE-NODE-PORT",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-SOURCE-RANGES-FIREWALL",
+        "KUBE-IPVS-FILTER",
+    ] {
+        filter.chains.push(c.into());
+    }
+    let cluster_ip = n("KUBE-CLUSTER-IP");
+    if st.family == IpFamily::V4 {
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &["-s", "127.0.0.0/8", "-j", "RETURN"],
+        );
+    }
+    let masq_comment = "\"Kubernetes service cluster ip + port for masquerade purpose\"";
+    if node.masquerade_all {
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &[
+                "-m",
+                "comment",
+                "--comment",
+                masq_comment,
+                "-m",
+                "set",
+                "--match-set",
+                &cluster_ip,
+                "dst,dst",
+                "-j",
+                "KUBE-MARK-MASQ",
+            ],
+        );
+    } else if let Some(not_local) = node.detector.if_not_local() {
+        let mut a: Vec<&str> = vec![
+            "-m",
+            "comment",
+            "--comment",
+            masq_comment,
+            "-m",
+            "set",
+            "--match-set",
+            &cluster_ip,
+            "dst,dst",
+        ];
+        a.extend(not_local.iter().map(String::as_str));
+        a.extend(["-j", "KUBE-MARK-MASQ"]);
+        rule(&mut nat, "KUBE-SERVICES", &a);
+    } else {
+        // No way to tell pod traffic: masquerade node-originated traffic whose source is a
+        // service address (the VIP on kube-ipvs0 picked as source).
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &[
+                "-m",
+                "comment",
+                "--comment",
+                masq_comment,
+                "-m",
+                "set",
+                "--match-set",
+                &cluster_ip,
+                "src,dst",
+                "-j",
+                "KUBE-MARK-MASQ",
+            ],
+        );
+    }
+    if has("KUBE-LOAD-BALANCER") {
+        let lb = n("KUBE-LOAD-BALANCER");
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &[
+                "-m",
+                "set",
+                "--match-set",
+                &lb,
+                "dst,dst",
+                "-j",
+                "KUBE-LOAD-BALANCER",
+            ],
+        );
+        if has("KUBE-LOAD-BALANCER-LOCAL") {
+            rule(
+                &mut nat,
+                "KUBE-LOAD-BALANCER",
+                &[
+                    "-m",
+                    "set",
+                    "--match-set",
+                    &n("KUBE-LOAD-BALANCER-LOCAL"),
+                    "dst,dst",
+                    "-j",
+                    "RETURN",
+                ],
+            );
+        }
+        rule(&mut nat, "KUBE-LOAD-BALANCER", &["-j", "KUBE-MARK-MASQ"]);
+    }
+    if has("KUBE-EXTERNAL-IP") {
+        let ext = n("KUBE-EXTERNAL-IP");
+        let c = "\"Kubernetes service external ip + port for masquerade and filter purpose\"";
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &[
+                "-m",
+                "comment",
+                "--comment",
+                c,
+                "-m",
+                "set",
+                "--match-set",
+                &ext,
+                "dst,dst",
+                "-j",
+                "KUBE-MARK-MASQ",
+            ],
+        );
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &["-m", "set", "--match-set", &ext, "dst,dst", "-j", "ACCEPT"],
+        );
+    }
+    rule(
+        &mut nat,
+        "KUBE-SERVICES",
+        &[
+            "-m",
+            "addrtype",
+            "--dst-type",
+            "LOCAL",
+            "-j",
+            "KUBE-NODE-PORT",
+        ],
+    );
+    rule(
+        &mut nat,
+        "KUBE-SERVICES",
+        &[
+            "-m",
+            "set",
+            "--match-set",
+            &cluster_ip,
+            "dst,dst",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    if has("KUBE-LOAD-BALANCER") {
+        rule(
+            &mut nat,
+            "KUBE-SERVICES",
+            &[
+                "-m",
+                "set",
+                "--match-set",
+                &n("KUBE-LOAD-BALANCER"),
+                "dst,dst",
+                "-j",
+                "ACCEPT",
+            ],
+        );
+    }
+    for (local, all, m) in [
+        ("KUBE-NODE-PORT-LOCAL-TCP", "KUBE-NODE-PORT-TCP", "dst"),
+        ("KUBE-NODE-PORT-LOCAL-UDP", "KUBE-NODE-PORT-UDP", "dst"),
+        (
+            "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+            "KUBE-NODE-PORT-SCTP-HASH",
+            "dst,dst",
+        ),
+    ] {
+        if has(local) {
+            rule(
+                &mut nat,
+                "KUBE-NODE-PORT",
+                &["-m", "set", "--match-set", &n(local), m, "-j", "RETURN"],
+            );
+        }
+        if has(all) {
+            rule(
+                &mut nat,
+                "KUBE-NODE-PORT",
+                &[
+                    "-m",
+                    "set",
+                    "--match-set",
+                    &n(all),
+                    m,
+                    "-j",
+                    "KUBE-MARK-MASQ",
+                ],
+            );
+        }
+    }
+    rule(
+        &mut nat,
+        "KUBE-POSTROUTING",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "\"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\"",
+            "-m",
+            "set",
+            "--match-set",
+            &n("KUBE-LOOP-BACK"),
+            "dst,dst,src",
+            "-j",
+            "MASQUERADE",
+        ],
+    );
+    rule(
+        &mut nat,
+        "KUBE-POSTROUTING",
+        &["-m", "mark", "!", "--mark", &mm, "-j", "RETURN"],
+    );
+    rule(
+        &mut nat,
+        "KUBE-POSTROUTING",
+        &["-j", "MARK", "--xor-mark", mark],
+    );
+    let mut masq = vec![
+        "-m",
+        "comment",
+        "--comment",
+        "\"kubernetes service traffic requiring SNAT\"",
+        "-j",
+        "MASQUERADE",
+    ];
+    if node.host.random_fully {
+        masq.push("--random-fully");
+    }
+    rule(&mut nat, "KUBE-POSTROUTING", &masq);
+    rule(
+        &mut nat,
+        "KUBE-MARK-MASQ",
+        &["-j", "MARK", "--or-mark", mark],
+    );
+
+    rule(
+        &mut filter,
+        "KUBE-NODE-PORT",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "\"Kubernetes health check node port\"",
+            "-m",
+            "set",
+            "--match-set",
+            &n("KUBE-HEALTH-CHECK-NODE-PORT"),
+            "dst",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    if has("KUBE-LOAD-BALANCER-FW") {
+        rule(
+            &mut filter,
+            "KUBE-PROXY-FIREWALL",
+            &[
+                "-m",
+                "set",
+                "--match-set",
+                &n("KUBE-LOAD-BALANCER-FW"),
+                "dst,dst",
+                "-j",
+                "KUBE-SOURCE-RANGES-FIREWALL",
+            ],
+        );
+        rule(
+            &mut filter,
+            "KUBE-SOURCE-RANGES-FIREWALL",
+            &[
+                "-m",
+                "set",
+                "--match-set",
+                &n("KUBE-LOAD-BALANCER-SOURCE-CIDR"),
+                "dst,dst,src",
+                "-j",
+                "RETURN",
+            ],
+        );
+        if has("KUBE-LOAD-BALANCER-SOURCE-IP") {
+            rule(
+                &mut filter,
+                "KUBE-SOURCE-RANGES-FIREWALL",
+                &[
+                    "-m",
+                    "set",
+                    "--match-set",
+                    &n("KUBE-LOAD-BALANCER-SOURCE-IP"),
+                    "dst,dst,src",
+                    "-j",
+                    "RETURN",
+                ],
+            );
+        }
+        rule(&mut filter, "KUBE-SOURCE-RANGES-FIREWALL", &["-j", "DROP"]);
+    }
+    for s in [
+        "KUBE-LOAD-BALANCER",
+        "KUBE-CLUSTER-IP",
+        "KUBE-EXTERNAL-IP",
+        "KUBE-EXTERNAL-IP-LOCAL",
+    ] {
+        rule(
+            &mut filter,
+            "KUBE-IPVS-FILTER",
+            &["-m", "set", "--match-set", &n(s), "dst,dst", "-j", "RETURN"],
+        );
+    }
+    rule(
+        &mut filter,
+        "KUBE-IPVS-FILTER",
+        &[
+            "-m",
+            "set",
+            "--match-set",
+            &n("KUBE-HEALTH-CHECK-NODE-PORT"),
+            "dst",
+            "-j",
+            "RETURN",
+        ],
+    );
+    rule(
+        &mut filter,
+        "KUBE-IPVS-FILTER",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "set",
+            "--match-set",
+            &n("KUBE-IPVS-IPS"),
+            "dst",
+            "-j",
+            "REJECT",
+        ],
+    );
+    if !node.host.tcp_be_liberal {
+        rule(
+            &mut filter,
+            "KUBE-FORWARD",
+            &["-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"],
+        );
+    }
+    rule(
+        &mut filter,
+        "KUBE-FORWARD",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "\"kubernetes forwarding rules\"",
+            "-m",
+            "mark",
+            "--mark",
+            &mm,
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    rule(
+        &mut filter,
+        "KUBE-FORWARD",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "\"kubernetes forwarding conntrack rule\"",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "RELATED,ESTABLISHED",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    Payload { filter, nat }
+}

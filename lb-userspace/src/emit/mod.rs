@@ -1,0 +1,53 @@
+//! Emitters: pure functions from the model and a node's settings to the rules kube-proxy
+//! would write in each of its modes, plus helpers to check them.
+//!
+//! * [`iptables`]: `iptables-restore` input (filter and nat tables), full and partial syncs;
+//! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
+//! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
+//! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
+//! * [`restore`]: an in-memory `iptables-restore --noflush` (tables, chains, references);
+//! * [`trace`]: follows a packet through emitted iptables rules (reachable DNAT targets).
+
+pub mod iptables;
+pub mod ipvs;
+pub mod names;
+pub mod nftables;
+pub mod restore;
+pub mod trace;
+pub mod userspace;
+
+use crate::model::{Model, NodeSettings};
+
+/// A kube-proxy mode to emit rules for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Iptables,
+    Nftables,
+    Ipvs,
+    Userspace,
+}
+
+/// The text `xlb emit MODE` prints: what kube-proxy's first (full) sync would program.
+///
+/// * iptables: the `iptables-restore --noflush` payload;
+/// * nftables: `nft -f` input creating the `kube-proxy` table;
+/// * ipvs: four sections (`ipvsadm-restore`, `ipset restore`, `ip -batch` for
+///   `kube-ipvs0`, `iptables-restore`), each introduced by a `#` line;
+/// * userspace: the proxy-port allocation as `#` lines, then `iptables-restore` input.
+pub fn render(mode: Mode, model: &Model, node: &NodeSettings) -> String {
+    match mode {
+        Mode::Iptables => iptables::emit(model, node).render(),
+        Mode::Nftables => nftables::emit(model, node).render(),
+        Mode::Ipvs => {
+            let st = ipvs::emit(model, node);
+            format!(
+                "# ipvsadm-restore\n{}# ipset restore\n{}# ip -batch (kube-ipvs0)\n{}# iptables-restore --noflush\n{}",
+                st.render_ipvsadm(),
+                st.render_ipset(),
+                st.render_addresses(),
+                st.iptables.render()
+            )
+        }
+        Mode::Userspace => userspace::emit(model, node, userspace::PortRange::default()).render(),
+    }
+}
