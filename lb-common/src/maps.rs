@@ -153,7 +153,7 @@ const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
 pub struct AffinityKey {
     pub svc_id: u32,
     /// Client address, network order; IPv4 uses word 0 only.
-        pub client_be: [u32; 4],
+    pub client_be: [u32; 4],
     pub family: u8,
     // Scalar padding, not an array: zeroing `[u8; 3]` compiles to a byte loop whose pointer
     // arithmetic the verifier refuses without CAP_PERFMON.
