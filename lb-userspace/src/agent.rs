@@ -44,6 +44,8 @@ pub enum SourceSpec {
 pub struct AgentOptions {
     /// Where services come from.
     pub source: SourceSpec,
+    /// This node's name (endpoints with this `nodeName` are local).
+    pub node_name: String,
     /// Glob(s) of pod-facing interfaces to attach to (comma-separated).
     pub pod_interfaces: String,
     /// Node interfaces that carry replies from remote backends.
@@ -76,6 +78,8 @@ struct Update {
     /// When the oldest change in it was seen.
     since: Instant,
     node_deleting: bool,
+    /// The node's zone, when the source knows it.
+    zone: Option<String>,
 }
 
 /// The agent's view of a source: the next model to program, when there is one.
@@ -115,6 +119,7 @@ impl Feed {
                         since: Instant::now(),
                         loaded: file::load(watch.path()),
                         node_deleting: false,
+                        zone: None,
                     }));
                 }
                 if !*reported {
@@ -135,6 +140,7 @@ impl Feed {
                                 loaded: Ok(s.loaded),
                                 since,
                                 node_deleting: s.node_deleting,
+                                zone: s.zone,
                             });
                         }
                         Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(newest),
@@ -191,11 +197,16 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         info!(%bound, "serving /metrics");
     }
     let mut model = Model::default();
+    let mut node = desired::NodeContext {
+        name: opts.node_name.clone(),
+        zone: None,
+    };
     let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
         sync_interfaces(opts, &mut ebpf, &mut ifs)?;
         if let Some(update) = feed.next()? {
             health.set_node_deleting(update.node_deleting);
+            node.zone = update.zone.clone();
             if let Ok(l) = &update.loaded {
                 let (svc, ep) = changes(&model, &l.model);
                 metrics.queued(svc, ep);
@@ -203,7 +214,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 model = l.model.clone();
             }
             let started = Instant::now();
-            let (now, errors) = sync(update.loaded, &mut maps, &current, &mut ids, limits);
+            let (now, errors) = sync(update.loaded, &node, &mut maps, &current, &mut ids, limits);
             current = now;
             metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
             health.synced();
@@ -233,6 +244,7 @@ fn changes(old: &Model, new: &Model) -> (u64, u64) {
 /// Programs `loaded`; returns what is programmed and how many errors the sync had.
 fn sync(
     loaded: Result<Loaded, SourceError>,
+    node: &desired::NodeContext,
     maps: &mut KernelMaps,
     current: &Desired,
     ids: &mut Ids,
@@ -252,7 +264,7 @@ fn sync(
     for why in &loaded.ignored {
         debug!("ignored: {why}");
     }
-    let (want, problems) = desired::compute(&loaded.model, ids, limits);
+    let (want, problems) = desired::compute_on(&loaded.model, node, ids, limits);
     for p in &problems {
         warn!("{p}");
     }

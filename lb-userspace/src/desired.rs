@@ -9,11 +9,15 @@ use std::{
 
 use lb_common::{
     BACKEND_MAP_CAPACITY, Backend, FAMILY_V4, MAP_BACKEND, MAP_SVC, MAX_BACKENDS_PER_SVC,
-    SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    SVC_F_DROP_EMPTY, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
-use crate::model::{BackendAddr, Model, Protocol};
+use crate::model::{
+    BackendAddr, Model, Protocol,
+    node::{IpFamily, NodeSettings},
+    select::service_ports,
+};
 
 /// The contents of the maps the agent owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -182,6 +186,36 @@ struct Planned {
 /// Computes the desired maps for `model`. Frontends already programmed are placed first, so
 /// a full map rejects new services rather than dropping working ones.
 pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<DesiredError>) {
+    compute_on(model, &NodeContext::default(), ids, limits)
+}
+
+/// The node the agent programs: its name decides which endpoints are local
+/// (internalTrafficPolicy Local), its zone which topology hints apply.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeContext {
+    pub name: String,
+    pub zone: Option<String>,
+}
+
+/// A frontend to program: its key, its object name, its backends, flags and affinity.
+struct Candidate {
+    key: SvcKey,
+    object: String,
+    backends: Vec<BackendAddr>,
+    flags: u16,
+    affinity_timeout_s: u32,
+}
+
+/// [`compute`] for a node: kube-proxy's endpoint choice for ClusterIP traffic on `node`
+/// (the model's shared selection): internalTrafficPolicy Local uses only this node's
+/// endpoints and drops when there are none; Cluster uses the cluster endpoints narrowed by
+/// topology hints; ClientIP affinity carries its timeout.
+pub fn compute_on(
+    model: &Model,
+    node: &NodeContext,
+    ids: &mut Ids,
+    limits: Limits,
+) -> (Desired, Vec<DesiredError>) {
     let mut errors = Vec::new();
     let mut candidates = Vec::new();
 
@@ -191,62 +225,90 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
                 object: id.to_string(),
             });
         }
-        for port in &svc.ports {
-            let port_name = if port.name.is_empty() {
-                port.port.to_string()
-            } else {
-                port.name.clone()
-            };
-            let object = format!("{id}:{port_name}");
-            if port.protocol == Protocol::Sctp {
+        for ip in svc.cluster_ips.iter().filter(|ip| ip.is_ipv6()) {
+            for port in &svc.ports {
                 errors.push(DesiredError::Unsupported {
-                    object,
-                    what: "SCTP".into(),
+                    object: object_name(&id.to_string(), port),
+                    what: format!("IPv6 ClusterIP {ip}"),
                 });
-                continue;
-            }
-            let mut backends: Vec<BackendAddr> = model.backends(id, port);
-            if backends.len() > MAX_BACKENDS_PER_SVC as usize {
-                errors.push(DesiredError::TooManyBackends {
-                    object: object.clone(),
-                    count: backends.len(),
-                    limit: MAX_BACKENDS_PER_SVC,
-                });
-                backends.truncate(MAX_BACKENDS_PER_SVC as usize);
-            }
-            for ip in &svc.cluster_ips {
-                let IpAddr::V4(vip) = *ip else {
-                    errors.push(DesiredError::Unsupported {
-                        object: object.clone(),
-                        what: format!("IPv6 ClusterIP {ip}"),
-                    });
-                    continue;
-                };
-                let key = frontend_key(vip, port.port, port.protocol);
-                candidates.push((key, object.clone(), backends.clone()));
             }
         }
+    }
+    let settings = NodeSettings {
+        node_name: node.name.clone(),
+        zone: node.zone.clone(),
+        family: IpFamily::V4,
+        ..NodeSettings::default()
+    };
+    for view in service_ports(model, &settings) {
+        let object = object_name(&view.service.id.to_string(), view.port);
+        if view.protocol() == Protocol::Sctp {
+            errors.push(DesiredError::Unsupported {
+                object,
+                what: "SCTP".into(),
+            });
+            continue;
+        }
+        let IpAddr::V4(vip) = view.cluster_ip else {
+            continue;
+        };
+        let local = view.internal_policy_local();
+        let chosen = if local {
+            &view.categorized.local
+        } else {
+            &view.categorized.cluster
+        };
+        let mut backends: Vec<BackendAddr> = chosen
+            .iter()
+            .map(|e| BackendAddr {
+                ip: e.ip,
+                port: e.port,
+                protocol: view.protocol(),
+            })
+            .collect();
+        if backends.len() > MAX_BACKENDS_PER_SVC as usize {
+            errors.push(DesiredError::TooManyBackends {
+                object: object.clone(),
+                count: backends.len(),
+                limit: MAX_BACKENDS_PER_SVC,
+            });
+            backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+        }
+        candidates.push(Candidate {
+            key: frontend_key(vip, view.port.port, view.protocol()),
+            object,
+            backends,
+            flags: if local { SVC_F_DROP_EMPTY } else { 0 },
+            affinity_timeout_s: view.affinity_timeout().unwrap_or(0),
+        });
     }
 
     // Already-programmed frontends first, then new ones, each group in model order: a full
     // map or a clashing frontend never takes the place of something that works.
-    candidates.sort_by_key(|(key, _, _)| !ids.has_svc(key));
+    candidates.sort_by_key(|c| !ids.has_svc(&c.key));
     let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
     let mut planned = Vec::new();
-    for (key, object, backends) in candidates {
-        if let Some(owner) = owners.get(&key) {
+    for c in candidates {
+        if let Some(owner) = owners.get(&c.key) {
             errors.push(DesiredError::FrontendConflict {
-                frontend: show_frontend(&key),
-                object,
+                frontend: show_frontend(&c.key),
+                object: c.object,
                 owner: owner.clone(),
             });
             continue;
         }
-        owners.insert(key, object.clone());
-        planned.push((key, object, backends));
+        owners.insert(c.key, c.object.clone());
+        planned.push(c);
     }
     let mut desired = Desired::default();
-    for (key, object, backends) in planned {
+    for Candidate {
+        key,
+        object,
+        backends,
+        flags,
+        affinity_timeout_s,
+    } in planned
+    {
         let svc_id = ids.svc_id(key);
         let mut plan = Planned {
             object,
@@ -281,6 +343,8 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
             SvcValue {
                 count: slot,
                 svc_id,
+                flags,
+                affinity_timeout_s,
                 ..SvcValue::default()
             },
         ));
@@ -288,6 +352,15 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
     }
     ids.retain(&desired);
     (desired, errors)
+}
+
+/// `namespace/name:port`, the port by name or, when it has none, by number.
+fn object_name(service: &str, port: &crate::model::ServicePort) -> String {
+    if port.name.is_empty() {
+        format!("{service}:{}", port.port)
+    } else {
+        format!("{service}:{}", port.name)
+    }
 }
 
 fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<DesiredError>) {
@@ -361,9 +434,16 @@ impl Desired {
                     .get(&v.svc_id)
                     .map(svc_name_str)
                     .unwrap_or_default();
+                let mut extra = String::new();
+                if v.flags & SVC_F_DROP_EMPTY != 0 {
+                    extra.push_str(" drop-when-empty");
+                }
+                if v.affinity_timeout_s != 0 {
+                    let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
+                }
                 let _ = writeln!(
                     out,
-                    "service {} id={} name={} count={}",
+                    "service {} id={} name={} count={}{extra}",
                     show_frontend(k),
                     v.svc_id,
                     name,

@@ -305,11 +305,12 @@ fn main() -> Result<()> {
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
+            let node_name = node_name(hostname_override);
             let source = if source == "kubernetes" {
                 SourceSpec::Kubernetes(KubeOptions {
                     kubeconfig,
                     service_proxy_name,
-                    node_name: node_name(hostname_override),
+                    node_name: node_name.clone(),
                     min_sync: Duration::from_millis(min_sync_period_ms),
                 })
             } else {
@@ -317,6 +318,7 @@ fn main() -> Result<()> {
             };
             let opts = AgentOptions {
                 source,
+                node_name,
                 pod_interfaces,
                 node_interfaces,
                 bpffs,

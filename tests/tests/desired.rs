@@ -18,10 +18,11 @@ fn load(path: &Path) -> file::Loaded {
     file::load(path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Errors and the desired dump, as a golden file holds them.
-fn render(path: &Path) -> String {
+/// Errors and the desired dump, as a golden file holds them (computed on `node`).
+fn render(path: &Path, node: &desired::NodeContext) -> String {
     let loaded = load(path);
-    let (d, problems) = desired::compute(&loaded.model, &mut Ids::default(), Limits::default());
+    let (d, problems) =
+        desired::compute_on(&loaded.model, node, &mut Ids::default(), Limits::default());
     let mut out = String::new();
     let mut errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
     errors.extend(problems.iter().map(|p| p.to_string()));
@@ -35,7 +36,11 @@ fn render(path: &Path) -> String {
 
 /// Compares with `<name>.desired.txt`; `XLB_BLESS=1` rewrites it.
 fn golden(input: &Path, expected: &Path) {
-    let got = render(input);
+    golden_on(input, expected, &desired::NodeContext::default());
+}
+
+fn golden_on(input: &Path, expected: &Path, node: &desired::NodeContext) {
+    let got = render(input, node);
     if std::env::var_os("XLB_BLESS").is_some() {
         std::fs::write(expected, &got).expect("bless");
         return;
@@ -67,6 +72,19 @@ fn golden_multi_slice_multi_port() {
     golden(
         &fixtures().join("multi.yaml"),
         &fixtures().join("multi.desired.txt"),
+    );
+}
+
+#[test]
+fn golden_traffic_policies_topology_and_affinity_on_node1() {
+    let node = desired::NodeContext {
+        name: "node1".into(),
+        zone: Some("z1".into()),
+    };
+    golden_on(
+        &fixtures().join("policies.yaml"),
+        &fixtures().join("policies.desired.txt"),
+        &node,
     );
 }
 

@@ -393,3 +393,103 @@ fn health_and_metrics_follow_kube_proxy() {
     }
     assert_eq!(http_get(&c, 10256, "/livez").0, 200);
 }
+
+#[test]
+fn internal_traffic_policy_local_and_client_ip_affinity() {
+    if !require_root("internal_traffic_policy_local_and_client_ip_affinity") {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
+    let mut c = start("xl", false, &[]);
+    let local = Ipv4Addr::new(10, 96, 0, 20);
+    let nowhere = Ipv4Addr::new(10, 96, 0, 21);
+    let sticky = Ipv4Addr::new(10, 96, 0, 22);
+    let svc = |name: &str, ip: Ipv4Addr, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {ip}\n{extra}  ports: [{{name: http, port: 80, protocol: TCP}}]\n"
+        )
+    };
+    let slice_on = |name: &str, eps: &[(Ipv4Addr, &str)]| {
+        let mut y = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: {name}-abc, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n"
+        );
+        for (ip, node) in eps {
+            y.push_str(&format!("- addresses: [\"{ip}\"]\n  nodeName: {node}\n"));
+        }
+        y
+    };
+    c.api
+        .apply_yaml(&svc("local", local, "  internalTrafficPolicy: Local\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on(
+            "local",
+            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node2")],
+        ))
+        .expect("slice");
+    c.api
+        .apply_yaml(&svc("nowhere", nowhere, "  internalTrafficPolicy: Local\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on("nowhere", &[(b[1], "node2")]))
+        .expect("slice");
+    c.api
+        .apply_yaml(&svc("sticky", sticky, "  sessionAffinity: ClientIP\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on(
+            "sticky",
+            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node3")],
+        ))
+        .expect("slice");
+    c.agent
+        .wait_for(WAIT, |rows| {
+            rows.iter()
+                .filter(|r| r.frontend.starts_with("10.96.0.2"))
+                .count()
+                == 3
+        })
+        .expect("three services programmed");
+
+    let (local_answers, nowhere_result, sticky_answers) = c
+        .topo
+        .client
+        .ns
+        .run(move || {
+            let ask =
+                |ip: Ipv4Addr| tcp_request(sock(ip, 80), Duration::from_secs(2)).map(|a| a.backend);
+            let local: Vec<_> = (0..20).map(|_| ask(local)).collect();
+            let t0 = std::time::Instant::now();
+            let nowhere = std::net::TcpStream::connect_timeout(
+                &sock(nowhere, 80),
+                Duration::from_millis(700),
+            )
+            .map(|_| ())
+            .map_err(|e| (e.kind(), t0.elapsed()));
+            let sticky: Vec<_> = (0..20).map(|_| ask(sticky)).collect();
+            (local, nowhere, sticky)
+        })
+        .expect("client");
+    let local_answers: Vec<String> = local_answers
+        .into_iter()
+        .map(|r| r.expect("local service answers"))
+        .collect();
+    assert!(
+        local_answers.iter().all(|b| b == "backend-1"),
+        "Local policy left the node: {local_answers:?}"
+    );
+    let (kind, _) = nowhere_result.expect_err("no local endpoint must not connect");
+    assert_eq!(
+        kind,
+        std::io::ErrorKind::TimedOut,
+        "Local without local endpoints drops (as kube-proxy), it does not refuse"
+    );
+    let sticky_answers: Vec<String> = sticky_answers
+        .into_iter()
+        .map(|r| r.expect("sticky answers"))
+        .collect();
+    assert!(
+        sticky_answers.iter().all(|b| *b == sticky_answers[0]),
+        "ClientIP affinity broken: {sticky_answers:?}"
+    );
+}

@@ -118,7 +118,12 @@ pub struct Snapshot {
     pub since: std::time::Instant,
     /// This node has a deletion timestamp or is tainted for deletion by the autoscaler.
     pub node_deleting: bool,
+    /// This node's `topology.kubernetes.io/zone` label.
+    pub zone: Option<String>,
 }
+
+/// The label that names a node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// True when the node is going away (kube-proxy's healthz then answers 503).
 pub fn node_deleting(node: &Node) -> bool {
@@ -234,6 +239,13 @@ async fn run(opts: KubeOptions, tx: Sender<Snapshot>) -> Result<(), KubeError> {
             loaded: snapshot(&svc_store, &slice_store),
             since,
             node_deleting: node_store.state().iter().any(|n| node_deleting(n)),
+            zone: node_store.state().iter().find_map(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ZONE_LABEL))
+                    .cloned()
+            }),
         };
         if tx.send(snap).is_err() {
             return Ok(());
