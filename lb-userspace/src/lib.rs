@@ -12,6 +12,7 @@ pub mod list;
 pub mod model;
 pub mod netif;
 pub mod packet;
+pub mod proxy;
 pub mod serve;
 pub mod source;
 

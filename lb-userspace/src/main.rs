@@ -105,6 +105,21 @@ enum Command {
         #[command(flatten)]
         node: NodeFlags,
     },
+    /// Run kube-proxy's userspace proxy (for comparison): accept on each service port's proxy
+    /// port (see `xlb emit userspace`) and splice to backends round-robin.
+    Proxy {
+        /// Only `userspace`.
+        mode: ProxyMode,
+        /// `file:PATH`.
+        #[arg(long)]
+        source: String,
+        /// First proxy port.
+        #[arg(long, default_value_t = 36000)]
+        port_range_start: u16,
+        /// Last proxy port.
+        #[arg(long, default_value_t = 39999)]
+        port_range_end: u16,
+    },
     /// Detach and unpin everything xlb installed.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
@@ -234,6 +249,11 @@ impl NodeFlags {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum ProxyMode {
+    Userspace,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum ListWhat {
     Services,
     Backends,
@@ -335,6 +355,29 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs } => run_cleanup(&bpffs),
+        Command::Proxy {
+            mode: ProxyMode::Userspace,
+            source,
+            port_range_start,
+            port_range_end,
+        } => {
+            let stop = Arc::new(AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(sig, Arc::clone(&stop))
+                    .context("install signal handler")?;
+            }
+            let range = lb_userspace::emit::userspace::PortRange {
+                start: port_range_start,
+                end: port_range_end,
+            };
+            lb_userspace::proxy::userspace::run(
+                source_file(&source)?,
+                lb_userspace::model::NodeSettings::default(),
+                range,
+                &stop,
+            )?;
+            Ok(())
+        }
         Command::Desired { source } => {
             let loaded = file::load(&source_file(&source)?)?;
             for e in &loaded.errors {

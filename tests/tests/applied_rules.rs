@@ -83,8 +83,13 @@ fn setup(prefix: &str, mode: Mode) -> Option<(Topology, Vec<EchoServer>, String)
 }
 
 /// 60 TCP and 60 UDP requests from the client: all answered, from the ClusterIP, by more
-/// than one backend, which saw the client pod's own address.
+/// than one backend, which saw the client pod's own address (or, with `proxied`, the node's:
+/// a userspace proxy opens its own connections).
 fn check_traffic(topo: &Topology, what: &str) {
+    check_traffic_seen(topo, what, false)
+}
+
+fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
     let client_ip = topo.client.ip;
     let answers = topo
         .client
@@ -106,8 +111,9 @@ fn check_traffic(topo: &Topology, what: &str) {
             "{what}: peer {}",
             a.peer
         );
-        assert!(
-            a.seen_client.starts_with(&format!("{client_ip}:")),
+        let from_client = a.seen_client.starts_with(&format!("{client_ip}:"));
+        assert_eq!(
+            from_client, !proxied,
             "{what}: backend saw {}",
             a.seen_client
         );
@@ -146,4 +152,74 @@ fn emitted_nftables_rules_carry_traffic() {
     };
     feed(&topo.node, "nft", &["-f", "-"], &rules).expect("nft -f");
     check_traffic(&topo, "nftables");
+}
+
+/// Kills a child process on drop.
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn userspace_rules_and_the_userspace_proxy_carry_traffic() {
+    let Some((topo, _servers, rules)) = setup("xu", Mode::Userspace) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(&topo.tag);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ips: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
+    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &ips)
+        + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, &ips);
+    let path = dir.join("services.yaml");
+    std::fs::write(&path, yaml).expect("yaml");
+    let log = std::fs::File::create(dir.join("proxy.log")).expect("log");
+    let _proxy = Reap(
+        topo.node
+            .command(xlb_tests::xlb_bin())
+            .args(["proxy", "userspace", "--source"])
+            .arg(format!("file:{}", path.display()))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("xlb proxy userspace"),
+    );
+    feed(&topo.node, "iptables-restore", &["--noflush"], &rules).expect("iptables-restore");
+    run(
+        &topo.node,
+        "iptables",
+        &[
+            "-t",
+            "nat",
+            "-I",
+            "PREROUTING",
+            "-j",
+            "KUBE-PORTALS-CONTAINER",
+        ],
+    )
+    .expect("jump");
+    // Wait until the proxy listens (it reads the file and binds its ports first).
+    let ready = topo
+        .client
+        .ns
+        .run(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if tcp_request(sock(WEB, 80), Duration::from_millis(300)).is_ok()
+                    && udp_request(sock(DNS, 53), Duration::from_millis(300)).is_ok()
+                {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+        .expect("client");
+    let text = std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default();
+    assert!(ready, "the userspace proxy never answered:\n{text}");
+    check_traffic_seen(&topo, "userspace", true);
+    let _ = std::fs::remove_dir_all(&dir);
 }
