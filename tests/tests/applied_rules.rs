@@ -7,7 +7,7 @@ use std::{
     collections::BTreeSet,
     io::Write,
     net::Ipv4Addr,
-    process::{Command, Stdio},
+    process::Stdio,
     time::Duration,
 };
 
