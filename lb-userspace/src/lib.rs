@@ -8,6 +8,7 @@ pub mod datapath;
 pub mod desired;
 pub mod emit;
 pub mod glob;
+pub mod lab;
 pub mod list;
 pub mod model;
 pub mod netif;

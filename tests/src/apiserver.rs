@@ -389,6 +389,14 @@ fn watch(
     }
     let mut last_bookmark = Instant::now();
     loop {
+        // A cut or a compaction ends the stream before anything newer is sent.
+        if st.generation != generation
+            || shared.stop.load(Ordering::Relaxed)
+            || started.elapsed() > timeout
+        {
+            drop(st);
+            return write!(conn, "0\r\n\r\n");
+        }
         let pending: Vec<Event> = st
             .events
             .iter()
@@ -416,12 +424,8 @@ fn watch(
             last_bookmark = Instant::now();
         }
         st = lock(shared);
-        if st.generation != generation
-            || shared.stop.load(Ordering::Relaxed)
-            || started.elapsed() > timeout
-        {
-            drop(st);
-            return write!(conn, "0\r\n\r\n");
+        if st.generation != generation {
+            continue;
         }
         if !st.events.iter().any(|e| e.rv > from && e.kind == kind) {
             st = shared

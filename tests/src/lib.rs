@@ -5,15 +5,13 @@
 //! Everything here builds its own namespaces with names unique to the run and removes them on
 //! drop, on success and on failure. Nothing touches the root namespace's interfaces.
 
+pub use lb_userspace::lab::{client, echo, netns, topology};
+
 pub mod agent;
 pub mod apiserver;
-pub mod client;
 pub mod datapath;
-pub mod echo;
-pub mod netns;
 pub mod scenario;
 pub mod services;
-pub mod topology;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

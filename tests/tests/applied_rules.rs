@@ -3,13 +3,7 @@
 //! backends: the emitters produce rules that work, not just text that matches.
 //! (This kernel has no ip_vs, so ipvs output is checked by the conformance tests only.)
 
-use std::{
-    collections::BTreeSet,
-    io::Write,
-    net::Ipv4Addr,
-    process::Stdio,
-    time::Duration,
-};
+use std::{collections::BTreeSet, io::Write, net::Ipv4Addr, process::Stdio, time::Duration};
 
 use lb_userspace::{
     emit::{self, Mode},

@@ -243,7 +243,11 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
     s.agent.restart(log).expect("restart");
     let stable = s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10));
     stable.expect("restarted agent");
-    std::thread::sleep(Duration::from_millis(500));
+    // The maps were already right, so wait for the new agent's own first sync in its log.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.agent.log_text().contains("synced") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let text = s.agent.log_text();
     assert!(
         text.contains("adopted") && text.contains("services=2"),

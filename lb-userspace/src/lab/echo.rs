@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use crate::netns::Netns;
+use super::netns::Netns;
 
 /// TCP and UDP echo servers running inside a namespace until dropped.
 pub struct EchoServer {

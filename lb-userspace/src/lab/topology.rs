@@ -1,0 +1,141 @@
+//! The lab topology: a node namespace with one veth per pod namespace, routed like a CNI
+//! that gives each pod a /32 (Calico-style):
+//!
+//! ```text
+//!  client 10.244.1.2/32 ─eth0══xv-client─┐
+//!  backend-1 10.244.2.2/32 ─eth0══xv-backend-1─┤ node (forwarding, xlb attached to xv-*)
+//!  backend-N …             ─eth0══xv-…─────────┘
+//! ```
+//! Each pod's default route goes to 169.254.1.1, which every node-side veth carries; the node
+//! routes each pod address to its veth. Any address can be a pod's, so the endpoints of any
+//! services file can be hosted. The node has no default route: an address nobody rewrites
+//! has nowhere to go.
+
+use std::net::Ipv4Addr;
+
+use super::netns::Netns;
+
+/// The gateway address every pod routes through (on each node-side veth).
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// A pod: its namespace and address.
+#[derive(Debug)]
+pub struct Pod {
+    pub name: String,
+    pub ns: Netns,
+    pub ip: Ipv4Addr,
+    /// The node-side interface of its veth.
+    pub host_if: String,
+}
+
+/// Node, client and backends, removed on drop.
+#[derive(Debug)]
+pub struct Topology {
+    pub tag: String,
+    pub client: Pod,
+    pub backends: Vec<Pod>,
+    /// Declared last so the pods go first on drop.
+    pub node: Netns,
+}
+
+/// The address of pod `index` in [`Topology::build`] (client = 1, backend k = k + 1).
+pub fn pod_ip(index: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, index, 2)
+}
+
+impl Topology {
+    /// Builds node, client and `backends` backend pods (`backend-k` at `pod_ip(k + 1)`).
+    pub fn build(tag: &str, backends: usize) -> Result<Self, String> {
+        let ips: Vec<Ipv4Addr> = (1..=backends).map(|k| pod_ip((k + 1) as u8)).collect();
+        Self::with_pods(tag, pod_ip(1), &ips)
+    }
+
+    /// Builds node, a client at `client_ip` and one backend pod per address in `backends`.
+    pub fn with_pods(
+        tag: &str,
+        client_ip: Ipv4Addr,
+        backends: &[Ipv4Addr],
+    ) -> Result<Self, String> {
+        let node = Netns::new(&format!("{tag}-node"))?;
+        node.sysctl(&[
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ])?;
+        let client = add_pod(&node, tag, "client", "xv-client", client_ip)?;
+        let mut topo = Topology {
+            tag: tag.to_string(),
+            client,
+            backends: Vec::new(),
+            node,
+        };
+        for ip in backends {
+            topo.add_backend_at(*ip)?;
+        }
+        Ok(topo)
+    }
+
+    /// Adds one more backend pod (`backend-N`) at the next `pod_ip` address.
+    pub fn add_backend(&mut self) -> Result<&Pod, String> {
+        let ip = pod_ip((self.backends.len() + 2) as u8);
+        self.add_backend_at(ip)
+    }
+
+    /// Adds one more backend pod (`backend-N`) at `ip`.
+    pub fn add_backend_at(&mut self, ip: Ipv4Addr) -> Result<&Pod, String> {
+        let k = self.backends.len() + 1;
+        let pod = add_pod(
+            &self.node,
+            &self.tag,
+            &format!("backend-{k}"),
+            &format!("xv-backend-{k}"),
+            ip,
+        )?;
+        self.backends.push(pod);
+        Ok(&self.backends[k - 1])
+    }
+}
+
+fn add_pod(
+    node: &Netns,
+    tag: &str,
+    name: &str,
+    host_if: &str,
+    ip: Ipv4Addr,
+) -> Result<Pod, String> {
+    let ns = Netns::new(&format!("{tag}-{name}"))?;
+    node.ip(&[
+        "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+    ])?;
+    node.ip(&["addr", "add", &format!("{GATEWAY}/32"), "dev", host_if])?;
+    node.ip(&["link", "set", host_if, "up"])?;
+    node.sysctl(&[&format!("net.ipv4.conf.{host_if}.rp_filter=0")])?;
+    node.ip(&["route", "add", &format!("{ip}/32"), "dev", host_if])?;
+    ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+    ns.ip(&["link", "set", "eth0", "up"])?;
+    ns.ip(&[
+        "route",
+        "add",
+        &format!("{GATEWAY}"),
+        "dev",
+        "eth0",
+        "scope",
+        "link",
+    ])?;
+    ns.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        &GATEWAY.to_string(),
+        "dev",
+        "eth0",
+        "onlink",
+    ])?;
+    Ok(Pod {
+        name: name.to_string(),
+        ns,
+        ip,
+        host_if: host_if.to_string(),
+    })
+}
