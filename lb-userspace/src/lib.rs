@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cleanup;
+pub mod compare;
 pub mod datapath;
 pub mod desired;
 pub mod emit;

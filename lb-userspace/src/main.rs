@@ -120,6 +120,19 @@ enum Command {
         #[arg(long, default_value_t = 39999)]
         port_range_end: u16,
     },
+    /// Run the same services through xlb's datapath and kube-proxy's iptables, nftables and
+    /// userspace modes, each in its own namespaces, and show side by side what each did.
+    Compare {
+        /// `file:PATH` (Kubernetes YAML, or a kube-proxy conformance case).
+        #[arg(long)]
+        source: String,
+        /// Requests per flow and mode.
+        #[arg(long, default_value_t = 20)]
+        requests: usize,
+        /// This node's name when the file has no TestConfig header.
+        #[arg(long, default_value = "node1")]
+        node_name: String,
+    },
     /// Detach and unpin everything xlb installed.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
@@ -355,6 +368,29 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs } => run_cleanup(&bpffs),
+        Command::Compare {
+            source,
+            requests,
+            node_name,
+        } => {
+            let opts = lb_userspace::compare::CompareOptions {
+                source: source_file(&source)?,
+                node_name,
+                requests,
+                modes: lb_userspace::compare::Impl::ALL.to_vec(),
+                xlb: std::env::current_exe().context("the xlb binary's path")?,
+                tag: format!("xcmp{}", std::process::id()),
+            };
+            let report = lb_userspace::compare::compare(&opts)?;
+            print!("{}", report.render());
+            let differ = report.disagreements();
+            println!(
+                "{} flows, {} where the modes disagree",
+                report.flows.len(),
+                differ.len()
+            );
+            Ok(())
+        }
         Command::Proxy {
             mode: ProxyMode::Userspace,
             source,

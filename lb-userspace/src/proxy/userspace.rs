@@ -86,6 +86,10 @@ pub fn run(
             if watch.changed() {
                 match file::load(watch.path()) {
                     Ok(loaded) => {
+                        // A conformance file's TestConfig header names the node, as for `xlb emit`.
+                        let node = loaded
+                            .test_config
+                            .map_or_else(|| node.clone(), |t| t.settings);
                         let state = rules::emit(&loaded.model, &node, range);
                         reconcile(&mut listeners, &state.ports).await;
                     }
