@@ -220,7 +220,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
 }
 
 /// Converts an EndpointSlice. FQDN slices and slices without the service-name label are
-/// ignored; an endpoint address of the wrong family is an error naming the slice.
+/// ignored; an endpoint address of the wrong family is skipped with a log line.
 pub fn endpoint_slice(
     slice: &discovery::EndpointSlice,
 ) -> Result<Converted<EndpointSlice>, SourceError> {
@@ -283,13 +283,17 @@ pub fn endpoint_slice(
             let ip = parse_ip(raw)
                 .ok_or_else(|| invalid(field.clone(), raw.clone(), "not an IP address"))?;
             if ip.is_ipv4() != want_v4 {
-                return Err(invalid(
-                    field,
-                    raw.clone(),
-                    "wrong family for the slice's addressType",
-                ));
+                // As kube-proxy: an address of the other family is skipped, with a log line.
+                tracing::warn!(
+                    slice = %object, %field, address = %raw,
+                    "address of the wrong family for the slice's addressType; skipped"
+                );
+                continue;
             }
             addresses.push(ip);
+        }
+        if addresses.is_empty() {
+            continue;
         }
         let cond = ep.conditions.clone().unwrap_or_default();
         // As kube-proxy reads them: ready and serving unset count as true, terminating as false.

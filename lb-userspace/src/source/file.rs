@@ -208,13 +208,21 @@ spec:
     }
 
     #[test]
-    fn wrong_family_and_unknown_address_type_are_errors() {
+    fn wrong_family_addresses_are_skipped_and_unknown_address_types_are_errors() {
         let bad = GOOD.replace("10.244.3.2", "2001:db8::1");
         let l = parse("t.yaml", &bad).expect("parse");
-        assert!(
-            l.errors[0].to_string().contains("wrong family"),
-            "{:?}",
-            l.errors
+        assert!(l.errors.is_empty(), "{:?}", l.errors);
+        let (id, svc) = l.model.services.iter().next().expect("one");
+        let be: Vec<String> = l
+            .model
+            .backends(id, &svc.ports[0])
+            .iter()
+            .map(|b| b.to_string())
+            .collect();
+        assert_eq!(
+            be,
+            ["10.244.2.2:8080/TCP"],
+            "the IPv4 endpoint stays, the IPv6 one is skipped"
         );
         let bad = GOOD.replace("addressType: IPv4", "addressType: IPX");
         let l = parse("t.yaml", &bad).expect("parse");
