@@ -48,8 +48,10 @@ pub struct AgentOptions {
     pub node_name: String,
     /// Glob(s) of pod-facing interfaces to attach to (comma-separated).
     pub pod_interfaces: String,
-    /// Node interfaces that carry replies from remote backends.
+    /// Node interfaces: replies from remote backends and NodePort traffic arrive there.
     pub node_interfaces: Vec<String>,
+    /// Where NodePorts are served; empty: the node interfaces' IPv4 addresses.
+    pub node_port_addresses: Vec<std::net::Ipv4Addr>,
     /// Pin directory on bpffs.
     pub bpffs: PathBuf,
     /// How often the source and the interfaces are polled.
@@ -200,6 +202,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut node = desired::NodeContext {
         name: opts.node_name.clone(),
         zone: None,
+        node_port_addresses: Vec::new(),
     };
     let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
@@ -207,6 +210,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         if let Some(update) = feed.next()? {
             health.set_node_deleting(update.node_deleting);
             node.zone = update.zone.clone();
+            node.node_port_addresses = node_port_addresses(opts);
             if let Ok(l) = &update.loaded {
                 let (svc, ep) = changes(&model, &l.model);
                 metrics.queued(svc, ep);
@@ -226,6 +230,17 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// `--nodeport-addresses`, or by default the IPv4 addresses of the node interfaces.
+fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::Ipv4Addr> {
+    if !opts.node_port_addresses.is_empty() {
+        return opts.node_port_addresses.clone();
+    }
+    opts.node_interfaces
+        .iter()
+        .flat_map(|i| netif::ipv4_addresses(i))
+        .collect()
 }
 
 /// How many services and how many services' endpoints differ between two models.
@@ -317,6 +332,12 @@ fn sync_interfaces(
         match attach::attach_ingress(prog, &opts.bpffs, iface) {
             Ok(()) => {
                 info!(iface = %iface, "attached tc ingress (TCX, pinned)");
+                // A reverse-NATed NodePort reply carries the node's own address as source:
+                // without accept_local the kernel would drop it as a martian.
+                let knob = format!("/proc/sys/net/ipv4/conf/{iface}/accept_local");
+                if let Err(e) = std::fs::write(&knob, "1") {
+                    warn!(iface = %iface, "cannot set {knob}: {e}; NodePort replies may be dropped");
+                }
                 ifs.failed.remove(iface);
                 ifs.missing_reported.remove(iface);
                 ifs.attached.insert(iface.clone());

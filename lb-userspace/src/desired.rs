@@ -189,12 +189,15 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
     compute_on(model, &NodeContext::default(), ids, limits)
 }
 
-/// The node the agent programs: its name decides which endpoints are local
-/// (internalTrafficPolicy Local), its zone which topology hints apply.
+/// The node the agent programs: its name decides which endpoints are local (traffic
+/// policies Local), its zone which topology hints apply, its addresses where NodePorts are.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeContext {
     pub name: String,
     pub zone: Option<String>,
+    /// The addresses NodePorts are served on (kube-proxy's nodePortAddresses; by default the
+    /// node's primary IPs). Empty: no NodePort frontends.
+    pub node_port_addresses: Vec<Ipv4Addr>,
 }
 
 /// A frontend to program: its key, its object name, its backends, flags and affinity.
@@ -252,35 +255,55 @@ pub fn compute_on(
         let IpAddr::V4(vip) = view.cluster_ip else {
             continue;
         };
-        let local = view.internal_policy_local();
-        let chosen = if local {
-            &view.categorized.local
-        } else {
-            &view.categorized.cluster
-        };
-        let mut backends: Vec<BackendAddr> = chosen
-            .iter()
-            .map(|e| BackendAddr {
-                ip: e.ip,
-                port: e.port,
-                protocol: view.protocol(),
-            })
-            .collect();
-        if backends.len() > MAX_BACKENDS_PER_SVC as usize {
-            errors.push(DesiredError::TooManyBackends {
-                object: object.clone(),
-                count: backends.len(),
-                limit: MAX_BACKENDS_PER_SVC,
-            });
-            backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+        // ClusterIP traffic follows internalTrafficPolicy; NodePort traffic (on each of this
+        // node's NodePort addresses) follows externalTrafficPolicy.
+        let mut frontends = vec![(
+            vip,
+            view.port.port,
+            view.internal_policy_local(),
+            String::new(),
+        )];
+        if let Some(node_port) = view.node_port {
+            for ip in &node.node_port_addresses {
+                frontends.push((
+                    *ip,
+                    node_port,
+                    view.external_policy_local(),
+                    format!(" (nodePort {ip})"),
+                ));
+            }
         }
-        candidates.push(Candidate {
-            key: frontend_key(vip, view.port.port, view.protocol()),
-            object,
-            backends,
-            flags: if local { SVC_F_DROP_EMPTY } else { 0 },
-            affinity_timeout_s: view.affinity_timeout().unwrap_or(0),
-        });
+        for (ip, port, local, suffix) in frontends {
+            let chosen = if local {
+                &view.categorized.local
+            } else {
+                &view.categorized.cluster
+            };
+            let mut backends: Vec<BackendAddr> = chosen
+                .iter()
+                .map(|e| BackendAddr {
+                    ip: e.ip,
+                    port: e.port,
+                    protocol: view.protocol(),
+                })
+                .collect();
+            let object = format!("{object}{suffix}");
+            if backends.len() > MAX_BACKENDS_PER_SVC as usize {
+                errors.push(DesiredError::TooManyBackends {
+                    object: object.clone(),
+                    count: backends.len(),
+                    limit: MAX_BACKENDS_PER_SVC,
+                });
+                backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+            }
+            candidates.push(Candidate {
+                key: frontend_key(ip, port, view.protocol()),
+                object,
+                backends,
+                flags: if local { SVC_F_DROP_EMPTY } else { 0 },
+                affinity_timeout_s: view.affinity_timeout().unwrap_or(0),
+            });
+        }
     }
 
     // Already-programmed frontends first, then new ones, each group in model order: a full

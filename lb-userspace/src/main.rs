@@ -51,9 +51,13 @@ enum Command {
         /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
         #[arg(long, env = "XLB_POD_INTERFACES", default_value = "")]
         pod_interfaces: String,
-        /// Node interfaces where replies from remote backends arrive, comma-separated.
+        /// Node interfaces where NodePort traffic and replies from remote backends arrive,
+        /// comma-separated.
         #[arg(long, env = "XLB_NODE_INTERFACES", value_delimiter = ',')]
         node_interfaces: Vec<String>,
+        /// IPv4 addresses NodePorts are served on (default: the node interfaces' addresses).
+        #[arg(long, env = "XLB_NODEPORT_ADDRESSES", value_delimiter = ',')]
+        nodeport_addresses: Vec<std::net::Ipv4Addr>,
         /// Pin directory on bpffs.
         #[arg(long, env = "XLB_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
         bpffs: PathBuf,
@@ -331,6 +335,7 @@ fn main() -> Result<()> {
             min_sync_period_ms,
             pod_interfaces,
             node_interfaces,
+            nodeport_addresses,
             bpffs,
             poll_ms,
             healthz_bind_address,
@@ -354,6 +359,7 @@ fn main() -> Result<()> {
                 node_name,
                 pod_interfaces,
                 node_interfaces,
+                node_port_addresses: nodeport_addresses,
                 bpffs,
                 poll: Duration::from_millis(poll_ms.max(10)),
                 healthz_addr: bind_address(&healthz_bind_address)?,

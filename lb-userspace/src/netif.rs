@@ -23,3 +23,30 @@ pub fn interfaces() -> Vec<String> {
     names.sort();
     names
 }
+
+/// The IPv4 addresses of interface `name` in this process's network namespace.
+pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = &*p;
+            if !a.ifa_addr.is_null()
+                && i32::from((*a.ifa_addr).sa_family) == libc::AF_INET
+                && !a.ifa_name.is_null()
+                && std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy() == name
+            {
+                let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
+                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            p = a.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}

@@ -492,3 +492,95 @@ fn a_service_without_endpoints_refuses_at_once() {
     );
     assert!(took < Duration::from_millis(500), "refusal took {took:?}");
 }
+
+#[test]
+fn node_port_reaches_local_backends_from_an_external_client() {
+    if !require_root("node_port_reaches_local_backends_from_an_external_client") {
+        return;
+    }
+    let all = backends(3);
+    let node_port = |proto: &str, port: u16, target: u16, np: u16, name: &str, vip: Ipv4Addr| {
+        service_yaml(name, vip, port, proto, target, &all)
+            .replace("spec:\n", "spec:\n  type: NodePort\n")
+            .replace(
+                &format!("targetPort: {target}}}"),
+                &format!("targetPort: {target}, nodePort: {np}}}"),
+            )
+    };
+    let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB)
+        + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
+    let tag = xlb_tests::unique_tag("xo");
+    let mut topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
+    let ext = topo.add_external_client("up0").expect("external client");
+    let _servers: Vec<_> = topo
+        .backends
+        .iter()
+        .map(|p| {
+            xlb_tests::echo::EchoServer::start(&p.ns, &p.name, TCP_PORT, UDP_PORT).expect("server")
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(&tag);
+    std::fs::create_dir_all(&dir).expect("dir");
+    write_atomic(&dir.join("svc.yaml"), &yaml).expect("yaml");
+    let args: Vec<String> = vec![
+        "--source".into(),
+        format!("file:{}", dir.join("svc.yaml").display()),
+        "--pod-interfaces".into(),
+        "xv-*".into(),
+        "--node-interfaces".into(),
+        "up0".into(),
+    ];
+    let mut agent = xlb_tests::agent::Agent::start_with(
+        &topo.node,
+        &args,
+        std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}")),
+        dir.join("agent.log"),
+    )
+    .expect("agent");
+    agent
+        .wait_for(Duration::from_secs(10), |rows| {
+            rows.iter()
+                .any(|r| r.frontend == "192.0.2.1:30080/TCP" && r.backends.len() == 3)
+                && rows.iter().any(|r| r.frontend == "192.0.2.1:30053/UDP")
+        })
+        .expect("NodePort frontends programmed on the uplink's address");
+    std::thread::sleep(Duration::from_millis(300));
+    let node_ip = Ipv4Addr::new(192, 0, 2, 1);
+    let answers = ext
+        .ns
+        .run(move || {
+            let mut out = Vec::new();
+            for _ in 0..60 {
+                for r in [
+                    tcp_request(sock(node_ip, 30080), TIMEOUT),
+                    udp_request(sock(node_ip, 30053), TIMEOUT),
+                ] {
+                    let failed = r.is_err();
+                    out.push(r);
+                    if failed {
+                        return out;
+                    }
+                }
+            }
+            out
+        })
+        .expect("client");
+    let mut seen = std::collections::BTreeSet::new();
+    for a in answers {
+        let a = a.unwrap_or_else(|e| panic!("NodePort request failed: {e}\n{}", agent.log_text()));
+        assert_eq!(
+            a.peer.ip(),
+            std::net::IpAddr::V4(node_ip),
+            "the client must see the node address"
+        );
+        assert!(
+            a.seen_client.starts_with("192.0.2.10:"),
+            "client IP not preserved: {}",
+            a.seen_client
+        );
+        seen.insert(a.backend);
+    }
+    assert_eq!(seen.len(), 3, "NodePort traffic reached {seen:?}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -75,6 +75,30 @@ impl Topology {
         Ok(topo)
     }
 
+    /// Adds an "external" client on a node uplink: the node's `uplink` interface has
+    /// `192.0.2.1/24`, the client (namespace `<tag>-ext`) `192.0.2.10/24` (TEST-NET-1, only
+    /// inside these namespaces).
+    pub fn add_external_client(&self, uplink: &str) -> Result<Pod, String> {
+        let ns = Netns::new(&format!("{}-ext", self.tag))?;
+        self.node.ip(&[
+            "link", "add", uplink, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+        ])?;
+        self.node
+            .ip(&["addr", "add", "192.0.2.1/24", "dev", uplink])?;
+        self.node.ip(&["link", "set", uplink, "up"])?;
+        self.node
+            .sysctl(&[&format!("net.ipv4.conf.{uplink}.rp_filter=0")])?;
+        let ip = Ipv4Addr::new(192, 0, 2, 10);
+        ns.ip(&["addr", "add", "192.0.2.10/24", "dev", "eth0"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        Ok(Pod {
+            name: "external".into(),
+            ns,
+            ip,
+            host_if: uplink.to_string(),
+        })
+    }
+
     /// Adds one more backend pod (`backend-N`) at the next `pod_ip` address.
     pub fn add_backend(&mut self) -> Result<&Pod, String> {
         let ip = pod_ip((self.backends.len() + 2) as u8);
