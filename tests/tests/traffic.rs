@@ -510,7 +510,7 @@ fn node_port_reaches_local_backends_from_an_external_client() {
     let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB)
         + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
     let tag = xlb_tests::unique_tag("xo");
-    let mut topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
+    let topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
     let ext = topo.add_external_client("up0").expect("external client");
     let _servers: Vec<_> = topo
         .backends
