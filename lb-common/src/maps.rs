@@ -16,19 +16,23 @@ pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 /// Per-service per-CPU counters; the agent creates and deletes entries, the datapath adds.
 pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V1";
 
+/// Per-backend per-CPU counters; the agent creates and deletes entries, the datapath adds.
+pub const MAP_BACKEND_STATS: &str = "XLB_BESTAT_V1";
+
 /// Session affinity: written by the datapath (LRU), read by `xlb list`.
 pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
 /// Default affinity capacity (one per client and service with affinity).
 pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 7] = [
+pub const ALL_MAPS: [&str; 8] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
     MAP_STATS,
     MAP_SVC_NAME,
     MAP_SVC_STATS,
+    MAP_BACKEND_STATS,
     MAP_AFFINITY,
 ];
 

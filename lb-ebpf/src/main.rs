@@ -59,7 +59,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
     // A reply from a backend of a tracked flow: restore the VIP as source.
     if let Some(ct) = conntrack::lookup_reply(&t) {
         nat::rewrite_src(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
-        reason::count_service(ct.svc_id, ctx.len());
+        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
     }
 
@@ -76,7 +76,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
             conntrack::touch(ct);
             affinity::touch(&t, svc);
             nat::rewrite_dst(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
-            reason::count_service(svc.svc_id, ctx.len());
+            reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
         }
         reason = R_BACKEND_GONE;
@@ -93,7 +93,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
     affinity::remember(&t, svc, backend_id, slot);
     conntrack::create(&t, backend_id, &be, svc.svc_id)?;
     nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
-    reason::count_service(svc.svc_id, ctx.len());
+    reason::count_service(svc.svc_id, backend_id, ctx.len());
     pass(reason)
 }
 

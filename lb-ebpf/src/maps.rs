@@ -56,3 +56,14 @@ pub static XLB_SVCSTAT_V1: PerCpuHashMap<
 #[btf_map]
 pub static XLB_AFF_V1: LruHashMap<AffinityKey, AffinityValue, { AFFINITY_MAP_CAPACITY as usize }> =
     LruHashMap::new();
+
+/// Per-backend counters. The agent creates (zeroed) and deletes an entry with each backend;
+/// the datapath only looks entries up and adds to its CPU's slot.
+/// backend id (u32) → `Counter` per CPU. 262,144 entries, not preallocated, no eviction.
+#[btf_map]
+pub static XLB_BESTAT_V1: PerCpuHashMap<
+    u32,
+    Counter,
+    { BACKEND_MAP_CAPACITY as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = PerCpuHashMap::new();

@@ -34,6 +34,9 @@ pub struct BackendRow {
     pub id: u32,
     pub backend: String,
     pub services: Vec<String>,
+    /// Packets and bytes forwarded to and from this backend, summed over CPUs.
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,7 +110,8 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
 
 /// One row per backend, with the services that use it.
 pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
-    let state = read_state(dir)?;
+    let maps = KernelMaps::open(dir)?;
+    let state = maps.read()?;
     let mut rows = Vec::new();
     for (id, be) in &state.backends {
         let mut services: Vec<String> = state
@@ -117,10 +121,13 @@ pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
             .map(|(_, v)| name_of(&state, v.svc_id))
             .collect();
         services.dedup();
+        let c = maps.backend_counter(*id);
         rows.push(BackendRow {
             id: *id,
             backend: show_backend(be),
             services,
+            packets: c.packets,
+            bytes: c.bytes,
         });
     }
     Ok(rows)
@@ -225,11 +232,13 @@ impl TableRow for ServiceRow {
 }
 
 impl TableRow for BackendRow {
-    const HEADERS: &'static [&'static str] = &["ID", "BACKEND", "SERVICES"];
+    const HEADERS: &'static [&'static str] = &["ID", "BACKEND", "PACKETS", "BYTES", "SERVICES"];
     fn cells(&self) -> Vec<String> {
         vec![
             self.id.to_string(),
             self.backend.clone(),
+            self.packets.to_string(),
+            self.bytes.to_string(),
             self.services.join(", "),
         ]
     }
@@ -341,5 +350,6 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
         usage::<CtKey, CtValue>(dir, MAP_CT, false)?,
         usage::<u32, SvcName>(dir, MAP_SVC_NAME, false)?,
         usage::<u32, Counter>(dir, MAP_SVC_STATS, true)?,
+        usage::<u32, Counter>(dir, lb_common::MAP_BACKEND_STATS, true)?,
     ])
 }

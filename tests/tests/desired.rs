@@ -77,7 +77,7 @@ fn golden_multi_slice_multi_port() {
 
 #[test]
 fn golden_traffic_policies_topology_and_affinity_on_node1() {
-        let node = desired::NodeContext {
+    let node = desired::NodeContext {
         name: "node1".into(),
         zone: Some("z1".into()),
         node_port_addresses: vec!["192.168.0.2".parse().expect("ip")],

@@ -377,6 +377,7 @@ fn health_and_metrics_follow_kube_proxy() {
     assert!(value("xlb_service_packets_total{service=\"test/web:http\"") >= 10.0);
     assert!(value("xlb_datapath_packets_total{reason=\"new_flow\"}") >= 5.0);
     assert_eq!(value("xlb_map_entries{map=\"XLB_BE_V1\"}"), 2.0);
+    assert!(value("xlb_backend_packets_total{backend=") >= 5.0);
     assert!(value("xlb_map_capacity{map=\"XLB_SVC_V1\"}") > 0.0);
 
     // The node is being deleted: /healthz says so, /livez does not.

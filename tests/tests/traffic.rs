@@ -99,7 +99,17 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
         }
     }
 
-    // The counters saw it: per service (both directions) and per reason.
+    // The counters saw it: per backend, per service (both directions) and per reason.
+    let per_backend = lb_userspace::list::backends(&s.agent.pins).expect("read pins");
+    assert_eq!(per_backend.len(), 6);
+    for b in &per_backend {
+        assert!(
+            b.packets >= 100,
+            "{}: only {} packets counted",
+            b.backend,
+            b.packets
+        );
+    }
     let rows = lb_userspace::list::services(&s.agent.pins).expect("read pins");
     for r in &rows {
         assert!(

@@ -4,7 +4,8 @@ use std::path::Path;
 
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
 use lb_common::{
-    Backend, Counter, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcName, SvcValue,
+    Backend, Counter, MAP_BACKEND, MAP_BACKEND_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey,
+    SvcName, SvcValue,
 };
 
 use super::{
@@ -13,15 +14,67 @@ use super::{
 };
 use crate::desired::{Desired, show_frontend};
 
-/// The maps the agent writes. A service's name and its (zeroed) per-service counters are
-/// created and deleted together.
+/// The maps the agent writes. A service's name and its (zeroed) counters are created and
+/// deleted together, and so are a backend and its counters.
 pub struct KernelMaps {
     svc: HashMap<MapData, SvcKey, SvcValue>,
     backends: HashMap<MapData, u32, Backend>,
     names: HashMap<MapData, u32, SvcName>,
-    svc_stats: PerCpuHashMap<MapData, u32, Counter>,
+    svc_stats: Counters,
+    backend_stats: Counters,
     svc_capacity: u32,
     backend_capacity: u32,
+}
+
+/// A per-CPU counter map keyed by id, whose entries the agent creates and deletes.
+struct Counters {
+    map: PerCpuHashMap<MapData, u32, Counter>,
+    name: &'static str,
+}
+
+impl Counters {
+    fn open(map: Map, name: &'static str) -> Result<Self, DatapathError> {
+        let map =
+            PerCpuHashMap::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
+        Ok(Self { map, name })
+    }
+
+    /// Creates a zeroed entry for `id` unless it has one.
+    fn ensure(&mut self, id: u32) -> Result<(), WriteError> {
+        if self.map.get(&id, 0).is_ok() {
+            return Ok(());
+        }
+        let name = self.name;
+        let fail = |cause: String| WriteError {
+            map: name,
+            op: "insert",
+            entry: format!("counters of {id}"),
+            cause,
+        };
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| fail(format!("{what}: {e}")))?;
+        let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
+            .map_err(|e| fail(e.to_string()))?;
+        self.map
+            .insert(id, values, 0)
+            .map_err(|e| err(name, "insert", format!("counters of {id}"), &e, 0))
+    }
+
+    fn remove(&mut self, id: u32) -> Result<(), WriteError> {
+        match self.map.remove(&id) {
+            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
+            Err(e) => Err(err(self.name, "delete", format!("counters of {id}"), &e, 0)),
+        }
+    }
+
+    /// The entry's counters summed over CPUs (zero when it has none).
+    fn sum(&self, id: u32) -> Counter {
+        self.map.get(&id, 0).map_or(Counter::default(), |per_cpu| {
+            per_cpu.iter().fold(Counter::default(), |a, c| Counter {
+                packets: a.packets + c.packets,
+                bytes: a.bytes + c.bytes,
+            })
+        })
+    }
 }
 
 /// Opens a pinned map by name from `dir`.
@@ -51,6 +104,7 @@ impl KernelMaps {
             take(MAP_BACKEND)?,
             take(MAP_SVC_NAME)?,
             take(MAP_SVC_STATS)?,
+            take(MAP_BACKEND_STATS)?,
         )
     }
 
@@ -61,10 +115,17 @@ impl KernelMaps {
             open_pinned(dir, MAP_BACKEND)?,
             open_pinned(dir, MAP_SVC_NAME)?,
             open_pinned(dir, MAP_SVC_STATS)?,
+            open_pinned(dir, MAP_BACKEND_STATS)?,
         )
     }
 
-    fn from_maps(svc: Map, backends: Map, names: Map, stats: Map) -> Result<Self, DatapathError> {
+    fn from_maps(
+        svc: Map,
+        backends: Map,
+        names: Map,
+        stats: Map,
+        backend_stats: Map,
+    ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends);
         Ok(Self {
@@ -80,10 +141,8 @@ impl KernelMaps {
                 name: MAP_SVC_NAME,
                 source,
             })?,
-            svc_stats: PerCpuHashMap::try_from(stats).map_err(|source| DatapathError::Map {
-                name: MAP_SVC_STATS,
-                source,
-            })?,
+            svc_stats: Counters::open(stats, MAP_SVC_STATS)?,
+            backend_stats: Counters::open(backend_stats, MAP_BACKEND_STATS)?,
             svc_capacity,
             backend_capacity,
         })
@@ -91,14 +150,12 @@ impl KernelMaps {
 
     /// A service's counters summed over CPUs (zero when it has none).
     pub fn service_counter(&self, svc_id: u32) -> Counter {
-        self.svc_stats
-            .get(&svc_id, 0)
-            .map_or(Counter::default(), |per_cpu| {
-                per_cpu.iter().fold(Counter::default(), |a, c| Counter {
-                    packets: a.packets + c.packets,
-                    bytes: a.bytes + c.bytes,
-                })
-            })
+        self.svc_stats.sum(svc_id)
+    }
+
+    /// A backend's counters summed over CPUs (zero when it has none).
+    pub fn backend_counter(&self, backend_id: u32) -> Counter {
+        self.backend_stats.sum(backend_id)
     }
 
     /// Capacities of the service and backend maps as the kernel reports them.
@@ -156,6 +213,7 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError> {
+        self.backend_stats.ensure(id)?;
         let cap = self.backend_capacity;
         self.backends
             .insert(id, be, 0)
@@ -165,7 +223,8 @@ impl MapWriter for KernelMaps {
     fn del_backend(&mut self, id: u32) -> Result<(), WriteError> {
         self.backends
             .remove(&id)
-            .map_err(|e| err(MAP_BACKEND, "delete", format!("backend {id}"), &e, 0))
+            .map_err(|e| err(MAP_BACKEND, "delete", format!("backend {id}"), &e, 0))?;
+        self.backend_stats.remove(id)
     }
 
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
@@ -194,20 +253,7 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
-        if self.svc_stats.get(&id, 0).is_err() {
-            let zero = |e: String| WriteError {
-                map: MAP_SVC_STATS,
-                op: "insert",
-                entry: format!("counters of {id}"),
-                cause: e,
-            };
-            let cpus = aya::util::nr_cpus().map_err(|(what, e)| zero(format!("{what}: {e}")))?;
-            let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
-                .map_err(|e| zero(e.to_string()))?;
-            self.svc_stats
-                .insert(id, values, 0)
-                .map_err(|e| err(MAP_SVC_STATS, "insert", format!("counters of {id}"), &e, 0))?;
-        }
+        self.svc_stats.ensure(id)?;
         self.names
             .insert(id, name, 0)
             .map_err(|e| err(MAP_SVC_NAME, "insert", format!("name {id}"), &e, 0))
@@ -217,15 +263,6 @@ impl MapWriter for KernelMaps {
         self.names
             .remove(&id)
             .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))?;
-        match self.svc_stats.remove(&id) {
-            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
-            Err(e) => Err(err(
-                MAP_SVC_STATS,
-                "delete",
-                format!("counters of {id}"),
-                &e,
-                0,
-            )),
-        }
+        self.svc_stats.remove(id)
     }
 }

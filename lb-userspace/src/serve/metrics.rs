@@ -214,6 +214,26 @@ impl Metrics {
                 by_service(|r| r.backends.len() as u64),
             );
         }
+        if let Ok(rows) = list::backends(&self.pins) {
+            let by_backend = |v: fn(&list::BackendRow) -> u64| {
+                rows.iter()
+                    .map(move |r| (format!("backend=\"{}\"", r.backend), v(r)))
+            };
+            family(
+                out,
+                "xlb_backend_packets_total",
+                "counter",
+                "Packets forwarded to and from a backend",
+                by_backend(|r| r.packets),
+            );
+            family(
+                out,
+                "xlb_backend_bytes_total",
+                "counter",
+                "Bytes forwarded to and from a backend",
+                by_backend(|r| r.bytes),
+            );
+        }
         if let Ok(maps) = list::map_usage(&self.pins) {
             let by_map = |v: fn(&list::MapUsage) -> u64| {
                 maps.iter()
