@@ -1,5 +1,6 @@
 //! `cargo xtask`: set up the machine, build, run the demo, run the tests.
 
+mod bench;
 mod build;
 mod demo;
 mod setup;
@@ -34,6 +35,12 @@ enum Command {
         #[arg(long, default_value = "examples/demo-services.yaml")]
         services: std::path::PathBuf,
     },
+    /// Benchmarks (release build): `datapath`, `sync`, `memory`, or `all`; each writes its
+    /// table to docs/benchmarks.md and a plot to docs/.
+    Bench {
+        /// Which bench.
+        name: String,
+    },
     /// Every test tier: unit, golden, packet (TestRun) and real traffic.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -53,6 +60,11 @@ fn main() -> Result<()> {
             setup::run()?;
             let xlb = build::all(false)?;
             demo::run(&xlb, &services, duration)
+        }
+        Command::Bench { name } => {
+            setup::run()?;
+            let xlb = build::all(true)?;
+            bench::run(&xlb, &name)
         }
         Command::Test { args } => {
             setup::run()?;

@@ -1,0 +1,371 @@
+//! What the benches share: the eBPF object loaded (not attached) with its maps pinned under
+//! a unique `/sys/fs/bpf/<tag>` (removed on drop) and sized for the bench, synthetic service
+//! models, and the agent's sync path (`desired::compute` + `sync::apply`) into those maps.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use lb_common::{
+    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_CT, MAP_STATS, MAP_SVC,
+    MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+};
+use lb_userspace::{
+    datapath::{kernel::KernelMaps, loader, sync::apply},
+    desired::{self, Desired, Ids},
+    model::Model,
+    source::file,
+};
+use xlb_tests::{services::service_yaml, unique_tag};
+
+/// The real tc program.
+pub const PROG_INGRESS: &str = "xlb_tc_ingress";
+/// The bench-only program that only passes (the floor).
+pub const PROG_PASS: &str = "xlb_tc_pass";
+
+/// The first ClusterIP of the synthetic services (service `i` has `VIP_BASE + i`).
+pub const VIP_BASE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
+/// The first backend address (service `i`'s backend `k` is `BACKEND_BASE + 16 i + k`).
+pub const BACKEND_BASE: Ipv4Addr = Ipv4Addr::new(10, 128, 0, 0);
+/// Service port and backend (target) port of the synthetic services.
+pub const SVC_PORT: u16 = 80;
+pub const TARGET_PORT: u16 = 8080;
+
+/// `base + n` as an address.
+pub fn addr_add(base: Ipv4Addr, n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base).wrapping_add(n))
+}
+
+/// ClusterIP of synthetic service `i`.
+pub fn vip(i: usize) -> Ipv4Addr {
+    addr_add(VIP_BASE, i as u32)
+}
+
+/// Backend `k` of synthetic service `i` (k < 16).
+pub fn backend_ip(i: usize, k: usize) -> Ipv4Addr {
+    addr_add(BACKEND_BASE, (i * 16 + k) as u32)
+}
+
+/// Map capacities to load with (`None`: the object's default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Capacities {
+    pub svc: Option<u32>,
+    pub backends: Option<u32>,
+    /// The name and per-service counter maps (one entry per service port each).
+    pub per_service: Option<u32>,
+    pub ct: Option<u32>,
+}
+
+impl Capacities {
+    /// Room for `services` service ports with `slots` backend slots and backends in total.
+    pub fn for_services(services: usize, slots: usize) -> Self {
+        let pow2 = |n: usize| (n.max(1024) as u32).next_power_of_two();
+        Self {
+            svc: Some(pow2(services + slots + 64)),
+            backends: Some(pow2(slots + 64)),
+            per_service: Some(pow2(services + 64)),
+            ct: None,
+        }
+    }
+}
+
+/// The object loaded with both programs, its pinned maps and the agent's view of them.
+pub struct Datapath {
+    ebpf: Ebpf,
+    pub maps: KernelMaps,
+    ct: HashMap<MapData, CtKey, CtValue>,
+    stats: PerCpuArray<MapData, Counter>,
+    pub pins: PathBuf,
+    current: Desired,
+    ids: Ids,
+}
+
+/// What one sync did and how long its parts took.
+#[derive(Clone, Copy, Debug)]
+pub struct SyncTiming {
+    pub compute: Duration,
+    pub apply: Duration,
+    /// Map writes and deletes the sync made.
+    pub writes: usize,
+    pub deletes: usize,
+}
+
+/// One `BPF_PROG_TEST_RUN`: verdict, the kernel's per-run average duration, output packet.
+pub struct Run {
+    pub verdict: u32,
+    pub duration: Duration,
+    pub packet: Vec<u8>,
+}
+
+impl Datapath {
+    /// Loads the object `cargo xtask build-ebpf` left on disk (not the one embedded in this
+    /// binary, which may predate it) with `caps`, pins under `/sys/fs/bpf/<tag>`.
+    pub fn load(caps: Capacities) -> Result<Self> {
+        let pins = PathBuf::from(format!("/sys/fs/bpf/{}", unique_tag("xlbb")));
+        loader::ensure_pin_dir(&pins).map_err(|e| anyhow!("{e}"))?;
+        // From here on a failure must still remove the pins.
+        let mut guard = PinGuard(Some(pins.clone()));
+        let object = crate::build::ebpf_object();
+        let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, pins.join(m))).collect();
+        let mut l = EbpfLoader::new();
+        for (name, path) in &paths {
+            l.map_pin_path(name, path.as_path());
+        }
+        let sizes = [
+            (MAP_SVC, caps.svc),
+            (MAP_BACKEND, caps.backends),
+            (MAP_SVC_NAME, caps.per_service),
+            (MAP_SVC_STATS, caps.per_service),
+            (MAP_CT, caps.ct),
+        ];
+        for (name, size) in sizes {
+            if let Some(size) = size {
+                l.map_max_entries(name, size);
+            }
+        }
+        let mut ebpf = l
+            .load_file(&object)
+            .with_context(|| format!("loading {}", object.display()))?;
+        for name in [PROG_INGRESS, PROG_PASS] {
+            program(&mut ebpf, name)?
+                .load()
+                .with_context(|| format!("loading program {name}"))?;
+        }
+        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| anyhow!("{e}"))?;
+        let ct_map = ebpf
+            .take_map(MAP_CT)
+            .ok_or_else(|| anyhow!("{MAP_CT} missing"))?;
+        let ct = HashMap::try_from(ct_map).context("conntrack map")?;
+        let stats_map = ebpf
+            .take_map(MAP_STATS)
+            .ok_or_else(|| anyhow!("{MAP_STATS} missing"))?;
+        let stats = PerCpuArray::try_from(stats_map).context("counters map")?;
+        guard.0 = None;
+        Ok(Self {
+            ebpf,
+            maps,
+            ct,
+            stats,
+            pins,
+            current: Desired::default(),
+            ids: Ids::default(),
+        })
+    }
+
+    /// Programs the maps for `model` the way the agent does (`desired::compute` on the whole
+    /// model, then the make-before-break `sync::apply` diff against what is programmed).
+    pub fn program(&mut self, model: &Model) -> Result<SyncTiming> {
+        let t0 = Instant::now();
+        let (want, problems) = desired::compute(model, &mut self.ids, self.maps.limits());
+        let t1 = Instant::now();
+        let (now, report) = apply(&mut self.maps, &self.current, &want);
+        let t2 = Instant::now();
+        self.current = now;
+        if let Some(p) = problems.first() {
+            bail!("desired state: {p} ({} problems)", problems.len());
+        }
+        if let Some(e) = report.errors.first() {
+            bail!("sync: {e} ({} errors)", report.errors.len());
+        }
+        Ok(SyncTiming {
+            compute: t1 - t0,
+            apply: t2 - t1,
+            writes: report.writes,
+            deletes: report.deletes,
+        })
+    }
+
+    /// What the agent believes is programmed.
+    pub fn current(&self) -> &Desired {
+        &self.current
+    }
+
+    /// Runs program `prog` on `packet` `repeat` times (BPF_PROG_TEST_RUN).
+    pub fn run(&mut self, prog: &str, packet: &[u8], repeat: u32) -> Result<Run> {
+        let p = program(&mut self.ebpf, prog)?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            repeat,
+            ..TestRunOptions::default()
+        };
+        let r = p
+            .test_run(opts)
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
+        out.truncate(r.data_size_out as usize);
+        Ok(Run {
+            verdict: r.return_value,
+            duration: r.duration,
+            packet: out,
+        })
+    }
+
+    /// Deletes every conntrack entry.
+    pub fn clear_ct(&mut self) -> Result<()> {
+        let keys: Vec<CtKey> = self.ct.keys().collect::<Result<_, _>>()?;
+        for k in keys {
+            self.ct.remove(&k).context("delete conntrack entry")?;
+        }
+        Ok(())
+    }
+
+    /// Packets counted under reason code `reason` (`lb_common::R_*`), over all CPUs.
+    pub fn reason_count(&self, reason: u32) -> Result<u64> {
+        let per_cpu = self.stats.get(&reason, 0).context("read counters")?;
+        Ok(per_cpu.iter().map(|c| c.packets).sum())
+    }
+}
+
+impl Drop for Datapath {
+    fn drop(&mut self) {
+        let _ = lb_userspace::cleanup::cleanup(&self.pins);
+    }
+}
+
+/// Removes a pin directory on drop (used until [`Datapath`] owns it).
+struct PinGuard(Option<PathBuf>);
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = lb_userspace::cleanup::cleanup(&p);
+        }
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} is not in the object (rebuild lb-ebpf)"))?;
+    p.try_into()
+        .with_context(|| format!("{name} is not a tc program"))
+}
+
+/// Backends of synthetic service `i`: 2 to 10, cycling.
+pub fn backends_2_to_10(i: usize) -> usize {
+    2 + i % 9
+}
+
+/// YAML (Service + EndpointSlice) of synthetic services `range`, service `i` with
+/// `backends(i)` ready endpoints on port [`TARGET_PORT`], each with its own addresses.
+pub fn services_yaml(range: std::ops::Range<usize>, backends: impl Fn(usize) -> usize) -> String {
+    let mut y = String::new();
+    for i in range {
+        let bes: Vec<Ipv4Addr> = (0..backends(i)).map(|k| backend_ip(i, k)).collect();
+        y.push_str(&service_yaml(
+            &format!("s{i}"),
+            vip(i),
+            SVC_PORT,
+            "TCP",
+            TARGET_PORT,
+            &bes,
+        ));
+    }
+    y
+}
+
+/// Parses service YAML through the agent's file source into a model.
+pub fn parse_model(yaml: &str) -> Result<Model> {
+    let loaded = file::parse("bench.yaml", yaml).map_err(|e| anyhow!("{e}"))?;
+    if let Some(e) = loaded.errors.first() {
+        bail!("bench YAML: {e}");
+    }
+    Ok(loaded.model)
+}
+
+/// A model of synthetic services `0..n`, parsed in chunks (the agent's file source).
+pub fn model(n: usize, backends: impl Fn(usize) -> usize + Copy) -> Result<Model> {
+    let mut m = Model::default();
+    extend_model(&mut m, 0..n, backends)?;
+    Ok(m)
+}
+
+/// Adds synthetic services `range` to `m`.
+pub fn extend_model(
+    m: &mut Model,
+    range: std::ops::Range<usize>,
+    backends: impl Fn(usize) -> usize + Copy,
+) -> Result<()> {
+    const CHUNK: usize = 5_000;
+    let mut start = range.start;
+    while start < range.end {
+        let end = (start + CHUNK).min(range.end);
+        let part = parse_model(&services_yaml(start..end, backends))?;
+        m.services.extend(part.services);
+        m.slices.extend(part.slices);
+        start = end;
+    }
+    Ok(())
+}
+
+/// The service map key of a frontend.
+pub fn svc_key(vip: Ipv4Addr, port: u16, slot: u16) -> SvcKey {
+    SvcKey {
+        slot,
+        ..desired::frontend_key(vip, port, lb_userspace::model::Protocol::Tcp)
+    }
+}
+
+/// Reads one service map entry from pinned maps (a probe of what the datapath sees).
+pub struct Probe {
+    svc: HashMap<MapData, SvcKey, SvcValue>,
+    backends: HashMap<MapData, u32, Backend>,
+}
+
+impl Probe {
+    /// Opens the pinned service and backend maps in `pins`.
+    pub fn open(pins: &std::path::Path) -> Result<Self> {
+        let open = |name: &'static str| -> Result<MapData> {
+            MapData::from_pin(pins.join(name)).with_context(|| format!("open pinned {name}"))
+        };
+        Ok(Self {
+            svc: HashMap::try_from(aya::maps::Map::HashMap(open(MAP_SVC)?))?,
+            backends: HashMap::try_from(aya::maps::Map::HashMap(open(MAP_BACKEND)?))?,
+        })
+    }
+
+    /// The backends the datapath would pick from for `vip:port`, as the maps hold them now.
+    pub fn backends(&self, vip: Ipv4Addr, port: u16) -> Result<Vec<SocketAddrV4>> {
+        let entry = self.svc.get(&svc_key(vip, port, 0), 0)?;
+        let mut out = Vec::new();
+        for slot in 1..=entry.count {
+            let v = self.svc.get(&svc_key(vip, port, slot), 0)?;
+            let b = self.backends.get(&v.backend_id, 0)?;
+            out.push(SocketAddrV4::new(
+                Ipv4Addr::from(b.addr_be[0].to_ne_bytes()),
+                u16::from_be(b.port_be),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// `/proc/self/status` field in kB (`VmRSS`, `VmHWM`).
+pub fn status_kb(pid: &str, field: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow!("{field} missing in /proc/{pid}/status"))
+}
+
+/// Returns freed heap to the kernel (glibc `malloc_trim`), then resets this process's peak
+/// RSS (VmHWM) to its current RSS (`/proc/self/clear_refs` 5), so the next VmHWM − VmRSS is
+/// what the code in between added at its peak.
+pub fn reset_peak_rss() -> Result<()> {
+    unsafe extern "C" {
+        fn malloc_trim(pad: usize) -> i32;
+    }
+    // SAFETY: glibc's malloc_trim has no preconditions.
+    unsafe { malloc_trim(0) };
+    std::fs::write("/proc/self/clear_refs", "5").context("reset VmHWM")
+}

@@ -1,0 +1,350 @@
+//! Bench `memory`: what the kernel charges for each map (`bpftool map show`'s
+//! `bytes_memlock`, the map's memory usage as the kernel computes it), per entry and per
+//! service, backend and flow; and the real agent's RSS at 10,000 services × 10 endpoints.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+use lb_common::{ALL_MAPS, MAP_BACKEND, MAP_CT, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS};
+use xlb_tests::{netns::Netns, unique_tag};
+
+use super::{
+    Summary,
+    fixture::{Capacities, Datapath, model, services_yaml, status_kb},
+    report::{self, Section},
+    verdict,
+};
+
+/// Services and endpoints each of the loaded state and of the agent run.
+const SERVICES: usize = 10_000;
+const ENDPOINTS: usize = 10;
+/// Agent runs per size.
+const AGENT_TRIALS: usize = 3;
+
+/// One map as `bpftool map show` reports it.
+struct MapMem {
+    name: &'static str,
+    kind: String,
+    key: u64,
+    value: u64,
+    max_entries: u64,
+    memlock: u64,
+}
+
+fn map_mem(pins: &Path, name: &'static str) -> Result<MapMem> {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "show", "pinned"])
+        .arg(pins.join(name))
+        .output()
+        .context("run bpftool")?;
+    if !out.status.success() {
+        bail!(
+            "bpftool map show {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("bpftool JSON")?;
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| anyhow!("bpftool: no {k} for {name}"))
+    };
+    Ok(MapMem {
+        name,
+        kind: v
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or("?")
+            .to_string(),
+        key: num("bytes_key")?,
+        value: num("bytes_value")?,
+        max_entries: num("max_entries")?,
+        memlock: num("bytes_memlock")?,
+    })
+}
+
+fn all_maps(pins: &Path) -> Result<Vec<MapMem>> {
+    ALL_MAPS.iter().map(|m| map_mem(pins, m)).collect()
+}
+
+/// `xlb agent` in its own namespace on a YAML file; stopped and its pins removed on drop.
+struct AgentRun {
+    child: Child,
+    xlb: std::path::PathBuf,
+    pins: std::path::PathBuf,
+    workdir: std::path::PathBuf,
+    _ns: Netns,
+}
+
+impl Drop for AgentRun {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc_kill(self.child.id() as i32) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new(&self.xlb)
+            .arg("cleanup")
+            .arg("--bpffs")
+            .arg(&self.pins)
+            .output();
+        let _ = lb_userspace::cleanup::cleanup(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+/// SIGTERM to `pid`.
+unsafe fn libc_kill(pid: i32) {
+    unsafe extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: kill(2) with a pid we own and SIGTERM (15).
+    unsafe { kill(pid, 15) };
+}
+
+/// Starts the agent on `services` × `endpoints`, waits for its first full sync; returns
+/// (VmRSS, VmHWM) in KiB and the seconds from start to synced.
+fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64, f64)> {
+    let tag = unique_tag("xlbm");
+    let workdir = std::env::temp_dir().join(&tag);
+    std::fs::create_dir_all(&workdir)?;
+    let yaml = workdir.join("services.yaml");
+    std::fs::write(&yaml, services_yaml(0..services, |_| endpoints))?;
+    let log = workdir.join("agent.log");
+    let ns = Netns::new(&format!("{tag}-node")).map_err(anyhow::Error::msg)?;
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+    let out = std::fs::File::create(&log)?;
+    let err = out.try_clone()?;
+    let started = Instant::now();
+    // nsenter execs xlb in place: the child's pid is the agent's.
+    let child = ns
+        .command(xlb)
+        .args(["agent", "--source"])
+        .arg(format!("file:{}", yaml.display()))
+        .args(["--pod-interfaces", "xbench-none*", "--bpffs"])
+        .arg(&pins)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("start xlb agent")?;
+    let mut run = AgentRun {
+        child,
+        xlb: xlb.to_path_buf(),
+        pins,
+        workdir,
+        _ns: ns,
+    };
+    let want = format!("services={services}");
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.contains("synced") && l.contains(&want))
+        {
+            break;
+        }
+        if let Ok(Some(status)) = run.child.try_wait() {
+            bail!("agent exited with {status}:\n{text}");
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("agent not synced after 120 s:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let synced = started.elapsed().as_secs_f64();
+    // Let allocations settle (the sync's temporaries are freed by now).
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = run.child.id().to_string();
+    let rss = status_kb(&pid, "VmRSS")?;
+    let hwm = status_kb(&pid, "VmHWM")?;
+    drop(run);
+    Ok((rss, hwm, synced))
+}
+
+/// Runs the bench with the release `xlb`; returns its report section.
+pub fn run(xlb: &Path) -> Result<Section> {
+    let mut dp = Datapath::load(Capacities::default())?;
+    let empty = all_maps(&dp.pins)?;
+    let m = model(SERVICES, |_| ENDPOINTS)?;
+    dp.program(&m)?;
+    let full = all_maps(&dp.pins)?;
+    drop(dp);
+
+    let mut body = format!(
+        "What the kernel charges for each map (`bpftool map show` → `bytes_memlock`, the kernel's own \
+         accounting of the map's memory) with the default capacities, empty and with {SERVICES} services × \
+         {ENDPOINTS} endpoints programmed through the agent's sync path. Preallocated maps cost the same \
+         empty or full: per entry = memlock ÷ max_entries. XLB_SVCSTAT_V1 is not preallocated (per-CPU values \
+         on {} CPUs): its per entry is the growth ÷ {SERVICES}.\n\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let headers: Vec<String> = [
+        "map",
+        "type",
+        "key+value (B)",
+        "max entries",
+        "memlock empty (B)",
+        "memlock loaded (B)",
+        "B per entry",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut per_entry = std::collections::BTreeMap::new();
+    let mut rows = Vec::new();
+    for (e, f) in empty.iter().zip(&full) {
+        let per = if f.name == MAP_SVC_STATS {
+            (f.memlock.saturating_sub(e.memlock)) as f64 / SERVICES as f64
+        } else {
+            f.memlock as f64 / f.max_entries as f64
+        };
+        per_entry.insert(f.name, per);
+        rows.push(vec![
+            f.name.to_string(),
+            f.kind.clone(),
+            format!("{}+{}", f.key, f.value),
+            f.max_entries.to_string(),
+            e.memlock.to_string(),
+            f.memlock.to_string(),
+            format!("{per:.1}"),
+        ]);
+    }
+    body.push_str(&report::table(&headers, &rows));
+
+    let get = |n: &str| per_entry.get(n).copied().unwrap_or(0.0);
+    let slot = get(MAP_SVC);
+    let per_service = slot + get(MAP_SVC_NAME) + get(MAP_SVC_STATS);
+    let per_backend = slot + get(MAP_BACKEND);
+    let per_flow = 2.0 * get(MAP_CT);
+    let headers: Vec<String> = ["unit", "what it takes", "bytes"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rows = vec![
+        vec![
+            "service slot (XLB_SVC_V1 entry)".into(),
+            "one service-map entry".into(),
+            format!("{slot:.1}"),
+        ],
+        vec![
+            "service port".into(),
+            "slot 0 + name + per-CPU counters".into(),
+            format!("{per_service:.1}"),
+        ],
+        vec![
+            "backend".into(),
+            "one slot + one backend-map entry".into(),
+            format!("{per_backend:.1}"),
+        ],
+        vec![
+            "conntrack entry".into(),
+            "one XLB_CT_V1 entry".into(),
+            format!("{:.1}", get(MAP_CT)),
+        ],
+        vec![
+            "flow".into(),
+            "forward + reply entries".into(),
+            format!("{per_flow:.1}"),
+        ],
+    ];
+    body.push('\n');
+    body.push_str(&report::table(&headers, &rows));
+
+    // The real agent.
+    let mut small = Vec::new();
+    let mut big = Vec::new();
+    let mut synced = Vec::new();
+    for _ in 0..AGENT_TRIALS {
+        let (rss, hwm, _) = agent_rss(xlb, 1, 2)?;
+        small.push((rss as f64, hwm as f64));
+        let (rss, hwm, s) = agent_rss(xlb, SERVICES, ENDPOINTS)?;
+        big.push((rss as f64, hwm as f64));
+        synced.push(s);
+        println!(
+            "agent: 1 service {} KiB RSS; {SERVICES} × {ENDPOINTS}: {rss} KiB RSS, {hwm} KiB peak, synced in {s:.2} s",
+            small.last().map_or(0.0, |x| x.0)
+        );
+    }
+    let mib = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
+        Summary::of(&xs.iter().map(|x| f(x) / 1024.0).collect::<Vec<_>>())
+    };
+    let rss_small = mib(&small, |x| x.0);
+    let rss_big = mib(&big, |x| x.0);
+    let hwm_big = mib(&big, |x| x.1);
+    let per_svc_rss = (rss_big.median - rss_small.median) * 1024.0 * 1024.0 / SERVICES as f64;
+    body.push_str(&format!(
+        "\n**Agent RSS** (`xlb agent --source file:…` in its own network namespace, attached to no interface, \
+         {AGENT_TRIALS} runs, read from /proc/PID/status once its log says `synced` for every service):\n\n"
+    ));
+    let headers: Vec<String> = [
+        "services × endpoints",
+        "VmRSS (MiB)",
+        "VmHWM (MiB)",
+        "start → synced (s)",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows = vec![
+        vec![
+            "1 × 2".into(),
+            rss_small.show(1),
+            mib(&small, |x| x.1).show(1),
+            "–".into(),
+        ],
+        vec![
+            format!("{SERVICES} × {ENDPOINTS}"),
+            rss_big.show(1),
+            hwm_big.show(1),
+            Summary::of(&synced).show(2),
+        ],
+    ];
+    body.push_str(&report::table(&headers, &rows));
+    body.push_str(&format!(
+        "\nAgent RSS per service × {ENDPOINTS} endpoints: ≈ {:.0} bytes ((RSS at {SERVICES} − RSS at 1) ÷ {SERVICES}; \
+         the model, the desired state and the programmed copy, plus the YAML source's parse).\n",
+        per_svc_rss
+    ));
+    body.push_str(&format!(
+        "\n**Target** ≤ 100 bytes per service slot and per backend: **{}** (service slot {slot:.1} B, backend \
+         {per_backend:.1} B = slot + backend entry; a whole service port is {per_service:.1} B with its name and \
+         counters).\n",
+        verdict(slot <= 100.0 && per_backend <= 100.0)
+    ));
+
+    let plot = "bench-memory.svg";
+    let mut bars: Vec<(String, f64)> = ALL_MAPS
+        .iter()
+        .map(|m| (format!("{m} entry"), get(m)))
+        .collect();
+    bars.push(("backend (slot + entry)".into(), per_backend));
+    bars.push((
+        "service port (slot 0 + name + counters)".into(),
+        per_service,
+    ));
+    bars.push(("flow (2 conntrack entries)".into(), per_flow));
+    report::bar_plot(
+        plot,
+        "Kernel memory (bytes_memlock) per entry",
+        "bytes",
+        &bars,
+    )?;
+    body.push_str(&format!("\n![memory per entry]({plot})\n"));
+    Ok(Section {
+        title: "memory: bytes per entry and agent RSS".into(),
+        body,
+    })
+}
