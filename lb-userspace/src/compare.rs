@@ -9,10 +9,9 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    io::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -23,7 +22,7 @@ use crate::{
     lab::{
         client::{tcp_request, udp_request},
         echo::EchoServer,
-        netns::{Netns, run},
+        netns::{Netns, Reap, run},
         topology::Topology,
     },
     model::{Model, NodeSettings, Protocol},
@@ -227,16 +226,6 @@ pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     Ok(report)
 }
 
-/// Kills a child process on drop.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Removes a pin directory on drop.
 struct Pins(PathBuf);
 
@@ -244,30 +233,6 @@ impl Drop for Pins {
     fn drop(&mut self) {
         let _ = crate::cleanup::cleanup(&self.0);
     }
-}
-
-fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Result<(), String> {
-    let mut child = ns
-        .command(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(input.as_bytes())
-            .map_err(|e| e.to_string())?;
-    }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 fn spawn_xlb(ns: &Netns, xlb: &Path, args: &[String], log: &Path) -> Result<Reap, String> {
@@ -379,8 +344,7 @@ fn run_mode(
             std::thread::sleep(Duration::from_millis(300));
         }
         Impl::Iptables => {
-            feed(
-                &topo.node,
+            topo.node.feed(
                 "iptables-restore",
                 &["--noflush"],
                 &emit::render(Mode::Iptables, model, settings),
@@ -400,8 +364,7 @@ fn run_mode(
             }
         }
         Impl::Nftables => {
-            feed(
-                &topo.node,
+            topo.node.feed(
                 "nft",
                 &["-f", "-"],
                 &emit::render(Mode::Nftables, model, settings),
@@ -418,8 +381,7 @@ fn run_mode(
                 &args,
                 &work.join("proxy.log"),
             )?);
-            feed(
-                &topo.node,
+            topo.node.feed(
                 "iptables-restore",
                 &["--noflush"],
                 &emit::render(Mode::Userspace, model, settings),

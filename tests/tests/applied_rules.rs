@@ -3,7 +3,7 @@
 //! backends: the emitters produce rules that work, not just text that matches.
 //! (This kernel has no ip_vs, so ipvs output is checked by the conformance tests only.)
 
-use std::{collections::BTreeSet, io::Write, net::Ipv4Addr, process::Stdio, time::Duration};
+use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
 
 use lb_userspace::{
     emit::{self, Mode},
@@ -13,7 +13,7 @@ use lb_userspace::{
 use xlb_tests::{
     client::{tcp_request, udp_request},
     echo::EchoServer,
-    netns::Netns,
+    netns::{Netns, Reap},
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
     services::service_yaml,
@@ -23,32 +23,6 @@ use xlb_tests::{
 
 const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
-
-/// Pipes `input` into `program args…` run inside `ns`.
-fn feed(ns: &Netns, program: &str, args: &[&str], input: &str) -> Result<(), String> {
-    let mut child = ns
-        .command(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{program}: {e}"))?;
-    child
-        .stdin
-        .take()
-        .ok_or("no stdin")?
-        .write_all(input.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
 
 fn run(ns: &Netns, program: &str, args: &[&str]) -> Result<(), String> {
     xlb_tests::netns::run(ns.command(program).args(args)).map(|_| ())
@@ -121,7 +95,9 @@ fn emitted_iptables_rules_carry_traffic() {
     let Some((topo, _servers, rules)) = setup("xi", Mode::Iptables) else {
         return;
     };
-    feed(&topo.node, "iptables-restore", &["--noflush"], &rules).expect("iptables-restore");
+    topo.node
+        .feed("iptables-restore", &["--noflush"], &rules)
+        .expect("iptables-restore");
     // The jumps from the built-in chains kube-proxy installs once (not part of the restore).
     for (table, chain, target) in [
         ("nat", "PREROUTING", "KUBE-SERVICES"),
@@ -144,18 +120,8 @@ fn emitted_nftables_rules_carry_traffic() {
     let Some((topo, _servers, rules)) = setup("xf", Mode::Nftables) else {
         return;
     };
-    feed(&topo.node, "nft", &["-f", "-"], &rules).expect("nft -f");
+    topo.node.feed("nft", &["-f", "-"], &rules).expect("nft -f");
     check_traffic(&topo, "nftables");
-}
-
-/// Kills a child process on drop.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -181,7 +147,9 @@ fn userspace_rules_and_the_userspace_proxy_carry_traffic() {
             .spawn()
             .expect("xlb proxy userspace"),
     );
-    feed(&topo.node, "iptables-restore", &["--noflush"], &rules).expect("iptables-restore");
+    topo.node
+        .feed("iptables-restore", &["--noflush"], &rules)
+        .expect("iptables-restore");
     run(
         &topo.node,
         "iptables",

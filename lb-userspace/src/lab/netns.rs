@@ -52,6 +52,35 @@ impl Netns {
         c
     }
 
+    /// Runs `program args…` inside the namespace with `input` on its stdin (e.g.
+    /// `iptables-restore`, `nft -f -`); fails with its stderr.
+    pub fn feed(&self, program: &str, args: &[&str], input: &str) -> Result<(), String> {
+        use std::io::Write as _;
+        let mut child = self
+            .command(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{program}: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| format!("{program}: {e}"))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("{program}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{program} {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+
     /// Sets sysctls inside the namespace (`key=value`).
     pub fn sysctl(&self, settings: &[&str]) -> Result<(), String> {
         let mut c = self.command("sysctl");
@@ -99,5 +128,16 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+    }
+}
+
+/// A child process killed (and reaped) on drop.
+#[derive(Debug)]
+pub struct Reap(pub std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

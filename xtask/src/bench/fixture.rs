@@ -15,8 +15,8 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
-    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_CT, MAP_STATS, MAP_SVC,
-    MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_STATS,
+    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{kernel::KernelMaps, loader, sync::apply},
@@ -124,6 +124,7 @@ impl Datapath {
             (MAP_BACKEND, caps.backends),
             (MAP_SVC_NAME, caps.per_service),
             (MAP_SVC_STATS, caps.per_service),
+            (MAP_BACKEND_STATS, caps.backends),
             (MAP_CT, caps.ct),
         ];
         for (name, size) in sizes {

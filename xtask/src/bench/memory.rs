@@ -9,7 +9,9 @@ use std::{
 };
 
 use anyhow::{Context, Result, anyhow, bail};
-use lb_common::{ALL_MAPS, MAP_BACKEND, MAP_CT, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS};
+use lb_common::{
+    ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+};
 use xlb_tests::{netns::Netns, unique_tag};
 
 use super::{
@@ -206,8 +208,12 @@ pub fn run(xlb: &Path) -> Result<Section> {
     let mut per_entry = std::collections::BTreeMap::new();
     let mut rows = Vec::new();
     for (e, f) in empty.iter().zip(&full) {
+        // The counter maps are not preallocated: per entry = growth ÷ entries added (every
+        // service's backends are distinct).
         let per = if f.name == MAP_SVC_STATS {
             (f.memlock.saturating_sub(e.memlock)) as f64 / SERVICES as f64
+        } else if f.name == MAP_BACKEND_STATS {
+            (f.memlock.saturating_sub(e.memlock)) as f64 / (SERVICES * ENDPOINTS) as f64
         } else {
             f.memlock as f64 / f.max_entries as f64
         };
@@ -227,7 +233,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
     let get = |n: &str| per_entry.get(n).copied().unwrap_or(0.0);
     let slot = get(MAP_SVC);
     let per_service = slot + get(MAP_SVC_NAME) + get(MAP_SVC_STATS);
-    let per_backend = slot + get(MAP_BACKEND);
+    let per_backend = slot + get(MAP_BACKEND) + get(MAP_BACKEND_STATS);
     let per_flow = 2.0 * get(MAP_CT);
     let headers: Vec<String> = ["unit", "what it takes", "bytes"]
         .iter()
