@@ -39,11 +39,8 @@ impl Counters {
         Ok(Self { map, name })
     }
 
-    /// Creates a zeroed entry for `id` unless it has one.
+    /// Creates a zeroed entry for `id` unless it has one (one syscall: BPF_NOEXIST).
     fn ensure(&mut self, id: u32) -> Result<(), WriteError> {
-        if self.map.get(&id, 0).is_ok() {
-            return Ok(());
-        }
         let name = self.name;
         let fail = |cause: String| WriteError {
             map: name,
@@ -54,9 +51,13 @@ impl Counters {
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| fail(format!("{what}: {e}")))?;
         let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
             .map_err(|e| fail(e.to_string()))?;
-        self.map
-            .insert(id, values, 0)
-            .map_err(|e| err(name, "insert", format!("counters of {id}"), &e, 0))
+        const BPF_NOEXIST: u64 = 1;
+        match self.map.insert(id, values, BPF_NOEXIST) {
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                Ok(())
+            }
+            r => r.map_err(|e| err(name, "insert", format!("counters of {id}"), &e, 0)),
+        }
     }
 
     fn remove(&mut self, id: u32) -> Result<(), WriteError> {
