@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cleanup;
 pub mod compare;
+pub mod config;
 pub mod datapath;
 pub mod desired;
 pub mod emit;

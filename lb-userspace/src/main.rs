@@ -45,9 +45,15 @@ enum Command {
         /// This node's name (default: $NODE_NAME, else the hostname).
         #[arg(long, env = "XLB_HOSTNAME_OVERRIDE")]
         hostname_override: Option<String>,
-        /// Smallest interval between two syncs from the API server, in milliseconds.
-        #[arg(long, env = "XLB_MIN_SYNC_PERIOD_MS", default_value_t = 100)]
-        min_sync_period_ms: u64,
+        /// Smallest interval between two syncs from the API server, in milliseconds
+        /// [default: 100, or the config file's minSyncPeriod].
+        #[arg(long, env = "XLB_MIN_SYNC_PERIOD_MS")]
+        min_sync_period_ms: Option<u64>,
+        /// A KubeProxyConfiguration-style YAML file (hostnameOverride, clusterCIDR,
+        /// nodePortAddresses, minSyncPeriod, healthz/metrics bind addresses, conntrack);
+        /// flags override it; an unknown key is an error.
+        #[arg(long, env = "XLB_CONFIG")]
+        config: Option<PathBuf>,
         /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
         #[arg(long, env = "XLB_POD_INTERFACES", default_value = "")]
         pod_interfaces: String,
@@ -64,20 +70,12 @@ enum Command {
         /// Poll interval for the source file and interfaces, in milliseconds.
         #[arg(long, env = "XLB_POLL_MS", default_value_t = 100)]
         poll_ms: u64,
-        /// Where to serve /healthz and /livez ("" to disable).
-        #[arg(
-            long,
-            env = "XLB_HEALTHZ_BIND_ADDRESS",
-            default_value = "0.0.0.0:10256"
-        )]
-        healthz_bind_address: String,
-        /// Where to serve /metrics ("" to disable).
-        #[arg(
-            long,
-            env = "XLB_METRICS_BIND_ADDRESS",
-            default_value = "127.0.0.1:10249"
-        )]
-        metrics_bind_address: String,
+        /// Where to serve /healthz and /livez ("" to disable) [default: 0.0.0.0:10256].
+        #[arg(long, env = "XLB_HEALTHZ_BIND_ADDRESS")]
+        healthz_bind_address: Option<String>,
+        /// Where to serve /metrics ("" to disable) [default: 127.0.0.1:10249].
+        #[arg(long, env = "XLB_METRICS_BIND_ADDRESS")]
+        metrics_bind_address: Option<String>,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -333,6 +331,7 @@ fn main() -> Result<()> {
             service_proxy_name,
             hostname_override,
             min_sync_period_ms,
+            config,
             pod_interfaces,
             node_interfaces,
             nodeport_addresses,
@@ -343,13 +342,40 @@ fn main() -> Result<()> {
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
+            let config = match &config {
+                Some(path) => lb_userspace::config::AgentConfig::load(path)?,
+                None => lb_userspace::config::AgentConfig::default(),
+            };
+            if let Some(c) = &config.conntrack
+                && *c != lb_userspace::config::ConntrackConfig::default()
+            {
+                tracing::warn!(
+                    "config: conntrack settings are not used: xlb's conntrack is an LRU map without per-state timeouts"
+                );
+            }
+            let hostname_override = hostname_override.or(config.hostname_override.clone());
+            let nodeport_addresses = if nodeport_addresses.is_empty() {
+                config.node_port_addresses.clone().unwrap_or_default()
+            } else {
+                nodeport_addresses
+            };
+            let min_sync = min_sync_period_ms
+                .map(Duration::from_millis)
+                .or(config.min_sync())
+                .unwrap_or(Duration::from_millis(100));
+            let healthz_bind_address = healthz_bind_address
+                .or(config.healthz_bind_address.clone())
+                .unwrap_or_else(|| "0.0.0.0:10256".into());
+            let metrics_bind_address = metrics_bind_address
+                .or(config.metrics_bind_address.clone())
+                .unwrap_or_else(|| "127.0.0.1:10249".into());
             let node_name = node_name(hostname_override);
             let source = if source == "kubernetes" {
                 SourceSpec::Kubernetes(KubeOptions {
                     kubeconfig,
                     service_proxy_name,
                     node_name: node_name.clone(),
-                    min_sync: Duration::from_millis(min_sync_period_ms),
+                    min_sync,
                 })
             } else {
                 SourceSpec::File(source_file(&source)?)

@@ -191,6 +191,13 @@ fn the_agent_follows_the_api_server() {
         ))
         .expect("slice");
     c.wait_backends(2);
+    // …and traffic reaches them (never the not-serving one).
+    for _ in 0..20 {
+        let answer = c
+            .request()
+            .expect("served by the serving-terminating endpoints");
+        assert_ne!(answer, "backend-3", "a not-serving endpoint got traffic");
+    }
 
     // A cut watch: the agent re-watches and still sees changes.
     c.api.cut_watches();
@@ -443,14 +450,43 @@ fn internal_traffic_policy_local_and_client_ip_affinity() {
             &[(b[0], "node1"), (b[1], "node2"), (b[2], "node3")],
         ))
         .expect("slice");
+    // Topology hints: every ready endpoint has zone hints and node1 is in z1 (its Node's
+    // label), so only the z1 endpoint gets traffic.
+    let zoned = Ipv4Addr::new(10, 96, 0, 23);
+    c.api
+        .apply_yaml(&svc("zoned", zoned, "  trafficDistribution: PreferClose\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: zoned-abc, labels: {{kubernetes.io/service-name: zoned}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{}\"], nodeName: node2, zone: z1, hints: {{forZones: [{{name: z1}}]}}}}\n- {{addresses: [\"{}\"], nodeName: node3, zone: z2, hints: {{forZones: [{{name: z2}}]}}}}\n",
+            b[1], b[2]
+        ))
+        .expect("slice");
     c.agent
         .wait_for(WAIT, |rows| {
             rows.iter()
                 .filter(|r| r.frontend.starts_with("10.96.0.2"))
                 .count()
-                == 3
+                == 4
         })
-        .expect("three services programmed");
+        .expect("four services programmed");
+    let zoned_answers = c
+        .topo
+        .client
+        .ns
+        .run(move || {
+            (0..20)
+                .map(|_| tcp_request(sock(zoned, 80), Duration::from_secs(2)).map(|a| a.backend))
+                .collect::<Vec<_>>()
+        })
+        .expect("client");
+    for a in zoned_answers {
+        assert_eq!(
+            a.expect("zoned answers"),
+            "backend-2",
+            "topology hints must keep traffic in zone z1"
+        );
+    }
 
     let (local_answers, nowhere_result, sticky_answers) = c
         .topo

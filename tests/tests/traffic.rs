@@ -594,3 +594,93 @@ fn node_port_reaches_local_backends_from_an_external_client() {
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named() {
+    if !require_root("a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named") {
+        return;
+    }
+    let all = backends(2);
+    let mut s = Scenario::start("xg", 2, &yaml(&all, &all)).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("sync");
+    s.agent.stop();
+    let _ = lb_userspace::cleanup::cleanup(&s.agent.pins);
+    let args = |config: &std::path::Path| -> Vec<String> {
+        vec![
+            "--source".into(),
+            format!("file:{}", s.yaml.display()),
+            "--pod-interfaces".into(),
+            "xv-*".into(),
+            "--config".into(),
+            config.display().to_string(),
+            "--metrics-bind-address".into(),
+            "".into(),
+        ]
+    };
+    // A typo'd key: the agent refuses to start and names it.
+    let bad = s.workdir.join("bad.yaml");
+    std::fs::write(&bad, "kind: KubeProxyConfiguration\nminSyncPeriodd: 1s\n").expect("write");
+    let mut a = xlb_tests::agent::Agent::start_with(
+        &s.topo.node,
+        &args(&bad),
+        s.agent.pins.clone(),
+        s.workdir.join("bad.log"),
+    )
+    .expect("agent");
+    let err = a
+        .wait_for(Duration::from_secs(5), |_| false)
+        .expect_err("must exit");
+    assert!(
+        err.contains("exited") && err.contains("minSyncPeriodd"),
+        "{err}"
+    );
+    drop(a);
+
+    // A good file: its healthz address is used (flags would override it).
+    let good = s.workdir.join("good.yaml");
+    std::fs::write(
+        &good,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhealthzBindAddress: 127.0.0.1:10299\nminSyncPeriod: 50ms\nconntrack: {udpTimeout: 30s}\n",
+    )
+    .expect("write");
+    let mut a = xlb_tests::agent::Agent::start_with(
+        &s.topo.node,
+        &args(&good),
+        s.agent.pins.clone(),
+        s.workdir.join("good.log"),
+    )
+    .expect("agent");
+    a.wait_for(Duration::from_secs(10), |rows| rows.len() == 2)
+        .expect("synced with the config");
+    let code = s
+        .topo
+        .node
+        .run(|| {
+            use std::io::{Read, Write};
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", 10299)) {
+                    let _ = write!(c, "GET /livez HTTP/1.1\r\nHost: n\r\n\r\n");
+                    let mut t = String::new();
+                    let _ = c.read_to_string(&mut t);
+                    return t.split_whitespace().nth(1).map(str::to_string);
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .expect("thread");
+    assert_eq!(
+        code.as_deref(),
+        Some("200"),
+        "health not served on the config file's address:\n{}",
+        a.log_text()
+    );
+    assert!(
+        a.log_text().contains("conntrack settings are not used"),
+        "unused conntrack keys must be reported"
+    );
+}
