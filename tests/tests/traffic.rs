@@ -42,13 +42,9 @@ fn spread(answers: &[Answer]) -> BTreeMap<String, usize> {
 
 #[test]
 fn clusterip_spreads_tcp_and_udp_over_three_backends() {
-    if !require_root("clusterip_spreads_tcp_and_udp_over_three_backends") {
+    let Some(mut s) = synced("clusterip_spreads_tcp_and_udp_over_three_backends", "xt", 3) else {
         return;
-    }
-    let all = backends(3);
-    let mut s = Scenario::start("xt", 3, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10))
-        .expect("web programmed");
+    };
     s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
         .expect("dns programmed");
     let client_ip = s.topo.client.ip;
@@ -129,6 +125,19 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
     // A fresh socket may reuse an earlier flow's source port: that flow is then established.
     assert!(count("new_flow") >= 550, "{counters:?}");
     assert!(count("reverse_nat") >= 600, "{counters:?}");
+}
+
+/// The usual start: the root check, `n` backend pods behind the web and dns services, and the
+/// agent synced on web. `None` (after a loud notice) where the test cannot run.
+fn synced(test: &str, prefix: &str, n: u8) -> Option<Scenario> {
+    if !require_root(test) {
+        return None;
+    }
+    let all = backends(n);
+    let mut s = Scenario::start(prefix, n.into(), &yaml(&all, &all)).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", n.into(), Duration::from_secs(10))
+        .expect("initial sync");
+    Some(s)
 }
 
 /// A request's start time and result.
@@ -224,13 +233,13 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
 
 #[test]
 fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
-    if !require_root("pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it") {
+    let Some(mut s) = synced(
+        "pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it",
+        "xr",
+        3,
+    ) else {
         return;
-    }
-    let all = backends(3);
-    let mut s = Scenario::start("xr", 3, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10))
-        .expect("sync");
+    };
     let burst = |s: &Scenario| {
         s.topo
             .client
@@ -283,13 +292,9 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
 
 #[test]
 fn cleanup_removes_every_pin_and_the_datapath() {
-    if !require_root("cleanup_removes_every_pin_and_the_datapath") {
+    let Some(mut s) = synced("cleanup_removes_every_pin_and_the_datapath", "xc", 2) else {
         return;
-    }
-    let all = backends(2);
-    let mut s = Scenario::start("xc", 2, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
-        .expect("sync");
+    };
     s.agent.stop();
     let out = std::process::Command::new(xlb_tests::xlb_bin())
         .args(["agent", "--cleanup", "--bpffs"])
@@ -408,15 +413,11 @@ fn a_pod_interface_that_appears_later_is_attached() {
 
 #[test]
 fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
-    if !require_root("the_agent_needs_only_cap_bpf_and_cap_net_admin") {
+    let Some(mut s) = synced("the_agent_needs_only_cap_bpf_and_cap_net_admin", "xp", 2) else {
         return;
-    }
-    let all = backends(2);
+    };
     // The scenario's own agent is replaced by one whose capabilities are cut down to the two
     // deploy/daemonset-capabilities.yaml grants.
-    let mut s = Scenario::start("xp", 2, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
-        .expect("sync");
     s.agent.stop();
     let _ = lb_userspace::cleanup::cleanup(&s.agent.pins);
     let args = vec![
@@ -597,13 +598,13 @@ fn node_port_reaches_local_backends_from_an_external_client() {
 
 #[test]
 fn a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named() {
-    if !require_root("a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named") {
+    let Some(mut s) = synced(
+        "a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named",
+        "xg",
+        2,
+    ) else {
         return;
-    }
-    let all = backends(2);
-    let mut s = Scenario::start("xg", 2, &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
-        .expect("sync");
+    };
     s.agent.stop();
     let _ = lb_userspace::cleanup::cleanup(&s.agent.pins);
     let args = |config: &std::path::Path| -> Vec<String> {
