@@ -256,15 +256,64 @@ fn run_mode(
     settings: &NodeSettings,
     flows: &[Flow],
 ) -> Result<Vec<Outcome>, String> {
-    let eps = endpoints(model);
+    let frontends: Vec<SocketAddr> = flows.iter().map(|f| f.frontend).collect();
+    let lab = install(
+        mode,
+        tag,
+        &opts.source,
+        &opts.xlb,
+        model,
+        settings,
+        &endpoints(model),
+        &frontends,
+    )?;
+    let flows = flows.to_vec();
+    let requests = opts.requests.max(1);
+    lab.topo
+        .client
+        .ns
+        .run(move || flows.iter().map(|f| drive(f, requests)).collect::<Vec<_>>())
+}
+
+/// A lab with one implementation installed; everything is removed on drop.
+pub struct Installed {
+    // Drop order: processes and pins first, then servers, then namespaces.
+    _guards: Vec<Reap>,
+    _pins: Option<Pins>,
+    _servers: Vec<EchoServer>,
+    pub topo: Topology,
+    work: PathBuf,
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
+/// Builds a lab (a node namespace, a client pod, one pod per address of `pods` with echo
+/// servers, TCP and UDP, on its ports) and installs `mode` for `model` in it. `frontends`
+/// are routed into a sink so that unrewritten packets reach the FORWARD hook.
+#[allow(clippy::too_many_arguments)]
+pub fn install(
+    mode: Impl,
+    tag: &str,
+    source_path: &Path,
+    xlb: &Path,
+    model: &Model,
+    settings: &NodeSettings,
+    pods: &BTreeMap<Ipv4Addr, BTreeSet<u16>>,
+    frontends: &[SocketAddr],
+) -> Result<Installed, String> {
+    let eps = pods;
     let client_ip = (1..=254u8)
         .map(|i| Ipv4Addr::new(10, 255, 255, i))
         .find(|ip| !eps.contains_key(ip))
         .ok_or("no free client address")?;
-    let pods: Vec<Ipv4Addr> = eps.keys().copied().collect();
-    let topo = Topology::with_pods(tag, client_ip, &pods)?;
+    let pod_ips: Vec<Ipv4Addr> = eps.keys().copied().collect();
+    let topo = Topology::with_pods(tag, client_ip, &pod_ips)?;
     let mut servers = Vec::new();
-    for (pod, (ip, ports)) in topo.backends.iter().zip(&eps) {
+    for (pod, (ip, ports)) in topo.backends.iter().zip(eps) {
         for port in ports {
             servers.push(EchoServer::start(
                 &pod.ns,
@@ -289,8 +338,8 @@ fn run_mode(
         "xv-void-peer",
     ])?;
     topo.node.ip(&["link", "set", "xv-void", "up"])?;
-    for f in flows {
-        if let IpAddr::V4(ip) = f.frontend.ip() {
+    for f in frontends {
+        if let IpAddr::V4(ip) = f.ip() {
             let _ = topo
                 .node
                 .ip(&["route", "replace", &format!("{ip}/32"), "dev", "xv-void"]);
@@ -298,7 +347,7 @@ fn run_mode(
     }
     let work = std::env::temp_dir().join(tag);
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
-    let source = format!("file:{}", opts.source.display());
+    let source = format!("file:{}", source_path.display());
     let mut _guards: Vec<Reap> = Vec::new();
     let mut _pins = None;
     match mode {
@@ -322,14 +371,9 @@ fn run_mode(
             .map(|s| s.to_string())
             .chain([pins.display().to_string()])
             .collect();
-            _guards.push(spawn_xlb(
-                &topo.node,
-                &opts.xlb,
-                &args,
-                &work.join("agent.log"),
-            )?);
+            _guards.push(spawn_xlb(&topo.node, xlb, &args, &work.join("agent.log"))?);
             _pins = Some(Pins(pins.clone()));
-            let want = flows.len().min(1);
+            let want = frontends.len().min(1);
             let deadline = Instant::now() + Duration::from_secs(15);
             while crate::list::services(&pins).map_or(0, |r| r.len()) < want {
                 if Instant::now() > deadline {
@@ -375,12 +419,7 @@ fn run_mode(
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-            _guards.push(spawn_xlb(
-                &topo.node,
-                &opts.xlb,
-                &args,
-                &work.join("proxy.log"),
-            )?);
+            _guards.push(spawn_xlb(&topo.node, xlb, &args, &work.join("proxy.log"))?);
             topo.node.feed(
                 "iptables-restore",
                 &["--noflush"],
@@ -397,15 +436,13 @@ fn run_mode(
             std::thread::sleep(Duration::from_millis(1000));
         }
     }
-    let flows = flows.to_vec();
-    let requests = opts.requests.max(1);
-    let outcomes = topo
-        .client
-        .ns
-        .run(move || flows.iter().map(|f| drive(f, requests)).collect::<Vec<_>>())?;
-    drop(servers);
-    let _ = std::fs::remove_dir_all(&work);
-    Ok(outcomes)
+    Ok(Installed {
+        _guards,
+        _pins,
+        _servers: servers,
+        topo,
+        work,
+    })
 }
 
 /// Sends `requests` requests on fresh connections (sockets); classifies the result.
