@@ -258,7 +258,7 @@ fn run_mode(
 ) -> Result<Vec<Outcome>, String> {
     let frontends: Vec<SocketAddr> = flows.iter().map(|f| f.frontend).collect();
     let lab = install(
-        mode,
+        Some(mode),
         tag,
         &opts.source,
         &opts.xlb,
@@ -292,11 +292,12 @@ impl Drop for Installed {
 }
 
 /// Builds a lab (a node namespace, a client pod, one pod per address of `pods` with echo
-/// servers, TCP and UDP, on its ports) and installs `mode` for `model` in it. `frontends`
+/// servers, TCP and UDP, on its ports) and installs `mode` for `model` in it (`None`: the
+/// lab alone, for traffic straight to the pods). `frontends`
 /// are routed into a sink so that unrewritten packets reach the FORWARD hook.
 #[allow(clippy::too_many_arguments)]
 pub fn install(
-    mode: Impl,
+    mode: Option<Impl>,
     tag: &str,
     source_path: &Path,
     xlb: &Path,
@@ -351,7 +352,8 @@ pub fn install(
     let mut _guards: Vec<Reap> = Vec::new();
     let mut _pins = None;
     match mode {
-        Impl::Ebpf => {
+        None => {}
+        Some(Impl::Ebpf) => {
             let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
             let args: Vec<String> = [
                 "agent",
@@ -387,7 +389,7 @@ pub fn install(
             // Interfaces are attached in the same loop iteration as the first sync.
             std::thread::sleep(Duration::from_millis(300));
         }
-        Impl::Iptables => {
+        Some(Impl::Iptables) => {
             topo.node.feed(
                 "iptables-restore",
                 &["--noflush"],
@@ -407,14 +409,14 @@ pub fn install(
                     .args(["-t", table, "-I", chain, "-j", target]))?;
             }
         }
-        Impl::Nftables => {
+        Some(Impl::Nftables) => {
             topo.node.feed(
                 "nft",
                 &["-f", "-"],
                 &emit::render(Mode::Nftables, model, settings),
             )?;
         }
-        Impl::Userspace => {
+        Some(Impl::Userspace) => {
             let args: Vec<String> = ["proxy", "userspace", "--source", &source]
                 .iter()
                 .map(|s| s.to_string())

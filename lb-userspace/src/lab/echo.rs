@@ -81,7 +81,8 @@ fn serve_tcp(
                 let name = name.to_string();
                 thread::spawn(move || handle_tcp(conn, peer, &name));
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+            // Wait for the next connection without spinning, waking up to see `stop`.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => wait_readable(&listener, 20),
             Err(_) => thread::sleep(Duration::from_millis(1)),
         }
     }
@@ -126,4 +127,16 @@ fn serve_udp(
             let _ = sock.send_to(reply(name, peer).as_bytes(), peer);
         }
     }
+}
+
+/// Blocks until `listener` has a connection to accept or `ms` milliseconds pass.
+fn wait_readable(listener: &TcpListener, ms: i32) {
+    use std::os::fd::AsRawFd;
+    let mut fds = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut fds, 1, ms) };
 }

@@ -13,6 +13,7 @@ mod fixture;
 mod memory;
 mod report;
 mod sync;
+mod traffic;
 
 use std::{
     path::{Path, PathBuf},
@@ -25,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use crate::build::{is_root, workspace_root};
 
 /// The benches `all` runs, in priority order.
-const ALL: [&str; 3] = ["datapath", "sync", "memory"];
+const ALL: [&str; 4] = ["datapath", "sync", "memory", "traffic"];
 
 /// Runs bench `name` (`datapath`, `sync`, `memory` or `all`); `xlb` is the release binary.
 pub fn run(xlb: &Path, name: &str) -> Result<()> {
@@ -50,6 +51,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
         let section = match bench {
             "datapath" => datapath::run()?,
             "sync" => sync::run()?,
+            "traffic" => traffic::run(xlb)?,
             _ => memory::run(xlb)?,
         };
         report::write_section(bench, &command, &section)?;
