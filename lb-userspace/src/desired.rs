@@ -263,6 +263,40 @@ pub fn compute_on(
             view.internal_policy_local(),
             String::new(),
         )];
+        // externalIPs and LoadBalancer ingress IPs take the service port and the external
+        // policy. LoadBalancer IPs with loadBalancerSourceRanges are not programmed until the
+        // datapath enforces the ranges: opening them to everyone would be worse than nothing.
+        for ip in view.external_ips.iter().filter_map(|ip| match ip {
+            IpAddr::V4(v) => Some(*v),
+            IpAddr::V6(_) => None,
+        }) {
+            frontends.push((
+                ip,
+                view.port.port,
+                view.external_policy_local(),
+                format!(" (externalIP {ip})"),
+            ));
+        }
+        for ip in view.load_balancer_ips.iter().filter_map(|ip| match ip {
+            IpAddr::V4(v) => Some(*v),
+            IpAddr::V6(_) => None,
+        }) {
+            if view.source_ranges.is_empty() {
+                frontends.push((
+                    ip,
+                    view.port.port,
+                    view.external_policy_local(),
+                    format!(" (LoadBalancer {ip})"),
+                ));
+            } else {
+                errors.push(DesiredError::Unsupported {
+                    object: object.clone(),
+                    what: format!(
+                        "LoadBalancer IP {ip} with loadBalancerSourceRanges (not programmed)"
+                    ),
+                });
+            }
+        }
         if let Some(node_port) = view.node_port {
             for ip in &node.node_port_addresses {
                 frontends.push((

@@ -518,11 +518,17 @@ fn node_port_reaches_local_backends_from_an_external_client() {
                 &format!("targetPort: {target}, nodePort: {np}}}"),
             )
     };
-    let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB)
-        + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
+    // web also has an externalIP, which the external client routes to the node.
+    let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB).replace(
+        "  type: NodePort\n",
+        "  type: NodePort\n  externalIPs: [198.51.100.10]\n",
+    ) + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
     let tag = xlb_tests::unique_tag("xo");
     let topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
     let ext = topo.add_external_client("up0").expect("external client");
+    ext.ns
+        .ip(&["route", "add", "198.51.100.10/32", "via", "192.0.2.1"])
+        .expect("route to the externalIP");
     let _servers: Vec<_> = topo
         .backends
         .iter()
@@ -592,6 +598,30 @@ fn node_port_reaches_local_backends_from_an_external_client() {
         seen.insert(a.backend);
     }
     assert_eq!(seen.len(), 3, "NodePort traffic reached {seen:?}");
+    let external_ip = Ipv4Addr::new(198, 51, 100, 10);
+    let via_external_ip = ext
+        .ns
+        .run(move || {
+            (0..20)
+                .map(|_| tcp_request(sock(external_ip, 80), TIMEOUT))
+                .collect::<Vec<_>>()
+        })
+        .expect("client");
+    for a in via_external_ip {
+        let a =
+            a.unwrap_or_else(|e| panic!("externalIP request failed: {e}\n{}", agent.log_text()));
+        assert_eq!(
+            a.peer,
+            sock(external_ip, 80),
+            "the client must see the externalIP"
+        );
+        assert!(
+            a.seen_client.starts_with("192.0.2.10:"),
+            "client IP not preserved: {}",
+            a.seen_client
+        );
+    }
+
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
