@@ -1,53 +1,91 @@
 //! kube-proxy's rules as xlb emits them, applied with the real tools inside a test node
-//! namespace (`iptables-restore`, `nft -f`), carrying real traffic from a client pod to the
-//! backends: the emitters produce rules that work, not just text that matches.
-//! (This kernel has no ip_vs, so ipvs output is checked by the conformance tests only.)
+//! namespace (`iptables-restore`, `nft -f`; the userspace rules with `xlb proxy userspace`),
+//! carrying real traffic from a client pod to the backends: the emitters produce rules that
+//! work, not just text that matches. The lab and the installation are `compare::install`'s,
+//! the same that `xlb compare` uses. (This kernel has no ip_vs, so ipvs output is checked by
+//! the conformance tests only.)
 
-use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddr},
+    time::Duration,
+};
 
 use lb_userspace::{
-    emit::{self, Mode},
+    compare::{Impl, Installed, install},
+    lab::topology::Topology,
     model::node::NodeSettings,
     source::file,
 };
 use xlb_tests::{
     client::{tcp_request, udp_request},
-    echo::EchoServer,
-    netns::{Netns, Reap},
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
     services::service_yaml,
-    topology::{Topology, pod_ip},
+    topology::pod_ip,
     unique_tag,
 };
 
 const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
 
-fn run(ns: &Netns, program: &str, args: &[&str]) -> Result<(), String> {
-    xlb_tests::netns::run(ns.command(program).args(args)).map(|_| ())
-}
-
-/// Topology + backends, and the rules of `mode` for the two demo-like services.
-fn setup(prefix: &str, mode: Mode) -> Option<(Topology, Vec<EchoServer>, String)> {
+/// A lab with three backend pods and `mode` installed for the two demo-like services.
+fn setup(prefix: &str, mode: Impl) -> Option<Installed> {
     if !require_root(prefix) {
         return None;
     }
-    let topo = Topology::build(&unique_tag(prefix), 3).expect("topology");
-    let servers = topo
-        .backends
-        .iter()
-        .map(|p| EchoServer::start(&p.ns, &p.name, TCP_PORT, UDP_PORT).expect("server"))
-        .collect();
+    let tag = unique_tag(prefix);
     let ips: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
     let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &ips)
         + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, &ips);
+    let dir = std::env::temp_dir().join(format!("{tag}-src"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("services.yaml");
+    std::fs::write(&path, &yaml).expect("yaml");
     let model = file::parse("rules.yaml", &yaml).expect("yaml").model;
     let node = NodeSettings {
         node_name: "node1".into(),
         ..NodeSettings::default()
     };
-    Some((topo, servers, emit::render(mode, &model, &node)))
+    let pods: BTreeMap<Ipv4Addr, BTreeSet<u16>> = ips
+        .iter()
+        .map(|ip| (*ip, [TCP_PORT, UDP_PORT].into()))
+        .collect();
+    let frontends = [SocketAddr::from((WEB, 80)), SocketAddr::from((DNS, 53))];
+    let lab = install(
+        Some(mode),
+        &tag,
+        &path,
+        &xlb_tests::xlb_bin(),
+        &model,
+        &node,
+        &pods,
+        &frontends,
+    )
+    .expect("install");
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(lab)
+}
+
+/// Waits until both services answer (a proxy binds its ports after reading the file).
+fn wait_ready(topo: &Topology, what: &str) {
+    let ready = topo
+        .client
+        .ns
+        .run(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if tcp_request(sock(WEB, 80), Duration::from_millis(300)).is_ok()
+                    && udp_request(sock(DNS, 53), Duration::from_millis(300)).is_ok()
+                {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+        .expect("client");
+    assert!(ready, "{what}: the services never answered");
 }
 
 /// 60 TCP and 60 UDP requests from the client: all answered, from the ClusterIP, by more
@@ -92,96 +130,25 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
 
 #[test]
 fn emitted_iptables_rules_carry_traffic() {
-    let Some((topo, _servers, rules)) = setup("xi", Mode::Iptables) else {
+    let Some(lab) = setup("xi", Impl::Iptables) else {
         return;
     };
-    topo.node
-        .feed("iptables-restore", &["--noflush"], &rules)
-        .expect("iptables-restore");
-    // The jumps from the built-in chains kube-proxy installs once (not part of the restore).
-    for (table, chain, target) in [
-        ("nat", "PREROUTING", "KUBE-SERVICES"),
-        ("nat", "OUTPUT", "KUBE-SERVICES"),
-        ("nat", "POSTROUTING", "KUBE-POSTROUTING"),
-        ("filter", "FORWARD", "KUBE-FORWARD"),
-    ] {
-        run(
-            &topo.node,
-            "iptables",
-            &["-t", table, "-I", chain, "-j", target],
-        )
-        .expect("jump");
-    }
-    check_traffic(&topo, "iptables");
+    check_traffic(&lab.topo, "iptables");
 }
 
 #[test]
 fn emitted_nftables_rules_carry_traffic() {
-    let Some((topo, _servers, rules)) = setup("xf", Mode::Nftables) else {
+    let Some(lab) = setup("xf", Impl::Nftables) else {
         return;
     };
-    topo.node.feed("nft", &["-f", "-"], &rules).expect("nft -f");
-    check_traffic(&topo, "nftables");
+    check_traffic(&lab.topo, "nftables");
 }
 
 #[test]
 fn userspace_rules_and_the_userspace_proxy_carry_traffic() {
-    let Some((topo, _servers, rules)) = setup("xu", Mode::Userspace) else {
+    let Some(lab) = setup("xu", Impl::Userspace) else {
         return;
     };
-    let dir = std::env::temp_dir().join(&topo.tag);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let ips: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
-    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &ips)
-        + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, &ips);
-    let path = dir.join("services.yaml");
-    std::fs::write(&path, yaml).expect("yaml");
-    let log = std::fs::File::create(dir.join("proxy.log")).expect("log");
-    let _proxy = Reap(
-        topo.node
-            .command(xlb_tests::xlb_bin())
-            .args(["proxy", "userspace", "--source"])
-            .arg(format!("file:{}", path.display()))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("xlb proxy userspace"),
-    );
-    topo.node
-        .feed("iptables-restore", &["--noflush"], &rules)
-        .expect("iptables-restore");
-    run(
-        &topo.node,
-        "iptables",
-        &[
-            "-t",
-            "nat",
-            "-I",
-            "PREROUTING",
-            "-j",
-            "KUBE-PORTALS-CONTAINER",
-        ],
-    )
-    .expect("jump");
-    // Wait until the proxy listens (it reads the file and binds its ports first).
-    let ready = topo
-        .client
-        .ns
-        .run(|| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while std::time::Instant::now() < deadline {
-                if tcp_request(sock(WEB, 80), Duration::from_millis(300)).is_ok()
-                    && udp_request(sock(DNS, 53), Duration::from_millis(300)).is_ok()
-                {
-                    return true;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            false
-        })
-        .expect("client");
-    let text = std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default();
-    assert!(ready, "the userspace proxy never answered:\n{text}");
-    check_traffic_seen(&topo, "userspace", true);
-    let _ = std::fs::remove_dir_all(&dir);
+    wait_ready(&lab.topo, "userspace");
+    check_traffic_seen(&lab.topo, "userspace", true);
 }
