@@ -128,8 +128,8 @@ enum Command {
         /// `file:PATH` (Kubernetes YAML, or a kube-proxy conformance case).
         #[arg(long)]
         source: String,
-        /// Requests per flow and mode.
-        #[arg(long, default_value_t = 20)]
+        /// Requests per flow and mode (enough that random balancing reaches every backend).
+        #[arg(long, default_value_t = 40)]
         requests: usize,
         /// This node's name when the file has no TestConfig header.
         #[arg(long, default_value = "node1")]
