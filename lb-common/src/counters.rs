@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V1`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V3`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -28,8 +28,20 @@ pub const R_BACKEND_GONE: u32 = 10;
 /// Service has no endpoints: refused (TCP RST, ICMP port unreachable), as kube-proxy's REJECT.
 pub const R_REJECT: u32 = 11;
 
-/// Number of counters (the size of `XLB_STATS_V2`).
-pub const R_COUNT: u32 = 12;
+/// Source address outside a LoadBalancer IP's loadBalancerSourceRanges: dropped.
+pub const R_SRC_DENIED: u32 = 12;
+/// No free SNAT port for a new flow to a remote backend (or no source address): dropped.
+pub const R_SNAT_FAILED: u32 = 13;
+/// ICMP error about a translated flow: its outer and quoted inner headers translated too.
+pub const R_ICMP_XLATE: u32 = 14;
+/// A translated packet with DF set is too big for its route: answered with ICMP
+/// fragmentation needed from the frontend (path-MTU discovery through the service).
+pub const R_FRAG_NEEDED: u32 = 15;
+/// XDP: a packet was translated and redirected out of its egress interface by XDP.
+pub const R_XDP_REDIRECT: u32 = 16;
+
+/// Number of counters (the size of `XLB_STATS_V3`).
+pub const R_COUNT: u32 = 17;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -45,4 +57,9 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "ct_full",
     "backend_gone",
     "reject",
+    "src_denied",
+    "snat_failed",
+    "icmp_xlate",
+    "frag_needed",
+    "xdp_redirect",
 ];

@@ -7,9 +7,10 @@ pub const MAP_SVC: &str = "XLB_SVC_V1";
 /// Backend map: written by the agent, read by the datapath.
 pub const MAP_BACKEND: &str = "XLB_BE_V1";
 /// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
-pub const MAP_CT: &str = "XLB_CT_V1";
-/// Per-CPU counters indexed by [`crate::counters`] reason codes (V2: 12 reasons).
-pub const MAP_STATS: &str = "XLB_STATS_V2";
+/// (V2: the value holds the whole rewritten tuple, for SNAT and hairpin.)
+pub const MAP_CT: &str = "XLB_CT_V2";
+/// Per-CPU counters indexed by [`crate::counters`] reason codes (V3: 17 reasons).
+pub const MAP_STATS: &str = "XLB_STATS_V3";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -24,8 +25,15 @@ pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
 /// Default affinity capacity (one per client and service with affinity).
 pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 
+/// Node configuration for the datapath: written by the agent, read by the datapath.
+pub const MAP_CONFIG: &str = "XLB_CFG_V1";
+/// loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
+pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V1";
+/// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
+pub const SRC_RANGE_MAP_CAPACITY: u32 = 16_384;
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 8] = [
+pub const ALL_MAPS: [&str; 10] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -34,6 +42,8 @@ pub const ALL_MAPS: [&str; 8] = [
     MAP_SVC_STATS,
     MAP_BACKEND_STATS,
     MAP_AFFINITY,
+    MAP_CONFIG,
+    MAP_SRC_RANGE,
 ];
 
 /// Default capacities; the agent may override them at load time.
@@ -106,8 +116,23 @@ const _: () = assert!(core::mem::size_of::<Backend>() == 24);
 /// a Local traffic policy has no local endpoint).
 pub const SVC_F_DROP_EMPTY: u16 = 1;
 
+/// Service flag (slot 0): an external frontend (NodePort, externalIP, LoadBalancer) with
+/// externalTrafficPolicy Cluster: flows to a remote backend are SNATed to the node.
+pub const SVC_F_SNAT_REMOTE: u16 = 2;
+/// Service flag (slot 0): the frontend has loadBalancerSourceRanges; a client outside
+/// them (per `XLB_SRCRNG_V1`) is dropped.
+pub const SVC_F_SRC_RANGES: u16 = 4;
+
 /// Backend flag: the endpoint is terminating (kept for established flows only).
 pub const BE_F_TERMINATING: u8 = 1;
+/// Backend flag: the endpoint is not on this node (its reply would not come back through
+/// this node unless the flow is SNATed).
+pub const BE_F_REMOTE: u8 = 2;
+
+/// Conntrack flag: the flow's source is translated (SNAT to the node, or hairpin).
+pub const CT_F_SNAT: u32 = 1;
+/// Conntrack flag: the client is its own backend (hairpin), SNATed to the hairpin address.
+pub const CT_F_HAIRPIN: u32 = 2;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;
@@ -130,26 +155,59 @@ pub struct CtKey {
 }
 const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
 
-/// Value of the conntrack map.
+/// Value of the conntrack map: the tuple a packet of this entry's direction is rewritten to.
+///
+/// Forward (client → frontend): source = the client, or the SNAT address and port; the
+/// destination = the backend. Reply (backend → client or SNAT address): source = the
+/// frontend, destination = the client.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct CtValue {
-    /// Forward: the backend address chosen at creation. Reply: the VIP to restore as source.
-    pub nat_addr_be: [u32; 4],
-    /// Forward: the backend port. Reply: the VIP port.
-    pub nat_port_be: u16,
-    pub _pad: u16,
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
     /// The backend the flow is pinned to.
     pub backend_id: u32,
     /// The service port the flow belongs to.
     pub svc_id: u32,
-    pub _pad2: u32,
+    /// `CT_F_*` flags.
+    pub flags: u32,
     /// `bpf_ktime_get_ns` at creation.
     pub created_ns: u64,
     /// `bpf_ktime_get_ns` of a recent packet (refreshed at most once a second).
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 64);
+
+/// Value of the node configuration map (one entry, index 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct NodeConfig {
+    /// SNAT source ports for flows to remote backends: `snat_port_min..=snat_port_max`,
+    /// host order. Both 0: SNAT disabled (such flows are dropped, counted `snat_failed`).
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
+    /// Source address a hairpin flow (a pod reaching itself through a service) is SNATed
+    /// to, network order. 0: hairpin disabled.
+    pub hairpin_addr_be: u32,
+    /// `CFG_F_*` flags.
+    pub flags: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
+
+/// Data of a source-range trie key: a frontend's service id, then the client address. The
+/// trie key's prefix length is 32 (the id) + the range's prefix length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SrcRangeKey {
+    /// Service id in network order (so its 32 bits come first in the trie's byte order).
+    pub svc_id_be: u32,
+    /// Client address (IPv4), network order.
+    pub addr_be: u32,
+}
+const _: () = assert!(core::mem::size_of::<SrcRangeKey>() == 8);
 
 /// Key of the affinity map: a client of a service (ClientIP affinity).
 #[repr(C)]
@@ -213,4 +271,6 @@ mod pod {
     unsafe impl aya::Pod for super::SvcName {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityValue {}
+    unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::SrcRangeKey {}
 }

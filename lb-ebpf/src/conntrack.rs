@@ -1,15 +1,31 @@
-//! Per-flow state: one forward entry (client → VIP) pins the backend, one reply entry
-//! (backend → client) restores the VIP.
+//! Per-flow state: one forward entry (client → frontend) holds the tuple the flow's packets
+//! are rewritten to (backend, and SNAT source if any), one reply entry (backend → client or
+//! SNAT address) holds the tuple its replies are restored to (frontend → client).
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
-use lb_common::{Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL};
+// Map entries are passed by reference on purpose: a copy would go through the 512-byte stack.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
-use crate::{maps::XLB_CT_V1, parse::Tuple, reason::Reason};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+};
+use lb_common::{
+    CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL, R_SNAT_FAILED,
+};
+
+use crate::{
+    maps::{FlowScratch, XLB_CT_V2, XLB_SCRATCH},
+    parse::Tuple,
+    reason::Reason,
+};
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+/// Ports tried from the SNAT range before a new flow is given up (a full range shows as
+/// `snat_failed`, never as a collision).
+const SNAT_TRIES: u32 = 32;
 
 #[inline(always)]
-fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> CtKey {
+pub fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> CtKey {
     CtKey {
         saddr_be: [saddr, 0, 0, 0],
         daddr_be: [daddr, 0, 0, 0],
@@ -28,20 +44,25 @@ fn tuple_key(t: &Tuple, dir: u8) -> CtKey {
     key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, dir)
 }
 
+/// The entry for `k`, if its flow is tracked.
+#[inline(always)]
+pub fn get(k: &CtKey) -> Option<&'static CtValue> {
+    // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
+    unsafe { XLB_CT_V2.get(k) }
+}
+
 /// The reply entry for a packet from a backend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
-    let k = tuple_key(t, CT_DIR_REPLY);
-    // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
-    unsafe { XLB_CT_V1.get(k) }
+    get(&tuple_key(t, CT_DIR_REPLY))
 }
 
-/// The forward entry for a packet to a VIP, if its flow is tracked.
+/// The forward entry for a packet to a frontend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
     let k = tuple_key(t, CT_DIR_FORWARD);
     // SAFETY: only `last_seen_ns` is written through this reference.
-    XLB_CT_V1.get_ptr_mut(k).map(|p| unsafe { &mut *p })
+    XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
 /// Refreshes `last_seen_ns`, at most once a second to keep writes off the hot path.
@@ -54,38 +75,140 @@ pub fn touch(ct: &mut CtValue) {
     }
 }
 
-/// Records a new flow: the reply entry first, so a reply can never beat it.
+/// How a new flow's source is translated: `addr_be` 0 keeps it (the backend replies to the
+/// client through this node); else SNAT to `addr_be`, with the first free port among
+/// `first_be` (if non-zero) and then `min..=max` from a random start, so no two flows to a
+/// backend share a reply tuple. (A plain struct, not an enum: every field is always
+/// initialised, which the verifier insists on.)
+#[derive(Clone, Copy, Default)]
+pub struct Source {
+    pub addr_be: u32,
+    pub first_be: u16,
+    pub min: u16,
+    pub max: u16,
+}
+
+/// The forward entry under construction (in the per-CPU scratch map, off the stack): the
+/// caller fills it with the translated tuple, [`create`] records it.
 #[inline(always)]
-pub fn create(t: &Tuple, backend_id: u32, be: &Backend, svc_id: u32) -> Result<(), Reason> {
+pub fn scratch() -> Result<&'static mut FlowScratch, Reason> {
+    let p = XLB_SCRATCH.get_ptr_mut(0).ok_or(Reason(R_CT_FULL))?;
+    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
+    Ok(unsafe { &mut *p })
+}
+
+/// Records the new flow of `t` whose packets go to the scratch's `fwd` (destination =
+/// backend, source as `src` translates it): the reply entry first, so a reply can never beat
+/// it. Afterwards `fwd` holds the SNAT port chosen.
+#[inline(always)]
+pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
+    let s = scratch()?;
     // SAFETY: helper without side effects.
     let now = unsafe { bpf_ktime_get_ns() };
-    let reply_key = key(
-        be.addr_be[0],
+    s.fwd.created_ns = now;
+    s.fwd.last_seen_ns = now;
+    s.reply = CtValue {
+        saddr_be: [t.daddr_be, 0, 0, 0],
+        sport_be: t.dport_be,
+        daddr_be: [t.saddr_be, 0, 0, 0],
+        dport_be: t.sport_be,
+        ..s.fwd
+    };
+    s.reply_key = key(
+        s.fwd.daddr_be[0],
         t.saddr_be,
-        be.port_be,
+        s.fwd.dport_be,
         t.sport_be,
         t.proto,
         CT_DIR_REPLY,
     );
-    let reply = CtValue {
-        nat_addr_be: [t.daddr_be, 0, 0, 0],
-        nat_port_be: t.dport_be,
-        backend_id,
-        svc_id,
-        created_ns: now,
-        last_seen_ns: now,
-        ..CtValue::default()
-    };
-    XLB_CT_V1
-        .insert(reply_key, reply, 0)
-        .map_err(|_| Reason(R_CT_FULL))?;
-    let fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    let fwd = CtValue {
-        nat_addr_be: be.addr_be,
-        nat_port_be: be.port_be,
-        ..reply
-    };
-    XLB_CT_V1
-        .insert(fwd_key, fwd, 0)
+    if src.addr_be == 0 {
+        XLB_CT_V2
+            .insert(&s.reply_key, &s.reply, 0)
+            .map_err(|_| Reason(R_CT_FULL))?;
+    } else {
+        s.reply_key.daddr_be[0] = src.addr_be;
+        s.fwd.saddr_be[0] = src.addr_be;
+        s.fwd.sport_be = claim_port(s, src.first_be, src.min, src.max)?;
+    }
+    s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
+    XLB_CT_V2
+        .insert(&s.fwd_key, &s.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))
+}
+
+/// State of the SNAT port search run by `bpf_loop` (small: the entries stay in the scratch).
+struct PortSearch {
+    min: u32,
+    range: u32,
+    start: u32,
+    /// The claimed port (network order), 0 until one is found.
+    found_be: u32,
+}
+
+/// One try of the port search: the `idx`-th port from the random start.
+#[inline(never)]
+extern "C" fn try_port(idx: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the pointer `claim_port` gave it, to a live PortSearch.
+    let p = unsafe { &mut *(ctx as *mut PortSearch) };
+    let Ok(s) = scratch() else {
+        return 1;
+    };
+    if p.range == 0 {
+        return 1;
+    }
+    let port = (p.min + (p.start + idx as u32) % p.range) as u16;
+    s.reply_key.dport_be = port.to_be();
+    if XLB_CT_V2
+        .insert(&s.reply_key, &s.reply, BPF_NOEXIST as u64)
+        .is_ok()
+    {
+        p.found_be = port.to_be() as u32;
+        return 1;
+    }
+    0
+}
+
+/// Inserts the scratch's reply entry under the first free port: `first_be`, then up to
+/// `SNAT_TRIES` ports of `min..=max` from a random start. Returns the port (network order).
+#[inline(always)]
+fn claim_port(s: &mut FlowScratch, first_be: u16, min: u16, max: u16) -> Result<u16, Reason> {
+    if first_be != 0 {
+        s.reply_key.dport_be = first_be;
+        if XLB_CT_V2
+            .insert(&s.reply_key, &s.reply, BPF_NOEXIST as u64)
+            .is_ok()
+        {
+            return Ok(first_be);
+        }
+    }
+    if min == 0 || max < min {
+        return Err(Reason(R_SNAT_FAILED));
+    }
+    let range = (max - min) as u32 + 1;
+    let mut search = PortSearch {
+        min: min as u32,
+        range,
+        // SAFETY: helper without side effects.
+        start: unsafe { bpf_get_prandom_u32() } % range,
+        found_be: 0,
+    };
+    let tries = if range < SNAT_TRIES {
+        range
+    } else {
+        SNAT_TRIES
+    };
+    // SAFETY: the callback only touches `search`, which outlives the call, and the scratch.
+    unsafe {
+        bpf_loop(
+            tries,
+            try_port as *mut core::ffi::c_void,
+            &mut search as *mut PortSearch as *mut core::ffi::c_void,
+            0,
+        )
+    };
+    if search.found_be == 0 {
+        return Err(Reason(R_SNAT_FAILED));
+    }
+    Ok(search.found_be as u16)
 }

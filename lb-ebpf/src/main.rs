@@ -7,12 +7,16 @@
 
 mod affinity;
 mod conntrack;
+mod fib;
+mod icmp;
 mod maps;
 mod nat;
 mod parse;
 mod reason;
 mod reject;
 mod select;
+mod srcrange;
+mod translate;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
@@ -20,14 +24,20 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lb_common::{
-    IPPROTO_TCP, R_BACKEND_GONE, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REJECT, R_REVERSE_NAT,
-    SVC_F_DROP_EMPTY,
+    IPPROTO_TCP, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
+    R_REJECT, R_REVERSE_NAT, R_SRC_DENIED, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
 };
 
-use crate::{parse::Parsed, reason::Reason};
+use lb_common::SvcValue;
 
-/// tc ingress on the host side of pod veths (and node interfaces that carry replies):
-/// service packets are DNATed to a backend, replies of tracked flows get the VIP back.
+use crate::{
+    parse::{Parsed, Tuple},
+    reason::Reason,
+};
+
+/// tc ingress on the host side of pod veths and on the node's interfaces: service packets
+/// are DNATed to a backend (and SNATed where the reply would not come back), replies of
+/// tracked flows get the frontend back, ICMP errors about them are translated too.
 #[classifier]
 pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
     let (action, reason) = match try_tc_ingress(&ctx) {
@@ -46,19 +56,43 @@ pub fn xlb_tc_pass(_ctx: TcContext) -> i32 {
     TC_ACT_OK
 }
 
-/// `Ok((action, reason))`: the packet continues (possibly rewritten) or is sent back as a
-/// refusal; `Err(reason)`: it is dropped.
+/// A program's outcome: `Ok((action, reason))`, the packet continues (possibly rewritten)
+/// or is sent back as an answer (refusal, fragmentation needed); `Err(reason)`, it is dropped.
+type Outcome = Result<(i32, Reason), Reason>;
+
+/// An [`Outcome`] as one register, for the paths kept out of line (each has its own stack
+/// frame, so the big rare paths do not add up in the main one).
 #[inline(always)]
-fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
+fn pack(o: Outcome) -> u64 {
+    match o {
+        Ok((action, reason)) => ((action as u32 as u64) << 32) | reason.0 as u64,
+        Err(reason) => (1 << 63) | reason.0 as u64,
+    }
+}
+
+#[inline(always)]
+fn unpack(v: u64) -> Outcome {
+    let reason = Reason(v as u32);
+    if v >> 63 != 0 {
+        Err(reason)
+    } else {
+        Ok(((v >> 32) as i32, reason))
+    }
+}
+
+#[inline(always)]
+fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
     let t = match parse::parse_ipv4(ctx)? {
         Parsed::Flow(t) => t,
+        Parsed::Icmp(m) => return unpack(icmp_error(ctx, &m)),
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 
-    // A reply from a backend of a tracked flow: restore the VIP as source.
+    // A reply from a backend of a tracked flow: the frontend as source, the client (if the
+    // flow was SNATed) as destination.
     if let Some(ct) = conntrack::lookup_reply(&t) {
-        nat::rewrite_src(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
+        nat::apply(ctx, &t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
     }
@@ -73,28 +107,103 @@ fn try_tc_ingress(ctx: &TcContext) -> Result<(i32, Reason), Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(&t) {
         if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
+            if let Some(mtu) = translate::too_big(ctx, &t, ct.daddr_be[0]) {
+                return unpack(frag_needed(ctx, &t, mtu));
+            }
             conntrack::touch(ct);
             affinity::touch(&t, svc);
-            nat::rewrite_dst(ctx, &t, ct.nat_addr_be[0], ct.nat_port_be)?;
+            nat::apply(ctx, &t, ct)?;
             reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
         }
         reason = R_BACKEND_GONE;
     }
+    let v = new_flow(ctx, &t, svc, reason);
+    // The answers are built out of line here, not below `new_flow`: the stack frames of a
+    // call chain add up (512 bytes in all).
+    if v & NEEDS_REFUSAL != 0 {
+        return unpack(refuse(ctx, &t));
+    }
+    if v & NEEDS_FRAG != 0 {
+        return unpack(frag_needed(ctx, &t, v as u16));
+    }
+    unpack(v)
+}
 
+/// `new_flow`'s answer: refuse the flow (no endpoints).
+const NEEDS_REFUSAL: u64 = 1 << 62;
+/// `new_flow`'s answer: fragmentation needed, the MTU in the low 16 bits.
+const NEEDS_FRAG: u64 = 1 << 61;
+
+/// An ICMP message: translated when it is an error about a tracked flow, else passed.
+#[inline(never)]
+fn icmp_error(ctx: &TcContext, m: &parse::Icmp) -> u64 {
+    pack(match icmp::translate(ctx, m) {
+        Ok(Some(ct)) => {
+            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
+        }
+        Ok(None) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        Err(r) => Err(r),
+    })
+}
+
+/// A packet too big for its route: answered with fragmentation needed.
+#[inline(never)]
+fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> u64 {
+    pack(reject::frag_needed(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
+}
+
+/// A new flow to a frontend without endpoints: refused.
+#[inline(never)]
+fn refuse(ctx: &TcContext, t: &Tuple) -> u64 {
+    pack(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
+}
+
+/// The first packet of a flow to a frontend: source ranges, refusal when there are no
+/// endpoints, backend choice, source translation, conntrack, rewrite.
+#[inline(never)]
+fn new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> u64 {
+    match try_new_flow(ctx, t, svc, reason) {
+        Ok(Next::Done(o)) => pack(Ok(o)),
+        Ok(Next::Refuse) => NEEDS_REFUSAL,
+        Ok(Next::FragNeeded(mtu)) => NEEDS_FRAG | mtu as u64,
+        Err(r) => pack(Err(r)),
+    }
+}
+
+/// What `try_new_flow` leaves to its caller.
+enum Next {
+    Done((i32, Reason)),
+    Refuse,
+    FragNeeded(u16),
+}
+
+#[inline(always)]
+fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Result<Next, Reason> {
+    // loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks
+    // new connections only).
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
+        return Err(Reason(R_SRC_DENIED));
+    }
     // No endpoints: refuse at once (kube-proxy's REJECT), unless the service must drop.
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
-        return Ok((reject::refuse(ctx, &t)?, Reason(R_REJECT)));
+        return Ok(Next::Refuse);
     }
-    let (backend_id, slot, be) = match affinity::lookup(&t, svc) {
+    let (backend_id, slot, be) = match affinity::lookup(t, svc) {
         Some(remembered) => remembered,
-        None => select::pick(&t, svc)?,
+        None => select::pick(t, svc)?,
     };
-    affinity::remember(&t, svc, backend_id, slot);
-    conntrack::create(&t, backend_id, &be, svc.svc_id)?;
-    nat::rewrite_dst(ctx, &t, be.addr_be[0], be.port_be)?;
+    if let Some(mtu) = translate::too_big(ctx, t, be.addr_be[0]) {
+        return Ok(Next::FragNeeded(mtu));
+    }
+    let scratch = conntrack::scratch()?;
+    let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
+    affinity::remember(t, svc, backend_id, slot);
+    conntrack::create(t, &source)?;
+    nat::apply(ctx, t, &scratch.fwd)?;
     reason::count_service(svc.svc_id, backend_id, ctx.len());
-    pass(reason)
+    Ok(Next::Done((TC_ACT_OK, Reason(reason))))
 }
 
 #[cfg(not(test))]

@@ -2,13 +2,13 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
     macros::btf_map,
 };
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
-    CT_MAP_CAPACITY, Counter, CtKey, CtValue, R_COUNT, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
-    SvcKey, SvcName, SvcValue,
+    CT_MAP_CAPACITY, Counter, CtKey, CtValue, NodeConfig, R_COUNT, SRC_RANGE_MAP_CAPACITY,
+    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SrcRangeKey, SvcKey, SvcName, SvcValue,
 };
 
 /// Services. Written by the agent (make-before-break), read here.
@@ -23,14 +23,59 @@ pub static XLB_SVC_V1: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> 
 pub static XLB_BE_V1: HashMap<u32, Backend, { BACKEND_MAP_CAPACITY as usize }> = HashMap::new();
 
 /// Conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
-/// `CtKey{5-tuple, dir}` → `CtValue`. 40 B → 48 B, 262,144 entries, LRU eviction.
+/// `CtKey{5-tuple, dir}` → `CtValue{rewritten tuple, …}`. 40 B → 64 B, 262,144 entries, LRU
+/// eviction. A SNATed flow's reply key holds the SNAT address and port, inserted with
+/// `BPF_NOEXIST`: that is what keeps two flows from sharing a port.
 #[btf_map]
-pub static XLB_CT_V1: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
+pub static XLB_CT_V2: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
 
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
 #[btf_map]
-pub static XLB_STATS_V2: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+pub static XLB_STATS_V3: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+
+/// Node configuration. Written by the agent at start, read here.
+/// index 0 → `NodeConfig{SNAT port range, hairpin address}`. 1 entry.
+#[btf_map]
+pub static XLB_CFG_V1: Array<NodeConfig, 1> = Array::new();
+
+/// loadBalancerSourceRanges. Written by the agent, read here for new flows to frontends
+/// flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc id, range}}` → 1 (allowed).
+/// 12 B → 4 B, 16,384 entries, no eviction.
+#[btf_map]
+pub static XLB_SRCRNG_V1: LpmTrie<SrcRangeKey, u32, { SRC_RANGE_MAP_CAPACITY as usize }> =
+    LpmTrie::new();
+
+/// Where a new flow's conntrack entries are built (the stack is only 512 bytes). Kernel-only:
+/// never pinned, never read by the agent.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct FlowScratch {
+    pub fwd: CtValue,
+    pub reply: CtValue,
+    pub fwd_key: CtKey,
+    pub reply_key: CtKey,
+    /// An ICMP error's quoted header as received and as translated.
+    pub quote_old: [u8; 28],
+    pub quote_new: [u8; 28],
+}
+
+/// Scratch space per CPU for creating a flow. Written and read here only, within one program
+/// run. index 0 → `FlowScratch` (264 B). 1 entry, not pinned.
+#[btf_map]
+pub static XLB_SCRATCH: PerCpuArray<FlowScratch, 1> = PerCpuArray::new();
+
+/// The trie key for a client of a frontend (full length: the most specific match).
+#[inline(always)]
+pub fn src_range_key(svc_id: u32, addr_be: u32) -> Key<SrcRangeKey> {
+    Key::new(
+        64,
+        SrcRangeKey {
+            svc_id_be: svc_id.to_be(),
+            addr_be,
+        },
+    )
+}
 
 /// Service names for humans. Written by the agent, never read here.
 /// svc id (u32) → `SvcName`. 4 B → 128 B, 65,536 entries, no eviction.

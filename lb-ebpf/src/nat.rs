@@ -4,33 +4,36 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use lb_common::{IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Tuple},
     reason::Reason,
 };
 
-/// DNAT: destination address and port become the backend's.
+/// Rewrites the packet's tuple into the one a conntrack entry holds: destination (DNAT to
+/// the backend, or back to the client) and source (SNAT, or the frontend of a reply).
 #[inline(always)]
-pub fn rewrite_dst(ctx: &TcContext, t: &Tuple, addr_be: u32, port_be: u16) -> Result<(), Reason> {
+pub fn apply(ctx: &TcContext, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
     rewrite(
         ctx,
         t,
         IP_DST_OFF,
         t.daddr_be,
-        addr_be,
+        to.daddr_be[0],
         t.l4_off + 2,
         t.dport_be,
-        port_be,
-    )
-}
-
-/// Reverse NAT: source address and port become the VIP's.
-#[inline(always)]
-pub fn rewrite_src(ctx: &TcContext, t: &Tuple, addr_be: u32, port_be: u16) -> Result<(), Reason> {
+        to.dport_be,
+    )?;
     rewrite(
-        ctx, t, IP_SRC_OFF, t.saddr_be, addr_be, t.l4_off, t.sport_be, port_be,
+        ctx,
+        t,
+        IP_SRC_OFF,
+        t.saddr_be,
+        to.saddr_be[0],
+        t.l4_off,
+        t.sport_be,
+        to.sport_be,
     )
 }
 

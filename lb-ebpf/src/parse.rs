@@ -25,6 +25,20 @@ pub struct Tuple {
     pub l4_off: usize,
     /// Offset of the L4 checksum.
     pub csum_off: usize,
+    /// IPv4 total length.
+    pub tot_len: u16,
+    /// Don't-fragment set: a packet too big for its route must be answered, not fragmented.
+    pub df: bool,
+}
+
+/// An ICMP message (not a fragment): where its header starts.
+pub struct Icmp {
+    pub saddr_be: u32,
+    pub daddr_be: u32,
+    /// Offset of the ICMP header.
+    pub l4_off: usize,
+    /// IPv4 total length.
+    pub tot_len: u16,
 }
 
 pub enum Parsed {
@@ -32,14 +46,18 @@ pub enum Parsed {
     Pass(Reason),
     /// A TCP or UDP packet with a complete header.
     Flow(Tuple),
+    /// An ICMP message (errors about translated flows are translated too).
+    Icmp(Icmp),
 }
+
+const IPPROTO_ICMP: u8 = 1;
 
 #[inline(always)]
 fn malformed<E>(_: E) -> Reason {
     Reason(R_MALFORMED)
 }
 
-/// Parses an IPv4 TCP/UDP packet. Non-IPv4, other protocols and fragments pass; a truncated
+/// Parses an IPv4 TCP/UDP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
 /// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
 #[inline(always)]
 pub fn parse_ipv4(ctx: &TcContext) -> Result<Parsed, Reason> {
@@ -62,6 +80,7 @@ pub fn parse_ipv4(ctx: &TcContext) -> Result<Parsed, Reason> {
     let (l4_len, csum_rel) = match proto {
         IPPROTO_TCP => (20, 16),
         IPPROTO_UDP => (8, 6),
+        IPPROTO_ICMP => (8, 2),
         _ => return Ok(Parsed::Pass(Reason(R_PASS))),
     };
     // More-fragments set or a non-zero offset: ports are not (all) visible.
@@ -72,6 +91,14 @@ pub fn parse_ipv4(ctx: &TcContext) -> Result<Parsed, Reason> {
         return Err(Reason(R_MALFORMED));
     }
     let l4_off = ETH_HLEN + ihl;
+    if proto == IPPROTO_ICMP {
+        return Ok(Parsed::Icmp(Icmp {
+            saddr_be: ctx.load(IP_SRC_OFF).map_err(malformed)?,
+            daddr_be: ctx.load(IP_DST_OFF).map_err(malformed)?,
+            l4_off,
+            tot_len: tot_len as u16,
+        }));
+    }
     Ok(Parsed::Flow(Tuple {
         saddr_be: ctx.load(IP_SRC_OFF).map_err(malformed)?,
         daddr_be: ctx.load(IP_DST_OFF).map_err(malformed)?,
@@ -80,5 +107,7 @@ pub fn parse_ipv4(ctx: &TcContext) -> Result<Parsed, Reason> {
         proto,
         l4_off,
         csum_off: l4_off + csum_rel,
+        tot_len: tot_len as u16,
+        df: frag & 0x4000 != 0,
     }))
 }

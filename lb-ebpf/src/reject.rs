@@ -7,7 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use lb_common::{IPPROTO_TCP, R_NO_BACKEND, R_REWRITE_FAILED};
+use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
 
 use crate::{
     parse::{ETH_HLEN, Tuple},
@@ -15,6 +15,9 @@ use crate::{
 };
 
 const IPPROTO_ICMP: u8 = 1;
+/// Destination unreachable codes.
+const ICMP_PORT_UNREACH: u8 = 3;
+const ICMP_FRAG_NEEDED: u8 = 4;
 /// Original IP header + 8 bytes of its payload, quoted in the ICMP error.
 const QUOTE: usize = 28;
 
@@ -25,7 +28,7 @@ fn failed<E>(_: E) -> Reason {
 
 /// One's-complement sum of big-endian 16-bit words.
 #[inline(always)]
-fn sum16(bytes: &[u8], mut sum: u32) -> u32 {
+pub fn sum16(bytes: &[u8], mut sum: u32) -> u32 {
     let mut i = 0;
     while i + 1 < bytes.len() {
         sum += ((bytes[i] as u32) << 8) | bytes[i + 1] as u32;
@@ -34,8 +37,9 @@ fn sum16(bytes: &[u8], mut sum: u32) -> u32 {
     sum
 }
 
+/// Folds a one's-complement sum into a checksum (big-endian bytes).
 #[inline(always)]
-fn fold(mut sum: u32) -> [u8; 2] {
+pub fn fold(mut sum: u32) -> [u8; 2] {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     (!(sum as u16)).to_be_bytes()
@@ -78,8 +82,30 @@ pub fn refuse(ctx: &TcContext, t: &Tuple) -> Result<i32, Reason> {
     if t.proto == IPPROTO_TCP {
         tcp_rst(ctx, t, &eth, &ip, client, vip)?;
     } else {
-        icmp_unreachable(ctx, &eth, client, vip)?;
+        icmp_unreachable(ctx, &eth, client, vip, ICMP_PORT_UNREACH, 0)?;
     }
+    send_back(ctx)
+}
+
+/// Answers a packet too big for its route (DF set) with ICMP fragmentation needed, from the
+/// frontend the client addressed, quoting the packet as the client sent it: the client's
+/// path-MTU discovery sees the service, not the translated flow. Returns the tc action.
+#[inline(always)]
+pub fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Result<i32, Reason> {
+    if t.l4_off != ETH_HLEN + 20 {
+        return Err(Reason(R_FRAG_NEEDED));
+    }
+    let eth = eth_reply(ctx)?;
+    let ip: [u8; 20] = ctx.load(ETH_HLEN).map_err(failed)?;
+    let client = [ip[12], ip[13], ip[14], ip[15]];
+    let vip = [ip[16], ip[17], ip[18], ip[19]];
+    icmp_unreachable(ctx, &eth, client, vip, ICMP_FRAG_NEEDED, mtu)?;
+    send_back(ctx)
+}
+
+/// Sends the rewritten packet back out of the interface it came in on.
+#[inline(always)]
+fn send_back(ctx: &TcContext) -> Result<i32, Reason> {
     // SAFETY: reading the ifindex field of the context the kernel passed us.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: helper on our own skb.
@@ -145,10 +171,13 @@ fn icmp_unreachable(
     eth: &[u8; 14],
     client: [u8; 4],
     vip: [u8; 4],
+    code: u8,
+    mtu: u16,
 ) -> Result<(), Reason> {
     let quote: [u8; QUOTE] = ctx.load(ETH_HLEN).map_err(failed)?;
-    // Type 3 (destination unreachable), code 3 (port unreachable).
-    let mut icmp = [3u8, 3, 0, 0, 0, 0, 0, 0];
+    // Type 3 (destination unreachable); the next-hop MTU for code 4 (fragmentation needed).
+    let m = mtu.to_be_bytes();
+    let mut icmp = [3u8, code, 0, 0, 0, 0, m[0], m[1]];
     let c = fold(sum16(&quote, sum16(&icmp, 0)));
     icmp[2] = c[0];
     icmp[3] = c[1];

@@ -60,6 +60,46 @@ pub struct AgentOptions {
     pub healthz_addr: Option<std::net::SocketAddr>,
     /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Source ports for flows SNATed to this node (remote backends of external frontends).
+    pub snat_ports: std::ops::RangeInclusive<u16>,
+    /// Where a pod reaching itself through a service appears to come from; `None`: hairpin
+    /// traffic is not SNATed.
+    pub hairpin_address: Option<std::net::Ipv4Addr>,
+}
+
+impl AgentOptions {
+    /// The datapath's node configuration for these options.
+    pub fn node_config(&self) -> lb_common::NodeConfig {
+        lb_common::NodeConfig {
+            snat_port_min: *self.snat_ports.start(),
+            snat_port_max: *self.snat_ports.end(),
+            hairpin_addr_be: self
+                .hairpin_address
+                .map_or(0, |a| u32::from_ne_bytes(a.octets())),
+            ..Default::default()
+        }
+    }
+}
+
+/// Warns when the SNAT ports overlap the node's ephemeral ports: a local connection could
+/// then take a port a SNATed flow's replies use.
+fn check_snat_ports(ports: &std::ops::RangeInclusive<u16>) {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") else {
+        return;
+    };
+    let mut it = text
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u16>().ok());
+    if let (Some(lo), Some(hi)) = (it.next(), it.next())
+        && lo <= *ports.end()
+        && *ports.start() <= hi
+    {
+        warn!(
+            snat = ?ports,
+            ephemeral = ?(lo..=hi),
+            "the SNAT port range overlaps net.ipv4.ip_local_port_range: move one of them"
+        );
+    }
 }
 
 #[derive(Debug, Error)]
@@ -171,6 +211,8 @@ struct Interfaces {
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs)?;
+    check_snat_ports(&opts.snat_ports);
+    crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config())?;
     let mut maps = KernelMaps::from_ebpf(&mut ebpf)?;
     let limits = maps.limits();
     let mut current = maps.read().map_err(DatapathError::from)?;

@@ -8,8 +8,9 @@ use std::{
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, FAMILY_V4, MAP_BACKEND, MAP_SVC, MAX_BACKENDS_PER_SVC,
-    SVC_F_DROP_EMPTY, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    BACKEND_MAP_CAPACITY, BE_F_REMOTE, Backend, FAMILY_V4, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC,
+    MAX_BACKENDS_PER_SVC, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
@@ -26,6 +27,16 @@ pub struct Desired {
     pub services: BTreeMap<SvcKey, SvcValue>,
     pub backends: BTreeMap<u32, Backend>,
     pub names: BTreeMap<u32, SvcName>,
+    /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
+    pub src_ranges: BTreeSet<SrcRange>,
+}
+
+/// One allowed source range of a frontend (an entry of the source-range trie).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SrcRange {
+    pub svc_id: u32,
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
 }
 
 /// A service port that could not be programmed (fully), named with the reason and the limit.
@@ -67,6 +78,7 @@ pub enum DesiredError {
 pub struct Limits {
     pub svc_entries: u32,
     pub backends: u32,
+    pub src_ranges: u32,
 }
 
 impl Default for Limits {
@@ -74,6 +86,7 @@ impl Default for Limits {
         Self {
             svc_entries: SVC_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
+            src_ranges: SRC_RANGE_MAP_CAPACITY,
         }
     }
 }
@@ -141,7 +154,7 @@ pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
     }
 }
 
-/// The backend map value for an IPv4 backend.
+/// The backend map value for an IPv4 backend on this node.
 pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
     Backend {
         addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
@@ -150,6 +163,14 @@ pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
         family: FAMILY_V4,
         flags: 0,
         _pad: [0; 3],
+    }
+}
+
+/// The backend map value for an IPv4 backend on another node (or on no known node).
+pub fn remote_backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
+    Backend {
+        flags: BE_F_REMOTE,
+        ..backend_value(ip, port, protocol)
     }
 }
 
@@ -181,6 +202,7 @@ struct Planned {
     entries: Vec<(SvcKey, SvcValue)>,
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
+    src_ranges: Vec<SrcRange>,
 }
 
 /// Computes the desired maps for `model`. Frontends already programmed are placed first, so
@@ -200,13 +222,26 @@ pub struct NodeContext {
     pub node_port_addresses: Vec<Ipv4Addr>,
 }
 
-/// A frontend to program: its key, its object name, its backends, flags and affinity.
+/// A frontend to program: its key, its object name, its backends (and whether each is on
+/// this node), flags, affinity and allowed source ranges.
 struct Candidate {
     key: SvcKey,
     object: String,
-    backends: Vec<BackendAddr>,
+    backends: Vec<(BackendAddr, bool)>,
     flags: u16,
     affinity_timeout_s: u32,
+    src_ranges: Vec<(Ipv4Addr, u8)>,
+}
+
+/// How a frontend is reached.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// ClusterIP: internalTrafficPolicy.
+    Cluster,
+    /// NodePort, externalIP: externalTrafficPolicy; Cluster SNATs flows to remote backends.
+    External,
+    /// LoadBalancer ingress IP: as External, and loadBalancerSourceRanges apply.
+    LoadBalancer,
 }
 
 /// [`compute`] for a node: kube-proxy's endpoint choice for ClusterIP traffic on `node`
@@ -257,15 +292,9 @@ pub fn compute_on(
         };
         // ClusterIP traffic follows internalTrafficPolicy; NodePort traffic (on each of this
         // node's NodePort addresses) follows externalTrafficPolicy.
-        let mut frontends = vec![(
-            vip,
-            view.port.port,
-            view.internal_policy_local(),
-            String::new(),
-        )];
+        let mut frontends = vec![(vip, view.port.port, Reach::Cluster, String::new())];
         // externalIPs and LoadBalancer ingress IPs take the service port and the external
-        // policy. LoadBalancer IPs with loadBalancerSourceRanges are not programmed until the
-        // datapath enforces the ranges: opening them to everyone would be worse than nothing.
+        // policy; LoadBalancer IPs also the loadBalancerSourceRanges.
         for ip in view.external_ips.iter().filter_map(|ip| match ip {
             IpAddr::V4(v) => Some(*v),
             IpAddr::V6(_) => None,
@@ -273,7 +302,7 @@ pub fn compute_on(
             frontends.push((
                 ip,
                 view.port.port,
-                view.external_policy_local(),
+                Reach::External,
                 format!(" (externalIP {ip})"),
             ));
         }
@@ -281,44 +310,38 @@ pub fn compute_on(
             IpAddr::V4(v) => Some(*v),
             IpAddr::V6(_) => None,
         }) {
-            if view.source_ranges.is_empty() {
-                frontends.push((
-                    ip,
-                    view.port.port,
-                    view.external_policy_local(),
-                    format!(" (LoadBalancer {ip})"),
-                ));
-            } else {
-                errors.push(DesiredError::Unsupported {
-                    object: object.clone(),
-                    what: format!(
-                        "LoadBalancer IP {ip} with loadBalancerSourceRanges (not programmed)"
-                    ),
-                });
-            }
+            frontends.push((
+                ip,
+                view.port.port,
+                Reach::LoadBalancer,
+                format!(" (LoadBalancer {ip})"),
+            ));
         }
         if let Some(node_port) = view.node_port {
             for ip in &node.node_port_addresses {
-                frontends.push((
-                    *ip,
-                    node_port,
-                    view.external_policy_local(),
-                    format!(" (nodePort {ip})"),
-                ));
+                frontends.push((*ip, node_port, Reach::External, format!(" (nodePort {ip})")));
             }
         }
-        for (ip, port, local, suffix) in frontends {
+        let ranges = source_ranges(&view);
+        for (ip, port, reach, suffix) in frontends {
+            let local = match reach {
+                Reach::Cluster => view.internal_policy_local(),
+                Reach::External | Reach::LoadBalancer => view.external_policy_local(),
+            };
             let chosen = if local {
                 &view.categorized.local
             } else {
                 &view.categorized.cluster
             };
-            let mut backends: Vec<BackendAddr> = chosen
+            let mut backends: Vec<(BackendAddr, bool)> = chosen
                 .iter()
-                .map(|e| BackendAddr {
-                    ip: e.ip,
-                    port: e.port,
-                    protocol: view.protocol(),
+                .map(|e| {
+                    let addr = BackendAddr {
+                        ip: e.ip,
+                        port: e.port,
+                        protocol: view.protocol(),
+                    };
+                    (addr, e.local)
                 })
                 .collect();
             let object = format!("{object}{suffix}");
@@ -330,12 +353,35 @@ pub fn compute_on(
                 });
                 backends.truncate(MAX_BACKENDS_PER_SVC as usize);
             }
+            let mut flags = 0;
+            if local {
+                flags |= SVC_F_DROP_EMPTY;
+            } else if reach != Reach::Cluster {
+                flags |= SVC_F_SNAT_REMOTE;
+            }
+            let src_ranges = if reach == Reach::LoadBalancer && !view.source_ranges.is_empty() {
+                flags |= SVC_F_SRC_RANGES;
+                let mut r = ranges.clone();
+                // kube-proxy: when a range holds a node IP, the LoadBalancer IPs themselves
+                // are allowed as sources too (traffic the node sends to its own VIP).
+                if node.node_port_addresses.iter().any(|n| {
+                    view.source_ranges
+                        .iter()
+                        .any(|c| c.contains(IpAddr::V4(*n)))
+                }) {
+                    r.push((ip, 32));
+                }
+                r
+            } else {
+                Vec::new()
+            };
             candidates.push(Candidate {
                 key: frontend_key(ip, port, view.protocol()),
                 object,
                 backends,
-                flags: if local { SVC_F_DROP_EMPTY } else { 0 },
+                flags,
                 affinity_timeout_s: view.affinity_timeout().unwrap_or(0),
+                src_ranges,
             });
         }
     }
@@ -364,6 +410,7 @@ pub fn compute_on(
         backends,
         flags,
         affinity_timeout_s,
+        src_ranges,
     } in planned
     {
         let svc_id = ids.svc_id(key);
@@ -377,12 +424,24 @@ pub fn compute_on(
                     name: [0; SVC_NAME_LEN],
                 },
             ),
+            src_ranges: src_ranges
+                .iter()
+                .map(|&(addr, prefix)| SrcRange {
+                    svc_id,
+                    addr,
+                    prefix,
+                })
+                .collect(),
         };
         plan.name.1 = svc_name(&plan.object);
         let mut slot = 0u16;
-        for b in &backends {
+        for (b, local) in &backends {
             let IpAddr::V4(ip) = b.ip else { continue };
-            let be = backend_value(ip, b.port, b.protocol);
+            let be = if *local {
+                backend_value(ip, b.port, b.protocol)
+            } else {
+                remote_backend_value(ip, b.port, b.protocol)
+            };
             let backend_id = ids.backend_id(be);
             slot += 1;
             plan.backends.push((backend_id, be));
@@ -445,9 +504,30 @@ fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<
         });
         return;
     }
+    if desired.src_ranges.len() + plan.src_ranges.len() > limits.src_ranges as usize {
+        errors.push(DesiredError::MapFull {
+            object: plan.object,
+            map: MAP_SRC_RANGE,
+            capacity: limits.src_ranges,
+            needed: plan.src_ranges.len(),
+        });
+        return;
+    }
     desired.services.extend(plan.entries);
     desired.backends.extend(plan.backends);
     desired.names.insert(plan.name.0, plan.name.1);
+    desired.src_ranges.extend(plan.src_ranges);
+}
+
+/// A port's IPv4 loadBalancerSourceRanges as (network, prefix length).
+fn source_ranges(view: &crate::model::select::PortView<'_>) -> Vec<(Ipv4Addr, u8)> {
+    view.source_ranges
+        .iter()
+        .filter_map(|c| match c.addr() {
+            IpAddr::V4(a) => Some((a, c.prefix())),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
 }
 
 fn addr4(addr_be: [u32; 4]) -> Ipv4Addr {
@@ -495,6 +575,18 @@ impl Desired {
                 if v.flags & SVC_F_DROP_EMPTY != 0 {
                     extra.push_str(" drop-when-empty");
                 }
+                if v.flags & SVC_F_SNAT_REMOTE != 0 {
+                    extra.push_str(" snat-remote");
+                }
+                if v.flags & SVC_F_SRC_RANGES != 0 {
+                    let ranges: Vec<String> = self
+                        .src_ranges
+                        .iter()
+                        .filter(|r| r.svc_id == v.svc_id)
+                        .map(|r| format!("{}/{}", r.addr, r.prefix))
+                        .collect();
+                    let _ = write!(extra, " source-ranges={}", ranges.join(","));
+                }
                 if v.affinity_timeout_s != 0 {
                     let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
                 }
@@ -518,7 +610,12 @@ impl Desired {
             }
         }
         for (id, b) in &self.backends {
-            let _ = writeln!(out, "backend {id} {}", show_backend(b));
+            let remote = if b.flags & BE_F_REMOTE != 0 {
+                " remote"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "backend {id} {}{remote}", show_backend(b));
         }
         out
     }

@@ -4,7 +4,7 @@ use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use lb_common::{
-    CT_DIR_FORWARD, Counter, CtKey, CtValue, MAP_CT, MAP_STATS, R_COUNT, REASON_NAMES,
+    CT_DIR_FORWARD, CT_F_SNAT, Counter, CtKey, CtValue, MAP_CT, MAP_STATS, R_COUNT, REASON_NAMES,
 };
 use serde::Serialize;
 
@@ -45,6 +45,8 @@ pub struct FlowRow {
     pub client: String,
     pub frontend: String,
     pub backend: String,
+    /// The source the backend sees: SNAT (to the node or the hairpin address), else "-".
+    pub snat: String,
     pub service: String,
     pub age_seconds: u64,
     pub idle_seconds: u64,
@@ -175,7 +177,12 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
                 .map_or_else(|| k.proto.to_string(), |p| p.to_string()),
             client: sock(k.saddr_be, k.sport_be),
             frontend: sock(k.daddr_be, k.dport_be),
-            backend: sock(v.nat_addr_be, v.nat_port_be),
+            backend: sock(v.daddr_be, v.dport_be),
+            snat: if v.flags & CT_F_SNAT != 0 {
+                sock(v.saddr_be, v.sport_be)
+            } else {
+                "-".into()
+            },
             service: name_of(&state, v.svc_id),
             age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
             idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
@@ -245,14 +252,16 @@ impl TableRow for BackendRow {
 }
 
 impl TableRow for FlowRow {
-    const HEADERS: &'static [&'static str] =
-        &["PROTO", "CLIENT", "FRONTEND", "BACKEND", "SERVICE", "AGE"];
+    const HEADERS: &'static [&'static str] = &[
+        "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "SERVICE", "AGE",
+    ];
     fn cells(&self) -> Vec<String> {
         vec![
             self.protocol.clone(),
             self.client.clone(),
             self.frontend.clone(),
             self.backend.clone(),
+            self.snat.clone(),
             self.service.clone(),
             format!("{}s", self.age_seconds),
         ]

@@ -76,6 +76,13 @@ enum Command {
         /// Where to serve /metrics ("" to disable) [default: 127.0.0.1:10249].
         #[arg(long, env = "XLB_METRICS_BIND_ADDRESS")]
         metrics_bind_address: Option<String>,
+        /// Source ports for flows SNATed to the node (externalTrafficPolicy Cluster to a
+        /// remote backend), `MIN-MAX`; keep it outside net.ipv4.ip_local_port_range.
+        #[arg(long, env = "XLB_SNAT_PORT_RANGE", default_value = "61000-65535")]
+        snat_port_range: String,
+        /// The source a pod reaching itself through a service is SNATed to ("" to disable).
+        #[arg(long, env = "XLB_HAIRPIN_ADDRESS", default_value = "169.254.42.1")]
+        hairpin_address: String,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -282,6 +289,19 @@ enum Output {
     Json,
 }
 
+/// `MIN-MAX` as an inclusive port range (1 ≤ MIN ≤ MAX).
+fn port_range(text: &str) -> anyhow::Result<std::ops::RangeInclusive<u16>> {
+    let parsed = text
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)));
+    match parsed {
+        Some((lo, hi)) if lo >= 1 && lo <= hi => Ok(lo..=hi),
+        _ => anyhow::bail!(
+            "--snat-port-range {text:?}: expected MIN-MAX with 1 <= MIN <= MAX <= 65535"
+        ),
+    }
+}
+
 /// The node's name: the flag, else $NODE_NAME (the DaemonSet sets it), else the hostname.
 fn node_name(flag: Option<String>) -> String {
     flag.or_else(|| std::env::var("NODE_NAME").ok())
@@ -339,6 +359,8 @@ fn main() -> Result<()> {
             poll_ms,
             healthz_bind_address,
             metrics_bind_address,
+            snat_port_range,
+            hairpin_address,
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -390,6 +412,14 @@ fn main() -> Result<()> {
                 poll: Duration::from_millis(poll_ms.max(10)),
                 healthz_addr: bind_address(&healthz_bind_address)?,
                 metrics_addr: bind_address(&metrics_bind_address)?,
+                snat_ports: port_range(&snat_port_range)?,
+                hairpin_address: if hairpin_address.is_empty() {
+                    None
+                } else {
+                    Some(hairpin_address.parse().with_context(|| {
+                        format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
+                    })?)
+                },
             };
             let stop = Arc::new(AtomicBool::new(false));
             for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -124,6 +124,17 @@ impl Checked {
                 "after `{op}`: {k:?} names missing backend"
             );
         }
+        // A frontend limited to source ranges has its ranges in before it is flagged.
+        for (k, v) in s
+            .services
+            .iter()
+            .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_SRC_RANGES != 0)
+        {
+            assert!(
+                s.src_ranges.iter().any(|r| r.svc_id == v.svc_id),
+                "after `{op}`: {k:?} is limited to source ranges it does not have"
+            );
+        }
     }
 }
 
@@ -156,6 +167,16 @@ impl MapWriter for Checked {
     }
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
         self.inner.del_name(id)
+    }
+    fn put_src_range(&mut self, r: &lb_userspace::desired::SrcRange) -> Result<(), WriteError> {
+        self.inner.put_src_range(r)?;
+        self.check("put range");
+        Ok(())
+    }
+    fn del_src_range(&mut self, r: &lb_userspace::desired::SrcRange) -> Result<(), WriteError> {
+        self.inner.del_src_range(r)?;
+        self.check("del range");
+        Ok(())
     }
 }
 
@@ -268,6 +289,7 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     let limits = Limits {
         svc_entries: 7,
         backends: 100,
+        ..Limits::default()
     };
     let mut ids = Ids::default();
     let m1 = file::parse("t", &yaml(&["b", "c"])).expect("yaml").model;

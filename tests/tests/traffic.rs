@@ -32,6 +32,14 @@ fn yaml(web: &[Ipv4Addr], dns: &[Ipv4Addr]) -> String {
         + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, dns)
 }
 
+/// The services' endpoints, placed on node `node`.
+fn on_node(yaml: &str, node: &str) -> String {
+    yaml.replace(
+        "conditions: {ready: true}\n",
+        &format!("conditions: {{ready: true}}\n  nodeName: {node}\n"),
+    )
+}
+
 fn spread(answers: &[Answer]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for a in answers {
@@ -523,6 +531,8 @@ fn node_port_reaches_local_backends_from_an_external_client() {
         "  type: NodePort\n",
         "  type: NodePort\n  externalIPs: [198.51.100.10]\n",
     ) + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
+    // The backends are this node's pods: their traffic is not SNATed (remote ones would be).
+    let yaml = on_node(&yaml, "node1");
     let tag = xlb_tests::unique_tag("xo");
     let topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
     let ext = topo.add_external_client("up0").expect("external client");
@@ -546,6 +556,8 @@ fn node_port_reaches_local_backends_from_an_external_client() {
         "xv-*".into(),
         "--node-interfaces".into(),
         "up0".into(),
+        "--hostname-override".into(),
+        "node1".into(),
     ];
     let mut agent = xlb_tests::agent::Agent::start_with(
         &topo.node,

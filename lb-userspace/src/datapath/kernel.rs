@@ -2,17 +2,20 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{
+    Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+    lpm_trie::{Key, LpmTrie},
+};
 use lb_common::{
-    Backend, Counter, MAP_BACKEND, MAP_BACKEND_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey,
-    SvcName, SvcValue,
+    Backend, Counter, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_SRC_RANGE, MAP_SVC,
+    MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
     DatapathError,
     writer::{MapWriter, WriteError},
 };
-use crate::desired::{Desired, show_frontend};
+use crate::desired::{Desired, SrcRange, show_frontend};
 
 /// The maps the agent writes. A service's name and its (zeroed) counters are created and
 /// deleted together, and so are a backend and its counters.
@@ -22,8 +25,37 @@ pub struct KernelMaps {
     names: HashMap<MapData, u32, SvcName>,
     svc_stats: Counters,
     backend_stats: Counters,
+    src_ranges: LpmTrie<MapData, SrcRangeKey, u32>,
     svc_capacity: u32,
     backend_capacity: u32,
+    src_range_capacity: u32,
+}
+
+/// The trie key of a source range.
+fn range_key(r: &SrcRange) -> Key<SrcRangeKey> {
+    Key::new(
+        32 + r.prefix as u32,
+        SrcRangeKey {
+            svc_id_be: r.svc_id.to_be(),
+            addr_be: u32::from_ne_bytes(r.addr.octets()),
+        },
+    )
+}
+
+/// Writes the node configuration (SNAT port range, hairpin address) the datapath reads.
+pub fn write_config(ebpf: &mut aya::Ebpf, cfg: &NodeConfig) -> Result<(), DatapathError> {
+    let map = ebpf
+        .map_mut(MAP_CONFIG)
+        .ok_or(DatapathError::MapMissing { name: MAP_CONFIG })?;
+    let mut array: Array<&mut MapData, NodeConfig> =
+        Array::try_from(map).map_err(|source| DatapathError::Map {
+            name: MAP_CONFIG,
+            source,
+        })?;
+    array.set(0, cfg, 0).map_err(|source| DatapathError::Map {
+        name: MAP_CONFIG,
+        source,
+    })
 }
 
 /// A per-CPU counter map keyed by id, whose entries the agent creates and deletes.
@@ -87,7 +119,7 @@ pub fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, DatapathError>
 
 fn capacity(map: &Map) -> u32 {
     let data = match map {
-        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) => d,
+        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) => d,
         _ => return 0,
     };
     data.info().map(|i| i.max_entries()).unwrap_or(0)
@@ -106,6 +138,7 @@ impl KernelMaps {
             take(MAP_SVC_NAME)?,
             take(MAP_SVC_STATS)?,
             take(MAP_BACKEND_STATS)?,
+            take(MAP_SRC_RANGE)?,
         )
     }
 
@@ -117,6 +150,7 @@ impl KernelMaps {
             open_pinned(dir, MAP_SVC_NAME)?,
             open_pinned(dir, MAP_SVC_STATS)?,
             open_pinned(dir, MAP_BACKEND_STATS)?,
+            open_pinned(dir, MAP_SRC_RANGE)?,
         )
     }
 
@@ -126,9 +160,11 @@ impl KernelMaps {
         names: Map,
         stats: Map,
         backend_stats: Map,
+        src_ranges: Map,
     ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends);
+        let src_range_capacity = capacity(&src_ranges);
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
@@ -144,8 +180,13 @@ impl KernelMaps {
             })?,
             svc_stats: Counters::open(stats, MAP_SVC_STATS)?,
             backend_stats: Counters::open(backend_stats, MAP_BACKEND_STATS)?,
+            src_ranges: LpmTrie::try_from(src_ranges).map_err(|source| DatapathError::Map {
+                name: MAP_SRC_RANGE,
+                source,
+            })?,
             svc_capacity,
             backend_capacity,
+            src_range_capacity,
         })
     }
 
@@ -164,6 +205,7 @@ impl KernelMaps {
         crate::desired::Limits {
             svc_entries: self.svc_capacity,
             backends: self.backend_capacity,
+            src_ranges: self.src_range_capacity,
         }
     }
 }
@@ -209,6 +251,15 @@ impl MapWriter for KernelMaps {
         for kv in self.names.iter() {
             let (k, v) = kv.map_err(|e| read_err(MAP_SVC_NAME, e))?;
             d.names.insert(k, v);
+        }
+        for k in self.src_ranges.keys() {
+            let k = k.map_err(|e| read_err(MAP_SRC_RANGE, e))?;
+            let data = k.data();
+            d.src_ranges.insert(SrcRange {
+                svc_id: u32::from_be(data.svc_id_be),
+                addr: std::net::Ipv4Addr::from(data.addr_be.to_ne_bytes()),
+                prefix: k.prefix_len().saturating_sub(32) as u8,
+            });
         }
         Ok(d)
     }
@@ -265,5 +316,21 @@ impl MapWriter for KernelMaps {
             .remove(&id)
             .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))?;
         self.svc_stats.remove(id)
+    }
+
+    fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
+        let cap = self.src_range_capacity;
+        let entry = format!("service {}: {}/{}", r.svc_id, r.addr, r.prefix);
+        self.src_ranges
+            .insert(&range_key(r), 1, 0)
+            .map_err(|e| err(MAP_SRC_RANGE, "insert", entry, &e, cap))
+    }
+
+    fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
+        let entry = format!("service {}: {}/{}", r.svc_id, r.addr, r.prefix);
+        match self.src_ranges.remove(&range_key(r)) {
+            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
+            Err(e) => Err(err(MAP_SRC_RANGE, "delete", entry, &e, 0)),
+        }
     }
 }

@@ -40,6 +40,18 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
         }
     }
 
+    // 1b. Source ranges before the entries that use them (a frontend flagged for ranges
+    // denies everyone until they are in).
+    for range in desired.src_ranges.difference(&current.src_ranges) {
+        match w.put_src_range(range) {
+            Ok(()) => {
+                now.src_ranges.insert(*range);
+                r.writes += 1;
+            }
+            Err(e) => r.errors.push(e),
+        }
+    }
+
     // 2. Each desired service: name, slots, entry, then trim slots past the new count.
     for (key, entry) in desired.services.iter().filter(|(k, _)| k.slot == 0) {
         let slots: Vec<(SvcKey, _)> = (1..=entry.count)
@@ -127,7 +139,18 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
         }
     }
 
-    // 4. Backends no slot references any more.
+    // 4. Source ranges no longer desired (their entries are updated or gone).
+    for range in current.src_ranges.difference(&desired.src_ranges) {
+        match w.del_src_range(range) {
+            Ok(()) => {
+                now.src_ranges.remove(range);
+                r.deletes += 1;
+            }
+            Err(e) => r.errors.push(e),
+        }
+    }
+
+    // 5. Backends no slot references any more.
     let referenced: BTreeSet<u32> = now
         .services
         .iter()

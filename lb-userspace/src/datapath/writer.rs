@@ -3,7 +3,7 @@
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 use thiserror::Error;
 
-use crate::desired::Desired;
+use crate::desired::{Desired, SrcRange};
 
 /// A write the kernel refused, with the map, the entry and the cause.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub trait MapWriter {
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError>;
     /// Deletes a service's name (and its counters).
     fn del_name(&mut self, id: u32) -> Result<(), WriteError>;
+    fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
+    fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
 }
 
 /// Maps in memory, with an op log; `dump()` renders them as sorted text.
@@ -92,6 +94,18 @@ impl MapWriter for MemoryMaps {
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
         self.log.push(format!("del name {id}"));
         self.state.names.remove(&id);
+        Ok(())
+    }
+    fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
+        self.log
+            .push(format!("put range {}: {}/{}", r.svc_id, r.addr, r.prefix));
+        self.state.src_ranges.insert(*r);
+        Ok(())
+    }
+    fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
+        self.log
+            .push(format!("del range {}: {}/{}", r.svc_id, r.addr, r.prefix));
+        self.state.src_ranges.remove(r);
         Ok(())
     }
 }

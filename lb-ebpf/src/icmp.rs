@@ -1,0 +1,150 @@
+//! ICMP errors about translated flows (fragmentation needed, port unreachable, time
+//! exceeded): the quoted inner header is restored to what the flow's peer sent, and the
+//! outer header readdressed to that peer, so path-MTU discovery and refusals work through a
+//! service.
+
+use aya_ebpf::{
+    helpers::{bpf_csum_diff, bpf_skb_load_bytes},
+    programs::TcContext,
+};
+use lb_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
+
+use crate::{
+    conntrack,
+    parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp},
+    reason::Reason,
+    reject::{fold, sum16},
+};
+
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+/// The quoted IPv4 header (no options) and the first 8 bytes of its L4 header.
+const INNER: usize = 28;
+
+#[inline(always)]
+fn failed<E>(_: E) -> Reason {
+    Reason(R_REWRITE_FAILED)
+}
+
+/// One's-complement update of a 16-bit checksum for `from` replaced by `to` (RFC 1624);
+/// both 12 bytes.
+#[inline(always)]
+fn csum_update(old: u16, from: &[u8], to: &[u8]) -> u16 {
+    let mut acc = (!old) as u32;
+    let mut i = 0;
+    while i + 1 < 12 && i + 1 < from.len() && i + 1 < to.len() {
+        let f = ((from[i] as u32) << 8) | from[i + 1] as u32;
+        let t = ((to[i] as u32) << 8) | to[i + 1] as u32;
+        acc += (!f & 0xffff) + t;
+        i += 2;
+    }
+    u16::from_be_bytes(fold(acc))
+}
+
+/// Translates an ICMP error whose quoted packet belongs to a tracked flow. Returns the
+/// flow's entry when it did; `None` leaves the message alone.
+#[inline(always)]
+pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, Reason> {
+    let icmp_type: u8 = ctx.load(m.l4_off).map_err(failed)?;
+    if icmp_type != ICMP_DEST_UNREACH && icmp_type != ICMP_TIME_EXCEEDED {
+        return Ok(None);
+    }
+    let inner_off = m.l4_off + 8;
+    if (m.tot_len as usize) + ETH_HLEN < inner_off + INNER {
+        return Ok(None);
+    }
+    // The quote is worked on in the per-CPU scratch: the stack is too small for it.
+    let s = conntrack::scratch()?;
+    // SAFETY: the destination is INNER bytes of this CPU's scratch.
+    let rc = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const core::ffi::c_void,
+            inner_off as u32,
+            s.quote_old.as_mut_ptr() as *mut core::ffi::c_void,
+            INNER as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    let b = &s.quote_old;
+    if b[0] != 0x45 || (b[9] != 6 && b[9] != IPPROTO_UDP) {
+        return Ok(None);
+    }
+    let proto = b[9];
+    let isrc = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]);
+    let idst = u32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
+    let isport = u16::from_ne_bytes([b[20], b[21]]);
+    let idport = u16::from_ne_bytes([b[22], b[23]]);
+
+    // The quoted packet went one way of a flow; the entry of the other way (as its peer sees
+    // the tuple) tells how to restore it: a reply entry for a quoted forward packet (an
+    // error from beyond the backend side), a forward entry for a quoted reply.
+    s.fwd_key = conntrack::key(idst, isrc, idport, isport, proto, CT_DIR_REPLY);
+    let mut found = conntrack::get(&s.fwd_key);
+    if found.is_none() {
+        s.fwd_key.dir = CT_DIR_FORWARD;
+        found = conntrack::get(&s.fwd_key);
+    }
+    let Some(v) = found else {
+        return Ok(None);
+    };
+    // Inner: source ← the entry's destination, destination ← the entry's source.
+    s.quote_new = s.quote_old;
+    let n = &mut s.quote_new;
+    n[12..16].copy_from_slice(&v.daddr_be[0].to_ne_bytes());
+    n[16..20].copy_from_slice(&v.saddr_be[0].to_ne_bytes());
+    n[20..22].copy_from_slice(&v.dport_be.to_ne_bytes());
+    n[22..24].copy_from_slice(&v.sport_be.to_ne_bytes());
+    n[10] = 0;
+    n[11] = 0;
+    let c = fold(sum16(&n[..20], 0));
+    n[10] = c[0];
+    n[11] = c[1];
+    let b = &s.quote_old;
+    if proto == IPPROTO_UDP && (b[26] != 0 || b[27] != 0) {
+        let mut u = csum_update(u16::from_be_bytes([b[26], b[27]]), &b[12..24], &n[12..24]);
+        if u == 0 {
+            u = 0xffff;
+        }
+        n[26..28].copy_from_slice(&u.to_be_bytes());
+    }
+    // SAFETY: both buffers are INNER bytes, 4-aligned in the scratch map value.
+    let diff = unsafe {
+        bpf_csum_diff(
+            s.quote_old.as_mut_ptr() as *mut u32,
+            INNER as u32,
+            s.quote_new.as_mut_ptr() as *mut u32,
+            INNER as u32,
+            0,
+        )
+    };
+    if diff < 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    ctx.l4_csum_replace(m.l4_off + 2, 0, diff as u64, 0)
+        .map_err(failed)?;
+    ctx.store(inner_off, &s.quote_new, 0).map_err(failed)?;
+
+    // Outer: to the flow's peer; from the frontend (or SNAT address) where the error came
+    // from the translated end itself, as Linux's conntrack does.
+    let out_dst = v.daddr_be[0];
+    let out_src = if m.saddr_be == idst {
+        v.saddr_be[0]
+    } else {
+        m.saddr_be
+    };
+    rewrite_outer(ctx, IP_DST_OFF, m.daddr_be, out_dst)?;
+    rewrite_outer(ctx, IP_SRC_OFF, m.saddr_be, out_src)?;
+    Ok(Some(v))
+}
+
+#[inline(always)]
+fn rewrite_outer(ctx: &TcContext, off: usize, old: u32, new: u32) -> Result<(), Reason> {
+    if old != new {
+        ctx.l3_csum_replace(IP_CSUM_OFF, old as u64, new as u64, 4)
+            .map_err(failed)?;
+        ctx.store(off, &new, 0).map_err(failed)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! What a new flow is translated to: the backend as destination, and a source that brings
+//! the backend's replies back through this node (SNAT to the node for a remote backend of an
+//! external frontend; the hairpin address when the client is its own backend).
+
+use core::ffi::c_void;
+
+use aya_ebpf::programs::TcContext;
+use lb_common::{
+    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, NodeConfig, R_SNAT_FAILED,
+    SVC_F_SNAT_REMOTE, SvcValue,
+};
+
+use crate::{conntrack::Source, fib, maps::XLB_CFG_V1, parse::Tuple, reason::Reason};
+
+/// Packets up to this size are not checked against the route MTU (no IPv4 link is smaller).
+const MIN_CHECKED_LEN: u16 = 576;
+
+#[inline(always)]
+fn config() -> NodeConfig {
+    XLB_CFG_V1.get(0).copied().unwrap_or_default()
+}
+
+#[inline(always)]
+fn ingress_ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: reading a field of the context the kernel passed us.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd`, and returns
+/// how its source is chosen.
+#[inline(always)]
+pub fn new_flow(
+    ctx: &TcContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    backend_id: u32,
+    be: &Backend,
+    fwd: &mut CtValue,
+) -> Result<Source, Reason> {
+    // Field by field: a struct literal with `..Default::default()` into map memory compiles
+    // to a `memset` byte loop, which the verifier refuses without CAP_PERFMON.
+    fwd.saddr_be = [t.saddr_be, 0, 0, 0];
+    fwd.sport_be = t.sport_be;
+    fwd.daddr_be = be.addr_be;
+    fwd.dport_be = be.port_be;
+    fwd.backend_id = backend_id;
+    fwd.svc_id = svc.svc_id;
+    fwd.flags = 0;
+    // created_ns and last_seen_ns are set by `conntrack::create`.
+    let cfg = config();
+    if be.addr_be[0] == t.saddr_be {
+        if cfg.hairpin_addr_be == 0 {
+            return Ok(Source::default());
+        }
+        fwd.flags = CT_F_SNAT | CT_F_HAIRPIN;
+        return Ok(Source {
+            addr_be: cfg.hairpin_addr_be,
+            first_be: t.sport_be,
+            min: cfg.snat_port_min,
+            max: cfg.snat_port_max,
+        });
+    }
+    if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {
+        let route = fib::lookup(
+            ctx.skb.skb as *mut c_void,
+            ingress_ifindex(ctx),
+            t.proto,
+            t.saddr_be,
+            be.addr_be[0],
+            0,
+            false,
+        )
+        .ok_or(Reason(R_SNAT_FAILED))?;
+        if route.src_be == 0 {
+            return Err(Reason(R_SNAT_FAILED));
+        }
+        fwd.flags = CT_F_SNAT;
+        return Ok(Source {
+            addr_be: route.src_be,
+            first_be: 0,
+            min: cfg.snat_port_min,
+            max: cfg.snat_port_max,
+        });
+    }
+    Ok(Source::default())
+}
+
+/// The route MTU when the packet (DF set) would not fit the route to `daddr_be`: it must be
+/// answered with fragmentation needed before it is translated.
+#[inline(always)]
+pub fn too_big(ctx: &TcContext, t: &Tuple, daddr_be: u32) -> Option<u16> {
+    if !t.df || t.tot_len <= MIN_CHECKED_LEN {
+        return None;
+    }
+    // SAFETY: reading a field of the context the kernel passed us.
+    if unsafe { (*ctx.skb.skb).gso_size } != 0 {
+        // Segmented on egress: the kernel checks each segment.
+        return None;
+    }
+    let route = fib::lookup(
+        ctx.skb.skb as *mut c_void,
+        ingress_ifindex(ctx),
+        t.proto,
+        t.saddr_be,
+        daddr_be,
+        0,
+        false,
+    )?;
+    (route.too_big != 0 || t.tot_len > route.mtu).then_some(route.mtu)
+}
