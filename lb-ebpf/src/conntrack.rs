@@ -20,9 +20,11 @@ use crate::{
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
-/// Ports tried from the SNAT range before a new flow is given up (a full range shows as
-/// `snat_failed`, never as a collision).
-const SNAT_TRIES: u32 = 32;
+/// Ports tried from the SNAT range (one after another from a random start) before a new
+/// flow is given up: the whole of a range up to this size, so a range is usable to its last
+/// port; a full range shows as `snat_failed`, never as a collision. `bpf_loop` keeps the
+/// verifier's cost independent of it.
+const SNAT_TRIES: u32 = 1024;
 
 #[inline(always)]
 pub fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> CtKey {

@@ -246,6 +246,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         zone: None,
         node_port_addresses: Vec::new(),
     };
+    let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
         sync_interfaces(opts, &mut ebpf, &mut ifs)?;
@@ -264,6 +265,10 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             current = now;
             metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
             health.synced();
+            service_health.update(
+                &serve::service_health::desired(&model, &opts.node_name),
+                &node.node_port_addresses,
+            );
         }
         std::thread::sleep(opts.poll);
     }

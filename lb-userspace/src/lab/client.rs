@@ -61,3 +61,52 @@ pub fn udp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> 
     let peer = s.peer_addr().map_err(|e| e.to_string())?;
     parse(&String::from_utf8_lossy(&buf[..n]), peer)
 }
+
+/// A bulk upload's outcome: who took it, and whether the SHA-256 it computed matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    pub answer: Answer,
+    pub sha256_matches: bool,
+}
+
+/// Uploads `len` pseudo-random bytes over TCP and checks the SHA-256 the backend computed
+/// over what it received. Must run inside the client namespace.
+pub fn tcp_upload(to: SocketAddr, len: usize, timeout: Duration) -> Result<Upload, String> {
+    use sha2::Digest as _;
+    let mut data = vec![0u8; len];
+    let mut x: u32 = 0x9e37_79b9;
+    for b in &mut data {
+        // xorshift: incompressible enough, and the same every run.
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let want: String = sha2::Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut s =
+        TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("SHA256 {len}\n").as_bytes())
+        .and_then(|()| s.write_all(&data))
+        .map_err(|e| format!("upload to {to}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| format!("read from {to}: {e}"))?;
+    let peer = s.peer_addr().map_err(|e| e.to_string())?;
+    let got = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_string();
+    Ok(Upload {
+        answer: parse(&line, peer)?,
+        sha256_matches: got == want,
+    })
+}

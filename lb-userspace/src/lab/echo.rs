@@ -1,5 +1,8 @@
 //! Echo servers for backend pods: every request line (TCP) or datagram (UDP) is answered with
 //! `"<name> <peer-ip>:<peer-port>\n"`, the server's name and the peer address it saw.
+//!
+//! A TCP line `SHA256 <len>` starts a bulk transfer: the server reads exactly `len` bytes and
+//! answers `"<name> <peer> <sha256 hex>\n"` (for transfers through MTU and offload changes).
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
@@ -97,11 +100,36 @@ fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
     while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-        if writer.write_all(reply(name, peer).as_bytes()).is_err() {
+        let answer = match line.trim().strip_prefix("SHA256 ") {
+            Some(len) => match len.parse::<u64>().ok().and_then(|n| digest(&mut reader, n)) {
+                Some(hex) => format!("{name} {peer} {hex}\n"),
+                None => return,
+            },
+            None => reply(name, peer),
+        };
+        if writer.write_all(answer.as_bytes()).is_err() {
             return;
         }
         line.clear();
     }
+}
+
+/// The SHA-256 (hex) of the next `len` bytes of `r`; `None` if the stream ends first.
+fn digest(r: &mut impl std::io::Read, len: u64) -> Option<String> {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    let mut left = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    while left > 0 {
+        let want = buf.len().min(left as usize);
+        let n = r.read(&mut buf[..want]).ok()?;
+        if n == 0 {
+            return None;
+        }
+        h.update(&buf[..n]);
+        left -= n as u64;
+    }
+    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn serve_udp(

@@ -38,6 +38,25 @@ pub struct Topology {
     pub node: Netns,
 }
 
+/// The first node's address on the underlay to a [`RemoteNode`].
+pub const NODE1_UNDERLAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// The second node's address on the underlay.
+pub const NODE2_UNDERLAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+/// A second node, joined to the first by an underlay veth (`10.0.0.1/24` ↔ `10.0.0.2/24`),
+/// with pods of its own; each node routes the other's pod addresses over the underlay.
+#[derive(Debug)]
+pub struct RemoteNode {
+    pub pods: Vec<Pod>,
+    /// Declared last so the pods go first on drop.
+    pub ns: Netns,
+}
+
+/// The address of pod `index` on the remote node (`10.245.<index>.2`).
+pub fn remote_pod_ip(index: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 245, index, 2)
+}
+
 /// The address of pod `index` in [`Topology::build`] (client = 1, backend k = k + 1).
 pub fn pod_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, index, 2)
@@ -97,6 +116,72 @@ impl Topology {
             ip,
             host_if: uplink.to_string(),
         })
+    }
+
+    /// Adds a second node (namespace `<tag>-node2`) on an underlay: this node's `underlay`
+    /// interface (`10.0.0.1/24`) to the remote node's `ul0` (`10.0.0.2/24`), with `mtu` on
+    /// both ends, and `pods` pods (`n2-backend-k` at `remote_pod_ip(k)`) behind it.
+    pub fn add_remote_node(
+        &self,
+        underlay: &str,
+        mtu: u32,
+        pods: usize,
+    ) -> Result<RemoteNode, String> {
+        let ns = Netns::new(&format!("{}-node2", self.tag))?;
+        ns.sysctl(&[
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ])?;
+        let mtu = mtu.to_string();
+        self.node.ip(&[
+            "link", "add", underlay, "mtu", &mtu, "type", "veth", "peer", "name", "ul0", "mtu",
+            &mtu, "netns", &ns.name,
+        ])?;
+        self.node.ip(&[
+            "addr",
+            "add",
+            &format!("{NODE1_UNDERLAY}/24"),
+            "dev",
+            underlay,
+        ])?;
+        self.node.ip(&["link", "set", underlay, "up"])?;
+        self.node
+            .sysctl(&[&format!("net.ipv4.conf.{underlay}.rp_filter=0")])?;
+        ns.ip(&["addr", "add", &format!("{NODE2_UNDERLAY}/24"), "dev", "ul0"])?;
+        ns.ip(&["link", "set", "ul0", "up"])?;
+        // Each node reaches the other's pods over the underlay (the first node's pods are
+        // 10.244.0.0/16, the second's 10.245.0.0/16).
+        ns.ip(&[
+            "route",
+            "add",
+            "10.244.0.0/16",
+            "via",
+            &NODE1_UNDERLAY.to_string(),
+        ])?;
+        let mut remote = RemoteNode {
+            pods: Vec::new(),
+            ns,
+        };
+        for k in 1..=pods {
+            let ip = remote_pod_ip(k as u8);
+            let pod = add_pod(
+                &remote.ns,
+                &self.tag,
+                &format!("n2-backend-{k}"),
+                &format!("xv-n2-b{k}"),
+                ip,
+            )?;
+            self.node.ip(&[
+                "route",
+                "add",
+                &format!("{ip}/32"),
+                "via",
+                &NODE2_UNDERLAY.to_string(),
+            ])?;
+            remote.pods.push(pod);
+        }
+        Ok(remote)
     }
 
     /// Adds one more backend pod (`backend-N`) at the next `pod_ip` address.

@@ -55,6 +55,12 @@ impl Health {
         self.state().node_deleting = deleting;
     }
 
+    /// Synced, with no change waiting too long (what health-check node ports also require).
+    pub fn is_healthy(&self) -> bool {
+        let s = self.state();
+        self.healthy(&s).is_ok()
+    }
+
     fn healthy(&self, s: &State) -> Result<(), String> {
         match (s.last_synced, s.pending_since) {
             (None, _) => Err("not synced yet".into()),
@@ -87,11 +93,13 @@ impl Health {
             Ok(()) => Response {
                 status: "200 OK",
                 content_type: "application/json",
+                headers: Vec::new(),
                 body: body(true, ""),
             },
             Err(why) => Response {
                 status: "503 Service Unavailable",
                 content_type: "application/json",
+                headers: Vec::new(),
                 body: body(false, &why),
             },
         }

@@ -261,6 +261,7 @@ impl Metrics {
         (path == "/metrics").then(|| Response {
             status: "200 OK",
             content_type: "text/plain; version=0.0.4",
+            headers: Vec::new(),
             body: self.render(),
         })
     }
