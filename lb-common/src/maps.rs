@@ -32,8 +32,13 @@ pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V1";
 /// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
 pub const SRC_RANGE_MAP_CAPACITY: u32 = 16_384;
 
+/// The interfaces XDP may redirect to (a devmap): written by the agent, read by XDP.
+pub const MAP_XDP_TX: &str = "XLB_XDPTX_V1";
+/// Capacity of the XDP redirect devmap (interfaces).
+pub const XDP_TX_MAP_CAPACITY: u32 = 256;
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 10] = [
+pub const ALL_MAPS: [&str; 11] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -44,6 +49,7 @@ pub const ALL_MAPS: [&str; 10] = [
     MAP_AFFINITY,
     MAP_CONFIG,
     MAP_SRC_RANGE,
+    MAP_XDP_TX,
 ];
 
 /// Default capacities; the agent may override them at load time.

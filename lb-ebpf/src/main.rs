@@ -11,17 +11,19 @@ mod fib;
 mod icmp;
 mod maps;
 mod nat;
+mod packet;
 mod parse;
 mod reason;
 mod reject;
 mod select;
 mod srcrange;
 mod translate;
+mod xdp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    macros::classifier,
-    programs::TcContext,
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
 };
 use lb_common::{
     IPPROTO_TCP, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
@@ -45,6 +47,17 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
+    action
+}
+
+/// XDP on the node's external interfaces (see `xdp.rs`); every verdict bumps a counter.
+#[xdp]
+pub fn xlb_xdp(ctx: XdpContext) -> u32 {
+    let (action, reason) = match xdp::try_xdp(&ctx) {
+        Ok(verdict) => verdict,
+        Err(dropped) => (xdp::DROP, dropped),
+    };
+    reason.count(packet::Packet::len(&ctx));
     action
 }
 

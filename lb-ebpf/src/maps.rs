@@ -2,13 +2,16 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key},
+    btf_maps::{
+        Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key,
+    },
     macros::btf_map,
 };
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, NodeConfig, R_COUNT, SRC_RANGE_MAP_CAPACITY,
     SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SrcRangeKey, SvcKey, SvcName, SvcValue,
+    XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break), read here.
@@ -45,6 +48,13 @@ pub static XLB_CFG_V1: Array<NodeConfig, 1> = Array::new();
 #[btf_map]
 pub static XLB_SRCRNG_V1: LpmTrie<SrcRangeKey, u32, { SRC_RANGE_MAP_CAPACITY as usize }> =
     LpmTrie::new();
+
+/// Interfaces XDP may redirect a translated packet to (XDP attached there, so the driver can
+/// transmit XDP frames). Written by the agent as it attaches XDP, read by XDP. ifindex →
+/// `bpf_devmap_val{ifindex}`. 4 B → 8 B, 256 entries, no eviction. A packet routed anywhere
+/// else is translated and passed to the kernel's stack.
+#[btf_map]
+pub static XLB_XDPTX_V1: DevMapHash<{ XDP_TX_MAP_CAPACITY as usize }> = DevMapHash::new();
 
 /// Where a new flow's conntrack entries are built (the stack is only 512 bytes). Kernel-only:
 /// never pinned, never read by the agent.

@@ -1,9 +1,8 @@
 //! Packet parsing: Ethernet → IPv4 → TCP/UDP ports, with every length checked.
 
-use aya_ebpf::programs::TcContext;
 use lb_common::{IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
 
-use crate::reason::Reason;
+use crate::{packet::Packet, reason::Reason};
 
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
@@ -60,7 +59,7 @@ fn malformed<E>(_: E) -> Reason {
 /// Parses an IPv4 TCP/UDP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
 /// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
 #[inline(always)]
-pub fn parse_ipv4(ctx: &TcContext) -> Result<Parsed, Reason> {
+pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
     let len = ctx.len() as usize;
     let ethertype: u16 = ctx.load(12).map_err(malformed)?;
     if ethertype != ETH_P_IP_BE {

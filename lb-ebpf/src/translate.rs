@@ -2,15 +2,14 @@
 //! the backend's replies back through this node (SNAT to the node for a remote backend of an
 //! external frontend; the hairpin address when the client is its own backend).
 
-use core::ffi::c_void;
-
-use aya_ebpf::programs::TcContext;
 use lb_common::{
     BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, NodeConfig, R_SNAT_FAILED,
     SVC_F_SNAT_REMOTE, SvcValue,
 };
 
-use crate::{conntrack::Source, fib, maps::XLB_CFG_V1, parse::Tuple, reason::Reason};
+use crate::{
+    conntrack::Source, fib, maps::XLB_CFG_V1, packet::Packet, parse::Tuple, reason::Reason,
+};
 
 /// Packets up to this size are not checked against the route MTU (no IPv4 link is smaller).
 const MIN_CHECKED_LEN: u16 = 576;
@@ -20,17 +19,11 @@ fn config() -> NodeConfig {
     XLB_CFG_V1.get(0).copied().unwrap_or_default()
 }
 
-#[inline(always)]
-fn ingress_ifindex(ctx: &TcContext) -> u32 {
-    // SAFETY: reading a field of the context the kernel passed us.
-    unsafe { (*ctx.skb.skb).ifindex }
-}
-
 /// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd`, and returns
 /// how its source is chosen.
 #[inline(always)]
-pub fn new_flow(
-    ctx: &TcContext,
+pub fn new_flow<P: Packet>(
+    ctx: &P,
     t: &Tuple,
     svc: &SvcValue,
     backend_id: u32,
@@ -62,8 +55,8 @@ pub fn new_flow(
     }
     if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {
         let route = fib::lookup(
-            ctx.skb.skb as *mut c_void,
-            ingress_ifindex(ctx),
+            ctx.raw(),
+            ctx.ingress_ifindex(),
             t.proto,
             t.saddr_be,
             be.addr_be[0],
@@ -88,18 +81,17 @@ pub fn new_flow(
 /// The route MTU when the packet (DF set) would not fit the route to `daddr_be`: it must be
 /// answered with fragmentation needed before it is translated.
 #[inline(always)]
-pub fn too_big(ctx: &TcContext, t: &Tuple, daddr_be: u32) -> Option<u16> {
+pub fn too_big<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32) -> Option<u16> {
     if !t.df || t.tot_len <= MIN_CHECKED_LEN {
         return None;
     }
-    // SAFETY: reading a field of the context the kernel passed us.
-    if unsafe { (*ctx.skb.skb).gso_size } != 0 {
+    if ctx.is_gso() {
         // Segmented on egress: the kernel checks each segment.
         return None;
     }
     let route = fib::lookup(
-        ctx.skb.skb as *mut c_void,
-        ingress_ifindex(ctx),
+        ctx.raw(),
+        ctx.ingress_ifindex(),
         t.proto,
         t.saddr_be,
         daddr_be,

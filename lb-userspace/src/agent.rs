@@ -65,6 +65,8 @@ pub struct AgentOptions {
     /// Where a pod reaching itself through a service appears to come from; `None`: hairpin
     /// traffic is not SNATed.
     pub hairpin_address: Option<std::net::Ipv4Addr>,
+    /// XDP on the node interfaces (`--xdp`).
+    pub xdp: attach::XdpSetting,
 }
 
 impl AgentOptions {
@@ -203,6 +205,9 @@ const ATTACH_RETRY: Duration = Duration::from_secs(5);
 
 struct Interfaces {
     attached: BTreeSet<String>,
+    /// Node interfaces with XDP attached.
+    xdp: BTreeSet<String>,
+    xdp_failed: BTreeMap<String, Instant>,
     failed: BTreeMap<String, Instant>,
     missing_reported: BTreeSet<String>,
 }
@@ -225,6 +230,8 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     );
     let mut ifs = Interfaces {
         attached: BTreeSet::new(),
+        xdp: BTreeSet::new(),
+        xdp_failed: BTreeMap::new(),
         failed: BTreeMap::new(),
         missing_reported: BTreeSet::new(),
     };
@@ -347,6 +354,70 @@ fn sync(
     (now, errors as u64)
 }
 
+/// Attaches XDP to node interface `iface` as `--xdp` asks (or removes an XDP link an earlier
+/// agent left when it is off), and lets XDP redirect to it.
+fn sync_xdp(
+    opts: &AgentOptions,
+    ebpf: &mut aya::Ebpf,
+    iface: &str,
+    ifs: &mut Interfaces,
+) -> Result<(), DatapathError> {
+    if opts.xdp == attach::XdpSetting::Off {
+        if let Ok(old) =
+            aya::programs::links::PinnedLink::from_pin(attach::xdp_link_pin(&opts.bpffs, iface))
+        {
+            let _ = old.unpin();
+            info!(
+                iface,
+                "XDP is off: removed the XDP link an earlier agent attached"
+            );
+        }
+        ifs.xdp.insert(iface.to_string());
+        return Ok(());
+    }
+    if ifs
+        .failed
+        .get(iface)
+        .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
+    {
+        return Ok(());
+    }
+    let Some(ifindex) = netif::ifindex(iface) else {
+        return Ok(());
+    };
+    let prog = loader::xdp_program(ebpf)?;
+    match attach::attach_xdp(prog, &opts.bpffs, iface, ifindex, opts.xdp) {
+        Ok(mode) => {
+            let map = ebpf
+                .map_mut(lb_common::MAP_XDP_TX)
+                .ok_or(DatapathError::MapMissing {
+                    name: lb_common::MAP_XDP_TX,
+                })?;
+            let mut tx: aya::maps::DevMapHash<&mut aya::maps::MapData> =
+                aya::maps::DevMapHash::try_from(map).map_err(|source| DatapathError::Map {
+                    name: lb_common::MAP_XDP_TX,
+                    source,
+                })?;
+            if let Err(e) = tx.insert(ifindex, ifindex, None, 0) {
+                warn!(
+                    iface,
+                    "XDP cannot redirect to {iface}: {e}; translated packets go through the stack"
+                );
+            }
+            info!(iface, mode, "attached XDP (pinned)");
+            ifs.xdp.insert(iface.to_string());
+        }
+        Err(e) => {
+            error!(
+                "{e}; tc handles {iface}; retrying XDP in {}s",
+                ATTACH_RETRY.as_secs()
+            );
+            ifs.xdp_failed.insert(iface.to_string(), Instant::now());
+        }
+    }
+    Ok(())
+}
+
 fn sync_interfaces(
     opts: &AgentOptions,
     ebpf: &mut aya::Ebpf,
@@ -354,6 +425,12 @@ fn sync_interfaces(
 ) -> Result<(), DatapathError> {
     let live = netif::interfaces();
     ifs.attached.retain(|i| live.contains(i));
+    ifs.xdp.retain(|i| live.contains(i));
+    for iface in opts.node_interfaces.iter().filter(|i| live.contains(*i)) {
+        if !ifs.xdp.contains(iface) {
+            sync_xdp(opts, ebpf, iface, ifs)?;
+        }
+    }
     for gone in attach::prune_links(&opts.bpffs, &live) {
         info!(iface = %gone, "interface gone; its link pin removed");
     }

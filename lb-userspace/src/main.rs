@@ -83,6 +83,10 @@ enum Command {
         /// The source a pod reaching itself through a service is SNATed to ("" to disable).
         #[arg(long, env = "XLB_HAIRPIN_ADDRESS", default_value = "169.254.42.1")]
         hairpin_address: String,
+        /// XDP on the node interfaces: `native` (in the driver, generic where the driver
+        /// cannot), `generic`, or `off` (tc does everything; the same behaviour, slower).
+        #[arg(long, env = "XLB_XDP", default_value = "off")]
+        xdp: lb_userspace::datapath::attach::XdpSetting,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -361,6 +365,7 @@ fn main() -> Result<()> {
             metrics_bind_address,
             snat_port_range,
             hairpin_address,
+            xdp,
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -413,6 +418,7 @@ fn main() -> Result<()> {
                 healthz_addr: bind_address(&healthz_bind_address)?,
                 metrics_addr: bind_address(&metrics_bind_address)?,
                 snat_ports: port_range(&snat_port_range)?,
+                xdp,
                 hairpin_address: if hairpin_address.is_empty() {
                     None
                 } else {

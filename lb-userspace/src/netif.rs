@@ -50,3 +50,11 @@ pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
     }
     out
 }
+
+/// The index of interface `name`, if it exists.
+pub fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a valid NUL-terminated name.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}

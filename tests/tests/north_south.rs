@@ -28,7 +28,7 @@ use xlb_tests::{
 const TIMEOUT: Duration = Duration::from_secs(2);
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const SNAT_PORTS: (u16, u16) = (40000, 40099);
+const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
 /// A backend endpoint: its address and node.
 struct Ep {
@@ -99,6 +99,11 @@ impl Lab {
     /// Builds the lab with an underlay of `mtu`, programs `yaml` and waits until `frontend`
     /// (e.g. `192.0.2.1:30080/TCP`) is programmed.
     fn start(prefix: &str, yaml: &str, mtu: u32, frontend: &str) -> Self {
+        Self::start_with(prefix, yaml, mtu, frontend, &[])
+    }
+
+    /// [`Lab::start`] with more agent flags.
+    fn start_with(prefix: &str, yaml: &str, mtu: u32, frontend: &str, extra: &[&str]) -> Self {
         let tag = xlb_tests::unique_tag(prefix);
         let topo = Topology::build(&tag, 1).expect("topology");
         let ext = topo.add_external_client("up0").expect("external client");
@@ -138,6 +143,7 @@ impl Lab {
             "",
         ]
         .iter()
+        .chain(extra)
         .map(|s| s.to_string())
         .collect();
         let agent = Agent::start_with(
@@ -168,6 +174,55 @@ impl Lab {
     /// Runs `f` in the external client's namespace.
     fn outside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         self.ext.ns.run(f).expect("client thread")
+    }
+
+    /// Every veth end of the lab, as (namespace, interface).
+    fn veths(&self) -> Vec<(&xlb_tests::netns::Netns, String)> {
+        let mut v = vec![
+            (&self.ext.ns, "eth0".to_string()),
+            (&self.topo.node, "up0".to_string()),
+            (&self.topo.node, "ul1".to_string()),
+            (&self._remote.ns, "ul0".to_string()),
+        ];
+        for p in self.topo.backends.iter().chain([&self.topo.client]) {
+            v.push((&p.ns, "eth0".to_string()));
+            v.push((&self.topo.node, p.host_if.clone()));
+        }
+        for p in &self._remote.pods {
+            v.push((&p.ns, "eth0".to_string()));
+            v.push((&self._remote.ns, p.host_if.clone()));
+        }
+        v
+    }
+
+    /// Turns checksum offload (rx and tx) on or off on every veth end.
+    fn set_offload(&self, on: bool) {
+        let state = if on { "on" } else { "off" };
+        for (ns, iface) in self.veths() {
+            let out = ns
+                .command("ethtool")
+                .args(["-K", &iface, "rx", state, "tx", state])
+                .output()
+                .expect("ethtool");
+            assert!(
+                out.status.success(),
+                "ethtool -K {iface} rx/tx {state}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    /// Enables NAPI (GRO) on the veth ends that receive XDP redirects, as a veth needs for
+    /// native XDP frames sent to it.
+    fn enable_napi_for_redirects(&self) {
+        for (ns, iface) in [(&self.ext.ns, "eth0"), (&self._remote.ns, "ul0")] {
+            let out = ns
+                .command("ethtool")
+                .args(["-K", iface, "gro", "on"])
+                .output()
+                .expect("ethtool");
+            assert!(out.status.success(), "gro on {iface}");
+        }
     }
 
     fn counter(&self, reason: &str) -> u64 {
@@ -621,4 +676,170 @@ fn path_mtu_discovery_works_through_a_node_port() {
         lab.counter("frag_needed") > 0,
         "the client was told the path MTU"
     );
+}
+
+/// One Service per frontend type and backend place: ClusterIP (from a pod), NodePort,
+/// externalIP and LoadBalancer, each to a local or a remote backend.
+fn matrix_services() -> String {
+    let mut y = String::new();
+    for (i, (place, ep)) in [("local", local()), ("remote", remote())]
+        .into_iter()
+        .enumerate()
+    {
+        let i = i as u16;
+        y += &service(
+            &format!("m-{place}"),
+            "LoadBalancer",
+            &format!("10.96.1.{}", 10 + i),
+            "TCP",
+            80,
+            TCP_PORT,
+            30100 + i,
+            &format!("  externalIPs: [198.51.100.{}]\n", 40 + i),
+            &format!(
+                "status:\n  loadBalancer:\n    ingress: [{{ip: 198.51.100.{}}}]\n",
+                50 + i
+            ),
+            &[ep],
+        );
+    }
+    y
+}
+
+/// The frontends of [`matrix_services`] for backend place `i` (0 local, 1 remote), with
+/// whether the client is the pod (ClusterIP) or the external client.
+fn matrix_frontends(i: u8) -> [(&'static str, SocketAddr, bool); 4] {
+    [
+        (
+            "ClusterIP",
+            sock(Ipv4Addr::new(10, 96, 1, 10 + i), 80),
+            true,
+        ),
+        ("NodePort", sock(NODE_IP, 30100 + i as u16), false),
+        (
+            "externalIP",
+            sock(Ipv4Addr::new(198, 51, 100, 40 + i), 80),
+            false,
+        ),
+        (
+            "LoadBalancer",
+            sock(Ipv4Addr::new(198, 51, 100, 50 + i), 80),
+            false,
+        ),
+    ]
+}
+
+/// Checksum offload on or off on every veth changes nothing: a 10 MB upload through each
+/// frontend type, to a local and to a remote backend, arrives with its SHA-256, with tc only
+/// and with XDP.
+#[test]
+fn checksum_offload_on_or_off_changes_nothing() {
+    if !require_root("checksum_offload_on_or_off_changes_nothing") {
+        return;
+    }
+    for xdp in ["off", "native"] {
+        let lab = Lab::start_with(
+            "nsk",
+            &matrix_services(),
+            1500,
+            "198.51.100.51:80/TCP",
+            &["--xdp", xdp],
+        );
+        if xdp != "off" {
+            lab.enable_napi_for_redirects();
+        }
+        for offload in [true, false] {
+            lab.set_offload(offload);
+            for (i, want) in [(0u8, "backend-1"), (1, "n2-backend-1")] {
+                for (kind, to, from_pod) in matrix_frontends(i) {
+                    let run = move || tcp_upload(to, 10 << 20, Duration::from_secs(20));
+                    let r = if from_pod {
+                        lab.topo.client.ns.run(run).expect("pod thread")
+                    } else {
+                        lab.outside(run)
+                    };
+                    let what = format!("xdp {xdp}, offload {offload}, {kind} {to} → {want}");
+                    let up = r.unwrap_or_else(|e| panic!("{what}: {e}\n{}", lab.agent.log_text()));
+                    assert_eq!(up.answer.backend, want, "{what}");
+                    assert!(up.sha256_matches, "{what}: the bytes arrived changed");
+                }
+            }
+        }
+        if xdp != "off" {
+            assert!(
+                lab.counter("xdp_redirect") > 0,
+                "with offload off, XDP itself forwards the remote flows"
+            );
+        }
+    }
+}
+
+/// XDP in native and in generic mode carries NodePort traffic for new and established flows
+/// and the replies of SNATed flows, redirecting them itself (`xdp_redirect`), with the same
+/// client addresses as tc.
+#[test]
+fn xdp_native_and_generic_forward_node_port_flows() {
+    if !require_root("xdp_native_and_generic_forward_node_port_flows") {
+        return;
+    }
+    for mode in ["native", "generic"] {
+        let yaml = service(
+            "web",
+            "NodePort",
+            "10.96.0.10",
+            "TCP",
+            80,
+            TCP_PORT,
+            30080,
+            "",
+            "",
+            &[local(), remote()],
+        ) + &service(
+            "dns",
+            "NodePort",
+            "10.96.0.53",
+            "UDP",
+            53,
+            UDP_PORT,
+            30053,
+            "",
+            "",
+            &[remote()],
+        );
+        let lab = Lab::start_with("nsx", &yaml, 1500, "192.0.2.1:30053/UDP", &["--xdp", mode]);
+        lab.enable_napi_for_redirects();
+        // Complete checksums (no offload) on the way in, so XDP takes the packets itself.
+        lab.set_offload(false);
+        let log = lab.agent.log_text();
+        assert!(
+            log.contains("attached XDP"),
+            "{mode}: XDP not attached:\n{log}"
+        );
+        let answers = lab.outside(|| {
+            let mut out = Vec::new();
+            for _ in 0..30 {
+                out.push(tcp_request(sock(NODE_IP, 30080), TIMEOUT));
+                out.push(udp_request(sock(NODE_IP, 30053), TIMEOUT));
+            }
+            out
+        });
+        let mut reached = std::collections::BTreeSet::new();
+        for a in answers {
+            let a = a.unwrap_or_else(|e| panic!("{mode}: {e}\n{}", lab.agent.log_text()));
+            let want = if a.backend == "backend-1" {
+                IpAddr::V4(CLIENT_IP)
+            } else {
+                IpAddr::V4(NODE1_UNDERLAY)
+            };
+            assert_eq!(seen_ip(&a), want, "{mode}: {a:?}");
+            assert_eq!(a.peer.ip(), IpAddr::V4(NODE_IP), "{mode}: {a:?}");
+            reached.insert(a.backend);
+        }
+        assert_eq!(reached.len(), 2, "{mode}: {reached:?}");
+        assert!(
+            lab.counter("xdp_redirect") > 0,
+            "{mode}: XDP redirected nothing\n{}",
+            lab.agent.log_text()
+        );
+    }
 }

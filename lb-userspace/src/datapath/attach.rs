@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use aya::programs::{
-    LinkOrder, SchedClassifier, TcAttachType,
+    LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
     links::{FdLink, PinnedLink},
     tc::TcAttachOptions,
 };
@@ -57,6 +57,86 @@ pub fn attach_ingress(
     Ok(())
 }
 
+/// How XDP is attached to the node interfaces (`--xdp`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XdpSetting {
+    /// No XDP: tc does everything (the default, as Cilium's acceleration is opt-in).
+    #[default]
+    Off,
+    /// In the driver; generic (skb) mode where the driver cannot.
+    Native,
+    /// Generic (skb) mode, whatever the driver.
+    Generic,
+}
+
+impl std::str::FromStr for XdpSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            "native" => Ok(Self::Native),
+            "generic" => Ok(Self::Generic),
+            other => Err(format!("--xdp {other:?}: expected native, generic or off")),
+        }
+    }
+}
+
+/// Where the XDP link of `iface` is pinned.
+pub fn xdp_link_pin(dir: &Path, iface: &str) -> PathBuf {
+    dir.join("links")
+        .join(format!("xdp_{}", iface.replace('.', "~")))
+}
+
+/// Attaches `prog` to `iface` in the mode `setting` asks for and pins the link; returns the
+/// mode it runs in. A link xlb pinned there before is removed first (XDP allows one program
+/// per interface; meanwhile tc handles every packet, so nothing is lost).
+pub fn attach_xdp(
+    prog: &mut Xdp,
+    dir: &Path,
+    iface: &str,
+    ifindex: u32,
+    setting: XdpSetting,
+) -> Result<&'static str, DatapathError> {
+    let fail = |reason: String| DatapathError::Attach {
+        iface: iface.to_string(),
+        reason,
+    };
+    let pin = xdp_link_pin(dir, iface);
+    if let Ok(old) = PinnedLink::from_pin(&pin) {
+        let _ = old.unpin();
+    }
+    let (id, mode) = match setting {
+        XdpSetting::Off => return Err(fail("XDP is off".into())),
+        XdpSetting::Generic => (
+            prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                .map_err(|e| fail(format!("generic XDP: {}", chain(&e))))?,
+            "generic",
+        ),
+        XdpSetting::Native => match prog.attach_to_if_index(ifindex, XdpMode::Driver) {
+            Ok(id) => (id, "native"),
+            Err(native) => {
+                tracing::warn!(
+                    iface,
+                    "native XDP refused ({}); using generic XDP",
+                    chain(&native)
+                );
+                (
+                    prog.attach_to_if_index(ifindex, XdpMode::Skb)
+                        .map_err(|e| fail(format!("generic XDP: {}", chain(&e))))?,
+                    "generic",
+                )
+            }
+        },
+    };
+    let link = prog.take_link(id).map_err(|e| fail(e.to_string()))?;
+    let fd: FdLink = link
+        .try_into()
+        .map_err(|e: aya::programs::links::LinkError| fail(e.to_string()))?;
+    fd.pin(&pin)
+        .map_err(|e| fail(format!("pin {}: {}", pin.display(), chain(&e))))?;
+    Ok(mode)
+}
+
 /// Removes pinned links whose interface no longer exists; returns their names.
 pub fn prune_links(dir: &Path, live: &[String]) -> Vec<String> {
     let mut removed = Vec::new();
@@ -65,7 +145,10 @@ pub fn prune_links(dir: &Path, live: &[String]) -> Vec<String> {
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(iface) = name.strip_prefix("tc_in_").map(|i| i.replace('~', "."))
+        if let Some(iface) = name
+            .strip_prefix("tc_in_")
+            .or_else(|| name.strip_prefix("xdp_"))
+            .map(|i| i.replace('~', "."))
             && !live.contains(&iface)
             && std::fs::remove_file(e.path()).is_ok()
         {

@@ -3,13 +3,18 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::{Ebpf, EbpfLoader, programs::SchedClassifier};
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{SchedClassifier, Xdp},
+};
 use lb_common::ALL_MAPS;
 
 use super::DatapathError;
 
 /// The tc ingress program's name in the object.
 pub const TC_INGRESS: &str = "xlb_tc_ingress";
+/// The XDP program's name in the object.
+pub const XDP: &str = "xlb_xdp";
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 /// True when `path` (or its closest existing ancestor) is on a bpf filesystem.
@@ -62,7 +67,20 @@ pub fn load(object: &[u8], dir: &Path) -> Result<Ebpf, DatapathError> {
             name: TC_INGRESS,
             source,
         })?;
+    xdp_program(&mut ebpf)?
+        .load()
+        .map_err(|source| DatapathError::Program { name: XDP, source })?;
     Ok(ebpf)
+}
+
+/// The loaded object's XDP program.
+pub fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp, DatapathError> {
+    let prog = ebpf.program_mut(XDP).ok_or(DatapathError::Program {
+        name: XDP,
+        source: aya::programs::ProgramError::NotLoaded,
+    })?;
+    prog.try_into()
+        .map_err(|source| DatapathError::Program { name: XDP, source })
 }
 
 /// The loaded object's tc ingress program.

@@ -1,0 +1,185 @@
+//! XDP on the node's external interfaces: NodePort, LoadBalancer and externalIP traffic (new
+//! and established flows) and the replies of SNATed flows are translated before the kernel
+//! allocates an skb, then sent out with `bpf_fib_lookup` + redirect when the egress
+//! interface takes XDP frames, or passed to the stack already translated.
+//!
+//! Whatever XDP cannot finish is passed to the stack untouched, where the tc program does the
+//! whole job: ICMP, refusals (no endpoints), fragmentation needed, unresolved neighbours,
+//! re-balanced UDP flows, and packets whose checksum is still to be completed by offload
+//! (`CHECKSUM_PARTIAL` from a local veth peer: XDP cannot see that state, tc's helpers keep
+//! it right).
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT},
+    programs::XdpContext,
+};
+use lb_common::{
+    CtValue, IPPROTO_TCP, IPPROTO_UDP, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
+    R_SRC_DENIED, R_XDP_REDIRECT, SVC_F_SRC_RANGES, SvcValue,
+};
+
+use crate::{
+    affinity, conntrack, fib,
+    maps::XLB_XDPTX_V1,
+    nat,
+    packet::Packet,
+    parse::{self, ETH_HLEN, Parsed, Tuple},
+    reason::{self, Reason},
+    select, srcrange, translate,
+};
+
+/// `Ok((action, reason))` or `Err(reason)` (dropped).
+pub type XdpOutcome = Result<(u32, Reason), Reason>;
+
+#[inline(always)]
+fn pass(reason: u32) -> XdpOutcome {
+    Ok((XDP_PASS, Reason(reason)))
+}
+
+#[inline(always)]
+pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
+    let t = match parse::parse_ipv4(ctx)? {
+        Parsed::Flow(t) => t,
+        Parsed::Icmp(_) => return pass(R_PASS),
+        Parsed::Pass(r) => return Ok((XDP_PASS, r)),
+    };
+    if checksum_partial(ctx, &t)? {
+        return pass(R_PASS);
+    }
+    if let Some(ct) = conntrack::lookup_reply(&t) {
+        let v = *ct;
+        return finish(ctx, &t, &v, R_REVERSE_NAT);
+    }
+    let Some(svc) = select::lookup_service(&t) else {
+        return pass(R_PASS);
+    };
+    if let Some(ct) = conntrack::lookup_forward(&t) {
+        if t.proto != IPPROTO_TCP && select::backend(ct.backend_id).is_none() {
+            // A UDP flow to a removed backend is re-balanced by tc.
+            return pass(R_PASS);
+        }
+        conntrack::touch(ct);
+        affinity::touch(&t, svc);
+        let v = *ct;
+        return finish(ctx, &t, &v, R_ESTABLISHED);
+    }
+    unpack(new_flow(ctx, &t, svc))
+}
+
+/// A new flow: chosen, recorded and translated here when its route is ready, else left to tc.
+#[inline(never)]
+fn new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> u64 {
+    pack(try_new_flow(ctx, t, svc))
+}
+
+#[inline(always)]
+fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
+        return Err(Reason(R_SRC_DENIED));
+    }
+    if svc.count == 0 {
+        // Refused or dropped by tc, which can build the answer.
+        return pass(R_PASS);
+    }
+    let (backend_id, slot, be) = match affinity::lookup(t, svc) {
+        Some(remembered) => remembered,
+        None => select::pick(t, svc)?,
+    };
+    // Only when the backend's route is complete (neighbour known, packet fits) does XDP take
+    // the flow; otherwise tc does it all (and answers fragmentation needed).
+    match fib::lookup(
+        ctx.raw(),
+        Packet::ingress_ifindex(ctx),
+        t.proto,
+        t.saddr_be,
+        be.addr_be[0],
+        t.tot_len,
+        true,
+    ) {
+        Some(r) if r.too_big == 0 => {}
+        _ => return pass(R_PASS),
+    }
+    let scratch = conntrack::scratch()?;
+    let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
+    affinity::remember(t, svc, backend_id, slot);
+    conntrack::create(t, &source)?;
+    reason::count_service(svc.svc_id, backend_id, ctx.len());
+    let v = scratch.fwd;
+    finish(ctx, t, &v, R_NEW_FLOW)
+}
+
+/// Sends a packet of a tracked flow on, rewritten to `v`: redirected out of its egress
+/// interface when that takes XDP frames, else passed to the stack translated. A route that
+/// is not ready (or too small) leaves the packet untouched for tc.
+#[inline(always)]
+fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
+    let Some(route) = fib::lookup(
+        ctx.raw(),
+        Packet::ingress_ifindex(ctx),
+        t.proto,
+        v.saddr_be[0],
+        v.daddr_be[0],
+        t.tot_len,
+        true,
+    ) else {
+        return pass(R_PASS);
+    };
+    if route.too_big != 0 {
+        return pass(R_PASS);
+    }
+    let (ifindex, smac, dmac) = (route.ifindex, route.smac, route.dmac);
+    nat::apply(ctx, t, v)?;
+    reason::count_service(v.svc_id, v.backend_id, ctx.len());
+    if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
+        return pass(reason);
+    }
+    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
+    ctx.store(0, &dmac).map_err(fail)?;
+    ctx.store(6, &smac).map_err(fail)?;
+    match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
+        Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
+        _ => pass(reason),
+    }
+}
+
+/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
+/// pseudo-header sum for offload to complete). A complete checksum equals that value by
+/// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
+#[inline(always)]
+fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
+    let csum: u16 = ctx
+        .load(t.csum_off)
+        .map_err(|_| Reason(lb_common::R_MALFORMED))?;
+    if t.proto == IPPROTO_UDP && csum == 0 {
+        return Ok(false);
+    }
+    let l4_len = (t.tot_len as u32).saturating_sub((t.l4_off - ETH_HLEN) as u32);
+    let s = u32::from_be(t.saddr_be);
+    let d = u32::from_be(t.daddr_be);
+    let mut sum = (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + t.proto as u32 + l4_len;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    Ok(u16::from_be(csum) == sum as u16)
+}
+
+/// An outcome as one register (for the out-of-line new-flow path).
+#[inline(always)]
+fn pack(o: XdpOutcome) -> u64 {
+    match o {
+        Ok((action, reason)) => ((action as u64) << 32) | reason.0 as u64,
+        Err(reason) => (1 << 63) | reason.0 as u64,
+    }
+}
+
+#[inline(always)]
+fn unpack(v: u64) -> XdpOutcome {
+    let reason = Reason(v as u32);
+    if v >> 63 != 0 {
+        Err(reason)
+    } else {
+        Ok(((v >> 32) as u32, reason))
+    }
+}
+
+/// The XDP entry's verdict for a dropped packet.
+pub const DROP: u32 = XDP_DROP;
