@@ -75,10 +75,13 @@ impl Packet for TcContext {
     fn raw(&self) -> *mut c_void {
         self.skb.skb as *mut c_void
     }
+    // `ifindex`, the device the program runs on: at tc ingress it is the ingress device, and
+    // unlike `ingress_ifindex` it is also set for BPF_PROG_TEST_RUN (loopback).
+    #[allow(clippy::misnamed_getters)]
     #[inline(always)]
     fn ingress_ifindex(&self) -> u32 {
         // SAFETY: reading a field of the context the kernel passed us.
-        unsafe { (*self.skb.skb).ingress_ifindex }
+        unsafe { (*self.skb.skb).ifindex }
     }
     #[inline(always)]
     fn is_gso(&self) -> bool {

@@ -111,6 +111,82 @@ impl PacketBuilder {
     }
 }
 
+/// An ICMP error frame from `from` to `to` quoting `quote` (an IPv4 header and the first 8
+/// bytes of its payload, e.g. `&frame[14..42]` of a built frame); `mtu` for type 3 code 4.
+pub fn icmp_error(
+    from: Ipv4Addr,
+    to: Ipv4Addr,
+    typ: u8,
+    code: u8,
+    mtu: u16,
+    quote: &[u8],
+) -> Vec<u8> {
+    let tot = (20 + 8 + quote.len()) as u16;
+    let mut p = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x08, 0x00];
+    p.extend_from_slice(&[
+        0x45,
+        0xc0,
+        (tot >> 8) as u8,
+        tot as u8,
+        0,
+        0,
+        0,
+        0,
+        64,
+        1,
+        0,
+        0,
+    ]);
+    p.extend_from_slice(&from.octets());
+    p.extend_from_slice(&to.octets());
+    let c = checksum(&p[14..34], 0);
+    p[24..26].copy_from_slice(&c.to_be_bytes());
+    let m = mtu.to_be_bytes();
+    p.extend_from_slice(&[typ, code, 0, 0, 0, 0, m[0], m[1]]);
+    p.extend_from_slice(quote);
+    let c = checksum(&p[34..], 0);
+    p[36..38].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// What an ICMP error frame says, and whether its checksums hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParsedIcmp {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub typ: u8,
+    pub code: u8,
+    /// Next-hop MTU (type 3 code 4).
+    pub mtu: u16,
+    /// The quoted packet's addresses and ports.
+    pub inner_src: SocketAddrV4,
+    pub inner_dst: SocketAddrV4,
+    /// Outer IPv4, ICMP and quoted IPv4 checksums.
+    pub checksums_ok: bool,
+}
+
+/// Parses an ICMP error frame (IPv4 without options, quoting TCP or UDP).
+pub fn parse_icmp(p: &[u8]) -> Option<ParsedIcmp> {
+    if p.len() < 34 + 8 + 28 || p[12..14] != [0x08, 0x00] || p[14] != 0x45 || p[23] != 1 {
+        return None;
+    }
+    let ip = |o: usize| Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]);
+    let port = |o: usize| u16::from_be_bytes([p[o], p[o + 1]]);
+    let inner = 42;
+    Some(ParsedIcmp {
+        src: ip(26),
+        dst: ip(30),
+        typ: p[34],
+        code: p[35],
+        mtu: port(40),
+        inner_src: SocketAddrV4::new(ip(inner + 12), port(inner + 20)),
+        inner_dst: SocketAddrV4::new(ip(inner + 16), port(inner + 22)),
+        checksums_ok: checksum(&p[14..34], 0) == 0
+            && checksum(&p[34..], 0) == 0
+            && checksum(&p[inner..inner + 20], 0) == 0,
+    })
+}
+
 /// What a frame says, and whether its checksums hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Parsed {

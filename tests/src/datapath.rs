@@ -44,13 +44,24 @@ impl LoadedDatapath {
 
     /// Programs the maps for `model`, as the agent would.
     pub fn program(&mut self, model: &Model) -> Result<(), String> {
-        let (want, _) = desired::compute(model, &mut self.ids, self.maps.limits());
+        self.program_on(model, &desired::NodeContext::default())
+    }
+
+    /// Programs the maps for `model` as the agent on `node` would (local endpoints, NodePort
+    /// addresses).
+    pub fn program_on(&mut self, model: &Model, node: &desired::NodeContext) -> Result<(), String> {
+        let (want, _) = desired::compute_on(model, node, &mut self.ids, self.maps.limits());
         let (now, report) = apply(&mut self.maps, &self.current, &want);
         self.current = now;
         match report.errors.first() {
             Some(e) => Err(e.to_string()),
             None => Ok(()),
         }
+    }
+
+    /// Writes the node configuration (SNAT ports, hairpin address), as the agent does at start.
+    pub fn configure(&mut self, cfg: &lb_common::NodeConfig) -> Result<(), String> {
+        lb_userspace::datapath::kernel::write_config(&mut self.ebpf, cfg).map_err(|e| e.to_string())
     }
 
     /// What the maps hold now.

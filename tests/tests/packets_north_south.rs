@@ -1,0 +1,368 @@
+//! Packet tests for the north-south rewrites, through the loaded tc program
+//! (BPF_PROG_TEST_RUN) as a table: NodePort DNAT + SNAT to a remote backend and its reverse,
+//! a local backend keeping the client, Local policy without local endpoints, source ranges,
+//! hairpin, ICMP inner-header translation and fragmentation needed.
+//!
+//! The program runs in a namespace of its own whose routes it consults (`bpf_fib_lookup`):
+//! node1's underlay `10.0.0.1/24` on a veth (peer in the same namespace) with MTU 1280, and node2's pods
+//! (10.245.0.0/16) behind `10.0.0.2`.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use lb_common::NodeConfig;
+use lb_userspace::{
+    desired::NodeContext,
+    packet::{PacketBuilder, TCP_ACK, icmp_error, parse, parse_icmp},
+    source::file,
+};
+use xlb_tests::{datapath::LoadedDatapath, netns::Netns, require_root, unique_tag};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const UNDERLAY: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const EXT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 10), 5000);
+const OUTSIDER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(203, 0, 113, 9), 5000);
+const LOCAL_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
+const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 245, 1, 2);
+const HAIRPIN: Ipv4Addr = Ipv4Addr::new(169, 254, 42, 1);
+const SNAT_MIN: u16 = 61000;
+const SNAT_MAX: u16 = 61099;
+
+/// A LoadBalancer Service (port 80 → 8080, nodePort `np`, `spec` lines, `status` block) and
+/// its slice, as YAML.
+fn svc(
+    name: &str,
+    vip: &str,
+    proto: &str,
+    np: u16,
+    spec: &str,
+    status: &str,
+    eps: &[(Ipv4Addr, &str)],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: t, name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: {vip}\n{spec}  ports:\n  - {{name: p, port: 80, protocol: {proto}, targetPort: 8080, nodePort: {np}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: t, name: {name}-1, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: {proto}}}]\nendpoints:\n"
+    );
+    for (ip, node) in eps {
+        y.push_str(&format!(
+            "- {{addresses: [\"{ip}\"], conditions: {{ready: true}}, nodeName: {node}}}\n"
+        ));
+    }
+    y
+}
+
+fn services() -> String {
+    let remote = [(REMOTE_POD, "node2")];
+    let local = [(LOCAL_POD, "node1")];
+    svc("far", "10.96.0.1", "TCP", 30001, "", "", &remote)
+        + &svc("farudp", "10.96.0.2", "UDP", 30002, "", "", &remote)
+        + &svc("near", "10.96.0.3", "TCP", 30003, "", "", &local)
+        + &svc(
+            "only-remote-local",
+            "10.96.0.4",
+            "TCP",
+            30004,
+            "  externalTrafficPolicy: Local\n",
+            "",
+            &remote,
+        )
+        + &svc(
+            "ranged",
+            "10.96.0.5",
+            "TCP",
+            30005,
+            "  loadBalancerSourceRanges: [192.0.2.0/24]\n",
+            "status:\n  loadBalancer:\n    ingress: [{ip: 198.51.100.5}]\n",
+            &local,
+        )
+        + &svc("self", "10.96.0.6", "TCP", 30006, "", "", &local)
+}
+
+/// What a case expects.
+#[derive(Debug)]
+enum Expect {
+    /// TC_ACT_OK, rewritten to `src` → `dst` (`src` port 0: any port of the SNAT range).
+    Rewritten {
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+    },
+    /// TC_ACT_SHOT.
+    Drop,
+    /// TC_ACT_OK: an ICMP error now from `src` to `dst`, quoting `inner_src` → `inner_dst`.
+    Icmp {
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        inner_src: SocketAddrV4,
+        inner_dst: SocketAddrV4,
+    },
+    /// TC_ACT_REDIRECT: fragmentation needed (MTU `mtu`) from `src`, quoting the packet.
+    FragNeeded { src: Ipv4Addr, mtu: u16 },
+}
+
+struct Case {
+    desc: &'static str,
+    packet: Vec<u8>,
+    expect: Expect,
+}
+
+/// Runs a case; returns the rewritten source (for SNAT ports).
+fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
+    let r = dp
+        .run(&c.packet)
+        .unwrap_or_else(|e| panic!("{}: test run: {e}", c.desc));
+    match &c.expect {
+        Expect::Drop => {
+            assert_eq!(r.verdict, TC_ACT_SHOT, "{}", c.desc);
+            None
+        }
+        Expect::Rewritten { src, dst } => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{}", c.desc);
+            let p = parse(&r.packet).unwrap_or_else(|| panic!("{}: no parse", c.desc));
+            assert_eq!(p.dst, *dst, "{}: destination", c.desc);
+            assert_eq!(p.src.ip(), src.ip(), "{}: source address", c.desc);
+            if src.port() == 0 {
+                assert!(
+                    (SNAT_MIN..=SNAT_MAX).contains(&p.src.port()),
+                    "{}: SNAT port {} outside {SNAT_MIN}-{SNAT_MAX}",
+                    c.desc,
+                    p.src.port()
+                );
+            } else {
+                assert_eq!(p.src.port(), src.port(), "{}: source port", c.desc);
+            }
+            assert!(
+                p.ip_checksum_ok && p.l4_checksum_ok,
+                "{}: checksums",
+                c.desc
+            );
+            Some(p.src)
+        }
+        Expect::Icmp {
+            src,
+            dst,
+            inner_src,
+            inner_dst,
+        } => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{}", c.desc);
+            let p = parse_icmp(&r.packet).unwrap_or_else(|| panic!("{}: no ICMP", c.desc));
+            assert_eq!((p.src, p.dst), (*src, *dst), "{}: outer header", c.desc);
+            assert_eq!(
+                (p.inner_src, p.inner_dst),
+                (*inner_src, *inner_dst),
+                "{}: quoted header",
+                c.desc
+            );
+            assert!(p.checksums_ok, "{}: checksums", c.desc);
+            None
+        }
+        Expect::FragNeeded { src, mtu } => {
+            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{}", c.desc);
+            let p = parse_icmp(&r.packet).unwrap_or_else(|| panic!("{}: no ICMP", c.desc));
+            let input = parse(&c.packet).expect("input");
+            assert_eq!((p.typ, p.code, p.mtu), (3, 4, *mtu), "{}", c.desc);
+            assert_eq!((p.src, p.dst), (*src, *input.src.ip()), "{}", c.desc);
+            assert_eq!(
+                (p.inner_src, p.inner_dst),
+                (input.src, input.dst),
+                "{}: quotes the packet as the client sent it",
+                c.desc
+            );
+            assert!(p.checksums_ok, "{}: checksums", c.desc);
+            None
+        }
+    }
+}
+
+#[test]
+fn north_south_rewrites_follow_the_table() {
+    if !require_root("north_south_rewrites_follow_the_table") {
+        return;
+    }
+    let tag = unique_tag("xpn");
+    let ns = Netns::new(&format!("{tag}-node")).expect("netns");
+    ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
+    for args in [
+        &[
+            "link", "add", "dum0", "mtu", "1280", "type", "veth", "peer", "name", "dum1", "mtu",
+            "1280",
+        ][..],
+        &["link", "set", "dum1", "up"],
+        &["addr", "add", "10.0.0.1/24", "dev", "dum0"],
+        &["link", "set", "dum0", "up"],
+        &["link", "set", "lo", "up"],
+        &["route", "add", "10.245.0.0/16", "via", "10.0.0.2"],
+        &["route", "add", "10.244.2.2/32", "dev", "dum0"],
+    ] {
+        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    }
+    ns.run(move || run_table(&tag)).expect("table thread");
+}
+
+fn run_table(tag: &str) {
+    let mut dp = LoadedDatapath::load(tag).expect("load");
+    dp.configure(&NodeConfig {
+        snat_port_min: SNAT_MIN,
+        snat_port_max: SNAT_MAX,
+        hairpin_addr_be: u32::from_ne_bytes(HAIRPIN.octets()),
+        ..NodeConfig::default()
+    })
+    .expect("config");
+    let loaded = file::parse("ns.yaml", &services()).expect("yaml");
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    dp.program_on(
+        &loaded.model,
+        &NodeContext {
+            name: "node1".into(),
+            zone: None,
+            node_port_addresses: vec![NODE],
+        },
+    )
+    .expect("program");
+    let np = |port: u16| SocketAddrV4::new(NODE, port);
+    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
+    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+    let snat_any = SocketAddrV4::new(UNDERLAY, 0);
+
+    let snat = check(
+        &mut dp,
+        &Case {
+            desc: "NodePort, remote backend → DNAT to it + SNAT to the node's underlay address",
+            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
+            expect: Expect::Rewritten {
+                src: snat_any,
+                dst: remote,
+            },
+        },
+    )
+    .expect("snat");
+    let udp_snat = check(
+        &mut dp,
+        &Case {
+            desc: "UDP NodePort, remote backend → DNAT + SNAT",
+            packet: PacketBuilder::udp(EXT, np(30002)).payload(b"q").build(),
+            expect: Expect::Rewritten {
+                src: snat_any,
+                dst: remote,
+            },
+        },
+    )
+    .expect("snat");
+    // The quoted header of an error about the UDP flow, as the backend sends it.
+    let sent_to_backend = PacketBuilder::udp(udp_snat, remote).payload(b"q").build();
+
+    let table = [
+        Case {
+            desc: "later packet of the SNATed flow: same backend, same SNAT port",
+            packet: PacketBuilder::tcp(EXT, np(30001)).flags(TCP_ACK).build(),
+            expect: Expect::Rewritten {
+                src: snat,
+                dst: remote,
+            },
+        },
+        Case {
+            desc: "reply to the SNAT address → from the NodePort, to the client",
+            packet: PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build(),
+            expect: Expect::Rewritten {
+                src: np(30001),
+                dst: EXT,
+            },
+        },
+        Case {
+            desc: "NodePort, local backend (Cluster policy) → DNAT, client address kept",
+            packet: PacketBuilder::tcp(EXT, np(30003)).build(),
+            expect: Expect::Rewritten {
+                src: EXT,
+                dst: local,
+            },
+        },
+        Case {
+            desc: "Local policy without a local endpoint → dropped",
+            packet: PacketBuilder::tcp(EXT, np(30004)).build(),
+            expect: Expect::Drop,
+        },
+        Case {
+            desc: "LoadBalancer IP, client inside loadBalancerSourceRanges → DNAT",
+            packet: PacketBuilder::tcp(EXT, SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80))
+                .build(),
+            expect: Expect::Rewritten {
+                src: EXT,
+                dst: local,
+            },
+        },
+        Case {
+            desc: "LoadBalancer IP, client outside loadBalancerSourceRanges → dropped",
+            packet: PacketBuilder::tcp(
+                OUTSIDER,
+                SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
+            )
+            .build(),
+            expect: Expect::Drop,
+        },
+        Case {
+            desc: "NodePort of the same Service ignores the source ranges",
+            packet: PacketBuilder::tcp(OUTSIDER, np(30005)).build(),
+            expect: Expect::Rewritten {
+                src: OUTSIDER,
+                dst: local,
+            },
+        },
+        Case {
+            desc: "hairpin: a pod to its own Service → SNAT to the hairpin address",
+            packet: PacketBuilder::tcp(
+                SocketAddrV4::new(LOCAL_POD, 6000),
+                SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 6), 80),
+            )
+            .build(),
+            expect: Expect::Rewritten {
+                src: SocketAddrV4::new(HAIRPIN, 6000),
+                dst: local,
+            },
+        },
+        Case {
+            desc: "hairpin reply → from the ClusterIP, back to the pod",
+            packet: PacketBuilder::tcp(local, SocketAddrV4::new(HAIRPIN, 6000))
+                .flags(TCP_ACK)
+                .build(),
+            expect: Expect::Rewritten {
+                src: SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 6), 80),
+                dst: SocketAddrV4::new(LOCAL_POD, 6000),
+            },
+        },
+        Case {
+            desc: "port unreachable from the backend about the SNATed UDP flow → outer and inner translated",
+            packet: icmp_error(REMOTE_POD, UNDERLAY, 3, 3, 0, &sent_to_backend[14..42]),
+            expect: Expect::Icmp {
+                src: NODE,
+                dst: *EXT.ip(),
+                inner_src: EXT,
+                inner_dst: np(30002),
+            },
+        },
+        Case {
+            desc: "DF packet too big for the route to the backend → fragmentation needed from the NodePort",
+            packet: PacketBuilder::tcp(SocketAddrV4::new(*EXT.ip(), 5001), np(30001))
+                .payload(&[7u8; 1400])
+                .build(),
+            expect: Expect::FragNeeded {
+                src: NODE,
+                mtu: 1280,
+            },
+        },
+    ];
+    for c in &table {
+        check(&mut dp, c);
+    }
+    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
+    let count = |reason: &str| {
+        counters
+            .iter()
+            .find(|c| c.reason == reason)
+            .map_or(0, |c| c.packets)
+    };
+    assert_eq!(count("src_denied"), 1, "{counters:?}");
+    assert_eq!(count("icmp_xlate"), 1, "{counters:?}");
+    assert_eq!(count("frag_needed"), 1, "{counters:?}");
+    assert_eq!(count("no_backend"), 1, "{counters:?}");
+}
