@@ -95,6 +95,43 @@ impl LoadedDatapath {
     }
 }
 
+impl LoadedDatapath {
+    /// Runs the XDP program once on `packet` as received on interface `ingress_ifindex` (of
+    /// the calling thread's namespace).
+    pub fn run_xdp(&mut self, packet: &[u8], ingress_ifindex: u32) -> Result<RunResult, String> {
+        let prog = loader::xdp_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        let mut out = vec![0u8; packet.len() + 256];
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        let mut ctx = [0u8; 24];
+        ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::default()
+        };
+        let r = prog.test_run(opts).map_err(|e| e.to_string())?;
+        out.truncate(r.data_size_out as usize);
+        Ok(RunResult {
+            verdict: r.return_value,
+            packet: out,
+        })
+    }
+
+    /// Lets XDP redirect to interface `ifindex` (as the agent does where it attached XDP).
+    pub fn allow_xdp_redirect(&mut self, ifindex: u32) -> Result<(), String> {
+        let map = self
+            .ebpf
+            .map_mut(lb_common::MAP_XDP_TX)
+            .ok_or("XDP redirect map missing")?;
+        let mut tx: aya::maps::DevMapHash<&mut aya::maps::MapData> =
+            aya::maps::DevMapHash::try_from(map).map_err(|e| e.to_string())?;
+        tx.insert(ifindex, ifindex, None, 0)
+            .map_err(|e| e.to_string())
+    }
+}
+
 impl Drop for LoadedDatapath {
     fn drop(&mut self) {
         let _ = lb_userspace::cleanup::cleanup(&self.pins);
