@@ -843,3 +843,60 @@ fn xdp_native_and_generic_forward_node_port_flows() {
         );
     }
 }
+
+/// No endpoints: NodePort and LoadBalancer frontends refuse at once too (TCP RST, ICMP port
+/// unreachable from the frontend), as kube-proxy's REJECT does.
+#[test]
+fn node_ports_and_load_balancer_ips_without_endpoints_refuse_at_once() {
+    if !require_root("node_ports_and_load_balancer_ips_without_endpoints_refuse_at_once") {
+        return;
+    }
+    let empty = |name: &str, vip: &str, proto: &str, np: u16, lb: &str| {
+        service(
+            name,
+            "LoadBalancer",
+            vip,
+            proto,
+            80,
+            TCP_PORT,
+            np,
+            "",
+            &format!("status:\n  loadBalancer:\n    ingress: [{{ip: {lb}}}]\n"),
+            &[],
+        )
+    };
+    let yaml = empty("tcp", "10.96.0.60", "TCP", 30060, "198.51.100.60")
+        + &empty("udp", "10.96.0.61", "UDP", 30061, "198.51.100.61");
+    let lab = Lab::start("nse", &yaml, 1500, "198.51.100.61:80/UDP");
+    let results = lab.outside(|| {
+        [
+            sock(NODE_IP, 30060),
+            sock(Ipv4Addr::new(198, 51, 100, 60), 80),
+        ]
+        .map(|to| {
+            let t = std::time::Instant::now();
+            (to, tcp_request(to, TIMEOUT), t.elapsed())
+        })
+        .into_iter()
+        .chain(
+            [
+                sock(NODE_IP, 30061),
+                sock(Ipv4Addr::new(198, 51, 100, 61), 80),
+            ]
+            .map(|to| {
+                let t = std::time::Instant::now();
+                (to, udp_request(to, TIMEOUT), t.elapsed())
+            }),
+        )
+        .collect::<Vec<_>>()
+    });
+    for (to, r, took) in results {
+        let err = r.expect_err("no endpoints");
+        assert!(err.contains("refused"), "{to}: must be refused: {err}");
+        assert!(
+            took < Duration::from_millis(500),
+            "{to}: refusal took {took:?}"
+        );
+    }
+    assert!(lab.counter("reject") >= 4, "the refusals are counted");
+}
