@@ -34,7 +34,7 @@ use lb_common::SvcValue;
 
 use crate::{
     parse::{Parsed, Tuple},
-    reason::Reason,
+    reason::{Reason, pack, unpack},
 };
 
 /// tc ingress on the host side of pod veths and on the node's interfaces: service packets
@@ -69,29 +69,8 @@ pub fn xlb_tc_pass(_ctx: TcContext) -> i32 {
     TC_ACT_OK
 }
 
-/// A program's outcome: `Ok((action, reason))`, the packet continues (possibly rewritten)
-/// or is sent back as an answer (refusal, fragmentation needed); `Err(reason)`, it is dropped.
-type Outcome = Result<(i32, Reason), Reason>;
-
-/// An [`Outcome`] as one register, for the paths kept out of line (each has its own stack
-/// frame, so the big rare paths do not add up in the main one).
-#[inline(always)]
-fn pack(o: Outcome) -> u64 {
-    match o {
-        Ok((action, reason)) => ((action as u32 as u64) << 32) | reason.0 as u64,
-        Err(reason) => (1 << 63) | reason.0 as u64,
-    }
-}
-
-#[inline(always)]
-fn unpack(v: u64) -> Outcome {
-    let reason = Reason(v as u32);
-    if v >> 63 != 0 {
-        Err(reason)
-    } else {
-        Ok(((v >> 32) as i32, reason))
-    }
-}
+/// The tc program's outcome.
+type Outcome = reason::Outcome<i32>;
 
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {
@@ -181,7 +160,7 @@ fn new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> u64 {
         Ok(Next::Done(o)) => pack(Ok(o)),
         Ok(Next::Refuse) => NEEDS_REFUSAL,
         Ok(Next::FragNeeded(mtu)) => NEEDS_FRAG | mtu as u64,
-        Err(r) => pack(Err(r)),
+        Err(r) => pack::<i32>(Err(r)),
     }
 }
 

@@ -24,12 +24,12 @@ use crate::{
     nat,
     packet::Packet,
     parse::{self, ETH_HLEN, Parsed, Tuple},
-    reason::{self, Reason},
+    reason::{self, Reason, pack, unpack},
     select, srcrange, translate,
 };
 
-/// `Ok((action, reason))` or `Err(reason)` (dropped).
-pub type XdpOutcome = Result<(u32, Reason), Reason>;
+/// The XDP program's outcome.
+pub type XdpOutcome = reason::Outcome<u32>;
 
 #[inline(always)]
 fn pass(reason: u32) -> XdpOutcome {
@@ -160,25 +160,6 @@ fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     Ok(u16::from_be(csum) == sum as u16)
-}
-
-/// An outcome as one register (for the out-of-line new-flow path).
-#[inline(always)]
-fn pack(o: XdpOutcome) -> u64 {
-    match o {
-        Ok((action, reason)) => ((action as u64) << 32) | reason.0 as u64,
-        Err(reason) => (1 << 63) | reason.0 as u64,
-    }
-}
-
-#[inline(always)]
-fn unpack(v: u64) -> XdpOutcome {
-    let reason = Reason(v as u32);
-    if v >> 63 != 0 {
-        Err(reason)
-    } else {
-        Ok(((v >> 32) as u32, reason))
-    }
 }
 
 /// The XDP entry's verdict for a dropped packet.

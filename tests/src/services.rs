@@ -24,6 +24,35 @@ pub fn service_yaml(
     y
 }
 
+/// A Service of `kind` (`ClusterIP`, `NodePort`, `LoadBalancer`) with one port `p`
+/// (`port` → `target_port`, and `node_port` if any), extra `spec` lines (two-space
+/// indented) and a `status` block, and its EndpointSlice: `endpoints` ready, each on its node.
+#[allow(clippy::too_many_arguments)]
+pub fn service_on_nodes(
+    name: &str,
+    kind: &str,
+    cluster_ip: &str,
+    protocol: &str,
+    port: u16,
+    target_port: u16,
+    node_port: Option<u16>,
+    spec: &str,
+    status: &str,
+    endpoints: &[(Ipv4Addr, &str)],
+) -> String {
+    let node_port = node_port.map_or(String::new(), |p| format!(", nodePort: {p}"));
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: {kind}\n  clusterIP: {cluster_ip}\n{spec}  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}{node_port}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
+    );
+    y.push_str(if endpoints.is_empty() { " []\n" } else { "\n" });
+    for (ip, node) in endpoints {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: {node}\n"
+        ));
+    }
+    y
+}
+
 /// Writes `text` to `path` atomically (a reader sees the old or the new file, never half).
 pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<(), String> {
     let tmp = path.with_extension("tmp");

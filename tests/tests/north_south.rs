@@ -21,7 +21,7 @@ use xlb_tests::{
     echo::EchoServer,
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
-    services::write_atomic,
+    services::{service_on_nodes, write_atomic},
     topology::{NODE1_UNDERLAY, Pod, RemoteNode, Topology, pod_ip, remote_pod_ip},
 };
 
@@ -31,27 +31,17 @@ const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
 /// A backend endpoint: its address and node.
-struct Ep {
-    ip: Ipv4Addr,
-    node: &'static str,
-}
+type Ep = (Ipv4Addr, &'static str);
 
 fn local() -> Ep {
-    Ep {
-        ip: pod_ip(2),
-        node: "node1",
-    }
+    (pod_ip(2), "node1")
 }
 
 fn remote() -> Ep {
-    Ep {
-        ip: remote_pod_ip(1),
-        node: "node2",
-    }
+    (remote_pod_ip(1), "node2")
 }
 
-/// A Service of `kind` with one port and its EndpointSlice, as YAML. `spec` adds lines to the
-/// spec (two-space indented), `status` is the Service's status block (or empty).
+/// A Service of `kind` with one port and its EndpointSlice, as YAML (`node_port` 0: none).
 #[allow(clippy::too_many_arguments)]
 fn service(
     name: &str,
@@ -65,16 +55,18 @@ fn service(
     status: &str,
     eps: &[Ep],
 ) -> String {
-    let mut y = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: {kind}\n  clusterIP: {cluster_ip}\n{spec}  ports:\n  - {{name: p, port: {port}, protocol: {proto}, targetPort: {target}, nodePort: {node_port}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target}, protocol: {proto}}}\nendpoints:\n"
-    );
-    for e in eps {
-        y.push_str(&format!(
-            "- addresses: [\"{}\"]\n  conditions: {{ready: true}}\n  nodeName: {}\n",
-            e.ip, e.node
-        ));
-    }
-    y
+    service_on_nodes(
+        name,
+        kind,
+        cluster_ip,
+        proto,
+        port,
+        target,
+        (node_port != 0).then_some(node_port),
+        spec,
+        status,
+        eps,
+    )
 }
 
 /// Two nodes, the external client, echo servers on every pod, the agent on node1.
@@ -552,21 +544,18 @@ fn a_pod_reaches_itself_through_its_service() {
         "",
         "",
         &[local()],
-    )
-    .replace(", nodePort: 0", "")
-        + &service(
-            "selfudp",
-            "ClusterIP",
-            "10.96.0.41",
-            "UDP",
-            53,
-            UDP_PORT,
-            0,
-            "",
-            "",
-            &[local()],
-        )
-        .replace(", nodePort: 0", "");
+    ) + &service(
+        "selfudp",
+        "ClusterIP",
+        "10.96.0.41",
+        "UDP",
+        53,
+        UDP_PORT,
+        0,
+        "",
+        "",
+        &[local()],
+    );
     let lab = Lab::start("nsh", &yaml, 1500, "10.96.0.41:53/UDP");
     let backend = &lab.topo.backends[0];
     let answers = backend

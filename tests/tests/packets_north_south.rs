@@ -15,7 +15,9 @@ use lb_userspace::{
     packet::{PacketBuilder, TCP_ACK, icmp_error, parse, parse_icmp},
     source::file,
 };
-use xlb_tests::{datapath::LoadedDatapath, netns::Netns, require_root, unique_tag};
+use xlb_tests::{
+    datapath::LoadedDatapath, netns::Netns, require_root, services::service_on_nodes, unique_tag,
+};
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
@@ -42,15 +44,18 @@ fn svc(
     status: &str,
     eps: &[(Ipv4Addr, &str)],
 ) -> String {
-    let mut y = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: t, name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: {vip}\n{spec}  ports:\n  - {{name: p, port: 80, protocol: {proto}, targetPort: 8080, nodePort: {np}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: t, name: {name}-1, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: {proto}}}]\nendpoints:\n"
-    );
-    for (ip, node) in eps {
-        y.push_str(&format!(
-            "- {{addresses: [\"{ip}\"], conditions: {{ready: true}}, nodeName: {node}}}\n"
-        ));
-    }
-    y
+    service_on_nodes(
+        name,
+        "LoadBalancer",
+        vip,
+        proto,
+        80,
+        8080,
+        Some(np),
+        spec,
+        status,
+        eps,
+    )
 }
 
 fn services() -> String {
