@@ -33,6 +33,16 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
             removed.maps.push(m.to_string());
         }
     }
+    // Maps of earlier layouts (an older `_V<n>`) that an upgraded agent left behind.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("XLB_") {
+                std::fs::remove_file(e.path())?;
+                removed.maps.push(name);
+            }
+        }
+    }
     std::fs::remove_dir(dir)?;
     Ok(removed)
 }

@@ -304,6 +304,11 @@ fn cleanup_removes_every_pin_and_the_datapath() {
         return;
     };
     s.agent.stop();
+    // A map of an earlier layout, as an older agent would have left it after an upgrade.
+    aya::maps::MapData::from_pin(s.agent.pins.join(lb_common::MAP_SVC))
+        .expect("open a pin")
+        .pin(s.agent.pins.join("XLB_CT_V1"))
+        .expect("pin an old-layout name");
     let out = std::process::Command::new(xlb_tests::xlb_bin())
         .args(["agent", "--cleanup", "--bpffs"])
         .arg(&s.agent.pins)

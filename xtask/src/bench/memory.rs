@@ -257,7 +257,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
         ],
         vec![
             "conntrack entry".into(),
-            "one XLB_CT_V1 entry".into(),
+            format!("one {MAP_CT} entry"),
             format!("{:.1}", get(MAP_CT)),
         ],
         vec![
