@@ -360,5 +360,24 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
         usage::<u32, SvcName>(dir, MAP_SVC_NAME, false)?,
         usage::<u32, Counter>(dir, MAP_SVC_STATS, true)?,
         usage::<u32, Counter>(dir, lb_common::MAP_BACKEND_STATS, true)?,
+        src_range_usage(dir)?,
     ])
+}
+
+/// Entries and capacity of the source-range trie.
+fn src_range_usage(dir: &Path) -> Result<MapUsage, DatapathError> {
+    let name = lb_common::MAP_SRC_RANGE;
+    let map = open_pinned(dir, name)?;
+    let capacity = match &map {
+        aya::maps::Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
+        _ => 0,
+    };
+    let trie: aya::maps::lpm_trie::LpmTrie<MapData, lb_common::SrcRangeKey, u32> =
+        aya::maps::lpm_trie::LpmTrie::try_from(map)
+            .map_err(|source| DatapathError::Map { name, source })?;
+    Ok(MapUsage {
+        map: name,
+        entries: trie.keys().count() as u64,
+        capacity,
+    })
 }
