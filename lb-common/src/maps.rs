@@ -139,6 +139,9 @@ pub const BE_F_REMOTE: u8 = 2;
 pub const CT_F_SNAT: u32 = 1;
 /// Conntrack flag: the client is its own backend (hairpin), SNATed to the hairpin address.
 pub const CT_F_HAIRPIN: u32 = 2;
+/// Conntrack flag: a FIN or RST was seen (in the entry's direction): once idle for a few
+/// seconds, the flow's SNAT port may be taken by a new flow.
+pub const CT_F_CLOSING: u32 = 4;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

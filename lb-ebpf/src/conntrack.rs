@@ -10,6 +10,7 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use lb_common::{
+    CT_F_CLOSING, IPPROTO_UDP,
     CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL, R_SNAT_FAILED,
 };
 
@@ -55,8 +56,10 @@ pub fn get(k: &CtKey) -> Option<&'static CtValue> {
 
 /// The reply entry for a packet from a backend, if its flow is tracked.
 #[inline(always)]
-pub fn lookup_reply(t: &Tuple) -> Option<&'static CtValue> {
-    get(&tuple_key(t, CT_DIR_REPLY))
+pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
+    let k = tuple_key(t, CT_DIR_REPLY);
+    // SAFETY: only `last_seen_ns` and `flags` are written through this reference.
+    XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
 /// The forward entry for a packet to a frontend, if its flow is tracked.
@@ -67,13 +70,87 @@ pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
     XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
-/// Refreshes `last_seen_ns`, at most once a second to keep writes off the hot path.
+/// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
+/// the hot path), and marks the entry closing on a TCP FIN or RST.
 #[inline(always)]
-pub fn touch(ct: &mut CtValue) {
+pub fn touch(ct: &mut CtValue, t: &Tuple) {
     // SAFETY: helper without side effects.
     let now = unsafe { bpf_ktime_get_ns() };
     if now.wrapping_sub(ct.last_seen_ns) > TOUCH_INTERVAL_NS {
         ct.last_seen_ns = now;
+    }
+    if t.tcp_flags & (TCP_FIN | TCP_RST) != 0 && ct.flags & CT_F_CLOSING == 0 {
+        ct.flags |= CT_F_CLOSING;
+        ct.last_seen_ns = now;
+    }
+}
+
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+/// Idle time after which a flow's SNAT port may go to a new flow: a closing TCP flow (FIN or
+/// RST seen), a UDP flow, a TCP flow without either (kube-proxy's conntrack settings: UDP
+/// 30 s, TCP established 24 h; closing is shorter than TIME_WAIT's 120 s because the client
+/// that holds TIME_WAIT is not the one that reuses the tuple).
+const REUSE_CLOSING_NS: u64 = 10_000_000_000;
+const REUSE_UDP_NS: u64 = 30_000_000_000;
+const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// Whether the flow owning reply entry `key` → `old` is over, so its SNAT port may be reused;
+/// if so its forward entry is removed (a late packet of it must not take the new flow's
+/// tuple).
+#[inline(always)]
+fn reclaim(key: &CtKey, old: &CtValue) -> bool {
+    let fwd_key = self::key(
+        old.daddr_be[0],
+        old.saddr_be[0],
+        old.dport_be,
+        old.sport_be,
+        key.proto,
+        CT_DIR_FORWARD,
+    );
+    // The forward entry is this flow's only if it still translates to this reply tuple (the
+    // client may have reused its port for a newer flow, which keeps its entry).
+    let fwd = get(&fwd_key).filter(|f| {
+        f.saddr_be[0] == key.daddr_be[0]
+            && f.sport_be == key.dport_be
+            && f.daddr_be[0] == key.saddr_be[0]
+            && f.dport_be == key.sport_be
+    });
+    let mut last = old.last_seen_ns;
+    let mut flags = old.flags;
+    if let Some(f) = fwd {
+        if f.last_seen_ns > last {
+            last = f.last_seen_ns;
+        }
+        flags |= f.flags;
+    }
+    let idle = if flags & CT_F_CLOSING != 0 {
+        REUSE_CLOSING_NS
+    } else if key.proto == IPPROTO_UDP {
+        REUSE_UDP_NS
+    } else {
+        REUSE_TCP_NS
+    };
+    // SAFETY: helper without side effects.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now.wrapping_sub(last) < idle {
+        return false;
+    }
+    if fwd.is_some() {
+        let _ = XLB_CT_V2.remove(&fwd_key);
+    }
+    true
+}
+
+/// Inserts `value` under `key` if the key is free, or taken by a flow that is over.
+#[inline(always)]
+fn claim(key: &CtKey, value: &CtValue) -> bool {
+    if XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    match get(key) {
+        Some(old) if reclaim(key, old) => XLB_CT_V2.insert(key, value, 0).is_ok(),
+        _ => false,
     }
 }
 
@@ -161,10 +238,7 @@ extern "C" fn try_port(idx: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     let port = (p.min + (p.start + idx as u32) % p.range) as u16;
     s.reply_key.dport_be = port.to_be();
-    if XLB_CT_V2
-        .insert(&s.reply_key, &s.reply, BPF_NOEXIST as u64)
-        .is_ok()
-    {
+    if claim(&s.reply_key, &s.reply) {
         p.found_be = port.to_be() as u32;
         return 1;
     }
@@ -177,10 +251,7 @@ extern "C" fn try_port(idx: u64, ctx: *mut core::ffi::c_void) -> i64 {
 fn claim_port(s: &mut FlowScratch, first_be: u16, min: u16, max: u16) -> Result<u16, Reason> {
     if first_be != 0 {
         s.reply_key.dport_be = first_be;
-        if XLB_CT_V2
-            .insert(&s.reply_key, &s.reply, BPF_NOEXIST as u64)
-            .is_ok()
-        {
+        if claim(&s.reply_key, &s.reply) {
             return Ok(first_be);
         }
     }

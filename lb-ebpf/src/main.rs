@@ -84,6 +84,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     // A reply from a backend of a tracked flow: the frontend as source, the client (if the
     // flow was SNATed) as destination.
     if let Some(ct) = conntrack::lookup_reply(&t) {
+        conntrack::touch(ct, &t);
         nat::apply(ctx, &t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
@@ -102,7 +103,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
             if let Some(mtu) = translate::too_big(ctx, &t, ct.daddr_be[0]) {
                 return unpack(frag_needed(ctx, &t, mtu));
             }
-            conntrack::touch(ct);
+            conntrack::touch(ct, &t);
             affinity::touch(&t, svc);
             nat::apply(ctx, &t, ct)?;
             reason::count_service(svc.svc_id, ct.backend_id, ctx.len());

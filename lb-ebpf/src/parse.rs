@@ -28,6 +28,8 @@ pub struct Tuple {
     pub tot_len: u16,
     /// Don't-fragment set: a packet too big for its route must be answered, not fragmented.
     pub df: bool,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
 }
 
 /// An ICMP message (not a fragment): where its header starts.
@@ -108,5 +110,10 @@ pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
         csum_off: l4_off + csum_rel,
         tot_len: tot_len as u16,
         df: frag & 0x4000 != 0,
+        tcp_flags: if proto == IPPROTO_TCP {
+            ctx.load(l4_off + 13).map_err(malformed)?
+        } else {
+            0
+        },
     }))
 }

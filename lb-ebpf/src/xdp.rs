@@ -47,6 +47,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
         return pass(R_PASS);
     }
     if let Some(ct) = conntrack::lookup_reply(&t) {
+        conntrack::touch(ct, &t);
         let v = *ct;
         return finish(ctx, &t, &v, R_REVERSE_NAT);
     }
@@ -58,7 +59,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             // A UDP flow to a removed backend is re-balanced by tc.
             return pass(R_PASS);
         }
-        conntrack::touch(ct);
+        conntrack::touch(ct, &t);
         affinity::touch(&t, svc);
         let v = *ct;
         return finish(ctx, &t, &v, R_ESTABLISHED);

@@ -12,6 +12,7 @@ pub mod apiserver;
 pub mod datapath;
 pub mod scenario;
 pub mod services;
+pub mod twonode;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

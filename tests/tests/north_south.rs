@@ -1,34 +1,24 @@
-//! North-south traffic on two nodes: an external client on node1's uplink reaches NodePort,
-//! externalIP and LoadBalancer frontends whose backends live on node1 or on node2 (across an
-//! underlay). Every answer says which client address the backend saw.
-//!
-//! ```text
-//!  ext 192.0.2.10 ─eth0══up0─ node1 192.0.2.1 ─ul0══ul0─ node2 10.0.0.2
-//!                              10.0.0.1 │                  │
-//!                              backend-1 10.244.2.2        n2-backend-1 10.245.1.2
-//!                              client    10.244.1.2
-//! ```
+//! North-south traffic on two nodes (`xlb_tests::twonode`): an external client on node1's
+//! uplink reaches NodePort, externalIP and LoadBalancer frontends whose backends live on node1
+//! or on node2 (across an underlay). Every answer says which client address the backend saw.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::PathBuf,
     time::Duration,
 };
 
 use xlb_tests::{
-    agent::Agent,
     client::{Answer, tcp_request, tcp_upload, udp_request},
-    echo::EchoServer,
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
-    services::{service_on_nodes, write_atomic},
-    topology::{NODE1_UNDERLAY, Pod, RemoteNode, Topology, pod_ip, remote_pod_ip},
+    services::service_on_nodes,
+    topology::{NODE1_UNDERLAY, pod_ip, remote_pod_ip},
+    twonode::{Lab, SNAT_PORTS},
 };
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
 /// A backend endpoint: its address and node.
 type Ep = (Ipv4Addr, &'static str);
@@ -67,163 +57,6 @@ fn service(
         status,
         eps,
     )
-}
-
-/// Two nodes, the external client, echo servers on every pod, the agent on node1.
-struct Lab {
-    agent: Agent,
-    ext: Pod,
-    /// Node2 and its pods (kept until the lab goes).
-    _remote: RemoteNode,
-    _servers: Vec<EchoServer>,
-    topo: Topology,
-    dir: PathBuf,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.agent.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Lab {
-    /// Builds the lab with an underlay of `mtu`, programs `yaml` and waits until `frontend`
-    /// (e.g. `192.0.2.1:30080/TCP`) is programmed.
-    fn start(prefix: &str, yaml: &str, mtu: u32, frontend: &str) -> Self {
-        Self::start_with(prefix, yaml, mtu, frontend, &[])
-    }
-
-    /// [`Lab::start`] with more agent flags.
-    fn start_with(prefix: &str, yaml: &str, mtu: u32, frontend: &str, extra: &[&str]) -> Self {
-        let tag = xlb_tests::unique_tag(prefix);
-        let topo = Topology::build(&tag, 1).expect("topology");
-        let ext = topo.add_external_client("up0").expect("external client");
-        // The client reaches externalIPs and LoadBalancer IPs through node1.
-        ext.ns
-            .ip(&["route", "add", "198.51.100.0/24", "via", "192.0.2.1"])
-            .expect("route to the service IPs");
-        let remote = topo.add_remote_node("ul1", mtu, 1).expect("node2");
-        let mut servers = Vec::new();
-        for p in topo
-            .backends
-            .iter()
-            .chain(&remote.pods)
-            .chain([&topo.client])
-        {
-            servers.push(EchoServer::start(&p.ns, &p.name, TCP_PORT, UDP_PORT).expect("server"));
-        }
-        let dir = std::env::temp_dir().join(&tag);
-        std::fs::create_dir_all(&dir).expect("dir");
-        write_atomic(&dir.join("svc.yaml"), yaml).expect("yaml");
-        let args: Vec<String> = [
-            "--source",
-            &format!("file:{}", dir.join("svc.yaml").display()),
-            "--pod-interfaces",
-            "xv-*",
-            "--node-interfaces",
-            "up0,ul1",
-            "--nodeport-addresses",
-            "192.0.2.1",
-            "--hostname-override",
-            "node1",
-            "--snat-port-range",
-            &format!("{}-{}", SNAT_PORTS.0, SNAT_PORTS.1),
-            "--healthz-bind-address",
-            "",
-            "--metrics-bind-address",
-            "",
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect();
-        let agent = Agent::start_with(
-            &topo.node,
-            &args,
-            PathBuf::from(format!("/sys/fs/bpf/{tag}")),
-            dir.join("agent.log"),
-        )
-        .expect("agent");
-        let mut lab = Lab {
-            agent,
-            ext,
-            _remote: remote,
-            _servers: servers,
-            topo,
-            dir,
-        };
-        lab.agent
-            .wait_for(Duration::from_secs(10), |rows| {
-                rows.iter().any(|r| r.frontend == frontend)
-            })
-            .unwrap_or_else(|e| panic!("{frontend} not programmed: {e}"));
-        // Let the interfaces get attached too.
-        std::thread::sleep(Duration::from_millis(300));
-        lab
-    }
-
-    /// Runs `f` in the external client's namespace.
-    fn outside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        self.ext.ns.run(f).expect("client thread")
-    }
-
-    /// Every veth end of the lab, as (namespace, interface).
-    fn veths(&self) -> Vec<(&xlb_tests::netns::Netns, String)> {
-        let mut v = vec![
-            (&self.ext.ns, "eth0".to_string()),
-            (&self.topo.node, "up0".to_string()),
-            (&self.topo.node, "ul1".to_string()),
-            (&self._remote.ns, "ul0".to_string()),
-        ];
-        for p in self.topo.backends.iter().chain([&self.topo.client]) {
-            v.push((&p.ns, "eth0".to_string()));
-            v.push((&self.topo.node, p.host_if.clone()));
-        }
-        for p in &self._remote.pods {
-            v.push((&p.ns, "eth0".to_string()));
-            v.push((&self._remote.ns, p.host_if.clone()));
-        }
-        v
-    }
-
-    /// Turns checksum offload (rx and tx) on or off on every veth end.
-    fn set_offload(&self, on: bool) {
-        let state = if on { "on" } else { "off" };
-        for (ns, iface) in self.veths() {
-            let out = ns
-                .command("ethtool")
-                .args(["-K", &iface, "rx", state, "tx", state])
-                .output()
-                .expect("ethtool");
-            assert!(
-                out.status.success(),
-                "ethtool -K {iface} rx/tx {state}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-
-    /// Enables NAPI (GRO) on the veth ends that receive XDP redirects, as a veth needs for
-    /// native XDP frames sent to it.
-    fn enable_napi_for_redirects(&self) {
-        for (ns, iface) in [(&self.ext.ns, "eth0"), (&self._remote.ns, "ul0")] {
-            let out = ns
-                .command("ethtool")
-                .args(["-K", iface, "gro", "on"])
-                .output()
-                .expect("ethtool");
-            assert!(out.status.success(), "gro on {iface}");
-        }
-    }
-
-    fn counter(&self, reason: &str) -> u64 {
-        lb_userspace::list::counters(&self.agent.pins)
-            .expect("counters")
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.packets)
-    }
 }
 
 fn seen_ip(a: &Answer) -> IpAddr {

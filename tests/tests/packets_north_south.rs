@@ -559,3 +559,104 @@ fn run_xdp_table(tag: &str) {
     );
     assert_eq!(r.verdict, XDP_DROP, "{desc}");
 }
+
+/// A SNAT port is held while its flow lives, and goes to a new flow once the old one is over
+/// (here: closing and idle, its timestamps aged through the map): with a one-port range, the
+/// second flow is refused, then takes the port, and the old flow's forward entry is gone.
+#[test]
+fn a_finished_flow_gives_its_snat_port_back() {
+    if !require_root("a_finished_flow_gives_its_snat_port_back") {
+        return;
+    }
+    let tag = unique_tag("xpr");
+    let ns = Netns::new(&format!("{tag}-node")).expect("netns");
+    ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
+    for args in [
+        &[
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+        ][..],
+        &["link", "set", "dum1", "up"],
+        &["addr", "add", "10.0.0.1/24", "dev", "dum0"],
+        &["link", "set", "dum0", "up"],
+        &["link", "set", "lo", "up"],
+        &["route", "add", "10.245.0.0/16", "via", "10.0.0.2"],
+    ] {
+        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    }
+    ns.run(move || reuse_table(&tag)).expect("table thread");
+}
+
+fn reuse_table(tag: &str) {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{CT_F_CLOSING, CtKey, CtValue, MAP_CT};
+
+    let mut dp = LoadedDatapath::load(tag).expect("load");
+    dp.configure(&NodeConfig {
+        snat_port_min: SNAT_MIN,
+        snat_port_max: SNAT_MIN,
+        ..NodeConfig::default()
+    })
+    .expect("config");
+    let loaded = file::parse("ns.yaml", &services()).expect("yaml");
+    dp.program_on(
+        &loaded.model,
+        &NodeContext {
+            name: "node1".into(),
+            zone: None,
+            node_port_addresses: vec![NODE],
+        },
+    )
+    .expect("program");
+    let np = SocketAddrV4::new(NODE, 30001);
+    let first = SocketAddrV4::new(*EXT.ip(), 7001);
+    let second = SocketAddrV4::new(*EXT.ip(), 7002);
+    let r = dp.run(&PacketBuilder::tcp(first, np).build()).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "the first flow takes the only port");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(p.src, SocketAddrV4::new(UNDERLAY, SNAT_MIN));
+    let r = dp
+        .run(&PacketBuilder::tcp(second, np).build())
+        .expect("run");
+    assert_eq!(
+        r.verdict, TC_ACT_SHOT,
+        "a live flow holds its port: the second flow is refused"
+    );
+    // The first flow ends (FIN) and stays idle: age both of its entries.
+    let r = dp
+        .run(&PacketBuilder::tcp(first, np).flags(0x11).build())
+        .expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "FIN of the first flow");
+    let mut ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
+        lb_userspace::datapath::kernel::open_pinned(&dp.pins, MAP_CT).expect("pin"),
+    )
+    .expect("conntrack map");
+    let entries: Vec<(CtKey, CtValue)> = ct.iter().map(|kv| kv.expect("entry")).collect();
+    assert_eq!(entries.len(), 2, "one flow, two entries: {entries:?}");
+    for (k, v) in &entries {
+        assert!(
+            k.dir == 1 || v.flags & CT_F_CLOSING != 0,
+            "the FIN marked the forward entry closing: {v:?}"
+        );
+        let aged = CtValue {
+            last_seen_ns: 0,
+            created_ns: 0,
+            ..*v
+        };
+        ct.insert(k, aged, 0).expect("age the entry");
+    }
+    let r = dp
+        .run(&PacketBuilder::tcp(second, np).build())
+        .expect("run");
+    assert_eq!(
+        r.verdict, TC_ACT_OK,
+        "the finished flow's port is free again"
+    );
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(p.src, SocketAddrV4::new(UNDERLAY, SNAT_MIN));
+    let firsts = ct
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| k.dir == 0 && u16::from_be(k.sport_be) == first.port())
+        .count();
+    assert_eq!(firsts, 0, "the old flow's forward entry was removed");
+}

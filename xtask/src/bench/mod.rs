@@ -11,6 +11,7 @@
 mod datapath;
 mod fixture;
 mod memory;
+mod northsouth;
 mod report;
 mod sync;
 mod traffic;
@@ -26,7 +27,7 @@ use anyhow::{Context, Result, bail};
 use crate::build::{is_root, workspace_root};
 
 /// The benches `all` runs, in priority order.
-const ALL: [&str; 4] = ["datapath", "sync", "memory", "traffic"];
+const ALL: [&str; 5] = ["datapath", "sync", "memory", "traffic", "northsouth"];
 
 /// Runs bench `name` (`datapath`, `sync`, `memory` or `all`); `xlb` is the release binary.
 pub fn run(xlb: &Path, name: &str) -> Result<()> {
@@ -37,7 +38,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
         bail!("benches need root (BPF maps, BPF_PROG_TEST_RUN, network namespaces)");
     }
     if cfg!(debug_assertions) {
-        return rerun_release(name);
+        return rerun_release(xlb, name);
     }
     let names: Vec<&str> = if name == "all" {
         ALL.to_vec()
@@ -52,6 +53,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
             "datapath" => datapath::run()?,
             "sync" => sync::run()?,
             "traffic" => traffic::run(xlb)?,
+            "northsouth" => northsouth::run()?,
             _ => memory::run(xlb)?,
         };
         report::write_section(bench, &command, &section)?;
@@ -70,8 +72,9 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-/// Builds `xtask` with `--release` and runs `xtask bench NAME` from that build.
-fn rerun_release(name: &str) -> Result<()> {
+/// Builds `xtask` with `--release` and runs `xtask bench NAME` from that build (with
+/// `XLB_BIN` = `xlb`, the agent binary the labs run).
+fn rerun_release(xlb: &Path, name: &str) -> Result<()> {
     println!("xtask: benches run in release; building xtask --release");
     crate::build::run(
         Command::new("cargo")
@@ -81,6 +84,7 @@ fn rerun_release(name: &str) -> Result<()> {
     let exe = target_dir().join("release").join("xtask");
     let status = Command::new(&exe)
         .args(["bench", name])
+        .env("XLB_BIN", xlb)
         .status()
         .with_context(|| format!("cannot start {}", exe.display()))?;
     if !status.success() {

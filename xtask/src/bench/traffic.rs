@@ -58,12 +58,13 @@ impl Route {
     }
 }
 
-struct Measured {
-    conns_per_s: f64,
-    reqs_per_s: f64,
-    connect_p50_us: f64,
-    connect_p99_us: f64,
-    failures: usize,
+/// What one measurement of a path gives.
+pub(super) struct Measured {
+    pub conns_per_s: f64,
+    pub reqs_per_s: f64,
+    pub connect_p50_us: f64,
+    pub connect_p99_us: f64,
+    pub failures: usize,
 }
 
 /// `n` services: `n - 1` fillers, then the measured one (last in kube-proxy's order).
@@ -85,7 +86,9 @@ fn services_yaml(n: usize) -> String {
     y
 }
 
-fn measure(target: SocketAddr) -> Measured {
+/// New connections, then requests on a kept connection, to `target`, each for `PHASE`. Must
+/// run in the client's namespace.
+pub(super) fn measure(target: SocketAddr) -> Measured {
     let mut connect_us = Vec::new();
     let mut conns = 0usize;
     let mut failures = 0usize;
