@@ -139,6 +139,9 @@ pub const BE_F_REMOTE: u8 = 2;
 pub const CT_F_SNAT: u32 = 1;
 /// Conntrack flag: the client is its own backend (hairpin), SNATed to the hairpin address.
 pub const CT_F_HAIRPIN: u32 = 2;
+/// Where a forward conntrack entry keeps its cached route MTU in `flags`.
+pub const CT_MTU_SHIFT: u32 = 16;
+
 /// Conntrack flag: a FIN or RST was seen (in the entry's direction): once idle for a few
 /// seconds, the flow's SNAT port may be taken by a new flow.
 pub const CT_F_CLOSING: u32 = 4;
@@ -180,7 +183,8 @@ pub struct CtValue {
     pub backend_id: u32,
     /// The service port the flow belongs to.
     pub svc_id: u32,
-    /// `CT_F_*` flags.
+    /// `CT_F_*` flags in bits 0..16; bits 16..32 (forward entries): the route MTU toward the
+    /// backend as last checked (0 = unknown), so packets that fit skip the route lookup.
     pub flags: u32,
     /// `bpf_ktime_get_ns` at creation.
     pub created_ns: u64,

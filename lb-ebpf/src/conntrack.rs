@@ -10,8 +10,8 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use lb_common::{
-    CT_F_CLOSING, IPPROTO_UDP,
-    CT_DIR_FORWARD, CT_DIR_REPLY, CtKey, CtValue, FAMILY_V4, R_CT_FULL, R_SNAT_FAILED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_MTU_SHIFT, CtKey, CtValue, FAMILY_V4,
+    IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
 };
 
 use crate::{
@@ -70,6 +70,18 @@ pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
     XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
+/// The route MTU a forward entry cached (0 = none).
+#[inline(always)]
+pub fn cached_mtu(ct: &CtValue) -> u16 {
+    (ct.flags >> CT_MTU_SHIFT) as u16
+}
+
+/// Caches the route MTU in a forward entry.
+#[inline(always)]
+pub fn cache_mtu(ct: &mut CtValue, mtu: u16) {
+    ct.flags = (ct.flags & ((1 << CT_MTU_SHIFT) - 1)) | ((mtu as u32) << CT_MTU_SHIFT);
+}
+
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
 /// the hot path), and marks the entry closing on a TCP FIN or RST.
 #[inline(always)]
@@ -78,6 +90,8 @@ pub fn touch(ct: &mut CtValue, t: &Tuple) {
     let now = unsafe { bpf_ktime_get_ns() };
     if now.wrapping_sub(ct.last_seen_ns) > TOUCH_INTERVAL_NS {
         ct.last_seen_ns = now;
+        // Forget the cached route MTU once a second: a route that shrank is seen again.
+        ct.flags &= (1 << CT_MTU_SHIFT) - 1;
     }
     if t.tcp_flags & (TCP_FIN | TCP_RST) != 0 && ct.flags & CT_F_CLOSING == 0 {
         ct.flags |= CT_F_CLOSING;

@@ -35,6 +35,7 @@ use lb_common::SvcValue;
 use crate::{
     parse::{Parsed, Tuple},
     reason::{Reason, pack, unpack},
+    translate::Mtu,
 };
 
 /// tc ingress on the host side of pod veths and on the node's interfaces: service packets
@@ -100,8 +101,10 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(&t) {
         if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
-            if let Some(mtu) = translate::too_big(ctx, &t, ct.daddr_be[0]) {
-                return unpack(frag_needed(ctx, &t, mtu));
+            match translate::check_mtu(ctx, &t, ct.daddr_be[0], conntrack::cached_mtu(ct)) {
+                Mtu::TooBig(mtu) => return unpack(frag_needed(ctx, &t, mtu)),
+                Mtu::Fits(mtu) => conntrack::cache_mtu(ct, mtu),
+                Mtu::Unchecked => {}
             }
             conntrack::touch(ct, &t);
             affinity::touch(&t, svc);
@@ -187,11 +190,14 @@ fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Resu
         Some(remembered) => remembered,
         None => select::pick(t, svc)?,
     };
-    if let Some(mtu) = translate::too_big(ctx, t, be.addr_be[0]) {
-        return Ok(Next::FragNeeded(mtu));
-    }
+    let mtu = match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
+        Mtu::TooBig(mtu) => return Ok(Next::FragNeeded(mtu)),
+        Mtu::Fits(mtu) => mtu,
+        Mtu::Unchecked => 0,
+    };
     let scratch = conntrack::scratch()?;
     let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
+    conntrack::cache_mtu(&mut scratch.fwd, mtu);
     affinity::remember(t, svc, backend_id, slot);
     conntrack::create(t, &source)?;
     nat::apply(ctx, t, &scratch.fwd)?;

@@ -78,18 +78,28 @@ pub fn new_flow<P: Packet>(
     Ok(Source::default())
 }
 
-/// The route MTU when the packet (DF set) would not fit the route to `daddr_be`: it must be
-/// answered with fragmentation needed before it is translated.
+/// What the route-MTU check says about a packet about to be translated toward a backend.
+pub enum Mtu {
+    /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
+    Unchecked,
+    /// It fits; the route's MTU, worth caching in the flow's entry.
+    Fits(u16),
+    /// It does not fit: answer fragmentation needed with this MTU before translating it.
+    TooBig(u16),
+}
+
+/// Checks a packet (DF set) against the route to `daddr_be`, unless it fits `cached_mtu`
+/// (the flow's last checked route MTU, 0 = none).
 #[inline(always)]
-pub fn too_big<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32) -> Option<u16> {
-    if !t.df || t.tot_len <= MIN_CHECKED_LEN {
-        return None;
+pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, cached_mtu: u16) -> Mtu {
+    if !t.df || t.tot_len <= MIN_CHECKED_LEN || t.tot_len <= cached_mtu {
+        return Mtu::Unchecked;
     }
     if ctx.is_gso() {
         // Segmented on egress: the kernel checks each segment.
-        return None;
+        return Mtu::Unchecked;
     }
-    let route = fib::lookup(
+    let Some(route) = fib::lookup(
         ctx.raw(),
         ctx.ingress_ifindex(),
         t.proto,
@@ -97,6 +107,12 @@ pub fn too_big<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32) -> Option<u16> {
         daddr_be,
         0,
         false,
-    )?;
-    (route.too_big != 0 || t.tot_len > route.mtu).then_some(route.mtu)
+    ) else {
+        return Mtu::Unchecked;
+    };
+    if route.too_big != 0 || t.tot_len > route.mtu {
+        Mtu::TooBig(route.mtu)
+    } else {
+        Mtu::Fits(route.mtu)
+    }
 }
