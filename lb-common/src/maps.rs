@@ -135,16 +135,16 @@ pub const BE_F_TERMINATING: u8 = 1;
 /// this node unless the flow is SNATed).
 pub const BE_F_REMOTE: u8 = 2;
 
-/// Conntrack flag: the flow's source is translated (SNAT to the node, or hairpin).
-pub const CT_F_SNAT: u32 = 1;
+/// Conntrack flag: the flow's source is translated (SNAT to the node, or hairpin, or only
+/// its port when its reply tuple would clash with another flow's).
+pub const CT_F_SNAT: u16 = 1;
 /// Conntrack flag: the client is its own backend (hairpin), SNATed to the hairpin address.
-pub const CT_F_HAIRPIN: u32 = 2;
-/// Where a forward conntrack entry keeps its cached route MTU in `flags`.
-pub const CT_MTU_SHIFT: u32 = 16;
-
-/// Conntrack flag: a FIN or RST was seen (in the entry's direction): once idle for a few
-/// seconds, the flow's SNAT port may be taken by a new flow.
-pub const CT_F_CLOSING: u32 = 4;
+pub const CT_F_HAIRPIN: u16 = 2;
+/// Conntrack flag: a FIN was seen in the entry's direction. A flow closed both ways (or
+/// reset) and idle for a few seconds gives its tuple (its SNAT port) to a new flow.
+pub const CT_F_CLOSING: u16 = 4;
+/// Conntrack flag: a RST was seen in the entry's direction.
+pub const CT_F_RESET: u16 = 8;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;
@@ -183,9 +183,11 @@ pub struct CtValue {
     pub backend_id: u32,
     /// The service port the flow belongs to.
     pub svc_id: u32,
-    /// `CT_F_*` flags in bits 0..16; bits 16..32 (forward entries): the route MTU toward the
-    /// backend as last checked (0 = unknown), so packets that fit skip the route lookup.
-    pub flags: u32,
+    /// `CT_F_*` flags.
+    pub flags: u16,
+    /// Forward entries: the largest packet known to fit the route toward the backend (0 =
+    /// none yet), so packets up to it skip the route lookup; forgotten once a second.
+    pub mtu: u16,
     /// `bpf_ktime_get_ns` at creation.
     pub created_ns: u64,
     /// `bpf_ktime_get_ns` of a recent packet (refreshed at most once a second).

@@ -10,14 +10,15 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_MTU_SHIFT, CtKey, CtValue, FAMILY_V4,
-    IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey, CtValue, FAMILY_V4,
+    IPPROTO_TCP, IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
 };
 
 use crate::{
     maps::{FlowScratch, XLB_CT_V2, XLB_SCRATCH},
     parse::Tuple,
     reason::Reason,
+    select::backend,
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -70,37 +71,70 @@ pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
     XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
-/// The route MTU a forward entry cached (0 = none).
-#[inline(always)]
-pub fn cached_mtu(ct: &CtValue) -> u16 {
-    (ct.flags >> CT_MTU_SHIFT) as u16
-}
-
-/// Caches the route MTU in a forward entry.
-#[inline(always)]
-pub fn cache_mtu(ct: &mut CtValue, mtu: u16) {
-    ct.flags = (ct.flags & ((1 << CT_MTU_SHIFT) - 1)) | ((mtu as u32) << CT_MTU_SHIFT);
-}
-
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
-/// the hot path), and marks the entry closing on a TCP FIN or RST.
+/// the hot path; returns whether it did), and records a TCP FIN or RST in its direction.
 #[inline(always)]
-pub fn touch(ct: &mut CtValue, t: &Tuple) {
+pub fn touch(ct: &mut CtValue, t: &Tuple) -> bool {
     // SAFETY: helper without side effects.
     let now = unsafe { bpf_ktime_get_ns() };
+    let mut refreshed = false;
     if now.wrapping_sub(ct.last_seen_ns) > TOUCH_INTERVAL_NS {
         ct.last_seen_ns = now;
-        // Forget the cached route MTU once a second: a route that shrank is seen again.
-        ct.flags &= (1 << CT_MTU_SHIFT) - 1;
+        // Forget the fitting packet size once a second: a route that shrank is seen again.
+        ct.mtu = 0;
+        refreshed = true;
     }
-    if t.tcp_flags & (TCP_FIN | TCP_RST) != 0 && ct.flags & CT_F_CLOSING == 0 {
-        ct.flags |= CT_F_CLOSING;
+    let seen = if t.tcp_flags & TCP_RST != 0 {
+        CT_F_RESET
+    } else if t.tcp_flags & TCP_FIN != 0 {
+        CT_F_CLOSING
+    } else {
+        0
+    };
+    if seen != 0 && ct.flags & seen == 0 {
+        ct.flags |= seen;
         ct.last_seen_ns = now;
     }
+    refreshed
+}
+
+/// Whether a packet of a tracked flow stays on it. As with kube-proxy's conntrack, a TCP
+/// connection keeps a backend that left the service (graceful termination), while a UDP
+/// flow whose backend was removed is re-balanced (kube-proxy flushes those). A new TCP
+/// connection (SYN without ACK) on a tuple whose flow is closing or whose backend is gone
+/// starts over: the client reused its port (as conntrack reopens a TIME_WAIT connection).
+#[inline(always)]
+pub fn continues(ct: &CtValue, t: &Tuple) -> bool {
+    if t.proto == IPPROTO_TCP {
+        if t.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+            return true;
+        }
+        if ct.flags & (CT_F_CLOSING | CT_F_RESET) != 0 {
+            return false;
+        }
+    }
+    backend(ct.backend_id).is_some()
+}
+
+/// Keeps the reply entry of a SNATed flow recently used, so LRU eviction never takes it
+/// before its forward entry (its port would go to a new flow while this one still uses it).
+#[inline(always)]
+pub fn keep_reply(ct: &CtValue, proto: u8) {
+    let k = key(
+        ct.daddr_be[0],
+        ct.saddr_be[0],
+        ct.dport_be,
+        ct.sport_be,
+        proto,
+        CT_DIR_REPLY,
+    );
+    let _ = get(&k);
 }
 
 const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
 /// Idle time after which a flow's SNAT port may go to a new flow: a closing TCP flow (FIN or
 /// RST seen), a UDP flow, a TCP flow without either (kube-proxy's conntrack settings: UDP
 /// 30 s, TCP established 24 h; closing is shorter than TIME_WAIT's 120 s because the client
@@ -138,7 +172,10 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
         }
         flags |= f.flags;
     }
-    let idle = if flags & CT_F_CLOSING != 0 {
+    // Over: reset, or closed both ways (a half-closed flow may still stream the other way).
+    let closed_both =
+        old.flags & CT_F_CLOSING != 0 && fwd.is_some_and(|f| f.flags & CT_F_CLOSING != 0);
+    let idle = if flags & CT_F_RESET != 0 || closed_both {
         REUSE_CLOSING_NS
     } else if key.proto == IPPROTO_UDP {
         REUSE_UDP_NS
@@ -156,14 +193,19 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
     true
 }
 
-/// Inserts `value` under `key` if the key is free, or taken by a flow that is over.
+/// Inserts `value` under `key` if the key is free, or taken by a flow that is over. The old
+/// entry is deleted and the new one inserted with `BPF_NOEXIST`, so of two CPUs reclaiming
+/// the same key at once only one gets it.
 #[inline(always)]
 fn claim(key: &CtKey, value: &CtValue) -> bool {
     if XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
     match get(key) {
-        Some(old) if reclaim(key, old) => XLB_CT_V2.insert(key, value, 0).is_ok(),
+        Some(old) if reclaim(key, old) => {
+            let _ = XLB_CT_V2.remove(key);
+            XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok()
+        }
         _ => false,
     }
 }
@@ -216,9 +258,13 @@ pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
         CT_DIR_REPLY,
     );
     if src.addr_be == 0 {
-        XLB_CT_V2
-            .insert(&s.reply_key, &s.reply, 0)
-            .map_err(|_| Reason(R_CT_FULL))?;
+        if !claim(&s.reply_key, &s.reply) {
+            // The reply tuple is another live flow's (one client port to two frontends with
+            // the same backend): remap only the source port, as conntrack's NAT does.
+            s.fwd.flags |= CT_F_SNAT;
+            s.reply.flags |= CT_F_SNAT;
+            s.fwd.sport_be = claim_port(s, 0, src.min, src.max)?;
+        }
     } else {
         s.reply_key.daddr_be[0] = src.addr_be;
         s.fwd.saddr_be[0] = src.addr_be;

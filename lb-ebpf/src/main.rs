@@ -26,7 +26,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    IPPROTO_TCP, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
+    CT_F_SNAT, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
     R_REJECT, R_REVERSE_NAT, R_SRC_DENIED, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
 };
 
@@ -100,13 +100,15 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     // while a UDP flow whose backend was removed is re-balanced (kube-proxy flushes those).
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(&t) {
-        if t.proto == IPPROTO_TCP || select::backend(ct.backend_id).is_some() {
-            match translate::check_mtu(ctx, &t, ct.daddr_be[0], conntrack::cached_mtu(ct)) {
+        if conntrack::continues(ct, &t) {
+            match translate::check_mtu(ctx, &t, ct.daddr_be[0], ct.mtu) {
                 Mtu::TooBig(mtu) => return unpack(frag_needed(ctx, &t, mtu)),
-                Mtu::Fits(mtu) => conntrack::cache_mtu(ct, mtu),
+                Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
             }
-            conntrack::touch(ct, &t);
+            if conntrack::touch(ct, &t) && ct.flags & CT_F_SNAT != 0 {
+                conntrack::keep_reply(ct, t.proto);
+            }
             affinity::touch(&t, svc);
             nat::apply(ctx, &t, ct)?;
             reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
@@ -190,14 +192,14 @@ fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Resu
         Some(remembered) => remembered,
         None => select::pick(t, svc)?,
     };
-    let mtu = match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
+    let fits = match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
         Mtu::TooBig(mtu) => return Ok(Next::FragNeeded(mtu)),
-        Mtu::Fits(mtu) => mtu,
+        Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
     let scratch = conntrack::scratch()?;
     let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
-    conntrack::cache_mtu(&mut scratch.fwd, mtu);
+    scratch.fwd.mtu = fits;
     affinity::remember(t, svc, backend_id, slot);
     conntrack::create(t, &source)?;
     nat::apply(ctx, t, &scratch.fwd)?;

@@ -31,8 +31,8 @@ pub trait Packet {
     /// The context pointer, for helpers such as `bpf_fib_lookup`.
     fn raw(&self) -> *mut c_void;
     fn ingress_ifindex(&self) -> u32;
-    /// A segmentation-offload super-packet (its segments are checked by the kernel).
-    fn is_gso(&self) -> bool;
+    /// The segment payload size of a segmentation-offload super-packet; 0 for a packet.
+    fn gso_size(&self) -> u32;
 }
 
 impl Packet for TcContext {
@@ -84,9 +84,9 @@ impl Packet for TcContext {
         unsafe { (*self.skb.skb).ifindex }
     }
     #[inline(always)]
-    fn is_gso(&self) -> bool {
+    fn gso_size(&self) -> u32 {
         // SAFETY: as above.
-        unsafe { (*self.skb.skb).gso_size != 0 }
+        unsafe { (*self.skb.skb).gso_size }
     }
 }
 
@@ -183,7 +183,7 @@ impl Packet for XdpContext {
         XdpContext::ingress_ifindex(self) as u32
     }
     #[inline(always)]
-    fn is_gso(&self) -> bool {
-        false
+    fn gso_size(&self) -> u32 {
+        0
     }
 }

@@ -3,12 +3,17 @@
 //! external frontend; the hairpin address when the client is its own backend).
 
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, NodeConfig, R_SNAT_FAILED,
+    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, IPPROTO_TCP, NodeConfig, R_SNAT_FAILED,
     SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
-    conntrack::Source, fib, maps::XLB_CFG_V1, packet::Packet, parse::Tuple, reason::Reason,
+    conntrack::Source,
+    fib,
+    maps::XLB_CFG_V1,
+    packet::Packet,
+    parse::{ETH_HLEN, Tuple},
+    reason::Reason,
 };
 
 /// Packets up to this size are not checked against the route MTU (no IPv4 link is smaller).
@@ -39,11 +44,20 @@ pub fn new_flow<P: Packet>(
     fwd.backend_id = backend_id;
     fwd.svc_id = svc.svc_id;
     fwd.flags = 0;
+    fwd.mtu = 0;
     // created_ns and last_seen_ns are set by `conntrack::create`.
     let cfg = config();
+    // The source is kept, unless its reply tuple clashes with another flow's (then only the
+    // port is remapped, from the SNAT range).
+    let keep = Source {
+        addr_be: 0,
+        first_be: 0,
+        min: cfg.snat_port_min,
+        max: cfg.snat_port_max,
+    };
     if be.addr_be[0] == t.saddr_be {
         if cfg.hairpin_addr_be == 0 {
-            return Ok(Source::default());
+            return Ok(keep);
         }
         fwd.flags = CT_F_SNAT | CT_F_HAIRPIN;
         return Ok(Source {
@@ -75,28 +89,40 @@ pub fn new_flow<P: Packet>(
             max: cfg.snat_port_max,
         });
     }
-    Ok(Source::default())
+    Ok(keep)
 }
 
 /// What the route-MTU check says about a packet about to be translated toward a backend.
 pub enum Mtu {
     /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
     Unchecked,
-    /// It fits; the route's MTU, worth caching in the flow's entry.
+    /// It fits: this size is worth remembering in the flow's entry.
     Fits(u16),
     /// It does not fit: answer fragmentation needed with this MTU before translating it.
     TooBig(u16),
 }
 
-/// Checks a packet (DF set) against the route to `daddr_be`, unless it fits `cached_mtu`
-/// (the flow's last checked route MTU, 0 = none).
+/// Checks a packet (DF set) against the route to `daddr_be` (its MTU, as the kernel's
+/// forwarding would), unless it is no bigger than `fits`, a size already known to fit (0 =
+/// none). A GSO super-packet is checked by the size of its segments.
 #[inline(always)]
-pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, cached_mtu: u16) -> Mtu {
-    if !t.df || t.tot_len <= MIN_CHECKED_LEN || t.tot_len <= cached_mtu {
+pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16) -> Mtu {
+    if !t.df {
         return Mtu::Unchecked;
     }
-    if ctx.is_gso() {
-        // Segmented on egress: the kernel checks each segment.
+    let gso = ctx.gso_size();
+    let len = if gso == 0 {
+        t.tot_len as u32
+    } else {
+        let l4_hdr = if t.proto == IPPROTO_TCP {
+            ctx.load::<u8>(t.l4_off + 12)
+                .map_or(20, |d| ((d >> 4) as u32) * 4)
+        } else {
+            8
+        };
+        (t.l4_off - ETH_HLEN) as u32 + l4_hdr + gso
+    };
+    if len <= MIN_CHECKED_LEN as u32 || len <= fits as u32 || len > u16::MAX as u32 {
         return Mtu::Unchecked;
     }
     let Some(route) = fib::lookup(
@@ -105,14 +131,14 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, cached_mtu: u16) 
         t.proto,
         t.saddr_be,
         daddr_be,
-        0,
+        len as u16,
         false,
     ) else {
         return Mtu::Unchecked;
     };
-    if route.too_big != 0 || t.tot_len > route.mtu {
+    if route.too_big != 0 {
         Mtu::TooBig(route.mtu)
     } else {
-        Mtu::Fits(route.mtu)
+        Mtu::Fits(len as u16)
     }
 }

@@ -14,7 +14,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CtValue, IPPROTO_TCP, IPPROTO_UDP, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
+    CT_F_SNAT, CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
     R_SRC_DENIED, R_XDP_REDIRECT, SVC_F_SRC_RANGES, SvcValue,
 };
 
@@ -22,8 +22,8 @@ use crate::{
     affinity, conntrack, fib,
     maps::XLB_XDPTX_V1,
     nat,
-    packet::Packet,
-    parse::{self, ETH_HLEN, Parsed, Tuple},
+    packet::{Packet, csum_replace},
+    parse::{self, ETH_HLEN, IP_CSUM_OFF, Parsed, Tuple},
     reason::{self, Reason, pack, unpack},
     select, srcrange, translate,
 };
@@ -55,11 +55,13 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
         return pass(R_PASS);
     };
     if let Some(ct) = conntrack::lookup_forward(&t) {
-        if t.proto != IPPROTO_TCP && select::backend(ct.backend_id).is_none() {
-            // A UDP flow to a removed backend is re-balanced by tc.
+        if !conntrack::continues(ct, &t) {
+            // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        conntrack::touch(ct, &t);
+        if conntrack::touch(ct, &t) && ct.flags & CT_F_SNAT != 0 {
+            conntrack::keep_reply(ct, t.proto);
+        }
         affinity::touch(&t, svc);
         let v = *ct;
         return finish(ctx, &t, &v, R_ESTABLISHED);
@@ -128,6 +130,11 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
     if route.too_big != 0 {
         return pass(R_PASS);
     }
+    let ttl: u8 = ctx.load(ETH_HLEN + 8).map_err(|_| Reason(R_MALFORMED))?;
+    if ttl <= 1 {
+        // The kernel answers time exceeded; XDP must not forward it.
+        return pass(R_PASS);
+    }
     let (ifindex, smac, dmac) = (route.ifindex, route.smac, route.dmac);
     nat::apply(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, ctx.len());
@@ -135,6 +142,14 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
         return pass(reason);
     }
     let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
+    // Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does.
+    // The 16-bit word [TTL, protocol], as it sits in the packet.
+    let old = u16::from_ne_bytes([ttl, t.proto]);
+    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
+    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
+    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
+        .map_err(fail)?;
+    ctx.store(ETH_HLEN + 8, &new).map_err(fail)?;
     ctx.store(0, &dmac).map_err(fail)?;
     ctx.store(6, &smac).map_err(fail)?;
     match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {

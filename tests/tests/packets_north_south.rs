@@ -300,10 +300,22 @@ fn run_table(tag: &str) {
         },
         Case {
             desc: "LoadBalancer IP, client inside loadBalancerSourceRanges → DNAT",
+            packet: PacketBuilder::tcp(
+                SocketAddrV4::new(*EXT.ip(), 5004),
+                SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
+            )
+            .build(),
+            expect: Expect::Rewritten {
+                src: SocketAddrV4::new(*EXT.ip(), 5004),
+                dst: local,
+            },
+        },
+        Case {
+            desc: "the client's port of a live flow to the same backend, to another frontend → only the source port is remapped (the reply tuples would clash)",
             packet: PacketBuilder::tcp(EXT, SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80))
                 .build(),
             expect: Expect::Rewritten {
-                src: EXT,
+                src: SocketAddrV4::new(*EXT.ip(), 0),
                 dst: local,
             },
         },
@@ -621,28 +633,47 @@ fn reuse_table(tag: &str) {
         r.verdict, TC_ACT_SHOT,
         "a live flow holds its port: the second flow is refused"
     );
-    // The first flow ends (FIN) and stays idle: age both of its entries.
-    let r = dp
-        .run(&PacketBuilder::tcp(first, np).flags(0x11).build())
-        .expect("run");
-    assert_eq!(r.verdict, TC_ACT_OK, "FIN of the first flow");
     let mut ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
         lb_userspace::datapath::kernel::open_pinned(&dp.pins, MAP_CT).expect("pin"),
     )
     .expect("conntrack map");
-    let entries: Vec<(CtKey, CtValue)> = ct.iter().map(|kv| kv.expect("entry")).collect();
-    assert_eq!(entries.len(), 2, "one flow, two entries: {entries:?}");
-    for (k, v) in &entries {
+    // Makes every entry look idle since boot.
+    let age = |ct: &mut HashMap<MapData, CtKey, CtValue>| {
+        let entries: Vec<(CtKey, CtValue)> = ct.iter().map(|kv| kv.expect("entry")).collect();
+        assert_eq!(entries.len(), 2, "one flow, two entries: {entries:?}");
+        for (k, v) in &entries {
+            let aged = CtValue {
+                last_seen_ns: 0,
+                created_ns: 0,
+                ..*v
+            };
+            ct.insert(k, aged, 0).expect("age the entry");
+        }
+        entries
+    };
+    // Half-closed (the client's FIN only) and idle: the backend may still be sending, so the
+    // port stays with the flow.
+    let r = dp
+        .run(&PacketBuilder::tcp(first, np).flags(0x11).build())
+        .expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "FIN of the first flow's client");
+    age(&mut ct);
+    let r = dp
+        .run(&PacketBuilder::tcp(second, np).build())
+        .expect("run");
+    assert_eq!(r.verdict, TC_ACT_SHOT, "a half-closed flow keeps its port");
+    // The backend's FIN closes the other way: over, once idle.
+    let backend = SocketAddrV4::new(REMOTE_POD, 8080);
+    let snat = SocketAddrV4::new(UNDERLAY, SNAT_MIN);
+    let r = dp
+        .run(&PacketBuilder::tcp(backend, snat).flags(0x11).build())
+        .expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "FIN of the first flow's backend");
+    for (k, v) in age(&mut ct) {
         assert!(
-            k.dir == 1 || v.flags & CT_F_CLOSING != 0,
-            "the FIN marked the forward entry closing: {v:?}"
+            v.flags & CT_F_CLOSING != 0,
+            "each direction's FIN marked its entry closing: {k:?} {v:?}"
         );
-        let aged = CtValue {
-            last_seen_ns: 0,
-            created_ns: 0,
-            ..*v
-        };
-        ct.insert(k, aged, 0).expect("age the entry");
     }
     let r = dp
         .run(&PacketBuilder::tcp(second, np).build())
