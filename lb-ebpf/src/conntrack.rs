@@ -193,21 +193,29 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
     true
 }
 
-/// Inserts `value` under `key` if the key is free, or taken by a flow that is over. The old
-/// entry is deleted and the new one inserted with `BPF_NOEXIST`, so of two CPUs reclaiming
-/// the same key at once only one gets it.
+/// Inserts `value` under `key` if the key is free, or taken by a flow that is over (then the
+/// old entry is deleted, if it is still the one judged, and the new one inserted with
+/// `BPF_NOEXIST`: two CPUs reclaiming the same key at once almost never both get it).
 #[inline(always)]
 fn claim(key: &CtKey, value: &CtValue) -> bool {
     if XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
-    match get(key) {
-        Some(old) if reclaim(key, old) => {
-            let _ = XLB_CT_V2.remove(key);
-            XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok()
-        }
-        _ => false,
+    let Some(old) = get(key) else {
+        return false;
+    };
+    let judged = old.created_ns;
+    if !reclaim(key, old) {
+        return false;
     }
+    // Still the entry judged over (another CPU may have reclaimed it meanwhile)? Then it
+    // goes, and of two CPUs inserting with BPF_NOEXIST only one wins. A window of a few
+    // instructions between this check and the delete remains.
+    if get(key).map(|e| e.created_ns) != Some(judged) {
+        return false;
+    }
+    let _ = XLB_CT_V2.remove(key);
+    XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok()
 }
 
 /// How a new flow's source is translated: `addr_be` 0 keeps it (the backend replies to the
