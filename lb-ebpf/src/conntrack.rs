@@ -148,7 +148,12 @@ const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
 /// tuple).
 #[inline(always)]
 fn reclaim(key: &CtKey, old: &CtValue) -> bool {
-    let fwd_key = self::key(
+    // The forward key is built in the scratch (free until `create` sets it after the claim):
+    // this runs inside the `bpf_loop` callback, whose frame counts toward the 512 bytes.
+    let Ok(s) = scratch() else {
+        return false;
+    };
+    s.fwd_key = self::key(
         old.daddr_be[0],
         old.saddr_be[0],
         old.dport_be,
@@ -156,9 +161,10 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
         key.proto,
         CT_DIR_FORWARD,
     );
+    let fwd_key = &s.fwd_key;
     // The forward entry is this flow's only if it still translates to this reply tuple (the
     // client may have reused its port for a newer flow, which keeps its entry).
-    let fwd = get(&fwd_key).filter(|f| {
+    let fwd = get(fwd_key).filter(|f| {
         f.saddr_be[0] == key.daddr_be[0]
             && f.sport_be == key.dport_be
             && f.daddr_be[0] == key.saddr_be[0]
@@ -188,7 +194,7 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
         return false;
     }
     if fwd.is_some() {
-        let _ = XLB_CT_V2.remove(&fwd_key);
+        let _ = XLB_CT_V2.remove(fwd_key);
     }
     true
 }

@@ -48,8 +48,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     }
     if let Some(ct) = conntrack::lookup_reply(&t) {
         conntrack::touch(ct, &t);
-        let v = *ct;
-        return finish(ctx, &t, &v, R_REVERSE_NAT);
+        return finish(ctx, &t, ct, R_REVERSE_NAT);
     }
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
@@ -63,8 +62,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             conntrack::keep_reply(ct, t.proto);
         }
         affinity::touch(&t, svc);
-        let v = *ct;
-        return finish(ctx, &t, &v, R_ESTABLISHED);
+        return finish(ctx, &t, ct, R_ESTABLISHED);
     }
     unpack(new_flow(ctx, &t, svc))
 }
@@ -107,8 +105,7 @@ fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
     affinity::remember(t, svc, backend_id, slot);
     conntrack::create(t, &source)?;
     reason::count_service(svc.svc_id, backend_id, ctx.len());
-    let v = scratch.fwd;
-    finish(ctx, t, &v, R_NEW_FLOW)
+    finish(ctx, t, &scratch.fwd, R_NEW_FLOW)
 }
 
 /// Sends a packet of a tracked flow on, rewritten to `v`: redirected out of its egress
