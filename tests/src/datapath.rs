@@ -31,8 +31,13 @@ impl LoadedDatapath {
     /// Loads the embedded object with pins under a fresh directory named after `tag`.
     pub fn load(tag: &str) -> Result<Self, String> {
         let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
-        let mut ebpf = loader::load(EBPF_OBJECT, &pins).map_err(|e| e.to_string())?;
-        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| e.to_string())?;
+        // A failed load (a verifier refusal) may have pinned maps already: remove them too.
+        let fail = |e: String| {
+            let _ = lb_userspace::cleanup::cleanup(&pins);
+            e
+        };
+        let mut ebpf = loader::load(EBPF_OBJECT, &pins).map_err(|e| fail(e.to_string()))?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| fail(e.to_string()))?;
         Ok(Self {
             ebpf,
             maps,
