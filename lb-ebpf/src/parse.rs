@@ -104,20 +104,25 @@ pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
             tot_len: tot_len as u16,
         }));
     }
+    // One load for both addresses, one for the ports (and the TCP flags): each load is a
+    // helper call, and this runs for every packet.
+    let addrs: [u32; 2] = ctx.load(IP_SRC_OFF).map_err(malformed)?;
+    let (ports, tcp_flags) = if proto == IPPROTO_TCP {
+        let h: [u8; 14] = ctx.load(l4_off).map_err(malformed)?;
+        ([h[0], h[1], h[2], h[3]], h[13])
+    } else {
+        (ctx.load::<[u8; 4]>(l4_off).map_err(malformed)?, 0)
+    };
     Ok(Parsed::Flow(Tuple {
-        saddr_be: ctx.load(IP_SRC_OFF).map_err(malformed)?,
-        daddr_be: ctx.load(IP_DST_OFF).map_err(malformed)?,
-        sport_be: ctx.load(l4_off).map_err(malformed)?,
-        dport_be: ctx.load(l4_off + 2).map_err(malformed)?,
+        saddr_be: addrs[0],
+        daddr_be: addrs[1],
+        sport_be: u16::from_ne_bytes([ports[0], ports[1]]),
+        dport_be: u16::from_ne_bytes([ports[2], ports[3]]),
         proto,
         l4_off,
         csum_off: l4_off + csum_rel,
         tot_len: tot_len as u16,
         df: frag & 0x4000 != 0,
-        tcp_flags: if proto == IPPROTO_TCP {
-            ctx.load(l4_off + 13).map_err(malformed)?
-        } else {
-            0
-        },
+        tcp_flags,
     }))
 }
