@@ -22,7 +22,8 @@ pub const R_STALE_SLOT: u32 = 7;
 pub const R_REWRITE_FAILED: u32 = 8;
 /// The conntrack map refused an insert: dropped (the reply could not be reverse-NATed).
 pub const R_CT_FULL: u32 = 9;
-/// Tracked UDP flow whose backend was removed: a new backend was chosen.
+/// Tracked flow whose backend was removed (UDP, or a new TCP connection on its tuple): a new
+/// backend was chosen.
 pub const R_BACKEND_GONE: u32 = 10;
 
 /// Service has no endpoints: refused (TCP RST, ICMP port unreachable), as kube-proxy's REJECT.

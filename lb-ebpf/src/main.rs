@@ -114,7 +114,10 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
             reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
         }
-        reason = R_BACKEND_GONE;
+        // Started over: a reused client port on a closed flow is simply new.
+        if select::backend(ct.backend_id).is_none() {
+            reason = R_BACKEND_GONE;
+        }
     }
     let v = new_flow(ctx, &t, svc, reason);
     // The answers are built out of line here, not below `new_flow`: the stack frames of a

@@ -382,6 +382,35 @@ fn run_table(tag: &str) {
     for c in &table {
         check(&mut dp, c);
     }
+
+    // The SNATed TCP flow closes both ways; the client then reuses its port for a new
+    // connection: a new flow (a new SNAT port: the old one is held until the flow has been
+    // idle a while), not the closing one.
+    for (desc, packet) in [
+        (
+            "FIN from the client",
+            PacketBuilder::tcp(EXT, np(30001)).flags(0x11).build(),
+        ),
+        (
+            "FIN from the backend",
+            PacketBuilder::tcp(remote, snat).flags(0x11).build(),
+        ),
+    ] {
+        assert_eq!(dp.run(&packet).expect("run").verdict, TC_ACT_OK, "{desc}");
+    }
+    let reopened = check(
+        &mut dp,
+        &Case {
+            desc: "SYN on the closed flow's tuple → a new flow",
+            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
+            expect: Expect::Rewritten {
+                src: snat_any,
+                dst: remote,
+            },
+        },
+    )
+    .expect("snat");
+    assert_ne!(reopened, snat, "the reopened flow has its own SNAT port");
     let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
     let count = |reason: &str| {
         counters
