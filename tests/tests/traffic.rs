@@ -439,7 +439,11 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
         "--pod-interfaces".into(),
         "xv-*".into(),
     ];
-    let pins = s.agent.pins.clone();
+    // Its own pin directory: assigning the new agent drops the old one, whose `xlb cleanup`
+    // would otherwise race the new agent's pinning in the same directory.
+    let mut pins = s.agent.pins.clone().into_os_string();
+    pins.push("-caps");
+    let pins = std::path::PathBuf::from(pins);
     s.agent = xlb_tests::agent::Agent::start_wrapped(
         &s.topo.node,
         &[
