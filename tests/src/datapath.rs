@@ -137,6 +137,15 @@ impl LoadedDatapath {
     }
 }
 
+/// The datapath's packet counters under `pins`, by reason name (every reason present).
+pub fn reason_counts(pins: &std::path::Path) -> std::collections::BTreeMap<&'static str, u64> {
+    lb_userspace::list::counters(pins)
+        .expect("read the counters map")
+        .iter()
+        .map(|c| (c.reason, c.packets))
+        .collect()
+}
+
 impl Drop for LoadedDatapath {
     fn drop(&mut self) {
         let _ = lb_userspace::cleanup::cleanup(&self.pins);

@@ -20,6 +20,26 @@ use crate::{
     topology::{Pod, RemoteNode, Topology},
 };
 
+/// The NodePort the labs' `web` Service has.
+pub const WEB_NODE_PORT: u16 = 30080;
+
+/// The usual Service of these labs: `ns/web`, ClusterIP 10.96.0.10:80/TCP → the echo port,
+/// NodePort 30080, with `endpoints` (address, node).
+pub fn web_node_port(endpoints: &[(std::net::Ipv4Addr, &str)]) -> String {
+    crate::services::service_on_nodes(
+        "web",
+        "NodePort",
+        "10.96.0.10",
+        "TCP",
+        80,
+        TCP_PORT,
+        Some(WEB_NODE_PORT),
+        "",
+        "",
+        endpoints,
+    )
+}
+
 /// The SNAT ports the lab's agent uses.
 pub const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
@@ -178,10 +198,6 @@ impl Lab {
     }
 
     pub fn counter(&self, reason: &str) -> u64 {
-        lb_userspace::list::counters(&self.agent.pins)
-            .expect("counters")
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.packets)
+        crate::datapath::reason_counts(&self.agent.pins)[reason]
     }
 }

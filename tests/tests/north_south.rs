@@ -13,7 +13,7 @@ use xlb_tests::{
     scenario::{TCP_PORT, UDP_PORT, sock},
     services::service_on_nodes,
     topology::{NODE1_UNDERLAY, pod_ip, remote_pod_ip},
-    twonode::{Lab, SNAT_PORTS},
+    twonode::{Lab, SNAT_PORTS, web_node_port},
 };
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -81,29 +81,19 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
     if !require_root("cluster_policy_snats_only_flows_to_remote_backends") {
         return;
     }
-    let yaml = service(
-        "web",
-        "NodePort",
-        "10.96.0.10",
-        "TCP",
-        80,
-        TCP_PORT,
-        30080,
-        "",
-        "",
-        &[local(), remote()],
-    ) + &service(
-        "dns",
-        "NodePort",
-        "10.96.0.53",
-        "UDP",
-        53,
-        UDP_PORT,
-        30053,
-        "",
-        "",
-        &[local(), remote()],
-    );
+    let yaml = web_node_port(&[local(), remote()])
+        + &service(
+            "dns",
+            "NodePort",
+            "10.96.0.53",
+            "UDP",
+            53,
+            UDP_PORT,
+            30053,
+            "",
+            "",
+            &[local(), remote()],
+        );
     let lab = Lab::start("nsc", &yaml, 1500, "192.0.2.1:30053/UDP");
     let answers = lab.outside(|| {
         let mut out = Vec::new();
@@ -161,18 +151,7 @@ fn snat_ports_never_collide_and_a_full_range_is_refused_cleanly() {
     if !require_root("snat_ports_never_collide_and_a_full_range_is_refused_cleanly") {
         return;
     }
-    let yaml = service(
-        "web",
-        "NodePort",
-        "10.96.0.10",
-        "TCP",
-        80,
-        TCP_PORT,
-        30080,
-        "",
-        "",
-        &[remote()],
-    );
+    let yaml = web_node_port(&[remote()]);
     let lab = Lab::start("nsp", &yaml, 1500, "192.0.2.1:30080/TCP");
     let range = (SNAT_PORTS.1 - SNAT_PORTS.0 + 1) as usize;
     let (seen, overflow) = lab.outside(move || {
@@ -477,18 +456,7 @@ fn path_mtu_discovery_works_through_a_node_port() {
     if !require_root("path_mtu_discovery_works_through_a_node_port") {
         return;
     }
-    let yaml = service(
-        "web",
-        "NodePort",
-        "10.96.0.10",
-        "TCP",
-        80,
-        TCP_PORT,
-        30080,
-        "",
-        "",
-        &[remote()],
-    );
+    let yaml = web_node_port(&[remote()]);
     let lab = Lab::start("nsm", &yaml, 1280, "192.0.2.1:30080/TCP");
     let up = lab.outside(|| tcp_upload(sock(NODE_IP, 30080), 1 << 20, Duration::from_secs(10)));
     let up = up.unwrap_or_else(|e| panic!("1 MB upload: {e}\n{}", lab.agent.log_text()));
@@ -605,29 +573,19 @@ fn xdp_native_and_generic_forward_node_port_flows() {
         return;
     }
     for mode in ["native", "generic"] {
-        let yaml = service(
-            "web",
-            "NodePort",
-            "10.96.0.10",
-            "TCP",
-            80,
-            TCP_PORT,
-            30080,
-            "",
-            "",
-            &[local(), remote()],
-        ) + &service(
-            "dns",
-            "NodePort",
-            "10.96.0.53",
-            "UDP",
-            53,
-            UDP_PORT,
-            30053,
-            "",
-            "",
-            &[remote()],
-        );
+        let yaml = web_node_port(&[local(), remote()])
+            + &service(
+                "dns",
+                "NodePort",
+                "10.96.0.53",
+                "UDP",
+                53,
+                UDP_PORT,
+                30053,
+                "",
+                "",
+                &[remote()],
+            );
         let lab = Lab::start_with("nsx", &yaml, 1500, "192.0.2.1:30053/UDP", &["--xdp", mode]);
         lab.enable_napi_for_redirects();
         // Complete checksums (no offload) on the way in, so XDP takes the packets itself.

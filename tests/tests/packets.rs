@@ -228,19 +228,13 @@ fn rewrites_follow_the_table() {
     let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
 
     // Every verdict above bumped its reason's counter.
-    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
-    let count = |reason: &str| {
-        counters
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.packets)
-    };
-    assert_eq!(count("new_flow"), 3, "{counters:?}");
-    assert_eq!(count("established"), 2, "{counters:?}");
-    assert_eq!(count("reverse_nat"), 2, "{counters:?}");
-    assert_eq!(count("reject"), 1, "{counters:?}");
-    assert_eq!(count("no_backend"), 1, "{counters:?}");
-    assert_eq!(count("pass"), 3, "{counters:?}");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["new_flow"], 3, "{counts:?}");
+    assert_eq!(counts["established"], 2, "{counts:?}");
+    assert_eq!(counts["reverse_nat"], 2, "{counts:?}");
+    assert_eq!(counts["reject"], 1, "{counts:?}");
+    assert_eq!(counts["no_backend"], 1, "{counts:?}");
+    assert_eq!(counts["pass"], 3, "{counts:?}");
     let web = lb_userspace::list::services(&dp.pins).expect("services");
     let web = web
         .iter()
@@ -447,12 +441,8 @@ fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
         moved,
         "and then stay on its new backend"
     );
-    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
-    let gone = counters
-        .iter()
-        .find(|c| c.reason == "backend_gone")
-        .map_or(0, |c| c.packets);
-    assert_eq!(gone, 1, "{counters:?}");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["backend_gone"], 1, "{counts:?}");
 }
 
 /// The refusal a client gets from a service without endpoints, byte by byte.

@@ -180,12 +180,11 @@ fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
     }
 }
 
-#[test]
-fn north_south_rewrites_follow_the_table() {
-    if !require_root("north_south_rewrites_follow_the_table") {
-        return;
-    }
-    let tag = unique_tag("xpn");
+/// Loads the datapath in a namespace of its own (see the module comment), programs it as
+/// node1's agent would (SNAT ports `SNAT_MIN..=snat_max`, the hairpin address) and runs
+/// `table` on it there, with the index of `dum0`.
+fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)) {
+    let tag = unique_tag(prefix);
     let ns = Netns::new(&format!("{tag}-node")).expect("netns");
     ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
     for args in [
@@ -193,12 +192,14 @@ fn north_south_rewrites_follow_the_table() {
             "link", "add", "dum0", "mtu", "1280", "type", "veth", "peer", "name", "dum1", "mtu",
             "1280",
         ][..],
+        &["link", "set", "dum0", "address", "02:00:00:00:00:01"],
         &["link", "set", "dum1", "up"],
         &["addr", "add", "10.0.0.1/24", "dev", "dum0"],
         &["link", "set", "dum0", "up"],
         &["link", "set", "lo", "up"],
         &["route", "add", "10.245.0.0/16", "via", "10.0.0.2"],
         &["route", "add", "10.244.2.2/32", "dev", "dum0"],
+        &["route", "add", "192.0.2.0/24", "via", "10.0.0.2"],
         &[
             "neigh",
             "add",
@@ -213,36 +214,48 @@ fn north_south_rewrites_follow_the_table() {
     ] {
         ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
     }
-    ns.run(move || run_table(&tag)).expect("table thread");
+    ns.run(move || {
+        let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
+        let mut dp = LoadedDatapath::load(&tag).expect("load");
+        dp.configure(&NodeConfig {
+            snat_port_min: SNAT_MIN,
+            snat_port_max: snat_max,
+            hairpin_addr_be: u32::from_ne_bytes(HAIRPIN.octets()),
+            ..NodeConfig::default()
+        })
+        .expect("config");
+        let loaded = file::parse("ns.yaml", &services()).expect("yaml");
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        dp.program_on(
+            &loaded.model,
+            &NodeContext {
+                name: "node1".into(),
+                zone: None,
+                node_port_addresses: vec![NODE],
+            },
+        )
+        .expect("program");
+        table(&mut dp, ifindex);
+    })
+    .expect("table thread");
 }
 
-fn run_table(tag: &str) {
-    let mut dp = LoadedDatapath::load(tag).expect("load");
-    dp.configure(&NodeConfig {
-        snat_port_min: SNAT_MIN,
-        snat_port_max: SNAT_MAX,
-        hairpin_addr_be: u32::from_ne_bytes(HAIRPIN.octets()),
-        ..NodeConfig::default()
-    })
-    .expect("config");
-    let loaded = file::parse("ns.yaml", &services()).expect("yaml");
-    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
-    dp.program_on(
-        &loaded.model,
-        &NodeContext {
-            name: "node1".into(),
-            zone: None,
-            node_port_addresses: vec![NODE],
-        },
-    )
-    .expect("program");
+#[test]
+fn north_south_rewrites_follow_the_table() {
+    if !require_root("north_south_rewrites_follow_the_table") {
+        return;
+    }
+    on_node1("xpn", SNAT_MAX, run_table);
+}
+
+fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     let np = |port: u16| SocketAddrV4::new(NODE, port);
     let remote = SocketAddrV4::new(REMOTE_POD, 8080);
     let local = SocketAddrV4::new(LOCAL_POD, 8080);
     let snat_any = SocketAddrV4::new(UNDERLAY, 0);
 
     let snat = check(
-        &mut dp,
+        dp,
         &Case {
             desc: "NodePort, remote backend → DNAT to it + SNAT to the node's underlay address",
             packet: PacketBuilder::tcp(EXT, np(30001)).build(),
@@ -254,7 +267,7 @@ fn run_table(tag: &str) {
     )
     .expect("snat");
     let udp_snat = check(
-        &mut dp,
+        dp,
         &Case {
             desc: "UDP NodePort, remote backend → DNAT + SNAT",
             packet: PacketBuilder::udp(EXT, np(30002)).payload(b"q").build(),
@@ -380,7 +393,7 @@ fn run_table(tag: &str) {
         },
     ];
     for c in &table {
-        check(&mut dp, c);
+        check(dp, c);
     }
 
     // The SNATed TCP flow closes both ways; the client then reuses its port for a new
@@ -399,7 +412,7 @@ fn run_table(tag: &str) {
         assert_eq!(dp.run(&packet).expect("run").verdict, TC_ACT_OK, "{desc}");
     }
     let reopened = check(
-        &mut dp,
+        dp,
         &Case {
             desc: "SYN on the closed flow's tuple → a new flow",
             packet: PacketBuilder::tcp(EXT, np(30001)).build(),
@@ -411,17 +424,11 @@ fn run_table(tag: &str) {
     )
     .expect("snat");
     assert_ne!(reopened, snat, "the reopened flow has its own SNAT port");
-    let counters = lb_userspace::list::counters(&dp.pins).expect("counters");
-    let count = |reason: &str| {
-        counters
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.packets)
-    };
-    assert_eq!(count("src_denied"), 1, "{counters:?}");
-    assert_eq!(count("icmp_xlate"), 1, "{counters:?}");
-    assert_eq!(count("frag_needed"), 1, "{counters:?}");
-    assert_eq!(count("no_backend"), 1, "{counters:?}");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["src_denied"], 1, "{counts:?}");
+    assert_eq!(counts["icmp_xlate"], 1, "{counts:?}");
+    assert_eq!(counts["frag_needed"], 1, "{counts:?}");
+    assert_eq!(counts["no_backend"], 1, "{counts:?}");
 }
 
 const XDP_DROP: u32 = 1;
@@ -435,56 +442,10 @@ fn xdp_rewrites_follow_the_table() {
     if !require_root("xdp_rewrites_follow_the_table") {
         return;
     }
-    let tag = unique_tag("xpx");
-    let ns = Netns::new(&format!("{tag}-node")).expect("netns");
-    ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
-    for args in [
-        &[
-            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
-        ][..],
-        &["link", "set", "dum0", "address", "02:00:00:00:00:01"],
-        &["link", "set", "dum1", "up"],
-        &["addr", "add", "10.0.0.1/24", "dev", "dum0"],
-        &["link", "set", "dum0", "up"],
-        &["link", "set", "lo", "up"],
-        &["route", "add", "10.245.0.0/16", "via", "10.0.0.2"],
-        &["route", "add", "192.0.2.0/24", "via", "10.0.0.2"],
-        &[
-            "neigh",
-            "add",
-            "10.0.0.2",
-            "lladdr",
-            "02:00:00:00:00:02",
-            "dev",
-            "dum0",
-            "nud",
-            "permanent",
-        ],
-    ] {
-        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    }
-    ns.run(move || run_xdp_table(&tag)).expect("table thread");
+    on_node1("xpx", SNAT_MAX, run_xdp_table);
 }
 
-fn run_xdp_table(tag: &str) {
-    let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
-    let mut dp = LoadedDatapath::load(tag).expect("load");
-    dp.configure(&NodeConfig {
-        snat_port_min: SNAT_MIN,
-        snat_port_max: SNAT_MAX,
-        ..NodeConfig::default()
-    })
-    .expect("config");
-    let loaded = file::parse("ns.yaml", &services()).expect("yaml");
-    dp.program_on(
-        &loaded.model,
-        &NodeContext {
-            name: "node1".into(),
-            zone: None,
-            node_port_addresses: vec![NODE],
-        },
-    )
-    .expect("program");
+fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     let np = |port: u16| SocketAddrV4::new(NODE, port);
     let remote = SocketAddrV4::new(REMOTE_POD, 8080);
     let run = |dp: &mut LoadedDatapath, desc: &str, packet: &[u8]| {
@@ -495,7 +456,7 @@ fn run_xdp_table(tag: &str) {
     // 1. A new NodePort flow to a remote backend, egress not in the redirect map: translated
     //    (DNAT + SNAT) and passed to the stack.
     let desc = "new flow, egress without XDP → translated and passed";
-    let r = run(&mut dp, desc, &PacketBuilder::tcp(EXT, np(30001)).build());
+    let r = run(dp, desc, &PacketBuilder::tcp(EXT, np(30001)).build());
     assert_eq!(r.verdict, XDP_PASS, "{desc}");
     let p = parse(&r.packet).expect("parses");
     assert_eq!(p.dst, remote, "{desc}");
@@ -510,7 +471,7 @@ fn run_xdp_table(tag: &str) {
     // 2. The reply to the SNAT address: reverse-translated (the client is routed via dum0).
     let desc = "reply of the SNATed flow → frontend to client";
     let r = run(
-        &mut dp,
+        dp,
         desc,
         &PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build(),
     );
@@ -523,7 +484,7 @@ fn run_xdp_table(tag: &str) {
     dp.allow_xdp_redirect(ifindex).expect("devmap");
     let desc = "established flow, egress runs XDP → redirected with the next hop's MAC";
     let r = run(
-        &mut dp,
+        dp,
         desc,
         &PacketBuilder::tcp(EXT, np(30001))
             .flags(TCP_ACK)
@@ -582,7 +543,7 @@ fn run_xdp_table(tag: &str) {
                 .build(),
         ),
     ] {
-        let r = run(&mut dp, desc, &packet);
+        let r = run(dp, desc, &packet);
         assert_eq!(r.verdict, XDP_PASS, "{desc}");
         assert_eq!(r.packet, packet, "{desc}: must be untouched");
     }
@@ -590,7 +551,7 @@ fn run_xdp_table(tag: &str) {
     // 5. Source ranges are enforced in XDP too.
     let desc = "LoadBalancer IP, client outside the ranges → dropped in XDP";
     let r = run(
-        &mut dp,
+        dp,
         desc,
         &PacketBuilder::tcp(
             OUTSIDER,
@@ -609,45 +570,13 @@ fn a_finished_flow_gives_its_snat_port_back() {
     if !require_root("a_finished_flow_gives_its_snat_port_back") {
         return;
     }
-    let tag = unique_tag("xpr");
-    let ns = Netns::new(&format!("{tag}-node")).expect("netns");
-    ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
-    for args in [
-        &[
-            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
-        ][..],
-        &["link", "set", "dum1", "up"],
-        &["addr", "add", "10.0.0.1/24", "dev", "dum0"],
-        &["link", "set", "dum0", "up"],
-        &["link", "set", "lo", "up"],
-        &["route", "add", "10.245.0.0/16", "via", "10.0.0.2"],
-    ] {
-        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    }
-    ns.run(move || reuse_table(&tag)).expect("table thread");
+    on_node1("xpr", SNAT_MIN, reuse_table);
 }
 
-fn reuse_table(tag: &str) {
+fn reuse_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     use aya::maps::{HashMap, MapData};
     use lb_common::{CT_F_CLOSING, CtKey, CtValue, MAP_CT};
 
-    let mut dp = LoadedDatapath::load(tag).expect("load");
-    dp.configure(&NodeConfig {
-        snat_port_min: SNAT_MIN,
-        snat_port_max: SNAT_MIN,
-        ..NodeConfig::default()
-    })
-    .expect("config");
-    let loaded = file::parse("ns.yaml", &services()).expect("yaml");
-    dp.program_on(
-        &loaded.model,
-        &NodeContext {
-            name: "node1".into(),
-            zone: None,
-            node_port_addresses: vec![NODE],
-        },
-    )
-    .expect("program");
     let np = SocketAddrV4::new(NODE, 30001);
     let first = SocketAddrV4::new(*EXT.ip(), 7001);
     let second = SocketAddrV4::new(*EXT.ip(), 7002);

@@ -123,16 +123,10 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
             r.packets
         );
     }
-    let counters = lb_userspace::list::counters(&s.agent.pins).expect("read counters");
-    let count = |reason: &str| {
-        counters
-            .iter()
-            .find(|c| c.reason == reason)
-            .map_or(0, |c| c.packets)
-    };
+    let counts = xlb_tests::datapath::reason_counts(&s.agent.pins);
     // A fresh socket may reuse an earlier flow's source port: that flow is then established.
-    assert!(count("new_flow") >= 550, "{counters:?}");
-    assert!(count("reverse_nat") >= 600, "{counters:?}");
+    assert!(counts["new_flow"] >= 550, "{counts:?}");
+    assert!(counts["reverse_nat"] >= 600, "{counts:?}");
 }
 
 /// The usual start: the root check, `n` backend pods behind the web and dns services, and the

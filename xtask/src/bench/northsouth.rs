@@ -16,9 +16,8 @@ use anyhow::{Result, anyhow};
 use xlb_tests::{
     client::tcp_upload,
     scenario::TCP_PORT,
-    services::service_on_nodes,
     topology::{NODE1_UNDERLAY, remote_pod_ip},
-    twonode::Lab,
+    twonode::{Lab, WEB_NODE_PORT, web_node_port},
 };
 
 use super::{
@@ -30,7 +29,7 @@ use super::{
 
 const TRIALS: usize = 3;
 const UPLOAD: usize = 32 << 20;
-const NODE_PORT: u16 = 30080;
+const NODE_PORT: u16 = WEB_NODE_PORT;
 
 /// The paths measured, in table order.
 const PATHS: [(&str, Option<&str>); 4] = [
@@ -47,18 +46,7 @@ struct Trial {
 }
 
 fn yaml() -> String {
-    service_on_nodes(
-        "web",
-        "NodePort",
-        "10.96.0.10",
-        "TCP",
-        80,
-        TCP_PORT,
-        Some(NODE_PORT),
-        "",
-        "",
-        &[(remote_pod_ip(1), "node2")],
-    )
+    web_node_port(&[(remote_pod_ip(1), "node2")])
 }
 
 fn one(xdp: Option<&str>) -> Result<Trial> {
