@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V3`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V4`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -41,8 +41,23 @@ pub const R_FRAG_NEEDED: u32 = 15;
 /// XDP: a packet was translated and redirected out of its egress interface by XDP.
 pub const R_XDP_REDIRECT: u32 = 16;
 
-/// Number of counters (the size of `XLB_STATS_V3`).
-pub const R_COUNT: u32 = 17;
+/// Socket hook: a connect() or an unconnected UDP sendmsg() to a frontend was sent to a
+/// backend instead (connect-time load balancing: no per-packet NAT for that socket).
+pub const R_SOCK_XLATE: u32 = 17;
+/// Socket hook: a connect()/sendmsg() to a frontend without endpoints failed at once with
+/// ECONNREFUSED (kube-proxy's REJECT).
+pub const R_SOCK_REJECT: u32 = 18;
+/// Socket hook: a connect()/sendmsg() to a frontend whose Local traffic policy leaves no
+/// endpoint (or whose source ranges exclude it) failed at once with EHOSTUNREACH
+/// (kube-proxy drops; a socket cannot wait).
+pub const R_SOCK_UNREACH: u32 = 19;
+/// Socket hook: recvmsg()/getpeername() showed the frontend instead of the backend.
+pub const R_SOCK_REVNAT: u32 = 20;
+/// Socket hook: not a frontend (or a namespace the hooks leave to tc): untouched.
+pub const R_SOCK_PASS: u32 = 21;
+
+/// Number of counters (the size of `XLB_STATS_V4`).
+pub const R_COUNT: u32 = 22;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -63,4 +78,9 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "icmp_xlate",
     "frag_needed",
     "xdp_redirect",
+    "sock_xlate",
+    "sock_reject",
+    "sock_unreach",
+    "sock_revnat",
+    "sock_pass",
 ];

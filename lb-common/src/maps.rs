@@ -9,8 +9,9 @@ pub const MAP_BACKEND: &str = "XLB_BE_V1";
 /// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
 /// (V2: the value holds the whole rewritten tuple, for SNAT and hairpin.)
 pub const MAP_CT: &str = "XLB_CT_V2";
-/// Per-CPU counters indexed by [`crate::counters`] reason codes (V3: 17 reasons).
-pub const MAP_STATS: &str = "XLB_STATS_V3";
+/// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 22 reasons, the socket
+/// hooks' among them).
+pub const MAP_STATS: &str = "XLB_STATS_V4";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -26,7 +27,8 @@ pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
 pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 
 /// Node configuration for the datapath: written by the agent, read by the datapath.
-pub const MAP_CONFIG: &str = "XLB_CFG_V1";
+/// (V2: the host's network namespace cookie and socket-LB flags.)
+pub const MAP_CONFIG: &str = "XLB_CFG_V2";
 /// loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
 pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V1";
 /// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
@@ -37,8 +39,15 @@ pub const MAP_XDP_TX: &str = "XLB_XDPTX_V1";
 /// Capacity of the XDP redirect devmap (interfaces).
 pub const XDP_TX_MAP_CAPACITY: u32 = 256;
 
+/// Socket-level translations (connect-time load balancing): written by the socket hooks
+/// (LRU), read by them and by the agent (which destroys connected UDP sockets of a removed
+/// backend).
+pub const MAP_SOCK: &str = "XLB_SOCK_V1";
+/// Default capacity of the socket translation map (Cilium's socket reverse-NAT default).
+pub const SOCK_MAP_CAPACITY: u32 = 262_144;
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 11] = [
+pub const ALL_MAPS: [&str; 12] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -50,6 +59,7 @@ pub const ALL_MAPS: [&str; 11] = [
     MAP_CONFIG,
     MAP_SRC_RANGE,
     MAP_XDP_TX,
+    MAP_SOCK,
 ];
 
 /// Default capacities; the agent may override them at load time.
@@ -80,9 +90,22 @@ pub struct SvcKey {
     pub proto: u8,
     /// `FAMILY_V4` or `FAMILY_V6`.
     pub family: u8,
-    pub _pad: [u8; 2],
+    /// `SCOPE_EXTERNAL` (0: every frontend has one) or `SCOPE_INTERNAL` (a second entry set
+    /// for traffic from the node and its pods, see [`SVC_F_TWO_SCOPES`]). This byte was
+    /// padding (always 0) before scopes existed, so V1 maps read the same.
+    pub scope: u8,
+    pub _pad: u8,
 }
 const _: () = assert!(core::mem::size_of::<SvcKey>() == 24);
+
+/// Scope of a frontend's entries as every path sees them (tc, XDP, and the socket hooks for
+/// frontends with one scope).
+pub const SCOPE_EXTERNAL: u8 = 0;
+/// Scope of the entries the socket hooks use for a frontend flagged [`SVC_F_TWO_SCOPES`]:
+/// traffic from the node itself (and its pods' sockets) to an external frontend with
+/// externalTrafficPolicy Local goes to every cluster endpoint, as kube-proxy sends
+/// local-origin traffic to the cluster chain.
+pub const SCOPE_INTERNAL: u8 = 1;
 
 /// Value of the service map.
 #[repr(C)]
@@ -128,6 +151,9 @@ pub const SVC_F_SNAT_REMOTE: u16 = 2;
 /// Service flag (slot 0): the frontend has loadBalancerSourceRanges; a client outside
 /// them (per `XLB_SRCRNG_V1`) is dropped.
 pub const SVC_F_SRC_RANGES: u16 = 4;
+/// Service flag (slot 0, external scope): the frontend also has `SCOPE_INTERNAL` entries,
+/// which the socket hooks use instead.
+pub const SVC_F_TWO_SCOPES: u16 = 8;
 
 /// Backend flag: the endpoint is terminating (kept for established flows only).
 pub const BE_F_TERMINATING: u8 = 1;
@@ -209,8 +235,60 @@ pub struct NodeConfig {
     /// `CFG_F_*` flags.
     pub flags: u32,
     pub _pad: u32,
+    /// The network namespace cookie of the agent's (the host's) namespace: with
+    /// `CFG_F_SOCK_HOST_ONLY` the socket hooks translate only sockets of this namespace.
+    pub host_netns_cookie: u64,
 }
-const _: () = assert!(core::mem::size_of::<NodeConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 24);
+
+/// Config flag: the socket hooks translate only the host namespace's sockets
+/// (`--socket-lb host`, Cilium's `socketLB.hostNamespaceOnly`); pods are left to tc.
+pub const CFG_F_SOCK_HOST_ONLY: u32 = 1;
+
+/// `family` of an affinity key whose client is a network namespace (a socket without a
+/// bound source address: `client_be[0..2]` hold the namespace cookie). A pod's namespace
+/// stands for its one address, the host's for the node's.
+pub const FAMILY_NETNS: u8 = 0x80;
+
+/// Socket map direction: the key holds the backend a socket was sent to; the value the
+/// frontend `recvmsg`/`getpeername` show instead.
+pub const SOCK_DIR_REVERSE: u8 = 0;
+/// Socket map direction: the key holds a frontend an unconnected UDP socket sends to; the
+/// value the backend its datagrams keep going to (as kube-proxy's conntrack keeps one UDP
+/// flow on one backend).
+pub const SOCK_DIR_FORWARD: u8 = 1;
+
+/// Key of the socket map: a socket (its cookie) and an address it talks to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockKey {
+    /// `bpf_get_socket_cookie` of the socket.
+    pub cookie: u64,
+    /// Reverse: the backend; forward: the frontend. Network order, IPv4 in word 0.
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub family: u8,
+    /// `SOCK_DIR_REVERSE` or `SOCK_DIR_FORWARD`.
+    pub dir: u8,
+    pub proto: u8,
+    pub _pad0: u8,
+    pub _pad1: u16,
+}
+const _: () = assert!(core::mem::size_of::<SockKey>() == 32);
+
+/// Value of the socket map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SockValue {
+    /// Reverse: the frontend; forward: the backend. Network order, IPv4 in word 0.
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    /// Forward: the service slot the backend was chosen from (checked before reuse).
+    pub slot: u16,
+    /// Reverse: the service port's id; forward: the backend id.
+    pub id: u32,
+}
+const _: () = assert!(core::mem::size_of::<SockValue>() == 24);
 
 /// Data of a source-range trie key: a frontend's service id, then the client address. The
 /// trie key's prefix length is 32 (the id) + the range's prefix length.
@@ -288,4 +366,6 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityValue {}
     unsafe impl aya::Pod for super::NodeConfig {}
     unsafe impl aya::Pod for super::SrcRangeKey {}
+    unsafe impl aya::Pod for super::SockKey {}
+    unsafe impl aya::Pod for super::SockValue {}
 }

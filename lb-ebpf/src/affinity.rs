@@ -2,22 +2,56 @@
 //! connection to a service until `affinity_timeout_s` passes since its last packet.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
-use lb_common::{AffinityKey, AffinityValue, Backend, FAMILY_V4, SvcValue};
+use lb_common::{AffinityKey, AffinityValue, Backend, FAMILY_NETNS, FAMILY_V4, SvcValue};
 
 use crate::{
     maps::XLB_AFF_V1,
     parse::Tuple,
-    select::{backend, slot},
+    select::{Frontend, backend, slot},
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 
+/// Who a client is for affinity: a packet's source address, a socket's bound source
+/// address, or (a socket without one) its network namespace.
+#[derive(Clone, Copy)]
+pub struct Client {
+    words: [u32; 2],
+    family: u8,
+}
+
+impl Client {
+    /// The source of a packet.
+    #[inline(always)]
+    pub fn of(t: &Tuple) -> Self {
+        Self::addr(t.saddr_be)
+    }
+
+    /// An IPv4 address (network order).
+    #[inline(always)]
+    pub fn addr(addr_be: u32) -> Self {
+        Self {
+            words: [addr_be, 0],
+            family: FAMILY_V4,
+        }
+    }
+
+    /// A network namespace, by its cookie.
+    #[inline(always)]
+    pub fn netns(cookie: u64) -> Self {
+        Self {
+            words: [cookie as u32, (cookie >> 32) as u32],
+            family: FAMILY_NETNS,
+        }
+    }
+}
+
 #[inline(always)]
-fn key(t: &Tuple, svc: &SvcValue) -> AffinityKey {
+fn key(client: &Client, svc: &SvcValue) -> AffinityKey {
     AffinityKey {
         svc_id: svc.svc_id,
-        client_be: [t.saddr_be, 0, 0, 0],
-        family: FAMILY_V4,
+        client_be: [client.words[0], client.words[1], 0, 0],
+        family: client.family,
         _pad0: 0,
         _pad1: 0,
     }
@@ -30,20 +64,20 @@ fn now() -> u64 {
 }
 
 /// The client's remembered backend, if affinity is on, it has not expired, and the backend is
-/// still in the slot it was chosen from.
+/// still in the slot of `f` it was chosen from.
 #[inline(always)]
-pub fn lookup(t: &Tuple, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
+pub fn lookup(f: &Frontend, client: &Client, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
     if svc.affinity_timeout_s == 0 {
         return None;
     }
-    let a = XLB_AFF_V1.get_ptr_mut(key(t, svc))?;
+    let a = XLB_AFF_V1.get_ptr_mut(key(client, svc))?;
     // SAFETY: the entry stays valid for this program run; only last_seen_ns is written.
     let a = unsafe { &mut *a };
     let now = now();
     if now.wrapping_sub(a.last_seen_ns) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
         return None;
     }
-    if slot(t, a.slot).is_none_or(|s| s.backend_id != a.backend_id) {
+    if slot(f, a.slot).is_none_or(|s| s.backend_id != a.backend_id) {
         return None;
     }
     let be = *backend(a.backend_id)?;
@@ -53,7 +87,7 @@ pub fn lookup(t: &Tuple, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
 
 /// Remembers the client's backend (affinity services only).
 #[inline(always)]
-pub fn remember(t: &Tuple, svc: &SvcValue, backend_id: u32, slot: u16) {
+pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16) {
     if svc.affinity_timeout_s == 0 {
         return;
     }
@@ -64,7 +98,7 @@ pub fn remember(t: &Tuple, svc: &SvcValue, backend_id: u32, slot: u16) {
         last_seen_ns: now(),
     };
     // An LRU insert only fails under memory pressure; the flow works without affinity.
-    let _ = XLB_AFF_V1.insert(key(t, svc), v, 0);
+    let _ = XLB_AFF_V1.insert(key(client, svc), v, 0);
 }
 
 /// A packet of an established flow keeps the client's affinity alive (at most one write a
@@ -74,7 +108,7 @@ pub fn touch(t: &Tuple, svc: &SvcValue) {
     if svc.affinity_timeout_s == 0 {
         return;
     }
-    if let Some(a) = XLB_AFF_V1.get_ptr_mut(key(t, svc)) {
+    if let Some(a) = XLB_AFF_V1.get_ptr_mut(key(&Client::of(t), svc)) {
         // SAFETY: as in `lookup`.
         let a = unsafe { &mut *a };
         let now = now();

@@ -1,4 +1,5 @@
-//! xlb's datapath: tc programs that DNAT service traffic to backends and reverse-NAT replies.
+//! xlb's datapath: tc and XDP programs that DNAT service traffic to backends and reverse-NAT
+//! replies, and cgroup socket hooks that load-balance at connect time.
 //!
 //! Each program is `entry → try_fn → Result<Verdict, Reason>`; both arms bump one per-CPU
 //! counter. Nothing here logs per packet.
@@ -16,14 +17,15 @@ mod parse;
 mod reason;
 mod reject;
 mod select;
+mod sock;
 mod srcrange;
 mod translate;
 mod xdp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
     CT_F_SNAT, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
@@ -33,7 +35,9 @@ use lb_common::{
 use lb_common::SvcValue;
 
 use crate::{
+    affinity::Client,
     parse::{Parsed, Tuple},
+    select::Frontend,
     reason::{Reason, pack, unpack},
     translate::Mtu,
 };
@@ -60,6 +64,32 @@ pub fn xlb_xdp(ctx: XdpContext) -> u32 {
     };
     reason.count(packet::Packet::len(&ctx));
     action
+}
+
+/// cgroup connect4: a TCP or UDP socket connecting to a frontend connects to a backend
+/// (see `sock.rs`); refused at once when the frontend has no endpoints.
+#[cgroup_sock_addr(connect4)]
+pub fn xlb_connect4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx, false)
+}
+
+/// cgroup sendmsg4: an unconnected UDP datagram to a frontend goes to a backend.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn xlb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx, true)
+}
+
+/// cgroup recvmsg4: a datagram from a backend a socket was sent to shows the frontend.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn xlb_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
+}
+
+/// cgroup getpeername4: a socket connected to a backend through a frontend shows the
+/// frontend as its peer.
+#[cgroup_sock_addr(getpeername4)]
+pub fn xlb_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
 }
 
 /// Bench-only floor: passes every packet untouched, reads no map and counts nothing.
@@ -191,10 +221,8 @@ fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Resu
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
         return Ok(Next::Refuse);
     }
-    let (backend_id, slot, be) = match affinity::lookup(t, svc) {
-        Some(remembered) => remembered,
-        None => select::pick(t, svc)?,
-    };
+    let client = Client::of(t);
+    let (backend_id, slot, be) = select::choose(&Frontend::of(t), &client, svc)?;
     let fits = match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
         Mtu::TooBig(mtu) => return Ok(Next::FragNeeded(mtu)),
         Mtu::Fits(len) => len,
@@ -203,7 +231,7 @@ fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Resu
     let scratch = conntrack::scratch()?;
     let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
     scratch.fwd.mtu = fits;
-    affinity::remember(t, svc, backend_id, slot);
+    affinity::remember(&client, svc, backend_id, slot);
     conntrack::create(t, &source)?;
     nat::apply(ctx, t, &scratch.fwd)?;
     reason::count_service(svc.svc_id, backend_id, ctx.len());

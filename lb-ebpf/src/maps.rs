@@ -10,8 +10,8 @@ use aya_ebpf::{
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, NodeConfig, R_COUNT, SRC_RANGE_MAP_CAPACITY,
-    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SrcRangeKey, SvcKey, SvcName, SvcValue,
-    XDP_TX_MAP_CAPACITY,
+    SOCK_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey,
+    SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break), read here.
@@ -35,12 +35,13 @@ pub static XLB_CT_V2: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> =
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
 #[btf_map]
-pub static XLB_STATS_V3: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+pub static XLB_STATS_V4: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
 
 /// Node configuration. Written by the agent at start, read here.
-/// index 0 → `NodeConfig{SNAT port range, hairpin address}`. 1 entry.
+/// index 0 → `NodeConfig{SNAT port range, hairpin address, host netns cookie, flags}`.
+/// 1 entry.
 #[btf_map]
-pub static XLB_CFG_V1: Array<NodeConfig, 1> = Array::new();
+pub static XLB_CFG_V2: Array<NodeConfig, 1> = Array::new();
 
 /// loadBalancerSourceRanges. Written by the agent, read here for new flows to frontends
 /// flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc id, range}}` → 1 (allowed).
@@ -122,3 +123,13 @@ pub static XLB_BESTAT_V1: PerCpuHashMap<
     { BACKEND_MAP_CAPACITY as usize },
     { BPF_F_NO_PREALLOC as usize },
 > = PerCpuHashMap::new();
+
+/// Socket-level translations. Written by the socket hooks, read by them and by the agent.
+/// Reverse `SockKey{cookie, backend}` → `SockValue{frontend, svc id}`: what recvmsg() and
+/// getpeername() show a socket that was sent to a backend. Forward `SockKey{cookie,
+/// frontend}` → `SockValue{backend, slot, backend id}`: the backend an unconnected UDP
+/// socket's datagrams to a frontend keep going to. 32 B → 24 B, 262,144 entries, LRU
+/// eviction (an entry outlives its socket until evicted; a cookie is never reused).
+#[btf_map]
+pub static XLB_SOCK_V1: LruHashMap<SockKey, SockValue, { SOCK_MAP_CAPACITY as usize }> =
+    LruHashMap::new();

@@ -1,31 +1,75 @@
-//! Service lookup and backend selection.
+//! Frontend lookup and backend choice: the one place tc, XDP and the socket hooks pick a
+//! backend (ClientIP affinity first, else uniformly at random among the service's slots).
+//! Which endpoints are eligible (traffic policies, serving-terminating fallback, topology)
+//! the agent decided when it wrote the slots.
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use lb_common::{Backend, FAMILY_V4, R_NO_BACKEND, R_STALE_SLOT, SvcKey, SvcValue};
+use lb_common::{Backend, FAMILY_V4, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL, SvcKey, SvcValue};
 
 use crate::{
+    affinity::{self, Client},
     maps::{XLB_BE_V1, XLB_SVC_V1},
     parse::Tuple,
     reason::Reason,
 };
 
-#[inline(always)]
-fn svc_key(t: &Tuple, slot: u16) -> SvcKey {
-    SvcKey {
-        addr_be: [t.daddr_be, 0, 0, 0],
-        port_be: t.dport_be,
-        slot,
-        proto: t.proto,
-        family: FAMILY_V4,
-        _pad: [0; 2],
+/// A frontend as the service map keys it.
+#[derive(Clone, Copy)]
+pub struct Frontend {
+    pub addr_be: u32,
+    pub port_be: u16,
+    pub proto: u8,
+    /// `SCOPE_EXTERNAL` or `SCOPE_INTERNAL`.
+    pub scope: u8,
+}
+
+impl Frontend {
+    /// The frontend a packet is sent to (packets always see the external scope).
+    #[inline(always)]
+    pub fn of(t: &Tuple) -> Self {
+        Self {
+            addr_be: t.daddr_be,
+            port_be: t.dport_be,
+            proto: t.proto,
+            scope: SCOPE_EXTERNAL,
+        }
     }
+
+    #[inline(always)]
+    fn key(&self, slot: u16) -> SvcKey {
+        SvcKey {
+            addr_be: [self.addr_be, 0, 0, 0],
+            port_be: self.port_be,
+            slot,
+            proto: self.proto,
+            family: FAMILY_V4,
+            scope: self.scope,
+            _pad: 0,
+        }
+    }
+}
+
+/// True for 127.0.0.0/8 (network order): loopback frontends (NodePorts on 127.0.0.1) exist
+/// for the node's own sockets only, never for a packet that arrived on an interface.
+#[inline(always)]
+pub fn is_loopback(addr_be: u32) -> bool {
+    addr_be.to_ne_bytes()[0] == 127
 }
 
 /// The service entry (slot 0) for the packet's destination, if it is a frontend.
 #[inline(always)]
 pub fn lookup_service(t: &Tuple) -> Option<&'static SvcValue> {
+    if is_loopback(t.daddr_be) {
+        return None;
+    }
+    lookup(&Frontend::of(t))
+}
+
+/// The service entry (slot 0) of `f`, if it is a frontend.
+#[inline(always)]
+pub fn lookup(f: &Frontend) -> Option<&'static SvcValue> {
     // SAFETY: the agent replaces values whole; the datapath never writes this map.
-    unsafe { XLB_SVC_V1.get(svc_key(t, 0)) }
+    unsafe { XLB_SVC_V1.get(f.key(0)) }
 }
 
 /// The backend with this id, if it still exists.
@@ -35,24 +79,34 @@ pub fn backend(id: u32) -> Option<&'static Backend> {
     unsafe { XLB_BE_V1.get(id) }
 }
 
-/// The entry of backend slot `slot` of the packet's service.
+/// The entry of backend slot `slot` of frontend `f`.
 #[inline(always)]
-pub fn slot(t: &Tuple, slot: u16) -> Option<&'static SvcValue> {
+pub fn slot(f: &Frontend, slot: u16) -> Option<&'static SvcValue> {
     // SAFETY: read-only here.
-    unsafe { XLB_SVC_V1.get(svc_key(t, slot)) }
+    unsafe { XLB_SVC_V1.get(f.key(slot)) }
+}
+
+/// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else one
+/// picked at random. Its id, its slot and the backend.
+#[inline(always)]
+pub fn choose(f: &Frontend, client: &Client, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
+    match affinity::lookup(f, client, svc) {
+        Some(remembered) => Ok(remembered),
+        None => pick(f, svc),
+    }
 }
 
 /// Picks a backend uniformly at random among the service's slots (kube-proxy's iptables
 /// mode picks at random too): its id, its slot and the backend.
 #[inline(always)]
-pub fn pick(t: &Tuple, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
+pub fn pick(f: &Frontend, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
     }
     // SAFETY: helper without side effects.
     let n = ((unsafe { bpf_get_prandom_u32() } % count) + 1) as u16;
-    let entry = slot(t, n).ok_or(Reason(R_STALE_SLOT))?;
+    let entry = slot(f, n).ok_or(Reason(R_STALE_SLOT))?;
     let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
     Ok((entry.backend_id, n, *be))
 }

@@ -19,13 +19,15 @@ use lb_common::{
 };
 
 use crate::{
-    affinity, conntrack, fib,
+    affinity::{self, Client},
+    conntrack, fib,
     maps::XLB_XDPTX_V1,
     nat,
     packet::{Packet, csum_replace},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, Parsed, Tuple},
     reason::{self, Reason, pack, unpack},
-    select, srcrange, translate,
+    select::{self, Frontend},
+    srcrange, translate,
 };
 
 /// The XDP program's outcome.
@@ -82,10 +84,8 @@ fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
         // Refused or dropped by tc, which can build the answer.
         return pass(R_PASS);
     }
-    let (backend_id, slot, be) = match affinity::lookup(t, svc) {
-        Some(remembered) => remembered,
-        None => select::pick(t, svc)?,
-    };
+    let client = Client::of(t);
+    let (backend_id, slot, be) = select::choose(&Frontend::of(t), &client, svc)?;
     // Only when the backend's route is complete (neighbour known, packet fits) does XDP take
     // the flow; otherwise tc does it all (and answers fragmentation needed).
     match fib::lookup(
@@ -102,7 +102,7 @@ fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
     }
     let scratch = conntrack::scratch()?;
     let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
-    affinity::remember(t, svc, backend_id, slot);
+    affinity::remember(&client, svc, backend_id, slot);
     conntrack::create(t, &source)?;
     reason::count_service(svc.svc_id, backend_id, ctx.len());
     finish(ctx, t, &scratch.fwd, R_NEW_FLOW)

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,7 +17,15 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     EBPF_OBJECT,
-    datapath::{DatapathError, attach, kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
+    datapath::{
+        DatapathError, attach,
+        kernel::KernelMaps,
+        loader,
+        socket::{self, SocketLb},
+        stale,
+        sync::apply,
+        writer::MapWriter,
+    },
     desired::{self, Desired, Ids},
     glob,
     model::Model,
@@ -67,20 +75,90 @@ pub struct AgentOptions {
     pub hairpin_address: Option<std::net::Ipv4Addr>,
     /// XDP on the node interfaces (`--xdp`).
     pub xdp: attach::XdpSetting,
+    /// Which sockets the cgroup socket hooks translate (`--socket-lb`).
+    pub socket_lb: SocketLb,
+    /// The cgroup v2 directory the socket hooks attach to (`--cgroup-path`); `None`: the
+    /// cgroup v2 root found from the mounts.
+    pub cgroup_path: Option<PathBuf>,
 }
 
 impl AgentOptions {
-    /// The datapath's node configuration for these options.
-    pub fn node_config(&self) -> lb_common::NodeConfig {
+    /// The datapath's node configuration for these options, in the network namespace with
+    /// cookie `host_netns_cookie` (the agent's).
+    pub fn node_config(&self, host_netns_cookie: u64) -> lb_common::NodeConfig {
         lb_common::NodeConfig {
             snat_port_min: *self.snat_ports.start(),
             snat_port_max: *self.snat_ports.end(),
             hairpin_addr_be: self
                 .hairpin_address
                 .map_or(0, |a| u32::from_ne_bytes(a.octets())),
+            flags: if self.socket_lb == SocketLb::Host {
+                lb_common::CFG_F_SOCK_HOST_ONLY
+            } else {
+                0
+            },
+            host_netns_cookie,
             ..Default::default()
         }
     }
+}
+
+/// Attaches (or, with `--socket-lb off`, removes) the socket hooks; returns the cgroup they
+/// run in. Without cgroup v2, or when attaching fails, the error is logged and the agent
+/// goes on with the tc path alone.
+fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Option<PathBuf> {
+    if opts.socket_lb == SocketLb::Off {
+        if socket::detach(&opts.bpffs) > 0 {
+            info!("--socket-lb off: removed the socket hooks an earlier agent attached");
+        }
+        return None;
+    }
+    let Some(cgroup) = opts.cgroup_path.clone().or_else(socket::cgroup2_root) else {
+        error!(
+            "no cgroup v2 hierarchy is mounted: the socket hooks are off, so the node's own processes do not reach services (pods do, through tc)"
+        );
+        return None;
+    };
+    match socket::attach(ebpf, &opts.bpffs, &cgroup) {
+        Ok(()) => {
+            info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect4, sendmsg4, recvmsg4, getpeername4; pinned)");
+            Some(cgroup)
+        }
+        Err(e) => {
+            error!("{e}; the node's own processes do not reach services (pods do, through tc)");
+            None
+        }
+    }
+}
+
+/// Destroys the connected UDP sockets that went to a backend `before` had and `after` no
+/// longer has for the same frontend.
+fn destroy_stale_udp(opts: &AgentOptions, cgroup: &Path, before: &Desired, after: &Desired) {
+    let gone = stale::removed_udp(before, after);
+    if gone.is_empty() {
+        return;
+    }
+    let cookies = match stale::cookies(&opts.bpffs, &gone) {
+        Ok(c) if c.is_empty() => return,
+        Ok(c) => c,
+        Err(e) => {
+            warn!("cannot read the socket map: {e}; UDP sockets of removed backends stay");
+            return;
+        }
+    };
+    let scope = (opts.socket_lb == SocketLb::All).then_some(cgroup);
+    let mut destroyed = 0;
+    for ns in stale::namespaces(scope) {
+        match stale::destroy_in(&ns, &cookies) {
+            Ok(n) => destroyed += n,
+            Err(e) => debug!(ns = %ns.display(), "cannot destroy UDP sockets there: {e}"),
+        }
+    }
+    info!(
+        sockets = destroyed,
+        backends = gone.len(),
+        "destroyed connected UDP sockets of removed backends"
+    );
 }
 
 /// Warns when the SNAT ports overlap the node's ephemeral ports: a local connection could
@@ -217,7 +295,12 @@ struct Interfaces {
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs)?;
     check_snat_ports(&opts.snat_ports);
-    crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config())?;
+    let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
+        cgroup: PathBuf::from("/proc/self/ns/net"),
+        reason: format!("cannot read this namespace's cookie: {e}"),
+    })?;
+    crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config(cookie))?;
+    let hooks = sync_socket_hooks(opts, &mut ebpf);
     let mut maps = KernelMaps::from_ebpf(&mut ebpf)?;
     let limits = maps.limits();
     let mut current = maps.read().map_err(DatapathError::from)?;
@@ -252,6 +335,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         name: opts.node_name.clone(),
         zone: None,
         node_port_addresses: Vec::new(),
+        socket_lb: hooks.is_some(),
     };
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let mut feed = Feed::start(&opts.source);
@@ -269,6 +353,9 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             }
             let started = Instant::now();
             let (now, errors) = sync(update.loaded, &node, &mut maps, &current, &mut ids, limits);
+            if let Some(cgroup) = &hooks {
+                destroy_stale_udp(opts, cgroup, &current, &now);
+            }
             current = now;
             metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
             health.synced();

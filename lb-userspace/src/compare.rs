@@ -367,6 +367,10 @@ pub fn install(
                 "",
                 "--metrics-bind-address",
                 "",
+                // The lab's flows come from pod namespaces (threads of this process, outside
+                // any cgroup of ours): tc serves them, and no socket hook is attached.
+                "--socket-lb",
+                "off",
                 "--bpffs",
             ]
             .iter()

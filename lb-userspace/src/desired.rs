@@ -9,8 +9,8 @@ use std::{
 
 use lb_common::{
     BACKEND_MAP_CAPACITY, BE_F_REMOTE, Backend, FAMILY_V4, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC,
-    MAX_BACKENDS_PER_SVC, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    MAX_BACKENDS_PER_SVC, SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY,
+    SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
@@ -150,7 +150,8 @@ pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
         slot: 0,
         proto: protocol.number(),
         family: FAMILY_V4,
-        _pad: [0; 2],
+        scope: SCOPE_EXTERNAL,
+        _pad: 0,
     }
 }
 
@@ -220,6 +221,12 @@ pub struct NodeContext {
     /// The addresses NodePorts are served on (kube-proxy's nodePortAddresses; by default the
     /// node's primary IPs). Empty: no NodePort frontends.
     pub node_port_addresses: Vec<Ipv4Addr>,
+    /// The socket hooks are on (`--socket-lb all|host`): NodePorts are also served on
+    /// 127.0.0.1 (to the node's own sockets only), and external frontends with
+    /// externalTrafficPolicy Local get a second, internal scope with every cluster endpoint
+    /// for traffic from the node (as kube-proxy sends local-origin traffic to the cluster
+    /// chain).
+    pub socket_lb: bool,
 }
 
 /// A frontend to program: its key, its object name, its backends (and whether each is on
@@ -236,6 +243,9 @@ struct Candidate {
 /// How a frontend is reached.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Reach {
+    /// NodePort on 127.0.0.1: only the node's own sockets reach it (the socket hooks), so
+    /// it always takes the cluster endpoints, as kube-proxy's local-origin traffic does.
+    Loopback,
     /// ClusterIP: internalTrafficPolicy.
     Cluster,
     /// NodePort, externalIP: externalTrafficPolicy; Cluster SNATs flows to remote backends.
@@ -321,43 +331,30 @@ pub fn compute_on(
             for ip in &node.node_port_addresses {
                 frontends.push((*ip, node_port, Reach::External, format!(" (nodePort {ip})")));
             }
+            if node.socket_lb {
+                let lo = Ipv4Addr::LOCALHOST;
+                frontends.push((lo, node_port, Reach::Loopback, format!(" (nodePort {lo})")));
+            }
         }
         let ranges = source_ranges(&view);
         for (ip, port, reach, suffix) in frontends {
             let local = match reach {
                 Reach::Cluster => view.internal_policy_local(),
                 Reach::External | Reach::LoadBalancer => view.external_policy_local(),
+                Reach::Loopback => false,
             };
-            let chosen = if local {
-                &view.categorized.local
-            } else {
-                &view.categorized.cluster
-            };
-            let mut backends: Vec<(BackendAddr, bool)> = chosen
-                .iter()
-                .map(|e| {
-                    let addr = BackendAddr {
-                        ip: e.ip,
-                        port: e.port,
-                        protocol: view.protocol(),
-                    };
-                    (addr, e.local)
-                })
-                .collect();
             let object = format!("{object}{suffix}");
-            if backends.len() > MAX_BACKENDS_PER_SVC as usize {
-                errors.push(DesiredError::TooManyBackends {
-                    object: object.clone(),
-                    count: backends.len(),
-                    limit: MAX_BACKENDS_PER_SVC,
-                });
-                backends.truncate(MAX_BACKENDS_PER_SVC as usize);
-            }
+            let backends = backends_of(&view, local, &object, &mut errors);
             let mut flags = 0;
             if local {
                 flags |= SVC_F_DROP_EMPTY;
-            } else if reach != Reach::Cluster {
+            } else if reach == Reach::External || reach == Reach::LoadBalancer {
                 flags |= SVC_F_SNAT_REMOTE;
+            }
+            let key = frontend_key(ip, port, view.protocol());
+            let two_scopes = local && reach != Reach::Cluster && node.socket_lb;
+            if two_scopes {
+                flags |= SVC_F_TWO_SCOPES;
             }
             let src_ranges = if reach == Reach::LoadBalancer && !view.source_ranges.is_empty() {
                 flags |= SVC_F_SRC_RANGES;
@@ -375,23 +372,46 @@ pub fn compute_on(
             } else {
                 Vec::new()
             };
+            let affinity_timeout_s = view.affinity_timeout().unwrap_or(0);
             candidates.push(Candidate {
-                key: frontend_key(ip, port, view.protocol()),
-                object,
+                key,
+                object: object.clone(),
                 backends,
                 flags,
-                affinity_timeout_s: view.affinity_timeout().unwrap_or(0),
+                affinity_timeout_s,
                 src_ranges,
             });
+            if two_scopes {
+                // The node's own sockets: every cluster endpoint (source ranges are checked
+                // against the ranges of the external entry, which shares the id).
+                candidates.push(Candidate {
+                    key: SvcKey {
+                        scope: SCOPE_INTERNAL,
+                        ..key
+                    },
+                    object: object.clone(),
+                    backends: backends_of(&view, false, &object, &mut Vec::new()),
+                    flags: flags & SVC_F_SRC_RANGES,
+                    affinity_timeout_s,
+                    src_ranges: Vec::new(),
+                });
+            }
         }
     }
 
     // Already-programmed frontends first, then new ones, each group in model order: a full
     // map or a clashing frontend never takes the place of something that works.
-    candidates.sort_by_key(|c| !ids.has_svc(&c.key));
+    candidates.sort_by_key(|c| !ids.has_svc(&external(c.key)));
     let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
     let mut planned = Vec::new();
     for c in candidates {
+        if c.key.scope != SCOPE_EXTERNAL {
+            // An internal scope goes with its external entry, planned before it.
+            if owners.get(&external(c.key)) == Some(&c.object) {
+                planned.push(c);
+            }
+            continue;
+        }
         if let Some(owner) = owners.get(&c.key) {
             errors.push(DesiredError::FrontendConflict {
                 frontend: show_frontend(&c.key),
@@ -413,7 +433,8 @@ pub fn compute_on(
         src_ranges,
     } in planned
     {
-        let svc_id = ids.svc_id(key);
+        // Both scopes of a frontend are one service port: one id, one name, one counter.
+        let svc_id = ids.svc_id(external(key));
         let mut plan = Planned {
             object,
             entries: Vec::new(),
@@ -468,6 +489,50 @@ pub fn compute_on(
     }
     ids.retain(&desired);
     (desired, errors)
+}
+
+/// The external-scope key of a frontend's entry.
+fn external(key: SvcKey) -> SvcKey {
+    SvcKey {
+        scope: SCOPE_EXTERNAL,
+        ..key
+    }
+}
+
+/// The backends a frontend of `view` takes: this node's endpoints (`local`) or the cluster
+/// endpoints, at most `MAX_BACKENDS_PER_SVC` (more is reported in `errors`); each with
+/// whether it is on this node.
+fn backends_of(
+    view: &crate::model::select::PortView<'_>,
+    local: bool,
+    object: &str,
+    errors: &mut Vec<DesiredError>,
+) -> Vec<(BackendAddr, bool)> {
+    let chosen = if local {
+        &view.categorized.local
+    } else {
+        &view.categorized.cluster
+    };
+    let mut backends: Vec<(BackendAddr, bool)> = chosen
+        .iter()
+        .map(|e| {
+            let addr = BackendAddr {
+                ip: e.ip,
+                port: e.port,
+                protocol: view.protocol(),
+            };
+            (addr, e.local)
+        })
+        .collect();
+    if backends.len() > MAX_BACKENDS_PER_SVC as usize {
+        errors.push(DesiredError::TooManyBackends {
+            object: object.to_string(),
+            count: backends.len(),
+            limit: MAX_BACKENDS_PER_SVC,
+        });
+        backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+    }
+    backends
 }
 
 /// `namespace/name:port`, the port by name or, when it has none, by number.
@@ -538,13 +603,18 @@ fn proto_name(p: u8) -> String {
     Protocol::from_number(p).map_or_else(|| format!("proto{p}"), |p| p.to_string())
 }
 
-/// `a.b.c.d:port/PROTO` of a service key.
+/// `a.b.c.d:port/PROTO` of a service key (` internal` added for an internal scope).
 pub fn show_frontend(k: &SvcKey) -> String {
     format!(
-        "{}:{}/{}",
+        "{}:{}/{}{}",
         addr4(k.addr_be),
         u16::from_be(k.port_be),
-        proto_name(k.proto)
+        proto_name(k.proto),
+        if k.scope == SCOPE_INTERNAL {
+            " internal"
+        } else {
+            ""
+        }
     )
 }
 
@@ -578,7 +648,10 @@ impl Desired {
                 if v.flags & SVC_F_SNAT_REMOTE != 0 {
                     extra.push_str(" snat-remote");
                 }
-                if v.flags & SVC_F_SRC_RANGES != 0 {
+                if v.flags & SVC_F_TWO_SCOPES != 0 {
+                    extra.push_str(" two-scopes");
+                }
+                if v.flags & SVC_F_SRC_RANGES != 0 && k.scope == SCOPE_EXTERNAL {
                     let ranges: Vec<String> = self
                         .src_ranges
                         .iter()

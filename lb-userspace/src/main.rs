@@ -87,6 +87,15 @@ enum Command {
         /// cannot), `generic`, or `off` (tc does everything; the same behaviour, slower).
         #[arg(long, env = "XLB_XDP", default_value = "off")]
         xdp: lb_userspace::datapath::attach::XdpSetting,
+        /// Connect-time load balancing in cgroup socket hooks: `all` (the node's processes,
+        /// hostNetwork pods and pods' sockets), `host` (only the agent's network namespace;
+        /// pods are left to tc), or `off` (the node itself does not reach services).
+        #[arg(long, env = "XLB_SOCKET_LB", default_value = "all")]
+        socket_lb: lb_userspace::datapath::socket::SocketLb,
+        /// The cgroup v2 directory the socket hooks attach to: every process below it is
+        /// served [default: the cgroup v2 root from the mounts, e.g. /sys/fs/cgroup].
+        #[arg(long, env = "XLB_CGROUP_PATH")]
+        cgroup_path: Option<PathBuf>,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -366,6 +375,8 @@ fn main() -> Result<()> {
             snat_port_range,
             hairpin_address,
             xdp,
+            socket_lb,
+            cgroup_path,
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -419,6 +430,8 @@ fn main() -> Result<()> {
                 metrics_addr: bind_address(&metrics_bind_address)?,
                 snat_ports: port_range(&snat_port_range)?,
                 xdp,
+                socket_lb,
+                cgroup_path,
                 hairpin_address: if hairpin_address.is_empty() {
                     None
                 } else {

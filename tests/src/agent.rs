@@ -7,10 +7,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::netns::Netns;
+use crate::{cgroup::Cgroup, netns::Netns};
 
 /// A running agent.
 pub struct Agent {
+    /// The cgroup its socket hooks are attached to (`--cgroup-path`), unless the caller
+    /// passed one: never the machine's root cgroup. Removed after the agent's cleanup.
+    pub cgroup: Option<Cgroup>,
     child: Option<Child>,
     pub pins: PathBuf,
     pub log: PathBuf,
@@ -65,9 +68,20 @@ impl Agent {
             None => node.command(&xlb),
         };
         cmd.arg("agent").args(args).arg("--bpffs").arg(&pins);
+        let cgroup = if args.iter().any(|a| a == "--cgroup-path") {
+            None
+        } else {
+            let tag = pins
+                .file_name()
+                .map_or_else(|| "agent".into(), |n| n.to_string_lossy().into_owned());
+            let cg = Cgroup::new(&tag)?;
+            cmd.arg("--cgroup-path").arg(&cg.path);
+            Some(cg)
+        };
         let mut command = vec![cmd.get_program().to_os_string()];
         command.extend(cmd.get_args().map(|a| a.to_os_string()));
         let mut agent = Agent {
+            cgroup,
             child: None,
             pins,
             log,

@@ -9,7 +9,9 @@ pub use lb_userspace::lab::{client, echo, netns, topology};
 
 pub mod agent;
 pub mod apiserver;
+pub mod cgroup;
 pub mod datapath;
+pub mod probe;
 pub mod scenario;
 pub mod services;
 pub mod twonode;

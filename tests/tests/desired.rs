@@ -81,6 +81,7 @@ fn golden_traffic_policies_topology_and_affinity_on_node1() {
         name: "node1".into(),
         zone: Some("z1".into()),
         node_port_addresses: vec!["192.168.0.2".parse().expect("ip")],
+        socket_lb: false,
     };
     golden_on(
         &fixtures().join("policies.yaml"),

@@ -232,6 +232,7 @@ fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)) {
                 name: "node1".into(),
                 zone: None,
                 node_port_addresses: vec![NODE],
+                socket_lb: false,
             },
         )
         .expect("program");

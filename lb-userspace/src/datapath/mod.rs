@@ -3,6 +3,8 @@
 pub mod attach;
 pub mod kernel;
 pub mod loader;
+pub mod socket;
+pub mod stale;
 pub mod sync;
 pub mod writer;
 
@@ -41,6 +43,8 @@ pub enum DatapathError {
     },
     #[error(transparent)]
     Write(#[from] writer::WriteError),
+    #[error("cgroup {cgroup}: cannot attach the socket hooks: {reason}")]
+    Socket { cgroup: PathBuf, reason: String },
     #[error("interface {iface}: cannot attach tc ingress: {reason}")]
     Attach { iface: String, reason: String },
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use lb_common::{
     ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
 };
-use xlb_tests::{netns::Netns, unique_tag};
+use xlb_tests::{cgroup::Cgroup, netns::Netns, unique_tag};
 
 use super::{
     Summary,
@@ -80,6 +80,8 @@ struct AgentRun {
     pins: std::path::PathBuf,
     workdir: std::path::PathBuf,
     _ns: Netns,
+    /// The socket hooks' cgroup (never the root cgroup); removed after the pins.
+    _cgroup: Cgroup,
 }
 
 impl Drop for AgentRun {
@@ -125,6 +127,7 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
     let log = workdir.join("agent.log");
     let ns = Netns::new(&format!("{tag}-node")).map_err(anyhow::Error::msg)?;
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+    let cgroup = Cgroup::new(&tag).map_err(anyhow::Error::msg)?;
     let out = std::fs::File::create(&log)?;
     let err = out.try_clone()?;
     let started = Instant::now();
@@ -135,6 +138,8 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
         .arg(format!("file:{}", yaml.display()))
         .args(["--pod-interfaces", "xbench-none*", "--bpffs"])
         .arg(&pins)
+        .arg("--cgroup-path")
+        .arg(&cgroup.path)
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
@@ -148,6 +153,7 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
         pins,
         workdir,
         _ns: ns,
+        _cgroup: cgroup,
     };
     let want = format!("services={services}");
     loop {

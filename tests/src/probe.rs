@@ -1,0 +1,99 @@
+//! Runs `xlb-probe` (a client process) in a cgroup and a network namespace, and reads what
+//! it printed: one [`Line`] per request.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Child, Stdio},
+};
+
+use crate::{cgroup::Cgroup, netns::Netns};
+
+/// One request as the probe saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Line {
+    /// Answered: how long it took, the backend's name, the client address the backend saw,
+    /// and the peer address the client's socket saw (getpeername/recvfrom).
+    Ok {
+        ms: f64,
+        backend: String,
+        seen_client: String,
+        peer: SocketAddr,
+    },
+    /// Failed: how long it took, the errno (0 for none, e.g. end of stream) and the message.
+    Err { ms: f64, errno: i32, message: String },
+}
+
+impl Line {
+    /// The answer's backend, if it was answered.
+    pub fn backend(&self) -> Option<&str> {
+        match self {
+            Line::Ok { backend, .. } => Some(backend),
+            Line::Err { .. } => None,
+        }
+    }
+}
+
+/// The `xlb-probe` binary: `$XLB_PROBE`, else beside `xlb` in the target dir.
+pub fn probe_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("XLB_PROBE") {
+        return p.into();
+    }
+    if let Some(p) = option_env!("CARGO_BIN_EXE_xlb-probe") {
+        return p.into();
+    }
+    crate::xlb_bin().with_file_name("xlb-probe")
+}
+
+fn parse(line: &str) -> Result<Line, String> {
+    let w: Vec<&str> = line.splitn(5, ' ').collect();
+    let ms = |s: &str| s.parse::<f64>().map_err(|e| format!("{line:?}: {e}"));
+    match w.as_slice() {
+        ["ok", t, backend, seen, peer] => Ok(Line::Ok {
+            ms: ms(t)?,
+            backend: backend.to_string(),
+            seen_client: seen.to_string(),
+            peer: peer.parse().map_err(|e| format!("{line:?}: {e}"))?,
+        }),
+        ["err", t, errno, rest @ ..] => Ok(Line::Err {
+            ms: ms(t)?,
+            errno: errno.parse().map_err(|e| format!("{line:?}: {e}"))?,
+            message: rest.join(" "),
+        }),
+        _ => Err(format!("unexpected probe output {line:?}")),
+    }
+}
+
+/// Parses what a probe printed.
+pub fn lines(stdout: &str) -> Result<Vec<Line>, String> {
+    stdout.lines().filter(|l| !l.is_empty()).map(parse).collect()
+}
+
+/// Starts `xlb-probe ARGS…` in `cg` and `ns`; its stdout is piped.
+pub fn spawn(cg: &Cgroup, ns: &Netns, args: &[String]) -> Result<Child, String> {
+    cg.command(ns, probe_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", probe_bin().display()))
+}
+
+/// Waits for a probe started with [`spawn`] and parses its lines.
+pub fn finish(child: Child) -> Result<Vec<Line>, String> {
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "xlb-probe failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    lines(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Runs `xlb-probe MODE TO N…` to the end.
+pub fn run(cg: &Cgroup, ns: &Netns, args: &[String]) -> Result<Vec<Line>, String> {
+    finish(spawn(cg, ns, args)?)
+}
