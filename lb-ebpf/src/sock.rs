@@ -96,16 +96,19 @@ fn service(f: Frontend) -> Option<(Frontend, &'static SvcValue)> {
     Some((f, svc))
 }
 
-/// With `--socket-lb host`, only the host namespace's sockets are translated.
+/// With `--socket-lb host`, only the host namespace's sockets are translated; loopback
+/// frontends (NodePorts on 127.0.0.1) are the host's alone in any mode (a pod's 127.0.0.1 is
+/// its own).
 #[inline(always)]
-fn in_scope(ctx: &SockAddrContext) -> bool {
-    match XLB_CFG_V2.get(0) {
-        Some(c) if c.flags & CFG_F_SOCK_HOST_ONLY != 0 => {
-            // SAFETY: helper reading the context's namespace.
-            unsafe { bpf_get_netns_cookie(ctx.as_ptr()) == c.host_netns_cookie }
-        }
-        _ => true,
+fn in_scope(ctx: &SockAddrContext, loopback: bool) -> bool {
+    let Some(c) = XLB_CFG_V2.get(0) else {
+        return !loopback;
+    };
+    if c.flags & CFG_F_SOCK_HOST_ONLY == 0 && !loopback {
+        return true;
     }
+    // SAFETY: helper reading the context's namespace.
+    unsafe { bpf_get_netns_cookie(ctx.as_ptr()) == c.host_netns_cookie }
 }
 
 #[inline(always)]
@@ -137,7 +140,7 @@ fn try_forward(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
     let Some((f, svc)) = service(f) else {
         return Ok(Reason(R_SOCK_PASS));
     };
-    if !in_scope(ctx) {
+    if !in_scope(ctx, select::is_loopback(f.addr_be)) {
         return Ok(Reason(R_SOCK_PASS));
     }
     // SAFETY: `sk` is the socket the call is made on, valid for the program run.

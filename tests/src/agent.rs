@@ -71,10 +71,7 @@ impl Agent {
         let cgroup = if args.iter().any(|a| a == "--cgroup-path") {
             None
         } else {
-            let tag = pins
-                .file_name()
-                .map_or_else(|| "agent".into(), |n| n.to_string_lossy().into_owned());
-            let cg = Cgroup::new(&tag)?;
+            let cg = Cgroup::new(&crate::unique_tag("agent"))?;
             cmd.arg("--cgroup-path").arg(&cg.path);
             Some(cg)
         };
@@ -114,6 +111,21 @@ impl Agent {
         self.stop();
         self.log = log;
         self.spawn()
+    }
+
+    /// Stops the agent, leaving its pins, and starts one with other flags `args` on the
+    /// same pins (and the same cgroup), logging to `log`.
+    pub fn restart_with(&mut self, args: &[String], log: PathBuf) -> Result<(), String> {
+        let at = |word: &str| {
+            self.command
+                .iter()
+                .position(|a| a == word)
+                .ok_or(format!("no {word:?} in the agent's command"))
+        };
+        let (from, to) = (at("agent")? + 1, at("--bpffs")?);
+        self.command
+            .splice(from..to, args.iter().map(std::ffi::OsString::from));
+        self.restart(log)
     }
 
     /// The agent process's pid while it runs.

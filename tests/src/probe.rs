@@ -21,7 +21,11 @@ pub enum Line {
         peer: SocketAddr,
     },
     /// Failed: how long it took, the errno (0 for none, e.g. end of stream) and the message.
-    Err { ms: f64, errno: i32, message: String },
+    Err {
+        ms: f64,
+        errno: i32,
+        message: String,
+    },
 }
 
 impl Line {
@@ -66,7 +70,11 @@ fn parse(line: &str) -> Result<Line, String> {
 
 /// Parses what a probe printed.
 pub fn lines(stdout: &str) -> Result<Vec<Line>, String> {
-    stdout.lines().filter(|l| !l.is_empty()).map(parse).collect()
+    stdout
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(parse)
+        .collect()
 }
 
 /// Starts `xlb-probe ARGS…` in `cg` and `ns`; its stdout is piped.
@@ -96,4 +104,22 @@ pub fn finish(child: Child) -> Result<Vec<Line>, String> {
 /// Runs `xlb-probe MODE TO N…` to the end.
 pub fn run(cg: &Cgroup, ns: &Netns, args: &[String]) -> Result<Vec<Line>, String> {
     finish(spawn(cg, ns, args)?)
+}
+
+/// Reads a running probe's lines as they come, each with when it arrived; the thread ends
+/// with the probe.
+pub fn stream(
+    mut child: Child,
+) -> std::thread::JoinHandle<Result<Vec<(std::time::Instant, Line)>, String>> {
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        let out = child.stdout.take().ok_or("probe stdout not piped")?;
+        let mut got = Vec::new();
+        for l in std::io::BufReader::new(out).lines() {
+            let l = l.map_err(|e| e.to_string())?;
+            got.push((std::time::Instant::now(), parse(&l)?));
+        }
+        child.wait().map_err(|e| e.to_string())?;
+        Ok(got)
+    })
 }

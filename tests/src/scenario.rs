@@ -28,6 +28,16 @@ impl Scenario {
     /// Builds `backends` backend pods with echo servers named `backend-k`, writes `yaml` and
     /// starts the agent on it.
     pub fn start(prefix: &str, backends: usize, yaml: &str) -> Result<Self, String> {
+        Self::start_with(prefix, backends, yaml, &[])
+    }
+
+    /// [`Scenario::start`] with more agent flags.
+    pub fn start_with(
+        prefix: &str,
+        backends: usize,
+        yaml: &str,
+        extra: &[&str],
+    ) -> Result<Self, String> {
         let tag = unique_tag(prefix);
         let topo = Topology::build(&tag, backends)?;
         let mut servers = Vec::new();
@@ -38,10 +48,16 @@ impl Scenario {
         std::fs::create_dir_all(&workdir).map_err(|e| e.to_string())?;
         let yaml_path = workdir.join("services.yaml");
         write_atomic(&yaml_path, yaml)?;
-        let agent = Agent::start(
+        let mut args = vec![
+            "--source".to_string(),
+            format!("file:{}", yaml_path.display()),
+            "--pod-interfaces".into(),
+            "xv-*".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let agent = Agent::start_with(
             &topo.node,
-            &yaml_path,
-            "xv-*",
+            &args,
             PathBuf::from(format!("/sys/fs/bpf/{tag}")),
             workdir.join("agent.log"),
         )?;

@@ -48,7 +48,10 @@ pub fn removed_udp(before: &Desired, after: &Desired) -> BTreeSet<Pair> {
             .collect()
     };
     let now = pairs(after);
-    pairs(before).into_iter().filter(|p| !now.contains(p)).collect()
+    pairs(before)
+        .into_iter()
+        .filter(|p| !now.contains(p))
+        .collect()
 }
 
 /// The cookies of UDP sockets the hooks sent through one of `gone`, from the pinned socket
@@ -194,7 +197,10 @@ fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK;
         let req = SockDiagDestroy::new(SockDiagMessage::InetRequest(request(id)));
-        send(&sock, NetlinkMessage::new(header, NetlinkPayload::InnerMessage(req)))?;
+        send(
+            &sock,
+            NetlinkMessage::new(header, NetlinkPayload::InnerMessage(req)),
+        )?;
         let mut buf = Vec::with_capacity(4096);
         sock.recv(&mut buf, 0)?;
         if let Ok(ack) = NetlinkMessage::<SockDiagMessage>::deserialize(&buf)

@@ -67,7 +67,10 @@ fn udp_once(s: &UdpSocket) -> std::io::Result<(String, SocketAddr)> {
     s.send(b"hello\n")?;
     let mut buf = [0u8; 512];
     let n = s.recv(&mut buf)?;
-    Ok((String::from_utf8_lossy(&buf[..n]).into_owned(), s.peer_addr()?))
+    Ok((
+        String::from_utf8_lossy(&buf[..n]).into_owned(),
+        s.peer_addr()?,
+    ))
 }
 
 fn udp_unconnected(s: &UdpSocket, to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
@@ -80,7 +83,10 @@ fn udp_unconnected(s: &UdpSocket, to: SocketAddr) -> std::io::Result<(String, So
 fn run(args: &[String]) -> Result<(), String> {
     let usage = "usage: xlb-probe tcp|udp|udp-unconnected IP:PORT COUNT | tcp-hold|udp-stay IP:PORT SECS MS";
     let (mode, to) = match args {
-        [mode, to, ..] => (mode.as_str(), to.parse::<SocketAddr>().map_err(|e| e.to_string())?),
+        [mode, to, ..] => (
+            mode.as_str(),
+            to.parse::<SocketAddr>().map_err(|e| e.to_string())?,
+        ),
         _ => return Err(usage.into()),
     };
     let num = |i: usize| -> Result<u64, String> {
@@ -100,7 +106,8 @@ fn run(args: &[String]) -> Result<(), String> {
         }),
         "udp-unconnected" => {
             let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(TIMEOUT))
+                .map_err(|e| e.to_string())?;
             for _ in 0..num(2)? {
                 let t = Instant::now();
                 report(t, udp_unconnected(&s, to));
@@ -117,7 +124,8 @@ fn run(args: &[String]) -> Result<(), String> {
                     return Ok(());
                 }
             };
-            s.set_read_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(TIMEOUT))
+                .map_err(|e| e.to_string())?;
             while start.elapsed() < Duration::from_secs(secs) {
                 let t = Instant::now();
                 let r = tcp_once(&mut s);
