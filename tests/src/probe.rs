@@ -106,20 +106,29 @@ pub fn run(cg: &Cgroup, ns: &Netns, args: &[String]) -> Result<Vec<Line>, String
     finish(spawn(cg, ns, args)?)
 }
 
-/// Reads a running probe's lines as they come, each with when it arrived; the thread ends
-/// with the probe.
-pub fn stream(
-    mut child: Child,
-) -> std::thread::JoinHandle<Result<Vec<(std::time::Instant, Line)>, String>> {
+/// Reads a running probe's lines as they come, each with when it arrived; the channel
+/// closes when the probe ends (a line it cannot parse ends it too, as an `Err` line).
+pub fn stream(mut child: Child) -> std::sync::mpsc::Receiver<(std::time::Instant, Line)> {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead as _;
-        let out = child.stdout.take().ok_or("probe stdout not piped")?;
-        let mut got = Vec::new();
-        for l in std::io::BufReader::new(out).lines() {
-            let l = l.map_err(|e| e.to_string())?;
-            got.push((std::time::Instant::now(), parse(&l)?));
+        if let Some(out) = child.stdout.take() {
+            for l in std::io::BufReader::new(out).lines() {
+                let line = l
+                    .map_err(|e| e.to_string())
+                    .and_then(|l| parse(&l))
+                    .unwrap_or_else(|message| Line::Err {
+                        ms: 0.0,
+                        errno: -1,
+                        message,
+                    });
+                if tx.send((std::time::Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
         }
-        child.wait().map_err(|e| e.to_string())?;
-        Ok(got)
-    })
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+    rx
 }

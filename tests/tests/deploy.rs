@@ -132,11 +132,20 @@ fn daemon_sets_run_on_every_node_with_probes_and_bpffs() {
             "{file}: every node"
         );
         assert!(
-            pod.volumes.unwrap_or_default().iter().any(|v| v
+            pod.volumes.clone().unwrap_or_default().iter().any(|v| v
                 .host_path
                 .as_ref()
                 .is_some_and(|h| h.path == "/sys/fs/bpf")),
             "{file}: /sys/fs/bpf hostPath"
+        );
+        let cgroup_mounted = pod.volumes.clone().unwrap_or_default().iter().any(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| h.path == "/sys/fs/cgroup")
+        });
+        assert!(
+            cgroup_mounted,
+            "{file}: the host's cgroup v2 for the socket hooks"
         );
         let c = &pod.containers[0];
         let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
@@ -171,5 +180,33 @@ fn daemon_sets_run_on_every_node_with_probes_and_bpffs() {
                 .is_some_and(|r| r.name == "xlb-config")),
             "{file}: settings from the ConfigMap"
         );
+        let env = c.env.clone().unwrap_or_default();
+        let var = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            var("XLB_CGROUP_PATH").as_deref(),
+            Some("/run/xlb/cgroupv2"),
+            "{file}: the socket hooks attach to the host's cgroup, not the container's"
+        );
+        assert!(
+            c.volume_mounts
+                .clone()
+                .unwrap_or_default()
+                .iter()
+                .any(|m| m.mount_path == "/run/xlb/cgroupv2"),
+            "{file}"
+        );
+        if privileged {
+            assert_eq!(
+                pod.host_pid,
+                Some(true),
+                "{file}: pods' namespaces via /proc"
+            );
+        } else {
+            assert_eq!(var("XLB_SOCKET_LB").as_deref(), Some("host"), "{file}");
+        }
     }
 }

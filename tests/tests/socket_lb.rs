@@ -8,7 +8,7 @@ use xlb_tests::{
     probe::{self, Line},
     require_root,
     scenario::{Scenario, TCP_PORT, UDP_PORT, sock},
-    services::service_yaml,
+    services::{service_yaml, write_atomic},
     topology::{GATEWAY, pod_ip},
 };
 
@@ -376,4 +376,128 @@ fn a_frontend_without_endpoints_refuses_connect_and_send_at_once() {
     }
     let counts = reason_counts(&s.agent.pins);
     assert!(counts["sock_reject"] >= 30, "{counts:?}");
+}
+
+#[test]
+fn a_connected_udp_socket_leaves_a_removed_backend_within_a_second() {
+    let all = backends(3);
+    let Some(s) = started(
+        "a_connected_udp_socket_leaves_a_removed_backend_within_a_second",
+        "xsu",
+        &yaml(&all, &all),
+        3,
+    ) else {
+        return;
+    };
+    let cg = s.agent.cgroup.as_ref().expect("cgroup");
+    let mut remaining = all.clone();
+    for (who, ns) in [("node", &s.topo.node), ("pod", &s.topo.client.ns)] {
+        let args: Vec<String> = ["udp-stay", &sock(DNS, 53).to_string(), "3", "20"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let rx = probe::stream(probe::spawn(cg, ns, &args).expect("probe"));
+        let (_, first) = rx.recv_timeout(Duration::from_secs(3)).expect("an answer");
+        let on = first.backend().expect("answered").to_string();
+        // Remove the backend this socket is connected to (its pod keeps serving: a socket
+        // left on it would go on getting answers from it).
+        let index: usize = on
+            .strip_prefix("backend-")
+            .and_then(|k| k.parse().ok())
+            .expect("backend-k");
+        let gone = s.topo.backends[index - 1].ip;
+        remaining.retain(|ip| *ip != gone);
+        write_atomic(&s.yaml, &yaml(&all, &remaining)).expect("write");
+        let removed = std::time::Instant::now();
+        let after: Vec<(std::time::Instant, Line)> = rx.iter().collect();
+        let moved = after
+            .iter()
+            .find(|(_, l)| l.backend().is_some_and(|b| b != on))
+            .unwrap_or_else(|| panic!("{who}: never left {on}: {after:?}\n{}", s.agent.log_text()));
+        let took = moved.0.duration_since(removed);
+        assert!(
+            took < Duration::from_secs(1),
+            "{who}: moved off {on} after {took:?}"
+        );
+        let stayed = after
+            .iter()
+            .filter(|(t, l)| *t > moved.0 && l.backend() == Some(on.as_str()))
+            .count();
+        assert_eq!(
+            stayed, 0,
+            "{who}: answers from {on} after the move: {after:?}"
+        );
+        assert!(
+            after.iter().any(|(_, l)| matches!(
+                l,
+                Line::Err {
+                    errno: 89 | 103,
+                    ..
+                }
+            )),
+            "{who}: the socket was destroyed (its next call failed with EDESTADDRREQ or ECONNABORTED): {after:?}"
+        );
+    }
+    assert!(
+        s.agent
+            .log_text()
+            .contains("destroyed connected UDP sockets of removed backends"),
+        "{}",
+        s.agent.log_text()
+    );
+}
+
+#[test]
+fn host_connections_survive_an_agent_sigkill_and_restart() {
+    let all = backends(2);
+    let Some(mut s) = started(
+        "host_connections_survive_an_agent_sigkill_and_restart",
+        "xsk",
+        &yaml(&all, &all),
+        2,
+    ) else {
+        return;
+    };
+    let cg = s.agent.cgroup.take().expect("cgroup");
+    let hold: Vec<String> = ["tcp-hold", &sock(WEB, 80).to_string(), "3", "20"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let held = probe::spawn(&cg, &s.topo.node, &hold).expect("probe");
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = s.agent.pid().expect("agent running");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_millis(200));
+    // No agent: the pinned hooks and maps go on serving new connections too.
+    let orphaned = probe::run(&cg, &s.topo.node, &args("tcp", sock(WEB, 80), 10)).expect("probe");
+    all_ok("new connections with no agent", &orphaned, &s);
+    let log = s.workdir.join("agent-2.log");
+    s.agent.restart(log).expect("restart");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !s.agent.log_text().contains("synced") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            s.agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fresh = probe::run(&cg, &s.topo.node, &args("tcp", sock(WEB, 80), 10)).expect("probe");
+    all_ok("new connections after the restart", &fresh, &s);
+    let held = probe::finish(held).expect("held connection");
+    assert!(held.len() >= 50, "the connection stopped early: {held:?}");
+    all_ok("the long-lived connection", &held, &s);
+    assert_eq!(
+        spread(&held).len(),
+        1,
+        "one connection, one backend: {held:?}"
+    );
+    // getpeername() ran on every request: the hooks never left, through kill and restart.
+    assert!(
+        held.iter()
+            .all(|l| matches!(l, Line::Ok { peer, .. } if *peer == sock(WEB, 80))),
+        "{held:?}"
+    );
+    s.agent.cgroup = Some(cg);
 }

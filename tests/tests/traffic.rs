@@ -460,6 +460,22 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
         .expect("client");
     let answer = r.unwrap_or_else(|e| panic!("{e}\n{}", s.agent.log_text()));
     assert_eq!(answer.peer, sock(WEB, 80));
+    // The socket hooks attach with the same two: a process on the node reaches the
+    // ClusterIP through them.
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let lines = xlb_tests::probe::run(
+        cg,
+        &s.topo.node,
+        &["tcp".into(), sock(WEB, 80).to_string(), "5".into()],
+    )
+    .expect("probe");
+    assert!(
+        lines.iter().all(
+            |l| matches!(l, xlb_tests::probe::Line::Ok { peer, .. } if *peer == sock(WEB, 80))
+        ),
+        "node → ClusterIP with CAP_BPF + CAP_NET_ADMIN: {lines:?}\n{}",
+        s.agent.log_text()
+    );
     // And it really ran with just those: CAP_NET_ADMIN is bit 12, CAP_BPF bit 39.
     let pid = s.agent.pid().expect("agent running");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
