@@ -337,3 +337,20 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     );
     assert_eq!(now, w.state);
 }
+
+#[test]
+fn golden_policies_with_the_socket_hooks_on_node1() {
+    // Socket LB adds NodePorts on 127.0.0.1 (cluster endpoints) and, for external frontends
+    // with externalTrafficPolicy Local, an internal scope with every cluster endpoint.
+    let node = desired::NodeContext {
+        name: "node1".into(),
+        zone: Some("z1".into()),
+        node_port_addresses: vec!["192.168.0.2".parse().expect("ip")],
+        socket_lb: true,
+    };
+    golden_on(
+        &fixtures().join("policies.yaml"),
+        &fixtures().join("policies.socket-lb.desired.txt"),
+        &node,
+    );
+}

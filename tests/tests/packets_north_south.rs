@@ -232,7 +232,9 @@ fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)) {
                 name: "node1".into(),
                 zone: None,
                 node_port_addresses: vec![NODE],
-                socket_lb: false,
+                // With the socket hooks' entries (loopback NodePorts, internal scopes), which
+                // tc and XDP must never use.
+                socket_lb: true,
             },
         )
         .expect("program");
@@ -308,9 +310,17 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
             },
         },
         Case {
-            desc: "Local policy without a local endpoint → dropped",
+            desc: "Local policy without a local endpoint → dropped (the internal scope the socket hooks use for the node's own traffic is never a packet's)",
             packet: PacketBuilder::tcp(EXT, np(30004)).build(),
             expect: Expect::Drop,
+        },
+        Case {
+            desc: "a packet to 127.0.0.1:NodePort (a frontend for the node's own sockets only) → not translated",
+            packet: PacketBuilder::tcp(EXT, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 30003)).build(),
+            expect: Expect::Rewritten {
+                src: EXT,
+                dst: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 30003),
+            },
         },
         Case {
             desc: "LoadBalancer IP, client inside loadBalancerSourceRanges → DNAT",

@@ -62,13 +62,25 @@ pub fn ebpf() -> Result<PathBuf> {
     Ok(obj)
 }
 
-/// Builds the eBPF object and `xlb`; returns the path of `xlb`.
+/// Builds the eBPF object, `xlb` and `xlb-probe`; returns the path of `xlb`.
 pub fn all(release: bool) -> Result<PathBuf> {
     let obj = ebpf()?;
     println!("xtask: building xlb");
     let mut c = Command::new("cargo");
-    c.args(["build", "--package", "lb-userspace", "--bin", "xlb"])
-        .env("XLB_EBPF_OBJECT", &obj);
+    // xlb-probe (the client process of the socket-hook tests, the demo and the benches)
+    // lands beside xlb.
+    c.args([
+        "build",
+        "--package",
+        "lb-userspace",
+        "--package",
+        "xlb-tests",
+        "--bin",
+        "xlb",
+        "--bin",
+        "xlb-probe",
+    ])
+    .env("XLB_EBPF_OBJECT", &obj);
     if release {
         c.arg("--release");
     }

@@ -1,8 +1,10 @@
 //! `cargo xtask run`: the demo. Builds a node namespace with a client pod and three backend
 //! pods (TCP and UDP echo servers that answer with their name and the peer they saw), runs
-//! `xlb agent` in the node namespace on the services file, drives traffic from the client to
-//! every ClusterIP, and prints which backend answered, once a second. Everything it created is
-//! removed on exit, on Ctrl-C and on error (the guards' Drop).
+//! `xlb agent` in the node namespace on the services file, drives traffic to every ClusterIP
+//! from the client pod and from the node itself (client processes in the demo's own cgroup,
+//! where the agent attaches its socket hooks), and prints which backend answered, once a
+//! second. Everything it created is removed on exit, on Ctrl-C and on error (the guards'
+//! Drop).
 
 use std::{
     collections::BTreeMap,
@@ -18,10 +20,7 @@ use std::{
 use anyhow::{Context, Result, anyhow};
 use lb_userspace::{model::Protocol, source::file};
 use xlb_tests::{
-    agent::Agent,
-    client::{tcp_request, udp_request},
-    echo::EchoServer,
-    topology::Topology,
+    agent::Agent, cgroup::Cgroup, echo::EchoServer, netns::Netns, probe, topology::Topology,
 };
 
 /// Requests per frontend per round.
@@ -61,6 +60,32 @@ fn frontends(services: &Path) -> Result<Vec<Frontend>> {
         }
     }
     Ok(out)
+}
+
+/// `PER_ROUND` requests to `f` from a client process in `cg` and `ns`, as
+/// `backend=count …`.
+fn spread(cg: &Cgroup, ns: &Netns, f: &Frontend) -> Result<String> {
+    let mode = if f.protocol == Protocol::Udp {
+        "udp"
+    } else {
+        "tcp"
+    };
+    let lines = probe::run(
+        cg,
+        ns,
+        &[mode.into(), f.addr.to_string(), PER_ROUND.to_string()],
+    )
+    .map_err(|e| anyhow!(e))?;
+    let mut by = BTreeMap::<String, usize>::new();
+    for l in &lines {
+        *by.entry(l.backend().unwrap_or("FAILED").to_string())
+            .or_default() += 1;
+    }
+    Ok(by
+        .iter()
+        .map(|(b, n)| format!("{b}={n}"))
+        .collect::<Vec<_>>()
+        .join(" "))
 }
 
 pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
@@ -125,6 +150,13 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
         pins.display()
     );
     println!("  agent log  : {}", agent.log.display());
+    if let Some(cg) = &agent.cgroup {
+        println!(
+            "  cgroup     : {} (the socket hooks serve the processes in it: bpftool cgroup show {})",
+            cg.path.display(),
+            cg.path.display()
+        );
+    }
     println!("  Ctrl-C stops and removes everything.\n");
 
     let started = Instant::now();
@@ -134,37 +166,21 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
     {
         let round_start = Instant::now();
         let fronts = frontends(&services).unwrap_or_default();
-        let jobs: Vec<(SocketAddr, Protocol)> =
-            fronts.iter().map(|f| (f.addr, f.protocol)).collect();
-        let counts = topo
-            .client
-            .ns
-            .run(move || {
-                jobs.iter()
-                    .map(|(addr, proto)| {
-                        let mut by = BTreeMap::<String, usize>::new();
-                        for _ in 0..PER_ROUND {
-                            let r = match proto {
-                                Protocol::Udp => udp_request(*addr, Duration::from_millis(300)),
-                                _ => tcp_request(*addr, Duration::from_millis(300)),
-                            };
-                            let key = r.map(|a| a.backend).unwrap_or_else(|_| "FAILED".into());
-                            *by.entry(key).or_default() += 1;
-                        }
-                        by
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .map_err(|e| anyhow!(e))?;
+        let cg = agent
+            .cgroup
+            .as_ref()
+            .ok_or(anyhow!("the agent has no cgroup"))?;
+        let mut counts = Vec::new();
+        for f in &fronts {
+            counts.push((spread(cg, &topo.client.ns, f)?, spread(cg, &topo.node, f)?));
+        }
         round += 1;
         println!("[{:>4}s] round {round}", started.elapsed().as_secs());
-        for (f, by) in fronts.iter().zip(counts) {
-            let spread: Vec<String> = by.iter().map(|(b, n)| format!("{b}={n}")).collect();
+        for (f, (pod, node)) in fronts.iter().zip(counts) {
             println!(
-                "  {:<28} {:<22} {}",
+                "  {:<28} {:<22} from the pod: {pod}   from the node: {node}",
                 f.name,
                 format!("{}/{}", f.addr, f.protocol),
-                spread.join("  ")
             );
         }
         if let Some(rest) = Duration::from_secs(1).checked_sub(round_start.elapsed()) {

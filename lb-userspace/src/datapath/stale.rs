@@ -214,3 +214,49 @@ fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
     }
     Ok(destroyed)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use lb_common::{SvcKey, SvcValue};
+
+    use super::*;
+    use crate::{desired::frontend_key, model::Protocol};
+
+    fn state(frontends: &[(Protocol, &[u8])]) -> Desired {
+        let mut d = Desired::default();
+        for (i, (proto, backends)) in frontends.iter().enumerate() {
+            let key = frontend_key(Ipv4Addr::new(10, 96, 0, i as u8 + 1), 53, *proto);
+            for (slot, b) in backends.iter().enumerate() {
+                let id = u32::from(*b);
+                d.backends.insert(
+                    id,
+                    crate::desired::backend_value(Ipv4Addr::new(10, 244, 0, *b), 5353, *proto),
+                );
+                d.services.insert(
+                    SvcKey {
+                        slot: slot as u16 + 1,
+                        ..key
+                    },
+                    SvcValue {
+                        backend_id: id,
+                        ..SvcValue::default()
+                    },
+                );
+            }
+        }
+        d
+    }
+
+    #[test]
+    fn only_udp_backends_that_left_their_frontend_count() {
+        let before = state(&[(Protocol::Udp, &[1, 2]), (Protocol::Tcp, &[3])]);
+        let after = state(&[(Protocol::Udp, &[2]), (Protocol::Tcp, &[])]);
+        let gone = removed_udp(&before, &after);
+        let be = |b: u8| (u32::from_ne_bytes([10, 244, 0, b]), 5353u16.to_be());
+        let fe = (u32::from_ne_bytes([10, 96, 0, 1]), 53u16.to_be());
+        assert_eq!(gone.into_iter().collect::<Vec<_>>(), vec![(fe, be(1))]);
+        assert!(removed_udp(&after, &after).is_empty());
+    }
+}
