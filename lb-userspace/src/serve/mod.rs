@@ -17,7 +17,7 @@ mod conns;
 mod server;
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
@@ -109,11 +109,7 @@ pub fn spawn_with(
     let handler: server::Handler = Arc::new(move |path: &str| {
         handler(path).unwrap_or_else(|| Response::text("404 Not Found", "not found\n"))
     });
-    let err = |source| ServeError { addr, source };
-    let listener = TcpListener::bind(addr).map_err(err)?;
-    let bound = listener.local_addr().map_err(err)?;
-    server::start(listener, handler, stop, limits).map_err(err)?;
-    Ok(bound)
+    server::start(addr, handler, stop, limits).map_err(|source| ServeError { addr, source })
 }
 
 #[cfg(test)]

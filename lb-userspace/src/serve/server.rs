@@ -25,7 +25,10 @@ use hyper::{
     service::service_fn,
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, runtime::Handle};
+use tokio::{
+    net::{TcpListener, TcpSocket},
+    runtime::Handle,
+};
 use tracing::{debug, warn};
 
 use super::{
@@ -38,6 +41,10 @@ pub(super) type Handler = Arc<dyn Fn(&str) -> Response + Send + Sync>;
 
 /// The smallest read buffer hyper takes (it panics below).
 const MIN_BUF: usize = 8192;
+
+/// Connections the kernel queues for an accept loop (as tokio's and Go's listeners; the
+/// kernel caps it at net.core.somaxconn).
+const BACKLOG: u32 = 1024;
 
 /// How often an accept loop looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(20);
@@ -61,21 +68,34 @@ fn runtime() -> io::Result<Handle> {
     Ok(h)
 }
 
-/// Serves `handler` on `listener` until `stop` is set.
+/// Serves `handler` on `addr` until `stop` is set; the address bound.
 pub(super) fn start(
-    listener: std::net::TcpListener,
+    addr: SocketAddr,
     handler: Handler,
     stop: Arc<AtomicBool>,
     limits: Limits,
-) -> io::Result<()> {
+) -> io::Result<SocketAddr> {
     let rt = runtime()?;
     let listener = {
         let _in_runtime = rt.enter();
-        listener.set_nonblocking(true)?;
-        TcpListener::from_std(listener)?
+        listen(addr)?
     };
+    let bound = listener.local_addr()?;
     rt.spawn(accept_loop(listener, handler, stop, Arc::new(limits)));
-    Ok(())
+    Ok(bound)
+}
+
+/// A listener on `addr` (in the runtime's context) with room for a burst of connections:
+/// std's backlog of 128 overflows under a flood, and a probe's dropped SYN waits a second.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 async fn accept_loop(
