@@ -124,6 +124,7 @@ mod tests {
     use super::*;
 
     fn handler(path: &str) -> Option<Response> {
+        assert_ne!(path, "/panic", "a handler that panics");
         (path == "/x").then(|| Response {
             status: "200 OK",
             content_type: "application/json",
@@ -276,6 +277,23 @@ mod tests {
             .expect("write");
         assert!(response(&mut probe).starts_with("HTTP/1.1 200"));
         assert!(closed_within(&mut held[0], Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_handler_that_panics_gives_its_connection_slot_back() {
+        let limits = Limits {
+            max_connections: 1,
+            ..Limits::default()
+        };
+        let (addr, _stop) = serve(limits);
+        let mut c = connect(addr);
+        c.write_all(b"GET /panic HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(closed_within(&mut c, Duration::from_secs(1)));
+        let mut d = connect(addr);
+        d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut d).starts_with("HTTP/1.1 200"));
     }
 
     #[test]

@@ -141,11 +141,21 @@ fn admit(
             return;
         }
     };
-    let (conns, handler, limits) = (conns.clone(), handler.clone(), limits.clone());
+    let leave = Leave(conns.clone(), id);
+    let (handler, limits) = (handler.clone(), limits.clone());
     tokio::spawn(async move {
+        let _leave = leave;
         connection(stream, &slot, handler, &limits).await;
-        conns.leave(id);
     });
+}
+
+/// Gives a connection's slot back when its task ends, however it ends.
+struct Leave(Arc<Conns>, u64);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
 }
 
 /// Serves one connection until it ends or its slot tells it to close.
