@@ -319,7 +319,11 @@ fn http_get(c: &Cluster, port: u16, path: &str) -> (u16, String) {
                 std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
             s.set_read_timeout(Some(Duration::from_secs(5)))
                 .map_err(|e| e.to_string())?;
-            write!(s, "GET {path} HTTP/1.1\r\nHost: node\r\n\r\n").map_err(|e| e.to_string())?;
+            write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
+            )
+            .map_err(|e| e.to_string())?;
             let mut text = String::new();
             s.read_to_string(&mut text).map_err(|e| e.to_string())?;
             let code = text

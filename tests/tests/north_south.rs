@@ -280,7 +280,7 @@ fn http_get(to: SocketAddr) -> Result<String, String> {
         .map_err(|e| format!("connect {to}: {e}"))?;
     s.set_read_timeout(Some(TIMEOUT))
         .map_err(|e| e.to_string())?;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\n\r\n")
+    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
         .map_err(|e| e.to_string())?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(|e| e.to_string())?;

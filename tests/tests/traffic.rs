@@ -723,7 +723,10 @@ fn a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named() {
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", 10299)) {
-                    let _ = write!(c, "GET /livez HTTP/1.1\r\nHost: n\r\n\r\n");
+                    let _ = write!(
+                        c,
+                        "GET /livez HTTP/1.1\r\nHost: n\r\nConnection: close\r\n\r\n"
+                    );
                     let mut t = String::new();
                     let _ = c.read_to_string(&mut t);
                     return t.split_whitespace().nth(1).map(str::to_string);

@@ -1,23 +1,28 @@
-//! The agent's HTTP endpoints: health (kube-proxy's `/healthz` and `/livez` semantics) and
-//! Prometheus metrics. A tiny HTTP/1.1 server on std threads: one request per connection.
+//! The agent's HTTP endpoints: health (kube-proxy's `/healthz` and `/livez` semantics),
+//! Prometheus metrics and the per-service health-check node ports. HTTP/1.1 with keep-alive,
+//! served by hyper on one single-threaded tokio runtime shared by every listener of the
+//! process, so threads do not grow with connections. What one client can hold ([`Limits`]):
+//! a request head of at most 16 KiB (a longer one closes the connection), 5 s to send it,
+//! 5 s idle between requests, 10 s from a request to the end of its response, and 256
+//! connections per listener; at the cap a new connection takes the slot of the connection
+//! idle the longest (one that has sent no request, or is between two), and is refused at
+//! once only when all 256 are mid-request. Handlers run on the runtime's thread: they must be
+//! quick (a mutex; for `/metrics` a read of the pinned maps).
 
 pub mod health;
 pub mod metrics;
 pub mod service_health;
 
+mod conns;
+mod server;
+
 use std::{
-    io::{BufRead, BufReader, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
+    net::SocketAddr,
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
 use thiserror::Error;
-use tracing::warn;
 
 #[derive(Debug, Error)]
 #[error("cannot listen on {addr}: {source}")]
@@ -47,8 +52,36 @@ impl Response {
     }
 }
 
-/// Serves `handler(path)` on `addr` from a background thread for the life of the process;
-/// a path the handler does not know is a 404.
+/// What one listener allows its clients.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// hyper's read buffer: the most a request head (request line and headers) may take
+    /// (at least 8 KiB, hyper's minimum).
+    pub max_head: usize,
+    /// From the connection opening, or the previous response, to the end of the head.
+    pub header_read_timeout: Duration,
+    /// Between the end of a response and the next request head.
+    pub idle_timeout: Duration,
+    /// From a request head read to the end of its response (a client that does not read).
+    pub response_timeout: Duration,
+    /// Open connections of one listener.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_head: 16 * 1024,
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(10),
+            max_connections: 256,
+        }
+    }
+}
+
+/// Serves `handler(path)` on `addr` for the life of the process; a path the handler does
+/// not know is a 404.
 pub fn spawn(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
@@ -56,81 +89,230 @@ pub fn spawn(
     spawn_until(addr, handler, Arc::new(AtomicBool::new(false)))
 }
 
-/// [`spawn`] until `stop` is set (the listener closes within 50 ms).
+/// [`spawn`] until `stop` is set: the listener closes within 50 ms and its connections with
+/// it (one mid-response too).
 pub fn spawn_until(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
     stop: Arc<AtomicBool>,
 ) -> Result<SocketAddr, ServeError> {
-    let handler: Arc<dyn Fn(&str) -> Response + Send + Sync> = Arc::new(move |path: &str| {
+    spawn_with(addr, handler, stop, Limits::default())
+}
+
+/// [`spawn_until`] with `limits`.
+pub fn spawn_with(
+    addr: SocketAddr,
+    handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
+    stop: Arc<AtomicBool>,
+    limits: Limits,
+) -> Result<SocketAddr, ServeError> {
+    let handler: server::Handler = Arc::new(move |path: &str| {
         handler(path).unwrap_or_else(|| Response::text("404 Not Found", "not found\n"))
     });
-    let listener = TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|source| ServeError { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServeError { addr, source })?;
-    thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((conn, _)) => {
-                    let handler = handler.clone();
-                    thread::spawn(move || {
-                        if let Err(e) = conn
-                            .set_nonblocking(false)
-                            .and_then(|()| answer(conn, handler.as_ref()))
-                        {
-                            warn!("http: {e}");
-                        }
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wait_readable(&listener, 50)
-                }
-                Err(_) => thread::sleep(Duration::from_millis(10)),
+    server::start(addr, handler, stop, limits).map_err(|source| ServeError { addr, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{Read, Write},
+        net::{Ipv4Addr, TcpStream},
+        sync::atomic::Ordering,
+        time::Instant,
+    };
+
+    use super::*;
+
+    fn handler(path: &str) -> Option<Response> {
+        assert_ne!(path, "/panic", "a handler that panics");
+        (path == "/x").then(|| Response {
+            status: "200 OK",
+            content_type: "application/json",
+            headers: vec!["X-Load-Balancing-Endpoint-Weight: 2".into()],
+            body: "{}\n".into(),
+        })
+    }
+
+    fn serve(limits: Limits) -> (SocketAddr, Arc<AtomicBool>) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let bound = spawn_with(addr, handler, stop.clone(), limits).expect("listen");
+        (bound, stop)
+    }
+
+    fn connect(addr: SocketAddr) -> TcpStream {
+        let c = TcpStream::connect(addr).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        c
+    }
+
+    /// Reads one response (head and Content-Length body) from `c`.
+    fn response(c: &mut TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            let n = c.read(&mut byte).expect("read head");
+            assert_eq!(n, 1, "closed mid-head: {:?}", String::from_utf8_lossy(&buf));
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).to_string();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Content-Length");
+        let mut body = vec![0u8; len];
+        c.read_exact(&mut body).expect("body");
+        head + &String::from_utf8_lossy(&body)
+    }
+
+    /// True when the server closes `c` within `within`.
+    fn closed_within(c: &mut TcpStream, within: Duration) -> bool {
+        c.set_read_timeout(Some(within)).expect("timeout");
+        let mut sink = [0u8; 4096];
+        loop {
+            match c.read(&mut sink) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
             }
         }
-    });
-    Ok(bound)
-}
-
-/// Blocks until `listener` has a connection to accept or `ms` milliseconds pass.
-fn wait_readable(listener: &TcpListener, ms: i32) {
-    use std::os::fd::AsRawFd;
-    let mut fds = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut fds, 1, ms) };
-}
-
-fn answer(
-    conn: TcpStream,
-    handler: &(dyn Fn(&str) -> Response + Send + Sync),
-) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let mut request = String::new();
-    reader.read_line(&mut request)?;
-    let mut line = String::new();
-    while reader.read_line(&mut line)? > 2 {
-        line.clear();
     }
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let path = path.split('?').next().unwrap_or("/");
-    let r = handler(path);
-    let mut conn = conn;
-    let extra: String = r.headers.iter().map(|h| format!("{h}\r\n")).collect();
-    write!(
-        conn,
-        "HTTP/1.1 {}\r\nContent-Type: {}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-        r.status,
-        r.content_type,
-        r.body.len(),
-        r.body
-    )?;
-    conn.flush()
+
+    #[test]
+    fn answers_keep_alive_requests_with_the_handlers_headers() {
+        let (addr, _stop) = serve(Limits::default());
+        let mut c = connect(addr);
+        c.write_all(b"GET /x?probe=1 HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        let first = response(&mut c);
+        assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{first}");
+        for h in [
+            "Content-Type: application/json\r\n",
+            "X-Load-Balancing-Endpoint-Weight: 2\r\n",
+            "Content-Length: 3\r\n",
+        ] {
+            assert!(first.contains(h), "{h:?} missing: {first}");
+        }
+        assert!(first.ends_with("\r\n\r\n{}\n"), "{first}");
+        // The same connection: the next request, an unknown path.
+        c.write_all(b"GET /nope HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        let second = response(&mut c);
+        assert!(second.starts_with("HTTP/1.1 404 Not Found\r\n"), "{second}");
+        assert!(second.ends_with("not found\n"), "{second}");
+        // Asked to close: answered, then closed.
+        c.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut c).starts_with("HTTP/1.1 200"));
+        assert!(closed_within(&mut c, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_head_over_the_limit_closes_the_connection() {
+        let (addr, _stop) = serve(Limits::default());
+        let mut c = connect(addr);
+        c.set_write_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let chunk = vec![b'a'; 64 * 1024];
+        let mut sent = 0usize;
+        let _ = c.write_all(b"GET /");
+        while sent < 64 << 20 && c.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        assert!(
+            sent < 64 << 20,
+            "the server read {sent} bytes of one request line"
+        );
+        // The connection still works for others.
+        let mut d = connect(addr);
+        d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut d).starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn idle_and_slow_connections_are_closed() {
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let (addr, _stop) = serve(limits);
+        // Kept alive after a response, then idle.
+        let mut idle = connect(addr);
+        idle.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut idle).starts_with("HTTP/1.1 200"));
+        let started = Instant::now();
+        assert!(closed_within(&mut idle, Duration::from_secs(3)));
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // A head dripping in.
+        let mut slow = connect(addr);
+        let started = Instant::now();
+        for b in b"GET /x HTTP/1.1\r\nX-Drip: " {
+            if slow.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(closed_within(&mut slow, Duration::from_secs(3)));
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn at_the_cap_a_new_connection_is_served_and_the_oldest_idle_one_closed() {
+        let limits = Limits {
+            max_connections: 2,
+            ..Limits::default()
+        };
+        let (addr, _stop) = serve(limits);
+        let mut held: Vec<TcpStream> = (0..2).map(|_| connect(addr)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut probe = connect(addr);
+        probe
+            .write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut probe).starts_with("HTTP/1.1 200"));
+        assert!(closed_within(&mut held[0], Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_handler_that_panics_gives_its_connection_slot_back() {
+        let limits = Limits {
+            max_connections: 1,
+            ..Limits::default()
+        };
+        let (addr, _stop) = serve(limits);
+        let mut c = connect(addr);
+        c.write_all(b"GET /panic HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(closed_within(&mut c, Duration::from_secs(1)));
+        let mut d = connect(addr);
+        d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut d).starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn stop_closes_the_listener_and_its_connections_and_frees_the_port() {
+        let (addr, stop) = serve(Limits::default());
+        let mut c = connect(addr);
+        c.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut c).starts_with("HTTP/1.1 200"));
+        stop.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(TcpStream::connect(addr).is_err(), "still listening");
+        assert!(closed_within(&mut c, Duration::from_millis(200)));
+        // The port is free at once: a new server on it answers.
+        let again = spawn_until(addr, handler, Arc::new(AtomicBool::new(false)))
+            .expect("bind again right after the stop");
+        let mut d = connect(again);
+        d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        assert!(response(&mut d).starts_with("HTTP/1.1 200"));
+    }
 }
