@@ -347,9 +347,9 @@ pub fn compute_on(
             let object = format!("{object}{suffix}");
             let backends = backends_of(&view, local, &object, &mut errors);
             let mut flags = 0;
-            if local {
+            if view.drops_when_empty(local) {
                 flags |= SVC_F_DROP_EMPTY;
-            } else if reach == Reach::External || reach == Reach::LoadBalancer {
+            } else if !local && (reach == Reach::External || reach == Reach::LoadBalancer) {
                 flags |= SVC_F_SNAT_REMOTE;
             }
             let key = frontend_key(ip, port, view.protocol());

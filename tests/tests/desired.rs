@@ -354,3 +354,41 @@ fn golden_policies_with_the_socket_hooks_on_node1() {
         &node,
     );
 }
+
+#[test]
+fn internal_policy_local_refuses_without_any_endpoint_and_drops_without_a_local_one() {
+    // kube-proxy: "has no endpoints" → REJECT; "has no local endpoints" → DROP.
+    let yaml = |eps: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: web}}\nspec:\n  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n  ports: [{{name: p, port: 80, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints: {eps}\n"
+        )
+    };
+    let node = desired::NodeContext {
+        name: "node1".into(),
+        ..Default::default()
+    };
+    for (eps, drops) in [
+        ("[]", false),
+        (
+            "[{addresses: [10.244.9.9], conditions: {ready: true}, nodeName: node2}]",
+            true,
+        ),
+    ] {
+        let loaded = file::parse("t.yaml", &yaml(eps)).expect("yaml");
+        let (d, _) =
+            desired::compute_on(&loaded.model, &node, &mut Ids::default(), Limits::default());
+        let entry = d
+            .services
+            .iter()
+            .find(|(k, _)| k.slot == 0)
+            .map(|(_, v)| *v)
+            .expect("service entry");
+        assert_eq!(entry.count, 0, "{eps}");
+        assert_eq!(
+            entry.flags & lb_common::SVC_F_DROP_EMPTY != 0,
+            drops,
+            "endpoints {eps}: {}",
+            d.dump()
+        );
+    }
+}

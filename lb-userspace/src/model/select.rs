@@ -265,6 +265,14 @@ impl PortView<'_> {
         self.service.internal_traffic_policy == TrafficPolicy::Local
     }
 
+    /// kube-proxy's verdict for a new connection that a policy leaves without endpoints
+    /// (`local`: the policy that applies is Local): dropped ("has no local endpoints") when
+    /// usable endpoints exist elsewhere, refused ("has no endpoints") when there are none at
+    /// all, whatever the policy.
+    pub fn drops_when_empty(&self, local: bool) -> bool {
+        local && self.categorized.has_any
+    }
+
     /// Traffic of some kind uses the cluster endpoints.
     pub fn uses_cluster_endpoints(&self) -> bool {
         !self.internal_policy_local()
