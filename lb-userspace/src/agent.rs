@@ -281,18 +281,32 @@ impl Feed {
 
 const ATTACH_RETRY: Duration = Duration::from_secs(5);
 
+/// What is attached where. Interfaces are known by name and index: a re-created interface
+/// (a restarted pod's veth) has the same name, a new index, and nothing attached.
+#[derive(Default)]
 struct Interfaces {
-    attached: BTreeSet<String>,
-    /// Node interfaces with XDP attached.
-    xdp: BTreeSet<String>,
+    /// tc ingress attached: name → ifindex.
+    attached: BTreeMap<String, u32>,
+    /// Node interfaces with XDP attached (or, with XDP off, checked): name → ifindex.
+    xdp: BTreeMap<String, u32>,
+    /// When XDP last failed on an interface (retried after `ATTACH_RETRY`).
     xdp_failed: BTreeMap<String, Instant>,
+    /// When tc last failed on an interface (retried after `ATTACH_RETRY`).
     failed: BTreeMap<String, Instant>,
     missing_reported: BTreeSet<String>,
+}
+
+/// Whether `t` (a failure's time) is recent enough to wait before trying again.
+fn backing_off(failures: &BTreeMap<String, Instant>, iface: &str) -> bool {
+    failures
+        .get(iface)
+        .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
 }
 
 /// Runs until `stop` is set. Pinned maps and links stay when it returns: the datapath keeps
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
+    let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs)?;
     check_snat_ports(&opts.snat_ports);
     let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
@@ -311,13 +325,13 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         backends = current.backends.len(),
         "loaded; adopted what was pinned"
     );
-    let mut ifs = Interfaces {
-        attached: BTreeSet::new(),
-        xdp: BTreeSet::new(),
-        xdp_failed: BTreeMap::new(),
-        failed: BTreeMap::new(),
-        missing_reported: BTreeSet::new(),
-    };
+    let mut ifs = Interfaces::default();
+    // Link changes wake the loop at once (a new or re-created pod veth is attached within
+    // milliseconds); without rtnetlink the loop still looks every --poll-ms.
+    let (wake_tx, wake) = std::sync::mpsc::channel();
+    if let Err(e) = netif::watch_links(wake_tx) {
+        warn!("cannot watch link changes over rtnetlink: {e}; interfaces are polled every {:?}", opts.poll);
+    }
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
     let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
     if let Some(addr) = opts.healthz_addr {
@@ -364,7 +378,10 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 &node.node_port_addresses,
             );
         }
-        std::thread::sleep(opts.poll);
+        // Up to --poll-ms, or less when a link changed.
+        if wake.recv_timeout(opts.poll).is_ok() {
+            while wake.try_recv().is_ok() {}
+        }
     }
     info!(
         pins = %opts.bpffs.display(),
@@ -422,13 +439,21 @@ fn sync(
     }
     let (want, problems) = desired::compute_on(&loaded.model, node, ids, limits);
     for p in &problems {
-        warn!("{p}");
+        match p {
+            desired::DesiredError::NoEndpointSlice { .. } => info!("{p}"),
+            _ => warn!("{p}"),
+        }
     }
     let (now, report) = apply(maps, current, &want);
     for e in &report.errors {
         error!("{e}");
     }
-    let errors = report.errors.len() + loaded.errors.len() + problems.len();
+    // A Service without an EndpointSlice is normal (kube-proxy does not count it).
+    let counted = problems
+        .iter()
+        .filter(|p| !matches!(p, desired::DesiredError::NoEndpointSlice { .. }))
+        .count();
+    let errors = report.errors.len() + loaded.errors.len() + counted;
     info!(
         services = now.services.keys().filter(|k| k.slot == 0).count(),
         backends = now.backends.len(),
@@ -447,6 +472,7 @@ fn sync_xdp(
     opts: &AgentOptions,
     ebpf: &mut aya::Ebpf,
     iface: &str,
+    ifindex: u32,
     ifs: &mut Interfaces,
 ) -> Result<(), DatapathError> {
     if opts.xdp == attach::XdpSetting::Off {
@@ -459,19 +485,12 @@ fn sync_xdp(
                 "XDP is off: removed the XDP link an earlier agent attached"
             );
         }
-        ifs.xdp.insert(iface.to_string());
+        ifs.xdp.insert(iface.to_string(), ifindex);
         return Ok(());
     }
-    if ifs
-        .failed
-        .get(iface)
-        .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
-    {
+    if backing_off(&ifs.xdp_failed, iface) {
         return Ok(());
     }
-    let Some(ifindex) = netif::ifindex(iface) else {
-        return Ok(());
-    };
     let prog = loader::xdp_program(ebpf)?;
     match attach::attach_xdp(prog, &opts.bpffs, iface, ifindex, opts.xdp) {
         Ok(mode) => {
@@ -492,7 +511,8 @@ fn sync_xdp(
                 );
             }
             info!(iface, mode, "attached XDP (pinned)");
-            ifs.xdp.insert(iface.to_string());
+            ifs.xdp_failed.remove(iface);
+            ifs.xdp.insert(iface.to_string(), ifindex);
         }
         Err(e) => {
             error!(
@@ -511,32 +531,31 @@ fn sync_interfaces(
     ifs: &mut Interfaces,
 ) -> Result<(), DatapathError> {
     let live = netif::interfaces();
-    ifs.attached.retain(|i| live.contains(i));
-    ifs.xdp.retain(|i| live.contains(i));
-    for iface in opts.node_interfaces.iter().filter(|i| live.contains(*i)) {
-        if !ifs.xdp.contains(iface) {
-            sync_xdp(opts, ebpf, iface, ifs)?;
+    // Forget what is gone or was re-created (same name, another index).
+    ifs.attached.retain(|i, idx| live.get(i) == Some(idx));
+    ifs.xdp.retain(|i, idx| live.get(i) == Some(idx));
+    for iface in &opts.node_interfaces {
+        if let Some(&idx) = live.get(iface)
+            && !ifs.xdp.contains_key(iface)
+        {
+            sync_xdp(opts, ebpf, iface, idx, ifs)?;
         }
     }
-    for gone in attach::prune_links(&opts.bpffs, &live) {
+    let names: Vec<String> = live.keys().cloned().collect();
+    for gone in attach::prune_links(&opts.bpffs, &names) {
         info!(iface = %gone, "interface gone; its link pin removed");
     }
     for name in &opts.node_interfaces {
-        if !live.contains(name) && ifs.missing_reported.insert(name.clone()) {
+        if !live.contains_key(name) && ifs.missing_reported.insert(name.clone()) {
             warn!(iface = %name, "node interface (--node-interfaces) does not exist; will attach when it appears");
         }
     }
-    let wanted = live.iter().filter(|i| {
+    let wanted = live.iter().filter(|(i, _)| {
         *i != "lo"
-            && (glob::matches_any(&opts.pod_interfaces, i) || opts.node_interfaces.contains(i))
+            && (glob::matches_any(&opts.pod_interfaces, i) || opts.node_interfaces.contains(*i))
     });
-    for iface in wanted {
-        if ifs.attached.contains(iface)
-            || ifs
-                .failed
-                .get(iface)
-                .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
-        {
+    for (iface, &idx) in wanted {
+        if ifs.attached.contains_key(iface) || backing_off(&ifs.failed, iface) {
             continue;
         }
         let prog = loader::tc_program(ebpf)?;
@@ -551,7 +570,7 @@ fn sync_interfaces(
                 }
                 ifs.failed.remove(iface);
                 ifs.missing_reported.remove(iface);
-                ifs.attached.insert(iface.clone());
+                ifs.attached.insert(iface.clone(), idx);
             }
             Err(e) => {
                 error!("{e}; retrying in {}s", ATTACH_RETRY.as_secs());

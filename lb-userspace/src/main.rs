@@ -343,7 +343,19 @@ fn source_file(source: &str) -> Result<PathBuf> {
     }
 }
 
-fn main() -> Result<()> {
+/// Errors are the user's to read: the message and its causes on one line, never a backtrace
+/// (even with RUST_BACKTRACE set), and exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xlb: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -1,8 +1,9 @@
 //! The current network namespace's interfaces (if_nameindex asks the kernel over netlink).
 
-/// Names of every interface in this process's network namespace.
-pub fn interfaces() -> Vec<String> {
-    let mut names = Vec::new();
+/// Every interface in this process's network namespace, by name, with its index (a
+/// re-created interface has the same name and a new index).
+pub fn interfaces() -> std::collections::BTreeMap<String, u32> {
+    let mut names = std::collections::BTreeMap::new();
     // SAFETY: if_nameindex returns a NULL-terminated array freed with if_freenameindex.
     unsafe {
         let list = libc::if_nameindex();
@@ -11,17 +12,41 @@ pub fn interfaces() -> Vec<String> {
         }
         let mut p = list;
         while (*p).if_index != 0 && !(*p).if_name.is_null() {
-            names.push(
+            names.insert(
                 std::ffi::CStr::from_ptr((*p).if_name)
                     .to_string_lossy()
                     .into_owned(),
+                (*p).if_index,
             );
             p = p.add(1);
         }
         libc::if_freenameindex(list);
     }
-    names.sort();
     names
+}
+
+/// Wakes `tx` on every link change in this namespace (an interface added, removed or
+/// changed: rtnetlink's link group), from one thread for the life of the process. `Err`
+/// when the netlink socket cannot be opened (the caller then polls).
+pub fn watch_links(tx: std::sync::mpsc::Sender<()>) -> std::io::Result<()> {
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+    const RTMGRP_LINK: u32 = 1;
+    let mut sock = Socket::new(NETLINK_ROUTE)?;
+    sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+    std::thread::Builder::new()
+        .name("xlb-links".into())
+        .spawn(move || {
+            let mut buf = Vec::with_capacity(64 * 1024);
+            loop {
+                buf.clear();
+                // ENOBUFS (an overrun) is a change too: the caller lists everything anyway.
+                let _ = sock.recv(&mut buf, 0);
+                if tx.send(()).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// The IPv4 addresses of interface `name` in this process's network namespace.

@@ -34,8 +34,48 @@ pub fn on_bpffs(path: &Path) -> bool {
     rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
 }
 
-/// Creates the pin directory (and `links/` in it) on bpffs.
+/// Where bpffs lives by convention; mounted by the agent when it is not (as Cilium does):
+/// `ip netns exec` and some container runtimes hide the host's.
+pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+
+/// Mounts a bpf filesystem on [`BPFFS_ROOT`] when `dir` is below it and it is not one.
+fn mount_bpffs(dir: &Path) -> Result<(), DatapathError> {
+    let root = Path::new(BPFFS_ROOT);
+    if !dir.starts_with(root) || on_bpffs(root) {
+        return Ok(());
+    }
+    let fail = |reason: String| DatapathError::PinDir {
+        path: root.to_path_buf(),
+        source: std::io::Error::other(reason),
+    };
+    std::fs::create_dir_all(root).map_err(|e| fail(format!("mkdir: {e}")))?;
+    let c = |s: &str| std::ffi::CString::new(s).map_err(|e| fail(e.to_string()));
+    let (src, target, fstype) = (c("bpf")?, c(BPFFS_ROOT)?, c("bpf")?);
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(DatapathError::BpffsNotMounted {
+            path: dir.to_path_buf(),
+        });
+    }
+    tracing::warn!(
+        "{BPFFS_ROOT} was not a bpf filesystem (ip netns exec remounts /sys): mounted one; its pins are this mount namespace's own"
+    );
+    Ok(())
+}
+
+/// Creates the pin directory (and `links/` in it) on bpffs, mounting bpffs on
+/// `/sys/fs/bpf` first when the directory is below it and it is missing.
 pub fn ensure_pin_dir(dir: &Path) -> Result<(), DatapathError> {
+    mount_bpffs(dir)?;
     if !on_bpffs(dir) {
         return Err(DatapathError::BpffsNotMounted {
             path: dir.to_path_buf(),
@@ -46,6 +86,30 @@ pub fn ensure_pin_dir(dir: &Path) -> Result<(), DatapathError> {
         path: links,
         source,
     })
+}
+
+/// Holds the pin directory for one agent: a second agent on the same directory refuses to
+/// start instead of writing the same maps. Released when dropped (or the process dies).
+#[derive(Debug)]
+pub struct PinLock {
+    _dir: std::fs::File,
+}
+
+/// Takes the pin directory's lock (`flock` on the directory, which bpffs allows).
+pub fn lock(dir: &Path) -> Result<PinLock, DatapathError> {
+    use std::os::fd::AsRawFd;
+    ensure_pin_dir(dir)?;
+    let file = std::fs::File::open(dir).map_err(|source| DatapathError::PinDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(DatapathError::Locked {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(PinLock { _dir: file })
 }
 
 /// Loads the object from `object`, pinning (or reusing) every map in `dir`, and loads the

@@ -19,6 +19,10 @@ pub enum DatapathError {
     ObjectMissing,
     #[error("{path} is not a mounted bpf filesystem: mount it with `mount -t bpf bpf /sys/fs/bpf`")]
     BpffsNotMounted { path: PathBuf },
+    #[error(
+        "pin directory {path} is in use by another xlb agent: one agent per pin directory (stop it, or give this one another --bpffs)"
+    )]
+    Locked { path: PathBuf },
     #[error("cannot create pin directory {path}: {source}")]
     PinDir {
         path: PathBuf,

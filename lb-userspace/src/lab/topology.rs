@@ -213,6 +213,27 @@ fn add_pod(
     ip: Ipv4Addr,
 ) -> Result<Pod, String> {
     let ns = Netns::new(&format!("{tag}-{name}"))?;
+    wire(node, &ns, host_if, ip)?;
+    Ok(Pod {
+        name: name.to_string(),
+        ns,
+        ip,
+        host_if: host_if.to_string(),
+    })
+}
+
+impl Pod {
+    /// Deletes the pod's veth and creates it again, same names and addresses (a restarted
+    /// pod: the node-side interface gets a new index).
+    pub fn recreate_veth(&self, node: &Netns) -> Result<(), String> {
+        node.ip(&["link", "del", &self.host_if])?;
+        wire(node, &self.ns, &self.host_if, self.ip)
+    }
+}
+
+/// The veth between `node` (`host_if`) and a pod namespace (`eth0`, address `ip`), with the
+/// routes both ways.
+fn wire(node: &Netns, ns: &Netns, host_if: &str, ip: Ipv4Addr) -> Result<(), String> {
     node.ip(&[
         "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
     ])?;
@@ -241,10 +262,5 @@ fn add_pod(
         "eth0",
         "onlink",
     ])?;
-    Ok(Pod {
-        name: name.to_string(),
-        ns,
-        ip,
-        host_if: host_if.to_string(),
-    })
+    Ok(())
 }

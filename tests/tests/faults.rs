@@ -1,0 +1,219 @@
+//! Faults: a second agent on the same pins, interfaces that are re-created, an agent killed
+//! in the middle of a sync, `ip netns exec` hiding bpffs, and user errors.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use xlb_tests::{
+    client::tcp_request,
+    require_root,
+    scenario::{Scenario, TCP_PORT, sock},
+    services::{service_yaml, write_atomic},
+    topology::pod_ip,
+};
+
+const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+
+fn web(backends: &[Ipv4Addr]) -> String {
+    service_yaml("web", WEB, 80, "TCP", TCP_PORT, backends)
+}
+
+fn started(test: &str, prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
+    if !require_root(test) {
+        return None;
+    }
+    let mut s = Scenario::start(prefix, backends, yaml).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", backends, Duration::from_secs(10))
+        .expect("initial sync");
+    Some(s)
+}
+
+/// How long until the agent's log has `n` lines containing `what`.
+fn wait_log(s: &Scenario, what: &str, n: usize, timeout: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if s.agent.log_text().matches(what).count() >= n {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Err(format!("no {n}× {what:?} in:\n{}", s.agent.log_text()))
+}
+
+#[test]
+fn a_second_agent_on_the_same_pins_refuses() {
+    let Some(s) = started(
+        "a_second_agent_on_the_same_pins_refuses",
+        "xfl",
+        &web(&[pod_ip(2)]),
+        1,
+    ) else {
+        return;
+    };
+    let args = vec![
+        "--source".to_string(),
+        format!("file:{}", s.yaml.display()),
+        "--pod-interfaces".into(),
+        "xv-*".into(),
+        "--healthz-bind-address".into(),
+        "".into(),
+        "--metrics-bind-address".into(),
+        "".into(),
+    ];
+    let mut second = xlb_tests::agent::Agent::start_with(
+        &s.topo.node,
+        &args,
+        s.agent.pins.clone(),
+        s.workdir.join("second.log"),
+    )
+    .expect("spawn");
+    let err = second
+        .wait_for(Duration::from_secs(5), |_| false)
+        .expect_err("the second agent must exit");
+    assert!(
+        err.contains("in use by another xlb agent"),
+        "unclear refusal: {err}"
+    );
+    // Its handle must not clean up the first agent's pins.
+    second.pins = s.workdir.join("no-such-pins");
+    drop(second);
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), Duration::from_secs(2)))
+        .expect("client");
+    assert!(r.is_ok(), "the first agent still serves: {r:?}");
+}
+
+#[test]
+fn a_recreated_pod_interface_is_attached_again_within_100_ms() {
+    let Some(s) = started(
+        "a_recreated_pod_interface_is_attached_again_within_100_ms",
+        "xfr",
+        &web(&[pod_ip(2)]),
+        1,
+    ) else {
+        return;
+    };
+    let pod = &s.topo.backends[0];
+    let what = format!("attached tc ingress (TCX, pinned) iface={}", pod.host_if);
+    wait_log(&s, &what, 1, Duration::from_secs(5)).expect("first attach");
+    let mut took = Vec::new();
+    for round in 2..=4 {
+        pod.recreate_veth(&s.topo.node).expect("recreate");
+        took.push(wait_log(&s, &what, round, Duration::from_secs(5)).expect("re-attached"));
+    }
+    for t in &took {
+        assert!(*t < Duration::from_millis(100), "re-attach took {took:?}");
+    }
+    // And the datapath works through the new interface: the backend behind it answers.
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), Duration::from_secs(2)))
+        .expect("client");
+    assert!(r.is_ok(), "{r:?}\n{}", s.agent.log_text());
+}
+
+#[test]
+fn a_service_without_an_endpoint_slice_is_not_a_sync_error() {
+    let Some(s) = started(
+        "a_service_without_an_endpoint_slice_is_not_a_sync_error",
+        "xfe",
+        &web(&[pod_ip(2)]),
+        1,
+    ) else {
+        return;
+    };
+    let lonely = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: test, name: lonely}\nspec:\n  clusterIP: 10.96.0.99\n  ports: [{name: p, port: 80, protocol: TCP}]\n";
+    write_atomic(&s.yaml, &(web(&[pod_ip(2)]) + lonely)).expect("write");
+    wait_log(&s, "services=2", 1, Duration::from_secs(5)).expect("synced");
+    let line = s
+        .agent
+        .log_text()
+        .lines()
+        .find(|l| l.contains("synced") && l.contains("services=2"))
+        .map(str::to_string)
+        .expect("sync line");
+    assert!(line.contains("errors=0"), "{line}");
+}
+
+#[test]
+fn user_errors_are_one_line_without_a_backtrace() {
+    if !require_root("user_errors_are_one_line_without_a_backtrace") {
+        return;
+    }
+    let out = std::process::Command::new(xlb_tests::xlb_bin())
+        .args(["agent", "--source", "file:/nonexistent/services.yaml", "--bpffs"])
+        .arg("/nonexistent-bpffs/xlb")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run xlb");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("xlb: error: "), "{err}");
+    assert!(
+        !err.contains("backtrace") && !err.contains("Stack") && err.lines().count() <= 3,
+        "a user error must be short:\n{err}"
+    );
+}
+
+#[test]
+fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
+    if !require_root("the_agent_mounts_bpffs_itself_under_ip_netns_exec") {
+        return;
+    }
+    let tag = xlb_tests::unique_tag("xfm");
+    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-node")).expect("netns");
+    let dir = std::env::temp_dir().join(&tag);
+    std::fs::create_dir_all(&dir).expect("workdir");
+    let yaml = dir.join("services.yaml");
+    write_atomic(&yaml, &web(&[pod_ip(2)])).expect("yaml");
+    // `ip netns exec` remounts /sys (hiding /sys/fs/bpf and the cgroup mounts): the agent
+    // must mount bpffs itself. Its pins live in that mount namespace and go with it.
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(xlb_tests::xlb_bin())
+        .args(["agent", "--socket-lb", "off", "--source"])
+        .arg(format!("file:{}", yaml.display()))
+        .args([
+            "--healthz-bind-address",
+            "",
+            "--metrics-bind-address",
+            "",
+            "--bpffs",
+        ])
+        .arg(format!("/sys/fs/bpf/{tag}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("synced") {
+                break;
+            }
+        }
+        seen
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !reader.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let seen = reader.join().expect("reader");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(seen.contains("mounted one"), "{seen}");
+    assert!(seen.contains("synced"), "{seen}");
+}
