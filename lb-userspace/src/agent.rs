@@ -330,7 +330,10 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     // milliseconds); without rtnetlink the loop still looks every --poll-ms.
     let (wake_tx, wake) = std::sync::mpsc::channel();
     if let Err(e) = netif::watch_links(wake_tx) {
-        warn!("cannot watch link changes over rtnetlink: {e}; interfaces are polled every {:?}", opts.poll);
+        warn!(
+            "cannot watch link changes over rtnetlink: {e}; interfaces are polled every {:?}",
+            opts.poll
+        );
     }
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
     let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));

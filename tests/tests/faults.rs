@@ -148,7 +148,12 @@ fn user_errors_are_one_line_without_a_backtrace() {
         return;
     }
     let out = std::process::Command::new(xlb_tests::xlb_bin())
-        .args(["agent", "--source", "file:/nonexistent/services.yaml", "--bpffs"])
+        .args([
+            "agent",
+            "--source",
+            "file:/nonexistent/services.yaml",
+            "--bpffs",
+        ])
         .arg("/nonexistent-bpffs/xlb")
         .env("RUST_BACKTRACE", "1")
         .output()
@@ -196,7 +201,10 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
     let reader = std::thread::spawn(move || {
         use std::io::BufRead as _;
         let mut seen = String::new();
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             seen.push_str(&line);
             seen.push('\n');
             if line.contains("synced") {
@@ -216,4 +224,102 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(seen.contains("mounted one"), "{seen}");
     assert!(seen.contains("synced"), "{seen}");
+}
+
+/// Whether the web frontend's entry and its first slot are in the pinned service map.
+fn web_programmed(pins: &std::path::Path) -> bool {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{MAP_SVC, SvcKey, SvcValue};
+    let Ok(map) = lb_userspace::datapath::kernel::open_pinned(pins, MAP_SVC) else {
+        return false;
+    };
+    let Ok(svc) = HashMap::<MapData, SvcKey, SvcValue>::try_from(map) else {
+        return false;
+    };
+    let key = lb_userspace::desired::frontend_key(WEB, 80, lb_userspace::model::Protocol::Tcp);
+    svc.get(&key, 0).is_ok_and(|v| v.count == 1) && svc.get(&SvcKey { slot: 1, ..key }, 0).is_ok()
+}
+
+#[test]
+fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service() {
+    let Some(mut s) = started(
+        "an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service",
+        "xfk",
+        &web(&[pod_ip(2)]),
+        1,
+    ) else {
+        return;
+    };
+    const FILLERS: u32 = 8_000;
+    let mut big = web(&[pod_ip(2)]);
+    for i in 0..FILLERS {
+        let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i);
+        let ep = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + i);
+        big.push_str(&service_yaml(
+            &format!("f{i}"),
+            vip,
+            80,
+            "TCP",
+            TCP_PORT,
+            &[ep],
+        ));
+    }
+    // Watch the working service's entries the whole time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pins, flag) = (s.agent.pins.clone(), stop.clone());
+    let watcher = std::thread::spawn(move || {
+        let (mut checks, mut missing) = (0u64, 0u64);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            checks += 1;
+            if !web_programmed(&pins) {
+                missing += 1;
+            }
+        }
+        (checks, missing)
+    });
+    write_atomic(&s.yaml, &big).expect("write");
+    // Kill it once some of the fillers are written, not all.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut killed_at = None;
+    while Instant::now() < deadline {
+        let n = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
+        if n > 1 {
+            let pid = s.agent.pid().expect("agent");
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            killed_at = Some(n);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let killed_at = killed_at.expect("the sync started");
+    std::thread::sleep(Duration::from_millis(100));
+    let after_kill = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
+    assert!(
+        after_kill < FILLERS as usize + 1,
+        "the kill came after the sync had finished ({after_kill} frontends): make the sync longer"
+    );
+    s.agent
+        .restart(s.workdir.join("agent-2.log"))
+        .expect("restart");
+    let want = format!("services={}", FILLERS + 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.agent.log_text().contains(&want) {
+        assert!(Instant::now() < deadline, "{}", s.agent.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (checks, missing) = watcher.join().expect("watcher");
+    assert_eq!(
+        missing, 0,
+        "the working service was missing in {missing} of {checks} looks (killed at {killed_at}, {after_kill} programmed)"
+    );
+    assert!(checks > 100, "only {checks} looks");
+    let r = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(sock(WEB, 80), Duration::from_secs(2)))
+        .expect("client");
+    assert!(r.is_ok(), "{r:?}");
 }
