@@ -56,8 +56,13 @@ pub const R_SOCK_REVNAT: u32 = 20;
 /// Socket hook: not a frontend (or a namespace the hooks leave to tc): untouched.
 pub const R_SOCK_PASS: u32 = 21;
 
+/// A TCP packet other than a SYN to a frontend matched no flow (its conntrack entry was
+/// evicted from a full map, or the connection predates xlb): a backend is chosen for it
+/// anyway, as conntrack picks up a connection mid-stream (`nf_conntrack_tcp_loose`).
+pub const R_CT_MISS: u32 = 22;
+
 /// Number of counters (the size of `XLB_STATS_V4`).
-pub const R_COUNT: u32 = 22;
+pub const R_COUNT: u32 = 23;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -83,4 +88,5 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "sock_unreach",
     "sock_revnat",
     "sock_pass",
+    "ct_miss",
 ];

@@ -9,7 +9,7 @@ pub const MAP_BACKEND: &str = "XLB_BE_V1";
 /// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
 /// (V2: the value holds the whole rewritten tuple, for SNAT and hairpin.)
 pub const MAP_CT: &str = "XLB_CT_V2";
-/// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 22 reasons, the socket
+/// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
 /// hooks' among them).
 pub const MAP_STATS: &str = "XLB_STATS_V4";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.

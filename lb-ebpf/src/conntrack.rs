@@ -116,6 +116,13 @@ pub fn continues(ct: &CtValue, t: &Tuple) -> bool {
     backend(ct.backend_id).is_some()
 }
 
+/// A TCP packet that cannot open a connection (not a bare SYN): matching no flow, it was
+/// picked up mid-stream.
+#[inline(always)]
+pub fn mid_stream(t: &Tuple) -> bool {
+    t.proto == IPPROTO_TCP && t.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN
+}
+
 /// Keeps the reply entry of a SNATed flow recently used, so LRU eviction never takes it
 /// before its forward entry (its port would go to a new flow while this one still uses it).
 #[inline(always)]

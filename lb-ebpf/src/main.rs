@@ -28,7 +28,7 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
-    CT_F_SNAT, R_BACKEND_GONE, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
+    CT_F_SNAT, R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
     R_REJECT, R_REVERSE_NAT, R_SRC_DENIED, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
 };
 
@@ -148,6 +148,8 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         if select::backend(ct.backend_id).is_none() {
             reason = R_BACKEND_GONE;
         }
+    } else if conntrack::mid_stream(&t) {
+        reason = R_CT_MISS;
     }
     let v = new_flow(ctx, &t, svc, reason);
     // The answers are built out of line here, not below `new_flow`: the stack frames of a

@@ -80,6 +80,8 @@ pub struct AgentOptions {
     /// The cgroup v2 directory the socket hooks attach to (`--cgroup-path`); `None`: the
     /// cgroup v2 root found from the mounts.
     pub cgroup_path: Option<PathBuf>,
+    /// Map sizes (`--conntrack-max-per-core`, `--conntrack-min`, `--*-map-max`).
+    pub map_sizes: crate::datapath::sizes::MapSizes,
 }
 
 impl AgentOptions {
@@ -307,7 +309,7 @@ fn backing_off(failures: &BTreeMap<String, Instant>, iface: &str) -> bool {
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
-    let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs)?;
+    let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
     check_snat_ports(&opts.snat_ports);
     let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
         cgroup: PathBuf::from("/proc/self/ns/net"),

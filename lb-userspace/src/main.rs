@@ -96,6 +96,23 @@ enum Command {
         /// served [default: the cgroup v2 root from the mounts, e.g. /sys/fs/cgroup].
         #[arg(long, env = "XLB_CGROUP_PATH")]
         cgroup_path: Option<PathBuf>,
+        /// Conntrack flows per CPU (kube-proxy's --conntrack-max-per-core; 0: use the
+        /// minimum) [default: 32768, or the config file's conntrack.maxPerCore].
+        #[arg(long, env = "XLB_CONNTRACK_MAX_PER_CORE")]
+        conntrack_max_per_core: Option<u32>,
+        /// Conntrack flows at least (kube-proxy's --conntrack-min) [default: 131072, or the
+        /// config file's conntrack.min]. The map holds two entries a flow.
+        #[arg(long, env = "XLB_CONNTRACK_MIN")]
+        conntrack_min: Option<u32>,
+        /// Service map entries (a frontend takes one, plus one per backend slot).
+        #[arg(long, env = "XLB_SERVICE_MAP_MAX", default_value_t = lb_common::SVC_MAP_CAPACITY)]
+        service_map_max: u32,
+        /// Backend map entries.
+        #[arg(long, env = "XLB_BACKEND_MAP_MAX", default_value_t = lb_common::BACKEND_MAP_CAPACITY)]
+        backend_map_max: u32,
+        /// ClientIP affinity entries (one per client and service).
+        #[arg(long, env = "XLB_AFFINITY_MAP_MAX", default_value_t = lb_common::AFFINITY_MAP_CAPACITY)]
+        affinity_map_max: u32,
         /// Remove everything xlb installed and exit.
         #[arg(long)]
         cleanup: bool,
@@ -389,6 +406,11 @@ fn run() -> Result<()> {
             xdp,
             socket_lb,
             cgroup_path,
+            conntrack_max_per_core,
+            conntrack_min,
+            service_map_max,
+            backend_map_max,
+            affinity_map_max,
             cleanup: false,
         } => {
             let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -396,13 +418,32 @@ fn run() -> Result<()> {
                 Some(path) => lb_userspace::config::AgentConfig::load(path)?,
                 None => lb_userspace::config::AgentConfig::default(),
             };
-            if let Some(c) = &config.conntrack
-                && *c != lb_userspace::config::ConntrackConfig::default()
+            let ct = config.conntrack.clone().unwrap_or_default();
+            if ct.tcp_established_timeout.is_some()
+                || ct.tcp_close_wait_timeout.is_some()
+                || ct.tcp_be_liberal.is_some()
+                || ct.udp_timeout.is_some()
+                || ct.udp_stream_timeout.is_some()
             {
                 tracing::warn!(
-                    "config: conntrack settings are not used: xlb's conntrack is an LRU map without per-state timeouts"
+                    "config: conntrack timeouts are not used: xlb's conntrack is an LRU map without per-state timeouts (maxPerCore and min size it)"
                 );
             }
+            let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+            let map_sizes = lb_userspace::datapath::sizes::MapSizes {
+                conntrack: lb_userspace::datapath::sizes::conntrack_entries(
+                    conntrack_max_per_core
+                        .or(ct.max_per_core)
+                        .unwrap_or(lb_userspace::datapath::sizes::CONNTRACK_MAX_PER_CORE),
+                    conntrack_min
+                        .or(ct.min)
+                        .unwrap_or(lb_userspace::datapath::sizes::CONNTRACK_MIN),
+                    cpus,
+                ),
+                services: service_map_max,
+                backends: backend_map_max,
+                affinity: affinity_map_max,
+            };
             let hostname_override = hostname_override.or(config.hostname_override.clone());
             let nodeport_addresses = if nodeport_addresses.is_empty() {
                 config.node_port_addresses.clone().unwrap_or_default()
@@ -444,6 +485,7 @@ fn run() -> Result<()> {
                 xdp,
                 socket_lb,
                 cgroup_path,
+                map_sizes,
                 hairpin_address: if hairpin_address.is_empty() {
                     None
                 } else {

@@ -30,13 +30,21 @@ pub struct RunResult {
 impl LoadedDatapath {
     /// Loads the embedded object with pins under a fresh directory named after `tag`.
     pub fn load(tag: &str) -> Result<Self, String> {
+        Self::load_sized(tag, &lb_userspace::datapath::sizes::MapSizes::default())
+    }
+
+    /// [`LoadedDatapath::load`] with other map sizes.
+    pub fn load_sized(
+        tag: &str,
+        sizes: &lb_userspace::datapath::sizes::MapSizes,
+    ) -> Result<Self, String> {
         let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
         // A failed load (a verifier refusal) may have pinned maps already: remove them too.
         let fail = |e: String| {
             let _ = lb_userspace::cleanup::cleanup(&pins);
             e
         };
-        let mut ebpf = loader::load(EBPF_OBJECT, &pins).map_err(|e| fail(e.to_string()))?;
+        let mut ebpf = loader::load(EBPF_OBJECT, &pins, sizes).map_err(|e| fail(e.to_string()))?;
         let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| fail(e.to_string()))?;
         Ok(Self {
             ebpf,

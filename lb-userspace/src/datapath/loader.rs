@@ -9,7 +9,7 @@ use aya::{
 };
 use lb_common::ALL_MAPS;
 
-use super::DatapathError;
+use super::{DatapathError, sizes::MapSizes};
 
 /// The tc ingress program's name in the object.
 pub const TC_INGRESS: &str = "xlb_tc_ingress";
@@ -114,15 +114,19 @@ pub fn lock(dir: &Path) -> Result<PinLock, DatapathError> {
 
 /// Loads the object from `object`, pinning (or reusing) every map in `dir`, and loads the
 /// tc program into the kernel.
-pub fn load(object: &[u8], dir: &Path) -> Result<Ebpf, DatapathError> {
+pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, DatapathError> {
     if object.is_empty() {
         return Err(DatapathError::ObjectMissing);
     }
     ensure_pin_dir(dir)?;
+    sizes.check_pinned(dir)?;
     let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, dir.join(m))).collect();
     let mut loader = EbpfLoader::new();
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
+    }
+    for (name, size) in sizes.by_map() {
+        loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(object)?;
     tc_program(&mut ebpf)?

@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod kernel;
 pub mod loader;
+pub mod sizes;
 pub mod socket;
 pub mod stale;
 pub mod sync;
@@ -23,6 +24,16 @@ pub enum DatapathError {
         "pin directory {path} is in use by another xlb agent: one agent per pin directory (stop it, or give this one another --bpffs)"
     )]
     Locked { path: PathBuf },
+    #[error(
+        "map {map} pinned in {dir} holds {pinned} entries, {wanted} were asked for: a pinned map keeps its size; start with the old size, or `xlb cleanup --bpffs {dir}` (this drops its flows) and start again",
+        dir = dir.display()
+    )]
+    SizeChanged {
+        map: &'static str,
+        pinned: u32,
+        wanted: u32,
+        dir: PathBuf,
+    },
     #[error("cannot create pin directory {path}: {source}")]
     PinDir {
         path: PathBuf,

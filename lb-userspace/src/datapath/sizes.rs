@@ -1,0 +1,97 @@
+//! Map sizes from flags and the config file. A pinned map keeps the size it was created
+//! with: an agent asked for another size refuses to start, naming the map and both sizes,
+//! rather than silently running with the old one or dropping its flows.
+
+use std::path::Path;
+
+use lb_common::{
+    AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
+    MAP_CT, MAP_SVC,
+};
+
+use super::DatapathError;
+
+/// kube-proxy's `conntrack.maxPerCore` default.
+pub const CONNTRACK_MAX_PER_CORE: u32 = 32_768;
+/// kube-proxy's `conntrack.min` default.
+pub const CONNTRACK_MIN: u32 = 131_072;
+
+/// The sizes (max entries) of the maps that can be sized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// Conntrack entries (two per flow).
+    pub conntrack: u32,
+    /// Service map entries (one per frontend and one per backend slot).
+    pub services: u32,
+    /// Backends (and their per-backend counters).
+    pub backends: u32,
+    /// ClientIP affinity entries (one per client and service).
+    pub affinity: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self {
+            conntrack: conntrack_entries(CONNTRACK_MAX_PER_CORE, CONNTRACK_MIN, 1),
+            services: lb_common::SVC_MAP_CAPACITY,
+            backends: BACKEND_MAP_CAPACITY,
+            affinity: AFFINITY_MAP_CAPACITY,
+        }
+    }
+}
+
+/// Conntrack entries for kube-proxy's semantics: `max(maxPerCore × CPUs, min)` flows
+/// (`maxPerCore` 0: `min`), two entries each (forward and reply).
+pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
+    let flows = max_per_core.saturating_mul(cpus).max(min).max(1);
+    flows.saturating_mul(2)
+}
+
+impl MapSizes {
+    /// Each sized map's name and size.
+    pub fn by_map(&self) -> [(&'static str, u32); 5] {
+        [
+            (MAP_CT, self.conntrack),
+            (MAP_SVC, self.services),
+            (MAP_BACKEND, self.backends),
+            (MAP_BACKEND_STATS, self.backends),
+            (MAP_AFFINITY, self.affinity),
+        ]
+    }
+
+    /// Refuses when a map already pinned under `dir` has another size than asked for.
+    pub fn check_pinned(&self, dir: &Path) -> Result<(), DatapathError> {
+        for (name, wanted) in self.by_map() {
+            let path = dir.join(name);
+            if !path.exists() {
+                continue;
+            }
+            let pinned = aya::maps::MapData::from_pin(&path)
+                .and_then(|m| m.info())
+                .map_err(|source| DatapathError::Map { name, source })?
+                .max_entries();
+            if pinned != wanted {
+                return Err(DatapathError::SizeChanged {
+                    map: name,
+                    pinned,
+                    wanted,
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conntrack_follows_kube_proxy() {
+        // Two CPUs: the minimum wins; 64 CPUs: max per core × CPUs; two entries a flow.
+        assert_eq!(conntrack_entries(32_768, 131_072, 2), 262_144);
+        assert_eq!(conntrack_entries(32_768, 131_072, 64), 4_194_304);
+        assert_eq!(conntrack_entries(0, 1_000, 8), 2_000);
+    }
+}
