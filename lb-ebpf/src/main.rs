@@ -9,6 +9,7 @@
 mod affinity;
 mod conntrack;
 mod fib;
+mod flow;
 mod icmp;
 mod maps;
 mod nat;
@@ -28,8 +29,8 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
-    CT_F_SNAT, R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
-    R_REJECT, R_REVERSE_NAT, R_SRC_DENIED, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
+    R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
+    R_REJECT, R_REVERSE_NAT, SVC_F_DROP_EMPTY,
 };
 
 use lb_common::SvcValue;
@@ -37,8 +38,8 @@ use lb_common::SvcValue;
 use crate::{
     affinity::Client,
     parse::{Parsed, Tuple},
+    reason::{Carried, Reason, Then},
     select::Frontend,
-    reason::{Reason, pack, unpack},
     translate::Mtu,
 };
 
@@ -108,7 +109,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
     let t = match parse::parse_ipv4(ctx)? {
         Parsed::Flow(t) => t,
-        Parsed::Icmp(m) => return unpack(icmp_error(ctx, &m)),
+        Parsed::Icmp(m) => return icmp_error(ctx, &m).outcome(),
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 
@@ -132,14 +133,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     if let Some(ct) = conntrack::lookup_forward(&t) {
         if conntrack::continues(ct, &t) {
             match translate::check_mtu(ctx, &t, ct.daddr_be[0], ct.mtu) {
-                Mtu::TooBig(mtu) => return unpack(frag_needed(ctx, &t, mtu)),
+                Mtu::TooBig(mtu) => return frag_needed(ctx, &t, mtu).outcome(),
                 Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
             }
-            if conntrack::touch(ct, &t) && ct.flags & CT_F_SNAT != 0 {
-                conntrack::keep_reply(ct, t.proto);
-            }
-            affinity::touch(&t, svc);
+            flow::keep_alive(ct, &t, svc);
             nat::apply(ctx, &t, ct)?;
             reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
@@ -151,27 +149,19 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     } else if conntrack::mid_stream(&t) {
         reason = R_CT_MISS;
     }
-    let v = new_flow(ctx, &t, svc, reason);
-    // The answers are built out of line here, not below `new_flow`: the stack frames of a
-    // call chain add up (512 bytes in all).
-    if v & NEEDS_REFUSAL != 0 {
-        return unpack(refuse(ctx, &t));
+    // The answers are built out of line here, not below `tc_new_flow`: the stack frames of
+    // a call chain add up (512 bytes in all).
+    match tc_new_flow(ctx, &t, svc, reason).next() {
+        Then::Done(o) => o,
+        Then::Refuse => refuse(ctx, &t).outcome(),
+        Then::FragNeeded(mtu) => frag_needed(ctx, &t, mtu).outcome(),
     }
-    if v & NEEDS_FRAG != 0 {
-        return unpack(frag_needed(ctx, &t, v as u16));
-    }
-    unpack(v)
 }
-
-/// `new_flow`'s answer: refuse the flow (no endpoints).
-const NEEDS_REFUSAL: u64 = 1 << 62;
-/// `new_flow`'s answer: fragmentation needed, the MTU in the low 16 bits.
-const NEEDS_FRAG: u64 = 1 << 61;
 
 /// An ICMP message: translated when it is an error about a tracked flow, else passed.
 #[inline(never)]
-fn icmp_error(ctx: &TcContext, m: &parse::Icmp) -> u64 {
-    pack(match icmp::translate(ctx, m) {
+fn icmp_error(ctx: &TcContext, m: &parse::Icmp) -> Carried {
+    Carried::done(match icmp::translate(ctx, m) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
@@ -183,61 +173,46 @@ fn icmp_error(ctx: &TcContext, m: &parse::Icmp) -> u64 {
 
 /// A packet too big for its route: answered with fragmentation needed.
 #[inline(never)]
-fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> u64 {
-    pack(reject::frag_needed(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
+fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Carried {
+    Carried::done(reject::frag_needed(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
 }
 
 /// A new flow to a frontend without endpoints: refused.
 #[inline(never)]
-fn refuse(ctx: &TcContext, t: &Tuple) -> u64 {
-    pack(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
+fn refuse(ctx: &TcContext, t: &Tuple) -> Carried {
+    Carried::done(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
 }
 
 /// The first packet of a flow to a frontend: source ranges, refusal when there are no
 /// endpoints, backend choice, source translation, conntrack, rewrite.
 #[inline(never)]
-fn new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> u64 {
-    match try_new_flow(ctx, t, svc, reason) {
-        Ok(Next::Done(o)) => pack(Ok(o)),
-        Ok(Next::Refuse) => NEEDS_REFUSAL,
-        Ok(Next::FragNeeded(mtu)) => NEEDS_FRAG | mtu as u64,
-        Err(r) => pack::<i32>(Err(r)),
-    }
-}
-
-/// What `try_new_flow` leaves to its caller.
-enum Next {
-    Done((i32, Reason)),
-    Refuse,
-    FragNeeded(u16),
+fn tc_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Carried {
+    Carried::then(try_tc_new_flow(ctx, t, svc, reason))
 }
 
 #[inline(always)]
-fn try_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Result<Next, Reason> {
-    // loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks
-    // new connections only).
-    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
-        return Err(Reason(R_SRC_DENIED));
-    }
+fn try_tc_new_flow(
+    ctx: &TcContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    reason: u32,
+) -> Result<Then<i32>, Reason> {
+    flow::admitted(t, svc)?;
     // No endpoints: refuse at once (kube-proxy's REJECT), unless the service must drop.
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
-        return Ok(Next::Refuse);
+        return Ok(Then::Refuse);
     }
     let client = Client::of(t);
-    let (backend_id, slot, be) = select::choose(&Frontend::of(t), &client, svc)?;
-    let fits = match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
-        Mtu::TooBig(mtu) => return Ok(Next::FragNeeded(mtu)),
+    let chosen = select::choose(&Frontend::of(t), &client, svc)?;
+    let fits = match translate::check_mtu(ctx, t, chosen.2.addr_be[0], 0) {
+        Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    let scratch = conntrack::scratch()?;
-    let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
-    scratch.fwd.mtu = fits;
-    affinity::remember(&client, svc, backend_id, slot);
-    conntrack::create(t, &source)?;
-    nat::apply(ctx, t, &scratch.fwd)?;
-    reason::count_service(svc.svc_id, backend_id, ctx.len());
-    Ok(Next::Done((TC_ACT_OK, Reason(reason))))
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, fits)?;
+    nat::apply(ctx, t, fwd)?;
+    reason::count_service(svc.svc_id, chosen.0, ctx.len());
+    Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))
 }
 
 #[cfg(not(test))]

@@ -72,23 +72,69 @@ impl Action for u32 {
 /// sent back as an answer; `Err(reason)`, it is dropped. Either way `reason` is counted.
 pub type Outcome<A> = Result<(A, Reason), Reason>;
 
-/// An [`Outcome`] as one register, for the paths kept out of line (each has its own stack
-/// frame, so the big rare paths do not add up in the main one).
-#[inline(always)]
-pub fn pack<A: Action>(o: Outcome<A>) -> u64 {
-    match o {
-        Ok((action, reason)) => ((action.to_bits() as u64) << 32) | reason.0 as u64,
-        Err(reason) => (1 << 63) | reason.0 as u64,
-    }
+/// An outcome carried out of an `#[inline(never)]` path in one register: each out-of-line
+/// path has its own stack frame, so the big rare ones do not add up in the main one (512
+/// bytes in all), and a register is all a frame returns. Only built and read here.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Carried(u64);
+
+/// What an out-of-line step leaves to its caller.
+pub enum Then<A> {
+    /// Its outcome.
+    Done(Outcome<A>),
+    /// Refuse the flow (no endpoints): the caller builds the answer in a frame of its own.
+    Refuse,
+    /// Answer fragmentation needed with this MTU, likewise.
+    FragNeeded(u16),
 }
 
-/// The [`Outcome`] [`pack`] made (flags in bits 61–62 are the caller's and ignored here).
-#[inline(always)]
-pub fn unpack<A: Action>(v: u64) -> Outcome<A> {
-    let reason = Reason(v as u32);
-    if v >> 63 != 0 {
-        Err(reason)
-    } else {
-        Ok((A::from_bits(((v >> 32) & 0x1fff_ffff) as u32), reason))
+const DROPPED: u64 = 1 << 63;
+const REFUSE: u64 = 1 << 62;
+const FRAG_NEEDED: u64 = 1 << 61;
+const ACTION_MASK: u64 = 0x1fff_ffff;
+
+impl Carried {
+    #[inline(always)]
+    pub fn done<A: Action>(o: Outcome<A>) -> Self {
+        Self(match o {
+            Ok((action, reason)) => {
+                ((action.to_bits() as u64 & ACTION_MASK) << 32) | reason.0 as u64
+            }
+            Err(reason) => DROPPED | reason.0 as u64,
+        })
+    }
+
+    #[inline(always)]
+    pub fn then<A: Action>(t: Result<Then<A>, Reason>) -> Self {
+        match t {
+            Ok(Then::Done(o)) => Self::done(o),
+            Ok(Then::Refuse) => Self(REFUSE),
+            Ok(Then::FragNeeded(mtu)) => Self(FRAG_NEEDED | mtu as u64),
+            Err(r) => Self::done::<A>(Err(r)),
+        }
+    }
+
+    /// The outcome (for paths that carry only an outcome).
+    #[inline(always)]
+    pub fn outcome<A: Action>(self) -> Outcome<A> {
+        let reason = Reason(self.0 as u32);
+        if self.0 & DROPPED != 0 {
+            Err(reason)
+        } else {
+            Ok((A::from_bits(((self.0 >> 32) & ACTION_MASK) as u32), reason))
+        }
+    }
+
+    /// What the caller is to do next.
+    #[inline(always)]
+    pub fn next<A: Action>(self) -> Then<A> {
+        if self.0 & DROPPED == 0 && self.0 & REFUSE != 0 {
+            Then::Refuse
+        } else if self.0 & DROPPED == 0 && self.0 & FRAG_NEEDED != 0 {
+            Then::FragNeeded(self.0 as u16)
+        } else {
+            Then::Done(self.outcome())
+        }
     }
 }

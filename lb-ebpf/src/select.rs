@@ -89,7 +89,11 @@ pub fn slot(f: &Frontend, slot: u16) -> Option<&'static SvcValue> {
 /// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else one
 /// picked at random. Its id, its slot and the backend.
 #[inline(always)]
-pub fn choose(f: &Frontend, client: &Client, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
+pub fn choose(
+    f: &Frontend,
+    client: &Client,
+    svc: &SvcValue,
+) -> Result<(u32, u16, Backend), Reason> {
     match affinity::lookup(f, client, svc) {
         Some(remembered) => Ok(remembered),
         None => pick(f, svc),

@@ -7,16 +7,16 @@
 //! packets never cross a tc hook before they are routed.
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     programs::SockAddrContext,
-    EbpfContext,
 };
 use lb_common::{
-    Backend, CFG_F_SOCK_HOST_ONLY, FAMILY_V4, IPPROTO_TCP, IPPROTO_UDP, R_SOCK_PASS,
-    R_SOCK_REJECT, R_SOCK_REVNAT, R_SOCK_UNREACH, R_SOCK_XLATE, R_SRC_DENIED, SCOPE_EXTERNAL,
-    SCOPE_INTERNAL, SOCK_DIR_FORWARD, SOCK_DIR_REVERSE, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
-    SVC_F_TWO_SCOPES, SockKey, SockValue, SvcValue,
+    Backend, CFG_F_SOCK_HOST_ONLY, FAMILY_V4, IPPROTO_TCP, IPPROTO_UDP, R_SOCK_PASS, R_SOCK_REJECT,
+    R_SOCK_REVNAT, R_SOCK_UNREACH, R_SOCK_XLATE, R_SRC_DENIED, SCOPE_EXTERNAL, SCOPE_INTERNAL,
+    SOCK_DIR_FORWARD, SOCK_DIR_REVERSE, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
+    SockKey, SockValue, SvcValue,
 };
 
 use crate::{

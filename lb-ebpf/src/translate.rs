@@ -27,7 +27,7 @@ fn config() -> NodeConfig {
 /// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd`, and returns
 /// how its source is chosen.
 #[inline(always)]
-pub fn new_flow<P: Packet>(
+pub fn forward_tuple<P: Packet>(
     ctx: &P,
     t: &Tuple,
     svc: &SvcValue,

@@ -14,20 +14,19 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CT_F_SNAT, CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
-    R_SRC_DENIED, R_XDP_REDIRECT, SVC_F_SRC_RANGES, SvcValue,
+    CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
+    R_XDP_REDIRECT, SvcValue,
 };
 
 use crate::{
-    affinity::{self, Client},
-    conntrack, fib,
+    affinity::Client,
+    conntrack, fib, flow,
     maps::XLB_XDPTX_V1,
     nat,
     packet::{Packet, csum_replace},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, Parsed, Tuple},
-    reason::{self, Reason, pack, unpack},
+    reason::{self, Carried, Reason},
     select::{self, Frontend},
-    srcrange, translate,
 };
 
 /// The XDP program's outcome.
@@ -60,32 +59,27 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        if conntrack::touch(ct, &t) && ct.flags & CT_F_SNAT != 0 {
-            conntrack::keep_reply(ct, t.proto);
-        }
-        affinity::touch(&t, svc);
+        flow::keep_alive(ct, &t, svc);
         return finish(ctx, &t, ct, R_ESTABLISHED);
     }
-    unpack(new_flow(ctx, &t, svc))
+    xdp_new_flow(ctx, &t, svc).outcome()
 }
 
 /// A new flow: chosen, recorded and translated here when its route is ready, else left to tc.
 #[inline(never)]
-fn new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> u64 {
-    pack(try_new_flow(ctx, t, svc))
+fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> Carried {
+    Carried::done(try_xdp_new_flow(ctx, t, svc))
 }
 
 #[inline(always)]
-fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
-    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
-        return Err(Reason(R_SRC_DENIED));
-    }
+fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
+    flow::admitted(t, svc)?;
     if svc.count == 0 {
         // Refused or dropped by tc, which can build the answer.
         return pass(R_PASS);
     }
     let client = Client::of(t);
-    let (backend_id, slot, be) = select::choose(&Frontend::of(t), &client, svc)?;
+    let chosen = select::choose(&Frontend::of(t), &client, svc)?;
     // Only when the backend's route is complete (neighbour known, packet fits) does XDP take
     // the flow; otherwise tc does it all (and answers fragmentation needed).
     match fib::lookup(
@@ -93,19 +87,16 @@ fn try_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
         Packet::ingress_ifindex(ctx),
         t.proto,
         t.saddr_be,
-        be.addr_be[0],
+        chosen.2.addr_be[0],
         t.tot_len,
         true,
     ) {
         Some(r) if r.too_big == 0 => {}
         _ => return pass(R_PASS),
     }
-    let scratch = conntrack::scratch()?;
-    let source = translate::new_flow(ctx, t, svc, backend_id, &be, &mut scratch.fwd)?;
-    affinity::remember(&client, svc, backend_id, slot);
-    conntrack::create(t, &source)?;
-    reason::count_service(svc.svc_id, backend_id, ctx.len());
-    finish(ctx, t, &scratch.fwd, R_NEW_FLOW)
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, 0)?;
+    reason::count_service(svc.svc_id, chosen.0, ctx.len());
+    finish(ctx, t, fwd, R_NEW_FLOW)
 }
 
 /// Sends a packet of a tracked flow on, rewritten to `v`: redirected out of its egress

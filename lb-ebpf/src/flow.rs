@@ -1,0 +1,56 @@
+//! The steps tc and XDP share for a flow: keeping an established one fresh, admitting a new
+//! one (source ranges) and recording it once its backend and route are settled.
+
+use lb_common::{Backend, CT_F_SNAT, CtValue, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue};
+
+use crate::{
+    affinity::{self, Client},
+    conntrack,
+    packet::Packet,
+    parse::Tuple,
+    reason::Reason,
+    srcrange, translate,
+};
+
+/// A packet of an established flow keeps its entries (and its client's affinity) fresh.
+#[inline(always)]
+pub fn keep_alive(ct: &mut CtValue, t: &Tuple, svc: &SvcValue) {
+    if conntrack::touch(ct, t) && ct.flags & CT_F_SNAT != 0 {
+        conntrack::keep_reply(ct, t.proto);
+    }
+    affinity::touch(t, svc);
+}
+
+/// loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks new
+/// connections only).
+#[inline(always)]
+pub fn admitted(t: &Tuple, svc: &SvcValue) -> Result<(), Reason> {
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
+        return Err(Reason(R_SRC_DENIED));
+    }
+    Ok(())
+}
+
+/// The backend a new flow goes to: its id, its slot and the backend.
+pub type Chosen = (u32, u16, Backend);
+
+/// Records a new flow of `t` to the chosen backend: its source translation, the client's
+/// affinity, its conntrack entries (`mtu`: the size known to fit its route, 0 for none).
+/// Returns the forward tuple its packets are rewritten to.
+#[inline(always)]
+pub fn record<P: Packet>(
+    ctx: &P,
+    t: &Tuple,
+    svc: &SvcValue,
+    client: &Client,
+    chosen: &Chosen,
+    mtu: u16,
+) -> Result<&'static CtValue, Reason> {
+    let (backend_id, slot, be) = chosen;
+    let scratch = conntrack::scratch()?;
+    let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut scratch.fwd)?;
+    scratch.fwd.mtu = mtu;
+    affinity::remember(client, svc, *backend_id, *slot);
+    conntrack::create(t, &source)?;
+    Ok(&scratch.fwd)
+}
