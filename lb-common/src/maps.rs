@@ -62,6 +62,112 @@ pub const ALL_MAPS: [&str; 12] = [
     MAP_SOCK,
 ];
 
+/// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
+pub mod kind {
+    pub const HASH: u32 = 1;
+    pub const ARRAY: u32 = 2;
+    pub const PERCPU_HASH: u32 = 5;
+    pub const PERCPU_ARRAY: u32 = 6;
+    pub const LRU_HASH: u32 = 9;
+    pub const LPM_TRIE: u32 = 11;
+    pub const DEVMAP_HASH: u32 = 25;
+}
+
+/// One map as kernel and agent agree on it: its pinned name, kind, key and value sizes (per
+/// CPU for per-CPU maps). lb-ebpf's statics must match this (a test loads the object and
+/// checks every map against it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapDef {
+    pub name: &'static str,
+    pub kind: u32,
+    pub key_size: usize,
+    pub value_size: usize,
+}
+
+const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) -> MapDef {
+    MapDef {
+        name,
+        kind,
+        key_size,
+        value_size,
+    }
+}
+
+use core::mem::size_of;
+
+/// Every pinned map, in [`ALL_MAPS`] order.
+pub const MAP_DEFS: [MapDef; 12] = [
+    def(
+        MAP_SVC,
+        kind::HASH,
+        size_of::<SvcKey>(),
+        size_of::<SvcValue>(),
+    ),
+    def(
+        MAP_BACKEND,
+        kind::HASH,
+        size_of::<u32>(),
+        size_of::<Backend>(),
+    ),
+    def(
+        MAP_CT,
+        kind::LRU_HASH,
+        size_of::<CtKey>(),
+        size_of::<CtValue>(),
+    ),
+    def(
+        MAP_STATS,
+        kind::PERCPU_ARRAY,
+        size_of::<u32>(),
+        size_of::<Counter>(),
+    ),
+    def(
+        MAP_SVC_NAME,
+        kind::HASH,
+        size_of::<u32>(),
+        size_of::<SvcName>(),
+    ),
+    def(
+        MAP_SVC_STATS,
+        kind::PERCPU_HASH,
+        size_of::<u32>(),
+        size_of::<Counter>(),
+    ),
+    def(
+        MAP_BACKEND_STATS,
+        kind::PERCPU_HASH,
+        size_of::<u32>(),
+        size_of::<Counter>(),
+    ),
+    def(
+        MAP_AFFINITY,
+        kind::LRU_HASH,
+        size_of::<AffinityKey>(),
+        size_of::<AffinityValue>(),
+    ),
+    def(
+        MAP_CONFIG,
+        kind::ARRAY,
+        size_of::<u32>(),
+        size_of::<NodeConfig>(),
+    ),
+    // An LPM trie key is its prefix length (u32) and the data.
+    def(
+        MAP_SRC_RANGE,
+        kind::LPM_TRIE,
+        4 + size_of::<SrcRangeKey>(),
+        size_of::<u32>(),
+    ),
+    // A devmap value is `struct bpf_devmap_val` (ifindex, program fd).
+    def(MAP_XDP_TX, kind::DEVMAP_HASH, size_of::<u32>(), 8),
+    def(
+        MAP_SOCK,
+        kind::LRU_HASH,
+        size_of::<SockKey>(),
+        size_of::<SockValue>(),
+    ),
+];
+
 /// Default capacities; the agent may override them at load time.
 pub const SVC_MAP_CAPACITY: u32 = 262_144;
 /// Default backend map capacity.
