@@ -2,11 +2,13 @@
 
 pub mod attach;
 pub mod kernel;
+pub mod links;
 pub mod loader;
 pub mod sizes;
 pub mod socket;
 pub mod stale;
 pub mod sync;
+pub mod sysctl;
 pub mod writer;
 
 use std::path::PathBuf;

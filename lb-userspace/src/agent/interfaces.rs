@@ -1,0 +1,239 @@
+//! Which interfaces get the datapath: tc ingress on pod interfaces (`--pod-interfaces`) and
+//! node interfaces, XDP on node interfaces (`--xdp`). Interfaces are known by name and index:
+//! a re-created interface (a restarted pod's veth) has the same name, a new index and nothing
+//! attached, so it is attached again. A failed attach is retried after [`ATTACH_RETRY`].
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use tracing::{error, info, warn};
+
+use crate::{
+    datapath::{DatapathError, attach::XdpSetting, links::Links},
+    glob,
+};
+
+/// How long a failed attach waits before it is tried again.
+pub const ATTACH_RETRY: Duration = Duration::from_secs(5);
+
+/// Which interfaces the agent wants, and how.
+#[derive(Clone, Debug)]
+pub struct Wanted<'a> {
+    /// Glob(s) of pod interfaces, comma-separated.
+    pub pod_interfaces: &'a str,
+    /// Node interfaces (tc, and XDP as `xdp` says).
+    pub node_interfaces: &'a [String],
+    pub xdp: XdpSetting,
+}
+
+/// What is attached where.
+#[derive(Default)]
+pub struct Interfaces {
+    /// tc ingress attached: name → ifindex.
+    attached: BTreeMap<String, u32>,
+    /// Node interfaces with XDP attached (or, with XDP off, checked): name → ifindex.
+    xdp: BTreeMap<String, u32>,
+    /// When XDP last failed on an interface.
+    xdp_failed: BTreeMap<String, Instant>,
+    /// When tc last failed on an interface.
+    failed: BTreeMap<String, Instant>,
+    missing_reported: BTreeSet<String>,
+}
+
+/// Whether a failure at `t` is recent enough to wait before trying again.
+fn backing_off(failures: &BTreeMap<String, Instant>, iface: &str) -> bool {
+    failures
+        .get(iface)
+        .is_some_and(|t| t.elapsed() < ATTACH_RETRY)
+}
+
+impl Interfaces {
+    /// Brings the attachments in line with the interfaces that exist now.
+    pub fn sync(&mut self, links: &mut dyn Links, want: &Wanted<'_>) -> Result<(), DatapathError> {
+        let live = links.interfaces();
+        // Forget what is gone or was re-created (same name, another index).
+        self.attached.retain(|i, idx| live.get(i) == Some(idx));
+        self.xdp.retain(|i, idx| live.get(i) == Some(idx));
+        for iface in want.node_interfaces {
+            if let Some(&idx) = live.get(iface)
+                && !self.xdp.contains_key(iface)
+            {
+                self.sync_xdp(links, iface, idx, want.xdp);
+            }
+        }
+        let names: Vec<String> = live.keys().cloned().collect();
+        for gone in links.prune(&names) {
+            info!(iface = %gone, "interface gone; its link pin removed");
+        }
+        for name in want.node_interfaces {
+            if !live.contains_key(name) && self.missing_reported.insert(name.clone()) {
+                warn!(iface = %name, "node interface (--node-interfaces) does not exist; will attach when it appears");
+            }
+        }
+        for (iface, &idx) in live.iter().filter(|(i, _)| wanted(want, i)) {
+            if self.attached.contains_key(iface) || backing_off(&self.failed, iface) {
+                continue;
+            }
+            match links.attach_tc(iface) {
+                Ok(()) => {
+                    info!(iface = %iface, "attached tc ingress (TCX, pinned)");
+                    self.failed.remove(iface);
+                    self.missing_reported.remove(iface);
+                    self.attached.insert(iface.clone(), idx);
+                }
+                Err(e) => {
+                    error!("{e}; retrying in {}s", ATTACH_RETRY.as_secs());
+                    self.failed.insert(iface.clone(), Instant::now());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches XDP to node interface `iface` as asked (or removes an XDP link an earlier
+    /// agent left when it is off).
+    fn sync_xdp(&mut self, links: &mut dyn Links, iface: &str, idx: u32, setting: XdpSetting) {
+        if setting == XdpSetting::Off {
+            if links.detach_xdp(iface) {
+                info!(
+                    iface,
+                    "XDP is off: removed the XDP link an earlier agent attached"
+                );
+            }
+            self.xdp.insert(iface.to_string(), idx);
+            return;
+        }
+        if backing_off(&self.xdp_failed, iface) {
+            return;
+        }
+        match links.attach_xdp(iface, idx, setting) {
+            Ok(mode) => {
+                info!(iface, mode, "attached XDP (pinned)");
+                self.xdp_failed.remove(iface);
+                self.xdp.insert(iface.to_string(), idx);
+            }
+            Err(e) => {
+                error!(
+                    "{e}; tc handles {iface}; retrying XDP in {}s",
+                    ATTACH_RETRY.as_secs()
+                );
+                self.xdp_failed.insert(iface.to_string(), Instant::now());
+            }
+        }
+    }
+}
+
+/// Whether tc goes on `iface`: a pod or node interface, never `lo`.
+fn wanted(want: &Wanted<'_>, iface: &str) -> bool {
+    iface != "lo"
+        && (glob::matches_any(want.pod_interfaces, iface)
+            || want.node_interfaces.iter().any(|n| n == iface))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Interfaces and attach results set by the test; every call recorded.
+    #[derive(Default)]
+    struct Fake {
+        live: BTreeMap<String, u32>,
+        fail_tc: BTreeSet<String>,
+        fail_xdp: bool,
+        calls: Vec<String>,
+    }
+
+    impl Links for Fake {
+        fn interfaces(&self) -> BTreeMap<String, u32> {
+            self.live.clone()
+        }
+        fn attach_tc(&mut self, iface: &str) -> Result<(), DatapathError> {
+            self.calls.push(format!("tc {iface}"));
+            if self.fail_tc.contains(iface) {
+                return Err(DatapathError::Attach {
+                    iface: iface.into(),
+                    reason: "refused".into(),
+                });
+            }
+            Ok(())
+        }
+        fn attach_xdp(
+            &mut self,
+            iface: &str,
+            _: u32,
+            _: XdpSetting,
+        ) -> Result<&'static str, DatapathError> {
+            self.calls.push(format!("xdp {iface}"));
+            if self.fail_xdp {
+                return Err(DatapathError::Attach {
+                    iface: iface.into(),
+                    reason: "no XDP".into(),
+                });
+            }
+            Ok("native")
+        }
+        fn detach_xdp(&mut self, iface: &str) -> bool {
+            self.calls.push(format!("detach-xdp {iface}"));
+            false
+        }
+        fn prune(&mut self, _: &[String]) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    fn fake(ifaces: &[(&str, u32)]) -> Fake {
+        Fake {
+            live: ifaces.iter().map(|(n, i)| (n.to_string(), *i)).collect(),
+            ..Fake::default()
+        }
+    }
+
+    fn want<'a>(node: &'a [String], xdp: XdpSetting) -> Wanted<'a> {
+        Wanted {
+            pod_interfaces: "veth*",
+            node_interfaces: node,
+            xdp,
+        }
+    }
+
+    #[test]
+    fn matching_interfaces_are_attached_once_and_lo_never() {
+        let mut links = fake(&[("lo", 1), ("veth1", 5), ("eth9", 6)]);
+        let node = vec!["lo".to_string()];
+        let mut ifs = Interfaces::default();
+        for _ in 0..3 {
+            ifs.sync(&mut links, &want(&node, XdpSetting::Off))
+                .expect("sync");
+        }
+        assert_eq!(links.calls, ["detach-xdp lo", "tc veth1"]);
+    }
+
+    #[test]
+    fn a_recreated_interface_is_attached_again() {
+        let mut links = fake(&[("veth1", 5)]);
+        let mut ifs = Interfaces::default();
+        let w = want(&[], XdpSetting::Off);
+        ifs.sync(&mut links, &w).expect("sync");
+        links.live.insert("veth1".into(), 7);
+        ifs.sync(&mut links, &w).expect("sync");
+        ifs.sync(&mut links, &w).expect("sync");
+        assert_eq!(links.calls, ["tc veth1", "tc veth1"]);
+    }
+
+    #[test]
+    fn failures_back_off_and_xdp_failures_do_not_stop_tc() {
+        let mut links = fake(&[("veth1", 5), ("eth0", 2)]);
+        links.fail_tc.insert("veth1".into());
+        links.fail_xdp = true;
+        let node = vec!["eth0".to_string()];
+        let mut ifs = Interfaces::default();
+        for _ in 0..3 {
+            ifs.sync(&mut links, &want(&node, XdpSetting::Native))
+                .expect("sync");
+        }
+        // One try each within ATTACH_RETRY; tc on the node interface despite XDP failing.
+        assert_eq!(links.calls, ["xdp eth0", "tc eth0", "tc veth1"]);
+    }
+}

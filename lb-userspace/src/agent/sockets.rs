@@ -1,0 +1,78 @@
+//! The socket hooks from the agent's side: attached (or removed) at start, and the connected
+//! UDP sockets of removed backends destroyed after each sync.
+
+use std::path::{Path, PathBuf};
+
+use tracing::{debug, error, info, warn};
+
+use super::AgentOptions;
+use crate::{
+    datapath::{
+        socket::{self, SocketLb},
+        stale,
+    },
+    desired::Desired,
+};
+
+/// Attaches (or, with `--socket-lb off`, removes) the socket hooks; returns the cgroup they
+/// run in. Without cgroup v2, or when attaching fails, the error is logged and the agent
+/// goes on with the tc path alone.
+pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Option<PathBuf> {
+    if opts.socket_lb == SocketLb::Off {
+        if socket::detach(&opts.bpffs) > 0 {
+            info!("--socket-lb off: removed the socket hooks an earlier agent attached");
+        }
+        return None;
+    }
+    let Some(cgroup) = opts.cgroup_path.clone().or_else(socket::cgroup2_root) else {
+        error!(
+            "no cgroup v2 hierarchy is mounted: the socket hooks are off, so the node's own processes do not reach services (pods do, through tc)"
+        );
+        return None;
+    };
+    match socket::attach(ebpf, &opts.bpffs, &cgroup) {
+        Ok(()) => {
+            info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect4, sendmsg4, recvmsg4, getpeername4; pinned)");
+            Some(cgroup)
+        }
+        Err(e) => {
+            error!("{e}; the node's own processes do not reach services (pods do, through tc)");
+            None
+        }
+    }
+}
+
+/// Destroys the connected UDP sockets that went to a backend `before` had and `after` no
+/// longer has for the same frontend.
+pub(super) fn destroy_stale_udp(
+    opts: &AgentOptions,
+    cgroup: &Path,
+    before: &Desired,
+    after: &Desired,
+) {
+    let gone = stale::removed_udp(before, after);
+    if gone.is_empty() {
+        return;
+    }
+    let cookies = match stale::cookies(&opts.bpffs, &gone) {
+        Ok(c) if c.is_empty() => return,
+        Ok(c) => c,
+        Err(e) => {
+            warn!("cannot read the socket map: {e}; UDP sockets of removed backends stay");
+            return;
+        }
+    };
+    let scope = (opts.socket_lb == SocketLb::All).then_some(cgroup);
+    let mut destroyed = 0;
+    for ns in stale::namespaces(scope) {
+        match stale::destroy_in(&ns, &cookies) {
+            Ok(n) => destroyed += n,
+            Err(e) => debug!(ns = %ns.display(), "cannot destroy UDP sockets there: {e}"),
+        }
+    }
+    info!(
+        sockets = destroyed,
+        backends = gone.len(),
+        "destroyed connected UDP sockets of removed backends"
+    );
+}

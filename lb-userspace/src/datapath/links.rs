@@ -1,0 +1,94 @@
+//! The interfaces and what xlb attaches to them, behind a trait: the kernel's (tc and XDP on
+//! the loaded object, pinned) and, for unit tests of the agent's interface handling, a fake.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{DevMapHash, MapData},
+};
+use lb_common::MAP_XDP_TX;
+
+use super::{
+    DatapathError,
+    attach::{self, XdpSetting},
+    loader, sysctl,
+};
+use crate::netif;
+
+/// What the agent's interface handling needs from the system.
+pub trait Links {
+    /// The interfaces by name, with their index.
+    fn interfaces(&self) -> BTreeMap<String, u32>;
+    /// Attaches tc ingress to `iface` (replacing a pinned link of an earlier agent).
+    fn attach_tc(&mut self, iface: &str) -> Result<(), DatapathError>;
+    /// Attaches XDP to `iface` as `setting` asks; returns the mode it runs in.
+    fn attach_xdp(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        setting: XdpSetting,
+    ) -> Result<&'static str, DatapathError>;
+    /// Removes an XDP link an earlier agent pinned on `iface`; whether there was one.
+    fn detach_xdp(&mut self, iface: &str) -> bool;
+    /// Removes pinned links of interfaces not in `live`; returns their names.
+    fn prune(&mut self, live: &[String]) -> Vec<String>;
+}
+
+/// The kernel: the loaded object's programs, links pinned under `dir`.
+pub struct KernelLinks<'a> {
+    pub ebpf: &'a mut Ebpf,
+    pub dir: &'a Path,
+}
+
+impl Links for KernelLinks<'_> {
+    fn interfaces(&self) -> BTreeMap<String, u32> {
+        netif::interfaces()
+    }
+
+    fn attach_tc(&mut self, iface: &str) -> Result<(), DatapathError> {
+        attach::attach_ingress(loader::tc_program(self.ebpf)?, self.dir, iface)?;
+        if let Err(e) = sysctl::accept_local(iface) {
+            tracing::warn!(
+                iface,
+                "cannot set accept_local: {e}; NodePort replies may be dropped"
+            );
+        }
+        Ok(())
+    }
+
+    fn attach_xdp(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        setting: XdpSetting,
+    ) -> Result<&'static str, DatapathError> {
+        let prog = loader::xdp_program(self.ebpf)?;
+        let mode = attach::attach_xdp(prog, self.dir, iface, ifindex, setting)?;
+        let map = self
+            .ebpf
+            .map_mut(MAP_XDP_TX)
+            .ok_or(DatapathError::MapMissing { name: MAP_XDP_TX })?;
+        let mut tx: DevMapHash<&mut MapData> =
+            DevMapHash::try_from(map).map_err(|source| DatapathError::Map {
+                name: MAP_XDP_TX,
+                source,
+            })?;
+        if let Err(e) = tx.insert(ifindex, ifindex, None, 0) {
+            tracing::warn!(
+                iface,
+                "XDP cannot redirect to {iface}: {e}; translated packets go through the stack"
+            );
+        }
+        Ok(mode)
+    }
+
+    fn detach_xdp(&mut self, iface: &str) -> bool {
+        aya::programs::links::PinnedLink::from_pin(attach::xdp_link_pin(self.dir, iface))
+            .is_ok_and(|old| old.unpin().is_ok())
+    }
+
+    fn prune(&mut self, live: &[String]) -> Vec<String> {
+        attach::prune_links(self.dir, live)
+    }
+}
