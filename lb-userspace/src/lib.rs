@@ -1,6 +1,6 @@
 //! xlb's agent: sources → model → desired maps → pinned BPF maps, and the tools around them.
 //!
-//! One way in (the model), several ways out (the map writer, `xlb list`, later the emitters).
+//! One way in (the model), several ways out (the map writer, the emitters, `xlb list`, `xlb compare`).
 
 pub mod agent;
 pub mod cleanup;

@@ -1,5 +1,5 @@
 //! kube-proxy's iptables mode: the `iptables-restore` input for the `filter` and `nat`
-//! tables, from the model and the node's settings (SPEC §1).
+//! tables, from the model and the node's settings (kube-proxy's `pkg/proxy/iptables`).
 //!
 //! [`emit`] is the pure one-shot form (a full sync on a node with no kube-proxy chains yet).
 //! [`IptablesProxier`] keeps what kube-proxy keeps between syncs, for partial syncs: which

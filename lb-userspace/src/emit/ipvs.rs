@@ -1,11 +1,11 @@
-//! kube-proxy's ipvs mode (SPEC §3): IPVS virtual and real servers, the ipsets its
+//! kube-proxy's ipvs mode (kube-proxy's `pkg/proxy/ipvs`): IPVS virtual and real servers, the ipsets its
 //! iptables rules match on, the addresses of the `kube-ipvs0` dummy interface, and the
 //! iptables rules the mode still needs.
 //!
 //! Renderings: [`IpvsState::render_ipvsadm`] (`ipvsadm-restore` input),
 //! [`IpvsState::render_ipset`] (`ipset restore` input), [`IpvsState::render_addresses`]
 //! (`ip -batch` input for `kube-ipvs0`) and [`IpvsState::iptables`] (`iptables-restore`
-//! input). The iptables rule set follows SPEC §3; only the jumps that the conformance
+//! input). The iptables rule set follows kube-proxy's ipvs proxier; only the jumps that the conformance
 //! cases assert were checked against kube-proxy.
 
 use std::{
@@ -331,7 +331,7 @@ fn rule(t: &mut Table, chain: &str, args: &[&str]) {
     t.rules.push(format!("-A {chain} {}", args.join(" ")));
 }
 
-/// The iptables rules of ipvs mode (SPEC §3).
+/// The iptables rules of ipvs mode (kube-proxy's `pkg/proxy/ipvs`).
 fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
     let mark = node.mark.text.as_str();
     let mm = format!("{mark}/{mark}");

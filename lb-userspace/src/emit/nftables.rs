@@ -1,4 +1,4 @@
-//! kube-proxy's nftables mode: the `kube-proxy` table (SPEC §2), as the `add …` commands
+//! kube-proxy's nftables mode: the `kube-proxy` table (kube-proxy's `pkg/proxy/nftables`), as the `add …` commands
 //! that create it (`nft -f` input; also the form kube-proxy's tests dump the table in).
 //!
 //! [`emit`] builds the table of a fresh proxier. [`NftProxier`] adds what kube-proxy keeps

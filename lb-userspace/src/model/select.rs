@@ -1,5 +1,5 @@
 //! kube-proxy's view of one service port on one node: the addresses of the proxier's family
-//! and its endpoint choice (SPEC §0.3), computed once so every writer agrees.
+//! and its endpoint choice (kube-proxy's `CategorizeEndpoints`), computed once so every writer agrees.
 //!
 //! * cluster endpoints: ready ones (narrowed by topology hints when every ready endpoint
 //!   has hints and one matches this node), else serving-and-terminating ones anywhere;

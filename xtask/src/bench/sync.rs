@@ -327,9 +327,8 @@ fn render(colds: &[Cold], ipt: &[Rules], nft: &[Rules], changes: &[Change]) -> R
     body.push_str(
         "\n**The same services the way kube-proxy loads them**, × 2 endpoints, each into a fresh network \
          namespace: `iptables-restore --noflush` (iptables 1.8.9, nf_tables backend) and `nft -f` of \
-         kube-proxy-shaped rulesets generated from the same desired state by a **temporary bench-local \
-         generator** (`xtask/src/bench/kube_rules.rs`, until `lb-userspace/src/emit/` lands). The time includes \
-         starting the process. Ratios: that time ÷ xlb's cold sync of the same services in this run.\n\n",
+         kube-proxy's rules for the same services as `xlb emit iptables|nftables` writes them. The time \
+         includes starting the process. Ratios: that time ÷ xlb's cold sync of the same services in this run.\n\n",
     );
     let headers: Vec<String> = [
         "loader",
