@@ -3,17 +3,23 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fmt::Write as _,
     net::{IpAddr, Ipv4Addr},
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, BE_F_REMOTE, Backend, FAMILY_V4, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC,
-    MAX_BACKENDS_PER_SVC, SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY,
-    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey,
-    SvcName, SvcValue,
+    BACKEND_MAP_CAPACITY, Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC, MAX_BACKENDS_PER_SVC,
+    SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
+
+mod ids;
+mod show;
+mod values;
+
+pub use ids::Ids;
+pub use show::{show_backend, show_frontend};
+pub use values::{backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str};
 
 use crate::model::{
     BackendAddr, Model, Protocol,
@@ -90,113 +96,6 @@ impl Default for Limits {
             src_ranges: SRC_RANGE_MAP_CAPACITY,
         }
     }
-}
-
-/// Ids handed out to frontends and backends. Ids are never reused while the agent runs, so a
-/// conntrack entry can never point at an unrelated backend that took a freed id.
-#[derive(Clone, Debug, Default)]
-pub struct Ids {
-    svc: BTreeMap<SvcKey, u32>,
-    backend: BTreeMap<Backend, u32>,
-    next_svc: u32,
-    next_backend: u32,
-}
-
-impl Ids {
-    /// Takes over the ids of what is already programmed (a restarted agent adopts its pins).
-    pub fn adopt(current: &Desired) -> Self {
-        let mut ids = Ids::default();
-        for (k, v) in current.services.iter().filter(|(k, _)| k.slot == 0) {
-            ids.svc.insert(*k, v.svc_id);
-            ids.next_svc = ids.next_svc.max(v.svc_id);
-        }
-        for (id, be) in &current.backends {
-            ids.backend.insert(*be, *id);
-            ids.next_backend = ids.next_backend.max(*id);
-        }
-        ids
-    }
-
-    fn svc_id(&mut self, key: SvcKey) -> u32 {
-        *self.svc.entry(key).or_insert_with(|| {
-            self.next_svc = self.next_svc.wrapping_add(1).max(1);
-            self.next_svc
-        })
-    }
-
-    fn backend_id(&mut self, be: Backend) -> u32 {
-        *self.backend.entry(be).or_insert_with(|| {
-            self.next_backend = self.next_backend.wrapping_add(1).max(1);
-            self.next_backend
-        })
-    }
-
-    fn has_svc(&self, key: &SvcKey) -> bool {
-        self.svc.contains_key(key)
-    }
-
-    /// Forgets ids of what is no longer desired (the counters never go back).
-    fn retain(&mut self, desired: &Desired) {
-        self.svc.retain(|k, _| desired.services.contains_key(k));
-        let live: BTreeSet<&Backend> = desired.backends.values().collect();
-        self.backend.retain(|b, _| live.contains(b));
-    }
-}
-
-/// The key of a frontend's service entry (slot 0), for IPv4 TCP/UDP.
-pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
-    SvcKey {
-        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
-        port_be: port.to_be(),
-        slot: 0,
-        proto: protocol.number(),
-        family: FAMILY_V4,
-        scope: SCOPE_EXTERNAL,
-        _pad: 0,
-    }
-}
-
-/// The backend map value for an IPv4 backend on this node.
-pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
-    Backend {
-        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
-        port_be: port.to_be(),
-        proto: protocol.number(),
-        family: FAMILY_V4,
-        flags: 0,
-        _pad: [0; 3],
-    }
-}
-
-/// The backend map value for an IPv4 backend on another node (or on no known node).
-pub fn remote_backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
-    Backend {
-        flags: BE_F_REMOTE,
-        ..backend_value(ip, port, protocol)
-    }
-}
-
-/// Encodes a service name for the names map (truncated to fit, NUL-padded).
-pub fn svc_name(name: &str) -> SvcName {
-    let mut out = SvcName {
-        name: [0; SVC_NAME_LEN],
-    };
-    let mut len = name.len().min(SVC_NAME_LEN);
-    while !name.is_char_boundary(len) {
-        len -= 1;
-    }
-    out.name[..len].copy_from_slice(&name.as_bytes()[..len]);
-    out
-}
-
-/// Decodes a name written by [`svc_name`].
-pub fn svc_name_str(name: &SvcName) -> String {
-    let end = name
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(SVC_NAME_LEN);
-    String::from_utf8_lossy(&name.name[..end]).into_owned()
 }
 
 struct Planned {
@@ -594,103 +493,4 @@ fn source_ranges(view: &crate::model::select::PortView<'_>) -> Vec<(Ipv4Addr, u8
             IpAddr::V6(_) => None,
         })
         .collect()
-}
-
-fn addr4(addr_be: [u32; 4]) -> Ipv4Addr {
-    Ipv4Addr::from(addr_be[0].to_ne_bytes())
-}
-
-fn proto_name(p: u8) -> String {
-    Protocol::from_number(p).map_or_else(|| format!("proto{p}"), |p| p.to_string())
-}
-
-/// `a.b.c.d:port/PROTO` of a service key (` internal` added for an internal scope).
-pub fn show_frontend(k: &SvcKey) -> String {
-    format!(
-        "{}:{}/{}{}",
-        addr4(k.addr_be),
-        u16::from_be(k.port_be),
-        proto_name(k.proto),
-        if k.scope == SCOPE_INTERNAL {
-            " internal"
-        } else {
-            ""
-        }
-    )
-}
-
-/// `a.b.c.d:port/PROTO` of a backend.
-pub fn show_backend(b: &Backend) -> String {
-    format!(
-        "{}:{}/{}",
-        addr4(b.addr_be),
-        u16::from_be(b.port_be),
-        proto_name(b.proto)
-    )
-}
-
-impl Desired {
-    /// Sorted text of every entry, for golden tests and `xlb list --raw`.
-    pub fn dump(&self) -> String {
-        let mut out = String::new();
-        let mut entries: Vec<_> = self.services.iter().collect();
-        entries.sort_by_key(|(k, _)| (show_frontend(k), k.slot));
-        for (k, v) in entries {
-            if k.slot == 0 {
-                let name = self
-                    .names
-                    .get(&v.svc_id)
-                    .map(svc_name_str)
-                    .unwrap_or_default();
-                let mut extra = String::new();
-                if v.flags & SVC_F_DROP_EMPTY != 0 {
-                    extra.push_str(" drop-when-empty");
-                }
-                if v.flags & SVC_F_SNAT_REMOTE != 0 {
-                    extra.push_str(" snat-remote");
-                }
-                if v.flags & SVC_F_TWO_SCOPES != 0 {
-                    extra.push_str(" two-scopes");
-                }
-                if v.flags & SVC_F_SRC_RANGES != 0 && k.scope == SCOPE_EXTERNAL {
-                    let ranges: Vec<String> = self
-                        .src_ranges
-                        .iter()
-                        .filter(|r| r.svc_id == v.svc_id)
-                        .map(|r| format!("{}/{}", r.addr, r.prefix))
-                        .collect();
-                    let _ = write!(extra, " source-ranges={}", ranges.join(","));
-                }
-                if v.affinity_timeout_s != 0 {
-                    let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
-                }
-                let _ = writeln!(
-                    out,
-                    "service {} id={} name={} count={}{extra}",
-                    show_frontend(k),
-                    v.svc_id,
-                    name,
-                    v.count
-                );
-            } else {
-                let be = self.backends.get(&v.backend_id).map(show_backend);
-                let _ = writeln!(
-                    out,
-                    "  slot {} -> backend {} {}",
-                    k.slot,
-                    v.backend_id,
-                    be.unwrap_or_else(|| "MISSING".into())
-                );
-            }
-        }
-        for (id, b) in &self.backends {
-            let remote = if b.flags & BE_F_REMOTE != 0 {
-                " remote"
-            } else {
-                ""
-            };
-            let _ = writeln!(out, "backend {id} {}{remote}", show_backend(b));
-        }
-        out
-    }
 }
