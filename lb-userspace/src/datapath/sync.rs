@@ -191,3 +191,49 @@ fn delete_svc(w: &mut dyn MapWriter, now: &mut Desired, r: &mut SyncReport, key:
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        datapath::writer::MemoryMaps,
+        desired::{Ids, Limits, compute},
+        source::file,
+    };
+
+    fn desired(yaml: &str, ids: &mut Ids) -> Desired {
+        let loaded = file::parse("t.yaml", yaml).expect("yaml");
+        compute(&loaded.model, ids, Limits::default()).0
+    }
+
+    const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{name: p, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: p, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [10.244.0.1], conditions: {ready: true}}\n- {addresses: [10.244.0.2], conditions: {ready: true}}\n";
+
+    #[test]
+    fn a_second_apply_of_the_same_state_writes_nothing() {
+        let mut ids = Ids::default();
+        let want = desired(WEB, &mut ids);
+        let mut maps = MemoryMaps::default();
+        let (now, r) = apply(&mut maps, &Desired::default(), &want);
+        assert!(r.errors.is_empty() && r.writes > 0);
+        assert_eq!(now, want);
+        let (again, r) = apply(&mut maps, &now, &want);
+        assert_eq!((r.writes, r.deletes), (0, 0));
+        assert_eq!(again, want);
+    }
+
+    #[test]
+    fn removal_deletes_the_entry_before_its_slots_and_backends() {
+        let mut ids = Ids::default();
+        let want = desired(WEB, &mut ids);
+        let mut maps = MemoryMaps::default();
+        let (now, _) = apply(&mut maps, &Desired::default(), &want);
+        maps.log.clear();
+        let (gone, r) = apply(&mut maps, &now, &Desired::default());
+        assert!(r.errors.is_empty());
+        assert_eq!(gone, Desired::default());
+        let first_slot = maps.log.iter().position(|l| l.contains("#1"));
+        let entry = maps.log.iter().position(|l| l.contains("#0"));
+        let backend = maps.log.iter().position(|l| l.contains("backend"));
+        assert!(entry < first_slot && first_slot < backend, "{:?}", maps.log);
+    }
+}
