@@ -133,6 +133,18 @@ impl Agent {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// Waits until the agent's log has `n` lines containing `what`; how long it took.
+    pub fn wait_log(&self, what: &str, n: usize, timeout: Duration) -> Result<Duration, String> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.log_text().matches(what).count() >= n {
+                return Ok(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(format!("no {n}× {what:?} in:\n{}", self.log_text()))
+    }
+
     /// The agent's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -70,6 +70,24 @@ impl Scenario {
         })
     }
 
+    /// For a privileged test named `test`: [`Scenario::start`] and a wait until `frontend`
+    /// (`ip:port/PROTO`) has its `backends` programmed; `None` (skipped) without root.
+    pub fn started(
+        test: &str,
+        prefix: &str,
+        yaml: &str,
+        backends: usize,
+        frontend: &str,
+    ) -> Option<Self> {
+        if !crate::require_root(test) {
+            return None;
+        }
+        let mut s = Self::start(prefix, backends, yaml).expect("scenario");
+        s.wait_backends(frontend, backends, Duration::from_secs(10))
+            .expect("initial sync");
+        Some(s)
+    }
+
     /// Backend pod IPs.
     pub fn backend_ips(&self) -> Vec<Ipv4Addr> {
         self.topo.backends.iter().map(|p| p.ip).collect()

@@ -21,25 +21,7 @@ fn web(backends: &[Ipv4Addr]) -> String {
 }
 
 fn started(test: &str, prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
-    if !require_root(test) {
-        return None;
-    }
-    let mut s = Scenario::start(prefix, backends, yaml).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", backends, Duration::from_secs(10))
-        .expect("initial sync");
-    Some(s)
-}
-
-/// How long until the agent's log has `n` lines containing `what`.
-fn wait_log(s: &Scenario, what: &str, n: usize, timeout: Duration) -> Result<Duration, String> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if s.agent.log_text().matches(what).count() >= n {
-            return Ok(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Err(format!("no {n}× {what:?} in:\n{}", s.agent.log_text()))
+    Scenario::started(test, prefix, yaml, backends, "10.96.0.10:80/TCP")
 }
 
 #[test]
@@ -100,11 +82,17 @@ fn a_recreated_pod_interface_is_attached_again_within_100_ms() {
     };
     let pod = &s.topo.backends[0];
     let what = format!("attached tc ingress (TCX, pinned) iface={}", pod.host_if);
-    wait_log(&s, &what, 1, Duration::from_secs(5)).expect("first attach");
+    s.agent
+        .wait_log(&what, 1, Duration::from_secs(5))
+        .expect("first attach");
     let mut took = Vec::new();
     for round in 2..=4 {
         pod.recreate_veth(&s.topo.node).expect("recreate");
-        took.push(wait_log(&s, &what, round, Duration::from_secs(5)).expect("re-attached"));
+        took.push(
+            s.agent
+                .wait_log(&what, round, Duration::from_secs(5))
+                .expect("re-attached"),
+        );
     }
     for t in &took {
         assert!(*t < Duration::from_millis(100), "re-attach took {took:?}");
@@ -131,7 +119,9 @@ fn a_service_without_an_endpoint_slice_is_not_a_sync_error() {
     };
     let lonely = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: test, name: lonely}\nspec:\n  clusterIP: 10.96.0.99\n  ports: [{name: p, port: 80, protocol: TCP}]\n";
     write_atomic(&s.yaml, &(web(&[pod_ip(2)]) + lonely)).expect("write");
-    wait_log(&s, "services=2", 1, Duration::from_secs(5)).expect("synced");
+    s.agent
+        .wait_log("services=2", 1, Duration::from_secs(5))
+        .expect("synced");
     let line = s
         .agent
         .log_text()

@@ -38,13 +38,7 @@ fn spread(lines: &[Line]) -> BTreeMap<String, usize> {
 }
 
 fn started(test: &str, prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
-    if !require_root(test) {
-        return None;
-    }
-    let mut s = Scenario::start(prefix, backends, yaml).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", backends, Duration::from_secs(10))
-        .expect("initial sync");
-    Some(s)
+    Scenario::started(test, prefix, yaml, backends, "10.96.0.10:80/TCP")
 }
 
 #[test]
