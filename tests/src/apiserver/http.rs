@@ -19,7 +19,7 @@ use tokio::{
     sync::{mpsc, watch as signal},
 };
 
-use super::{KINDS, Kind, Mode, Shared, list, status::Status, watch};
+use super::{KINDS, Kind, Mode, Served, Shared, list, status::Status, watch};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -115,42 +115,58 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let query: list::Query = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
         .into_owned()
         .collect();
-    let response = route(&shared, req.method(), req.uri().path(), &query).await;
-    shared.record(target, response.status().as_u16(), arrived);
+    let (response, list_rv) = route(&shared, req.method(), req.uri().path(), &query).await;
+    shared.record(Served {
+        target,
+        status: response.status().as_u16(),
+        at: arrived,
+        list_rv,
+    });
     Ok(response)
 }
 
+/// The response, and the resourceVersion of a list page.
 async fn route(
     shared: &Arc<Shared>,
     method: &Method,
     path: &str,
     q: &list::Query,
-) -> Response<Body> {
+) -> (Response<Body>, Option<u64>) {
     let Some(kind) = KINDS.iter().find(|k| k.path == path) else {
-        return status(&Status::not_found(path));
+        return (status(&Status::not_found(path)), None);
     };
     if method != Method::GET {
-        return status(&Status::method_not_allowed(method.as_str()));
+        return (status(&Status::method_not_allowed(method.as_str())), None);
     }
     let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     let fault = shared.lock().faults.get(kind.kind).cloned();
     if let Some(fault) = fault {
-        return status(&fault.status(kind, if watching { "watch" } else { "list" }));
+        let verb = if watching { "watch" } else { "list" };
+        return (status(&fault.status(kind, verb)), None);
     }
     if watching {
-        watch_stream(shared, kind, q)
+        (watch_stream(shared, kind, q), None)
     } else {
         list_page(shared, kind, q).await
     }
 }
 
-async fn list_page(shared: &Arc<Shared>, kind: &'static Kind, q: &list::Query) -> Response<Body> {
+async fn list_page(
+    shared: &Arc<Shared>,
+    kind: &'static Kind,
+    q: &list::Query,
+) -> (Response<Body>, Option<u64>) {
     let continued = q.get("continue").is_some_and(|c| !c.is_empty());
     wait_gate(shared, kind.kind, continued).await;
     let page = list::page(&shared.lock().store, kind, q);
     match page {
-        Ok(v) => json(StatusCode::OK, &v),
-        Err(s) => status(&s),
+        Ok(v) => {
+            let rv = v["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|r| r.parse().ok());
+            (json(StatusCode::OK, &v), rv)
+        }
+        Err(s) => (status(&s), None),
     }
 }
 

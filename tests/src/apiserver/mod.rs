@@ -2,12 +2,12 @@
 //! one so the real `xlb agent --source kubernetes` can run against it:
 //!
 //! * LIST with `limit`/`continue` pages, every page at the first page's resourceVersion, a
-//!   410 for a compacted continue token ([`list`]);
+//!   410 for a compacted continue token (`list.rs`);
 //! * WATCH from a resourceVersion, from the current state (no resourceVersion, or `0`), or
 //!   as a streaming list (`sendInitialEvents`); DELETED/ADDED when an object leaves or enters
 //!   the selector; BOOKMARKs; a 410 `ERROR` event only for a resourceVersion older than the
-//!   compaction point ([`watch`]);
-//! * a history kept per change, compacted on demand ([`store`]);
+//!   compaction point (`watch.rs`);
+//! * a history kept per change, compacted on demand (`store.rs`);
 //! * faults: a Status of 403, 429 (with `Retry-After`), 500 or 503 for every request of a
 //!   kind, lists held at a gate per kind (or only their later pages), watches cut, and the
 //!   listener down (connections refused) before or after the agent starts.
@@ -124,6 +124,8 @@ pub struct Served {
     pub status: u16,
     /// When it arrived.
     pub at: Instant,
+    /// The resourceVersion a list page was read at.
+    pub list_rv: Option<u64>,
 }
 
 impl Served {
@@ -161,6 +163,8 @@ struct Inner {
     served: Vec<Served>,
     /// Open watches: kind and the resourceVersion their client has seen.
     watches: BTreeMap<u64, (String, u64)>,
+    /// The `ERROR` events watches sent: kind and Status code.
+    watch_errors: Vec<(String, u16)>,
     next_id: u64,
     /// Whether the listener is up, or why it could not listen.
     listening: Result<bool, String>,
@@ -193,8 +197,8 @@ impl Shared {
         r
     }
 
-    fn record(&self, target: String, status: u16, at: Instant) {
-        self.lock().served.push(Served { target, status, at });
+    fn record(&self, served: Served) {
+        self.lock().served.push(served);
     }
 }
 
@@ -239,6 +243,7 @@ impl ApiServer {
                 faults: BTreeMap::new(),
                 served: Vec::new(),
                 watches: BTreeMap::new(),
+                watch_errors: Vec::new(),
                 next_id: 0,
                 listening: Ok(false),
             }),
@@ -412,6 +417,11 @@ impl ApiServer {
     /// Open watches: kind and the resourceVersion of the last event or bookmark sent.
     pub fn watch_positions(&self) -> Vec<(String, u64)> {
         self.shared.lock().watches.values().cloned().collect()
+    }
+
+    /// The `ERROR` events watches sent so far: kind and Status code (410: too old).
+    pub fn watch_errors(&self) -> Vec<(String, u16)> {
+        self.shared.lock().watch_errors.clone()
     }
 
     /// The current resourceVersion.

@@ -167,11 +167,16 @@ fn bookmark(kind: &Kind, rv: u64, initial_end: bool) -> Value {
     json!({"type": "BOOKMARK", "object": {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": metadata}})
 }
 
-fn gone(e: TooOld) -> Value {
+/// The 410 `ERROR` event for a watch whose history is gone (counted by the server).
+fn gone(shared: &Shared, kind: &str, e: TooOld) -> Value {
     let status = Status::expired(format!(
         "too old resource version: {} ({})",
         e.requested, e.oldest
     ));
+    shared
+        .lock()
+        .watch_errors
+        .push((kind.to_string(), status.code));
     json!({"type": "ERROR", "object": status.body()})
 }
 
@@ -270,7 +275,7 @@ pub(super) async fn run(
             s.from
         }
         Err(e) => {
-            send(&tx, &gone(e)).await;
+            send(&tx, &gone(&shared, kind.kind, e)).await;
             return;
         }
     };
@@ -282,7 +287,7 @@ pub(super) async fn run(
         match next(&shared, kind.kind, &w, generation, from) {
             Next::End => return,
             Next::Gone(e) => {
-                send(&tx, &gone(e)).await;
+                send(&tx, &gone(&shared, kind.kind, e)).await;
                 return;
             }
             Next::Events(events, upto) => {
