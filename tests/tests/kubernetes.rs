@@ -138,8 +138,8 @@ impl Cluster {
             })
             .unwrap_or_else(|e| {
                 panic!(
-                    "{FRONTEND} never had {n} backends: {e}\nrequests: {:#?}",
-                    self.api.requests()
+                    "{FRONTEND} never had {n} backends: {e}\n{}",
+                    self.api.diagnosis()
                 )
             })
     }
@@ -168,8 +168,8 @@ impl Cluster {
         while !pred(&self.api) {
             assert!(
                 Instant::now() < deadline,
-                "never {what} in {timeout:?}; requests: {:#?}\nagent log:\n{}",
-                self.api.requests(),
+                "never {what} in {timeout:?}; {}\nagent log:\n{}",
+                self.api.diagnosis(),
                 self.agent.log_text()
             );
             std::thread::sleep(Duration::from_millis(10));

@@ -79,11 +79,14 @@ pub(super) async fn serve(shared: Arc<Shared>, mut parked: Option<TcpSocket>, ad
 async fn accept(shared: &Arc<Shared>, listener: &TcpListener, mode: &mut signal::Receiver<Mode>) {
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                if let Ok((stream, _)) = accepted {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    shared.lock().connections += 1;
                     tokio::spawn(connection(shared.clone(), stream));
                 }
-            }
+                // Out of file descriptors and the like: let it pass, do not spin.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            },
             changed = mode.changed() => {
                 if changed.is_err() || *mode.borrow() != Mode::Up {
                     return;
@@ -115,7 +118,9 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let query: list::Query = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
         .into_owned()
         .collect();
+    let in_flight = InFlight::enter(&shared, &target);
     let (response, list_rv) = route(&shared, req.method(), req.uri().path(), &query).await;
+    drop(in_flight);
     shared.record(Served {
         target,
         status: response.status().as_u16(),
@@ -123,6 +128,25 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         list_rv,
     });
     Ok(response)
+}
+
+/// A request being answered (its response head not yet sent), for diagnosis.
+struct InFlight<'s>(&'s Shared, u64);
+
+impl<'s> InFlight<'s> {
+    fn enter(shared: &'s Shared, target: &str) -> Self {
+        let mut inner = shared.lock();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        inner.in_flight.insert(id, target.to_string());
+        InFlight(shared, id)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().in_flight.remove(&self.1);
+    }
 }
 
 /// The response, and the resourceVersion of a list page.

@@ -166,6 +166,9 @@ struct Inner {
     /// The `ERROR` events watches sent: kind and Status code.
     watch_errors: Vec<(String, u16)>,
     next_id: u64,
+    /// Connections accepted so far, and the requests being answered now.
+    connections: usize,
+    in_flight: BTreeMap<u64, String>,
     /// Whether the listener is up, or why it could not listen.
     listening: Result<bool, String>,
 }
@@ -245,6 +248,8 @@ impl ApiServer {
                 watches: BTreeMap::new(),
                 watch_errors: Vec::new(),
                 next_id: 0,
+                connections: 0,
+                in_flight: BTreeMap::new(),
                 listening: Ok(false),
             }),
             changed: signal::channel(0).0,
@@ -407,6 +412,25 @@ impl ApiServer {
             .iter()
             .map(|s| format!("GET {} -> {}", s.target, s.status))
             .collect()
+    }
+
+    /// What the server saw, for a failing test's message: listener, connections, requests
+    /// in flight, open watches, requests answered.
+    pub fn diagnosis(&self) -> String {
+        let i = self.shared.lock();
+        let answered: Vec<String> = i
+            .served
+            .iter()
+            .map(|s| format!("GET {} -> {}", s.target, s.status))
+            .collect();
+        format!(
+            "api server: listening {:?}, {} connections accepted, in flight {:#?}, watches (kind, rv) {:?} at rv {}, answered {answered:#?}",
+            i.listening,
+            i.connections,
+            i.in_flight.values().collect::<Vec<_>>(),
+            i.watches.values().collect::<Vec<_>>(),
+            i.store.rv(),
+        )
     }
 
     /// Requests answered so far, in the order they were answered.
