@@ -3,24 +3,40 @@
 //! complete; then one full snapshot, and after that coalesced snapshots at most once per
 //! `min_sync`. A broken watch or a 410 Gone re-lists in the reflector's buffer and the store
 //! swaps atomically when the new list is complete, so a snapshot never shows half a list.
+//!
+//! Failing requests back off as client-go's reflector does: 0.8 s doubling to 30 s (jittered)
+//! while a watcher makes no progress; 429/503/504 are retried a few times first, no sooner
+//! than `Retry-After`, and never more than a few seconds apart.
 
-use std::{path::PathBuf, sync::mpsc::Sender, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc::Sender,
+    },
+    time::Duration,
+};
 
-use futures::{StreamExt, stream};
+use futures::{Stream, StreamExt, stream};
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
 use kube::{
     Api, Client, Config,
+    client::{ClientBuilder, retry::RetryPolicy},
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store},
-        watcher,
+        reflector::{self, Store, store::Writer},
+        utils::Backoff,
+        watcher::{self, DefaultBackoff},
     },
 };
+use serde::de::DeserializeOwned;
 use thiserror::Error;
+use tower::{buffer::BufferLayer, retry::RetryLayer};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -59,6 +75,8 @@ pub enum KubeError {
     Client(#[from] kube::Error),
     #[error("cannot start the Kubernetes source's runtime: {0}")]
     Runtime(#[from] std::io::Error),
+    #[error("Kubernetes client retry policy: {0}")]
+    Retry(String),
 }
 
 /// The label selector for Services and EndpointSlices.
@@ -91,8 +109,20 @@ pub fn snapshot(services: &Store<Service>, slices: &Store<EndpointSlice>) -> Loa
     loaded
 }
 
+/// Retries of a 429, 503 or 504 before the watcher sees the error: never sooner than the
+/// server's `Retry-After`, else 0.2 s doubling to at most 2 s. kube's own policy doubles from
+/// 5 ms to 1000 s over 15 retries, so its waits grow with the outage: after 40 s of 503s the
+/// agent asked a recovered API server again only 30 s later.
+fn retry_policy() -> Result<RetryPolicy, KubeError> {
+    RetryPolicy::new(Duration::from_millis(200), Duration::from_secs(2), 10, true)
+        .map_err(|e| KubeError::Retry(e.to_string()))
+}
+
+/// Requests a client may have queued (kube's own buffer takes as many).
+const CLIENT_QUEUE: usize = 1024;
+
 async fn client(opts: &KubeOptions) -> Result<Client, KubeError> {
-    let config = match &opts.kubeconfig {
+    let mut config = match &opts.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
                 path: path.display().to_string(),
@@ -107,7 +137,65 @@ async fn client(opts: &KubeOptions) -> Result<Client, KubeError> {
         }
         None => Config::infer().await?,
     };
-    Ok(Client::try_from(config)?)
+    config.default_retry = false;
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&BufferLayer::new(CLIENT_QUEUE))
+        .with_layer(&RetryLayer::new(retry_policy()?))
+        .build())
+}
+
+/// kube-runtime's default backoff (client-go's reflector's: 0.8 s doubling to 30 s, jittered,
+/// starting over after 2 minutes without a failure), reset only when its watcher made
+/// progress: a list completed, an object changed. kube-runtime resets it on every event, and
+/// each list attempt begins with one (`Init`), so a list failing again and again was retried
+/// every 0.8 to 1.6 s for as long as it failed.
+struct ProgressBackoff {
+    inner: DefaultBackoff,
+    progressed: Arc<AtomicBool>,
+}
+
+impl Iterator for ProgressBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.inner.next()
+    }
+}
+
+impl Backoff for ProgressBackoff {
+    fn reset(&mut self) {
+        if self.progressed.swap(false, Ordering::Relaxed) {
+            self.inner.reset();
+        }
+    }
+}
+
+/// A reflector into `writer` over a watcher of `api`, backing off while it fails.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: Writer<K>,
+) -> impl Stream<Item = Result<(), watcher::Error>>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let progressed = Arc::new(AtomicBool::new(false));
+    let flag = progressed.clone();
+    let events = watcher::watcher(api, config).inspect(move |e| {
+        if matches!(
+            e,
+            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+        ) {
+            flag.store(true, Ordering::Relaxed);
+        }
+    });
+    reflector::reflector(writer, events)
+        .backoff(ProgressBackoff {
+            inner: DefaultBackoff::default(),
+            progressed,
+        })
+        .map(|e| e.map(|_| ()))
 }
 
 /// One snapshot of the cluster as the agent should program it.
@@ -161,33 +249,24 @@ async fn run(opts: KubeOptions, tx: Sender<Snapshot>) -> Result<(), KubeError> {
     let (svc_store, svc_writer) = reflector::store::<Service>();
     let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
     let (node_store, node_writer) = reflector::store::<Node>();
-    let svc_events = reflector::reflector(
+    let svc_events = reflect(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default().labels(&sel),
         svc_writer,
-        watcher(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().labels(&sel),
-        ),
     )
-    .default_backoff()
-    .map(|e| (Changed::Services, e.map(|_| ())));
-    let slice_events = reflector::reflector(
+    .map(|e| (Changed::Services, e));
+    let slice_events = reflect(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(&sel),
         slice_writer,
-        watcher(
-            Api::<EndpointSlice>::all(client.clone()),
-            watcher::Config::default().labels(&sel),
-        ),
     )
-    .default_backoff()
-    .map(|e| (Changed::Slices, e.map(|_| ())));
-    let node_events = reflector::reflector(
+    .map(|e| (Changed::Slices, e));
+    let node_events = reflect(
+        Api::<Node>::all(client),
+        watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name)),
         node_writer,
-        watcher(
-            Api::<Node>::all(client),
-            watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name)),
-        ),
     )
-    .default_backoff()
-    .map(|e| (Changed::Node, e.map(|_| ())));
+    .map(|e| (Changed::Node, e));
     let mut events = std::pin::pin!(stream::select(
         stream::select(svc_events, slice_events),
         node_events
