@@ -9,6 +9,7 @@ pub use lb_userspace::lab::{client, echo, netns, topology};
 
 pub mod agent;
 pub mod apiserver;
+pub mod capture;
 pub mod cgroup;
 pub mod datapath;
 pub mod probe;
