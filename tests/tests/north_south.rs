@@ -184,11 +184,29 @@ fn snat_ports_never_collide_and_a_full_range_is_refused_cleanly() {
         let overflow = tcp_request(sock(NODE_IP, 30080), Duration::from_millis(500));
         (seen, overflow)
     });
-    let unique: std::collections::BTreeSet<&String> = seen.iter().collect();
+    // What the backend saw: each flow from node1's underlay address, on a port of the range,
+    // no port twice.
+    let mut ports = std::collections::BTreeSet::new();
+    for s in &seen {
+        let from: SocketAddr = s
+            .parse()
+            .unwrap_or_else(|e| panic!("the backend reported {s:?}: {e}"));
+        assert_eq!(
+            from.ip(),
+            IpAddr::V4(NODE1_UNDERLAY),
+            "the remote backend must see node1's address"
+        );
+        assert!(
+            (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&from.port()),
+            "SNAT port {} outside the range {SNAT_PORTS:?}",
+            from.port()
+        );
+        ports.insert(from.port());
+    }
     assert_eq!(
-        unique.len(),
-        range,
-        "{range} open flows must hold {range} distinct SNAT ports"
+        (seen.len(), ports.len()),
+        (range, range),
+        "{range} open flows must hold {range} distinct SNAT ports: {ports:?}"
     );
     assert!(
         overflow.is_err(),
