@@ -13,6 +13,10 @@ use lb_userspace::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use xlb_tests::{datapath::LoadedDatapath, require_root, services::service_yaml, unique_tag};
 
+#[path = "support/checksums.rs"]
+mod checksums;
+use checksums::Udp;
+
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
@@ -91,6 +95,7 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
                 "{}: checksums",
                 case.desc
             );
+            checksums::assert_valid(&r.packet, Udp::Computed, case.desc);
             assert_eq!(r.packet[47] & 0x04, 0x04, "{}: RST flag", case.desc);
             None
         }
@@ -108,6 +113,7 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
             assert_eq!(p.src, input.src, "{}: source must be kept", case.desc);
             assert!(p.ip_checksum_ok, "{}: IPv4 checksum", case.desc);
             assert!(p.l4_checksum_ok, "{}: L4 checksum", case.desc);
+            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
             Some(p.dst)
         }
         Expect::ReverseNat { from } => {
@@ -121,8 +127,74 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
                 "{}: checksums",
                 case.desc
             );
+            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
             Some(p.src)
         }
+    }
+}
+
+/// The UDP checksum a rewrite of `input` must carry: none when the input had none.
+fn udp_mode(input: &lb_userspace::packet::Parsed) -> Udp {
+    if input.udp_checksum_zero {
+        Udp::None
+    } else {
+        Udp::Computed
+    }
+}
+
+/// `icmp` with its quoted IPv4 header's checksum off by one bit and the ICMP checksum made
+/// right again over that, so only the quoted header is wrong.
+fn quoted_sum_off(icmp: &[u8]) -> Vec<u8> {
+    let mut f = icmp.to_vec();
+    f[42 + 11] ^= 0x01;
+    f[36..38].copy_from_slice(&[0, 0]);
+    let sum = lb_userspace::packet::checksum(&f[34..], 0);
+    f[36..38].copy_from_slice(&sum.to_be_bytes());
+    f
+}
+
+/// The independent check fails on a frame whose checksum is off by one bit, in every field it
+/// checks (no root needed).
+#[test]
+fn the_independent_checksum_check_rejects_every_wrong_sum() {
+    let tcp = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80))
+        .payload(b"GET /")
+        .build();
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53))
+        .payload(b"query")
+        .build();
+    let icmp = lb_userspace::packet::icmp_error(BACKENDS[0], *CLIENT.ip(), 3, 3, 0, &udp[14..42]);
+    let no_sum = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53))
+        .without_udp_checksum()
+        .build();
+    for (frame, udp_mode) in [
+        (&tcp, Udp::Computed),
+        (&udp, Udp::Computed),
+        (&icmp, Udp::Computed),
+        (&no_sum, Udp::None),
+    ] {
+        checksums::assert_valid(frame, udp_mode, "as built");
+    }
+    let flip = |frame: &[u8], at: usize| {
+        let mut f = frame.to_vec();
+        f[at] ^= 0x01;
+        f
+    };
+    for (what, frame, udp_mode) in [
+        ("IPv4 header", flip(&tcp, 25), Udp::Computed),
+        ("TCP", flip(&tcp, 51), Udp::Computed),
+        ("UDP", flip(&udp, 41), Udp::Computed),
+        (
+            "UDP checksum 0 where one is due",
+            no_sum.clone(),
+            Udp::Computed,
+        ),
+        ("UDP checksum where 0 must stay", udp.clone(), Udp::None),
+        ("ICMP", flip(&icmp, 37), Udp::Computed),
+        ("quoted IPv4 header", quoted_sum_off(&icmp), Udp::Computed),
+    ] {
+        let caught = std::panic::catch_unwind(|| checksums::assert_valid(&frame, udp_mode, what));
+        assert!(caught.is_err(), "{what}: a wrong checksum went unnoticed");
     }
 }
 
@@ -265,6 +337,7 @@ fn new_flows_spread_over_all_backends() {
         let r = dp.run(&pkt).expect("run");
         assert_eq!(r.verdict, TC_ACT_OK);
         let p = parse(&r.packet).expect("parses");
+        checksums::assert_valid(&r.packet, Udp::Computed, "new flow");
         *seen.entry(*p.dst.ip()).or_insert(0) += 1;
     }
     for b in BACKENDS {
@@ -464,6 +537,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (empty, CLIENT));
     assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST|ACK to a SYN");
     assert_eq!(r.packet[47], 0x14, "RST|ACK");
     assert_eq!(
         u32::from_be_bytes([r.packet[42], r.packet[43], r.packet[44], r.packet[45]]),
@@ -476,6 +550,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
     let r = dp.run(&ack).expect("run");
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
     assert_eq!(r.packet[47], 0x04, "RST alone");
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST to an ACK");
     assert_eq!(&r.packet[38..42], &0xdead_beefu32.to_be_bytes());
 
     // A RST is never answered.
@@ -511,6 +586,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
         "destination unreachable / port unreachable"
     );
     assert!(sum_ok(&o[34..], 0), "ICMP checksum");
+    checksums::assert_valid(o, Udp::Computed, "ICMP port unreachable");
     assert_eq!(
         &o[42..70],
         &udp[14..42],
