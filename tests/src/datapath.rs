@@ -159,3 +159,113 @@ impl Drop for LoadedDatapath {
         let _ = lb_userspace::cleanup::cleanup(&self.pins);
     }
 }
+
+/// A map's entries as raw bytes, key to value.
+pub type RawEntries = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The maps the datapath itself may change: per-flow state (conntrack, affinity, socket
+/// translations). Everything else is the agent's to write.
+pub const FLOW_STATE_MAPS: [&str; 3] = [
+    lb_common::MAP_CT,
+    lb_common::MAP_AFFINITY,
+    lb_common::MAP_SOCK,
+];
+
+/// Every map under `pins` but the per-flow state, dumped byte by byte through the bpf(2)
+/// syscall (not through the project's own readers). Per-CPU maps, whose values are the
+/// counters the datapath adds to, are dumped by key only.
+pub fn dump_agent_maps(
+    pins: &std::path::Path,
+) -> Result<std::collections::BTreeMap<&'static str, RawEntries>, String> {
+    lb_common::ALL_MAPS
+        .iter()
+        .filter(|name| !FLOW_STATE_MAPS.contains(name))
+        .map(|name| Ok((*name, dump_pinned(pins, name)?)))
+        .collect()
+}
+
+/// The entries of the map pinned as `name` under `pins` (values empty for per-CPU maps).
+pub fn dump_pinned(pins: &std::path::Path, name: &str) -> Result<RawEntries, String> {
+    use aya::maps::{MapData, MapType};
+    use std::os::fd::{AsFd, AsRawFd};
+    let fail = |e: &dyn std::fmt::Display| format!("{name}: {e}");
+    let data = MapData::from_pin(pins.join(name)).map_err(|e| fail(&e))?;
+    let info = data.info().map_err(|e| fail(&e))?;
+    let per_cpu = matches!(
+        info.map_type(),
+        Ok(MapType::PerCpuHash | MapType::PerCpuArray | MapType::LruPerCpuHash)
+    );
+    let fd = data.fd().as_fd().as_raw_fd();
+    let mut out = RawEntries::new();
+    let mut key: Option<Vec<u8>> = None;
+    loop {
+        let mut next = vec![0u8; info.key_size() as usize];
+        if !bpf_elem(BPF_MAP_GET_NEXT_KEY, fd, key.as_deref(), &mut next).map_err(|e| fail(&e))? {
+            return Ok(out);
+        }
+        let mut value = vec![
+            0u8;
+            if per_cpu {
+                0
+            } else {
+                info.value_size() as usize
+            }
+        ];
+        if !per_cpu
+            && !bpf_elem(BPF_MAP_LOOKUP_ELEM, fd, Some(&next), &mut value).map_err(|e| fail(&e))?
+        {
+            return Err(fail(&"an entry vanished while the map was dumped"));
+        }
+        out.insert(next.clone(), value);
+        key = Some(next);
+    }
+}
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+
+/// `union bpf_attr` for the map element commands.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value_or_next_key: u64,
+    flags: u64,
+}
+
+/// A map element command on `fd` with `key` (none: the first key), filling `out`; false on
+/// ENOENT (no such or no next entry).
+fn bpf_elem(
+    cmd: libc::c_long,
+    fd: i32,
+    key: Option<&[u8]>,
+    out: &mut [u8],
+) -> std::io::Result<bool> {
+    let mut attr = ElemAttr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: key.map_or(0, |k| k.as_ptr() as u64),
+        value_or_next_key: out.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: the attribute points at buffers of the map's key and value sizes that live
+    // through the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &raw mut attr,
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::ENOENT) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}

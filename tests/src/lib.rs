@@ -9,6 +9,7 @@ pub use lb_userspace::lab::{client, echo, netns, topology};
 
 pub mod agent;
 pub mod apiserver;
+pub mod capture;
 pub mod cgroup;
 pub mod datapath;
 pub mod probe;
@@ -25,16 +26,70 @@ pub fn unique_tag(prefix: &str) -> String {
     format!("{prefix}{}{n}", std::process::id())
 }
 
-/// True when running as root. Otherwise prints a loud notice naming the test it skips.
-pub fn require_root(test: &str) -> bool {
+/// The environment variable naming the directory where a skipped privileged test leaves a
+/// marker file (`cargo xtask test` sets it and counts the files in its summary).
+pub const SKIP_DIR_ENV: &str = "XLB_SKIP_DIR";
+
+/// True when this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True where a privileged test must not skip: `CI=true` or `XLB_REQUIRE_ROOT=1`.
+pub fn root_required() -> bool {
+    let set = |var: &str, want: &[&str]| {
+        std::env::var(var).is_ok_and(|v| want.contains(&v.trim().to_ascii_lowercase().as_str()))
+    };
+    set("CI", &["true", "1"]) || set("XLB_REQUIRE_ROOT", &["1", "true"])
+}
+
+/// True when running as root. Otherwise: under `CI=true` or `XLB_REQUIRE_ROOT=1` it panics
+/// (a privileged test that cannot run fails); elsewhere it prints a loud notice naming the
+/// test, leaves a skip marker for `cargo xtask test` to count, and returns false.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
         return true;
     }
+    assert!(
+        !root_required(),
+        "{test} needs root (BPF, network namespaces) and must not skip here (CI=true or XLB_REQUIRE_ROOT=1): run it as root"
+    );
     eprintln!(
         "\n!!!!! SKIPPED {test}: needs root (BPF, network namespaces). CI runs as root; run `sudo -E cargo xtask test` locally. !!!!!\n"
     );
+    if let Err(e) = mark_skipped(test) {
+        eprintln!("!!!!! cannot record the skip of {test}: {e} !!!!!");
+    }
     false
+}
+
+/// Leaves a marker file for a skipped test under `$XLB_SKIP_DIR` (when set): one file per
+/// skip, named by test, process and call, so parallel tests and test binaries never share one.
+fn mark_skipped(test: &str) -> std::io::Result<()> {
+    match std::env::var_os(SKIP_DIR_ENV) {
+        Some(dir) => mark_skipped_in(std::path::Path::new(&dir), test),
+        None => Ok(()),
+    }
+}
+
+fn mark_skipped_in(dir: &std::path::Path, test: &str) -> std::io::Result<()> {
+    let safe: String = test
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let path = dir.join(format!("{}-{safe}", unique_tag("skip")));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, test.as_bytes()))
 }
 
 /// The `xlb` binary: `$XLB_BIN`, else the workspace's target dir (debug, then release).
@@ -56,4 +111,25 @@ pub fn xlb_bin() -> std::path::PathBuf {
         "xlb binary not found under {}: run `cargo xtask build` first",
         target.display()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_skip_leaves_its_own_marker_naming_the_test() {
+        let dir = std::env::temp_dir().join(unique_tag("xlb-skiptest"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for test in ["a_test", "a_test", "cargo xtask run"] {
+            mark_skipped_in(&dir, test).expect("marker");
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("read dir")
+            .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
+            .collect();
+        names.sort();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(names, ["a_test", "a_test", "cargo xtask run"]);
+    }
 }

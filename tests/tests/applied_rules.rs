@@ -18,6 +18,7 @@ use lb_userspace::{
     source::file,
 };
 use xlb_tests::{
+    capture::Capture,
     client::{tcp_request, udp_request},
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
@@ -88,15 +89,17 @@ fn wait_ready(topo: &Topology, what: &str) {
     assert!(ready, "{what}: the services never answered");
 }
 
-/// 60 TCP and 60 UDP requests from the client: all answered, from the ClusterIP, by more
-/// than one backend, which saw the client pod's own address (or, with `proxied`, the node's:
-/// a userspace proxy opens its own connections).
+/// 60 TCP and 60 UDP requests from the client: all answered by more than one backend, which
+/// saw the client pod's own address (or, with `proxied`, the node's: a userspace proxy opens
+/// its own connections), and every reply reached the client pod from the ClusterIP (as a
+/// capture on its interface shows).
 fn check_traffic(topo: &Topology, what: &str) {
     check_traffic_seen(topo, what, false)
 }
 
 fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
     let client_ip = topo.client.ip;
+    let capture = Capture::start(&topo.client.ns, "eth0").expect("capture");
     let answers = topo
         .client
         .ns
@@ -109,14 +112,14 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
             out
         })
         .expect("client");
+    capture.finish().expect("capture").assert_inbound_only_from(
+        &[sock(WEB, 80), sock(DNS, 53)],
+        120,
+        &format!("{what}: replies at the client pod"),
+    );
     let mut backends = BTreeSet::new();
     for a in answers {
         let a = a.unwrap_or_else(|e| panic!("{what}: request failed: {e}"));
-        assert!(
-            a.peer == sock(WEB, 80) || a.peer == sock(DNS, 53),
-            "{what}: peer {}",
-            a.peer
-        );
         let from_client = a.seen_client.starts_with(&format!("{client_ip}:"));
         assert_eq!(
             from_client, !proxied,

@@ -8,6 +8,7 @@ use std::{
 };
 
 use xlb_tests::{
+    capture::Capture,
     client::{Answer, tcp_request, tcp_upload, udp_request},
     require_root,
     scenario::{TCP_PORT, UDP_PORT, sock},
@@ -95,6 +96,7 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
             &[local(), remote()],
         );
     let lab = Lab::start("nsc", &yaml, 1500, "192.0.2.1:30053/UDP");
+    let capture = Capture::start(&lab.ext.ns, "eth0").expect("capture");
     let answers = lab.outside(|| {
         let mut out = Vec::new();
         for _ in 0..40 {
@@ -103,10 +105,15 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
         }
         out
     });
+    // Replies of local and of SNATed flows alike reach the client from the NodePort.
+    capture.finish().expect("capture").assert_inbound_only_from(
+        &[sock(NODE_IP, 30080), sock(NODE_IP, 30053)],
+        80,
+        "replies at the external client",
+    );
     let mut reached = std::collections::BTreeSet::new();
     for (proto, a) in answers {
         let a = a.unwrap_or_else(|e| panic!("{proto}: {e}\n{}", lab.agent.log_text()));
-        assert_eq!(a.peer.ip(), IpAddr::V4(NODE_IP), "{proto}: {a:?}");
         match a.backend.as_str() {
             "backend-1" => assert_eq!(
                 seen_ip(&a),
@@ -177,11 +184,29 @@ fn snat_ports_never_collide_and_a_full_range_is_refused_cleanly() {
         let overflow = tcp_request(sock(NODE_IP, 30080), Duration::from_millis(500));
         (seen, overflow)
     });
-    let unique: std::collections::BTreeSet<&String> = seen.iter().collect();
+    // What the backend saw: each flow from node1's underlay address, on a port of the range,
+    // no port twice.
+    let mut ports = std::collections::BTreeSet::new();
+    for s in &seen {
+        let from: SocketAddr = s
+            .parse()
+            .unwrap_or_else(|e| panic!("the backend reported {s:?}: {e}"));
+        assert_eq!(
+            from.ip(),
+            IpAddr::V4(NODE1_UNDERLAY),
+            "the remote backend must see node1's address"
+        );
+        assert!(
+            (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&from.port()),
+            "SNAT port {} outside the range {SNAT_PORTS:?}",
+            from.port()
+        );
+        ports.insert(from.port());
+    }
     assert_eq!(
-        unique.len(),
-        range,
-        "{range} open flows must hold {range} distinct SNAT ports"
+        (seen.len(), ports.len()),
+        (range, range),
+        "{range} open flows must hold {range} distinct SNAT ports: {ports:?}"
     );
     assert!(
         overflow.is_err(),
@@ -595,6 +620,7 @@ fn xdp_native_and_generic_forward_node_port_flows() {
             log.contains("attached XDP"),
             "{mode}: XDP not attached:\n{log}"
         );
+        let capture = Capture::start(&lab.ext.ns, "eth0").expect("capture");
         let answers = lab.outside(|| {
             let mut out = Vec::new();
             for _ in 0..30 {
@@ -603,6 +629,11 @@ fn xdp_native_and_generic_forward_node_port_flows() {
             }
             out
         });
+        capture.finish().expect("capture").assert_inbound_only_from(
+            &[sock(NODE_IP, 30080), sock(NODE_IP, 30053)],
+            60,
+            &format!("{mode}: replies at the external client"),
+        );
         let mut reached = std::collections::BTreeSet::new();
         for a in answers {
             let a = a.unwrap_or_else(|e| panic!("{mode}: {e}\n{}", lab.agent.log_text()));
@@ -612,7 +643,6 @@ fn xdp_native_and_generic_forward_node_port_flows() {
                 IpAddr::V4(NODE1_UNDERLAY)
             };
             assert_eq!(seen_ip(&a), want, "{mode}: {a:?}");
-            assert_eq!(a.peer.ip(), IpAddr::V4(NODE_IP), "{mode}: {a:?}");
             reached.insert(a.backend);
         }
         assert_eq!(reached.len(), 2, "{mode}: {reached:?}");

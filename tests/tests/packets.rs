@@ -13,12 +13,19 @@ use lb_userspace::{
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use xlb_tests::{datapath::LoadedDatapath, require_root, services::service_yaml, unique_tag};
 
+#[path = "support/checksums.rs"]
+mod checksums;
+use checksums::Udp;
+
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 99);
+/// The fuzz's LoadBalancer: its ClusterIP and ingress IP.
+const LB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 5);
 const CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 244, 1, 2), 40000);
 const BACKENDS: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 244, 2, 2),
@@ -31,13 +38,18 @@ fn setup(test: &str) -> Option<LoadedDatapath> {
         return None;
     }
     let mut dp = LoadedDatapath::load(&unique_tag("xlbp")).expect("load the eBPF object");
-    let yaml = service_yaml("web", VIP, 80, "TCP", 8080, &BACKENDS)
-        + &service_yaml("dns", VIP, 53, "UDP", 5353, &BACKENDS)
-        + &service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[]);
-    let loaded = file::parse("packets.yaml", &yaml).expect("yaml");
+    let loaded = file::parse("packets.yaml", &base_services()).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     dp.program(&loaded.model).expect("program maps");
     Some(dp)
+}
+
+/// The table's services: web (VIP:80/TCP) and dns (VIP:53/UDP) on three backends, empty
+/// (EMPTY_VIP:80/TCP) on none.
+fn base_services() -> String {
+    service_yaml("web", VIP, 80, "TCP", 8080, &BACKENDS)
+        + &service_yaml("dns", VIP, 53, "UDP", 5353, &BACKENDS)
+        + &service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[])
 }
 
 /// What a case expects of the program.
@@ -91,6 +103,7 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
                 "{}: checksums",
                 case.desc
             );
+            checksums::assert_valid(&r.packet, Udp::Computed, case.desc);
             assert_eq!(r.packet[47] & 0x04, 0x04, "{}: RST flag", case.desc);
             None
         }
@@ -108,6 +121,7 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
             assert_eq!(p.src, input.src, "{}: source must be kept", case.desc);
             assert!(p.ip_checksum_ok, "{}: IPv4 checksum", case.desc);
             assert!(p.l4_checksum_ok, "{}: L4 checksum", case.desc);
+            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
             Some(p.dst)
         }
         Expect::ReverseNat { from } => {
@@ -121,8 +135,74 @@ fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
                 "{}: checksums",
                 case.desc
             );
+            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
             Some(p.src)
         }
+    }
+}
+
+/// The UDP checksum a rewrite of `input` must carry: none when the input had none.
+fn udp_mode(input: &lb_userspace::packet::Parsed) -> Udp {
+    if input.udp_checksum_zero {
+        Udp::None
+    } else {
+        Udp::Computed
+    }
+}
+
+/// `icmp` with its quoted IPv4 header's checksum off by one bit and the ICMP checksum made
+/// right again over that, so only the quoted header is wrong.
+fn quoted_sum_off(icmp: &[u8]) -> Vec<u8> {
+    let mut f = icmp.to_vec();
+    f[42 + 11] ^= 0x01;
+    f[36..38].copy_from_slice(&[0, 0]);
+    let sum = lb_userspace::packet::checksum(&f[34..], 0);
+    f[36..38].copy_from_slice(&sum.to_be_bytes());
+    f
+}
+
+/// The independent check fails on a frame whose checksum is off by one bit, in every field it
+/// checks (no root needed).
+#[test]
+fn the_independent_checksum_check_rejects_every_wrong_sum() {
+    let tcp = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80))
+        .payload(b"GET /")
+        .build();
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53))
+        .payload(b"query")
+        .build();
+    let icmp = lb_userspace::packet::icmp_error(BACKENDS[0], *CLIENT.ip(), 3, 3, 0, &udp[14..42]);
+    let no_sum = PacketBuilder::udp(CLIENT, SocketAddrV4::new(VIP, 53))
+        .without_udp_checksum()
+        .build();
+    for (frame, udp_mode) in [
+        (&tcp, Udp::Computed),
+        (&udp, Udp::Computed),
+        (&icmp, Udp::Computed),
+        (&no_sum, Udp::None),
+    ] {
+        checksums::assert_valid(frame, udp_mode, "as built");
+    }
+    let flip = |frame: &[u8], at: usize| {
+        let mut f = frame.to_vec();
+        f[at] ^= 0x01;
+        f
+    };
+    for (what, frame, udp_mode) in [
+        ("IPv4 header", flip(&tcp, 25), Udp::Computed),
+        ("TCP", flip(&tcp, 51), Udp::Computed),
+        ("UDP", flip(&udp, 41), Udp::Computed),
+        (
+            "UDP checksum 0 where one is due",
+            no_sum.clone(),
+            Udp::Computed,
+        ),
+        ("UDP checksum where 0 must stay", udp.clone(), Udp::None),
+        ("ICMP", flip(&icmp, 37), Udp::Computed),
+        ("quoted IPv4 header", quoted_sum_off(&icmp), Udp::Computed),
+    ] {
+        let caught = std::panic::catch_unwind(|| checksums::assert_valid(&frame, udp_mode, what));
+        assert!(caught.is_err(), "{what}: a wrong checksum went unnoticed");
     }
 }
 
@@ -265,6 +345,7 @@ fn new_flows_spread_over_all_backends() {
         let r = dp.run(&pkt).expect("run");
         assert_eq!(r.verdict, TC_ACT_OK);
         let p = parse(&r.packet).expect("parses");
+        checksums::assert_valid(&r.packet, Udp::Computed, "new flow");
         *seen.entry(*p.dst.ip()).or_insert(0) += 1;
     }
     for b in BACKENDS {
@@ -350,27 +431,121 @@ fn malformed_headers_are_dropped_untouched() {
     );
 }
 
+/// A random buffer for the fuzz below, by `i % 4`: 0 and 2 start like a service packet (so
+/// the parser goes deep) with one byte changed; 1 is random bytes; 3 is a well-formed IPv4
+/// TCP, UDP or ICMP frame between random addresses no service, backend or client has, with a
+/// random payload.
+fn random_buffer(rng: &mut StdRng, i: usize, template: &[u8]) -> Vec<u8> {
+    if i % 4 == 3 {
+        return random_non_service_frame(rng);
+    }
+    let len = rng.random_range(14..=template.len() + 64);
+    let mut buf: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+    if i.is_multiple_of(2) {
+        let keep = rng.random_range(14..template.len()).min(len);
+        buf[..keep].copy_from_slice(&template[..keep]);
+        let flip = rng.random_range(14..len.max(15)).min(len - 1);
+        buf[flip] = rng.random();
+    }
+    buf
+}
+
+/// An address in 172.16.0.0/12 or 192.168.0.0/16: never a frontend, backend or client here.
+fn stranger(rng: &mut StdRng) -> Ipv4Addr {
+    if rng.random() {
+        Ipv4Addr::new(172, rng.random_range(16..32), rng.random(), rng.random())
+    } else {
+        Ipv4Addr::new(192, 168, rng.random(), rng.random())
+    }
+}
+
+fn random_non_service_frame(rng: &mut StdRng) -> Vec<u8> {
+    let mut end = || SocketAddrV4::new(stranger(rng), rng.random());
+    let (src, dst) = (end(), end());
+    let payload: Vec<u8> = (0..rng.random_range(0..40)).map(|_| rng.random()).collect();
+    match rng.random_range(0..3) {
+        0 => PacketBuilder::tcp(src, dst)
+            .flags(rng.random())
+            .payload(&payload)
+            .build(),
+        1 => PacketBuilder::udp(src, dst).payload(&payload).build(),
+        _ => {
+            let quoted = PacketBuilder::udp(dst, src).payload(&payload).build();
+            lb_userspace::packet::icmp_error(
+                *src.ip(),
+                *dst.ip(),
+                3,
+                rng.random_range(0..16),
+                1280,
+                &quoted[14..42],
+            )
+        }
+    }
+}
+
+/// True when the program may rightly rewrite or answer `buf`: an IPv4 frame to a frontend's
+/// address or from a backend (a reply), or ICMP that mentions a frontend, backend or client
+/// address (it may quote a flow). Anything else must come out as it went in.
+fn may_be_service(buf: &[u8]) -> bool {
+    if buf.len() < 34 || buf[12..14] != [0x08, 0x00] {
+        return false;
+    }
+    let addr = |o: usize| Ipv4Addr::new(buf[o], buf[o + 1], buf[o + 2], buf[o + 3]);
+    let (src, dst) = (addr(26), addr(30));
+    let known = [VIP, EMPTY_VIP, *CLIENT.ip()]
+        .into_iter()
+        .chain(BACKENDS)
+        .collect::<Vec<_>>();
+    let mentions = |a: &Ipv4Addr| buf[34..].windows(4).any(|w| w == a.octets());
+    [VIP, EMPTY_VIP, LB_VIP, LB_IP].contains(&dst)
+        || BACKENDS.contains(&src)
+        || (buf[23] == 1 && known.iter().any(mentions))
+}
+
+/// 10,000 random buffers: each gets an allowed verdict and keeps its length; a buffer that
+/// is not service traffic comes out byte-identical and is never answered; and no map but the
+/// per-flow state and the counters changes (every other map dumped through bpf(2) before and
+/// after, byte by byte).
 #[test]
 fn random_buffers_get_an_allowed_verdict() {
     let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else {
         return;
     };
+    // Every agent map holds something: a LoadBalancer with source ranges, an XDP target.
+    let yaml = base_services()
+        + &xlb_tests::services::service_on_nodes(
+            "lb",
+            "LoadBalancer",
+            "10.96.0.20",
+            "TCP",
+            80,
+            8080,
+            None,
+            "  loadBalancerSourceRanges: [10.244.0.0/16, 192.0.2.0/24]\n",
+            &format!("status:\n  loadBalancer:\n    ingress: [{{ip: {LB_IP}}}]\n"),
+            &[(BACKENDS[0], "node1")],
+        );
+    dp.program(&file::parse("fuzz.yaml", &yaml).expect("yaml").model)
+        .expect("program");
+    dp.allow_xdp_redirect(1).expect("XDP target");
+    let before = xlb_tests::datapath::dump_agent_maps(&dp.pins).expect("dump the maps");
+    let empty: Vec<&&str> = before
+        .iter()
+        .filter(|(_, e)| e.is_empty())
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        empty.is_empty(),
+        "maps the dump would compare empty: {empty:?}"
+    );
     let mut rng = StdRng::seed_from_u64(0x71b);
     let template = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80))
         .payload(&[0; 40])
         .build();
-    let mut ran = 0;
+    let (mut ran, mut untouched) = (0, 0);
     for i in 0..10_000 {
-        let len = rng.random_range(14..=template.len() + 64);
-        let mut buf: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-        // Half the buffers start like a service packet so the parser goes deep.
-        if i % 2 == 0 {
-            let keep = rng.random_range(14..template.len()).min(len);
-            buf[..keep].copy_from_slice(&template[..keep]);
-            let flip = rng.random_range(14..len.max(15));
-            let flip = flip.min(len - 1);
-            buf[flip] = rng.random();
-        }
+        let buf = random_buffer(&mut rng, i, &template);
+        let len = buf.len();
         match dp.run(&buf) {
             Err(e) => assert!(kernel_refuses(&buf), "buffer {i} ({len} bytes): {e}"),
             Ok(r) => {
@@ -383,12 +558,38 @@ fn random_buffers_get_an_allowed_verdict() {
                 if r.verdict != TC_ACT_REDIRECT {
                     assert_eq!(r.packet.len(), buf.len(), "buffer {i}: length changed");
                 }
+                if !may_be_service(&buf) {
+                    untouched += 1;
+                    assert_ne!(
+                        r.verdict, TC_ACT_REDIRECT,
+                        "buffer {i}: a non-service buffer was answered: {buf:02x?}"
+                    );
+                    assert_eq!(
+                        r.packet, buf,
+                        "buffer {i}: a non-service buffer was changed (verdict {})",
+                        r.verdict
+                    );
+                }
             }
         }
     }
     assert!(
         ran >= 9_000,
         "only {ran} of 10,000 buffers reached the program"
+    );
+    assert!(
+        untouched >= 4_000,
+        "only {untouched} non-service buffers checked"
+    );
+    let after = xlb_tests::datapath::dump_agent_maps(&dp.pins).expect("dump the maps");
+    let changed: Vec<&str> = before
+        .iter()
+        .filter(|(name, entries)| after.get(*name) != Some(*entries))
+        .map(|(name, _)| *name)
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the datapath changed maps that are not per-flow state or counters: {changed:?}"
     );
 }
 
@@ -464,6 +665,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (empty, CLIENT));
     assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST|ACK to a SYN");
     assert_eq!(r.packet[47], 0x14, "RST|ACK");
     assert_eq!(
         u32::from_be_bytes([r.packet[42], r.packet[43], r.packet[44], r.packet[45]]),
@@ -476,6 +678,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
     let r = dp.run(&ack).expect("run");
     assert_eq!(r.verdict, TC_ACT_REDIRECT);
     assert_eq!(r.packet[47], 0x04, "RST alone");
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST to an ACK");
     assert_eq!(&r.packet[38..42], &0xdead_beefu32.to_be_bytes());
 
     // A RST is never answered.
@@ -511,6 +714,7 @@ fn services_without_endpoints_refuse_like_kube_proxy() {
         "destination unreachable / port unreachable"
     );
     assert!(sum_ok(&o[34..], 0), "ICMP checksum");
+    checksums::assert_valid(o, Udp::Computed, "ICMP port unreachable");
     assert_eq!(
         &o[42..70],
         &udp[14..42],

@@ -19,6 +19,10 @@ use xlb_tests::{
     datapath::LoadedDatapath, netns::Netns, require_root, services::service_on_nodes, unique_tag,
 };
 
+#[path = "support/checksums.rs"]
+mod checksums;
+use checksums::Udp;
+
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
@@ -142,6 +146,7 @@ fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
                 "{}: checksums",
                 c.desc
             );
+            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
             Some(p.src)
         }
         Expect::Icmp {
@@ -160,6 +165,7 @@ fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
                 c.desc
             );
             assert!(p.checksums_ok, "{}: checksums", c.desc);
+            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
             None
         }
         Expect::FragNeeded { src, mtu } => {
@@ -175,6 +181,7 @@ fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
                 c.desc
             );
             assert!(p.checksums_ok, "{}: checksums", c.desc);
+            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
             None
         }
     }
@@ -477,6 +484,7 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
         "{desc}: {p:?}"
     );
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    checksums::assert_valid(&r.packet, Udp::Computed, desc);
     let snat = p.src;
 
     // 2. The reply to the SNAT address: reverse-translated (the client is routed via dum0).
@@ -490,6 +498,7 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (np(30001), EXT), "{desc}");
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    checksums::assert_valid(&r.packet, Udp::Computed, desc);
 
     // 3. With the egress interface in the redirect map: redirected, MACs of the next hop.
     dp.allow_xdp_redirect(ifindex).expect("devmap");
@@ -512,6 +521,7 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (snat, remote), "{desc}");
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    checksums::assert_valid(&r.packet, Udp::Computed, desc);
 
     // 4. What XDP leaves to tc, untouched.
     let mut partial = PacketBuilder::tcp(SocketAddrV4::new(*EXT.ip(), 5002), np(30001)).build();

@@ -94,20 +94,31 @@ pub fn all(release: bool) -> Result<PathBuf> {
 }
 
 /// Runs the workspace's tests with the built object and binary, echoing cargo's output,
-/// and ends with one summary line over every test binary.
+/// and ends with one summary line over every test binary: `tests: N passed, N failed, N
+/// skipped`, where skipped counts ignored tests and privileged tests that skipped for want of
+/// root (each leaves a marker in a directory passed as `XLB_SKIP_DIR`; see
+/// `xlb_tests::require_root`).
 pub fn test(extra: &[String]) -> Result<()> {
     let xlb = all(false)?;
     if !is_root() {
-        println!(
-            "\n!!!!! NOT ROOT: the packet and traffic tests will SKIP (they need BPF and network namespaces). CI runs as root. !!!!!\n"
-        );
+        if xlb_tests::root_required() {
+            println!(
+                "\n!!!!! NOT ROOT under CI=true or XLB_REQUIRE_ROOT=1: every packet and traffic test will FAIL. !!!!!\n"
+            );
+        } else {
+            println!(
+                "\n!!!!! NOT ROOT: the packet and traffic tests will SKIP (they need BPF and network namespaces). CI runs as root. !!!!!\n"
+            );
+        }
     }
+    let skips = SkipDir::create()?;
     println!("xtask: running every test tier (unit, golden, packet, traffic)");
     let mut child = Command::new("cargo")
         .args(["test", "--workspace"])
         .args(extra)
         .env("XLB_EBPF_OBJECT", ebpf_object())
         .env("XLB_BIN", &xlb)
+        .env(xlb_tests::SKIP_DIR_ENV, &skips.0)
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot start cargo test")?;
@@ -124,14 +135,61 @@ pub fn test(extra: &[String]) -> Result<()> {
         }
     }
     let status = child.wait()?;
-    println!(
-        "tests: {} passed, {} failed, {} skipped",
-        totals[0], totals[1], totals[2]
-    );
+    let skipped = skips.names()?;
+    if !skipped.is_empty() {
+        println!(
+            "xtask: {} privileged tests SKIPPED (not root): {}",
+            skipped.len(),
+            skipped.join(", ")
+        );
+    }
+    println!("{}", summary(totals, skipped.len() as u64));
     if !status.success() {
         bail!("cargo test failed with {status}");
     }
     Ok(())
+}
+
+/// The closing line (CI reads it): a privileged test that skipped returned normally, so
+/// cargo counted it as passed; it is moved to skipped.
+fn summary(totals: [u64; 3], skipped_privileged: u64) -> String {
+    let [passed, failed, ignored] = totals;
+    format!(
+        "tests: {} passed, {failed} failed, {} skipped",
+        passed.saturating_sub(skipped_privileged),
+        ignored + skipped_privileged
+    )
+}
+
+/// The directory where skipped privileged tests leave their markers; removed on drop.
+struct SkipDir(PathBuf);
+
+impl SkipDir {
+    fn create() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("xlb-skips-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+        Ok(Self(dir))
+    }
+
+    /// The skipped tests' names, sorted (one marker per skip).
+    fn names(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.0).with_context(|| self.0.display().to_string())? {
+            let path = entry?.path();
+            names.push(
+                std::fs::read_to_string(&path).unwrap_or_else(|_| path.display().to_string()),
+            );
+        }
+        names.sort();
+        Ok(names)
+    }
+}
+
+impl Drop for SkipDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// (passed, failed, ignored) of a `test result:` line.
@@ -163,4 +221,20 @@ pub fn is_root() -> bool {
                 .map(|l| l.split_whitespace().nth(2) == Some("0"))
         })
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_counts_privileged_skips_as_skipped() {
+        let totals = result_counts(
+            "test result: ok. 12 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+        )
+        .expect("a result line");
+        assert_eq!(totals, [12, 0, 2]);
+        assert_eq!(summary(totals, 5), "tests: 7 passed, 0 failed, 7 skipped");
+        assert_eq!(summary(totals, 0), "tests: 12 passed, 0 failed, 2 skipped");
+    }
 }

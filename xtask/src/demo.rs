@@ -89,7 +89,7 @@ fn spread(cg: &Cgroup, ns: &Netns, f: &Frontend) -> Result<String> {
 }
 
 pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
-    if !xlb_tests::require_root("cargo xtask run") {
+    if !xlb_tests::is_root() {
         return Err(anyhow!(
             "the demo needs root (BPF and network namespaces): sudo -E cargo xtask run"
         ));

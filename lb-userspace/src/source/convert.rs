@@ -235,6 +235,15 @@ pub fn endpoint_slice(
         value,
         reason: reason.to_string(),
     };
+    if name.is_empty() {
+        // Slices of a service are told apart by name: two without one would replace each
+        // other.
+        return Err(invalid(
+            "metadata.name".into(),
+            String::new(),
+            "an EndpointSlice needs a name",
+        ));
+    }
     let Some(svc_name) = meta.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)) else {
         return Ok(Converted::Ignore(format!(
             "EndpointSlice {object} has no {SERVICE_NAME_LABEL} label"

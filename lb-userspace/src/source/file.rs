@@ -34,6 +34,11 @@ pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
 
 /// As [`parse`], keeping only the objects present in `step` of a multi-step conformance
 /// case (see [`testconfig::present_in_step`]); `None` keeps everything.
+///
+/// Each document is read on its own (serde_yaml's deserializer over the stream): one whose
+/// fields have the wrong types (`port: "eighty"`, `ports: 5`) is reported by kind, namespace
+/// and name and left out, like an object with a bad value. Only text that is not YAML at all
+/// fails the whole file.
 pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Loaded, SourceError> {
     let mut loaded = Loaded::default();
     for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
@@ -44,56 +49,102 @@ pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Loaded, S
         if value.is_null() {
             continue;
         }
-        let api_version = value
-            .get("apiVersion")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
-        let kind = value
-            .get("kind")
-            .and_then(|v| v.as_str())
-            .unwrap_or("")
-            .to_string();
-        let decode_err = |source| SourceError::Decode {
-            path: path.to_string(),
-            index,
-            kind: kind.clone(),
-            source,
-        };
         if let Some(step) = step
             && !testconfig::present_in_step(&value, step)
         {
             continue;
         }
-        match (api_version, kind.as_str()) {
-            (_, "TestConfig") if api_version.starts_with("peertest.kube-proxy.local/") => {
-                match testconfig::parse(&value) {
-                    Ok(tc) => loaded.test_config = Some(tc),
-                    Err(e) => loaded.errors.push(e),
-                }
+        take_document(&mut loaded, &Document { path, index }, value);
+    }
+    Ok(loaded)
+}
+
+/// Where a document is: its file and its index in the stream.
+struct Document<'a> {
+    path: &'a str,
+    index: usize,
+}
+
+impl Document<'_> {
+    /// A decode error for this document, naming the object as far as it can be read.
+    fn decode_error(
+        &self,
+        value: &serde_yaml::Value,
+        e: serde_path_to_error::Error<serde_yaml::Error>,
+    ) -> SourceError {
+        SourceError::Decode {
+            path: self.path.to_string(),
+            index: self.index,
+            kind: str_at(value, &["kind"]).unwrap_or("").to_string(),
+            object: object_name(value),
+            field: e.path().to_string(),
+            source: e.into_inner(),
+        }
+    }
+}
+
+/// The string at `keys` (a path of mapping keys) of `value`, if there is one.
+fn str_at<'v>(value: &'v serde_yaml::Value, keys: &[&str]) -> Option<&'v str> {
+    keys.iter()
+        .try_fold(value, |v, k| v.get(k))
+        .and_then(|v| v.as_str())
+}
+
+/// `namespace/name` as far as the document says (namespace "default" when unset, `?` for a
+/// name that is missing or not a string).
+fn object_name(value: &serde_yaml::Value) -> String {
+    let namespace = match value.get("metadata").and_then(|m| m.get("namespace")) {
+        None => "default",
+        Some(ns) => ns.as_str().unwrap_or("?"),
+    };
+    let name = str_at(value, &["metadata", "name"]).unwrap_or("?");
+    format!("{namespace}/{name}")
+}
+
+/// Takes one document into `loaded`: a Service or EndpointSlice into the model (or its
+/// error), a conformance TestConfig, or a note that it was ignored.
+fn take_document(loaded: &mut Loaded, doc: &Document<'_>, value: serde_yaml::Value) {
+    let api_version = str_at(&value, &["apiVersion"]).unwrap_or("").to_string();
+    let kind = str_at(&value, &["kind"]).unwrap_or("").to_string();
+    match (api_version.as_str(), kind.as_str()) {
+        (_, "TestConfig") if api_version.starts_with("peertest.kube-proxy.local/") => {
+            match testconfig::parse(&value) {
+                Ok(tc) => loaded.test_config = Some(tc),
+                Err(e) => loaded.errors.push(e),
             }
-            ("v1", "Service") => {
-                let svc: core::Service = serde_yaml::from_value(value).map_err(decode_err)?;
-                match convert::service(&svc) {
-                    Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
-                    Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
-                    Err(e) => loaded.errors.push(e),
-                }
-            }
-            ("discovery.k8s.io/v1", "EndpointSlice") => {
-                let slice: discovery::EndpointSlice =
-                    serde_yaml::from_value(value).map_err(decode_err)?;
-                match convert::endpoint_slice(&slice) {
+        }
+        ("v1", "Service") => match decode::<core::Service>(doc, value) {
+            Ok(svc) => match convert::service(&svc) {
+                Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
+                Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
+                Err(e) => loaded.errors.push(e),
+            },
+            Err(e) => loaded.errors.push(e),
+        },
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            match decode::<discovery::EndpointSlice>(doc, value) {
+                Ok(slice) => match convert::endpoint_slice(&slice) {
                     Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
                     Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
                     Err(e) => loaded.errors.push(e),
-                }
+                },
+                Err(e) => loaded.errors.push(e),
             }
-            _ => loaded.ignored.push(format!(
-                "{path}: document {index} is {api_version} {kind}, not a Service or EndpointSlice"
-            )),
         }
+        _ => loaded.ignored.push(format!(
+            "{}: document {} is {api_version} {kind}, not a Service or EndpointSlice",
+            doc.path, doc.index
+        )),
     }
-    Ok(loaded)
+}
+
+/// Decodes a document into its k8s-openapi type; a field of the wrong type is an error of
+/// this document alone.
+fn decode<T: serde::de::DeserializeOwned>(
+    doc: &Document<'_>,
+    value: serde_yaml::Value,
+) -> Result<T, SourceError> {
+    serde_path_to_error::deserialize(&value).map_err(|e| doc.decode_error(&value, e))
 }
 
 /// Reads and parses a file.
@@ -227,6 +278,78 @@ spec:
         let bad = GOOD.replace("addressType: IPv4", "addressType: IPX");
         let l = parse("t.yaml", &bad).expect("parse");
         assert!(l.errors[0].to_string().contains("unknown address family"));
+    }
+
+    #[test]
+    fn a_document_of_the_wrong_types_is_named_and_the_others_are_kept() {
+        let text = GOOD.to_string()
+            + r#"
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: eighty}
+spec:
+  clusterIP: 10.96.0.80
+  ports: [{name: http, port: "eighty", protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: five}
+spec:
+  clusterIP: 10.96.0.5
+  ports: 5
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: many, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: "many"
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: [not, a, name]}
+spec: {clusterIP: 10.96.0.6, ports: [{port: 6}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: demo, name: after}
+spec:
+  clusterIP: 10.96.0.81
+  ports: [{name: http, port: 81, protocol: TCP}]
+"#;
+        let l = parse("t.yaml", &text).expect("one bad document does not fail the file");
+        let msgs: Vec<String> = l.errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs.len(), 4, "{msgs:?}");
+        for (msg, named, says) in [
+            (
+                &msgs[0],
+                "document 2: Service demo/eighty: spec.ports[0].port",
+                "eighty",
+            ),
+            (&msgs[1], "document 3: Service demo/five: spec.ports", "5"),
+            (
+                &msgs[2],
+                "document 4: EndpointSlice default/many: endpoints",
+                "many",
+            ),
+            (
+                &msgs[3],
+                "document 5: Service demo/?: metadata.name",
+                "sequence",
+            ),
+        ] {
+            assert!(
+                msg.starts_with(&format!("t.yaml: {named}: cannot decode: ")) && msg.contains(says),
+                "{msg}"
+            );
+        }
+        let names: Vec<&str> = l.model.services.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["after", "web"],
+            "the good objects before and after are kept"
+        );
+        assert_eq!(l.model.slices.len(), 1, "the good slice is kept");
     }
 
     #[test]

@@ -22,11 +22,16 @@ pub enum SourceError {
         #[source]
         source: serde_yaml::Error,
     },
-    #[error("{path}: document {index} ({kind}): cannot decode: {source}")]
+    /// A document whose fields have the wrong types (`port: "eighty"`); only it is left out.
+    #[error("{path}: document {index}: {kind} {object}: {field}: cannot decode: {source}")]
     Decode {
         path: String,
         index: usize,
         kind: String,
+        /// `namespace/name` as far as the document says.
+        object: String,
+        /// Where in the document (`spec.ports[0].port`).
+        field: String,
         #[source]
         source: serde_yaml::Error,
     },

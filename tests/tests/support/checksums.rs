@@ -1,0 +1,63 @@
+//! Checksums checked by an independent implementation (etherparse), not by the project's own
+//! builder and parser (`lb_userspace::packet`), which both compute them the same way and so
+//! could agree on a wrong sum. Each computes what the header should carry and compares it
+//! with what the frame carries.
+
+use etherparse::{Ipv4HeaderSlice, NetSlice, SlicedPacket, TransportSlice};
+
+/// How a frame's UDP checksum may be: computed, or 0 ("none", which a rewrite must keep).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Udp {
+    Computed,
+    None,
+}
+
+/// Asserts that `frame` (Ethernet, IPv4, then TCP, UDP or ICMP) carries the IPv4 header
+/// checksum and the TCP, UDP or ICMP checksum etherparse computes for it; for an ICMP error,
+/// the quoted IPv4 header's too. `udp` says whether a UDP checksum of 0 is expected.
+pub fn assert_valid(frame: &[u8], udp: Udp, what: &str) {
+    let sliced = SlicedPacket::from_ethernet(frame)
+        .unwrap_or_else(|e| panic!("{what}: etherparse cannot read the frame: {e}"));
+    let Some(NetSlice::Ipv4(ip)) = &sliced.net else {
+        panic!("{what}: not IPv4 for etherparse");
+    };
+    let header = ip.header();
+    assert_ipv4_header(&header, what);
+    let (src, dst) = (header.source(), header.destination());
+    match &sliced.transport {
+        Some(TransportSlice::Tcp(tcp)) => {
+            let want = tcp
+                .calc_checksum_ipv4(src, dst)
+                .unwrap_or_else(|e| panic!("{what}: TCP checksum: {e}"));
+            assert_eq!(tcp.checksum(), want, "{what}: TCP checksum (etherparse)");
+        }
+        Some(TransportSlice::Udp(u)) => {
+            let carried = u.checksum();
+            if udp == Udp::None {
+                assert_eq!(carried, 0, "{what}: a UDP checksum of 0 must stay 0");
+                return;
+            }
+            let want = u
+                .to_header()
+                .calc_checksum_ipv4_raw(src, dst, u.payload())
+                .unwrap_or_else(|e| panic!("{what}: UDP checksum: {e}"));
+            assert_eq!(carried, want, "{what}: UDP checksum (etherparse)");
+        }
+        Some(TransportSlice::Icmpv4(icmp)) => {
+            let want = icmp.icmp_type().calc_checksum(icmp.payload());
+            assert_eq!(icmp.checksum(), want, "{what}: ICMP checksum (etherparse)");
+            let quoted = Ipv4HeaderSlice::from_slice(icmp.payload())
+                .unwrap_or_else(|e| panic!("{what}: the quoted IPv4 header: {e}"));
+            assert_ipv4_header(&quoted, &format!("{what}: quoted"));
+        }
+        other => panic!("{what}: no TCP, UDP or ICMP for etherparse: {other:?}"),
+    }
+}
+
+fn assert_ipv4_header(h: &Ipv4HeaderSlice<'_>, what: &str) {
+    assert_eq!(
+        h.header_checksum(),
+        h.to_header().calc_header_checksum(),
+        "{what}: IPv4 header checksum (etherparse)"
+    );
+}
