@@ -5,6 +5,7 @@
 //! on drop, on success and on failure. Nothing touches the root namespace's interfaces; a
 //! namespace is entered only on a dedicated thread.
 
+pub mod cgroup;
 pub mod client;
 pub mod echo;
 pub mod netns;
