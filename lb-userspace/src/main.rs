@@ -155,10 +155,28 @@ enum Command {
         #[arg(long, default_value = "node1")]
         node_name: String,
     },
+    /// A lab's client process, for `xlb compare` and the benches (the socket hooks serve
+    /// the processes of a cgroup, so their clients must be processes of their own).
+    #[command(hide = true)]
+    Client {
+        #[command(subcommand)]
+        what: ClientCommand,
+    },
     /// Detach and unpin everything xlb installed.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClientCommand {
+    /// REQUESTS requests to each target (`tcp/IP:PORT`, `udp/IP:PORT`), a fresh socket each;
+    /// one line per target: the backends that answered, REFUSED, DROPPED or FAILED (…).
+    Flows {
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+        targets: Vec<String>,
     },
 }
 
@@ -449,6 +467,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs } => run_cleanup(&bpffs),
+        Command::Client { what } => run_client(what),
         Command::Compare {
             source,
             requests,
@@ -532,6 +551,19 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn run_client(what: ClientCommand) -> Result<()> {
+    match what {
+        ClientCommand::Flows { requests, targets } => {
+            print!(
+                "{}",
+                lb_userspace::compare::client_flows(requests, &targets)
+                    .map_err(anyhow::Error::msg)?
+            );
+        }
+    }
+    Ok(())
 }
 
 fn run_cleanup(bpffs: &std::path::Path) -> Result<()> {

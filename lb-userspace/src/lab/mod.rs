@@ -9,4 +9,5 @@ pub mod cgroup;
 pub mod client;
 pub mod echo;
 pub mod netns;
+pub mod process;
 pub mod topology;

@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{Result, anyhow};
 use lb_userspace::{
-    compare::{Impl, install},
+    compare::{Impl, LabSpec, install},
     model::NodeSettings,
     source::file,
 };
@@ -156,8 +156,17 @@ fn run_one(path: Route, n: usize, xlb: &Path) -> Result<Measured> {
         Route::Direct => None,
         Route::Via(i) => Some(i),
     };
-    let lab = install(mode, &tag, &src, xlb, &model, &settings, &pods, &[vip])
-        .map_err(anyhow::Error::msg)?;
+    let lab = install(&LabSpec {
+        mode,
+        tag: &tag,
+        source: &src,
+        xlb,
+        model: &model,
+        settings: &settings,
+        pods: &pods,
+        frontends: &[vip],
+    })
+    .map_err(anyhow::Error::msg)?;
     let target = if path == Route::Direct {
         SocketAddr::from((BACKEND, PORT))
     } else {
