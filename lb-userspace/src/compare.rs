@@ -455,30 +455,50 @@ fn run_mode(
         if index.is_empty() {
             continue;
         }
-        // In xlb's labs every client runs in the cgroup the socket hooks are attached to.
-        let cgroup = lab.cgroup.as_ref();
-        let mut args = vec![
-            "flows".to_string(),
-            "--requests".into(),
-            requests.to_string(),
-        ];
-        args.extend(targets);
-        let limit = Duration::from_secs(10) + 2 * REQUEST_TIMEOUT * (requests * index.len()) as u32;
-        let out = run_client(&opts.xlb, lab.namespace(origin), cgroup, &args, limit)?;
-        let lines: Vec<&str> = out.lines().collect();
-        if lines.len() != index.len() {
-            return Err(format!(
-                "{} client: {} lines for {} flows:\n{out}",
-                origin.name(),
-                lines.len(),
-                index.len()
-            ));
-        }
-        for (i, line) in index.into_iter().zip(lines) {
-            outcomes[i] = line.parse()?;
+        let got = run_flows(&lab, &opts.xlb, origin, requests, targets)?;
+        for (i, o) in index.into_iter().zip(got) {
+            outcomes[i] = o;
         }
     }
     Ok((outcomes, lab.counters()))
+}
+
+/// Runs one origin's flows (`targets`) from an `xlb client flows` process in its namespace
+/// (in xlb's labs, in the cgroup the socket hooks are attached to); one outcome per target.
+fn run_flows(
+    lab: &Installed,
+    xlb: &Path,
+    origin: Origin,
+    requests: usize,
+    targets: Vec<String>,
+) -> Result<Vec<Outcome>, String> {
+    let count = targets.len();
+    let mut args = vec![
+        "flows".to_string(),
+        "--requests".into(),
+        requests.to_string(),
+    ];
+    args.extend(targets);
+    let limit = Duration::from_secs(10) + 2 * REQUEST_TIMEOUT * (requests * count) as u32;
+    let out = run_client(
+        xlb,
+        lab.namespace(origin),
+        lab.cgroup.as_ref(),
+        &args,
+        limit,
+    )?;
+    let outcomes = out
+        .lines()
+        .map(str::parse)
+        .collect::<Result<Vec<Outcome>, String>>()?;
+    if outcomes.len() != count {
+        return Err(format!(
+            "{} client: {} lines for {count} flows:\n{out}",
+            origin.name(),
+            outcomes.len()
+        ));
+    }
+    Ok(outcomes)
 }
 
 /// What a lab is built for.
