@@ -178,6 +178,13 @@ enum ClientCommand {
         requests: usize,
         targets: Vec<String>,
     },
+    /// Waits until TARGET accepts, then new connections per second and requests per second
+    /// on a kept connection, each for PHASE_MS; one line of `key=value`.
+    Load {
+        #[arg(long, default_value_t = 1500)]
+        phase_ms: u64,
+        target: std::net::SocketAddr,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -560,6 +567,16 @@ fn run_client(what: ClientCommand) -> Result<()> {
                 "{}",
                 lb_userspace::compare::client_flows(requests, &targets)
                     .map_err(anyhow::Error::msg)?
+            );
+        }
+        ClientCommand::Load { phase_ms, target } => {
+            use lb_userspace::lab::load;
+            if !load::wait_ready(target, Duration::from_secs(10)) {
+                bail!("{target} never accepted a connection within 10 s");
+            }
+            println!(
+                "{}",
+                load::measure(target, Duration::from_millis(phase_ms)).line()
             );
         }
     }
