@@ -172,10 +172,35 @@ enum Command {
         #[arg(long, default_value = "node1")]
         node_name: String,
     },
+    /// A lab's client process, for `xlb compare` and the benches (the socket hooks serve
+    /// the processes of a cgroup, so their clients must be processes of their own).
+    #[command(hide = true)]
+    Client {
+        #[command(subcommand)]
+        what: ClientCommand,
+    },
     /// Detach and unpin everything xlb installed.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClientCommand {
+    /// REQUESTS requests to each target (`tcp/IP:PORT`, `udp/IP:PORT`), a fresh socket each;
+    /// one line per target: the backends that answered, REFUSED, DROPPED or FAILED (…).
+    Flows {
+        #[arg(long, default_value_t = 40)]
+        requests: usize,
+        targets: Vec<String>,
+    },
+    /// Waits until TARGET accepts, then new connections per second and requests per second
+    /// on a kept connection, each for PHASE_MS; one line of `key=value`.
+    Load {
+        #[arg(long, default_value_t = 1500)]
+        phase_ms: u64,
+        target: std::net::SocketAddr,
     },
 }
 
@@ -503,6 +528,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Cleanup { bpffs } => run_cleanup(&bpffs),
+        Command::Client { what } => run_client(what),
         Command::Compare {
             source,
             requests,
@@ -586,6 +612,29 @@ fn run() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn run_client(what: ClientCommand) -> Result<()> {
+    match what {
+        ClientCommand::Flows { requests, targets } => {
+            print!(
+                "{}",
+                lb_userspace::compare::client_flows(requests, &targets)
+                    .map_err(anyhow::Error::msg)?
+            );
+        }
+        ClientCommand::Load { phase_ms, target } => {
+            use lb_userspace::lab::load;
+            if !load::wait_ready(target, Duration::from_secs(10)) {
+                bail!("{target} never accepted a connection within 10 s");
+            }
+            println!(
+                "{}",
+                load::measure(target, Duration::from_millis(phase_ms)).line()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn run_cleanup(bpffs: &std::path::Path) -> Result<()> {

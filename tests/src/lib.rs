@@ -5,12 +5,11 @@
 //! Everything here builds its own namespaces with names unique to the run and removes them on
 //! drop, on success and on failure. Nothing touches the root namespace's interfaces.
 
-pub use lb_userspace::lab::{client, echo, netns, topology};
+pub use lb_userspace::lab::{cgroup, client, echo, netns, topology};
 
 pub mod agent;
 pub mod apiserver;
 pub mod capture;
-pub mod cgroup;
 pub mod datapath;
 pub mod probe;
 pub mod scenario;

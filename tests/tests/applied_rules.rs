@@ -12,7 +12,7 @@ use std::{
 };
 
 use lb_userspace::{
-    compare::{Impl, Installed, install},
+    compare::{Impl, Installed, LabSpec, install},
     lab::topology::Topology,
     model::node::NodeSettings,
     source::file,
@@ -53,16 +53,16 @@ fn setup(prefix: &str, mode: Impl) -> Option<Installed> {
         .map(|ip| (*ip, [TCP_PORT, UDP_PORT].into()))
         .collect();
     let frontends = [SocketAddr::from((WEB, 80)), SocketAddr::from((DNS, 53))];
-    let lab = install(
-        Some(mode),
-        &tag,
-        &path,
-        &xlb_tests::xlb_bin(),
-        &model,
-        &node,
-        &pods,
-        &frontends,
-    )
+    let lab = install(&LabSpec {
+        mode: Some(mode),
+        tag: &tag,
+        source: &path,
+        xlb: &xlb_tests::xlb_bin(),
+        model: &model,
+        settings: &node,
+        pods: &pods,
+        frontends: &frontends,
+    })
     .expect("install");
     let _ = std::fs::remove_dir_all(&dir);
     Some(lab)

@@ -17,7 +17,10 @@ use std::{
     time::Duration,
 };
 
-use super::names::{endpoint_chain, probability, service_port_hash};
+use super::{
+    Jump,
+    names::{endpoint_chain, probability, service_port_hash},
+};
 use crate::model::{
     EndpointSlice, IpFamily, Model, NodeSettings, Service, ServiceRef,
     select::{self, EndpointView, PortView},
@@ -32,6 +35,184 @@ pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
 pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+
+const fn jump(
+    table: &'static str,
+    chain: &'static str,
+    matches: &'static [&'static str],
+    target: &'static str,
+) -> Jump {
+    Jump {
+        table,
+        chain,
+        append: false,
+        matches,
+        target,
+    }
+}
+
+/// The jumps kube-proxy prepends to the built-in chains, in its order
+/// (`iptablesJumpChains`: extra arguments, then the comment).
+pub const JUMPS: [Jump; 12] = [
+    jump(
+        "filter",
+        "INPUT",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals",
+        ],
+        KUBE_EXTERNAL_SERVICES,
+    ),
+    jump(
+        "filter",
+        "FORWARD",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes externally-visible service portals",
+        ],
+        KUBE_EXTERNAL_SERVICES,
+    ),
+    jump(
+        "filter",
+        "INPUT",
+        &[
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes health check service ports",
+        ],
+        KUBE_NODEPORTS,
+    ),
+    jump(
+        "filter",
+        "FORWARD",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+        ],
+        KUBE_SERVICES,
+    ),
+    jump(
+        "filter",
+        "OUTPUT",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+        ],
+        KUBE_SERVICES,
+    ),
+    jump(
+        "filter",
+        "FORWARD",
+        &["-m", "comment", "--comment", "kubernetes forwarding rules"],
+        KUBE_FORWARD,
+    ),
+    jump(
+        "filter",
+        "INPUT",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+        KUBE_PROXY_FIREWALL,
+    ),
+    jump(
+        "filter",
+        "OUTPUT",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+        KUBE_PROXY_FIREWALL,
+    ),
+    jump(
+        "filter",
+        "FORWARD",
+        &[
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "NEW",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes load balancer firewall",
+        ],
+        KUBE_PROXY_FIREWALL,
+    ),
+    jump(
+        "nat",
+        "OUTPUT",
+        &["-m", "comment", "--comment", "kubernetes service portals"],
+        KUBE_SERVICES,
+    ),
+    jump(
+        "nat",
+        "PREROUTING",
+        &["-m", "comment", "--comment", "kubernetes service portals"],
+        KUBE_SERVICES,
+    ),
+    jump(
+        "nat",
+        "POSTROUTING",
+        &["-m", "comment", "--comment", "kubernetes postrouting rules"],
+        KUBE_POSTROUTING,
+    ),
+];
+
+/// The kubelet's jumps into KUBE-FIREWALL, which kube-proxy ensures too (only where the
+/// payload declares that chain: with localhost NodePorts on IPv4).
+pub const FIREWALL_JUMPS: [Jump; 2] = [
+    jump("filter", "INPUT", &[], KUBE_FIREWALL),
+    jump("filter", "OUTPUT", &[], KUBE_FIREWALL),
+];
+
+/// The jumps kube-proxy ensures for `payload`: [`JUMPS`], and [`FIREWALL_JUMPS`] where the
+/// payload declares KUBE-FIREWALL.
+pub fn jumps(payload: &Payload) -> Vec<Jump> {
+    let firewall = payload.filter.chains.iter().any(|c| c == KUBE_FIREWALL);
+    JUMPS
+        .iter()
+        .chain(FIREWALL_JUMPS.iter().filter(|_| firewall))
+        .copied()
+        .collect()
+}
 
 /// Prefixes of the per-service chains kube-proxy owns (and deletes when stale).
 pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [

@@ -18,6 +18,29 @@ pub mod userspace;
 
 use crate::model::{Model, NodeSettings};
 
+/// A rule kube-proxy ensures in a built-in chain, outside its restore input: the jump into
+/// one of its own chains, prepended (`-I`) or appended (`-A`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Jump {
+    pub table: &'static str,
+    pub chain: &'static str,
+    pub append: bool,
+    /// Match arguments before `-j` (kube-proxy's extra arguments, then its comment).
+    pub matches: &'static [&'static str],
+    pub target: &'static str,
+}
+
+impl Jump {
+    /// The `iptables` arguments that add this rule.
+    pub fn args(&self) -> Vec<&'static str> {
+        let op = if self.append { "-A" } else { "-I" };
+        let mut a = vec!["-t", self.table, op, self.chain];
+        a.extend_from_slice(self.matches);
+        a.extend(["-j", self.target]);
+        a
+    }
+}
+
 /// A kube-proxy mode to emit rules for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

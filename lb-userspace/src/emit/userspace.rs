@@ -18,7 +18,10 @@ use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr};
 
 use sha2::{Digest, Sha256};
 
-use super::iptables::{Payload, Table};
+use super::{
+    Jump,
+    iptables::{Payload, Table},
+};
 use crate::model::{Model, NodeSettings, Protocol, select};
 
 /// The proxy port range (inclusive).
@@ -69,6 +72,57 @@ pub const CHAINS: [&str; 4] = [
     "KUBE-PORTALS-HOST",
     "KUBE-NODEPORT-CONTAINER",
     "KUBE-NODEPORT-HOST",
+];
+
+const PORTALS: &[&str] = &[
+    "-m",
+    "comment",
+    "--comment",
+    "handle ClusterIPs; NOTE: this must be before the NodePort rules",
+];
+const NODEPORTS: &[&str] = &[
+    "-m",
+    "addrtype",
+    "--dst-type",
+    "LOCAL",
+    "-m",
+    "comment",
+    "--comment",
+    "handle service NodePorts; NOTE: this must be the last rule in the chain",
+];
+
+/// The jumps the userspace proxier ensures in the nat table's built-in chains
+/// (`iptablesInit`): the portal chains first in PREROUTING (pods) and OUTPUT (the node's own
+/// processes), the NodePort chains last, for local destinations.
+pub const JUMPS: [Jump; 4] = [
+    Jump {
+        table: "nat",
+        chain: "PREROUTING",
+        append: false,
+        matches: PORTALS,
+        target: CHAINS[0],
+    },
+    Jump {
+        table: "nat",
+        chain: "OUTPUT",
+        append: false,
+        matches: PORTALS,
+        target: CHAINS[1],
+    },
+    Jump {
+        table: "nat",
+        chain: "PREROUTING",
+        append: true,
+        matches: NODEPORTS,
+        target: CHAINS[2],
+    },
+    Jump {
+        table: "nat",
+        chain: "OUTPUT",
+        append: true,
+        matches: NODEPORTS,
+        target: CHAINS[3],
+    },
 ];
 
 /// Computes the userspace mode's rules for `model` on `node`. Host rules DNAT to the node

@@ -1,11 +1,17 @@
 //! A small lab of network namespaces for tests, the demo, benchmarks and `xlb compare`: a
-//! node namespace, pods on veths, echo servers that report the peer they saw, and clients.
+//! node namespace, pods on veths, echo servers that report the peer they saw, clients (on a
+//! thread, or as `xlb client` processes, in a cgroup for the socket hooks), a cgroup of the
+//! lab's own, and a bounded load generator.
 //!
-//! Everything here builds its own namespaces with names unique to the caller and removes them
-//! on drop, on success and on failure. Nothing touches the root namespace's interfaces; a
-//! namespace is entered only on a dedicated thread.
+//! Everything here builds its own namespaces and cgroups with names unique to the caller and
+//! removes them on drop, on success and on failure. Nothing touches the root namespace's
+//! interfaces or the root cgroup; a namespace is entered only on a dedicated thread or by a
+//! child process (`nsenter`).
 
+pub mod cgroup;
 pub mod client;
 pub mod echo;
+pub mod load;
 pub mod netns;
+pub mod process;
 pub mod topology;

@@ -13,6 +13,7 @@ use std::{
 };
 
 use anyhow::{Result, anyhow};
+use lb_userspace::lab::load::{Measured, measure};
 use xlb_tests::{
     client::tcp_upload,
     scenario::TCP_PORT,
@@ -23,7 +24,6 @@ use xlb_tests::{
 use super::{
     Summary,
     report::{self, Section},
-    traffic::{Measured, measure},
     verdict,
 };
 
@@ -83,7 +83,7 @@ fn one(xdp: Option<&str>) -> Result<Trial> {
         }
     };
     let (m, up) = lab.outside(move || {
-        let m = measure(target);
+        let m = measure(target, Duration::from_millis(1500));
         let t = std::time::Instant::now();
         let up = tcp_upload(target, UPLOAD, Duration::from_secs(30))
             .map(|u| (u.sha256_matches, t.elapsed()));

@@ -103,13 +103,16 @@ pub fn write_section(name: &str, command: &str, section: &Section) -> Result<()>
     std::fs::write(&path, new).with_context(|| format!("write {}", path.display()))
 }
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 9] = [
     RGBColor(0x44, 0x44, 0x44),
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0x17, 0xbe, 0xcf),
+    RGBColor(0xbc, 0xbd, 0x22),
 ];
 
 /// A plotting error as anyhow (plotters' errors borrow the backend).
