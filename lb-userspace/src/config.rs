@@ -101,6 +101,85 @@ impl AgentConfig {
     }
 }
 
+/// Precedence, one rule for every setting: a flag (or its environment variable, which clap
+/// reads as the flag) wins, then the config file, then kube-proxy's default.
+impl AgentConfig {
+    /// The node's name as configured (the caller falls back to $NODE_NAME, the hostname).
+    pub fn hostname(&self, flag: Option<String>) -> Option<String> {
+        flag.or_else(|| self.hostname_override.clone())
+    }
+
+    /// Where NodePorts are served; empty: the node interfaces' addresses.
+    pub fn node_port_addresses(&self, flag: Vec<Ipv4Addr>) -> Vec<Ipv4Addr> {
+        if flag.is_empty() {
+            self.node_port_addresses.clone().unwrap_or_default()
+        } else {
+            flag
+        }
+    }
+
+    /// The smallest interval between syncs (default 100 ms).
+    pub fn min_sync_or(&self, flag_ms: Option<u64>) -> Duration {
+        flag_ms
+            .map(Duration::from_millis)
+            .or(self.min_sync())
+            .unwrap_or(Duration::from_millis(100))
+    }
+
+    /// Where health is served (kube-proxy: 0.0.0.0:10256; "" disables).
+    pub fn healthz(&self, flag: Option<String>) -> String {
+        flag.or_else(|| self.healthz_bind_address.clone())
+            .unwrap_or_else(|| "0.0.0.0:10256".into())
+    }
+
+    /// Where metrics are served (kube-proxy: 127.0.0.1:10249; "" disables).
+    pub fn metrics(&self, flag: Option<String>) -> String {
+        flag.or_else(|| self.metrics_bind_address.clone())
+            .unwrap_or_else(|| "127.0.0.1:10249".into())
+    }
+
+    /// Conntrack entries for `cpus` CPUs from kube-proxy's maxPerCore and min (flags, then the
+    /// file, then kube-proxy's defaults).
+    pub fn conntrack_entries(&self, max_per_core: Option<u32>, min: Option<u32>, cpus: u32) -> u32 {
+        use crate::datapath::sizes::{CONNTRACK_MAX_PER_CORE, CONNTRACK_MIN, conntrack_entries};
+        let ct = self.conntrack.clone().unwrap_or_default();
+        conntrack_entries(
+            max_per_core
+                .or(ct.max_per_core)
+                .unwrap_or(CONNTRACK_MAX_PER_CORE),
+            min.or(ct.min).unwrap_or(CONNTRACK_MIN),
+            cpus,
+        )
+    }
+
+    /// Names the keys that are read but do not apply to xlb (conntrack timeouts: xlb's
+    /// conntrack is an LRU map without per-state timeouts).
+    pub fn unused(&self) -> Vec<&'static str> {
+        let Some(ct) = &self.conntrack else {
+            return Vec::new();
+        };
+        [
+            (
+                "conntrack.tcpEstablishedTimeout",
+                ct.tcp_established_timeout.is_some(),
+            ),
+            (
+                "conntrack.tcpCloseWaitTimeout",
+                ct.tcp_close_wait_timeout.is_some(),
+            ),
+            ("conntrack.tcpBeLiberal", ct.tcp_be_liberal.is_some()),
+            ("conntrack.udpTimeout", ct.udp_timeout.is_some()),
+            (
+                "conntrack.udpStreamTimeout",
+                ct.udp_stream_timeout.is_some(),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect()
+    }
+}
+
 /// Parses Go-style durations of one unit: `250ms`, `1s`, `2m`, `1h`.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();

@@ -781,7 +781,7 @@ fn a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named() {
         a.log_text()
     );
     assert!(
-        a.log_text().contains("conntrack timeouts are not used"),
+        a.log_text().contains("conntrack.udpTimeout not used"),
         "unused conntrack keys must be reported"
     );
 }

@@ -1,0 +1,199 @@
+//! `xlb agent`: its flags, and how flags, the environment and the config file combine into
+//! the agent's options (a flag or its variable wins, then the config file, then the default).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context, Result};
+use lb_userspace::{
+    DEFAULT_BPFFS_DIR,
+    agent::{self, AgentOptions, SourceSpec},
+    source::kube::KubeOptions,
+};
+
+use super::{bind_address, node_name, port_range, source_file, stop_flag};
+
+/// Load and attach the datapath, then keep its maps in sync with the source.
+#[derive(clap::Args)]
+pub struct AgentArgs {
+    /// Where services come from: `file:PATH` (Kubernetes YAML) or `kubernetes`.
+    #[arg(long, env = "XLB_SOURCE")]
+    pub source: Option<String>,
+    /// kubeconfig for `--source kubernetes` (default: in-cluster, then $KUBECONFIG).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Serve only Services labelled service.kubernetes.io/service-proxy-name=NAME.
+    #[arg(long, env = "XLB_SERVICE_PROXY_NAME")]
+    pub service_proxy_name: Option<String>,
+    /// This node's name (default: $NODE_NAME, else the hostname).
+    #[arg(long, env = "XLB_HOSTNAME_OVERRIDE")]
+    pub hostname_override: Option<String>,
+    /// Smallest interval between two syncs from the API server, in milliseconds
+    /// [default: 100, or the config file's minSyncPeriod].
+    #[arg(long, env = "XLB_MIN_SYNC_PERIOD_MS")]
+    pub min_sync_period_ms: Option<u64>,
+    /// A KubeProxyConfiguration-style YAML file (hostnameOverride, clusterCIDR,
+    /// nodePortAddresses, minSyncPeriod, healthz/metrics bind addresses, conntrack);
+    /// flags override it; an unknown key is an error.
+    #[arg(long, env = "XLB_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Glob(s) of pod-facing interfaces to attach to, comma-separated (e.g. `veth*,lxc*`).
+    #[arg(long, env = "XLB_POD_INTERFACES", default_value = "")]
+    pub pod_interfaces: String,
+    /// Node interfaces where NodePort traffic and replies from remote backends arrive,
+    /// comma-separated.
+    #[arg(long, env = "XLB_NODE_INTERFACES", value_delimiter = ',')]
+    pub node_interfaces: Vec<String>,
+    /// IPv4 addresses NodePorts are served on (default: the node interfaces' addresses).
+    #[arg(long, env = "XLB_NODEPORT_ADDRESSES", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<std::net::Ipv4Addr>,
+    /// Pin directory on bpffs.
+    #[arg(long, env = "XLB_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs: PathBuf,
+    /// Poll interval for the source file and interfaces, in milliseconds.
+    #[arg(long, env = "XLB_POLL_MS", default_value_t = 100)]
+    pub poll_ms: u64,
+    /// Where to serve /healthz and /livez ("" to disable) [default: 0.0.0.0:10256].
+    #[arg(long, env = "XLB_HEALTHZ_BIND_ADDRESS")]
+    pub healthz_bind_address: Option<String>,
+    /// Where to serve /metrics ("" to disable) [default: 127.0.0.1:10249].
+    #[arg(long, env = "XLB_METRICS_BIND_ADDRESS")]
+    pub metrics_bind_address: Option<String>,
+    /// Source ports for flows SNATed to the node (externalTrafficPolicy Cluster to a
+    /// remote backend), `MIN-MAX`; keep it outside net.ipv4.ip_local_port_range.
+    #[arg(long, env = "XLB_SNAT_PORT_RANGE", default_value = "61000-65535")]
+    pub snat_port_range: String,
+    /// The source a pod reaching itself through a service is SNATed to ("" to disable).
+    #[arg(long, env = "XLB_HAIRPIN_ADDRESS", default_value = "169.254.42.1")]
+    pub hairpin_address: String,
+    /// XDP on the node interfaces: `native` (in the driver, generic where the driver
+    /// cannot), `generic`, or `off` (tc does everything; the same behaviour, slower).
+    #[arg(long, env = "XLB_XDP", default_value = "off")]
+    pub xdp: lb_userspace::datapath::attach::XdpSetting,
+    /// Connect-time load balancing in cgroup socket hooks: `all` (the node's processes,
+    /// hostNetwork pods and pods' sockets), `host` (only the agent's network namespace;
+    /// pods are left to tc), or `off` (the node itself does not reach services).
+    #[arg(long, env = "XLB_SOCKET_LB", default_value = "all")]
+    pub socket_lb: lb_userspace::datapath::socket::SocketLb,
+    /// The cgroup v2 directory the socket hooks attach to: every process below it is
+    /// served [default: the cgroup v2 root from the mounts, e.g. /sys/fs/cgroup].
+    #[arg(long, env = "XLB_CGROUP_PATH")]
+    pub cgroup_path: Option<PathBuf>,
+    /// Conntrack flows per CPU (kube-proxy's --conntrack-max-per-core; 0: use the
+    /// minimum) [default: 32768, or the config file's conntrack.maxPerCore].
+    #[arg(long, env = "XLB_CONNTRACK_MAX_PER_CORE")]
+    pub conntrack_max_per_core: Option<u32>,
+    /// Conntrack flows at least (kube-proxy's --conntrack-min) [default: 131072, or the
+    /// config file's conntrack.min]. The map holds two entries a flow.
+    #[arg(long, env = "XLB_CONNTRACK_MIN")]
+    pub conntrack_min: Option<u32>,
+    /// Service map entries (a frontend takes one, plus one per backend slot).
+    #[arg(long, env = "XLB_SERVICE_MAP_MAX", default_value_t = lb_common::SVC_MAP_CAPACITY)]
+    pub service_map_max: u32,
+    /// Backend map entries.
+    #[arg(long, env = "XLB_BACKEND_MAP_MAX", default_value_t = lb_common::BACKEND_MAP_CAPACITY)]
+    pub backend_map_max: u32,
+    /// ClientIP affinity entries (one per client and service).
+    #[arg(long, env = "XLB_AFFINITY_MAP_MAX", default_value_t = lb_common::AFFINITY_MAP_CAPACITY)]
+    pub affinity_map_max: u32,
+    /// Remove everything xlb installed and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+/// Runs the agent (or, with `--cleanup`, removes what it installed).
+pub fn run(args: AgentArgs) -> Result<()> {
+    if args.cleanup {
+        return super::list::cleanup(&args.bpffs);
+    }
+    let opts = options(args)?;
+    agent::run(&opts, &*stop_flag()?)?;
+    Ok(())
+}
+
+/// The agent's options from its flags and the config file they name.
+fn options(args: AgentArgs) -> Result<AgentOptions> {
+    let AgentArgs {
+        source,
+        kubeconfig,
+        service_proxy_name,
+        hostname_override,
+        min_sync_period_ms,
+        config,
+        pod_interfaces,
+        node_interfaces,
+        nodeport_addresses,
+        bpffs,
+        poll_ms,
+        healthz_bind_address,
+        metrics_bind_address,
+        snat_port_range,
+        hairpin_address,
+        xdp,
+        socket_lb,
+        cgroup_path,
+        conntrack_max_per_core,
+        conntrack_min,
+        service_map_max,
+        backend_map_max,
+        affinity_map_max,
+        cleanup: _,
+    } = args;
+    let source = source.context("--source file:PATH or --source kubernetes is required")?;
+    let config = match &config {
+        Some(path) => lb_userspace::config::AgentConfig::load(path)?,
+        None => lb_userspace::config::AgentConfig::default(),
+    };
+    let unused = config.unused();
+    if !unused.is_empty() {
+        tracing::warn!(
+            "config: {} not used: xlb's conntrack is an LRU map without per-state timeouts (maxPerCore and min size it)",
+            unused.join(", ")
+        );
+    }
+    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+    let map_sizes = lb_userspace::datapath::sizes::MapSizes {
+        conntrack: config.conntrack_entries(conntrack_max_per_core, conntrack_min, cpus),
+        services: service_map_max,
+        backends: backend_map_max,
+        affinity: affinity_map_max,
+    };
+    let hostname_override = config.hostname(hostname_override);
+    let nodeport_addresses = config.node_port_addresses(nodeport_addresses);
+    let min_sync = config.min_sync_or(min_sync_period_ms);
+    let healthz_bind_address = config.healthz(healthz_bind_address);
+    let metrics_bind_address = config.metrics(metrics_bind_address);
+    let node_name = node_name(hostname_override);
+    let source = if source == "kubernetes" {
+        SourceSpec::Kubernetes(KubeOptions {
+            kubeconfig,
+            service_proxy_name,
+            node_name: node_name.clone(),
+            min_sync,
+        })
+    } else {
+        SourceSpec::File(source_file(&source)?)
+    };
+    Ok(AgentOptions {
+        source,
+        node_name,
+        pod_interfaces,
+        node_interfaces,
+        node_port_addresses: nodeport_addresses,
+        bpffs,
+        poll: Duration::from_millis(poll_ms.max(10)),
+        healthz_addr: bind_address(&healthz_bind_address)?,
+        metrics_addr: bind_address(&metrics_bind_address)?,
+        snat_ports: port_range(&snat_port_range)?,
+        xdp,
+        socket_lb,
+        cgroup_path,
+        map_sizes,
+        hairpin_address: if hairpin_address.is_empty() {
+            None
+        } else {
+            Some(hairpin_address.parse().with_context(|| {
+                format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
+            })?)
+        },
+    })
+}

@@ -1,0 +1,189 @@
+//! `xlb emit` and `xlb desired`: what kube-proxy's modes and xlb's maps would hold for a
+//! source, without touching the kernel.
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use lb_userspace::{
+    desired, emit,
+    model::{Cidr, IpFamily, LocalDetector, NodeSettings, node::MasqueradeMark},
+    source::file,
+};
+
+use super::source_file;
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum EmitMode {
+    Iptables,
+    Nftables,
+    Ipvs,
+    Userspace,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+}
+
+/// Print the rules kube-proxy would write in MODE for a source (nothing is applied).
+///
+/// Node settings come from the flags; when the source file has a `kind: TestConfig`
+/// document (the kube-proxy conformance format), its settings are the defaults and
+/// flags given explicitly override them.
+#[derive(clap::Args)]
+pub struct EmitArgs {
+    mode: EmitMode,
+    /// `file:PATH`.
+    #[arg(long)]
+    source: String,
+    #[command(flatten)]
+    node: NodeFlags,
+}
+
+/// Print the maps a source would produce, without touching the kernel.
+#[derive(clap::Args)]
+pub struct DesiredArgs {
+    /// `file:PATH`.
+    #[arg(long)]
+    source: String,
+}
+
+/// kube-proxy's node flags (all optional: unset keeps the default or the TestConfig value).
+#[derive(clap::Args)]
+pub struct NodeFlags {
+    /// This node's name (`--hostname-override`): endpoints with this nodeName are local.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The node's zone label, for topology hints.
+    #[arg(long)]
+    zone: Option<String>,
+    /// The proxier's IP family.
+    #[arg(long, value_enum)]
+    ip_family: Option<Family>,
+    /// Node IPs (comma-separated); the first of the family is used for DNAT/allow-from-node.
+    #[arg(long, value_delimiter = ',')]
+    node_ip: Vec<String>,
+    /// Every local address of the node (comma-separated), for nodePortAddresses and LOCAL.
+    #[arg(long, value_delimiter = ',')]
+    local_address: Vec<String>,
+    /// `--cluster-cidr`: pod traffic detection (detect-local-mode ClusterCIDR).
+    #[arg(long)]
+    cluster_cidr: Option<String>,
+    /// No local-traffic detector at all (overrides --cluster-cidr and the TestConfig).
+    #[arg(long)]
+    no_local_detector: bool,
+    /// `--masquerade-all`.
+    #[arg(long)]
+    masquerade_all: Option<bool>,
+    /// `--iptables-masquerade-bit` (mark printed as kube-proxy does, e.g. 0x00004000).
+    #[arg(long)]
+    masquerade_bit: Option<u8>,
+    /// `--nodeport-addresses` CIDRs (comma-separated; empty = all local addresses).
+    #[arg(long, value_delimiter = ',')]
+    nodeport_addresses: Vec<String>,
+    /// `--iptables-localhost-nodeports`.
+    #[arg(long)]
+    localhost_nodeports: Option<bool>,
+    /// Service CIDRs (nftables drops traffic to unallocated ClusterIPs in them).
+    #[arg(long, value_delimiter = ',')]
+    service_cidr: Vec<String>,
+    /// `--ipvs-scheduler`.
+    #[arg(long)]
+    ipvs_scheduler: Option<String>,
+}
+
+impl NodeFlags {
+    pub fn apply(&self, base: Option<NodeSettings>) -> Result<NodeSettings> {
+        let mut s = base.unwrap_or_default();
+        let ip = |raw: &String| {
+            lb_userspace::source::convert::parse_ip(raw)
+                .with_context(|| format!("{raw:?} is not an IP"))
+        };
+        let cidr = |raw: &String| {
+            Cidr::parse_sloppy(raw).with_context(|| format!("{raw:?} is not a CIDR"))
+        };
+        if let Some(n) = &self.node_name {
+            s.node_name = n.clone();
+        }
+        if let Some(z) = &self.zone {
+            s.zone = Some(z.clone());
+        }
+        if let Some(f) = self.ip_family {
+            s.family = match f {
+                Family::Ipv4 => IpFamily::V4,
+                Family::Ipv6 => IpFamily::V6,
+            };
+        }
+        if !self.node_ip.is_empty() {
+            s.node_ips = self.node_ip.iter().map(ip).collect::<Result<_>>()?;
+        }
+        if !self.local_address.is_empty() {
+            s.local_addresses = self.local_address.iter().map(ip).collect::<Result<_>>()?;
+        }
+        if let Some(c) = &self.cluster_cidr {
+            s.detector = LocalDetector::ClusterCidr(cidr(c)?);
+        }
+        if self.no_local_detector {
+            s.detector = LocalDetector::None;
+        }
+        if let Some(m) = self.masquerade_all {
+            s.masquerade_all = m;
+        }
+        if let Some(bit) = self.masquerade_bit {
+            if bit > 31 {
+                bail!("--masquerade-bit must be 0..=31");
+            }
+            s.mark = MasqueradeMark::from_bit(bit);
+        }
+        if !self.nodeport_addresses.is_empty() {
+            s.node_port_addresses = self
+                .nodeport_addresses
+                .iter()
+                .map(cidr)
+                .collect::<Result<_>>()?;
+        }
+        if let Some(l) = self.localhost_nodeports {
+            s.localhost_node_ports = l;
+        }
+        if !self.service_cidr.is_empty() {
+            s.service_cidrs = self.service_cidr.iter().map(cidr).collect::<Result<_>>()?;
+        }
+        if let Some(sch) = &self.ipvs_scheduler {
+            s.ipvs_scheduler = sch.clone();
+        }
+        Ok(s)
+    }
+}
+
+pub fn run(args: EmitArgs) -> Result<()> {
+    let loaded = file::load(&source_file(&args.source)?)?;
+    for e in &loaded.errors {
+        eprintln!("warning: {e}");
+    }
+    let settings = args.node.apply(loaded.test_config.map(|t| t.settings))?;
+    let mode = match args.mode {
+        EmitMode::Iptables => emit::Mode::Iptables,
+        EmitMode::Nftables => emit::Mode::Nftables,
+        EmitMode::Ipvs => emit::Mode::Ipvs,
+        EmitMode::Userspace => emit::Mode::Userspace,
+    };
+    print!("{}", emit::render(mode, &loaded.model, &settings));
+    Ok(())
+}
+
+pub fn run_desired(args: DesiredArgs) -> Result<()> {
+    let loaded = file::load(&source_file(&args.source)?)?;
+    for e in &loaded.errors {
+        eprintln!("warning: {e}");
+    }
+    let (d, problems) = desired::compute(
+        &loaded.model,
+        &mut desired::Ids::default(),
+        desired::Limits::default(),
+    );
+    for p in &problems {
+        eprintln!("warning: {p}");
+    }
+    print!("{}", d.dump());
+    Ok(())
+}

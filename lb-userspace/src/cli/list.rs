@@ -1,0 +1,70 @@
+//! `xlb list` and `xlb cleanup`: the pinned maps in Kubernetes terms, and their removal.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use lb_userspace::{DEFAULT_BPFFS_DIR, cleanup as clean, list};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ListWhat {
+    Services,
+    Backends,
+    Conntrack,
+    Counters,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+/// Show what the pinned maps hold.
+#[derive(clap::Args)]
+pub struct ListArgs {
+    what: ListWhat,
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    bpffs: PathBuf,
+}
+
+/// Detach and unpin everything xlb installed.
+#[derive(clap::Args)]
+pub struct CleanupArgs {
+    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs: PathBuf,
+}
+
+pub fn cleanup(bpffs: &Path) -> Result<()> {
+    let removed =
+        clean::cleanup(bpffs).with_context(|| format!("cleanup of {}", bpffs.display()))?;
+    println!(
+        "removed {} link(s) and {} map(s) under {}",
+        removed.links.len(),
+        removed.maps.len(),
+        bpffs.display()
+    );
+    Ok(())
+}
+
+fn show<T: list::TableRow + serde::Serialize>(rows: &[T], output: Output) -> Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(rows)?),
+        Output::Table => print!("{}", list::render(rows)),
+    }
+    Ok(())
+}
+
+pub fn run(args: ListArgs) -> Result<()> {
+    let bpffs = &args.bpffs;
+    let ctx = || format!("reading pinned maps in {}", bpffs.display());
+    let output = args.output;
+    match args.what {
+        ListWhat::Services => show(&list::services(bpffs).with_context(ctx)?, output),
+        ListWhat::Backends => show(&list::backends(bpffs).with_context(ctx)?, output),
+        ListWhat::Conntrack => show(&list::conntrack(bpffs).with_context(ctx)?, output),
+        ListWhat::Counters => show(&list::counters(bpffs).with_context(ctx)?, output),
+    }
+}
