@@ -44,7 +44,7 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
     to: &CtValue,
 ) -> Result<(), Reason> {
     let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
-    let (saddr, daddr) = (to.saddr_be[0], to.daddr_be[0]);
+    let (saddr, daddr) = (to.saddr_be, to.daddr_be);
     let mut addr = 0;
     let mut port = 0;
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
@@ -82,7 +82,7 @@ fn with_helpers<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reaso
         t,
         IP_DST_OFF,
         t.daddr_be,
-        to.daddr_be[0],
+        to.daddr_be,
         t.l4_off + 2,
         t.dport_be,
         to.dport_be,
@@ -92,7 +92,7 @@ fn with_helpers<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reaso
         t,
         IP_SRC_OFF,
         t.saddr_be,
-        to.saddr_be[0],
+        to.saddr_be,
         t.l4_off,
         t.sport_be,
         to.sport_be,

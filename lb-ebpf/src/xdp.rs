@@ -47,6 +47,16 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     if checksum_partial(ctx, &t)? {
         return pass(R_PASS);
     }
+    // The same order as tc: a tracked flow from its entry alone, then replies, then the
+    // service map for a new flow.
+    if let Some(ct) = conntrack::lookup_forward(&t) {
+        if !conntrack::continues(ct, &t) {
+            // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
+            return pass(R_PASS);
+        }
+        flow::keep_alive(ct, &t);
+        return finish(ctx, &t, ct, R_ESTABLISHED);
+    }
     if let Some(ct) = conntrack::lookup_reply(&t) {
         conntrack::touch(ct, &t);
         return finish(ctx, &t, ct, R_REVERSE_NAT);
@@ -54,14 +64,6 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
-    if let Some(ct) = conntrack::lookup_forward(&t) {
-        if !conntrack::continues(ct, &t) {
-            // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
-            return pass(R_PASS);
-        }
-        flow::keep_alive(ct, &t, svc);
-        return finish(ctx, &t, ct, R_ESTABLISHED);
-    }
     xdp_new_flow(ctx, &t, svc).outcome()
 }
 
@@ -108,8 +110,8 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
         t.proto,
-        v.saddr_be[0],
-        v.daddr_be[0],
+        v.saddr_be,
+        v.daddr_be,
         t.tot_len,
         true,
     ) else {

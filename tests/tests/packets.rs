@@ -671,3 +671,58 @@ fn packets_with_ip_options_are_translated_through_the_helpers() {
     assert_eq!(counts["new_flow"], 2, "{counts:?}");
     assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
 }
+
+/// An established packet needs only its conntrack entry (which names the backend, the
+/// counters' indices and whether the service has affinity): a TCP flow keeps its backend
+/// even once its service is gone from the service map, as kube-proxy's conntrack keeps it,
+/// and its packets still count toward the service.
+#[test]
+fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
+    let Some(mut dp) = setup("an_established_tcp_flow_needs_only_its_conntrack_entry") else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let r = dp
+        .run(&PacketBuilder::tcp(CLIENT, web).build())
+        .expect("run");
+    let backend = parse(&r.packet).expect("parses").dst;
+    let before = lb_userspace::list::services(&dp.pins).expect("services");
+    let id = before
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web")
+        .id;
+    // Every service goes: the service map is empty.
+    dp.program(&lb_userspace::model::Model::default())
+        .expect("reprogram");
+    assert!(dp.state().services.is_empty());
+    let later = PacketBuilder::tcp(CLIENT, web)
+        .flags(TCP_ACK)
+        .payload(b"more")
+        .build();
+    let r = dp.run(&later).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK);
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(p.dst, backend, "the flow keeps its backend");
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    let reply = PacketBuilder::tcp(backend, CLIENT).flags(TCP_ACK).build();
+    let p = parse(&dp.run(&reply).expect("run").packet).expect("parses");
+    assert_eq!(p.src, web, "its replies still come from the frontend");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["established"], 1, "{counts:?}");
+    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
+    // A new flow to the removed frontend is not translated.
+    let new = PacketBuilder::tcp(SocketAddrV4::new(*CLIENT.ip(), 40999), web).build();
+    let r = dp.run(&new).expect("run");
+    assert_eq!(
+        r.packet, new,
+        "a new flow to a removed service passes untouched"
+    );
+    // The flow's packets were counted under its service index (the counter array slot).
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    assert_eq!(
+        maps.service_counter(id).packets,
+        3,
+        "SYN, later packet, reply"
+    );
+}

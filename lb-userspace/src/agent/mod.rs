@@ -286,6 +286,7 @@ fn sync(
     for why in &loaded.ignored {
         debug!("ignored: {why}");
     }
+    ids.tick(Instant::now());
     let (want, problems) = desired::compute_on(&loaded.model, node, ids, limits);
     for p in &problems {
         match p {

@@ -218,8 +218,11 @@ pub fn run() -> Result<Section> {
     let slots: usize = (0..max).map(backends_2_to_10).sum::<usize>() + 2;
     let caps = Capacities::for_services(max + 2, slots);
     println!(
-        "loading the object with XLB_SVC_V1 = {:?}, XLB_BE_V1 = {:?} entries (same maps at every scale)",
-        caps.svc, caps.backends
+        "loading the object with {} = {:?}, {} = {:?} entries (same maps at every scale)",
+        lb_common::MAP_SVC,
+        caps.svc,
+        lb_common::MAP_BACKEND,
+        caps.backends
     );
     let mut dp = Datapath::load(caps)?;
     let mut model = parse_model(&cycle_yaml())?;
