@@ -102,6 +102,13 @@ pub fn xlb_tc_pass(_ctx: TcContext) -> i32 {
     TC_ACT_OK
 }
 
+/// Bench-only floor of the XDP program: passes every frame untouched, reads no map. Never
+/// loaded or attached by the agent.
+#[xdp]
+pub fn xlb_xdp_pass(_ctx: XdpContext) -> u32 {
+    xdp::PASS
+}
+
 /// The tc program's outcome.
 type Outcome = reason::Outcome<i32>;
 

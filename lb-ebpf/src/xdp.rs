@@ -246,3 +246,5 @@ fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
 
 /// The XDP entry's verdict for a dropped packet.
 pub const DROP: u32 = XDP_DROP;
+/// XDP_PASS, for the bench floor.
+pub const PASS: u32 = XDP_PASS;
