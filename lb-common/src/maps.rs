@@ -3,26 +3,35 @@
 use bytemuck::{Pod, Zeroable};
 
 /// Service map: written by the agent, read by the datapath.
-pub const MAP_SVC: &str = "XLB_SVC_V1";
+/// (V2: a slot's `backend_id` is an index into the backend array `XLB_BE_V2`, `svc_id` a
+/// dense index into the per-service arrays.)
+pub const MAP_SVC: &str = "XLB_SVC_V2";
 /// Backend map: written by the agent, read by the datapath.
-pub const MAP_BACKEND: &str = "XLB_BE_V1";
+/// (V2: an array indexed by backend index, each entry with its generation.)
+pub const MAP_BACKEND: &str = "XLB_BE_V2";
 /// Conntrack map: written by the datapath (LRU), read by `xlb list conntrack`.
-/// (V2: the value holds the whole rewritten tuple, for SNAT and hairpin.)
-pub const MAP_CT: &str = "XLB_CT_V2";
+/// (V2: the value holds the whole rewritten tuple, for SNAT and hairpin. V3: 16-byte IPv4
+/// keys; the value names the backend by index and generation, the service by index, and
+/// whether the service has affinity, so an established packet needs no other map.)
+pub const MAP_CT: &str = "XLB_CT_V3";
 /// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
 /// hooks' among them).
 pub const MAP_STATS: &str = "XLB_STATS_V4";
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
-/// Per-service per-CPU counters; the agent creates and deletes entries, the datapath adds.
-pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V1";
+/// Per-service per-CPU counters, an array indexed by service index (V2; V1 was a hash that
+/// allocated on the sync path); the agent zeroes an index when it hands it out, the datapath
+/// adds.
+pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V2";
 
-/// Per-backend per-CPU counters; the agent creates and deletes entries, the datapath adds.
-pub const MAP_BACKEND_STATS: &str = "XLB_BESTAT_V1";
+/// Per-backend per-CPU counters, an array indexed by backend index (V2); the agent zeroes an
+/// index when it hands it out, the datapath adds.
+pub const MAP_BACKEND_STATS: &str = "XLB_BESTAT_V2";
 
 /// Session affinity: written by the datapath (LRU), read by `xlb list`.
-pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
+/// (V2: keys hold service indices, values the backend's index and generation.)
+pub const MAP_AFFINITY: &str = "XLB_AFF_V2";
 /// Default affinity capacity (one per client and service with affinity).
 pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 
@@ -30,7 +39,8 @@ pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 /// (V2: the host's network namespace cookie and socket-LB flags.)
 pub const MAP_CONFIG: &str = "XLB_CFG_V2";
 /// loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
-pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V1";
+/// (V2: keys hold service indices.)
+pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V2";
 /// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
 pub const SRC_RANGE_MAP_CAPACITY: u32 = 16_384;
 
@@ -105,7 +115,7 @@ pub const MAP_DEFS: [MapDef; 12] = [
     ),
     def(
         MAP_BACKEND,
-        kind::HASH,
+        kind::ARRAY,
         size_of::<u32>(),
         size_of::<Backend>(),
     ),
@@ -129,13 +139,13 @@ pub const MAP_DEFS: [MapDef; 12] = [
     ),
     def(
         MAP_SVC_STATS,
-        kind::PERCPU_HASH,
+        kind::PERCPU_ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     ),
     def(
         MAP_BACKEND_STATS,
-        kind::PERCPU_HASH,
+        kind::PERCPU_ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     ),
@@ -170,11 +180,12 @@ pub const MAP_DEFS: [MapDef; 12] = [
 
 /// Default capacities; the agent may override them at load time.
 pub const SVC_MAP_CAPACITY: u32 = 262_144;
-/// Default backend map capacity.
+/// Default backend map capacity (backend indices `1..capacity`; 0 names no backend).
 pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
 /// Default conntrack capacity (two entries per flow: forward and reply).
 pub const CT_MAP_CAPACITY: u32 = 262_144;
-/// Default name and per-service counter map capacity (one per frontend).
+/// Default name and per-service counter map capacity (one per frontend; service indices
+/// `1..capacity`).
 pub const SVC_NAME_MAP_CAPACITY: u32 = 65_536;
 /// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC).
 pub const MAX_BACKENDS_PER_SVC: u16 = 4096;
@@ -217,13 +228,14 @@ pub const SCOPE_INTERNAL: u8 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct SvcValue {
-    /// Slot > 0: the backend id in that slot. Slot 0: unused (0).
+    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: unused (0).
     pub backend_id: u32,
     /// Slot 0: number of backend slots. Slot > 0: unused (0).
     pub count: u16,
     /// Slot 0: `SVC_F_*` flags.
     pub flags: u16,
-    /// Identifies the service port (names map, per-service counters).
+    /// The service port's dense index (names map, per-service counter array, affinity and
+    /// source-range keys, conntrack entries).
     pub svc_id: u32,
     /// Slot 0: sessionAffinity ClientIP timeout in seconds (0 = no affinity). This was
     /// padding (always 0) before affinity existed, so V1 maps read the same.
@@ -231,7 +243,8 @@ pub struct SvcValue {
 }
 const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
 
-/// A backend: where a flow is DNATed to.
+/// A backend: where a flow is DNATed to. An entry of the backend array; an index whose
+/// `generation` is 0 holds no backend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
 pub struct Backend {
@@ -243,9 +256,16 @@ pub struct Backend {
     pub family: u8,
     /// `BE_F_*` flags.
     pub flags: u8,
-    pub _pad: [u8; 3],
+    pub _pad0: u8,
+    pub _pad1: u16,
+    /// The generation of the backend at this index: never 0 for a backend, never the same for
+    /// two backends while an agent runs. A conntrack or affinity entry names its backend by
+    /// index and generation, so an index handed to another backend is never mistaken for the
+    /// old one.
+    pub generation: u32,
+    pub _pad2: u32,
 }
-const _: () = assert!(core::mem::size_of::<Backend>() == 24);
+const _: () = assert!(core::mem::size_of::<Backend>() == 32);
 
 /// Service flag (slot 0): with no backends, drop instead of refusing (kube-proxy drops when
 /// a Local traffic policy has no local endpoint).
@@ -277,29 +297,34 @@ pub const CT_F_HAIRPIN: u16 = 2;
 pub const CT_F_CLOSING: u16 = 4;
 /// Conntrack flag: a RST was seen in the entry's direction.
 pub const CT_F_RESET: u16 = 8;
+/// Conntrack flag (forward entries): the service had ClientIP affinity when the flow began:
+/// its packets keep the client's affinity entry fresh.
+pub const CT_F_AFFINITY: u16 = 16;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;
 /// Conntrack direction: the reply tuple as the backend sends it (backend → client).
 pub const CT_DIR_REPLY: u8 = 1;
 
-/// Key of the conntrack map: a 5-tuple as seen on the wire, and its direction.
+/// Key of the conntrack map (IPv4; IPv6 gets a map of its own): a 5-tuple as seen on the
+/// wire, and its direction.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct CtKey {
-    pub saddr_be: [u32; 4],
-    pub daddr_be: [u32; 4],
+    pub saddr_be: u32,
+    pub daddr_be: u32,
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    pub family: u8,
     /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
     pub dir: u8,
-    pub _pad: u8,
+    pub _pad: u16,
 }
-const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+const _: () = assert!(core::mem::size_of::<CtKey>() == 16);
 
-/// Value of the conntrack map: the tuple a packet of this entry's direction is rewritten to.
+/// Value of the conntrack map: the tuple a packet of this entry's direction is rewritten to,
+/// and everything the packet's counters and checks need (no other lookup for an established
+/// TCP packet).
 ///
 /// Forward (client → frontend): source = the client, or the SNAT address and port; the
 /// destination = the backend. Reply (backend → client or SNAT address): source = the
@@ -307,25 +332,29 @@ const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct CtValue {
-    pub saddr_be: [u32; 4],
-    pub daddr_be: [u32; 4],
+    pub saddr_be: u32,
+    pub daddr_be: u32,
     pub sport_be: u16,
     pub dport_be: u16,
-    /// The backend the flow is pinned to.
+    /// The backend the flow is pinned to: its index in the backend array…
     pub backend_id: u32,
-    /// The service port the flow belongs to.
+    /// …and its generation there (a UDP flow whose backend index holds another generation,
+    /// or none, lost its backend).
+    pub backend_gen: u32,
+    /// The service port's index (per-service counters, affinity).
     pub svc_id: u32,
     /// `CT_F_*` flags.
     pub flags: u16,
     /// Forward entries: the largest packet known to fit the route toward the backend (0 =
     /// none yet), so packets up to it skip the route lookup; forgotten once a second.
     pub mtu: u16,
-    /// `bpf_ktime_get_ns` at creation.
+    pub _pad: u32,
+    /// `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE) at creation.
     pub created_ns: u64,
-    /// `bpf_ktime_get_ns` of a recent packet (refreshed at most once a second).
+    /// The same clock at a recent packet (refreshed at most once a second).
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CtValue>() == 64);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
 
 /// Value of the node configuration map (one entry, index 0).
 #[repr(C)]
@@ -427,14 +456,19 @@ const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct AffinityValue {
+    /// The backend's index…
     pub backend_id: u32,
     /// The service slot the backend was in (checked again before reuse).
     pub slot: u16,
-    pub _pad: u16,
-    /// `bpf_ktime_get_ns` of the client's last new connection or packet (per-second grain).
+    pub _pad0: u16,
+    /// …and generation (checked again before reuse).
+    pub backend_gen: u32,
+    pub _pad1: u32,
+    /// `bpf_ktime_get_coarse_ns` of the client's last new connection or packet (per-second
+    /// grain).
     pub last_seen_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 24);
 
 /// One per-CPU counter slot.
 #[repr(C)]
@@ -457,6 +491,92 @@ pub struct SvcName {
 }
 const _: () = assert!(core::mem::size_of::<SvcName>() == SVC_NAME_LEN);
 
+/// The layouts this one replaces, as the previous agent pinned them: a new agent copies their
+/// live entries (conntrack, affinity) into its own maps before its programs take over, then
+/// removes these pins (see `lb-userspace`'s `datapath::upgrade`). Only the agent reads them.
+pub mod prev {
+    use bytemuck::{Pod, Zeroable};
+
+    /// The previous conntrack map (40-byte keys, backend and service ids).
+    pub const MAP_CT: &str = "XLB_CT_V2";
+    /// The previous affinity map (service ids, backend ids without generation).
+    pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
+    /// The previous service map (slots hold backend ids of `XLB_BE_V1`).
+    pub const MAP_SVC: &str = "XLB_SVC_V1";
+    /// The previous backend map (a hash: backend id → 24-byte `Backend`).
+    pub const MAP_BACKEND: &str = "XLB_BE_V1";
+    /// Every pin of the previous layout that the current one replaces, in removal order.
+    pub const REPLACED: [&str; 7] = [
+        MAP_SVC,
+        MAP_BACKEND,
+        MAP_CT,
+        "XLB_SVCSTAT_V1",
+        "XLB_BESTAT_V1",
+        MAP_AFFINITY,
+        "XLB_SRCRNG_V1",
+    ];
+
+    /// `XLB_CT_V2`'s key.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+    pub struct CtKey {
+        pub saddr_be: [u32; 4],
+        pub daddr_be: [u32; 4],
+        pub sport_be: u16,
+        pub dport_be: u16,
+        pub proto: u8,
+        pub family: u8,
+        pub dir: u8,
+        pub _pad: u8,
+    }
+    const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+
+    /// `XLB_CT_V2`'s value.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+    pub struct CtValue {
+        pub saddr_be: [u32; 4],
+        pub daddr_be: [u32; 4],
+        pub sport_be: u16,
+        pub dport_be: u16,
+        /// A backend id of `XLB_BE_V1`.
+        pub backend_id: u32,
+        /// A service id of `XLB_SVC_V1`.
+        pub svc_id: u32,
+        pub flags: u16,
+        pub mtu: u16,
+        /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+        pub created_ns: u64,
+        pub last_seen_ns: u64,
+    }
+    const _: () = assert!(core::mem::size_of::<CtValue>() == 64);
+
+    /// `XLB_AFF_V1`'s value (its key has the current `AffinityKey` layout, with a V1 service
+    /// id).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+    pub struct AffinityValue {
+        pub backend_id: u32,
+        pub slot: u16,
+        pub _pad: u16,
+        pub last_seen_ns: u64,
+    }
+    const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+
+    /// `XLB_BE_V1`'s value.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+    pub struct Backend {
+        pub addr_be: [u32; 4],
+        pub port_be: u16,
+        pub proto: u8,
+        pub family: u8,
+        pub flags: u8,
+        pub _pad: [u8; 3],
+    }
+    const _: () = assert!(core::mem::size_of::<Backend>() == 24);
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is repr(C), has no implicit padding, and is valid for any bit pattern
@@ -474,4 +594,8 @@ mod pod {
     unsafe impl aya::Pod for super::SrcRangeKey {}
     unsafe impl aya::Pod for super::SockKey {}
     unsafe impl aya::Pod for super::SockValue {}
+    unsafe impl aya::Pod for super::prev::CtKey {}
+    unsafe impl aya::Pod for super::prev::CtValue {}
+    unsafe impl aya::Pod for super::prev::AffinityValue {}
+    unsafe impl aya::Pod for super::prev::Backend {}
 }

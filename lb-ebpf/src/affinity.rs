@@ -1,11 +1,11 @@
 //! Session affinity (sessionAffinity: ClientIP): a client keeps the backend of its previous
 //! connection to a service until `affinity_timeout_s` passes since its last packet.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
 use lb_common::{AffinityKey, AffinityValue, Backend, FAMILY_NETNS, FAMILY_V4, SvcValue};
 
 use crate::{
-    maps::XLB_AFF_V1,
+    clock,
+    maps::XLB_AFF_V2,
     parse::Tuple,
     select::{Frontend, backend, slot},
 };
@@ -47,20 +47,14 @@ impl Client {
 }
 
 #[inline(always)]
-fn key(client: &Client, svc: &SvcValue) -> AffinityKey {
+fn key(client: &Client, svc_id: u32) -> AffinityKey {
     AffinityKey {
-        svc_id: svc.svc_id,
+        svc_id,
         client_be: [client.words[0], client.words[1], 0, 0],
         family: client.family,
         _pad0: 0,
         _pad1: 0,
     }
-}
-
-#[inline(always)]
-fn now() -> u64 {
-    // SAFETY: helper without side effects.
-    unsafe { bpf_ktime_get_ns() }
 }
 
 /// The client's remembered backend, if affinity is on, it has not expired, and the backend is
@@ -70,49 +64,48 @@ pub fn lookup(f: &Frontend, client: &Client, svc: &SvcValue) -> Option<(u32, u16
     if svc.affinity_timeout_s == 0 {
         return None;
     }
-    let a = XLB_AFF_V1.get_ptr_mut(key(client, svc))?;
+    let a = XLB_AFF_V2.get_ptr_mut(key(client, svc.svc_id))?;
     // SAFETY: the entry stays valid for this program run; only last_seen_ns is written.
     let a = unsafe { &mut *a };
-    let now = now();
-    if now.wrapping_sub(a.last_seen_ns) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
+    let now = clock::now();
+    if clock::since(now, a.last_seen_ns) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
         return None;
     }
     if slot(f, a.slot).is_none_or(|s| s.backend_id != a.backend_id) {
         return None;
     }
-    let be = *backend(a.backend_id)?;
+    let be = *backend(a.backend_id).filter(|b| b.generation == a.backend_gen)?;
     a.last_seen_ns = now;
     Some((a.backend_id, a.slot, be))
 }
 
-/// Remembers the client's backend (affinity services only).
+/// Remembers the client's backend (affinity services only): index, slot, generation.
 #[inline(always)]
-pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16) {
+pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16, generation: u32) {
     if svc.affinity_timeout_s == 0 {
         return;
     }
     let v = AffinityValue {
         backend_id,
         slot,
-        _pad: 0,
-        last_seen_ns: now(),
+        _pad0: 0,
+        backend_gen: generation,
+        _pad1: 0,
+        last_seen_ns: clock::now(),
     };
     // An LRU insert only fails under memory pressure; the flow works without affinity.
-    let _ = XLB_AFF_V1.insert(key(client, svc), v, 0);
+    let _ = XLB_AFF_V2.insert(key(client, svc.svc_id), v, 0);
 }
 
-/// A packet of an established flow keeps the client's affinity alive (at most one write a
-/// second).
+/// A packet of an established flow of service index `svc_id` (one with affinity) keeps the
+/// affinity of its client (the packet's source) alive, at most one write a second.
 #[inline(always)]
-pub fn touch(t: &Tuple, svc: &SvcValue) {
-    if svc.affinity_timeout_s == 0 {
-        return;
-    }
-    if let Some(a) = XLB_AFF_V1.get_ptr_mut(key(&Client::of(t), svc)) {
+pub fn touch(client_be: u32, svc_id: u32) {
+    if let Some(a) = XLB_AFF_V2.get_ptr_mut(key(&Client::addr(client_be), svc_id)) {
         // SAFETY: as in `lookup`.
         let a = unsafe { &mut *a };
-        let now = now();
-        if now.wrapping_sub(a.last_seen_ns) > TOUCH_INTERVAL_NS {
+        let now = clock::now();
+        if clock::since(now, a.last_seen_ns) > TOUCH_INTERVAL_NS {
             a.last_seen_ns = now;
         }
     }

@@ -7,18 +7,19 @@
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+    helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey, CtValue, FAMILY_V4,
-    IPPROTO_TCP, IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey, CtValue, IPPROTO_TCP,
+    IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
 };
 
 use crate::{
-    maps::{FlowScratch, XLB_CT_V2, XLB_SCRATCH},
+    clock,
+    maps::{FlowScratch, XLB_CT_V3, XLB_SCRATCH},
     parse::Tuple,
     reason::Reason,
-    select::backend,
+    select::backend_is,
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -31,12 +32,11 @@ const SNAT_TRIES: u32 = 1024;
 #[inline(always)]
 pub fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> CtKey {
     CtKey {
-        saddr_be: [saddr, 0, 0, 0],
-        daddr_be: [daddr, 0, 0, 0],
+        saddr_be: saddr,
+        daddr_be: daddr,
         sport_be: sport,
         dport_be: dport,
         proto,
-        family: FAMILY_V4,
         dir,
         _pad: 0,
     }
@@ -52,7 +52,7 @@ fn tuple_key(t: &Tuple, dir: u8) -> CtKey {
 #[inline(always)]
 pub fn get(k: &CtKey) -> Option<&'static CtValue> {
     // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
-    unsafe { XLB_CT_V2.get(k) }
+    unsafe { XLB_CT_V3.get(k) }
 }
 
 /// The reply entry for a packet from a backend, if its flow is tracked.
@@ -60,25 +60,24 @@ pub fn get(k: &CtKey) -> Option<&'static CtValue> {
 pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
     let k = tuple_key(t, CT_DIR_REPLY);
     // SAFETY: only `last_seen_ns` and `flags` are written through this reference.
-    XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
+    XLB_CT_V3.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
 /// The forward entry for a packet to a frontend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
     let k = tuple_key(t, CT_DIR_FORWARD);
-    // SAFETY: only `last_seen_ns` is written through this reference.
-    XLB_CT_V2.get_ptr_mut(k).map(|p| unsafe { &mut *p })
+    // SAFETY: only `last_seen_ns`, `mtu` and `flags` are written through this reference.
+    XLB_CT_V3.get_ptr_mut(k).map(|p| unsafe { &mut *p })
 }
 
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
 /// the hot path; returns whether it did), and records a TCP FIN or RST in its direction.
 #[inline(always)]
 pub fn touch(ct: &mut CtValue, t: &Tuple) -> bool {
-    // SAFETY: helper without side effects.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock::now();
     let mut refreshed = false;
-    if now.wrapping_sub(ct.last_seen_ns) > TOUCH_INTERVAL_NS {
+    if clock::since(now, ct.last_seen_ns) > TOUCH_INTERVAL_NS {
         ct.last_seen_ns = now;
         // Forget the fitting packet size once a second: a route that shrank is seen again.
         ct.mtu = 0;
@@ -113,7 +112,7 @@ pub fn continues(ct: &CtValue, t: &Tuple) -> bool {
             return false;
         }
     }
-    backend(ct.backend_id).is_some()
+    backend_is(ct.backend_id, ct.backend_gen)
 }
 
 /// A TCP packet that cannot open a connection (not a bare SYN): matching no flow, it was
@@ -128,8 +127,8 @@ pub fn mid_stream(t: &Tuple) -> bool {
 #[inline(always)]
 pub fn keep_reply(ct: &CtValue, proto: u8) {
     let k = key(
-        ct.daddr_be[0],
-        ct.saddr_be[0],
+        ct.daddr_be,
+        ct.saddr_be,
         ct.dport_be,
         ct.sport_be,
         proto,
@@ -161,8 +160,8 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
         return false;
     };
     s.fwd_key = self::key(
-        old.daddr_be[0],
-        old.saddr_be[0],
+        old.daddr_be,
+        old.saddr_be,
         old.dport_be,
         old.sport_be,
         key.proto,
@@ -172,9 +171,9 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
     // The forward entry is this flow's only if it still translates to this reply tuple (the
     // client may have reused its port for a newer flow, which keeps its entry).
     let fwd = get(fwd_key).filter(|f| {
-        f.saddr_be[0] == key.daddr_be[0]
+        f.saddr_be == key.daddr_be
             && f.sport_be == key.dport_be
-            && f.daddr_be[0] == key.saddr_be[0]
+            && f.daddr_be == key.saddr_be
             && f.dport_be == key.sport_be
     });
     let mut last = old.last_seen_ns;
@@ -195,13 +194,11 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
     } else {
         REUSE_TCP_NS
     };
-    // SAFETY: helper without side effects.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if now.wrapping_sub(last) < idle {
+    if clock::since(clock::now(), last) < idle {
         return false;
     }
     if fwd.is_some() {
-        let _ = XLB_CT_V2.remove(fwd_key);
+        let _ = XLB_CT_V3.remove(fwd_key);
     }
     true
 }
@@ -211,24 +208,26 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
 /// `BPF_NOEXIST`: two CPUs reclaiming the same key at once almost never both get it).
 #[inline(always)]
 fn claim(key: &CtKey, value: &CtValue) -> bool {
-    if XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+    if XLB_CT_V3.insert(key, value, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
     let Some(old) = get(key) else {
         return false;
     };
-    let judged = old.created_ns;
+    // An entry is known by its creation time and the client it answers (the coarse clock
+    // gives two entries of one tick the same time).
+    let judged = (old.created_ns, old.daddr_be, old.dport_be);
     if !reclaim(key, old) {
         return false;
     }
     // Still the entry judged over (another CPU may have reclaimed it meanwhile)? Then it
     // goes, and of two CPUs inserting with BPF_NOEXIST only one wins. A window of a few
     // instructions between this check and the delete remains.
-    if get(key).map(|e| e.created_ns) != Some(judged) {
+    if get(key).map(|e| (e.created_ns, e.daddr_be, e.dport_be)) != Some(judged) {
         return false;
     }
-    let _ = XLB_CT_V2.remove(key);
-    XLB_CT_V2.insert(key, value, BPF_NOEXIST as u64).is_ok()
+    let _ = XLB_CT_V3.remove(key);
+    XLB_CT_V3.insert(key, value, BPF_NOEXIST as u64).is_ok()
 }
 
 /// How a new flow's source is translated: `addr_be` 0 keeps it (the backend replies to the
@@ -259,19 +258,18 @@ pub fn scratch() -> Result<&'static mut FlowScratch, Reason> {
 #[inline(always)]
 pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
     let s = scratch()?;
-    // SAFETY: helper without side effects.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = clock::now();
     s.fwd.created_ns = now;
     s.fwd.last_seen_ns = now;
     s.reply = CtValue {
-        saddr_be: [t.daddr_be, 0, 0, 0],
+        saddr_be: t.daddr_be,
         sport_be: t.dport_be,
-        daddr_be: [t.saddr_be, 0, 0, 0],
+        daddr_be: t.saddr_be,
         dport_be: t.sport_be,
         ..s.fwd
     };
     s.reply_key = key(
-        s.fwd.daddr_be[0],
+        s.fwd.daddr_be,
         t.saddr_be,
         s.fwd.dport_be,
         t.sport_be,
@@ -287,12 +285,12 @@ pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
             s.fwd.sport_be = claim_port(s, 0, src.min, src.max)?;
         }
     } else {
-        s.reply_key.daddr_be[0] = src.addr_be;
-        s.fwd.saddr_be[0] = src.addr_be;
+        s.reply_key.daddr_be = src.addr_be;
+        s.fwd.saddr_be = src.addr_be;
         s.fwd.sport_be = claim_port(s, src.first_be, src.min, src.max)?;
     }
     s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    XLB_CT_V2
+    XLB_CT_V3
         .insert(&s.fwd_key, &s.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))
 }

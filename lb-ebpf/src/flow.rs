@@ -1,7 +1,9 @@
 //! The steps tc and XDP share for a flow: keeping an established one fresh, admitting a new
 //! one (source ranges) and recording it once its backend and route are settled.
 
-use lb_common::{Backend, CT_F_SNAT, CtValue, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue};
+use lb_common::{
+    Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue,
+};
 
 use crate::{
     affinity::{self, Client},
@@ -12,13 +14,19 @@ use crate::{
     srcrange, translate,
 };
 
-/// A packet of an established flow keeps its entries (and its client's affinity) fresh.
+/// A packet of an established flow keeps its entries (and its client's affinity, when its
+/// service has affinity) fresh: from what the entry holds, without the service map.
 #[inline(always)]
-pub fn keep_alive(ct: &mut CtValue, t: &Tuple, svc: &SvcValue) {
-    if conntrack::touch(ct, t) && ct.flags & CT_F_SNAT != 0 {
-        conntrack::keep_reply(ct, t.proto);
+pub fn keep_alive(ct: &mut CtValue, t: &Tuple) {
+    if conntrack::touch(ct, t) {
+        if ct.flags & CT_F_SNAT != 0 {
+            conntrack::keep_reply(ct, t.proto);
+        }
+        // Affinity times out in seconds at least: a refresh once a second is plenty.
+        if ct.flags & CT_F_AFFINITY != 0 {
+            affinity::touch(t.saddr_be, ct.svc_id);
+        }
     }
-    affinity::touch(t, svc);
 }
 
 /// loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks new
@@ -50,7 +58,10 @@ pub fn record<P: Packet>(
     let scratch = conntrack::scratch()?;
     let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut scratch.fwd)?;
     scratch.fwd.mtu = mtu;
-    affinity::remember(client, svc, *backend_id, *slot);
+    if svc.affinity_timeout_s != 0 {
+        scratch.fwd.flags |= CT_F_AFFINITY;
+    }
+    affinity::remember(client, svc, *backend_id, *slot, be.generation);
     conntrack::create(t, &source)?;
     Ok(&scratch.fwd)
 }

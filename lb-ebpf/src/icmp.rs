@@ -92,8 +92,8 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
     // Inner: source ← the entry's destination, destination ← the entry's source.
     s.quote_new = s.quote_old;
     let n = &mut s.quote_new;
-    n[12..16].copy_from_slice(&v.daddr_be[0].to_ne_bytes());
-    n[16..20].copy_from_slice(&v.saddr_be[0].to_ne_bytes());
+    n[12..16].copy_from_slice(&v.daddr_be.to_ne_bytes());
+    n[16..20].copy_from_slice(&v.saddr_be.to_ne_bytes());
     n[20..22].copy_from_slice(&v.dport_be.to_ne_bytes());
     n[22..24].copy_from_slice(&v.sport_be.to_ne_bytes());
     n[10] = 0;
@@ -128,9 +128,9 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
 
     // Outer: to the flow's peer; from the frontend (or SNAT address) where the error came
     // from the translated end itself, as Linux's conntrack does.
-    let out_dst = v.daddr_be[0];
+    let out_dst = v.daddr_be;
     let out_src = if m.saddr_be == idst {
-        v.saddr_be[0]
+        v.saddr_be
     } else {
         m.saddr_be
     };

@@ -7,6 +7,7 @@
 #![no_main]
 
 mod affinity;
+mod clock;
 mod conntrack;
 mod fib;
 mod flow;
@@ -101,6 +102,13 @@ pub fn xlb_tc_pass(_ctx: TcContext) -> i32 {
     TC_ACT_OK
 }
 
+/// Bench-only floor of the XDP program: passes every frame untouched, reads no map. Never
+/// loaded or attached by the agent.
+#[xdp]
+pub fn xlb_xdp_pass(_ctx: XdpContext) -> u32 {
+    xdp::PASS
+}
+
 /// The tc program's outcome.
 type Outcome = reason::Outcome<i32>;
 
@@ -113,42 +121,42 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 
-    // A reply from a backend of a tracked flow: the frontend as source, the client (if the
-    // flow was SNATed) as destination.
-    if let Some(ct) = conntrack::lookup_reply(&t) {
+    // A packet of a tracked flow keeps its backend, from its conntrack entry alone (no
+    // service lookup: the entry holds the rewrite, the counters' indices and whether the
+    // service has affinity). As with kube-proxy's conntrack: a TCP connection stays on a
+    // backend even after it left the service (graceful termination), while a UDP flow whose
+    // backend was removed is re-balanced (kube-proxy flushes those).
+    let mut reason = R_NEW_FLOW;
+    if let Some(ct) = conntrack::lookup_forward(&t) {
+        if conntrack::continues(ct, &t) {
+            match translate::check_mtu(ctx, &t, ct.daddr_be, ct.mtu) {
+                Mtu::TooBig(mtu) => return frag_needed(ctx, &t, mtu).outcome(),
+                Mtu::Fits(len) => ct.mtu = len,
+                Mtu::Unchecked => {}
+            }
+            flow::keep_alive(ct, &t);
+            nat::apply(ctx, &t, ct)?;
+            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            return pass(R_ESTABLISHED);
+        }
+        // Started over: a reused client port on a closed flow is simply new.
+        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+            reason = R_BACKEND_GONE;
+        }
+    } else if let Some(ct) = conntrack::lookup_reply(&t) {
+        // A reply from a backend of a tracked flow: the frontend as source, the client (if
+        // the flow was SNATed) as destination.
         conntrack::touch(ct, &t);
         nat::apply(ctx, &t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
+    } else if conntrack::mid_stream(&t) {
+        reason = R_CT_MISS;
     }
 
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
-
-    // A packet of a tracked flow keeps its backend. As with kube-proxy's conntrack: a TCP
-    // connection stays on a backend even after it left the service (graceful termination),
-    // while a UDP flow whose backend was removed is re-balanced (kube-proxy flushes those).
-    let mut reason = R_NEW_FLOW;
-    if let Some(ct) = conntrack::lookup_forward(&t) {
-        if conntrack::continues(ct, &t) {
-            match translate::check_mtu(ctx, &t, ct.daddr_be[0], ct.mtu) {
-                Mtu::TooBig(mtu) => return frag_needed(ctx, &t, mtu).outcome(),
-                Mtu::Fits(len) => ct.mtu = len,
-                Mtu::Unchecked => {}
-            }
-            flow::keep_alive(ct, &t, svc);
-            nat::apply(ctx, &t, ct)?;
-            reason::count_service(svc.svc_id, ct.backend_id, ctx.len());
-            return pass(R_ESTABLISHED);
-        }
-        // Started over: a reused client port on a closed flow is simply new.
-        if select::backend(ct.backend_id).is_none() {
-            reason = R_BACKEND_GONE;
-        }
-    } else if conntrack::mid_stream(&t) {
-        reason = R_CT_MISS;
-    }
     // The answers are built out of line here, not below `tc_new_flow`: the stack frames of
     // a call chain add up (512 bytes in all).
     match tc_new_flow(ctx, &t, svc, reason).next() {

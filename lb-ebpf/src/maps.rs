@@ -1,10 +1,7 @@
 //! The datapath's maps. Each comment says who writes it, key → value, size and eviction.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{
-        Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, lpm_trie::Key,
-    },
+    btf_maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
 use lb_common::{
@@ -14,23 +11,27 @@ use lb_common::{
     SrcRangeKey, SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
-/// Services. Written by the agent (make-before-break), read here.
+/// Services. Written by the agent (make-before-break), read here for packets that match no
+/// flow (new flows) and by the socket hooks.
 /// `SvcKey{vip, port, proto, slot}` → `SvcValue`: slot 0 = service entry with the backend
-/// count, slots 1..=count = backend ids. 24 B → 16 B, 262,144 entries, no eviction.
+/// count, the service index and flags; slots 1..=count = backend indices. 24 B → 16 B,
+/// 262,144 entries, no eviction.
 #[btf_map]
-pub static XLB_SVC_V1: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
+pub static XLB_SVC_V2: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
 
-/// Backends. Written by the agent, read here. backend id (u32) → `Backend`.
-/// 4 B → 24 B, 262,144 entries, no eviction.
+/// Backends. Written by the agent, read here for new flows and UDP flows. backend index
+/// (u32) → `Backend{…, generation}` (0: no backend). 4 B → 32 B, 262,144 entries, an array:
+/// preallocated, nothing to evict (the agent hands out indices, see `desired::ids`).
 #[btf_map]
-pub static XLB_BE_V1: HashMap<u32, Backend, { BACKEND_MAP_CAPACITY as usize }> = HashMap::new();
+pub static XLB_BE_V2: Array<Backend, { BACKEND_MAP_CAPACITY as usize }> = Array::new();
 
 /// Conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
-/// `CtKey{5-tuple, dir}` → `CtValue{rewritten tuple, …}`. 40 B → 64 B, 262,144 entries, LRU
-/// eviction. A SNATed flow's reply key holds the SNAT address and port, inserted with
-/// `BPF_NOEXIST`: that is what keeps two flows from sharing a port.
+/// `CtKey{IPv4 5-tuple, dir}` → `CtValue{rewritten tuple, backend index and generation,
+/// service index, flags, times}`. 16 B → 48 B, 262,144 entries, LRU eviction. A SNATed
+/// flow's reply key holds the SNAT address and port, inserted with `BPF_NOEXIST`: that is
+/// what keeps two flows from sharing a port.
 #[btf_map]
-pub static XLB_CT_V2: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
+pub static XLB_CT_V3: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
 
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
@@ -44,10 +45,10 @@ pub static XLB_STATS_V4: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArra
 pub static XLB_CFG_V2: Array<NodeConfig, 1> = Array::new();
 
 /// loadBalancerSourceRanges. Written by the agent, read here for new flows to frontends
-/// flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc id, range}}` → 1 (allowed).
-/// 12 B → 4 B, 16,384 entries, no eviction.
+/// flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc index, range}}` → 1
+/// (allowed). 12 B → 4 B, 16,384 entries, no eviction.
 #[btf_map]
-pub static XLB_SRCRNG_V1: LpmTrie<SrcRangeKey, u32, { SRC_RANGE_MAP_CAPACITY as usize }> =
+pub static XLB_SRCRNG_V2: LpmTrie<SrcRangeKey, u32, { SRC_RANGE_MAP_CAPACITY as usize }> =
     LpmTrie::new();
 
 /// Interfaces XDP may redirect a translated packet to (XDP attached there, so the driver can
@@ -72,7 +73,7 @@ pub struct FlowScratch {
 }
 
 /// Scratch space per CPU for creating a flow. Written and read here only, within one program
-/// run. index 0 → `FlowScratch` (264 B). 1 entry, not pinned.
+/// run. index 0 → `FlowScratch` (184 B). 1 entry, not pinned.
 #[btf_map]
 pub static XLB_SCRATCH: PerCpuArray<FlowScratch, 1> = PerCpuArray::new();
 
@@ -94,35 +95,28 @@ pub fn src_range_key(svc_id: u32, addr_be: u32) -> Key<SrcRangeKey> {
 pub static XLB_SVCNAME_V1: HashMap<u32, SvcName, { SVC_NAME_MAP_CAPACITY as usize }> =
     HashMap::new();
 
-/// Per-service counters. The agent creates (zeroed) and deletes an entry with each service
-/// entry; the datapath only looks entries up and adds to its CPU's slot.
-/// svc id (u32) → `Counter` per CPU. 65,536 entries, not preallocated, no eviction.
+/// Per-service counters. Written here (each CPU adds to its own slot), zeroed by the agent
+/// when it hands a service index out, read by `xlb list` and metrics.
+/// service index (u32) → `Counter` per CPU. 65,536 entries, an array: preallocated, no
+/// allocation on the sync path.
 #[btf_map]
-pub static XLB_SVCSTAT_V1: PerCpuHashMap<
-    u32,
-    Counter,
-    { SVC_NAME_MAP_CAPACITY as usize },
-    { BPF_F_NO_PREALLOC as usize },
-> = PerCpuHashMap::new();
+pub static XLB_SVCSTAT_V2: PerCpuArray<Counter, { SVC_NAME_MAP_CAPACITY as usize }> =
+    PerCpuArray::new();
 
 /// Session affinity (ClientIP). Written here: a new connection of a client records its
 /// backend; later ones reuse it until `affinity_timeout_s` passes without a packet.
-/// `AffinityKey{svc_id, client}` → `AffinityValue{backend_id, slot, last_seen_ns}`.
-/// 24 B → 16 B, 65,536 entries, LRU eviction.
+/// `AffinityKey{svc index, client}` → `AffinityValue{backend index and generation, slot,
+/// last_seen_ns}`. 24 B → 24 B, 65,536 entries, LRU eviction.
 #[btf_map]
-pub static XLB_AFF_V1: LruHashMap<AffinityKey, AffinityValue, { AFFINITY_MAP_CAPACITY as usize }> =
+pub static XLB_AFF_V2: LruHashMap<AffinityKey, AffinityValue, { AFFINITY_MAP_CAPACITY as usize }> =
     LruHashMap::new();
 
-/// Per-backend counters. The agent creates (zeroed) and deletes an entry with each backend;
-/// the datapath only looks entries up and adds to its CPU's slot.
-/// backend id (u32) → `Counter` per CPU. 262,144 entries, not preallocated, no eviction.
+/// Per-backend counters. Written here, zeroed by the agent when it hands a backend index
+/// out, read by `xlb list` and metrics. backend index (u32) → `Counter` per CPU. 262,144
+/// entries, an array: preallocated, no allocation on the sync path.
 #[btf_map]
-pub static XLB_BESTAT_V1: PerCpuHashMap<
-    u32,
-    Counter,
-    { BACKEND_MAP_CAPACITY as usize },
-    { BPF_F_NO_PREALLOC as usize },
-> = PerCpuHashMap::new();
+pub static XLB_BESTAT_V2: PerCpuArray<Counter, { BACKEND_MAP_CAPACITY as usize }> =
+    PerCpuArray::new();
 
 /// Socket-level translations. Written by the socket hooks, read by them and by the agent.
 /// Reverse `SockKey{cookie, backend}` → `SockValue{frontend, svc id}`: what recvmsg() and

@@ -1,6 +1,18 @@
-//! Packet access shared by the tc and XDP programs: loads, stores and checksum updates. tc
-//! uses the skb helpers (which keep the skb's checksum-offload state right); XDP updates the
-//! checksums itself, and only sees packets with a complete checksum (see `xdp.rs`).
+//! Packet access shared by the tc and XDP programs.
+//!
+//! The common case (headers in the linear area, no IP options) is read and written in place
+//! through `data`/`data_end` at constant offsets the verifier checks ([`at`]): no helper call
+//! per field. Variable offsets are never added to a packet pointer (the verifier refuses
+//! that without CAP_PERFMON, and the agent runs with CAP_BPF + CAP_NET_ADMIN only), so a
+//! packet with IP options, or whose headers are not linear (tc after a failed
+//! `bpf_skb_pull_data`, a multi-buffer XDP frame), goes through the load/store helpers
+//! below instead.
+//!
+//! Checksums: XDP updates them itself and only sees packets with a complete checksum (see
+//! `xdp.rs`). tc writes the IPv4 header and its checksum in place (never offloaded; the
+//! header still sums to the same value, so a `CHECKSUM_COMPLETE` skb stays right) and leaves
+//! the L4 checksum to `bpf_l4_csum_replace` with a combined diff, which keeps the skb's
+//! offload state right: one call for the addresses (pseudo header), one for the ports.
 
 use core::{ffi::c_void, mem::MaybeUninit};
 
@@ -13,6 +25,23 @@ use aya_ebpf::{
 /// What the datapath needs from a packet, whatever the hook.
 pub trait Packet {
     fn len(&self) -> u32;
+    /// Start and end of the directly accessible bytes.
+    fn data(&self) -> usize;
+    fn data_end(&self) -> usize;
+    /// Makes the first `n` bytes directly accessible where the hook can (tc:
+    /// `bpf_skb_pull_data`). Packet pointers taken before are invalid afterwards.
+    fn pull(&self, n: u32) -> bool;
+    /// Applies `addr_diff` (a one's-complement sum of changed pseudo-header words) and
+    /// `port_diff` (changed words of the L4 header itself) to the L4 checksum at the
+    /// constant offset `csum_off`; `udp`: a 0 checksum stays 0. `Err` when the packet is
+    /// too short for the field.
+    fn l4_csum_diff(
+        &self,
+        csum_off: usize,
+        addr_diff: u32,
+        port_diff: u32,
+        udp: bool,
+    ) -> Result<(), ()>;
     fn load<T>(&self, off: usize) -> Result<T, ()>;
     fn store<T>(&self, off: usize, v: &T) -> Result<(), ()>;
     /// The IPv4 header checksum at `csum_off` after a 4-byte field went `from` → `to`.
@@ -39,6 +68,51 @@ impl Packet for TcContext {
     #[inline(always)]
     fn len(&self) -> u32 {
         TcContext::len(self)
+    }
+    // Volatile reads of the context: otherwise LLVM hoists them out of an out-of-line
+    // function into its callers (argument promotion) and passes the packet pointers as
+    // 32-bit integers, which the verifier refuses.
+    #[inline(always)]
+    fn data(&self) -> usize {
+        // SAFETY: reading a field of the context the kernel passed us.
+        unsafe { core::ptr::read_volatile(&(*self.skb.skb).data) as usize }
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { core::ptr::read_volatile(&(*self.skb.skb).data_end) as usize }
+    }
+    #[inline(always)]
+    fn pull(&self, n: u32) -> bool {
+        self.len() >= n && self.skb.pull_data(n).is_ok()
+    }
+    #[inline(always)]
+    fn l4_csum_diff(
+        &self,
+        csum_off: usize,
+        addr_diff: u32,
+        port_diff: u32,
+        udp: bool,
+    ) -> Result<(), ()> {
+        // Two calls, not one: for a CHECKSUM_PARTIAL skb only the pseudo-header part may be
+        // applied (the ports are summed later by the offload), for CHECKSUM_COMPLETE only
+        // that part moves skb->csum.
+        let mangled = if udp { BPF_F_MARK_MANGLED_0 as u64 } else { 0 };
+        if addr_diff != 0 {
+            TcContext::l4_csum_replace(
+                self,
+                csum_off,
+                0,
+                addr_diff as u64,
+                BPF_F_PSEUDO_HDR as u64 | mangled,
+            )
+            .map_err(|_| ())?;
+        }
+        if port_diff != 0 {
+            TcContext::l4_csum_replace(self, csum_off, 0, port_diff as u64, mangled)
+                .map_err(|_| ())?;
+        }
+        Ok(())
     }
     #[inline(always)]
     fn load<T>(&self, off: usize) -> Result<T, ()> {
@@ -90,6 +164,78 @@ impl Packet for TcContext {
     }
 }
 
+/// A pointer to a `T` at the constant offset `off` of the packet, if the directly accessible
+/// bytes hold all of it (the bounds check the verifier wants before any access).
+#[inline(always)]
+pub fn at<P: Packet, T>(ctx: &P, off: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    if start + off + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    Some((start + off) as *mut T)
+}
+
+/// A 16-bit field as it sits in the packet, at `p + off` (checked by [`at`]).
+///
+/// Plain typed accesses, not `read_unaligned`: the BPF backend splits an unaligned access
+/// into single bytes, while the JIT's loads and stores take any alignment (an IPv4 address
+/// sits at offset 26 of the frame).
+#[inline(always)]
+pub unsafe fn ld16(p: *const u8, off: usize) -> u16 {
+    // SAFETY: the caller checked the bytes; see above on alignment.
+    unsafe { core::ptr::read(p.add(off) as *const u16) }
+}
+
+/// A 32-bit field, likewise.
+#[inline(always)]
+pub unsafe fn ld32(p: *const u8, off: usize) -> u32 {
+    // SAFETY: as in `ld16`.
+    unsafe { core::ptr::read(p.add(off) as *const u32) }
+}
+
+/// Writes a 16-bit field, likewise.
+#[inline(always)]
+pub unsafe fn st16(p: *mut u8, off: usize, v: u16) {
+    // SAFETY: as in `ld16`.
+    unsafe { core::ptr::write(p.add(off) as *mut u16, v) }
+}
+
+/// Writes a 32-bit field, likewise.
+#[inline(always)]
+pub unsafe fn st32(p: *mut u8, off: usize, v: u32) {
+    // SAFETY: as in `ld16`.
+    unsafe { core::ptr::write(p.add(off) as *mut u32, v) }
+}
+
+/// One's-complement sum of two 32-bit partial sums (a `__wsum`).
+#[inline(always)]
+pub fn csum_add(a: u32, b: u32) -> u32 {
+    let (s, carry) = a.overflowing_add(b);
+    s.wrapping_add(carry as u32)
+}
+
+/// The partial-sum change of a 4-byte field going `from` → `to` (both as they sit in the
+/// packet): what `bpf_csum_diff` would return, without the call.
+#[inline(always)]
+pub fn diff4(from: u32, to: u32) -> u32 {
+    csum_add(!from, to)
+}
+
+/// The same for a 2-byte field.
+#[inline(always)]
+pub fn diff2(from: u16, to: u16) -> u32 {
+    csum_add((!from) as u32, to as u32)
+}
+
+/// A checksum field (as it sits in the packet) after the covered data changed by `diff`.
+#[inline(always)]
+pub fn csum_apply(old: u16, diff: u32) -> u16 {
+    let s = csum_add(diff, (!old) as u32);
+    let s = (s & 0xffff) + (s >> 16);
+    let s = (s & 0xffff) + (s >> 16);
+    !(s as u16)
+}
+
 /// `old` with `from` replaced by `to` in its one's-complement sum (RFC 1624), all in network
 /// order; `size` 2 or 4 bytes.
 #[inline(always)]
@@ -116,6 +262,44 @@ impl Packet for XdpContext {
         // A helper, not data_end - data: pointer subtraction needs CAP_PERFMON.
         // SAFETY: helper on our own context.
         unsafe { bpf_xdp_get_buff_len(self.ctx) as u32 }
+    }
+    // Volatile, as for tc.
+    #[inline(always)]
+    fn data(&self) -> usize {
+        // SAFETY: reading a field of the context the kernel passed us.
+        unsafe { core::ptr::read_volatile(&(*self.ctx).data) as usize }
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { core::ptr::read_volatile(&(*self.ctx).data_end) as usize }
+    }
+    #[inline(always)]
+    fn pull(&self, _n: u32) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn l4_csum_diff(
+        &self,
+        csum_off: usize,
+        addr_diff: u32,
+        port_diff: u32,
+        udp: bool,
+    ) -> Result<(), ()> {
+        // Only complete checksums reach here: both parts go into the field at once.
+        let p = at::<_, u16>(self, csum_off).ok_or(())? as *mut u8;
+        // SAFETY: `at` checked the two bytes against data_end.
+        let old = unsafe { ld16(p, 0) };
+        if udp && old == 0 {
+            return Ok(());
+        }
+        let mut new = csum_apply(old, csum_add(addr_diff, port_diff));
+        if udp && new == 0 {
+            new = 0xffff;
+        }
+        // SAFETY: as above.
+        unsafe { st16(p, 0, new) };
+        Ok(())
     }
     #[inline(always)]
     fn load<T>(&self, off: usize) -> Result<T, ()> {

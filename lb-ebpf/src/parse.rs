@@ -1,8 +1,15 @@
 //! Packet parsing: Ethernet → IPv4 → TCP/UDP ports, with every length checked.
+//!
+//! A packet without IP options whose headers are linear is read in place ([`parse_direct`]);
+//! anything else through the load helper ([`parse_loaded`]), with the same checks in the
+//! same order, so both give the same verdict for the same bytes.
 
 use lb_common::{IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
 
-use crate::{packet::Packet, reason::Reason};
+use crate::{
+    packet::{Packet, at, ld16, ld32},
+    reason::Reason,
+};
 
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP_BE: u16 = 0x0800u16.to_be();
@@ -12,6 +19,14 @@ pub const IP_CSUM_OFF: usize = ETH_HLEN + 10;
 pub const IP_SRC_OFF: usize = ETH_HLEN + 12;
 /// Offset of the IPv4 destination address.
 pub const IP_DST_OFF: usize = ETH_HLEN + 16;
+/// Offset of the L4 header of a packet without IP options (the direct path's only layout).
+pub const L4_OFF: usize = ETH_HLEN + 20;
+/// Offset of the IPv4 TTL.
+pub const IP_TTL_OFF: usize = ETH_HLEN + 8;
+/// Bytes the direct path needs in place: Ethernet, IPv4 without options, the TCP header's
+/// first 20 bytes (ports, flags, checksum) or UDP's 8.
+pub const DIRECT_TCP: usize = L4_OFF + 20;
+pub const DIRECT_UDP: usize = L4_OFF + 8;
 
 /// The parts of an IPv4 TCP/UDP packet that NAT needs.
 pub struct Tuple {
@@ -30,6 +45,9 @@ pub struct Tuple {
     pub df: bool,
     /// TCP flags (0 for UDP).
     pub tcp_flags: u8,
+    /// The headers are in place at the fixed offsets (`l4_off == L4_OFF`, the bytes up to
+    /// `DIRECT_TCP`/`DIRECT_UDP` linear): rewritten directly, not through helpers.
+    pub direct: bool,
 }
 
 /// An ICMP message (not a fragment): where its header starts.
@@ -62,6 +80,123 @@ fn malformed<E>(_: E) -> Reason {
 /// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
 #[inline(always)]
 pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
+    match parse_direct(ctx)? {
+        Some(p) => Ok(p),
+        None => parse_loaded(ctx),
+    }
+}
+
+/// Reads a 16-bit field as it sits in the packet.
+#[inline(always)]
+fn rd16(p: *const u8, off: usize) -> u16 {
+    // SAFETY: callers checked `off + 2` against data_end through `at`.
+    unsafe { ld16(p, off) }
+}
+
+/// Reads a 32-bit field as it sits in the packet.
+#[inline(always)]
+fn rd32(p: *const u8, off: usize) -> u32 {
+    // SAFETY: as in `rd16`.
+    unsafe { ld32(p, off) }
+}
+
+/// The common case, read in place: `None` when it does not apply (IP options, headers not
+/// linear even after a pull, a frame too short for the fixed headers), for
+/// [`parse_loaded`] to judge.
+#[inline(always)]
+fn parse_direct<P: Packet>(ctx: &P) -> Result<Option<Parsed>, Reason> {
+    let Some(h) = at::<_, [u8; L4_OFF]>(ctx, 0) else {
+        return Ok(None);
+    };
+    let h = h as *const u8;
+    if rd16(h, 12) != ETH_P_IP_BE {
+        return Ok(Some(Parsed::Pass(Reason(R_PASS))));
+    }
+    // SAFETY: within the L4_OFF bytes checked above.
+    let vihl = unsafe { *h.add(ETH_HLEN) };
+    if vihl != 0x45 {
+        return Ok(None);
+    }
+    let len = ctx.len() as usize;
+    let tot_len = u16::from_be(rd16(h, ETH_HLEN + 2)) as usize;
+    if tot_len == 0 {
+        return Ok(Some(Parsed::Pass(Reason(R_PASS))));
+    }
+    if tot_len < 20 || len < ETH_HLEN + tot_len {
+        return Err(Reason(R_MALFORMED));
+    }
+    let frag = u16::from_be(rd16(h, ETH_HLEN + 6));
+    // SAFETY: as above.
+    let proto = unsafe { *h.add(ETH_HLEN + 9) };
+    let (l4_len, csum_rel, need) = match proto {
+        IPPROTO_TCP => (20, 16, DIRECT_TCP),
+        IPPROTO_UDP => (8, 6, DIRECT_UDP),
+        IPPROTO_ICMP => (8, 2, 0),
+        _ => return Ok(Some(Parsed::Pass(Reason(R_PASS)))),
+    };
+    if frag & 0x3fff != 0 {
+        return Ok(Some(Parsed::Pass(Reason(R_FRAGMENT))));
+    }
+    if tot_len < 20 + l4_len {
+        return Err(Reason(R_MALFORMED));
+    }
+    let saddr_be = rd32(h, IP_SRC_OFF);
+    let daddr_be = rd32(h, IP_DST_OFF);
+    if proto == IPPROTO_ICMP {
+        return Ok(Some(Parsed::Icmp(Icmp {
+            saddr_be,
+            daddr_be,
+            l4_off: L4_OFF,
+            tot_len: tot_len as u16,
+        })));
+    }
+    // The L4 header is within the packet (tot_len says so): bring it in place if it is not.
+    // UDP's 8 bytes first, then TCP's 20 on the TCP path only: the bounds checks stay two
+    // constant ones (merged into one at a register offset, the verifier would refuse them
+    // without CAP_PERFMON).
+    let Some(p) = l4_in_place::<_, { DIRECT_UDP }>(ctx, need) else {
+        return Ok(None);
+    };
+    let mut p = p;
+    let mut tcp_flags = 0;
+    if proto == IPPROTO_TCP {
+        let Some(q) = l4_in_place::<_, { DIRECT_TCP }>(ctx, need) else {
+            return Ok(None);
+        };
+        // SAFETY: DIRECT_TCP bytes are in place.
+        tcp_flags = unsafe { *q.add(L4_OFF + 13) };
+        p = q;
+    }
+    Ok(Some(Parsed::Flow(Tuple {
+        saddr_be,
+        daddr_be,
+        sport_be: rd16(p, L4_OFF),
+        dport_be: rd16(p, L4_OFF + 2),
+        proto,
+        l4_off: L4_OFF,
+        csum_off: L4_OFF + csum_rel,
+        tot_len: tot_len as u16,
+        df: frag & 0x4000 != 0,
+        tcp_flags,
+        direct: true,
+    })))
+}
+
+/// The first `N` bytes in place, pulled into the linear area first if the hook can.
+#[inline(always)]
+fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Option<*const u8> {
+    if let Some(p) = at::<_, [u8; N]>(ctx, 0) {
+        return Some(p as *const u8);
+    }
+    if !ctx.pull(need as u32) {
+        return None;
+    }
+    at::<_, [u8; N]>(ctx, 0).map(|p| p as *const u8)
+}
+
+/// Any IPv4 packet, through the load helper.
+#[inline(always)]
+fn parse_loaded<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
     let len = ctx.len() as usize;
     let ethertype: u16 = ctx.load(12).map_err(malformed)?;
     if ethertype != ETH_P_IP_BE {
@@ -124,5 +259,6 @@ pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
         tot_len: tot_len as u16,
         df: frag & 0x4000 != 0,
         tcp_flags,
+        direct: false,
     }))
 }

@@ -1,6 +1,6 @@
 //! Reason codes and the per-CPU counters they bump.
 
-use crate::maps::{XLB_BESTAT_V1, XLB_STATS_V4, XLB_SVCSTAT_V1};
+use crate::maps::{XLB_BESTAT_V2, XLB_STATS_V4, XLB_SVCSTAT_V2};
 
 /// A reason code from `lb_common::counters`.
 #[derive(Clone, Copy)]
@@ -20,18 +20,19 @@ impl Reason {
     }
 }
 
-/// Adds one packet of `len` bytes to the counters of service `svc_id` and of the backend
-/// `backend_id` it was forwarded to (or came from), on the current CPU.
+/// Adds one packet of `len` bytes to the counters of service index `svc_id` and of the
+/// backend index `backend_id` it was forwarded to (or came from), on the current CPU: two
+/// array slots, no hash lookup.
 #[inline(always)]
 pub fn count_service(svc_id: u32, backend_id: u32, len: u32) {
-    if let Some(c) = XLB_BESTAT_V1.get_ptr_mut(backend_id) {
+    if let Some(c) = XLB_BESTAT_V2.get_ptr_mut(backend_id) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe {
             (*c).packets += 1;
             (*c).bytes += len as u64;
         }
     }
-    if let Some(c) = XLB_SVCSTAT_V1.get_ptr_mut(svc_id) {
+    if let Some(c) = XLB_SVCSTAT_V2.get_ptr_mut(svc_id) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
         unsafe {
             (*c).packets += 1;

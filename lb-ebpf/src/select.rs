@@ -8,7 +8,7 @@ use lb_common::{Backend, FAMILY_V4, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL, 
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_BE_V1, XLB_SVC_V1},
+    maps::{XLB_BE_V2, XLB_SVC_V2},
     parse::Tuple,
     reason::Reason,
 };
@@ -69,21 +69,29 @@ pub fn lookup_service(t: &Tuple) -> Option<&'static SvcValue> {
 #[inline(always)]
 pub fn lookup(f: &Frontend) -> Option<&'static SvcValue> {
     // SAFETY: the agent replaces values whole; the datapath never writes this map.
-    unsafe { XLB_SVC_V1.get(f.key(0)) }
+    unsafe { XLB_SVC_V2.get(f.key(0)) }
 }
 
-/// The backend with this id, if it still exists.
+/// The backend at index `id`, if the index holds one.
 #[inline(always)]
 pub fn backend(id: u32) -> Option<&'static Backend> {
-    // SAFETY: as above, read-only here.
-    unsafe { XLB_BE_V1.get(id) }
+    XLB_BE_V2.get(id).filter(|b| b.generation != 0)
+}
+
+/// Whether index `id` still holds the backend of `generation` (a flow's, an affinity's).
+#[inline(always)]
+pub fn backend_is(id: u32, generation: u32) -> bool {
+    generation != 0
+        && XLB_BE_V2
+            .get(id)
+            .is_some_and(|b| b.generation == generation)
 }
 
 /// The entry of backend slot `slot` of frontend `f`.
 #[inline(always)]
 pub fn slot(f: &Frontend, slot: u16) -> Option<&'static SvcValue> {
     // SAFETY: read-only here.
-    unsafe { XLB_SVC_V1.get(f.key(slot)) }
+    unsafe { XLB_SVC_V2.get(f.key(slot)) }
 }
 
 /// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else one

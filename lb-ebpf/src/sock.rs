@@ -171,7 +171,7 @@ fn try_forward(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
         sticky(&f, &client, svc, cookie)?
     } else {
         let (id, slot, be) = select::choose(&f, &client, svc)?;
-        affinity::remember(&client, svc, id, slot);
+        affinity::remember(&client, svc, id, slot, be.generation);
         (id, be)
     };
     let back = SockValue {
@@ -204,15 +204,19 @@ fn sticky(
     cookie: u64,
 ) -> Result<(u32, Backend), Reason> {
     let k = key(cookie, f.addr_be, f.port_be, f.proto, SOCK_DIR_FORWARD);
+    // Still in its slot, and still the same backend there (an index handed to another
+    // backend holds another address).
     // SAFETY: the value is copied out at once; entries are replaced whole.
     if let Some(v) = unsafe { XLB_SOCK_V1.get(&k) }
         && select::slot(f, v.slot).is_some_and(|s| s.backend_id == v.id)
         && let Some(be) = select::backend(v.id)
+        && be.addr_be[0] == v.addr_be[0]
+        && be.port_be == v.port_be
     {
         return Ok((v.id, *be));
     }
     let (id, slot, be) = select::choose(f, client, svc)?;
-    affinity::remember(client, svc, id, slot);
+    affinity::remember(client, svc, id, slot, be.generation);
     let v = SockValue {
         addr_be: be.addr_be,
         port_be: be.port_be,

@@ -37,14 +37,16 @@ pub fn forward_tuple<P: Packet>(
 ) -> Result<Source, Reason> {
     // Field by field: a struct literal with `..Default::default()` into map memory compiles
     // to a `memset` byte loop, which the verifier refuses without CAP_PERFMON.
-    fwd.saddr_be = [t.saddr_be, 0, 0, 0];
+    fwd.saddr_be = t.saddr_be;
     fwd.sport_be = t.sport_be;
-    fwd.daddr_be = be.addr_be;
+    fwd.daddr_be = be.addr_be[0];
     fwd.dport_be = be.port_be;
     fwd.backend_id = backend_id;
+    fwd.backend_gen = be.generation;
     fwd.svc_id = svc.svc_id;
     fwd.flags = 0;
     fwd.mtu = 0;
+    fwd._pad = 0;
     // created_ns and last_seen_ns are set by `conntrack::create`.
     let cfg = config();
     // The source is kept, unless its reply tuple clashes with another flow's (then only the

@@ -23,8 +23,8 @@ use crate::{
     conntrack, fib, flow,
     maps::XLB_XDPTX_V1,
     nat,
-    packet::{Packet, csum_replace},
-    parse::{self, ETH_HLEN, IP_CSUM_OFF, Parsed, Tuple},
+    packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
+    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
 };
@@ -47,6 +47,16 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     if checksum_partial(ctx, &t)? {
         return pass(R_PASS);
     }
+    // The same order as tc: a tracked flow from its entry alone, then replies, then the
+    // service map for a new flow.
+    if let Some(ct) = conntrack::lookup_forward(&t) {
+        if !conntrack::continues(ct, &t) {
+            // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
+            return pass(R_PASS);
+        }
+        flow::keep_alive(ct, &t);
+        return finish(ctx, &t, ct, R_ESTABLISHED);
+    }
     if let Some(ct) = conntrack::lookup_reply(&t) {
         conntrack::touch(ct, &t);
         return finish(ctx, &t, ct, R_REVERSE_NAT);
@@ -54,14 +64,6 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
-    if let Some(ct) = conntrack::lookup_forward(&t) {
-        if !conntrack::continues(ct, &t) {
-            // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
-            return pass(R_PASS);
-        }
-        flow::keep_alive(ct, &t, svc);
-        return finish(ctx, &t, ct, R_ESTABLISHED);
-    }
     xdp_new_flow(ctx, &t, svc).outcome()
 }
 
@@ -108,8 +110,8 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
         t.proto,
-        v.saddr_be[0],
-        v.daddr_be[0],
+        v.saddr_be,
+        v.daddr_be,
         t.tot_len,
         true,
     ) else {
@@ -118,7 +120,7 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
     if route.too_big != 0 {
         return pass(R_PASS);
     }
-    let ttl: u8 = ctx.load(ETH_HLEN + 8).map_err(|_| Reason(R_MALFORMED))?;
+    let ttl = read_ttl(ctx, t)?;
     if ttl <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
@@ -129,20 +131,98 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
         return pass(reason);
     }
-    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
-    // Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does.
-    // The 16-bit word [TTL, protocol], as it sits in the packet.
-    let old = u16::from_ne_bytes([ttl, t.proto]);
-    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
-    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
-    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
-        .map_err(fail)?;
-    ctx.store(ETH_HLEN + 8, &new).map_err(fail)?;
-    ctx.store(0, &dmac).map_err(fail)?;
-    ctx.store(6, &smac).map_err(fail)?;
+    forward_l2(ctx, t, ttl, &smac, &dmac)?;
     match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
+    }
+}
+
+/// The IPv4 TTL.
+#[inline(always)]
+fn read_ttl(ctx: &XdpContext, t: &Tuple) -> Result<u8, Reason> {
+    if t.direct
+        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
+    {
+        // SAFETY: `at` checked the bytes.
+        return Ok(unsafe { *(p as *const u8).add(IP_TTL_OFF) });
+    }
+    ctx.load(IP_TTL_OFF).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
+/// frame gets the next hop's MAC addresses.
+#[inline(always)]
+fn forward_l2(
+    ctx: &XdpContext,
+    t: &Tuple,
+    ttl: u8,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+) -> Result<(), Reason> {
+    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
+    // The 16-bit word [TTL, protocol], as it sits in the packet.
+    let old = u16::from_ne_bytes([ttl, t.proto]);
+    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
+    if t.direct
+        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
+    {
+        let p = p as *mut u8;
+        // SAFETY: every offset below is within the L4_OFF bytes `at` checked.
+        unsafe {
+            st16(
+                p,
+                IP_CSUM_OFF,
+                csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
+            );
+            st16(p, IP_TTL_OFF, new);
+            st32(
+                p,
+                0,
+                u32::from_ne_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]),
+            );
+            st16(p, 4, u16::from_ne_bytes([dmac[4], dmac[5]]));
+            st16(p, 6, u16::from_ne_bytes([smac[0], smac[1]]));
+            st32(
+                p,
+                8,
+                u32::from_ne_bytes([smac[2], smac[3], smac[4], smac[5]]),
+            );
+        }
+        return Ok(());
+    }
+    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
+    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
+        .map_err(fail)?;
+    ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
+    ctx.store(0, dmac).map_err(fail)?;
+    ctx.store(6, smac).map_err(fail)
+}
+
+/// The L4 checksum field as it sits in the packet.
+#[inline(always)]
+fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
+    if t.direct {
+        let v = if t.proto == IPPROTO_UDP {
+            csum_at::<{ L4_OFF + 6 }>(ctx)
+        } else {
+            csum_at::<{ L4_OFF + 16 }>(ctx)
+        };
+        if v <= u16::MAX as u32 {
+            return Ok(v as u16);
+        }
+    }
+    ctx.load(t.csum_off).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// The 16-bit field at `OFF` read in place, or `u32::MAX` when it is not in place. Out of
+/// line, one per offset (see `nat::in_place`).
+#[inline(never)]
+fn csum_at<const OFF: usize>(ctx: &XdpContext) -> u32 {
+    match at::<_, u16>(ctx, OFF) {
+        // SAFETY: `at` checked the two bytes.
+        Some(p) => unsafe { ld16(p as *const u8, 0) as u32 },
+        None => u32::MAX,
     }
 }
 
@@ -151,9 +231,7 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
 /// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
 #[inline(always)]
 fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
-    let csum: u16 = ctx
-        .load(t.csum_off)
-        .map_err(|_| Reason(lb_common::R_MALFORMED))?;
+    let csum = read_l4_csum(ctx, t)?;
     if t.proto == IPPROTO_UDP && csum == 0 {
         return Ok(false);
     }
@@ -168,3 +246,5 @@ fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
 
 /// The XDP entry's verdict for a dropped packet.
 pub const DROP: u32 = XDP_DROP;
+/// XDP_PASS, for the bench floor.
+pub const PASS: u32 = XDP_PASS;

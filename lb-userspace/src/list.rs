@@ -135,20 +135,22 @@ pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
     Ok(rows)
 }
 
-fn monotonic_ns() -> u64 {
+/// Now on the datapath's clock.
+pub fn monotonic_coarse_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC is what bpf_ktime_get_ns reads.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC_COARSE is what bpf_ktime_get_coarse_ns
+    // reads.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn sock(addr_be: [u32; 4], port_be: u16) -> String {
+fn sock(addr_be: u32, port_be: u16) -> String {
     format!(
         "{}:{}",
-        Ipv4Addr::from(addr_be[0].to_ne_bytes()),
+        Ipv4Addr::from(addr_be.to_ne_bytes()),
         u16::from_be(port_be)
     )
 }
@@ -162,7 +164,7 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
             name: MAP_CT,
             source,
         })?;
-    let now = monotonic_ns();
+    let now = monotonic_coarse_ns();
     let mut rows = Vec::new();
     for kv in ct.iter() {
         let (k, v) = kv.map_err(|source| DatapathError::Map {
@@ -321,45 +323,40 @@ pub struct MapUsage {
     pub capacity: u32,
 }
 
-/// Entries and capacity of every hash map xlb pins (the per-CPU array is fixed-size).
+/// Entries and capacity of every hash map xlb pins, and of the backend array (its entries:
+/// the backends the slots name; the counter arrays have one slot per index, in use or not).
 pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
-    use lb_common::{
-        Backend, MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcName, SvcValue,
-    };
+    use lb_common::{MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
     fn usage<K: aya::Pod, V: aya::Pod>(
         dir: &Path,
         name: &'static str,
-        per_cpu: bool,
     ) -> Result<MapUsage, DatapathError> {
         let map = open_pinned(dir, name)?;
         let err = |source| DatapathError::Map { name, source };
         let capacity = match &map {
-            aya::maps::Map::HashMap(d)
-            | aya::maps::Map::LruHashMap(d)
-            | aya::maps::Map::PerCpuHashMap(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
+            aya::maps::Map::HashMap(d) | aya::maps::Map::LruHashMap(d) => {
+                d.info().map(|i| i.max_entries()).unwrap_or(0)
+            }
             _ => 0,
         };
-        let entries = if per_cpu {
-            let m: aya::maps::PerCpuHashMap<MapData, K, V> =
-                aya::maps::PerCpuHashMap::try_from(map).map_err(err)?;
-            m.keys().count() as u64
-        } else {
-            let m: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(err)?;
-            m.keys().count() as u64
-        };
+        let m: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(err)?;
         Ok(MapUsage {
             map: name,
-            entries,
+            entries: m.keys().count() as u64,
             capacity,
         })
     }
+    let maps = KernelMaps::open(dir)?;
+    let backends = MapUsage {
+        map: MAP_BACKEND,
+        entries: maps.read()?.backends.len() as u64,
+        capacity: maps.limits().backends,
+    };
     Ok(vec![
-        usage::<SvcKey, SvcValue>(dir, MAP_SVC, false)?,
-        usage::<u32, Backend>(dir, MAP_BACKEND, false)?,
-        usage::<CtKey, CtValue>(dir, MAP_CT, false)?,
-        usage::<u32, SvcName>(dir, MAP_SVC_NAME, false)?,
-        usage::<u32, Counter>(dir, MAP_SVC_STATS, true)?,
-        usage::<u32, Counter>(dir, lb_common::MAP_BACKEND_STATS, true)?,
+        usage::<SvcKey, SvcValue>(dir, MAP_SVC)?,
+        backends,
+        usage::<CtKey, CtValue>(dir, MAP_CT)?,
+        usage::<u32, SvcName>(dir, MAP_SVC_NAME)?,
         src_range_usage(dir)?,
     ])
 }

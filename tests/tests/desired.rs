@@ -305,7 +305,7 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert!(
         msgs[0].contains("test/a:p")
-            && msgs[0].contains("XLB_SVC_V1")
+            && msgs[0].contains(lb_common::MAP_SVC)
             && msgs[0].contains("capacity 7"),
         "{msgs:?}"
     );

@@ -661,6 +661,7 @@ fn limits(small: Option<(u32, u32)>) -> Limits {
             svc_entries,
             backends,
             src_ranges: 8,
+            ..Limits::default()
         },
         None => Limits::default(),
     }

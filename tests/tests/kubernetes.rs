@@ -395,6 +395,11 @@ fn service_proxy_name_and_headless_labels_select_services() {
 
 /// GET `path` on 127.0.0.1:`port` inside the node namespace: (status code, body).
 fn http_get(c: &Cluster, port: u16, path: &str) -> (u16, String) {
+    try_http_get(c, port, path).unwrap_or_else(|e| panic!("GET {port}: {e}"))
+}
+
+/// [`http_get`], or why it failed (the listener not up yet: connection refused).
+fn try_http_get(c: &Cluster, port: u16, path: &str) -> Result<(u16, String), String> {
     let path = path.to_string();
     c.topo
         .node
@@ -423,7 +428,6 @@ fn http_get(c: &Cluster, port: u16, path: &str) -> (u16, String) {
             Ok::<_, String>((code, body))
         })
         .expect("thread")
-        .unwrap_or_else(|e| panic!("GET {port}: {e}"))
 }
 
 #[test]
@@ -435,12 +439,16 @@ fn health_and_metrics_follow_kube_proxy() {
     let mut c = start("xm", true, &[]);
     c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
     c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        http_get(&c, 10256, "/healthz").0,
-        503,
-        "healthy before the first sync"
-    );
+    // The agent is up once it listens (it cannot sync: the lists are held).
+    let deadline = std::time::Instant::now() + WAIT;
+    let first = loop {
+        match try_http_get(&c, 10256, "/healthz") {
+            Ok(r) => break r,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "GET 10256: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(first.0, 503, "healthy before the first sync");
     c.api.hold_lists(false);
     c.wait_backends(2);
     let deadline = std::time::Instant::now() + WAIT;
@@ -472,7 +480,13 @@ fn health_and_metrics_follow_kube_proxy() {
     assert!(value("kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 1.0);
     assert!(value("xlb_service_packets_total{service=\"test/web:http\"") >= 10.0);
     assert!(value("xlb_datapath_packets_total{reason=\"new_flow\"}") >= 5.0);
-    assert_eq!(value("xlb_map_entries{map=\"XLB_BE_V1\"}"), 2.0);
+    assert_eq!(
+        value(&format!(
+            "xlb_map_entries{{map=\"{}\"}}",
+            lb_common::MAP_BACKEND
+        )),
+        2.0
+    );
     // The 5 connections may all go to one backend: their packets are counted over both.
     let backend_packets: f64 = text
         .lines()
@@ -480,7 +494,12 @@ fn health_and_metrics_follow_kube_proxy() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(backend_packets >= 5.0, "backend counters:\n{text}");
-    assert!(value("xlb_map_capacity{map=\"XLB_SVC_V1\"}") > 0.0);
+    assert!(
+        value(&format!(
+            "xlb_map_capacity{{map=\"{}\"}}",
+            lb_common::MAP_SVC
+        )) > 0.0
+    );
 
     // The node is being deleted: /healthz says so, /livez does not.
     c.api

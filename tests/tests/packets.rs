@@ -804,3 +804,129 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
         "affinity still applied after it was switched off"
     );
 }
+
+/// `frame` with 4 bytes of IP options (NOP, NOP, NOP, EOL) after its IPv4 header: IHL 6,
+/// total length and IPv4 checksum adjusted (the L4 checksum does not cover options).
+fn with_ip_options(frame: &[u8]) -> Vec<u8> {
+    let mut p = frame[..34].to_vec();
+    p.extend_from_slice(&[1, 1, 1, 0]);
+    p.extend_from_slice(&frame[34..]);
+    p[14] = 0x46;
+    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
+    p[16..18].copy_from_slice(&tot.to_be_bytes());
+    p[24..26].copy_from_slice(&[0, 0]);
+    let c = lb_userspace::packet::checksum(&p[14..38], 0);
+    p[24..26].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// The frame with its IP options taken out again (for `parse`, which reads IHL 5 only).
+fn without_ip_options(frame: &[u8]) -> Vec<u8> {
+    assert_eq!(frame[14], 0x46, "options kept");
+    assert_eq!(
+        lb_userspace::packet::checksum(&frame[14..38], 0),
+        0,
+        "IPv4 checksum over the header with its options"
+    );
+    let mut p = frame[..34].to_vec();
+    p.extend_from_slice(&frame[38..]);
+    p[14] = 0x45;
+    let tot = u16::from_be_bytes([p[16], p[17]]) - 4;
+    p[16..18].copy_from_slice(&tot.to_be_bytes());
+    p[24..26].copy_from_slice(&[0, 0]);
+    let c = lb_userspace::packet::checksum(&p[14..34], 0);
+    p[24..26].copy_from_slice(&c.to_be_bytes());
+    p
+}
+
+/// Packets with IP options cannot be read at the fixed offsets of the direct path: they go
+/// through the load/store and checksum helpers, with the same result.
+#[test]
+fn packets_with_ip_options_are_translated_through_the_helpers() {
+    let Some(mut dp) = setup("packets_with_ip_options_are_translated_through_the_helpers") else {
+        return;
+    };
+    let vip80 = SocketAddrV4::new(VIP, 80);
+    let vip53 = SocketAddrV4::new(VIP, 53);
+    let run = |dp: &mut LoadedDatapath, frame: &[u8]| {
+        let r = dp.run(&with_ip_options(frame)).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        parse(&without_ip_options(&r.packet)).expect("parses")
+    };
+    let syn = run(&mut dp, &PacketBuilder::tcp(CLIENT, vip80).build());
+    assert!(BACKENDS.contains(syn.dst.ip()) && syn.dst.port() == 8080);
+    assert!(syn.l4_checksum_ok, "TCP checksum after DNAT");
+    let reply = run(
+        &mut dp,
+        &PacketBuilder::tcp(syn.dst, CLIENT)
+            .flags(TCP_ACK)
+            .payload(b"hi")
+            .build(),
+    );
+    assert_eq!((reply.src, reply.dst), (vip80, CLIENT));
+    assert!(reply.l4_checksum_ok, "TCP checksum after reverse NAT");
+    let udp = run(
+        &mut dp,
+        &PacketBuilder::udp(CLIENT, vip53).payload(b"odd").build(),
+    );
+    assert!(BACKENDS.contains(udp.dst.ip()) && udp.dst.port() == 5353);
+    assert!(udp.l4_checksum_ok && !udp.udp_checksum_zero, "UDP checksum");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["new_flow"], 2, "{counts:?}");
+    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
+}
+
+/// An established packet needs only its conntrack entry (which names the backend, the
+/// counters' indices and whether the service has affinity): a TCP flow keeps its backend
+/// even once its service is gone from the service map, as kube-proxy's conntrack keeps it,
+/// and its packets still count toward the service.
+#[test]
+fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
+    let Some(mut dp) = setup("an_established_tcp_flow_needs_only_its_conntrack_entry") else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let r = dp
+        .run(&PacketBuilder::tcp(CLIENT, web).build())
+        .expect("run");
+    let backend = parse(&r.packet).expect("parses").dst;
+    let before = lb_userspace::list::services(&dp.pins).expect("services");
+    let id = before
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web")
+        .id;
+    // Every service goes: the service map is empty.
+    dp.program(&lb_userspace::model::Model::default())
+        .expect("reprogram");
+    assert!(dp.state().services.is_empty());
+    let later = PacketBuilder::tcp(CLIENT, web)
+        .flags(TCP_ACK)
+        .payload(b"more")
+        .build();
+    let r = dp.run(&later).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK);
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(p.dst, backend, "the flow keeps its backend");
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    let reply = PacketBuilder::tcp(backend, CLIENT).flags(TCP_ACK).build();
+    let p = parse(&dp.run(&reply).expect("run").packet).expect("parses");
+    assert_eq!(p.src, web, "its replies still come from the frontend");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["established"], 1, "{counts:?}");
+    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
+    // A new flow to the removed frontend is not translated.
+    let new = PacketBuilder::tcp(SocketAddrV4::new(*CLIENT.ip(), 40999), web).build();
+    let r = dp.run(&new).expect("run");
+    assert_eq!(
+        r.packet, new,
+        "a new flow to a removed service passes untouched"
+    );
+    // The flow's packets were counted under its service index (the counter array slot).
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    assert_eq!(
+        maps.service_counter(id).packets,
+        3,
+        "SYN, later packet, reply"
+    );
+}

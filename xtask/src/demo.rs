@@ -141,9 +141,10 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
         services.display()
     );
     println!(
-        "  pinned maps: {}   e.g. bpftool map dump pinned {}/XLB_SVC_V1",
+        "  pinned maps: {}   e.g. bpftool map dump pinned {}/{}",
         pins.display(),
-        pins.display()
+        pins.display(),
+        lb_common::MAP_SVC
     );
     println!(
         "  inspect    : target/debug/xlb list services --bpffs {}",

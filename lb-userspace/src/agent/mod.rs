@@ -32,7 +32,7 @@ use crate::{
         loader,
         socket::{self, SocketLb},
         sync::apply,
-        sysctl,
+        sysctl, upgrade,
         writer::MapWriter,
     },
     desired::{self, Desired, Ids},
@@ -151,7 +151,20 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         reason: format!("cannot read this namespace's cookie: {e}"),
     })?;
     crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config(cookie))?;
-    let hooks = sockets::sync_socket_hooks(opts, &mut ebpf);
+    // The previous layout's pins: its programs keep forwarding from them until this agent
+    // has programmed its own maps and copied their flows over; only then are this agent's
+    // programs attached (see `datapath::upgrade`).
+    let mut upgrade = upgrade::Previous::find(&opts.bpffs)?;
+    let mut hooks = match upgrade {
+        None => sockets::sync_socket_hooks(opts, &mut ebpf),
+        Some(_) => {
+            info!(
+                pins = %opts.bpffs.display(),
+                "found the previous layout's maps: their flows are copied over after the first sync, before this agent's programs take over"
+            );
+            None
+        }
+    };
     let mut maps = KernelMaps::from_ebpf(&mut ebpf)?;
     let limits = maps.limits();
     let mut current = maps.read().map_err(DatapathError::from)?;
@@ -194,17 +207,22 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         name: opts.node_name.clone(),
         zone: None,
         node_port_addresses: Vec::new(),
-        socket_lb: hooks.is_some(),
+        // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
+        // after the upgrade drops what only they would use.
+        socket_lb: hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts)),
     };
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let mut feed = Feed::start(&opts.source);
     while !stop.load(Ordering::Relaxed) {
-        let mut links = KernelLinks {
-            ebpf: &mut ebpf,
-            dir: &opts.bpffs,
-        };
-        ifs.sync(&mut links, &wanted)?;
+        if upgrade.is_none() {
+            let mut links = KernelLinks {
+                ebpf: &mut ebpf,
+                dir: &opts.bpffs,
+            };
+            ifs.sync(&mut links, &wanted)?;
+        }
         if let Some(update) = feed.next()? {
+            let source_ok = update.loaded.is_ok();
             health.set_node_deleting(update.node_deleting);
             node.zone = update.zone.clone();
             node.node_port_addresses = node_port_addresses(opts);
@@ -220,6 +238,10 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 sockets::destroy_stale_udp(opts, cgroup, &current, &now);
             }
             current = now;
+            if source_ok && let Some(prev) = upgrade.take() {
+                hooks = take_over(opts, prev, &current, &mut ebpf, &mut ifs, &wanted)?;
+                node.socket_lb = hooks.is_some();
+            }
             metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
             health.synced();
             service_health.update(
@@ -237,6 +259,38 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// The upgrade's steps after this agent's first sync: the previous layout's flows copied
+/// over, this agent's programs attached (replacing the previous ones link by link), the
+/// flows begun meanwhile copied too, the previous pins removed. Returns the socket hooks'
+/// cgroup, as [`sockets::sync_socket_hooks`] does.
+fn take_over(
+    opts: &AgentOptions,
+    prev: upgrade::Previous,
+    current: &Desired,
+    ebpf: &mut aya::Ebpf,
+    ifs: &mut Interfaces,
+    wanted: &Wanted<'_>,
+) -> Result<Option<PathBuf>, AgentError> {
+    let before = prev.copy(current, false)?;
+    let hooks = sockets::sync_socket_hooks(opts, ebpf);
+    let mut links = KernelLinks {
+        ebpf,
+        dir: &opts.bpffs,
+    };
+    ifs.sync(&mut links, wanted)?;
+    let meanwhile = prev.copy(current, true)?;
+    let removed = prev.finish();
+    info!(
+        conntrack = before.conntrack + meanwhile.conntrack,
+        affinity = before.affinity + meanwhile.affinity,
+        skipped = before.skipped,
+        begun_meanwhile = meanwhile.conntrack,
+        removed_pins = removed,
+        "took over from the previous layout: flows copied, programs replaced, old pins removed"
+    );
+    Ok(hooks)
 }
 
 /// `--nodeport-addresses`, or by default the IPv4 addresses of the node interfaces.
@@ -286,6 +340,7 @@ fn sync(
     for why in &loaded.ignored {
         debug!("ignored: {why}");
     }
+    ids.tick(Instant::now());
     let (want, problems) = desired::compute_on(&loaded.model, node, ids, limits);
     for p in &problems {
         match p {

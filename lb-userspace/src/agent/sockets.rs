@@ -14,6 +14,12 @@ use crate::{
     desired::Desired,
 };
 
+/// Whether the socket hooks are to be attached (on, with a cgroup v2 to attach them to).
+pub(super) fn wanted(opts: &AgentOptions) -> bool {
+    opts.socket_lb != SocketLb::Off
+        && (opts.cgroup_path.is_some() || socket::cgroup2_root().is_some())
+}
+
 /// Attaches (or, with `--socket-lb off`, removes) the socket hooks; returns the cgroup they
 /// run in. Without cgroup v2, or when attaching fails, the error is logged and the agent
 /// goes on with the tc path alone.

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use aya::maps::{
-    Array, HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues,
+    Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
     lpm_trie::{Key, LpmTrie},
 };
 use lb_common::{
@@ -17,11 +17,12 @@ use super::{
 };
 use crate::desired::{Desired, SrcRange, show_frontend};
 
-/// The maps the agent writes. A service's name and its (zeroed) counters are created and
-/// deleted together, and so are a backend and its counters.
+/// The maps the agent writes. A service index's counters are zeroed when its name is
+/// first written, a backend index's when the backend is written (a new index or a new
+/// generation there).
 pub struct KernelMaps {
     svc: HashMap<MapData, SvcKey, SvcValue>,
-    backends: HashMap<MapData, u32, Backend>,
+    backends: Array<MapData, Backend>,
     names: HashMap<MapData, u32, SvcName>,
     svc_stats: Counters,
     backend_stats: Counters,
@@ -29,6 +30,7 @@ pub struct KernelMaps {
     svc_capacity: u32,
     backend_capacity: u32,
     src_range_capacity: u32,
+    names_capacity: u32,
 }
 
 /// The trie key of a source range.
@@ -58,45 +60,35 @@ pub fn write_config(ebpf: &mut aya::Ebpf, cfg: &NodeConfig) -> Result<(), Datapa
     })
 }
 
-/// A per-CPU counter map keyed by id, whose entries the agent creates and deletes.
+/// A per-CPU counter array indexed by service or backend index: preallocated, so writing
+/// it never allocates (a burst of new services cannot fail on memory).
 struct Counters {
-    map: PerCpuHashMap<MapData, u32, Counter>,
+    map: PerCpuArray<MapData, Counter>,
     name: &'static str,
 }
 
 impl Counters {
     fn open(map: Map, name: &'static str) -> Result<Self, DatapathError> {
         let map =
-            PerCpuHashMap::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
+            PerCpuArray::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
         Ok(Self { map, name })
     }
 
-    /// Creates a zeroed entry for `id` unless it has one (one syscall: BPF_NOEXIST).
-    fn ensure(&mut self, id: u32) -> Result<(), WriteError> {
+    /// Zeroes index `id` on every CPU (an index handed out anew starts from zero).
+    fn zero(&mut self, id: u32) -> Result<(), WriteError> {
         let name = self.name;
         let fail = |cause: String| WriteError {
             map: name,
-            op: "insert",
+            op: "update",
             entry: format!("counters of {id}"),
             cause,
         };
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| fail(format!("{what}: {e}")))?;
         let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
             .map_err(|e| fail(e.to_string()))?;
-        const BPF_NOEXIST: u64 = 1;
-        match self.map.insert(id, values, BPF_NOEXIST) {
-            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::EEXIST) => {
-                Ok(())
-            }
-            r => r.map_err(|e| err(name, "insert", format!("counters of {id}"), &e, 0)),
-        }
-    }
-
-    fn remove(&mut self, id: u32) -> Result<(), WriteError> {
-        match self.map.remove(&id) {
-            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
-            Err(e) => Err(err(self.name, "delete", format!("counters of {id}"), &e, 0)),
-        }
+        self.map
+            .set(id, values, 0)
+            .map_err(|e| err(name, "update", format!("counters of {id}"), &e, 0))
     }
 
     /// The entry's counters summed over CPUs (zero when it has none).
@@ -119,7 +111,11 @@ pub fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, DatapathError>
 
 fn capacity(map: &Map) -> u32 {
     let data = match map {
-        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuArray(d) | Map::LpmTrie(d) => d,
+        Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::Array(d)
+        | Map::LpmTrie(d) => d,
         _ => return 0,
     };
     data.info().map(|i| i.max_entries()).unwrap_or(0)
@@ -163,14 +159,15 @@ impl KernelMaps {
         src_ranges: Map,
     ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
-        let backend_capacity = capacity(&backends);
+        let backend_capacity = capacity(&backends).min(capacity(&backend_stats));
         let src_range_capacity = capacity(&src_ranges);
+        let names_capacity = capacity(&names).min(capacity(&stats));
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
                 source,
             })?,
-            backends: HashMap::try_from(backends).map_err(|source| DatapathError::Map {
+            backends: Array::try_from(backends).map_err(|source| DatapathError::Map {
                 name: MAP_BACKEND,
                 source,
             })?,
@@ -187,15 +184,16 @@ impl KernelMaps {
             svc_capacity,
             backend_capacity,
             src_range_capacity,
+            names_capacity,
         })
     }
 
-    /// A service's counters summed over CPUs (zero when it has none).
+    /// A service index's counters summed over CPUs.
     pub fn service_counter(&self, svc_id: u32) -> Counter {
         self.svc_stats.sum(svc_id)
     }
 
-    /// A backend's counters summed over CPUs (zero when it has none).
+    /// A backend index's counters summed over CPUs.
     pub fn backend_counter(&self, backend_id: u32) -> Counter {
         self.backend_stats.sum(backend_id)
     }
@@ -206,6 +204,7 @@ impl KernelMaps {
             svc_entries: self.svc_capacity,
             backends: self.backend_capacity,
             src_ranges: self.src_range_capacity,
+            services: self.names_capacity,
         }
     }
 }
@@ -244,9 +243,22 @@ impl MapWriter for KernelMaps {
             let (k, v) = kv.map_err(|e| read_err(MAP_SVC, e))?;
             d.services.insert(k, v);
         }
-        for kv in self.backends.iter() {
-            let (k, v) = kv.map_err(|e| read_err(MAP_BACKEND, e))?;
-            d.backends.insert(k, v);
+        // The backends the slots name (an array has no notion of "present": reading only
+        // these keeps it to one lookup per backend in use).
+        let used: std::collections::BTreeSet<u32> = d
+            .services
+            .iter()
+            .filter(|(k, _)| k.slot > 0)
+            .map(|(_, v)| v.backend_id)
+            .collect();
+        for id in used {
+            let be = self
+                .backends
+                .get(&id, 0)
+                .map_err(|e| read_err(MAP_BACKEND, e))?;
+            if be.generation != 0 {
+                d.backends.insert(id, be);
+            }
         }
         for kv in self.names.iter() {
             let (k, v) = kv.map_err(|e| read_err(MAP_SVC_NAME, e))?;
@@ -265,18 +277,20 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError> {
-        self.backend_stats.ensure(id)?;
+        // Written only for an index handed out anew (or a new generation at it): its
+        // counters start from zero, before any slot can send a packet its way.
+        self.backend_stats.zero(id)?;
         let cap = self.backend_capacity;
         self.backends
-            .insert(id, be, 0)
-            .map_err(|e| err(MAP_BACKEND, "insert", format!("backend {id}"), &e, cap))
+            .set(id, be, 0)
+            .map_err(|e| err(MAP_BACKEND, "update", format!("backend {id}"), &e, cap))
     }
 
     fn del_backend(&mut self, id: u32) -> Result<(), WriteError> {
+        // Generation 0: the index holds no backend (a flow that named it sees it gone).
         self.backends
-            .remove(&id)
-            .map_err(|e| err(MAP_BACKEND, "delete", format!("backend {id}"), &e, 0))?;
-        self.backend_stats.remove(id)
+            .set(id, Backend::default(), 0)
+            .map_err(|e| err(MAP_BACKEND, "delete", format!("backend {id}"), &e, 0))
     }
 
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
@@ -305,7 +319,10 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
-        self.svc_stats.ensure(id)?;
+        // A service index without a name is handed out anew: its counters start from zero.
+        if matches!(self.names.get(&id, 0), Err(MapError::KeyNotFound)) {
+            self.svc_stats.zero(id)?;
+        }
         self.names
             .insert(id, name, 0)
             .map_err(|e| err(MAP_SVC_NAME, "insert", format!("name {id}"), &e, 0))
@@ -314,8 +331,7 @@ impl MapWriter for KernelMaps {
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
         self.names
             .remove(&id)
-            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))?;
-        self.svc_stats.remove(id)
+            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))
     }
 
     fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {

@@ -9,6 +9,7 @@ pub mod socket;
 pub mod stale;
 pub mod sync;
 pub mod sysctl;
+pub mod upgrade;
 pub mod writer;
 
 use std::path::PathBuf;

@@ -1,59 +1,217 @@
-//! Ids handed out to frontends and backends, stable across syncs and agent restarts.
+//! Indices handed out to frontends (service ports) and backends, stable across syncs and
+//! agent restarts.
+//!
+//! Both are dense: a service index addresses the per-service counter array, a backend index
+//! the backend array and its counter array, so the datapath never hashes to find either. An
+//! index is reused, but only after it has been free for [`QUARANTINE`] (a packet of a flow
+//! that outlived its backend or service still counts toward the index for a while), and a
+//! backend also carries a generation that is never reused while the agent runs: a conntrack
+//! or affinity entry names its backend by index *and* generation, so an index handed to
+//! another backend is never mistaken for the one the flow had. An index handed out but never
+//! programmed (its service did not fit) is free again at once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    time::{Duration, Instant},
+};
 
 use lb_common::{Backend, SvcKey};
 
-use super::Desired;
+use super::{Desired, Limits};
 
-/// Ids handed out to frontends and backends. Ids are never reused while the agent runs, so a
-/// conntrack entry can never point at an unrelated backend that took a freed id.
-#[derive(Clone, Debug, Default)]
+/// How long a freed index stays unused before it is handed out again.
+pub const QUARANTINE: Duration = Duration::from_secs(300);
+
+/// One kind of dense index: `1..capacity` (0 names nothing).
+#[derive(Clone, Debug)]
+struct Pool {
+    /// The lowest index never handed out.
+    next: u32,
+    /// Freed indices, oldest first, with the time they were freed.
+    freed: VecDeque<(u32, Instant)>,
+    /// Indices handed out but never programmed: free at once.
+    unused: Vec<u32>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self {
+            next: 1,
+            freed: VecDeque::new(),
+            unused: Vec::new(),
+        }
+    }
+}
+
+impl Pool {
+    /// A pool in which `used` are taken; the holes below the highest are freed `now`.
+    fn adopt(used: &BTreeSet<u32>, now: Instant) -> Self {
+        let next = used.last().map_or(1, |m| m + 1);
+        Self {
+            next,
+            freed: (1..next)
+                .filter(|i| !used.contains(i))
+                .map(|i| (i, now))
+                .collect(),
+            unused: Vec::new(),
+        }
+    }
+
+    /// An index below `capacity`: one never programmed, else the oldest freed one past its
+    /// quarantine, else a fresh one. `None` when every index is taken or in quarantine.
+    fn take(&mut self, now: Instant, capacity: u32) -> Option<u32> {
+        if let Some(i) = self.unused.pop() {
+            return Some(i);
+        }
+        if let Some(&(i, freed)) = self.freed.front()
+            && now.saturating_duration_since(freed) >= QUARANTINE
+        {
+            self.freed.pop_front();
+            return Some(i);
+        }
+        if self.next < capacity {
+            self.next += 1;
+            return Some(self.next - 1);
+        }
+        None
+    }
+
+    /// Gives `i` back: at once when it was never programmed, else after the quarantine.
+    fn give_back(&mut self, i: u32, programmed: bool, now: Instant) {
+        if programmed {
+            self.freed.push_back((i, now));
+        } else {
+            self.unused.push(i);
+        }
+    }
+}
+
+/// Indices handed out to frontends and backends.
+#[derive(Clone, Debug)]
 pub struct Ids {
     svc: BTreeMap<SvcKey, u32>,
-    backend: BTreeMap<Backend, u32>,
-    next_svc: u32,
-    next_backend: u32,
+    /// Backend (generation 0) → (index, generation).
+    backend: BTreeMap<Backend, (u32, u32)>,
+    svc_pool: Pool,
+    backend_pool: Pool,
+    /// The last generation handed out.
+    generation: u32,
+    /// Handed out since the last [`Ids::retain`]: (is a backend, index).
+    fresh: BTreeSet<(bool, u32)>,
+    now: Instant,
+    limits: Limits,
+}
+
+impl Default for Ids {
+    fn default() -> Self {
+        Self {
+            svc: BTreeMap::new(),
+            backend: BTreeMap::new(),
+            svc_pool: Pool::default(),
+            backend_pool: Pool::default(),
+            generation: 0,
+            fresh: BTreeSet::new(),
+            now: Instant::now(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A backend as [`Ids`] knows it: without its generation.
+fn identity(be: &Backend) -> Backend {
+    Backend {
+        generation: 0,
+        ..*be
+    }
 }
 
 impl Ids {
-    /// Takes over the ids of what is already programmed (a restarted agent adopts its pins).
+    /// Takes over the indices of what is already programmed (a restarted agent adopts its
+    /// pins). Indices below the highest one in use but free are in quarantine from now: a
+    /// flow of the previous agent may still name them.
     pub fn adopt(current: &Desired) -> Self {
-        let mut ids = Ids::default();
+        let now = Instant::now();
+        let mut ids = Ids {
+            now,
+            ..Ids::default()
+        };
+        let mut svc_used = BTreeSet::new();
         for (k, v) in current.services.iter().filter(|(k, _)| k.slot == 0) {
             ids.svc.insert(*k, v.svc_id);
-            ids.next_svc = ids.next_svc.max(v.svc_id);
+            svc_used.insert(v.svc_id);
         }
+        let mut be_used = BTreeSet::new();
         for (id, be) in &current.backends {
-            ids.backend.insert(*be, *id);
-            ids.next_backend = ids.next_backend.max(*id);
+            ids.backend.insert(identity(be), (*id, be.generation));
+            ids.generation = ids.generation.max(be.generation);
+            be_used.insert(*id);
         }
+        ids.svc_pool = Pool::adopt(&svc_used, now);
+        ids.backend_pool = Pool::adopt(&be_used, now);
         ids
     }
 
-    pub(super) fn svc_id(&mut self, key: SvcKey) -> u32 {
-        *self.svc.entry(key).or_insert_with(|| {
-            self.next_svc = self.next_svc.wrapping_add(1).max(1);
-            self.next_svc
-        })
+    /// The time a sync runs at (quarantines end by it); the agent calls it before every
+    /// sync. Until it is called again, the time the `Ids` were made.
+    pub fn tick(&mut self, now: Instant) {
+        self.now = now;
     }
 
-    pub(super) fn backend_id(&mut self, be: Backend) -> u32 {
-        *self.backend.entry(be).or_insert_with(|| {
-            self.next_backend = self.next_backend.wrapping_add(1).max(1);
-            self.next_backend
-        })
+    /// The capacities the indices must stay below (set by each computation).
+    pub(super) fn limit(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// The index of a frontend (both scopes share it); `None` when none is free.
+    pub(super) fn svc_id(&mut self, key: SvcKey) -> Option<u32> {
+        if let Some(id) = self.svc.get(&key) {
+            return Some(*id);
+        }
+        let id = self.svc_pool.take(self.now, self.limits.services)?;
+        self.fresh.insert((false, id));
+        self.svc.insert(key, id);
+        Some(id)
+    }
+
+    /// The index and generation of a backend (`be`'s own generation is ignored); `None`
+    /// when no index is free.
+    pub(super) fn backend_id(&mut self, be: Backend) -> Option<(u32, u32)> {
+        let be = identity(&be);
+        if let Some(v) = self.backend.get(&be) {
+            return Some(*v);
+        }
+        let id = self.backend_pool.take(self.now, self.limits.backends)?;
+        self.generation = self.generation.wrapping_add(1).max(1);
+        self.fresh.insert((true, id));
+        self.backend.insert(be, (id, self.generation));
+        Some((id, self.generation))
     }
 
     pub(super) fn has_svc(&self, key: &SvcKey) -> bool {
         self.svc.contains_key(key)
     }
 
-    /// Forgets ids of what is no longer desired (the counters never go back).
+    /// Gives back the indices of what is no longer desired: those programmed before after
+    /// the quarantine, those handed out in this computation (never programmed) at once.
     pub(super) fn retain(&mut self, desired: &Desired) {
-        self.svc.retain(|k, _| desired.services.contains_key(k));
-        let live: BTreeSet<&Backend> = desired.backends.values().collect();
-        self.backend.retain(|b, _| live.contains(b));
+        let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
+        let pool = &mut self.svc_pool;
+        self.svc.retain(|k, id| {
+            let keep = desired.services.contains_key(k);
+            if !keep {
+                pool.give_back(*id, !fresh.contains(&(false, *id)), now);
+            }
+            keep
+        });
+        let live: BTreeSet<Backend> = desired.backends.values().map(identity).collect();
+        let pool = &mut self.backend_pool;
+        self.backend.retain(|b, (id, _)| {
+            let keep = live.contains(b);
+            if !keep {
+                pool.give_back(*id, !fresh.contains(&(true, *id)), now);
+            }
+            keep
+        });
     }
 }
 
@@ -67,31 +225,104 @@ mod tests {
         model::Protocol,
     };
 
-    #[test]
-    fn ids_are_kept_across_adoption_and_never_reused_while_running() {
-        let mut ids = Ids::default();
-        let web = frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp);
-        let dns = frontend_key(Ipv4Addr::new(10, 96, 0, 2), 53, Protocol::Udp);
-        let (a, b) = (ids.svc_id(web), ids.svc_id(dns));
-        assert_ne!(a, b);
-        assert_eq!(ids.svc_id(web), a, "stable");
-        // Adopted from what is programmed: the same ids come back.
+    fn web() -> SvcKey {
+        frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp)
+    }
+    fn dns() -> SvcKey {
+        frontend_key(Ipv4Addr::new(10, 96, 0, 2), 53, Protocol::Udp)
+    }
+
+    /// A desired state holding `svc` with index `id` (and nothing else).
+    fn holding(svc: SvcKey, id: u32) -> Desired {
         let mut d = Desired::default();
         d.services.insert(
-            web,
+            svc,
             lb_common::SvcValue {
-                svc_id: a,
+                svc_id: id,
                 ..Default::default()
             },
         );
-        let be = backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp);
+        d
+    }
+
+    #[test]
+    fn indices_are_stable_adopted_and_not_reused_before_the_quarantine() {
+        let mut ids = Ids::default();
+        let t0 = Instant::now();
+        ids.tick(t0);
+        let a = ids.svc_id(web()).expect("index");
+        let b = ids.svc_id(dns()).expect("index");
+        assert_ne!(a, b);
+        assert_eq!((a, b), (1, 2), "dense from 1");
+        assert_eq!(ids.svc_id(web()), Some(a), "stable");
+        ids.retain(&holding(web(), a));
+        // Adopted from what is programmed: the same indices come back.
+        let mut d = holding(web(), a);
+        let be = Backend {
+            generation: 9,
+            ..backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp)
+        };
         d.backends.insert(7, be);
         let mut adopted = Ids::adopt(&d);
-        assert_eq!(adopted.svc_id(web), a);
-        assert_eq!(adopted.backend_id(be), 7);
-        // A forgotten frontend's id is not handed out again.
+        adopted.tick(t0);
+        assert_eq!(adopted.svc_id(web()), Some(a));
+        assert_eq!(adopted.backend_id(be), Some((7, 9)));
+        adopted.retain(&d);
+        // A programmed index that was freed waits out its quarantine…
         adopted.retain(&Desired::default());
-        assert!(!adopted.has_svc(&web));
-        assert_ne!(adopted.svc_id(dns), a);
+        assert!(!adopted.has_svc(&web()));
+        let other = adopted.svc_id(dns()).expect("index");
+        assert_ne!(other, a, "reused within the quarantine");
+        adopted.retain(&holding(dns(), other));
+        // …and is handed out again after it.
+        adopted.tick(t0 + QUARANTINE);
+        let third = frontend_key(Ipv4Addr::new(10, 96, 0, 3), 80, Protocol::Tcp);
+        assert_eq!(
+            adopted.svc_id(third),
+            Some(a),
+            "reused after the quarantine"
+        );
+    }
+
+    #[test]
+    fn a_reused_backend_index_gets_a_new_generation() {
+        let mut ids = Ids::default();
+        let t0 = Instant::now();
+        ids.tick(t0);
+        let one = backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp);
+        let two = backend_value(Ipv4Addr::new(10, 244, 0, 2), 8080, Protocol::Tcp);
+        let (i1, g1) = ids.backend_id(one).expect("index");
+        let mut d = Desired::default();
+        d.backends.insert(
+            i1,
+            Backend {
+                generation: g1,
+                ..one
+            },
+        );
+        ids.retain(&d);
+        ids.retain(&Desired::default());
+        ids.tick(t0 + QUARANTINE);
+        let (i2, g2) = ids.backend_id(two).expect("index");
+        assert_eq!(i2, i1, "the index comes back after the quarantine");
+        assert_ne!(g2, g1, "with another generation");
+        assert!(g1 != 0 && g2 != 0);
+    }
+
+    #[test]
+    fn an_index_never_programmed_is_free_at_once_and_capacity_is_kept() {
+        let mut ids = Ids::default();
+        let limits = Limits {
+            services: 3,
+            ..Limits::default()
+        };
+        ids.limit(limits);
+        assert_eq!(ids.svc_id(web()), Some(1));
+        assert_eq!(ids.svc_id(dns()), Some(2));
+        let third = frontend_key(Ipv4Addr::new(10, 96, 0, 3), 80, Protocol::Tcp);
+        assert_eq!(ids.svc_id(third), None, "indices 1..3 only");
+        // Neither was programmed (not in the desired state): both are free again at once.
+        ids.retain(&Desired::default());
+        assert_eq!(ids.svc_id(third).map(|i| i < 3), Some(true));
     }
 }

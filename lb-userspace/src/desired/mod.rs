@@ -7,9 +7,10 @@ use std::{
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC, MAX_BACKENDS_PER_SVC,
-    SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    BACKEND_MAP_CAPACITY, Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS,
+    MAX_BACKENDS_PER_SVC, SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY,
+    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN,
+    SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
@@ -32,6 +33,7 @@ use crate::model::{
 pub struct Desired {
     /// Service entries (slot 0) and backend slots.
     pub services: BTreeMap<SvcKey, SvcValue>,
+    /// Backend index → backend (with its generation).
     pub backends: BTreeMap<u32, Backend>,
     pub names: BTreeMap<u32, SvcName>,
     /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
@@ -84,8 +86,11 @@ pub enum DesiredError {
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     pub svc_entries: u32,
+    /// The backend array's size: backend indices are `1..backends`.
     pub backends: u32,
     pub src_ranges: u32,
+    /// The per-service arrays' size (names, counters): service indices are `1..services`.
+    pub services: u32,
 }
 
 impl Default for Limits {
@@ -94,6 +99,7 @@ impl Default for Limits {
             svc_entries: SVC_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
             src_ranges: SRC_RANGE_MAP_CAPACITY,
+            services: SVC_NAME_MAP_CAPACITY,
         }
     }
 }
@@ -166,6 +172,7 @@ pub fn compute_on(
 ) -> (Desired, Vec<DesiredError>) {
     let mut errors = Vec::new();
     let mut candidates = Vec::new();
+    ids.limit(limits);
 
     for (id, svc) in &model.services {
         if !model.slices.contains_key(id) {
@@ -334,7 +341,15 @@ pub fn compute_on(
     } in planned
     {
         // Both scopes of a frontend are one service port: one id, one name, one counter.
-        let svc_id = ids.svc_id(external(key));
+        let Some(svc_id) = ids.svc_id(external(key)) else {
+            errors.push(DesiredError::MapFull {
+                object,
+                map: MAP_SVC_STATS,
+                capacity: limits.services,
+                needed: 1,
+            });
+            continue;
+        };
         let mut plan = Planned {
             object,
             entries: Vec::new(),
@@ -356,6 +371,7 @@ pub fn compute_on(
         };
         plan.name.1 = svc_name(&plan.object);
         let mut slot = 0u16;
+        let mut full = false;
         for (b, local) in &backends {
             let IpAddr::V4(ip) = b.ip else { continue };
             let be = if *local {
@@ -363,7 +379,11 @@ pub fn compute_on(
             } else {
                 remote_backend_value(ip, b.port, b.protocol)
             };
-            let backend_id = ids.backend_id(be);
+            let Some((backend_id, generation)) = ids.backend_id(be) else {
+                full = true;
+                break;
+            };
+            let be = Backend { generation, ..be };
             slot += 1;
             plan.backends.push((backend_id, be));
             plan.entries.push((
@@ -374,6 +394,15 @@ pub fn compute_on(
                     ..SvcValue::default()
                 },
             ));
+        }
+        if full {
+            errors.push(DesiredError::MapFull {
+                object: plan.object,
+                map: MAP_BACKEND,
+                capacity: limits.backends,
+                needed: backends.len(),
+            });
+            continue;
         }
         plan.entries.push((
             key,

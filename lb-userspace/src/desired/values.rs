@@ -19,7 +19,8 @@ pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
     }
 }
 
-/// The backend map value for an IPv4 backend on this node.
+/// The backend map value for an IPv4 backend on this node (generation 0: [`super::Ids`]
+/// hands out the generation with the index).
 pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
     Backend {
         addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
@@ -27,7 +28,10 @@ pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
         proto: protocol.number(),
         family: FAMILY_V4,
         flags: 0,
-        _pad: [0; 3],
+        _pad0: 0,
+        _pad1: 0,
+        generation: 0,
+        _pad2: 0,
     }
 }
 

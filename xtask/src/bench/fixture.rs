@@ -12,7 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray},
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
     ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_STATS,
@@ -30,6 +30,10 @@ use xlb_tests::{services::service_yaml, unique_tag};
 pub const PROG_INGRESS: &str = "xlb_tc_ingress";
 /// The bench-only program that only passes (the floor).
 pub const PROG_PASS: &str = "xlb_tc_pass";
+/// The real XDP program.
+pub const PROG_XDP: &str = "xlb_xdp";
+/// The bench-only XDP program that only passes (XDP's floor).
+pub const PROG_XDP_PASS: &str = "xlb_xdp_pass";
 
 /// The first ClusterIP of the synthetic services (service `i` has `VIP_BASE + i`).
 pub const VIP_BASE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 0);
@@ -140,6 +144,11 @@ impl Datapath {
                 .load()
                 .with_context(|| format!("loading program {name}"))?;
         }
+        for name in [PROG_XDP, PROG_XDP_PASS] {
+            xdp_program(&mut ebpf, name)?
+                .load()
+                .with_context(|| format!("loading program {name}"))?;
+        }
         let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| anyhow!("{e}"))?;
         let ct_map = ebpf
             .take_map(MAP_CT)
@@ -210,6 +219,33 @@ impl Datapath {
         })
     }
 
+    /// Runs XDP program `prog` on `packet` `repeat` times as received on `ifindex` (of the
+    /// calling thread's network namespace).
+    pub fn run_xdp(&mut self, prog: &str, packet: &[u8], repeat: u32, ifindex: u32) -> Result<Run> {
+        let p = xdp_program(&mut self.ebpf, prog)?;
+        let mut out = vec![0u8; packet.len() + 256];
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        let mut ctx = [0u8; 24];
+        ctx[12..16].copy_from_slice(&ifindex.to_ne_bytes());
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            repeat,
+            ..TestRunOptions::default()
+        };
+        let r = p
+            .test_run(opts)
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {prog}"))?;
+        out.truncate(r.data_size_out as usize);
+        Ok(Run {
+            verdict: r.return_value,
+            duration: r.duration,
+            packet: out,
+        })
+    }
+
     /// Deletes every conntrack entry.
     pub fn clear_ct(&mut self) -> Result<()> {
         let keys: Vec<CtKey> = self.ct.keys().collect::<Result<_, _>>()?;
@@ -249,6 +285,14 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier
         .ok_or_else(|| anyhow!("program {name} is not in the object (rebuild lb-ebpf)"))?;
     p.try_into()
         .with_context(|| format!("{name} is not a tc program"))
+}
+
+fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp> {
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} is not in the object (rebuild lb-ebpf)"))?;
+    p.try_into()
+        .with_context(|| format!("{name} is not an XDP program"))
 }
 
 /// Backends of synthetic service `i`: 2 to 10, cycling.

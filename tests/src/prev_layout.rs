@@ -1,0 +1,190 @@
+//! The previous map layout ([`lb_common::prev`]) as an agent of that layout leaves it, built
+//! from a fixture for the upgrade test: the pins an agent of this layout left with live flows
+//! are rewritten into the previous layout's maps, with the previous layout's ids, while the
+//! programs attached keep forwarding those flows from the maps they hold (as the previous
+//! layout's programs would until an upgrade replaces them).
+
+use std::path::Path;
+
+use aya::maps::{HashMap, MapData};
+use aya_obj::{
+    EbpfSectionKind,
+    maps::{LegacyMap, PinningType, bpf_map_def},
+};
+use lb_common::{
+    AffinityKey, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
+    MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue, kind, prev,
+};
+use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
+
+/// The previous layout's backend ids are this layout's indices plus this…
+pub const BACKEND_ID_OFFSET: u32 = 1000;
+/// …and its service ids the service indices plus this (so a copy that forgot to convert
+/// would name the wrong backends and services).
+pub const SVC_ID_OFFSET: u32 = 100;
+
+/// Creates and pins under `dir` a map of the previous layout.
+fn create(
+    dir: &Path,
+    name: &str,
+    map_type: u32,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    map_flags: u32,
+) -> Result<MapData, String> {
+    let obj = aya_obj::Map::Legacy(LegacyMap {
+        def: bpf_map_def {
+            map_type,
+            key_size: key_size as u32,
+            value_size: value_size as u32,
+            max_entries,
+            map_flags,
+            id: 0,
+            pinning: PinningType::None,
+        },
+        inner_def: None,
+        section_index: 0,
+        section_kind: EbpfSectionKind::Maps,
+        symbol_index: None,
+        data: Vec::new(),
+    });
+    let m = MapData::create(obj, name, None).map_err(|e| format!("create {name}: {e}"))?;
+    m.pin(dir.join(name))
+        .map_err(|e| format!("pin {name}: {e}"))?;
+    Ok(m)
+}
+
+fn hash<K: aya::Pod, V: aya::Pod>(m: MapData) -> Result<HashMap<MapData, K, V>, String> {
+    HashMap::try_from(aya::maps::Map::HashMap(m)).map_err(|e| e.to_string())
+}
+
+/// Rewrites the pins under `dir` (this layout's, left by a stopped agent) into the previous
+/// layout: this layout's changed maps are unpinned (the attached programs keep them), and
+/// the previous layout's are pinned in their place holding the same services, backends and
+/// flows under the previous layout's ids. Returns the conntrack entries written.
+pub fn downgrade(dir: &Path) -> Result<usize, String> {
+    let state = KernelMaps::open(dir)
+        .and_then(|m| Ok(m.read()?))
+        .map_err(|e| e.to_string())?;
+    let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
+        lb_userspace::datapath::kernel::open_pinned(dir, MAP_CT).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let flows: Vec<(CtKey, CtValue)> = ct.iter().filter_map(Result::ok).collect();
+    for name in [
+        MAP_SVC,
+        MAP_BACKEND,
+        MAP_CT,
+        MAP_SVC_STATS,
+        MAP_BACKEND_STATS,
+        MAP_AFFINITY,
+        MAP_SRC_RANGE,
+    ] {
+        std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
+    }
+    const NO_PREALLOC: u32 = 1;
+    let size = std::mem::size_of::<u32>();
+    let svc = create(
+        dir,
+        prev::MAP_SVC,
+        kind::HASH,
+        std::mem::size_of::<SvcKey>(),
+        std::mem::size_of::<SvcValue>(),
+        65_536,
+        0,
+    )?;
+    let mut svc: HashMap<MapData, SvcKey, SvcValue> = hash(svc)?;
+    for (k, v) in &state.services {
+        let old = SvcValue {
+            svc_id: v.svc_id + SVC_ID_OFFSET,
+            backend_id: if k.slot > 0 {
+                v.backend_id + BACKEND_ID_OFFSET
+            } else {
+                0
+            },
+            ..*v
+        };
+        svc.insert(k, old, 0).map_err(|e| e.to_string())?;
+    }
+    let be = create(
+        dir,
+        prev::MAP_BACKEND,
+        kind::HASH,
+        size,
+        std::mem::size_of::<prev::Backend>(),
+        65_536,
+        0,
+    )?;
+    let mut be: HashMap<MapData, u32, prev::Backend> = hash(be)?;
+    for (id, b) in &state.backends {
+        let old = prev::Backend {
+            addr_be: b.addr_be,
+            port_be: b.port_be,
+            proto: b.proto,
+            family: b.family,
+            flags: b.flags,
+            _pad: [0; 3],
+        };
+        be.insert(id + BACKEND_ID_OFFSET, old, 0)
+            .map_err(|e| e.to_string())?;
+    }
+    let old_ct = create(
+        dir,
+        prev::MAP_CT,
+        kind::LRU_HASH,
+        std::mem::size_of::<prev::CtKey>(),
+        std::mem::size_of::<prev::CtValue>(),
+        262_144,
+        0,
+    )?;
+    let mut old_ct: HashMap<MapData, prev::CtKey, prev::CtValue> =
+        HashMap::try_from(aya::maps::Map::LruHashMap(old_ct)).map_err(|e| e.to_string())?;
+    for (k, v) in &flows {
+        let key = prev::CtKey {
+            saddr_be: [k.saddr_be, 0, 0, 0],
+            daddr_be: [k.daddr_be, 0, 0, 0],
+            sport_be: k.sport_be,
+            dport_be: k.dport_be,
+            proto: k.proto,
+            family: FAMILY_V4,
+            dir: k.dir,
+            _pad: 0,
+        };
+        let value = prev::CtValue {
+            saddr_be: [v.saddr_be, 0, 0, 0],
+            daddr_be: [v.daddr_be, 0, 0, 0],
+            sport_be: v.sport_be,
+            dport_be: v.dport_be,
+            backend_id: v.backend_id + BACKEND_ID_OFFSET,
+            svc_id: v.svc_id + SVC_ID_OFFSET,
+            flags: v.flags,
+            mtu: v.mtu,
+            created_ns: v.created_ns,
+            last_seen_ns: v.last_seen_ns,
+        };
+        old_ct.insert(key, value, 0).map_err(|e| e.to_string())?;
+    }
+    for name in ["XLB_SVCSTAT_V1", "XLB_BESTAT_V1"] {
+        create(dir, name, kind::PERCPU_HASH, size, 16, 65_536, NO_PREALLOC)?;
+    }
+    create(
+        dir,
+        prev::MAP_AFFINITY,
+        kind::LRU_HASH,
+        std::mem::size_of::<AffinityKey>(),
+        std::mem::size_of::<prev::AffinityValue>(),
+        65_536,
+        0,
+    )?;
+    create(
+        dir,
+        "XLB_SRCRNG_V1",
+        kind::LPM_TRIE,
+        4 + std::mem::size_of::<lb_common::SrcRangeKey>(),
+        size,
+        16_384,
+        NO_PREALLOC,
+    )?;
+    Ok(flows.len())
+}
