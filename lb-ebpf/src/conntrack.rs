@@ -60,7 +60,18 @@ pub fn get(k: &CtKey) -> Option<&'static CtValue> {
 pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
     let k = tuple_key(t, CT_DIR_REPLY);
     // SAFETY: only `last_seen_ns` and `flags` are written through this reference.
-    XLB_CT_V3.get_ptr_mut(k).map(|p| unsafe { &mut *p })
+    let ct = XLB_CT_V3.get_ptr_mut(&k).map(|p| unsafe { &mut *p })?;
+    // A SYN-ACK never belongs to a flow that has closed: the client reused its port for a
+    // connection straight to the backend, which the closed flow's entry must leave alone
+    // (it goes, so the connection's later packets do not match it either).
+    if t.proto == IPPROTO_TCP
+        && t.tcp_flags & TCP_SYN != 0
+        && ct.flags & (CT_F_CLOSING | CT_F_RESET) != 0
+    {
+        let _ = XLB_CT_V3.remove(&k);
+        return None;
+    }
+    Some(ct)
 }
 
 /// The forward entry for a packet to a frontend, if its flow is tracked.
@@ -277,7 +288,7 @@ pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
         CT_DIR_REPLY,
     );
     if src.addr_be == 0 {
-        if !claim(&s.reply_key, &s.reply) {
+        if !claim(&s.reply_key, &s.reply) && !replace_own(&s.reply_key, &s.reply, t) {
             // The reply tuple is another live flow's (one client port to two frontends with
             // the same backend): remap only the source port, as conntrack's NAT does.
             s.fwd.flags |= CT_F_SNAT;
@@ -293,6 +304,24 @@ pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
     XLB_CT_V3
         .insert(&s.fwd_key, &s.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))
+}
+
+/// Replaces the reply entry at `key` when it is the previous flow of this very tuple (the
+/// client reused its port to the same frontend and backend: one forward key has one flow at a
+/// time), instead of taking it for another live flow's and remapping the port.
+#[inline(always)]
+fn replace_own(key: &CtKey, value: &CtValue, t: &Tuple) -> bool {
+    let Some(old) = get(key) else {
+        return false;
+    };
+    if old.daddr_be != t.saddr_be
+        || old.dport_be != t.sport_be
+        || old.saddr_be != t.daddr_be
+        || old.sport_be != t.dport_be
+    {
+        return false;
+    }
+    XLB_CT_V3.insert(key, value, 0).is_ok()
 }
 
 /// State of the SNAT port search run by `bpf_loop` (small: the entries stay in the scratch).

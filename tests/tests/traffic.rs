@@ -819,7 +819,6 @@ fn request_from_port(
 /// remaps the port from the SNAT range for every reuse, and a busy client runs the range
 /// out (`snat_failed`, connects time out): see `cargo xtask bench traffic`'s tc row.
 #[test]
-#[ignore = "known bug: a reused tuple's own closed-flow reply entry is taken for a clash and the port remapped"]
 fn a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port() {
     let Some(s) = synced(
         "a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port",
@@ -859,7 +858,6 @@ fn a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port() {
 /// does). Today the closed flow's reply entry reverse-NATs the new connection's SYN-ACK to
 /// the ClusterIP, and the handshake never completes.
 #[test]
-#[ignore = "known bug: a closed tc flow's reply entry reverse-NATs a later direct connection from the same port"]
 fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
     let Some(s) = synced(
         "a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone",
