@@ -32,7 +32,7 @@ use crate::{
         process::run_client,
         topology::Topology,
     },
-    model::{Cidr, Model, NodeSettings, Protocol},
+    model::{Cidr, Model, NodeSettings, Protocol, select},
     source::file,
 };
 
@@ -134,6 +134,10 @@ pub struct Flow {
     pub frontend: SocketAddr,
     pub protocol: Protocol,
     pub origin: Origin,
+    /// ClientIP affinity services: the backends (`ip:port`) a flow may stick to (the port's
+    /// endpoints under either traffic policy). A mode agrees when it answered from exactly
+    /// one of them; `None` without affinity (the backend sets must be equal).
+    pub eligible: Option<BTreeSet<String>>,
 }
 
 impl Flow {
@@ -220,7 +224,7 @@ impl Report {
     pub fn disagreements(&self) -> Vec<&Flow> {
         self.flows
             .iter()
-            .filter(|(_, by)| !agree(by))
+            .filter(|(f, by)| !agree(f, by))
             .map(|(f, _)| f)
             .collect()
     }
@@ -238,10 +242,10 @@ impl Report {
                 flow.frontend,
                 flow.protocol,
                 flow.origin.name(),
-                if agree(by) { "agree" } else { "DISAGREE" }
+                if agree(flow, by) { "agree" } else { "DISAGREE" }
             );
             for (m, o) in by {
-                let _ = writeln!(out, "    {:<29} {o}", m.label(flow.origin));
+                let _ = writeln!(out, "    {:<29} {}", m.label(flow.origin), shown(flow, o));
             }
         }
         for (m, counts) in &self.counters {
@@ -255,13 +259,43 @@ impl Report {
     }
 }
 
-/// Whether every mode did the same with a flow.
-fn agree(by: &BTreeMap<Impl, Outcome>) -> bool {
+/// Whether every mode did the same with `flow`. For an affinity service (`flow.eligible`)
+/// each mode must have answered from exactly one eligible backend, not necessarily the same
+/// one: each stuck to its own pick. Otherwise the outcomes must be equal.
+fn agree(flow: &Flow, by: &BTreeMap<Impl, Outcome>) -> bool {
+    if let Some(eligible) = &flow.eligible
+        && by.values().all(|o| sticks_to_one(o, eligible))
+    {
+        return true;
+    }
     by.values()
         .map(|o| o.to_string())
         .collect::<BTreeSet<_>>()
         .len()
         <= 1
+}
+
+/// Whether two modes' outcomes for `flow` agree (as [`Report::disagreements`] judges).
+pub fn outcomes_agree(flow: &Flow, a: &Outcome, b: &Outcome) -> bool {
+    let by = BTreeMap::from([(Impl::Ebpf, a.clone()), (Impl::Iptables, b.clone())]);
+    agree(flow, &by)
+}
+
+/// The outcome answered from exactly one backend, and it is one of `eligible`.
+fn sticks_to_one(outcome: &Outcome, eligible: &BTreeSet<String>) -> bool {
+    matches!(outcome, Outcome::Backends(b) if b.len() == 1 && b.is_subset(eligible))
+}
+
+/// A mode's outcome in the report: for an affinity flow answered from backends, the
+/// eligible set and what it stuck to (`one of {a b}: a`).
+fn shown(flow: &Flow, outcome: &Outcome) -> String {
+    match (&flow.eligible, outcome) {
+        (Some(eligible), Outcome::Backends(_)) => format!(
+            "one of {{{}}}: {outcome}",
+            eligible.iter().cloned().collect::<Vec<_>>().join(" ")
+        ),
+        _ => outcome.to_string(),
+    }
 }
 
 #[derive(Debug, Error)]
@@ -307,9 +341,27 @@ pub fn node_port_ip(settings: &NodeSettings) -> Option<Ipv4Addr> {
     }
 }
 
-/// The flows of `model` (IPv4, TCP and UDP): each ClusterIP port, and each NodePort on
-/// `node_port_ip`, from the pod and from the node.
-pub fn flows(model: &Model, node_port_ip: Option<Ipv4Addr>) -> Vec<Flow> {
+/// For each ClientIP-affinity service port (`ns/name:port` or `ns/name`, protocol) of
+/// `model` on `settings`' node: the endpoints it may send to under either traffic policy.
+fn affinity_backends(
+    model: &Model,
+    settings: &NodeSettings,
+) -> BTreeMap<(String, Protocol), BTreeSet<String>> {
+    select::service_ports(model, settings)
+        .into_iter()
+        .filter(|pv| pv.affinity_timeout().is_some())
+        .map(|pv| {
+            let c = &pv.categorized;
+            let eligible = c.cluster.iter().chain(&c.local).map(|e| e.to_string());
+            ((pv.name.clone(), pv.protocol()), eligible.collect())
+        })
+        .collect()
+}
+
+/// The flows of `model` (IPv4, TCP and UDP) on `settings`' node: each ClusterIP port, and
+/// each NodePort on `node_port_ip`, from the pod and from the node.
+pub fn flows(model: &Model, settings: &NodeSettings, node_port_ip: Option<Ipv4Addr>) -> Vec<Flow> {
+    let affinity = affinity_backends(model, settings);
     let mut out = Vec::new();
     for (id, svc) in &model.services {
         for ip in svc.cluster_ips.iter().filter(|ip| ip.is_ipv4()) {
@@ -330,6 +382,7 @@ pub fn flows(model: &Model, node_port_ip: Option<Ipv4Addr>) -> Vec<Flow> {
                         frontend,
                         protocol: p.protocol,
                         origin,
+                        eligible: affinity.get(&(service.clone(), p.protocol)).cloned(),
                     }));
                 }
             }
@@ -376,7 +429,7 @@ fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
 pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     let loaded = file::load(&opts.source)?;
     let settings = lab_settings(&loaded, &opts.node_name);
-    let flows = flows(&loaded.model, node_port_ip(&settings));
+    let flows = flows(&loaded.model, &settings, node_port_ip(&settings));
     let mut report = Report {
         flows: flows.iter().map(|f| (f.clone(), BTreeMap::new())).collect(),
         counters: BTreeMap::new(),
@@ -789,6 +842,85 @@ mod tests {
         }
     }
 
+    fn affinity_flow(eligible: Option<&[&str]>) -> Flow {
+        Flow {
+            service: "demo/sticky:http".into(),
+            kind: Frontend::ClusterIp,
+            frontend: "10.96.0.40:80".parse().expect("addr"),
+            protocol: Protocol::Tcp,
+            origin: Origin::Pod,
+            eligible: eligible.map(|e| e.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    fn backends(b: &[&str]) -> Outcome {
+        Outcome::Backends(b.iter().map(|s| s.to_string()).collect())
+    }
+
+    const ELIGIBLE: &[&str] = &["10.244.2.2:8080", "10.244.3.2:8080", "10.244.4.2:8080"];
+
+    #[test]
+    fn affinity_modes_agree_when_each_sticks_to_one_eligible_backend() {
+        let flow = affinity_flow(Some(ELIGIBLE));
+        let by = BTreeMap::from([
+            (Impl::Ebpf, backends(&["10.244.2.2:8080"])),
+            (Impl::Iptables, backends(&["10.244.3.2:8080"])),
+            (Impl::Nftables, backends(&["10.244.4.2:8080"])),
+        ]);
+        assert!(agree(&flow, &by));
+        let report = Report {
+            flows: vec![(flow.clone(), by)],
+            counters: BTreeMap::new(),
+        };
+        assert!(report.disagreements().is_empty());
+        let table = report.render();
+        assert!(table.contains(": agree"), "{table}");
+        assert!(
+            table.contains(
+                "one of {10.244.2.2:8080 10.244.3.2:8080 10.244.4.2:8080}: 10.244.3.2:8080"
+            ),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn affinity_modes_disagree_on_two_backends_an_ineligible_one_or_a_refusal() {
+        let flow = affinity_flow(Some(ELIGIBLE));
+        let one = backends(&["10.244.2.2:8080"]);
+        for other in [
+            backends(&["10.244.2.2:8080", "10.244.3.2:8080"]),
+            backends(&["10.244.9.2:8080"]),
+            Outcome::Refused,
+            Outcome::Dropped,
+        ] {
+            assert!(!outcomes_agree(&flow, &one, &other), "{other}");
+        }
+        // Refused everywhere is still agreement (an affinity service without endpoints).
+        assert!(outcomes_agree(&flow, &Outcome::Refused, &Outcome::Refused));
+    }
+
+    #[test]
+    fn without_affinity_the_backend_sets_must_be_equal() {
+        let flow = affinity_flow(None);
+        let a = backends(&["10.244.2.2:8080"]);
+        let b = backends(&["10.244.3.2:8080"]);
+        assert!(!outcomes_agree(&flow, &a, &b));
+        assert!(outcomes_agree(&flow, &a, &a.clone()));
+        assert_eq!(shown(&flow, &a), "10.244.2.2:8080");
+    }
+
+    #[test]
+    fn affinity_flows_carry_the_ports_endpoints_as_eligible() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {namespace: t, name: s}\nspec:\n  clusterIP: 10.96.0.40\n  sessionAffinity: ClientIP\n  ports:\n  - {name: p, port: 80, protocol: TCP}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: t, name: s-1, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports:\n- {name: p, port: 8080, protocol: TCP}\nendpoints:\n- {addresses: [10.244.2.2], conditions: {ready: true}, nodeName: node1}\n- {addresses: [10.244.3.2], conditions: {ready: false}, nodeName: node1}\n";
+        let loaded = file::parse("aff.yaml", yaml).expect("yaml");
+        let settings = lab_settings(&loaded, "node1");
+        let got = flows(&loaded.model, &settings, None);
+        assert_eq!(got.len(), 2);
+        for f in got {
+            assert_eq!(f.eligible, Some(["10.244.2.2:8080".to_string()].into()));
+        }
+    }
+
     #[test]
     fn a_flow_target_survives_its_text() {
         let flow = Flow {
@@ -797,6 +929,7 @@ mod tests {
             frontend: "10.0.0.1:30053".parse().expect("addr"),
             protocol: Protocol::Udp,
             origin: Origin::Node,
+            eligible: None,
         };
         assert_eq!(
             parse_target(&flow.target()),
@@ -811,10 +944,11 @@ mod tests {
         let loaded = file::parse("np.yaml", yaml).expect("yaml");
         let settings = lab_settings(&loaded, "node1");
         assert_eq!(node_port_ip(&settings), Some(LAB_NODE_IP));
-        let got: Vec<(Frontend, String, Origin)> = flows(&loaded.model, node_port_ip(&settings))
-            .into_iter()
-            .map(|f| (f.kind, f.frontend.to_string(), f.origin))
-            .collect();
+        let got: Vec<(Frontend, String, Origin)> =
+            flows(&loaded.model, &settings, node_port_ip(&settings))
+                .into_iter()
+                .map(|f| (f.kind, f.frontend.to_string(), f.origin))
+                .collect();
         assert_eq!(
             got,
             [

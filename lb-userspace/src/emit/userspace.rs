@@ -49,6 +49,8 @@ pub struct ProxyPort {
     pub proxy_port: u16,
     /// Where the proxy relays connections (`ip:port`).
     pub backends: Vec<String>,
+    /// sessionAffinity ClientIP: its timeout in seconds (`None`: round-robin only).
+    pub affinity_timeout: Option<u32>,
 }
 
 /// The userspace mode's rules and proxy ports.
@@ -201,6 +203,7 @@ pub fn emit(model: &Model, node: &NodeSettings, range: PortRange) -> UserspaceSt
             protocol: pv.protocol(),
             proxy_port: port,
             backends: eps.iter().map(|e| e.to_string()).collect(),
+            affinity_timeout: pv.affinity_timeout(),
         });
     }
     UserspaceState {

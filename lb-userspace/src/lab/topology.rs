@@ -81,6 +81,7 @@ impl Topology {
             "net.ipv4.conf.all.rp_filter=0",
             "net.ipv4.conf.default.rp_filter=0",
         ])?;
+        lift_icmp_limits(&node)?;
         let client = add_pod(&node, tag, "client", "xv-client", client_ip)?;
         let mut topo = Topology {
             tag: tag.to_string(),
@@ -213,6 +214,7 @@ fn add_pod(
     ip: Ipv4Addr,
 ) -> Result<Pod, String> {
     let ns = Netns::new(&format!("{tag}-{name}"))?;
+    lift_icmp_limits(&ns)?;
     wire(node, &ns, host_if, ip)?;
     Ok(Pod {
         name: name.to_string(),
@@ -220,6 +222,25 @@ fn add_pod(
         ip,
         host_if: host_if.to_string(),
     })
+}
+
+/// The kernel rate-limits the ICMP errors a namespace sends (per destination,
+/// `icmp_ratelimit`, and overall, `icmp_msgs_per_sec`): a burst of flows that iptables or
+/// nftables REJECT in the node, or that reach a pod port nobody listens on, would see
+/// timeouts instead of port unreachables. The lab lifts both in its own namespaces. Kernels
+/// where `icmp_msgs_per_sec` is global (before 6.x) keep their limit: said on stderr.
+fn lift_icmp_limits(ns: &Netns) -> Result<(), String> {
+    ns.sysctl(&["net.ipv4.icmp_ratelimit=0"])?;
+    if let Err(e) = ns.sysctl(&[
+        "net.ipv4.icmp_msgs_per_sec=100000",
+        "net.ipv4.icmp_msgs_burst=100000",
+    ]) {
+        eprintln!(
+            "{}: ICMP errors stay rate-limited overall (refusals may show as drops): {e}",
+            ns.name
+        );
+    }
+    Ok(())
 }
 
 impl Pod {

@@ -273,10 +273,12 @@ impl PortView<'_> {
         local && self.categorized.has_any
     }
 
-    /// Traffic of some kind uses the cluster endpoints.
+    /// Traffic of some kind uses the cluster endpoints: internal traffic under Cluster
+    /// policy, or any externally accessible port (kube-proxy's `UsesClusterEndpoints`: even
+    /// with externalTrafficPolicy Local, pods' and the node's own traffic to an external
+    /// frontend short-circuits to the cluster endpoints).
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local()
-            || (self.externally_accessible() && !self.external_policy_local())
+        !self.internal_policy_local() || self.externally_accessible()
     }
 
     /// Traffic of some kind uses the local endpoints.
