@@ -56,8 +56,26 @@ pub const MAP_SOCK: &str = "XLB_SOCK_V1";
 /// Default capacity of the socket translation map (Cilium's socket reverse-NAT default).
 pub const SOCK_MAP_CAPACITY: u32 = 262_144;
 
+/// Address filters, written by the agent, read by the datapath before any hash lookup: one
+/// bit per hashed IPv4 address ([`filter_bit`]), words `0..FILTER_WORDS` for destinations
+/// that may be frontends, `FILTER_WORDS..2 * FILTER_WORDS` for sources that may be backends
+/// (whose packets may be replies). A clear bit means "certainly not": the packet needs no
+/// conntrack or service lookup on that side.
+pub const MAP_ADDR_FILTER: &str = "XLB_ADDRFILT_V1";
+/// log2 of the bits of each filter.
+pub const FILTER_BITS_LOG2: u32 = 20;
+/// 64-bit words of each filter (2^20 bits: 128 KiB).
+pub const FILTER_WORDS: u32 = 1 << (FILTER_BITS_LOG2 - 6);
+
+/// The bit of IPv4 address `addr_be` (network order) in a filter: a multiplicative hash of
+/// the address, so neighbouring addresses spread.
+#[inline(always)]
+pub const fn filter_bit(addr_be: u32) -> u32 {
+    u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - FILTER_BITS_LOG2)
+}
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 12] = [
+pub const ALL_MAPS: [&str; 13] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -70,6 +88,7 @@ pub const ALL_MAPS: [&str; 12] = [
     MAP_SRC_RANGE,
     MAP_XDP_TX,
     MAP_SOCK,
+    MAP_ADDR_FILTER,
 ];
 
 /// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
@@ -106,7 +125,7 @@ const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) 
 use core::mem::size_of;
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 12] = [
+pub const MAP_DEFS: [MapDef; 13] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -175,6 +194,12 @@ pub const MAP_DEFS: [MapDef; 12] = [
         kind::LRU_HASH,
         size_of::<SockKey>(),
         size_of::<SockValue>(),
+    ),
+    def(
+        MAP_ADDR_FILTER,
+        kind::ARRAY,
+        size_of::<u32>(),
+        size_of::<u64>(),
     ),
 ];
 

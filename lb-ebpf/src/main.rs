@@ -10,6 +10,7 @@ mod affinity;
 mod clock;
 mod conntrack;
 mod fib;
+mod filter;
 mod flow;
 mod icmp;
 mod maps;
@@ -115,7 +116,7 @@ type Outcome = reason::Outcome<i32>;
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
-    let t = match parse::parse_ipv4(ctx)? {
+    let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(m) => return icmp_error(ctx, &m).outcome(),
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
@@ -126,8 +127,16 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     // service has affinity). As with kube-proxy's conntrack: a TCP connection stays on a
     // backend even after it left the service (graceful termination), while a UDP flow whose
     // backend was removed is re-balanced (kube-proxy flushes those).
+    // The address filters first: most packets that have nothing to do with a service are
+    // known so from two bits, without a hash lookup.
+    let frontend = filter::maybe_frontend(t.daddr_be);
     let mut reason = R_NEW_FLOW;
-    if let Some(ct) = conntrack::lookup_forward(&t) {
+    let forward = if frontend {
+        conntrack::lookup_forward(&t)
+    } else {
+        None
+    };
+    if let Some(ct) = forward {
         if conntrack::continues(ct, &t) {
             match translate::check_mtu(ctx, &t, ct.daddr_be, ct.mtu) {
                 Mtu::TooBig(mtu) => return frag_needed(ctx, &t, mtu).outcome(),
@@ -143,7 +152,10 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }
-    } else if let Some(ct) = conntrack::lookup_reply(&t) {
+    } else if let Some(ct) = filter::maybe_backend(t.saddr_be)
+        .then(|| conntrack::lookup_reply(&t))
+        .flatten()
+    {
         // A reply from a backend of a tracked flow: the frontend as source, the client (if
         // the flow was SNATed) as destination.
         conntrack::touch(ct, &t);
@@ -154,6 +166,9 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         reason = R_CT_MISS;
     }
 
+    if !frontend {
+        return pass(R_PASS);
+    }
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
-    CT_MAP_CAPACITY, Counter, CtKey, CtValue, NodeConfig, R_COUNT, SOCK_MAP_CAPACITY,
+    CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, NodeConfig, R_COUNT, SOCK_MAP_CAPACITY,
     SRC_RANGE_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue,
     SrcRangeKey, SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
@@ -127,3 +127,11 @@ pub static XLB_BESTAT_V2: PerCpuArray<Counter, { BACKEND_MAP_CAPACITY as usize }
 #[btf_map]
 pub static XLB_SOCK_V1: LruHashMap<SockKey, SockValue, { SOCK_MAP_CAPACITY as usize }> =
     LruHashMap::new();
+
+/// Address filters. Written by the agent (bits set before the entries that need them,
+/// cleared a day after their last address went), read here before any hash lookup.
+/// word index (u32) → 64 bits: `0..FILTER_WORDS` destinations that may be frontends,
+/// `FILTER_WORDS..` sources that may be backends. 4 B → 8 B, 32,768 entries (256 KiB), an
+/// array.
+#[btf_map]
+pub static XLB_ADDRFILT_V1: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::new();

@@ -79,10 +79,10 @@ fn malformed<E>(_: E) -> Reason {
 /// Parses an IPv4 TCP/UDP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
 /// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
 #[inline(always)]
-pub fn parse_ipv4<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
-    match parse_direct(ctx)? {
+pub fn parse_ipv4<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
+    match parse_direct(ctx, len)? {
         Some(p) => Ok(p),
-        None => parse_loaded(ctx),
+        None => parse_loaded(ctx, len),
     }
 }
 
@@ -104,7 +104,7 @@ fn rd32(p: *const u8, off: usize) -> u32 {
 /// linear even after a pull, a frame too short for the fixed headers), for
 /// [`parse_loaded`] to judge.
 #[inline(always)]
-fn parse_direct<P: Packet>(ctx: &P) -> Result<Option<Parsed>, Reason> {
+fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> {
     let Some(h) = at::<_, [u8; L4_OFF]>(ctx, 0) else {
         return Ok(None);
     };
@@ -117,7 +117,7 @@ fn parse_direct<P: Packet>(ctx: &P) -> Result<Option<Parsed>, Reason> {
     if vihl != 0x45 {
         return Ok(None);
     }
-    let len = ctx.len() as usize;
+    let len = len as usize;
     let tot_len = u16::from_be(rd16(h, ETH_HLEN + 2)) as usize;
     if tot_len == 0 {
         return Ok(Some(Parsed::Pass(Reason(R_PASS))));
@@ -196,8 +196,8 @@ fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Option<*const
 
 /// Any IPv4 packet, through the load helper.
 #[inline(always)]
-fn parse_loaded<P: Packet>(ctx: &P) -> Result<Parsed, Reason> {
-    let len = ctx.len() as usize;
+fn parse_loaded<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
+    let len = len as usize;
     let ethertype: u16 = ctx.load(12).map_err(malformed)?;
     if ethertype != ETH_P_IP_BE {
         return Ok(Parsed::Pass(Reason(R_PASS)));

@@ -20,7 +20,7 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack, fib, flow,
+    conntrack, fib, filter, flow,
     maps::XLB_XDPTX_V1,
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
@@ -39,17 +39,22 @@ fn pass(reason: u32) -> XdpOutcome {
 
 #[inline(always)]
 pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
-    let t = match parse::parse_ipv4(ctx)? {
+    let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
+    // The same order as tc: the address filters, a tracked flow from its entry alone, then
+    // replies, then the service map for a new flow.
+    let frontend = filter::maybe_frontend(t.daddr_be);
+    let backend = filter::maybe_backend(t.saddr_be);
+    if !frontend && !backend {
+        return pass(R_PASS);
+    }
     if checksum_partial(ctx, &t)? {
         return pass(R_PASS);
     }
-    // The same order as tc: a tracked flow from its entry alone, then replies, then the
-    // service map for a new flow.
-    if let Some(ct) = conntrack::lookup_forward(&t) {
+    if let Some(ct) = frontend.then(|| conntrack::lookup_forward(&t)).flatten() {
         if !conntrack::continues(ct, &t) {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
@@ -57,9 +62,12 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
         flow::keep_alive(ct, &t);
         return finish(ctx, &t, ct, R_ESTABLISHED);
     }
-    if let Some(ct) = conntrack::lookup_reply(&t) {
+    if let Some(ct) = backend.then(|| conntrack::lookup_reply(&t)).flatten() {
         conntrack::touch(ct, &t);
         return finish(ctx, &t, ct, R_REVERSE_NAT);
+    }
+    if !frontend {
+        return pass(R_PASS);
     }
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
@@ -97,7 +105,7 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
         _ => return pass(R_PASS),
     }
     let fwd = flow::record(ctx, t, svc, &client, &chosen, 0)?;
-    reason::count_service(svc.svc_id, chosen.0, ctx.len());
+    reason::count_service(svc.svc_id, chosen.0, Packet::len(ctx));
     finish(ctx, t, fwd, R_NEW_FLOW)
 }
 
@@ -127,7 +135,7 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
     }
     let (ifindex, smac, dmac) = (route.ifindex, route.smac, route.dmac);
     nat::apply(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, ctx.len());
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
         return pass(reason);
     }

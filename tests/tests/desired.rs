@@ -125,6 +125,14 @@ impl Checked {
                 "after `{op}`: {k:?} names missing backend"
             );
         }
+        // Every frontend and every backend programmed has its address filter bit set (a clear
+        // bit hides it from the datapath).
+        let live = lb_userspace::desired::live_filter_bits(s);
+        assert!(
+            live.is_subset(&s.filter),
+            "after `{op}`: filter bits {:?} missing",
+            live.difference(&s.filter).collect::<Vec<_>>()
+        );
         // A frontend limited to source ranges has its ranges in before it is flagged.
         for (k, v) in s
             .services
@@ -179,6 +187,11 @@ impl MapWriter for Checked {
         self.check("del range");
         Ok(())
     }
+    fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
+        self.inner.put_filter_word(word, bits)?;
+        self.check("put filter word");
+        Ok(())
+    }
 }
 
 fn model_with(backends: &[&str]) -> Model {
@@ -221,7 +234,18 @@ fn every_sync_is_make_before_break() {
     w.inner.log.clear();
     let (want, _) = desired::compute(&Model::default(), &mut ids, Limits::default());
     let (now, _) = apply(&mut w, &current, &want);
-    assert_eq!(now, Desired::default());
+    assert_eq!(
+        Desired {
+            filter: Default::default(),
+            ..now.clone()
+        },
+        Desired::default(),
+        "nothing left but the address filter bits"
+    );
+    assert!(
+        !now.filter.is_empty(),
+        "the filter keeps the bits of addresses that went, for a day"
+    );
     let log = &w.inner.log;
     assert_eq!(
         log.first().map(String::as_str),

@@ -168,6 +168,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut maps = KernelMaps::from_ebpf(&mut ebpf)?;
     let limits = maps.limits();
     let mut current = maps.read().map_err(DatapathError::from)?;
+    current.filter = maps.read_filter().map_err(DatapathError::from)?;
     let mut ids = Ids::adopt(&current);
     info!(
         pins = %opts.bpffs.display(),

@@ -7,8 +7,8 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use lb_common::{
-    Backend, Counter, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_SRC_RANGE, MAP_SVC,
-    MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SvcKey, SvcName, SvcValue,
+    Backend, Counter, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_SRC_RANGE,
+    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
@@ -27,6 +27,7 @@ pub struct KernelMaps {
     svc_stats: Counters,
     backend_stats: Counters,
     src_ranges: LpmTrie<MapData, SrcRangeKey, u32>,
+    filter: Array<MapData, u64>,
     svc_capacity: u32,
     backend_capacity: u32,
     src_range_capacity: u32,
@@ -135,6 +136,7 @@ impl KernelMaps {
             take(MAP_SVC_STATS)?,
             take(MAP_BACKEND_STATS)?,
             take(MAP_SRC_RANGE)?,
+            take(MAP_ADDR_FILTER)?,
         )
     }
 
@@ -147,6 +149,7 @@ impl KernelMaps {
             open_pinned(dir, MAP_SVC_STATS)?,
             open_pinned(dir, MAP_BACKEND_STATS)?,
             open_pinned(dir, MAP_SRC_RANGE)?,
+            open_pinned(dir, MAP_ADDR_FILTER)?,
         )
     }
 
@@ -157,6 +160,7 @@ impl KernelMaps {
         stats: Map,
         backend_stats: Map,
         src_ranges: Map,
+        filter: Map,
     ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends).min(capacity(&backend_stats));
@@ -181,6 +185,10 @@ impl KernelMaps {
                 name: MAP_SRC_RANGE,
                 source,
             })?,
+            filter: Array::try_from(filter).map_err(|source| DatapathError::Map {
+                name: MAP_ADDR_FILTER,
+                source,
+            })?,
             svc_capacity,
             backend_capacity,
             src_range_capacity,
@@ -196,6 +204,25 @@ impl KernelMaps {
     /// A backend index's counters summed over CPUs.
     pub fn backend_counter(&self, backend_id: u32) -> Counter {
         self.backend_stats.sum(backend_id)
+    }
+
+    /// The set bits of the address filters (numbered as in `Desired::filter`). Not part of
+    /// [`MapWriter::read`]: it is a read per word (32,768 of them), which only the agent's
+    /// start needs (it keeps the bits of addresses an earlier agent programmed).
+    pub fn read_filter(&self) -> Result<std::collections::BTreeSet<u32>, WriteError> {
+        let mut bits = std::collections::BTreeSet::new();
+        for word in 0..2 * lb_common::FILTER_WORDS {
+            let w = self
+                .filter
+                .get(&word, 0)
+                .map_err(|e| err(MAP_ADDR_FILTER, "read", "entries".into(), &e, 0))?;
+            bits.extend(
+                (0..64)
+                    .filter(|i| w & (1u64 << i) != 0)
+                    .map(|i| word * 64 + i),
+            );
+        }
+        Ok(bits)
     }
 
     /// Capacities of the service and backend maps as the kernel reports them.
@@ -340,6 +367,18 @@ impl MapWriter for KernelMaps {
         self.src_ranges
             .insert(&range_key(r), 1, 0)
             .map_err(|e| err(MAP_SRC_RANGE, "insert", entry, &e, cap))
+    }
+
+    fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
+        self.filter.set(word, bits, 0).map_err(|e| {
+            err(
+                MAP_ADDR_FILTER,
+                "update",
+                format!("filter word {word}"),
+                &e,
+                0,
+            )
+        })
     }
 
     fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {

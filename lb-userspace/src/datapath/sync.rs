@@ -23,6 +23,15 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
     let mut now = current.clone();
     let mut r = SyncReport::default();
 
+    // 0. Address filter bits that are new, before anything that needs them (a frontend
+    // whose bit is clear is invisible to the datapath).
+    for (word, bits) in filter_words(&desired.filter) {
+        let have = word_of(&now.filter, word);
+        if have | bits != have {
+            write_filter(w, &mut now, &mut r, word, have | bits);
+        }
+    }
+
     // 1. Backends that are new or changed.
     let mut failed_backends = BTreeSet::new();
     for (id, be) in &desired.backends {
@@ -150,7 +159,17 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
         }
     }
 
-    // 5. Backends no slot references any more.
+    // 5. Address filter bits no longer wanted, once nothing that needed them is left.
+    let words: BTreeSet<u32> = now
+        .filter
+        .symmetric_difference(&desired.filter)
+        .map(|b| b / 64)
+        .collect();
+    for word in words {
+        write_filter(w, &mut now, &mut r, word, word_of(&desired.filter, word));
+    }
+
+    // 6. Backends no slot references any more.
     let referenced: BTreeSet<u32> = now
         .services
         .iter()
@@ -173,6 +192,42 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
         }
     }
     (now, r)
+}
+
+/// The 64-bit words of a set of filter bits.
+fn filter_words(bits: &BTreeSet<u32>) -> std::collections::BTreeMap<u32, u64> {
+    let mut words = std::collections::BTreeMap::new();
+    for b in bits {
+        *words.entry(b / 64).or_insert(0u64) |= 1u64 << (b % 64);
+    }
+    words
+}
+
+/// Word `word` of a set of filter bits.
+fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
+    bits.range(word * 64..(word + 1) * 64)
+        .fold(0, |acc, b| acc | 1u64 << (b % 64))
+}
+
+fn write_filter(
+    w: &mut dyn MapWriter,
+    now: &mut Desired,
+    r: &mut SyncReport,
+    word: u32,
+    bits: u64,
+) {
+    match w.put_filter_word(word, bits) {
+        Ok(()) => {
+            now.filter.retain(|b| *b / 64 != word);
+            now.filter.extend(
+                (0..64)
+                    .filter(|i| bits & (1u64 << i) != 0)
+                    .map(|i| word * 64 + i),
+            );
+            r.writes += 1;
+        }
+        Err(e) => r.errors.push(e),
+    }
 }
 
 fn delete_svc(w: &mut dyn MapWriter, now: &mut Desired, r: &mut SyncReport, key: SvcKey) -> bool {

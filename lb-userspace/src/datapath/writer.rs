@@ -17,7 +17,8 @@ pub struct WriteError {
 
 /// Where desired state is written: the pinned kernel maps, or memory.
 pub trait MapWriter {
-    /// Everything currently in the maps the agent owns.
+    /// Everything currently in the maps the agent owns (a kernel writer leaves the address
+    /// filter out: see `KernelMaps::read_filter`).
     fn read(&self) -> Result<Desired, WriteError>;
     fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError>;
     fn del_backend(&mut self, id: u32) -> Result<(), WriteError>;
@@ -29,6 +30,8 @@ pub trait MapWriter {
     fn del_name(&mut self, id: u32) -> Result<(), WriteError>;
     fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
     fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
+    /// Writes word `word` of the address filters (bits `word * 64 ..`).
+    fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError>;
 }
 
 /// Maps in memory, with an op log; `dump()` renders them as sorted text.
@@ -106,6 +109,17 @@ impl MapWriter for MemoryMaps {
         self.log
             .push(format!("del range {}: {}/{}", r.svc_id, r.addr, r.prefix));
         self.state.src_ranges.remove(r);
+        Ok(())
+    }
+    fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
+        self.log.push(format!("put filter word {word}"));
+        let base = word * 64;
+        self.state.filter.retain(|b| *b / 64 != word);
+        self.state.filter.extend(
+            (0..64)
+                .filter(|i| bits & (1u64 << i) != 0)
+                .map(|i| base + i),
+        );
         Ok(())
     }
 }

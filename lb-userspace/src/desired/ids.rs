@@ -22,6 +22,11 @@ use super::{Desired, Limits};
 /// How long a freed index stays unused before it is handed out again.
 pub const QUARANTINE: Duration = Duration::from_secs(300);
 
+/// How long an address filter bit stays set after its last address went: a TCP flow keeps
+/// its backend after its service or backend is gone, and its packets must still reach their
+/// conntrack entry (kube-proxy's established TCP timeout).
+pub const FILTER_RETAIN: Duration = Duration::from_secs(24 * 3600);
+
 /// One kind of dense index: `1..capacity` (0 names nothing).
 #[derive(Clone, Debug)]
 struct Pool {
@@ -98,6 +103,10 @@ pub struct Ids {
     generation: u32,
     /// Handed out since the last [`Ids::retain`]: (is a backend, index).
     fresh: BTreeSet<(bool, u32)>,
+    /// Address filter bits of the last computation's addresses…
+    filter_live: BTreeSet<u32>,
+    /// …and those set for addresses that went, with when they went.
+    filter_retired: BTreeMap<u32, Instant>,
     now: Instant,
     limits: Limits,
 }
@@ -111,6 +120,8 @@ impl Default for Ids {
             backend_pool: Pool::default(),
             generation: 0,
             fresh: BTreeSet::new(),
+            filter_live: BTreeSet::new(),
+            filter_retired: BTreeMap::new(),
             now: Instant::now(),
             limits: Limits::default(),
         }
@@ -148,7 +159,28 @@ impl Ids {
         }
         ids.svc_pool = Pool::adopt(&svc_used, now);
         ids.backend_pool = Pool::adopt(&be_used, now);
+        // Every bit set now counts as live until the first computation says otherwise (then
+        // it is kept for FILTER_RETAIN from now: a flow of the previous agent may need it).
+        ids.filter_live = current.filter.clone();
         ids
+    }
+
+    /// The address filter bits to program for `live` (this computation's addresses): those,
+    /// and those of addresses gone less than [`FILTER_RETAIN`] ago.
+    pub(super) fn filter_bits(&mut self, live: BTreeSet<u32>) -> BTreeSet<u32> {
+        let now = self.now;
+        for gone in self.filter_live.difference(&live) {
+            self.filter_retired.entry(*gone).or_insert(now);
+        }
+        self.filter_retired.retain(|b, since| {
+            !live.contains(b) && now.saturating_duration_since(*since) < FILTER_RETAIN
+        });
+        self.filter_live = live;
+        self.filter_live
+            .iter()
+            .chain(self.filter_retired.keys())
+            .copied()
+            .collect()
     }
 
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
@@ -282,6 +314,27 @@ mod tests {
             Some(a),
             "reused after the quarantine"
         );
+    }
+
+    #[test]
+    fn filter_bits_of_gone_addresses_stay_for_a_day() {
+        let mut ids = Ids::default();
+        let t0 = Instant::now();
+        ids.tick(t0);
+        assert_eq!(ids.filter_bits([1, 2].into()), [1, 2].into());
+        // 2 went: still set…
+        ids.tick(t0 + Duration::from_secs(60));
+        assert_eq!(ids.filter_bits([1].into()), [1, 2].into());
+        // …until a day after it went; 1 is live throughout.
+        ids.tick(t0 + Duration::from_secs(60) + FILTER_RETAIN);
+        assert_eq!(ids.filter_bits([1].into()), [1].into());
+        // Adopted bits that no address explains are kept a day too.
+        let d = Desired {
+            filter: [7].into(),
+            ..Desired::default()
+        };
+        let mut adopted = Ids::adopt(&d);
+        assert_eq!(adopted.filter_bits([1].into()), [1, 7].into());
     }
 
     #[test]

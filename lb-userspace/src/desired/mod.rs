@@ -38,6 +38,25 @@ pub struct Desired {
     pub names: BTreeMap<u32, SvcName>,
     /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
     pub src_ranges: BTreeSet<SrcRange>,
+    /// The set bits of the address filters (`XLB_ADDRFILT_V1`, numbered `word * 64 + bit`):
+    /// every frontend's and every backend's address, and for a day those that went.
+    pub filter: BTreeSet<u32>,
+}
+
+/// The filter bits (numbered as in [`Desired::filter`]) of the addresses `d` programs:
+/// frontends in the first filter, backends in the second.
+pub fn live_filter_bits(d: &Desired) -> BTreeSet<u32> {
+    let backend_base = lb_common::FILTER_WORDS * 64;
+    d.services
+        .keys()
+        .filter(|k| k.slot == 0)
+        .map(|k| lb_common::filter_bit(k.addr_be[0]))
+        .chain(
+            d.backends
+                .values()
+                .map(|b| backend_base + lb_common::filter_bit(b.addr_be[0])),
+        )
+        .collect()
 }
 
 /// One allowed source range of a frontend (an entry of the source-range trie).
@@ -417,6 +436,7 @@ pub fn compute_on(
         admit(&mut desired, plan, limits, &mut errors);
     }
     ids.retain(&desired);
+    desired.filter = ids.filter_bits(live_filter_bits(&desired));
     (desired, errors)
 }
 
