@@ -209,6 +209,18 @@ fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
         .fold(0, |acc, b| acc | 1u64 << (b % 64))
 }
 
+/// Replaces word `word` of a set of filter bits with `bits` (64 updates, whatever the size
+/// of the set).
+pub fn set_word(set: &mut BTreeSet<u32>, word: u32, bits: u64) {
+    for i in 0..64 {
+        if bits & (1u64 << i) != 0 {
+            set.insert(word * 64 + i);
+        } else {
+            set.remove(&(word * 64 + i));
+        }
+    }
+}
+
 fn write_filter(
     w: &mut dyn MapWriter,
     now: &mut Desired,
@@ -218,12 +230,7 @@ fn write_filter(
 ) {
     match w.put_filter_word(word, bits) {
         Ok(()) => {
-            now.filter.retain(|b| *b / 64 != word);
-            now.filter.extend(
-                (0..64)
-                    .filter(|i| bits & (1u64 << i) != 0)
-                    .map(|i| word * 64 + i),
-            );
+            set_word(&mut now.filter, word, bits);
             r.writes += 1;
         }
         Err(e) => r.errors.push(e),

@@ -113,13 +113,7 @@ impl MapWriter for MemoryMaps {
     }
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
         self.log.push(format!("put filter word {word}"));
-        let base = word * 64;
-        self.state.filter.retain(|b| *b / 64 != word);
-        self.state.filter.extend(
-            (0..64)
-                .filter(|i| bits & (1u64 << i) != 0)
-                .map(|i| base + i),
-        );
+        super::sync::set_word(&mut self.state.filter, word, bits);
         Ok(())
     }
 }
