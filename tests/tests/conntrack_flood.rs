@@ -1,6 +1,7 @@
 //! A flood of new flows against a small conntrack: flows that were answered and went on
 //! (assured) are out of the LRU table's reach, as the kernel's conntrack never early-drops
-//! an assured flow; what the flood could not keep is counted.
+//! an assured flow; what the flood could not keep is counted, and the agent collects the
+//! flood's closed flows afterwards.
 
 use std::{
     collections::BTreeSet,
@@ -181,6 +182,25 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
         delta("ct_assured_full"),
         delta("ct_miss")
     );
+    // The agent deletes the flood's closed flows (idle 10 s, looked at every 5 s) and keeps
+    // the long ones: the assured table does not fill for good.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+        let assured_rows = rows.iter().filter(|r| r.assured).count();
+        if assured_rows == LONG_FLOWS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{assured_rows} assured flows 30 s after the flood (only the {LONG_FLOWS} long ones should remain)"
+        );
+        for (i, c) in long.iter_mut().enumerate() {
+            assert_eq!(ask(c).expect("long flow while collecting"), first[i]);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(assured(&s).len(), LONG_FLOWS);
     // New connections still work once the flood is over.
     let later = s
         .topo
