@@ -45,18 +45,18 @@ pub enum Impl {
     /// xlb with `--socket-lb host`: the node's sockets through the hooks, the pod's packets
     /// through the tc program.
     EbpfHost,
-    Iptables,
-    Nftables,
-    Userspace,
+    /// kube-proxy in one of its modes, as xlb emits it (ipvs is not run: it needs the IPVS
+    /// kernel modules).
+    KubeProxy(Mode),
 }
 
 impl Impl {
     pub const ALL: [Impl; 5] = [
         Impl::Ebpf,
         Impl::EbpfHost,
-        Impl::Iptables,
-        Impl::Nftables,
-        Impl::Userspace,
+        Impl::KubeProxy(Mode::Iptables),
+        Impl::KubeProxy(Mode::Nftables),
+        Impl::KubeProxy(Mode::Userspace),
     ];
 
     /// The mode's name in the report for a flow from `origin`; xlb's names the path that
@@ -73,9 +73,7 @@ impl Impl {
         match self {
             Impl::Ebpf => "xlb-ebpf",
             Impl::EbpfHost => "xlb-ebpf-host",
-            Impl::Iptables => "iptables",
-            Impl::Nftables => "nftables",
-            Impl::Userspace => "userspace",
+            Impl::KubeProxy(m) => m.name(),
         }
     }
 
@@ -277,7 +275,10 @@ fn agree(flow: &Flow, by: &BTreeMap<Impl, Outcome>) -> bool {
 
 /// Whether two modes' outcomes for `flow` agree (as [`Report::disagreements`] judges).
 pub fn outcomes_agree(flow: &Flow, a: &Outcome, b: &Outcome) -> bool {
-    let by = BTreeMap::from([(Impl::Ebpf, a.clone()), (Impl::Iptables, b.clone())]);
+    let by = BTreeMap::from([
+        (Impl::Ebpf, a.clone()),
+        (Impl::KubeProxy(Mode::Iptables), b.clone()),
+    ]);
     agree(flow, &by)
 }
 
@@ -658,14 +659,14 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
     match spec.mode {
         None => {}
         Some(Impl::Ebpf | Impl::EbpfHost) => start_agent(spec, &mut lab)?,
-        Some(Impl::Iptables) => {
+        Some(Impl::KubeProxy(Mode::Iptables)) => {
             let payload = emit::iptables::emit(spec.model, spec.settings);
             lab.topo
                 .node
                 .feed("iptables-restore", &["--noflush"], &payload.render())?;
             add_jumps(&lab.topo.node, &emit::iptables::jumps(&payload))?;
         }
-        Some(Impl::Nftables) => {
+        Some(Impl::KubeProxy(Mode::Nftables)) => {
             // The table carries its own hooks (prerouting, input, forward, output, postrouting).
             lab.topo.node.feed(
                 "nft",
@@ -673,7 +674,10 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
                 &emit::render(Mode::Nftables, spec.model, spec.settings),
             )?;
         }
-        Some(Impl::Userspace) => start_userspace(spec, &mut lab)?,
+        Some(Impl::KubeProxy(Mode::Userspace)) => start_userspace(spec, &mut lab)?,
+        Some(Impl::KubeProxy(Mode::Ipvs)) => {
+            return Err("ipvs mode is not run in a lab (it needs the IPVS kernel modules)".into());
+        }
     }
     Ok(lab)
 }
@@ -864,8 +868,14 @@ mod tests {
         let flow = affinity_flow(Some(ELIGIBLE));
         let by = BTreeMap::from([
             (Impl::Ebpf, backends(&["10.244.2.2:8080"])),
-            (Impl::Iptables, backends(&["10.244.3.2:8080"])),
-            (Impl::Nftables, backends(&["10.244.4.2:8080"])),
+            (
+                Impl::KubeProxy(Mode::Iptables),
+                backends(&["10.244.3.2:8080"]),
+            ),
+            (
+                Impl::KubeProxy(Mode::Nftables),
+                backends(&["10.244.4.2:8080"]),
+            ),
         ]);
         assert!(agree(&flow, &by));
         let report = Report {

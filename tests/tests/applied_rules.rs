@@ -13,6 +13,7 @@ use std::{
 
 use lb_userspace::{
     compare::{Impl, Installed, LabSpec, install},
+    emit::Mode,
     lab::topology::Topology,
     model::node::NodeSettings,
     source::file,
@@ -133,7 +134,7 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
 
 #[test]
 fn emitted_iptables_rules_carry_traffic() {
-    let Some(lab) = setup("xi", Impl::Iptables) else {
+    let Some(lab) = setup("xi", Impl::KubeProxy(Mode::Iptables)) else {
         return;
     };
     check_traffic(&lab.topo, "iptables");
@@ -141,7 +142,7 @@ fn emitted_iptables_rules_carry_traffic() {
 
 #[test]
 fn emitted_nftables_rules_carry_traffic() {
-    let Some(lab) = setup("xf", Impl::Nftables) else {
+    let Some(lab) = setup("xf", Impl::KubeProxy(Mode::Nftables)) else {
         return;
     };
     check_traffic(&lab.topo, "nftables");
@@ -149,7 +150,7 @@ fn emitted_nftables_rules_carry_traffic() {
 
 #[test]
 fn userspace_rules_and_the_userspace_proxy_carry_traffic() {
-    let Some(lab) = setup("xu", Impl::Userspace) else {
+    let Some(lab) = setup("xu", Impl::KubeProxy(Mode::Userspace)) else {
         return;
     };
     wait_ready(&lab.topo, "userspace");

@@ -12,14 +12,6 @@ use lb_userspace::{
 use super::source_file;
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum EmitMode {
-    Iptables,
-    Nftables,
-    Ipvs,
-    Userspace,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
 pub enum Family {
     Ipv4,
     Ipv6,
@@ -32,7 +24,7 @@ pub enum Family {
 /// flags given explicitly override them.
 #[derive(clap::Args)]
 pub struct EmitArgs {
-    mode: EmitMode,
+    mode: emit::Mode,
     /// `file:PATH`.
     #[arg(long)]
     source: String,
@@ -161,13 +153,7 @@ pub fn run(args: EmitArgs) -> Result<()> {
         eprintln!("warning: {e}");
     }
     let settings = args.node.apply(loaded.test_config.map(|t| t.settings))?;
-    let mode = match args.mode {
-        EmitMode::Iptables => emit::Mode::Iptables,
-        EmitMode::Nftables => emit::Mode::Nftables,
-        EmitMode::Ipvs => emit::Mode::Ipvs,
-        EmitMode::Userspace => emit::Mode::Userspace,
-    };
-    print!("{}", emit::render(mode, &loaded.model, &settings));
+    print!("{}", emit::render(args.mode, &loaded.model, &settings));
     Ok(())
 }
 

@@ -5,6 +5,8 @@
 //! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
+//! * [`rules`]: the iptables rule vocabulary iptables, ipvs and userspace share (restore
+//!   payloads, jumps, masquerade and forwarding rules);
 //! * [`restore`]: an in-memory `iptables-restore --noflush` (tables, chains, references);
 //! * [`trace`]: follows a packet through emitted iptables rules (reachable DNAT targets).
 
@@ -13,41 +15,34 @@ pub mod ipvs;
 pub mod names;
 pub mod nftables;
 pub mod restore;
+pub mod rules;
 pub mod trace;
 pub mod userspace;
 
 use crate::model::{Model, NodeSettings};
 
-/// A rule kube-proxy ensures in a built-in chain, outside its restore input: the jump into
-/// one of its own chains, prepended (`-I`) or appended (`-A`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Jump {
-    pub table: &'static str,
-    pub chain: &'static str,
-    pub append: bool,
-    /// Match arguments before `-j` (kube-proxy's extra arguments, then its comment).
-    pub matches: &'static [&'static str],
-    pub target: &'static str,
-}
+pub use rules::{Jump, Payload, Table};
 
-impl Jump {
-    /// The `iptables` arguments that add this rule.
-    pub fn args(&self) -> Vec<&'static str> {
-        let op = if self.append { "-A" } else { "-I" };
-        let mut a = vec!["-t", self.table, op, self.chain];
-        a.extend_from_slice(self.matches);
-        a.extend(["-j", self.target]);
-        a
-    }
-}
-
-/// A kube-proxy mode to emit rules for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A kube-proxy mode: what `xlb emit` writes rules for, what `xlb compare` runs beside
+/// xlb, what `xlb proxy` runs (the one type for all three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum Mode {
     Iptables,
     Nftables,
     Ipvs,
     Userspace,
+}
+
+impl Mode {
+    /// The mode's name, as kube-proxy's `--proxy-mode` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
+            Mode::Userspace => "userspace",
+        }
+    }
 }
 
 /// The text `xlb emit MODE` prints: what kube-proxy's first (full) sync would program.

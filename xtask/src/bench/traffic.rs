@@ -28,6 +28,7 @@ use std::{
 use anyhow::{Result, anyhow};
 use lb_userspace::{
     compare::{Impl, Installed, LabSpec, Origin, install},
+    emit::Mode,
     lab::{load::Measured, process::run_client},
     model::{Model, NodeSettings},
     source::file,
@@ -110,9 +111,9 @@ impl Row {
             // connection straight to the backend from the same client port would run into.
             Row::Tc => Some(Impl::EbpfHost),
             Row::DirectTc | Row::SockPod | Row::SockHost => Some(Impl::Ebpf),
-            Row::Iptables => Some(Impl::Iptables),
-            Row::Nftables => Some(Impl::Nftables),
-            Row::Userspace => Some(Impl::Userspace),
+            Row::Iptables => Some(Impl::KubeProxy(Mode::Iptables)),
+            Row::Nftables => Some(Impl::KubeProxy(Mode::Nftables)),
+            Row::Userspace => Some(Impl::KubeProxy(Mode::Userspace)),
         }
     }
 
