@@ -61,6 +61,7 @@ fn setup(prefix: &str, mode: Impl) -> Option<Installed> {
         xlb: &xlb_tests::xlb_bin(),
         model: &model,
         settings: &node,
+        options: &lb_userspace::emit::Options::default(),
         pods: &pods,
         frontends: &frontends,
     })

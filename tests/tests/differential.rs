@@ -282,7 +282,8 @@ fn a_local_local_node_port_without_local_endpoints_declares_its_cluster_chain() 
         node_name: "node1".into(),
         ..Default::default()
     };
-    let rules = lb_userspace::emit::iptables::emit(&loaded.model, &settings).render();
+    let opts = lb_userspace::emit::Options::default();
+    let rules = lb_userspace::emit::iptables::emit(&loaded.model, &settings, &opts).render();
     let declared: BTreeSet<&str> = rules
         .lines()
         .filter_map(|l| l.strip_prefix(':'))

@@ -19,6 +19,7 @@ use std::{
 pub use super::rules::{KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING};
 use super::{
     names::{endpoint_chain, probability, service_port_hash},
+    options::Options as WriterOptions,
     rules::{self, Jump, Payload, Table, comment, commented, dest_match, with_target},
 };
 use crate::model::{
@@ -210,6 +211,22 @@ pub fn is_service_chain(chain: &str) -> bool {
     SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
+/// iptables mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Endpoint count above which kube-proxy drops per-endpoint comments and cleans up
+    /// stale chains only once per sync period.
+    pub large_cluster_threshold: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            large_cluster_threshold: 1000,
+        }
+    }
+}
+
 /// Which per-service chains to write this sync.
 enum Scope<'a> {
     Full,
@@ -233,23 +250,28 @@ struct Generated {
 
 /// Whether the model is over the large-cluster threshold (no per-endpoint comments, stale
 /// chains cleaned up once per sync period).
-fn is_large(model: &Model, node: &NodeSettings) -> bool {
-    select::total_endpoints(model, node.family) > node.large_cluster_threshold
+fn is_large(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> bool {
+    select::total_endpoints(model, node.family) > opts.iptables.large_cluster_threshold
 }
 
 /// Builds the payload. `scope` decides which services' own chains are written; every other
 /// part is always regenerated.
-fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
+fn generate(
+    model: &Model,
+    node: &NodeSettings,
+    opts: &WriterOptions,
+    scope: Scope<'_>,
+) -> Generated {
     let mut payload = Payload::default();
-    base_chains(node, &mut payload);
+    base_chains(node, opts, &mut payload);
     let mut own = Own {
-        large: is_large(model, node),
+        large: is_large(model, node, opts),
         skipped: Table::default(),
         active: BTreeSet::new(),
     };
     for pv in select::service_ports(model, node) {
         let plan = PortPlan::new(&pv);
-        shared_rules(&plan, node, &mut payload);
+        shared_rules(&plan, node, opts, &mut payload);
         let nat = if scope.writes(&pv.service.id) {
             &mut payload.nat
         } else {
@@ -258,9 +280,8 @@ fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
         own_chains(&plan, node, nat, &mut own.active, own.large);
     }
     node_ports_jump(node, &mut payload.nat);
-    let mark = &node.mark.text;
-    let invalid_drop = (!node.host.tcp_be_liberal).then_some(node.host.nfacct_invalid_dropped);
-    rules::forward(&mut payload.filter, mark, invalid_drop);
+    let invalid_drop = (!opts.host.tcp_be_liberal).then_some(opts.host.nfacct_invalid_dropped);
+    rules::forward(&mut payload.filter, &opts.mark.text, invalid_drop);
     Generated {
         payload,
         active: own.active,
@@ -268,7 +289,7 @@ fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
 }
 
 /// The chains every sync declares, and the rules of the shared ones that come first.
-fn base_chains(node: &NodeSettings, payload: &mut Payload) {
+fn base_chains(node: &NodeSettings, opts: &WriterOptions, payload: &mut Payload) {
     let Payload { filter, nat } = payload;
     for c in [
         KUBE_SERVICES,
@@ -291,7 +312,7 @@ fn base_chains(node: &NodeSettings, payload: &mut Payload) {
     ] {
         nat.chain(c);
     }
-    rules::masquerade(nat, &node.mark.text, node.host.random_fully);
+    rules::masquerade(nat, &opts.mark.text, opts.host.random_fully);
     if localhost_fw {
         filter.rule(
             KUBE_FIREWALL,
@@ -434,7 +455,12 @@ impl<'a> PortPlan<'a> {
 }
 
 /// A service port's rules in the shared chains: written every sync.
-fn shared_rules(plan: &PortPlan<'_>, node: &NodeSettings, payload: &mut Payload) {
+fn shared_rules(
+    plan: &PortPlan<'_>,
+    node: &NodeSettings,
+    opts: &WriterOptions,
+    payload: &mut Payload,
+) {
     let Payload { filter, nat } = payload;
     let (pv, spn) = (plan.pv, plan.spn);
     let cip = pv.cluster_ip.to_string();
@@ -455,7 +481,10 @@ fn shared_rules(plan: &PortPlan<'_>, node: &NodeSettings, payload: &mut Payload)
     }
     load_balancer_rules(plan, filter, nat);
     if let Some(np) = pv.node_port {
-        node_port_rules(plan, node, np, filter, nat);
+        let nfacct = node.family == IpFamily::V4
+            && node.localhost_node_ports
+            && opts.host.nfacct_localhost_nodeports;
+        node_port_rules(plan, nfacct, np, filter, nat);
     }
     if let Some(hc) = pv.health_check_node_port {
         let c = format!("{spn} health check node port");
@@ -488,17 +517,14 @@ fn load_balancer_rules(plan: &PortPlan<'_>, filter: &mut Table, nat: &mut Table)
 /// The NodePort's jumps into the external chain, and its refusal without endpoints.
 fn node_port_rules(
     plan: &PortPlan<'_>,
-    node: &NodeSettings,
+    localhost_nfacct: bool,
     np: u16,
     filter: &mut Table,
     nat: &mut Table,
 ) {
     let (spn, proto) = (plan.spn, plan.proto);
     if plan.has_endpoints {
-        if node.family == IpFamily::V4
-            && node.localhost_node_ports
-            && node.host.nfacct_localhost_nodeports
-        {
+        if localhost_nfacct {
             let rest = format!(
                 "-m {proto} -p {proto} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name localhost_nps_accepted_pkts"
             );
@@ -710,8 +736,8 @@ impl EndpointRules<'_, '_> {
     }
 }
 /// The payload of a full sync on a node without kube-proxy chains: kube-proxy's first sync.
-pub fn emit(model: &Model, node: &NodeSettings) -> Payload {
-    generate(model, node, Scope::Full).payload
+pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> Payload {
+    generate(model, node, opts, Scope::Full).payload
 }
 
 /// What kube-proxy remembers of a service between syncs, to tell whether it changed.
@@ -786,6 +812,7 @@ impl IptablesProxier {
         &mut self,
         model: &Model,
         node: &NodeSettings,
+        writer: &WriterOptions,
         existing_nat_chains: &BTreeSet<String>,
         opts: SyncOptions,
     ) -> Payload {
@@ -809,8 +836,8 @@ impl IptablesProxier {
         let Generated {
             mut payload,
             active,
-        } = generate(model, node, scope);
-        let large = is_large(model, node);
+        } = generate(model, node, writer, scope);
+        let large = is_large(model, node, writer);
         let cleanup_due = !large
             || self
                 .last_cleanup

@@ -14,11 +14,29 @@ use std::{
     net::IpAddr,
 };
 
-use super::rules::{self, Payload, Table, hostport};
+use super::{
+    options::Options as WriterOptions,
+    rules::{self, Payload, Table, hostport},
+};
 use crate::model::{
     IpFamily, Model, NodeSettings, Protocol,
     select::{self, PortView},
 };
+
+/// ipvs mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// `--ipvs-scheduler`.
+    pub scheduler: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            scheduler: "rr".into(),
+        }
+    }
+}
 
 /// An IPVS real server.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -194,7 +212,7 @@ pub fn node_port_ips(node: &NodeSettings) -> Vec<IpAddr> {
 }
 
 /// Computes the ipvs-mode state for `model` on `node`.
-pub fn emit(model: &Model, node: &NodeSettings) -> IpvsState {
+pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> IpvsState {
     let mut st = IpvsState {
         family: node.family,
         ..IpvsState::default()
@@ -210,19 +228,25 @@ pub fn emit(model: &Model, node: &NodeSettings) -> IpvsState {
     }
     let np_ips = node_port_ips(node);
     for pv in select::service_ports(model, node) {
-        add_port(&mut st, &pv, node, &np_ips);
+        add_port(&mut st, &pv, node, &opts.ipvs, &np_ips);
     }
     let addrs: Vec<IpAddr> = st.dummy_addresses.iter().copied().collect();
     for ip in addrs {
         st.add("KUBE-IPVS-IPS", ip.to_string());
     }
     st.virtual_servers.sort();
-    st.iptables = iptables_rules(&st, node);
+    st.iptables = iptables_rules(&st, node, opts);
     st
 }
 
 /// One service port's virtual servers, addresses and ipset entries.
-fn add_port(st: &mut IpvsState, pv: &PortView<'_>, node: &NodeSettings, np_ips: &[IpAddr]) {
+fn add_port(
+    st: &mut IpvsState,
+    pv: &PortView<'_>,
+    node: &NodeSettings,
+    opts: &Options,
+    np_ips: &[IpAddr],
+) {
     let p = pv.protocol().lower();
     let port = pv.port.port;
     let cat = &pv.categorized;
@@ -242,7 +266,7 @@ fn add_port(st: &mut IpvsState, pv: &PortView<'_>, node: &NodeSettings, np_ips: 
         protocol: pv.protocol(),
         ip,
         port,
-        scheduler: node.ipvs_scheduler.clone(),
+        scheduler: opts.scheduler.clone(),
         persistent_timeout: pv.affinity_timeout(),
         reals: reals.clone(),
     };
@@ -347,7 +371,7 @@ impl Sets<'_> {
 }
 
 /// The iptables rules of ipvs mode (kube-proxy's `pkg/proxy/ipvs`).
-fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
+fn iptables_rules(st: &IpvsState, node: &NodeSettings, opts: &WriterOptions) -> Payload {
     let sets = Sets(st);
     let mut p = Payload::default();
     for c in [
@@ -378,10 +402,10 @@ fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
             "-m comment --comment {hairpin} -m set --match-set {loop_back} dst,dst,src -j MASQUERADE"
         ),
     );
-    rules::masquerade(&mut p.nat, &node.mark.text, node.host.random_fully);
+    rules::masquerade(&mut p.nat, &opts.mark.text, opts.host.random_fully);
     filter_rules(&sets, &mut p.filter);
-    let invalid_drop = (!node.host.tcp_be_liberal).then_some(false);
-    rules::forward(&mut p.filter, &node.mark.text, invalid_drop);
+    let invalid_drop = (!opts.host.tcp_be_liberal).then_some(false);
+    rules::forward(&mut p.filter, &opts.mark.text, invalid_drop);
     p
 }
 

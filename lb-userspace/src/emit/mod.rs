@@ -1,10 +1,11 @@
-//! Emitters: pure functions from the model and a node's settings to the rules kube-proxy
-//! would write in each of its modes, plus helpers to check them.
+//! Emitters: pure functions from the model, a node's settings and the writer's options to
+//! the rules kube-proxy would write in each of its modes, plus helpers to check them.
 //!
 //! * [`iptables`]: `iptables-restore` input (filter and nat tables), full and partial syncs;
 //! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
+//! * [`options`]: the writer settings of each mode (masquerade mark, host features, …);
 //! * [`rules`]: the iptables rule vocabulary iptables, ipvs and userspace share (restore
 //!   payloads, jumps, masquerade and forwarding rules);
 //! * [`restore`]: an in-memory `iptables-restore --noflush` (tables, chains, references);
@@ -14,6 +15,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod names;
 pub mod nftables;
+pub mod options;
 pub mod restore;
 pub mod rules;
 pub mod trace;
@@ -21,6 +23,7 @@ pub mod userspace;
 
 use crate::model::{Model, NodeSettings};
 
+pub use options::Options;
 pub use rules::{Jump, Payload, Table};
 
 /// A kube-proxy mode: what `xlb emit` writes rules for, what `xlb compare` runs beside
@@ -52,12 +55,12 @@ impl Mode {
 /// * ipvs: four sections (`ipvsadm-restore`, `ipset restore`, `ip -batch` for
 ///   `kube-ipvs0`, `iptables-restore`), each introduced by a `#` line;
 /// * userspace: the proxy-port allocation as `#` lines, then `iptables-restore` input.
-pub fn render(mode: Mode, model: &Model, node: &NodeSettings) -> String {
+pub fn render(mode: Mode, model: &Model, node: &NodeSettings, opts: &Options) -> String {
     match mode {
-        Mode::Iptables => iptables::emit(model, node).render(),
-        Mode::Nftables => nftables::emit(model, node).render(),
+        Mode::Iptables => iptables::emit(model, node, opts).render(),
+        Mode::Nftables => nftables::emit(model, node, opts).render(),
         Mode::Ipvs => {
-            let st = ipvs::emit(model, node);
+            let st = ipvs::emit(model, node, opts);
             format!(
                 "# ipvsadm-restore\n{}# ipset restore\n{}# ip -batch (kube-ipvs0)\n{}# iptables-restore --noflush\n{}",
                 st.render_ipvsadm(),

@@ -162,12 +162,12 @@ fn services_yaml(n: usize) -> String {
 
 /// A lab for `mode` on the services file `src`.
 fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Result<Installed> {
-    let mut settings = NodeSettings {
+    let settings = NodeSettings {
         node_name: "node1".into(),
         ..NodeSettings::default()
     };
-    settings.host.nfacct_invalid_dropped = false;
-    settings.host.nfacct_localhost_nodeports = false;
+    // No nfacct objects in the bench's namespaces (the default).
+    let options = lb_userspace::emit::Options::default();
     let pods: BTreeMap<Ipv4Addr, BTreeSet<u16>> = [(BACKEND, [PORT].into())].into();
     let lab = install(&LabSpec {
         mode,
@@ -176,6 +176,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
         xlb,
         model,
         settings: &settings,
+        options: &options,
         pods: &pods,
         frontends: &[SocketAddr::from((MEASURED_VIP, 80))],
     })
