@@ -34,10 +34,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Result, anyhow, bail};
 use lb_common::{R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT};
-use lb_userspace::{
-    lab::netns::Netns,
-    packet::{PacketBuilder, TCP_ACK, parse},
-};
+use lb_userspace::packet::{PacketBuilder, TCP_ACK, parse};
+use xlb_lab::netns::Netns;
 use xlb_tests::{services::service_yaml, unique_tag};
 
 use super::{

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use super::netns::Netns;
+use crate::netns::Netns;
 
 /// TCP and UDP echo servers running inside a namespace until dropped.
 pub struct EchoServer {

@@ -1,13 +1,24 @@
-//! Runs `xlb-probe` (a client process) in a cgroup and a network namespace, and reads what
-//! it printed: one [`Line`] per request.
+//! `xlb-probe`, the labs' client process: running it in a cgroup and a network namespace
+//! and reading what it printed (one [`Line`] per request), and its `flows` summary
+//! ([`flows`]: one [`Outcome`] per target).
 
 use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Stdio},
+    time::Duration,
 };
 
-use crate::{cgroup::Cgroup, netns::Netns};
+use lb_userspace::model::Protocol;
+
+use crate::{
+    cgroup::Cgroup,
+    client::{tcp_request, udp_request},
+    compare::{Outcome, parse_target},
+    netns::Netns,
+};
 
 /// One request as the probe saw it.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,15 +49,33 @@ impl Line {
     }
 }
 
-/// The `xlb-probe` binary: `$XLB_PROBE`, else beside `xlb` in the target dir.
+/// The `xlb-probe` binary beside `xlb` (cargo builds both into one directory), or
+/// `$XLB_PROBE`.
+pub fn bin_beside(xlb: &Path) -> PathBuf {
+    match std::env::var_os("XLB_PROBE") {
+        Some(p) => p.into(),
+        None => xlb.with_file_name("xlb-probe"),
+    }
+}
+
+/// The `xlb-probe` binary: `$XLB_PROBE`, else beside `$XLB_BIN`, else beside the running
+/// executable (or one directory up, for a test binary in `target/*/deps`).
 pub fn probe_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("XLB_PROBE") {
         return p.into();
     }
-    if let Some(p) = option_env!("CARGO_BIN_EXE_xlb-probe") {
-        return p.into();
+    if let Some(xlb) = std::env::var_os("XLB_BIN") {
+        return bin_beside(Path::new(&xlb));
     }
-    crate::xlb_bin().with_file_name("xlb-probe")
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1).take(2) {
+            let p = dir.join("xlb-probe");
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    PathBuf::from("xlb-probe")
 }
 
 fn parse(line: &str) -> Result<Line, String> {
@@ -131,4 +160,48 @@ pub fn stream(mut child: Child) -> std::sync::mpsc::Receiver<(std::time::Instant
         let _ = child.wait();
     });
     rx
+}
+
+/// How long one request of a flow may take (connect, then the answer).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// `xlb-probe flows --requests N TARGET…`: `requests` requests for each target
+/// (`tcp/IP:PORT`, `udp/IP:PORT`); one [`Outcome`] line per target, in order.
+pub fn flows(requests: usize, targets: &[String]) -> Result<String, String> {
+    let mut out = String::new();
+    for t in targets {
+        let (protocol, to) = parse_target(t)?;
+        let _ = writeln!(out, "{}", drive(protocol, to, requests.max(1)));
+    }
+    Ok(out)
+}
+
+/// Sends `requests` requests on fresh connections (sockets); classifies the result.
+fn drive(protocol: Protocol, to: SocketAddr, requests: usize) -> Outcome {
+    let mut backends = BTreeSet::new();
+    for _ in 0..requests {
+        let r = match protocol {
+            Protocol::Udp => udp_request(to, REQUEST_TIMEOUT),
+            _ => tcp_request(to, REQUEST_TIMEOUT),
+        };
+        match r {
+            Ok(a) => {
+                backends.insert(a.backend);
+            }
+            Err(e) if e.contains("refused") => return Outcome::Refused,
+            Err(e)
+                if e.contains("timed out")
+                    || e.contains("WouldBlock")
+                    || e.contains("temporarily unavailable") =>
+            {
+                return if backends.is_empty() {
+                    Outcome::Dropped
+                } else {
+                    Outcome::Failed(e)
+                };
+            }
+            Err(e) => return Outcome::Failed(e),
+        }
+    }
+    Outcome::Backends(backends)
 }

@@ -9,8 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::netns::Netns;
-use crate::datapath::socket::cgroup2_root;
+use crate::netns::Netns;
+use lb_userspace::datapath::socket::cgroup2_root;
 
 /// A cgroup under the cgroup v2 root, named uniquely.
 #[derive(Debug)]

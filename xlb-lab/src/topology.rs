@@ -13,7 +13,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::netns::Netns;
+use crate::netns::Netns;
 
 /// The gateway address every pod routes through (on each node-side veth).
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);

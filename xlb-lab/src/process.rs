@@ -1,4 +1,4 @@
-//! Clients as processes: `xlb client …` run in a network namespace and, for the socket
+//! Clients as processes: `xlb-probe …` run in a network namespace and, for the socket
 //! hooks, in a cgroup it joins before it runs (the hooks act on the processes of a cgroup,
 //! and a thread cannot leave its process's cgroup). Each run is bounded in time.
 
@@ -9,20 +9,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{cgroup::Cgroup, netns::Netns};
+use crate::{cgroup::Cgroup, netns::Netns};
 
-/// Runs `xlb client ARGS…` in `ns` (and in `cgroup`, when given) and returns what it
-/// printed; a client still running after `limit` is killed and the run fails.
+/// Runs `PROBE ARGS…` (the `xlb-probe` binary) in `ns` (and in `cgroup`, when given) and
+/// returns what it printed; a client still running after `limit` is killed and the run
+/// fails.
 pub fn run_client(
-    xlb: &Path,
+    probe: &Path,
     ns: &Netns,
     cgroup: Option<&Cgroup>,
     args: &[String],
     limit: Duration,
 ) -> Result<String, String> {
-    let mut cmd = ns.command(xlb);
-    cmd.arg("client")
-        .args(args)
+    let mut cmd = ns.command(probe);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -31,8 +31,8 @@ pub fn run_client(
     }
     let child = cmd
         .spawn()
-        .map_err(|e| format!("spawn {} client: {e}", xlb.display()))?;
-    wait_bounded(child, limit).map_err(|e| format!("xlb client {}: {e}", args.join(" ")))
+        .map_err(|e| format!("spawn {}: {e}", probe.display()))?;
+    wait_bounded(child, limit).map_err(|e| format!("xlb-probe {}: {e}", args.join(" ")))
 }
 
 /// Reads a pipe to the end on a thread of its own.
