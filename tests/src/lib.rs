@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod prev_layout;
 pub mod scenario;
 pub mod services;
+pub mod suites;
 pub mod twonode;
 
 use std::sync::atomic::{AtomicU32, Ordering};
