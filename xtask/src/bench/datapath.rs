@@ -516,6 +516,43 @@ fn closing(hook: &str, label: &str) -> &'static str {
 
 fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
     let mut body = String::new();
+    intro(&mut body, trials);
+    distinct_tables(&mut body, scales);
+    hot_tables(&mut body, scales);
+    multiples(&mut body, scales);
+    targets(&mut body, scales);
+    let series: Vec<Series> = HOOKS
+        .iter()
+        .enumerate()
+        .flat_map(|(hi, hook)| {
+            CASES.iter().enumerate().map(move |(c, name)| Series {
+                name: format!("{} {name}", hook.name),
+                points: scales
+                    .iter()
+                    .map(|s| (s.services as f64, s.distinct[hi][c].median))
+                    .collect(),
+            })
+        })
+        .collect();
+    let plot = "bench-datapath.svg";
+    if full {
+        report::line_plot(
+            plot,
+            "xlb_tc_ingress and xlb_xdp, ns per packet (distinct flows, median)",
+            "services",
+            "ns per packet",
+            &series,
+        )?;
+    }
+    body.push_str(&format!("\n![datapath ns per packet]({plot})\n"));
+    Ok(Section {
+        title: "datapath: ns per packet (BPF_PROG_TEST_RUN)".into(),
+        body,
+    })
+}
+
+/// How the bench measures, and the distinct method.
+fn intro(body: &mut String, trials: usize) {
     body.push_str(&format!(
         "ns per packet through `xlb_tc_ingress` and `xlb_xdp` by `BPF_PROG_TEST_RUN`, median [min–max] of {trials} trials, \
          in a network namespace whose `dum0` routes backends and clients to a resolved next hop (so XDP translates every \
@@ -533,6 +570,10 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
          TCP to an address that is no ClusterIP; *floor* = the hook's empty program on the same packets. Every \
          case's verdict counter is checked to have counted every packet.\n\n"
     ));
+}
+
+/// The distinct method's table, per hook.
+fn distinct_tables(body: &mut String, scales: &[Scale]) {
     for (hi, hook) in HOOKS.iter().enumerate() {
         let mut headers = vec![
             format!("{} services", hook.name),
@@ -555,7 +596,10 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         body.push_str(&report::table(&headers, &rows));
         body.push('\n');
     }
+}
 
+/// The hot method's table, per hook.
+fn hot_tables(body: &mut String, scales: &[Scale]) {
     body.push_str(&format!(
         "**Hot method**: one packet, `repeat = {HOT_REPEAT}`, the kernel's per-run average; established and \
          reply go through two services that are each other's backend, so every repeat is a real conntrack hit \
@@ -576,10 +620,12 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         body.push_str(&report::table(&headers, &rows));
         body.push('\n');
     }
+}
 
+/// Multiples of the floor and scale ratios, from the medians of this run.
+fn multiples(body: &mut String, scales: &[Scale]) {
     // Multiples of the floor and scale ratios, from the medians of this run.
     let first = &scales[0];
-    let last = &scales[scales.len() - 1];
     body.push_str(
         "**Multiples** (medians of this run; ÷ floor = ÷ the same hook's empty program):\n\n",
     );
@@ -629,7 +675,12 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         rows.push(r);
     }
     body.push_str(&report::table(&headers, &rows));
+}
 
+/// The issue's targets, tc and XDP alike, at every scale measured.
+fn targets(body: &mut String, scales: &[Scale]) {
+    let first = &scales[0];
+    let last = &scales[scales.len() - 1];
     // The issue's targets, tc and XDP alike, at every scale measured.
     body.push_str("\n**Targets** (tc and XDP alike; the worst scale measured decides)\n\n");
     let worst = |hi: usize, c: usize, hot: bool| -> (f64, usize) {
@@ -657,7 +708,7 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         ] {
             let (v, at) = worst(hi, c, hot);
             target(
-                &mut body,
+                body,
                 &format!("{h} {label} ≤ {limit}× the floor"),
                 v <= limit,
                 &format!("{v:.1}× at {at} services"),
@@ -667,7 +718,7 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         for (label, c) in [("established", 3), ("new flow", 2)] {
             let ratio = last.distinct[hi][c].median / first.distinct[hi][c].median;
             target(
-                &mut body,
+                body,
                 &format!(
                     "{h} distinct {label} at {} services within 1.3× of 1 service",
                     last.services
@@ -679,39 +730,10 @@ fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Section> {
         }
     }
     target(
-        &mut body,
+        body,
         &format!("the {} scale completes", last.services),
         true,
         "this run programmed and measured every scale",
         "",
     );
-
-    let series: Vec<Series> = HOOKS
-        .iter()
-        .enumerate()
-        .flat_map(|(hi, hook)| {
-            CASES.iter().enumerate().map(move |(c, name)| Series {
-                name: format!("{} {name}", hook.name),
-                points: scales
-                    .iter()
-                    .map(|s| (s.services as f64, s.distinct[hi][c].median))
-                    .collect(),
-            })
-        })
-        .collect();
-    let plot = "bench-datapath.svg";
-    if full {
-        report::line_plot(
-            plot,
-            "xlb_tc_ingress and xlb_xdp, ns per packet (distinct flows, median)",
-            "services",
-            "ns per packet",
-            &series,
-        )?;
-    }
-    body.push_str(&format!("\n![datapath ns per packet]({plot})\n"));
-    Ok(Section {
-        title: "datapath: ns per packet (BPF_PROG_TEST_RUN)".into(),
-        body,
-    })
 }
