@@ -2,12 +2,14 @@
 
 use std::collections::BTreeSet;
 
+use lb_userspace::emit::{
+    ipvs::{self, IpvsState},
+    restore::split_args,
+};
+
 use xlb_tests::suites::conformance::{case, model_at};
 
-// ---------------------------------------------------------------- ipvs
-
 pub(crate) fn ipvs_case(name: &str) {
-    use lb_userspace::emit::{ipvs, restore::split_args};
     let c = case(name);
     let node = &c.config.settings;
     let st = ipvs::emit(&model_at(&c, None), node, &c.config.options);
@@ -18,7 +20,13 @@ pub(crate) fn ipvs_case(name: &str) {
         .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
         .map(strip)
         .collect();
-    // The whole IPVS table, order-insensitive.
+    check_virtual_servers(name, &st, &lines);
+    check_ipsets(name, &st, &lines);
+    check_jumps(name, &st, &lines);
+}
+
+/// The whole IPVS table, order-insensitive.
+fn check_virtual_servers(name: &str, st: &IpvsState, lines: &[String]) {
     let mut want_vs: Vec<String> = Vec::new();
     for l in lines
         .iter()
@@ -66,7 +74,10 @@ pub(crate) fn ipvs_case(name: &str) {
     want_vs.sort();
     got_vs.sort();
     assert_eq!(got_vs, want_vs, "{name}: IPVS table");
-    // Listed ipsets: exactly the listed entries.
+}
+
+/// Listed ipsets: exactly the listed entries.
+fn check_ipsets(name: &str, st: &IpvsState, lines: &[String]) {
     let mut want_sets: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
     for l in lines.iter().filter_map(|l| l.strip_prefix("IPSET ")) {
         let (set, entry) = l.split_once(' ').unwrap_or((l, ""));
@@ -83,7 +94,10 @@ pub(crate) fn ipvs_case(name: &str) {
             .unwrap_or_default();
         assert_eq!(&got, want, "{name}: ipset {set}");
     }
-    // Jumps that must exist: IPTABLES <chain> -> <target> [match-set <set>] [src <cidr>].
+}
+
+/// Jumps that must exist: IPTABLES <chain> -> <target> [match-set <set>] [src <cidr>].
+fn check_jumps(name: &str, st: &IpvsState, lines: &[String]) {
     let all_rules: Vec<&String> = st
         .iptables
         .nat

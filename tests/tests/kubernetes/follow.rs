@@ -3,7 +3,9 @@
 
 use std::{net::Ipv4Addr, time::Duration};
 
-use xlb_tests::suites::kubernetes::{FRONTEND, Load, WAIT, WEB, ready, service, slice, start};
+use xlb_tests::suites::kubernetes::{
+    Cluster, FRONTEND, Load, WAIT, WEB, ready, service, slice, start,
+};
 use xlb_tests::{
     client::tcp_request,
     require_root,
@@ -165,81 +167,9 @@ fn internal_traffic_policy_local_and_client_ip_affinity() {
     let local = Ipv4Addr::new(10, 96, 0, 20);
     let nowhere = Ipv4Addr::new(10, 96, 0, 21);
     let sticky = Ipv4Addr::new(10, 96, 0, 22);
-    let svc = |name: &str, ip: Ipv4Addr, extra: &str| {
-        format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {ip}\n{extra}  ports: [{{name: http, port: 80, protocol: TCP}}]\n"
-        )
-    };
-    let slice_on = |name: &str, eps: &[(Ipv4Addr, &str)]| {
-        let mut y = format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: {name}-abc, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n"
-        );
-        for (ip, node) in eps {
-            y.push_str(&format!("- addresses: [\"{ip}\"]\n  nodeName: {node}\n"));
-        }
-        y
-    };
-    c.api
-        .apply_yaml(&svc("local", local, "  internalTrafficPolicy: Local\n"))
-        .expect("svc");
-    c.api
-        .apply_yaml(&slice_on(
-            "local",
-            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node2")],
-        ))
-        .expect("slice");
-    c.api
-        .apply_yaml(&svc("nowhere", nowhere, "  internalTrafficPolicy: Local\n"))
-        .expect("svc");
-    c.api
-        .apply_yaml(&slice_on("nowhere", &[(b[1], "node2")]))
-        .expect("slice");
-    c.api
-        .apply_yaml(&svc("sticky", sticky, "  sessionAffinity: ClientIP\n"))
-        .expect("svc");
-    c.api
-        .apply_yaml(&slice_on(
-            "sticky",
-            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node3")],
-        ))
-        .expect("slice");
-    // Topology hints: every ready endpoint has zone hints and node1 is in z1 (its Node's
-    // label), so only the z1 endpoint gets traffic.
+    apply_policy_services(&c, &b, [local, nowhere, sticky]);
     let zoned = Ipv4Addr::new(10, 96, 0, 23);
-    c.api
-        .apply_yaml(&svc("zoned", zoned, "  trafficDistribution: PreferClose\n"))
-        .expect("svc");
-    c.api
-        .apply_yaml(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: zoned-abc, labels: {{kubernetes.io/service-name: zoned}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{}\"], nodeName: node2, zone: z1, hints: {{forZones: [{{name: z1}}]}}}}\n- {{addresses: [\"{}\"], nodeName: node3, zone: z2, hints: {{forZones: [{{name: z2}}]}}}}\n",
-            b[1], b[2]
-        ))
-        .expect("slice");
-    c.agent
-        .wait_for(WAIT, |rows| {
-            rows.iter()
-                .filter(|r| r.frontend.starts_with("10.96.0.2"))
-                .count()
-                == 4
-        })
-        .expect("four services programmed");
-    let zoned_answers = c
-        .topo
-        .client
-        .ns
-        .run(move || {
-            (0..20)
-                .map(|_| tcp_request(sock(zoned, 80), Duration::from_secs(2)).map(|a| a.backend))
-                .collect::<Vec<_>>()
-        })
-        .expect("client");
-    for a in zoned_answers {
-        assert_eq!(
-            a.expect("zoned answers"),
-            "backend-2",
-            "topology hints must keep traffic in zone z1"
-        );
-    }
+    topology_hints_keep_to_the_zone(&mut c, zoned);
 
     let (local_answers, nowhere_result, sticky_answers) = c
         .topo
@@ -282,6 +212,90 @@ fn internal_traffic_policy_local_and_client_ip_affinity() {
         sticky_answers.iter().all(|b| *b == sticky_answers[0]),
         "ClientIP affinity broken: {sticky_answers:?}"
     );
+}
+
+/// Services with internalTrafficPolicy Local (with and without a local endpoint), ClientIP
+/// affinity and topology hints (`zoned`, 10.96.0.23).
+fn apply_policy_services(c: &Cluster, b: &[Ipv4Addr], [local, nowhere, sticky]: [Ipv4Addr; 3]) {
+    let zoned = Ipv4Addr::new(10, 96, 0, 23);
+    let svc = |name: &str, ip: Ipv4Addr, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {ip}\n{extra}  ports: [{{name: http, port: 80, protocol: TCP}}]\n"
+        )
+    };
+    let slice_on = |name: &str, eps: &[(Ipv4Addr, &str)]| {
+        let mut y = format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: {name}-abc, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n"
+        );
+        for (ip, node) in eps {
+            y.push_str(&format!("- addresses: [\"{ip}\"]\n  nodeName: {node}\n"));
+        }
+        y
+    };
+    c.api
+        .apply_yaml(&svc("local", local, "  internalTrafficPolicy: Local\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on(
+            "local",
+            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node2")],
+        ))
+        .expect("slice");
+    c.api
+        .apply_yaml(&svc("nowhere", nowhere, "  internalTrafficPolicy: Local\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on("nowhere", &[(b[1], "node2")]))
+        .expect("slice");
+    c.api
+        .apply_yaml(&svc("sticky", sticky, "  sessionAffinity: ClientIP\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&slice_on(
+            "sticky",
+            &[(b[0], "node1"), (b[1], "node2"), (b[2], "node3")],
+        ))
+        .expect("slice");
+    // Topology hints: every ready endpoint has zone hints and node1 is in z1 (its Node's
+    // label), so only the z1 endpoint gets traffic.
+    c.api
+        .apply_yaml(&svc("zoned", zoned, "  trafficDistribution: PreferClose\n"))
+        .expect("svc");
+    c.api
+        .apply_yaml(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: zoned-abc, labels: {{kubernetes.io/service-name: zoned}}}}\naddressType: IPv4\nports: [{{name: http, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"{}\"], nodeName: node2, zone: z1, hints: {{forZones: [{{name: z1}}]}}}}\n- {{addresses: [\"{}\"], nodeName: node3, zone: z2, hints: {{forZones: [{{name: z2}}]}}}}\n",
+            b[1], b[2]
+        ))
+        .expect("slice");
+}
+
+/// Every ready endpoint has zone hints and node1 is in z1: only the z1 endpoint answers.
+fn topology_hints_keep_to_the_zone(c: &mut Cluster, zoned: Ipv4Addr) {
+    c.agent
+        .wait_for(WAIT, |rows| {
+            rows.iter()
+                .filter(|r| r.frontend.starts_with("10.96.0.2"))
+                .count()
+                == 4
+        })
+        .expect("four services programmed");
+    let zoned_answers = c
+        .topo
+        .client
+        .ns
+        .run(move || {
+            (0..20)
+                .map(|_| tcp_request(sock(zoned, 80), Duration::from_secs(2)).map(|a| a.backend))
+                .collect::<Vec<_>>()
+        })
+        .expect("client");
+    for a in zoned_answers {
+        assert_eq!(
+            a.expect("zoned answers"),
+            "backend-2",
+            "topology hints must keep traffic in zone z1"
+        );
+    }
 }
 
 #[test]

@@ -194,7 +194,24 @@ fn rewrites_follow_the_table() {
     )
     .expect("backend");
 
-    let table = vec![
+    let table = later_packets(chosen, udp_backend);
+    for case in &table {
+        let got = check(&mut dp, case);
+        if case.desc.starts_with("later packet") {
+            assert_eq!(got, Some(chosen), "{}", case.desc);
+        }
+    }
+    let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
+
+    counted(&dp, udp_zero);
+}
+
+/// After the first TCP and UDP packets (to `chosen` and `udp_backend`): later packets,
+/// replies, packets for no service, a service without backends.
+fn later_packets(chosen: SocketAddrV4, udp_backend: SocketAddrV4) -> Vec<Case> {
+    let vip80 = SocketAddrV4::new(VIP, 80);
+    let vip53 = SocketAddrV4::new(VIP, 53);
+    vec![
         Case {
             desc: "later packet of the TCP flow keeps its backend",
             packet: PacketBuilder::tcp(CLIENT, vip80)
@@ -256,16 +273,12 @@ fn rewrites_follow_the_table() {
                 .build(),
             expect: Expect::Drop,
         },
-    ];
-    for case in &table {
-        let got = check(&mut dp, case);
-        if case.desc.starts_with("later packet") {
-            assert_eq!(got, Some(chosen), "{}", case.desc);
-        }
-    }
-    let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
+    ]
+}
 
-    // Every verdict above bumped its reason's counter.
+/// Every verdict of [`rewrites_follow_the_table`] bumped its reason's counter, and the web
+/// service's packet counter.
+fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
     let counts = xlb_tests::datapath::reason_counts(&dp.pins);
     assert_eq!(counts["new_flow"], 3, "{counts:?}");
     assert_eq!(counts["established"], 2, "{counts:?}");

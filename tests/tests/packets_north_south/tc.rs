@@ -121,7 +121,6 @@ fn north_south_rewrites_follow_the_table() {
 fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     let np = |port: u16| SocketAddrV4::new(NODE, port);
     let remote = SocketAddrV4::new(REMOTE_POD, 8080);
-    let local = SocketAddrV4::new(LOCAL_POD, 8080);
     let snat_any = SocketAddrV4::new(UNDERLAY, 0);
 
     let snat = check(
@@ -148,10 +147,56 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         },
     )
     .expect("snat");
-    // The quoted header of an error about the UDP flow, as the backend sends it.
-    let sent_to_backend = PacketBuilder::udp(udp_snat, remote).payload(b"q").build();
 
-    let table = [
+    for c in flow_cases(snat)
+        .iter()
+        .chain(&range_cases())
+        .chain(&error_cases(udp_snat))
+    {
+        check(dp, c);
+    }
+
+    // The SNATed TCP flow closes both ways; the client then reuses its port for a new
+    // connection: a new flow (a new SNAT port: the old one is held until the flow has been
+    // idle a while), not the closing one.
+    for (desc, packet) in [
+        (
+            "FIN from the client",
+            PacketBuilder::tcp(EXT, np(30001)).flags(0x11).build(),
+        ),
+        (
+            "FIN from the backend",
+            PacketBuilder::tcp(remote, snat).flags(0x11).build(),
+        ),
+    ] {
+        assert_eq!(dp.run(&packet).expect("run").verdict, TC_ACT_OK, "{desc}");
+    }
+    let reopened = check(
+        dp,
+        &Case {
+            desc: "SYN on the closed flow's tuple → a new flow",
+            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
+            expect: Expect::Rewritten {
+                src: snat_any,
+                dst: remote,
+            },
+        },
+    )
+    .expect("snat");
+    assert_ne!(reopened, snat, "the reopened flow has its own SNAT port");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["src_denied"], 1, "{counts:?}");
+    assert_eq!(counts["icmp_xlate"], 1, "{counts:?}");
+    assert_eq!(counts["frag_needed"], 1, "{counts:?}");
+    assert_eq!(counts["no_backend"], 1, "{counts:?}");
+}
+
+/// The SNATed flow and its reply, local backends, Local policy, loopback NodePorts.
+fn flow_cases(snat: SocketAddrV4) -> Vec<Case> {
+    let np = |port: u16| SocketAddrV4::new(NODE, port);
+    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
+    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+    vec![
         Case {
             desc: "later packet of the SNATed flow: same backend, same SNAT port",
             packet: PacketBuilder::tcp(EXT, np(30001)).flags(TCP_ACK).build(),
@@ -189,6 +234,14 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
                 dst: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 30003),
             },
         },
+    ]
+}
+
+/// LoadBalancer source ranges, a reused client port, hairpin.
+fn range_cases() -> Vec<Case> {
+    let np = |port: u16| SocketAddrV4::new(NODE, port);
+    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+    vec![
         Case {
             desc: "LoadBalancer IP, client inside loadBalancerSourceRanges → DNAT",
             packet: PacketBuilder::tcp(
@@ -249,6 +302,16 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
                 dst: SocketAddrV4::new(LOCAL_POD, 6000),
             },
         },
+    ]
+}
+
+/// ICMP errors about the SNATed UDP flow (the quoted header as the backend sends it) and
+/// fragmentation needed.
+fn error_cases(udp_snat: SocketAddrV4) -> Vec<Case> {
+    let np = |port: u16| SocketAddrV4::new(NODE, port);
+    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
+    let sent_to_backend = PacketBuilder::udp(udp_snat, remote).payload(b"q").build();
+    vec![
         Case {
             desc: "port unreachable from the backend about the SNATed UDP flow → outer and inner translated",
             packet: icmp_error(REMOTE_POD, UNDERLAY, 3, 3, 0, &sent_to_backend[14..42]),
@@ -269,42 +332,5 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
                 mtu: 1280,
             },
         },
-    ];
-    for c in &table {
-        check(dp, c);
-    }
-
-    // The SNATed TCP flow closes both ways; the client then reuses its port for a new
-    // connection: a new flow (a new SNAT port: the old one is held until the flow has been
-    // idle a while), not the closing one.
-    for (desc, packet) in [
-        (
-            "FIN from the client",
-            PacketBuilder::tcp(EXT, np(30001)).flags(0x11).build(),
-        ),
-        (
-            "FIN from the backend",
-            PacketBuilder::tcp(remote, snat).flags(0x11).build(),
-        ),
-    ] {
-        assert_eq!(dp.run(&packet).expect("run").verdict, TC_ACT_OK, "{desc}");
-    }
-    let reopened = check(
-        dp,
-        &Case {
-            desc: "SYN on the closed flow's tuple → a new flow",
-            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
-            expect: Expect::Rewritten {
-                src: snat_any,
-                dst: remote,
-            },
-        },
-    )
-    .expect("snat");
-    assert_ne!(reopened, snat, "the reopened flow has its own SNAT port");
-    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-    assert_eq!(counts["src_denied"], 1, "{counts:?}");
-    assert_eq!(counts["icmp_xlate"], 1, "{counts:?}");
-    assert_eq!(counts["frag_needed"], 1, "{counts:?}");
-    assert_eq!(counts["no_backend"], 1, "{counts:?}");
+    ]
 }

@@ -83,7 +83,25 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
     checksums::assert_valid(&r.packet, Udp::Computed, desc);
 
-    // 4. What XDP leaves to tc, untouched.
+    left_to_tc(dp, ifindex, snat);
+    // 4. Source ranges are enforced in XDP too.
+    let desc = "LoadBalancer IP, client outside the ranges → dropped in XDP";
+    let r = run(
+        dp,
+        desc,
+        &PacketBuilder::tcp(
+            OUTSIDER,
+            SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
+        )
+        .build(),
+    );
+    assert_eq!(r.verdict, XDP_DROP, "{desc}");
+}
+
+/// What XDP leaves to tc, untouched.
+fn left_to_tc(dp: &mut LoadedDatapath, ifindex: u32, snat: SocketAddrV4) {
+    let np = |port: u16| SocketAddrV4::new(NODE, port);
+    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
     let mut partial = PacketBuilder::tcp(SocketAddrV4::new(*EXT.ip(), 5002), np(30001)).build();
     let pseudo = {
         let mut sum = 0u32;
@@ -124,21 +142,10 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
                 .build(),
         ),
     ] {
-        let r = run(dp, desc, &packet);
+        let r = dp
+            .run_xdp(&packet, ifindex)
+            .unwrap_or_else(|e| panic!("{desc}: test run: {e}"));
         assert_eq!(r.verdict, XDP_PASS, "{desc}");
         assert_eq!(r.packet, packet, "{desc}: must be untouched");
     }
-
-    // 5. Source ranges are enforced in XDP too.
-    let desc = "LoadBalancer IP, client outside the ranges → dropped in XDP";
-    let r = run(
-        dp,
-        desc,
-        &PacketBuilder::tcp(
-            OUTSIDER,
-            SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
-        )
-        .build(),
-    );
-    assert_eq!(r.verdict, XDP_DROP, "{desc}");
 }

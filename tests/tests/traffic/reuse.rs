@@ -149,37 +149,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
     s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
         .expect("dns programmed");
     const N: usize = 6;
-    type Flows = (
-        Vec<std::net::TcpStream>,
-        Vec<std::net::UdpSocket>,
-        Vec<String>,
-    );
-    let (mut tcp, udp, first): Flows = s
-        .topo
-        .client
-        .ns
-        .run(|| -> Result<Flows, String> {
-            let (mut tcp, mut udp, mut first) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..N {
-                let mut c = std::net::TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
-                    .map_err(|e| format!("connect: {e}"))?;
-                c.set_read_timeout(Some(TIMEOUT))
-                    .map_err(|e| e.to_string())?;
-                first.push(ask_tcp(&mut c)?);
-                tcp.push(c);
-            }
-            for _ in 0..N {
-                let u = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
-                u.connect(sock(DNS, 53)).map_err(|e| e.to_string())?;
-                u.set_read_timeout(Some(TIMEOUT))
-                    .map_err(|e| e.to_string())?;
-                first.push(ask_udp(&u)?);
-                udp.push(u);
-            }
-            Ok((tcp, udp, first))
-        })
-        .expect("client thread")
-        .expect("long-lived flows");
+    let (mut tcp, udp, first) = open_flows(&s, N);
     let ask_all = |tcp: &mut Vec<std::net::TcpStream>, when: &str| {
         let mut got = Vec::new();
         for c in tcp.iter_mut() {
@@ -214,17 +184,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
     let misses = counts(&s);
 
     // The new layout's agent on the same pins.
-    let log = s.workdir.join("agent-upgraded.log");
-    s.agent.restart(log).expect("restart");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !s.agent.log_text().contains("took over") {
-        assert!(
-            Instant::now() < deadline,
-            "no takeover: {}",
-            s.agent.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    upgrade(&mut s);
     let text = s.agent.log_text();
     for old in lb_common::prev::REPLACED {
         assert!(
@@ -259,4 +219,61 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
         .expect("client thread")
         .expect("new connections after the upgrade");
     assert_eq!(answers.len(), 10);
+}
+
+/// Long-lived flows: `n` TCP connections and `n` connected UDP sockets to web and dns, and
+/// the backend each answered from first.
+fn open_flows(
+    s: &Scenario,
+    n: usize,
+) -> (
+    Vec<std::net::TcpStream>,
+    Vec<std::net::UdpSocket>,
+    Vec<String>,
+) {
+    type Flows = (
+        Vec<std::net::TcpStream>,
+        Vec<std::net::UdpSocket>,
+        Vec<String>,
+    );
+    s.topo
+        .client
+        .ns
+        .run(move || -> Result<Flows, String> {
+            let (mut tcp, mut udp, mut first) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..n {
+                let mut c = std::net::TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
+                    .map_err(|e| format!("connect: {e}"))?;
+                c.set_read_timeout(Some(TIMEOUT))
+                    .map_err(|e| e.to_string())?;
+                first.push(ask_tcp(&mut c)?);
+                tcp.push(c);
+            }
+            for _ in 0..n {
+                let u = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+                u.connect(sock(DNS, 53)).map_err(|e| e.to_string())?;
+                u.set_read_timeout(Some(TIMEOUT))
+                    .map_err(|e| e.to_string())?;
+                first.push(ask_udp(&u)?);
+                udp.push(u);
+            }
+            Ok((tcp, udp, first))
+        })
+        .expect("client thread")
+        .expect("long-lived flows")
+}
+
+/// Restarts the agent (this layout) on the previous layout's pins; waits for its takeover.
+fn upgrade(s: &mut Scenario) {
+    let log = s.workdir.join("agent-upgraded.log");
+    s.agent.restart(log).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !s.agent.log_text().contains("took over") {
+        assert!(
+            Instant::now() < deadline,
+            "no takeover: {}",
+            s.agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -199,22 +199,7 @@ fn node_port_reaches_local_backends_from_an_external_client() {
     if !require_root("node_port_reaches_local_backends_from_an_external_client") {
         return;
     }
-    let all = backends(3);
-    let node_port = |proto: &str, port: u16, target: u16, np: u16, name: &str, vip: Ipv4Addr| {
-        service_yaml(name, vip, port, proto, target, &all)
-            .replace("spec:\n", "spec:\n  type: NodePort\n")
-            .replace(
-                &format!("targetPort: {target}}}"),
-                &format!("targetPort: {target}, nodePort: {np}}}"),
-            )
-    };
-    // web also has an externalIP, which the external client routes to the node.
-    let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB).replace(
-        "  type: NodePort\n",
-        "  type: NodePort\n  externalIPs: [198.51.100.10]\n",
-    ) + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
-    // The backends are this node's pods: their traffic is not SNATed (remote ones would be).
-    let yaml = on_node(&yaml, "node1");
+    let yaml = node_port_yaml();
     let tag = xlb_tests::unique_tag("xo");
     let topo = xlb_tests::topology::Topology::build(&tag, 3).expect("topology");
     let ext = topo.add_external_client("up0").expect("external client");
@@ -256,10 +241,42 @@ fn node_port_reaches_local_backends_from_an_external_client() {
         })
         .expect("NodePort frontends programmed on the uplink's address");
     std::thread::sleep(Duration::from_millis(300));
+    node_port_answers_keep_the_client(&ext.ns, &agent);
+    external_ip_answers_keep_the_client(&ext.ns, &agent);
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// web (TCP NodePort 30080, externalIP 198.51.100.10) and dns (UDP NodePort 30053) on
+/// three of node1's pods.
+fn node_port_yaml() -> String {
+    let all = backends(3);
+    let node_port = |proto: &str, port: u16, target: u16, np: u16, name: &str, vip: Ipv4Addr| {
+        service_yaml(name, vip, port, proto, target, &all)
+            .replace("spec:\n", "spec:\n  type: NodePort\n")
+            .replace(
+                &format!("targetPort: {target}}}"),
+                &format!("targetPort: {target}, nodePort: {np}}}"),
+            )
+    };
+    // web also has an externalIP, which the external client routes to the node.
+    let yaml = node_port("TCP", 80, TCP_PORT, 30080, "web", WEB).replace(
+        "  type: NodePort\n",
+        "  type: NodePort\n  externalIPs: [198.51.100.10]\n",
+    ) + &node_port("UDP", 53, UDP_PORT, 30053, "dns", DNS);
+    // The backends are this node's pods: their traffic is not SNATed (remote ones would be).
+    on_node(&yaml, "node1")
+}
+
+/// From the external client to the NodePorts: every backend, the client's address kept,
+/// the replies from the NodePorts.
+fn node_port_answers_keep_the_client(
+    ns: &xlb_tests::netns::Netns,
+    agent: &xlb_tests::agent::Agent,
+) {
     let node_ip = Ipv4Addr::new(192, 0, 2, 1);
-    let capture = Capture::start(&ext.ns, "eth0").expect("capture");
-    let answers = ext
-        .ns
+    let capture = Capture::start(ns, "eth0").expect("capture");
+    let answers = ns
         .run(move || {
             let mut out = Vec::new();
             for _ in 0..60 {
@@ -293,10 +310,16 @@ fn node_port_reaches_local_backends_from_an_external_client() {
         seen.insert(a.backend);
     }
     assert_eq!(seen.len(), 3, "NodePort traffic reached {seen:?}");
+}
+
+/// From the external client to the externalIP: the client's address kept.
+fn external_ip_answers_keep_the_client(
+    ns: &xlb_tests::netns::Netns,
+    agent: &xlb_tests::agent::Agent,
+) {
     let external_ip = Ipv4Addr::new(198, 51, 100, 10);
-    let capture = Capture::start(&ext.ns, "eth0").expect("capture");
-    let via_external_ip = ext
-        .ns
+    let capture = Capture::start(ns, "eth0").expect("capture");
+    let via_external_ip = ns
         .run(move || {
             (0..20)
                 .map(|_| tcp_request(sock(external_ip, 80), TIMEOUT))
@@ -317,7 +340,4 @@ fn node_port_reaches_local_backends_from_an_external_client() {
             a.seen_client
         );
     }
-
-    drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }
