@@ -276,62 +276,7 @@ pub fn run() -> Result<Section> {
 }
 
 fn render(colds: &[Cold], ipt: &[Rules], nft: &[Rules], changes: &[Change]) -> Result<Section> {
-    let mut body = String::new();
-    cold_table(&mut body, colds);
-    let (ipt_10k, xlb_10k) = loaders_table(&mut body, colds, ipt, nft);
-    change_table(&mut body, changes);
-    targets(&mut body, colds, ipt, changes, (ipt_10k, xlb_10k));
-    let xlb_2: Vec<(f64, f64)> = colds
-        .iter()
-        .filter(|c| c.endpoints == 2)
-        .map(|c| (c.services as f64, c.total_s.median))
-        .collect();
-    let pts = |set: &[Rules]| -> Vec<(f64, f64)> {
-        set.iter()
-            .map(|r| (r.services as f64, r.seconds.median))
-            .collect()
-    };
-    let (ipt_pts, nft_pts) = (pts(ipt), pts(nft));
-    let plot = "bench-sync.svg";
-    report::line_plot_scaled(
-        plot,
-        "Programming N services × 2 endpoints (seconds, log-log)",
-        "services",
-        "seconds",
-        &[
-            Series {
-                name: "xlb cold sync (compute + apply)".into(),
-                points: xlb_2,
-            },
-            Series {
-                name: "iptables-restore".into(),
-                points: ipt_pts,
-            },
-            Series {
-                name: "nft -f".into(),
-                points: nft_pts,
-            },
-        ],
-        true,
-    )?;
-    body.push_str(&format!("\n![sync time]({plot})\n"));
-    Ok(Section {
-        title: "sync: control plane".into(),
-        body,
-    })
-}
-
-/// xlb's median cold sync of `n` services × 2 endpoints, if measured.
-fn xlb_at(colds: &[Cold], n: usize) -> Option<f64> {
-    colds
-        .iter()
-        .find(|c| c.services == n && c.endpoints == 2)
-        .map(|c| c.total_s.median)
-}
-
-/// The cold full syncs.
-fn cold_table(body: &mut String, colds: &[Cold]) {
-    body.push_str(
+    let mut body = String::from(
         "**Cold full sync** into empty kernel maps through the agent's path (`desired::compute` + \
          `sync::apply` with `KernelMaps`), median [min–max] of 3 trials; peak RSS = VmHWM growth during \
          the sync (reset through `/proc/self/clear_refs` just before); VmHWM = the bench process's peak \
@@ -366,11 +311,18 @@ fn cold_table(body: &mut String, colds: &[Cold]) {
         })
         .collect();
     body.push_str(&report::table(&headers, &rows));
-}
 
-/// iptables-restore and nft -f of the same services, with the extrapolation to 10,000;
-/// returns iptables-restore's and xlb's time at 10,000 services.
-fn loaders_table(body: &mut String, colds: &[Cold], ipt: &[Rules], nft: &[Rules]) -> (f64, f64) {
+    let xlb_2: Vec<(f64, f64)> = colds
+        .iter()
+        .filter(|c| c.endpoints == 2)
+        .map(|c| (c.services as f64, c.total_s.median))
+        .collect();
+    let xlb_at = |n: usize| {
+        colds
+            .iter()
+            .find(|c| c.services == n && c.endpoints == 2)
+            .map(|c| c.total_s.median)
+    };
     body.push_str(
         "\n**The same services the way kube-proxy loads them**, × 2 endpoints, each into a fresh network \
          namespace: `iptables-restore --noflush` (iptables 1.8.9, nf_tables backend) and `nft -f` of \
@@ -395,7 +347,7 @@ fn loaders_table(body: &mut String, colds: &[Cold], ipt: &[Rules], nft: &[Rules]
                 r.services.to_string(),
                 r.rules.to_string(),
                 r.seconds.show(2),
-                xlb_at(colds, r.services)
+                xlb_at(r.services)
                     .map_or("–".into(), |x| format!("{:.0}×", r.seconds.median / x)),
             ]);
         }
@@ -408,7 +360,7 @@ fn loaders_table(body: &mut String, colds: &[Cold], ipt: &[Rules], nft: &[Rules]
         .iter()
         .map(|r| (r.services as f64, r.seconds.median))
         .collect();
-    let xlb_10k = xlb_at(colds, 10_000).unwrap_or(f64::NAN);
+    let xlb_10k = xlb_at(10_000).unwrap_or(f64::NAN);
     let mut at_10k = Vec::new();
     for (name, pts) in [("iptables-restore", &ipt_pts), ("nft -f", &nft_pts)] {
         let (a, b) = power_fit(pts);
@@ -422,12 +374,9 @@ fn loaders_table(body: &mut String, colds: &[Cold], ipt: &[Rules], nft: &[Rules]
             format!("{:.0}×", t / xlb_10k),
         ]);
     }
+    let ipt_10k = at_10k[0];
     body.push_str(&report::table(&headers, &rows));
-    (at_10k[0], xlb_10k)
-}
 
-/// One endpoint change → visible.
-fn change_table(body: &mut String, changes: &[Change]) {
     body.push_str(
         "\n**One endpoint change → visible**: a service's EndpointSlice loses one of its 10 endpoints and \
          gains a new one; timed from the model holding the change to the pinned service and backend maps \
@@ -461,21 +410,12 @@ fn change_table(body: &mut String, changes: &[Change]) {
         })
         .collect();
     body.push_str(&report::table(&headers, &rows));
-}
 
-/// The issue's targets.
-fn targets(
-    body: &mut String,
-    colds: &[Cold],
-    ipt: &[Rules],
-    changes: &[Change],
-    (ipt_10k, xlb_10k): (f64, f64),
-) {
     let speedup = ipt_10k / xlb_10k;
     let measured = ipt
         .iter()
         .rev()
-        .find_map(|r| xlb_at(colds, r.services).map(|x| (r.services, r.seconds.median / x)));
+        .find_map(|r| xlb_at(r.services).map(|x| (r.services, r.seconds.median / x)));
     let p99s: Vec<(usize, f64)> = changes
         .iter()
         .map(|c| (c.services, percentile(&c.total_ms, 99.0)))
@@ -492,4 +432,32 @@ fn targets(
         verdict(change_ok),
         p99s.iter().map(|(s, p)| format!("p99 {p:.3} ms at {s}")).collect::<Vec<_>>().join(", "),
     ));
+
+    let plot = "bench-sync.svg";
+    report::line_plot_scaled(
+        plot,
+        "Programming N services × 2 endpoints (seconds, log-log)",
+        "services",
+        "seconds",
+        &[
+            Series {
+                name: "xlb cold sync (compute + apply)".into(),
+                points: xlb_2,
+            },
+            Series {
+                name: "iptables-restore".into(),
+                points: ipt_pts,
+            },
+            Series {
+                name: "nft -f".into(),
+                points: nft_pts,
+            },
+        ],
+        true,
+    )?;
+    body.push_str(&format!("\n![sync time]({plot})\n"));
+    Ok(Section {
+        title: "sync: control plane".into(),
+        body,
+    })
 }
