@@ -210,6 +210,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut node = desired::NodeContext::new(&opts.node_name, &[], socket_lb);
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let mut feed = Feed::start(&opts.source);
+    let _collector = CollectorGuard::spawn(&opts.bpffs);
     while !stop.load(Ordering::Relaxed) {
         if upgrade.is_none() {
             let mut links = KernelLinks {
@@ -256,6 +257,25 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// The assured conntrack collector's thread, stopped when the agent returns.
+struct CollectorGuard(Arc<AtomicBool>);
+
+impl CollectorGuard {
+    fn spawn(dir: &std::path::Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone()) {
+            warn!("cannot start the assured conntrack collector: {e}");
+        }
+        Self(stop)
+    }
+}
+
+impl Drop for CollectorGuard {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The upgrade's steps after this agent's first sync: the previous layout's flows copied
