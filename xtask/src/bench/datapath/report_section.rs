@@ -22,17 +22,21 @@ fn target(out: &mut String, name: &str, ok: bool, detail: &str, closing: &str) {
 fn closing(hook: &str, label: &str) -> &'static str {
     match (hook, label) {
         ("XDP", "hot established" | "hot reply") => {
-            "a `bpf_fib_lookup` per packet (about 130 ns of the 190): cache the route (egress \
-             interface, MACs, MTU) in the flow or a per-CPU direct-mapped cache refreshed once a \
-             second; with a 5 ns floor, 10× leaves 50 ns for the whole NAT (Katran's own 75 ns is \
-             10.7× here)"
+            "the route is cached now (a per-CPU direct-mapped cache, `XLB_XDPRT`, refreshed \
+             once a second), which took only about 20 ns off (190 → 168 ns): the route lookup \
+             was not where XDP's time goes. XDP already spends about 36 ns more than tc on a \
+             non-service packet, and an established one 110 ns more than tc's 58 for the same \
+             NAT: the XDP path's own packet access (every field through bounds-checked loads of \
+             `xdp_md`, the checksum-partial test, the TTL read and L2 rewrite) is to be profiled \
+             instruction by instruction (`bpftool prog profile`); with a 5 ns floor, 10× leaves \
+             50 ns for the whole NAT (Katran's own 75 ns is 10.7× here)"
         }
         ("XDP", "hot non-service" | "distinct non-service") => {
             "XDP spends about 50 ns more than tc on the same non-service work in this harness (not \
              the length helper, not the checksum test: both were ruled out); to be profiled"
         }
         ("XDP", "distinct established") => {
-            "the route lookup per packet (see hot established), and at scale the per-CPU counter \
+            "XDP's own per-packet cost (see hot established), and at scale the per-CPU counter \
              arrays' two dependent misses each (a plain CPU-major array: one)"
         }
         (_, "distinct established") => {
