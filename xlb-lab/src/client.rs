@@ -46,7 +46,12 @@ pub fn tcp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> 
 /// Sends one datagram from a fresh socket and waits for the answer. The socket is connected
 /// to `to`, so the kernel only delivers an answer whose source is exactly `to`.
 pub fn udp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String> {
-    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    let any: SocketAddr = if to.is_ipv6() {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    };
+    let s = UdpSocket::bind(any).map_err(|e| e.to_string())?;
     s.connect(to).map_err(|e| format!("connect {to}: {e}"))?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;

@@ -234,27 +234,29 @@ pub fn compute_on(
     let mut candidates = Vec::new();
     ids.limit(limits);
 
-    for (id, svc) in &model.services {
+    for id in model.services.keys() {
         if !model.slices.contains_key(id) {
             errors.push(DesiredError::NoEndpointSlice {
                 object: id.to_string(),
             });
         }
-        for ip in svc.cluster_ips.iter().filter(|ip| ip.is_ipv6()) {
-            for port in &svc.ports {
-                errors.push(DesiredError::Unsupported {
-                    object: object_name(&id.to_string(), port),
-                    what: format!("IPv6 ClusterIP {ip}"),
-                });
-            }
-        }
     }
-    let settings = NodeSettings {
-        family: IpFamily::V4,
-        ..node.node.clone()
-    };
     let node_port_addresses = node.node_port_addresses();
-    for view in service_ports(model, &settings) {
+    // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
+    // gets each family's ClusterIP with that family's endpoints.
+    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+        let settings = NodeSettings {
+            family,
+            ..node.node.clone()
+        };
+        service_ports(model, &settings)
+    });
+    for view in views {
+        let family = if view.cluster_ip.is_ipv6() {
+            IpFamily::V6
+        } else {
+            IpFamily::V4
+        };
         let object = object_name(&view.service.id.to_string(), view.port);
         if view.protocol() == Protocol::Sctp {
             errors.push(DesiredError::Unsupported {
@@ -263,18 +265,18 @@ pub fn compute_on(
             });
             continue;
         }
-        let IpAddr::V4(vip) = view.cluster_ip else {
-            continue;
-        };
         // ClusterIP traffic follows internalTrafficPolicy; NodePort traffic (on each of this
         // node's NodePort addresses) follows externalTrafficPolicy.
+        let vip = view.cluster_ip;
         let mut frontends = vec![(vip, view.port.port, Reach::Cluster, String::new())];
-        // externalIPs and LoadBalancer ingress IPs take the service port and the external
-        // policy; LoadBalancer IPs also the loadBalancerSourceRanges.
-        for ip in view.external_ips.iter().filter_map(|ip| match ip {
-            IpAddr::V4(v) => Some(*v),
-            IpAddr::V6(_) => None,
-        }) {
+        // externalIPs and LoadBalancer ingress IPs (of the view's family) take the service
+        // port and the external policy; LoadBalancer IPs also the loadBalancerSourceRanges.
+        for ip in view
+            .external_ips
+            .iter()
+            .copied()
+            .filter(|ip| family.matches(*ip))
+        {
             frontends.push((
                 ip,
                 view.port.port,
@@ -282,10 +284,12 @@ pub fn compute_on(
                 format!(" (externalIP {ip})"),
             ));
         }
-        for ip in view.load_balancer_ips.iter().filter_map(|ip| match ip {
-            IpAddr::V4(v) => Some(*v),
-            IpAddr::V6(_) => None,
-        }) {
+        for ip in view
+            .load_balancer_ips
+            .iter()
+            .copied()
+            .filter(|ip| family.matches(*ip))
+        {
             frontends.push((
                 ip,
                 view.port.port,
@@ -294,16 +298,37 @@ pub fn compute_on(
             ));
         }
         if let Some(node_port) = view.node_port {
-            for ip in &node_port_addresses {
-                frontends.push((*ip, node_port, Reach::External, format!(" (nodePort {ip})")));
+            if family == IpFamily::V6 {
+                // tc and XDP translate IPv4 only: an IPv6 NodePort would not be served.
+                errors.push(DesiredError::Unsupported {
+                    object: object.clone(),
+                    what: format!("IPv6 NodePort {node_port}"),
+                });
             }
-            if node.socket_lb {
-                let lo = Ipv4Addr::LOCALHOST;
+            for ip in node_port_addresses
+                .iter()
+                .filter(|_| family == IpFamily::V4)
+            {
+                let ip = IpAddr::V4(*ip);
+                frontends.push((ip, node_port, Reach::External, format!(" (nodePort {ip})")));
+            }
+            if node.socket_lb && family == IpFamily::V4 {
+                let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
                 frontends.push((lo, node_port, Reach::Loopback, format!(" (nodePort {lo})")));
             }
         }
         let ranges = source_ranges(&view);
         for (ip, port, reach, suffix) in frontends {
+            if family == IpFamily::V6
+                && reach == Reach::LoadBalancer
+                && !view.source_ranges.is_empty()
+            {
+                errors.push(DesiredError::Unsupported {
+                    object: format!("{object}{suffix}"),
+                    what: "IPv6 loadBalancerSourceRanges".into(),
+                });
+                continue;
+            }
             let local = match reach {
                 Reach::Cluster => view.internal_policy_local(),
                 Reach::External | Reach::LoadBalancer => view.external_policy_local(),
@@ -331,7 +356,8 @@ pub fn compute_on(
                     view.source_ranges
                         .iter()
                         .any(|c| c.contains(IpAddr::V4(*n)))
-                }) {
+                }) && let IpAddr::V4(ip) = ip
+                {
                     r.push((ip, 32));
                 }
                 r
@@ -432,7 +458,7 @@ pub fn compute_on(
         let mut slot = 0u16;
         let mut full = false;
         for (b, local) in &backends {
-            let IpAddr::V4(ip) = b.ip else { continue };
+            let ip = b.ip;
             let be = if *local {
                 backend_value(ip, b.port, b.protocol)
             } else {

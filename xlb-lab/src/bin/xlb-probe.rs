@@ -72,8 +72,17 @@ fn tcp(to: SocketAddr) -> std::io::Result<(String, SocketAddr)> {
     tcp_once(&mut s)
 }
 
+/// A UDP socket of `to`'s family, on any address and port.
+fn udp_for(to: SocketAddr) -> std::io::Result<UdpSocket> {
+    if to.is_ipv6() {
+        UdpSocket::bind("[::]:0")
+    } else {
+        UdpSocket::bind("0.0.0.0:0")
+    }
+}
+
 fn udp_connected(to: SocketAddr) -> std::io::Result<UdpSocket> {
-    let s = UdpSocket::bind("0.0.0.0:0")?;
+    let s = udp_for(to)?;
     s.set_read_timeout(Some(TIMEOUT))?;
     s.connect(to)?;
     Ok(s)
@@ -198,7 +207,7 @@ fn run(probe: Probe) -> Result<(), String> {
         Probe::Tcp { to, count } => each(count, || tcp(to)),
         Probe::Udp { to, count } => each(count, || udp_connected(to).and_then(|s| udp_once(&s))),
         Probe::UdpUnconnected { to, count } => {
-            let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+            let s = udp_for(to).map_err(|e| e.to_string())?;
             s.set_read_timeout(Some(TIMEOUT))
                 .map_err(|e| e.to_string())?;
             each(count, || udp_unconnected(&s, to));
