@@ -3,6 +3,8 @@
 //!
 //! A TCP line `SHA256 <len>` starts a bulk transfer: the server reads exactly `len` bytes and
 //! answers `"<name> <peer> <sha256 hex>\n"` (for transfers through MTU and offload changes).
+//! A line `SINK` makes it read and drop everything until the client shuts its side, then
+//! answer `"<name> <peer> <bytes>\n"` (a throughput test that costs the server nothing).
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
@@ -100,6 +102,11 @@ fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
     while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+        if line.trim() == "SINK" {
+            let n = std::io::copy(&mut reader, &mut std::io::sink()).unwrap_or(0);
+            let _ = writer.write_all(format!("{name} {peer} {n}\n").as_bytes());
+            return;
+        }
         let answer = match line.trim().strip_prefix("SHA256 ") {
             Some(len) => match len.parse::<u64>().ok().and_then(|n| digest(&mut reader, n)) {
                 Some(hex) => format!("{name} {peer} {hex}\n"),

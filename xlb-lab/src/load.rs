@@ -1,5 +1,6 @@
 //! A bounded TCP load generator for the benches: new connections per second, requests per
-//! second on one kept connection, and how long `connect()` takes. It runs on a thread inside
+//! second on one kept connection, how long `connect()` takes, and the throughput of one bulk
+//! TCP stream. It runs on a thread inside
 //! a namespace, or as the `xlb client load` process (in a cgroup, for the socket hooks),
 //! which prints one [`Measured::line`].
 
@@ -16,18 +17,22 @@ pub struct Measured {
     pub reqs_per_s: f64,
     pub connect_p50_us: f64,
     pub connect_p99_us: f64,
+    /// One TCP stream's upload to the echo server's sink, MB/s (10^6 bytes).
+    pub bulk_mb_per_s: f64,
     pub failures: usize,
 }
 
 impl Measured {
-    /// One line: `conns_per_s=… reqs_per_s=… connect_p50_us=… connect_p99_us=… failures=…`.
+    /// One line: `conns_per_s=… reqs_per_s=… connect_p50_us=… connect_p99_us=…
+    /// bulk_mb_per_s=… failures=…`.
     pub fn line(&self) -> String {
         format!(
-            "conns_per_s={:.1} reqs_per_s={:.1} connect_p50_us={:.1} connect_p99_us={:.1} failures={}",
+            "conns_per_s={:.1} reqs_per_s={:.1} connect_p50_us={:.1} connect_p99_us={:.1} bulk_mb_per_s={:.1} failures={}",
             self.conns_per_s,
             self.reqs_per_s,
             self.connect_p50_us,
             self.connect_p99_us,
+            self.bulk_mb_per_s,
             self.failures
         )
     }
@@ -45,6 +50,7 @@ impl Measured {
                 "reqs_per_s" => m.reqs_per_s = num()?,
                 "connect_p50_us" => m.connect_p50_us = num()?,
                 "connect_p99_us" => m.connect_p99_us = num()?,
+                "bulk_mb_per_s" => m.bulk_mb_per_s = num()?,
                 "failures" => m.failures = value.parse().map_err(|e| format!("{word:?}: {e}"))?,
                 _ => return Err(format!("{line:?}: unknown key {key:?}")),
             }
@@ -110,8 +116,28 @@ fn kept_connection(target: SocketAddr, phase: Duration) -> (usize, usize) {
     (reqs, 0)
 }
 
-/// New connections, then requests on a kept connection, to `target`, each for `phase`.
-/// Must run in the client's namespace.
+/// One TCP stream writing as fast as it can for `phase` into the echo server's sink; MB/s
+/// as the server counted the bytes (None: the stream failed).
+fn bulk(target: SocketAddr, phase: Duration) -> Option<f64> {
+    let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(1)).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"SINK\n").ok()?;
+    let chunk = vec![0x5au8; 256 * 1024];
+    let start = Instant::now();
+    while start.elapsed() < phase {
+        s.write_all(&chunk).ok()?;
+    }
+    s.shutdown(std::net::Shutdown::Write).ok()?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).ok()?;
+    let secs = start.elapsed().as_secs_f64();
+    let bytes: f64 = line.split_whitespace().nth(2)?.parse().ok()?;
+    Some(bytes / secs / 1e6)
+}
+
+/// New connections, then requests on a kept connection, then one bulk stream, to `target`,
+/// each for `phase`. Must run in the client's namespace.
 pub fn measure(target: SocketAddr, phase: Duration) -> Measured {
     let mut connect_us = Vec::new();
     let mut failures = 0usize;
@@ -125,12 +151,15 @@ pub fn measure(target: SocketAddr, phase: Duration) -> Measured {
     let conns_per_s = connect_us.len() as f64 / start.elapsed().as_secs_f64();
     let start = Instant::now();
     let (reqs, kept_failures) = kept_connection(target, phase);
+    let reqs_per_s = reqs as f64 / start.elapsed().as_secs_f64();
+    let bulk_mb_per_s = bulk(target, phase);
     Measured {
         conns_per_s,
-        reqs_per_s: reqs as f64 / start.elapsed().as_secs_f64(),
+        reqs_per_s,
         connect_p50_us: percentile(&mut connect_us, 50.0),
         connect_p99_us: percentile(&mut connect_us, 99.0),
-        failures: failures + kept_failures,
+        bulk_mb_per_s: bulk_mb_per_s.unwrap_or(0.0),
+        failures: failures + kept_failures + usize::from(bulk_mb_per_s.is_none()),
     }
 }
 
@@ -145,6 +174,7 @@ mod tests {
             reqs_per_s: 17000.0,
             connect_p50_us: 31.2,
             connect_p99_us: 80.0,
+            bulk_mb_per_s: 1234.5,
             failures: 2,
         };
         assert_eq!(Measured::parse(&m.line()), Ok(m));

@@ -11,6 +11,8 @@
 //! bounded in time: a warm-up of at most 10 s, then
 //! * new connections per second: connect, one request, its response, close, in a loop;
 //! * requests per second on one kept connection;
+//! * one bulk TCP stream's throughput (the client writes as fast as it can into the echo
+//!   server's sink, which counts the bytes);
 //! * first-packet latency: how long `connect()` takes (SYN to SYN-ACK through the datapath),
 //!   p50 and p99 over every new connection.
 //!
@@ -50,7 +52,7 @@ const SIZES: [usize; 3] = [1, 1_000, 10_000];
 const USERSPACE_MAX: usize = 1_000;
 const PHASE: Duration = Duration::from_millis(1500);
 const TRIALS: usize = 5;
-/// A generator still running after this is killed (warm-up 10 s + two phases).
+/// A generator still running after this is killed (warm-up 10 s + three phases).
 const GENERATOR_LIMIT: Duration = Duration::from_secs(30);
 const MEASURED_VIP: Ipv4Addr = Ipv4Addr::new(10, 94, 0, 1);
 const BACKEND: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
@@ -275,6 +277,10 @@ fn reqs(m: &Measured) -> f64 {
     m.reqs_per_s
 }
 
+fn bulk(m: &Measured) -> f64 {
+    m.bulk_mb_per_s
+}
+
 /// The table of every cell.
 fn table(results: &Results) -> String {
     let headers: Vec<String> = [
@@ -284,6 +290,7 @@ fn table(results: &Results) -> String {
         "req/s (kept)",
         "connect p50 (µs)",
         "connect p99 (µs)",
+        "bulk MB/s (one stream)",
         "failures",
     ]
     .iter()
@@ -302,6 +309,7 @@ fn table(results: &Results) -> String {
                 stat(ms, reqs).show(0),
                 format!("{:.0}", stat(ms, |m| m.connect_p50_us).median),
                 format!("{:.0}", stat(ms, |m| m.connect_p99_us).median),
+                stat(ms, bulk).show(0),
                 ms.iter().map(|m| m.failures).sum::<usize>().to_string(),
             ]
         })
@@ -328,6 +336,7 @@ fn ratios(results: &Results) -> String {
     for &n in &SIZES {
         let mut line = format!("* {n} services, new conn/s:");
         let mut kept = String::from(" req/s (kept):");
+        let mut stream = String::from(" bulk MB/s:");
         for row in ROWS
             .iter()
             .filter(|r| r.lab().is_some() && r.measured_at(n))
@@ -345,8 +354,14 @@ fn ratios(results: &Results) -> String {
                 row.name(),
                 ratio(results, *row, floor, n, reqs)
             );
+            let _ = write!(
+                stream,
+                " {} {:.2}×;",
+                row.name(),
+                ratio(results, *row, floor, n, bulk)
+            );
         }
-        let _ = writeln!(body, "{line}{kept}");
+        let _ = writeln!(body, "{line}{kept}{stream}");
     }
     body
 }
@@ -378,6 +393,8 @@ fn targets(results: &Results) -> String {
     let sock_conns = worst(results, Row::SockPod, conns);
     let sock_reqs = worst(results, Row::SockPod, reqs);
     let sock_flat = flatness(results, Row::SockPod);
+    let tc_bulk = worst(results, Row::Tc, bulk);
+    let sock_bulk = worst(results, Row::SockPod, bulk);
     let ipt_flat = flatness(results, Row::Iptables);
     let sock_ok = sock_conns >= 1.0 && sock_reqs >= 1.0 && sock_flat >= 0.9;
     let mut body = format!(
@@ -387,11 +404,14 @@ fn targets(results: &Results) -> String {
          conn/s at {last} ÷ at 1 = {sock_flat:.2}×).\n\
          * xlb's tc path within 1.1× of direct-to-pod (new conn/s): **{}** (worst ÷ direct = {tc:.2}×).\n\
          * xlb's tc path flat in the number of services: **{}** (conn/s at {last} ÷ at 1 = {:.2}×).\n\
+         * one bulk TCP stream through a ClusterIP at least 0.97× of straight to the pod, tc and socket hooks: **{}** \
+         (worst ÷ direct: tc {tc_bulk:.2}×, socket hooks {sock_bulk:.2}×).\n\
          * iptables falling as services grow: {} (conn/s at {last} ÷ at 1 = {ipt_flat:.2}×).\n",
         verdict(sock_ok),
         verdict(tc >= 1.0 / 1.1),
         verdict(flatness(results, Row::Tc) >= 0.9),
         flatness(results, Row::Tc),
+        verdict(tc_bulk >= 0.97 && sock_bulk >= 0.97),
         if ipt_flat < 0.9 {
             "**shown**"
         } else {
