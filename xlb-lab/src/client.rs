@@ -111,3 +111,28 @@ pub fn tcp_upload(to: SocketAddr, len: usize, timeout: Duration) -> Result<Uploa
         sha256_matches: got == want,
     })
 }
+
+/// Sends a line on a long-lived TCP connection; the backend that answered.
+pub fn ask_tcp(c: &mut TcpStream) -> Result<String, String> {
+    c.write_all(b"hello\n").map_err(|e| format!("send: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&*c)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    line.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("no answer on {:?}: {line:?}", c.peer_addr()))
+}
+
+/// Sends a datagram on a long-lived connected UDP socket; the backend that answered.
+pub fn ask_udp(u: &UdpSocket) -> Result<String, String> {
+    u.send(b"hello\n").map_err(|e| format!("send: {e}"))?;
+    let mut buf = [0u8; 512];
+    let n = u.recv(&mut buf).map_err(|e| format!("recv: {e}"))?;
+    String::from_utf8_lossy(&buf[..n])
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| "empty UDP answer".to_string())
+}

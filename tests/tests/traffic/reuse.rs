@@ -107,32 +107,6 @@ fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
     direct.unwrap_or_else(|e| panic!("straight to the backend: {e}\n{}", s.agent.log_text()));
 }
 
-/// Sends a line on a long-lived TCP connection; the backend that answered.
-fn ask_tcp(c: &mut std::net::TcpStream) -> Result<String, String> {
-    use std::io::{BufRead, BufReader, Write};
-    c.write_all(b"hello\n").map_err(|e| format!("send: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(&*c)
-        .read_line(&mut line)
-        .map_err(|e| format!("read: {e}"))?;
-    line.split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| format!("no answer on {:?}: {line:?}", c.peer_addr()))
-}
-
-/// Sends a datagram on a long-lived connected UDP socket; the backend that answered.
-fn ask_udp(u: &std::net::UdpSocket) -> Result<String, String> {
-    u.send(b"hello\n").map_err(|e| format!("send: {e}"))?;
-    let mut buf = [0u8; 512];
-    let n = u.recv(&mut buf).map_err(|e| format!("recv: {e}"))?;
-    String::from_utf8_lossy(&buf[..n])
-        .split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| "empty UDP answer".to_string())
-}
-
 /// An agent of this layout takes over the pins of the previous one (`lb_common::prev`: 40-byte
 /// conntrack keys, hash backends, other ids) without breaking a flow: long-lived TCP
 /// connections and UDP flows opened before it starts keep their backends after it has
@@ -153,10 +127,14 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
     let ask_all = |tcp: &mut Vec<std::net::TcpStream>, when: &str| {
         let mut got = Vec::new();
         for c in tcp.iter_mut() {
-            got.push(ask_tcp(c).unwrap_or_else(|e| panic!("TCP flow {when}: {e}")));
+            got.push(
+                xlb_tests::client::ask_tcp(c).unwrap_or_else(|e| panic!("TCP flow {when}: {e}")),
+            );
         }
         for u in &udp {
-            got.push(ask_udp(u).unwrap_or_else(|e| panic!("UDP flow {when}: {e}")));
+            got.push(
+                xlb_tests::client::ask_udp(u).unwrap_or_else(|e| panic!("UDP flow {when}: {e}")),
+            );
         }
         got
     };
@@ -246,7 +224,7 @@ fn open_flows(
                     .map_err(|e| format!("connect: {e}"))?;
                 c.set_read_timeout(Some(TIMEOUT))
                     .map_err(|e| e.to_string())?;
-                first.push(ask_tcp(&mut c)?);
+                first.push(xlb_tests::client::ask_tcp(&mut c)?);
                 tcp.push(c);
             }
             for _ in 0..n {
@@ -254,7 +232,7 @@ fn open_flows(
                 u.connect(sock(DNS, 53)).map_err(|e| e.to_string())?;
                 u.set_read_timeout(Some(TIMEOUT))
                     .map_err(|e| e.to_string())?;
-                first.push(ask_udp(&u)?);
+                first.push(xlb_tests::client::ask_udp(&u)?);
                 udp.push(u);
             }
             Ok((tcp, udp, first))
