@@ -5,6 +5,7 @@ mod agent;
 mod compare;
 mod emit;
 mod list;
+mod trace;
 
 use std::{
     path::PathBuf,
@@ -41,6 +42,7 @@ enum Command {
         what: compare::ClientCommand,
     },
     Cleanup(list::CleanupArgs),
+    Trace(trace::TraceArgs),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -54,6 +56,7 @@ pub fn run() -> Result<()> {
         Command::Compare(args) => compare::run(args),
         Command::Client { what } => compare::run_client(what),
         Command::Cleanup(args) => list::cleanup(&args.bpffs),
+        Command::Trace(args) => trace::run(args),
     }
 }
 

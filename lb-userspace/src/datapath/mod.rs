@@ -4,6 +4,7 @@ pub mod attach;
 pub mod kernel;
 pub mod links;
 pub mod loader;
+pub mod scratch;
 pub mod sizes;
 pub mod socket;
 pub mod stale;

@@ -1,0 +1,232 @@
+//! `xlb trace`: its verdicts are the datapath's real ones (the same packets sent for real
+//! from the lab's client pod), and it leaves the live flow and affinity maps byte-identical.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use xlb_tests::{
+    client,
+    datapath::{RawEntries, dump_pinned},
+    scenario::{Scenario, TCP_PORT, UDP_PORT},
+    topology::pod_ip,
+};
+
+const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+const EMPTY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
+
+/// A Service with one port `p` and its slice of ready endpoints (namespace `test`).
+fn service(
+    name: &str,
+    ip: Ipv4Addr,
+    proto: &str,
+    port: u16,
+    target: u16,
+    extra: &str,
+    eps: &[Ipv4Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {ip}\n{extra}  ports:\n  - {{name: p, port: {port}, protocol: {proto}, targetPort: {target}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target}, protocol: {proto}}}\nendpoints:"
+    );
+    y.push_str(if eps.is_empty() { " []\n" } else { "\n" });
+    for ip in eps {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+        ));
+    }
+    y
+}
+
+/// web (TCP, 2 backends), dns (UDP on web's ClusterIP), sticky (ClientIP affinity), empty
+/// (no endpoints), and the client pod as a `kind: Pod` document.
+fn services() -> String {
+    let eps = [pod_ip(2), pod_ip(3)];
+    service("web", WEB, "TCP", 80, TCP_PORT, "", &eps)
+        + &service("dns", WEB, "UDP", 53, UDP_PORT, "", &eps)
+        + &service(
+            "sticky",
+            STICKY,
+            "TCP",
+            80,
+            TCP_PORT,
+            "  sessionAffinity: ClientIP\n",
+            &eps,
+        )
+        + &service("empty", EMPTY, "TCP", 80, TCP_PORT, "", &[])
+        + &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{namespace: test, name: client}}\nstatus: {{podIP: {}}}\n",
+            pod_ip(1)
+        )
+}
+
+/// `xlb trace ARGS…` in the node namespace against the scenario's agent.
+fn trace(s: &Scenario, args: &[&str]) -> String {
+    let out = s
+        .topo
+        .node
+        .command(xlb_tests::xlb_bin())
+        .arg("trace")
+        .args(args)
+        .arg("--pin-dir")
+        .arg(&s.agent.pins)
+        .arg("--source")
+        .arg(format!("file:{}", s.yaml.display()))
+        .output()
+        .expect("run xlb trace");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "xlb trace {args:?} failed: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The `=> OUTCOME` line of a trace.
+fn outcome(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("=> "))
+        .unwrap_or_else(|| panic!("no outcome in:\n{text}"))
+        .to_string()
+}
+
+fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    (
+        dump_pinned(pins, lb_common::MAP_CT).expect("dump conntrack"),
+        dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
+    )
+}
+
+/// The backend name (`backend-k`) of a pod IP in the scenario.
+fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
+    s.topo
+        .backends
+        .iter()
+        .find(|p| p.ip == ip)
+        .map(|p| p.name.clone())
+        .unwrap_or_else(|| format!("no backend at {ip}"))
+}
+
+#[test]
+fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
+    let Some(s) = Scenario::started(
+        "trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged",
+        "xtr",
+        &services(),
+        2,
+        "10.96.0.10:80/TCP",
+    ) else {
+        return;
+    };
+    let timeout = Duration::from_secs(3);
+    let client_ns = &s.topo.client.ns;
+
+    // A real flow first, so the maps the trace must leave alone are not empty, and the
+    // sticky service's affinity entry exists.
+    let sticky = SocketAddr::from((STICKY, 80));
+    let first = client_ns
+        .run(move || client::tcp_request(sticky, timeout))
+        .expect("netns")
+        .expect("sticky answers");
+    let before = flow_maps(&s.agent.pins);
+    assert!(
+        !before.0.is_empty() && !before.1.is_empty(),
+        "a real flow left entries"
+    );
+
+    // ClusterIP from the pod (by name): forwarded to a backend, the one a real packet may
+    // reach.
+    let web = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/web"]);
+    println!("{web}");
+    assert!(web.contains("ClusterIP of service test/web"), "{web}");
+    assert!(web.contains("DNAT 10.96.0.10:80 -> "), "{web}");
+    assert!(web.contains("new_flow +1"), "{web}");
+    let chosen: std::net::SocketAddrV4 = outcome(&web).parse().expect("a backend");
+    assert!(
+        s.backend_ips().contains(chosen.ip()) && chosen.port() == TCP_PORT,
+        "{web}"
+    );
+    let to = SocketAddr::from((WEB, 80));
+    let real = client_ns
+        .run(move || client::tcp_request(to, timeout))
+        .expect("netns")
+        .expect("web answers");
+    assert!(real.backend.starts_with("backend-"), "{real:?}");
+
+    // UDP to the same ClusterIP: the service port's protocol.
+    let dns = trace(
+        &s,
+        &["--from", &pod_ip(1).to_string(), "--to", "svc/test/dns"],
+    );
+    let chosen: std::net::SocketAddrV4 = outcome(&dns).parse().expect("a backend");
+    assert_eq!(chosen.port(), UDP_PORT, "{dns}");
+    let to = SocketAddr::from((WEB, 53));
+    client_ns
+        .run(move || client::udp_request(to, timeout))
+        .expect("netns")
+        .expect("dns answers");
+
+    // Affinity: the trace finds the real flow's entry and goes where the real packet goes.
+    let st = trace(
+        &s,
+        &["--from", "pod/test/client", "--to", "svc/test/sticky"],
+    );
+    println!("{st}");
+    assert!(st.contains("ClientIP (10800 s): hit"), "{st}");
+    let chosen: std::net::SocketAddrV4 = outcome(&st).parse().expect("a backend");
+    assert_eq!(backend_name(&s, *chosen.ip()), first.backend, "{st}");
+    let again = client_ns
+        .run(move || client::tcp_request(sticky, timeout))
+        .expect("netns")
+        .expect("sticky answers");
+    assert_eq!(again.backend, first.backend);
+
+    // No endpoints: refused, as a real connect is.
+    let before_empty = flow_maps(&s.agent.pins);
+    let empty = trace(
+        &s,
+        &["--from", "pod/test/client", "--to", &format!("{EMPTY}:80")],
+    );
+    println!("{empty}");
+    assert_eq!(outcome(&empty), "refused", "{empty}");
+    assert!(empty.contains("reject +1"), "{empty}");
+    assert_eq!(
+        flow_maps(&s.agent.pins),
+        before_empty,
+        "trace changed the flow maps"
+    );
+    let to = SocketAddr::from((EMPTY, 80));
+    let e = client_ns
+        .run(move || client::tcp_request(to, timeout))
+        .expect("netns")
+        .expect_err("refused");
+    assert!(e.contains("refused"), "{e}");
+
+    // Not a frontend: passed untouched.
+    let none = trace(&s, &["--from", "pod/test/client", "--to", "10.96.0.99:80"]);
+    assert_eq!(outcome(&none), "passed", "{none}");
+
+    // From the node: the connect4 decision, computed from the maps and said so.
+    let node = trace(&s, &["--from", "node", "--to", "svc/test/web"]);
+    assert!(node.contains("cannot test-run cgroup sock_addr"), "{node}");
+    assert_eq!(
+        outcome(&node),
+        format!("one of {}:{TCP_PORT}, {}:{TCP_PORT}", pod_ip(2), pod_ip(3)),
+        "{node}"
+    );
+    let node_empty = trace(&s, &["--from", "node", "--to", "svc/test/empty"]);
+    assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
+
+    // The traces themselves wrote nothing live: the maps hold what the real packets left.
+    // (Compare after a trace with no real packet in between.)
+    let now = flow_maps(&s.agent.pins);
+    let _ = trace(
+        &s,
+        &["--from", "pod/test/client", "--to", "svc/test/sticky"],
+    );
+    let _ = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/web"]);
+    assert_eq!(flow_maps(&s.agent.pins), now, "trace changed the flow maps");
+}
