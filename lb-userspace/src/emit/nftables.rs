@@ -609,6 +609,8 @@ struct Tracer<'a> {
     outputs: Vec<String>,
     masq: bool,
     depth: usize,
+    /// Rules (and verdict-map elements) matched, as `CHAIN: RULE`.
+    matched: Vec<String>,
 }
 
 fn proto_name(p: Protocol) -> &'static str {
@@ -696,9 +698,11 @@ impl Tracer<'_> {
                     let key = format!("{} . {} . {}", pkt.dst, proto_name(pkt.protocol), pkt.dport);
                     if matched
                         && let Some(v) = self.set_has(r.trim(), &key).and_then(|e| e.value.clone())
-                        && matches!(self.verdict(&v, pkt), Verdict::Stop)
                     {
-                        done = true;
+                        self.matched.push(format!("{chain}: {rule} [{key} : {v}]"));
+                        if matches!(self.verdict(&v, pkt), Verdict::Stop) {
+                            done = true;
+                        }
                     }
                     matched = false;
                     rest = "";
@@ -706,14 +710,17 @@ impl Tracer<'_> {
                     let key = format!("{} . {}", proto_name(pkt.protocol), pkt.dport);
                     if matched
                         && let Some(v) = self.set_has(r.trim(), &key).and_then(|e| e.value.clone())
-                        && matches!(self.verdict(&v, pkt), Verdict::Stop)
                     {
-                        done = true;
+                        self.matched.push(format!("{chain}: {rule} [{key} : {v}]"));
+                        if matches!(self.verdict(&v, pkt), Verdict::Stop) {
+                            done = true;
+                        }
                     }
                     matched = false;
                     rest = "";
                 } else if let Some(r) = rest.strip_prefix("numgen random mod ") {
                     if matched {
+                        self.matched.push(format!("{chain}: {rule}"));
                         let arms = r
                             .split_once('{')
                             .map_or("", |(_, a)| a)
@@ -746,6 +753,8 @@ impl Tracer<'_> {
                         if set.starts_with("affinity-") {
                             // Affinity: the client may or may not be remembered; both ways.
                             if matched && let Some(v) = r.trim().strip_prefix("goto ") {
+                                self.matched
+                                    .push(format!("{chain}: {rule} (if remembered)"));
                                 self.run(v.trim(), pkt);
                             }
                             matched = false;
@@ -777,6 +786,7 @@ impl Tracer<'_> {
                 continue;
             }
             let action = rest.trim();
+            self.matched.push(format!("{chain}: {rule}"));
             if action == "jump mark-for-masquerade" {
                 self.masq = true;
                 continue;
@@ -807,16 +817,28 @@ impl Tracer<'_> {
 /// destination `filter-forward` and `filter-input`. Returns the outputs (sorted set joined
 /// with `, `) and whether the packet was marked for masquerade.
 pub fn trace(t: &NftTable, node: &NodeSettings, pkt: Packet) -> (String, bool) {
+    let (out, masq, _) = trace_rules(t, node, pkt);
+    (out, masq)
+}
+
+/// [`trace`], with every rule (and verdict-map element) the packet matched, in order, as
+/// `CHAIN: RULE`.
+pub fn trace_rules(t: &NftTable, node: &NodeSettings, pkt: Packet) -> (String, bool, Vec<String>) {
     let mut tr = Tracer {
         t,
         node,
         outputs: Vec::new(),
         masq: false,
         depth: 0,
+        matched: Vec::new(),
     };
     let finish = |tr: &Tracer<'_>| {
         let set: BTreeSet<&str> = tr.outputs.iter().map(String::as_str).collect();
-        (set.into_iter().collect::<Vec<_>>().join(", "), tr.masq)
+        (
+            set.into_iter().collect::<Vec<_>>().join(", "),
+            tr.masq,
+            tr.matched.clone(),
+        )
     };
     if tr.run("filter-prerouting-pre-dnat", &pkt) {
         return finish(&tr);

@@ -7,6 +7,7 @@
 pub mod ebpf;
 pub mod packet;
 pub mod request;
+pub mod rules;
 
 use std::fmt;
 
