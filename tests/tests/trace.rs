@@ -1,5 +1,7 @@
 //! `xlb trace`: its verdicts are the datapath's real ones (the same packets sent for real
-//! from the lab's client pod), and it leaves the live flow and affinity maps byte-identical.
+//! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
+//! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
+//! traffic on the conformance inputs.
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -7,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use lb_userspace::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
 use xlb_tests::{
     client,
     datapath::{RawEntries, dump_pinned},
@@ -229,4 +232,132 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     );
     let _ = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/web"]);
     assert_eq!(flow_maps(&s.agent.pins), now, "trace changed the flow maps");
+}
+
+/// `xlb trace --mode MODE` of one of `xlb compare`'s flows on `source` (no datapath: the rule
+/// modes need only the file).
+fn trace_flow(source: &Path, mode: &str, flow: &Flow, client: &str) -> String {
+    let from = match flow.origin {
+        Origin::Pod => client,
+        Origin::Node => "node",
+    };
+    let out = std::process::Command::new(xlb_tests::xlb_bin())
+        .args(["trace", "--mode", mode, "--from", from, "--to"])
+        .arg(flow.frontend.to_string())
+        .args(["--proto", flow.protocol.lower(), "--source"])
+        .arg(format!("file:{}", source.display()))
+        .output()
+        .expect("run xlb trace");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "xlb trace --mode {mode} {flow:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The backends a trace outcome names (`A`, or `one of A, B`); empty for a verdict.
+fn traced_backends(outcome: &str) -> std::collections::BTreeSet<String> {
+    let list = outcome.strip_prefix("one of ").unwrap_or(outcome);
+    list.split(", ")
+        .filter(|b| b.parse::<SocketAddr>().is_ok())
+        .map(String::from)
+        .collect()
+}
+
+/// A trace outcome and what a mode did with real traffic agree: the same backends (for an
+/// affinity flow, the one it stuck to is among those traced), or the same refusal or drop.
+fn agrees(flow: &Flow, traced: &str, real: &Outcome) -> bool {
+    match real {
+        Outcome::Backends(b) => {
+            let t = traced_backends(traced);
+            if flow.eligible.is_some() {
+                b.len() == 1 && b.is_subset(&t)
+            } else {
+                *b == t
+            }
+        }
+        Outcome::Refused => traced == "refused",
+        Outcome::Dropped => traced == "dropped",
+        Outcome::Failed(_) => false,
+    }
+}
+
+/// Where the rule trace and the real mode are known to part (see tests/tests/compare.rs):
+/// the node's own datagram to a ClusterIP without endpoints is REJECTed in the output path,
+/// which fails the sender's send() with EPERM instead of an ICMP answer; the userspace proxy
+/// takes a connection to a service without endpoints and closes it; IPVS (compared with
+/// what iptables really did) has one virtual server per NodePort for every origin, so under
+/// externalTrafficPolicy Local without a local endpoint it refuses a pod that iptables
+/// short-circuits to the cluster's endpoints.
+fn known_difference(mode: &str, flow: &Flow, traced: &str, real: &Outcome) -> bool {
+    match (mode, real) {
+        ("ipvs", Outcome::Backends(_)) => {
+            flow.kind == lb_userspace::compare::Frontend::NodePort && traced == "refused"
+        }
+        ("iptables" | "nftables", Outcome::Failed(e)) => {
+            flow.origin == Origin::Node
+                && traced == "refused"
+                && e.contains("Operation not permitted")
+        }
+        ("userspace", _) => {
+            traced == "closed by the proxy" && !matches!(real, Outcome::Backends(_))
+        }
+        _ => false,
+    }
+}
+
+fn modes_agree_with_compare(case: &str) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../../shared/conformance/kube-proxy/cases/{case}.input.yaml"
+    ));
+    let opts = CompareOptions {
+        source: source.clone(),
+        node_name: "node1".into(),
+        requests: 40,
+        modes: vec![Impl::Iptables, Impl::Nftables, Impl::Userspace],
+        xlb: xlb_tests::xlb_bin(),
+        tag: xlb_tests::unique_tag("xtq"),
+    };
+    let report = compare(&opts).unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert!(!report.flows.is_empty(), "{case}: no flows");
+    // The lab's client pod: the first 10.255.255.x that is no endpoint (as compare picks it).
+    let client = "10.255.255.1";
+    let mut checked = 0;
+    for (flow, by) in &report.flows {
+        // IPVS has no lab in compare: its trace must agree with what iptables really did.
+        for (mode, real) in [
+            ("iptables", &by[&Impl::Iptables]),
+            ("nftables", &by[&Impl::Nftables]),
+            ("userspace", &by[&Impl::Userspace]),
+            ("ipvs", &by[&Impl::Iptables]),
+        ] {
+            let text = trace_flow(&source, mode, flow, client);
+            let traced = outcome(&text);
+            assert!(
+                agrees(flow, &traced, real) || known_difference(mode, flow, &traced, real),
+                "{case}: {flow:?}: {mode} traced {traced:?}, really {real:?}\n{text}\n{}",
+                report.render()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{case}: {checked} traces");
+}
+
+#[test]
+fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
+    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_kube_proxys_overall_case") {
+        return;
+    }
+    modes_agree_with_compare("iptables-01-overall");
+}
+
+#[test]
+fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
+    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_a_service_without_endpoints") {
+        return;
+    }
+    modes_agree_with_compare("iptables-30-flows-no-endpoints-reject");
 }

@@ -278,7 +278,7 @@ fn trace_ipvs(r: &mut Report, input: &Input) {
         r.line("rewrite", "none");
         r.line(
             "verdict",
-            "no real server: the address is local (kube-ipvs0) and nothing listens, so the kernel refuses",
+            "no real server: IPVS answers ICMP port unreachable (the client sees connection refused)",
         );
         r.outcome = "refused".into();
     } else {
