@@ -361,3 +361,71 @@ fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
     }
     modes_agree_with_compare("iptables-30-flows-no-endpoints-reject");
 }
+
+#[test]
+fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
+    if !xlb_tests::require_root("bpf_log_debug_puts_the_programs_decisions_in_the_agent_log") {
+        return;
+    }
+    let mut s =
+        Scenario::start_with("xtl", 2, &services(), &["--bpf-log", "debug"]).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("initial sync");
+    let to = SocketAddr::from((WEB, 80));
+    let real = s
+        .topo
+        .client
+        .ns
+        .run(move || client::tcp_request(to, Duration::from_secs(3)))
+        .expect("netns")
+        .expect("web answers");
+    let backend = s
+        .topo
+        .backends
+        .iter()
+        .find(|p| p.name == real.backend)
+        .map(|p| p.ip)
+        .expect("the backend that answered");
+    // The SYN's decision, as it left the program: DNATed to the backend that answered.
+    let want = format!("tc reason=new_flow action=ok proto=6 {}:", pod_ip(1));
+    s.agent
+        .wait_log(&want, 1, Duration::from_secs(5))
+        .expect("the SYN's decision is logged");
+    let log = s.agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&want))
+        .expect("a new_flow line");
+    assert!(line.contains("xlb::bpf"), "{line}");
+    assert!(line.contains(&format!("-> {backend}:{TCP_PORT}")), "{line}");
+    assert!(
+        log.contains("reason=established"),
+        "later packets too:\n{log}"
+    );
+}
+
+#[test]
+fn bpf_log_is_off_by_default() {
+    let Some(s) = Scenario::started(
+        "bpf_log_is_off_by_default",
+        "xto",
+        &services(),
+        2,
+        "10.96.0.10:80/TCP",
+    ) else {
+        return;
+    };
+    let to = SocketAddr::from((WEB, 80));
+    s.topo
+        .client
+        .ns
+        .run(move || client::tcp_request(to, Duration::from_secs(3)))
+        .expect("netns")
+        .expect("web answers");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !s.agent.log_text().contains("xlb::bpf"),
+        "{}",
+        s.agent.log_text()
+    );
+}

@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading the object, pinning, attaching, map writes.
 
 pub mod attach;
+pub mod bpflog;
 pub mod kernel;
 pub mod links;
 pub mod loader;
@@ -64,6 +65,8 @@ pub enum DatapathError {
     Write(#[from] writer::WriteError),
     #[error("cgroup {cgroup}: cannot attach the socket hooks: {reason}")]
     Socket { cgroup: PathBuf, reason: String },
+    #[error("the programs' debug log (--bpf-log): {reason}")]
+    Log { reason: String },
     #[error("interface {iface}: cannot attach tc ingress: {reason}")]
     Attach { iface: String, reason: String },
 }
