@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use lb_userspace::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
+use lb_userspace::{
+    compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare},
+    emit::Mode,
+};
 use xlb_tests::{
     client,
     datapath::{RawEntries, dump_pinned},
@@ -65,8 +68,19 @@ fn services() -> String {
         )
 }
 
-/// `xlb trace ARGS…` in the node namespace against the scenario's agent.
+/// `xlb trace ARGS…` in the node namespace against the scenario's agent; the flow maps must
+/// be byte-identical before and after it.
 fn trace(s: &Scenario, args: &[&str]) -> String {
+    let before = flow_maps(&s.agent.pins);
+    let text = trace_only(s, args);
+    assert!(
+        flow_maps(&s.agent.pins) == before,
+        "xlb trace {args:?} changed the live flow or affinity maps\n{text}"
+    );
+    text
+}
+
+fn trace_only(s: &Scenario, args: &[&str]) -> String {
     let out = s
         .topo
         .node
@@ -96,9 +110,12 @@ fn outcome(text: &str) -> String {
         .to_string()
 }
 
+/// The flow maps the datapath writes, byte by byte: both conntrack tables, then affinity.
 fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    let mut ct = dump_pinned(pins, lb_common::MAP_CT).expect("dump conntrack");
+    ct.extend(dump_pinned(pins, lb_common::MAP_CT_ASSURED).expect("dump assured conntrack"));
     (
-        dump_pinned(pins, lb_common::MAP_CT).expect("dump conntrack"),
+        ct,
         dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
     )
 }
@@ -127,11 +144,12 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     let timeout = Duration::from_secs(3);
     let client_ns = &s.topo.client.ns;
 
-    // A real flow first, so the maps the trace must leave alone are not empty, and the
-    // sticky service's affinity entry exists.
+    // A real flow first, kept open through the test (the conntrack collector deletes
+    // closed flows), so the maps the traces must leave alone are not empty, and the sticky
+    // service's affinity entry exists.
     let sticky = SocketAddr::from((STICKY, 80));
-    let first = client_ns
-        .run(move || client::tcp_request(sticky, timeout))
+    let (first, _open) = client_ns
+        .run(move || open_request(sticky, timeout))
         .expect("netns")
         .expect("sticky answers");
     let before = flow_maps(&s.agent.pins);
@@ -188,7 +206,6 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     assert_eq!(again.backend, first.backend);
 
     // No endpoints: refused, as a real connect is.
-    let before_empty = flow_maps(&s.agent.pins);
     let empty = trace(
         &s,
         &["--from", "pod/test/client", "--to", &format!("{EMPTY}:80")],
@@ -196,11 +213,6 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     println!("{empty}");
     assert_eq!(outcome(&empty), "refused", "{empty}");
     assert!(empty.contains("reject +1"), "{empty}");
-    assert_eq!(
-        flow_maps(&s.agent.pins),
-        before_empty,
-        "trace changed the flow maps"
-    );
     let to = SocketAddr::from((EMPTY, 80));
     let e = client_ns
         .run(move || client::tcp_request(to, timeout))
@@ -222,16 +234,28 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     );
     let node_empty = trace(&s, &["--from", "node", "--to", "svc/test/empty"]);
     assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
+}
 
-    // The traces themselves wrote nothing live: the maps hold what the real packets left.
-    // (Compare after a trace with no real packet in between.)
-    let now = flow_maps(&s.agent.pins);
-    let _ = trace(
-        &s,
-        &["--from", "pod/test/client", "--to", "svc/test/sticky"],
-    );
-    let _ = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/web"]);
-    assert_eq!(flow_maps(&s.agent.pins), now, "trace changed the flow maps");
+/// One request on a connection left open: the answer, and the connection.
+fn open_request(
+    to: SocketAddr,
+    timeout: Duration,
+) -> Result<(client::Answer, std::net::TcpStream), String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut c = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"hello\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&c)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let mut w = line.split_whitespace();
+    let answer = client::Answer {
+        backend: w.next().unwrap_or_default().to_string(),
+        seen_client: w.next().unwrap_or_default().to_string(),
+    };
+    Ok((answer, c))
 }
 
 /// `xlb trace --mode MODE` of one of `xlb compare`'s flows on `source` (no datapath: the rule
@@ -316,7 +340,11 @@ fn modes_agree_with_compare(case: &str) {
         source: source.clone(),
         node_name: "node1".into(),
         requests: 40,
-        modes: vec![Impl::Iptables, Impl::Nftables, Impl::Userspace],
+        modes: vec![
+            Impl::KubeProxy(Mode::Iptables),
+            Impl::KubeProxy(Mode::Nftables),
+            Impl::KubeProxy(Mode::Userspace),
+        ],
         xlb: xlb_tests::xlb_bin(),
         tag: xlb_tests::unique_tag("xtq"),
     };
@@ -328,10 +356,10 @@ fn modes_agree_with_compare(case: &str) {
     for (flow, by) in &report.flows {
         // IPVS has no lab in compare: its trace must agree with what iptables really did.
         for (mode, real) in [
-            ("iptables", &by[&Impl::Iptables]),
-            ("nftables", &by[&Impl::Nftables]),
-            ("userspace", &by[&Impl::Userspace]),
-            ("ipvs", &by[&Impl::Iptables]),
+            ("iptables", &by[&Impl::KubeProxy(Mode::Iptables)]),
+            ("nftables", &by[&Impl::KubeProxy(Mode::Nftables)]),
+            ("userspace", &by[&Impl::KubeProxy(Mode::Userspace)]),
+            ("ipvs", &by[&Impl::KubeProxy(Mode::Iptables)]),
         ] {
             let text = trace_flow(&source, mode, flow, client);
             let traced = outcome(&text);

@@ -215,16 +215,13 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         info!(%bound, "serving /metrics");
     }
     let mut model = Model::default();
-    let mut node = desired::NodeContext {
-        name: opts.node_name.clone(),
-        zone: None,
-        node_port_addresses: Vec::new(),
-        // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
-        // after the upgrade drops what only they would use.
-        socket_lb: hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts)),
-    };
+    // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
+    // after the upgrade drops what only they would use.
+    let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts));
+    let mut node = desired::NodeContext::new(&opts.node_name, &[], socket_lb);
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let mut feed = Feed::start(&opts.source);
+    let _collector = CollectorGuard::spawn(&opts.bpffs);
     while !stop.load(Ordering::Relaxed) {
         if upgrade.is_none() {
             let mut links = KernelLinks {
@@ -236,8 +233,8 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         if let Some(update) = feed.next()? {
             let source_ok = update.loaded.is_ok();
             health.set_node_deleting(update.node_deleting);
-            node.zone = update.zone.clone();
-            node.node_port_addresses = node_port_addresses(opts);
+            node.node.zone = update.zone.clone();
+            node.set_node_port_addresses(&node_port_addresses(opts));
             if let Ok(l) = &update.loaded {
                 let (svc, ep) = changes(&model, &l.model);
                 metrics.queued(svc, ep);
@@ -258,7 +255,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             health.synced();
             service_health.update(
                 &serve::service_health::desired(&model, &opts.node_name),
-                &node.node_port_addresses,
+                &node.node_port_addresses(),
             );
         }
         // Up to --poll-ms, or less when a link changed.
@@ -271,6 +268,25 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// The assured conntrack collector's thread, stopped when the agent returns.
+struct CollectorGuard(Arc<AtomicBool>);
+
+impl CollectorGuard {
+    fn spawn(dir: &std::path::Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone()) {
+            warn!("cannot start the assured conntrack collector: {e}");
+        }
+        Self(stop)
+    }
+}
+
+impl Drop for CollectorGuard {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The upgrade's steps after this agent's first sync: the previous layout's flows copied

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 use lb_userspace::{
     DEFAULT_BPFFS_DIR, EBPF_OBJECT,
-    emit::Mode as EmitMode,
+    emit::{Mode as EmitMode, Options as EmitOptions},
     model::{NodeSettings, Protocol},
     source::file,
     trace::{
@@ -17,7 +17,10 @@ use lb_userspace::{
     },
 };
 
-use super::{emit::NodeFlags, node_name, source_file};
+use super::{
+    emit::{NodeFlags, WriterFlags},
+    node_name, source_file,
+};
 
 /// What `--mode` traces through.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -71,9 +74,14 @@ pub struct TraceArgs {
     /// the hostname].
     #[command(flatten)]
     node: NodeFlags,
+    #[command(flatten)]
+    writer: WriterFlags,
 }
 
-fn load_source(spec: Option<&str>) -> Result<(Source, Option<NodeSettings>)> {
+/// The source, and its TestConfig's node and writer settings when it has one.
+type Loaded = (Source, Option<(NodeSettings, EmitOptions)>);
+
+fn load_source(spec: Option<&str>) -> Result<Loaded> {
     let Some(spec) = spec else {
         return Ok((Source::default(), None));
     };
@@ -86,7 +94,7 @@ fn load_source(spec: Option<&str>) -> Result<(Source, Option<NodeSettings>)> {
             model: Some(loaded.model),
             pods: request::pods(&text),
         },
-        loaded.test_config.map(|t| t.settings),
+        loaded.test_config.map(|t| (t.settings, t.options)),
     ))
 }
 
@@ -107,7 +115,7 @@ fn datapath(args: &TraceArgs, source: &Source, node: &str, req: &Resolved) -> Re
 fn rule_mode(
     mode: EmitMode,
     source: &Source,
-    settings: &NodeSettings,
+    (settings, opts): (&NodeSettings, &EmitOptions),
     req: &Resolved,
 ) -> Result<Report> {
     let model = source
@@ -124,6 +132,7 @@ fn rule_mode(
     let input = rules::Input {
         model,
         node: settings,
+        opts,
         src,
         dst: req.dst,
         protocol: req.protocol,
@@ -138,7 +147,9 @@ pub fn run(args: TraceArgs) -> Result<()> {
     let from = Origin::parse(&args.from)?;
     let to = Target::parse(&args.to)?;
     let (source, test_config) = load_source(args.source.as_deref())?;
-    let mut settings = args.node.apply(test_config)?;
+    let (base_node, base_opts) = test_config.unzip();
+    let mut settings = args.node.apply(base_node)?;
+    let opts = args.writer.apply(base_opts)?;
     if settings.node_name.is_empty() {
         settings.node_name = node_name(None);
     }
@@ -147,7 +158,7 @@ pub fn run(args: TraceArgs) -> Result<()> {
         Proto::Udp => Protocol::Udp,
     });
     let req = request::resolve(&from, &to, proto, &source)?;
-    let one = |m: EmitMode| rule_mode(m, &source, &settings, &req);
+    let one = |m: EmitMode| rule_mode(m, &source, (&settings, &opts), &req);
     let report = match args.mode {
         TraceMode::Datapath => datapath(&args, &source, &settings.node_name, &req)?,
         TraceMode::Iptables => one(EmitMode::Iptables)?,

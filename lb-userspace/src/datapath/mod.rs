@@ -2,6 +2,7 @@
 
 pub mod attach;
 pub mod bpflog;
+pub mod ct_gc;
 pub mod kernel;
 pub mod links;
 pub mod loader;

@@ -17,8 +17,8 @@ use aya::{
 };
 use lb_common::{
     AffinityKey, AffinityValue, Counter, CtKey, CtValue, MAP_ADDR_FILTER, MAP_AFFINITY,
-    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_SOCK, MAP_SRC_RANGE, MAP_STATS,
-    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, MAP_XDP_TX, R_COUNT,
+    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SOCK, MAP_SRC_RANGE,
+    MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, MAP_XDP_TX, R_COUNT,
 };
 
 use super::{DatapathError, kernel::open_pinned, loader};
@@ -36,8 +36,9 @@ pub const SHARED_MAPS: [&str; 7] = [
 ];
 
 /// The maps the programs write: fresh in a trace instance (sized as the pinned ones).
-pub const WRITTEN_MAPS: [&str; 6] = [
+pub const WRITTEN_MAPS: [&str; 7] = [
     MAP_CT,
+    MAP_CT_ASSURED,
     MAP_AFFINITY,
     MAP_SOCK,
     MAP_STATS,
@@ -61,7 +62,8 @@ pub struct Run {
     pub packet: Vec<u8>,
     /// Reason counters the run bumped (reason code, packets).
     pub reasons: Vec<(u32, u64)>,
-    /// Conntrack entries the run created or changed, with their value before (none: new).
+    /// Conntrack entries (of either table) the run created or changed, with their value
+    /// before (none: new).
     pub conntrack: Vec<Change<CtKey, CtValue>>,
     /// Affinity entries likewise.
     pub affinity: Vec<Change<AffinityKey, AffinityValue>>,
@@ -79,7 +81,9 @@ pub struct Change<K, V> {
 /// nothing).
 pub struct Scratch {
     ebpf: Ebpf,
+    /// Both conntrack tables' live entries (a key is in one table at a time).
     ct_before: Entries<CtKey, CtValue>,
+    cta_before: Entries<CtKey, CtValue>,
     aff_before: Entries<AffinityKey, AffinityValue>,
 }
 
@@ -157,10 +161,12 @@ impl Scratch {
                 source,
             })?;
         let ct_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT)?;
+        let cta_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?;
         let aff_before = read_pinned::<AffinityKey, AffinityValue>(dir, MAP_AFFINITY)?;
         let mut s = Self {
             ebpf,
             ct_before,
+            cta_before,
             aff_before,
         };
         s.copy_in()?;
@@ -169,6 +175,7 @@ impl Scratch {
 
     fn copy_in(&mut self) -> Result<(), DatapathError> {
         copy(&mut self.ebpf, MAP_CT, &self.ct_before)?;
+        copy(&mut self.ebpf, MAP_CT_ASSURED, &self.cta_before)?;
         copy(&mut self.ebpf, MAP_AFFINITY, &self.aff_before)
     }
 
@@ -183,9 +190,18 @@ impl Scratch {
         HashMap::try_from(map).map_err(map_err(name))
     }
 
-    /// The live conntrack entries (as copied in).
-    pub fn conntrack_before(&self) -> &Entries<CtKey, CtValue> {
-        &self.ct_before
+    /// The live conntrack entry of `key`, from either table (as copied in).
+    pub fn conntrack_entry(&self, key: &CtKey) -> Option<CtValue> {
+        let k = bytemuck::bytes_of(key);
+        self.ct_before
+            .get(k)
+            .or_else(|| self.cta_before.get(k))
+            .map(|(_, v)| *v)
+    }
+
+    /// How many live conntrack entries were copied in (both tables).
+    pub fn conntrack_len(&self) -> usize {
+        self.ct_before.len() + self.cta_before.len()
     }
 
     /// The live affinity entries (as copied in).
@@ -257,8 +273,33 @@ impl Scratch {
             verdict: r.return_value as i32,
             packet: out,
             reasons,
-            conntrack: self.changes(MAP_CT, &self.ct_before)?,
+            conntrack: {
+                let mut c = self.changes(MAP_CT, &self.ct_before)?;
+                c.extend(self.changes(MAP_CT_ASSURED, &self.cta_before)?);
+                c
+            },
             affinity: self.changes(MAP_AFFINITY, &self.aff_before)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_map_is_shared_or_fresh_in_a_trace() {
+        for name in lb_common::ALL_MAPS {
+            let shared = SHARED_MAPS.contains(&name);
+            let written = WRITTEN_MAPS.contains(&name);
+            assert!(
+                shared != written,
+                "{name}: a trace must either share it (read-only to the programs) or give it a fresh copy (written by them)"
+            );
+        }
+        assert_eq!(
+            SHARED_MAPS.len() + WRITTEN_MAPS.len(),
+            lb_common::ALL_MAPS.len()
+        );
     }
 }

@@ -312,7 +312,7 @@ fn trace_tc(
             if req.protocol == Protocol::Udp { "UDP" } else { "TCP SYN" },
             req.dst,
             ctx.pins.display(),
-            scratch.conntrack_before().len(),
+            scratch.conntrack_len(),
             scratch.affinity_before().len()
         ),
     );
@@ -325,10 +325,7 @@ fn trace_tc(
         dir: CT_DIR_FORWARD,
         _pad: 0,
     };
-    let tracked = scratch
-        .conntrack_before()
-        .get(bytemuck::bytes_of(&fwd_key))
-        .map(|(_, v)| *v);
+    let tracked = scratch.conntrack_entry(&fwd_key);
     r.line(
         "conntrack",
         match &tracked {

@@ -13,7 +13,7 @@ use std::{
 use super::{Report, request::frontend_kind};
 use crate::{
     emit::{
-        Mode, iptables, ipvs, nftables,
+        Mode, Options, iptables, ipvs, nftables,
         restore::Tables,
         trace::{Packet, Trace, trace as trace_iptables, trace_chains},
         userspace,
@@ -26,6 +26,8 @@ use crate::{
 pub struct Input<'a> {
     pub model: &'a Model,
     pub node: &'a NodeSettings,
+    /// The writers' settings (masquerade mark, host features, IPVS scheduler).
+    pub opts: &'a Options,
     pub src: IpAddr,
     pub dst: SocketAddrV4,
     pub protocol: Protocol,
@@ -49,12 +51,7 @@ impl Input<'_> {
 
 /// The mode's name as `--mode` spells it.
 pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Iptables => "iptables",
-        Mode::Nftables => "nftables",
-        Mode::Ipvs => "ipvs",
-        Mode::Userspace => "userspace",
-    }
+    mode.name()
 }
 
 /// Every mode `--mode all` shows.
@@ -72,13 +69,13 @@ pub fn trace(mode: Mode, input: &Input) -> Report {
     r.line("frontend", frontend_words(input));
     match mode {
         Mode::Iptables => {
-            let tables = restore(&iptables::emit(input.model, input.node).render());
+            let tables = restore(&iptables::emit(input.model, input.node, input.opts).render());
             let t = trace_iptables(&tables, input.node, input.packet());
             rules_step(&mut r, &t.matched, annotate_iptables);
             finish(&mut r, &t.outputs, t.masquerade);
         }
         Mode::Nftables => {
-            let table = nftables::emit(input.model, input.node);
+            let table = nftables::emit(input.model, input.node, input.opts);
             let (out, masq, matched) = nftables::trace_rules(&table, input.node, input.packet());
             rules_step(&mut r, &matched, annotate_nft);
             let outputs: Vec<String> = out
@@ -212,7 +209,7 @@ fn finish(r: &mut Report, outputs: &[String], masq: bool) {
 }
 
 fn trace_ipvs(r: &mut Report, input: &Input) {
-    let st = ipvs::emit(input.model, input.node);
+    let st = ipvs::emit(input.model, input.node, input.opts);
     let dst = IpAddr::V4(*input.dst.ip());
     let mut lines = Vec::new();
     if st.dummy_addresses.contains(&dst) {
@@ -367,9 +364,11 @@ mod tests {
             local_addresses: vec!["10.0.0.1".parse().expect("ip")],
             ..NodeSettings::default()
         };
+        let opts = Options::default();
         let input = Input {
             model: &loaded.model,
             node: &node,
+            opts: &opts,
             src: "10.244.1.2".parse().expect("ip"),
             dst: "10.96.0.10:80".parse().expect("addr"),
             protocol: Protocol::Tcp,
