@@ -184,7 +184,7 @@ pub fn backends_outcome(mut b: Vec<String>) -> String {
 }
 
 fn finish(r: &mut Report, outputs: &[String], masq: bool) {
-    let dnat: Vec<&String> = outputs
+    let dnat: BTreeSet<&String> = outputs
         .iter()
         .filter(|o| o.parse::<std::net::SocketAddr>().is_ok())
         .collect();
