@@ -9,10 +9,8 @@ use std::{
     time::Duration,
 };
 
-use lb_userspace::{
-    compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare},
-    emit::Mode,
-};
+use lb_userspace::emit::Mode;
+use xlb_lab::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
 use xlb_tests::{
     client,
     datapath::{RawEntries, dump_pinned},
@@ -318,7 +316,7 @@ fn agrees(flow: &Flow, traced: &str, real: &Outcome) -> bool {
 fn known_difference(mode: &str, flow: &Flow, traced: &str, real: &Outcome) -> bool {
     match (mode, real) {
         ("ipvs", Outcome::Backends(_)) => {
-            flow.kind == lb_userspace::compare::Frontend::NodePort && traced == "refused"
+            flow.kind == xlb_lab::compare::Frontend::NodePort && traced == "refused"
         }
         ("iptables" | "nftables", Outcome::Failed(e)) => {
             flow.origin == Origin::Node

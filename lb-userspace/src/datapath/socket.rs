@@ -43,11 +43,15 @@ impl std::str::FromStr for SocketLb {
 }
 
 /// The hooks: program name in the object, and the link's pin name.
-pub const HOOKS: [(&str, &str); 4] = [
+pub const HOOKS: [(&str, &str); 8] = [
     ("xlb_connect4", "sock_connect4"),
     ("xlb_sendmsg4", "sock_sendmsg4"),
     ("xlb_recvmsg4", "sock_recvmsg4"),
     ("xlb_getpeername4", "sock_getpeername4"),
+    ("xlb_connect6", "sock_connect6"),
+    ("xlb_sendmsg6", "sock_sendmsg6"),
+    ("xlb_recvmsg6", "sock_recvmsg6"),
+    ("xlb_getpeername6", "sock_getpeername6"),
 ];
 
 /// The cgroup v2 hierarchy's mount point, from `/proc/self/mountinfo`: `/sys/fs/cgroup` on

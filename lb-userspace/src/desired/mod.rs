@@ -20,7 +20,10 @@ mod values;
 
 pub use ids::Ids;
 pub use show::{show_backend, show_frontend};
-pub use values::{backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str};
+pub use values::{
+    addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
+    words_addr,
+};
 
 use crate::model::{
     BackendAddr, Model, Protocol,

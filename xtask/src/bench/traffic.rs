@@ -5,7 +5,7 @@
 //! labs run their socket hooks on a cgroup of the lab's own). The
 //! measured service is the last one in kube-proxy's rule order (namespace `zzz`); the others
 //! are fillers with endpoints that no pod serves. Every row's load generator is the same
-//! process, `xlb client load`, in the client pod's or the node's namespace, and, for the
+//! process, `xlb-probe load`, in the client pod's or the node's namespace, and, for the
 //! socket-hook rows, in the agent's cgroup (a thread of the bench could not join it); the
 //! tc row has an xlb lab of its own (`--socket-lb host`). It is
 //! bounded in time: a warm-up of at most 10 s, then
@@ -27,11 +27,15 @@ use std::{
 
 use anyhow::{Result, anyhow};
 use lb_userspace::{
-    compare::{Impl, Installed, LabSpec, Origin, install},
     emit::Mode,
-    lab::{load::Measured, process::run_client},
     model::{Model, NodeSettings},
     source::file,
+};
+use xlb_lab::{
+    compare::{Impl, Installed, LabSpec, Origin, install},
+    load::Measured,
+    probe,
+    process::run_client,
 };
 use xlb_tests::unique_tag;
 
@@ -192,7 +196,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
     Ok(lab)
 }
 
-/// One run of `row`'s generator (`xlb client load`) in its lab.
+/// One run of `row`'s generator (`xlb-probe load`) in its lab.
 fn measure_row(row: Row, lab: &Installed, xlb: &Path) -> Result<Measured> {
     let cgroup = if row.in_cgroup() {
         Some(
@@ -210,7 +214,7 @@ fn measure_row(row: Row, lab: &Installed, xlb: &Path) -> Result<Measured> {
         row.target().to_string(),
     ];
     let out = run_client(
-        xlb,
+        &probe::bin_beside(xlb),
         lab.namespace(row.origin()),
         cgroup,
         &args,
@@ -498,7 +502,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
     let mut body = format!(
         "Real TCP to one echo backend through each path, in namespaces built for the run (`compare::install`; xlb's socket-hook \
          rows in a lab with `--socket-lb all`, its hooks on a cgroup of the lab's own, the tc row in one with `--socket-lb host`). The measured service is last in kube-proxy's rule order; \
-         the other services are fillers. Every row's load generator is the same process (`xlb client load`): in the client pod, \
+         the other services are fillers. Every row's load generator is the same process (`xlb-probe load`): in the client pod, \
          or in the node namespace for the host rows; in the agent's cgroup for the socket-hook rows. Each phase runs {:.1} s: *new conn/s* = connect + one request + response + close in a \
          loop; *req/s* = requests on one kept connection; *connect* = the time `connect()` takes (first packet → SYN-ACK), \
          p50/p99 in µs. Median [min–max] of {TRIALS} trials, the rows of one size measured in turn in every trial (in the order \
