@@ -427,6 +427,9 @@ const _: () = assert!(core::mem::size_of::<NodeConfig>() == 24);
 /// Config flag: the socket hooks translate only the host namespace's sockets
 /// (`--socket-lb host`, Cilium's `socketLB.hostNamespaceOnly`); pods are left to tc.
 pub const CFG_F_SOCK_HOST_ONLY: u32 = 1;
+/// Config flag: the programs log their decisions with aya-log (`xlb agent --bpf-log debug`);
+/// off, a program pays one lookup of this (inlined) array entry and a branch.
+pub const CFG_F_BPF_LOG: u32 = 2;
 
 /// `family` of an affinity key whose client is a network namespace (a socket without a
 /// bound source address: `client_be[0..2]` hold the namespace cookie). A pod's namespace

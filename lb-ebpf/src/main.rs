@@ -2,7 +2,7 @@
 //! replies, and cgroup socket hooks that load-balance at connect time.
 //!
 //! Each program is `entry → try_fn → Result<Verdict, Reason>`; both arms bump one per-CPU
-//! counter. Nothing here logs per packet.
+//! counter. Nothing logs per packet unless the agent asks for the debug log (`log.rs`).
 #![no_std]
 #![no_main]
 
@@ -13,6 +13,7 @@ mod fib;
 mod filter;
 mod flow;
 mod icmp;
+mod log;
 mod maps;
 mod nat;
 mod packet;
@@ -55,6 +56,9 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
+    if log::on() {
+        log::tc(&ctx, action, reason.0);
+    }
     action
 }
 
@@ -66,6 +70,9 @@ pub fn xlb_xdp(ctx: XdpContext) -> u32 {
         Err(dropped) => (xdp::DROP, dropped),
     };
     reason.count(packet::Packet::len(&ctx));
+    if log::on() {
+        log::xdp(&ctx, action, reason.0);
+    }
     action
 }
 

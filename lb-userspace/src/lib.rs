@@ -13,10 +13,13 @@ pub mod glob;
 pub mod list;
 pub mod model;
 pub mod netif;
-pub mod packet;
 pub mod proxy;
 pub mod serve;
 pub mod source;
+pub mod trace;
+
+/// The packet builder (it lives with `xlb trace`, which builds the packets it traces).
+pub use trace::packet;
 
 /// The eBPF object built from `lb-ebpf`, embedded at build time (empty when it was not built).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf.o"));

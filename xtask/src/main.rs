@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod demo;
+mod docs_trace;
 mod setup;
 
 use anyhow::Result;
@@ -41,6 +42,9 @@ enum Command {
         /// Which bench.
         name: String,
     },
+    /// Writes docs/how-a-packet-reaches-a-pod.md from real `xlb trace` output (its own lab
+    /// of namespaces, agent and cgroup, removed when done).
+    DocsTrace,
     /// Every test tier: unit, golden, packet (TestRun) and real traffic.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -65,6 +69,11 @@ fn main() -> Result<()> {
             setup::run()?;
             let xlb = build::all(true)?;
             bench::run(&xlb, &name)
+        }
+        Command::DocsTrace => {
+            setup::run()?;
+            let xlb = build::all(false)?;
+            docs_trace::run(&xlb)
         }
         Command::Test { args } => {
             setup::run()?;

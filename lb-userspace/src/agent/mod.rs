@@ -90,6 +90,8 @@ pub struct AgentOptions {
     pub cgroup_path: Option<PathBuf>,
     /// Map sizes (`--conntrack-max-per-core`, `--conntrack-min`, `--*-map-max`).
     pub map_sizes: crate::datapath::sizes::MapSizes,
+    /// The programs log their decisions into the agent's log (`--bpf-log debug`).
+    pub bpf_log: bool,
 }
 
 impl AgentOptions {
@@ -104,6 +106,10 @@ impl AgentOptions {
                 .map_or(0, |a| u32::from_ne_bytes(a.octets())),
             flags: if self.socket_lb == SocketLb::Host {
                 lb_common::CFG_F_SOCK_HOST_ONLY
+            } else {
+                0
+            } | if self.bpf_log {
+                lb_common::CFG_F_BPF_LOG
             } else {
                 0
             },
@@ -150,6 +156,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         cgroup: PathBuf::from("/proc/self/ns/net"),
         reason: format!("cannot read this namespace's cookie: {e}"),
     })?;
+    // The reader first: the flag turns the programs' log on at once.
+    let _bpf_log = match opts.bpf_log {
+        true => Some(crate::datapath::bpflog::BpfLogReader::start(&mut ebpf)?),
+        false => None,
+    };
     crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config(cookie))?;
     // The previous layout's pins: its programs keep forwarding from them until this agent
     // has programmed its own maps and copied their flows over; only then are this agent's

@@ -95,9 +95,21 @@ pub struct AgentArgs {
     /// ClientIP affinity entries (one per client and service).
     #[arg(long, env = "XLB_AFFINITY_MAP_MAX", default_value_t = lb_common::AFFINITY_MAP_CAPACITY)]
     pub affinity_map_max: u32,
+    /// The programs' own debug log: `debug` logs each packet's decision (reason, action,
+    /// the packet as it leaves) into this log under target `xlb::bpf`; `off` costs the
+    /// programs a flag test. Meant for a while, on a node under study: one line per packet.
+    #[arg(long, env = "XLB_BPF_LOG", value_enum, default_value_t = BpfLog::Off)]
+    pub bpf_log: BpfLog,
     /// Remove everything xlb installed and exit.
     #[arg(long)]
     pub cleanup: bool,
+}
+
+/// `--bpf-log`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BpfLog {
+    Off,
+    Debug,
 }
 
 /// Runs the agent (or, with `--cleanup`, removes what it installed).
@@ -136,6 +148,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         service_map_max,
         backend_map_max,
         affinity_map_max,
+        bpf_log,
         cleanup: _,
     } = args;
     let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -188,6 +201,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         socket_lb,
         cgroup_path,
         map_sizes,
+        bpf_log: bpf_log == BpfLog::Debug,
         hairpin_address: if hairpin_address.is_empty() {
             None
         } else {

@@ -5,6 +5,7 @@ mod agent;
 mod emit;
 mod list;
 mod proxy;
+mod trace;
 
 use std::{
     path::PathBuf,
@@ -33,6 +34,7 @@ enum Command {
     Emit(Box<emit::EmitArgs>),
     Proxy(proxy::ProxyArgs),
     Cleanup(list::CleanupArgs),
+    Trace(Box<trace::TraceArgs>),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -44,6 +46,7 @@ pub fn run() -> Result<()> {
         Command::Emit(args) => emit::run(*args),
         Command::Proxy(args) => proxy::run_proxy(args),
         Command::Cleanup(args) => list::cleanup(&args.bpffs),
+        Command::Trace(args) => trace::run(*args),
     }
 }
 

@@ -1,10 +1,12 @@
 //! Everything that touches the kernel: loading the object, pinning, attaching, map writes.
 
 pub mod attach;
+pub mod bpflog;
 pub mod ct_gc;
 pub mod kernel;
 pub mod links;
 pub mod loader;
+pub mod scratch;
 pub mod sizes;
 pub mod socket;
 pub mod stale;
@@ -64,6 +66,8 @@ pub enum DatapathError {
     Write(#[from] writer::WriteError),
     #[error("cgroup {cgroup}: cannot attach the socket hooks: {reason}")]
     Socket { cgroup: PathBuf, reason: String },
+    #[error("the programs' debug log (--bpf-log): {reason}")]
+    Log { reason: String },
     #[error("interface {iface}: cannot attach tc ingress: {reason}")]
     Attach { iface: String, reason: String },
 }

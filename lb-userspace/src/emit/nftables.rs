@@ -664,6 +664,8 @@ struct Tracer<'a> {
     outputs: Vec<String>,
     masq: bool,
     depth: usize,
+    /// Rules (and verdict-map elements) matched, as `CHAIN: RULE`.
+    matched: Vec<String>,
 }
 
 fn proto_name(p: Protocol) -> &'static str {
@@ -731,10 +733,12 @@ impl Tracer<'_> {
         let mut done = false;
         for rule in c.rules.clone() {
             let rule = rule.split(" comment \"").next().unwrap_or("").to_string();
+            let line = format!("{chain}: {rule}");
             let mut scan = Scan {
                 rest: &rule,
                 matched: true,
                 done: false,
+                line: &line,
             };
             self.leading_matches(&mut scan, pkt);
             done |= scan.done;
@@ -744,6 +748,7 @@ impl Tracer<'_> {
                 }
                 continue;
             }
+            self.matched.push(line.clone());
             if self.action(scan.rest.trim(), pkt) {
                 done = true;
                 break;
@@ -795,9 +800,11 @@ impl Tracer<'_> {
     fn vmap(&mut self, scan: &mut Scan<'_>, map: &str, key: &str, pkt: &Packet) {
         if scan.matched
             && let Some(v) = self.set_has(map, key).and_then(|e| e.value.clone())
-            && matches!(self.verdict(&v, pkt), Verdict::Stop)
         {
-            scan.done = true;
+            self.matched.push(format!("{} [{key} : {v}]", scan.line));
+            if matches!(self.verdict(&v, pkt), Verdict::Stop) {
+                scan.done = true;
+            }
         }
         scan.matched = false;
         scan.rest = "";
@@ -806,6 +813,7 @@ impl Tracer<'_> {
     /// `numgen random mod N vmap { … }`: every arm is explored; it ends the rule.
     fn numgen(&mut self, scan: &mut Scan<'_>, r: &str, pkt: &Packet) {
         if scan.matched {
+            self.matched.push(scan.line.to_string());
             let arms = r
                 .split_once('{')
                 .map_or("", |(_, a)| a)
@@ -835,6 +843,7 @@ impl Tracer<'_> {
                 if scan.matched
                     && let Some(v) = r.trim().strip_prefix("goto ")
                 {
+                    self.matched.push(format!("{} (if remembered)", scan.line));
                     self.run(v.trim(), pkt);
                 }
                 scan.matched = false;
@@ -879,6 +888,8 @@ struct Scan<'r> {
     rest: &'r str,
     matched: bool,
     done: bool,
+    /// The rule as the trace lists it (`CHAIN: RULE`).
+    line: &'r str,
 }
 
 /// Follows a new packet as kube-proxy's nftables tests do: `filter-prerouting-pre-dnat`,
@@ -886,16 +897,28 @@ struct Scan<'r> {
 /// destination `filter-forward` and `filter-input`. Returns the outputs (sorted set joined
 /// with `, `) and whether the packet was marked for masquerade.
 pub fn trace(t: &NftTable, node: &NodeSettings, pkt: Packet) -> (String, bool) {
+    let (out, masq, _) = trace_rules(t, node, pkt);
+    (out, masq)
+}
+
+/// [`trace`], with every rule (and verdict-map element) the packet matched, in order, as
+/// `CHAIN: RULE`.
+pub fn trace_rules(t: &NftTable, node: &NodeSettings, pkt: Packet) -> (String, bool, Vec<String>) {
     let mut tr = Tracer {
         t,
         node,
         outputs: Vec::new(),
         masq: false,
         depth: 0,
+        matched: Vec::new(),
     };
     let finish = |tr: &Tracer<'_>| {
         let set: BTreeSet<&str> = tr.outputs.iter().map(String::as_str).collect();
-        (set.into_iter().collect::<Vec<_>>().join(", "), tr.masq)
+        (
+            set.into_iter().collect::<Vec<_>>().join(", "),
+            tr.masq,
+            tr.matched.clone(),
+        )
     };
     if tr.run("filter-prerouting-pre-dnat", &pkt) {
         return finish(&tr);

@@ -28,7 +28,7 @@ pub struct Trace {
     pub outputs: Vec<String>,
     /// The packet was sent through KUBE-MARK-MASQ.
     pub masquerade: bool,
-    /// Every rule that matched, in order.
+    /// Every rule that matched, in order, as `TABLE: -A CHAIN …`.
     pub matched: Vec<String>,
 }
 
@@ -127,7 +127,7 @@ impl Tracer<'_> {
             if matches!(m, Match::No) {
                 continue;
             }
-            self.trace.matched.push(line.clone());
+            self.trace.matched.push(format!("{table}: {line}"));
             let target_at = args.iter().position(|a| a == "-j");
             let Some(target) = target_at.and_then(|i| args.get(i + 1)).map(String::as_str) else {
                 continue;
@@ -136,6 +136,17 @@ impl Tracer<'_> {
                 "KUBE-MARK-MASQ" => self.trace.masquerade = true,
                 "ACCEPT" | "DROP" | "REJECT" => {
                     self.trace.outputs.push(target.to_string());
+                    terminated = true;
+                }
+                // The userspace mode's portals: to a proxy port on the node.
+                "REDIRECT" => {
+                    let ports = args
+                        .iter()
+                        .position(|a| a == "--to-ports")
+                        .and_then(|i| args.get(i + 1))
+                        .cloned()
+                        .unwrap_or_default();
+                    self.trace.outputs.push(format!("REDIRECT {ports}"));
                     terminated = true;
                 }
                 "DNAT" => {
@@ -177,23 +188,45 @@ fn dnat_ip(dest: &str) -> Option<IpAddr> {
 /// Traces `pkt` through `tables` (see the module docs). `node` says which addresses are
 /// local (`-m addrtype --src-type/--dst-type LOCAL`).
 pub fn trace(tables: &Tables, node: &NodeSettings, pkt: Packet) -> Trace {
+    trace_chains(
+        tables,
+        node,
+        pkt,
+        &["KUBE-SERVICES"],
+        &[
+            "KUBE-SERVICES",
+            "KUBE-EXTERNAL-SERVICES",
+            "KUBE-NODEPORTS",
+            "KUBE-PROXY-FIREWALL",
+        ],
+    )
+}
+
+/// [`trace`] from other chains: `nat` chains in order until one terminates, then (with the
+/// destination DNATed) every `filter` chain.
+pub fn trace_chains(
+    tables: &Tables,
+    node: &NodeSettings,
+    pkt: Packet,
+    nat: &[&str],
+    filter: &[&str],
+) -> Trace {
     let mut t = Tracer {
         tables,
         node,
         trace: Trace::default(),
         depth: 0,
     };
-    t.run("nat", "KUBE-SERVICES", &pkt);
+    for chain in nat {
+        if t.run("nat", chain, &pkt) {
+            break;
+        }
+    }
     let mut after = pkt;
     if let Some(ip) = t.trace.outputs.first().and_then(|d| dnat_ip(d)) {
         after.dst = ip;
     }
-    for chain in [
-        "KUBE-SERVICES",
-        "KUBE-EXTERNAL-SERVICES",
-        "KUBE-NODEPORTS",
-        "KUBE-PROXY-FIREWALL",
-    ] {
+    for chain in filter {
         t.run("filter", chain, &after);
     }
     t.trace

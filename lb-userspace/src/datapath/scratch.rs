@@ -1,0 +1,305 @@
+//! A second instance of the datapath for `xlb trace`: the same object loaded again with the
+//! agent's service state reused from its pins (services, backends, names, node config,
+//! source ranges, address filters) and fresh, unpinned copies of every map the programs
+//! write (conntrack, affinity, socket translations, counters). The live flow and affinity
+//! entries are copied into the fresh maps first, so a traced packet meets the same state a
+//! real one would, and whatever the program writes stays in the copies.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::{TestRun, TestRunOptions},
+};
+use lb_common::{
+    AffinityKey, AffinityValue, Counter, CtKey, CtValue, MAP_ADDR_FILTER, MAP_AFFINITY,
+    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SOCK, MAP_SRC_RANGE,
+    MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, MAP_XDP_TX, R_COUNT,
+};
+
+use super::{DatapathError, kernel::open_pinned, loader};
+
+/// The maps a trace reads from the agent's pins and never writes (the programs only read
+/// them).
+pub const SHARED_MAPS: [&str; 7] = [
+    MAP_SVC,
+    MAP_BACKEND,
+    MAP_SVC_NAME,
+    MAP_CONFIG,
+    MAP_SRC_RANGE,
+    MAP_XDP_TX,
+    MAP_ADDR_FILTER,
+];
+
+/// The maps the programs write: fresh in a trace instance (sized as the pinned ones).
+pub const WRITTEN_MAPS: [&str; 7] = [
+    MAP_CT,
+    MAP_CT_ASSURED,
+    MAP_AFFINITY,
+    MAP_SOCK,
+    MAP_STATS,
+    MAP_SVC_STATS,
+    MAP_BACKEND_STATS,
+];
+
+/// A map key or value: plain bytes to both aya and bytemuck.
+pub trait Pod: aya::Pod + bytemuck::Pod {}
+impl<T: aya::Pod + bytemuck::Pod> Pod for T {}
+
+/// Entries of a hash map, key to value.
+pub type Entries<K, V> = BTreeMap<Vec<u8>, (K, V)>;
+
+/// What one test run of the tc program did.
+#[derive(Debug)]
+pub struct Run {
+    /// The tc action (`TC_ACT_*`).
+    pub verdict: i32,
+    /// The packet as the program left it.
+    pub packet: Vec<u8>,
+    /// Reason counters the run bumped (reason code, packets).
+    pub reasons: Vec<(u32, u64)>,
+    /// Conntrack entries (of either table) the run created or changed, with their value
+    /// before (none: new).
+    pub conntrack: Vec<Change<CtKey, CtValue>>,
+    /// Affinity entries likewise.
+    pub affinity: Vec<Change<AffinityKey, AffinityValue>>,
+}
+
+/// An entry a run wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Change<K, V> {
+    pub key: K,
+    pub before: Option<V>,
+    pub after: V,
+}
+
+/// A loaded trace instance (its programs and fresh maps go when it is dropped; it pins
+/// nothing).
+pub struct Scratch {
+    ebpf: Ebpf,
+    /// Both conntrack tables' live entries (a key is in one table at a time).
+    ct_before: Entries<CtKey, CtValue>,
+    cta_before: Entries<CtKey, CtValue>,
+    aff_before: Entries<AffinityKey, AffinityValue>,
+}
+
+fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
+    move |source| DatapathError::Map { name, source }
+}
+
+/// `max_entries` of the map pinned as `name` in `dir`.
+fn pinned_size(dir: &Path, name: &'static str) -> Result<u32, DatapathError> {
+    let data = MapData::from_pin(dir.join(name)).map_err(map_err(name))?;
+    Ok(data.info().map_err(map_err(name))?.max_entries())
+}
+
+/// Every entry of a pinned hash map.
+fn read_pinned<K: Pod, V: Pod>(
+    dir: &Path,
+    name: &'static str,
+) -> Result<Entries<K, V>, DatapathError> {
+    let map: HashMap<MapData, K, V> =
+        HashMap::try_from(open_pinned(dir, name)?).map_err(map_err(name))?;
+    let mut out = Entries::new();
+    for kv in map.iter() {
+        let (k, v) = kv.map_err(map_err(name))?;
+        out.insert(bytemuck::bytes_of(&k).to_vec(), (k, v));
+    }
+    Ok(out)
+}
+
+/// Inserts `entries` into the instance's map `name`.
+fn copy<K: Pod, V: Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    entries: &Entries<K, V>,
+) -> Result<(), DatapathError> {
+    let map = ebpf
+        .map_mut(name)
+        .ok_or(DatapathError::MapMissing { name })?;
+    let mut m: HashMap<&mut MapData, K, V> = HashMap::try_from(map).map_err(map_err(name))?;
+    for (k, v) in entries.values() {
+        m.insert(k, v, 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}
+
+impl Scratch {
+    /// Loads `object` again beside the agent whose pins are in `dir` (see the module docs)
+    /// and copies its conntrack and affinity entries into the instance's own maps.
+    pub fn load(object: &[u8], dir: &Path) -> Result<Self, DatapathError> {
+        if object.is_empty() {
+            return Err(DatapathError::ObjectMissing);
+        }
+        let paths: Vec<(&'static str, PathBuf)> =
+            SHARED_MAPS.iter().map(|m| (*m, dir.join(m))).collect();
+        for (name, path) in &paths {
+            if !path.exists() {
+                return Err(DatapathError::MapMissing { name });
+            }
+        }
+        let mut sizes = Vec::new();
+        for name in SHARED_MAPS.iter().chain(WRITTEN_MAPS.iter()) {
+            sizes.push((*name, pinned_size(dir, name)?));
+        }
+        let mut l = EbpfLoader::new();
+        for (name, path) in &paths {
+            l.map_pin_path(name, path.as_path());
+        }
+        for (name, size) in &sizes {
+            l.map_max_entries(name, *size);
+        }
+        let mut ebpf = l.load(object)?;
+        loader::tc_program(&mut ebpf)?
+            .load()
+            .map_err(|source| DatapathError::Program {
+                name: loader::TC_INGRESS,
+                source,
+            })?;
+        let ct_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT)?;
+        let cta_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?;
+        let aff_before = read_pinned::<AffinityKey, AffinityValue>(dir, MAP_AFFINITY)?;
+        let mut s = Self {
+            ebpf,
+            ct_before,
+            cta_before,
+            aff_before,
+        };
+        s.copy_in()?;
+        Ok(s)
+    }
+
+    fn copy_in(&mut self) -> Result<(), DatapathError> {
+        copy(&mut self.ebpf, MAP_CT, &self.ct_before)?;
+        copy(&mut self.ebpf, MAP_CT_ASSURED, &self.cta_before)?;
+        copy(&mut self.ebpf, MAP_AFFINITY, &self.aff_before)
+    }
+
+    fn hash<K: Pod, V: Pod>(
+        &self,
+        name: &'static str,
+    ) -> Result<HashMap<&MapData, K, V>, DatapathError> {
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(DatapathError::MapMissing { name })?;
+        HashMap::try_from(map).map_err(map_err(name))
+    }
+
+    /// The live conntrack entry of `key`, from either table (as copied in).
+    pub fn conntrack_entry(&self, key: &CtKey) -> Option<CtValue> {
+        let k = bytemuck::bytes_of(key);
+        self.ct_before
+            .get(k)
+            .or_else(|| self.cta_before.get(k))
+            .map(|(_, v)| *v)
+    }
+
+    /// How many live conntrack entries were copied in (both tables).
+    pub fn conntrack_len(&self) -> usize {
+        self.ct_before.len() + self.cta_before.len()
+    }
+
+    /// The live affinity entries (as copied in).
+    pub fn affinity_before(&self) -> &Entries<AffinityKey, AffinityValue> {
+        &self.aff_before
+    }
+
+    fn counters(&self) -> Result<Vec<u64>, DatapathError> {
+        let map = self
+            .ebpf
+            .map(MAP_STATS)
+            .ok_or(DatapathError::MapMissing { name: MAP_STATS })?;
+        let stats: PerCpuArray<&MapData, Counter> =
+            PerCpuArray::try_from(map).map_err(map_err(MAP_STATS))?;
+        (0..R_COUNT)
+            .map(|r| {
+                let per_cpu = stats.get(&r, 0).map_err(map_err(MAP_STATS))?;
+                Ok(per_cpu.iter().map(|c| c.packets).sum())
+            })
+            .collect()
+    }
+
+    fn changes<K: Pod, V: Pod + PartialEq>(
+        &self,
+        name: &'static str,
+        before: &Entries<K, V>,
+    ) -> Result<Vec<Change<K, V>>, DatapathError> {
+        let mut out = Vec::new();
+        for kv in self.hash::<K, V>(name)?.iter() {
+            let (key, after) = kv.map_err(map_err(name))?;
+            let old = before.get(bytemuck::bytes_of(&key)).map(|(_, v)| *v);
+            if old != Some(after) {
+                out.push(Change {
+                    key,
+                    before: old,
+                    after,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs the tc program once on `packet` (in the calling thread's network namespace).
+    pub fn run_tc(&mut self, packet: &[u8]) -> Result<Run, DatapathError> {
+        let counted = self.counters()?;
+        let prog = loader::tc_program(&mut self.ebpf)?;
+        let mut out = vec![0u8; packet.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        };
+        let r = prog
+            .test_run(opts)
+            .map_err(|source| DatapathError::Program {
+                name: loader::TC_INGRESS,
+                source,
+            })?;
+        out.truncate(r.data_size_out as usize);
+        let reasons = self
+            .counters()?
+            .iter()
+            .zip(&counted)
+            .enumerate()
+            .filter(|(_, (now, was))| now > was)
+            .map(|(i, (now, was))| (i as u32, now - was))
+            .collect();
+        Ok(Run {
+            verdict: r.return_value as i32,
+            packet: out,
+            reasons,
+            conntrack: {
+                let mut c = self.changes(MAP_CT, &self.ct_before)?;
+                c.extend(self.changes(MAP_CT_ASSURED, &self.cta_before)?);
+                c
+            },
+            affinity: self.changes(MAP_AFFINITY, &self.aff_before)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_map_is_shared_or_fresh_in_a_trace() {
+        for name in lb_common::ALL_MAPS {
+            let shared = SHARED_MAPS.contains(&name);
+            let written = WRITTEN_MAPS.contains(&name);
+            assert!(
+                shared != written,
+                "{name}: a trace must either share it (read-only to the programs) or give it a fresh copy (written by them)"
+            );
+        }
+        assert_eq!(
+            SHARED_MAPS.len() + WRITTEN_MAPS.len(),
+            lb_common::ALL_MAPS.len()
+        );
+    }
+}

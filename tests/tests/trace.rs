@@ -1,0 +1,457 @@
+//! `xlb trace`: its verdicts are the datapath's real ones (the same packets sent for real
+//! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
+//! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
+//! traffic on the conformance inputs.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use lb_userspace::emit::Mode;
+use xlb_lab::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
+use xlb_tests::{
+    client,
+    datapath::{RawEntries, dump_pinned},
+    scenario::{Scenario, TCP_PORT, UDP_PORT},
+    topology::pod_ip,
+};
+
+const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
+const EMPTY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
+
+/// A Service with one port `p` and its slice of ready endpoints (namespace `test`).
+fn service(
+    name: &str,
+    ip: Ipv4Addr,
+    proto: &str,
+    port: u16,
+    target: u16,
+    extra: &str,
+    eps: &[Ipv4Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  clusterIP: {ip}\n{extra}  ports:\n  - {{name: p, port: {port}, protocol: {proto}, targetPort: {target}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target}, protocol: {proto}}}\nendpoints:"
+    );
+    y.push_str(if eps.is_empty() { " []\n" } else { "\n" });
+    for ip in eps {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+        ));
+    }
+    y
+}
+
+/// web (TCP, 2 backends), dns (UDP on web's ClusterIP), sticky (ClientIP affinity), empty
+/// (no endpoints), and the client pod as a `kind: Pod` document.
+fn services() -> String {
+    let eps = [pod_ip(2), pod_ip(3)];
+    service("web", WEB, "TCP", 80, TCP_PORT, "", &eps)
+        + &service("dns", WEB, "UDP", 53, UDP_PORT, "", &eps)
+        + &service(
+            "sticky",
+            STICKY,
+            "TCP",
+            80,
+            TCP_PORT,
+            "  sessionAffinity: ClientIP\n",
+            &eps,
+        )
+        + &service("empty", EMPTY, "TCP", 80, TCP_PORT, "", &[])
+        + &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{namespace: test, name: client}}\nstatus: {{podIP: {}}}\n",
+            pod_ip(1)
+        )
+}
+
+/// `xlb trace ARGS…` in the node namespace against the scenario's agent; the flow maps must
+/// be byte-identical before and after it.
+fn trace(s: &Scenario, args: &[&str]) -> String {
+    let before = flow_maps(&s.agent.pins);
+    let text = trace_only(s, args);
+    assert!(
+        flow_maps(&s.agent.pins) == before,
+        "xlb trace {args:?} changed the live flow or affinity maps\n{text}"
+    );
+    text
+}
+
+fn trace_only(s: &Scenario, args: &[&str]) -> String {
+    let out = s
+        .topo
+        .node
+        .command(xlb_tests::xlb_bin())
+        .arg("trace")
+        .args(args)
+        .arg("--pin-dir")
+        .arg(&s.agent.pins)
+        .arg("--source")
+        .arg(format!("file:{}", s.yaml.display()))
+        .output()
+        .expect("run xlb trace");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "xlb trace {args:?} failed: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The `=> OUTCOME` line of a trace.
+fn outcome(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("=> "))
+        .unwrap_or_else(|| panic!("no outcome in:\n{text}"))
+        .to_string()
+}
+
+/// The flow maps the datapath writes, byte by byte: both conntrack tables, then affinity.
+fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    let mut ct = dump_pinned(pins, lb_common::MAP_CT).expect("dump conntrack");
+    ct.extend(dump_pinned(pins, lb_common::MAP_CT_ASSURED).expect("dump assured conntrack"));
+    (
+        ct,
+        dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
+    )
+}
+
+/// The backend name (`backend-k`) of a pod IP in the scenario.
+fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
+    s.topo
+        .backends
+        .iter()
+        .find(|p| p.ip == ip)
+        .map(|p| p.name.clone())
+        .unwrap_or_else(|| format!("no backend at {ip}"))
+}
+
+#[test]
+fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
+    let Some(s) = Scenario::started(
+        "trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged",
+        "xtr",
+        &services(),
+        2,
+        "10.96.0.10:80/TCP",
+    ) else {
+        return;
+    };
+    let timeout = Duration::from_secs(3);
+    let client_ns = &s.topo.client.ns;
+
+    // A real flow first, kept open through the test (the conntrack collector deletes
+    // closed flows), so the maps the traces must leave alone are not empty, and the sticky
+    // service's affinity entry exists.
+    let sticky = SocketAddr::from((STICKY, 80));
+    let (first, _open) = client_ns
+        .run(move || open_request(sticky, timeout))
+        .expect("netns")
+        .expect("sticky answers");
+    let before = flow_maps(&s.agent.pins);
+    assert!(
+        !before.0.is_empty() && !before.1.is_empty(),
+        "a real flow left entries"
+    );
+
+    // ClusterIP from the pod (by name): forwarded to a backend, the one a real packet may
+    // reach.
+    let web = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/web"]);
+    println!("{web}");
+    assert!(web.contains("ClusterIP of service test/web"), "{web}");
+    assert!(web.contains("DNAT 10.96.0.10:80 -> "), "{web}");
+    assert!(web.contains("new_flow +1"), "{web}");
+    let chosen: std::net::SocketAddrV4 = outcome(&web).parse().expect("a backend");
+    assert!(
+        s.backend_ips().contains(chosen.ip()) && chosen.port() == TCP_PORT,
+        "{web}"
+    );
+    let to = SocketAddr::from((WEB, 80));
+    let real = client_ns
+        .run(move || client::tcp_request(to, timeout))
+        .expect("netns")
+        .expect("web answers");
+    assert!(real.backend.starts_with("backend-"), "{real:?}");
+
+    // UDP to the same ClusterIP: the service port's protocol.
+    let dns = trace(
+        &s,
+        &["--from", &pod_ip(1).to_string(), "--to", "svc/test/dns"],
+    );
+    let chosen: std::net::SocketAddrV4 = outcome(&dns).parse().expect("a backend");
+    assert_eq!(chosen.port(), UDP_PORT, "{dns}");
+    let to = SocketAddr::from((WEB, 53));
+    client_ns
+        .run(move || client::udp_request(to, timeout))
+        .expect("netns")
+        .expect("dns answers");
+
+    // Affinity: the trace finds the real flow's entry and goes where the real packet goes.
+    let st = trace(
+        &s,
+        &["--from", "pod/test/client", "--to", "svc/test/sticky"],
+    );
+    println!("{st}");
+    assert!(st.contains("ClientIP (10800 s): hit"), "{st}");
+    let chosen: std::net::SocketAddrV4 = outcome(&st).parse().expect("a backend");
+    assert_eq!(backend_name(&s, *chosen.ip()), first.backend, "{st}");
+    let again = client_ns
+        .run(move || client::tcp_request(sticky, timeout))
+        .expect("netns")
+        .expect("sticky answers");
+    assert_eq!(again.backend, first.backend);
+
+    // No endpoints: refused, as a real connect is.
+    let empty = trace(
+        &s,
+        &["--from", "pod/test/client", "--to", &format!("{EMPTY}:80")],
+    );
+    println!("{empty}");
+    assert_eq!(outcome(&empty), "refused", "{empty}");
+    assert!(empty.contains("reject +1"), "{empty}");
+    let to = SocketAddr::from((EMPTY, 80));
+    let e = client_ns
+        .run(move || client::tcp_request(to, timeout))
+        .expect("netns")
+        .expect_err("refused");
+    assert!(e.contains("refused"), "{e}");
+
+    // Not a frontend: passed untouched.
+    let none = trace(&s, &["--from", "pod/test/client", "--to", "10.96.0.99:80"]);
+    assert_eq!(outcome(&none), "passed", "{none}");
+
+    // From the node: the connect4 decision, computed from the maps and said so.
+    let node = trace(&s, &["--from", "node", "--to", "svc/test/web"]);
+    assert!(node.contains("cannot test-run cgroup sock_addr"), "{node}");
+    assert_eq!(
+        outcome(&node),
+        format!("one of {}:{TCP_PORT}, {}:{TCP_PORT}", pod_ip(2), pod_ip(3)),
+        "{node}"
+    );
+    let node_empty = trace(&s, &["--from", "node", "--to", "svc/test/empty"]);
+    assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
+}
+
+/// One request on a connection left open: the answer, and the connection.
+fn open_request(
+    to: SocketAddr,
+    timeout: Duration,
+) -> Result<(client::Answer, std::net::TcpStream), String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut c = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"hello\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&c)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let mut w = line.split_whitespace();
+    let answer = client::Answer {
+        backend: w.next().unwrap_or_default().to_string(),
+        seen_client: w.next().unwrap_or_default().to_string(),
+    };
+    Ok((answer, c))
+}
+
+/// `xlb trace --mode MODE` of one of `xlb compare`'s flows on `source` (no datapath: the rule
+/// modes need only the file).
+fn trace_flow(source: &Path, mode: &str, flow: &Flow, client: &str) -> String {
+    let from = match flow.origin {
+        Origin::Pod => client,
+        Origin::Node => "node",
+    };
+    let out = std::process::Command::new(xlb_tests::xlb_bin())
+        .args(["trace", "--mode", mode, "--from", from, "--to"])
+        .arg(flow.frontend.to_string())
+        .args(["--proto", flow.protocol.lower(), "--source"])
+        .arg(format!("file:{}", source.display()))
+        .output()
+        .expect("run xlb trace");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "xlb trace --mode {mode} {flow:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The backends a trace outcome names (`A`, or `one of A, B`); empty for a verdict.
+fn traced_backends(outcome: &str) -> std::collections::BTreeSet<String> {
+    let list = outcome.strip_prefix("one of ").unwrap_or(outcome);
+    list.split(", ")
+        .filter(|b| b.parse::<SocketAddr>().is_ok())
+        .map(String::from)
+        .collect()
+}
+
+/// A trace outcome and what a mode did with real traffic agree: the same backends (for an
+/// affinity flow, the one it stuck to is among those traced), or the same refusal or drop.
+fn agrees(flow: &Flow, traced: &str, real: &Outcome) -> bool {
+    match real {
+        Outcome::Backends(b) => {
+            let t = traced_backends(traced);
+            if flow.eligible.is_some() {
+                b.len() == 1 && b.is_subset(&t)
+            } else {
+                *b == t
+            }
+        }
+        Outcome::Refused => traced == "refused",
+        Outcome::Dropped => traced == "dropped",
+        Outcome::Failed(_) => false,
+    }
+}
+
+/// Where the rule trace and the real mode are known to part (see tests/tests/compare.rs):
+/// the node's own datagram to a ClusterIP without endpoints is REJECTed in the output path,
+/// which fails the sender's send() with EPERM instead of an ICMP answer; the userspace proxy
+/// takes a connection to a service without endpoints and closes it; IPVS (compared with
+/// what iptables really did) has one virtual server per NodePort for every origin, so under
+/// externalTrafficPolicy Local without a local endpoint it refuses a pod that iptables
+/// short-circuits to the cluster's endpoints.
+fn known_difference(mode: &str, flow: &Flow, traced: &str, real: &Outcome) -> bool {
+    match (mode, real) {
+        ("ipvs", Outcome::Backends(_)) => {
+            flow.kind == xlb_lab::compare::Frontend::NodePort && traced == "refused"
+        }
+        ("iptables" | "nftables", Outcome::Failed(e)) => {
+            flow.origin == Origin::Node
+                && traced == "refused"
+                && e.contains("Operation not permitted")
+        }
+        ("userspace", _) => {
+            traced == "closed by the proxy" && !matches!(real, Outcome::Backends(_))
+        }
+        _ => false,
+    }
+}
+
+fn modes_agree_with_compare(case: &str) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../../shared/conformance/kube-proxy/cases/{case}.input.yaml"
+    ));
+    let opts = CompareOptions {
+        source: source.clone(),
+        node_name: "node1".into(),
+        requests: 40,
+        modes: vec![
+            Impl::KubeProxy(Mode::Iptables),
+            Impl::KubeProxy(Mode::Nftables),
+            Impl::KubeProxy(Mode::Userspace),
+        ],
+        xlb: xlb_tests::xlb_bin(),
+        tag: xlb_tests::unique_tag("xtq"),
+    };
+    let report = compare(&opts).unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert!(!report.flows.is_empty(), "{case}: no flows");
+    // The lab's client pod: the first 10.255.255.x that is no endpoint (as compare picks it).
+    let client = "10.255.255.1";
+    let mut checked = 0;
+    for (flow, by) in &report.flows {
+        // IPVS has no lab in compare: its trace must agree with what iptables really did.
+        for (mode, real) in [
+            ("iptables", &by[&Impl::KubeProxy(Mode::Iptables)]),
+            ("nftables", &by[&Impl::KubeProxy(Mode::Nftables)]),
+            ("userspace", &by[&Impl::KubeProxy(Mode::Userspace)]),
+            ("ipvs", &by[&Impl::KubeProxy(Mode::Iptables)]),
+        ] {
+            let text = trace_flow(&source, mode, flow, client);
+            let traced = outcome(&text);
+            assert!(
+                agrees(flow, &traced, real) || known_difference(mode, flow, &traced, real),
+                "{case}: {flow:?}: {mode} traced {traced:?}, really {real:?}\n{text}\n{}",
+                report.render()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{case}: {checked} traces");
+}
+
+#[test]
+fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
+    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_kube_proxys_overall_case") {
+        return;
+    }
+    modes_agree_with_compare("iptables-01-overall");
+}
+
+#[test]
+fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
+    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_a_service_without_endpoints") {
+        return;
+    }
+    modes_agree_with_compare("iptables-30-flows-no-endpoints-reject");
+}
+
+#[test]
+fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
+    if !xlb_tests::require_root("bpf_log_debug_puts_the_programs_decisions_in_the_agent_log") {
+        return;
+    }
+    let mut s =
+        Scenario::start_with("xtl", 2, &services(), &["--bpf-log", "debug"]).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .expect("initial sync");
+    let to = SocketAddr::from((WEB, 80));
+    let real = s
+        .topo
+        .client
+        .ns
+        .run(move || client::tcp_request(to, Duration::from_secs(3)))
+        .expect("netns")
+        .expect("web answers");
+    let backend = s
+        .topo
+        .backends
+        .iter()
+        .find(|p| p.name == real.backend)
+        .map(|p| p.ip)
+        .expect("the backend that answered");
+    // The SYN's decision, as it left the program: DNATed to the backend that answered.
+    let want = format!("tc reason=new_flow action=ok proto=6 {}:", pod_ip(1));
+    s.agent
+        .wait_log(&want, 1, Duration::from_secs(5))
+        .expect("the SYN's decision is logged");
+    let log = s.agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&want))
+        .expect("a new_flow line");
+    assert!(line.contains("xlb::bpf"), "{line}");
+    assert!(line.contains(&format!("-> {backend}:{TCP_PORT}")), "{line}");
+    assert!(
+        log.contains("reason=established"),
+        "later packets too:\n{log}"
+    );
+}
+
+#[test]
+fn bpf_log_is_off_by_default() {
+    let Some(s) = Scenario::started(
+        "bpf_log_is_off_by_default",
+        "xto",
+        &services(),
+        2,
+        "10.96.0.10:80/TCP",
+    ) else {
+        return;
+    };
+    let to = SocketAddr::from((WEB, 80));
+    s.topo
+        .client
+        .ns
+        .run(move || client::tcp_request(to, Duration::from_secs(3)))
+        .expect("netns")
+        .expect("web answers");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !s.agent.log_text().contains("xlb::bpf"),
+        "{}",
+        s.agent.log_text()
+    );
+}
