@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V4`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V5`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -61,8 +61,12 @@ pub const R_SOCK_PASS: u32 = 21;
 /// anyway, as conntrack picks up a connection mid-stream (`nf_conntrack_tcp_loose`).
 pub const R_CT_MISS: u32 = 22;
 
-/// Number of counters (the size of `XLB_STATS_V4`).
-pub const R_COUNT: u32 = 23;
+/// An answered flow found the assured conntrack table (`XLB_CTA_V1`) full: it stays in the
+/// LRU table, where a flood of new flows may evict it. Counted once per packet that tried.
+pub const R_CT_ASSURED_FULL: u32 = 23;
+
+/// Number of counters (the size of `XLB_STATS_V5`).
+pub const R_COUNT: u32 = 24;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -89,4 +93,5 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "sock_revnat",
     "sock_pass",
     "ct_miss",
+    "ct_assured_full",
 ];

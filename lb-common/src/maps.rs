@@ -14,9 +14,20 @@ pub const MAP_BACKEND: &str = "XLB_BE_V2";
 /// keys; the value names the backend by index and generation, the service by index, and
 /// whether the service has affinity, so an established packet needs no other map.)
 pub const MAP_CT: &str = "XLB_CT_V3";
+/// Assured conntrack: flows that have been answered and then continued (a TCP handshake
+/// completed, a UDP exchange followed by another datagram), moved out of the LRU map
+/// [`MAP_CT`] by the datapath so that no flood of new flows can evict them, as the kernel's
+/// conntrack never early-drops an assured flow. A plain hash (allocated as used, up to the
+/// conntrack size): nothing evicts it; the agent deletes the entries of flows that are over
+/// (`datapath::ct_gc`). Same key and value as [`MAP_CT`].
+pub const MAP_CT_ASSURED: &str = "XLB_CTA_V1";
 /// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
-/// hooks' among them).
-pub const MAP_STATS: &str = "XLB_STATS_V4";
+/// hooks' among them; V5: 24, `ct_assured_full`).
+pub const MAP_STATS: &str = "XLB_STATS_V5";
+
+/// Pins of earlier layouts that hold no state worth carrying over (counters): an agent
+/// removes them once its own programs are attached, so their numbers start again from 0.
+pub const RETIRED_PINS: [&str; 1] = ["XLB_STATS_V4"];
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -75,10 +86,11 @@ pub const fn filter_bit(addr_be: u32) -> u32 {
 }
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 13] = [
+pub const ALL_MAPS: [&str; 14] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
+    MAP_CT_ASSURED,
     MAP_STATS,
     MAP_SVC_NAME,
     MAP_SVC_STATS,
@@ -125,7 +137,7 @@ const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) 
 use core::mem::size_of;
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 13] = [
+pub const MAP_DEFS: [MapDef; 14] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -141,6 +153,12 @@ pub const MAP_DEFS: [MapDef; 13] = [
     def(
         MAP_CT,
         kind::LRU_HASH,
+        size_of::<CtKey>(),
+        size_of::<CtValue>(),
+    ),
+    def(
+        MAP_CT_ASSURED,
+        kind::HASH,
         size_of::<CtKey>(),
         size_of::<CtValue>(),
     ),
@@ -325,6 +343,11 @@ pub const CT_F_RESET: u16 = 8;
 /// Conntrack flag (forward entries): the service had ClientIP affinity when the flow began:
 /// its packets keep the client's affinity entry fresh.
 pub const CT_F_AFFINITY: u16 = 16;
+/// Conntrack flag (reply entries): the backend has answered. The flow's next forward packet
+/// (not a SYN) makes it assured: both entries move to [`MAP_CT_ASSURED`].
+pub const CT_F_REPLIED: u16 = 32;
+/// Conntrack flag: the entry is in [`MAP_CT_ASSURED`] (set on the copies moved there).
+pub const CT_F_ASSURED: u16 = 64;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

@@ -10,13 +10,13 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey, CtValue, IPPROTO_TCP,
-    IPPROTO_UDP, R_CT_FULL, R_SNAT_FAILED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_ASSURED, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
+    CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
 use crate::{
     clock,
-    maps::{FlowScratch, XLB_CT_V3, XLB_SCRATCH},
+    maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1, XLB_SCRATCH},
     parse::Tuple,
     reason::Reason,
     select::backend_is,
@@ -48,19 +48,38 @@ fn tuple_key(t: &Tuple, dir: u8) -> CtKey {
     key(t.saddr_be, t.daddr_be, t.sport_be, t.dport_be, t.proto, dir)
 }
 
-/// The entry for `k`, if its flow is tracked.
+/// The entry for `k`, if its flow is tracked: assured (`XLB_CTA_V1`) or not yet
+/// (`XLB_CT_V3`).
 #[inline(always)]
 pub fn get(k: &CtKey) -> Option<&'static CtValue> {
     // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
-    unsafe { XLB_CT_V3.get(k) }
+    unsafe { XLB_CTA_V1.get(k).or_else(|| XLB_CT_V3.get(k)) }
 }
 
-/// The reply entry for a packet from a backend, if its flow is tracked.
+/// The entry for `k`, writable (only `last_seen_ns`, `mtu` and `flags` are written through
+/// it).
+#[inline(always)]
+fn get_mut(k: &CtKey) -> Option<&'static mut CtValue> {
+    // SAFETY: as `get`; the fields written are a flow's own.
+    XLB_CTA_V1
+        .get_ptr_mut(k)
+        .or_else(|| XLB_CT_V3.get_ptr_mut(k))
+        .map(|p| unsafe { &mut *p })
+}
+
+/// Forgets `k` in both tables.
+#[inline(always)]
+fn remove(k: &CtKey) {
+    let _ = XLB_CTA_V1.remove(k);
+    let _ = XLB_CT_V3.remove(k);
+}
+
+/// The reply entry for a packet from a backend, if its flow is tracked. The first reply
+/// marks it answered (`CT_F_REPLIED`): the client's next packet makes the flow assured.
 #[inline(always)]
 pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
     let k = tuple_key(t, CT_DIR_REPLY);
-    // SAFETY: only `last_seen_ns` and `flags` are written through this reference.
-    let ct = XLB_CT_V3.get_ptr_mut(&k).map(|p| unsafe { &mut *p })?;
+    let ct = get_mut(&k)?;
     // A SYN-ACK never belongs to a flow that has closed: the client reused its port for a
     // connection straight to the backend, which the closed flow's entry must leave alone
     // (it goes, so the connection's later packets do not match it either).
@@ -68,8 +87,11 @@ pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
         && t.tcp_flags & TCP_SYN != 0
         && ct.flags & (CT_F_CLOSING | CT_F_RESET) != 0
     {
-        let _ = XLB_CT_V3.remove(&k);
+        remove(&k);
         return None;
+    }
+    if ct.flags & CT_F_REPLIED == 0 {
+        ct.flags |= CT_F_REPLIED;
     }
     Some(ct)
 }
@@ -77,9 +99,86 @@ pub fn lookup_reply(t: &Tuple) -> Option<&'static mut CtValue> {
 /// The forward entry for a packet to a frontend, if its flow is tracked.
 #[inline(always)]
 pub fn lookup_forward(t: &Tuple) -> Option<&'static mut CtValue> {
-    let k = tuple_key(t, CT_DIR_FORWARD);
-    // SAFETY: only `last_seen_ns`, `mtu` and `flags` are written through this reference.
-    XLB_CT_V3.get_ptr_mut(k).map(|p| unsafe { &mut *p })
+    get_mut(&tuple_key(t, CT_DIR_FORWARD))
+}
+
+/// The reply key of the flow whose forward entry is `fwd`.
+#[inline(always)]
+fn reply_key_of(fwd: &CtValue, proto: u8) -> CtKey {
+    key(
+        fwd.daddr_be,
+        fwd.saddr_be,
+        fwd.dport_be,
+        fwd.sport_be,
+        proto,
+        CT_DIR_REPLY,
+    )
+}
+
+/// Makes the flow of `t` (forward entry `ct`, not yet assured) assured once its backend has
+/// answered and the client goes on (any packet but a SYN): both entries move from the LRU
+/// table to `XLB_CTA_V1`, reply first (a reply always finds its entry), where no flood of
+/// new flows can evict them. Returns the forward entry now in use: the assured copy, or `ct`
+/// while the flow is not answered yet or the assured table is full (`ct_assured_full`).
+#[inline(always)]
+pub fn assure(ct: &'static mut CtValue, t: &Tuple) -> &'static mut CtValue {
+    if ct.flags & CT_F_ASSURED != 0
+        || (t.proto == IPPROTO_TCP && t.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN)
+    {
+        return ct;
+    }
+    match promote(ct, t) {
+        Some(assured) => assured,
+        None => ct,
+    }
+}
+
+/// `*dst = *src`, field by field: a struct copy between two map values compiles to a
+/// `memmove` whose overlap check subtracts pointers, which the verifier refuses without
+/// CAP_PERFMON.
+#[inline(always)]
+fn copy(dst: &mut CtValue, src: &CtValue) {
+    dst.saddr_be = src.saddr_be;
+    dst.daddr_be = src.daddr_be;
+    dst.sport_be = src.sport_be;
+    dst.dport_be = src.dport_be;
+    dst.backend_id = src.backend_id;
+    dst.backend_gen = src.backend_gen;
+    dst.svc_id = src.svc_id;
+    dst.flags = src.flags;
+    dst.mtu = src.mtu;
+    dst._pad = 0;
+    dst.created_ns = src.created_ns;
+    dst.last_seen_ns = src.last_seen_ns;
+}
+
+/// The move itself (out of line: rare, and its keys stay off the caller's frame).
+#[inline(never)]
+fn promote(ct: &CtValue, t: &Tuple) -> Option<&'static mut CtValue> {
+    let s = scratch().ok()?;
+    s.reply_key = reply_key_of(ct, t.proto);
+    // SAFETY: as `get`.
+    let reply = unsafe { XLB_CT_V3.get(&s.reply_key) }?;
+    if reply.flags & CT_F_REPLIED == 0 {
+        return None;
+    }
+    copy(&mut s.reply, reply);
+    s.reply.flags |= CT_F_ASSURED;
+    copy(&mut s.fwd, ct);
+    s.fwd.flags |= CT_F_ASSURED;
+    s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
+    if XLB_CTA_V1.insert(&s.reply_key, &s.reply, 0).is_err() {
+        Reason(R_CT_ASSURED_FULL).count(0);
+        return None;
+    }
+    if XLB_CTA_V1.insert(&s.fwd_key, &s.fwd, 0).is_err() {
+        let _ = XLB_CTA_V1.remove(&s.reply_key);
+        Reason(R_CT_ASSURED_FULL).count(0);
+        return None;
+    }
+    let _ = XLB_CT_V3.remove(&s.fwd_key);
+    let _ = XLB_CT_V3.remove(&s.reply_key);
+    XLB_CTA_V1.get_ptr_mut(&s.fwd_key).map(|p| unsafe { &mut *p })
 }
 
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
@@ -137,15 +236,11 @@ pub fn mid_stream(t: &Tuple) -> bool {
 /// before its forward entry (its port would go to a new flow while this one still uses it).
 #[inline(always)]
 pub fn keep_reply(ct: &CtValue, proto: u8) {
-    let k = key(
-        ct.daddr_be,
-        ct.saddr_be,
-        ct.dport_be,
-        ct.sport_be,
-        proto,
-        CT_DIR_REPLY,
-    );
-    let _ = get(&k);
+    if ct.flags & CT_F_ASSURED != 0 {
+        return;
+    }
+    // SAFETY: only looked up (which marks it used).
+    let _ = unsafe { XLB_CT_V3.get(&reply_key_of(ct, proto)) };
 }
 
 const TCP_FIN: u8 = 0x01;
@@ -209,7 +304,7 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
         return false;
     }
     if fwd.is_some() {
-        let _ = XLB_CT_V3.remove(fwd_key);
+        remove(fwd_key);
     }
     true
 }
@@ -219,7 +314,10 @@ fn reclaim(key: &CtKey, old: &CtValue) -> bool {
 /// `BPF_NOEXIST`: two CPUs reclaiming the same key at once almost never both get it).
 #[inline(always)]
 fn claim(key: &CtKey, value: &CtValue) -> bool {
-    if XLB_CT_V3.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+    // SAFETY: only compared with None.
+    if unsafe { XLB_CTA_V1.get(key) }.is_none()
+        && XLB_CT_V3.insert(key, value, BPF_NOEXIST as u64).is_ok()
+    {
         return true;
     }
     let Some(old) = get(key) else {
@@ -237,7 +335,7 @@ fn claim(key: &CtKey, value: &CtValue) -> bool {
     if get(key).map(|e| (e.created_ns, e.daddr_be, e.dport_be)) != Some(judged) {
         return false;
     }
-    let _ = XLB_CT_V3.remove(key);
+    remove(key);
     XLB_CT_V3.insert(key, value, BPF_NOEXIST as u64).is_ok()
 }
 
@@ -301,6 +399,9 @@ pub fn create(t: &Tuple, src: &Source) -> Result<(), Reason> {
         s.fwd.sport_be = claim_port(s, src.first_be, src.min, src.max)?;
     }
     s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
+    // A flow started over (a reused TCP port, a UDP flow whose backend left) may have been
+    // assured: its old forward entry must not shadow the new one.
+    let _ = XLB_CTA_V1.remove(&s.fwd_key);
     XLB_CT_V3
         .insert(&s.fwd_key, &s.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))
@@ -321,6 +422,7 @@ fn replace_own(key: &CtKey, value: &CtValue, t: &Tuple) -> bool {
     {
         return false;
     }
+    let _ = XLB_CTA_V1.remove(key);
     XLB_CT_V3.insert(key, value, 0).is_ok()
 }
 

@@ -15,9 +15,12 @@ use crate::{
 };
 
 /// A packet of an established flow keeps its entries (and its client's affinity, when its
-/// service has affinity) fresh: from what the entry holds, without the service map.
+/// service has affinity) fresh: from what the entry holds, without the service map. An
+/// answered flow that goes on becomes assured (out of reach of LRU eviction). Returns the
+/// forward entry to rewrite with.
 #[inline(always)]
-pub fn keep_alive(ct: &mut CtValue, t: &Tuple) {
+pub fn keep_alive(ct: &'static mut CtValue, t: &Tuple) -> &'static mut CtValue {
+    let ct = conntrack::assure(ct, t);
     if conntrack::touch(ct, t) {
         if ct.flags & CT_F_SNAT != 0 {
             conntrack::keep_reply(ct, t.proto);
@@ -27,6 +30,7 @@ pub fn keep_alive(ct: &mut CtValue, t: &Tuple) {
             affinity::touch(t.saddr_be, ct.svc_id);
         }
     }
+    ct
 }
 
 /// loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks new

@@ -143,7 +143,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
                 Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
             }
-            flow::keep_alive(ct, &t);
+            let ct = flow::keep_alive(ct, &t);
             nat::apply(ctx, &t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);

@@ -1,6 +1,7 @@
 //! The datapath's maps. Each comment says who writes it, key → value, size and eviction.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
 };
@@ -33,10 +34,24 @@ pub static XLB_BE_V2: Array<Backend, { BACKEND_MAP_CAPACITY as usize }> = Array:
 #[btf_map]
 pub static XLB_CT_V3: LruHashMap<CtKey, CtValue, { CT_MAP_CAPACITY as usize }> = LruHashMap::new();
 
+/// Assured conntrack. Written here: a flow answered by its backend and continued by its
+/// client moves both its entries out of `XLB_CT_V3` into this map, where no flood of new
+/// flows evicts them. Deleted from by the agent (flows that are over: closed, reset or idle,
+/// with kube-proxy's conntrack timeouts), read by `xlb list conntrack`. Same key and value
+/// as `XLB_CT_V3`; a hash allocated as used, up to the conntrack size; no eviction: when
+/// full, a flow stays in `XLB_CT_V3` (`ct_assured_full`).
+#[btf_map]
+pub static XLB_CTA_V1: HashMap<
+    CtKey,
+    CtValue,
+    { CT_MAP_CAPACITY as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
 #[btf_map]
-pub static XLB_STATS_V4: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+pub static XLB_STATS_V5: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
 
 /// Node configuration. Written by the agent at start, read here.
 /// index 0 → `NodeConfig{SNAT port range, hairpin address, host netns cookie, flags}`.

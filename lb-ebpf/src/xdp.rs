@@ -59,7 +59,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        flow::keep_alive(ct, &t);
+        let ct = flow::keep_alive(ct, &t);
         return finish(ctx, &t, ct, R_ESTABLISHED);
     }
     if let Some(ct) = backend.then(|| conntrack::lookup_reply(&t)).flatten() {

@@ -45,18 +45,18 @@ pub enum Impl {
     /// xlb with `--socket-lb host`: the node's sockets through the hooks, the pod's packets
     /// through the tc program.
     EbpfHost,
-    Iptables,
-    Nftables,
-    Userspace,
+    /// kube-proxy in one of its modes, as xlb emits it (ipvs is not run: it needs the IPVS
+    /// kernel modules).
+    KubeProxy(Mode),
 }
 
 impl Impl {
     pub const ALL: [Impl; 5] = [
         Impl::Ebpf,
         Impl::EbpfHost,
-        Impl::Iptables,
-        Impl::Nftables,
-        Impl::Userspace,
+        Impl::KubeProxy(Mode::Iptables),
+        Impl::KubeProxy(Mode::Nftables),
+        Impl::KubeProxy(Mode::Userspace),
     ];
 
     /// The mode's name in the report for a flow from `origin`; xlb's names the path that
@@ -73,9 +73,7 @@ impl Impl {
         match self {
             Impl::Ebpf => "xlb-ebpf",
             Impl::EbpfHost => "xlb-ebpf-host",
-            Impl::Iptables => "iptables",
-            Impl::Nftables => "nftables",
-            Impl::Userspace => "userspace",
+            Impl::KubeProxy(m) => m.name(),
         }
     }
 
@@ -277,7 +275,10 @@ fn agree(flow: &Flow, by: &BTreeMap<Impl, Outcome>) -> bool {
 
 /// Whether two modes' outcomes for `flow` agree (as [`Report::disagreements`] judges).
 pub fn outcomes_agree(flow: &Flow, a: &Outcome, b: &Outcome) -> bool {
-    let by = BTreeMap::from([(Impl::Ebpf, a.clone()), (Impl::Iptables, b.clone())]);
+    let by = BTreeMap::from([
+        (Impl::Ebpf, a.clone()),
+        (Impl::KubeProxy(Mode::Iptables), b.clone()),
+    ]);
     agree(flow, &by)
 }
 
@@ -409,7 +410,7 @@ fn endpoints(model: &Model) -> BTreeMap<Ipv4Addr, BTreeSet<u16>> {
 /// The node settings every lab uses: the file's TestConfig, else this node's name and
 /// [`LAB_NODE_IP`] as node IP and only NodePort address.
 fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
-    let mut settings = match &loaded.test_config {
+    match &loaded.test_config {
         Some(t) => t.settings.clone(),
         None => NodeSettings {
             node_name: node_name.to_string(),
@@ -418,17 +419,27 @@ fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
             node_port_addresses: vec![Cidr::host(IpAddr::V4(LAB_NODE_IP))],
             ..NodeSettings::default()
         },
-    };
-    // The lab's namespaces have no nfacct objects (kube-proxy creates them at start).
-    settings.host.nfacct_invalid_dropped = false;
-    settings.host.nfacct_localhost_nodeports = false;
-    settings
+    }
+}
+
+/// The writer options every lab uses: the file's TestConfig's, without nfacct counters
+/// (the lab's namespaces have no nfacct objects; kube-proxy creates them at start).
+pub fn lab_options(loaded: &file::Loaded) -> emit::Options {
+    let mut options = loaded
+        .test_config
+        .as_ref()
+        .map(|t| t.options.clone())
+        .unwrap_or_default();
+    options.host.nfacct_invalid_dropped = false;
+    options.host.nfacct_localhost_nodeports = false;
+    options
 }
 
 /// Runs every mode and returns the report.
 pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     let loaded = file::load(&opts.source)?;
     let settings = lab_settings(&loaded, &opts.node_name);
+    let options = lab_options(&loaded);
     let flows = flows(&loaded.model, &settings, node_port_ip(&settings));
     let mut report = Report {
         flows: flows.iter().map(|f| (f.clone(), BTreeMap::new())).collect(),
@@ -436,11 +447,18 @@ pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     };
     for (i, mode) in opts.modes.iter().enumerate() {
         let tag = format!("{}{i}", opts.tag);
-        let (outcomes, counters) = run_mode(*mode, &tag, opts, &loaded.model, &settings, &flows)
-            .map_err(|reason| CompareError::Mode {
-                mode: mode.name(),
-                reason,
-            })?;
+        let (outcomes, counters) = run_mode(
+            *mode,
+            &tag,
+            opts,
+            &loaded.model,
+            (&settings, &options),
+            &flows,
+        )
+        .map_err(|reason| CompareError::Mode {
+            mode: mode.name(),
+            reason,
+        })?;
         for ((_, by), o) in report.flows.iter_mut().zip(outcomes) {
             by.insert(*mode, o);
         }
@@ -482,7 +500,7 @@ fn run_mode(
     tag: &str,
     opts: &CompareOptions,
     model: &Model,
-    settings: &NodeSettings,
+    (settings, options): (&NodeSettings, &emit::Options),
     flows: &[Flow],
 ) -> Result<(Vec<Outcome>, Option<Counts>), String> {
     let frontends: Vec<SocketAddr> = flows.iter().map(|f| f.frontend).collect();
@@ -493,6 +511,7 @@ fn run_mode(
         xlb: &opts.xlb,
         model,
         settings,
+        options,
         pods: &endpoints(model),
         frontends: &frontends,
     })?;
@@ -567,6 +586,8 @@ pub struct LabSpec<'a> {
     pub model: &'a Model,
     /// The node: the emitters' settings; its node IP and NodePort address go on its `lo`.
     pub settings: &'a NodeSettings,
+    /// The emitters' writer options.
+    pub options: &'a emit::Options,
     /// One pod per address, with echo servers (TCP and UDP) on its ports.
     pub pods: &'a BTreeMap<Ipv4Addr, BTreeSet<u16>>,
     /// Routed into a sink, so that packets no rule rewrites reach the FORWARD hook.
@@ -658,22 +679,25 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
     match spec.mode {
         None => {}
         Some(Impl::Ebpf | Impl::EbpfHost) => start_agent(spec, &mut lab)?,
-        Some(Impl::Iptables) => {
-            let payload = emit::iptables::emit(spec.model, spec.settings);
+        Some(Impl::KubeProxy(Mode::Iptables)) => {
+            let payload = emit::iptables::emit(spec.model, spec.settings, spec.options);
             lab.topo
                 .node
                 .feed("iptables-restore", &["--noflush"], &payload.render())?;
             add_jumps(&lab.topo.node, &emit::iptables::jumps(&payload))?;
         }
-        Some(Impl::Nftables) => {
+        Some(Impl::KubeProxy(Mode::Nftables)) => {
             // The table carries its own hooks (prerouting, input, forward, output, postrouting).
             lab.topo.node.feed(
                 "nft",
                 &["-f", "-"],
-                &emit::render(Mode::Nftables, spec.model, spec.settings),
+                &emit::render(Mode::Nftables, spec.model, spec.settings, spec.options),
             )?;
         }
-        Some(Impl::Userspace) => start_userspace(spec, &mut lab)?,
+        Some(Impl::KubeProxy(Mode::Userspace)) => start_userspace(spec, &mut lab)?,
+        Some(Impl::KubeProxy(Mode::Ipvs)) => {
+            return Err("ipvs mode is not run in a lab (it needs the IPVS kernel modules)".into());
+        }
     }
     Ok(lab)
 }
@@ -778,7 +802,7 @@ fn start_userspace(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
     lab.topo.node.feed(
         "iptables-restore",
         &["--noflush"],
-        &emit::render(Mode::Userspace, spec.model, spec.settings),
+        &emit::render(Mode::Userspace, spec.model, spec.settings, spec.options),
     )?;
     add_jumps(&lab.topo.node, &emit::userspace::JUMPS)?;
     std::thread::sleep(Duration::from_millis(1000));
@@ -864,8 +888,14 @@ mod tests {
         let flow = affinity_flow(Some(ELIGIBLE));
         let by = BTreeMap::from([
             (Impl::Ebpf, backends(&["10.244.2.2:8080"])),
-            (Impl::Iptables, backends(&["10.244.3.2:8080"])),
-            (Impl::Nftables, backends(&["10.244.4.2:8080"])),
+            (
+                Impl::KubeProxy(Mode::Iptables),
+                backends(&["10.244.3.2:8080"]),
+            ),
+            (
+                Impl::KubeProxy(Mode::Nftables),
+                backends(&["10.244.4.2:8080"]),
+            ),
         ]);
         assert!(agree(&flow, &by));
         let report = Report {

@@ -50,8 +50,9 @@ pub struct AgentConfig {
     pub healthz_bind_address: Option<String>,
     /// `IP:PORT` of `/metrics` ("" disables).
     pub metrics_bind_address: Option<String>,
-    /// Conntrack settings. xlb's conntrack is an LRU map without per-state timeouts: they are
-    /// accepted (so a kube-proxy file loads) and reported as unused.
+    /// Conntrack settings. The sizes apply; the timeouts are accepted (so a kube-proxy file
+    /// loads) and reported as unused: xlb's assured-flow collector (`datapath::ct_gc`) has
+    /// kube-proxy's defaults built in.
     pub conntrack: Option<ConntrackConfig>,
 }
 
@@ -152,8 +153,8 @@ impl AgentConfig {
         )
     }
 
-    /// Names the keys that are read but do not apply to xlb (conntrack timeouts: xlb's
-    /// conntrack is an LRU map without per-state timeouts).
+    /// Names the keys that are read but do not apply to xlb (conntrack timeouts: the
+    /// collector of assured flows uses kube-proxy's defaults).
     pub fn unused(&self) -> Vec<&'static str> {
         let Some(ct) = &self.conntrack else {
             return Vec::new();

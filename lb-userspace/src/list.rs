@@ -4,7 +4,8 @@ use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use lb_common::{
-    CT_DIR_FORWARD, CT_F_SNAT, Counter, CtKey, CtValue, MAP_CT, MAP_STATS, R_COUNT, REASON_NAMES,
+    CT_DIR_FORWARD, CT_F_SNAT, Counter, CtKey, CtValue, MAP_CT, MAP_CT_ASSURED, MAP_STATS, R_COUNT,
+    REASON_NAMES,
 };
 use serde::Serialize;
 
@@ -50,6 +51,8 @@ pub struct FlowRow {
     pub service: String,
     pub age_seconds: u64,
     pub idle_seconds: u64,
+    /// Answered and continued: kept in the assured table, which no flood evicts.
+    pub assured: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -155,43 +158,43 @@ fn sock(addr_be: u32, port_be: u16) -> String {
     )
 }
 
-/// Tracked flows (forward entries), oldest first.
+/// Tracked flows (forward entries), oldest first: the assured table's and the LRU table's.
 pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
     let state = read_state(dir)?;
-    let map = open_pinned(dir, MAP_CT)?;
-    let ct: HashMap<MapData, CtKey, CtValue> =
-        HashMap::try_from(map).map_err(|source| DatapathError::Map {
-            name: MAP_CT,
-            source,
-        })?;
     let now = monotonic_coarse_ns();
     let mut rows = Vec::new();
-    for kv in ct.iter() {
-        let (k, v) = kv.map_err(|source| DatapathError::Map {
-            name: MAP_CT,
-            source,
-        })?;
-        if k.dir != CT_DIR_FORWARD {
-            continue;
+    for (name, assured) in [(MAP_CT_ASSURED, true), (MAP_CT, false)] {
+        let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(open_pinned(dir, name)?)
+            .map_err(|source| DatapathError::Map { name, source })?;
+        for kv in ct.iter() {
+            let (k, v) = kv.map_err(|source| DatapathError::Map { name, source })?;
+            if k.dir != CT_DIR_FORWARD {
+                continue;
+            }
+            rows.push(flow_row(&state, &k, &v, now, assured));
         }
-        rows.push(FlowRow {
-            protocol: Protocol::from_number(k.proto)
-                .map_or_else(|| k.proto.to_string(), |p| p.to_string()),
-            client: sock(k.saddr_be, k.sport_be),
-            frontend: sock(k.daddr_be, k.dport_be),
-            backend: sock(v.daddr_be, v.dport_be),
-            snat: if v.flags & CT_F_SNAT != 0 {
-                sock(v.saddr_be, v.sport_be)
-            } else {
-                "-".into()
-            },
-            service: name_of(&state, v.svc_id),
-            age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
-            idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
-        });
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.age_seconds));
     Ok(rows)
+}
+
+fn flow_row(state: &Desired, k: &CtKey, v: &CtValue, now: u64, assured: bool) -> FlowRow {
+    FlowRow {
+        protocol: Protocol::from_number(k.proto)
+            .map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+        client: sock(k.saddr_be, k.sport_be),
+        frontend: sock(k.daddr_be, k.dport_be),
+        backend: sock(v.daddr_be, v.dport_be),
+        snat: if v.flags & CT_F_SNAT != 0 {
+            sock(v.saddr_be, v.sport_be)
+        } else {
+            "-".into()
+        },
+        service: name_of(state, v.svc_id),
+        age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
+        idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
+        assured,
+    }
 }
 
 /// Datapath counters summed over CPUs, one row per reason.
@@ -255,7 +258,7 @@ impl TableRow for BackendRow {
 
 impl TableRow for FlowRow {
     const HEADERS: &'static [&'static str] = &[
-        "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "SERVICE", "AGE",
+        "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "SERVICE", "AGE", "ASSURED",
     ];
     fn cells(&self) -> Vec<String> {
         vec![
@@ -266,6 +269,7 @@ impl TableRow for FlowRow {
             self.snat.clone(),
             self.service.clone(),
             format!("{}s", self.age_seconds),
+            if self.assured { "yes" } else { "no" }.to_string(),
         ]
     }
 }
@@ -356,6 +360,7 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
         usage::<SvcKey, SvcValue>(dir, MAP_SVC)?,
         backends,
         usage::<CtKey, CtValue>(dir, MAP_CT)?,
+        usage::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?,
         usage::<u32, SvcName>(dir, MAP_SVC_NAME)?,
         src_range_usage(dir)?,
     ])

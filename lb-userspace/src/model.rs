@@ -10,7 +10,7 @@ pub mod select;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-pub use cidr::Cidr;
+pub use cidr::{Cidr, parse_ip};
 pub use node::{IpFamily, LocalDetector, NodeSettings};
 
 /// `namespace/name` of a Service.

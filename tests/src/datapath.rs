@@ -165,8 +165,9 @@ pub type RawEntries = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// The maps the datapath itself may change: per-flow state (conntrack, affinity, socket
 /// translations). Everything else is the agent's to write.
-pub const FLOW_STATE_MAPS: [&str; 3] = [
+pub const FLOW_STATE_MAPS: [&str; 4] = [
     lb_common::MAP_CT,
+    lb_common::MAP_CT_ASSURED,
     lb_common::MAP_AFFINITY,
     lb_common::MAP_SOCK,
 ];

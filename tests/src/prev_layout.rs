@@ -13,7 +13,7 @@ use aya_obj::{
 };
 use lb_common::{
     AffinityKey, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
-    MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue, kind, prev,
+    MAP_CT_ASSURED, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue, kind, prev,
 };
 use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
 
@@ -67,15 +67,20 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
     let state = KernelMaps::open(dir)
         .and_then(|m| Ok(m.read()?))
         .map_err(|e| e.to_string())?;
-    let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
-        lb_userspace::datapath::kernel::open_pinned(dir, MAP_CT).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
-    let flows: Vec<(CtKey, CtValue)> = ct.iter().filter_map(Result::ok).collect();
+    // The previous layout had one conntrack table: the assured one's flows go into it too.
+    let mut flows: Vec<(CtKey, CtValue)> = Vec::new();
+    for name in [MAP_CT, MAP_CT_ASSURED] {
+        let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
+            lb_userspace::datapath::kernel::open_pinned(dir, name).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+        flows.extend(ct.iter().filter_map(Result::ok));
+    }
     for name in [
         MAP_SVC,
         MAP_BACKEND,
         MAP_CT,
+        MAP_CT_ASSURED,
         MAP_SVC_STATS,
         MAP_BACKEND_STATS,
         MAP_AFFINITY,

@@ -13,6 +13,7 @@ use std::{
 
 use lb_userspace::{
     compare::{Impl, Installed, LabSpec, install},
+    emit::Mode,
     lab::topology::Topology,
     model::node::NodeSettings,
     source::file,
@@ -60,6 +61,7 @@ fn setup(prefix: &str, mode: Impl) -> Option<Installed> {
         xlb: &xlb_tests::xlb_bin(),
         model: &model,
         settings: &node,
+        options: &lb_userspace::emit::Options::default(),
         pods: &pods,
         frontends: &frontends,
     })
@@ -133,7 +135,7 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
 
 #[test]
 fn emitted_iptables_rules_carry_traffic() {
-    let Some(lab) = setup("xi", Impl::Iptables) else {
+    let Some(lab) = setup("xi", Impl::KubeProxy(Mode::Iptables)) else {
         return;
     };
     check_traffic(&lab.topo, "iptables");
@@ -141,7 +143,7 @@ fn emitted_iptables_rules_carry_traffic() {
 
 #[test]
 fn emitted_nftables_rules_carry_traffic() {
-    let Some(lab) = setup("xf", Impl::Nftables) else {
+    let Some(lab) = setup("xf", Impl::KubeProxy(Mode::Nftables)) else {
         return;
     };
     check_traffic(&lab.topo, "nftables");
@@ -149,7 +151,7 @@ fn emitted_nftables_rules_carry_traffic() {
 
 #[test]
 fn userspace_rules_and_the_userspace_proxy_carry_traffic() {
-    let Some(lab) = setup("xu", Impl::Userspace) else {
+    let Some(lab) = setup("xu", Impl::KubeProxy(Mode::Userspace)) else {
         return;
     };
     wait_ready(&lab.topo, "userspace");

@@ -13,6 +13,7 @@ use lb_userspace::{
     compare::{
         CompareOptions, Flow, Frontend, Impl, Origin, Outcome, Report, compare, outcomes_agree,
     },
+    emit::Mode,
     model::Protocol,
 };
 use xlb_tests::{require_root, unique_tag, xlb_bin};
@@ -31,8 +32,8 @@ use xlb_tests::{require_root, unique_tag, xlb_bin};
 ///   drops external traffic.
 fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) -> bool {
     match mode {
-        Impl::Userspace => !matches!(ebpf, Outcome::Backends(_)),
-        Impl::Iptables | Impl::Nftables => {
+        Impl::KubeProxy(Mode::Userspace) => !matches!(ebpf, Outcome::Backends(_)),
+        Impl::KubeProxy(Mode::Iptables | Mode::Nftables) => {
             flow.origin == Origin::Node
                 && flow.kind == Frontend::ClusterIp
                 && flow.protocol == Protocol::Udp
@@ -45,7 +46,7 @@ fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) ->
                 && matches!(ebpf, Outcome::Backends(_))
                 && *other == Outcome::Dropped
         }
-        Impl::Ebpf => false,
+        Impl::Ebpf | Impl::KubeProxy(Mode::Ipvs) => false,
     }
 }
 

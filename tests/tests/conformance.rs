@@ -332,7 +332,9 @@ fn run_iptables(c: &Case) -> IptablesRun {
         }
         let model = build_model(c, step);
         let existing = tables.chains("nat");
-        let payload = proxier.sync(&model, node, &existing, opts).render();
+        let payload = proxier
+            .sync(&model, node, &c.config.options, &existing, opts)
+            .render();
         match tables.apply(&payload) {
             Ok(()) => {
                 proxier.restored(true);
@@ -558,7 +560,7 @@ fn nftables_case(name: &str) {
         } else {
             Duration::ZERO
         };
-        states.push(proxier.sync(&build_model(&c, step), node, now));
+        states.push(proxier.sync(&build_model(&c, step), node, &c.config.options, now));
     }
     for (n, body) in sections(&c.expected) {
         let idx = n.map_or(0, |n| n as usize - 1);
@@ -584,7 +586,7 @@ fn ipvs_case(name: &str) {
     use lb_userspace::emit::{ipvs, restore::split_args};
     let c = case(name);
     let node = &c.config.settings;
-    let st = ipvs::emit(&model_at(&c, None), node);
+    let st = ipvs::emit(&model_at(&c, None), node, &c.config.options);
     let strip = |l: &str| l.split(" #").next().unwrap_or("").trim_end().to_string();
     let lines: Vec<String> = c
         .expected
@@ -776,6 +778,7 @@ fn one_shot_emit_is_the_first_full_sync() {
     let model = model_at(&c, None);
     let node = &c.config.settings;
     let mut p = IptablesProxier::default();
-    let synced = p.sync(&model, node, &BTreeSet::new(), SyncOptions::default());
-    assert_eq!(iptables::emit(&model, node), synced);
+    let opts = &c.config.options;
+    let synced = p.sync(&model, node, opts, &BTreeSet::new(), SyncOptions::default());
+    assert_eq!(iptables::emit(&model, node, opts), synced);
 }

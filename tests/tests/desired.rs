@@ -77,12 +77,8 @@ fn golden_multi_slice_multi_port() {
 
 #[test]
 fn golden_traffic_policies_topology_and_affinity_on_node1() {
-    let node = desired::NodeContext {
-        name: "node1".into(),
-        zone: Some("z1".into()),
-        node_port_addresses: vec!["192.168.0.2".parse().expect("ip")],
-        socket_lb: false,
-    };
+    let mut node = desired::NodeContext::new("node1", &["192.168.0.2".parse().expect("ip")], false);
+    node.node.zone = Some("z1".into());
     golden_on(
         &fixtures().join("policies.yaml"),
         &fixtures().join("policies.desired.txt"),
@@ -366,12 +362,8 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
 fn golden_policies_with_the_socket_hooks_on_node1() {
     // Socket LB adds NodePorts on 127.0.0.1 (cluster endpoints) and, for external frontends
     // with externalTrafficPolicy Local, an internal scope with every cluster endpoint.
-    let node = desired::NodeContext {
-        name: "node1".into(),
-        zone: Some("z1".into()),
-        node_port_addresses: vec!["192.168.0.2".parse().expect("ip")],
-        socket_lb: true,
-    };
+    let mut node = desired::NodeContext::new("node1", &["192.168.0.2".parse().expect("ip")], true);
+    node.node.zone = Some("z1".into());
     golden_on(
         &fixtures().join("policies.yaml"),
         &fixtures().join("policies.socket-lb.desired.txt"),
@@ -387,10 +379,7 @@ fn internal_policy_local_refuses_without_any_endpoint_and_drops_without_a_local_
             "apiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: web}}\nspec:\n  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n  ports: [{{name: p, port: 80, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints: {eps}\n"
         )
     };
-    let node = desired::NodeContext {
-        name: "node1".into(),
-        ..Default::default()
-    };
+    let node = desired::NodeContext::new("node1", &[], false);
     for (eps, drops) in [
         ("[]", false),
         (

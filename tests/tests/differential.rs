@@ -9,6 +9,7 @@ use std::{collections::BTreeSet, fmt::Write as _, time::Instant};
 
 use lb_userspace::{
     compare::{CompareOptions, Flow, Frontend, Impl, Origin, Outcome, compare, outcomes_agree},
+    emit::Mode,
     model::{Protocol, TrafficPolicy},
     source::file,
 };
@@ -182,7 +183,11 @@ fn run_seed(seed: u64) -> Vec<String> {
         // With 30 requests the chance that random selection misses one of 4 backends is
         // 4 × (3/4)^30 ≈ 7e-4 per flow; backend sets are compared.
         requests: 30,
-        modes: vec![Impl::Ebpf, Impl::Iptables, Impl::Nftables],
+        modes: vec![
+            Impl::Ebpf,
+            Impl::KubeProxy(Mode::Iptables),
+            Impl::KubeProxy(Mode::Nftables),
+        ],
         xlb: xlb_bin(),
         tag,
     };
@@ -192,7 +197,10 @@ fn run_seed(seed: u64) -> Vec<String> {
     let mut bad = Vec::new();
     for (flow, by) in &report.flows {
         let ebpf = &by[&Impl::Ebpf];
-        for m in [Impl::Iptables, Impl::Nftables] {
+        for m in [
+            Impl::KubeProxy(Mode::Iptables),
+            Impl::KubeProxy(Mode::Nftables),
+        ] {
             let other = &by[&m];
             if !outcomes_agree(flow, ebpf, other)
                 && !known_difference(flow, ebpf, other, &etp_local)
@@ -274,7 +282,8 @@ fn a_local_local_node_port_without_local_endpoints_declares_its_cluster_chain() 
         node_name: "node1".into(),
         ..Default::default()
     };
-    let rules = lb_userspace::emit::iptables::emit(&loaded.model, &settings).render();
+    let opts = lb_userspace::emit::Options::default();
+    let rules = lb_userspace::emit::iptables::emit(&loaded.model, &settings, &opts).render();
     let declared: BTreeSet<&str> = rules
         .lines()
         .filter_map(|l| l.strip_prefix(':'))

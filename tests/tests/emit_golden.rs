@@ -18,7 +18,7 @@ fn golden(mode: Mode, input: &str, expected: &str) {
         node_ips: vec!["10.0.0.5".parse().expect("ip")],
         ..NodeSettings::default()
     };
-    let got = emit::render(mode, &loaded.model, &node);
+    let got = emit::render(mode, &loaded.model, &node, &emit::Options::default());
     let path = fixtures.join(expected);
     if std::env::var_os("XLB_BLESS").is_some() {
         std::fs::write(&path, &got).expect("bless");

@@ -166,14 +166,12 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
 }
 
 fn node(zone: bool, addresses: u8, socket_lb: bool) -> NodeContext {
-    NodeContext {
-        name: "node-a".into(),
-        zone: zone.then(|| "z1".to_string()),
-        node_port_addresses: (0..addresses)
-            .map(|a| Ipv4Addr::new(192, 168, 0, a + 1))
-            .collect(),
-        socket_lb,
-    }
+    let addrs: Vec<Ipv4Addr> = (0..addresses)
+        .map(|a| Ipv4Addr::new(192, 168, 0, a + 1))
+        .collect();
+    let mut c = NodeContext::new("node-a", &addrs, socket_lb);
+    c.node.zone = zone.then(|| "z1".to_string());
+    c
 }
 
 /// One frontend as the datapath sees it, without indices: its entry (count, flags,

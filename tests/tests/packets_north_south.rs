@@ -235,14 +235,9 @@ fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)) {
         assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
         dp.program_on(
             &loaded.model,
-            &NodeContext {
-                name: "node1".into(),
-                zone: None,
-                node_port_addresses: vec![NODE],
-                // With the socket hooks' entries (loopback NodePorts, internal scopes), which
-                // tc and XDP must never use.
-                socket_lb: true,
-            },
+            // With the socket hooks' entries (loopback NodePorts, internal scopes), which
+            // tc and XDP must never use.
+            &NodeContext::new("node1", &[NODE], true),
         )
         .expect("program");
         table(&mut dp, ifindex);

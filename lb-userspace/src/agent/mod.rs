@@ -200,15 +200,13 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         let bound = serve::spawn(addr, move |path| m.handle(path))?;
         info!(%bound, "serving /metrics");
     }
-    let mut node = desired::NodeContext {
-        name: opts.node_name.clone(),
-        zone: None,
-        node_port_addresses: node_port_addresses(opts),
-        // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
-        // after the upgrade drops what only they would use.
-        socket_lb: hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts)),
-    };
+    // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
+    // after the upgrade drops what only they would use.
+    let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts));
+    let mut node =
+        desired::NodeContext::new(&opts.node_name, &node_port_addresses(opts), socket_lb);
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
+    let _collector = CollectorGuard::spawn(&opts.bpffs);
     // Link changes wake the loop at once (a new or re-created pod veth is attached within
     // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
@@ -268,7 +266,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             if std::mem::take(&mut state.health_changed) {
                 service_health.update(
                     &serve::service_health::desired(&state.model, &opts.node_name),
-                    &node.node_port_addresses,
+                    &node.node_port_addresses(),
                 );
             }
             continue;
@@ -294,8 +292,8 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 Wake::Links => links_changed = true,
                 Wake::Addresses => {
                     let addrs = node_port_addresses(opts);
-                    if addrs != node.node_port_addresses {
-                        node.node_port_addresses = addrs;
+                    if addrs != node.node_port_addresses() {
+                        node.set_node_port_addresses(&addrs);
                         state.node_changed();
                     }
                 }
@@ -303,7 +301,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
                 Wake::Source(t) => {
                     if let Some(zone) = state.take(t, &health) {
-                        node.zone = zone;
+                        node.node.zone = zone;
                         state.node_changed();
                     }
                 }
@@ -428,6 +426,25 @@ impl State {
             self.changed.insert(id);
             self.dirty.get_or_insert(since);
         }
+    }
+}
+
+/// The assured conntrack collector's thread, stopped when the agent returns.
+struct CollectorGuard(Arc<AtomicBool>);
+
+impl CollectorGuard {
+    fn spawn(dir: &std::path::Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone()) {
+            warn!("cannot start the assured conntrack collector: {e}");
+        }
+        Self(stop)
+    }
+}
+
+impl Drop for CollectorGuard {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 

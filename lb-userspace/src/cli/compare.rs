@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
+use lb_userspace::emit::Mode;
 
 use super::{source_file, stop_flag};
 
@@ -23,17 +24,12 @@ pub struct CompareArgs {
     node_name: String,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum ProxyMode {
-    Userspace,
-}
-
 /// Run kube-proxy's userspace proxy (for comparison): accept on each service port's proxy
 /// port (see `xlb emit userspace`) and splice to backends round-robin.
 #[derive(clap::Args)]
 pub struct ProxyArgs {
-    /// Only `userspace`.
-    mode: ProxyMode,
+    /// Only `userspace` (the other modes are kernel rules, not a process).
+    mode: Mode,
     /// `file:PATH`.
     #[arg(long)]
     source: String,
@@ -83,7 +79,13 @@ pub fn run(args: CompareArgs) -> Result<()> {
 }
 
 pub fn run_proxy(args: ProxyArgs) -> Result<()> {
-    let ProxyMode::Userspace = args.mode;
+    if args.mode != Mode::Userspace {
+        bail!(
+            "xlb proxy runs kube-proxy's userspace mode only; {} mode is rules (see xlb emit {})",
+            args.mode.name(),
+            args.mode.name()
+        );
+    }
     let range = lb_userspace::emit::userspace::PortRange {
         start: args.port_range_start,
         end: args.port_range_end,

@@ -5,19 +5,12 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use lb_userspace::{
     desired, emit,
-    model::{Cidr, IpFamily, LocalDetector, NodeSettings, node::MasqueradeMark},
+    emit::options::MasqueradeMark,
+    model::{Cidr, IpFamily, LocalDetector, NodeSettings},
     source::file,
 };
 
 use super::source_file;
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum EmitMode {
-    Iptables,
-    Nftables,
-    Ipvs,
-    Userspace,
-}
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Family {
@@ -32,12 +25,14 @@ pub enum Family {
 /// flags given explicitly override them.
 #[derive(clap::Args)]
 pub struct EmitArgs {
-    mode: EmitMode,
+    mode: emit::Mode,
     /// `file:PATH`.
     #[arg(long)]
     source: String,
     #[command(flatten)]
     node: NodeFlags,
+    #[command(flatten)]
+    writer: WriterFlags,
 }
 
 /// Print the maps a source would produce, without touching the kernel.
@@ -75,9 +70,6 @@ pub struct NodeFlags {
     /// `--masquerade-all`.
     #[arg(long)]
     masquerade_all: Option<bool>,
-    /// `--iptables-masquerade-bit` (mark printed as kube-proxy does, e.g. 0x00004000).
-    #[arg(long)]
-    masquerade_bit: Option<u8>,
     /// `--nodeport-addresses` CIDRs (comma-separated; empty = all local addresses).
     #[arg(long, value_delimiter = ',')]
     nodeport_addresses: Vec<String>,
@@ -87,17 +79,40 @@ pub struct NodeFlags {
     /// Service CIDRs (nftables drops traffic to unallocated ClusterIPs in them).
     #[arg(long, value_delimiter = ',')]
     service_cidr: Vec<String>,
+}
+
+/// kube-proxy's writer flags (unset keeps the default or the TestConfig value).
+#[derive(clap::Args)]
+pub struct WriterFlags {
+    /// `--iptables-masquerade-bit` (mark printed as kube-proxy does, e.g. 0x00004000).
+    #[arg(long)]
+    masquerade_bit: Option<u8>,
     /// `--ipvs-scheduler`.
     #[arg(long)]
     ipvs_scheduler: Option<String>,
+}
+
+impl WriterFlags {
+    pub fn apply(&self, base: Option<emit::Options>) -> Result<emit::Options> {
+        let mut o = base.unwrap_or_default();
+        if let Some(bit) = self.masquerade_bit {
+            if bit > 31 {
+                bail!("--masquerade-bit must be 0..=31");
+            }
+            o.mark = MasqueradeMark::from_bit(bit);
+        }
+        if let Some(sch) = &self.ipvs_scheduler {
+            o.ipvs.scheduler = sch.clone();
+        }
+        Ok(o)
+    }
 }
 
 impl NodeFlags {
     pub fn apply(&self, base: Option<NodeSettings>) -> Result<NodeSettings> {
         let mut s = base.unwrap_or_default();
         let ip = |raw: &String| {
-            lb_userspace::source::convert::parse_ip(raw)
-                .with_context(|| format!("{raw:?} is not an IP"))
+            lb_userspace::model::parse_ip(raw).with_context(|| format!("{raw:?} is not an IP"))
         };
         let cidr = |raw: &String| {
             Cidr::parse_sloppy(raw).with_context(|| format!("{raw:?} is not a CIDR"))
@@ -129,12 +144,6 @@ impl NodeFlags {
         if let Some(m) = self.masquerade_all {
             s.masquerade_all = m;
         }
-        if let Some(bit) = self.masquerade_bit {
-            if bit > 31 {
-                bail!("--masquerade-bit must be 0..=31");
-            }
-            s.mark = MasqueradeMark::from_bit(bit);
-        }
         if !self.nodeport_addresses.is_empty() {
             s.node_port_addresses = self
                 .nodeport_addresses
@@ -148,9 +157,6 @@ impl NodeFlags {
         if !self.service_cidr.is_empty() {
             s.service_cidrs = self.service_cidr.iter().map(cidr).collect::<Result<_>>()?;
         }
-        if let Some(sch) = &self.ipvs_scheduler {
-            s.ipvs_scheduler = sch.clone();
-        }
         Ok(s)
     }
 }
@@ -160,14 +166,16 @@ pub fn run(args: EmitArgs) -> Result<()> {
     for e in &loaded.errors {
         eprintln!("warning: {e}");
     }
-    let settings = args.node.apply(loaded.test_config.map(|t| t.settings))?;
-    let mode = match args.mode {
-        EmitMode::Iptables => emit::Mode::Iptables,
-        EmitMode::Nftables => emit::Mode::Nftables,
-        EmitMode::Ipvs => emit::Mode::Ipvs,
-        EmitMode::Userspace => emit::Mode::Userspace,
+    let (settings, options) = match loaded.test_config {
+        Some(t) => (Some(t.settings), Some(t.options)),
+        None => (None, None),
     };
-    print!("{}", emit::render(mode, &loaded.model, &settings));
+    let settings = args.node.apply(settings)?;
+    let options = args.writer.apply(options)?;
+    print!(
+        "{}",
+        emit::render(args.mode, &loaded.model, &settings, &options)
+    );
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{SchedClassifier, Xdp},
 };
-use lb_common::ALL_MAPS;
+use lb_common::{ALL_MAPS, RETIRED_PINS};
 
 use super::{DatapathError, sizes::MapSizes};
 
@@ -129,6 +129,7 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
         loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(object)?;
+    remove_retired(dir);
     tc_program(&mut ebpf)?
         .load()
         .map_err(|source| DatapathError::Program {
@@ -139,6 +140,18 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
         .load()
         .map_err(|source| DatapathError::Program { name: XDP, source })?;
     Ok(ebpf)
+}
+
+/// Removes the pins of earlier layouts that hold only counters ([`RETIRED_PINS`]): programs
+/// still using one keep it (the kernel frees it with them), nothing reads it any more.
+fn remove_retired(dir: &Path) {
+    for name in RETIRED_PINS {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => tracing::info!(map = name, "removed a retired pin (counters start again)"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(map = name, "cannot remove a retired pin: {e}"),
+        }
+    }
 }
 
 /// The loaded object's XDP program.

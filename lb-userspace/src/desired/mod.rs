@@ -139,21 +139,59 @@ pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<De
     compute_on(model, &NodeContext::default(), ids, limits)
 }
 
-/// The node the agent programs: its name decides which endpoints are local (traffic
-/// policies Local), its zone which topology hints apply, its addresses where NodePorts are.
+/// The node the agent programs: the model's node ([`NodeSettings`], the one node type: its
+/// name decides which endpoints are local (traffic policies Local), its zone which topology
+/// hints apply, its local addresses (narrowed by nodePortAddresses) where NodePorts are),
+/// and whether the socket hooks are on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeContext {
-    pub name: String,
-    pub zone: Option<String>,
-    /// The addresses NodePorts are served on (kube-proxy's nodePortAddresses; by default the
-    /// node's primary IPs). Empty: no NodePort frontends.
-    pub node_port_addresses: Vec<Ipv4Addr>,
+    pub node: NodeSettings,
     /// The socket hooks are on (`--socket-lb all|host`): NodePorts are also served on
     /// 127.0.0.1 (to the node's own sockets only), and external frontends with
     /// externalTrafficPolicy Local get a second, internal scope with every cluster endpoint
     /// for traffic from the node (as kube-proxy sends local-origin traffic to the cluster
     /// chain).
     pub socket_lb: bool,
+}
+
+impl NodeContext {
+    /// The node `name`, serving NodePorts on `node_port_addresses`.
+    pub fn new(name: &str, node_port_addresses: &[Ipv4Addr], socket_lb: bool) -> Self {
+        let mut c = Self {
+            node: NodeSettings {
+                node_name: name.to_string(),
+                ..NodeSettings::default()
+            },
+            socket_lb,
+        };
+        c.set_node_port_addresses(node_port_addresses);
+        c
+    }
+
+    /// The IPv4 addresses NodePorts are served on, in order: the node's local addresses,
+    /// narrowed by nodePortAddresses when it is set. Empty: no NodePort frontends.
+    pub fn node_port_addresses(&self) -> Vec<Ipv4Addr> {
+        let n = &self.node;
+        n.local_addresses
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(v) => Some(*v),
+                IpAddr::V6(_) => None,
+            })
+            .filter(|ip| {
+                n.node_port_addresses.is_empty()
+                    || n.node_port_addresses
+                        .iter()
+                        .any(|c| c.contains(IpAddr::V4(*ip)))
+            })
+            .collect()
+    }
+
+    /// Serves NodePorts on `addrs` (the node's addresses the agent found or was given).
+    pub fn set_node_port_addresses(&mut self, addrs: &[Ipv4Addr]) {
+        self.node.local_addresses = addrs.iter().copied().map(IpAddr::V4).collect();
+        self.node.node_port_addresses.clear();
+    }
 }
 
 /// A frontend to program: its key, its object name, its backends (and whether each is on
@@ -253,11 +291,10 @@ fn service_candidates(
         }
     }
     let settings = NodeSettings {
-        node_name: node.name.clone(),
-        zone: node.zone.clone(),
         family: IpFamily::V4,
-        ..NodeSettings::default()
+        ..node.node.clone()
     };
+    let node_port_addresses = node.node_port_addresses();
     for view in ports_of_service(model, id, &settings) {
         let object = object_name(&view.service.id.to_string(), view.port);
         if view.protocol() == Protocol::Sctp {
@@ -298,7 +335,7 @@ fn service_candidates(
             ));
         }
         if let Some(node_port) = view.node_port {
-            for ip in &node.node_port_addresses {
+            for ip in &node_port_addresses {
                 frontends.push((*ip, node_port, Reach::External, format!(" (nodePort {ip})")));
             }
             if node.socket_lb {
@@ -331,7 +368,7 @@ fn service_candidates(
                 let mut r = ranges.clone();
                 // kube-proxy: when a range holds a node IP, the LoadBalancer IPs themselves
                 // are allowed as sources too (traffic the node sends to its own VIP).
-                if node.node_port_addresses.iter().any(|n| {
+                if node_port_addresses.iter().any(|n| {
                     view.source_ranges
                         .iter()
                         .any(|c| c.contains(IpAddr::V4(*n)))

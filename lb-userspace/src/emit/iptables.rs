@@ -13,13 +13,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fmt::Write as _,
     time::Duration,
 };
 
+pub use super::rules::{KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING};
 use super::{
-    Jump,
     names::{endpoint_chain, probability, service_port_hash},
+    options::Options as WriterOptions,
+    rules::{self, Jump, Payload, Table, comment, commented, dest_match, with_target},
 };
 use crate::model::{
     EndpointSlice, IpFamily, Model, NodeSettings, Service, ServiceRef,
@@ -29,32 +30,14 @@ use crate::model::{
 /// nat and filter chains kube-proxy always declares.
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
-pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
 pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
-pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
-pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-
-const fn jump(
-    table: &'static str,
-    chain: &'static str,
-    matches: &'static [&'static str],
-    target: &'static str,
-) -> Jump {
-    Jump {
-        table,
-        chain,
-        append: false,
-        matches,
-        target,
-    }
-}
 
 /// The jumps kube-proxy prepends to the built-in chains, in its order
 /// (`iptablesJumpChains`: extra arguments, then the comment).
 pub const JUMPS: [Jump; 12] = [
-    jump(
+    Jump::prepend(
         "filter",
         "INPUT",
         &[
@@ -69,7 +52,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_EXTERNAL_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "FORWARD",
         &[
@@ -84,7 +67,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_EXTERNAL_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "INPUT",
         &[
@@ -95,7 +78,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_NODEPORTS,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "FORWARD",
         &[
@@ -110,7 +93,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "OUTPUT",
         &[
@@ -125,13 +108,13 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "FORWARD",
         &["-m", "comment", "--comment", "kubernetes forwarding rules"],
         KUBE_FORWARD,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "INPUT",
         &[
@@ -146,7 +129,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_PROXY_FIREWALL,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "OUTPUT",
         &[
@@ -161,7 +144,7 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_PROXY_FIREWALL,
     ),
-    jump(
+    Jump::prepend(
         "filter",
         "FORWARD",
         &[
@@ -176,19 +159,19 @@ pub const JUMPS: [Jump; 12] = [
         ],
         KUBE_PROXY_FIREWALL,
     ),
-    jump(
+    Jump::prepend(
         "nat",
         "OUTPUT",
         &["-m", "comment", "--comment", "kubernetes service portals"],
         KUBE_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "nat",
         "PREROUTING",
         &["-m", "comment", "--comment", "kubernetes service portals"],
         KUBE_SERVICES,
     ),
-    jump(
+    Jump::prepend(
         "nat",
         "POSTROUTING",
         &["-m", "comment", "--comment", "kubernetes postrouting rules"],
@@ -199,8 +182,8 @@ pub const JUMPS: [Jump; 12] = [
 /// The kubelet's jumps into KUBE-FIREWALL, which kube-proxy ensures too (only where the
 /// payload declares that chain: with localhost NodePorts on IPv4).
 pub const FIREWALL_JUMPS: [Jump; 2] = [
-    jump("filter", "INPUT", &[], KUBE_FIREWALL),
-    jump("filter", "OUTPUT", &[], KUBE_FIREWALL),
+    Jump::prepend("filter", "INPUT", &[], KUBE_FIREWALL),
+    Jump::prepend("filter", "OUTPUT", &[], KUBE_FIREWALL),
 ];
 
 /// The jumps kube-proxy ensures for `payload`: [`JUMPS`], and [`FIREWALL_JUMPS`] where the
@@ -228,71 +211,19 @@ pub fn is_service_chain(chain: &str) -> bool {
     SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
 }
 
-/// One table of a restore payload.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Table {
-    /// Chains declared (`:NAME - [0:0]`), in order.
-    pub chains: Vec<String>,
-    /// Rule lines (`-A CHAIN …`), in order.
-    pub rules: Vec<String>,
-    /// Chains deleted (`-X NAME`).
-    pub deleted: Vec<String>,
+/// iptables mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Endpoint count above which kube-proxy drops per-endpoint comments and cleans up
+    /// stale chains only once per sync period.
+    pub large_cluster_threshold: usize,
 }
 
-impl Table {
-    fn chain(&mut self, name: &str) {
-        self.chains.push(name.to_string());
-    }
-
-    fn rule<S: AsRef<str>>(&mut self, chain: &str, args: &[S]) {
-        let mut line = format!("-A {chain}");
-        for a in args {
-            line.push(' ');
-            line.push_str(a.as_ref());
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            large_cluster_threshold: 1000,
         }
-        self.rules.push(line);
-    }
-
-    fn render(&self, name: &str, out: &mut String) {
-        let _ = writeln!(out, "*{name}");
-        for c in &self.chains {
-            let _ = writeln!(out, ":{c} - [0:0]");
-        }
-        for r in &self.rules {
-            let _ = writeln!(out, "{r}");
-        }
-        for c in &self.deleted {
-            let _ = writeln!(out, "-X {c}");
-        }
-        out.push_str("COMMIT\n");
-    }
-
-    /// The rule lines of `chain`, in order.
-    pub fn chain_rules(&self, chain: &str) -> Vec<&str> {
-        let prefix = format!("-A {chain} ");
-        let bare = format!("-A {chain}");
-        self.rules
-            .iter()
-            .filter(|r| r.starts_with(&prefix) || **r == bare)
-            .map(String::as_str)
-            .collect()
-    }
-}
-
-/// An `iptables-restore --noflush` payload: filter, then nat.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Payload {
-    pub filter: Table,
-    pub nat: Table,
-}
-
-impl Payload {
-    /// The restore text, exactly as kube-proxy feeds it to `iptables-restore --noflush`.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        self.filter.render("filter", &mut out);
-        self.nat.render("nat", &mut out);
-        out
     }
 }
 
@@ -311,34 +242,55 @@ impl Scope<'_> {
     }
 }
 
-fn quoted(s: &str) -> String {
-    format!("\"{s}\"")
-}
-
-/// The comment argument: quoted when it has spaces (kube-proxy quotes multi-word comments).
-fn comment(s: &str) -> [String; 4] {
-    let text = if s.contains(' ') {
-        quoted(s)
-    } else {
-        s.to_string()
-    };
-    ["-m".into(), "comment".into(), "--comment".into(), text]
-}
-
 struct Generated {
     payload: Payload,
     /// Every nat per-service chain that should exist after this sync.
     active: BTreeSet<String>,
 }
 
+/// Whether the model is over the large-cluster threshold (no per-endpoint comments, stale
+/// chains cleaned up once per sync period).
+fn is_large(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> bool {
+    select::total_endpoints(model, node.family) > opts.iptables.large_cluster_threshold
+}
+
 /// Builds the payload. `scope` decides which services' own chains are written; every other
 /// part is always regenerated.
-fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
-    let mark = &node.mark.text;
-    let v4 = node.family == IpFamily::V4;
-    let large = select::total_endpoints(model, node.family) > node.large_cluster_threshold;
-    let mut filter = Table::default();
-    let mut nat = Table::default();
+fn generate(
+    model: &Model,
+    node: &NodeSettings,
+    opts: &WriterOptions,
+    scope: Scope<'_>,
+) -> Generated {
+    let mut payload = Payload::default();
+    base_chains(node, opts, &mut payload);
+    let mut own = Own {
+        large: is_large(model, node, opts),
+        skipped: Table::default(),
+        active: BTreeSet::new(),
+    };
+    for pv in select::service_ports(model, node) {
+        let plan = PortPlan::new(&pv);
+        shared_rules(&plan, node, opts, &mut payload);
+        let nat = if scope.writes(&pv.service.id) {
+            &mut payload.nat
+        } else {
+            &mut own.skipped
+        };
+        own_chains(&plan, node, nat, &mut own.active, own.large);
+    }
+    node_ports_jump(node, &mut payload.nat);
+    let invalid_drop = (!opts.host.tcp_be_liberal).then_some(opts.host.nfacct_invalid_dropped);
+    rules::forward(&mut payload.filter, &opts.mark.text, invalid_drop);
+    Generated {
+        payload,
+        active: own.active,
+    }
+}
+
+/// The chains every sync declares, and the rules of the shared ones that come first.
+fn base_chains(node: &NodeSettings, opts: &WriterOptions, payload: &mut Payload) {
+    let Payload { filter, nat } = payload;
     for c in [
         KUBE_SERVICES,
         KUBE_EXTERNAL_SERVICES,
@@ -348,7 +300,7 @@ fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
     ] {
         filter.chain(c);
     }
-    let localhost_fw = v4 && node.localhost_node_ports;
+    let localhost_fw = node.family == IpFamily::V4 && node.localhost_node_ports;
     if localhost_fw {
         filter.chain(KUBE_FIREWALL);
     }
@@ -360,511 +312,432 @@ fn generate(model: &Model, node: &NodeSettings, scope: Scope<'_>) -> Generated {
     ] {
         nat.chain(c);
     }
-    nat.rule(
-        KUBE_POSTROUTING,
-        &[
-            "-m",
-            "mark",
-            "!",
-            "--mark",
-            &format!("{mark}/{mark}"),
-            "-j",
-            "RETURN",
-        ],
-    );
-    nat.rule(KUBE_POSTROUTING, &["-j", "MARK", "--xor-mark", mark]);
-    let mut masq: Vec<String> = comment("kubernetes service traffic requiring SNAT").into();
-    masq.extend(["-j".into(), "MASQUERADE".into()]);
-    if node.host.random_fully {
-        masq.push("--random-fully".into());
-    }
-    nat.rule(KUBE_POSTROUTING, &masq);
-    nat.rule(KUBE_MARK_MASQ, &["-j", "MARK", "--or-mark", mark]);
+    rules::masquerade(nat, &opts.mark.text, opts.host.random_fully);
     if localhost_fw {
-        let mut r: Vec<String> = comment("block incoming localnet connections").into();
-        r.extend(
-            [
-                "-d",
-                "127.0.0.0/8",
-                "!",
-                "-s",
-                "127.0.0.0/8",
-                "-m",
-                "conntrack",
-                "!",
-                "--ctstate",
-                "RELATED,ESTABLISHED,DNAT",
-                "-j",
-                "DROP",
-            ]
-            .map(String::from),
-        );
-        filter.rule(KUBE_FIREWALL, &r);
-    }
-
-    let mut active = BTreeSet::new();
-    let mut skipped = Table::default();
-    for pv in select::service_ports(model, node) {
-        let write = scope.writes(&pv.service.id);
-        write_service_port(
-            &pv,
-            node,
-            large,
-            &mut filter,
-            &mut nat,
-            &mut skipped,
-            write,
-            &mut active,
+        filter.rule(
+            KUBE_FIREWALL,
+            &commented(
+                "block incoming localnet connections",
+                "-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+            ),
         );
     }
+}
 
-    // The last rule of nat KUBE-SERVICES: local destinations go on to KUBE-NODEPORTS.
-    let np_comment =
-        comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain");
+/// The last rule of nat KUBE-SERVICES: local destinations go on to KUBE-NODEPORTS.
+fn node_ports_jump(node: &NodeSettings, nat: &mut Table) {
+    let c = "kubernetes service nodeports; NOTE: this must be the last rule in this chain";
+    let v4 = node.family == IpFamily::V4;
     match node.node_port_ips() {
         None => {
-            let mut r: Vec<String> = np_comment.into();
-            r.extend(["-m", "addrtype", "--dst-type", "LOCAL"].map(String::from));
-            if !v4 {
-                r.extend(["!", "-d", "::1/128"].map(String::from));
+            let not_loopback = if !v4 {
+                " ! -d ::1/128"
             } else if !node.localhost_node_ports {
-                r.extend(["!", "-d", "127.0.0.0/8"].map(String::from));
-            }
-            r.extend(["-j".into(), KUBE_NODEPORTS.into()]);
-            nat.rule(KUBE_SERVICES, &r);
+                " ! -d 127.0.0.0/8"
+            } else {
+                ""
+            };
+            let rest = format!("-m addrtype --dst-type LOCAL{not_loopback} -j {KUBE_NODEPORTS}");
+            nat.rule(KUBE_SERVICES, &commented(c, &rest));
         }
         Some(ips) => {
             for ip in ips {
                 if ip.is_loopback() && (!v4 || !node.localhost_node_ports) {
                     continue;
                 }
-                let mut r: Vec<String> = np_comment.clone().into();
-                r.extend([
-                    "-d".into(),
-                    ip.to_string(),
-                    "-j".into(),
-                    KUBE_NODEPORTS.into(),
-                ]);
-                nat.rule(KUBE_SERVICES, &r);
-            }
-        }
-    }
-
-    // filter KUBE-FORWARD, after every per-service filter rule.
-    if !node.host.tcp_be_liberal {
-        let mut r: Vec<String> = ["-m", "conntrack", "--ctstate", "INVALID"]
-            .map(String::from)
-            .into();
-        if node.host.nfacct_invalid_dropped {
-            r.extend(
-                [
-                    "-m",
-                    "nfacct",
-                    "--nfacct-name",
-                    "ct_state_invalid_dropped_pkts",
-                ]
-                .map(String::from),
-            );
-        }
-        r.extend(["-j".into(), "DROP".into()]);
-        filter.rule(KUBE_FORWARD, &r);
-    }
-    let mut r: Vec<String> = comment("kubernetes forwarding rules").into();
-    r.extend([
-        "-m".into(),
-        "mark".into(),
-        "--mark".into(),
-        format!("{mark}/{mark}"),
-        "-j".into(),
-        "ACCEPT".into(),
-    ]);
-    filter.rule(KUBE_FORWARD, &r);
-    let mut r: Vec<String> = comment("kubernetes forwarding conntrack rule").into();
-    r.extend(
-        [
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "RELATED,ESTABLISHED",
-            "-j",
-            "ACCEPT",
-        ]
-        .map(String::from),
-    );
-    filter.rule(KUBE_FORWARD, &r);
-
-    Generated {
-        payload: Payload { filter, nat },
-        active,
-    }
-}
-
-/// `-m comment --comment C -m P -p P -d IP --dport PORT`.
-fn dest_match(c: &str, proto: &str, ip: &str, port: u16) -> Vec<String> {
-    let mut v: Vec<String> = comment(c).into();
-    v.extend([
-        "-m".into(),
-        proto.into(),
-        "-p".into(),
-        proto.into(),
-        "-d".into(),
-        ip.into(),
-        "--dport".into(),
-        port.to_string(),
-    ]);
-    v
-}
-
-fn with_target(mut args: Vec<String>, target: &str) -> Vec<String> {
-    args.push("-j".into());
-    args.push(target.into());
-    args
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_service_port(
-    pv: &PortView<'_>,
-    node: &NodeSettings,
-    large: bool,
-    filter: &mut Table,
-    nat_real: &mut Table,
-    skipped: &mut Table,
-    write: bool,
-    active: &mut BTreeSet<String>,
-) {
-    let spn = pv.name.as_str();
-    let proto = pv.protocol().lower();
-    let port = pv.port.port;
-    let hash = service_port_hash(spn, pv.protocol());
-    let svc_chain = format!("KUBE-SVC-{hash}");
-    let svl_chain = format!("KUBE-SVL-{hash}");
-    let ext_chain = format!("KUBE-EXT-{hash}");
-    let fw_chain = format!("KUBE-FW-{hash}");
-    let cat = &pv.categorized;
-    let cluster_eps = &cat.cluster;
-    let local_eps = &cat.local;
-    let has_endpoints = cat.has_any;
-    let internal_local = pv.internal_policy_local();
-    let external_local = pv.external_policy_local();
-    let internal_chain = if internal_local {
-        &svl_chain
-    } else {
-        &svc_chain
-    };
-    let external_policy_chain = if external_local {
-        &svl_chain
-    } else {
-        &svc_chain
-    };
-    let has_internal = has_endpoints
-        && !(if internal_local {
-            local_eps
-        } else {
-            cluster_eps
-        })
-        .is_empty();
-    let has_external = has_endpoints
-        && !(if external_local {
-            local_eps
-        } else {
-            cluster_eps
-        })
-        .is_empty();
-    let uses_cluster_chain = !cluster_eps.is_empty() && pv.uses_cluster_endpoints();
-    let uses_local_chain = !local_eps.is_empty() && pv.uses_local_endpoints();
-    let uses_ext = has_endpoints && pv.externally_accessible();
-    let uses_fw = has_endpoints && !pv.load_balancer_ips.is_empty() && !pv.source_ranges.is_empty();
-    let lb_target = if uses_fw { &fw_chain } else { &ext_chain };
-
-    let (int_target, int_comment) = if !has_endpoints {
-        ("REJECT", format!("{spn} has no endpoints"))
-    } else {
-        ("DROP", format!("{spn} has no local endpoints"))
-    };
-    let (ext_target, ext_comment) = if !has_endpoints {
-        ("REJECT", format!("{spn} has no endpoints"))
-    } else {
-        ("DROP", format!("{spn} has no local endpoints"))
-    };
-
-    // Rules in the shared chains: always written.
-    let cip = pv.cluster_ip.to_string();
-    if has_internal {
-        nat_real.rule(
-            KUBE_SERVICES,
-            &with_target(
-                dest_match(&format!("{spn} cluster IP"), proto, &cip, port),
-                internal_chain,
-            ),
-        );
-    } else {
-        filter.rule(
-            KUBE_SERVICES,
-            &with_target(dest_match(&int_comment, proto, &cip, port), int_target),
-        );
-    }
-    for ip in &pv.external_ips {
-        let ip = ip.to_string();
-        if has_endpoints {
-            nat_real.rule(
-                KUBE_SERVICES,
-                &with_target(
-                    dest_match(&format!("{spn} external IP"), proto, &ip, port),
-                    &ext_chain,
-                ),
-            );
-        }
-        if !has_external {
-            filter.rule(
-                KUBE_EXTERNAL_SERVICES,
-                &with_target(dest_match(&ext_comment, proto, &ip, port), ext_target),
-            );
-        }
-    }
-    for ip in &pv.load_balancer_ips {
-        let ip = ip.to_string();
-        if has_endpoints {
-            nat_real.rule(
-                KUBE_SERVICES,
-                &with_target(
-                    dest_match(&format!("{spn} loadbalancer IP"), proto, &ip, port),
-                    lb_target,
-                ),
-            );
-        }
-        if uses_fw {
-            filter.rule(
-                KUBE_PROXY_FIREWALL,
-                &with_target(
-                    dest_match(
-                        &format!("{spn} traffic not accepted by {fw_chain}"),
-                        proto,
-                        &ip,
-                        port,
-                    ),
-                    "DROP",
-                ),
-            );
-        }
-    }
-    if !has_external {
-        for ip in &pv.load_balancer_ips {
-            filter.rule(
-                KUBE_EXTERNAL_SERVICES,
-                &with_target(
-                    dest_match(&ext_comment, proto, &ip.to_string(), port),
-                    ext_target,
-                ),
-            );
-        }
-    }
-    if let Some(np) = pv.node_port {
-        let np = np.to_string();
-        if has_endpoints {
-            let base: Vec<String> = comment(spn)
-                .into_iter()
-                .chain(["-m", proto, "-p", proto].map(String::from))
-                .collect();
-            if node.family == IpFamily::V4
-                && node.localhost_node_ports
-                && node.host.nfacct_localhost_nodeports
-            {
-                let mut r = base.clone();
-                r.extend([
-                    "-d".into(),
-                    "127.0.0.0/8".into(),
-                    "--dport".into(),
-                    np.clone(),
-                ]);
-                r.extend(
-                    [
-                        "-m",
-                        "nfacct",
-                        "--nfacct-name",
-                        "localhost_nps_accepted_pkts",
-                    ]
-                    .map(String::from),
+                nat.rule(
+                    KUBE_SERVICES,
+                    &commented(c, &format!("-d {ip} -j {KUBE_NODEPORTS}")),
                 );
-                nat_real.rule(KUBE_NODEPORTS, &with_target(r, &ext_chain));
             }
-            let mut r = base;
-            r.extend(["--dport".into(), np.clone()]);
-            nat_real.rule(KUBE_NODEPORTS, &with_target(r, &ext_chain));
         }
-        if !has_external {
-            let mut r: Vec<String> = comment(&ext_comment).into();
-            r.extend(
-                [
-                    "-m",
-                    "addrtype",
-                    "--dst-type",
-                    "LOCAL",
-                    "-m",
-                    proto,
-                    "-p",
-                    proto,
-                    "--dport",
-                ]
-                .map(String::from),
-            );
-            r.push(np);
-            filter.rule(KUBE_EXTERNAL_SERVICES, &with_target(r, ext_target));
+    }
+}
+
+/// Where a service's own chains go this sync, and what the sync keeps.
+struct Own {
+    /// Over the large-cluster threshold: no per-endpoint comments.
+    large: bool,
+    /// The own chains of services that did not change (computed, not written).
+    skipped: Table,
+    /// Every per-service nat chain that exists after the sync.
+    active: BTreeSet<String>,
+}
+
+/// One service port's chain names and the decisions kube-proxy's `syncProxyRules` makes
+/// for it, computed once.
+struct PortPlan<'a> {
+    pv: &'a PortView<'a>,
+    spn: &'a str,
+    proto: &'static str,
+    port: u16,
+    svc_chain: String,
+    svl_chain: String,
+    ext_chain: String,
+    fw_chain: String,
+    has_endpoints: bool,
+    /// Cluster-internal traffic has endpoints under its traffic policy.
+    has_internal: bool,
+    /// External traffic has endpoints under its traffic policy.
+    has_external: bool,
+    uses_ext: bool,
+    uses_fw: bool,
+    /// The target and comment of traffic without endpoints (internal and external alike).
+    no_endpoints: (&'static str, String),
+}
+
+impl<'a> PortPlan<'a> {
+    fn new(pv: &'a PortView<'a>) -> Self {
+        let spn = pv.name.as_str();
+        let hash = service_port_hash(spn, pv.protocol());
+        let cat = &pv.categorized;
+        let has_endpoints = cat.has_any;
+        let usable = |local: bool| {
+            has_endpoints && !(if local { &cat.local } else { &cat.cluster }).is_empty()
+        };
+        let no_endpoints = if has_endpoints {
+            ("DROP", format!("{spn} has no local endpoints"))
+        } else {
+            ("REJECT", format!("{spn} has no endpoints"))
+        };
+        Self {
+            pv,
+            spn,
+            proto: pv.protocol().lower(),
+            port: pv.port.port,
+            svc_chain: format!("KUBE-SVC-{hash}"),
+            svl_chain: format!("KUBE-SVL-{hash}"),
+            ext_chain: format!("KUBE-EXT-{hash}"),
+            fw_chain: format!("KUBE-FW-{hash}"),
+            has_endpoints,
+            has_internal: usable(pv.internal_policy_local()),
+            has_external: usable(pv.external_policy_local()),
+            uses_ext: has_endpoints && pv.externally_accessible(),
+            uses_fw: has_endpoints
+                && !pv.load_balancer_ips.is_empty()
+                && !pv.source_ranges.is_empty(),
+            no_endpoints,
         }
+    }
+
+    /// The chain of a traffic policy: KUBE-SVL- when Local, else KUBE-SVC-.
+    fn policy_chain(&self, local: bool) -> &str {
+        if local {
+            &self.svl_chain
+        } else {
+            &self.svc_chain
+        }
+    }
+
+    fn internal_chain(&self) -> &str {
+        self.policy_chain(self.pv.internal_policy_local())
+    }
+
+    /// Where LoadBalancer IP traffic goes: the firewall chain when it has source ranges.
+    fn lb_target(&self) -> &str {
+        if self.uses_fw {
+            &self.fw_chain
+        } else {
+            &self.ext_chain
+        }
+    }
+
+    /// `-m comment --comment C -m P -p P -d IP --dport PORT -j TARGET`.
+    fn to(&self, c: &str, ip: &str, target: &str) -> Vec<String> {
+        with_target(dest_match(c, self.proto, ip, self.port), target)
+    }
+
+    /// The rule rejecting or dropping traffic to `ip` that has no endpoints.
+    fn refuse(&self, ip: &str) -> Vec<String> {
+        let (target, c) = &self.no_endpoints;
+        self.to(c, ip, target)
+    }
+}
+
+/// A service port's rules in the shared chains: written every sync.
+fn shared_rules(
+    plan: &PortPlan<'_>,
+    node: &NodeSettings,
+    opts: &WriterOptions,
+    payload: &mut Payload,
+) {
+    let Payload { filter, nat } = payload;
+    let (pv, spn) = (plan.pv, plan.spn);
+    let cip = pv.cluster_ip.to_string();
+    if plan.has_internal {
+        let r = plan.to(&format!("{spn} cluster IP"), &cip, plan.internal_chain());
+        nat.rule(KUBE_SERVICES, &r);
+    } else {
+        filter.rule(KUBE_SERVICES, &plan.refuse(&cip));
+    }
+    for ip in pv.external_ips.iter().map(|ip| ip.to_string()) {
+        if plan.has_endpoints {
+            let r = plan.to(&format!("{spn} external IP"), &ip, &plan.ext_chain);
+            nat.rule(KUBE_SERVICES, &r);
+        }
+        if !plan.has_external {
+            filter.rule(KUBE_EXTERNAL_SERVICES, &plan.refuse(&ip));
+        }
+    }
+    load_balancer_rules(plan, filter, nat);
+    if let Some(np) = pv.node_port {
+        let nfacct = node.family == IpFamily::V4
+            && node.localhost_node_ports
+            && opts.host.nfacct_localhost_nodeports;
+        node_port_rules(plan, nfacct, np, filter, nat);
     }
     if let Some(hc) = pv.health_check_node_port {
-        let mut r: Vec<String> = comment(&format!("{spn} health check node port")).into();
-        r.extend(["-m", "tcp", "-p", "tcp", "--dport"].map(String::from));
-        r.push(hc.to_string());
-        filter.rule(KUBE_NODEPORTS, &with_target(r, "ACCEPT"));
+        let c = format!("{spn} health check node port");
+        let r = commented(&c, &format!("-m tcp -p tcp --dport {hc} -j ACCEPT"));
+        filter.rule(KUBE_NODEPORTS, &r);
     }
+}
 
-    // The service's own chains: written only when it changed (or on a full sync), but
-    // always counted as active.
-    let nat = if write { nat_real } else { skipped };
-    let ep_comment = |c: String| -> Vec<String> {
-        if large {
+/// LoadBalancer IPs: the jump to the service (or its firewall), the firewall's drop, and
+/// the refusal without endpoints.
+fn load_balancer_rules(plan: &PortPlan<'_>, filter: &mut Table, nat: &mut Table) {
+    let spn = plan.spn;
+    for ip in plan.pv.load_balancer_ips.iter().map(|ip| ip.to_string()) {
+        if plan.has_endpoints {
+            let r = plan.to(&format!("{spn} loadbalancer IP"), &ip, plan.lb_target());
+            nat.rule(KUBE_SERVICES, &r);
+        }
+        if plan.uses_fw {
+            let c = format!("{spn} traffic not accepted by {}", plan.fw_chain);
+            filter.rule(KUBE_PROXY_FIREWALL, &plan.to(&c, &ip, "DROP"));
+        }
+    }
+    if !plan.has_external {
+        for ip in &plan.pv.load_balancer_ips {
+            filter.rule(KUBE_EXTERNAL_SERVICES, &plan.refuse(&ip.to_string()));
+        }
+    }
+}
+
+/// The NodePort's jumps into the external chain, and its refusal without endpoints.
+fn node_port_rules(
+    plan: &PortPlan<'_>,
+    localhost_nfacct: bool,
+    np: u16,
+    filter: &mut Table,
+    nat: &mut Table,
+) {
+    let (spn, proto) = (plan.spn, plan.proto);
+    if plan.has_endpoints {
+        if localhost_nfacct {
+            let rest = format!(
+                "-m {proto} -p {proto} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name localhost_nps_accepted_pkts"
+            );
+            nat.rule(
+                KUBE_NODEPORTS,
+                &with_target(commented(spn, &rest), &plan.ext_chain),
+            );
+        }
+        let rest = format!("-m {proto} -p {proto} --dport {np}");
+        nat.rule(
+            KUBE_NODEPORTS,
+            &with_target(commented(spn, &rest), &plan.ext_chain),
+        );
+    }
+    if !plan.has_external {
+        let (target, c) = &plan.no_endpoints;
+        let rest = format!("-m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np}");
+        filter.rule(
+            KUBE_EXTERNAL_SERVICES,
+            &with_target(commented(c, &rest), target),
+        );
+    }
+}
+
+/// The service port's own chains: written only when it changed (or on a full sync), but
+/// always counted as active.
+fn own_chains(
+    plan: &PortPlan<'_>,
+    node: &NodeSettings,
+    nat: &mut Table,
+    active: &mut BTreeSet<String>,
+    large: bool,
+) {
+    let pv = plan.pv;
+    let mut chains = Chains { nat, active };
+    if plan.has_internal {
+        internal_masquerade(plan, node, chains.nat);
+    }
+    if plan.uses_ext {
+        external_chain(plan, node, &mut chains);
+    }
+    if plan.uses_fw {
+        firewall_chain(plan, node, &mut chains);
+    }
+    let eps = EndpointRules { plan, large };
+    let cat = &pv.categorized;
+    if !cat.cluster.is_empty() && pv.uses_cluster_endpoints() {
+        eps.policy_chain(&plan.svc_chain, &cat.cluster, &mut chains);
+    }
+    if !cat.local.is_empty() && pv.uses_local_endpoints() {
+        eps.policy_chain(&plan.svl_chain, &cat.local, &mut chains);
+    }
+    for ep in &cat.all_reachable {
+        eps.endpoint_chain(ep, &mut chains);
+    }
+}
+
+/// The nat table a service's own chains are written to, and the set of active chains.
+struct Chains<'t> {
+    nat: &'t mut Table,
+    active: &'t mut BTreeSet<String>,
+}
+
+impl Chains<'_> {
+    /// Declares `chain` and keeps it active.
+    fn declare(&mut self, chain: &str) {
+        self.nat.chain(chain);
+        self.active.insert(chain.to_string());
+    }
+}
+
+/// Cluster-IP traffic that does not come from a pod (or all of it with
+/// `--masquerade-all`) is marked for masquerade.
+fn internal_masquerade(plan: &PortPlan<'_>, node: &NodeSettings, nat: &mut Table) {
+    let chain = plan.internal_chain();
+    let c = format!("{} cluster IP", plan.spn);
+    let args = dest_match(&c, plan.proto, &plan.pv.cluster_ip.to_string(), plan.port);
+    if node.masquerade_all {
+        nat.rule(chain, &with_target(args, KUBE_MARK_MASQ));
+    } else if let Some(not_local) = node.detector.if_not_local() {
+        let mut r = args;
+        r.extend(not_local);
+        nat.rule(chain, &with_target(r, KUBE_MARK_MASQ));
+    }
+}
+
+/// KUBE-EXT-: masquerade (unless externalTrafficPolicy Local, which keeps pod and
+/// node-local traffic on the cluster chain), then the policy chain.
+fn external_chain(plan: &PortPlan<'_>, node: &NodeSettings, chains: &mut Chains<'_>) {
+    let (spn, ext) = (plan.spn, plan.ext_chain.as_str());
+    chains.declare(ext);
+    let nat = &mut *chains.nat;
+    let external_local = plan.pv.external_policy_local();
+    if !external_local {
+        let c = format!("masquerade traffic for {spn} external destinations");
+        nat.rule(ext, &with_target(comment(&c).into(), KUBE_MARK_MASQ));
+    } else {
+        if let Some(local) = node.detector.if_local() {
+            let mut r: Vec<String> =
+                comment(&format!("pod traffic for {spn} external destinations")).into();
+            r.extend(local);
+            nat.rule(ext, &with_target(r, &plan.svc_chain));
+        }
+        let c = format!("masquerade LOCAL traffic for {spn} external destinations");
+        let r = commented(&c, "-m addrtype --src-type LOCAL");
+        nat.rule(ext, &with_target(r, KUBE_MARK_MASQ));
+        let c = format!("route LOCAL traffic for {spn} external destinations");
+        let r = commented(&c, "-m addrtype --src-type LOCAL");
+        nat.rule(ext, &with_target(r, &plan.svc_chain));
+    }
+    if plan.has_external {
+        nat.rule(ext, &["-j", plan.policy_chain(external_local)]);
+    }
+}
+
+/// KUBE-FW-: LoadBalancer traffic from the source ranges (and from the LoadBalancer IPs
+/// themselves when the node is in a range) goes on; the rest falls through to the drop.
+fn firewall_chain(plan: &PortPlan<'_>, node: &NodeSettings, chains: &mut Chains<'_>) {
+    let (pv, fw) = (plan.pv, plan.fw_chain.as_str());
+    chains.declare(fw);
+    let nat = &mut *chains.nat;
+    let base: Vec<String> = comment(&format!("{} loadbalancer IP", plan.spn)).into();
+    let from = |src: String| {
+        let mut r = base.clone();
+        r.extend(["-s".into(), src]);
+        with_target(r, &plan.ext_chain)
+    };
+    for cidr in &pv.source_ranges {
+        nat.rule(fw, &from(cidr.to_string()));
+    }
+    let node_ip = node.node_ip();
+    if pv
+        .source_ranges
+        .iter()
+        .any(|c| node_ip.is_some_and(|ip| c.contains(ip)))
+    {
+        for ip in &pv.load_balancer_ips {
+            nat.rule(fw, &from(ip.to_string()));
+        }
+    }
+    let c = format!(
+        "other traffic to {} will be dropped by KUBE-PROXY-FIREWALL",
+        plan.spn
+    );
+    nat.rule(fw, &comment(&c));
+}
+
+/// The per-endpoint rules: the policy chains' choice of endpoint and each endpoint's chain.
+struct EndpointRules<'p, 'a> {
+    plan: &'p PortPlan<'a>,
+    /// Large-cluster mode: no per-endpoint comments.
+    large: bool,
+}
+
+impl EndpointRules<'_, '_> {
+    fn comment(&self, c: String) -> Vec<String> {
+        if self.large {
             Vec::new()
         } else {
             comment(&c).into()
         }
-    };
+    }
 
-    if has_internal {
-        let args = dest_match(&format!("{spn} cluster IP"), proto, &cip, port);
-        if node.masquerade_all {
-            nat.rule(internal_chain, &with_target(args, KUBE_MARK_MASQ));
-        } else if let Some(not_local) = node.detector.if_not_local() {
-            let mut r = args;
-            r.extend(not_local);
-            nat.rule(internal_chain, &with_target(r, KUBE_MARK_MASQ));
-        }
+    fn sep(&self, ep: &EndpointView) -> String {
+        endpoint_chain(self.plan.spn, self.plan.pv.protocol(), ep)
     }
-    if uses_ext {
-        nat.chain(&ext_chain);
-        active.insert(ext_chain.clone());
-        if !external_local {
-            let r: Vec<String> = comment(&format!(
-                "masquerade traffic for {spn} external destinations"
-            ))
-            .into();
-            nat.rule(&ext_chain, &with_target(r, KUBE_MARK_MASQ));
-        } else {
-            if let Some(local) = node.detector.if_local() {
-                let mut r: Vec<String> =
-                    comment(&format!("pod traffic for {spn} external destinations")).into();
-                r.extend(local);
-                nat.rule(&ext_chain, &with_target(r, &svc_chain));
-            }
-            let mut r: Vec<String> = comment(&format!(
-                "masquerade LOCAL traffic for {spn} external destinations"
-            ))
-            .into();
-            r.extend(["-m", "addrtype", "--src-type", "LOCAL"].map(String::from));
-            nat.rule(&ext_chain, &with_target(r, KUBE_MARK_MASQ));
-            let mut r: Vec<String> = comment(&format!(
-                "route LOCAL traffic for {spn} external destinations"
-            ))
-            .into();
-            r.extend(["-m", "addrtype", "--src-type", "LOCAL"].map(String::from));
-            nat.rule(&ext_chain, &with_target(r, &svc_chain));
-        }
-        if has_external {
-            nat.rule(&ext_chain, &["-j", external_policy_chain.as_str()]);
-        }
-    }
-    if uses_fw {
-        nat.chain(&fw_chain);
-        active.insert(fw_chain.clone());
-        let base: Vec<String> = comment(&format!("{spn} loadbalancer IP")).into();
-        let mut allow_from_node = false;
-        for cidr in &pv.source_ranges {
-            let mut r = base.clone();
-            r.extend(["-s".into(), cidr.to_string()]);
-            nat.rule(&fw_chain, &with_target(r, &ext_chain));
-            if node.node_ip().is_some_and(|ip| cidr.contains(ip)) {
-                allow_from_node = true;
-            }
-        }
-        if allow_from_node {
-            for ip in &pv.load_balancer_ips {
-                let mut r = base.clone();
-                r.extend(["-s".into(), ip.to_string()]);
-                nat.rule(&fw_chain, &with_target(r, &ext_chain));
-            }
-        }
-        let r: Vec<String> = comment(&format!(
-            "other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL"
-        ))
-        .into();
-        nat.rule(&fw_chain, &r);
-    }
-    let affinity = pv.affinity_timeout();
-    let mut policy_chain = |chain: &str, eps: &[EndpointView], nat: &mut Table| {
-        nat.chain(chain);
-        active.insert(chain.to_string());
-        if let Some(timeout) = affinity {
+
+    /// KUBE-SVC-/KUBE-SVL-: affinity checks first, then a random choice among `eps`.
+    fn policy_chain(&self, chain: &str, eps: &[EndpointView], chains: &mut Chains<'_>) {
+        chains.declare(chain);
+        let spn = self.plan.spn;
+        if let Some(timeout) = self.plan.pv.affinity_timeout() {
             for ep in eps {
-                let sep = endpoint_chain(spn, pv.protocol(), ep);
-                let mut r = ep_comment(format!("{spn} -> {ep}"));
-                r.extend([
-                    "-m".into(),
-                    "recent".into(),
-                    "--name".into(),
-                    sep.clone(),
-                    "--rcheck".into(),
-                    "--seconds".into(),
-                    timeout.to_string(),
-                    "--reap".into(),
-                ]);
-                nat.rule(chain, &with_target(r, &sep));
+                let sep = self.sep(ep);
+                let mut r = self.comment(format!("{spn} -> {ep}"));
+                let rest = format!("-m recent --name {sep} --rcheck --seconds {timeout} --reap");
+                r.extend(rest.split(' ').map(String::from));
+                chains.nat.rule(chain, &with_target(r, &sep));
             }
         }
         let n = eps.len();
         for (i, ep) in eps.iter().enumerate() {
-            let sep = endpoint_chain(spn, pv.protocol(), ep);
-            let mut r = ep_comment(format!("{spn} -> {ep}"));
+            let mut r = self.comment(format!("{spn} -> {ep}"));
             if i + 1 < n {
-                r.extend(
-                    ["-m", "statistic", "--mode", "random", "--probability"].map(String::from),
-                );
-                r.push(probability(n - i));
+                let p = probability(n - i);
+                let rest = format!("-m statistic --mode random --probability {p}");
+                r.extend(rest.split(' ').map(String::from));
             }
-            nat.rule(chain, &with_target(r, &sep));
+            chains.nat.rule(chain, &with_target(r, &self.sep(ep)));
         }
-    };
-    if uses_cluster_chain {
-        policy_chain(&svc_chain, cluster_eps, nat);
     }
-    if uses_local_chain {
-        policy_chain(&svl_chain, local_eps, nat);
-    }
-    for ep in &cat.all_reachable {
-        let sep = endpoint_chain(spn, pv.protocol(), ep);
-        nat.chain(&sep);
-        active.insert(sep.clone());
-        let c = ep_comment(spn.to_string());
+
+    /// KUBE-SEP-: hairpin traffic is masqueraded, then DNAT to the endpoint.
+    fn endpoint_chain(&self, ep: &EndpointView, chains: &mut Chains<'_>) {
+        let sep = self.sep(ep);
+        chains.declare(&sep);
+        let c = self.comment(self.plan.spn.to_string());
         let mut r = c.clone();
         r.extend(["-s".into(), ep.ip.to_string()]);
-        nat.rule(&sep, &with_target(r, KUBE_MARK_MASQ));
+        chains.nat.rule(&sep, &with_target(r, KUBE_MARK_MASQ));
         let mut r = c;
-        if affinity.is_some() {
-            r.extend([
-                "-m".into(),
-                "recent".into(),
-                "--name".into(),
-                sep.clone(),
-                "--set".into(),
-            ]);
+        if self.plan.pv.affinity_timeout().is_some() {
+            r.extend(["-m", "recent", "--name", &sep, "--set"].map(String::from));
         }
-        r.extend(["-m", proto, "-p", proto, "-j", "DNAT", "--to-destination"].map(String::from));
-        r.push(ep.to_string());
-        nat.rule(&sep, &r);
+        let proto = self.plan.proto;
+        let rest = format!("-m {proto} -p {proto} -j DNAT --to-destination {ep}");
+        r.extend(rest.split(' ').map(String::from));
+        chains.nat.rule(&sep, &r);
     }
 }
-
 /// The payload of a full sync on a node without kube-proxy chains: kube-proxy's first sync.
-pub fn emit(model: &Model, node: &NodeSettings) -> Payload {
-    generate(model, node, Scope::Full).payload
+pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> Payload {
+    generate(model, node, opts, Scope::Full).payload
 }
 
 /// What kube-proxy remembers of a service between syncs, to tell whether it changed.
@@ -939,6 +812,7 @@ impl IptablesProxier {
         &mut self,
         model: &Model,
         node: &NodeSettings,
+        writer: &WriterOptions,
         existing_nat_chains: &BTreeSet<String>,
         opts: SyncOptions,
     ) -> Payload {
@@ -962,8 +836,8 @@ impl IptablesProxier {
         let Generated {
             mut payload,
             active,
-        } = generate(model, node, scope);
-        let large = select::total_endpoints(model, node.family) > node.large_cluster_threshold;
+        } = generate(model, node, writer, scope);
+        let large = is_large(model, node, writer);
         let cleanup_due = !large
             || self
                 .last_cleanup

@@ -14,8 +14,29 @@ use std::{
     net::IpAddr,
 };
 
-use super::iptables::{Payload, Table};
-use crate::model::{IpFamily, Model, NodeSettings, Protocol, select};
+use super::{
+    options::Options as WriterOptions,
+    rules::{self, Payload, Table, hostport},
+};
+use crate::model::{
+    IpFamily, Model, NodeSettings, Protocol,
+    select::{self, PortView},
+};
+
+/// ipvs mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// `--ipvs-scheduler`.
+    pub scheduler: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            scheduler: "rr".into(),
+        }
+    }
+}
 
 /// An IPVS real server.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -35,13 +56,6 @@ pub struct VirtualServer {
     /// Persistence timeout (ClientIP session affinity).
     pub persistent_timeout: Option<u32>,
     pub reals: Vec<RealServer>,
-}
-
-fn hostport(ip: IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(v) => format!("{v}:{port}"),
-        IpAddr::V6(v) => format!("[{v}]:{port}"),
-    }
 }
 
 impl VirtualServer {
@@ -198,7 +212,7 @@ pub fn node_port_ips(node: &NodeSettings) -> Vec<IpAddr> {
 }
 
 /// Computes the ipvs-mode state for `model` on `node`.
-pub fn emit(model: &Model, node: &NodeSettings) -> IpvsState {
+pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> IpvsState {
     let mut st = IpvsState {
         family: node.family,
         ..IpvsState::default()
@@ -214,131 +228,152 @@ pub fn emit(model: &Model, node: &NodeSettings) -> IpvsState {
     }
     let np_ips = node_port_ips(node);
     for pv in select::service_ports(model, node) {
-        let proto = pv.protocol();
-        let p = proto.lower();
-        let port = pv.port.port;
-        let cat = &pv.categorized;
-        let reals = |eps: &[select::EndpointView]| -> Vec<RealServer> {
-            eps.iter()
-                .map(|e| RealServer {
-                    ip: e.ip,
-                    port: e.port,
-                    weight: 1,
-                })
-                .collect()
-        };
-        let internal = if pv.internal_policy_local() {
-            reals(&cat.local)
-        } else {
-            reals(&cat.cluster)
-        };
-        let external = if pv.external_policy_local() {
-            reals(&cat.local)
-        } else {
-            reals(&cat.cluster)
-        };
-        let vs = |ip: IpAddr, port: u16, reals: &Vec<RealServer>| VirtualServer {
-            protocol: proto,
-            ip,
-            port,
-            scheduler: node.ipvs_scheduler.clone(),
-            persistent_timeout: pv.affinity_timeout(),
-            reals: reals.clone(),
-        };
-        let entry = |ip: IpAddr| format!("{ip},{p}:{port}");
-        let local = pv.external_policy_local();
-
-        st.virtual_servers.push(vs(pv.cluster_ip, port, &internal));
-        st.dummy_addresses.insert(pv.cluster_ip);
-        st.add("KUBE-CLUSTER-IP", entry(pv.cluster_ip));
-        for e in pv.endpoints.iter().filter(|e| e.local) {
-            st.add(
-                "KUBE-LOOP-BACK",
-                format!("{},{p}:{},{}", e.ip, e.port, e.ip),
-            );
-        }
-        for ip in &pv.external_ips {
-            st.virtual_servers.push(vs(*ip, port, &external));
-            st.dummy_addresses.insert(*ip);
-            st.add("KUBE-EXTERNAL-IP", entry(*ip));
-            if local {
-                st.add("KUBE-EXTERNAL-IP-LOCAL", entry(*ip));
-            }
-        }
-        for ip in &pv.load_balancer_ips {
-            st.virtual_servers.push(vs(*ip, port, &external));
-            st.dummy_addresses.insert(*ip);
-            st.add("KUBE-LOAD-BALANCER", entry(*ip));
-            if local {
-                st.add("KUBE-LOAD-BALANCER-LOCAL", entry(*ip));
-            }
-            if !pv.source_ranges.is_empty() {
-                st.add("KUBE-LOAD-BALANCER-FW", entry(*ip));
-                for c in &pv.source_ranges {
-                    st.add(
-                        "KUBE-LOAD-BALANCER-SOURCE-CIDR",
-                        format!("{},{c}", entry(*ip)),
-                    );
-                }
-                if node
-                    .node_ip()
-                    .is_some_and(|n| pv.source_ranges.iter().any(|c| c.contains(n)))
-                {
-                    st.add(
-                        "KUBE-LOAD-BALANCER-SOURCE-IP",
-                        format!("{},{ip}", entry(*ip)),
-                    );
-                }
-            }
-        }
-        if let Some(np) = pv.node_port {
-            for ip in &np_ips {
-                st.virtual_servers.push(vs(*ip, np, &external));
-            }
-            match proto {
-                Protocol::Tcp | Protocol::Udp => {
-                    let up = p.to_uppercase();
-                    st.add(&format!("KUBE-NODE-PORT-{up}"), np.to_string());
-                    if local {
-                        st.add(&format!("KUBE-NODE-PORT-LOCAL-{up}"), np.to_string());
-                    }
-                }
-                Protocol::Sctp => {
-                    for ip in &np_ips {
-                        let e = format!("{ip},sctp:{np}");
-                        st.add("KUBE-NODE-PORT-SCTP-HASH", e.clone());
-                        if local {
-                            st.add("KUBE-NODE-PORT-LOCAL-SCTP-HASH", e);
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(hc) = pv.health_check_node_port {
-            st.add("KUBE-HEALTH-CHECK-NODE-PORT", hc.to_string());
-        }
+        add_port(&mut st, &pv, node, &opts.ipvs, &np_ips);
     }
     let addrs: Vec<IpAddr> = st.dummy_addresses.iter().copied().collect();
     for ip in addrs {
         st.add("KUBE-IPVS-IPS", ip.to_string());
     }
     st.virtual_servers.sort();
-    st.iptables = iptables_rules(&st, node);
+    st.iptables = iptables_rules(&st, node, opts);
     st
 }
 
-fn rule(t: &mut Table, chain: &str, args: &[&str]) {
-    t.rules.push(format!("-A {chain} {}", args.join(" ")));
+/// One service port's virtual servers, addresses and ipset entries.
+fn add_port(
+    st: &mut IpvsState,
+    pv: &PortView<'_>,
+    node: &NodeSettings,
+    opts: &Options,
+    np_ips: &[IpAddr],
+) {
+    let p = pv.protocol().lower();
+    let port = pv.port.port;
+    let cat = &pv.categorized;
+    let reals = |local: bool| -> Vec<RealServer> {
+        let eps = if local { &cat.local } else { &cat.cluster };
+        eps.iter()
+            .map(|e| RealServer {
+                ip: e.ip,
+                port: e.port,
+                weight: 1,
+            })
+            .collect()
+    };
+    let internal = reals(pv.internal_policy_local());
+    let external = reals(pv.external_policy_local());
+    let vs = |ip: IpAddr, port: u16, reals: &Vec<RealServer>| VirtualServer {
+        protocol: pv.protocol(),
+        ip,
+        port,
+        scheduler: opts.scheduler.clone(),
+        persistent_timeout: pv.affinity_timeout(),
+        reals: reals.clone(),
+    };
+    let entry = |ip: IpAddr| format!("{ip},{p}:{port}");
+    let local = pv.external_policy_local();
+
+    st.virtual_servers.push(vs(pv.cluster_ip, port, &internal));
+    st.dummy_addresses.insert(pv.cluster_ip);
+    st.add("KUBE-CLUSTER-IP", entry(pv.cluster_ip));
+    for e in pv.endpoints.iter().filter(|e| e.local) {
+        st.add(
+            "KUBE-LOOP-BACK",
+            format!("{},{p}:{},{}", e.ip, e.port, e.ip),
+        );
+    }
+    for ip in &pv.external_ips {
+        st.virtual_servers.push(vs(*ip, port, &external));
+        st.dummy_addresses.insert(*ip);
+        st.add("KUBE-EXTERNAL-IP", entry(*ip));
+        if local {
+            st.add("KUBE-EXTERNAL-IP-LOCAL", entry(*ip));
+        }
+    }
+    for ip in &pv.load_balancer_ips {
+        st.virtual_servers.push(vs(*ip, port, &external));
+        st.dummy_addresses.insert(*ip);
+        add_load_balancer_ip(st, pv, node, &entry(*ip), *ip);
+    }
+    if let Some(np) = pv.node_port {
+        for ip in np_ips {
+            st.virtual_servers.push(vs(*ip, np, &external));
+        }
+        add_node_port(st, pv.protocol(), np, local, np_ips);
+    }
+    if let Some(hc) = pv.health_check_node_port {
+        st.add("KUBE-HEALTH-CHECK-NODE-PORT", hc.to_string());
+    }
+}
+
+/// A LoadBalancer IP's ipset entries (`entry` is `IP,PROTO:PORT`), with its source ranges.
+fn add_load_balancer_ip(
+    st: &mut IpvsState,
+    pv: &PortView<'_>,
+    node: &NodeSettings,
+    entry: &str,
+    ip: IpAddr,
+) {
+    st.add("KUBE-LOAD-BALANCER", entry.to_string());
+    if pv.external_policy_local() {
+        st.add("KUBE-LOAD-BALANCER-LOCAL", entry.to_string());
+    }
+    if pv.source_ranges.is_empty() {
+        return;
+    }
+    st.add("KUBE-LOAD-BALANCER-FW", entry.to_string());
+    for c in &pv.source_ranges {
+        st.add("KUBE-LOAD-BALANCER-SOURCE-CIDR", format!("{entry},{c}"));
+    }
+    if node
+        .node_ip()
+        .is_some_and(|n| pv.source_ranges.iter().any(|c| c.contains(n)))
+    {
+        st.add("KUBE-LOAD-BALANCER-SOURCE-IP", format!("{entry},{ip}"));
+    }
+}
+
+/// A NodePort's ipset entries: a port bitmap for TCP and UDP, `IP,sctp:PORT` for SCTP.
+fn add_node_port(st: &mut IpvsState, proto: Protocol, np: u16, local: bool, np_ips: &[IpAddr]) {
+    match proto {
+        Protocol::Tcp | Protocol::Udp => {
+            let up = proto.lower().to_uppercase();
+            st.add(&format!("KUBE-NODE-PORT-{up}"), np.to_string());
+            if local {
+                st.add(&format!("KUBE-NODE-PORT-LOCAL-{up}"), np.to_string());
+            }
+        }
+        Protocol::Sctp => {
+            for ip in np_ips {
+                let e = format!("{ip},sctp:{np}");
+                st.add("KUBE-NODE-PORT-SCTP-HASH", e.clone());
+                if local {
+                    st.add("KUBE-NODE-PORT-LOCAL-SCTP-HASH", e);
+                }
+            }
+        }
+    }
+}
+
+/// Names and tests the ipsets of one [`IpvsState`].
+struct Sets<'a>(&'a IpvsState);
+
+impl Sets<'_> {
+    /// The set's name in the state's family.
+    fn n(&self, base: &str) -> String {
+        set_name(self.0.family, base)
+    }
+
+    /// Whether the set has entries.
+    fn has(&self, base: &str) -> bool {
+        self.0.set(base).is_some_and(|s| !s.entries.is_empty())
+    }
 }
 
 /// The iptables rules of ipvs mode (kube-proxy's `pkg/proxy/ipvs`).
-fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
-    let mark = node.mark.text.as_str();
-    let mm = format!("{mark}/{mark}");
-    let n = |base: &str| set_name(st.family, base);
-    let has = |base: &str| st.set(base).is_some_and(|s| !s.entries.is_empty());
-    let mut nat = Table::default();
-    let mut filter = Table::default();
+fn iptables_rules(st: &IpvsState, node: &NodeSettings, opts: &WriterOptions) -> Payload {
+    let sets = Sets(st);
+    let mut p = Payload::default();
     for c in [
         "KUBE-SERVICES",
         "KUBE-POSTROUTING",
@@ -346,7 +381,7 @@ fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
         "KUBE-LOAD-BALANCER",
         "KUBE-MARK-MASQ",
     ] {
-        nat.chains.push(c.into());
+        p.nat.chain(c);
     }
     for c in [
         "KUBE-FORWARD",
@@ -355,169 +390,85 @@ fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
         "KUBE-SOURCE-RANGES-FIREWALL",
         "KUBE-IPVS-FILTER",
     ] {
-        filter.chains.push(c.into());
+        p.filter.chain(c);
     }
-    let cluster_ip = n("KUBE-CLUSTER-IP");
-    if st.family == IpFamily::V4 {
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &["-s", "127.0.0.0/8", "-j", "RETURN"],
-        );
+    services_rules(&sets, node, &mut p.nat);
+    node_port_rules(&sets, &mut p.nat);
+    let hairpin = "\"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\"";
+    let loop_back = sets.n("KUBE-LOOP-BACK");
+    p.nat.line(
+        "KUBE-POSTROUTING",
+        &format!(
+            "-m comment --comment {hairpin} -m set --match-set {loop_back} dst,dst,src -j MASQUERADE"
+        ),
+    );
+    rules::masquerade(&mut p.nat, &opts.mark.text, opts.host.random_fully);
+    filter_rules(&sets, &mut p.filter);
+    let invalid_drop = (!opts.host.tcp_be_liberal).then_some(false);
+    rules::forward(&mut p.filter, &opts.mark.text, invalid_drop);
+    p
+}
+
+/// nat KUBE-SERVICES (and KUBE-LOAD-BALANCER): masquerade what needs it, accept service
+/// addresses (IPVS takes them from there), send local destinations to KUBE-NODE-PORT.
+fn services_rules(sets: &Sets<'_>, node: &NodeSettings, nat: &mut Table) {
+    const SVC: &str = "KUBE-SERVICES";
+    let cluster_ip = sets.n("KUBE-CLUSTER-IP");
+    if sets.0.family == IpFamily::V4 {
+        nat.line(SVC, "-s 127.0.0.0/8 -j RETURN");
     }
-    let masq_comment = "\"Kubernetes service cluster ip + port for masquerade purpose\"";
+    let masq = format!(
+        "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set {cluster_ip}"
+    );
     if node.masquerade_all {
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &[
-                "-m",
-                "comment",
-                "--comment",
-                masq_comment,
-                "-m",
-                "set",
-                "--match-set",
-                &cluster_ip,
-                "dst,dst",
-                "-j",
-                "KUBE-MARK-MASQ",
-            ],
-        );
+        nat.line(SVC, &format!("{masq} dst,dst -j KUBE-MARK-MASQ"));
     } else if let Some(not_local) = node.detector.if_not_local() {
-        let mut a: Vec<&str> = vec![
-            "-m",
-            "comment",
-            "--comment",
-            masq_comment,
-            "-m",
-            "set",
-            "--match-set",
-            &cluster_ip,
-            "dst,dst",
-        ];
-        a.extend(not_local.iter().map(String::as_str));
-        a.extend(["-j", "KUBE-MARK-MASQ"]);
-        rule(&mut nat, "KUBE-SERVICES", &a);
+        let not_local = not_local.join(" ");
+        nat.line(
+            SVC,
+            &format!("{masq} dst,dst {not_local} -j KUBE-MARK-MASQ"),
+        );
     } else {
         // No way to tell pod traffic: masquerade node-originated traffic whose source is a
         // service address (the VIP on kube-ipvs0 picked as source).
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &[
-                "-m",
-                "comment",
-                "--comment",
-                masq_comment,
-                "-m",
-                "set",
-                "--match-set",
-                &cluster_ip,
-                "src,dst",
-                "-j",
-                "KUBE-MARK-MASQ",
-            ],
-        );
+        nat.line(SVC, &format!("{masq} src,dst -j KUBE-MARK-MASQ"));
     }
-    if has("KUBE-LOAD-BALANCER") {
-        let lb = n("KUBE-LOAD-BALANCER");
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &[
-                "-m",
-                "set",
-                "--match-set",
-                &lb,
-                "dst,dst",
-                "-j",
-                "KUBE-LOAD-BALANCER",
-            ],
+    let lb = sets.n("KUBE-LOAD-BALANCER");
+    if sets.has("KUBE-LOAD-BALANCER") {
+        nat.line(
+            SVC,
+            &format!("-m set --match-set {lb} dst,dst -j KUBE-LOAD-BALANCER"),
         );
-        if has("KUBE-LOAD-BALANCER-LOCAL") {
-            rule(
-                &mut nat,
+        if sets.has("KUBE-LOAD-BALANCER-LOCAL") {
+            let local = sets.n("KUBE-LOAD-BALANCER-LOCAL");
+            nat.line(
                 "KUBE-LOAD-BALANCER",
-                &[
-                    "-m",
-                    "set",
-                    "--match-set",
-                    &n("KUBE-LOAD-BALANCER-LOCAL"),
-                    "dst,dst",
-                    "-j",
-                    "RETURN",
-                ],
+                &format!("-m set --match-set {local} dst,dst -j RETURN"),
             );
         }
-        rule(&mut nat, "KUBE-LOAD-BALANCER", &["-j", "KUBE-MARK-MASQ"]);
+        nat.line("KUBE-LOAD-BALANCER", "-j KUBE-MARK-MASQ");
     }
-    if has("KUBE-EXTERNAL-IP") {
-        let ext = n("KUBE-EXTERNAL-IP");
+    if sets.has("KUBE-EXTERNAL-IP") {
+        let ext = sets.n("KUBE-EXTERNAL-IP");
         let c = "\"Kubernetes service external ip + port for masquerade and filter purpose\"";
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &[
-                "-m",
-                "comment",
-                "--comment",
-                c,
-                "-m",
-                "set",
-                "--match-set",
-                &ext,
-                "dst,dst",
-                "-j",
-                "KUBE-MARK-MASQ",
-            ],
+        nat.line(
+            SVC,
+            &format!("-m comment --comment {c} -m set --match-set {ext} dst,dst -j KUBE-MARK-MASQ"),
         );
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &["-m", "set", "--match-set", &ext, "dst,dst", "-j", "ACCEPT"],
-        );
+        nat.line(SVC, &format!("-m set --match-set {ext} dst,dst -j ACCEPT"));
     }
-    rule(
-        &mut nat,
-        "KUBE-SERVICES",
-        &[
-            "-m",
-            "addrtype",
-            "--dst-type",
-            "LOCAL",
-            "-j",
-            "KUBE-NODE-PORT",
-        ],
+    nat.line(SVC, "-m addrtype --dst-type LOCAL -j KUBE-NODE-PORT");
+    nat.line(
+        SVC,
+        &format!("-m set --match-set {cluster_ip} dst,dst -j ACCEPT"),
     );
-    rule(
-        &mut nat,
-        "KUBE-SERVICES",
-        &[
-            "-m",
-            "set",
-            "--match-set",
-            &cluster_ip,
-            "dst,dst",
-            "-j",
-            "ACCEPT",
-        ],
-    );
-    if has("KUBE-LOAD-BALANCER") {
-        rule(
-            &mut nat,
-            "KUBE-SERVICES",
-            &[
-                "-m",
-                "set",
-                "--match-set",
-                &n("KUBE-LOAD-BALANCER"),
-                "dst,dst",
-                "-j",
-                "ACCEPT",
-            ],
-        );
+    if sets.has("KUBE-LOAD-BALANCER") {
+        nat.line(SVC, &format!("-m set --match-set {lb} dst,dst -j ACCEPT"));
     }
+}
+
+/// nat KUBE-NODE-PORT: Local-policy NodePorts return unmasqueraded, the rest are marked.
+fn node_port_rules(sets: &Sets<'_>, nat: &mut Table) {
     for (local, all, m) in [
         ("KUBE-NODE-PORT-LOCAL-TCP", "KUBE-NODE-PORT-TCP", "dst"),
         ("KUBE-NODE-PORT-LOCAL-UDP", "KUBE-NODE-PORT-UDP", "dst"),
@@ -527,134 +478,53 @@ fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
             "dst,dst",
         ),
     ] {
-        if has(local) {
-            rule(
-                &mut nat,
+        if sets.has(local) {
+            let set = sets.n(local);
+            nat.line(
                 "KUBE-NODE-PORT",
-                &["-m", "set", "--match-set", &n(local), m, "-j", "RETURN"],
+                &format!("-m set --match-set {set} {m} -j RETURN"),
             );
         }
-        if has(all) {
-            rule(
-                &mut nat,
+        if sets.has(all) {
+            let set = sets.n(all);
+            nat.line(
                 "KUBE-NODE-PORT",
-                &[
-                    "-m",
-                    "set",
-                    "--match-set",
-                    &n(all),
-                    m,
-                    "-j",
-                    "KUBE-MARK-MASQ",
-                ],
+                &format!("-m set --match-set {set} {m} -j KUBE-MARK-MASQ"),
             );
         }
     }
-    rule(
-        &mut nat,
-        "KUBE-POSTROUTING",
-        &[
-            "-m",
-            "comment",
-            "--comment",
-            "\"Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose\"",
-            "-m",
-            "set",
-            "--match-set",
-            &n("KUBE-LOOP-BACK"),
-            "dst,dst,src",
-            "-j",
-            "MASQUERADE",
-        ],
-    );
-    rule(
-        &mut nat,
-        "KUBE-POSTROUTING",
-        &["-m", "mark", "!", "--mark", &mm, "-j", "RETURN"],
-    );
-    rule(
-        &mut nat,
-        "KUBE-POSTROUTING",
-        &["-j", "MARK", "--xor-mark", mark],
-    );
-    let mut masq = vec![
-        "-m",
-        "comment",
-        "--comment",
-        "\"kubernetes service traffic requiring SNAT\"",
-        "-j",
-        "MASQUERADE",
-    ];
-    if node.host.random_fully {
-        masq.push("--random-fully");
-    }
-    rule(&mut nat, "KUBE-POSTROUTING", &masq);
-    rule(
-        &mut nat,
-        "KUBE-MARK-MASQ",
-        &["-j", "MARK", "--or-mark", mark],
-    );
+}
 
-    rule(
-        &mut filter,
+/// filter: health-check node ports, LoadBalancer source ranges, and KUBE-IPVS-FILTER
+/// (reject new connections to addresses on kube-ipvs0 that are not a service).
+fn filter_rules(sets: &Sets<'_>, filter: &mut Table) {
+    let hc = sets.n("KUBE-HEALTH-CHECK-NODE-PORT");
+    filter.line(
         "KUBE-NODE-PORT",
-        &[
-            "-m",
-            "comment",
-            "--comment",
-            "\"Kubernetes health check node port\"",
-            "-m",
-            "set",
-            "--match-set",
-            &n("KUBE-HEALTH-CHECK-NODE-PORT"),
-            "dst",
-            "-j",
-            "ACCEPT",
-        ],
+        &format!(
+            "-m comment --comment \"Kubernetes health check node port\" -m set --match-set {hc} dst -j ACCEPT"
+        ),
     );
-    if has("KUBE-LOAD-BALANCER-FW") {
-        rule(
-            &mut filter,
+    if sets.has("KUBE-LOAD-BALANCER-FW") {
+        const SRF: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+        let fw = sets.n("KUBE-LOAD-BALANCER-FW");
+        filter.line(
             "KUBE-PROXY-FIREWALL",
-            &[
-                "-m",
-                "set",
-                "--match-set",
-                &n("KUBE-LOAD-BALANCER-FW"),
-                "dst,dst",
-                "-j",
-                "KUBE-SOURCE-RANGES-FIREWALL",
-            ],
+            &format!("-m set --match-set {fw} dst,dst -j {SRF}"),
         );
-        rule(
-            &mut filter,
-            "KUBE-SOURCE-RANGES-FIREWALL",
-            &[
-                "-m",
-                "set",
-                "--match-set",
-                &n("KUBE-LOAD-BALANCER-SOURCE-CIDR"),
-                "dst,dst,src",
-                "-j",
-                "RETURN",
-            ],
+        let cidrs = sets.n("KUBE-LOAD-BALANCER-SOURCE-CIDR");
+        filter.line(
+            SRF,
+            &format!("-m set --match-set {cidrs} dst,dst,src -j RETURN"),
         );
-        if has("KUBE-LOAD-BALANCER-SOURCE-IP") {
-            rule(
-                &mut filter,
-                "KUBE-SOURCE-RANGES-FIREWALL",
-                &[
-                    "-m",
-                    "set",
-                    "--match-set",
-                    &n("KUBE-LOAD-BALANCER-SOURCE-IP"),
-                    "dst,dst,src",
-                    "-j",
-                    "RETURN",
-                ],
+        if sets.has("KUBE-LOAD-BALANCER-SOURCE-IP") {
+            let ips = sets.n("KUBE-LOAD-BALANCER-SOURCE-IP");
+            filter.line(
+                SRF,
+                &format!("-m set --match-set {ips} dst,dst,src -j RETURN"),
             );
         }
-        rule(&mut filter, "KUBE-SOURCE-RANGES-FIREWALL", &["-j", "DROP"]);
+        filter.line(SRF, "-j DROP");
     }
     for s in [
         "KUBE-LOAD-BALANCER",
@@ -662,80 +532,19 @@ fn iptables_rules(st: &IpvsState, node: &NodeSettings) -> Payload {
         "KUBE-EXTERNAL-IP",
         "KUBE-EXTERNAL-IP-LOCAL",
     ] {
-        rule(
-            &mut filter,
+        let set = sets.n(s);
+        filter.line(
             "KUBE-IPVS-FILTER",
-            &["-m", "set", "--match-set", &n(s), "dst,dst", "-j", "RETURN"],
+            &format!("-m set --match-set {set} dst,dst -j RETURN"),
         );
     }
-    rule(
-        &mut filter,
+    filter.line(
         "KUBE-IPVS-FILTER",
-        &[
-            "-m",
-            "set",
-            "--match-set",
-            &n("KUBE-HEALTH-CHECK-NODE-PORT"),
-            "dst",
-            "-j",
-            "RETURN",
-        ],
+        &format!("-m set --match-set {hc} dst -j RETURN"),
     );
-    rule(
-        &mut filter,
+    let ips = sets.n("KUBE-IPVS-IPS");
+    filter.line(
         "KUBE-IPVS-FILTER",
-        &[
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "NEW",
-            "-m",
-            "set",
-            "--match-set",
-            &n("KUBE-IPVS-IPS"),
-            "dst",
-            "-j",
-            "REJECT",
-        ],
+        &format!("-m conntrack --ctstate NEW -m set --match-set {ips} dst -j REJECT"),
     );
-    if !node.host.tcp_be_liberal {
-        rule(
-            &mut filter,
-            "KUBE-FORWARD",
-            &["-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"],
-        );
-    }
-    rule(
-        &mut filter,
-        "KUBE-FORWARD",
-        &[
-            "-m",
-            "comment",
-            "--comment",
-            "\"kubernetes forwarding rules\"",
-            "-m",
-            "mark",
-            "--mark",
-            &mm,
-            "-j",
-            "ACCEPT",
-        ],
-    );
-    rule(
-        &mut filter,
-        "KUBE-FORWARD",
-        &[
-            "-m",
-            "comment",
-            "--comment",
-            "\"kubernetes forwarding conntrack rule\"",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "RELATED,ESTABLISHED",
-            "-j",
-            "ACCEPT",
-        ],
-    );
-    Payload { filter, nat }
 }

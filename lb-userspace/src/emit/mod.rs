@@ -1,10 +1,13 @@
-//! Emitters: pure functions from the model and a node's settings to the rules kube-proxy
-//! would write in each of its modes, plus helpers to check them.
+//! Emitters: pure functions from the model, a node's settings and the writer's options to
+//! the rules kube-proxy would write in each of its modes, plus helpers to check them.
 //!
 //! * [`iptables`]: `iptables-restore` input (filter and nat tables), full and partial syncs;
 //! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
+//! * [`options`]: the writer settings of each mode (masquerade mark, host features, …);
+//! * [`rules`]: the iptables rule vocabulary iptables, ipvs and userspace share (restore
+//!   payloads, jumps, masquerade and forwarding rules);
 //! * [`restore`]: an in-memory `iptables-restore --noflush` (tables, chains, references);
 //! * [`trace`]: follows a packet through emitted iptables rules (reachable DNAT targets).
 
@@ -12,42 +15,37 @@ pub mod iptables;
 pub mod ipvs;
 pub mod names;
 pub mod nftables;
+pub mod options;
 pub mod restore;
+pub mod rules;
 pub mod trace;
 pub mod userspace;
 
 use crate::model::{Model, NodeSettings};
 
-/// A rule kube-proxy ensures in a built-in chain, outside its restore input: the jump into
-/// one of its own chains, prepended (`-I`) or appended (`-A`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Jump {
-    pub table: &'static str,
-    pub chain: &'static str,
-    pub append: bool,
-    /// Match arguments before `-j` (kube-proxy's extra arguments, then its comment).
-    pub matches: &'static [&'static str],
-    pub target: &'static str,
-}
+pub use options::Options;
+pub use rules::{Jump, Payload, Table};
 
-impl Jump {
-    /// The `iptables` arguments that add this rule.
-    pub fn args(&self) -> Vec<&'static str> {
-        let op = if self.append { "-A" } else { "-I" };
-        let mut a = vec!["-t", self.table, op, self.chain];
-        a.extend_from_slice(self.matches);
-        a.extend(["-j", self.target]);
-        a
-    }
-}
-
-/// A kube-proxy mode to emit rules for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A kube-proxy mode: what `xlb emit` writes rules for, what `xlb compare` runs beside
+/// xlb, what `xlb proxy` runs (the one type for all three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
 pub enum Mode {
     Iptables,
     Nftables,
     Ipvs,
     Userspace,
+}
+
+impl Mode {
+    /// The mode's name, as kube-proxy's `--proxy-mode` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Iptables => "iptables",
+            Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
+            Mode::Userspace => "userspace",
+        }
+    }
 }
 
 /// The text `xlb emit MODE` prints: what kube-proxy's first (full) sync would program.
@@ -57,12 +55,12 @@ pub enum Mode {
 /// * ipvs: four sections (`ipvsadm-restore`, `ipset restore`, `ip -batch` for
 ///   `kube-ipvs0`, `iptables-restore`), each introduced by a `#` line;
 /// * userspace: the proxy-port allocation as `#` lines, then `iptables-restore` input.
-pub fn render(mode: Mode, model: &Model, node: &NodeSettings) -> String {
+pub fn render(mode: Mode, model: &Model, node: &NodeSettings, opts: &Options) -> String {
     match mode {
-        Mode::Iptables => iptables::emit(model, node).render(),
-        Mode::Nftables => nftables::emit(model, node).render(),
+        Mode::Iptables => iptables::emit(model, node, opts).render(),
+        Mode::Nftables => nftables::emit(model, node, opts).render(),
         Mode::Ipvs => {
-            let st = ipvs::emit(model, node);
+            let st = ipvs::emit(model, node, opts);
             format!(
                 "# ipvsadm-restore\n{}# ipset restore\n{}# ip -batch (kube-ipvs0)\n{}# iptables-restore --noflush\n{}",
                 st.render_ipvsadm(),

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use super::names::nft_name;
+use super::{names::nft_name, options::Options};
 use crate::model::{
     IpFamily, LocalDetector, Model, NodeSettings, Protocol,
     select::{self, EndpointView, PortView},
@@ -155,10 +155,10 @@ impl NftTable {
 }
 
 /// The fixed chains, sets, maps and rules every sync writes.
-fn base(t: &mut NftTable, node: &NodeSettings) {
+fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
     let f = fam(node.family);
     let at = addr_type(node.family);
-    let mark = &node.mark.text;
+    let mark = &opts.mark.text;
     for (name, spec) in [
         (
             "filter-prerouting-pre-dnat",
@@ -559,12 +559,12 @@ fn write_port(t: &mut NftTable, pv: &PortView<'_>, node: &NodeSettings) {
 }
 
 /// The table a fresh kube-proxy writes for `model` on `node`.
-pub fn emit(model: &Model, node: &NodeSettings) -> NftTable {
+pub fn emit(model: &Model, node: &NodeSettings, opts: &Options) -> NftTable {
     let mut t = NftTable {
         family: node.family,
         ..NftTable::default()
     };
-    base(&mut t, node);
+    base(&mut t, node, opts);
     for pv in select::service_ports(model, node) {
         write_port(&mut t, &pv, node);
     }
@@ -581,8 +581,14 @@ pub struct NftProxier {
 
 impl NftProxier {
     /// Syncs at time `now` (any monotonic clock) and returns the table state afterwards.
-    pub fn sync(&mut self, model: &Model, node: &NodeSettings, now: Duration) -> NftTable {
-        let mut t = emit(model, node);
+    pub fn sync(
+        &mut self,
+        model: &Model,
+        node: &NodeSettings,
+        opts: &Options,
+        now: Duration,
+    ) -> NftTable {
+        let mut t = emit(model, node, opts);
         let active: BTreeSet<String> = t.chains.keys().cloned().collect();
         for gone in self.previous.difference(&active) {
             self.stale.entry(gone.clone()).or_insert(now);

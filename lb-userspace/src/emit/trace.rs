@@ -51,7 +51,7 @@ fn parse_net(s: &str) -> Option<Cidr> {
     if s.contains('/') {
         Cidr::parse_sloppy(s).ok()
     } else {
-        crate::source::convert::parse_ip(s).map(Cidr::host)
+        crate::model::parse_ip(s).map(Cidr::host)
     }
 }
 

@@ -18,10 +18,7 @@ use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr};
 
 use sha2::{Digest, Sha256};
 
-use super::{
-    Jump,
-    iptables::{Payload, Table},
-};
+use super::rules::{Jump, Payload, Table, hostport};
 use crate::model::{Model, NodeSettings, Protocol, select};
 
 /// The proxy port range (inclusive).
@@ -212,13 +209,6 @@ pub fn emit(model: &Model, node: &NodeSettings, range: PortRange) -> UserspaceSt
             filter: Table::default(),
             nat,
         },
-    }
-}
-
-fn hostport(ip: IpAddr, port: u16) -> String {
-    match ip {
-        IpAddr::V4(v) => format!("{v}:{port}"),
-        IpAddr::V6(v) => format!("[{v}]:{port}"),
     }
 }
 

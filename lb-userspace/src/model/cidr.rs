@@ -1,8 +1,35 @@
-//! IP prefixes (`10.0.0.0/8`), parsed the way Kubernetes does and printed canonically.
+//! IP addresses and prefixes (`10.0.0.0/8`), parsed the way Kubernetes does and printed
+//! canonically.
 
-use std::{fmt, net::IpAddr, str::FromStr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    str::FromStr,
+};
 
 use thiserror::Error;
+
+/// Parses an IP as Kubernetes does: IPv4 octets may carry leading zeros and are decimal
+/// ("010.0.0.1" is 10.0.0.1), which `std`'s parser rejects.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts
+        .next()
+        .is_none()
+        .then_some(IpAddr::V4(Ipv4Addr::from(octets)))
+}
 
 /// A CIDR prefix with its host bits cleared (`203.0.113.7/25` reads as `203.0.113.0/25`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -59,7 +86,7 @@ impl Cidr {
     pub fn parse_sloppy(s: &str) -> Result<Self, CidrError> {
         let err = || CidrError(s.to_string());
         let (addr, prefix) = s.trim().split_once('/').ok_or_else(err)?;
-        let addr = crate::source::convert::parse_ip(addr).ok_or_else(err)?;
+        let addr = parse_ip(addr).ok_or_else(err)?;
         if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err());
         }
@@ -107,6 +134,23 @@ impl fmt::Display for Cidr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv4_with_leading_zeros_reads_as_decimal() {
+        assert_eq!(
+            parse_ip("010.000.001.009"),
+            Some("10.0.1.9".parse().expect("ip"))
+        );
+        assert_eq!(parse_ip(" 10.0.0.1"), Some("10.0.0.1".parse().expect("ip")));
+        assert_eq!(
+            parse_ip("2001:db8::1"),
+            Some("2001:db8::1".parse().expect("ip"))
+        );
+        assert_eq!(parse_ip("10.0.0.256"), None);
+        assert_eq!(parse_ip("10.0.0"), None);
+        assert_eq!(parse_ip("10.0.0.1.2"), None);
+        assert_eq!(parse_ip("ten.0.0.1"), None);
+    }
 
     #[test]
     fn parses_sloppily_and_prints_canonically() {

@@ -1,4 +1,6 @@
-//! What a proxy needs to know about the node it runs on (kube-proxy's flags and host facts).
+//! What a proxy needs to know about the node it runs on: its name, zone, addresses and
+//! kube-proxy's node-level flags. How a writer writes (kube-proxy's masquerade mark, host
+//! features, ipvs scheduler) is the writer's own option ([`crate::emit::Options`]).
 
 use std::net::IpAddr;
 
@@ -67,71 +69,6 @@ impl LocalDetector {
     }
 }
 
-/// The masquerade mark: its value and its text in rules.
-///
-/// kube-proxy prints `1 << masqueradeBit` with Go's `%#08x`, which zero-pads to eight hex
-/// digits (`0x00004000`); its unit tests inject the literal `0x4000`, so the text is kept
-/// as given when a mark is configured literally.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MasqueradeMark {
-    pub value: u32,
-    pub text: String,
-}
-
-impl MasqueradeMark {
-    /// The mark of `--iptables-masquerade-bit` (kube-proxy's default is 14).
-    pub fn from_bit(bit: u8) -> Self {
-        let value = 1u32 << u32::from(bit.min(31));
-        Self {
-            value,
-            text: format!("{value:#010x}"),
-        }
-    }
-
-    /// A mark written literally (`0x4000`), kept verbatim in the rules.
-    pub fn literal(text: &str) -> Option<Self> {
-        let t = text.trim();
-        let value = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-            Some(hex) => u32::from_str_radix(hex, 16).ok()?,
-            None => t.parse().ok()?,
-        };
-        Some(Self {
-            value,
-            text: t.to_string(),
-        })
-    }
-}
-
-impl Default for MasqueradeMark {
-    fn default() -> Self {
-        Self::from_bit(14)
-    }
-}
-
-/// Facts about the host that change kube-proxy's iptables output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostFeatures {
-    /// `iptables` supports `MASQUERADE --random-fully`.
-    pub random_fully: bool,
-    /// `net.netfilter.nf_conntrack_tcp_be_liberal` is set (no INVALID drop rule then).
-    pub tcp_be_liberal: bool,
-    /// The nfacct counter `ct_state_invalid_dropped_pkts` exists.
-    pub nfacct_invalid_dropped: bool,
-    /// The nfacct counter `localhost_nps_accepted_pkts` exists.
-    pub nfacct_localhost_nodeports: bool,
-}
-
-impl Default for HostFeatures {
-    fn default() -> Self {
-        Self {
-            random_fully: true,
-            tcp_be_liberal: false,
-            nfacct_invalid_dropped: false,
-            nfacct_localhost_nodeports: false,
-        }
-    }
-}
-
 /// A node's settings, as kube-proxy's flags and the node object give them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeSettings {
@@ -150,20 +87,12 @@ pub struct NodeSettings {
     pub detector: LocalDetector,
     /// `--masquerade-all`.
     pub masquerade_all: bool,
-    /// The masquerade mark.
-    pub mark: MasqueradeMark,
     /// `--iptables-localhost-nodeports` (IPv4 only).
     pub localhost_node_ports: bool,
     /// `--nodeport-addresses`; empty means every local address.
     pub node_port_addresses: Vec<Cidr>,
-    /// Host capabilities.
-    pub host: HostFeatures,
     /// Service CIDRs (nftables drops traffic to unallocated ClusterIPs in them).
     pub service_cidrs: Vec<Cidr>,
-    /// IPVS scheduler (`--ipvs-scheduler`).
-    pub ipvs_scheduler: String,
-    /// Endpoint count above which kube-proxy's iptables mode drops per-endpoint comments.
-    pub large_cluster_threshold: usize,
 }
 
 impl Default for NodeSettings {
@@ -176,13 +105,9 @@ impl Default for NodeSettings {
             local_addresses: Vec::new(),
             detector: LocalDetector::None,
             masquerade_all: false,
-            mark: MasqueradeMark::default(),
             localhost_node_ports: true,
             node_port_addresses: Vec::new(),
-            host: HostFeatures::default(),
             service_cidrs: Vec::new(),
-            ipvs_scheduler: "rr".into(),
-            large_cluster_threshold: 1000,
         }
     }
 }
@@ -218,17 +143,5 @@ impl NodeSettings {
         ips.sort();
         ips.dedup();
         Some(ips)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mark_text_follows_go_zero_padding_or_the_literal() {
-        assert_eq!(MasqueradeMark::from_bit(14).text, "0x00004000");
-        let m = MasqueradeMark::literal("0x4000").expect("mark");
-        assert_eq!((m.value, m.text.as_str()), (0x4000, "0x4000"));
     }
 }

@@ -1,7 +1,5 @@
 //! Kubernetes objects (k8s-openapi types) → model, with kube-proxy's reading of each field.
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 
 use super::SourceError;
@@ -13,27 +11,7 @@ use crate::model::{
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// Parses an IP as Kubernetes does: IPv4 octets may carry leading zeros and are decimal
-/// ("010.0.0.1" is 10.0.0.1), which `std`'s parser rejects.
-pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    let s = s.trim();
-    if let Ok(ip) = s.parse() {
-        return Some(ip);
-    }
-    let mut octets = [0u8; 4];
-    let mut parts = s.split('.');
-    for octet in &mut octets {
-        let part = parts.next()?;
-        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *octet = part.parse().ok()?;
-    }
-    parts
-        .next()
-        .is_none()
-        .then_some(IpAddr::V4(Ipv4Addr::from(octets)))
-}
+pub use crate::model::parse_ip;
 
 fn parse_protocol(p: Option<&str>) -> Result<Protocol, String> {
     match p.unwrap_or("TCP") {
@@ -336,26 +314,4 @@ pub fn endpoint_slice(
         ports,
         endpoints,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ipv4_with_leading_zeros_reads_as_decimal() {
-        assert_eq!(
-            parse_ip("010.000.001.009"),
-            Some("10.0.1.9".parse().expect("ip"))
-        );
-        assert_eq!(parse_ip(" 10.0.0.1"), Some("10.0.0.1".parse().expect("ip")));
-        assert_eq!(
-            parse_ip("2001:db8::1"),
-            Some("2001:db8::1".parse().expect("ip"))
-        );
-        assert_eq!(parse_ip("10.0.0.256"), None);
-        assert_eq!(parse_ip("10.0.0"), None);
-        assert_eq!(parse_ip("10.0.0.1.2"), None);
-        assert_eq!(parse_ip("ten.0.0.1"), None);
-    }
 }

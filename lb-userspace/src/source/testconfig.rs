@@ -1,7 +1,7 @@
 //! The `kind: TestConfig` header of kube-proxy conformance inputs: node settings (and the
 //! case's bookkeeping) in the first document of a case file.
 //!
-//! Mapping to [`NodeSettings`]: `nodeName`, `ipFamily`, `nodeIP`/`nodeIPs`,
+//! Mapping to [`NodeSettings`] and the writer's [`emit::Options`]: `nodeName`, `ipFamily`, `nodeIP`/`nodeIPs`,
 //! `nodeInterfaceAddresses` (every listed address is local; without it, iptables and
 //! nftables cases use the upstream fake's interfaces 127.0.0.1, ::1, 192.168.0.2,
 //! 192.168.1.2, 192.168.99.11, 2001:db8::1, 2001:db8:1::2, and ipvs cases their `nodeIPs`),
@@ -15,9 +15,12 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 use super::{SourceError, convert::parse_ip};
-use crate::model::{
-    Cidr, IpFamily, LocalDetector, NodeSettings,
-    node::{HostFeatures, MasqueradeMark},
+use crate::{
+    emit::{
+        self,
+        options::{HostFeatures, MasqueradeMark},
+    },
+    model::{Cidr, IpFamily, LocalDetector, NodeSettings},
 };
 
 /// The annotation multi-step cases put on objects: the steps (`"1-10"`, `"6"`) they exist in.
@@ -47,6 +50,8 @@ pub struct TestConfig {
     pub sync_period_secs: Option<u64>,
     /// The node settings the case was written for.
     pub settings: NodeSettings,
+    /// The writer settings of its mode.
+    pub options: emit::Options,
 }
 
 #[derive(Deserialize, Default)]
@@ -191,18 +196,22 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
         local_addresses,
         detector,
         masquerade_all: spec.masquerade_all,
-        mark,
         localhost_node_ports: spec.localhost_node_ports.unwrap_or(true),
         node_port_addresses,
+        service_cidrs,
+    };
+    let options = emit::Options {
+        mark,
         host: HostFeatures {
             random_fully: spec.iptables_has_random_fully.unwrap_or(true),
             tcp_be_liberal: spec.conntrack_tcp_be_liberal,
             nfacct_invalid_dropped: counter("ct_state_invalid_dropped_pkts"),
             nfacct_localhost_nodeports: counter("localhost_nps_accepted_pkts"),
         },
-        service_cidrs,
-        ipvs_scheduler: spec.ipvs_scheduler.clone().unwrap_or_else(|| "rr".into()),
-        ..NodeSettings::default()
+        iptables: emit::iptables::Options::default(),
+        ipvs: emit::ipvs::Options {
+            scheduler: spec.ipvs_scheduler.clone().unwrap_or_else(|| "rr".into()),
+        },
     };
     Ok(TestConfig {
         name,
@@ -213,6 +222,7 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
             .as_deref()
             .and_then(|s| s.trim().trim_end_matches('s').parse().ok()),
         settings,
+        options,
     })
 }
 

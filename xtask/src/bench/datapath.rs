@@ -289,6 +289,10 @@ fn distinct_trial(dp: &mut Datapath, hook: Hook, f: &Flows, ifindex: u32) -> Res
             PacketBuilder::tcp(p.dst, *client).flags(TCP_ACK),
         ));
     }
+    // Answered, then continued once: assured, as a real flow is from its third packet (the
+    // move to the assured table is a one-off per flow, not what "established" measures).
+    each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
+    each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
     let (established, _) = each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
     let (reply, _) = each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
     Ok(vec![floor, non_service, new_flow, established, reply])

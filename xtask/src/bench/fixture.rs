@@ -15,8 +15,8 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_STATS,
-    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
+    MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{kernel::KernelMaps, loader, sync::apply},
@@ -86,6 +86,7 @@ pub struct Datapath {
     ebpf: Ebpf,
     pub maps: KernelMaps,
     ct: HashMap<MapData, CtKey, CtValue>,
+    cta: HashMap<MapData, CtKey, CtValue>,
     stats: PerCpuArray<MapData, Counter>,
     pub pins: PathBuf,
     current: Desired,
@@ -130,6 +131,7 @@ impl Datapath {
             (MAP_SVC_STATS, caps.per_service),
             (MAP_BACKEND_STATS, caps.backends),
             (MAP_CT, caps.ct),
+            (MAP_CT_ASSURED, caps.ct),
         ];
         for (name, size) in sizes {
             if let Some(size) = size {
@@ -154,6 +156,10 @@ impl Datapath {
             .take_map(MAP_CT)
             .ok_or_else(|| anyhow!("{MAP_CT} missing"))?;
         let ct = HashMap::try_from(ct_map).context("conntrack map")?;
+        let cta_map = ebpf
+            .take_map(MAP_CT_ASSURED)
+            .ok_or_else(|| anyhow!("{MAP_CT_ASSURED} missing"))?;
+        let cta = HashMap::try_from(cta_map).context("assured conntrack map")?;
         let stats_map = ebpf
             .take_map(MAP_STATS)
             .ok_or_else(|| anyhow!("{MAP_STATS} missing"))?;
@@ -163,6 +169,7 @@ impl Datapath {
             ebpf,
             maps,
             ct,
+            cta,
             stats,
             pins,
             current: Desired::default(),
@@ -248,9 +255,11 @@ impl Datapath {
 
     /// Deletes every conntrack entry.
     pub fn clear_ct(&mut self) -> Result<()> {
-        let keys: Vec<CtKey> = self.ct.keys().collect::<Result<_, _>>()?;
-        for k in keys {
-            self.ct.remove(&k).context("delete conntrack entry")?;
+        for table in [&mut self.ct, &mut self.cta] {
+            let keys: Vec<CtKey> = table.keys().collect::<Result<_, _>>()?;
+            for k in keys {
+                table.remove(&k).context("delete conntrack entry")?;
+            }
         }
         Ok(())
     }

@@ -161,10 +161,9 @@ fn load_rules(program: &str, args: &[&str], text: &str) -> Result<f64> {
 /// settings (no nfacct objects exist in the bench's namespaces).
 fn kube_proxy_rules(mode: Mode, services: usize) -> Result<String> {
     let m = model(services, |_| 2)?;
-    let mut node = NodeSettings::default();
-    node.host.nfacct_invalid_dropped = false;
-    node.host.nfacct_localhost_nodeports = false;
-    Ok(emit::render(mode, &m, &node))
+    let opts = emit::Options::default();
+    assert!(!opts.host.nfacct_invalid_dropped && !opts.host.nfacct_localhost_nodeports);
+    Ok(emit::render(mode, &m, &NodeSettings::default(), &opts))
 }
 
 fn rules(program: &str, args: &[&str], sizes: &[(usize, usize)], mode: Mode) -> Result<Vec<Rules>> {

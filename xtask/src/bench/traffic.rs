@@ -28,6 +28,7 @@ use std::{
 use anyhow::{Result, anyhow};
 use lb_userspace::{
     compare::{Impl, Installed, LabSpec, Origin, install},
+    emit::Mode,
     lab::{load::Measured, process::run_client},
     model::{Model, NodeSettings},
     source::file,
@@ -110,9 +111,9 @@ impl Row {
             // connection straight to the backend from the same client port would run into.
             Row::Tc => Some(Impl::EbpfHost),
             Row::DirectTc | Row::SockPod | Row::SockHost => Some(Impl::Ebpf),
-            Row::Iptables => Some(Impl::Iptables),
-            Row::Nftables => Some(Impl::Nftables),
-            Row::Userspace => Some(Impl::Userspace),
+            Row::Iptables => Some(Impl::KubeProxy(Mode::Iptables)),
+            Row::Nftables => Some(Impl::KubeProxy(Mode::Nftables)),
+            Row::Userspace => Some(Impl::KubeProxy(Mode::Userspace)),
         }
     }
 
@@ -161,12 +162,12 @@ fn services_yaml(n: usize) -> String {
 
 /// A lab for `mode` on the services file `src`.
 fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Result<Installed> {
-    let mut settings = NodeSettings {
+    let settings = NodeSettings {
         node_name: "node1".into(),
         ..NodeSettings::default()
     };
-    settings.host.nfacct_invalid_dropped = false;
-    settings.host.nfacct_localhost_nodeports = false;
+    // No nfacct objects in the bench's namespaces (the default).
+    let options = lb_userspace::emit::Options::default();
     let pods: BTreeMap<Ipv4Addr, BTreeSet<u16>> = [(BACKEND, [PORT].into())].into();
     let lab = install(&LabSpec {
         mode,
@@ -175,6 +176,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
         xlb,
         model,
         settings: &settings,
+        options: &options,
         pods: &pods,
         frontends: &[SocketAddr::from((MEASURED_VIP, 80))],
     })

@@ -1,0 +1,243 @@
+//! The assured conntrack table's collector. The datapath moves a flow that was answered and
+//! went on into `XLB_CTA_V1`, a hash nothing evicts (so a flood of new flows cannot push it
+//! out, as the kernel's conntrack never early-drops an assured flow); this deletes the
+//! entries of flows that are over, with kube-proxy's conntrack timeouts:
+//!
+//! | flow | deleted when idle for |
+//! |---|---|
+//! | TCP reset, or closed both ways | 10 s (the datapath's own SNAT-port reuse time) |
+//! | TCP closed one way | 1 h (`tcpCloseWaitTimeout`) |
+//! | TCP | 24 h (`tcpEstablishedTimeout`) |
+//! | UDP | 120 s (the kernel's `nf_conntrack_udp_timeout_stream`) |
+//!
+//! A reply entry whose forward entry is gone (a UDP flow re-balanced, a reused TCP port)
+//! goes after 10 s idle. One pass reads every entry once; deletions are collected, so the
+//! pass never restarts its walk.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use aya::maps::{HashMap, MapData};
+use lb_common::{
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CtKey, CtValue, IPPROTO_UDP,
+    MAP_CT_ASSURED,
+};
+use tracing::{debug, warn};
+
+use super::{DatapathError, kernel::open_pinned};
+
+const SECOND: u64 = 1_000_000_000;
+/// Idle time after which a flow that is over (reset, closed both ways) is deleted.
+pub const CLOSED_NS: u64 = 10 * SECOND;
+/// A TCP flow closed one way only (kube-proxy's `tcpCloseWaitTimeout`).
+pub const HALF_CLOSED_NS: u64 = 3600 * SECOND;
+/// An open TCP flow (kube-proxy's `tcpEstablishedTimeout`).
+pub const TCP_NS: u64 = 24 * 3600 * SECOND;
+/// A UDP flow that was answered (the kernel's UDP stream timeout).
+pub const UDP_NS: u64 = 120 * SECOND;
+
+/// How often the collector looks.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+/// The idle time after which the flow of forward entry `fwd` and reply entry `reply` is
+/// over. A missing entry counts as neither closing nor reset.
+pub fn timeout(proto: u8, fwd: &CtValue, reply: Option<&CtValue>) -> u64 {
+    let flags = fwd.flags | reply.map_or(0, |r| r.flags);
+    let closed_both =
+        fwd.flags & CT_F_CLOSING != 0 && reply.is_some_and(|r| r.flags & CT_F_CLOSING != 0);
+    if flags & CT_F_RESET != 0 || closed_both {
+        CLOSED_NS
+    } else if proto == IPPROTO_UDP {
+        UDP_NS
+    } else if flags & CT_F_CLOSING != 0 {
+        HALF_CLOSED_NS
+    } else {
+        TCP_NS
+    }
+}
+
+/// Whether the flow is over at `now_ns` (the datapath's clock).
+pub fn over(proto: u8, fwd: &CtValue, reply: Option<&CtValue>, now_ns: u64) -> bool {
+    let last = fwd.last_seen_ns.max(reply.map_or(0, |r| r.last_seen_ns));
+    now_ns.saturating_sub(last) >= timeout(proto, fwd, reply)
+}
+
+/// The reply key of the flow whose forward entry is `fwd`.
+pub fn reply_key(k: &CtKey, fwd: &CtValue) -> CtKey {
+    CtKey {
+        saddr_be: fwd.daddr_be,
+        daddr_be: fwd.saddr_be,
+        sport_be: fwd.dport_be,
+        dport_be: fwd.sport_be,
+        proto: k.proto,
+        dir: CT_DIR_REPLY,
+        _pad: 0,
+    }
+}
+
+/// The forward key of the flow whose reply entry is `reply`.
+pub fn forward_key(k: &CtKey, reply: &CtValue) -> CtKey {
+    CtKey {
+        saddr_be: reply.daddr_be,
+        daddr_be: reply.saddr_be,
+        sport_be: reply.dport_be,
+        dport_be: reply.sport_be,
+        proto: k.proto,
+        dir: CT_DIR_FORWARD,
+        _pad: 0,
+    }
+}
+
+/// The keys to delete from a table holding `entries`, at `now_ns`: both entries of each flow
+/// that is over, and reply entries left without their forward entry once idle.
+pub fn expired(entries: &std::collections::HashMap<CtKey, CtValue>, now_ns: u64) -> Vec<CtKey> {
+    let mut gone = Vec::new();
+    for (k, v) in entries {
+        if k.dir == CT_DIR_FORWARD {
+            let rk = reply_key(k, v);
+            let reply = entries.get(&rk);
+            if over(k.proto, v, reply, now_ns) {
+                gone.push(*k);
+                if reply.is_some() {
+                    gone.push(rk);
+                }
+            }
+        } else {
+            let fk = forward_key(k, v);
+            let paired = entries.get(&fk).is_some_and(|f| reply_key(&fk, f) == *k);
+            if !paired && now_ns.saturating_sub(v.last_seen_ns) >= CLOSED_NS {
+                gone.push(*k);
+            }
+        }
+    }
+    gone
+}
+
+/// One pass over the pinned assured table in `dir`: returns how many entries it deleted.
+pub fn sweep(dir: &Path) -> Result<usize, DatapathError> {
+    let name = MAP_CT_ASSURED;
+    let err = |source| DatapathError::Map { name, source };
+    let mut map: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(open_pinned(dir, name)?).map_err(err)?;
+    // Bounded by the table's size (48 + 16 bytes an entry).
+    let mut entries = std::collections::HashMap::new();
+    for kv in map.iter() {
+        let (k, v) = kv.map_err(err)?;
+        entries.insert(k, v);
+    }
+    let gone = expired(&entries, crate::list::monotonic_coarse_ns());
+    for k in &gone {
+        // Already gone (the datapath started the flow over) is fine.
+        let _ = map.remove(k);
+    }
+    Ok(gone.len())
+}
+
+/// Runs [`sweep`] every [`INTERVAL`] on a thread of its own until `stop`.
+pub fn spawn(dir: PathBuf, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("xlb-ct-gc".into())
+        .spawn(move || {
+            let mut waited = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                waited += Duration::from_millis(200);
+                if waited < INTERVAL {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                match sweep(&dir) {
+                    Ok(0) => {}
+                    Ok(n) => debug!(
+                        deleted = n,
+                        "assured conntrack: flows that are over deleted"
+                    ),
+                    Err(e) => warn!("assured conntrack collector: {e}"),
+                }
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_common::IPPROTO_TCP;
+
+    use super::*;
+
+    fn flow(now: u64, idle_s: u64, fwd_flags: u16, reply_flags: u16) -> [(CtKey, CtValue); 2] {
+        let k = CtKey {
+            saddr_be: 1,
+            daddr_be: 2,
+            sport_be: 3,
+            dport_be: 4,
+            proto: IPPROTO_TCP,
+            dir: CT_DIR_FORWARD,
+            _pad: 0,
+        };
+        let last = now - idle_s * SECOND;
+        let fwd = CtValue {
+            saddr_be: 1,
+            daddr_be: 9,
+            sport_be: 3,
+            dport_be: 8,
+            flags: fwd_flags,
+            last_seen_ns: last,
+            ..Default::default()
+        };
+        let rk = reply_key(&k, &fwd);
+        let reply = CtValue {
+            saddr_be: 2,
+            daddr_be: 1,
+            sport_be: 4,
+            dport_be: 3,
+            flags: reply_flags,
+            last_seen_ns: last,
+            ..Default::default()
+        };
+        [(k, fwd), (rk, reply)]
+    }
+
+    const NOW: u64 = 100_000 * SECOND;
+
+    #[test]
+    fn an_open_tcp_flow_stays_a_day_and_a_closed_one_ten_seconds() {
+        let table = |f: [(CtKey, CtValue); 2]| f.into_iter().collect();
+        assert!(expired(&table(flow(NOW, 3600, 0, 0)), NOW).is_empty());
+        assert_eq!(expired(&table(flow(NOW, 24 * 3600, 0, 0)), NOW).len(), 2);
+        assert!(expired(&table(flow(NOW, 5, CT_F_CLOSING, CT_F_CLOSING)), NOW).is_empty());
+        assert_eq!(
+            expired(&table(flow(NOW, 11, CT_F_CLOSING, CT_F_CLOSING)), NOW).len(),
+            2
+        );
+        assert_eq!(expired(&table(flow(NOW, 11, 0, CT_F_RESET)), NOW).len(), 2);
+        // Half closed: the other side may still stream.
+        assert!(expired(&table(flow(NOW, 600, CT_F_CLOSING, 0)), NOW).is_empty());
+    }
+
+    #[test]
+    fn a_udp_flow_goes_after_two_minutes_idle() {
+        let mut f = flow(NOW, 119, 0, 0);
+        for (k, _) in &mut f {
+            k.proto = IPPROTO_UDP;
+        }
+        let t: std::collections::HashMap<_, _> = f.into_iter().collect();
+        assert!(expired(&t, NOW).is_empty());
+        assert_eq!(expired(&t, NOW + SECOND).len(), 2);
+    }
+
+    #[test]
+    fn a_reply_entry_without_its_forward_entry_goes_once_idle() {
+        let [_, (rk, reply)] = flow(NOW, 11, 0, 0);
+        let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
+        assert_eq!(expired(&t, NOW), vec![rk]);
+        let [_, (rk, reply)] = flow(NOW, 2, 0, 0);
+        let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
+        assert!(expired(&t, NOW).is_empty(), "it may be a flow being moved");
+    }
+}

@@ -1,0 +1,212 @@
+//! A flood of new flows against a small conntrack: flows that were answered and went on
+//! (assured) are out of the LRU table's reach, as the kernel's conntrack never early-drops
+//! an assured flow; what the flood could not keep is counted, and the agent collects the
+//! flood's closed flows afterwards.
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader, Write},
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use xlb_tests::{
+    client::tcp_request,
+    datapath::reason_counts,
+    require_root,
+    scenario::{Scenario, TCP_PORT, sock},
+    services::service_yaml,
+    topology::pod_ip,
+};
+
+const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const TIMEOUT: Duration = Duration::from_secs(2);
+/// Conntrack flows (`--conntrack-min`, with `--conntrack-max-per-core 0`): 256 entries in
+/// each table.
+const CAPACITY_FLOWS: usize = 128;
+const LONG_FLOWS: usize = 20;
+/// New connections in the flood: 10× the table's entries (20× its flows).
+const FLOOD: usize = 10 * 2 * CAPACITY_FLOWS;
+const FLOOD_THREADS: usize = 4;
+
+/// One line on a long-lived connection; the backend that answered.
+fn ask(c: &mut TcpStream) -> Result<String, String> {
+    c.write_all(b"hello\n").map_err(|e| format!("send: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&*c)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    line.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("connection closed: {line:?}"))
+}
+
+#[test]
+fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
+    const NAME: &str = "a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone";
+    if !require_root(NAME) {
+        return;
+    }
+    let backends: Vec<Ipv4Addr> = (2..6).map(pod_ip).collect();
+    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &backends);
+    let min = CAPACITY_FLOWS.to_string();
+    let mut s = Scenario::start_with(
+        "xcf",
+        backends.len(),
+        &yaml,
+        &["--conntrack-min", &min, "--conntrack-max-per-core", "0"],
+    )
+    .expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", backends.len(), Duration::from_secs(10))
+        .expect("initial sync");
+
+    // 20 long-lived connections, each asked once: answered and continued, so assured.
+    let (mut long, first): (Vec<TcpStream>, Vec<String>) = s
+        .topo
+        .client
+        .ns
+        .run(|| -> Result<_, String> {
+            let (mut long, mut first) = (Vec::new(), Vec::new());
+            for _ in 0..LONG_FLOWS {
+                let mut c = TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
+                    .map_err(|e| format!("connect: {e}"))?;
+                c.set_read_timeout(Some(TIMEOUT))
+                    .map_err(|e| e.to_string())?;
+                first.push(ask(&mut c)?);
+                long.push(c);
+            }
+            Ok((long, first))
+        })
+        .expect("client thread")
+        .expect("long-lived connections");
+    assert!(
+        first.iter().collect::<BTreeSet<_>>().len() > 1,
+        "the long flows should spread over the backends (else a lost entry would not show): {first:?}"
+    );
+    let locals: BTreeSet<String> = long
+        .iter()
+        .map(|c| c.local_addr().expect("local address").to_string())
+        .collect();
+    let assured = |s: &Scenario| -> BTreeSet<String> {
+        lb_userspace::list::conntrack(&s.agent.pins)
+            .expect("list conntrack")
+            .into_iter()
+            .filter(|r| r.assured && locals.contains(&r.client))
+            .map(|r| r.client)
+            .collect()
+    };
+    assert_eq!(assured(&s).len(), LONG_FLOWS, "every long flow is assured");
+    let before = reason_counts(&s.agent.pins);
+
+    // The flood: short connections from the same pod, as fast as they go, while the long
+    // flows keep talking.
+    let done = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let flood = {
+        let (done, answered, failed) = (done.clone(), answered.clone(), failed.clone());
+        s.topo.client.ns.spawn(move || {
+            let workers: Vec<_> = (0..FLOOD_THREADS)
+                .map(|_| {
+                    let (answered, failed) = (answered.clone(), failed.clone());
+                    // Threads started here inherit this thread's network namespace.
+                    std::thread::spawn(move || {
+                        for _ in 0..FLOOD / FLOOD_THREADS {
+                            match tcp_request(sock(WEB, 80), Duration::from_millis(500)) {
+                                Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
+                                Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                            };
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                let _ = w.join();
+            }
+            done.store(true, Ordering::Relaxed);
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rounds = 0;
+    while !done.load(Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "the flood did not finish");
+        for (i, c) in long.iter_mut().enumerate() {
+            let got = ask(c).unwrap_or_else(|e| {
+                panic!("long flow {i} broke during the flood (round {rounds}): {e}")
+            });
+            assert_eq!(got, first[i], "long flow {i} moved to another backend");
+        }
+        rounds += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    flood
+        .join()
+        .expect("flood thread")
+        .expect("flood namespace");
+    let (answered, failed) = (
+        answered.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    );
+    assert_eq!(answered + failed, FLOOD);
+    assert!(
+        answered > 2 * CAPACITY_FLOWS,
+        "the flood ran: {answered} answered"
+    );
+
+    for (i, c) in long.iter_mut().enumerate() {
+        assert_eq!(ask(c).expect("long flow after the flood"), first[i]);
+    }
+    assert_eq!(
+        assured(&s).len(),
+        LONG_FLOWS,
+        "every long flow still has its assured entries"
+    );
+    let after = reason_counts(&s.agent.pins);
+    let delta = |r: &str| after[r] - before[r];
+    assert!(
+        delta("ct_assured_full") > 0,
+        "the flood filled the assured table, and that was counted: {after:?}"
+    );
+    assert!(
+        delta("new_flow") >= answered as u64,
+        "each answered flood connection was a new flow"
+    );
+    eprintln!(
+        "{NAME}: {rounds} rounds of the long flows during the flood; flood {answered} answered, \
+         {failed} failed; ct_assured_full +{}, ct_miss +{}",
+        delta("ct_assured_full"),
+        delta("ct_miss")
+    );
+    // The agent deletes the flood's closed flows (idle 10 s, looked at every 5 s) and keeps
+    // the long ones: the assured table does not fill for good.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+        let assured_rows = rows.iter().filter(|r| r.assured).count();
+        if assured_rows == LONG_FLOWS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{assured_rows} assured flows 30 s after the flood (only the {LONG_FLOWS} long ones should remain)"
+        );
+        for (i, c) in long.iter_mut().enumerate() {
+            assert_eq!(ask(c).expect("long flow while collecting"), first[i]);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(assured(&s).len(), LONG_FLOWS);
+    // New connections still work once the flood is over.
+    let later = s
+        .topo
+        .client
+        .ns
+        .run(|| tcp_request(SocketAddr::from((WEB, 80)), TIMEOUT))
+        .expect("client thread");
+    later.expect("a new connection after the flood");
+}
