@@ -386,13 +386,29 @@ impl State {
                 for why in &loaded.ignored {
                     debug!("ignored: {why}");
                 }
-                let changes = events::diff(&self.model, &loaded.model);
-                if !self.ready {
-                    self.full = true;
-                }
-                self.ready = true;
                 self.dirty.get_or_insert(since);
-                for e in changes {
+                if !self.ready || self.model == Model::default() {
+                    // The first state: taken whole, computed in full.
+                    self.ready = true;
+                    self.full = true;
+                    self.model = loaded.model;
+                    self.queued.0 += self.model.services.len() as u64;
+                    self.queued.1 += self
+                        .model
+                        .slices
+                        .values()
+                        .map(|s| s.len() as u64)
+                        .sum::<u64>();
+                    self.health_checked = self
+                        .model
+                        .services
+                        .iter()
+                        .filter(|(_, s)| s.health_check_node_port.is_some())
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    return None;
+                }
+                for e in events::diff(&self.model, &loaded.model) {
                     self.apply(e, since);
                 }
             }
