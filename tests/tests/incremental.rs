@@ -286,6 +286,10 @@ proptest! {
             };
             let inc = engine.desired().clone();
             consistent(&inc);
+            prop_assert_eq!(
+                engine.frontends(),
+                inc.services.keys().filter(|k| k.slot == 0).count()
+            );
             let (want, want_errors) = desired::compute_on(&model, &ctx, &mut Ids::default(), limits);
             prop_assert_eq!(canonical(&inc), canonical(&want));
             let mut got_errors: Vec<String> = engine.problems().map(|e| e.to_string()).collect();

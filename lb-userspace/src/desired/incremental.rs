@@ -61,6 +61,8 @@ pub struct Incremental {
     backend_refs: BTreeMap<u32, usize>,
     /// Filter bit → frontends and backends with an address in it.
     filter_refs: BTreeMap<u32, usize>,
+    /// Frontend entries placed (slot 0, either scope).
+    frontends: usize,
 }
 
 impl Incremental {
@@ -76,7 +78,7 @@ impl Incremental {
 
     /// How many frontend entries (slot 0, either scope) the desired state has.
     pub fn frontends(&self) -> usize {
-        self.placed.values().flatten().count()
+        self.frontends
     }
 
     /// Every problem of every service, in service order.
@@ -169,6 +171,7 @@ impl Incremental {
         self.waiting.retain(|_, w| !w.is_empty());
         let mut released = Vec::new();
         for p in self.placed.remove(id).unwrap_or_default() {
+            self.frontends -= 1;
             self.touch_placed(&p, touched, backends_seen);
             for k in &p.entries {
                 let Some(v) = self.desired.services.remove(k) else {
@@ -325,6 +328,7 @@ impl Incremental {
         if key.scope == SCOPE_EXTERNAL {
             self.owners.insert(key, (id.clone(), object));
         }
+        self.frontends += 1;
         self.placed.entry(id.clone()).or_default().push(placed);
         None
     }

@@ -2,7 +2,11 @@
 //! added, changed or gone), or the whole state when a source (re)lists; applied to the
 //! agent's model in place.
 
-use std::time::Instant;
+use std::{
+    collections::BTreeMap,
+    hash::{BuildHasher, Hash, RandomState},
+    time::Instant,
+};
 
 use super::{SourceError, file::Loaded};
 use crate::model::{EndpointSlice, Model, Service, ServiceRef};
@@ -152,6 +156,84 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
     out
 }
 
+/// A model's objects by name, each with a 128-bit digest of its contents: what a source
+/// keeps of its last read to diff the next one against, at a fraction of the model's size.
+#[derive(Debug, Default)]
+pub struct Digest {
+    services: BTreeMap<ServiceRef, u128>,
+    slices: BTreeMap<(ServiceRef, String), u128>,
+    keys: (RandomState, RandomState),
+}
+
+impl Digest {
+    /// The digest of `model`.
+    pub fn of(model: &Model) -> Self {
+        let mut d = Digest::default();
+        d.services = model
+            .services
+            .iter()
+            .map(|(id, s)| (id.clone(), d.hash(s)))
+            .collect();
+        d.slices = model
+            .slices
+            .iter()
+            .flat_map(|(svc, slices)| slices.iter().map(move |(n, s)| (svc, n, s)))
+            .map(|(svc, n, s)| ((svc.clone(), n.clone()), d.hash(s)))
+            .collect();
+        d
+    }
+
+    /// Two independent SipHashes, so a changed object passing for unchanged is out of reach.
+    fn hash(&self, x: &impl Hash) -> u128 {
+        let a = self.keys.0.hash_one(x);
+        let b = self.keys.1.hash_one(x);
+        (u128::from(a) << 64) | u128::from(b)
+    }
+
+    /// The object events that take what this digest describes to `new`, and the digest of
+    /// `new` in place of this one.
+    pub fn diff(&mut self, new: &Model) -> Vec<Event> {
+        let mut out = Vec::new();
+        let mut services = BTreeMap::new();
+        for (id, svc) in &new.services {
+            let h = self.hash(svc);
+            if self.services.remove(id) != Some(h) {
+                out.push(Event::Service {
+                    id: id.clone(),
+                    service: Some(Box::new(svc.clone())),
+                });
+            }
+            services.insert(id.clone(), h);
+        }
+        for id in std::mem::replace(&mut self.services, services).into_keys() {
+            out.push(Event::Service { id, service: None });
+        }
+        let mut slices = BTreeMap::new();
+        for (svc, named) in &new.slices {
+            for (name, s) in named {
+                let key = (svc.clone(), name.clone());
+                let h = self.hash(s);
+                if self.slices.remove(&key) != Some(h) {
+                    out.push(Event::Slice {
+                        service: svc.clone(),
+                        name: name.clone(),
+                        slice: Some(Box::new(s.clone())),
+                    });
+                }
+                slices.insert(key, h);
+            }
+        }
+        for (service, name) in std::mem::replace(&mut self.slices, slices).into_keys() {
+            out.push(Event::Slice {
+                service,
+                name,
+                slice: None,
+            });
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,5 +270,25 @@ mod tests {
         for e in diff(&old, &new) {
             assert!(apply(&mut m, e).is_none());
         }
+    }
+
+    #[test]
+    fn a_digest_diffs_as_the_models_do() {
+        let old = file::parse("t", TWO).expect("parse").model;
+        let text = TWO
+            .replace("10.96.0.2", "10.96.0.3")
+            .replace("10.244.0.1", "10.244.0.9");
+        let new = file::parse("t", &text).expect("parse").model;
+        let mut d = Digest::of(&old);
+        let mut m = old.clone();
+        let events = d.diff(&new);
+        assert_eq!(events.len(), 2, "{events:?}");
+        for e in events {
+            apply(&mut m, e);
+        }
+        assert_eq!(m, new);
+        assert!(d.diff(&new).is_empty(), "the digest is of `new` now");
+        let events = d.diff(&Model::default());
+        assert_eq!(events.len(), 3, "every object goes: {events:?}");
     }
 }

@@ -274,8 +274,8 @@ fn inotify(
 /// Re-reads the file and turns what changed into events.
 struct Reader {
     watch: FileWatch,
-    /// The last good read (`None` before the first).
-    last: Option<Model>,
+    /// The digest of the last good read (`None` before the first).
+    last: Option<events::Digest>,
     /// The last read's object errors (reported again only when they change).
     last_errors: Vec<String>,
     reported_missing: bool,
@@ -311,8 +311,8 @@ impl Reader {
         let mut out = Vec::new();
         let fresh_errors = errors != self.last_errors;
         self.last_errors = errors;
-        let Some(last) = &self.last else {
-            self.last = Some(loaded.model.clone());
+        let Some(last) = &mut self.last else {
+            self.last = Some(events::Digest::of(&loaded.model));
             return vec![Timed {
                 event: Event::Replace(Box::new(loaded)),
                 since,
@@ -325,11 +325,10 @@ impl Reader {
             }));
         }
         out.extend(
-            events::diff(last, &loaded.model)
+            last.diff(&loaded.model)
                 .into_iter()
                 .map(|event| Timed { event, since }),
         );
-        self.last = Some(loaded.model);
         out
     }
 }
