@@ -1,13 +1,15 @@
 //! Session affinity (sessionAffinity: ClientIP): a client keeps the backend of its previous
 //! connection to a service until `affinity_timeout_s` passes since its last packet.
 
-use lb_common::{AffinityKey, AffinityValue, Backend, FAMILY_NETNS, FAMILY_V4, SvcValue};
+use lb_common::{
+    AffinityKey, AffinityValue, Backend, FAMILY_NETNS, FAMILY_V4, FAMILY_V6, SvcValue,
+};
 
 use crate::{
     clock,
     maps::XLB_AFF_V2,
     parse::Tuple,
-    select::{Frontend, backend, slot},
+    select::{Keyed, backend, slot},
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -36,6 +38,16 @@ impl Client {
         }
     }
 
+    /// An IPv6 address (network order), folded to two words: two clients that fold alike
+    /// share an affinity entry (they keep one backend between them), nothing worse.
+    #[inline(always)]
+    pub fn addr6(addr_be: [u32; 4]) -> Self {
+        Self {
+            words: [addr_be[0] ^ addr_be[2], addr_be[1] ^ addr_be[3]],
+            family: FAMILY_V6,
+        }
+    }
+
     /// A network namespace, by its cookie.
     #[inline(always)]
     pub fn netns(cookie: u64) -> Self {
@@ -60,7 +72,7 @@ fn key(client: &Client, svc_id: u32) -> AffinityKey {
 /// The client's remembered backend, if affinity is on, it has not expired, and the backend is
 /// still in the slot of `f` it was chosen from.
 #[inline(always)]
-pub fn lookup(f: &Frontend, client: &Client, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
+pub fn lookup<F: Keyed>(f: &F, client: &Client, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
     if svc.affinity_timeout_s == 0 {
         return None;
     }

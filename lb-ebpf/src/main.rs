@@ -73,26 +73,50 @@ pub fn xlb_xdp(ctx: XdpContext) -> u32 {
 /// (see `sock.rs`); refused at once when the frontend has no endpoints.
 #[cgroup_sock_addr(connect4)]
 pub fn xlb_connect4(ctx: SockAddrContext) -> i32 {
-    sock::forward(&ctx, false)
+    sock::forward::<sock::V4>(&ctx, false)
 }
 
 /// cgroup sendmsg4: an unconnected UDP datagram to a frontend goes to a backend.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn xlb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::forward(&ctx, true)
+    sock::forward::<sock::V4>(&ctx, true)
 }
 
 /// cgroup recvmsg4: a datagram from a backend a socket was sent to shows the frontend.
 #[cgroup_sock_addr(recvmsg4)]
 pub fn xlb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse::<sock::V4>(&ctx)
 }
 
 /// cgroup getpeername4: a socket connected to a backend through a frontend shows the
 /// frontend as its peer.
 #[cgroup_sock_addr(getpeername4)]
 pub fn xlb_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse::<sock::V4>(&ctx)
+}
+
+/// cgroup connect6: as connect4, for IPv6 frontends.
+#[cgroup_sock_addr(connect6)]
+pub fn xlb_connect6(ctx: SockAddrContext) -> i32 {
+    sock::forward::<sock::V6>(&ctx, false)
+}
+
+/// cgroup sendmsg6: as sendmsg4, for IPv6 frontends.
+#[cgroup_sock_addr(sendmsg6)]
+pub fn xlb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::forward::<sock::V6>(&ctx, true)
+}
+
+/// cgroup recvmsg6: as recvmsg4, for IPv6.
+#[cgroup_sock_addr(recvmsg6)]
+pub fn xlb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::reverse::<sock::V6>(&ctx)
+}
+
+/// cgroup getpeername6: as getpeername4, for IPv6.
+#[cgroup_sock_addr(getpeername6)]
+pub fn xlb_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::reverse::<sock::V6>(&ctx)
 }
 
 /// Bench-only floor: passes every packet untouched, reads no map and counts nothing.

@@ -4,7 +4,9 @@
 //! the agent decided when it wrote the slots.
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
-use lb_common::{Backend, FAMILY_V4, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL, SvcKey, SvcValue};
+use lb_common::{
+    Backend, FAMILY_V4, FAMILY_V6, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL, SvcKey, SvcValue,
+};
 
 use crate::{
     affinity::{self, Client},
@@ -35,6 +37,15 @@ impl Frontend {
         }
     }
 
+}
+
+/// A frontend's service-map key for one slot: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`])
+/// frontends share the map, the lookups and the backend choice.
+pub trait Keyed {
+    fn key(&self, slot: u16) -> SvcKey;
+}
+
+impl Keyed for Frontend {
     #[inline(always)]
     fn key(&self, slot: u16) -> SvcKey {
         SvcKey {
@@ -43,6 +54,30 @@ impl Frontend {
             slot,
             proto: self.proto,
             family: FAMILY_V4,
+            scope: self.scope,
+            _pad: 0,
+        }
+    }
+}
+
+/// An IPv6 frontend (the socket hooks').
+#[derive(Clone, Copy)]
+pub struct Frontend6 {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    pub scope: u8,
+}
+
+impl Keyed for Frontend6 {
+    #[inline(always)]
+    fn key(&self, slot: u16) -> SvcKey {
+        SvcKey {
+            addr_be: self.addr_be,
+            port_be: self.port_be,
+            slot,
+            proto: self.proto,
+            family: FAMILY_V6,
             scope: self.scope,
             _pad: 0,
         }
@@ -67,7 +102,7 @@ pub fn lookup_service(t: &Tuple) -> Option<&'static SvcValue> {
 
 /// The service entry (slot 0) of `f`, if it is a frontend.
 #[inline(always)]
-pub fn lookup(f: &Frontend) -> Option<&'static SvcValue> {
+pub fn lookup<F: Keyed>(f: &F) -> Option<&'static SvcValue> {
     // SAFETY: the agent replaces values whole; the datapath never writes this map.
     unsafe { XLB_SVC_V2.get(f.key(0)) }
 }
@@ -89,7 +124,7 @@ pub fn backend_is(id: u32, generation: u32) -> bool {
 
 /// The entry of backend slot `slot` of frontend `f`.
 #[inline(always)]
-pub fn slot(f: &Frontend, slot: u16) -> Option<&'static SvcValue> {
+pub fn slot<F: Keyed>(f: &F, slot: u16) -> Option<&'static SvcValue> {
     // SAFETY: read-only here.
     unsafe { XLB_SVC_V2.get(f.key(slot)) }
 }
@@ -97,8 +132,8 @@ pub fn slot(f: &Frontend, slot: u16) -> Option<&'static SvcValue> {
 /// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else one
 /// picked at random. Its id, its slot and the backend.
 #[inline(always)]
-pub fn choose(
-    f: &Frontend,
+pub fn choose<F: Keyed>(
+    f: &F,
     client: &Client,
     svc: &SvcValue,
 ) -> Result<(u32, u16, Backend), Reason> {
@@ -111,7 +146,7 @@ pub fn choose(
 /// Picks a backend uniformly at random among the service's slots (kube-proxy's iptables
 /// mode picks at random too): its id, its slot and the backend.
 #[inline(always)]
-pub fn pick(f: &Frontend, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
+pub fn pick<F: Keyed>(f: &F, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));

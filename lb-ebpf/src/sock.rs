@@ -5,6 +5,9 @@
 //!
 //! The node's own processes (and hostNetwork pods) are only reachable this way: their
 //! packets never cross a tc hook before they are routed.
+//!
+//! IPv4 (`*4` hooks) and IPv6 (`*6` hooks) run the same code, generic over [`Family`]; their
+//! frontends share the service map (keys carry the family).
 
 use aya_ebpf::{
     EbpfContext,
@@ -13,7 +16,7 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use lb_common::{
-    Backend, CFG_F_SOCK_HOST_ONLY, FAMILY_V4, IPPROTO_TCP, IPPROTO_UDP, R_SOCK_PASS, R_SOCK_REJECT,
+    Backend, CFG_F_SOCK_HOST_ONLY, FAMILY_V4, FAMILY_V6, IPPROTO_TCP, IPPROTO_UDP, R_SOCK_PASS, R_SOCK_REJECT,
     R_SOCK_REVNAT, R_SOCK_UNREACH, R_SOCK_XLATE, R_SRC_DENIED, SCOPE_EXTERNAL, SCOPE_INTERNAL,
     SOCK_DIR_FORWARD, SOCK_DIR_REVERSE, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
     SockKey, SockValue, SvcValue,
@@ -23,7 +26,7 @@ use crate::{
     affinity::{self, Client},
     maps::{XLB_CFG_V2, XLB_SOCK_V1},
     reason::{self, Reason},
-    select::{self, Frontend},
+    select::{self, Frontend, Frontend6, Keyed},
     srcrange,
 };
 
@@ -35,11 +38,151 @@ pub const REFUSE: i32 = 0;
 const ECONNREFUSED: i32 = 111;
 const EHOSTUNREACH: i32 = 113;
 
-/// `connect4` / `sendmsg4`: counts the reason; a refusal fails the call at once with
+/// What the hooks need of an address family: where the call's address is, what a frontend
+/// of the family is, who the client is.
+pub trait Family {
+    type Front: Keyed + Copy;
+    const FAMILY: u8;
+    /// The frontend the call names (external scope).
+    fn frontend(sa: &bpf_sock_addr, proto: u8) -> Self::Front;
+    fn scoped(f: &Self::Front, scope: u8) -> Self::Front;
+    fn port_be(f: &Self::Front) -> u16;
+    fn words(f: &Self::Front) -> [u32; 4];
+    /// A loopback frontend (the host's alone).
+    fn loopback(f: &Self::Front) -> bool;
+    /// The socket's bound source address as the affinity client, if it has one.
+    fn bound(sa: &bpf_sock_addr) -> Option<Client>;
+    /// loadBalancerSourceRanges for the call (an unbound socket's source will be a node
+    /// address, which kube-proxy allows when a range holds one: the agent then allows the
+    /// frontend itself).
+    fn allowed(sa: &bpf_sock_addr, f: &Self::Front, svc_id: u32) -> bool;
+    /// The call's address as the socket map keys it.
+    fn user(sa: &bpf_sock_addr) -> [u32; 4];
+    /// Points the call at `addr_be`:`port_be`.
+    fn set_user(sa: &mut bpf_sock_addr, addr_be: &[u32; 4], port_be: u16);
+}
+
+/// The `*4` hooks.
+pub struct V4;
+
+impl Family for V4 {
+    type Front = Frontend;
+    const FAMILY: u8 = FAMILY_V4;
+    #[inline(always)]
+    fn frontend(sa: &bpf_sock_addr, proto: u8) -> Frontend {
+        Frontend {
+            addr_be: sa.user_ip4,
+            port_be: sa.user_port as u16,
+            proto,
+            scope: SCOPE_EXTERNAL,
+        }
+    }
+    #[inline(always)]
+    fn scoped(f: &Frontend, scope: u8) -> Frontend {
+        Frontend { scope, ..*f }
+    }
+    #[inline(always)]
+    fn port_be(f: &Frontend) -> u16 {
+        f.port_be
+    }
+    #[inline(always)]
+    fn words(f: &Frontend) -> [u32; 4] {
+        [f.addr_be, 0, 0, 0]
+    }
+    #[inline(always)]
+    fn loopback(f: &Frontend) -> bool {
+        select::is_loopback(f.addr_be)
+    }
+    #[inline(always)]
+    fn bound(sa: &bpf_sock_addr) -> Option<Client> {
+        // SAFETY: `sk` is the socket the call is made on, valid for the program run.
+        let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
+        (src != 0).then(|| Client::addr(src))
+    }
+    #[inline(always)]
+    fn allowed(sa: &bpf_sock_addr, f: &Frontend, svc_id: u32) -> bool {
+        // SAFETY: as in `bound`.
+        let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
+        srcrange::allowed(svc_id, if src != 0 { src } else { f.addr_be })
+    }
+    #[inline(always)]
+    fn user(sa: &bpf_sock_addr) -> [u32; 4] {
+        [sa.user_ip4, 0, 0, 0]
+    }
+    #[inline(always)]
+    fn set_user(sa: &mut bpf_sock_addr, addr_be: &[u32; 4], port_be: u16) {
+        sa.user_ip4 = addr_be[0];
+        sa.user_port = port_be as u32;
+    }
+}
+
+/// The `*6` hooks.
+pub struct V6;
+
+impl Family for V6 {
+    type Front = Frontend6;
+    const FAMILY: u8 = FAMILY_V6;
+    #[inline(always)]
+    fn frontend(sa: &bpf_sock_addr, proto: u8) -> Frontend6 {
+        Frontend6 {
+            addr_be: Self::user(sa),
+            port_be: sa.user_port as u16,
+            proto,
+            scope: SCOPE_EXTERNAL,
+        }
+    }
+    #[inline(always)]
+    fn scoped(f: &Frontend6, scope: u8) -> Frontend6 {
+        Frontend6 { scope, ..*f }
+    }
+    #[inline(always)]
+    fn port_be(f: &Frontend6) -> u16 {
+        f.port_be
+    }
+    #[inline(always)]
+    fn words(f: &Frontend6) -> [u32; 4] {
+        f.addr_be
+    }
+    #[inline(always)]
+    fn loopback(f: &Frontend6) -> bool {
+        f.addr_be == [0, 0, 0, 1u32.to_be()]
+    }
+    #[inline(always)]
+    fn bound(sa: &bpf_sock_addr) -> Option<Client> {
+        // SAFETY: as for IPv4.
+        let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
+        (src != [0; 4]).then(|| Client::addr6(src))
+    }
+    #[inline(always)]
+    fn allowed(_sa: &bpf_sock_addr, _f: &Frontend6, _svc_id: u32) -> bool {
+        // IPv6 source ranges are not programmed: the agent leaves such frontends out.
+        false
+    }
+    #[inline(always)]
+    fn user(sa: &bpf_sock_addr) -> [u32; 4] {
+        // Word by word: the context allows 4-byte accesses to user_ip6.
+        [
+            sa.user_ip6[0],
+            sa.user_ip6[1],
+            sa.user_ip6[2],
+            sa.user_ip6[3],
+        ]
+    }
+    #[inline(always)]
+    fn set_user(sa: &mut bpf_sock_addr, addr_be: &[u32; 4], port_be: u16) {
+        sa.user_ip6[0] = addr_be[0];
+        sa.user_ip6[1] = addr_be[1];
+        sa.user_ip6[2] = addr_be[2];
+        sa.user_ip6[3] = addr_be[3];
+        sa.user_port = port_be as u32;
+    }
+}
+
+/// `connect` / `sendmsg`: counts the reason; a refusal fails the call at once with
 /// ECONNREFUSED (no endpoints) or EHOSTUNREACH (dropped by policy: a socket cannot wait).
 #[inline(always)]
-pub fn forward(ctx: &SockAddrContext, sendmsg: bool) -> i32 {
-    match try_forward(ctx, sendmsg) {
+pub fn forward<F: Family>(ctx: &SockAddrContext, sendmsg: bool) -> i32 {
+    match try_forward::<F>(ctx, sendmsg) {
         Ok(reason) => {
             reason.count(0);
             ALLOW
@@ -58,10 +201,10 @@ pub fn forward(ctx: &SockAddrContext, sendmsg: bool) -> i32 {
     }
 }
 
-/// `recvmsg4` / `getpeername4`: counts the reason; these hooks cannot refuse.
+/// `recvmsg` / `getpeername`: counts the reason; these hooks cannot refuse.
 #[inline(always)]
-pub fn reverse(ctx: &SockAddrContext) -> i32 {
-    try_reverse(ctx).count(0);
+pub fn reverse<F: Family>(ctx: &SockAddrContext) -> i32 {
+    try_reverse::<F>(ctx).count(0);
     ALLOW
 }
 
@@ -82,13 +225,10 @@ fn proto(sa: &bpf_sock_addr) -> Option<u8> {
 
 /// The frontend's entry the socket hooks use: its internal scope when it has one.
 #[inline(always)]
-fn service(f: Frontend) -> Option<(Frontend, &'static SvcValue)> {
+fn service<F: Family>(f: F::Front) -> Option<(F::Front, &'static SvcValue)> {
     let svc = select::lookup(&f)?;
     if svc.flags & SVC_F_TWO_SCOPES != 0 {
-        let inner = Frontend {
-            scope: SCOPE_INTERNAL,
-            ..f
-        };
+        let inner = F::scoped(&f, SCOPE_INTERNAL);
         if let Some(s) = select::lookup(&inner) {
             return Some((inner, s));
         }
@@ -112,12 +252,12 @@ fn in_scope(ctx: &SockAddrContext, loopback: bool) -> bool {
 }
 
 #[inline(always)]
-fn key(cookie: u64, addr_be: u32, port_be: u16, proto: u8, dir: u8) -> SockKey {
+fn key<F: Family>(cookie: u64, addr_be: [u32; 4], port_be: u16, proto: u8, dir: u8) -> SockKey {
     SockKey {
         cookie,
-        addr_be: [addr_be, 0, 0, 0],
+        addr_be,
         port_be,
-        family: FAMILY_V4,
+        family: F::FAMILY,
         dir,
         proto,
         _pad0: 0,
@@ -126,36 +266,22 @@ fn key(cookie: u64, addr_be: u32, port_be: u16, proto: u8, dir: u8) -> SockKey {
 }
 
 #[inline(always)]
-fn try_forward(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
+fn try_forward<F: Family>(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
     let sa = addr(ctx);
     let Some(proto) = proto(sa) else {
         return Ok(Reason(R_SOCK_PASS));
     };
-    let f = Frontend {
-        addr_be: sa.user_ip4,
-        port_be: sa.user_port as u16,
-        proto,
-        scope: SCOPE_EXTERNAL,
-    };
-    let Some((f, svc)) = service(f) else {
+    let Some((f, svc)) = service::<F>(F::frontend(sa, proto)) else {
         return Ok(Reason(R_SOCK_PASS));
     };
-    if !in_scope(ctx, select::is_loopback(f.addr_be)) {
+    if !in_scope(ctx, F::loopback(&f)) {
         return Ok(Reason(R_SOCK_PASS));
     }
-    // SAFETY: `sk` is the socket the call is made on, valid for the program run.
-    let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
-    let client = if src != 0 {
-        Client::addr(src)
-    } else {
+    let client = F::bound(sa).unwrap_or_else(|| {
         // SAFETY: helper reading the context's namespace.
         Client::netns(unsafe { bpf_get_netns_cookie(ctx.as_ptr()) })
-    };
-    // loadBalancerSourceRanges: an unbound socket's source will be a node address, which
-    // kube-proxy allows when a range holds one (the agent then allows the frontend itself).
-    if svc.flags & SVC_F_SRC_RANGES != 0
-        && !srcrange::allowed(svc.svc_id, if src != 0 { src } else { f.addr_be })
-    {
+    });
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !F::allowed(sa, &f, svc.svc_id) {
         return Err(Reason(R_SRC_DENIED));
     }
     if svc.count == 0 {
@@ -168,27 +294,26 @@ fn try_forward(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
     // SAFETY: helper reading the context's socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let (backend_id, be) = if sendmsg {
-        sticky(&f, &client, svc, cookie)?
+        sticky::<F>(&f, &client, svc, cookie, proto)?
     } else {
         let (id, slot, be) = select::choose(&f, &client, svc)?;
         affinity::remember(&client, svc, id, slot, be.generation);
         (id, be)
     };
     let back = SockValue {
-        addr_be: [f.addr_be, 0, 0, 0],
-        port_be: f.port_be,
+        addr_be: F::words(&f),
+        port_be: F::port_be(&f),
         slot: 0,
         id: svc.svc_id,
     };
     // An LRU insert only fails under memory pressure; the socket then sees the backend's
     // address in recvmsg()/getpeername().
     let _ = XLB_SOCK_V1.insert(
-        &key(cookie, be.addr_be[0], be.port_be, proto, SOCK_DIR_REVERSE),
+        &key::<F>(cookie, be.addr_be, be.port_be, proto, SOCK_DIR_REVERSE),
         &back,
         0,
     );
-    sa.user_ip4 = be.addr_be[0];
-    sa.user_port = be.port_be as u32;
+    F::set_user(sa, &be.addr_be, be.port_be);
     reason::count_service(svc.svc_id, backend_id, 0);
     Ok(Reason(R_SOCK_XLATE))
 }
@@ -197,20 +322,21 @@ fn try_forward(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason, Reason> {
 /// one went to while that backend stays in its slot (kube-proxy's conntrack keeps such a
 /// flow on one backend too).
 #[inline(always)]
-fn sticky(
-    f: &Frontend,
+fn sticky<F: Family>(
+    f: &F::Front,
     client: &Client,
     svc: &SvcValue,
     cookie: u64,
+    proto: u8,
 ) -> Result<(u32, Backend), Reason> {
-    let k = key(cookie, f.addr_be, f.port_be, f.proto, SOCK_DIR_FORWARD);
+    let k = key::<F>(cookie, F::words(f), F::port_be(f), proto, SOCK_DIR_FORWARD);
     // Still in its slot, and still the same backend there (an index handed to another
     // backend holds another address).
     // SAFETY: the value is copied out at once; entries are replaced whole.
     if let Some(v) = unsafe { XLB_SOCK_V1.get(&k) }
         && select::slot(f, v.slot).is_some_and(|s| s.backend_id == v.id)
         && let Some(be) = select::backend(v.id)
-        && be.addr_be[0] == v.addr_be[0]
+        && be.addr_be == v.addr_be
         && be.port_be == v.port_be
     {
         return Ok((v.id, *be));
@@ -228,16 +354,16 @@ fn sticky(
 }
 
 #[inline(always)]
-fn try_reverse(ctx: &SockAddrContext) -> Reason {
+fn try_reverse<F: Family>(ctx: &SockAddrContext) -> Reason {
     let sa = addr(ctx);
     let Some(proto) = proto(sa) else {
         return Reason(R_SOCK_PASS);
     };
     // SAFETY: helper reading the context's socket.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let k = key(
+    let k = key::<F>(
         cookie,
-        sa.user_ip4,
+        F::user(sa),
         sa.user_port as u16,
         proto,
         SOCK_DIR_REVERSE,
@@ -245,8 +371,7 @@ fn try_reverse(ctx: &SockAddrContext) -> Reason {
     // SAFETY: as in `sticky`.
     match unsafe { XLB_SOCK_V1.get(&k) } {
         Some(v) => {
-            sa.user_ip4 = v.addr_be[0];
-            sa.user_port = v.port_be as u32;
+            F::set_user(sa, &v.addr_be, v.port_be);
             Reason(R_SOCK_REVNAT)
         }
         None => Reason(R_SOCK_PASS),

@@ -20,7 +20,9 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack, fib, filter, flow,
+    conntrack,
+    fib,
+    filter, flow,
     maps::XLB_XDPTX_V1,
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
@@ -114,26 +116,22 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
 /// is not ready (or too small) leaves the packet untouched for tc.
 #[inline(always)]
 fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
-    let Some(route) = fib::lookup(
+    let Some(hop) = fib::hop(
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
         t.proto,
         v.saddr_be,
         v.daddr_be,
         t.tot_len,
-        true,
     ) else {
         return pass(R_PASS);
     };
-    if route.too_big != 0 {
-        return pass(R_PASS);
-    }
     let ttl = read_ttl(ctx, t)?;
     if ttl <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    let (ifindex, smac, dmac) = (route.ifindex, route.smac, route.dmac);
+    let (ifindex, smac, dmac) = (hop.out_ifindex, hop.smac, hop.dmac);
     nat::apply(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {

@@ -11,29 +11,6 @@ pub struct Removed {
     pub maps: Vec<String>,
 }
 
-/// The kernel id of the link pinned at `path`.
-fn link_id(path: &Path) -> Option<u32> {
-    let link = aya::programs::links::PinnedLink::from_pin(path).ok()?;
-    let fd: aya::programs::links::FdLink = link.into();
-    fd.info().ok().map(|i| i.id())
-}
-
-/// Waits (up to 2 s) until the kernel has released the links `ids`: a link whose last
-/// reference goes is freed from a workqueue, a moment later. When cleanup returns, nothing
-/// of the datapath runs any more.
-fn wait_detached(ids: &[u32]) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        let live = aya::programs::loaded_links()
-            .flatten()
-            .any(|l| ids.contains(&l.id()));
-        if !live {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// Unpins every link and map under `dir` and removes the directory.
 pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
     let mut removed = Removed::default();
@@ -43,14 +20,14 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
     let mut ids = Vec::new();
     if let Ok(entries) = std::fs::read_dir(dir.join("links")) {
         for e in entries.flatten() {
-            ids.extend(link_id(&e.path()));
+            ids.extend(crate::datapath::links::pinned_link_id(&e.path()));
             std::fs::remove_file(e.path())?;
             removed
                 .links
                 .push(e.file_name().to_string_lossy().into_owned());
         }
     }
-    wait_detached(&ids);
+    crate::datapath::links::wait_released(&ids);
     let _ = std::fs::remove_dir(dir.join("links"));
     for m in ALL_MAPS {
         let p = dir.join(m);

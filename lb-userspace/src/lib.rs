@@ -1,16 +1,15 @@
 //! xlb's agent: sources → model → desired maps → pinned BPF maps, and the tools around them.
 //!
-//! One way in (the model), several ways out (the map writer, the emitters, `xlb list`, `xlb compare`).
+//! One way in (the model), several ways out (the map writer, the emitters, `xlb list`).
+//! Test and comparison scaffolding (labs, `xlb-probe`, `xlb-compare`) lives in `xlb-lab`.
 
 pub mod agent;
 pub mod cleanup;
-pub mod compare;
 pub mod config;
 pub mod datapath;
 pub mod desired;
 pub mod emit;
 pub mod glob;
-pub mod lab;
 pub mod list;
 pub mod model;
 pub mod netif;

@@ -5,16 +5,16 @@
 //! Everything here builds its own namespaces with names unique to the run and removes them on
 //! drop, on success and on failure. Nothing touches the root namespace's interfaces.
 
-pub use lb_userspace::lab::{cgroup, client, echo, netns, topology};
+pub use xlb_lab::{cgroup, client, echo, netns, probe, topology};
 
 pub mod agent;
 pub mod apiserver;
 pub mod capture;
 pub mod datapath;
 pub mod prev_layout;
-pub mod probe;
 pub mod scenario;
 pub mod services;
+pub mod suites;
 pub mod twonode;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -88,8 +88,15 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
     ] {
         std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
     }
-    const NO_PREALLOC: u32 = 1;
-    let size = std::mem::size_of::<u32>();
+    write_services(dir, &state)?;
+    write_backends(dir, &state)?;
+    write_flows(dir, &flows)?;
+    create_empty(dir)?;
+    Ok(flows.len())
+}
+
+/// The previous layout's service map, with the previous layout's ids.
+fn write_services(dir: &Path, state: &lb_userspace::desired::Desired) -> Result<(), String> {
     let svc = create(
         dir,
         prev::MAP_SVC,
@@ -112,6 +119,12 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         };
         svc.insert(k, old, 0).map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// The previous layout's backend map (a hash, no slots).
+fn write_backends(dir: &Path, state: &lb_userspace::desired::Desired) -> Result<(), String> {
+    let size = std::mem::size_of::<u32>();
     let be = create(
         dir,
         prev::MAP_BACKEND,
@@ -134,6 +147,11 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         be.insert(id + BACKEND_ID_OFFSET, old, 0)
             .map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// The previous layout's conntrack map (IPv6-wide addresses), holding `flows`.
+fn write_flows(dir: &Path, flows: &[(CtKey, CtValue)]) -> Result<(), String> {
     let old_ct = create(
         dir,
         prev::MAP_CT,
@@ -145,7 +163,7 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
     )?;
     let mut old_ct: HashMap<MapData, prev::CtKey, prev::CtValue> =
         HashMap::try_from(aya::maps::Map::LruHashMap(old_ct)).map_err(|e| e.to_string())?;
-    for (k, v) in &flows {
+    for (k, v) in flows {
         let key = prev::CtKey {
             saddr_be: [k.saddr_be, 0, 0, 0],
             daddr_be: [k.daddr_be, 0, 0, 0],
@@ -170,6 +188,13 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         };
         old_ct.insert(key, value, 0).map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// The previous layout's counter, affinity and source-range maps, empty.
+fn create_empty(dir: &Path) -> Result<(), String> {
+    const NO_PREALLOC: u32 = 1;
+    let size = std::mem::size_of::<u32>();
     for name in ["XLB_SVCSTAT_V1", "XLB_BESTAT_V1"] {
         create(dir, name, kind::PERCPU_HASH, size, 16, 65_536, NO_PREALLOC)?;
     }
@@ -191,5 +216,5 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         16_384,
         NO_PREALLOC,
     )?;
-    Ok(flows.len())
+    Ok(())
 }

@@ -11,12 +11,10 @@ use std::{
     time::Duration,
 };
 
-use lb_userspace::{
+use lb_userspace::{emit::Mode, model::node::NodeSettings, source::file};
+use xlb_lab::{
     compare::{Impl, Installed, LabSpec, install},
-    emit::Mode,
-    lab::topology::Topology,
-    model::node::NodeSettings,
-    source::file,
+    topology::Topology,
 };
 use xlb_tests::{
     capture::Capture,

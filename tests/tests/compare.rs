@@ -9,12 +9,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lb_userspace::{
-    compare::{
-        CompareOptions, Flow, Frontend, Impl, Origin, Outcome, Report, compare, outcomes_agree,
-    },
-    emit::Mode,
-    model::Protocol,
+use lb_userspace::{emit::Mode, model::Protocol};
+use xlb_lab::compare::{
+    CompareOptions, Flow, Frontend, Impl, Origin, Outcome, Report, compare, outcomes_agree,
 };
 use xlb_tests::{require_root, unique_tag, xlb_bin};
 

@@ -5,7 +5,6 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream},
     sync::{
         Arc,
@@ -15,7 +14,7 @@ use std::{
 };
 
 use xlb_tests::{
-    client::tcp_request,
+    client::{ask_tcp as ask, tcp_request},
     datapath::reason_counts,
     require_root,
     scenario::{Scenario, TCP_PORT, sock},
@@ -32,19 +31,6 @@ const LONG_FLOWS: usize = 20;
 /// New connections in the flood: 10× the table's entries (20× its flows).
 const FLOOD: usize = 10 * 2 * CAPACITY_FLOWS;
 const FLOOD_THREADS: usize = 4;
-
-/// One line on a long-lived connection; the backend that answered.
-fn ask(c: &mut TcpStream) -> Result<String, String> {
-    c.write_all(b"hello\n").map_err(|e| format!("send: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(&*c)
-        .read_line(&mut line)
-        .map_err(|e| format!("read: {e}"))?;
-    line.split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| format!("connection closed: {line:?}"))
-}
 
 #[test]
 fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {

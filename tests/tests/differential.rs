@@ -8,12 +8,14 @@
 use std::{collections::BTreeSet, fmt::Write as _, time::Instant};
 
 use lb_userspace::{
-    compare::{CompareOptions, Flow, Frontend, Impl, Origin, Outcome, compare, outcomes_agree},
     emit::Mode,
     model::{Protocol, TrafficPolicy},
     source::file,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use xlb_lab::compare::{
+    CompareOptions, Flow, Frontend, Impl, Origin, Outcome, compare, outcomes_agree,
+};
 use xlb_tests::{require_root, unique_tag, xlb_bin};
 
 /// The seeds every run covers.

@@ -62,23 +62,25 @@ pub fn ebpf() -> Result<PathBuf> {
     Ok(obj)
 }
 
-/// Builds the eBPF object, `xlb` and `xlb-probe`; returns the path of `xlb`.
+/// Builds the eBPF object, `xlb`, `xlb-probe` and `xlb-compare`; returns the path of `xlb`.
 pub fn all(release: bool) -> Result<PathBuf> {
     let obj = ebpf()?;
     println!("xtask: building xlb");
     let mut c = Command::new("cargo");
-    // xlb-probe (the client process of the socket-hook tests, the demo and the benches)
-    // lands beside xlb.
+    // xlb-lab's binaries land beside xlb: xlb-probe (the client process of the socket-hook
+    // tests, the demo, xlb-compare and the benches) and xlb-compare.
     c.args([
         "build",
         "--package",
         "lb-userspace",
         "--package",
-        "xlb-tests",
+        "xlb-lab",
         "--bin",
         "xlb",
         "--bin",
         "xlb-probe",
+        "--bin",
+        "xlb-compare",
     ])
     .env("XLB_EBPF_OBJECT", &obj);
     if release {

@@ -88,6 +88,43 @@ fn spread(cg: &Cgroup, ns: &Netns, f: &Frontend) -> Result<String> {
         .join(" "))
 }
 
+/// What the demo built and where to look.
+fn banner(tag: &str, topo: &Topology, services: &Path, pins: &Path, agent: &Agent) {
+    println!("xlb demo");
+    println!("  namespaces : {tag}-node (xlb agent), {tag}-client, {tag}-backend-{{1,2,3}}");
+    println!(
+        "  client pod : {}   backends: {}",
+        topo.client.ip,
+        topo.backends
+            .iter()
+            .map(|b| format!("{} {}", b.name, b.ip))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  services   : {} (edit it: xlb re-reads it within a second)",
+        services.display()
+    );
+    println!(
+        "  pinned maps: {}   e.g. bpftool map dump pinned {}/{}",
+        pins.display(),
+        pins.display(),
+        lb_common::MAP_SVC
+    );
+    println!(
+        "  inspect    : target/debug/xlb list services --bpffs {}",
+        pins.display()
+    );
+    println!("  agent log  : {}", agent.log.display());
+    if let Some(cg) = &agent.cgroup {
+        println!(
+            "  cgroup     : {} (the socket hooks serve the processes in it: bpftool cgroup show {})",
+            cg.path.display(),
+            cg.path.display()
+        );
+    }
+}
+
 pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
     if !xlb_tests::is_root() {
         return Err(anyhow!(
@@ -125,39 +162,7 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
         .wait_for(Duration::from_secs(15), |rows| !rows.is_empty())
         .map_err(|e| anyhow!(e))?;
 
-    println!("xlb demo");
-    println!("  namespaces : {tag}-node (xlb agent), {tag}-client, {tag}-backend-{{1,2,3}}");
-    println!(
-        "  client pod : {}   backends: {}",
-        topo.client.ip,
-        topo.backends
-            .iter()
-            .map(|b| format!("{} {}", b.name, b.ip))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    println!(
-        "  services   : {} (edit it: xlb re-reads it within a second)",
-        services.display()
-    );
-    println!(
-        "  pinned maps: {}   e.g. bpftool map dump pinned {}/{}",
-        pins.display(),
-        pins.display(),
-        lb_common::MAP_SVC
-    );
-    println!(
-        "  inspect    : target/debug/xlb list services --bpffs {}",
-        pins.display()
-    );
-    println!("  agent log  : {}", agent.log.display());
-    if let Some(cg) = &agent.cgroup {
-        println!(
-            "  cgroup     : {} (the socket hooks serve the processes in it: bpftool cgroup show {})",
-            cg.path.display(),
-            cg.path.display()
-        );
-    }
+    banner(&tag, &topo, &services, &pins, &agent);
     println!("  Ctrl-C stops and removes everything.\n");
 
     let started = Instant::now();

@@ -38,7 +38,7 @@ pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Op
     };
     match socket::attach(ebpf, &opts.bpffs, &cgroup) {
         Ok(()) => {
-            info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect4, sendmsg4, recvmsg4, getpeername4; pinned)");
+            info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6; pinned)");
             Some(cgroup)
         }
         Err(e) => {

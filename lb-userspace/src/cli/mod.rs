@@ -2,9 +2,9 @@
 //! file combine in `agent` (and `lb_userspace::config`).
 
 mod agent;
-mod compare;
 mod emit;
 mod list;
+mod proxy;
 
 use std::{
     path::PathBuf,
@@ -30,16 +30,8 @@ enum Command {
     Agent(Box<agent::AgentArgs>),
     List(list::ListArgs),
     Desired(emit::DesiredArgs),
-    Emit(emit::EmitArgs),
-    Proxy(compare::ProxyArgs),
-    Compare(compare::CompareArgs),
-    /// A lab's client process, for `xlb compare` and the benches (the socket hooks serve
-    /// the processes of a cgroup, so their clients must be processes of their own).
-    #[command(hide = true)]
-    Client {
-        #[command(subcommand)]
-        what: compare::ClientCommand,
-    },
+    Emit(Box<emit::EmitArgs>),
+    Proxy(proxy::ProxyArgs),
     Cleanup(list::CleanupArgs),
 }
 
@@ -49,10 +41,8 @@ pub fn run() -> Result<()> {
         Command::Agent(args) => agent::run(*args),
         Command::List(args) => list::run(args),
         Command::Desired(args) => emit::run_desired(args),
-        Command::Emit(args) => emit::run(args),
-        Command::Proxy(args) => compare::run_proxy(args),
-        Command::Compare(args) => compare::run(args),
-        Command::Client { what } => compare::run_client(what),
+        Command::Emit(args) => emit::run(*args),
+        Command::Proxy(args) => proxy::run_proxy(args),
         Command::Cleanup(args) => list::cleanup(&args.bpffs),
     }
 }

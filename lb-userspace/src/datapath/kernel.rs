@@ -13,7 +13,7 @@ use lb_common::{
 
 use super::{
     DatapathError, batch,
-    writer::{MapWriter, WriteError, one_by_one},
+    writer::{MapWriter, WriteError, in_order, one_by_one},
 };
 use crate::desired::{Desired, SrcRange, show_frontend};
 
@@ -423,22 +423,20 @@ impl MapWriter for KernelMaps {
         }
     }
 
-    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Vec<(usize, WriteError)> {
+    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Result<(), (usize, WriteError)> {
+        let mut done = 0;
         if list.len() >= BATCH_MIN {
             let keys: Vec<SvcKey> = list.iter().map(|(k, _)| *k).collect();
             let values: Vec<SvcValue> = list.iter().map(|(_, v)| *v).collect();
             let fd = aya::maps::IterableMap::map(&self.svc).fd().as_fd();
             let size = std::mem::size_of::<SvcValue>();
-            let done = match batch::update(fd, &keys, batch::bytes(&values), size) {
-                Ok(()) => return Vec::new(),
-                Err((done, _)) => done,
-            };
-            return one_by_one(&list[done..], |(k, v)| self.put_svc(k, v))
-                .into_iter()
-                .map(|(i, e)| (i + done, e))
-                .collect();
+            match batch::update(fd, &keys, batch::bytes(&values), size) {
+                Ok(()) => return Ok(()),
+                Err((n, _)) => done = n,
+            }
         }
-        one_by_one(list, |(k, v)| self.put_svc(k, v))
+        // The rest one by one (the kernel refused the batch there): the failure named.
+        in_order(&list[done..], |(k, v)| self.put_svc(k, v)).map_err(|(i, e)| (i + done, e))
     }
 
     fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {

@@ -92,3 +92,26 @@ impl Links for KernelLinks<'_> {
         attach::prune_links(self.dir, live)
     }
 }
+
+/// The kernel id of the link pinned at `path`.
+pub fn pinned_link_id(path: &Path) -> Option<u32> {
+    let link = aya::programs::links::PinnedLink::from_pin(path).ok()?;
+    let fd: aya::programs::links::FdLink = link.into();
+    fd.info().ok().map(|i| i.id())
+}
+
+/// Waits (up to 2 s) until the kernel has released the links `ids`: a link whose last
+/// reference goes is freed from a workqueue, a moment later. When cleanup returns, nothing
+/// of the datapath runs any more.
+pub fn wait_released(ids: &[u32]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let live = aya::programs::loaded_links()
+            .flatten()
+            .any(|l| ids.contains(&l.id()));
+        if !live {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

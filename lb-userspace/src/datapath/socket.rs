@@ -43,11 +43,15 @@ impl std::str::FromStr for SocketLb {
 }
 
 /// The hooks: program name in the object, and the link's pin name.
-pub const HOOKS: [(&str, &str); 4] = [
+pub const HOOKS: [(&str, &str); 8] = [
     ("xlb_connect4", "sock_connect4"),
     ("xlb_sendmsg4", "sock_sendmsg4"),
     ("xlb_recvmsg4", "sock_recvmsg4"),
     ("xlb_getpeername4", "sock_getpeername4"),
+    ("xlb_connect6", "sock_connect6"),
+    ("xlb_sendmsg6", "sock_sendmsg6"),
+    ("xlb_recvmsg6", "sock_recvmsg6"),
+    ("xlb_getpeername6", "sock_getpeername6"),
 ];
 
 /// The cgroup v2 hierarchy's mount point, from `/proc/self/mountinfo`: `/sys/fs/cgroup` on
@@ -138,11 +142,19 @@ pub fn attach(ebpf: &mut Ebpf, dir: &Path, cgroup: &Path) -> Result<(), Datapath
 }
 
 /// Removes the socket hooks' pinned links (`--socket-lb off`); returns how many there were.
+/// Returns once the kernel has released them, so that no hook runs any more.
 pub fn detach(dir: &Path) -> usize {
-    HOOKS
-        .iter()
-        .filter(|(_, pin)| std::fs::remove_file(pin_path(dir, pin)).is_ok())
-        .count()
+    let mut ids = Vec::new();
+    let mut removed = 0;
+    for (_, pin) in HOOKS {
+        let path = pin_path(dir, pin);
+        ids.extend(super::links::pinned_link_id(&path));
+        if std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    super::links::wait_released(&ids);
+    removed
 }
 
 /// The network namespace cookie of the calling thread's namespace (`SO_NETNS_COOKIE`).

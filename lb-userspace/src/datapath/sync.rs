@@ -1,7 +1,7 @@
 //! Applies desired state make-before-break: backends, then slots, then the service entry;
 //! deletes in reverse. At no instant does a programmed slot name a missing backend.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 
@@ -136,49 +136,51 @@ pub fn apply_touched(
             now.names.insert(*id, *name);
         }
     }
-    let slots: Vec<(SvcKey, SvcValue)> = frontends
-        .iter()
-        .flat_map(|(k, v)| {
-            (1..=v.count).filter_map(|slot| {
-                let k = SvcKey { slot, ..*k };
-                desired.services.get(&k).map(|v| (k, *v))
-            })
-        })
-        .filter(|(k, v)| now.services.get(k) != Some(v))
-        .collect();
-    let failed = w.put_svcs(&slots);
-    let mut failed_frontends = BTreeSet::new();
-    for (i, _) in &failed {
-        failed_frontends.insert(SvcKey {
-            slot: 0,
-            ..slots[*i].0
-        });
+    // Each frontend's slots then its entry, all frontends in one ordered batch: a failed
+    // write skips the rest of its frontend (its entry never names a missing slot) and the
+    // batch goes on with the next frontend.
+    let mut writes: Vec<(SvcKey, SvcValue)> = Vec::new();
+    let mut old_counts: BTreeMap<SvcKey, u16> = BTreeMap::new();
+    for (key, entry) in &frontends {
+        for slot in 1..=entry.count {
+            let k = SvcKey { slot, ..*key };
+            if let Some(v) = desired.services.get(&k)
+                && now.services.get(&k) != Some(v)
+            {
+                writes.push((k, *v));
+            }
+        }
+        if now.services.get(key) != Some(entry) {
+            old_counts.insert(*key, now.services.get(key).map_or(0, |v| v.count));
+            writes.push((*key, *entry));
+        }
     }
-    r.writes += slots.len() - failed.len();
-    r.errors.extend(failed.into_iter().map(|(_, e)| e));
-    for (k, v) in &slots {
-        if !failed_frontends.contains(&SvcKey { slot: 0, ..*k }) {
+    let mut start = 0;
+    let mut failed_frontends = BTreeSet::new();
+    while start < writes.len() {
+        let (written, failed) = match w.put_svcs(&writes[start..]) {
+            Ok(()) => (writes.len() - start, None),
+            Err((i, e)) => (i, Some(e)),
+        };
+        for (k, v) in &writes[start..start + written] {
             now.services.insert(*k, *v);
         }
+        r.writes += written;
+        start += written;
+        let Some(e) = failed else { break };
+        r.errors.push(e);
+        let frontend = frontend_of(&writes[start].0);
+        failed_frontends.insert(frontend);
+        // Past the failed frontend's remaining writes.
+        while start < writes.len() && frontend_of(&writes[start].0) == frontend {
+            start += 1;
+        }
     }
-    let entries: Vec<(SvcKey, SvcValue)> = frontends
-        .iter()
-        .filter(|(k, v)| !failed_frontends.contains(k) && now.services.get(k) != Some(v))
-        .copied()
-        .collect();
-    let old_counts: Vec<u16> = entries
-        .iter()
-        .map(|(k, _)| now.services.get(k).map_or(0, |v| v.count))
-        .collect();
-    let failed = w.put_svcs(&entries);
-    let failed_entries: BTreeSet<usize> = failed.iter().map(|(i, _)| *i).collect();
-    r.writes += entries.len() - failed.len();
-    r.errors.extend(failed.into_iter().map(|(_, e)| e));
-    for (i, ((key, entry), old_count)) in entries.iter().zip(old_counts).enumerate() {
-        if failed_entries.contains(&i) {
+    for (key, entry) in &frontends {
+        if failed_frontends.contains(key) {
             continue;
         }
-        now.services.insert(*key, *entry);
+        let old_count = old_counts.get(key).copied().unwrap_or(entry.count);
         for slot in entry.count + 1..=old_count {
             delete_svc(w, now, &mut r, SvcKey { slot, ..*key });
         }
@@ -265,6 +267,11 @@ pub fn apply_touched(
         }
     }
     r
+}
+
+/// The entry (slot 0) of a slot's frontend.
+fn frontend_of(k: &SvcKey) -> SvcKey {
+    SvcKey { slot: 0, ..*k }
 }
 
 /// Word `word` of a set of filter bits.

@@ -39,9 +39,11 @@ pub trait MapWriter {
         one_by_one(list, |(id, be)| self.put_backend(*id, be))
     }
 
-    /// Writes many service map entries; as [`MapWriter::put_backends`].
-    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Vec<(usize, WriteError)> {
-        one_by_one(list, |(k, v)| self.put_svc(k, v))
+    /// Writes many service map entries in order, stopping at the first that fails:
+    /// `Err((i, error))` when `list[i]` failed (those before it are written, none after):
+    /// the caller decides what may follow a failed slot.
+    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Result<(), (usize, WriteError)> {
+        in_order(list, |(k, v)| self.put_svc(k, v))
     }
 
     /// Writes many names; `fresh` ones are indices no name was programmed at (their
@@ -49,6 +51,17 @@ pub trait MapWriter {
     fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {
         one_by_one(list, |(id, name, _)| self.put_name(*id, name))
     }
+}
+
+/// Calls `put` on each item in order up to the first failure.
+pub fn in_order<T>(
+    list: &[T],
+    mut put: impl FnMut(&T) -> Result<(), WriteError>,
+) -> Result<(), (usize, WriteError)> {
+    for (i, x) in list.iter().enumerate() {
+        put(x).map_err(|e| (i, e))?;
+    }
+    Ok(())
 }
 
 /// Calls `put` on each item; the failures by position.

@@ -17,7 +17,7 @@ use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
 
 use super::{
     Candidate, Desired, DesiredError, Ids, Limits, NodeContext, Placed, external, live_filter_bits,
-    place, service_candidates, show_frontend,
+    place, placing_order, service_candidates, show_frontend,
 };
 use crate::model::{Model, ServiceRef};
 
@@ -100,7 +100,7 @@ impl Incremental {
             self.problems.insert(id.clone(), errors);
         }
         // Already-programmed frontends first, then new ones, each group in model order.
-        candidates.sort_by_key(|(_, c)| !ids.has_svc(&external(c.key)));
+        candidates.sort_by_key(|(_, c)| placing_order(ids, c));
         for (id, c) in candidates {
             self.offer(id, c, ids, limits);
         }
@@ -131,7 +131,7 @@ impl Incremental {
             let released = self.remove(&id, ids, &mut touched, &mut backends_seen);
             let mut errors = Vec::new();
             let mut candidates = service_candidates(model, &id, node, &mut errors);
-            candidates.sort_by_key(|c| !ids.has_svc(&external(c.key)));
+            candidates.sort_by_key(|c| placing_order(ids, c));
             for c in candidates {
                 self.offer_collect(&id, c, ids, limits, &mut errors, &mut touched);
             }

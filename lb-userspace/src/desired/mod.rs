@@ -22,7 +22,10 @@ mod values;
 pub use ids::Ids;
 pub use incremental::{Incremental, Touched};
 pub use show::{show_backend, show_frontend};
-pub use values::{backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str};
+pub use values::{
+    addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
+    words_addr,
+};
 
 use crate::model::{
     BackendAddr, Model, Protocol,
@@ -235,9 +238,10 @@ pub fn compute_on(
     for id in model.services.keys() {
         candidates.extend(service_candidates(model, id, node, &mut errors));
     }
-    // Already-programmed frontends first, then new ones, each group in model order: a full
-    // map or a clashing frontend never takes the place of something that works.
-    candidates.sort_by_key(|c| !ids.has_svc(&external(c.key)));
+    // Already-programmed frontends first, then new ones, each group in model order (IPv4,
+    // then IPv6: one pass per family): a full map or a clashing frontend never takes the
+    // place of something that works.
+    candidates.sort_by_key(|c| placing_order(ids, c));
     let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
     let mut desired = Desired::default();
     for c in candidates {
@@ -274,28 +278,30 @@ fn service_candidates(
     errors: &mut Vec<DesiredError>,
 ) -> Vec<Candidate> {
     let mut candidates = Vec::new();
-    let Some(svc) = model.services.get(id) else {
+    if !model.services.contains_key(id) {
         return candidates;
-    };
+    }
     if !model.slices.contains_key(id) {
         errors.push(DesiredError::NoEndpointSlice {
             object: id.to_string(),
         });
     }
-    for ip in svc.cluster_ips.iter().filter(|ip| ip.is_ipv6()) {
-        for port in &svc.ports {
-            errors.push(DesiredError::Unsupported {
-                object: object_name(&id.to_string(), port),
-                what: format!("IPv6 ClusterIP {ip}"),
-            });
-        }
-    }
-    let settings = NodeSettings {
-        family: IpFamily::V4,
-        ..node.node.clone()
-    };
     let node_port_addresses = node.node_port_addresses();
-    for view in ports_of_service(model, id, &settings) {
+    // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
+    // gets each family's ClusterIP with that family's endpoints.
+    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+        let settings = NodeSettings {
+            family,
+            ..node.node.clone()
+        };
+        ports_of_service(model, id, &settings)
+    });
+    for view in views {
+        let family = if view.cluster_ip.is_ipv6() {
+            IpFamily::V6
+        } else {
+            IpFamily::V4
+        };
         let object = object_name(&view.service.id.to_string(), view.port);
         if view.protocol() == Protocol::Sctp {
             errors.push(DesiredError::Unsupported {
@@ -304,18 +310,18 @@ fn service_candidates(
             });
             continue;
         }
-        let IpAddr::V4(vip) = view.cluster_ip else {
-            continue;
-        };
         // ClusterIP traffic follows internalTrafficPolicy; NodePort traffic (on each of this
         // node's NodePort addresses) follows externalTrafficPolicy.
+        let vip = view.cluster_ip;
         let mut frontends = vec![(vip, view.port.port, Reach::Cluster, String::new())];
-        // externalIPs and LoadBalancer ingress IPs take the service port and the external
-        // policy; LoadBalancer IPs also the loadBalancerSourceRanges.
-        for ip in view.external_ips.iter().filter_map(|ip| match ip {
-            IpAddr::V4(v) => Some(*v),
-            IpAddr::V6(_) => None,
-        }) {
+        // externalIPs and LoadBalancer ingress IPs (of the view's family) take the service
+        // port and the external policy; LoadBalancer IPs also the loadBalancerSourceRanges.
+        for ip in view
+            .external_ips
+            .iter()
+            .copied()
+            .filter(|ip| family.matches(*ip))
+        {
             frontends.push((
                 ip,
                 view.port.port,
@@ -323,10 +329,12 @@ fn service_candidates(
                 format!(" (externalIP {ip})"),
             ));
         }
-        for ip in view.load_balancer_ips.iter().filter_map(|ip| match ip {
-            IpAddr::V4(v) => Some(*v),
-            IpAddr::V6(_) => None,
-        }) {
+        for ip in view
+            .load_balancer_ips
+            .iter()
+            .copied()
+            .filter(|ip| family.matches(*ip))
+        {
             frontends.push((
                 ip,
                 view.port.port,
@@ -335,16 +343,37 @@ fn service_candidates(
             ));
         }
         if let Some(node_port) = view.node_port {
-            for ip in &node_port_addresses {
-                frontends.push((*ip, node_port, Reach::External, format!(" (nodePort {ip})")));
+            if family == IpFamily::V6 {
+                // tc and XDP translate IPv4 only: an IPv6 NodePort would not be served.
+                errors.push(DesiredError::Unsupported {
+                    object: object.clone(),
+                    what: format!("IPv6 NodePort {node_port}"),
+                });
             }
-            if node.socket_lb {
-                let lo = Ipv4Addr::LOCALHOST;
+            for ip in node_port_addresses
+                .iter()
+                .filter(|_| family == IpFamily::V4)
+            {
+                let ip = IpAddr::V4(*ip);
+                frontends.push((ip, node_port, Reach::External, format!(" (nodePort {ip})")));
+            }
+            if node.socket_lb && family == IpFamily::V4 {
+                let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
                 frontends.push((lo, node_port, Reach::Loopback, format!(" (nodePort {lo})")));
             }
         }
         let ranges = source_ranges(&view);
         for (ip, port, reach, suffix) in frontends {
+            if family == IpFamily::V6
+                && reach == Reach::LoadBalancer
+                && !view.source_ranges.is_empty()
+            {
+                errors.push(DesiredError::Unsupported {
+                    object: format!("{object}{suffix}"),
+                    what: "IPv6 loadBalancerSourceRanges".into(),
+                });
+                continue;
+            }
             let local = match reach {
                 Reach::Cluster => view.internal_policy_local(),
                 Reach::External | Reach::LoadBalancer => view.external_policy_local(),
@@ -372,7 +401,8 @@ fn service_candidates(
                     view.source_ranges
                         .iter()
                         .any(|c| c.contains(IpAddr::V4(*n)))
-                }) {
+                }) && let IpAddr::V4(ip) = ip
+                {
                     r.push((ip, 32));
                 }
                 r
@@ -458,7 +488,7 @@ fn place(
     plan.name.1 = svc_name(&plan.object);
     let mut slot = 0u16;
     for (b, local) in &backends {
-        let IpAddr::V4(ip) = b.ip else { continue };
+        let ip = b.ip;
         let be = if *local {
             backend_value(ip, b.port, b.protocol)
         } else {
@@ -507,6 +537,15 @@ struct Placed {
     backends: Vec<u32>,
     name: u32,
     src_ranges: Vec<SrcRange>,
+}
+
+/// The order candidates are placed in (stable: model order within): programmed frontends
+/// first, then IPv4 before IPv6.
+fn placing_order(ids: &Ids, c: &Candidate) -> (bool, bool) {
+    (
+        !ids.has_svc(&external(c.key)),
+        c.key.family != lb_common::FAMILY_V4,
+    )
 }
 
 /// The external-scope key of a frontend's entry.

@@ -1,7 +1,7 @@
 //! Desired state as text: frontends and backends in `a.b.c.d:port/PROTO` form, and the
 //! sorted dump golden tests and `xlb desired` print.
 
-use std::{fmt::Write as _, net::Ipv4Addr};
+use std::fmt::Write as _;
 
 use lb_common::{
     BE_F_REMOTE, Backend, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
@@ -11,8 +11,13 @@ use lb_common::{
 use super::{Desired, svc_name_str};
 use crate::model::Protocol;
 
-fn addr4(addr_be: [u32; 4]) -> Ipv4Addr {
-    Ipv4Addr::from(addr_be[0].to_ne_bytes())
+/// `a.b.c.d:port`, or `[v6]:port`.
+fn sock(addr_be: [u32; 4], family: u8, port_be: u16) -> String {
+    std::net::SocketAddr::new(
+        super::values::words_addr(addr_be, family),
+        u16::from_be(port_be),
+    )
+    .to_string()
 }
 
 fn proto_name(p: u8) -> String {
@@ -22,9 +27,8 @@ fn proto_name(p: u8) -> String {
 /// `a.b.c.d:port/PROTO` of a service key (` internal` added for an internal scope).
 pub fn show_frontend(k: &SvcKey) -> String {
     format!(
-        "{}:{}/{}{}",
-        addr4(k.addr_be),
-        u16::from_be(k.port_be),
+        "{}/{}{}",
+        sock(k.addr_be, k.family, k.port_be),
         proto_name(k.proto),
         if k.scope == SCOPE_INTERNAL {
             " internal"
@@ -37,9 +41,8 @@ pub fn show_frontend(k: &SvcKey) -> String {
 /// `a.b.c.d:port/PROTO` of a backend.
 pub fn show_backend(b: &Backend) -> String {
     format!(
-        "{}:{}/{}",
-        addr4(b.addr_be),
-        u16::from_be(b.port_be),
+        "{}/{}",
+        sock(b.addr_be, b.family, b.port_be),
         proto_name(b.proto)
     )
 }

@@ -1,32 +1,61 @@
 //! Map values built from model values: frontend keys, backends, service names.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use lb_common::{BE_F_REMOTE, Backend, FAMILY_V4, SCOPE_EXTERNAL, SVC_NAME_LEN, SvcKey, SvcName};
+use lb_common::{
+    BE_F_REMOTE, Backend, FAMILY_V4, FAMILY_V6, SCOPE_EXTERNAL, SVC_NAME_LEN, SvcKey, SvcName,
+};
 
 use crate::model::Protocol;
 
-/// The key of a frontend's service entry (slot 0), for IPv4 TCP/UDP.
-pub fn frontend_key(ip: Ipv4Addr, port: u16, protocol: Protocol) -> SvcKey {
+/// An address as the maps hold it: network order, IPv4 in word 0; and its family.
+pub fn addr_words(ip: IpAddr) -> ([u32; 4], u8) {
+    match ip {
+        IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], FAMILY_V4),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], FAMILY_V6)
+        }
+    }
+}
+
+/// The address of map words `addr_be` of `family` (the inverse of [`addr_words`]).
+pub fn words_addr(addr_be: [u32; 4], family: u8) -> IpAddr {
+    if family == FAMILY_V6 {
+        let mut o = [0u8; 16];
+        for (i, w) in addr_be.iter().enumerate() {
+            o[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        IpAddr::from(o)
+    } else {
+        IpAddr::from(addr_be[0].to_ne_bytes())
+    }
+}
+
+/// The key of a frontend's service entry (slot 0), for TCP/UDP over IPv4 or IPv6.
+pub fn frontend_key(ip: impl Into<IpAddr>, port: u16, protocol: Protocol) -> SvcKey {
+    let (addr_be, family) = addr_words(ip.into());
     SvcKey {
-        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+        addr_be,
         port_be: port.to_be(),
         slot: 0,
         proto: protocol.number(),
-        family: FAMILY_V4,
+        family,
         scope: SCOPE_EXTERNAL,
         _pad: 0,
     }
 }
 
-/// The backend map value for an IPv4 backend on this node (generation 0: [`super::Ids`]
-/// hands out the generation with the index).
-pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
+/// The backend map value for a backend on this node (generation 0: [`super::Ids`] hands out
+/// the generation with the index).
+pub fn backend_value(ip: impl Into<IpAddr>, port: u16, protocol: Protocol) -> Backend {
+    let (addr_be, family) = addr_words(ip.into());
     Backend {
-        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
+        addr_be,
         port_be: port.to_be(),
         proto: protocol.number(),
-        family: FAMILY_V4,
+        family,
         flags: 0,
         _pad0: 0,
         _pad1: 0,
@@ -35,8 +64,8 @@ pub fn backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
     }
 }
 
-/// The backend map value for an IPv4 backend on another node (or on no known node).
-pub fn remote_backend_value(ip: Ipv4Addr, port: u16, protocol: Protocol) -> Backend {
+/// The backend map value for a backend on another node (or on no known node).
+pub fn remote_backend_value(ip: impl Into<IpAddr>, port: u16, protocol: Protocol) -> Backend {
     Backend {
         flags: BE_F_REMOTE,
         ..backend_value(ip, port, protocol)
@@ -68,6 +97,8 @@ pub fn svc_name_str(name: &SvcName) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
 
     #[test]
@@ -91,5 +122,21 @@ mod tests {
         let b = remote_backend_value(Ipv4Addr::new(10, 244, 1, 2), 8080, Protocol::Udp);
         assert_eq!(b.flags, BE_F_REMOTE);
         assert_eq!(u16::from_be(b.port_be), 8080);
+    }
+
+    #[test]
+    fn addresses_of_both_families_round_trip_through_map_words() {
+        let v4 = IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10));
+        let v6 = IpAddr::V6("fd00:10:96::a".parse::<Ipv6Addr>().expect("v6"));
+        for ip in [v4, v6] {
+            let (w, f) = addr_words(ip);
+            assert_eq!(words_addr(w, f), ip);
+        }
+        // Network order in memory, as the kernel's user_ip6 words are.
+        let (w, f) = addr_words(v6);
+        assert_eq!(f, FAMILY_V6);
+        assert_eq!(w[0].to_ne_bytes(), [0xfd, 0x00, 0x00, 0x10]);
+        let k = frontend_key(v6, 80, Protocol::Tcp);
+        assert_eq!(super::super::show_frontend(&k), "[fd00:10:96::a]:80/TCP");
     }
 }

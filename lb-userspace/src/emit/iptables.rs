@@ -20,6 +20,7 @@ pub use super::rules::{KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING};
 use super::{
     names::{endpoint_chain, probability, service_port_hash},
     options::Options as WriterOptions,
+    plan::Decisions,
     rules::{self, Jump, Payload, Table, comment, commented, dest_match, with_target},
 };
 use crate::model::{
@@ -375,13 +376,7 @@ struct PortPlan<'a> {
     svl_chain: String,
     ext_chain: String,
     fw_chain: String,
-    has_endpoints: bool,
-    /// Cluster-internal traffic has endpoints under its traffic policy.
-    has_internal: bool,
-    /// External traffic has endpoints under its traffic policy.
-    has_external: bool,
-    uses_ext: bool,
-    uses_fw: bool,
+    d: Decisions,
     /// The target and comment of traffic without endpoints (internal and external alike).
     no_endpoints: (&'static str, String),
 }
@@ -390,12 +385,8 @@ impl<'a> PortPlan<'a> {
     fn new(pv: &'a PortView<'a>) -> Self {
         let spn = pv.name.as_str();
         let hash = service_port_hash(spn, pv.protocol());
-        let cat = &pv.categorized;
-        let has_endpoints = cat.has_any;
-        let usable = |local: bool| {
-            has_endpoints && !(if local { &cat.local } else { &cat.cluster }).is_empty()
-        };
-        let no_endpoints = if has_endpoints {
+        let d = Decisions::of(pv);
+        let no_endpoints = if d.has_endpoints {
             ("DROP", format!("{spn} has no local endpoints"))
         } else {
             ("REJECT", format!("{spn} has no endpoints"))
@@ -409,13 +400,7 @@ impl<'a> PortPlan<'a> {
             svl_chain: format!("KUBE-SVL-{hash}"),
             ext_chain: format!("KUBE-EXT-{hash}"),
             fw_chain: format!("KUBE-FW-{hash}"),
-            has_endpoints,
-            has_internal: usable(pv.internal_policy_local()),
-            has_external: usable(pv.external_policy_local()),
-            uses_ext: has_endpoints && pv.externally_accessible(),
-            uses_fw: has_endpoints
-                && !pv.load_balancer_ips.is_empty()
-                && !pv.source_ranges.is_empty(),
+            d,
             no_endpoints,
         }
     }
@@ -435,7 +420,7 @@ impl<'a> PortPlan<'a> {
 
     /// Where LoadBalancer IP traffic goes: the firewall chain when it has source ranges.
     fn lb_target(&self) -> &str {
-        if self.uses_fw {
+        if self.d.uses_fw {
             &self.fw_chain
         } else {
             &self.ext_chain
@@ -464,18 +449,18 @@ fn shared_rules(
     let Payload { filter, nat } = payload;
     let (pv, spn) = (plan.pv, plan.spn);
     let cip = pv.cluster_ip.to_string();
-    if plan.has_internal {
+    if plan.d.has_internal {
         let r = plan.to(&format!("{spn} cluster IP"), &cip, plan.internal_chain());
         nat.rule(KUBE_SERVICES, &r);
     } else {
         filter.rule(KUBE_SERVICES, &plan.refuse(&cip));
     }
     for ip in pv.external_ips.iter().map(|ip| ip.to_string()) {
-        if plan.has_endpoints {
+        if plan.d.has_endpoints {
             let r = plan.to(&format!("{spn} external IP"), &ip, &plan.ext_chain);
             nat.rule(KUBE_SERVICES, &r);
         }
-        if !plan.has_external {
+        if !plan.d.has_external {
             filter.rule(KUBE_EXTERNAL_SERVICES, &plan.refuse(&ip));
         }
     }
@@ -498,16 +483,16 @@ fn shared_rules(
 fn load_balancer_rules(plan: &PortPlan<'_>, filter: &mut Table, nat: &mut Table) {
     let spn = plan.spn;
     for ip in plan.pv.load_balancer_ips.iter().map(|ip| ip.to_string()) {
-        if plan.has_endpoints {
+        if plan.d.has_endpoints {
             let r = plan.to(&format!("{spn} loadbalancer IP"), &ip, plan.lb_target());
             nat.rule(KUBE_SERVICES, &r);
         }
-        if plan.uses_fw {
+        if plan.d.uses_fw {
             let c = format!("{spn} traffic not accepted by {}", plan.fw_chain);
             filter.rule(KUBE_PROXY_FIREWALL, &plan.to(&c, &ip, "DROP"));
         }
     }
-    if !plan.has_external {
+    if !plan.d.has_external {
         for ip in &plan.pv.load_balancer_ips {
             filter.rule(KUBE_EXTERNAL_SERVICES, &plan.refuse(&ip.to_string()));
         }
@@ -523,7 +508,7 @@ fn node_port_rules(
     nat: &mut Table,
 ) {
     let (spn, proto) = (plan.spn, plan.proto);
-    if plan.has_endpoints {
+    if plan.d.has_endpoints {
         if localhost_nfacct {
             let rest = format!(
                 "-m {proto} -p {proto} -d 127.0.0.0/8 --dport {np} -m nfacct --nfacct-name localhost_nps_accepted_pkts"
@@ -539,7 +524,7 @@ fn node_port_rules(
             &with_target(commented(spn, &rest), &plan.ext_chain),
         );
     }
-    if !plan.has_external {
+    if !plan.d.has_external {
         let (target, c) = &plan.no_endpoints;
         let rest = format!("-m addrtype --dst-type LOCAL -m {proto} -p {proto} --dport {np}");
         filter.rule(
@@ -560,21 +545,21 @@ fn own_chains(
 ) {
     let pv = plan.pv;
     let mut chains = Chains { nat, active };
-    if plan.has_internal {
+    if plan.d.has_internal {
         internal_masquerade(plan, node, chains.nat);
     }
-    if plan.uses_ext {
+    if plan.d.uses_ext {
         external_chain(plan, node, &mut chains);
     }
-    if plan.uses_fw {
+    if plan.d.uses_fw {
         firewall_chain(plan, node, &mut chains);
     }
     let eps = EndpointRules { plan, large };
     let cat = &pv.categorized;
-    if !cat.cluster.is_empty() && pv.uses_cluster_endpoints() {
+    if plan.d.uses_cluster_chain {
         eps.policy_chain(&plan.svc_chain, &cat.cluster, &mut chains);
     }
-    if !cat.local.is_empty() && pv.uses_local_endpoints() {
+    if plan.d.uses_local_chain {
         eps.policy_chain(&plan.svl_chain, &cat.local, &mut chains);
     }
     for ep in &cat.all_reachable {
@@ -635,7 +620,7 @@ fn external_chain(plan: &PortPlan<'_>, node: &NodeSettings, chains: &mut Chains<
         let r = commented(&c, "-m addrtype --src-type LOCAL");
         nat.rule(ext, &with_target(r, &plan.svc_chain));
     }
-    if plan.has_external {
+    if plan.d.has_external {
         nat.rule(ext, &["-j", plan.policy_chain(external_local)]);
     }
 }

@@ -6,6 +6,7 @@
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
 //! * [`options`]: the writer settings of each mode (masquerade mark, host features, …);
+//! * [`plan`]: what kube-proxy decides per service port, shared by iptables and nftables;
 //! * [`rules`]: the iptables rule vocabulary iptables, ipvs and userspace share (restore
 //!   payloads, jumps, masquerade and forwarding rules);
 //! * [`restore`]: an in-memory `iptables-restore --noflush` (tables, chains, references);
@@ -16,6 +17,7 @@ pub mod ipvs;
 pub mod names;
 pub mod nftables;
 pub mod options;
+pub mod plan;
 pub mod restore;
 pub mod rules;
 pub mod trace;

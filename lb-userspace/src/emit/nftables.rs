@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use super::{names::nft_name, options::Options};
+use super::{names::nft_name, options::Options, plan::Decisions};
 use crate::model::{
     IpFamily, LocalDetector, Model, NodeSettings, Protocol,
     select::{self, EndpointView, PortView},
@@ -157,8 +157,27 @@ impl NftTable {
 /// The fixed chains, sets, maps and rules every sync writes.
 fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
     let f = fam(node.family);
-    let at = addr_type(node.family);
+    base_chains(t);
+    base_collections(t, addr_type(node.family));
+    dispatch_rules(t, node, f);
     let mark = &opts.mark.text;
+    t.rule("mark-for-masquerade", format!("mark set mark or {mark}"));
+    t.rule("masquerading", format!("mark and {mark} == 0 return"));
+    t.rule("masquerading", format!("mark set mark xor {mark}"));
+    t.rule("masquerading", "masquerade fully-random");
+    t.rule("nat-prerouting", "jump services");
+    t.rule("nat-output", "jump services");
+    t.rule("nat-postrouting", "jump masquerading");
+    t.rule("reject-chain", "reject");
+    t.rule(
+        "services",
+        format!("{f} daddr . meta l4proto . th dport vmap @service-ips"),
+    );
+    node_port_rules(t, node, f);
+}
+
+/// The hooked chains and the helper chains.
+fn base_chains(t: &mut NftTable) {
     for (name, spec) in [
         (
             "filter-prerouting-pre-dnat",
@@ -188,6 +207,10 @@ fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
     ] {
         t.chain(name, spec);
     }
+}
+
+/// The sets and verdict maps services add their elements to.
+fn base_collections(t: &mut NftTable, at: &str) {
     t.collection(
         "cluster-ips",
         false,
@@ -223,6 +246,10 @@ fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
     ] {
         t.collection(name, true, spec);
     }
+}
+
+/// The hooks' jumps into the checks, and the checks' lookups.
+fn dispatch_rules(t: &mut NftTable, node: &NodeSettings, f: &str) {
     t.rule(
         "filter-prerouting-pre-dnat",
         "ct state new jump firewall-check",
@@ -266,18 +293,10 @@ fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
             );
         }
     }
-    t.rule("mark-for-masquerade", format!("mark set mark or {mark}"));
-    t.rule("masquerading", format!("mark and {mark} == 0 return"));
-    t.rule("masquerading", format!("mark set mark xor {mark}"));
-    t.rule("masquerading", "masquerade fully-random");
-    t.rule("nat-prerouting", "jump services");
-    t.rule("nat-output", "jump services");
-    t.rule("nat-postrouting", "jump masquerading");
-    t.rule("reject-chain", "reject");
-    t.rule(
-        "services",
-        format!("{f} daddr . meta l4proto . th dport vmap @service-ips"),
-    );
+}
+
+/// Where NodePorts are served: the nodePortAddresses, or every local address but loopback.
+fn node_port_rules(t: &mut NftTable, node: &NodeSettings, f: &str) {
     match node.node_port_ips() {
         Some(ips) => {
             t.rule(
@@ -341,221 +360,251 @@ fn dnat_dest(ep: &EndpointView) -> String {
     ep.to_string()
 }
 
-fn write_port(t: &mut NftTable, pv: &PortView<'_>, node: &NodeSettings) {
-    let f = fam(node.family);
-    let spn = pv.name.as_str();
-    let proto = pv.protocol().lower();
-    let port = pv.port.port;
-    let base = port_base(pv);
-    let cluster_chain = nft_name("service", &base);
-    let local_chain = nft_name("local", &base);
-    let ext_chain = nft_name("external", &base);
-    let fw_chain = nft_name("firewall", &base);
-    let cat = &pv.categorized;
-    let has_endpoints = cat.has_any;
-    let internal_local = pv.internal_policy_local();
-    let external_local = pv.external_policy_local();
-    let internal_chain = if internal_local {
-        &local_chain
-    } else {
-        &cluster_chain
-    };
-    let external_policy_chain = if external_local {
-        &local_chain
-    } else {
-        &cluster_chain
-    };
-    let has_internal = has_endpoints
-        && !(if internal_local {
-            &cat.local
+/// One service port's chain names and decisions, computed once.
+struct PortPlan<'a> {
+    pv: &'a PortView<'a>,
+    /// The family's word in rules (`ip`, `ip6`).
+    f: &'static str,
+    proto: &'static str,
+    cluster_chain: String,
+    local_chain: String,
+    ext_chain: String,
+    fw_chain: String,
+    d: Decisions,
+}
+
+impl<'a> PortPlan<'a> {
+    fn new(pv: &'a PortView<'a>, node: &NodeSettings) -> Self {
+        let base = port_base(pv);
+        Self {
+            pv,
+            f: fam(node.family),
+            proto: pv.protocol().lower(),
+            cluster_chain: nft_name("service", &base),
+            local_chain: nft_name("local", &base),
+            ext_chain: nft_name("external", &base),
+            fw_chain: nft_name("firewall", &base),
+            d: Decisions::of(pv),
+        }
+    }
+
+    /// The chain of a traffic policy.
+    fn policy_chain(&self, local: bool) -> &str {
+        if local {
+            &self.local_chain
         } else {
-            &cat.cluster
-        })
-        .is_empty();
-    let has_external = has_endpoints
-        && !(if external_local {
-            &cat.local
-        } else {
-            &cat.cluster
-        })
-        .is_empty();
-    let uses_cluster_chain = !cat.cluster.is_empty() && pv.uses_cluster_endpoints();
-    let uses_local_chain = !cat.local.is_empty() && pv.uses_local_endpoints();
-    let uses_ext = has_endpoints && pv.externally_accessible();
-    let uses_fw = has_endpoints && !pv.load_balancer_ips.is_empty() && !pv.source_ranges.is_empty();
-    let no_ep_verdict = |has: bool| -> Option<String> {
+            &self.cluster_chain
+        }
+    }
+
+    /// The verdict for traffic without endpoints under its policy (`has`: it has some).
+    fn no_endpoints(&self, has: bool) -> Option<String> {
         if has {
             None
-        } else if !has_endpoints {
+        } else if !self.d.has_endpoints {
             Some("goto reject-chain".into())
         } else {
             Some("drop".into())
         }
-    };
-    let cip = pv.cluster_ip;
-    let key = |ip: IpAddr| format!("{ip} . {proto} . {port}");
+    }
 
+    /// `IP . PROTO . PORT`, the key of the address maps.
+    fn key(&self, ip: IpAddr) -> String {
+        format!("{ip} . {} . {}", self.proto, self.pv.port.port)
+    }
+}
+
+fn write_port(t: &mut NftTable, pv: &PortView<'_>, node: &NodeSettings) {
+    let plan = PortPlan::new(pv, node);
+    map_elements(t, &plan);
+    if plan.d.has_internal {
+        internal_masquerade(t, &plan, node);
+    }
+    if plan.d.uses_ext {
+        external_chain(t, &plan, node);
+    }
+    if plan.d.uses_fw {
+        firewall_chain(t, &plan, node);
+    }
+    let cat = &pv.categorized;
+    if plan.d.uses_cluster_chain {
+        policy_chain(t, &plan, &plan.cluster_chain, &cat.cluster);
+    }
+    if plan.d.uses_local_chain {
+        policy_chain(t, &plan, &plan.local_chain, &cat.local);
+    }
+    for ep in &cat.all_reachable {
+        endpoint_chain(t, &plan, node, ep);
+    }
+}
+
+/// The port's elements in the shared sets and verdict maps.
+fn map_elements(t: &mut NftTable, plan: &PortPlan<'_>) {
+    let (pv, d) = (plan.pv, &plan.d);
+    let spn = pv.name.as_str();
+    let cip = pv.cluster_ip;
     t.element("cluster-ips", cip.to_string(), None, None);
-    if has_internal {
+    if d.has_internal {
+        let chain = plan.policy_chain(pv.internal_policy_local());
         t.element(
             "service-ips",
-            key(cip),
+            plan.key(cip),
             None,
-            Some(format!("goto {internal_chain}")),
+            Some(format!("goto {chain}")),
         );
-    } else if let Some(v) = no_ep_verdict(false) {
-        t.element("no-endpoint-services", key(cip), Some(spn), Some(v));
+    } else if let Some(v) = plan.no_endpoints(false) {
+        t.element("no-endpoint-services", plan.key(cip), Some(spn), Some(v));
     }
-    let ext_target = format!("goto {ext_chain}");
+    let ext_target = format!("goto {}", plan.ext_chain);
     for ip in &pv.external_ips {
-        if has_endpoints {
-            t.element("service-ips", key(*ip), None, Some(ext_target.clone()));
+        if d.has_endpoints {
+            t.element("service-ips", plan.key(*ip), None, Some(ext_target.clone()));
         }
-        if let Some(v) = no_ep_verdict(has_external) {
-            t.element("no-endpoint-services", key(*ip), Some(spn), Some(v));
+        if let Some(v) = plan.no_endpoints(d.has_external) {
+            t.element("no-endpoint-services", plan.key(*ip), Some(spn), Some(v));
         }
     }
     for ip in &pv.load_balancer_ips {
-        if has_endpoints {
-            t.element("service-ips", key(*ip), None, Some(ext_target.clone()));
+        if d.has_endpoints {
+            t.element("service-ips", plan.key(*ip), None, Some(ext_target.clone()));
         }
-        if uses_fw {
-            t.element(
-                "firewall-ips",
-                key(*ip),
-                None,
-                Some(format!("goto {fw_chain}")),
-            );
+        if d.uses_fw {
+            let goto = format!("goto {}", plan.fw_chain);
+            t.element("firewall-ips", plan.key(*ip), None, Some(goto));
         }
-        if let Some(v) = no_ep_verdict(has_external) {
-            t.element("no-endpoint-services", key(*ip), Some(spn), Some(v));
+        if let Some(v) = plan.no_endpoints(d.has_external) {
+            t.element("no-endpoint-services", plan.key(*ip), Some(spn), Some(v));
         }
     }
     if let Some(np) = pv.node_port {
-        let k = format!("{proto} . {np}");
-        if has_endpoints {
-            t.element(
-                "service-nodeports",
-                k.clone(),
-                None,
-                Some(ext_target.clone()),
-            );
+        let k = format!("{} . {np}", plan.proto);
+        if d.has_endpoints {
+            t.element("service-nodeports", k.clone(), None, Some(ext_target));
         }
-        if let Some(v) = no_ep_verdict(has_external) {
+        if let Some(v) = plan.no_endpoints(d.has_external) {
             t.element("no-endpoint-nodeports", k, Some(spn), Some(v));
         }
     }
+}
 
-    if has_internal {
-        if node.masquerade_all {
-            t.rule(
-                internal_chain,
-                format!("{f} daddr {cip} jump mark-for-masquerade"),
-            );
-        } else if let Some(m) = detector_match(&node.detector, f, false) {
-            t.rule(
-                internal_chain,
-                format!("{f} daddr {cip} {m} jump mark-for-masquerade"),
-            );
-        }
-    }
-    if uses_ext {
-        t.chain(&ext_chain, "");
-        if !external_local {
-            t.rule(&ext_chain, "jump mark-for-masquerade");
-        } else {
-            if let Some(m) = detector_match(&node.detector, f, true) {
-                t.rule(
-                    &ext_chain,
-                    format!("{m} goto {cluster_chain} comment \"short-circuit pod traffic\""),
-                );
-            }
-            t.rule(
-                &ext_chain,
-                "fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"",
-            );
-            t.rule(
-                &ext_chain,
-                format!("fib saddr type local goto {cluster_chain} comment \"short-circuit local traffic\""),
-            );
-        }
-        if has_external {
-            t.rule(&ext_chain, format!("goto {external_policy_chain}"));
-        }
-    }
-    if uses_fw {
-        let mut allowed: Vec<String> = pv.source_ranges.iter().map(|c| c.to_string()).collect();
-        if node
-            .node_ip()
-            .is_some_and(|ip| pv.source_ranges.iter().any(|c| c.contains(ip)))
-        {
-            allowed.extend(pv.load_balancer_ips.iter().map(|ip| ip.to_string()));
-        }
-        t.rule(
-            &fw_chain,
-            format!("{f} saddr != {{ {} }} drop", allowed.join(", ")),
-        );
-    }
-    let affinity = pv.affinity_timeout();
-    let policy_chain = |t: &mut NftTable, chain: &str, eps: &[EndpointView]| {
-        t.chain(chain, "");
-        if affinity.is_some() {
-            for ep in eps {
-                let b = ep_base(pv, ep);
-                t.rule(
-                    chain,
-                    format!(
-                        "{f} saddr @{} goto {}",
-                        nft_name("affinity", &b),
-                        nft_name("endpoint", &b)
-                    ),
-                );
-            }
-        }
-        let arms: Vec<String> = eps
-            .iter()
-            .enumerate()
-            .map(|(i, ep)| format!("{i} : goto {}", nft_name("endpoint", &ep_base(pv, ep))))
-            .collect();
+/// ClusterIP traffic not from a pod (or all of it with `--masquerade-all`) is masqueraded.
+fn internal_masquerade(t: &mut NftTable, plan: &PortPlan<'_>, node: &NodeSettings) {
+    let (f, cip) = (plan.f, plan.pv.cluster_ip);
+    let chain = plan.policy_chain(plan.pv.internal_policy_local());
+    if node.masquerade_all {
+        t.rule(chain, format!("{f} daddr {cip} jump mark-for-masquerade"));
+    } else if let Some(m) = detector_match(&node.detector, f, false) {
         t.rule(
             chain,
-            format!(
-                "numgen random mod {} vmap {{ {} }}",
-                eps.len(),
-                arms.join(" , ")
-            ),
+            format!("{f} daddr {cip} {m} jump mark-for-masquerade"),
         );
-    };
-    if uses_cluster_chain {
-        policy_chain(t, &cluster_chain, &cat.cluster);
     }
-    if uses_local_chain {
-        policy_chain(t, &local_chain, &cat.local);
-    }
-    for ep in &cat.all_reachable {
-        let b = ep_base(pv, ep);
-        let chain = nft_name("endpoint", &b);
-        t.rule(
-            &chain,
-            format!("{f} saddr {} jump mark-for-masquerade", ep.ip),
-        );
-        if let Some(timeout) = affinity {
-            let set = nft_name("affinity", &b);
-            t.collection(
-                &set,
-                false,
-                format!(
-                    "type {} ; flags dynamic,timeout ; timeout {timeout}s",
-                    addr_type(node.family)
-                ),
+}
+
+/// The external chain: masquerade (externalTrafficPolicy Cluster), or short-circuit pod and
+/// node-local traffic to the cluster chain (Local); then the policy chain.
+fn external_chain(t: &mut NftTable, plan: &PortPlan<'_>, node: &NodeSettings) {
+    let (ext, cluster) = (plan.ext_chain.as_str(), plan.cluster_chain.as_str());
+    t.chain(ext, "");
+    let external_local = plan.pv.external_policy_local();
+    if !external_local {
+        t.rule(ext, "jump mark-for-masquerade");
+    } else {
+        if let Some(m) = detector_match(&node.detector, plan.f, true) {
+            t.rule(
+                ext,
+                format!("{m} goto {cluster} comment \"short-circuit pod traffic\""),
             );
-            t.rule(&chain, format!("update @{set} {{ {f} saddr }}"));
         }
         t.rule(
-            &chain,
-            format!("meta l4proto {proto} dnat to {}", dnat_dest(ep)),
+            ext,
+            "fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"",
+        );
+        t.rule(
+            ext,
+            format!("fib saddr type local goto {cluster} comment \"short-circuit local traffic\""),
         );
     }
+    if plan.d.has_external {
+        t.rule(ext, format!("goto {}", plan.policy_chain(external_local)));
+    }
+}
+
+/// The firewall chain: drop LoadBalancer traffic from outside the source ranges (and the
+/// LoadBalancer IPs themselves, when the node is in a range).
+fn firewall_chain(t: &mut NftTable, plan: &PortPlan<'_>, node: &NodeSettings) {
+    let pv = plan.pv;
+    let mut allowed: Vec<String> = pv.source_ranges.iter().map(|c| c.to_string()).collect();
+    if node
+        .node_ip()
+        .is_some_and(|ip| pv.source_ranges.iter().any(|c| c.contains(ip)))
+    {
+        allowed.extend(pv.load_balancer_ips.iter().map(|ip| ip.to_string()));
+    }
+    t.rule(
+        &plan.fw_chain,
+        format!("{} saddr != {{ {} }} drop", plan.f, allowed.join(", ")),
+    );
+}
+
+/// A policy chain: affinity first, then a random endpoint.
+fn policy_chain(t: &mut NftTable, plan: &PortPlan<'_>, chain: &str, eps: &[EndpointView]) {
+    let pv = plan.pv;
+    t.chain(chain, "");
+    if pv.affinity_timeout().is_some() {
+        for ep in eps {
+            let b = ep_base(pv, ep);
+            t.rule(
+                chain,
+                format!(
+                    "{} saddr @{} goto {}",
+                    plan.f,
+                    nft_name("affinity", &b),
+                    nft_name("endpoint", &b)
+                ),
+            );
+        }
+    }
+    let arms: Vec<String> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| format!("{i} : goto {}", nft_name("endpoint", &ep_base(pv, ep))))
+        .collect();
+    t.rule(
+        chain,
+        format!(
+            "numgen random mod {} vmap {{ {} }}",
+            eps.len(),
+            arms.join(" , ")
+        ),
+    );
+}
+
+/// An endpoint's chain: hairpin masquerade, the affinity set, DNAT.
+fn endpoint_chain(t: &mut NftTable, plan: &PortPlan<'_>, node: &NodeSettings, ep: &EndpointView) {
+    let f = plan.f;
+    let b = ep_base(plan.pv, ep);
+    let chain = nft_name("endpoint", &b);
+    t.rule(
+        &chain,
+        format!("{f} saddr {} jump mark-for-masquerade", ep.ip),
+    );
+    if let Some(timeout) = plan.pv.affinity_timeout() {
+        let set = nft_name("affinity", &b);
+        t.collection(
+            &set,
+            false,
+            format!(
+                "type {} ; flags dynamic,timeout ; timeout {timeout}s",
+                addr_type(node.family)
+            ),
+        );
+        t.rule(&chain, format!("update @{set} {{ {f} saddr }}"));
+    }
+    t.rule(
+        &chain,
+        format!("meta l4proto {} dnat to {}", plan.proto, dnat_dest(ep)),
+    );
 }
 
 /// The table a fresh kube-proxy writes for `model` on `node`.
@@ -679,126 +728,23 @@ impl Tracer<'_> {
             return false;
         };
         self.depth += 1;
-        let f = fam(self.t.family);
         let mut done = false;
         for rule in c.rules.clone() {
             let rule = rule.split(" comment \"").next().unwrap_or("").to_string();
-            let mut rest = rule.as_str();
-            let mut matched = true;
-            // Leading matches.
-            loop {
-                rest = rest.trim_start();
-                if let Some(r) = rest.strip_prefix("ct state new ") {
-                    rest = r;
-                } else if let Some(r) = rest.strip_prefix("fib saddr type local ") {
-                    matched &= self.node.is_local_address(pkt.src);
-                    rest = r;
-                } else if let Some(r) = rest.strip_prefix("fib daddr type local ") {
-                    matched &= self.node.is_local_address(pkt.dst);
-                    rest = r;
-                } else if let Some(r) =
-                    rest.strip_prefix(&format!("{f} daddr . meta l4proto . th dport vmap @"))
-                {
-                    let key = format!("{} . {} . {}", pkt.dst, proto_name(pkt.protocol), pkt.dport);
-                    if matched
-                        && let Some(v) = self.set_has(r.trim(), &key).and_then(|e| e.value.clone())
-                        && matches!(self.verdict(&v, pkt), Verdict::Stop)
-                    {
-                        done = true;
-                    }
-                    matched = false;
-                    rest = "";
-                } else if let Some(r) = rest.strip_prefix("meta l4proto . th dport vmap @") {
-                    let key = format!("{} . {}", proto_name(pkt.protocol), pkt.dport);
-                    if matched
-                        && let Some(v) = self.set_has(r.trim(), &key).and_then(|e| e.value.clone())
-                        && matches!(self.verdict(&v, pkt), Verdict::Stop)
-                    {
-                        done = true;
-                    }
-                    matched = false;
-                    rest = "";
-                } else if let Some(r) = rest.strip_prefix("numgen random mod ") {
-                    if matched {
-                        let arms = r
-                            .split_once('{')
-                            .map_or("", |(_, a)| a)
-                            .trim_end_matches('}');
-                        for arm in arms.split(',') {
-                            if let Some((_, v)) = arm.split_once(':') {
-                                self.verdict(v.trim(), pkt);
-                            }
-                        }
-                        done = true;
-                    }
-                    matched = false;
-                    rest = "";
-                } else if let Some(r) = rest
-                    .strip_prefix(&format!("{f} daddr "))
-                    .map(|r| (r, true))
-                    .or_else(|| {
-                        rest.strip_prefix(&format!("{f} saddr "))
-                            .map(|r| (r, false))
-                    })
-                {
-                    let (r, is_dst) = r;
-                    let ip = if is_dst { pkt.dst } else { pkt.src };
-                    let (neg, r) = match r.strip_prefix("!= ") {
-                        Some(r) => (true, r),
-                        None => (false, r),
-                    };
-                    let (hit, r) = if let Some(r) = r.strip_prefix('@') {
-                        let (set, r) = r.split_once(' ').unwrap_or((r, ""));
-                        if set.starts_with("affinity-") {
-                            // Affinity: the client may or may not be remembered; both ways.
-                            if matched && let Some(v) = r.trim().strip_prefix("goto ") {
-                                self.run(v.trim(), pkt);
-                            }
-                            matched = false;
-                            (false, "")
-                        } else {
-                            (self.set_has(set, &ip.to_string()).is_some(), r)
-                        }
-                    } else if let Some(r) = r.strip_prefix('{') {
-                        let (list, r) = r.split_once('}').unwrap_or((r, ""));
-                        (in_list(list, ip), r)
-                    } else {
-                        let (v, r) = r.split_once(' ').unwrap_or((r, ""));
-                        (in_list(v, ip), r)
-                    };
-                    matched &= hit != neg;
-                    rest = r;
-                } else if let Some(r) = rest.strip_prefix("meta l4proto ") {
-                    let (p, r) = r.split_once(' ').unwrap_or((r, ""));
-                    matched &= p == proto_name(pkt.protocol);
-                    rest = r;
-                } else {
-                    break;
-                }
-            }
-            if !matched || rest.is_empty() {
+            let mut scan = Scan {
+                rest: &rule,
+                matched: true,
+                done: false,
+            };
+            self.leading_matches(&mut scan, pkt);
+            done |= scan.done;
+            if !scan.matched || scan.rest.is_empty() {
                 if done {
                     break;
                 }
                 continue;
             }
-            let action = rest.trim();
-            if action == "jump mark-for-masquerade" {
-                self.masq = true;
-                continue;
-            }
-            if let Some(dest) = action.strip_prefix("dnat to ") {
-                self.outputs.push(dest.trim().to_string());
-                done = true;
-                break;
-            }
-            if action.starts_with("update ")
-                || action.starts_with("mark ")
-                || action.starts_with("masquerade")
-            {
-                continue;
-            }
-            if matches!(self.verdict(action, pkt), Verdict::Stop) {
+            if self.action(scan.rest.trim(), pkt) {
                 done = true;
                 break;
             }
@@ -806,6 +752,133 @@ impl Tracer<'_> {
         self.depth -= 1;
         done
     }
+
+    /// Consumes a rule's leading matches (and the lookups that end it).
+    fn leading_matches(&mut self, scan: &mut Scan<'_>, pkt: &Packet) {
+        let f = fam(self.t.family);
+        loop {
+            let rest = scan.rest.trim_start();
+            scan.rest = rest;
+            if let Some(r) = rest.strip_prefix("ct state new ") {
+                scan.rest = r;
+            } else if let Some(r) = rest.strip_prefix("fib saddr type local ") {
+                scan.matched &= self.node.is_local_address(pkt.src);
+                scan.rest = r;
+            } else if let Some(r) = rest.strip_prefix("fib daddr type local ") {
+                scan.matched &= self.node.is_local_address(pkt.dst);
+                scan.rest = r;
+            } else if let Some(r) =
+                rest.strip_prefix(&format!("{f} daddr . meta l4proto . th dport vmap @"))
+            {
+                let key = format!("{} . {} . {}", pkt.dst, proto_name(pkt.protocol), pkt.dport);
+                self.vmap(scan, r.trim(), &key, pkt);
+            } else if let Some(r) = rest.strip_prefix("meta l4proto . th dport vmap @") {
+                let key = format!("{} . {}", proto_name(pkt.protocol), pkt.dport);
+                self.vmap(scan, r.trim(), &key, pkt);
+            } else if let Some(r) = rest.strip_prefix("numgen random mod ") {
+                self.numgen(scan, r, pkt);
+            } else if let Some(r) = rest.strip_prefix(&format!("{f} daddr ")) {
+                self.address(scan, r, pkt.dst, pkt);
+            } else if let Some(r) = rest.strip_prefix(&format!("{f} saddr ")) {
+                self.address(scan, r, pkt.src, pkt);
+            } else if let Some(r) = rest.strip_prefix("meta l4proto ") {
+                let (p, r) = r.split_once(' ').unwrap_or((r, ""));
+                scan.matched &= p == proto_name(pkt.protocol);
+                scan.rest = r;
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// A verdict-map lookup, which ends the rule.
+    fn vmap(&mut self, scan: &mut Scan<'_>, map: &str, key: &str, pkt: &Packet) {
+        if scan.matched
+            && let Some(v) = self.set_has(map, key).and_then(|e| e.value.clone())
+            && matches!(self.verdict(&v, pkt), Verdict::Stop)
+        {
+            scan.done = true;
+        }
+        scan.matched = false;
+        scan.rest = "";
+    }
+
+    /// `numgen random mod N vmap { … }`: every arm is explored; it ends the rule.
+    fn numgen(&mut self, scan: &mut Scan<'_>, r: &str, pkt: &Packet) {
+        if scan.matched {
+            let arms = r
+                .split_once('{')
+                .map_or("", |(_, a)| a)
+                .trim_end_matches('}');
+            for arm in arms.split(',') {
+                if let Some((_, v)) = arm.split_once(':') {
+                    self.verdict(v.trim(), pkt);
+                }
+            }
+            scan.done = true;
+        }
+        scan.matched = false;
+        scan.rest = "";
+    }
+
+    /// `daddr`/`saddr` (`ip` is the packet's address on that side) against a set, a list
+    /// or one address, maybe negated.
+    fn address<'r>(&mut self, scan: &mut Scan<'r>, r: &'r str, ip: IpAddr, pkt: &Packet) {
+        let (neg, r) = match r.strip_prefix("!= ") {
+            Some(r) => (true, r),
+            None => (false, r),
+        };
+        let (hit, r) = if let Some(r) = r.strip_prefix('@') {
+            let (set, r) = r.split_once(' ').unwrap_or((r, ""));
+            if set.starts_with("affinity-") {
+                // Affinity: the client may or may not be remembered; both ways.
+                if scan.matched
+                    && let Some(v) = r.trim().strip_prefix("goto ")
+                {
+                    self.run(v.trim(), pkt);
+                }
+                scan.matched = false;
+                (false, "")
+            } else {
+                (self.set_has(set, &ip.to_string()).is_some(), r)
+            }
+        } else if let Some(r) = r.strip_prefix('{') {
+            let (list, r) = r.split_once('}').unwrap_or((r, ""));
+            (in_list(list, ip), r)
+        } else {
+            let (v, r) = r.split_once(' ').unwrap_or((r, ""));
+            (in_list(v, ip), r)
+        };
+        scan.matched &= hit != neg;
+        scan.rest = r;
+    }
+
+    /// A matched rule's action; true when it is final.
+    fn action(&mut self, action: &str, pkt: &Packet) -> bool {
+        if action == "jump mark-for-masquerade" {
+            self.masq = true;
+            return false;
+        }
+        if let Some(dest) = action.strip_prefix("dnat to ") {
+            self.outputs.push(dest.trim().to_string());
+            return true;
+        }
+        if action.starts_with("update ")
+            || action.starts_with("mark ")
+            || action.starts_with("masquerade")
+        {
+            return false;
+        }
+        matches!(self.verdict(action, pkt), Verdict::Stop)
+    }
+}
+
+/// A rule being matched: what is left of it, whether it still matches, and whether a
+/// lookup in it gave the packet a final verdict.
+struct Scan<'r> {
+    rest: &'r str,
+    matched: bool,
+    done: bool,
 }
 
 /// Follows a new packet as kube-proxy's nftables tests do: `filter-prerouting-pre-dnat`,

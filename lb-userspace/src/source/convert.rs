@@ -40,18 +40,34 @@ pub enum Converted<T> {
     Ignore(String),
 }
 
+/// Names the object whose field is invalid.
+struct Object<'a> {
+    kind: &'static str,
+    name: &'a str,
+}
+
+impl Object<'_> {
+    fn invalid(&self, field: String, value: String, reason: &str) -> SourceError {
+        SourceError::Invalid {
+            kind: self.kind,
+            object: self.name.to_string(),
+            field,
+            value,
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Converts a Service. ExternalName and headless services are ignored, as kube-proxy does.
 pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
     let id = service_ref(&svc.metadata);
-    let invalid = |field: String, value: String, reason: &str| SourceError::Invalid {
+    let name = id.to_string();
+    let obj = Object {
         kind: "Service",
-        object: id.to_string(),
-        field,
-        value,
-        reason: reason.to_string(),
+        name: &name,
     };
     if id.name.is_empty() {
-        return Err(invalid(
+        return Err(obj.invalid(
             "metadata.name".into(),
             String::new(),
             "a Service needs a name",
@@ -61,19 +77,55 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
     if spec.type_.as_deref() == Some("ExternalName") {
         return Ok(Converted::Ignore(format!("Service {id} is ExternalName")));
     }
+    let Some(cluster_ips) = cluster_ips(&spec, &obj)? else {
+        return Ok(Converted::Ignore(format!(
+            "Service {id} is headless or has no ClusterIP"
+        )));
+    };
+    let ports = service_ports(&spec, &obj)?;
+    let service_type = match spec.type_.as_deref() {
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        _ => ServiceType::ClusterIp,
+    };
+    let policy = |p: Option<&str>| match p {
+        Some("Local") => TrafficPolicy::Local,
+        _ => TrafficPolicy::Cluster,
+    };
+    Ok(Converted::Take(Service {
+        cluster_ips,
+        ports,
+        service_type,
+        external_ips: external_ips(&spec, &id),
+        load_balancer_ips: load_balancer_ips(svc, &id),
+        load_balancer_source_ranges: source_ranges(&spec, &id),
+        session_affinity: session_affinity(&spec),
+        external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
+        internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
+        health_check_node_port: spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p != 0),
+        id,
+    }))
+}
+
+/// `clusterIPs` (else `clusterIP`); `None` for a headless service or one without any.
+fn cluster_ips(
+    spec: &core::ServiceSpec,
+    obj: &Object<'_>,
+) -> Result<Option<Vec<std::net::IpAddr>>, SourceError> {
     let mut raw_ips = spec.cluster_ips.clone().unwrap_or_default();
     if raw_ips.is_empty() {
         raw_ips.extend(spec.cluster_ip.clone());
     }
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip == "None" || ip.is_empty()) {
-        return Ok(Converted::Ignore(format!(
-            "Service {id} is headless or has no ClusterIP"
-        )));
+        return Ok(None);
     }
     let mut cluster_ips = Vec::new();
     for (i, raw) in raw_ips.iter().enumerate() {
         let ip = parse_ip(raw).ok_or_else(|| {
-            invalid(
+            obj.invalid(
                 format!("spec.clusterIPs[{i}]"),
                 raw.clone(),
                 "not an IPv4 or IPv6 address",
@@ -81,17 +133,25 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         })?;
         cluster_ips.push(ip);
     }
+    Ok(Some(cluster_ips))
+}
+
+/// `spec.ports`: at least one, each with a valid port, protocol and nodePort.
+fn service_ports(
+    spec: &core::ServiceSpec,
+    obj: &Object<'_>,
+) -> Result<Vec<ServicePort>, SourceError> {
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let port = parse_port(p.port).ok_or_else(|| {
-            invalid(
+            obj.invalid(
                 format!("spec.ports[{i}].port"),
                 p.port.to_string(),
                 "must be 1..=65535",
             )
         })?;
         let protocol = parse_protocol(p.protocol.as_deref()).map_err(|v| {
-            invalid(
+            obj.invalid(
                 format!("spec.ports[{i}].protocol"),
                 v,
                 "must be TCP, UDP or SCTP",
@@ -100,7 +160,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         let node_port = match p.node_port {
             None | Some(0) => None,
             Some(np) => Some(parse_port(np).ok_or_else(|| {
-                invalid(
+                obj.invalid(
                     format!("spec.ports[{i}].nodePort"),
                     np.to_string(),
                     "must be 1..=65535",
@@ -115,19 +175,19 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
         });
     }
     if ports.is_empty() {
-        return Err(invalid(
+        return Err(obj.invalid(
             "spec.ports".into(),
             "[]".into(),
             "a Service needs at least one port",
         ));
     }
-    let service_type = match spec.type_.as_deref() {
-        Some("NodePort") => ServiceType::NodePort,
-        Some("LoadBalancer") => ServiceType::LoadBalancer,
-        _ => ServiceType::ClusterIp,
-    };
-    // kube-proxy drops externalIPs, ingress IPs and source ranges it cannot parse (they
-    // are usually of the other family); so does the model, with a log line.
+    Ok(ports)
+}
+
+// kube-proxy drops externalIPs, ingress IPs and source ranges it cannot parse (they are
+// usually of the other family); so does the model, with a log line.
+
+fn external_ips(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<std::net::IpAddr> {
     let mut external_ips = Vec::new();
     for raw in spec.external_ips.iter().flatten() {
         match parse_ip(raw) {
@@ -135,6 +195,11 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
             None => tracing::warn!(service = %id, value = %raw, "externalIP is not an IP; ignored"),
         }
     }
+    external_ips
+}
+
+/// The LoadBalancer ingress IPs (not those with ipMode Proxy).
+fn load_balancer_ips(svc: &core::Service, id: &ServiceRef) -> Vec<std::net::IpAddr> {
     let mut load_balancer_ips = Vec::new();
     let ingress = svc
         .status
@@ -155,14 +220,22 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
             }
         }
     }
-    let mut load_balancer_source_ranges = Vec::new();
+    load_balancer_ips
+}
+
+fn source_ranges(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<Cidr> {
+    let mut ranges = Vec::new();
     for raw in spec.load_balancer_source_ranges.iter().flatten() {
         match Cidr::parse_sloppy(raw) {
-            Ok(c) => load_balancer_source_ranges.push(c),
+            Ok(c) => ranges.push(c),
             Err(e) => tracing::warn!(service = %id, "loadBalancerSourceRanges: {e}; ignored"),
         }
     }
-    let session_affinity = match spec.session_affinity.as_deref() {
+    ranges
+}
+
+fn session_affinity(spec: &core::ServiceSpec) -> SessionAffinity {
+    match spec.session_affinity.as_deref() {
         Some("ClientIP") => SessionAffinity::ClientIp {
             timeout_seconds: spec
                 .session_affinity_config
@@ -174,27 +247,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
                 .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS),
         },
         _ => SessionAffinity::None,
-    };
-    let policy = |p: Option<&str>| match p {
-        Some("Local") => TrafficPolicy::Local,
-        _ => TrafficPolicy::Cluster,
-    };
-    Ok(Converted::Take(Service {
-        id,
-        cluster_ips,
-        ports,
-        service_type,
-        external_ips,
-        load_balancer_ips,
-        load_balancer_source_ranges,
-        session_affinity,
-        external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
-        internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
-        health_check_node_port: spec
-            .health_check_node_port
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|&p| p != 0),
-    }))
+    }
 }
 
 /// Converts an EndpointSlice. FQDN slices and slices without the service-name label are
@@ -206,17 +259,14 @@ pub fn endpoint_slice(
     let name = meta.name.clone().unwrap_or_default();
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
     let object = format!("{namespace}/{name}");
-    let invalid = |field: String, value: String, reason: &str| SourceError::Invalid {
+    let obj = Object {
         kind: "EndpointSlice",
-        object: object.clone(),
-        field,
-        value,
-        reason: reason.to_string(),
+        name: &object,
     };
     if name.is_empty() {
         // Slices of a service are told apart by name: two without one would replace each
         // other.
-        return Err(invalid(
+        return Err(obj.invalid(
             "metadata.name".into(),
             String::new(),
             "an EndpointSlice needs a name",
@@ -232,25 +282,48 @@ pub fn endpoint_slice(
         "IPv6" => false,
         "FQDN" => return Ok(Converted::Ignore(format!("EndpointSlice {object} is FQDN"))),
         other => {
-            return Err(invalid(
+            return Err(obj.invalid(
                 "addressType".into(),
                 other.into(),
                 "unknown address family (IPv4, IPv6 or FQDN)",
             ));
         }
     };
+    let ports = slice_ports(slice, &obj)?;
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        if let Some(e) = endpoint(i, ep, want_v4, &obj)? {
+            endpoints.push(e);
+        }
+    }
+    Ok(Converted::Take(EndpointSlice {
+        name,
+        service: ServiceRef {
+            namespace,
+            name: svc_name.clone(),
+        },
+        ports,
+        endpoints,
+    }))
+}
+
+/// The slice's ports (a port without a number is skipped).
+fn slice_ports(
+    slice: &discovery::EndpointSlice,
+    obj: &Object<'_>,
+) -> Result<Vec<EndpointPort>, SourceError> {
     let mut ports = Vec::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let Some(raw) = p.port else { continue };
         let port = parse_port(raw).ok_or_else(|| {
-            invalid(
+            obj.invalid(
                 format!("ports[{i}].port"),
                 raw.to_string(),
                 "must be 1..=65535",
             )
         })?;
         let protocol = parse_protocol(p.protocol.as_deref()).map_err(|v| {
-            invalid(
+            obj.invalid(
                 format!("ports[{i}].protocol"),
                 v,
                 "must be TCP, UDP or SCTP",
@@ -262,56 +335,54 @@ pub fn endpoint_slice(
             protocol,
         });
     }
-    let mut endpoints = Vec::new();
-    for (i, ep) in slice.endpoints.iter().enumerate() {
-        let mut addresses = Vec::new();
-        for (j, raw) in ep.addresses.iter().enumerate() {
-            let field = format!("endpoints[{i}].addresses[{j}]");
-            let ip = parse_ip(raw)
-                .ok_or_else(|| invalid(field.clone(), raw.clone(), "not an IP address"))?;
-            if ip.is_ipv4() != want_v4 {
-                // As kube-proxy: an address of the other family is skipped, with a log line.
-                tracing::warn!(
-                    slice = %object, %field, address = %raw,
-                    "address of the wrong family for the slice's addressType; skipped"
-                );
-                continue;
-            }
-            addresses.push(ip);
-        }
-        if addresses.is_empty() {
+    Ok(ports)
+}
+
+/// Endpoint `i` of a slice; `None` when none of its addresses is of the slice's family.
+fn endpoint(
+    i: usize,
+    ep: &discovery::Endpoint,
+    want_v4: bool,
+    obj: &Object<'_>,
+) -> Result<Option<Endpoint>, SourceError> {
+    let mut addresses = Vec::new();
+    for (j, raw) in ep.addresses.iter().enumerate() {
+        let field = format!("endpoints[{i}].addresses[{j}]");
+        let ip = parse_ip(raw)
+            .ok_or_else(|| obj.invalid(field.clone(), raw.clone(), "not an IP address"))?;
+        if ip.is_ipv4() != want_v4 {
+            // As kube-proxy: an address of the other family is skipped, with a log line.
+            tracing::warn!(
+                slice = %obj.name, %field, address = %raw,
+                "address of the wrong family for the slice's addressType; skipped"
+            );
             continue;
         }
-        let cond = ep.conditions.clone().unwrap_or_default();
-        // As kube-proxy reads them: ready and serving unset count as true, terminating as false.
-        endpoints.push(Endpoint {
-            addresses,
-            ready: cond.ready.unwrap_or(true),
-            serving: cond.serving.unwrap_or(true),
-            terminating: cond.terminating.unwrap_or(false),
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
-            zone_hints: ep
-                .hints
-                .iter()
-                .flat_map(|h| h.for_zones.iter().flatten())
-                .map(|z| z.name.clone())
-                .collect(),
-            node_hints: ep
-                .hints
-                .iter()
-                .flat_map(|h| h.for_nodes.iter().flatten())
-                .map(|n| n.name.clone())
-                .collect(),
-        });
+        addresses.push(ip);
     }
-    Ok(Converted::Take(EndpointSlice {
-        name,
-        service: ServiceRef {
-            namespace,
-            name: svc_name.clone(),
-        },
-        ports,
-        endpoints,
+    if addresses.is_empty() {
+        return Ok(None);
+    }
+    let cond = ep.conditions.clone().unwrap_or_default();
+    // As kube-proxy reads them: ready and serving unset count as true, terminating as false.
+    Ok(Some(Endpoint {
+        addresses,
+        ready: cond.ready.unwrap_or(true),
+        serving: cond.serving.unwrap_or(true),
+        terminating: cond.terminating.unwrap_or(false),
+        node_name: ep.node_name.clone(),
+        zone: ep.zone.clone(),
+        zone_hints: ep
+            .hints
+            .iter()
+            .flat_map(|h| h.for_zones.iter().flatten())
+            .map(|z| z.name.clone())
+            .collect(),
+        node_hints: ep
+            .hints
+            .iter()
+            .flat_map(|h| h.for_nodes.iter().flatten())
+            .map(|n| n.name.clone())
+            .collect(),
     }))
 }

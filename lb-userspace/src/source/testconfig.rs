@@ -81,7 +81,7 @@ struct Spec {
     compare: String,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Clone, Deserialize, Default)]
 #[serde(default)]
 struct Detector {
     mode: String,
@@ -123,62 +123,8 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
         Some("IPv6") => IpFamily::V6,
         Some(other) => return Err(invalid(&name, "spec.ipFamily", other, "IPv4 or IPv6")),
     };
-    let mut node_ips = Vec::new();
-    if let Some(raw) = &spec.node_ip {
-        node_ips.push(ip(&name, "spec.nodeIP", raw)?);
-    }
-    for raw in &spec.node_ips {
-        node_ips.push(ip(&name, "spec.nodeIPs", raw)?);
-    }
-    let mut local_addresses = Vec::new();
-    match &spec.node_interface_addresses {
-        Some(ifaces) => {
-            for addrs in ifaces.values() {
-                for raw in addrs {
-                    let addr = raw.split('/').next().unwrap_or(raw);
-                    local_addresses.push(ip(&name, "spec.nodeInterfaceAddresses", addr)?);
-                }
-            }
-        }
-        None if spec.mode == "ipvs" => local_addresses.extend(node_ips.iter().copied()),
-        None => {
-            for raw in DEFAULT_TEST_ADDRESSES {
-                local_addresses.push(ip(&name, "default addresses", raw)?);
-            }
-        }
-    }
-    let detector = match spec.local_traffic_detector {
-        None => LocalDetector::None,
-        Some(d) => match d.mode.as_str() {
-            "None" | "" => LocalDetector::None,
-            "ClusterCIDR" | "NodeCIDR" => {
-                let raw = d.cidr.unwrap_or_default();
-                let c = cidr(&name, "spec.localTrafficDetector.cidr", &raw)?;
-                if d.mode == "ClusterCIDR" {
-                    LocalDetector::ClusterCidr(c)
-                } else {
-                    LocalDetector::NodeCidr(c)
-                }
-            }
-            "BridgeInterface" => LocalDetector::BridgeInterface(d.interface.unwrap_or_default()),
-            "InterfaceNamePrefix" => {
-                LocalDetector::InterfaceNamePrefix(d.interface.unwrap_or_default())
-            }
-            other => {
-                return Err(invalid(
-                    &name,
-                    "spec.localTrafficDetector.mode",
-                    other,
-                    "unknown detector",
-                ));
-            }
-        },
-    };
-    let mark = match &spec.masquerade_mark {
-        None => MasqueradeMark::default(),
-        Some(raw) => MasqueradeMark::literal(raw)
-            .ok_or_else(|| invalid(&name, "spec.masqueradeMark", raw, "not a number"))?,
-    };
+    let (node_ips, local_addresses) = addresses(&spec, &name)?;
+    let detector = detector(spec.local_traffic_detector.clone(), &name)?;
     let mut node_port_addresses = Vec::new();
     for raw in &spec.node_port_addresses {
         node_port_addresses.push(cidr(&name, "spec.nodePortAddresses", raw)?);
@@ -187,7 +133,6 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
     for raw in &spec.service_cidrs {
         service_cidrs.push(cidr(&name, "spec.serviceCIDRs", raw)?);
     }
-    let counter = |n: &str| spec.nfacct_counters.get(n).copied().unwrap_or(false);
     let settings = NodeSettings {
         node_name: spec.node_name.clone(),
         zone: None,
@@ -200,7 +145,90 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
         node_port_addresses,
         service_cidrs,
     };
-    let options = emit::Options {
+    let options = writer_options(&spec, &name)?;
+    Ok(TestConfig {
+        name,
+        mode: spec.mode,
+        compare: spec.compare,
+        sync_period_secs: spec
+            .sync_period
+            .as_deref()
+            .and_then(|s| s.trim().trim_end_matches('s').parse().ok()),
+        settings,
+        options,
+    })
+}
+
+/// The node IPs and every local address (`nodeInterfaceAddresses`, else the upstream
+/// fakes' addresses; ipvs cases: the node IPs).
+fn addresses(spec: &Spec, name: &str) -> Result<(Vec<IpAddr>, Vec<IpAddr>), SourceError> {
+    let mut node_ips = Vec::new();
+    if let Some(raw) = &spec.node_ip {
+        node_ips.push(ip(name, "spec.nodeIP", raw)?);
+    }
+    for raw in &spec.node_ips {
+        node_ips.push(ip(name, "spec.nodeIPs", raw)?);
+    }
+    let mut local_addresses = Vec::new();
+    match &spec.node_interface_addresses {
+        Some(ifaces) => {
+            for addrs in ifaces.values() {
+                for raw in addrs {
+                    let addr = raw.split('/').next().unwrap_or(raw);
+                    local_addresses.push(ip(name, "spec.nodeInterfaceAddresses", addr)?);
+                }
+            }
+        }
+        None if spec.mode == "ipvs" => local_addresses.extend(node_ips.iter().copied()),
+        None => {
+            for raw in DEFAULT_TEST_ADDRESSES {
+                local_addresses.push(ip(name, "default addresses", raw)?);
+            }
+        }
+    }
+    Ok((node_ips, local_addresses))
+}
+
+/// `localTrafficDetector`.
+fn detector(detector: Option<Detector>, name: &str) -> Result<LocalDetector, SourceError> {
+    Ok(match detector {
+        None => LocalDetector::None,
+        Some(d) => match d.mode.as_str() {
+            "None" | "" => LocalDetector::None,
+            "ClusterCIDR" | "NodeCIDR" => {
+                let raw = d.cidr.unwrap_or_default();
+                let c = cidr(name, "spec.localTrafficDetector.cidr", &raw)?;
+                if d.mode == "ClusterCIDR" {
+                    LocalDetector::ClusterCidr(c)
+                } else {
+                    LocalDetector::NodeCidr(c)
+                }
+            }
+            "BridgeInterface" => LocalDetector::BridgeInterface(d.interface.unwrap_or_default()),
+            "InterfaceNamePrefix" => {
+                LocalDetector::InterfaceNamePrefix(d.interface.unwrap_or_default())
+            }
+            other => {
+                return Err(invalid(
+                    name,
+                    "spec.localTrafficDetector.mode",
+                    other,
+                    "unknown detector",
+                ));
+            }
+        },
+    })
+}
+
+/// The writer settings: the mark, the host features, the ipvs scheduler.
+fn writer_options(spec: &Spec, name: &str) -> Result<emit::Options, SourceError> {
+    let mark = match &spec.masquerade_mark {
+        None => MasqueradeMark::default(),
+        Some(raw) => MasqueradeMark::literal(raw)
+            .ok_or_else(|| invalid(name, "spec.masqueradeMark", raw, "not a number"))?,
+    };
+    let counter = |n: &str| spec.nfacct_counters.get(n).copied().unwrap_or(false);
+    Ok(emit::Options {
         mark,
         host: HostFeatures {
             random_fully: spec.iptables_has_random_fully.unwrap_or(true),
@@ -212,17 +240,6 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
         ipvs: emit::ipvs::Options {
             scheduler: spec.ipvs_scheduler.clone().unwrap_or_else(|| "rr".into()),
         },
-    };
-    Ok(TestConfig {
-        name,
-        mode: spec.mode,
-        compare: spec.compare,
-        sync_period_secs: spec
-            .sync_period
-            .as_deref()
-            .and_then(|s| s.trim().trim_end_matches('s').parse().ok()),
-        settings,
-        options,
     })
 }
 

@@ -289,15 +289,54 @@ pub fn run(xlb: &Path) -> Result<Section> {
     dp.program(&m)?;
     let full = all_maps(&dp.pins)?;
     drop(dp);
+    let mut body = String::new();
+    let per_entry = map_table(&mut body, &empty, &full);
+    let get = |n: &str| per_entry.get(n).copied().unwrap_or(0.0);
+    let units = Units::of(&get);
+    units_table(&mut body, &units, get(MAP_CT));
+    agent_table(&mut body, xlb)?;
+    targets(&mut body, &units);
+    let Units {
+        per_backend,
+        per_service,
+        per_flow,
+        ..
+    } = units;
+    let plot = "bench-memory.svg";
+    let mut bars: Vec<(String, f64)> = ALL_MAPS
+        .iter()
+        .map(|m| (format!("{m} entry"), get(m)))
+        .collect();
+    bars.push(("backend (slot + entry)".into(), per_backend));
+    bars.push(("service port (slot 0 + name)".into(), per_service));
+    bars.push(("flow (2 conntrack entries)".into(), per_flow));
+    report::bar_plot(
+        plot,
+        "Kernel memory (bytes_memlock) per entry",
+        "bytes",
+        &bars,
+    )?;
+    body.push_str(&format!("\n![memory per entry]({plot})\n"));
+    Ok(Section {
+        title: "memory: bytes per entry and agent RSS".into(),
+        body,
+    })
+}
 
-    let mut body = format!(
+/// Each map's memlock, empty and loaded; returns the bytes per entry by map name.
+fn map_table(
+    body: &mut String,
+    empty: &[MapMem],
+    full: &[MapMem],
+) -> std::collections::BTreeMap<&'static str, f64> {
+    body.push_str(&format!(
         "What the kernel charges for each map (`bpftool map show` → `bytes_memlock`, the kernel's own \
          accounting of the map's memory) with the default capacities, empty and with {SERVICES} services × \
          {ENDPOINTS} endpoints programmed through the agent's sync path. Preallocated maps cost the same \
          empty or full (every map is, the per-CPU counter arrays included): per entry = memlock ÷ \
          max_entries; the counter arrays' per entry covers all {} CPUs.\n\n",
         cpus()
-    );
+    ));
     let headers: Vec<String> = [
         "map",
         "type",
@@ -312,7 +351,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
     .collect();
     let mut per_entry = std::collections::BTreeMap::new();
     let mut rows = Vec::new();
-    for (e, f) in empty.iter().zip(&full) {
+    for (e, f) in empty.iter().zip(full) {
         let per = f.memlock as f64 / f.max_entries.max(1) as f64;
         per_entry.insert(f.name, per);
         rows.push(vec![
@@ -327,15 +366,44 @@ pub fn run(xlb: &Path) -> Result<Section> {
     }
     body.push_str(&report::table(&headers, &rows));
 
-    let get = |n: &str| per_entry.get(n).copied().unwrap_or(0.0);
-    let slot = get(MAP_SVC);
-    // The issue's units: counters apart, per CPU.
-    let per_service = slot + get(MAP_SVC_NAME);
-    let per_backend = slot + get(MAP_BACKEND);
-    let ncpu = cpus().max(1) as f64;
-    let svc_counters = get(MAP_SVC_STATS) / ncpu;
-    let backend_counters = get(MAP_BACKEND_STATS) / ncpu;
-    let per_flow = 2.0 * get(MAP_CT);
+    per_entry
+}
+
+/// The issue's units, counters apart and per CPU.
+struct Units {
+    slot: f64,
+    per_service: f64,
+    per_backend: f64,
+    svc_counters: f64,
+    backend_counters: f64,
+    per_flow: f64,
+}
+
+impl Units {
+    fn of(get: &dyn Fn(&str) -> f64) -> Self {
+        let slot = get(MAP_SVC);
+        let ncpu = cpus().max(1) as f64;
+        Self {
+            slot,
+            per_service: slot + get(MAP_SVC_NAME),
+            per_backend: slot + get(MAP_BACKEND),
+            svc_counters: get(MAP_SVC_STATS) / ncpu,
+            backend_counters: get(MAP_BACKEND_STATS) / ncpu,
+            per_flow: 2.0 * get(MAP_CT),
+        }
+    }
+}
+
+/// What a service slot, a service port, a backend and a flow take.
+fn units_table(body: &mut String, u: &Units, ct_entry: f64) {
+    let Units {
+        slot,
+        per_service,
+        per_backend,
+        svc_counters,
+        backend_counters,
+        per_flow,
+    } = *u;
     let headers: Vec<String> = ["unit", "what it takes", "bytes"]
         .iter()
         .map(|s| s.to_string())
@@ -369,7 +437,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
         vec![
             "conntrack entry".into(),
             format!("one {MAP_CT} entry"),
-            format!("{:.1}", get(MAP_CT)),
+            format!("{ct_entry:.1}"),
         ],
         vec![
             "flow".into(),
@@ -379,8 +447,10 @@ pub fn run(xlb: &Path) -> Result<Section> {
     ];
     body.push('\n');
     body.push_str(&report::table(&headers, &rows));
+}
 
-    // The real agent.
+/// The real agent's RSS at 1 and at SERVICES services.
+fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     let mut small = Vec::new();
     let mut big = Vec::new();
     let mut synced = Vec::new();
@@ -435,6 +505,17 @@ pub fn run(xlb: &Path) -> Result<Section> {
          the model, the desired state and the programmed copy, plus the YAML source's parse).\n",
         per_svc_rss
     ));
+    Ok(())
+}
+
+/// The issue's targets.
+fn targets(body: &mut String, u: &Units) {
+    let Units {
+        slot,
+        per_service,
+        per_backend,
+        ..
+    } = *u;
     body.push_str(&format!(
         "\n**Targets** (the fast-path issue's; per-CPU counters apart, above)\n\n\
          * ≤ 64 B per backend: **{}** ({per_backend:.1} B = a {slot:.1} B slot in the service hash + the \
@@ -456,24 +537,4 @@ pub fn run(xlb: &Path) -> Result<Section> {
              file in the pin directory), and the service entry in a hash of compact IPv4 keys"
         },
     ));
-
-    let plot = "bench-memory.svg";
-    let mut bars: Vec<(String, f64)> = ALL_MAPS
-        .iter()
-        .map(|m| (format!("{m} entry"), get(m)))
-        .collect();
-    bars.push(("backend (slot + entry)".into(), per_backend));
-    bars.push(("service port (slot 0 + name)".into(), per_service));
-    bars.push(("flow (2 conntrack entries)".into(), per_flow));
-    report::bar_plot(
-        plot,
-        "Kernel memory (bytes_memlock) per entry",
-        "bytes",
-        &bars,
-    )?;
-    body.push_str(&format!("\n![memory per entry]({plot})\n"));
-    Ok(Section {
-        title: "memory: bytes per entry and agent RSS".into(),
-        body,
-    })
 }

@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Result, anyhow};
-use lb_userspace::lab::load::{Measured, measure};
+use xlb_lab::load::{Measured, measure};
 use xlb_tests::{
     client::tcp_upload,
     scenario::TCP_PORT,

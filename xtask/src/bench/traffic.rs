@@ -5,12 +5,14 @@
 //! labs run their socket hooks on a cgroup of the lab's own). The
 //! measured service is the last one in kube-proxy's rule order (namespace `zzz`); the others
 //! are fillers with endpoints that no pod serves. Every row's load generator is the same
-//! process, `xlb client load`, in the client pod's or the node's namespace, and, for the
+//! process, `xlb-probe load`, in the client pod's or the node's namespace, and, for the
 //! socket-hook rows, in the agent's cgroup (a thread of the bench could not join it); the
 //! tc row has an xlb lab of its own (`--socket-lb host`). It is
 //! bounded in time: a warm-up of at most 10 s, then
 //! * new connections per second: connect, one request, its response, close, in a loop;
 //! * requests per second on one kept connection;
+//! * one bulk TCP stream's throughput (the client writes as fast as it can into the echo
+//!   server's sink, which counts the bytes);
 //! * first-packet latency: how long `connect()` takes (SYN to SYN-ACK through the datapath),
 //!   p50 and p99 over every new connection.
 //!
@@ -27,11 +29,15 @@ use std::{
 
 use anyhow::{Result, anyhow};
 use lb_userspace::{
-    compare::{Impl, Installed, LabSpec, Origin, install},
     emit::Mode,
-    lab::{load::Measured, process::run_client},
     model::{Model, NodeSettings},
     source::file,
+};
+use xlb_lab::{
+    compare::{Impl, Installed, LabSpec, Origin, install},
+    load::Measured,
+    probe,
+    process::run_client,
 };
 use xlb_tests::unique_tag;
 
@@ -46,7 +52,7 @@ const SIZES: [usize; 3] = [1, 1_000, 10_000];
 const USERSPACE_MAX: usize = 1_000;
 const PHASE: Duration = Duration::from_millis(1500);
 const TRIALS: usize = 5;
-/// A generator still running after this is killed (warm-up 10 s + two phases).
+/// A generator still running after this is killed (warm-up 10 s + three phases).
 const GENERATOR_LIMIT: Duration = Duration::from_secs(30);
 const MEASURED_VIP: Ipv4Addr = Ipv4Addr::new(10, 94, 0, 1);
 const BACKEND: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
@@ -192,7 +198,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
     Ok(lab)
 }
 
-/// One run of `row`'s generator (`xlb client load`) in its lab.
+/// One run of `row`'s generator (`xlb-probe load`) in its lab.
 fn measure_row(row: Row, lab: &Installed, xlb: &Path) -> Result<Measured> {
     let cgroup = if row.in_cgroup() {
         Some(
@@ -210,7 +216,7 @@ fn measure_row(row: Row, lab: &Installed, xlb: &Path) -> Result<Measured> {
         row.target().to_string(),
     ];
     let out = run_client(
-        xlb,
+        &probe::bin_beside(xlb),
         lab.namespace(row.origin()),
         cgroup,
         &args,
@@ -271,6 +277,10 @@ fn reqs(m: &Measured) -> f64 {
     m.reqs_per_s
 }
 
+fn bulk(m: &Measured) -> f64 {
+    m.bulk_mb_per_s
+}
+
 /// The table of every cell.
 fn table(results: &Results) -> String {
     let headers: Vec<String> = [
@@ -280,6 +290,7 @@ fn table(results: &Results) -> String {
         "req/s (kept)",
         "connect p50 (µs)",
         "connect p99 (µs)",
+        "bulk MB/s (one stream)",
         "failures",
     ]
     .iter()
@@ -298,6 +309,7 @@ fn table(results: &Results) -> String {
                 stat(ms, reqs).show(0),
                 format!("{:.0}", stat(ms, |m| m.connect_p50_us).median),
                 format!("{:.0}", stat(ms, |m| m.connect_p99_us).median),
+                stat(ms, bulk).show(0),
                 ms.iter().map(|m| m.failures).sum::<usize>().to_string(),
             ]
         })
@@ -324,6 +336,7 @@ fn ratios(results: &Results) -> String {
     for &n in &SIZES {
         let mut line = format!("* {n} services, new conn/s:");
         let mut kept = String::from(" req/s (kept):");
+        let mut stream = String::from(" bulk MB/s:");
         for row in ROWS
             .iter()
             .filter(|r| r.lab().is_some() && r.measured_at(n))
@@ -341,8 +354,14 @@ fn ratios(results: &Results) -> String {
                 row.name(),
                 ratio(results, *row, floor, n, reqs)
             );
+            let _ = write!(
+                stream,
+                " {} {:.2}×;",
+                row.name(),
+                ratio(results, *row, floor, n, bulk)
+            );
         }
-        let _ = writeln!(body, "{line}{kept}");
+        let _ = writeln!(body, "{line}{kept}{stream}");
     }
     body
 }
@@ -374,6 +393,8 @@ fn targets(results: &Results) -> String {
     let sock_conns = worst(results, Row::SockPod, conns);
     let sock_reqs = worst(results, Row::SockPod, reqs);
     let sock_flat = flatness(results, Row::SockPod);
+    let tc_bulk = worst(results, Row::Tc, bulk);
+    let sock_bulk = worst(results, Row::SockPod, bulk);
     let ipt_flat = flatness(results, Row::Iptables);
     let sock_ok = sock_conns >= 1.0 && sock_reqs >= 1.0 && sock_flat >= 0.9;
     let mut body = format!(
@@ -383,11 +404,14 @@ fn targets(results: &Results) -> String {
          conn/s at {last} ÷ at 1 = {sock_flat:.2}×).\n\
          * xlb's tc path within 1.1× of direct-to-pod (new conn/s): **{}** (worst ÷ direct = {tc:.2}×).\n\
          * xlb's tc path flat in the number of services: **{}** (conn/s at {last} ÷ at 1 = {:.2}×).\n\
+         * one bulk TCP stream through a ClusterIP at least 0.97× of straight to the pod, tc and socket hooks: **{}** \
+         (worst ÷ direct: tc {tc_bulk:.2}×, socket hooks {sock_bulk:.2}×).\n\
          * iptables falling as services grow: {} (conn/s at {last} ÷ at 1 = {ipt_flat:.2}×).\n",
         verdict(sock_ok),
         verdict(tc >= 1.0 / 1.1),
         verdict(flatness(results, Row::Tc) >= 0.9),
         flatness(results, Row::Tc),
+        verdict(tc_bulk >= 0.97 && sock_bulk >= 0.97),
         if ipt_flat < 0.9 {
             "**shown**"
         } else {
@@ -498,7 +522,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
     let mut body = format!(
         "Real TCP to one echo backend through each path, in namespaces built for the run (`compare::install`; xlb's socket-hook \
          rows in a lab with `--socket-lb all`, its hooks on a cgroup of the lab's own, the tc row in one with `--socket-lb host`). The measured service is last in kube-proxy's rule order; \
-         the other services are fillers. Every row's load generator is the same process (`xlb client load`): in the client pod, \
+         the other services are fillers. Every row's load generator is the same process (`xlb-probe load`): in the client pod, \
          or in the node namespace for the host rows; in the agent's cgroup for the socket-hook rows. Each phase runs {:.1} s: *new conn/s* = connect + one request + response + close in a \
          loop; *req/s* = requests on one kept connection; *connect* = the time `connect()` takes (first packet → SYN-ACK), \
          p50/p99 in µs. Median [min–max] of {TRIALS} trials, the rows of one size measured in turn in every trial (in the order \

@@ -1,0 +1,199 @@
+//! IPv6 and dual-stack through the socket hooks: a dual-stack Service (IPv6 first) reached
+//! over IPv6 from the node itself and from a pod, TCP and unconnected UDP, each socket
+//! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it.
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader, Write},
+    net::{Ipv6Addr, SocketAddr, TcpListener, UdpSocket},
+    time::Duration,
+};
+
+use xlb_tests::{
+    datapath::reason_counts,
+    netns::Netns,
+    probe::{self, Line},
+    require_root,
+    scenario::{Scenario, sock},
+    topology::{Pod, pod_ip},
+};
+
+const WEB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
+const WEB4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 10);
+/// The ports the IPv6 echo servers of this test listen on: the lab's, on the pods' IPv6
+/// addresses (its own echo servers hold them on IPv4 only).
+const TCP6: u16 = 8080;
+const UDP6: u16 = 5353;
+
+/// A pod's IPv6 address: `fd00:10:244::<index>`.
+fn pod_ip6(index: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, index)
+}
+
+/// Gives `pod` the IPv6 address `ip6` (a /128, routed by the node as the IPv4 /32s are):
+/// the node side of its veth carries `fe80::1`, the pod's default route.
+fn add_ipv6(node: &Netns, pod: &Pod, ip6: Ipv6Addr) -> Result<(), String> {
+    let host_if = pod.host_if.as_str();
+    node.ip(&["-6", "addr", "add", "fe80::1/64", "dev", host_if, "nodad"])?;
+    node.ip(&["-6", "route", "add", &format!("{ip6}/128"), "dev", host_if])?;
+    pod.ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{ip6}/128"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
+    pod.ns.ip(&[
+        "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+    ])?;
+    Ok(())
+}
+
+/// An IPv6 echo server on `ip6` in `ns`: each TCP line and each datagram gets
+/// `<name> <client address as seen>` back, as the lab's IPv4 echo servers answer.
+fn echo6(ns: &Netns, name: &str, ip6: Ipv6Addr) -> Result<(), String> {
+    let name = name.to_string();
+    let (tcp, udp) = ns.run(move || -> Result<_, String> {
+        let tcp = TcpListener::bind((ip6, TCP6)).map_err(|e| format!("bind tcp: {e}"))?;
+        let udp = UdpSocket::bind((ip6, UDP6)).map_err(|e| format!("bind udp: {e}"))?;
+        Ok((tcp, udp))
+    })??;
+    let n = name.clone();
+    std::thread::spawn(move || {
+        for conn in tcp.incoming().flatten() {
+            let n = n.clone();
+            std::thread::spawn(move || {
+                let peer = conn.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+                let mut w = &conn;
+                for line in BufReader::new(&conn).lines() {
+                    if line.is_err() || writeln!(w, "{n} {peer}").is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((_, from)) = udp.recv_from(&mut buf) {
+            let _ = udp.send_to(format!("{name} {from}\n").as_bytes(), from);
+        }
+    });
+    Ok(())
+}
+
+fn dual_stack_yaml(backends4: &[std::net::Ipv4Addr], backends6: &[Ipv6Addr]) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: web}}\nspec:\n  ipFamilyPolicy: PreferDualStack\n  ipFamilies: [IPv6, IPv4]\n  clusterIP: \"{WEB6}\"\n  clusterIPs: [\"{WEB6}\", \"{WEB4}\"]\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: {TCP6}}}\n  - {{name: dns, port: 53, protocol: UDP, targetPort: {UDP6}}}\n"
+    );
+    for (family, addrs) in [
+        (
+            "IPv6",
+            backends6.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        ),
+        ("IPv4", backends4.iter().map(|a| a.to_string()).collect()),
+    ] {
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: web-{}\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports:\n- {{name: http, port: {TCP6}, protocol: TCP}}\n- {{name: dns, port: {UDP6}, protocol: UDP}}\nendpoints:\n",
+            family.to_lowercase()
+        ));
+        for a in addrs {
+            y.push_str(&format!(
+                "- addresses: [\"{a}\"]\n  conditions: {{ready: true}}\n"
+            ));
+        }
+    }
+    y
+}
+
+fn args(mode: &str, to: SocketAddr, n: u32) -> Vec<String> {
+    vec![mode.into(), to.to_string(), n.to_string()]
+}
+
+#[test]
+fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
+    const NAME: &str = "a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod";
+    if !require_root(NAME) {
+        return;
+    }
+    let b4: Vec<_> = (2..4).map(pod_ip).collect();
+    let b6: Vec<_> = (2..4).map(pod_ip6).collect();
+    let mut s = Scenario::start("xv6", 2, &dual_stack_yaml(&b4, &b6)).expect("scenario");
+    s.topo
+        .node
+        .sysctl(&["net.ipv6.conf.all.forwarding=1"])
+        .expect("IPv6 forwarding");
+    for (i, pod) in s.topo.backends.iter().enumerate() {
+        add_ipv6(&s.topo.node, pod, b6[i]).expect("backend IPv6");
+        echo6(&pod.ns, &pod.name, b6[i]).expect("IPv6 echo server");
+    }
+    let client6 = pod_ip6(100);
+    add_ipv6(&s.topo.node, &s.topo.client, client6).expect("client IPv6");
+    let web6 = SocketAddr::from((WEB6, 80));
+    let dns6 = SocketAddr::from((WEB6, 53));
+    for frontend in [
+        format!("{web6}/TCP"),
+        format!("{dns6}/UDP"),
+        "10.96.0.10:80/TCP".to_string(),
+    ] {
+        s.wait_backends(&frontend, 2, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
+    }
+    let text = s.agent.log_text();
+    assert!(
+        !text.contains("IPv6 ClusterIP"),
+        "no IPv6 frontend is skipped any more: {text}"
+    );
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let before = reason_counts(&s.agent.pins);
+    for (origin, ns, client) in [
+        ("node", &s.topo.node, None),
+        ("pod", &s.topo.client.ns, Some(client6)),
+    ] {
+        for (mode, vip, spread_over) in [
+            ("tcp", web6, 2),
+            ("udp", dns6, 2),
+            ("udp-unconnected", dns6, 1),
+        ] {
+            let lines = probe::run(cg, ns, &args(mode, vip, 30)).expect("probe");
+            let mut backends = BTreeSet::new();
+            for l in &lines {
+                let Line::Ok {
+                    backend,
+                    seen_client,
+                    peer,
+                    ..
+                } = l
+                else {
+                    panic!("{origin} {mode}: {l:?}\n{}", s.agent.log_text());
+                };
+                backends.insert(backend.clone());
+                assert_eq!(*peer, vip, "{origin} {mode}: the socket sees the frontend");
+                let seen: SocketAddr = seen_client.parse().expect("client address");
+                assert!(seen.is_ipv6(), "{origin} {mode}: {seen}");
+                if let Some(c) = client {
+                    assert_eq!(seen.ip(), c, "{origin} {mode}: the pod's own address");
+                }
+            }
+            assert_eq!(
+                backends.len(),
+                spread_over,
+                "{origin} {mode}: {backends:?} ({} requests)",
+                lines.len()
+            );
+        }
+    }
+    let after = reason_counts(&s.agent.pins);
+    assert!(
+        after["sock_xlate"] - before["sock_xlate"] >= 4 * 30,
+        "{after:?}"
+    );
+    // The IPv4 ClusterIP of the same Service, beside it.
+    let lines = probe::run(cg, &s.topo.node, &args("tcp", sock(WEB4, 80), 10)).expect("probe");
+    assert!(
+        lines.iter().all(|l| l.backend().is_some()),
+        "IPv4 ClusterIP of the dual-stack Service: {lines:?}"
+    );
+}

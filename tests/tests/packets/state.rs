@@ -1,0 +1,284 @@
+//! Per-flow state: removed backends, refusal without endpoints, ClientIP affinity,
+//! established flows on their conntrack entry alone.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use crate::checksums::{self, Udp};
+use lb_userspace::{
+    packet::{PacketBuilder, TCP_ACK, parse},
+    source::file,
+};
+use xlb_tests::suites::packets::{
+    BACKENDS, CLIENT, EMPTY_VIP, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, VIP, setup,
+};
+use xlb_tests::{datapath::LoadedDatapath, services::service_yaml};
+
+#[test]
+fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
+    let Some(mut dp) = setup("a_removed_backend_keeps_tcp_flows_and_rebalances_udp") else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let dns = SocketAddrV4::new(VIP, 53);
+    let first = |dp: &mut LoadedDatapath, pkt: &[u8]| {
+        let r = dp.run(pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        parse(&r.packet).expect("parses").dst
+    };
+    let tcp_backend = first(&mut dp, &PacketBuilder::tcp(CLIENT, web).build());
+    let udp_backend = first(&mut dp, &PacketBuilder::udp(CLIENT, dns).build());
+
+    // Each flow's backend leaves its service.
+    let others = |gone: &SocketAddrV4| {
+        BACKENDS
+            .iter()
+            .copied()
+            .filter(|b| b != gone.ip())
+            .collect::<Vec<_>>()
+    };
+    let yaml = service_yaml("web", VIP, 80, "TCP", 8080, &others(&tcp_backend))
+        + &service_yaml("dns", VIP, 53, "UDP", 5353, &others(&udp_backend));
+    dp.program(&file::parse("t.yaml", &yaml).expect("yaml").model)
+        .expect("reprogram");
+
+    let later_tcp = PacketBuilder::tcp(CLIENT, web)
+        .flags(TCP_ACK)
+        .payload(b"more")
+        .build();
+    assert_eq!(
+        first(&mut dp, &later_tcp),
+        tcp_backend,
+        "an established TCP flow keeps its backend"
+    );
+    let later_udp = PacketBuilder::udp(CLIENT, dns).payload(b"again").build();
+    let moved = first(&mut dp, &later_udp);
+    assert_ne!(
+        moved, udp_backend,
+        "a UDP flow to a removed backend must move"
+    );
+    assert!(BACKENDS.contains(moved.ip()));
+    assert_eq!(
+        first(&mut dp, &later_udp),
+        moved,
+        "and then stay on its new backend"
+    );
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["backend_gone"], 1, "{counts:?}");
+}
+
+/// The refusal a client gets from a service without endpoints, byte by byte.
+#[test]
+fn services_without_endpoints_refuse_like_kube_proxy() {
+    let Some(mut dp) = setup("services_without_endpoints_refuse_like_kube_proxy") else {
+        return;
+    };
+    let empty = SocketAddrV4::new(EMPTY_VIP, 80);
+    let sum_ok = |bytes: &[u8], pseudo: u32| lb_userspace::packet::checksum(bytes, pseudo) == 0;
+
+    // SYN with options and payload: RST|ACK acknowledging seq + payload + SYN, options gone.
+    let mut syn = PacketBuilder::tcp(CLIENT, empty).payload(b"early").build();
+    syn[38..42].copy_from_slice(&7000u32.to_be_bytes());
+    let r = dp.run(&syn).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(r.packet.len(), 54, "Ethernet + IPv4 + TCP, nothing else");
+    assert_eq!(&r.packet[0..6], &syn[6..12], "back to the sender's MAC");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!((p.src, p.dst), (empty, CLIENT));
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST|ACK to a SYN");
+    assert_eq!(r.packet[47], 0x14, "RST|ACK");
+    assert_eq!(
+        u32::from_be_bytes([r.packet[42], r.packet[43], r.packet[44], r.packet[45]]),
+        7000 + 5 + 1
+    );
+
+    // A segment with ACK set: RST whose seq is that ack, no ACK flag.
+    let mut ack = PacketBuilder::tcp(CLIENT, empty).flags(TCP_ACK).build();
+    ack[42..46].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+    let r = dp.run(&ack).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    assert_eq!(r.packet[47], 0x04, "RST alone");
+    checksums::assert_valid(&r.packet, Udp::Computed, "RST to an ACK");
+    assert_eq!(&r.packet[38..42], &0xdead_beefu32.to_be_bytes());
+
+    // A RST is never answered.
+    let rst = PacketBuilder::tcp(CLIENT, empty).flags(0x04).build();
+    assert_eq!(dp.run(&rst).expect("run").verdict, TC_ACT_SHOT);
+
+    // UDP: ICMP port unreachable from the frontend, quoting the datagram's IP header + 8 bytes.
+    let dns = service_yaml("none", EMPTY_VIP, 53, "UDP", 5353, &[]);
+    let mut model = file::parse("t.yaml", &dns).expect("yaml").model;
+    let base = file::parse(
+        "t.yaml",
+        &(service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[])),
+    )
+    .expect("yaml")
+    .model;
+    model.services.extend(base.services);
+    model.slices.extend(base.slices);
+    dp.program(&model).expect("program");
+    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 53))
+        .payload(b"query payload")
+        .build();
+    let r = dp.run(&udp).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT);
+    let o = &r.packet;
+    assert_eq!(o.len(), 14 + 20 + 8 + 28);
+    assert_eq!(o[23], 1, "ICMP");
+    assert_eq!(&o[26..30], &EMPTY_VIP.octets(), "from the frontend");
+    assert_eq!(&o[30..34], &CLIENT.ip().octets(), "to the client");
+    assert!(sum_ok(&o[14..34], 0), "IPv4 checksum");
+    assert_eq!(
+        (o[34], o[35]),
+        (3, 3),
+        "destination unreachable / port unreachable"
+    );
+    assert!(sum_ok(&o[34..], 0), "ICMP checksum");
+    checksums::assert_valid(o, Udp::Computed, "ICMP port unreachable");
+    assert_eq!(
+        &o[42..70],
+        &udp[14..42],
+        "the quoted IP header and UDP header"
+    );
+}
+
+/// Sets sessionAffinity ClientIP with `timeout_s` (0 = off) on the frontend VIP:80/TCP.
+fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
+    use lb_userspace::datapath::writer::MapWriter;
+    let state = dp.state();
+    let (k, v) = state
+        .services
+        .iter()
+        .find(|(k, _)| {
+            k.slot == 0
+                && u16::from_be(k.port_be) == 80
+                && k.addr_be[0] == u32::from_ne_bytes(VIP.octets())
+        })
+        .map(|(k, v)| (*k, *v))
+        .expect("web entry");
+    let v = lb_common::SvcValue {
+        affinity_timeout_s: timeout_s,
+        ..v
+    };
+    dp.maps.put_svc(&k, &v).expect("write entry");
+}
+
+#[test]
+fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
+    let Some(mut dp) = setup("client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires")
+    else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let backend_of = |dp: &mut LoadedDatapath, client: Ipv4Addr, port: u16| {
+        let r = dp
+            .run(&PacketBuilder::tcp(SocketAddrV4::new(client, port), web).build())
+            .expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        *parse(&r.packet).expect("parses").dst.ip()
+    };
+    // Off: one client's new connections spread.
+    let spread: std::collections::BTreeSet<Ipv4Addr> = (0..30)
+        .map(|i| backend_of(&mut dp, *CLIENT.ip(), 30000 + i))
+        .collect();
+    assert!(
+        spread.len() > 1,
+        "without affinity one client must reach several backends"
+    );
+
+    // On: every client sticks to its first backend.
+    set_affinity(&mut dp, 1);
+    let clients: Vec<Ipv4Addr> = (10..22).map(|i| Ipv4Addr::new(10, 244, 9, i)).collect();
+    let first: Vec<Ipv4Addr> = clients
+        .iter()
+        .map(|c| backend_of(&mut dp, *c, 40000))
+        .collect();
+    for (c, b) in clients.iter().zip(&first) {
+        for port in 40001..40011 {
+            assert_eq!(
+                backend_of(&mut dp, *c, port),
+                *b,
+                "client {c} left its backend"
+            );
+        }
+    }
+    // After the timeout without packets, new connections are balanced again.
+    std::thread::sleep(Duration::from_millis(2100));
+    let moved = clients
+        .iter()
+        .zip(&first)
+        .filter(|(c, b)| backend_of(&mut dp, **c, 41000) != **b)
+        .count();
+    assert!(
+        moved > 0,
+        "affinity never expired (12 clients all re-picked their old backend)"
+    );
+
+    // Switching it off takes effect at once.
+    set_affinity(&mut dp, 0);
+    let spread: std::collections::BTreeSet<Ipv4Addr> = (0..30)
+        .map(|i| backend_of(&mut dp, clients[0], 42000 + i))
+        .collect();
+    assert!(
+        spread.len() > 1,
+        "affinity still applied after it was switched off"
+    );
+}
+
+/// An established packet needs only its conntrack entry (which names the backend, the
+/// counters' indices and whether the service has affinity): a TCP flow keeps its backend
+/// even once its service is gone from the service map, as kube-proxy's conntrack keeps it,
+/// and its packets still count toward the service.
+#[test]
+fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
+    let Some(mut dp) = setup("an_established_tcp_flow_needs_only_its_conntrack_entry") else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let r = dp
+        .run(&PacketBuilder::tcp(CLIENT, web).build())
+        .expect("run");
+    let backend = parse(&r.packet).expect("parses").dst;
+    let before = lb_userspace::list::services(&dp.pins).expect("services");
+    let id = before
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web")
+        .id;
+    // Every service goes: the service map is empty.
+    dp.program(&lb_userspace::model::Model::default())
+        .expect("reprogram");
+    assert!(dp.state().services.is_empty());
+    let later = PacketBuilder::tcp(CLIENT, web)
+        .flags(TCP_ACK)
+        .payload(b"more")
+        .build();
+    let r = dp.run(&later).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK);
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(p.dst, backend, "the flow keeps its backend");
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
+    let reply = PacketBuilder::tcp(backend, CLIENT).flags(TCP_ACK).build();
+    let p = parse(&dp.run(&reply).expect("run").packet).expect("parses");
+    assert_eq!(p.src, web, "its replies still come from the frontend");
+    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+    assert_eq!(counts["established"], 1, "{counts:?}");
+    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
+    // A new flow to the removed frontend is not translated.
+    let new = PacketBuilder::tcp(SocketAddrV4::new(*CLIENT.ip(), 40999), web).build();
+    let r = dp.run(&new).expect("run");
+    assert_eq!(
+        r.packet, new,
+        "a new flow to a removed service passes untouched"
+    );
+    // The flow's packets were counted under its service index (the counter array slot).
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    assert_eq!(
+        maps.service_counter(id).packets,
+        3,
+        "SYN, later packet, reply"
+    );
+}

@@ -1,0 +1,257 @@
+//! Reused tuples and flows across a layout upgrade: the client's port kept, direct
+//! connections left alone, the previous layout's flows taken over.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use xlb_tests::suites::traffic::{DNS, TIMEOUT, WEB, synced};
+use xlb_tests::{
+    client::tcp_request,
+    scenario::{Scenario, TCP_PORT, sock},
+};
+
+/// One request to `to` from the client's port `port` (SO_REUSEADDR, so a port whose last
+/// connection is in TIME_WAIT can be bound again); the answer's line. Must run in the
+/// client's namespace.
+fn request_from_port(
+    from: Ipv4Addr,
+    port: u16,
+    to: std::net::SocketAddr,
+) -> Result<String, String> {
+    use std::io::{BufRead, BufReader, Write};
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .map_err(|e| e.to_string())?;
+    sock.set_reuse_address(true).map_err(|e| e.to_string())?;
+    sock.bind(&std::net::SocketAddr::from((from, port)).into())
+        .map_err(|e| format!("bind :{port}: {e}"))?;
+    sock.connect_timeout(&to.into(), TIMEOUT)
+        .map_err(|e| format!("connect {to} from :{port}: {e}"))?;
+    let mut s: std::net::TcpStream = sock.into();
+    s.set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"hello\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    Ok(line)
+}
+
+/// A client reusing a 4-tuple through a ClusterIP once its last connection is over (TIME_WAIT
+/// reuse, `net.ipv4.tcp_tw_reuse=1`): the closed flow's own reply entry is no clash, so the
+/// backend sees the client's port (kube-proxy's conntrack reuses the entry). Today xlb
+/// remaps the port from the SNAT range for every reuse, and a busy client runs the range
+/// out (`snat_failed`, connects time out): see `cargo xtask bench traffic`'s tc row.
+#[test]
+fn a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port() {
+    let Some(s) = synced(
+        "a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port",
+        "xtw",
+        1,
+    ) else {
+        return;
+    };
+    s.topo
+        .client
+        .ns
+        .sysctl(&["net.ipv4.tcp_tw_reuse=1"])
+        .expect("sysctl");
+    let client = s.topo.client.ip;
+    let (first, again) = s
+        .topo
+        .client
+        .ns
+        .run(move || {
+            let first = request_from_port(client, 40000, sock(WEB, 80));
+            // TIME_WAIT may be reused once its last timestamp is a second old.
+            std::thread::sleep(Duration::from_millis(1200));
+            (first, request_from_port(client, 40000, sock(WEB, 80)))
+        })
+        .expect("client");
+    for (what, r) in [("first", first), ("again", again)] {
+        let line = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            line.contains(&format!(" {client}:40000")),
+            "{what}: the backend saw {line:?}"
+        );
+    }
+}
+
+/// A pod's connection through a ClusterIP (tc translates it) is closed; the pod then connects
+/// from the same port straight to that backend's address (as a socket the hooks translated
+/// does). Today the closed flow's reply entry reverse-NATs the new connection's SYN-ACK to
+/// the ClusterIP, and the handshake never completes.
+#[test]
+fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
+    let Some(s) = synced(
+        "a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone",
+        "xtd",
+        1,
+    ) else {
+        return;
+    };
+    let client = s.topo.client.ip;
+    let backend = sock(s.topo.backends[0].ip, TCP_PORT);
+    let (via_vip, direct) = s
+        .topo
+        .client
+        .ns
+        .run(move || {
+            let via_vip = request_from_port(client, 40002, sock(WEB, 80));
+            (via_vip, request_from_port(client, 40002, backend))
+        })
+        .expect("client");
+    via_vip.expect("through the ClusterIP");
+    direct.unwrap_or_else(|e| panic!("straight to the backend: {e}\n{}", s.agent.log_text()));
+}
+
+/// An agent of this layout takes over the pins of the previous one (`lb_common::prev`: 40-byte
+/// conntrack keys, hash backends, other ids) without breaking a flow: long-lived TCP
+/// connections and UDP flows opened before it starts keep their backends after it has
+/// copied their entries over, replaced the programs and removed the previous pins.
+#[test]
+fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
+    let Some(mut s) = synced(
+        "a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them",
+        "xu",
+        3,
+    ) else {
+        return;
+    };
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
+        .expect("dns programmed");
+    const N: usize = 6;
+    let (mut tcp, udp, first) = open_flows(&s, N);
+    let ask_all = |tcp: &mut Vec<std::net::TcpStream>, when: &str| {
+        let mut got = Vec::new();
+        for c in tcp.iter_mut() {
+            got.push(
+                xlb_tests::client::ask_tcp(c).unwrap_or_else(|e| panic!("TCP flow {when}: {e}")),
+            );
+        }
+        for u in &udp {
+            got.push(
+                xlb_tests::client::ask_udp(u).unwrap_or_else(|e| panic!("UDP flow {when}: {e}")),
+            );
+        }
+        got
+    };
+    assert!(
+        first
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1,
+        "the flows should spread: {first:?}"
+    );
+
+    // The previous layout's pins, as its agent leaves them; its programs keep forwarding.
+    s.agent.stop();
+    let entries = xlb_tests::prev_layout::downgrade(&s.agent.pins).expect("previous layout");
+    assert!(
+        entries >= 4 * N,
+        "{entries} conntrack entries for {N}+{N} flows"
+    );
+    assert_eq!(ask_all(&mut tcp, "before the upgrade"), first);
+    let counts = |s: &Scenario| {
+        let c = xlb_tests::datapath::reason_counts(&s.agent.pins);
+        (c["ct_miss"], c["backend_gone"])
+    };
+    let misses = counts(&s);
+
+    // The new layout's agent on the same pins.
+    upgrade(&mut s);
+    let text = s.agent.log_text();
+    for old in lb_common::prev::REPLACED {
+        assert!(
+            !s.agent.pins.join(old).exists(),
+            "{old} still pinned: {text}"
+        );
+    }
+    assert_eq!(
+        ask_all(&mut tcp, "after the upgrade"),
+        first,
+        "every flow keeps its backend"
+    );
+    assert!(
+        text.contains(&format!("conntrack={entries}")),
+        "every entry copied: {text}"
+    );
+    assert_eq!(
+        counts(&s),
+        misses,
+        "no flow was picked up mid-stream or lost its backend"
+    );
+    // And the new programs serve new flows.
+    let answers = s
+        .topo
+        .client
+        .ns
+        .run(|| {
+            (0..10)
+                .map(|_| tcp_request(sock(WEB, 80), TIMEOUT))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .expect("client thread")
+        .expect("new connections after the upgrade");
+    assert_eq!(answers.len(), 10);
+}
+
+/// Long-lived flows: `n` TCP connections and `n` connected UDP sockets to web and dns, and
+/// the backend each answered from first.
+fn open_flows(
+    s: &Scenario,
+    n: usize,
+) -> (
+    Vec<std::net::TcpStream>,
+    Vec<std::net::UdpSocket>,
+    Vec<String>,
+) {
+    type Flows = (
+        Vec<std::net::TcpStream>,
+        Vec<std::net::UdpSocket>,
+        Vec<String>,
+    );
+    s.topo
+        .client
+        .ns
+        .run(move || -> Result<Flows, String> {
+            let (mut tcp, mut udp, mut first) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..n {
+                let mut c = std::net::TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
+                    .map_err(|e| format!("connect: {e}"))?;
+                c.set_read_timeout(Some(TIMEOUT))
+                    .map_err(|e| e.to_string())?;
+                first.push(xlb_tests::client::ask_tcp(&mut c)?);
+                tcp.push(c);
+            }
+            for _ in 0..n {
+                let u = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+                u.connect(sock(DNS, 53)).map_err(|e| e.to_string())?;
+                u.set_read_timeout(Some(TIMEOUT))
+                    .map_err(|e| e.to_string())?;
+                first.push(xlb_tests::client::ask_udp(&u)?);
+                udp.push(u);
+            }
+            Ok((tcp, udp, first))
+        })
+        .expect("client thread")
+        .expect("long-lived flows")
+}
+
+/// Restarts the agent (this layout) on the previous layout's pins; waits for its takeover.
+fn upgrade(s: &mut Scenario) {
+    let log = s.workdir.join("agent-upgraded.log");
+    s.agent.restart(log).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !s.agent.log_text().contains("took over") {
+        assert!(
+            Instant::now() < deadline,
+            "no takeover: {}",
+            s.agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
