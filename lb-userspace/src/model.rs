@@ -76,7 +76,7 @@ impl fmt::Display for Protocol {
 }
 
 /// One port of a Service.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct ServicePort {
     /// The port's name ("" when the service has a single unnamed port).
     pub name: String,
@@ -116,7 +116,7 @@ pub enum SessionAffinity {
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
 /// A Service as the datapath and emitters need it.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct Service {
     pub id: ServiceRef,
     /// ClusterIPs, primary first.
@@ -142,7 +142,7 @@ pub struct Service {
 }
 
 /// An endpoint of a slice with kube-proxy's conditions.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct Endpoint {
     pub addresses: Vec<IpAddr>,
     pub ready: bool,
@@ -157,7 +157,7 @@ pub struct Endpoint {
 }
 
 /// A named port of an EndpointSlice.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct EndpointPort {
     pub name: String,
     pub port: u16,
@@ -165,7 +165,7 @@ pub struct EndpointPort {
 }
 
 /// An EndpointSlice, attached to its Service by the `kubernetes.io/service-name` label.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct EndpointSlice {
     /// The slice's own name (unique within the namespace).
     pub name: String,

@@ -25,23 +25,64 @@ pub fn interfaces() -> std::collections::BTreeMap<String, u32> {
     names
 }
 
-/// Wakes `tx` on every link change in this namespace (an interface added, removed or
-/// changed: rtnetlink's link group), from one thread for the life of the process. `Err`
-/// when the netlink socket cannot be opened (the caller then polls).
-pub fn watch_links(tx: std::sync::mpsc::Sender<()>) -> std::io::Result<()> {
+/// What changed in this namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkChange {
+    /// An interface was added, removed or changed (rtnetlink's link group).
+    Links,
+    /// An IPv4 address was added or removed.
+    Addresses,
+}
+
+/// Calls `notify` on every link and IPv4 address change in this namespace, from one thread
+/// for the life of the process (until `notify` returns false). `Err` when the netlink socket
+/// cannot be opened (the caller then polls).
+pub fn watch_links(
+    mut notify: impl FnMut(LinkChange) -> bool + Send + 'static,
+) -> std::io::Result<()> {
     use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
     const RTMGRP_LINK: u32 = 1;
+    const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+    const RTM_NEWADDR: u16 = 20;
+    const RTM_DELADDR: u16 = 21;
     let mut sock = Socket::new(NETLINK_ROUTE)?;
-    sock.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+    sock.bind(&SocketAddr::new(0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR))?;
     std::thread::Builder::new()
         .name("xlb-links".into())
         .spawn(move || {
             let mut buf = Vec::with_capacity(64 * 1024);
             loop {
                 buf.clear();
-                // ENOBUFS (an overrun) is a change too: the caller lists everything anyway.
-                let _ = sock.recv(&mut buf, 0);
-                if tx.send(()).is_err() {
+                // ENOBUFS (an overrun) is a change of both kinds: the caller looks again.
+                let (mut links, mut addrs) = (false, false);
+                match sock.recv(&mut buf, 0) {
+                    Ok(_) => {
+                        // Netlink messages: a 16-byte header (length, type, ...) each.
+                        let mut off = 0;
+                        while off + 16 <= buf.len() {
+                            let len = u32::from_ne_bytes([
+                                buf[off],
+                                buf[off + 1],
+                                buf[off + 2],
+                                buf[off + 3],
+                            ]) as usize;
+                            let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+                            if kind == RTM_NEWADDR || kind == RTM_DELADDR {
+                                addrs = true;
+                            } else {
+                                links = true;
+                            }
+                            if len < 16 {
+                                break;
+                            }
+                            off += (len + 3) & !3;
+                        }
+                    }
+                    Err(_) => (links, addrs) = (true, true),
+                }
+                let sent = (!links || notify(LinkChange::Links))
+                    && (!addrs || notify(LinkChange::Addresses));
+                if !sent {
                     return;
                 }
             }

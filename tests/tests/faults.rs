@@ -232,6 +232,8 @@ fn web_programmed(pins: &std::path::Path) -> bool {
 
 #[test]
 fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service() {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{SvcKey, SvcValue};
     let Some(mut s) = started(
         "an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service",
         "xfk",
@@ -241,17 +243,21 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
         return;
     };
     const FILLERS: u32 = 8_000;
+    // Endpoints per filler: enough slots that writing them (batched) takes a while.
+    const ENDPOINTS: u32 = 4;
     let mut big = web(&[pod_ip(2)]);
     for i in 0..FILLERS {
         let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i);
-        let ep = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + i);
+        let eps: Vec<Ipv4Addr> = (0..ENDPOINTS)
+            .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + i * ENDPOINTS + k))
+            .collect();
         big.push_str(&service_yaml(
             &format!("f{i}"),
             vip,
             80,
             "TCP",
             TCP_PORT,
-            &[ep],
+            &eps,
         ));
     }
     // Watch the working service's entries the whole time.
@@ -268,21 +274,39 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
         (checks, missing)
     });
     write_atomic(&s.yaml, &big).expect("write");
-    // Kill it once some of the fillers are written, not all.
+    // Kill it once some of the fillers are written (the first filler's first slot: slots
+    // go in before any entry names them), not all.
+    let first_slot = SvcKey {
+        slot: 1,
+        ..lb_userspace::desired::frontend_key(
+            Ipv4Addr::new(10, 100, 0, 0),
+            80,
+            lb_userspace::model::Protocol::Tcp,
+        )
+    };
+    let svc_map = || {
+        lb_userspace::datapath::kernel::open_pinned(&s.agent.pins, lb_common::MAP_SVC)
+            .ok()
+            .and_then(|m| HashMap::<MapData, SvcKey, SvcValue>::try_from(m).ok())
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut killed_at = None;
+    let mut map = None;
     while Instant::now() < deadline {
-        let n = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
-        if n > 1 {
+        if map.is_none() {
+            map = svc_map();
+        }
+        let written = map.as_ref().is_some_and(|m| m.get(&first_slot, 0).is_ok());
+        if written {
             let pid = s.agent.pid().expect("agent");
             // SAFETY: signalling our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            killed_at = Some(n);
+            killed_at = Some(Instant::now());
             break;
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::yield_now();
     }
-    let killed_at = killed_at.expect("the sync started");
+    let killed_at = killed_at.expect("the sync started").elapsed();
     std::thread::sleep(Duration::from_millis(100));
     let after_kill = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
     assert!(
@@ -302,7 +326,7 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
     let (checks, missing) = watcher.join().expect("watcher");
     assert_eq!(
         missing, 0,
-        "the working service was missing in {missing} of {checks} looks (killed at {killed_at}, {after_kill} programmed)"
+        "the working service was missing in {missing} of {checks} looks (killed {killed_at:?} ago, {after_kill} programmed)"
     );
     assert!(checks > 100, "only {checks} looks");
     let r = s

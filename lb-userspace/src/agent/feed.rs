@@ -1,97 +1,77 @@
-//! The agent's view of a source: the next model to program, when there is one.
+//! What wakes the agent: a source event, the source ending, a link or address change. Every
+//! source and watcher runs on its own thread and sends into one channel; the agent sleeps
+//! on it.
 
-use std::time::Instant;
+use std::{sync::mpsc, time::Duration};
 
-use tracing::error;
+use tracing::warn;
 
-use super::{AgentError, SourceSpec};
-use crate::source::{
-    SourceError,
-    file::{self, FileWatch, Loaded},
-    kube::{self as kube_source, KubeError, Snapshot},
+use super::SourceSpec;
+use crate::{
+    netif,
+    source::{
+        events::Timed,
+        file,
+        kube::{self as kube_source, KubeError},
+    },
 };
 
-/// Something new from the source.
-pub(super) struct Update {
-    pub loaded: Result<Loaded, SourceError>,
-    /// When the oldest change in it was seen.
-    pub since: Instant,
-    pub node_deleting: bool,
-    /// The node's zone, when the source knows it.
-    pub zone: Option<String>,
+/// Why the agent woke.
+pub(super) enum Wake {
+    Source(Timed),
+    /// The Kubernetes source's thread ended (with its error, if it had one).
+    SourceEnded(Option<KubeError>),
+    /// An interface appeared, went or changed.
+    Links,
+    /// An interface address changed (NodePort addresses may have).
+    Addresses,
 }
 
-/// The agent's view of a source: the next model to program, when there is one.
-pub(super) enum Feed {
-    File {
-        watch: FileWatch,
-        reported: bool,
-    },
-    Kube {
-        rx: std::sync::mpsc::Receiver<Snapshot>,
-        thread: Option<std::thread::JoinHandle<Result<(), KubeError>>>,
-    },
-}
-
-impl Feed {
-    pub fn start(spec: &SourceSpec) -> Self {
-        match spec {
-            SourceSpec::File(path) => Feed::File {
-                watch: FileWatch::new(path.clone()),
-                reported: false,
-            },
-            SourceSpec::Kubernetes(opts) => {
-                let (tx, rx) = std::sync::mpsc::channel();
-                let thread = Some(kube_source::spawn(opts.clone(), tx));
-                Feed::Kube { rx, thread }
+/// Starts the source and the rtnetlink watch; their events arrive on the returned channel.
+/// `fallback` is how often the file is looked at when inotify is unavailable. The second
+/// value is false when link changes cannot be watched (the caller then looks every
+/// `fallback`).
+pub(super) fn start(spec: &SourceSpec, fallback: Duration) -> (mpsc::Receiver<Wake>, bool) {
+    let (tx, rx) = mpsc::channel();
+    let send = tx.clone();
+    let links = netif::watch_links(move |change| {
+        let wake = match change {
+            netif::LinkChange::Links => Wake::Links,
+            netif::LinkChange::Addresses => Wake::Addresses,
+        };
+        send.send(wake).is_ok()
+    });
+    if let Err(e) = &links {
+        warn!(
+            "cannot watch link changes over rtnetlink: {e}; interfaces are looked at every {fallback:?}"
+        );
+    }
+    match spec {
+        SourceSpec::File(path) => {
+            let send = tx.clone();
+            if let Err(e) = file::watch(path.clone(), fallback, move |t| {
+                send.send(Wake::Source(t)).is_ok()
+            }) {
+                let _ = tx.send(Wake::SourceEnded(Some(KubeError::Runtime(e))));
+            }
+        }
+        SourceSpec::Kubernetes(opts) => {
+            let send = tx.clone();
+            let thread =
+                kube_source::spawn(opts.clone(), move |t| send.send(Wake::Source(t)).is_ok());
+            let spawned = std::thread::Builder::new()
+                .name("xlb-kube-join".into())
+                .spawn(move || {
+                    let error = match thread.join() {
+                        Ok(Ok(())) | Err(_) => None,
+                        Ok(Err(e)) => Some(e),
+                    };
+                    let _ = tx.send(Wake::SourceEnded(error));
+                });
+            if let Err(e) = spawned {
+                warn!("cannot watch the Kubernetes source's thread: {e}");
             }
         }
     }
-
-    /// `Ok(Some)` when there is something new to program (only the newest snapshot counts).
-    pub fn next(&mut self) -> Result<Option<Update>, AgentError> {
-        match self {
-            Feed::File { watch, reported } => {
-                if watch.changed() {
-                    *reported = true;
-                    return Ok(Some(Update {
-                        since: Instant::now(),
-                        loaded: file::load(watch.path()),
-                        node_deleting: false,
-                        zone: None,
-                    }));
-                }
-                if !*reported {
-                    error!(file = %watch.path().display(), "cannot read the source file; waiting for it");
-                    *reported = true;
-                }
-                Ok(None)
-            }
-            Feed::Kube { rx, thread } => {
-                let mut newest = None;
-                loop {
-                    match rx.try_recv() {
-                        Ok(s) => {
-                            let since = newest
-                                .as_ref()
-                                .map_or(s.since, |u: &Update| u.since.min(s.since));
-                            newest = Some(Update {
-                                loaded: Ok(s.loaded),
-                                since,
-                                node_deleting: s.node_deleting,
-                                zone: s.zone,
-                            });
-                        }
-                        Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(newest),
-                        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                            return match thread.take().map(|t| t.join()) {
-                                Some(Ok(Err(e))) => Err(e.into()),
-                                _ => Err(AgentError::SourceStopped),
-                            };
-                        }
-                    }
-                }
-            }
-        }
-    }
+    (rx, links.is_ok())
 }

@@ -50,6 +50,11 @@ fn backing_off(failures: &BTreeMap<String, Instant>, iface: &str) -> bool {
 }
 
 impl Interfaces {
+    /// An attach failed and waits for its retry (the caller looks again every so often).
+    pub fn retrying(&self) -> bool {
+        !self.failed.is_empty() || !self.xdp_failed.is_empty()
+    }
+
     /// Brings the attachments in line with the interfaces that exist now.
     pub fn sync(&mut self, links: &mut dyn Links, want: &Wanted<'_>) -> Result<(), DatapathError> {
         let live = links.interfaces();

@@ -1,10 +1,11 @@
-//! The agent's sync loop: source → model → desired → make-before-break writes; interfaces
-//! that match are attached as they appear (`interfaces`), the socket hooks at start
-//! (`sockets`), the source read through `feed`. Level-triggered: every sync recomputes the whole
-//! desired state from the model and writes only the difference.
+//! The agent's sync loop: source events → model (in place) → desired → make-before-break
+//! writes; interfaces that match are attached as they appear (`interfaces`, woken by
+//! rtnetlink), the socket hooks at start (`sockets`); sources and watchers send into one
+//! channel (`feed`) the loop sleeps on. Syncs are bounded in frequency as kube-proxy's are
+//! (`min_sync`), and everything is recomputed and diffed against the maps every [`PRUNE`].
 
 use std::{
-    collections::BTreeMap,
+    collections::BTreeSet,
     path::PathBuf,
     sync::{
         Arc,
@@ -20,7 +21,7 @@ mod feed;
 mod interfaces;
 mod sockets;
 
-use feed::Feed;
+use feed::Wake;
 use interfaces::{Interfaces, Wanted};
 
 use crate::{
@@ -31,17 +32,18 @@ use crate::{
         links::KernelLinks,
         loader,
         socket::{self, SocketLb},
-        sync::apply,
+        stale,
+        sync::{self, apply_touched},
         sysctl, upgrade,
         writer::MapWriter,
     },
-    desired::{self, Desired, Ids},
-    model::Model,
+    desired::{self, Desired, Ids, Incremental},
+    model::{Model, ServiceRef},
     netif,
     serve::{self, health::Health, metrics::Metrics},
     source::{
         SourceError,
-        file::Loaded,
+        events::{self, Event, Timed},
         kube::{KubeError, KubeOptions},
     },
 };
@@ -70,8 +72,12 @@ pub struct AgentOptions {
     pub node_port_addresses: Vec<std::net::Ipv4Addr>,
     /// Pin directory on bpffs.
     pub bpffs: PathBuf,
-    /// How often the source and the interfaces are polled.
+    /// How often the file and the interfaces are looked at when inotify or rtnetlink is
+    /// unavailable (and how often a failed attach is retried); nothing is polled otherwise.
     pub poll: Duration,
+    /// kube-proxy's minSyncPeriod: the least time between two syncs (a change after a quiet
+    /// period applies at once, a burst within it is one sync at its end).
+    pub min_sync: Duration,
     /// Where `/healthz` and `/livez` are served (kube-proxy: 0.0.0.0:10256).
     pub healthz_addr: Option<std::net::SocketAddr>,
     /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
@@ -193,15 +199,6 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         node_interfaces: &opts.node_interfaces,
         xdp: opts.xdp,
     };
-    // Link changes wake the loop at once (a new or re-created pod veth is attached within
-    // milliseconds); without rtnetlink the loop still looks every --poll-ms.
-    let (wake_tx, wake) = std::sync::mpsc::channel();
-    if let Err(e) = netif::watch_links(wake_tx) {
-        warn!(
-            "cannot watch link changes over rtnetlink: {e}; interfaces are polled every {:?}",
-            opts.poll
-        );
-    }
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
     let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
     if let Some(addr) = opts.healthz_addr {
@@ -214,53 +211,115 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         let bound = serve::spawn(addr, move |path| m.handle(path))?;
         info!(%bound, "serving /metrics");
     }
-    let mut model = Model::default();
     // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
     // after the upgrade drops what only they would use.
     let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts));
-    let mut node = desired::NodeContext::new(&opts.node_name, &[], socket_lb);
+    let mut node =
+        desired::NodeContext::new(&opts.node_name, &node_port_addresses(opts), socket_lb);
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
-    let mut feed = Feed::start(&opts.source);
     let _collector = CollectorGuard::spawn(&opts.bpffs);
+    // Link changes wake the loop at once (a new or re-created pod veth is attached within
+    // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
+    let (wake, links_watched) = feed::start(&opts.source, opts.poll);
+    let mut state = State::default();
+    let mut links_changed = true;
+    let mut last_sync: Option<Instant> = None;
+    let mut last_prune = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        if upgrade.is_none() {
+        if upgrade.is_none() && (links_changed || ifs.retrying() || !links_watched) {
+            links_changed = false;
             let mut links = KernelLinks {
                 ebpf: &mut ebpf,
                 dir: &opts.bpffs,
             };
             ifs.sync(&mut links, &wanted)?;
         }
-        if let Some(update) = feed.next()? {
-            let source_ok = update.loaded.is_ok();
-            health.set_node_deleting(update.node_deleting);
-            node.node.zone = update.zone.clone();
-            node.set_node_port_addresses(&node_port_addresses(opts));
-            if let Ok(l) = &update.loaded {
-                let (svc, ep) = changes(&model, &l.model);
-                metrics.queued(svc, ep);
-                health.queued();
-                model = l.model.clone();
-            }
+        if state.ready && last_prune.elapsed() >= PRUNE {
+            // The slow prune: a full recompute (quarantined indices and retired filter bits
+            // expire in it) and a full diff against what is programmed.
+            last_prune = Instant::now();
+            state.full = true;
+            state.dirty.get_or_insert_with(Instant::now);
+        }
+        let due = match (state.ready, state.dirty, last_sync) {
+            (true, Some(_), Some(t)) => Some(t + opts.min_sync),
+            (true, Some(_), None) => Some(Instant::now()),
+            _ => None,
+        };
+        if let Some(due) = due
+            && Instant::now() >= due
+        {
+            // kube-proxy's bounded-frequency sync: a change after a quiet minSyncPeriod
+            // applies at once; changes within it wait for its end and go as one sync.
+            last_sync = Some(Instant::now());
+            let since = state.dirty.take().unwrap_or_else(Instant::now);
+            let (svc, ep) = std::mem::take(&mut state.queued);
+            metrics.queued(svc, ep);
             let started = Instant::now();
-            let (now, errors) = sync(update.loaded, &node, &mut maps, &current, &mut ids, limits);
-            if let Some(cgroup) = &hooks {
-                sockets::destroy_stale_udp(opts, cgroup, &current, &now);
-            }
-            current = now;
-            if source_ok && let Some(prev) = upgrade.take() {
+            let errors = sync(
+                &mut state,
+                &node,
+                &mut Programmed {
+                    maps: &mut maps,
+                    current: &mut current,
+                    ids: &mut ids,
+                    limits,
+                },
+                hooks.as_deref().map(|cgroup| (opts, cgroup)),
+            );
+            if let Some(prev) = upgrade.take() {
                 hooks = take_over(opts, prev, &current, &mut ebpf, &mut ifs, &wanted)?;
                 node.socket_lb = hooks.is_some();
             }
-            metrics.synced(started.elapsed(), Some(update.since.elapsed()), errors);
+            let errors = errors + std::mem::take(&mut state.errors);
+            metrics.synced(started.elapsed(), Some(since.elapsed()), errors);
             health.synced();
-            service_health.update(
-                &serve::service_health::desired(&model, &opts.node_name),
-                &node.node_port_addresses(),
-            );
+            if std::mem::take(&mut state.health_changed) {
+                service_health.update(
+                    &serve::service_health::desired(&state.model, &opts.node_name),
+                    &node.node_port_addresses(),
+                );
+            }
+            continue;
         }
-        // Up to --poll-ms, or less when a link changed.
-        if wake.recv_timeout(opts.poll).is_ok() {
-            while wake.try_recv().is_ok() {}
+        // Sleep until an event, the end of minSyncPeriod when a change waits, or a look at
+        // the stop flag.
+        let mut timeout = STOP_CHECK;
+        if let Some(due) = due {
+            timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+        }
+        if !links_watched || ifs.retrying() {
+            timeout = timeout.min(opts.poll);
+        }
+        let first = match wake.recv_timeout(timeout) {
+            Ok(w) => w,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(AgentError::SourceStopped);
+            }
+        };
+        for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
+            match w {
+                Wake::Links => links_changed = true,
+                Wake::Addresses => {
+                    let addrs = node_port_addresses(opts);
+                    if addrs != node.node_port_addresses() {
+                        node.set_node_port_addresses(&addrs);
+                        state.node_changed();
+                    }
+                }
+                Wake::SourceEnded(Some(e)) => return Err(e.into()),
+                Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
+                Wake::Source(t) => {
+                    if let Some(zone) = state.take(t, &health) {
+                        node.node.zone = zone;
+                        state.node_changed();
+                    }
+                }
+            }
+        }
+        if state.dirty.is_some() {
+            health.queued();
         }
     }
     info!(
@@ -268,6 +327,133 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// How long an idle agent sleeps before it looks at the stop flag again.
+const STOP_CHECK: Duration = Duration::from_millis(500);
+
+/// How often everything is recomputed and diffed against the maps (the slow prune).
+pub const PRUNE: Duration = Duration::from_secs(60);
+
+/// The agent's view of the source: its model, updated in place by each event, and what
+/// waits for a sync.
+#[derive(Default)]
+struct State {
+    model: Model,
+    /// The source has sent its whole state once.
+    ready: bool,
+    /// When the oldest change waiting for a sync arrived.
+    dirty: Option<Instant>,
+    /// The next sync recomputes everything (the node changed, the prune, the first sync).
+    full: bool,
+    /// Services changed since the last sync (their desired state is recomputed).
+    changed: BTreeSet<ServiceRef>,
+    /// The desired state, service by service.
+    engine: Incremental,
+    /// Services with a health check node port (their changes re-render service health).
+    health_checked: BTreeSet<ServiceRef>,
+    health_changed: bool,
+    /// Services and endpoint slices changed since the last sync (for the metrics).
+    queued: (u64, u64),
+    /// Source errors since the last sync.
+    errors: u64,
+    zone: Option<String>,
+}
+
+impl State {
+    fn node_changed(&mut self) {
+        self.full = true;
+        self.health_changed = true;
+        self.dirty.get_or_insert_with(Instant::now);
+    }
+
+    /// Takes one source event into the model; returns the node's zone when it changed.
+    fn take(&mut self, t: Timed, health: &Health) -> Option<Option<String>> {
+        let since = t.since;
+        match t.event {
+            Event::Error(e) => {
+                match e {
+                    SourceError::Io { .. } | SourceError::Yaml { .. } => {
+                        error!("{e}; keeping what is programmed")
+                    }
+                    _ => warn!("{e}"),
+                }
+                self.errors += 1;
+                return None;
+            }
+            Event::Node { deleting, zone } => {
+                health.set_node_deleting(deleting);
+                if zone != self.zone {
+                    self.zone = zone.clone();
+                    return Some(zone);
+                }
+                return None;
+            }
+            Event::Replace(loaded) => {
+                for e in &loaded.errors {
+                    warn!("{e}");
+                }
+                self.errors += loaded.errors.len() as u64;
+                for why in &loaded.ignored {
+                    debug!("ignored: {why}");
+                }
+                self.dirty.get_or_insert(since);
+                if !self.ready || self.model == Model::default() {
+                    // The first state: taken whole, computed in full.
+                    self.ready = true;
+                    self.full = true;
+                    self.model = loaded.model;
+                    self.queued.0 += self.model.services.len() as u64;
+                    self.queued.1 += self
+                        .model
+                        .slices
+                        .values()
+                        .map(|s| s.len() as u64)
+                        .sum::<u64>();
+                    self.health_checked = self
+                        .model
+                        .services
+                        .iter()
+                        .filter(|(_, s)| s.health_check_node_port.is_some())
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    return None;
+                }
+                for e in events::diff(&self.model, &loaded.model) {
+                    self.apply(e, since);
+                }
+            }
+            e => self.apply(e, since),
+        }
+        None
+    }
+
+    fn apply(&mut self, e: Event, since: Instant) {
+        let slice = matches!(e, Event::Slice { .. });
+        if let Some(id) = events::apply(&mut self.model, e) {
+            if slice {
+                self.queued.1 += 1;
+            } else {
+                self.queued.0 += 1;
+            }
+            let checked = self
+                .model
+                .services
+                .get(&id)
+                .is_some_and(|s| s.health_check_node_port.is_some());
+            if checked {
+                self.health_checked.insert(id.clone());
+            }
+            if checked || self.health_checked.contains(&id) {
+                self.health_changed = true;
+            }
+            if !checked {
+                self.health_checked.remove(&id);
+            }
+            self.changed.insert(id);
+            self.dirty.get_or_insert(since);
+        }
+    }
 }
 
 /// The assured conntrack collector's thread, stopped when the agent returns.
@@ -332,68 +518,79 @@ fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::Ipv4Addr> {
         .collect()
 }
 
-/// How many services and how many services' endpoints differ between two models.
-fn changes(old: &Model, new: &Model) -> (u64, u64) {
-    fn diff<K: Ord, V: PartialEq>(a: &BTreeMap<K, V>, b: &BTreeMap<K, V>) -> u64 {
-        let gone = a.keys().filter(|k| !b.contains_key(k)).count();
-        let changed = b.iter().filter(|(k, v)| a.get(k) != Some(v)).count();
-        (gone + changed) as u64
-    }
-    (
-        diff(&old.services, &new.services),
-        diff(&old.slices, &new.slices),
-    )
+/// What is programmed and how to reach it.
+struct Programmed<'a> {
+    maps: &'a mut KernelMaps,
+    current: &'a mut Desired,
+    ids: &'a mut Ids,
+    limits: desired::Limits,
 }
 
-/// Programs `loaded`; returns what is programmed and how many errors the sync had.
+/// Programs what changed in `state` (everything when `state.full`); returns how many
+/// errors the sync had. With the socket hooks (`udp`), connected UDP sockets of backends
+/// that left their frontend are destroyed.
 fn sync(
-    loaded: Result<Loaded, SourceError>,
+    state: &mut State,
     node: &desired::NodeContext,
-    maps: &mut KernelMaps,
-    current: &Desired,
-    ids: &mut Ids,
-    limits: desired::Limits,
-) -> (Desired, u64) {
+    p: &mut Programmed<'_>,
+    udp: Option<(&AgentOptions, &std::path::Path)>,
+) -> u64 {
     let started = Instant::now();
-    let loaded = match loaded {
-        Ok(l) => l,
-        Err(e) => {
-            error!("{e}; keeping what is programmed");
-            return (current.clone(), 1);
-        }
+    p.ids.tick(Instant::now());
+    let full = std::mem::take(&mut state.full);
+    state.health_changed |= full;
+    let changed = std::mem::take(&mut state.changed);
+    let touched = if full {
+        state.engine.full(&state.model, node, p.ids, p.limits);
+        sync::everything(p.current, state.engine.desired())
+    } else {
+        state
+            .engine
+            .update(&state.model, node, p.ids, p.limits, changed.iter().cloned())
     };
-    for e in &loaded.errors {
-        warn!("{e}");
-    }
-    for why in &loaded.ignored {
-        debug!("ignored: {why}");
-    }
-    ids.tick(Instant::now());
-    let (want, problems) = desired::compute_on(&loaded.model, node, ids, limits);
+    let problems: Vec<&desired::DesiredError> = if full {
+        state.engine.problems().collect()
+    } else {
+        changed
+            .iter()
+            .flat_map(|id| state.engine.problems_of(id))
+            .collect()
+    };
     for p in &problems {
         match p {
             desired::DesiredError::NoEndpointSlice { .. } => info!("{p}"),
             _ => warn!("{p}"),
         }
     }
-    let (now, report) = apply(maps, current, &want);
+    let udp_before = udp.map(|_| stale::udp_pairs(p.current, &touched.frontends));
+    let report = apply_touched(p.maps, p.current, state.engine.desired(), &touched);
     for e in &report.errors {
         error!("{e}");
+    }
+    if let (Some((opts, cgroup)), Some(before)) = (udp, udp_before) {
+        let after = stale::udp_pairs(p.current, &touched.frontends);
+        let gone = before.difference(&after).copied().collect();
+        sockets::destroy_stale_udp(opts, cgroup, &gone);
+    }
+    if !report.errors.is_empty() {
+        // Whatever failed is tried again at the next sync, from scratch.
+        state.full = true;
     }
     // A Service without an EndpointSlice is normal (kube-proxy does not count it).
     let counted = problems
         .iter()
         .filter(|p| !matches!(p, desired::DesiredError::NoEndpointSlice { .. }))
         .count();
-    let errors = report.errors.len() + loaded.errors.len() + counted;
+    let errors = report.errors.len() + counted;
     info!(
-        services = now.services.keys().filter(|k| k.slot == 0).count(),
-        backends = now.backends.len(),
+        services = state.engine.frontends(),
+        changed = changed.len(),
+        full,
         writes = report.writes,
         deletes = report.deletes,
         errors,
         took_us = started.elapsed().as_micros() as u64,
         "synced"
     );
-    (now, errors as u64)
+    errors as u64
 }

@@ -1,17 +1,17 @@
 //! The socket hooks from the agent's side: attached (or removed) at start, and the connected
 //! UDP sockets of removed backends destroyed after each sync.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use tracing::{debug, error, info, warn};
 
 use super::AgentOptions;
-use crate::{
-    datapath::{
-        socket::{self, SocketLb},
-        stale,
-    },
-    desired::Desired,
+use crate::datapath::{
+    socket::{self, SocketLb},
+    stale,
 };
 
 /// Whether the socket hooks are to be attached (on, with a cgroup v2 to attach them to).
@@ -48,19 +48,13 @@ pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Op
     }
 }
 
-/// Destroys the connected UDP sockets that went to a backend `before` had and `after` no
-/// longer has for the same frontend.
-pub(super) fn destroy_stale_udp(
-    opts: &AgentOptions,
-    cgroup: &Path,
-    before: &Desired,
-    after: &Desired,
-) {
-    let gone = stale::removed_udp(before, after);
+/// Destroys the connected UDP sockets that went to a backend of a frontend that no longer
+/// has it (`gone`: frontend and backend).
+pub(super) fn destroy_stale_udp(opts: &AgentOptions, cgroup: &Path, gone: &BTreeSet<stale::Pair>) {
     if gone.is_empty() {
         return;
     }
-    let cookies = match stale::cookies(&opts.bpffs, &gone) {
+    let cookies = match stale::cookies(&opts.bpffs, gone) {
         Ok(c) if c.is_empty() => return,
         Ok(c) => c,
         Err(e) => {

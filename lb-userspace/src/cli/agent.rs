@@ -27,7 +27,7 @@ pub struct AgentArgs {
     /// This node's name (default: $NODE_NAME, else the hostname).
     #[arg(long, env = "XLB_HOSTNAME_OVERRIDE")]
     pub hostname_override: Option<String>,
-    /// Smallest interval between two syncs from the API server, in milliseconds
+    /// Smallest interval between two syncs (of either source), in milliseconds
     /// [default: 100, or the config file's minSyncPeriod].
     #[arg(long, env = "XLB_MIN_SYNC_PERIOD_MS")]
     pub min_sync_period_ms: Option<u64>,
@@ -49,7 +49,8 @@ pub struct AgentArgs {
     /// Pin directory on bpffs.
     #[arg(long, env = "XLB_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
     pub bpffs: PathBuf,
-    /// Poll interval for the source file and interfaces, in milliseconds.
+    /// How often the source file and the interfaces are looked at when inotify or rtnetlink
+    /// is unavailable, in milliseconds (with both, nothing is polled).
     #[arg(long, env = "XLB_POLL_MS", default_value_t = 100)]
     pub poll_ms: u64,
     /// Where to serve /healthz and /livez ("" to disable) [default: 0.0.0.0:10256].
@@ -194,6 +195,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         node_port_addresses: nodeport_addresses,
         bpffs,
         poll: Duration::from_millis(poll_ms.max(10)),
+        min_sync,
         healthz_addr: bind_address(&healthz_bind_address)?,
         metrics_addr: bind_address(&metrics_bind_address)?,
         snat_ports: port_range(&snat_port_range)?,

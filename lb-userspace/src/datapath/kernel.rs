@@ -1,6 +1,6 @@
 //! `MapWriter` over the kernel's maps (owned by a loaded object, or opened from pins).
 
-use std::path::Path;
+use std::{os::fd::AsFd, path::Path};
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
@@ -12,8 +12,8 @@ use lb_common::{
 };
 
 use super::{
-    DatapathError,
-    writer::{MapWriter, WriteError},
+    DatapathError, batch,
+    writer::{MapWriter, WriteError, in_order, one_by_one},
 };
 use crate::desired::{Desired, SrcRange, show_frontend};
 
@@ -73,6 +73,22 @@ impl Counters {
         let map =
             PerCpuArray::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
         Ok(Self { map, name })
+    }
+
+    /// Zeroes the indices `ids` on every CPU in batches; `false` when the kernel cannot
+    /// batch (the caller zeroes them one by one).
+    fn zero_batch(&mut self, ids: &[u32]) -> bool {
+        let Ok(cpus) = aya::util::nr_cpus() else {
+            return false;
+        };
+        // A per-CPU value: each CPU's copy rounded up to 8 bytes.
+        let per_cpu = std::mem::size_of::<Counter>().div_ceil(8) * 8;
+        let size = per_cpu * cpus;
+        let zeros = vec![0u8; size * ids.len().min(super::batch::CHUNK)];
+        let fd = aya::maps::IterableMap::map(&self.map).fd().as_fd();
+        ids.chunks(super::batch::CHUNK).all(|chunk| {
+            super::batch::update(fd, chunk, &zeros[..size * chunk.len()], size).is_ok()
+        })
     }
 
     /// Zeroes index `id` on every CPU (an index handed out anew starts from zero).
@@ -388,4 +404,59 @@ impl MapWriter for KernelMaps {
             Err(e) => Err(err(MAP_SRC_RANGE, "delete", entry, &e, 0)),
         }
     }
+
+    fn put_backends(&mut self, list: &[(u32, Backend)]) -> Vec<(usize, WriteError)> {
+        let ids: Vec<u32> = list.iter().map(|(id, _)| *id).collect();
+        if list.len() < BATCH_MIN || !self.backend_stats.zero_batch(&ids) {
+            return one_by_one(list, |(id, be)| self.put_backend(*id, be));
+        }
+        let values: Vec<Backend> = list.iter().map(|(_, be)| *be).collect();
+        let fd = aya::maps::IterableMap::map(&self.backends).fd().as_fd();
+        let size = std::mem::size_of::<Backend>();
+        match batch::update(fd, &ids, batch::bytes(&values), size) {
+            Ok(()) => Vec::new(),
+            // The rest one by one: each failure named.
+            Err((done, _)) => one_by_one(&list[done..], |(id, be)| self.put_backend(*id, be))
+                .into_iter()
+                .map(|(i, e)| (i + done, e))
+                .collect(),
+        }
+    }
+
+    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Result<(), (usize, WriteError)> {
+        let mut done = 0;
+        if list.len() >= BATCH_MIN {
+            let keys: Vec<SvcKey> = list.iter().map(|(k, _)| *k).collect();
+            let values: Vec<SvcValue> = list.iter().map(|(_, v)| *v).collect();
+            let fd = aya::maps::IterableMap::map(&self.svc).fd().as_fd();
+            let size = std::mem::size_of::<SvcValue>();
+            match batch::update(fd, &keys, batch::bytes(&values), size) {
+                Ok(()) => return Ok(()),
+                Err((n, _)) => done = n,
+            }
+        }
+        // The rest one by one (the kernel refused the batch there): the failure named.
+        in_order(&list[done..], |(k, v)| self.put_svc(k, v)).map_err(|(i, e)| (i + done, e))
+    }
+
+    fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {
+        let fresh: Vec<u32> = list.iter().filter(|x| x.2).map(|x| x.0).collect();
+        if list.len() < BATCH_MIN || !self.svc_stats.zero_batch(&fresh) {
+            return one_by_one(list, |(id, name, _)| self.put_name(*id, name));
+        }
+        let ids: Vec<u32> = list.iter().map(|x| x.0).collect();
+        let values: Vec<SvcName> = list.iter().map(|x| x.1).collect();
+        let fd = aya::maps::IterableMap::map(&self.names).fd().as_fd();
+        let size = std::mem::size_of::<SvcName>();
+        match batch::update(fd, &ids, batch::bytes(&values), size) {
+            Ok(()) => Vec::new(),
+            Err((done, _)) => one_by_one(&list[done..], |(id, name, _)| self.put_name(*id, name))
+                .into_iter()
+                .map(|(i, e)| (i + done, e))
+                .collect(),
+        }
+    }
 }
+
+/// Fewer entries than this are written one by one (a batch saves nothing there).
+const BATCH_MIN: usize = 32;

@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading the object, pinning, attaching, map writes.
 
 pub mod attach;
+pub mod batch;
 pub mod bpflog;
 pub mod ct_gc;
 pub mod kernel;

@@ -36,6 +36,23 @@ pub const MAX_NAMESPACES: usize = 4096;
 pub type Pair = ((u32, u16), (u32, u16));
 
 /// The UDP (frontend, backend) pairs `before` programs and `after` no longer does.
+/// The (frontend, backend) pairs of the UDP slots of `frontends` (slot-0 keys) in `d`: what
+/// an incremental sync compares before and after.
+pub fn udp_pairs(d: &Desired, frontends: &BTreeSet<lb_common::SvcKey>) -> BTreeSet<Pair> {
+    frontends
+        .iter()
+        .filter(|k| k.proto == IPPROTO_UDP)
+        .filter_map(|k| d.services.get(k).map(|v| (k, v.count)))
+        .flat_map(|(k, count)| {
+            (1..=count).filter_map(move |slot| {
+                let v = d.services.get(&lb_common::SvcKey { slot, ..*k })?;
+                let be = d.backends.get(&v.backend_id)?;
+                Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
+            })
+        })
+        .collect()
+}
+
 pub fn removed_udp(before: &Desired, after: &Desired) -> BTreeSet<Pair> {
     let pairs = |d: &Desired| -> BTreeSet<Pair> {
         d.services

@@ -32,6 +32,47 @@ pub trait MapWriter {
     fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
     /// Writes word `word` of the address filters (bits `word * 64 ..`).
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError>;
+
+    /// Writes many backends (a cold sync); returns the ones that failed, by position in
+    /// `list`. One by one unless the writer can batch.
+    fn put_backends(&mut self, list: &[(u32, Backend)]) -> Vec<(usize, WriteError)> {
+        one_by_one(list, |(id, be)| self.put_backend(*id, be))
+    }
+
+    /// Writes many service map entries in order, stopping at the first that fails:
+    /// `Err((i, error))` when `list[i]` failed (those before it are written, none after):
+    /// the caller decides what may follow a failed slot.
+    fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Result<(), (usize, WriteError)> {
+        in_order(list, |(k, v)| self.put_svc(k, v))
+    }
+
+    /// Writes many names; `fresh` ones are indices no name was programmed at (their
+    /// counters start from zero). As [`MapWriter::put_backends`].
+    fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {
+        one_by_one(list, |(id, name, _)| self.put_name(*id, name))
+    }
+}
+
+/// Calls `put` on each item in order up to the first failure.
+pub fn in_order<T>(
+    list: &[T],
+    mut put: impl FnMut(&T) -> Result<(), WriteError>,
+) -> Result<(), (usize, WriteError)> {
+    for (i, x) in list.iter().enumerate() {
+        put(x).map_err(|e| (i, e))?;
+    }
+    Ok(())
+}
+
+/// Calls `put` on each item; the failures by position.
+pub fn one_by_one<T>(
+    list: &[T],
+    mut put: impl FnMut(&T) -> Result<(), WriteError>,
+) -> Vec<(usize, WriteError)> {
+    list.iter()
+        .enumerate()
+        .filter_map(|(i, x)| put(x).err().map(|e| (i, e)))
+        .collect()
 }
 
 /// Maps in memory, with an op log; `dump()` renders them as sorted text.

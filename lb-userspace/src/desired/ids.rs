@@ -183,6 +183,50 @@ impl Ids {
             .collect()
     }
 
+    /// [`Ids::retain`] for some frontends and backends only (those an incremental
+    /// computation touched): each of `keys` not in `desired`, and each of `backends` whose
+    /// index `desired` no longer holds, gives its index back.
+    pub(super) fn retain_touched<'a>(
+        &mut self,
+        desired: &Desired,
+        keys: impl IntoIterator<Item = &'a SvcKey>,
+        backends: impl IntoIterator<Item = Backend>,
+    ) {
+        let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
+        for k in keys {
+            if !desired.services.contains_key(k)
+                && let Some(id) = self.svc.remove(k)
+            {
+                self.svc_pool
+                    .give_back(id, !fresh.contains(&(false, id)), now);
+            }
+        }
+        for be in backends {
+            let be = identity(&be);
+            if let Some(&(id, generation)) = self.backend.get(&be)
+                && desired
+                    .backends
+                    .get(&id)
+                    .is_none_or(|d| d.generation != generation)
+            {
+                self.backend.remove(&be);
+                self.backend_pool
+                    .give_back(id, !fresh.contains(&(true, id)), now);
+            }
+        }
+    }
+
+    /// An address filter bit is used again (`true`) or no longer (`false`: it stays set
+    /// until a full computation after [`FILTER_RETAIN`]).
+    pub(super) fn filter_bit(&mut self, bit: u32, live: bool) {
+        if live {
+            self.filter_retired.remove(&bit);
+            self.filter_live.insert(bit);
+        } else if self.filter_live.remove(&bit) {
+            self.filter_retired.insert(bit, self.now);
+        }
+    }
+
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
     /// sync. Until it is called again, the time the `Ids` were made.
     pub fn tick(&mut self, now: Instant) {

@@ -15,10 +15,12 @@ use lb_common::{
 use thiserror::Error;
 
 mod ids;
+mod incremental;
 mod show;
 mod values;
 
 pub use ids::Ids;
+pub use incremental::{Incremental, Touched};
 pub use show::{show_backend, show_frontend};
 pub use values::{
     addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
@@ -28,7 +30,7 @@ pub use values::{
 use crate::model::{
     BackendAddr, Model, Protocol,
     node::{IpFamily, NodeSettings},
-    select::service_ports,
+    select::ports_of_service,
 };
 
 /// The contents of the maps the agent owns.
@@ -233,13 +235,56 @@ pub fn compute_on(
     let mut errors = Vec::new();
     let mut candidates = Vec::new();
     ids.limit(limits);
-
     for id in model.services.keys() {
-        if !model.slices.contains_key(id) {
-            errors.push(DesiredError::NoEndpointSlice {
-                object: id.to_string(),
-            });
+        candidates.extend(service_candidates(model, id, node, &mut errors));
+    }
+    // Already-programmed frontends first, then new ones, each group in model order (IPv4,
+    // then IPv6: one pass per family): a full map or a clashing frontend never takes the
+    // place of something that works.
+    candidates.sort_by_key(|c| placing_order(ids, c));
+    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
+    let mut desired = Desired::default();
+    for c in candidates {
+        if c.key.scope != SCOPE_EXTERNAL {
+            // An internal scope goes with its external entry, placed before it.
+            if owners.get(&external(c.key)) == Some(&c.object) {
+                place(&mut desired, c, ids, limits, &mut errors);
+            }
+            continue;
         }
+        if let Some(owner) = owners.get(&c.key) {
+            errors.push(DesiredError::FrontendConflict {
+                frontend: show_frontend(&c.key),
+                object: c.object,
+                owner: owner.clone(),
+            });
+            continue;
+        }
+        owners.insert(c.key, c.object.clone());
+        place(&mut desired, c, ids, limits, &mut errors);
+    }
+    ids.retain(&desired);
+    desired.filter = ids.filter_bits(live_filter_bits(&desired));
+    (desired, errors)
+}
+
+/// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
+/// function of the service, its slices and the node); what cannot be programmed at all
+/// (IPv6, SCTP, no slice) is reported in `errors`.
+fn service_candidates(
+    model: &Model,
+    id: &crate::model::ServiceRef,
+    node: &NodeContext,
+    errors: &mut Vec<DesiredError>,
+) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    if !model.services.contains_key(id) {
+        return candidates;
+    }
+    if !model.slices.contains_key(id) {
+        errors.push(DesiredError::NoEndpointSlice {
+            object: id.to_string(),
+        });
     }
     let node_port_addresses = node.node_port_addresses();
     // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
@@ -249,7 +294,7 @@ pub fn compute_on(
             family,
             ..node.node.clone()
         };
-        service_ports(model, &settings)
+        ports_of_service(model, id, &settings)
     });
     for view in views {
         let family = if view.cluster_ip.is_ipv6() {
@@ -335,7 +380,7 @@ pub fn compute_on(
                 Reach::Loopback => false,
             };
             let object = format!("{object}{suffix}");
-            let backends = backends_of(&view, local, &object, &mut errors);
+            let backends = backends_of(&view, local, &object, errors);
             let mut flags = 0;
             if view.drops_when_empty(local) {
                 flags |= SVC_F_DROP_EMPTY;
@@ -391,119 +436,116 @@ pub fn compute_on(
         }
     }
 
-    // Already-programmed frontends first, then new ones, each group in model order: a full
-    // map or a clashing frontend never takes the place of something that works.
-    candidates.sort_by_key(|c| !ids.has_svc(&external(c.key)));
-    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
-    let mut planned = Vec::new();
-    for c in candidates {
-        if c.key.scope != SCOPE_EXTERNAL {
-            // An internal scope goes with its external entry, planned before it.
-            if owners.get(&external(c.key)) == Some(&c.object) {
-                planned.push(c);
-            }
-            continue;
-        }
-        if let Some(owner) = owners.get(&c.key) {
-            errors.push(DesiredError::FrontendConflict {
-                frontend: show_frontend(&c.key),
-                object: c.object,
-                owner: owner.clone(),
-            });
-            continue;
-        }
-        owners.insert(c.key, c.object.clone());
-        planned.push(c);
-    }
-    let mut desired = Desired::default();
-    for Candidate {
+    candidates
+}
+
+/// Places one frontend: its index, its backends' indices, its slots; admitted into
+/// `desired` when it fits (else the reason is in `errors`). Returns what it added.
+fn place(
+    desired: &mut Desired,
+    c: Candidate,
+    ids: &mut Ids,
+    limits: Limits,
+    errors: &mut Vec<DesiredError>,
+) -> Option<Placed> {
+    let Candidate {
         key,
         object,
         backends,
         flags,
         affinity_timeout_s,
         src_ranges,
-    } in planned
-    {
-        // Both scopes of a frontend are one service port: one id, one name, one counter.
-        let Some(svc_id) = ids.svc_id(external(key)) else {
-            errors.push(DesiredError::MapFull {
-                object,
-                map: MAP_SVC_STATS,
-                capacity: limits.services,
-                needed: 1,
-            });
-            continue;
-        };
-        let mut plan = Planned {
+    } = c;
+    // Both scopes of a frontend are one service port: one id, one name, one counter.
+    let Some(svc_id) = ids.svc_id(external(key)) else {
+        errors.push(DesiredError::MapFull {
             object,
-            entries: Vec::new(),
-            backends: Vec::new(),
-            name: (
+            map: MAP_SVC_STATS,
+            capacity: limits.services,
+            needed: 1,
+        });
+        return None;
+    };
+    let mut plan = Planned {
+        object,
+        entries: Vec::new(),
+        backends: Vec::new(),
+        name: (
+            svc_id,
+            SvcName {
+                name: [0; SVC_NAME_LEN],
+            },
+        ),
+        src_ranges: src_ranges
+            .iter()
+            .map(|&(addr, prefix)| SrcRange {
                 svc_id,
-                SvcName {
-                    name: [0; SVC_NAME_LEN],
-                },
-            ),
-            src_ranges: src_ranges
-                .iter()
-                .map(|&(addr, prefix)| SrcRange {
-                    svc_id,
-                    addr,
-                    prefix,
-                })
-                .collect(),
+                addr,
+                prefix,
+            })
+            .collect(),
+    };
+    plan.name.1 = svc_name(&plan.object);
+    let mut slot = 0u16;
+    for (b, local) in &backends {
+        let ip = b.ip;
+        let be = if *local {
+            backend_value(ip, b.port, b.protocol)
+        } else {
+            remote_backend_value(ip, b.port, b.protocol)
         };
-        plan.name.1 = svc_name(&plan.object);
-        let mut slot = 0u16;
-        let mut full = false;
-        for (b, local) in &backends {
-            let ip = b.ip;
-            let be = if *local {
-                backend_value(ip, b.port, b.protocol)
-            } else {
-                remote_backend_value(ip, b.port, b.protocol)
-            };
-            let Some((backend_id, generation)) = ids.backend_id(be) else {
-                full = true;
-                break;
-            };
-            let be = Backend { generation, ..be };
-            slot += 1;
-            plan.backends.push((backend_id, be));
-            plan.entries.push((
-                SvcKey { slot, ..key },
-                SvcValue {
-                    backend_id,
-                    svc_id,
-                    ..SvcValue::default()
-                },
-            ));
-        }
-        if full {
+        let Some((backend_id, generation)) = ids.backend_id(be) else {
             errors.push(DesiredError::MapFull {
                 object: plan.object,
                 map: MAP_BACKEND,
                 capacity: limits.backends,
                 needed: backends.len(),
             });
-            continue;
-        }
+            return None;
+        };
+        let be = Backend { generation, ..be };
+        slot += 1;
+        plan.backends.push((backend_id, be));
         plan.entries.push((
-            key,
+            SvcKey { slot, ..key },
             SvcValue {
-                count: slot,
+                backend_id,
                 svc_id,
-                flags,
-                affinity_timeout_s,
                 ..SvcValue::default()
             },
         ));
-        admit(&mut desired, plan, limits, &mut errors);
     }
-    ids.retain(&desired);
-    desired.filter = ids.filter_bits(live_filter_bits(&desired));
-    (desired, errors)
+    plan.entries.push((
+        key,
+        SvcValue {
+            count: slot,
+            svc_id,
+            flags,
+            affinity_timeout_s,
+            ..SvcValue::default()
+        },
+    ));
+    admit(desired, plan, limits, errors)
+}
+
+/// What one placed frontend added to the desired state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Placed {
+    /// Its service map keys (slots, then the entry).
+    entries: Vec<SvcKey>,
+    /// The backend index of each slot.
+    backends: Vec<u32>,
+    name: u32,
+    src_ranges: Vec<SrcRange>,
+}
+
+/// The order candidates are placed in (stable: model order within): programmed frontends
+/// first, then IPv4 before IPv6.
+fn placing_order(ids: &Ids, c: &Candidate) -> (bool, bool) {
+    (
+        !ids.has_svc(&external(c.key)),
+        c.key.family != lb_common::FAMILY_V4,
+    )
 }
 
 /// The external-scope key of a frontend's entry.
@@ -559,7 +601,12 @@ fn object_name(service: &str, port: &crate::model::ServicePort) -> String {
     }
 }
 
-fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<DesiredError>) {
+fn admit(
+    desired: &mut Desired,
+    plan: Planned,
+    limits: Limits,
+    errors: &mut Vec<DesiredError>,
+) -> Option<Placed> {
     let svc_needed = plan.entries.len();
     if desired.services.len() + svc_needed > limits.svc_entries as usize {
         errors.push(DesiredError::MapFull {
@@ -568,7 +615,7 @@ fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<
             capacity: limits.svc_entries,
             needed: svc_needed,
         });
-        return;
+        return None;
     }
     let new_backends = plan
         .backends
@@ -582,7 +629,7 @@ fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<
             capacity: limits.backends,
             needed: new_backends,
         });
-        return;
+        return None;
     }
     if desired.src_ranges.len() + plan.src_ranges.len() > limits.src_ranges as usize {
         errors.push(DesiredError::MapFull {
@@ -591,12 +638,19 @@ fn admit(desired: &mut Desired, plan: Planned, limits: Limits, errors: &mut Vec<
             capacity: limits.src_ranges,
             needed: plan.src_ranges.len(),
         });
-        return;
+        return None;
     }
+    let placed = Placed {
+        entries: plan.entries.iter().map(|(k, _)| *k).collect(),
+        backends: plan.backends.iter().map(|(id, _)| *id).collect(),
+        name: plan.name.0,
+        src_ranges: plan.src_ranges.clone(),
+    };
     desired.services.extend(plan.entries);
     desired.backends.extend(plan.backends);
     desired.names.insert(plan.name.0, plan.name.1);
     desired.src_ranges.extend(plan.src_ranges);
+    Some(placed)
 }
 
 /// A port's IPv4 loadBalancerSourceRanges as (network, prefix length).

@@ -298,20 +298,47 @@ impl PortView<'_> {
 /// Every service port of `model` that the proxier of `node.family` handles (services with a
 /// ClusterIP of that family), sorted by service then port order, with endpoints chosen.
 pub fn service_ports<'a>(model: &'a Model, node: &NodeSettings) -> Vec<PortView<'a>> {
+    let mut out = Vec::new();
+    for (id, svc) in &model.services {
+        push_service_ports(model, id, svc, node, &mut out);
+    }
+    out
+}
+
+/// [`service_ports`] of one service (none when `id` is not in the model): what an
+/// incremental computation recomputes when that service or its slices changed.
+pub fn ports_of_service<'a>(
+    model: &'a Model,
+    id: &ServiceRef,
+    node: &NodeSettings,
+) -> Vec<PortView<'a>> {
+    let mut out = Vec::new();
+    if let Some((id, svc)) = model.services.get_key_value(id) {
+        push_service_ports(model, id, svc, node, &mut out);
+    }
+    out
+}
+
+fn push_service_ports<'a>(
+    model: &'a Model,
+    id: &'a ServiceRef,
+    svc: &'a Service,
+    node: &NodeSettings,
+    out: &mut Vec<PortView<'a>>,
+) {
     let family = node.family;
     let topo = Topology {
         node_name: &node.node_name,
         zone: node.zone.as_deref(),
     };
-    let mut out = Vec::new();
-    for (id, svc) in &model.services {
+    {
         let Some(cluster_ip) = svc
             .cluster_ips
             .iter()
             .copied()
             .find(|ip| family.matches(*ip))
         else {
-            continue;
+            return;
         };
         let fam = |ips: &[IpAddr]| -> Vec<IpAddr> {
             ips.iter()
@@ -356,7 +383,6 @@ pub fn service_ports<'a>(model: &'a Model, node: &NodeSettings) -> Vec<PortView<
             out.push(view);
         }
     }
-    out
 }
 
 /// Endpoints over every service port of every slice of the family (kube-proxy's count for

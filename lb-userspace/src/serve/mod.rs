@@ -86,7 +86,7 @@ pub fn spawn(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
 ) -> Result<SocketAddr, ServeError> {
-    spawn_until(addr, handler, Arc::new(AtomicBool::new(false)))
+    start(addr, handler, None, Limits::default())
 }
 
 /// [`spawn`] until `stop` is set: the listener closes within 50 ms and its connections with
@@ -104,6 +104,15 @@ pub fn spawn_with(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
     stop: Arc<AtomicBool>,
+    limits: Limits,
+) -> Result<SocketAddr, ServeError> {
+    start(addr, handler, Some(stop), limits)
+}
+
+fn start(
+    addr: SocketAddr,
+    handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
+    stop: Option<Arc<AtomicBool>>,
     limits: Limits,
 ) -> Result<SocketAddr, ServeError> {
     let handler: server::Handler = Arc::new(move |path: &str| {

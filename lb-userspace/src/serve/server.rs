@@ -68,11 +68,12 @@ fn runtime() -> io::Result<Handle> {
     Ok(h)
 }
 
-/// Serves `handler` on `addr` until `stop` is set; the address bound.
+/// Serves `handler` on `addr` until `stop` is set (for ever without one: then nothing
+/// wakes while no one connects); the address bound.
 pub(super) fn start(
     addr: SocketAddr,
     handler: Handler,
-    stop: Arc<AtomicBool>,
+    stop: Option<Arc<AtomicBool>>,
     limits: Limits,
 ) -> io::Result<SocketAddr> {
     let rt = runtime()?;
@@ -101,12 +102,17 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 async fn accept_loop(
     listener: TcpListener,
     handler: Handler,
-    stop: Arc<AtomicBool>,
+    stop: Option<Arc<AtomicBool>>,
     limits: Arc<Limits>,
 ) {
     let conns = Arc::new(Conns::new(limits.max_connections));
-    let mut tick = tokio::time::interval(STOP_POLL);
-    while !stop.load(Ordering::Relaxed) {
+    // Looks at the stop flag every STOP_POLL; a server that never stops never ticks.
+    let mut tick = tokio::time::interval(if stop.is_some() {
+        STOP_POLL
+    } else {
+        Duration::from_secs(24 * 3600)
+    });
+    while !stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => admit(stream, peer, &conns, &handler, &limits),

@@ -2,15 +2,18 @@
 
 use std::{
     path::{Path, PathBuf},
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::Deserialize;
 
+use tracing::{debug, error, warn};
+
 use super::{
     SourceError,
     convert::{self, Converted},
+    events::{self, Event, Timed},
     testconfig,
 };
 use crate::model::Model;
@@ -157,7 +160,7 @@ pub fn load(path: &Path) -> Result<Loaded, SourceError> {
     parse(&shown, &text)
 }
 
-/// Notices when a file changes (modification time, size or content), polling cheaply.
+/// Notices when a file changes (modification time, size or content).
 pub struct FileWatch {
     path: PathBuf,
     last: Option<(SystemTime, u64, u64)>,
@@ -184,6 +187,149 @@ impl FileWatch {
         } else {
             false
         }
+    }
+}
+
+/// Watches `path` on its own thread and sends what changed: the whole file on its first
+/// good read ([`Event::Replace`]), then one event per object that differs from the last
+/// good read. The file is re-read only when inotify says it was written and closed, or
+/// moved or created in place (an editor's rename), never on a poll; without inotify it is
+/// looked at every `fallback`. A file that cannot be read or is not YAML is reported
+/// ([`Event::Error`]) and what was read before stays. The thread ends when `send` returns
+/// false.
+pub fn watch(
+    path: PathBuf,
+    fallback: Duration,
+    mut send: impl FnMut(Timed) -> bool + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("xlb-file".into())
+        .spawn(move || {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let _watcher = match inotify(&path, tx) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    warn!(file = %path.display(), "cannot watch with inotify ({e}); looking every {fallback:?}");
+                    None
+                }
+            };
+            let mut reader = Reader::new(path);
+            loop {
+                for event in reader.read() {
+                    if !send(event) {
+                        return;
+                    }
+                }
+                let woke = if _watcher.is_some() {
+                    rx.recv().map_err(|_| ())
+                } else {
+                    std::thread::sleep(fallback);
+                    Ok(())
+                };
+                if woke.is_err() {
+                    return;
+                }
+                while rx.try_recv().is_ok() {}
+            }
+        })
+}
+
+/// An inotify watch of `path`'s directory (so a file replaced by a rename is still seen)
+/// that wakes `tx` when `path` was written and closed, created, moved or removed.
+fn inotify(
+    path: &Path,
+    tx: std::sync::mpsc::Sender<()>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::{
+        EventKind, RecursiveMode, Watcher,
+        event::{AccessKind, AccessMode, ModifyKind},
+    };
+    let name = path.file_name().map(|n| n.to_os_string());
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let Ok(ev) = res else {
+            // An overflow: look anyway.
+            let _ = tx.send(());
+            return;
+        };
+        let ours = ev.paths.iter().any(|p| p.file_name() == name.as_deref());
+        let complete = matches!(
+            ev.kind,
+            EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Modify(ModifyKind::Name(_))
+                | EventKind::Remove(_)
+        );
+        if ours && complete {
+            let _ = tx.send(());
+        }
+    })?;
+    w.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(w)
+}
+
+/// Re-reads the file and turns what changed into events.
+struct Reader {
+    watch: FileWatch,
+    /// The digest of the last good read (`None` before the first).
+    last: Option<events::Digest>,
+    /// The last read's object errors (reported again only when they change).
+    last_errors: Vec<String>,
+    reported_missing: bool,
+}
+
+impl Reader {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            watch: FileWatch::new(path),
+            last: None,
+            last_errors: Vec::new(),
+            reported_missing: false,
+        }
+    }
+
+    fn read(&mut self) -> Vec<Timed> {
+        if !self.watch.changed() {
+            if self.last.is_none() && !self.reported_missing {
+                self.reported_missing = true;
+                error!(file = %self.watch.path().display(), "cannot read the source file; waiting for it");
+            }
+            return Vec::new();
+        }
+        let since = std::time::Instant::now();
+        let loaded = match load(self.watch.path()) {
+            Ok(l) => l,
+            Err(e) => return vec![Timed::now(Event::Error(e))],
+        };
+        for why in &loaded.ignored {
+            debug!("ignored: {why}");
+        }
+        let errors: Vec<String> = loaded.errors.iter().map(|e| e.to_string()).collect();
+        let mut out = Vec::new();
+        let fresh_errors = errors != self.last_errors;
+        self.last_errors = errors;
+        let Some(last) = &mut self.last else {
+            self.last = Some(events::Digest::of(&loaded.model));
+            return vec![Timed {
+                event: Event::Replace(Box::new(loaded)),
+                since,
+            }];
+        };
+        if fresh_errors {
+            out.extend(loaded.errors.into_iter().map(|e| Timed {
+                event: Event::Error(e),
+                since,
+            }));
+        }
+        out.extend(
+            last.diff(&loaded.model)
+                .into_iter()
+                .map(|event| Timed { event, since }),
+        );
+        out
     }
 }
 

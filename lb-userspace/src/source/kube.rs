@@ -1,8 +1,9 @@
 //! The Kubernetes source: reflectors over Services, EndpointSlices and this node's Node, as
-//! kube-proxy watches them. Level-triggered: nothing is sent until every initial list is
-//! complete; then one full snapshot, and after that coalesced snapshots at most once per
-//! `min_sync`. A broken watch or a 410 Gone re-lists in the reflector's buffer and the store
-//! swaps atomically when the new list is complete, so a snapshot never shows half a list.
+//! kube-proxy watches them. Nothing is sent until every initial list is complete; then the
+//! whole state once ([`Event::Replace`]), and after that one event per object that changed
+//! (the agent coalesces them, at most one sync per `min_sync`). A broken watch or a 410 Gone
+//! re-lists in the reflector's buffer and the store swaps atomically when the new list is
+//! complete; then the whole state is sent again, so the agent never sees half a list.
 //!
 //! Failing requests back off as client-go's reflector does: 0.8 s doubling to 30 s (jittered)
 //! while a watcher makes no progress; 429/503/504 are retried a few times first, no sooner
@@ -13,7 +14,6 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc::Sender,
     },
     time::Duration,
 };
@@ -41,8 +41,10 @@ use tracing::{debug, info, warn};
 
 use super::{
     convert::{self, Converted},
+    events::{Event, Timed},
     file::Loaded,
 };
+use crate::model::ServiceRef;
 
 /// Label selector kube-proxy uses when it serves every Service.
 pub const DEFAULT_SELECTOR: &str =
@@ -57,7 +59,7 @@ pub struct KubeOptions {
     pub service_proxy_name: Option<String>,
     /// This node's name (its Node object is watched).
     pub node_name: String,
-    /// Smallest interval between two snapshots after the first.
+    /// Smallest interval between two syncs after the first (the agent applies it).
     pub min_sync: Duration,
 }
 
@@ -170,12 +172,13 @@ impl Backoff for ProgressBackoff {
     }
 }
 
-/// A reflector into `writer` over a watcher of `api`, backing off while it fails.
+/// A reflector into `writer` over a watcher of `api`, backing off while it fails; yields
+/// the watcher's events after the store took them.
 fn reflect<K>(
     api: Api<K>,
     config: watcher::Config,
     writer: Writer<K>,
-) -> impl Stream<Item = Result<(), watcher::Error>>
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
@@ -190,24 +193,10 @@ where
             flag.store(true, Ordering::Relaxed);
         }
     });
-    reflector::reflector(writer, events)
-        .backoff(ProgressBackoff {
-            inner: DefaultBackoff::default(),
-            progressed,
-        })
-        .map(|e| e.map(|_| ()))
-}
-
-/// One snapshot of the cluster as the agent should program it.
-#[derive(Debug)]
-pub struct Snapshot {
-    pub loaded: Loaded,
-    /// When the oldest change in this snapshot was seen (for programming latency).
-    pub since: std::time::Instant,
-    /// This node has a deletion timestamp or is tainted for deletion by the autoscaler.
-    pub node_deleting: bool,
-    /// This node's `topology.kubernetes.io/zone` label.
-    pub zone: Option<String>,
+    reflector::reflector(writer, events).backoff(ProgressBackoff {
+        inner: DefaultBackoff::default(),
+        progressed,
+    })
 }
 
 /// The label that names a node's zone.
@@ -223,27 +212,168 @@ pub fn node_deleting(node: &Node) -> bool {
             .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"))
 }
 
-/// Runs the source on its own thread (a current-thread tokio runtime); every snapshot is sent
-/// to `tx`. The thread ends when `tx`'s receiver is gone.
+/// Runs the source on its own thread (a current-thread tokio runtime); every event goes to
+/// `send`, which returns false once nobody listens (the thread then ends).
 pub fn spawn(
     opts: KubeOptions,
-    tx: Sender<Snapshot>,
+    send: impl FnMut(Timed) -> bool + Send + 'static,
 ) -> std::thread::JoinHandle<Result<(), KubeError>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        rt.block_on(run(opts, tx))
+        rt.block_on(run(opts, send))
     })
 }
 
-enum Changed {
-    Services,
-    Slices,
-    Node,
+/// A watcher event of one of the three kinds (moved along at once: boxing would cost an
+/// allocation per event).
+#[allow(clippy::large_enum_variant)]
+enum Watched {
+    Service(watcher::Event<Service>),
+    Slice(watcher::Event<EndpointSlice>),
+    Node(watcher::Event<Node>),
 }
 
-async fn run(opts: KubeOptions, tx: Sender<Snapshot>) -> Result<(), KubeError> {
+/// The three stores, and which slice object is filed under which service.
+struct Stores {
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    node: Store<Node>,
+    /// EndpointSlice `namespace/name` → (its service, its name), for the slices sent: a
+    /// deleted (or relabelled, or no longer valid) slice is removed from where it was filed.
+    filed: std::collections::HashMap<String, (ServiceRef, String)>,
+}
+
+impl Stores {
+    fn node_event(&self) -> Event {
+        let node = self.node.state();
+        Event::Node {
+            deleting: node.iter().any(|n| node_deleting(n)),
+            zone: node.iter().find_map(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ZONE_LABEL))
+                    .cloned()
+            }),
+        }
+    }
+
+    /// Everything in the stores, and the slices filed afresh.
+    fn replace(&mut self) -> Event {
+        let loaded = snapshot(&self.services, &self.slices);
+        self.filed = self
+            .slices
+            .state()
+            .iter()
+            .filter_map(|s| match convert::endpoint_slice(s) {
+                Ok(Converted::Take(t)) => Some((slice_key(s), (t.service, t.name))),
+                _ => None,
+            })
+            .collect();
+        Event::Replace(Box::new(loaded))
+    }
+
+    /// The events of one watcher event after the initial lists: a Service or a slice
+    /// changed or gone, a relist complete (everything, from the swapped store), the Node.
+    fn events(&mut self, w: Watched) -> Vec<Event> {
+        match w {
+            Watched::Service(watcher::Event::Apply(s)) => service_event(&s, false),
+            Watched::Service(watcher::Event::Delete(s)) => service_event(&s, true),
+            Watched::Slice(watcher::Event::Apply(s)) => self.slice_events(&s, false),
+            Watched::Slice(watcher::Event::Delete(s)) => self.slice_events(&s, true),
+            Watched::Service(watcher::Event::InitDone)
+            | Watched::Slice(watcher::Event::InitDone) => vec![self.replace()],
+            Watched::Node(
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
+            ) => vec![self.node_event()],
+            _ => Vec::new(),
+        }
+    }
+
+    fn slice_events(&mut self, s: &EndpointSlice, deleted: bool) -> Vec<Event> {
+        let key = slice_key(s);
+        let mut out = Vec::new();
+        let taken = if deleted {
+            None
+        } else {
+            match convert::endpoint_slice(s) {
+                Ok(Converted::Take(slice)) => Some(slice),
+                Ok(Converted::Ignore(why)) => {
+                    debug!("ignored: {why}");
+                    None
+                }
+                Err(e) => {
+                    out.push(Event::Error(e));
+                    None
+                }
+            }
+        };
+        let now_filed = taken.as_ref().map(|t| (t.service.clone(), t.name.clone()));
+        if let Some(was) = self.filed.remove(&key)
+            && now_filed.as_ref() != Some(&was)
+        {
+            out.push(Event::Slice {
+                service: was.0,
+                name: was.1,
+                slice: None,
+            });
+        }
+        if let Some(slice) = taken {
+            self.filed
+                .insert(key, (slice.service.clone(), slice.name.clone()));
+            out.push(Event::Slice {
+                service: slice.service.clone(),
+                name: slice.name.clone(),
+                slice: Some(Box::new(slice)),
+            });
+        }
+        out
+    }
+}
+
+/// An EndpointSlice object's `namespace/name`.
+fn slice_key(s: &EndpointSlice) -> String {
+    format!(
+        "{}/{}",
+        s.metadata.namespace.as_deref().unwrap_or("default"),
+        s.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// A Service changed or gone: its model form, or its removal when it is gone, not proxied
+/// or invalid (then with the error).
+fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
+    let id = ServiceRef {
+        namespace: s
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: s.metadata.name.clone().unwrap_or_default(),
+    };
+    let gone = Event::Service {
+        id: id.clone(),
+        service: None,
+    };
+    if deleted {
+        return vec![gone];
+    }
+    match convert::service(s) {
+        Ok(Converted::Take(svc)) => vec![Event::Service {
+            id: svc.id.clone(),
+            service: Some(Box::new(svc)),
+        }],
+        Ok(Converted::Ignore(why)) => {
+            debug!("ignored: {why}");
+            vec![gone]
+        }
+        Err(e) => vec![Event::Error(e), gone],
+    }
+}
+
+async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(), KubeError> {
     let client = client(&opts).await?;
     let sel = selector(opts.service_proxy_name.as_deref());
     let (svc_store, svc_writer) = reflector::store::<Service>();
@@ -254,82 +384,61 @@ async fn run(opts: KubeOptions, tx: Sender<Snapshot>) -> Result<(), KubeError> {
         watcher::Config::default().labels(&sel),
         svc_writer,
     )
-    .map(|e| (Changed::Services, e));
+    .map(|e| ("Services", e.map(Watched::Service)));
     let slice_events = reflect(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&sel),
         slice_writer,
     )
-    .map(|e| (Changed::Slices, e));
+    .map(|e| ("EndpointSlices", e.map(Watched::Slice)));
     let node_events = reflect(
         Api::<Node>::all(client),
         watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name)),
         node_writer,
     )
-    .map(|e| (Changed::Node, e));
+    .map(|e| ("Node", e.map(Watched::Node)));
     let mut events = std::pin::pin!(stream::select(
         stream::select(svc_events, slice_events),
         node_events
     ));
-
+    let mut stores = Stores {
+        services: svc_store,
+        slices: slice_store,
+        node: node_store,
+        filed: Default::default(),
+    };
     let mut ready = false;
-    let mut dirty = false;
-    let mut last_sent = tokio::time::Instant::now();
-    let mut since = std::time::Instant::now();
-    let mut tick = tokio::time::interval(opts.min_sync.max(Duration::from_millis(1)));
-    loop {
-        tokio::select! {
-            ev = events.next() => {
-                let Some((what, result)) = ev else { return Ok(()) };
-                match result {
-                                        Ok(()) => {
-                        if !dirty {
-                            since = std::time::Instant::now();
-                        }
-                        dirty = true;
-                    }
-                    Err(e) => warn!(
-                        "watch of {}: {e}; retrying (the datapath keeps what it has)",
-                        match what { Changed::Services => "Services", Changed::Slices => "EndpointSlices", Changed::Node => "Node" }
-                    ),
-                }
+    while let Some((what, result)) = events.next().await {
+        let since = std::time::Instant::now();
+        let watched = match result {
+            Ok(w) => w,
+            Err(e) => {
+                warn!("watch of {what}: {e}; retrying (the datapath keeps what it has)");
+                continue;
             }
-            _ = tick.tick() => {}
-        }
-        if !ready {
+        };
+        let out = if ready {
+            stores.events(watched)
+        } else {
             // Level-triggered start: every initial list must be complete before the first write.
-            let all_ready = is_ready(&svc_store) && is_ready(&slice_store) && is_ready(&node_store);
-            if !all_ready {
+            if !(is_ready(&stores.services) && is_ready(&stores.slices) && is_ready(&stores.node)) {
                 continue;
             }
             ready = true;
             info!(
-                services = svc_store.state().len(),
-                slices = slice_store.state().len(),
+                services = stores.services.state().len(),
+                slices = stores.slices.state().len(),
                 "initial lists complete"
             );
-        } else if !dirty || last_sent.elapsed() < opts.min_sync {
-            continue;
-        }
-        dirty = false;
-        last_sent = tokio::time::Instant::now();
-        debug!("sending a snapshot");
-        let snap = Snapshot {
-            loaded: snapshot(&svc_store, &slice_store),
-            since,
-            node_deleting: node_store.state().iter().any(|n| node_deleting(n)),
-            zone: node_store.state().iter().find_map(|n| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(ZONE_LABEL))
-                    .cloned()
-            }),
+            vec![stores.node_event(), stores.replace()]
         };
-        if tx.send(snap).is_err() {
-            return Ok(());
+        for event in out {
+            if !send(Timed { event, since }) {
+                return Ok(());
+            }
         }
     }
+    Ok(())
 }
 
 /// True once the store has seen its first complete list.

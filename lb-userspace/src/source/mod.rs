@@ -1,6 +1,7 @@
 //! Sources: translate what they read (Kubernetes objects) into the [`crate::model::Model`].
 
 pub mod convert;
+pub mod events;
 pub mod file;
 pub mod kube;
 pub mod testconfig;

@@ -19,9 +19,13 @@ use lb_common::{
     MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
-    datapath::{kernel::KernelMaps, loader, sync::apply},
-    desired::{self, Desired, Ids},
-    model::Model,
+    datapath::{
+        kernel::KernelMaps,
+        loader,
+        sync::{self, apply},
+    },
+    desired::{self, Desired, Ids, Incremental, NodeContext},
+    model::{Model, ServiceRef},
     source::file,
 };
 use xlb_tests::{services::service_yaml, unique_tag};
@@ -91,6 +95,8 @@ pub struct Datapath {
     pub pins: PathBuf,
     current: Desired,
     ids: Ids,
+    /// The agent's incremental desired state (for [`Datapath::program_incremental`]).
+    engine: Incremental,
 }
 
 /// What one sync did and how long its parts took.
@@ -174,6 +180,7 @@ impl Datapath {
             pins,
             current: Desired::default(),
             ids: Ids::default(),
+            engine: Incremental::default(),
         })
     }
 
@@ -189,6 +196,44 @@ impl Datapath {
         if let Some(p) = problems.first() {
             bail!("desired state: {p} ({} problems)", problems.len());
         }
+        if let Some(e) = report.errors.first() {
+            bail!("sync: {e} ({} errors)", report.errors.len());
+        }
+        Ok(SyncTiming {
+            compute: t1 - t0,
+            apply: t2 - t1,
+            writes: report.writes,
+            deletes: report.deletes,
+        })
+    }
+
+    /// Programs the maps the way the agent does now: a full computation of the incremental
+    /// state (`full`, as at start), or only the services in `changed` recomputed and only
+    /// what they touched written (`desired::Incremental::update`, `sync::apply_touched`).
+    pub fn program_incremental(
+        &mut self,
+        model: &Model,
+        full: bool,
+        changed: impl IntoIterator<Item = ServiceRef>,
+    ) -> Result<SyncTiming> {
+        let node = NodeContext::default();
+        let limits = self.maps.limits();
+        let t0 = Instant::now();
+        let touched = if full {
+            self.engine.full(model, &node, &mut self.ids, limits);
+            sync::everything(&self.current, self.engine.desired())
+        } else {
+            self.engine
+                .update(model, &node, &mut self.ids, limits, changed)
+        };
+        let t1 = Instant::now();
+        let report = sync::apply_touched(
+            &mut self.maps,
+            &mut self.current,
+            self.engine.desired(),
+            &touched,
+        );
+        let t2 = Instant::now();
         if let Some(e) = report.errors.first() {
             bail!("sync: {e} ({} errors)", report.errors.len());
         }

@@ -79,7 +79,7 @@ struct AgentRun {
     xlb: std::path::PathBuf,
     pins: std::path::PathBuf,
     workdir: std::path::PathBuf,
-    _ns: Netns,
+    ns: Netns,
     /// The socket hooks' cgroup (never the root cgroup); removed after the pins.
     _cgroup: Cgroup,
 }
@@ -119,6 +119,32 @@ unsafe fn libc_kill(pid: i32) {
 /// Starts the agent on `services` × `endpoints`, waits for its first full sync; returns
 /// (VmRSS, VmHWM) in KiB and the seconds from start to synced.
 fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64, f64)> {
+    let m = agent_run(xlb, services, endpoints, Duration::ZERO, 0)?;
+    Ok((m.rss_kb, m.hwm_kb, m.synced_s))
+}
+
+/// What [`agent_run`] measured.
+pub(super) struct AgentMeasured {
+    pub rss_kb: u64,
+    pub hwm_kb: u64,
+    /// From start to the first sync.
+    pub synced_s: f64,
+    /// The share of one core used while idle, in percent.
+    pub idle_pct: f64,
+    /// From the last of the pod veths created to all of them attached.
+    pub attach_s: f64,
+}
+
+/// [`agent_rss`]; then `veths` pod veth pairs created at once in its namespace (the time
+/// from the last created to all attached), and the agent left idle for `idle` with them:
+/// the share of one core it used meanwhile (utime + stime from `/proc/PID/stat`).
+pub(super) fn agent_run(
+    xlb: &Path,
+    services: usize,
+    endpoints: usize,
+    idle: Duration,
+    veths: usize,
+) -> Result<AgentMeasured> {
     let tag = unique_tag("xlbm");
     let workdir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&workdir)?;
@@ -136,7 +162,13 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
         .command(xlb)
         .args(["agent", "--source"])
         .arg(format!("file:{}", yaml.display()))
-        .args(["--pod-interfaces", "xbench-none*", "--bpffs"])
+        .args(["--pod-interfaces", "xbv*"])
+        // Maps sized for the services (the per-service arrays are fixed at 65,536).
+        .arg("--service-map-max")
+        .arg(pow2(services * (endpoints + 1) + 64).to_string())
+        .arg("--backend-map-max")
+        .arg(pow2(services * endpoints + 64).to_string())
+        .arg("--bpffs")
         .arg(&pins)
         .arg("--cgroup-path")
         .arg(&cgroup.path)
@@ -152,7 +184,7 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
         xlb: xlb.to_path_buf(),
         pins,
         workdir,
-        _ns: ns,
+        ns,
         _cgroup: cgroup,
     };
     let want = format!("services={services}");
@@ -178,8 +210,70 @@ fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64,
     let pid = run.child.id().to_string();
     let rss = status_kb(&pid, "VmRSS")?;
     let hwm = status_kb(&pid, "VmHWM")?;
+    let mut attach_s = 0.0;
+    if veths > 0 {
+        let batch: String = (0..veths)
+            .map(|i| format!("link add xbv{i} type veth peer name xbp{i}\n"))
+            .collect();
+        let before = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("attached tc ingress")
+            .count();
+        run.ns
+            .feed("ip", &["-b", "-"], &batch)
+            .map_err(anyhow::Error::msg)?;
+        let created = Instant::now();
+        loop {
+            let n = std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("attached tc ingress")
+                .count();
+            if n >= before + veths {
+                break;
+            }
+            if created.elapsed() > Duration::from_secs(30) {
+                bail!("{} of {veths} veths attached after 30 s", n - before);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        attach_s = created.elapsed().as_secs_f64();
+    }
+    let mut idle_pct = 0.0;
+    if !idle.is_zero() {
+        let t0 = (cpu_ticks(&pid)?, Instant::now());
+        std::thread::sleep(idle);
+        let ticks = cpu_ticks(&pid)? - t0.0;
+        // USER_HZ is 100 on Linux.
+        idle_pct = ticks as f64 / 100.0 / t0.1.elapsed().as_secs_f64() * 100.0;
+    }
     drop(run);
-    Ok((rss, hwm, synced))
+    Ok(AgentMeasured {
+        rss_kb: rss,
+        hwm_kb: hwm,
+        synced_s: synced,
+        idle_pct,
+        attach_s,
+    })
+}
+
+/// The next power of two at or above `n` (at least 1,024).
+fn pow2(n: usize) -> u32 {
+    (n.max(1024) as u32).next_power_of_two()
+}
+
+/// utime + stime of process `pid` (every thread), in clock ticks.
+fn cpu_ticks(pid: &str) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat: no field {i}"))
+    };
+    // utime and stime are fields 14 and 15 of stat(5): 11 and 12 after the state.
+    Ok(field(11)? + field(12)?)
 }
 
 /// CPUs the per-CPU maps hold values for.

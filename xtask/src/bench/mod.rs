@@ -59,7 +59,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
                 }
                 section
             }
-            "sync" => sync::run()?,
+            "sync" => sync::run(xlb)?,
             "traffic" => traffic::run(xlb)?,
             "northsouth" => northsouth::run()?,
             _ => memory::run(xlb)?,

@@ -1,0 +1,352 @@
+//! The desired state kept up to date service by service: a changed Service (or slice) has
+//! its frontends recomputed and only they are replaced, as kube-proxy's change trackers
+//! keep only what changed and Cilium reconciles per frontend. A full computation happens at
+//! start (adopting the pins' indices), when the node changes, and as the periodic prune;
+//! it gives the same state as [`compute_on`](super::compute_on), and so does every
+//! sequence of incremental updates (a property test holds them to it).
+//!
+//! Each service's contribution (its map keys, the backend index of each slot, its names
+//! and source ranges) is recorded, backends and filter bits are reference-counted, so
+//! taking a service out touches only what it added. A frontend another service already
+//! owns is a conflict; the loser waits on the frontend and is recomputed when the owner
+//! lets it go.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
+
+use super::{
+    Candidate, Desired, DesiredError, Ids, Limits, NodeContext, Placed, external, live_filter_bits,
+    place, placing_order, service_candidates, show_frontend,
+};
+use crate::model::{Model, ServiceRef};
+
+/// What an update changed, for [`crate::datapath::sync::apply_touched`]: only these keys,
+/// indices and bits are compared with the maps and written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Frontend entries (slot 0, either scope) added, changed or gone.
+    pub frontends: BTreeSet<SvcKey>,
+    pub backends: BTreeSet<u32>,
+    pub src_ranges: BTreeSet<super::SrcRange>,
+    /// Filter words (`bit / 64`) that may differ.
+    pub filter_words: BTreeSet<u32>,
+}
+
+impl Touched {
+    pub fn is_empty(&self) -> bool {
+        self.frontends.is_empty()
+            && self.backends.is_empty()
+            && self.src_ranges.is_empty()
+            && self.filter_words.is_empty()
+    }
+}
+
+/// A frontend key's owner: the service and the frontend's object name.
+type Owner = (ServiceRef, String);
+
+/// The desired state and what each service put in it.
+#[derive(Debug, Default)]
+pub struct Incremental {
+    desired: Desired,
+    /// Per service: the frontends it placed.
+    placed: BTreeMap<ServiceRef, Vec<Placed>>,
+    /// Per service: what it could not (fully) program, from its last computation.
+    problems: BTreeMap<ServiceRef, Vec<DesiredError>>,
+    /// External frontend key → who owns it.
+    owners: BTreeMap<SvcKey, Owner>,
+    /// External frontend key → services that wanted it and lost (recomputed when it frees).
+    waiting: BTreeMap<SvcKey, BTreeSet<ServiceRef>>,
+    /// Backend index → slots naming it.
+    backend_refs: BTreeMap<u32, usize>,
+    /// Filter bit → frontends and backends with an address in it.
+    filter_refs: BTreeMap<u32, usize>,
+    /// Frontend entries placed (slot 0, either scope).
+    frontends: usize,
+}
+
+impl Incremental {
+    /// The desired state now.
+    pub fn desired(&self) -> &Desired {
+        &self.desired
+    }
+
+    /// The problems of service `id` (from its last computation).
+    pub fn problems_of(&self, id: &ServiceRef) -> impl Iterator<Item = &DesiredError> {
+        self.problems.get(id).into_iter().flatten()
+    }
+
+    /// How many frontend entries (slot 0, either scope) the desired state has.
+    pub fn frontends(&self) -> usize {
+        self.frontends
+    }
+
+    /// Every problem of every service, in service order.
+    pub fn problems(&self) -> impl Iterator<Item = &DesiredError> {
+        self.problems.values().flatten()
+    }
+
+    /// Recomputes everything, as [`compute_on`](super::compute_on) does (the same result):
+    /// at start, on a node change, as the prune.
+    pub fn full(&mut self, model: &Model, node: &NodeContext, ids: &mut Ids, limits: Limits) {
+        *self = Incremental::default();
+        ids.limit(limits);
+        let mut candidates = Vec::new();
+        for id in model.services.keys() {
+            let mut errors = Vec::new();
+            for c in service_candidates(model, id, node, &mut errors) {
+                candidates.push((id, c));
+            }
+            self.problems.insert(id.clone(), errors);
+        }
+        // Already-programmed frontends first, then new ones, each group in model order.
+        candidates.sort_by_key(|(_, c)| placing_order(ids, c));
+        for (id, c) in candidates {
+            self.offer(id, c, ids, limits);
+        }
+        ids.retain(&self.desired);
+        self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired));
+        self.filter_refs = count_filter_bits(&self.desired);
+    }
+
+    /// Recomputes the services in `changed` (and those waiting on a frontend one of them
+    /// let go) against `model`; returns what differs for the maps.
+    pub fn update(
+        &mut self,
+        model: &Model,
+        node: &NodeContext,
+        ids: &mut Ids,
+        limits: Limits,
+        changed: impl IntoIterator<Item = ServiceRef>,
+    ) -> Touched {
+        ids.limit(limits);
+        let mut touched = Touched::default();
+        let mut backends_seen: BTreeSet<Backend> = BTreeSet::new();
+        let mut queue: BTreeSet<ServiceRef> = changed.into_iter().collect();
+        let mut done = BTreeSet::new();
+        while let Some(id) = queue.pop_first() {
+            if !done.insert(id.clone()) {
+                continue;
+            }
+            let released = self.remove(&id, ids, &mut touched, &mut backends_seen);
+            let mut errors = Vec::new();
+            let mut candidates = service_candidates(model, &id, node, &mut errors);
+            candidates.sort_by_key(|c| placing_order(ids, c));
+            for c in candidates {
+                self.offer_collect(&id, c, ids, limits, &mut errors, &mut touched);
+            }
+            for p in self.placed.get(&id).into_iter().flatten() {
+                self.touch_placed(p, &mut touched, &mut backends_seen);
+            }
+            if model.services.contains_key(&id) {
+                self.problems.insert(id.clone(), errors);
+            } else {
+                self.problems.remove(&id);
+            }
+            // A frontend this service let go: who waited for it is recomputed.
+            for key in released {
+                if self.owners.contains_key(&key) {
+                    continue;
+                }
+                if let Some(w) = self.waiting.remove(&key) {
+                    queue.extend(w.into_iter().filter(|s| !done.contains(s)));
+                }
+            }
+        }
+        ids.retain_touched(&self.desired, &touched.frontends, backends_seen);
+        touched
+    }
+
+    /// Takes service `id`'s contribution out; returns the external keys it owned.
+    fn remove(
+        &mut self,
+        id: &ServiceRef,
+        ids: &mut Ids,
+        touched: &mut Touched,
+        backends_seen: &mut BTreeSet<Backend>,
+    ) -> Vec<SvcKey> {
+        for w in self.waiting.values_mut() {
+            w.remove(id);
+        }
+        self.waiting.retain(|_, w| !w.is_empty());
+        let mut released = Vec::new();
+        for p in self.placed.remove(id).unwrap_or_default() {
+            self.frontends -= 1;
+            self.touch_placed(&p, touched, backends_seen);
+            for k in &p.entries {
+                let Some(v) = self.desired.services.remove(k) else {
+                    continue;
+                };
+                if k.slot == 0 {
+                    self.unref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+                    if k.scope == SCOPE_EXTERNAL {
+                        self.owners.remove(k);
+                        released.push(*k);
+                    }
+                } else {
+                    self.unref_backend(v.backend_id, ids, touched);
+                }
+            }
+            self.desired.names.remove(&p.name);
+            for r in &p.src_ranges {
+                self.desired.src_ranges.remove(r);
+            }
+        }
+        released
+    }
+
+    fn touch_placed(
+        &self,
+        p: &Placed,
+        touched: &mut Touched,
+        backends_seen: &mut BTreeSet<Backend>,
+    ) {
+        for k in p.entries.iter().filter(|k| k.slot == 0) {
+            touched.frontends.insert(*k);
+        }
+        for b in &p.backends {
+            touched.backends.insert(*b);
+            if let Some(be) = self.desired.backends.get(b) {
+                backends_seen.insert(*be);
+            }
+        }
+        touched.src_ranges.extend(p.src_ranges.iter().copied());
+    }
+
+    fn unref_backend(&mut self, id: u32, ids: &mut Ids, touched: &mut Touched) {
+        let Some(n) = self.backend_refs.get_mut(&id) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.backend_refs.remove(&id);
+            if let Some(be) = self.desired.backends.remove(&id) {
+                let bit = backend_filter_bit(&be);
+                self.unref_filter(bit, ids, touched);
+            }
+        }
+    }
+
+    fn unref_filter(&mut self, bit: u32, ids: &mut Ids, touched: &mut Touched) {
+        if let Some(n) = self.filter_refs.get_mut(&bit) {
+            *n -= 1;
+            if *n == 0 {
+                self.filter_refs.remove(&bit);
+                // It stays set (a flow may still need it) until a prune retires it.
+                ids.filter_bit(bit, false);
+                touched.filter_words.insert(bit / 64);
+            }
+        }
+    }
+
+    fn ref_filter(&mut self, bit: u32, ids: &mut Ids, touched: &mut Touched) {
+        let n = self.filter_refs.entry(bit).or_default();
+        *n += 1;
+        if *n == 1 {
+            ids.filter_bit(bit, true);
+            self.desired.filter.insert(bit);
+            touched.filter_words.insert(bit / 64);
+        }
+    }
+
+    /// [`Incremental::offer`], collecting problems in `errors` and what changed in `touched`.
+    fn offer_collect(
+        &mut self,
+        id: &ServiceRef,
+        c: Candidate,
+        ids: &mut Ids,
+        limits: Limits,
+        errors: &mut Vec<DesiredError>,
+        touched: &mut Touched,
+    ) {
+        let before = self.placed.get(id).map_or(0, Vec::len);
+        let key = c.key;
+        if let Some(e) = self.offer_inner(id, c, ids, limits, errors) {
+            errors.push(e);
+            return;
+        }
+        let Some(p) = self.placed.get(id).and_then(|v| v.get(before)).cloned() else {
+            // Not placed (a full map): its index is given back below.
+            touched.frontends.insert(key);
+            return;
+        };
+        for k in p.entries.iter().filter(|k| k.slot == 0) {
+            self.ref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+        }
+        for b in &p.backends {
+            let n = self.backend_refs.entry(*b).or_default();
+            *n += 1;
+            if *n == 1
+                && let Some(be) = self.desired.backends.get(b).copied()
+            {
+                self.ref_filter(backend_filter_bit(&be), ids, touched);
+            }
+        }
+    }
+
+    /// A candidate of a full computation (problems go to the service's list).
+    fn offer(&mut self, id: &ServiceRef, c: Candidate, ids: &mut Ids, limits: Limits) {
+        let mut errors = Vec::new();
+        let before = self.placed.get(id).map_or(0, Vec::len);
+        if let Some(e) = self.offer_inner(id, c, ids, limits, &mut errors) {
+            errors.push(e);
+        }
+        if let Some(p) = self.placed.get(id).and_then(|v| v.get(before)) {
+            for b in &p.backends {
+                *self.backend_refs.entry(*b).or_default() += 1;
+            }
+        }
+        self.problems.entry(id.clone()).or_default().extend(errors);
+    }
+
+    /// Places candidate `c` of service `id` unless its frontend is taken: the conflict is
+    /// returned (and `id` waits for the frontend). A placed frontend is recorded.
+    fn offer_inner(
+        &mut self,
+        id: &ServiceRef,
+        c: Candidate,
+        ids: &mut Ids,
+        limits: Limits,
+        errors: &mut Vec<DesiredError>,
+    ) -> Option<DesiredError> {
+        if c.key.scope != SCOPE_EXTERNAL {
+            // An internal scope goes with its external entry, placed before it.
+            let ext = external(c.key);
+            if self.owners.get(&ext) != Some(&(id.clone(), c.object.clone())) {
+                return None;
+            }
+        } else if let Some((_, owner)) = self.owners.get(&c.key) {
+            self.waiting.entry(c.key).or_default().insert(id.clone());
+            return Some(DesiredError::FrontendConflict {
+                frontend: show_frontend(&c.key),
+                object: c.object,
+                owner: owner.clone(),
+            });
+        }
+        let (key, object) = (c.key, c.object.clone());
+        let placed = place(&mut self.desired, c, ids, limits, errors)?;
+        if key.scope == SCOPE_EXTERNAL {
+            self.owners.insert(key, (id.clone(), object));
+        }
+        self.frontends += 1;
+        self.placed.entry(id.clone()).or_default().push(placed);
+        None
+    }
+}
+
+/// A backend's bit in the second address filter.
+fn backend_filter_bit(be: &Backend) -> u32 {
+    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit(be.addr_be[0])
+}
+
+/// How many frontends and backends of `d` have an address in each filter bit.
+fn count_filter_bits(d: &Desired) -> BTreeMap<u32, usize> {
+    let mut refs = BTreeMap::new();
+    for k in d.services.keys().filter(|k| k.slot == 0) {
+        *refs.entry(lb_common::filter_bit(k.addr_be[0])).or_default() += 1;
+    }
+    for be in d.backends.values() {
+        *refs.entry(backend_filter_bit(be)).or_default() += 1;
+    }
+    refs
+}
