@@ -32,65 +32,71 @@ const LONG_FLOWS: usize = 20;
 const FLOOD: usize = 10 * 2 * CAPACITY_FLOWS;
 const FLOOD_THREADS: usize = 4;
 
-#[test]
-fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
-    const NAME: &str = "a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone";
-    if !require_root(NAME) {
-        return;
-    }
-    let backends: Vec<Ipv4Addr> = (2..6).map(pod_ip).collect();
-    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &backends);
-    let min = CAPACITY_FLOWS.to_string();
-    let mut s = Scenario::start_with(
-        "xcf",
-        backends.len(),
-        &yaml,
-        &["--conntrack-min", &min, "--conntrack-max-per-core", "0"],
-    )
-    .expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", backends.len(), Duration::from_secs(10))
-        .expect("initial sync");
+/// The long-lived connections and the backend each first got.
+struct Long {
+    conns: Vec<TcpStream>,
+    first: Vec<String>,
+}
 
-    // 20 long-lived connections, each asked once: answered and continued, so assured.
-    let (mut long, first): (Vec<TcpStream>, Vec<String>) = s
-        .topo
-        .client
-        .ns
-        .run(|| -> Result<_, String> {
-            let (mut long, mut first) = (Vec::new(), Vec::new());
-            for _ in 0..LONG_FLOWS {
-                let mut c = TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
-                    .map_err(|e| format!("connect: {e}"))?;
-                c.set_read_timeout(Some(TIMEOUT))
-                    .map_err(|e| e.to_string())?;
-                first.push(ask(&mut c)?);
-                long.push(c);
-            }
-            Ok((long, first))
-        })
-        .expect("client thread")
-        .expect("long-lived connections");
-    assert!(
-        first.iter().collect::<BTreeSet<_>>().len() > 1,
-        "the long flows should spread over the backends (else a lost entry would not show): {first:?}"
-    );
-    let locals: BTreeSet<String> = long
-        .iter()
-        .map(|c| c.local_addr().expect("local address").to_string())
-        .collect();
-    let assured = |s: &Scenario| -> BTreeSet<String> {
+impl Long {
+    /// `LONG_FLOWS` connections from the client pod, each asked once: answered and
+    /// continued, so assured.
+    fn open(s: &Scenario) -> Self {
+        let (conns, first) = s
+            .topo
+            .client
+            .ns
+            .run(|| -> Result<_, String> {
+                let (mut conns, mut first) = (Vec::new(), Vec::new());
+                for _ in 0..LONG_FLOWS {
+                    let mut c = TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
+                        .map_err(|e| format!("connect: {e}"))?;
+                    c.set_read_timeout(Some(TIMEOUT))
+                        .map_err(|e| e.to_string())?;
+                    first.push(ask(&mut c)?);
+                    conns.push(c);
+                }
+                Ok((conns, first))
+            })
+            .expect("client thread")
+            .expect("long-lived connections");
+        assert!(
+            first.iter().collect::<BTreeSet<_>>().len() > 1,
+            "the long flows should spread over the backends (else a lost entry would not show): {first:?}"
+        );
+        Self { conns, first }
+    }
+
+    /// Every long connection answers, from the backend it first got.
+    fn all_answer(&mut self, when: &str) {
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            let got = ask(c).unwrap_or_else(|e| panic!("long flow {i} broke {when}: {e}"));
+            assert_eq!(
+                got, self.first[i],
+                "long flow {i} moved to another backend {when}"
+            );
+        }
+    }
+
+    /// How many of them have assured entries.
+    fn assured(&self, s: &Scenario) -> usize {
+        let locals: BTreeSet<String> = self
+            .conns
+            .iter()
+            .map(|c| c.local_addr().expect("local address").to_string())
+            .collect();
         lb_userspace::list::conntrack(&s.agent.pins)
             .expect("list conntrack")
             .into_iter()
             .filter(|r| r.assured && locals.contains(&r.client))
-            .map(|r| r.client)
-            .collect()
-    };
-    assert_eq!(assured(&s).len(), LONG_FLOWS, "every long flow is assured");
-    let before = reason_counts(&s.agent.pins);
+            .count()
+    }
+}
 
-    // The flood: short connections from the same pod, as fast as they go, while the long
-    // flows keep talking.
+/// The flood: `FLOOD` short connections from the client pod on `FLOOD_THREADS` threads,
+/// as fast as they go, while `during` runs (until it sees the flood done). Returns
+/// (answered, failed).
+fn flood(s: &Scenario, mut during: impl FnMut(&AtomicBool)) -> (usize, usize) {
     let done = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
@@ -117,38 +123,57 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
             done.store(true, Ordering::Relaxed);
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut rounds = 0;
-    while !done.load(Ordering::Relaxed) {
-        assert!(Instant::now() < deadline, "the flood did not finish");
-        for (i, c) in long.iter_mut().enumerate() {
-            let got = ask(c).unwrap_or_else(|e| {
-                panic!("long flow {i} broke during the flood (round {rounds}): {e}")
-            });
-            assert_eq!(got, first[i], "long flow {i} moved to another backend");
-        }
-        rounds += 1;
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    during(&done);
     flood
         .join()
         .expect("flood thread")
         .expect("flood namespace");
-    let (answered, failed) = (
+    (
         answered.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
-    );
+    )
+}
+
+#[test]
+fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
+    const NAME: &str = "a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone";
+    if !require_root(NAME) {
+        return;
+    }
+    let backends: Vec<Ipv4Addr> = (2..6).map(pod_ip).collect();
+    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &backends);
+    let min = CAPACITY_FLOWS.to_string();
+    let mut s = Scenario::start_with(
+        "xcf",
+        backends.len(),
+        &yaml,
+        &["--conntrack-min", &min, "--conntrack-max-per-core", "0"],
+    )
+    .expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", backends.len(), Duration::from_secs(10))
+        .expect("initial sync");
+    let mut long = Long::open(&s);
+    assert_eq!(long.assured(&s), LONG_FLOWS, "every long flow is assured");
+    let before = reason_counts(&s.agent.pins);
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rounds = 0;
+    let (answered, failed) = flood(&s, |done| {
+        while !done.load(Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "the flood did not finish");
+            long.all_answer(&format!("during the flood (round {rounds})"));
+            rounds += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
     assert_eq!(answered + failed, FLOOD);
     assert!(
         answered > 2 * CAPACITY_FLOWS,
         "the flood ran: {answered} answered"
     );
-
-    for (i, c) in long.iter_mut().enumerate() {
-        assert_eq!(ask(c).expect("long flow after the flood"), first[i]);
-    }
+    long.all_answer("after the flood");
     assert_eq!(
-        assured(&s).len(),
+        long.assured(&s),
         LONG_FLOWS,
         "every long flow still has its assured entries"
     );
@@ -181,12 +206,10 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
             Instant::now() < deadline,
             "{assured_rows} assured flows 30 s after the flood (only the {LONG_FLOWS} long ones should remain)"
         );
-        for (i, c) in long.iter_mut().enumerate() {
-            assert_eq!(ask(c).expect("long flow while collecting"), first[i]);
-        }
+        long.all_answer("while the collector runs");
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(assured(&s).len(), LONG_FLOWS);
+    assert_eq!(long.assured(&s), LONG_FLOWS);
     // New connections still work once the flood is over.
     let later = s
         .topo
