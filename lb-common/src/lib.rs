@@ -9,6 +9,7 @@
 
 pub mod counters;
 pub mod maps;
+pub mod prev;
 
 pub use counters::*;
 pub use maps::*;

@@ -1,0 +1,84 @@
+//! The layouts this one replaces, as the previous agent pinned them: a new agent copies their
+//! live entries (conntrack, affinity) into its own maps before its programs take over, then
+//! removes these pins (see `lb-userspace`'s `datapath::upgrade`). Only the agent reads them.
+
+use bytemuck::{Pod, Zeroable};
+
+/// The previous conntrack map (40-byte keys, backend and service ids).
+pub const MAP_CT: &str = "XLB_CT_V2";
+/// The previous affinity map (service ids, backend ids without generation).
+pub const MAP_AFFINITY: &str = "XLB_AFF_V1";
+/// The previous service map (slots hold backend ids of `XLB_BE_V1`).
+pub const MAP_SVC: &str = "XLB_SVC_V1";
+/// The previous backend map (a hash: backend id → 24-byte `Backend`).
+pub const MAP_BACKEND: &str = "XLB_BE_V1";
+/// Every pin of the previous layout that the current one replaces, in removal order.
+pub const REPLACED: [&str; 7] = [
+    MAP_SVC,
+    MAP_BACKEND,
+    MAP_CT,
+    "XLB_SVCSTAT_V1",
+    "XLB_BESTAT_V1",
+    MAP_AFFINITY,
+    "XLB_SRCRNG_V1",
+];
+
+/// `XLB_CT_V2`'s key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtKey {
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub dir: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+
+/// `XLB_CT_V2`'s value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtValue {
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    /// A backend id of `XLB_BE_V1`.
+    pub backend_id: u32,
+    /// A service id of `XLB_SVC_V1`.
+    pub svc_id: u32,
+    pub flags: u16,
+    pub mtu: u16,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtValue>() == 64);
+
+/// `XLB_AFF_V1`'s value (its key has the current `AffinityKey` layout, with a V1 service
+/// id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    pub slot: u16,
+    pub _pad: u16,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+
+/// `XLB_BE_V1`'s value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct Backend {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub flags: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<Backend>() == 24);
