@@ -234,3 +234,75 @@ fn emitted_nft_ip6_table_carries_ipv6_traffic_beside_the_ip_table() {
     check_traffic6(&lab.topo, "nftables ip6");
     check_traffic(&lab.topo, "nftables ip beside ip6");
 }
+
+/// `xlb emit MODE --ip-family dual` on a dual-stack source.
+fn emit_dual(mode: &str) -> String {
+    let source =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-dual-stack.yaml");
+    let out = std::process::Command::new(xlb_tests::xlb_bin())
+        .args([
+            "emit",
+            mode,
+            "--ip-family",
+            "dual",
+            "--node-ip",
+            "10.0.0.1,fd00::10:1",
+        ])
+        .arg("--source")
+        .arg(format!("file:{}", source.display()))
+        .output()
+        .expect("xlb emit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// `xlb emit --ip-family dual` prints both of kube-proxy's proxiers, each loadable by its
+/// own tool: the two nftables tables in one `nft -f`, the iptables payloads split at their
+/// headers into `iptables-restore` and `ip6tables-restore`; the IPv6 ClusterIPs only in the
+/// IPv6 half.
+#[test]
+fn emit_dual_prints_both_proxiers_and_each_loads() {
+    if !require_root("emit_dual_prints_both_proxiers_and_each_loads") {
+        return;
+    }
+    let ns = xlb_tests::netns::Netns::new(&unique_tag("x6e")).expect("netns");
+    let nft = emit_dual("nftables");
+    ns.feed("nft", &["-f", "-"], &nft)
+        .expect("nft -f of both tables");
+    let tables = ns
+        .command("nft")
+        .args(["list", "tables"])
+        .output()
+        .expect("nft list");
+    let tables = String::from_utf8_lossy(&tables.stdout);
+    assert!(
+        tables.contains("table ip kube-proxy") && tables.contains("table ip6 kube-proxy"),
+        "{tables}"
+    );
+    let ipt = emit_dual("iptables");
+    let (v4, v6) = ipt
+        .split_once("# kube-proxy's IPv6 proxier (ip6tables-restore)\n")
+        .expect("an IPv6 section");
+    assert!(
+        v4.starts_with("# kube-proxy's IPv4 proxier (iptables-restore)\n"),
+        "{v4}"
+    );
+    assert!(
+        !v4.contains("fd00:10:96::") && v6.contains("fd00:10:96::10"),
+        "{ipt}"
+    );
+    ns.feed("iptables-restore", &["--noflush"], v4)
+        .expect("iptables-restore");
+    ns.feed("ip6tables-restore", &["--noflush"], v6)
+        .expect("ip6tables-restore");
+    let nat6 = ns
+        .command("ip6tables")
+        .args(["-t", "nat", "-S", "KUBE-SERVICES"])
+        .output();
+    let nat6 = String::from_utf8_lossy(&nat6.expect("ip6tables").stdout).to_string();
+    assert!(nat6.contains("fd00:10:96::10/128"), "{nat6}");
+}
