@@ -157,11 +157,16 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
 
 /// As [`check_traffic`], over IPv6: 60 TCP and 60 UDP requests from the dual-stack client
 /// to the services' IPv6 ClusterIPs, answered by more than one IPv6 backend, which saw the
-/// client pod's IPv6 address. The client's sockets are connected to the frontend, so a
-/// reply that did not come back from it would never reach them.
+/// client pod's IPv6 address, every reply on the client's wire from an IPv6 frontend.
 fn check_traffic6(topo: &Topology, what: &str) {
     let client6 = topo.client.ip6.expect("a dual-stack client");
+    let capture = Capture::start(&topo.client.ns, "eth0").expect("capture");
     let answers = requests(topo, frontends(true));
+    capture.finish().expect("capture").assert_inbound_only_from(
+        &frontends(true),
+        120,
+        &format!("{what}: replies at the client pod"),
+    );
     let backends = check_answers(answers, &format!("[{client6}]:"), what, false);
     assert!(
         backends.iter().all(|b| b.starts_with("[fd00:10:244:")),
