@@ -302,4 +302,45 @@ mod tests {
         let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
         assert!(expired(&t, NOW).is_empty(), "it may be a flow being moved");
     }
+
+    #[test]
+    fn ipv6_flows_are_collected_as_ipv4_ones() {
+        let addr = |w: u32| [0xfd00_0000u32.to_be(), 0, 0, w.to_be()];
+        let k = CtKey6 {
+            saddr_be: addr(1),
+            daddr_be: addr(2),
+            sport_be: 3,
+            dport_be: 4,
+            proto: IPPROTO_UDP,
+            dir: CT_DIR_FORWARD,
+            _pad: 0,
+        };
+        let fwd = CtValue6 {
+            saddr_be: addr(1),
+            daddr_be: addr(9),
+            sport_be: 3,
+            dport_be: 8,
+            last_seen_ns: NOW - 119 * SECOND,
+            ..Default::default()
+        };
+        let rk = reply_key(&k, &fwd);
+        assert_eq!(
+            (rk.saddr_be, rk.daddr_be, rk.dir),
+            (addr(9), addr(1), CT_DIR_REPLY)
+        );
+        let reply = CtValue6 {
+            saddr_be: addr(2),
+            daddr_be: addr(1),
+            sport_be: 4,
+            dport_be: 3,
+            last_seen_ns: NOW - 119 * SECOND,
+            ..Default::default()
+        };
+        assert_eq!(forward_key(&rk, &reply), k);
+        let t: std::collections::HashMap<_, _> = [(k, fwd), (rk, reply)].into_iter().collect();
+        assert!(expired(&t, NOW).is_empty());
+        let mut gone = expired(&t, NOW + SECOND);
+        gone.sort_by_key(|k| k.dir);
+        assert_eq!(gone, vec![k, rk]);
+    }
 }
