@@ -10,9 +10,11 @@
 pub mod counters;
 pub mod maps;
 pub mod prev;
+pub mod v6;
 
 pub use counters::*;
 pub use maps::*;
+pub use v6::*;
 
 /// IP protocol numbers carried in `proto` fields.
 pub const IPPROTO_TCP: u8 = 6;

@@ -86,7 +86,7 @@ pub const fn filter_bit(addr_be: u32) -> u32 {
 }
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 14] = [
+pub const ALL_MAPS: [&str; 16] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -101,6 +101,8 @@ pub const ALL_MAPS: [&str; 14] = [
     MAP_XDP_TX,
     MAP_SOCK,
     MAP_ADDR_FILTER,
+    crate::v6::MAP_CT6,
+    crate::v6::MAP_CT6_ASSURED,
 ];
 
 /// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
@@ -137,7 +139,7 @@ const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) 
 use core::mem::size_of;
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 14] = [
+pub const MAP_DEFS: [MapDef; 16] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -218,6 +220,18 @@ pub const MAP_DEFS: [MapDef; 14] = [
         kind::ARRAY,
         size_of::<u32>(),
         size_of::<u64>(),
+    ),
+    def(
+        crate::v6::MAP_CT6,
+        kind::LRU_HASH,
+        size_of::<crate::v6::CtKey6>(),
+        size_of::<crate::v6::CtValue6>(),
+    ),
+    def(
+        crate::v6::MAP_CT6_ASSURED,
+        kind::HASH,
+        size_of::<crate::v6::CtKey6>(),
+        size_of::<crate::v6::CtValue6>(),
     ),
 ];
 

@@ -112,8 +112,8 @@ pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16, gen
 /// A packet of an established flow of service index `svc_id` (one with affinity) keeps the
 /// affinity of its client (the packet's source) alive, at most one write a second.
 #[inline(always)]
-pub fn touch(client_be: u32, svc_id: u32) {
-    if let Some(a) = XLB_AFF_V2.get_ptr_mut(key(&Client::addr(client_be), svc_id)) {
+pub fn touch(client: &Client, svc_id: u32) {
+    if let Some(a) = XLB_AFF_V2.get_ptr_mut(key(client, svc_id)) {
         // SAFETY: as in `lookup`.
         let a = unsafe { &mut *a };
         let now = clock::now();

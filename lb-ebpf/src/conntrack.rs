@@ -22,12 +22,12 @@ use crate::{
     select::backend_is,
 };
 
-const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+pub(crate) const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 /// Ports tried from the SNAT range (one after another from a random start) before a new
 /// flow is given up: the whole of a range up to this size, so a range is usable to its last
 /// port; a full range shows as `snat_failed`, never as a collision. `bpf_loop` keeps the
 /// verifier's cost independent of it.
-const SNAT_TRIES: u32 = 1024;
+pub(crate) const SNAT_TRIES: u32 = 1024;
 
 #[inline(always)]
 pub fn key(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8, dir: u8) -> CtKey {
@@ -178,31 +178,92 @@ fn promote(ct: &CtValue, t: &Tuple) -> Option<&'static mut CtValue> {
     }
     let _ = XLB_CT_V3.remove(&s.fwd_key);
     let _ = XLB_CT_V3.remove(&s.reply_key);
-    XLB_CTA_V1.get_ptr_mut(&s.fwd_key).map(|p| unsafe { &mut *p })
+    XLB_CTA_V1
+        .get_ptr_mut(&s.fwd_key)
+        .map(|p| unsafe { &mut *p })
 }
+
+/// What the family-independent flow steps read of a packet's tuple (IPv4's [`Tuple`],
+/// IPv6's `Tuple6`).
+pub trait Flow {
+    fn proto(&self) -> u8;
+    fn tcp_flags(&self) -> u8;
+}
+
+impl Flow for Tuple {
+    #[inline(always)]
+    fn proto(&self) -> u8 {
+        self.proto
+    }
+    #[inline(always)]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+/// What they read and write of a conntrack entry (IPv4's `CtValue`, IPv6's `CtValue6`):
+/// the fields both layouts share.
+pub trait Entry {
+    fn flags(&self) -> u16;
+    fn flags_mut(&mut self) -> &mut u16;
+    fn last_seen(&mut self) -> &mut u64;
+    fn mtu(&mut self) -> &mut u16;
+    /// The backend's index and generation.
+    fn backend(&self) -> (u32, u32);
+}
+
+macro_rules! entry {
+    ($t:ty) => {
+        impl Entry for $t {
+            #[inline(always)]
+            fn flags(&self) -> u16 {
+                self.flags
+            }
+            #[inline(always)]
+            fn flags_mut(&mut self) -> &mut u16 {
+                &mut self.flags
+            }
+            #[inline(always)]
+            fn last_seen(&mut self) -> &mut u64 {
+                &mut self.last_seen_ns
+            }
+            #[inline(always)]
+            fn mtu(&mut self) -> &mut u16 {
+                &mut self.mtu
+            }
+            #[inline(always)]
+            fn backend(&self) -> (u32, u32) {
+                (self.backend_id, self.backend_gen)
+            }
+        }
+    };
+}
+entry!(CtValue);
+entry!(lb_common::CtValue6);
 
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
 /// the hot path; returns whether it did), and records a TCP FIN or RST in its direction.
 #[inline(always)]
-pub fn touch(ct: &mut CtValue, t: &Tuple) -> bool {
+pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
     let now = clock::now();
     let mut refreshed = false;
-    if clock::since(now, ct.last_seen_ns) > TOUCH_INTERVAL_NS {
-        ct.last_seen_ns = now;
+    if clock::since(now, *ct.last_seen()) > TOUCH_INTERVAL_NS {
+        *ct.last_seen() = now;
         // Forget the fitting packet size once a second: a route that shrank is seen again.
-        ct.mtu = 0;
+        *ct.mtu() = 0;
         refreshed = true;
     }
-    let seen = if t.tcp_flags & TCP_RST != 0 {
+    let flags = t.tcp_flags();
+    let seen = if flags & TCP_RST != 0 {
         CT_F_RESET
-    } else if t.tcp_flags & TCP_FIN != 0 {
+    } else if flags & TCP_FIN != 0 {
         CT_F_CLOSING
     } else {
         0
     };
-    if seen != 0 && ct.flags & seen == 0 {
-        ct.flags |= seen;
-        ct.last_seen_ns = now;
+    if seen != 0 && ct.flags() & seen == 0 {
+        *ct.flags_mut() |= seen;
+        *ct.last_seen() = now;
     }
     refreshed
 }
@@ -213,23 +274,24 @@ pub fn touch(ct: &mut CtValue, t: &Tuple) -> bool {
 /// connection (SYN without ACK) on a tuple whose flow is closing or whose backend is gone
 /// starts over: the client reused its port (as conntrack reopens a TIME_WAIT connection).
 #[inline(always)]
-pub fn continues(ct: &CtValue, t: &Tuple) -> bool {
-    if t.proto == IPPROTO_TCP {
-        if t.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+pub fn continues<E: Entry, F: Flow>(ct: &E, t: &F) -> bool {
+    if t.proto() == IPPROTO_TCP {
+        if t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN {
             return true;
         }
-        if ct.flags & (CT_F_CLOSING | CT_F_RESET) != 0 {
+        if ct.flags() & (CT_F_CLOSING | CT_F_RESET) != 0 {
             return false;
         }
     }
-    backend_is(ct.backend_id, ct.backend_gen)
+    let (id, generation) = ct.backend();
+    backend_is(id, generation)
 }
 
 /// A TCP packet that cannot open a connection (not a bare SYN): matching no flow, it was
 /// picked up mid-stream.
 #[inline(always)]
-pub fn mid_stream(t: &Tuple) -> bool {
-    t.proto == IPPROTO_TCP && t.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN
+pub fn mid_stream<F: Flow>(t: &F) -> bool {
+    t.proto() == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN
 }
 
 /// Keeps the reply entry of a SNATed flow recently used, so LRU eviction never takes it
@@ -243,17 +305,17 @@ pub fn keep_reply(ct: &CtValue, proto: u8) {
     let _ = unsafe { XLB_CT_V3.get(&reply_key_of(ct, proto)) };
 }
 
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
 /// Idle time after which a flow's SNAT port may go to a new flow: a closing TCP flow (FIN or
 /// RST seen), a UDP flow, a TCP flow without either (kube-proxy's conntrack settings: UDP
 /// 30 s, TCP established 24 h; closing is shorter than TIME_WAIT's 120 s because the client
 /// that holds TIME_WAIT is not the one that reuses the tuple).
-const REUSE_CLOSING_NS: u64 = 10_000_000_000;
-const REUSE_UDP_NS: u64 = 30_000_000_000;
-const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
+pub(crate) const REUSE_CLOSING_NS: u64 = 10_000_000_000;
+pub(crate) const REUSE_UDP_NS: u64 = 30_000_000_000;
+pub(crate) const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
 
 /// Whether the flow owning reply entry `key` → `old` is over, so its SNAT port may be reused;
 /// if so its forward entry is removed (a late packet of it must not take the new flow's

@@ -27,7 +27,7 @@ pub fn keep_alive(ct: &'static mut CtValue, t: &Tuple) -> &'static mut CtValue {
         }
         // Affinity times out in seconds at least: a refresh once a second is plenty.
         if ct.flags & CT_F_AFFINITY != 0 {
-            affinity::touch(t.saddr_be, ct.svc_id);
+            affinity::touch(&Client::addr(t.saddr_be), ct.svc_id);
         }
     }
     ct

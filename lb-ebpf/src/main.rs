@@ -24,6 +24,7 @@ mod select;
 mod sock;
 mod srcrange;
 mod translate;
+mod v6;
 mod xdp;
 
 use aya_ebpf::{
@@ -150,6 +151,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(m) => return icmp_error(ctx, &m).outcome(),
+        Parsed::Pass(Reason(parse::IPV6)) => return v6::tc(ctx).outcome(),
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 

@@ -20,9 +20,7 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack,
-    fib,
-    filter, flow,
+    conntrack, fib, filter, flow,
     maps::XLB_XDPTX_V1,
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
@@ -44,6 +42,8 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
+        // IPv6 is left to tc (which translates it).
+        Parsed::Pass(Reason(parse::IPV6)) => return pass(R_PASS),
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
     // The same order as tc: the address filters, a tracked flow from its entry alone, then

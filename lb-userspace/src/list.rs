@@ -4,8 +4,8 @@ use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use lb_common::{
-    CT_DIR_FORWARD, CT_F_SNAT, Counter, CtKey, CtValue, MAP_CT, MAP_CT_ASSURED, MAP_STATS, R_COUNT,
-    REASON_NAMES,
+    CT_DIR_FORWARD, CT_F_SNAT, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_CT, MAP_CT_ASSURED,
+    MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, R_COUNT, REASON_NAMES,
 };
 use serde::Serialize;
 
@@ -174,6 +174,21 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
             rows.push(flow_row(&state, &k, &v, now, assured));
         }
     }
+    // IPv6 flows: their own tables (missing under the pins of an agent from before them).
+    for (name, assured) in [(MAP_CT6_ASSURED, true), (MAP_CT6, false)] {
+        if !dir.join(name).exists() {
+            continue;
+        }
+        let ct: HashMap<MapData, CtKey6, CtValue6> = HashMap::try_from(open_pinned(dir, name)?)
+            .map_err(|source| DatapathError::Map { name, source })?;
+        for kv in ct.iter() {
+            let (k, v) = kv.map_err(|source| DatapathError::Map { name, source })?;
+            if k.dir != CT_DIR_FORWARD {
+                continue;
+            }
+            rows.push(flow_row6(&state, &k, &v, now, assured));
+        }
+    }
     rows.sort_by_key(|r| std::cmp::Reverse(r.age_seconds));
     Ok(rows)
 }
@@ -187,6 +202,38 @@ fn flow_row(state: &Desired, k: &CtKey, v: &CtValue, now: u64, assured: bool) ->
         backend: sock(v.daddr_be, v.dport_be),
         snat: if v.flags & CT_F_SNAT != 0 {
             sock(v.saddr_be, v.sport_be)
+        } else {
+            "-".into()
+        },
+        service: name_of(state, v.svc_id),
+        age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
+        idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
+        assured,
+    }
+}
+
+/// `[addr]:port` of an IPv6 address and port in network order.
+fn sock6(addr_be: &[u32; 4], port_be: u16) -> String {
+    let mut b = [0u8; 16];
+    for (i, w) in addr_be.iter().enumerate() {
+        b[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    format!(
+        "[{}]:{}",
+        std::net::Ipv6Addr::from(b),
+        u16::from_be(port_be)
+    )
+}
+
+fn flow_row6(state: &Desired, k: &CtKey6, v: &CtValue6, now: u64, assured: bool) -> FlowRow {
+    FlowRow {
+        protocol: Protocol::from_number(k.proto)
+            .map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+        client: sock6(&k.saddr_be, k.sport_be),
+        frontend: sock6(&k.daddr_be, k.dport_be),
+        backend: sock6(&v.daddr_be, v.dport_be),
+        snat: if v.flags & CT_F_SNAT != 0 {
+            sock6(&v.saddr_be, v.sport_be)
         } else {
             "-".into()
         },
@@ -361,6 +408,8 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
         backends,
         usage::<CtKey, CtValue>(dir, MAP_CT)?,
         usage::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?,
+        usage::<CtKey6, CtValue6>(dir, MAP_CT6)?,
+        usage::<CtKey6, CtValue6>(dir, MAP_CT6_ASSURED)?,
         usage::<u32, SvcName>(dir, MAP_SVC_NAME)?,
         src_range_usage(dir)?,
     ])

@@ -165,9 +165,11 @@ pub type RawEntries = std::collections::BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// The maps the datapath itself may change: per-flow state (conntrack, affinity, socket
 /// translations). Everything else is the agent's to write.
-pub const FLOW_STATE_MAPS: [&str; 4] = [
+pub const FLOW_STATE_MAPS: [&str; 6] = [
     lb_common::MAP_CT,
     lb_common::MAP_CT_ASSURED,
+    lb_common::MAP_CT6,
+    lb_common::MAP_CT6_ASSURED,
     lb_common::MAP_AFFINITY,
     lb_common::MAP_SOCK,
 ];

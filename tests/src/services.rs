@@ -87,3 +87,25 @@ pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<(), String> {
     std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
+
+/// An IPv6 single-stack ClusterIP Service `name` (`cluster_ip`:`port` → `target_port`) and
+/// its IPv6 EndpointSlice with `backends` ready.
+pub fn service6_yaml(
+    name: &str,
+    cluster_ip: std::net::Ipv6Addr,
+    port: u16,
+    protocol: &str,
+    target_port: u16,
+    backends: &[std::net::Ipv6Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n  clusterIP: \"{cluster_ip}\"\n  clusterIPs: [\"{cluster_ip}\"]\n  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv6\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
+    );
+    y.push_str(if backends.is_empty() { " []\n" } else { "\n" });
+    for ip in backends {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+        ));
+    }
+    y
+}

@@ -112,15 +112,14 @@ fn args(mode: &str, to: SocketAddr, n: u32) -> Vec<String> {
     vec![mode.into(), to.to_string(), n.to_string()]
 }
 
-#[test]
-fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
-    const NAME: &str = "a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod";
-    if !require_root(NAME) {
-        return;
-    }
+/// The dual-stack Service on two backend pods with IPv6 addresses and echo servers, the
+/// client pod with its IPv6 address, the agent started with `extra` flags and every
+/// frontend programmed. Returns the scenario and the client pod's IPv6 address.
+fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr) {
     let b4: Vec<_> = (2..4).map(pod_ip).collect();
     let b6: Vec<_> = (2..4).map(pod_ip6).collect();
-    let mut s = Scenario::start("xv6", 2, &dual_stack_yaml(&b4, &b6)).expect("scenario");
+    let mut s =
+        Scenario::start_with(prefix, 2, &dual_stack_yaml(&b4, &b6), extra).expect("scenario");
     s.topo
         .node
         .sysctl(&["net.ipv6.conf.all.forwarding=1"])
@@ -131,16 +130,26 @@ fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
     }
     let client6 = pod_ip6(100);
     add_ipv6(&s.topo.node, &s.topo.client, client6).expect("client IPv6");
-    let web6 = SocketAddr::from((WEB6, 80));
-    let dns6 = SocketAddr::from((WEB6, 53));
     for frontend in [
-        format!("{web6}/TCP"),
-        format!("{dns6}/UDP"),
+        format!("{}/TCP", SocketAddr::from((WEB6, 80))),
+        format!("{}/UDP", SocketAddr::from((WEB6, 53))),
         "10.96.0.10:80/TCP".to_string(),
     ] {
         s.wait_backends(&frontend, 2, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
     }
+    (s, client6)
+}
+
+#[test]
+fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
+    const NAME: &str = "a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod";
+    if !require_root(NAME) {
+        return;
+    }
+    let (s, client6) = dual_stack("xv6", &[]);
+    let web6 = SocketAddr::from((WEB6, 80));
+    let dns6 = SocketAddr::from((WEB6, 53));
     let text = s.agent.log_text();
     assert!(
         !text.contains("IPv6 ClusterIP"),
@@ -196,4 +205,62 @@ fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
         lines.iter().all(|l| l.backend().is_some()),
         "IPv4 ClusterIP of the dual-stack Service: {lines:?}"
     );
+}
+
+/// With `--socket-lb host` a pod's sockets are not translated: its IPv6 connections to the
+/// dual-stack Service go through tc at the host side of its veth (DNAT, conntrack, reverse
+/// NAT of the replies). TCP and UDP spread over both backends, every backend sees the pod's
+/// own address, the socket sees the frontend, `xlb list conntrack` shows the flows.
+#[test]
+fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
+    const NAME: &str = "a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc";
+    if !require_root(NAME) {
+        return;
+    }
+    let (s, client6) = dual_stack("xv6t", &["--socket-lb", "host"]);
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let web6 = SocketAddr::from((WEB6, 80));
+    let dns6 = SocketAddr::from((WEB6, 53));
+    let before = reason_counts(&s.agent.pins);
+    for (mode, vip, spread_over) in [("tcp", web6, 2), ("udp", dns6, 2)] {
+        let lines = probe::run(cg, &s.topo.client.ns, &args(mode, vip, 30)).expect("probe");
+        let mut backends = BTreeSet::new();
+        for l in &lines {
+            let Line::Ok {
+                backend,
+                seen_client,
+                peer,
+                ..
+            } = l
+            else {
+                panic!("{mode}: {l:?}\n{}", s.agent.log_text());
+            };
+            backends.insert(backend.clone());
+            assert_eq!(*peer, vip, "{mode}: the socket sees the frontend");
+            let seen: SocketAddr = seen_client.parse().expect("client address");
+            assert_eq!(
+                seen.ip(),
+                client6,
+                "{mode}: the backend sees the pod's address"
+            );
+        }
+        assert_eq!(lines.len(), 30, "{mode}");
+        assert_eq!(backends.len(), spread_over, "{mode}: {backends:?}");
+    }
+    let after = reason_counts(&s.agent.pins);
+    let delta = |r: &str| after[r] - before[r];
+    assert_eq!(
+        delta("sock_xlate"),
+        0,
+        "the pod's sockets are tc's: {after:?}"
+    );
+    assert!(delta("new_flow") >= 60, "{after:?}");
+    assert!(delta("reverse_nat") >= 60, "{after:?}");
+    assert!(delta("established") >= 30, "{after:?}");
+    let flows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+    let v6 = flows
+        .iter()
+        .filter(|f| f.client.starts_with(&format!("[{client6}]:")))
+        .count();
+    assert!(v6 >= 60, "IPv6 flows listed: {v6} of {}", flows.len());
 }

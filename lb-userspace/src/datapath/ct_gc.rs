@@ -25,8 +25,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CtKey, CtValue, IPPROTO_UDP,
-    MAP_CT_ASSURED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CtKey, CtKey6, CtValue, CtValue6,
+    IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
 };
 use tracing::{debug, warn};
 
@@ -45,12 +45,75 @@ pub const UDP_NS: u64 = 120 * SECOND;
 /// How often the collector looks.
 pub const INTERVAL: Duration = Duration::from_secs(5);
 
+/// What the collector reads of a conntrack value (IPv4's and IPv6's).
+pub trait Timed {
+    fn flags(&self) -> u16;
+    fn last_seen_ns(&self) -> u64;
+}
+
+/// A conntrack key (IPv4's and IPv6's) and how it names the other entry of its flow.
+pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod {
+    type Value: Timed + Copy + aya::Pod;
+    fn dir(&self) -> u8;
+    fn proto(&self) -> u8;
+    /// The reply key of the flow whose forward entry (under this key) is `fwd`.
+    fn reply_of(&self, fwd: &Self::Value) -> Self;
+    /// The forward key of the flow whose reply entry (under this key) is `reply`.
+    fn forward_of(&self, reply: &Self::Value) -> Self;
+}
+
+macro_rules! tracked {
+    ($k:ty, $v:ty) => {
+        impl Timed for $v {
+            fn flags(&self) -> u16 {
+                self.flags
+            }
+            fn last_seen_ns(&self) -> u64 {
+                self.last_seen_ns
+            }
+        }
+        impl Tracked for $k {
+            type Value = $v;
+            fn dir(&self) -> u8 {
+                self.dir
+            }
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            fn reply_of(&self, fwd: &$v) -> Self {
+                Self {
+                    saddr_be: fwd.daddr_be,
+                    daddr_be: fwd.saddr_be,
+                    sport_be: fwd.dport_be,
+                    dport_be: fwd.sport_be,
+                    proto: self.proto,
+                    dir: CT_DIR_REPLY,
+                    _pad: 0,
+                }
+            }
+            fn forward_of(&self, reply: &$v) -> Self {
+                Self {
+                    saddr_be: reply.daddr_be,
+                    daddr_be: reply.saddr_be,
+                    sport_be: reply.dport_be,
+                    dport_be: reply.sport_be,
+                    proto: self.proto,
+                    dir: CT_DIR_FORWARD,
+                    _pad: 0,
+                }
+            }
+        }
+    };
+}
+tracked!(CtKey, CtValue);
+tracked!(CtKey6, CtValue6);
+
 /// The idle time after which the flow of forward entry `fwd` and reply entry `reply` is
 /// over. A missing entry counts as neither closing nor reset.
-pub fn timeout(proto: u8, fwd: &CtValue, reply: Option<&CtValue>) -> u64 {
-    let flags = fwd.flags | reply.map_or(0, |r| r.flags);
+pub fn timeout<V: Timed>(proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
+    let flags = fwd.flags() | reply.map_or(0, |r| r.flags());
     let closed_both =
-        fwd.flags & CT_F_CLOSING != 0 && reply.is_some_and(|r| r.flags & CT_F_CLOSING != 0);
+        fwd.flags() & CT_F_CLOSING != 0 && reply.is_some_and(|r| r.flags() & CT_F_CLOSING != 0);
     if flags & CT_F_RESET != 0 || closed_both {
         CLOSED_NS
     } else if proto == IPPROTO_UDP {
@@ -63,46 +126,35 @@ pub fn timeout(proto: u8, fwd: &CtValue, reply: Option<&CtValue>) -> u64 {
 }
 
 /// Whether the flow is over at `now_ns` (the datapath's clock).
-pub fn over(proto: u8, fwd: &CtValue, reply: Option<&CtValue>, now_ns: u64) -> bool {
-    let last = fwd.last_seen_ns.max(reply.map_or(0, |r| r.last_seen_ns));
+pub fn over<V: Timed>(proto: u8, fwd: &V, reply: Option<&V>, now_ns: u64) -> bool {
+    let last = fwd
+        .last_seen_ns()
+        .max(reply.map_or(0, |r| r.last_seen_ns()));
     now_ns.saturating_sub(last) >= timeout(proto, fwd, reply)
 }
 
 /// The reply key of the flow whose forward entry is `fwd`.
-pub fn reply_key(k: &CtKey, fwd: &CtValue) -> CtKey {
-    CtKey {
-        saddr_be: fwd.daddr_be,
-        daddr_be: fwd.saddr_be,
-        sport_be: fwd.dport_be,
-        dport_be: fwd.sport_be,
-        proto: k.proto,
-        dir: CT_DIR_REPLY,
-        _pad: 0,
-    }
+pub fn reply_key<K: Tracked>(k: &K, fwd: &K::Value) -> K {
+    k.reply_of(fwd)
 }
 
 /// The forward key of the flow whose reply entry is `reply`.
-pub fn forward_key(k: &CtKey, reply: &CtValue) -> CtKey {
-    CtKey {
-        saddr_be: reply.daddr_be,
-        daddr_be: reply.saddr_be,
-        sport_be: reply.dport_be,
-        dport_be: reply.sport_be,
-        proto: k.proto,
-        dir: CT_DIR_FORWARD,
-        _pad: 0,
-    }
+pub fn forward_key<K: Tracked>(k: &K, reply: &K::Value) -> K {
+    k.forward_of(reply)
 }
 
 /// The keys to delete from a table holding `entries`, at `now_ns`: both entries of each flow
 /// that is over, and reply entries left without their forward entry once idle.
-pub fn expired(entries: &std::collections::HashMap<CtKey, CtValue>, now_ns: u64) -> Vec<CtKey> {
+pub fn expired<K: Tracked>(
+    entries: &std::collections::HashMap<K, K::Value>,
+    now_ns: u64,
+) -> Vec<K> {
     let mut gone = Vec::new();
     for (k, v) in entries {
-        if k.dir == CT_DIR_FORWARD {
+        if k.dir() == CT_DIR_FORWARD {
             let rk = reply_key(k, v);
             let reply = entries.get(&rk);
-            if over(k.proto, v, reply, now_ns) {
+            if over(k.proto(), v, reply, now_ns) {
                 gone.push(*k);
                 if reply.is_some() {
                     gone.push(rk);
@@ -111,7 +163,7 @@ pub fn expired(entries: &std::collections::HashMap<CtKey, CtValue>, now_ns: u64)
         } else {
             let fk = forward_key(k, v);
             let paired = entries.get(&fk).is_some_and(|f| reply_key(&fk, f) == *k);
-            if !paired && now_ns.saturating_sub(v.last_seen_ns) >= CLOSED_NS {
+            if !paired && now_ns.saturating_sub(v.last_seen_ns()) >= CLOSED_NS {
                 gone.push(*k);
             }
         }
@@ -119,13 +171,23 @@ pub fn expired(entries: &std::collections::HashMap<CtKey, CtValue>, now_ns: u64)
     gone
 }
 
-/// One pass over the pinned assured table in `dir`: returns how many entries it deleted.
+/// One pass over the pinned assured tables in `dir` (IPv4's and IPv6's; the IPv6 one may be
+/// missing, pinned by an agent before IPv6 flows were tracked): returns how many entries it
+/// deleted.
 pub fn sweep(dir: &Path) -> Result<usize, DatapathError> {
-    let name = MAP_CT_ASSURED;
+    let mut n = sweep_table::<CtKey>(dir, MAP_CT_ASSURED)?;
+    if dir.join(MAP_CT6_ASSURED).exists() {
+        n += sweep_table::<CtKey6>(dir, MAP_CT6_ASSURED)?;
+    }
+    Ok(n)
+}
+
+/// One pass over the pinned assured table `name`.
+fn sweep_table<K: Tracked>(dir: &Path, name: &'static str) -> Result<usize, DatapathError> {
     let err = |source| DatapathError::Map { name, source };
-    let mut map: HashMap<MapData, CtKey, CtValue> =
+    let mut map: HashMap<MapData, K, K::Value> =
         HashMap::try_from(open_pinned(dir, name)?).map_err(err)?;
-    // Bounded by the table's size (48 + 16 bytes an entry).
+    // Bounded by the table's size (64 bytes an IPv4 entry, 112 an IPv6 one).
     let mut entries = std::collections::HashMap::new();
     for kv in map.iter() {
         let (k, v) = kv.map_err(err)?;
@@ -239,5 +301,46 @@ mod tests {
         let [_, (rk, reply)] = flow(NOW, 2, 0, 0);
         let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
         assert!(expired(&t, NOW).is_empty(), "it may be a flow being moved");
+    }
+
+    #[test]
+    fn ipv6_flows_are_collected_as_ipv4_ones() {
+        let addr = |w: u32| [0xfd00_0000u32.to_be(), 0, 0, w.to_be()];
+        let k = CtKey6 {
+            saddr_be: addr(1),
+            daddr_be: addr(2),
+            sport_be: 3,
+            dport_be: 4,
+            proto: IPPROTO_UDP,
+            dir: CT_DIR_FORWARD,
+            _pad: 0,
+        };
+        let fwd = CtValue6 {
+            saddr_be: addr(1),
+            daddr_be: addr(9),
+            sport_be: 3,
+            dport_be: 8,
+            last_seen_ns: NOW - 119 * SECOND,
+            ..Default::default()
+        };
+        let rk = reply_key(&k, &fwd);
+        assert_eq!(
+            (rk.saddr_be, rk.daddr_be, rk.dir),
+            (addr(9), addr(1), CT_DIR_REPLY)
+        );
+        let reply = CtValue6 {
+            saddr_be: addr(2),
+            daddr_be: addr(1),
+            sport_be: 4,
+            dport_be: 3,
+            last_seen_ns: NOW - 119 * SECOND,
+            ..Default::default()
+        };
+        assert_eq!(forward_key(&rk, &reply), k);
+        let t: std::collections::HashMap<_, _> = [(k, fwd), (rk, reply)].into_iter().collect();
+        assert!(expired(&t, NOW).is_empty());
+        let mut gone = expired(&t, NOW + SECOND);
+        gone.sort_by_key(|k| k.dir);
+        assert_eq!(gone, vec![k, rk]);
     }
 }

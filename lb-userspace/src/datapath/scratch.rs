@@ -36,9 +36,11 @@ pub const SHARED_MAPS: [&str; 7] = [
 ];
 
 /// The maps the programs write: fresh in a trace instance (sized as the pinned ones).
-pub const WRITTEN_MAPS: [&str; 7] = [
+pub const WRITTEN_MAPS: [&str; 9] = [
     MAP_CT,
     MAP_CT_ASSURED,
+    lb_common::MAP_CT6,
+    lb_common::MAP_CT6_ASSURED,
     MAP_AFFINITY,
     MAP_SOCK,
     MAP_STATS,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use lb_common::{
     AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CT, MAP_CT_ASSURED, MAP_SVC,
+    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC,
 };
 
 use super::DatapathError;
@@ -19,7 +19,8 @@ pub const CONNTRACK_MIN: u32 = 131_072;
 /// The sizes (max entries) of the maps that can be sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
-    /// Conntrack entries (two per flow), of the LRU table and of the assured table each.
+    /// Conntrack entries (two per flow), of the LRU table and of the assured table each, for
+    /// each family.
     pub conntrack: u32,
     /// Service map entries (one per frontend and one per backend slot).
     pub services: u32,
@@ -49,10 +50,12 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 
 impl MapSizes {
     /// Each sized map's name and size.
-    pub fn by_map(&self) -> [(&'static str, u32); 6] {
+    pub fn by_map(&self) -> [(&'static str, u32); 8] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
+            (MAP_CT6, self.conntrack),
+            (MAP_CT6_ASSURED, self.conntrack),
             (MAP_SVC, self.services),
             (MAP_BACKEND, self.backends),
             (MAP_BACKEND_STATS, self.backends),

@@ -1,0 +1,59 @@
+//! IPv6 per-flow state: the conntrack tables of IPv6 flows, beside the IPv4 ones (whose
+//! compact 16-byte keys stay as they are: an IPv4-only node pins the same IPv4 maps as
+//! before, so an upgrade keeps its flows; these maps are simply created new).
+
+use bytemuck::{Pod, Zeroable};
+
+/// IPv6 conntrack: written by the tc and XDP programs (LRU, two entries per flow), read by
+/// `xlb list conntrack`. [`CtKey6`] → [`CtValue6`], sized as the IPv4 table ([`crate::MAP_CT`]).
+pub const MAP_CT6: &str = "XLB_CT6_V1";
+/// Assured IPv6 conntrack: as [`crate::MAP_CT_ASSURED`] for IPv6 flows (answered and then
+/// continued, moved out of [`MAP_CT6`] by the datapath; deleted by the agent's collector
+/// once over). Same key and value as [`MAP_CT6`].
+pub const MAP_CT6_ASSURED: &str = "XLB_CTA6_V1";
+
+/// Key of the IPv6 conntrack maps: a 5-tuple as seen on the wire, and its direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtKey6 {
+    /// Network order, four words.
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
+    pub dir: u8,
+    pub _pad: u16,
+}
+const _: () = assert!(core::mem::size_of::<CtKey6>() == 40);
+
+/// Value of the IPv6 conntrack maps: as [`crate::CtValue`] (the tuple a packet of this
+/// entry's direction is rewritten to, the backend by index and generation, the service
+/// index, `CT_F_*` flags, the fitting packet size, times), with IPv6 addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct CtValue6 {
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub backend_id: u32,
+    pub backend_gen: u32,
+    pub svc_id: u32,
+    pub flags: u16,
+    /// Forward entries: the largest packet (IPv6 header and payload) known to fit the route
+    /// toward the backend; 0 = none yet.
+    pub mtu: u16,
+    pub _pad: u32,
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<CtValue6>() == 72);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), no implicit padding, valid for any bit pattern (as bytemuck::Pod).
+    unsafe impl aya::Pod for super::CtKey6 {}
+    unsafe impl aya::Pod for super::CtValue6 {}
+}

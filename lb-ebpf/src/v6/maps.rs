@@ -1,0 +1,59 @@
+//! The IPv6 path's maps. Each comment says who writes it, key → value, size and eviction.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use lb_common::{Backend, CT_MAP_CAPACITY, CtKey6, CtValue6};
+
+use super::parse::Tuple6;
+
+/// IPv6 conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
+/// `CtKey6{IPv6 5-tuple, dir}` → `CtValue6{rewritten tuple, backend index and generation,
+/// service index, flags, times}`. 40 B → 72 B, the IPv4 table's size, LRU eviction.
+#[btf_map]
+pub static XLB_CT6_V1: LruHashMap<CtKey6, CtValue6, { CT_MAP_CAPACITY as usize }> =
+    LruHashMap::new();
+
+/// Assured IPv6 conntrack: as `XLB_CTA_V1` for IPv6 flows. Written here (answered flows
+/// that continued move out of `XLB_CT6_V1`), deleted from by the agent's collector, read by
+/// `xlb list conntrack`. 40 B → 72 B, allocated as used up to the conntrack size, no
+/// eviction (full: a flow stays in the LRU table, `ct_assured_full`).
+#[btf_map]
+pub static XLB_CTA6_V1: HashMap<
+    CtKey6,
+    CtValue6,
+    { CT_MAP_CAPACITY as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
+
+/// Where an IPv6 flow's entries and an ICMPv6 error's quote are built (off the 512-byte
+/// stack). Kernel-only: never pinned, never read by the agent.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct FlowScratch6 {
+    pub fwd: CtValue6,
+    pub reply: CtValue6,
+    pub fwd_key: CtKey6,
+    pub reply_key: CtKey6,
+    /// An ICMPv6 error's quoted IPv6 header and 8 bytes of its L4 header, as received and
+    /// as translated.
+    pub quote_old: [u8; 48],
+    pub quote_new: [u8; 48],
+    /// A new flow's backend: its index, its slot and the backend (chosen by one step,
+    /// recorded by the next).
+    pub backend_id: u32,
+    pub slot: u32,
+    pub backend: Backend,
+}
+
+/// Scratch space per CPU for an IPv6 flow. Written and read here only, within one program
+/// run. index 0 → `FlowScratch6` (360 B). 1 entry, not pinned.
+#[btf_map]
+pub static XLB_SCRATCH6: PerCpuArray<FlowScratch6, 1> = PerCpuArray::new();
+
+/// The IPv6 packet being worked on, per CPU, as parsed. Written by the parser, read by the
+/// steps after it, within one program run. index 0 → `Tuple6` (56 B). 1 entry, not pinned.
+#[btf_map]
+pub static XLB_PKT6: PerCpuArray<Tuple6, 1> = PerCpuArray::new();

@@ -1,0 +1,229 @@
+//! The IPv6 path of the tc program: the same steps as IPv4's (`main.rs`), out of line so
+//! the IPv4 path's cost stays what it was (one ethertype comparison more, for non-IPv4
+//! packets only). A tracked flow keeps its backend from its entry alone, a reply of one gets
+//! the frontend back, a new flow to a frontend gets a backend from the shared service map
+//! (family 6) through the shared choice (`select.rs`, affinity included).
+//!
+//! Not yet over IPv6: SNAT (a remote backend of a Cluster-policy external frontend is
+//! refused, counted `snat_failed`), hairpin SNAT, source ranges, the address filters (an
+//! IPv6 packet always does its conntrack lookups).
+
+pub mod conntrack;
+pub mod maps;
+pub mod nat;
+pub mod parse;
+
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use lb_common::{
+    BE_F_REMOTE, Backend, CT_F_AFFINITY, CtValue6, R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED,
+    R_NEW_FLOW, R_PASS, R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL,
+    SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue,
+};
+
+use self::{
+    conntrack::copy6,
+    maps::XLB_PKT6,
+    parse::{Parsed6, Tuple6},
+};
+use crate::{
+    affinity::{self, Client},
+    conntrack::{continues, mid_stream, touch},
+    reason::{self, Carried, Reason, Then},
+    select::{self, Frontend6},
+};
+
+type Outcome = reason::Outcome<i32>;
+
+/// The action of an outcome that is not final yet: the step found no flow (or chose a
+/// backend) and leaves the rest to the next step; its reason is the new flow's. No tc action
+/// has this value.
+const UNDECIDED: i32 = 0x0fff_ffff;
+
+#[inline(always)]
+fn pass(reason: u32) -> Outcome {
+    Ok((TC_ACT_OK, Reason(reason)))
+}
+
+/// This CPU's parsed IPv6 packet.
+#[inline(always)]
+fn packet() -> Option<&'static mut Tuple6> {
+    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
+    XLB_PKT6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
+/// An IPv6 packet at tc ingress (the Ethernet type said IPv6). Each step below is out of
+/// line and called from here, so their frames do not add up (512 bytes over the call
+/// chain, the IPv4 path's frame included).
+#[inline(never)]
+pub fn tc(ctx: &TcContext) -> Carried {
+    let Some(t) = packet() else {
+        return Carried::done(pass(R_PASS));
+    };
+    match parse::parse6(ctx, t) {
+        Ok(Parsed6::Flow) => {}
+        Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
+        Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => return Carried::done::<i32>(Err(r)),
+    }
+    let reason = match tracked(ctx, t).outcome::<i32>() {
+        Ok((UNDECIDED, r)) => r.0,
+        o => return Carried::done(o),
+    };
+    if is_loopback(&t.daddr_be) {
+        return Carried::done(pass(R_PASS));
+    }
+    let Some(svc) = select::lookup(&frontend(t)) else {
+        return Carried::done(pass(R_PASS));
+    };
+    match choose(t, svc, reason).next::<i32>() {
+        Then::Done(Ok((UNDECIDED, _))) => start(ctx, t, svc, reason),
+        Then::Done(o) => Carried::done(o),
+        Then::Refuse => Carried::done::<i32>(Err(Reason(lb_common::R_NO_BACKEND))),
+        Then::FragNeeded(_) => Carried::done::<i32>(Err(Reason(lb_common::R_NO_BACKEND))),
+    }
+}
+
+/// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
+/// else `UNDECIDED` with the reason a new flow of it is counted under.
+#[inline(never)]
+fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
+    Carried::done(try_tracked(ctx, t))
+}
+
+#[inline(always)]
+fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Outcome {
+    let mut reason = R_NEW_FLOW;
+    if let Some(ct) = conntrack::lookup_forward(t) {
+        if continues(ct, t) {
+            let ct = keep_alive(ct, t);
+            nat::apply(ctx, t, ct)?;
+            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            return pass(R_ESTABLISHED);
+        }
+        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+            reason = R_BACKEND_GONE;
+        }
+    } else if let Some(ct) = conntrack::lookup_reply(t) {
+        touch(ct, t);
+        nat::apply(ctx, t, ct)?;
+        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        return pass(R_REVERSE_NAT);
+    } else if mid_stream(t) {
+        reason = R_CT_MISS;
+    }
+    Ok((UNDECIDED, Reason(reason)))
+}
+
+/// ::1: loopback frontends exist for the node's own sockets only.
+#[inline(always)]
+fn is_loopback(a: &[u32; 4]) -> bool {
+    a[0] | a[1] | a[2] == 0 && a[3] == 1u32.to_be()
+}
+
+#[inline(always)]
+fn frontend(t: &Tuple6) -> Frontend6 {
+    Frontend6 {
+        addr_be: t.daddr_be,
+        port_be: t.dport_be,
+        proto: t.proto,
+        scope: SCOPE_EXTERNAL,
+    }
+}
+
+/// A packet of an established flow keeps its entries (and its client's affinity) fresh.
+#[inline(always)]
+fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
+    let ct = conntrack::assure(ct, t);
+    if touch(ct, t) && ct.flags & CT_F_AFFINITY != 0 {
+        affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
+    }
+    ct
+}
+
+/// The first packet of a flow to an IPv6 frontend: refusal when there are no endpoints,
+/// else the backend (into the scratch) and `UNDECIDED`.
+#[inline(never)]
+fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
+    Carried::then(try_choose(t, svc, reason))
+}
+
+#[inline(always)]
+fn try_choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Result<Then<i32>, Reason> {
+    if svc.flags & SVC_F_SRC_RANGES != 0 {
+        // The agent writes no IPv6 source ranges yet: a frontend that has some admits none.
+        return Err(Reason(R_SRC_DENIED));
+    }
+    if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
+        return Ok(Then::Refuse);
+    }
+    let (id, slot, be) = select::choose(&frontend(t), &Client::addr6(t.saddr_be), svc)?;
+    let s = conntrack::scratch()?;
+    s.backend_id = id;
+    s.slot = slot as u32;
+    copy_backend(&mut s.backend, &be);
+    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
+}
+
+/// `*dst = *src` field by field (a struct copy into map memory may become a `memmove`).
+#[inline(always)]
+fn copy_backend(dst: &mut Backend, src: &Backend) {
+    copy6(&mut dst.addr_be, &src.addr_be);
+    dst.port_be = src.port_be;
+    dst.proto = src.proto;
+    dst.family = src.family;
+    dst.flags = src.flags;
+    dst._pad0 = 0;
+    dst._pad1 = 0;
+    dst.generation = src.generation;
+    dst._pad2 = 0;
+}
+
+/// Starts the flow to the backend the scratch holds: affinity, conntrack, rewrite.
+#[inline(never)]
+fn start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
+    Carried::done(try_start(ctx, t, svc, reason))
+}
+
+#[inline(always)]
+fn try_start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Outcome {
+    let fwd = record(t, svc, 0)?;
+    nat::apply(ctx, t, fwd)?;
+    reason::count_service(svc.svc_id, fwd.backend_id, ctx.len());
+    pass(reason)
+}
+
+/// Records a new flow of `t` to the scratch's backend (its affinity, its conntrack
+/// entries); returns the forward tuple its packets are rewritten to.
+#[inline(always)]
+fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static CtValue6, Reason> {
+    let s = conntrack::scratch()?;
+    let be = &s.backend;
+    if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {
+        return Err(Reason(R_SNAT_FAILED));
+    }
+    let fwd = &mut s.fwd;
+    copy6(&mut fwd.saddr_be, &t.saddr_be);
+    copy6(&mut fwd.daddr_be, &be.addr_be);
+    fwd.sport_be = t.sport_be;
+    fwd.dport_be = be.port_be;
+    fwd.backend_id = s.backend_id;
+    fwd.backend_gen = be.generation;
+    fwd.svc_id = svc.svc_id;
+    fwd.flags = if svc.affinity_timeout_s != 0 {
+        CT_F_AFFINITY
+    } else {
+        0
+    };
+    fwd.mtu = mtu;
+    fwd._pad = 0;
+    // A client that is its own backend keeps its source (no IPv6 hairpin address yet).
+    affinity::remember(
+        &Client::addr6(t.saddr_be),
+        svc,
+        s.backend_id,
+        s.slot as u16,
+        be.generation,
+    );
+    conntrack::create(t)?;
+    Ok(&s.fwd)
+}
