@@ -15,8 +15,9 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
-    MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+    ALL_MAPS, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_BACKEND, MAP_BACKEND_STATS,
+    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME,
+    MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
@@ -91,6 +92,8 @@ pub struct Datapath {
     pub maps: KernelMaps,
     ct: HashMap<MapData, CtKey, CtValue>,
     cta: HashMap<MapData, CtKey, CtValue>,
+    /// The IPv6 conntrack tables (LRU and assured).
+    ct6: [HashMap<MapData, CtKey6, CtValue6>; 2],
     stats: PerCpuArray<MapData, Counter>,
     pub pins: PathBuf,
     current: Desired,
@@ -166,6 +169,16 @@ impl Datapath {
             .take_map(MAP_CT_ASSURED)
             .ok_or_else(|| anyhow!("{MAP_CT_ASSURED} missing"))?;
         let cta = HashMap::try_from(cta_map).context("assured conntrack map")?;
+        let mut ct6 = Vec::new();
+        for name in [MAP_CT6, MAP_CT6_ASSURED] {
+            let map = ebpf
+                .take_map(name)
+                .ok_or_else(|| anyhow!("{name} missing"))?;
+            ct6.push(HashMap::try_from(map).with_context(|| name.to_string())?);
+        }
+        let ct6: [_; 2] = ct6
+            .try_into()
+            .map_err(|_| anyhow!("two IPv6 conntrack tables"))?;
         let stats_map = ebpf
             .take_map(MAP_STATS)
             .ok_or_else(|| anyhow!("{MAP_STATS} missing"))?;
@@ -176,6 +189,7 @@ impl Datapath {
             maps,
             ct,
             cta,
+            ct6,
             stats,
             pins,
             current: Desired::default(),
@@ -304,6 +318,12 @@ impl Datapath {
             let keys: Vec<CtKey> = table.keys().collect::<Result<_, _>>()?;
             for k in keys {
                 table.remove(&k).context("delete conntrack entry")?;
+            }
+        }
+        for table in &mut self.ct6 {
+            let keys: Vec<CtKey6> = table.keys().collect::<Result<_, _>>()?;
+            for k in keys {
+                table.remove(&k).context("delete IPv6 conntrack entry")?;
             }
         }
         Ok(())

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use super::{CASES, FLOWS, HOOKS, HOT_CASES, HOT_REPEAT, Scale};
+use super::{CASES, FLOWS, HOOKS, HOOKS6, HOT_CASES, HOT_REPEAT, Scale};
 use crate::bench::{
     report::{self, Section, Series},
     verdict,
@@ -65,6 +65,7 @@ pub(super) fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Sect
     distinct_tables(&mut body, scales);
     hot_tables(&mut body, scales);
     multiples(&mut body, scales);
+    ipv6_tables(&mut body, scales);
     targets(&mut body, scales);
     let series: Vec<Series> = HOOKS
         .iter()
@@ -103,7 +104,8 @@ fn intro(body: &mut String, trials: usize) {
          in a network namespace whose `dum0` routes backends and clients to a resolved next hop (so XDP translates every \
          service packet and passes it to the stack; `dum0` is not in the redirect map). Services have 2 to 10 backends \
          (`2 + i % 9`); the maps are loaded once with room for the largest scale (`map_max_entries`), and every scale is \
-         programmed through `desired::compute` + `sync::apply` into those same maps. Every multiple below is of the \
+         programmed through `desired::compute` + `sync::apply` into those same maps; each scale holds that many \
+         IPv4 services and as many IPv6 ones (the IPv6 rows below), so *svc entries* counts both. Every multiple below is of the \
          empty program of the same hook (`xlb_tc_pass`, `xlb_xdp_pass`) measured the same way in the same trials.\n\n"
     ));
     body.push_str(&format!(
@@ -222,6 +224,59 @@ fn multiples(body: &mut String, scales: &[Scale]) {
     body.push_str(&report::table(&headers, &rows));
 }
 
+/// The IPv6 rows: per hook of [`HOOKS6`], the distinct cases over IPv6 and each one's ratio
+/// to the same case over IPv4 in the same trials.
+fn ipv6_tables(body: &mut String, scales: &[Scale]) {
+    body.push_str(
+        "\n**IPv6** (the same distinct method: as many IPv6 services as IPv4 ones, in the same maps, \
+         the same number of flows spread the same way, IPv6 TCP frames built with etherparse; run in \
+         the same trials as the IPv4 rows; ÷ IPv4 = this case's median over the IPv4 one's):\n\n",
+    );
+    for (hi, hook) in HOOKS6.iter().enumerate() {
+        let v4 = HOOKS.iter().position(|h| h.name == hook.name).unwrap_or(0);
+        let mut headers = vec![format!("{} IPv6 services", hook.name)];
+        for c in CASES {
+            headers.push(c.to_string());
+            headers.push("÷ IPv4".into());
+        }
+        let rows: Vec<Vec<String>> = scales
+            .iter()
+            .map(|s| {
+                let mut r = vec![s.services.to_string()];
+                for c in 0..CASES.len() {
+                    r.push(s.distinct6[hi][c].show(0));
+                    r.push(format!(
+                        "{:.2}×",
+                        s.distinct6[hi][c].median / s.distinct[v4][c].median
+                    ));
+                }
+                r
+            })
+            .collect();
+        body.push_str(&report::table(&headers, &rows));
+        body.push('\n');
+    }
+}
+
+/// The worst IPv6 ÷ IPv4 ratio over the service cases (non-service, new flow,
+/// established, reply) and scales, for hook `hi` of [`HOOKS6`]: (ratio, case, services).
+fn worst_ipv6_ratio(scales: &[Scale], hi: usize) -> (f64, &'static str, usize) {
+    let v4 = HOOKS
+        .iter()
+        .position(|h| h.name == HOOKS6[hi].name)
+        .unwrap_or(0);
+    let mut worst = (0.0, "", 0);
+    for s in scales {
+        for (c, name) in CASES.iter().enumerate().skip(1) {
+            let r = s.distinct6[hi][c].median / s.distinct[v4][c].median;
+            if r > worst.0 {
+                worst = (r, *name, s.services);
+            }
+        }
+    }
+    worst
+}
+
 /// The issue's targets, tc and XDP alike, at every scale measured.
 fn targets(body: &mut String, scales: &[Scale]) {
     let first = &scales[0];
@@ -273,6 +328,24 @@ fn targets(body: &mut String, scales: &[Scale]) {
                 closing(h, &format!("scale {label}")),
             );
         }
+    }
+    for (hi, hook) in HOOKS6.iter().enumerate() {
+        let (v, case, at) = worst_ipv6_ratio(scales, hi);
+        target(
+            body,
+            &format!(
+                "{} IPv6 within 1.2× of the IPv4 figures (every distinct case)",
+                hook.name
+            ),
+            v <= 1.2,
+            &format!("worst {v:.2}×: {case} at {at} services"),
+            "first the non-service case: IPv4 packets that are no service's are known so from \
+             two bits of the address filters (`XLB_ADDRFILT_V1`) without a hash lookup, while \
+             every IPv6 packet pays a conntrack and a service lookup (filters over hashed IPv6 \
+             addresses would close it); then the IPv6 path's own costs: the header walk, 40-byte \
+             conntrack keys hashed on every lookup, and the L4 checksum fixed up over 32 \
+             address bytes",
+        );
     }
     target(
         body,
