@@ -61,7 +61,7 @@ fn ip_header(src: [u8; 4], dst: [u8; 4], proto: u8, total: u16) -> [u8; 20] {
 
 /// The Ethernet header of the answer: addresses swapped.
 #[inline(always)]
-fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
+pub(crate) fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
     let e: [u8; 14] = ctx.load(0).map_err(failed)?;
     Ok([
         e[6], e[7], e[8], e[9], e[10], e[11], e[0], e[1], e[2], e[3], e[4], e[5], e[12], e[13],
@@ -105,7 +105,7 @@ pub fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Result<i32, Reason> 
 
 /// Sends the rewritten packet back out of the interface it came in on.
 #[inline(always)]
-fn send_back(ctx: &TcContext) -> Result<i32, Reason> {
+pub(crate) fn send_back(ctx: &TcContext) -> Result<i32, Reason> {
     // SAFETY: reading the ifindex field of the context the kernel passed us.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: helper on our own skb.

@@ -263,4 +263,33 @@ fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
         .filter(|f| f.client.starts_with(&format!("[{client6}]:")))
         .count();
     assert!(v6 >= 60, "IPv6 flows listed: {v6} of {}", flows.len());
+
+    // An IPv6 Service without endpoints refuses at once, through tc: a TCP RST, an ICMPv6
+    // port unreachable that the pod's connected UDP socket reports.
+    let empty6 = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x99);
+    let yaml = dual_stack_yaml(&[], &[])
+        + &xlb_tests::services::service6_yaml("empty6", empty6, 80, "TCP", 8080, &[])
+        + &xlb_tests::services::service6_yaml("emptyu6", empty6, 53, "UDP", 5353, &[]);
+    xlb_tests::services::write_atomic(&s.yaml, &yaml).expect("yaml");
+    let mut s = s;
+    s.wait_backends(
+        &format!("{}/UDP", SocketAddr::from((empty6, 53))),
+        0,
+        Duration::from_secs(10),
+    )
+    .expect("empty frontend programmed");
+    let before = reason_counts(&s.agent.pins)["reject"];
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    for (mode, port) in [("tcp", 80), ("udp", 53)] {
+        let to = SocketAddr::from((empty6, port));
+        let lines = probe::run(cg, &s.topo.client.ns, &args(mode, to, 5)).expect("probe");
+        assert_eq!(lines.len(), 5, "{mode}");
+        for l in &lines {
+            assert!(
+                matches!(l, Line::Err { errno: 111, ms, .. } if *ms < 500.0),
+                "{mode}: expected ECONNREFUSED at once, got {l:?}"
+            );
+        }
+    }
+    assert!(reason_counts(&s.agent.pins)["reject"] >= before + 10);
 }

@@ -4,20 +4,24 @@
 //! the frontend back, a new flow to a frontend gets a backend from the shared service map
 //! (family 6) through the shared choice (`select.rs`, affinity included).
 //!
-//! Not yet over IPv6: SNAT (a remote backend of a Cluster-policy external frontend is
+//! Not yet over IPv6: XDP (it passes IPv6 to tc), SNAT (a remote backend of a Cluster-policy external frontend is
 //! refused, counted `snat_failed`), hairpin SNAT, source ranges, the address filters (an
 //! IPv6 packet always does its conntrack lookups).
 
 pub mod conntrack;
+pub mod fib;
+pub mod icmp;
 pub mod maps;
 pub mod nat;
 pub mod parse;
+pub mod reject;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
     BE_F_REMOTE, Backend, CT_F_AFFINITY, CtValue6, R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED,
-    R_NEW_FLOW, R_PASS, R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL,
-    SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue,
+    R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT, R_REVERSE_NAT,
+    R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SvcValue,
 };
 
 use self::{
@@ -30,6 +34,7 @@ use crate::{
     conntrack::{continues, mid_stream, touch},
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
+    translate::Mtu,
 };
 
 type Outcome = reason::Outcome<i32>;
@@ -61,13 +66,15 @@ pub fn tc(ctx: &TcContext) -> Carried {
     };
     match parse::parse6(ctx, t) {
         Ok(Parsed6::Flow) => {}
-        Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
+        Ok(Parsed6::Icmp) => return icmp_error(ctx, t),
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
-    let reason = match tracked(ctx, t).outcome::<i32>() {
-        Ok((UNDECIDED, r)) => r.0,
-        o => return Carried::done(o),
+    let reason = match tracked(ctx, t).next::<i32>() {
+        Then::Done(Ok((UNDECIDED, r))) => r.0,
+        Then::Done(o) => return Carried::done(o),
+        Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
+        Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
     if is_loopback(&t.daddr_be) {
         return Carried::done(pass(R_PASS));
@@ -76,29 +83,64 @@ pub fn tc(ctx: &TcContext) -> Carried {
         return Carried::done(pass(R_PASS));
     };
     match choose(t, svc, reason).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => start(ctx, t, svc, reason),
-        Then::Done(o) => Carried::done(o),
-        Then::Refuse => Carried::done::<i32>(Err(Reason(lb_common::R_NO_BACKEND))),
-        Then::FragNeeded(_) => Carried::done::<i32>(Err(Reason(lb_common::R_NO_BACKEND))),
+        Then::Done(Ok((UNDECIDED, _))) => {}
+        Then::Done(o) => return Carried::done(o),
+        Then::Refuse => return refuse(ctx, t),
+        Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
     }
+    match start(ctx, t, svc, reason).next::<i32>() {
+        Then::Done(o) => Carried::done(o),
+        Then::FragNeeded(mtu) => too_big(ctx, t, mtu),
+        Then::Refuse => refuse(ctx, t),
+    }
+}
+
+/// An ICMPv6 message: translated when it is an error about a tracked flow, else passed.
+#[inline(never)]
+fn icmp_error(ctx: &TcContext, t: &Tuple6) -> Carried {
+    Carried::done(match icmp::translate(ctx, t) {
+        Ok(Some(ct)) => {
+            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            pass(R_ICMP_XLATE)
+        }
+        Ok(None) => pass(R_PASS),
+        Err(r) => Err(r),
+    })
+}
+
+/// A new flow to a frontend without endpoints: refused.
+#[inline(never)]
+fn refuse(ctx: &TcContext, t: &Tuple6) -> Carried {
+    Carried::done(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
+}
+
+/// A packet too big for its route: answered with Packet Too Big.
+#[inline(never)]
+fn too_big(ctx: &TcContext, t: &Tuple6, mtu: u16) -> Carried {
+    Carried::done(reject::too_big(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
 }
 
 /// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
 /// else `UNDECIDED` with the reason a new flow of it is counted under.
 #[inline(never)]
 fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
-    Carried::done(try_tracked(ctx, t))
+    Carried::then(try_tracked(ctx, t))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Outcome {
+fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(t) {
         if continues(ct, t) {
+            match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
+                Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
+                Mtu::Fits(len) => ct.mtu = len,
+                Mtu::Unchecked => {}
+            }
             let ct = keep_alive(ct, t);
             nat::apply(ctx, t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-            return pass(R_ESTABLISHED);
+            return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
@@ -107,11 +149,11 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Outcome {
         touch(ct, t);
         nat::apply(ctx, t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-        return pass(R_REVERSE_NAT);
+        return Ok(Then::Done(pass(R_REVERSE_NAT)));
     } else if mid_stream(t) {
         reason = R_CT_MISS;
     }
-    Ok((UNDECIDED, Reason(reason)))
+    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
 }
 
 /// ::1: loopback frontends exist for the node's own sockets only.
@@ -178,18 +220,30 @@ fn copy_backend(dst: &mut Backend, src: &Backend) {
     dst._pad2 = 0;
 }
 
-/// Starts the flow to the backend the scratch holds: affinity, conntrack, rewrite.
+/// Starts the flow to the backend the scratch holds (unless the packet is too big for its
+/// route): affinity, conntrack, rewrite.
 #[inline(never)]
 fn start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
-    Carried::done(try_start(ctx, t, svc, reason))
+    Carried::then(try_start(ctx, t, svc, reason))
 }
 
 #[inline(always)]
-fn try_start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Outcome {
-    let fwd = record(t, svc, 0)?;
+fn try_start(
+    ctx: &TcContext,
+    t: &Tuple6,
+    svc: &SvcValue,
+    reason: u32,
+) -> Result<Then<i32>, Reason> {
+    let s = conntrack::scratch()?;
+    let fits = match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
+        Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
+        Mtu::Fits(len) => len,
+        Mtu::Unchecked => 0,
+    };
+    let fwd = record(t, svc, fits)?;
     nat::apply(ctx, t, fwd)?;
     reason::count_service(svc.svc_id, fwd.backend_id, ctx.len());
-    pass(reason)
+    Ok(Then::Done(pass(reason)))
 }
 
 /// Records a new flow of `t` to the scratch's backend (its affinity, its conntrack

@@ -237,3 +237,41 @@ pub fn seen6(frame: &[u8], what: &str) -> Seen6 {
         other => panic!("{what}: no TCP or UDP for etherparse: {other:?}"),
     }
 }
+
+/// An ICMPv6 message as etherparse reads it (its checksum checked over the pseudo-header).
+#[derive(Debug)]
+pub struct SeenIcmp6 {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub kind: u8,
+    pub code: u8,
+    pub rest: [u8; 4],
+    /// The message body after the first 8 bytes (an error's quote).
+    pub body: Vec<u8>,
+}
+
+pub fn seen_icmp6(frame: &[u8], what: &str) -> SeenIcmp6 {
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+    let sliced = SlicedPacket::from_ethernet(frame)
+        .unwrap_or_else(|e| panic!("{what}: etherparse cannot read the frame: {e}"));
+    let Some(NetSlice::Ipv6(ip)) = &sliced.net else {
+        panic!("{what}: not IPv6 for etherparse");
+    };
+    let h = ip.header();
+    let (src, dst) = (h.source_addr(), h.destination_addr());
+    let Some(TransportSlice::Icmpv6(m)) = &sliced.transport else {
+        panic!("{what}: not ICMPv6: {:?}", sliced.transport);
+    };
+    assert!(
+        m.is_checksum_valid(src.octets(), dst.octets()),
+        "{what}: ICMPv6 checksum (etherparse)"
+    );
+    SeenIcmp6 {
+        src,
+        dst,
+        kind: m.type_u8(),
+        code: m.code_u8(),
+        rest: m.bytes5to8(),
+        body: m.payload().to_vec(),
+    }
+}
