@@ -192,21 +192,16 @@ fn the_four_origins_agree_on_cluster_ip_and_node_port_services() {
 /// Both families side by side: a dual-stack ClusterIP Service (IPv6 first), a dual-stack
 /// NodePort Service and an IPv6-only Service without endpoints, each family's endpoints in
 /// its own EndpointSlice. kube-proxy runs its second proxier for IPv6 (ip6tables, the
-/// `ip6 kube-proxy` table); xlb serves both families from one agent. Every IPv6 ClusterIP
+/// `ip6 kube-proxy` table); xlb serves both families from one agent, the pod's IPv6 flows
+/// through the socket hooks and, with `--socket-lb host`, through tc. Every IPv6 ClusterIP
 /// flow reaches that family's endpoints only, from the pod and from the node.
 #[test]
 fn modes_agree_over_both_families_on_dual_stack_services() {
     if !require_root("modes_agree_over_both_families_on_dual_stack_services") {
         return;
     }
-    let modes = [
-        Impl::Ebpf,
-        Impl::KubeProxy(Mode::Iptables),
-        Impl::KubeProxy(Mode::Nftables),
-        Impl::KubeProxy(Mode::Userspace),
-    ];
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-dual-stack.yaml");
-    let report = check_modes(source, &modes);
+    let report = check(source);
     let table = report.render();
     let v6 = report.flows.iter().filter(|(f, _)| f.frontend.is_ipv6());
     let v6: Vec<_> = v6.collect();
