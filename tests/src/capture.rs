@@ -269,15 +269,36 @@ mod tests {
 
     #[test]
     fn reads_addresses_after_the_ip_header_and_its_options() {
-        let mut p = vec![0x46, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0];
+        // IPv4 with 4 bytes of options (IHL 6), total length 32, then an 8-byte UDP header.
+        let mut p = vec![0x46, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0];
         p.extend_from_slice(&[10, 96, 0, 53, 10, 244, 1, 2]);
-        p.extend_from_slice(&[1, 1, 1, 1]); // 4 bytes of options
+        p.extend_from_slice(&[1, 1, 1, 1]);
         p.extend_from_slice(&53u16.to_be_bytes());
         p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&[0, 8, 0, 0]);
         let seen = parse(&p, true).expect("UDP");
         assert_eq!(seen.src, "10.96.0.53:53".parse().expect("addr"));
         assert_eq!(seen.dst, "10.244.1.2:40000".parse().expect("addr"));
         p[9] = 1;
         assert_eq!(parse(&p, true), None, "ICMP is not recorded");
+    }
+
+    #[test]
+    fn reads_ipv6_addresses_past_an_extension_header_and_a_truncated_segment() {
+        let src: std::net::Ipv6Addr = "fd00:10:96::10".parse().expect("addr");
+        let dst: std::net::Ipv6Addr = "fd00:10:244:1::2".parse().expect("addr");
+        // Fixed header (payload 8 of hop-by-hop + a 40-byte TCP header with options), then
+        // hop-by-hop (next: TCP, 8 bytes), then TCP; the capture cut it after 20 bytes of TCP.
+        let mut p = vec![0x60, 0, 0, 0, 0, 48, 0, 64];
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(&[6, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&80u16.to_be_bytes());
+        p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x12, 0xff, 0xff, 0, 0, 0, 0]);
+        let seen = parse(&p, false).expect("TCP");
+        assert_eq!((seen.protocol, seen.inbound), (6, false));
+        assert_eq!(seen.src, "[fd00:10:96::10]:80".parse().expect("addr"));
+        assert_eq!(seen.dst, "[fd00:10:244:1::2]:40000".parse().expect("addr"));
     }
 }
