@@ -4,9 +4,12 @@
 //! the frontend back, a new flow to a frontend gets a backend from the shared service map
 //! (family 6) through the shared choice (`select.rs`, affinity included).
 //!
-//! XDP's IPv6 path (`xdp.rs`) reuses these steps. Not yet over IPv6: SNAT (a remote backend of a Cluster-policy external frontend is
-//! refused, counted `snat_failed`), hairpin SNAT, source ranges, the address filters (an
-//! IPv6 packet always does its conntrack lookups).
+//! XDP's IPv6 path (`xdp.rs`) reuses these steps. The address filters are read with an
+//! address's first word (the agent hashes every frontend and backend by `addr_be[0]`): a
+//! clear bit still means "certainly not", but IPv6 addresses of one /32 share a bit.
+//!
+//! Not yet over IPv6: hairpin SNAT (a pod reaching itself keeps its source), source ranges
+//! (the agent writes none; a frontend flagged with some admits no IPv6 client).
 
 pub mod conntrack;
 pub mod fib;
@@ -33,6 +36,7 @@ use self::{
 use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
+    filter,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
     translate::Mtu,
@@ -77,7 +81,7 @@ pub fn tc(ctx: &TcContext) -> Carried {
         Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if is_loopback(&t.daddr_be) {
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -131,7 +135,15 @@ fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
 #[inline(always)]
 fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
-    if let Some(ct) = conntrack::lookup_forward(t) {
+    // The address filters, by the addresses' first word (the agent sets the bits of every
+    // frontend's and backend's `addr_be[0]`, IPv6 ones included): a clear bit skips the
+    // lookups on that side, as for IPv4.
+    let forward = if filter::maybe_frontend(t.daddr_be[0]) {
+        conntrack::lookup_forward(t)
+    } else {
+        None
+    };
+    if let Some(ct) = forward {
         if continues(ct, t) {
             match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
                 Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
@@ -146,7 +158,10 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }
-    } else if let Some(ct) = conntrack::lookup_reply(t) {
+    } else if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
         touch(ct, t);
         nat::apply(ctx, t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());

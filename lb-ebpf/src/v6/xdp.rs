@@ -20,6 +20,7 @@ use super::{
 };
 use crate::{
     conntrack::{continues, touch},
+    filter,
     maps::XLB_XDPTX_V1,
     packet::Packet,
     parse::ETH_HLEN,
@@ -55,7 +56,7 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
     }
-    if is_loopback(&t.daddr_be) {
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -80,7 +81,8 @@ fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
 
 #[inline(always)]
 fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
-    if let Some(ct) = conntrack::lookup_forward(t) {
+    let frontend = filter::maybe_frontend(t.daddr_be[0]);
+    if let Some(ct) = frontend.then(|| conntrack::lookup_forward(t)).flatten() {
         if !continues(ct, t) {
             // Re-balanced or started over: tc does it.
             return pass(R_PASS);
@@ -88,7 +90,10 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
         let ct = keep_alive(ct, t);
         return finish(ctx, t, ct, R_ESTABLISHED);
     }
-    if let Some(ct) = conntrack::lookup_reply(t) {
+    if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
         touch(ct, t);
         return finish(ctx, t, ct, R_REVERSE_NAT);
     }

@@ -15,8 +15,8 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    ALL_MAPS, Backend, Counter, CtKey, CtValue, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
-    MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+    ALL_MAPS, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_BACKEND, MAP_BACKEND_STATS,
+    MAP_CT, MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
@@ -91,6 +91,8 @@ pub struct Datapath {
     pub maps: KernelMaps,
     ct: HashMap<MapData, CtKey, CtValue>,
     cta: HashMap<MapData, CtKey, CtValue>,
+    ct6: HashMap<MapData, CtKey6, CtValue6>,
+    cta6: HashMap<MapData, CtKey6, CtValue6>,
     stats: PerCpuArray<MapData, Counter>,
     pub pins: PathBuf,
     current: Desired,
@@ -138,6 +140,8 @@ impl Datapath {
             (MAP_BACKEND_STATS, caps.backends),
             (MAP_CT, caps.ct),
             (MAP_CT_ASSURED, caps.ct),
+            (lb_common::MAP_CT6, caps.ct),
+            (lb_common::MAP_CT6_ASSURED, caps.ct),
         ];
         for (name, size) in sizes {
             if let Some(size) = size {
@@ -166,6 +170,16 @@ impl Datapath {
             .take_map(MAP_CT_ASSURED)
             .ok_or_else(|| anyhow!("{MAP_CT_ASSURED} missing"))?;
         let cta = HashMap::try_from(cta_map).context("assured conntrack map")?;
+        let mut ipv6 = Vec::new();
+        for name in [lb_common::MAP_CT6, lb_common::MAP_CT6_ASSURED] {
+            let map = ebpf
+                .take_map(name)
+                .ok_or_else(|| anyhow!("{name} missing"))?;
+            ipv6.push(HashMap::try_from(map).context("IPv6 conntrack map")?);
+        }
+        let (Some(cta6), Some(ct6)) = (ipv6.pop(), ipv6.pop()) else {
+            bail!("IPv6 conntrack maps missing");
+        };
         let stats_map = ebpf
             .take_map(MAP_STATS)
             .ok_or_else(|| anyhow!("{MAP_STATS} missing"))?;
@@ -176,6 +190,8 @@ impl Datapath {
             maps,
             ct,
             cta,
+            ct6,
+            cta6,
             stats,
             pins,
             current: Desired::default(),
@@ -304,6 +320,12 @@ impl Datapath {
             let keys: Vec<CtKey> = table.keys().collect::<Result<_, _>>()?;
             for k in keys {
                 table.remove(&k).context("delete conntrack entry")?;
+            }
+        }
+        for table in [&mut self.ct6, &mut self.cta6] {
+            let keys: Vec<CtKey6> = table.keys().collect::<Result<_, _>>()?;
+            for k in keys {
+                table.remove(&k).context("delete IPv6 conntrack entry")?;
             }
         }
         Ok(())

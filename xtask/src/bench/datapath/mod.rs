@@ -38,6 +38,7 @@ use lb_userspace::packet::{PacketBuilder, TCP_ACK, parse};
 use xlb_lab::netns::Netns;
 use xlb_tests::{services::service_yaml, unique_tag};
 
+mod ipv6;
 mod report_section;
 
 use report_section::render;
@@ -138,12 +139,17 @@ struct Scale {
     distinct: Vec<Vec<Summary>>,
     /// Per hook, per case of [`HOT_CASES`].
     hot: Vec<Vec<Summary>>,
+    /// Per hook, per case of [`ipv6::CASES6`]: IPv6 flows, distinct method.
+    v6: Vec<Vec<Summary>>,
+    /// Per hook, per case of [`ipv6::CASES6`]: the IPv6 / IPv4 ratio of each trial's medians.
+    v6_ratio: Vec<Vec<Summary>>,
 }
 
-/// The two services that are each other's backend.
+/// The two services that are each other's backend, and the IPv6 services.
 fn cycle_yaml() -> String {
     service_yaml("cycle-a", CYCLE_A, 80, "TCP", 8080, &[CYCLE_B])
         + &service_yaml("cycle-b", CYCLE_B, 8080, "TCP", 80, &[CYCLE_A])
+        + &ipv6::yaml()
 }
 
 /// Whether XDP would leave `p` (a TCP frame) to tc: its complete checksum happens to equal
@@ -371,9 +377,13 @@ fn summarize(trials: &[Vec<f64>]) -> Vec<Summary> {
 /// services (10.95.0.0/16) via 10.0.0.2, a permanent neighbour.
 fn namespace() -> Result<Netns> {
     let ns = Netns::new(&format!("{}-node", unique_tag("xlbd"))).map_err(|e| anyhow!(e))?;
-    ns.sysctl(&["net.ipv4.ip_forward=1"])
-        .map_err(|e| anyhow!(e))?;
-    let cmds: [&[&str]; 9] = [
+    ns.sysctl(&[
+        "net.ipv4.ip_forward=1",
+        "net.ipv6.conf.all.forwarding=1",
+        "net.ipv6.conf.default.forwarding=1",
+    ])
+    .map_err(|e| anyhow!(e))?;
+    let cmds: [&[&str]; 12] = [
         &[
             "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
         ],
@@ -388,6 +398,30 @@ fn namespace() -> Result<Netns> {
             "neigh",
             "add",
             "10.0.0.2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "dum0",
+            "nud",
+            "permanent",
+        ],
+        // IPv6: the backends, clients and non-service addresses (fd00::/16) likewise.
+        &["-6", "addr", "add", "fd01::1/64", "dev", "dum0", "nodad"],
+        &[
+            "-6",
+            "route",
+            "add",
+            "fd00::/16",
+            "via",
+            "fd01::2",
+            "dev",
+            "dum0",
+        ],
+        &[
+            "-6",
+            "neigh",
+            "add",
+            "fd01::2",
             "lladdr",
             "02:00:00:00:00:02",
             "dev",
@@ -445,12 +479,28 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             (t.compute + t.apply).as_secs_f64()
         );
         let f = Flows::new(n);
+        let f6 = ipv6::Flows6::new();
         let mut d = vec![Vec::new(); HOOKS.len()];
         let mut h = vec![Vec::new(); HOOKS.len()];
+        let mut d6 = vec![Vec::new(); HOOKS.len()];
+        let mut r6 = vec![Vec::new(); HOOKS.len()];
         for trial in 0..trials {
             for (i, hook) in HOOKS.iter().enumerate() {
                 d[i].push(distinct_trial(&mut dp, *hook, &f, ifindex)?);
                 h[i].push(hot_trial(&mut dp, *hook, &f, ifindex)?);
+                let v6 = ipv6::trial(&mut dp, *hook, &f6, ifindex)?;
+                r6[i].push(
+                    v6.iter()
+                        .zip(ipv6::IPV4_CASE)
+                        .map(|(x, c)| x / d[i][trial][c])
+                        .collect::<Vec<_>>(),
+                );
+                println!(
+                    "  trial {trial} {} IPv6: distinct {:?} ns",
+                    hook.name,
+                    v6.iter().map(|x| *x as u64).collect::<Vec<_>>()
+                );
+                d6[i].push(v6);
                 println!(
                     "  trial {trial} {}: distinct {:?} ns, hot {:?} ns",
                     hook.name,
@@ -469,6 +519,8 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             program_s: (t.compute + t.apply).as_secs_f64(),
             distinct: d.iter().map(|t| summarize(t)).collect(),
             hot: h.iter().map(|t| summarize(t)).collect(),
+            v6: d6.iter().map(|t| summarize(t)).collect(),
+            v6_ratio: r6.iter().map(|t| summarize(t)).collect(),
         });
     }
     Ok(out)

@@ -2,7 +2,10 @@
 
 use anyhow::Result;
 
-use super::{CASES, FLOWS, HOOKS, HOT_CASES, HOT_REPEAT, Scale};
+use super::{
+    CASES, FLOWS, HOOKS, HOT_CASES, HOT_REPEAT, Scale,
+    ipv6::{CASES6, SERVICES6},
+};
 use crate::bench::{
     report::{self, Section, Series},
     verdict,
@@ -65,6 +68,7 @@ pub(super) fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Sect
     distinct_tables(&mut body, scales);
     hot_tables(&mut body, scales);
     multiples(&mut body, scales);
+    ipv6_tables(&mut body, scales);
     targets(&mut body, scales);
     let series: Vec<Series> = HOOKS
         .iter()
@@ -281,4 +285,55 @@ fn targets(body: &mut String, scales: &[Scale]) {
         "this run programmed and measured every scale",
         "",
     );
+}
+
+/// The IPv6 rows: per hook, each case's ns per packet and its ratio to the IPv4 case of the
+/// same trial.
+fn ipv6_tables(body: &mut String, scales: &[Scale]) {
+    body.push_str(&format!(
+        "\n**IPv6** (distinct method, {FLOWS} IPv6 flows over {SERVICES6} IPv6 ClusterIPs of 3 backends each, in \
+         the same maps as the scale's IPv4 services; ratio = IPv6 / IPv4 median of the same hook, case and trial, \
+         median [min–max] over the trials). IPv6 walks its extension headers through the load helper and always \
+         does its conntrack lookups (the address filters are IPv4's).\n\n"
+    ));
+    for (hi, hook) in HOOKS.iter().enumerate() {
+        let mut headers = vec![format!("{} IPv6, services", hook.name)];
+        headers.extend(CASES6.iter().map(|c| format!("{c} ns (× IPv4)")));
+        let rows: Vec<Vec<String>> = scales
+            .iter()
+            .map(|s| {
+                let mut r = vec![s.services.to_string()];
+                for c in 0..CASES6.len() {
+                    let v = &s.v6[hi][c];
+                    let q = &s.v6_ratio[hi][c];
+                    r.push(format!(
+                        "{:.0} ({:.2}× [{:.2}–{:.2}])",
+                        v.median, q.median, q.min, q.max
+                    ));
+                }
+                r
+            })
+            .collect();
+        body.push_str(&report::table(&headers, &rows));
+        body.push('\n');
+    }
+    body.push_str("\n**IPv6 target** (the worst scale measured decides)\n\n");
+    for (hi, hook) in HOOKS.iter().enumerate() {
+        for (c, case) in CASES6.iter().enumerate() {
+            let (v, at) = scales
+                .iter()
+                .map(|s| (s.v6_ratio[hi][c].median, s.services))
+                .fold((0.0, 0), |a, b| if b.0 > a.0 { b } else { a });
+            target(
+                body,
+                &format!("{} IPv6 {case} within 1.2× of IPv4", hook.name),
+                v <= 1.2,
+                &format!("{v:.2}× at {at} services"),
+                "the IPv6 path reads its headers through `bpf_skb_load_bytes`/`bpf_xdp_load_bytes` \
+                 (IPv4 reads them in place), rewrites through the store helpers and has no address \
+                 filter: an in-place direct path for IPv6 without extension headers (fixed offsets, as \
+                 IPv4's `parse_direct`/`nat::in_place`) and IPv6 bits in the address filters",
+            );
+        }
+    }
 }
