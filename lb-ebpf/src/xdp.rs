@@ -42,8 +42,7 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
-        // IPv6 is left to tc (which translates it).
-        Parsed::Pass(Reason(parse::IPV6)) => return pass(R_PASS),
+        Parsed::Pass(Reason(parse::IPV6)) => return crate::v6::xdp::xdp(ctx).outcome(),
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
     // The same order as tc: the address filters, a tracked flow from its entry alone, then

@@ -590,3 +590,131 @@ fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
     })
     .expect("namespace thread");
 }
+
+const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
+
+/// The XDP program on a node interface over IPv6, in a namespace whose route to the pods
+/// goes through `dum0` to a known neighbour: a new flow and a reply are translated and
+/// passed (the egress takes no XDP frames yet), then redirected with the next hop's MACs and
+/// the hop limit down by one; what XDP leaves to tc (ICMPv6, fragments, a frontend without
+/// endpoints, a checksum still partial) passes untouched.
+#[test]
+fn xdp_translates_and_redirects_ipv6_flows() {
+    if !require_root("xdp_translates_and_redirects_ipv6_flows") {
+        return;
+    }
+    let tag = unique_tag("xlp6x");
+    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
+    ns.sysctl(&[
+        "net.ipv6.conf.all.forwarding=1",
+        "net.ipv6.conf.default.forwarding=1",
+    ])
+    .expect("sysctl");
+    for args in [
+        &[
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+        ][..],
+        &["link", "set", "dum0", "address", "02:00:00:00:00:01"],
+        &["link", "set", "dum1", "up"],
+        &["link", "set", "dum0", "up"],
+        &["link", "set", "lo", "up"],
+        &[
+            "-6",
+            "addr",
+            "add",
+            "fd00:10:245::1/64",
+            "dev",
+            "dum0",
+            "nodad",
+        ],
+        &[
+            "-6",
+            "route",
+            "add",
+            "fd00:10:244::/48",
+            "via",
+            "fd00:10:245::2",
+            "dev",
+            "dum0",
+        ],
+        &[
+            "-6",
+            "neigh",
+            "add",
+            "fd00:10:245::2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "dum0",
+            "nud",
+            "permanent",
+        ],
+    ] {
+        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    }
+    ns.run(move || {
+        let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
+        let mut dp = loaded(&tag);
+        let web = sa(VIP6, 80);
+        let c = client(40700);
+        let syn = Frame6::tcp(c, web, TCP_SYN, b"").build();
+        let r = dp.run_xdp(&syn, ifindex).expect("run");
+        assert_eq!(r.verdict, XDP_PASS, "new flow, egress without XDP: passed");
+        let out = seen6(&r.packet, "new flow");
+        assert!(BACKENDS6.contains(out.dst.ip()), "translated: {out:?}");
+        assert_eq!((out.src, out.dst.port()), (c, 8080));
+        let backend = out.dst;
+        assert_eq!(reason_counts(&dp.pins)["new_flow"], 1);
+        let reply = Frame6::tcp(backend, c, TCP_SYN | TCP_ACK, b"").build();
+        let r = dp.run_xdp(&reply, ifindex).expect("run");
+        assert_eq!(r.verdict, XDP_PASS);
+        assert_eq!(
+            seen6(&r.packet, "reply").src,
+            web,
+            "the reply from the frontend"
+        );
+        dp.allow_xdp_redirect(ifindex).expect("devmap");
+        let ack = Frame6::tcp(c, web, TCP_ACK, b"data").build();
+        let r = dp.run_xdp(&ack, ifindex).expect("run");
+        assert_eq!(
+            r.verdict, XDP_REDIRECT,
+            "established, egress runs XDP: redirected"
+        );
+        assert_eq!(&r.packet[0..6], &[2, 0, 0, 0, 0, 2], "next hop's MAC");
+        assert_eq!(&r.packet[6..12], &[2, 0, 0, 0, 0, 1], "egress MAC");
+        assert_eq!(r.packet[21], 63, "hop limit down by one");
+        assert_eq!(seen6(&r.packet, "redirected").dst, backend);
+        assert_eq!(reason_counts(&dp.pins)["xdp_redirect"], 1);
+        // Left to tc, untouched.
+        let mut partial = Frame6::tcp(c, web, TCP_ACK, b"").build();
+        let src = CLIENT6.ip().octets();
+        let dst = VIP6.octets();
+        let mut sum = frame6::sum16(&src, frame6::sum16(&dst, 0)) + 6 + 20;
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        partial[70..72].copy_from_slice(&(sum as u16).to_be_bytes());
+        for (what, frame) in [
+            (
+                "an echo request",
+                Frame6::icmp(*c.ip(), VIP6, 128, 0, [0, 1, 0, 1], b"ping").build(),
+            ),
+            (
+                "a fragment",
+                Frame6::tcp(c, web, TCP_SYN, b"")
+                    .with_ext(Ext::fragment(0, true))
+                    .build(),
+            ),
+            (
+                "a frontend without endpoints",
+                Frame6::tcp(c, sa(EMPTY6, 80), TCP_SYN, b"").build(),
+            ),
+            ("a checksum still partial", partial),
+        ] {
+            let r = dp.run_xdp(&frame, ifindex).expect("run");
+            assert_eq!((r.verdict, &r.packet), (XDP_PASS, &frame), "{what}");
+        }
+    })
+    .expect("namespace thread");
+}

@@ -71,6 +71,9 @@ pub struct Route6 {
     /// 1: the packet does not fit.
     pub too_big: u8,
     pub _pad: u8,
+    /// The next hop's MAC addresses (asked for with the neighbour: XDP).
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
 }
 
 #[repr(C)]
@@ -80,7 +83,7 @@ pub struct RouteScratch6 {
 }
 
 /// The last IPv6 route looked up, per CPU (off the stack; the request built in place).
-/// Written and read here only. index 0 → `RouteScratch6` (88 B). 1 entry, not pinned.
+/// Written and read here only. index 0 → `RouteScratch6` (100 B). 1 entry, not pinned.
 #[btf_map]
 static XLB_ROUTE6: PerCpuArray<RouteScratch6, 1> = PerCpuArray::new();
 
@@ -96,7 +99,34 @@ pub fn lookup(
     daddr: &[u32; 4],
     len: u16,
 ) -> Option<&'static Route6> {
-    let opts = ((len as u64) << 16) | ((proto as u64) << 8);
+    route(ctx, ifindex, proto, saddr, daddr, len, false)
+}
+
+/// As [`lookup`], also resolving the next hop's MAC (for XDP's redirect): `None` too when
+/// the neighbour is not known yet.
+#[inline(always)]
+pub fn hop(
+    ctx: *mut c_void,
+    ifindex: u32,
+    proto: u8,
+    saddr: &[u32; 4],
+    daddr: &[u32; 4],
+    len: u16,
+) -> Option<&'static Route6> {
+    route(ctx, ifindex, proto, saddr, daddr, len, true)
+}
+
+#[inline(always)]
+fn route(
+    ctx: *mut c_void,
+    ifindex: u32,
+    proto: u8,
+    saddr: &[u32; 4],
+    daddr: &[u32; 4],
+    len: u16,
+    neigh: bool,
+) -> Option<&'static Route6> {
+    let opts = ((len as u64) << 16) | ((proto as u64) << 8) | neigh as u64;
     if lookup_into(ctx, ifindex, saddr, daddr, opts) != 0 {
         return None;
     }
@@ -137,7 +167,10 @@ fn lookup_into(
         }
     }
     p.__bindgen_anon_5.tbid = 0;
-    let flags = BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH;
+    let mut flags = BPF_FIB_LOOKUP_SRC;
+    if opts & 1 == 0 {
+        flags |= BPF_FIB_LOOKUP_SKIP_NEIGH;
+    }
     // SAFETY: `p` is a valid request of the size passed.
     let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
     let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
@@ -155,6 +188,10 @@ fn lookup_into(
             );
         }
         out.mtu = p.__bindgen_anon_1.mtu_result;
+        for i in 0..6 {
+            core::ptr::write_volatile(&mut out.smac[i], core::ptr::read_volatile(&p.smac[i]));
+            core::ptr::write_volatile(&mut out.dmac[i], core::ptr::read_volatile(&p.dmac[i]));
+        }
     }
     out.ifindex = p.ifindex;
     out.too_big = too_big as u8;

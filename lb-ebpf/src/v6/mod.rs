@@ -4,9 +4,12 @@
 //! the frontend back, a new flow to a frontend gets a backend from the shared service map
 //! (family 6) through the shared choice (`select.rs`, affinity included).
 //!
-//! Not yet over IPv6: XDP (it passes IPv6 to tc), SNAT (a remote backend of a Cluster-policy external frontend is
-//! refused, counted `snat_failed`), hairpin SNAT, source ranges, the address filters (an
-//! IPv6 packet always does its conntrack lookups).
+//! XDP's IPv6 path (`xdp.rs`) reuses these steps. The address filters are read with an
+//! address's first word (the agent hashes every frontend and backend by `addr_be[0]`): a
+//! clear bit still means "certainly not", but IPv6 addresses of one /32 share a bit.
+//!
+//! Not yet over IPv6: hairpin SNAT (a pod reaching itself keeps its source), source ranges
+//! (the agent writes none; a frontend flagged with some admits no IPv6 client).
 
 pub mod conntrack;
 pub mod fib;
@@ -15,6 +18,7 @@ pub mod maps;
 pub mod nat;
 pub mod parse;
 pub mod reject;
+pub mod xdp;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
@@ -32,6 +36,7 @@ use self::{
 use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
+    filter,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
     translate::Mtu,
@@ -42,7 +47,7 @@ type Outcome = reason::Outcome<i32>;
 /// The action of an outcome that is not final yet: the step found no flow (or chose a
 /// backend) and leaves the rest to the next step; its reason is the new flow's. No tc action
 /// has this value.
-const UNDECIDED: i32 = 0x0fff_ffff;
+pub(super) const UNDECIDED: i32 = 0x0fff_ffff;
 
 #[inline(always)]
 fn pass(reason: u32) -> Outcome {
@@ -51,7 +56,7 @@ fn pass(reason: u32) -> Outcome {
 
 /// This CPU's parsed IPv6 packet.
 #[inline(always)]
-fn packet() -> Option<&'static mut Tuple6> {
+pub(super) fn packet() -> Option<&'static mut Tuple6> {
     // SAFETY: this CPU's slot; nothing else runs on it while the program does.
     XLB_PKT6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
@@ -76,7 +81,7 @@ pub fn tc(ctx: &TcContext) -> Carried {
         Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if is_loopback(&t.daddr_be) {
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -130,7 +135,15 @@ fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
 #[inline(always)]
 fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
-    if let Some(ct) = conntrack::lookup_forward(t) {
+    // The address filters, by the addresses' first word (the agent sets the bits of every
+    // frontend's and backend's `addr_be[0]`, IPv6 ones included): a clear bit skips the
+    // lookups on that side, as for IPv4.
+    let forward = if filter::maybe_frontend(t.daddr_be[0]) {
+        conntrack::lookup_forward(t)
+    } else {
+        None
+    };
+    if let Some(ct) = forward {
         if continues(ct, t) {
             match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
                 Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
@@ -145,7 +158,10 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }
-    } else if let Some(ct) = conntrack::lookup_reply(t) {
+    } else if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
         touch(ct, t);
         nat::apply(ctx, t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
@@ -158,12 +174,12 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
 
 /// ::1: loopback frontends exist for the node's own sockets only.
 #[inline(always)]
-fn is_loopback(a: &[u32; 4]) -> bool {
+pub(super) fn is_loopback(a: &[u32; 4]) -> bool {
     a[0] | a[1] | a[2] == 0 && a[3] == 1u32.to_be()
 }
 
 #[inline(always)]
-fn frontend(t: &Tuple6) -> Frontend6 {
+pub(super) fn frontend(t: &Tuple6) -> Frontend6 {
     Frontend6 {
         addr_be: t.daddr_be,
         port_be: t.dport_be,
@@ -174,7 +190,7 @@ fn frontend(t: &Tuple6) -> Frontend6 {
 
 /// A packet of an established flow keeps its entries (and its client's affinity) fresh.
 #[inline(always)]
-fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
+pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
     let ct = conntrack::assure(ct, t);
     if touch(ct, t) && ct.flags & CT_F_AFFINITY != 0 {
         affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
@@ -185,7 +201,7 @@ fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
 /// The first packet of a flow to an IPv6 frontend: refusal when there are no endpoints,
 /// else the backend (into the scratch) and `UNDECIDED`.
 #[inline(never)]
-fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
+pub(super) fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
     Carried::then(try_choose(t, svc, reason))
 }
 
@@ -249,7 +265,7 @@ fn try_start(
 /// Records a new flow of `t` to the scratch's backend (its affinity, its conntrack
 /// entries); returns the forward tuple its packets are rewritten to.
 #[inline(always)]
-fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static CtValue6, Reason> {
+pub(super) fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static CtValue6, Reason> {
     let s = conntrack::scratch()?;
     let be = &s.backend;
     if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {

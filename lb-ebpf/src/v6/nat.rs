@@ -1,6 +1,7 @@
 //! IPv6 address and port rewrites: no IP header checksum, the L4 checksum updated for the
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
+use aya_ebpf::programs::{TcContext, XdpContext};
 use lb_common::{CtValue6, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
@@ -8,7 +9,7 @@ use super::{
     parse::{IP6_DST_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    packet::{Packet, csum_add, diff2, diff4},
+    packet::{Packet, csum_add, csum_apply, diff2, diff4},
     reason::Reason,
 };
 
@@ -31,7 +32,7 @@ fn failed<E>(_: E) -> Reason {
 /// `nat::apply`), through the store and checksum helpers: an IPv6 packet's L4 header sits
 /// at a variable offset behind its extension headers.
 #[inline(always)]
-pub fn apply<P: Packet>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+pub fn apply<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
     let mut addr = 0;
     if !eq6(&t.saddr_be, &to.saddr_be) {
         addr = diff16(&t.saddr_be, &to.saddr_be);
@@ -51,6 +52,37 @@ pub fn apply<P: Packet>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason
         ctx.store(t.l4_off as usize + 2, &to.dport_be)
             .map_err(failed)?;
     }
-    ctx.l4_csum_diff(t.csum_off as usize, addr, port, t.proto == IPPROTO_UDP)
+    ctx.l4_sum(t.csum_off as usize, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)
+}
+
+/// The L4 checksum update at a variable offset (behind extension headers), per hook.
+pub trait L4Sum: Packet {
+    /// Applies `addr` (pseudo-header words) and `port` (L4 header words) diffs to the
+    /// checksum at `off`; `udp`: a 0 checksum stays 0 and a computed 0 is sent as 0xffff.
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()>;
+}
+
+impl L4Sum for TcContext {
+    #[inline(always)]
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
+        self.l4_csum_diff(off, addr, port, udp)
+    }
+}
+
+impl L4Sum for XdpContext {
+    /// Through the load and store helpers: XDP's own `l4_csum_diff` reads in place, at
+    /// constant offsets only.
+    #[inline(always)]
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
+        let old: u16 = self.load(off)?;
+        if udp && old == 0 {
+            return Ok(());
+        }
+        let mut new = csum_apply(old, csum_add(addr, port));
+        if udp && new == 0 {
+            new = 0xffff;
+        }
+        self.store(off, &new)
+    }
 }

@@ -28,7 +28,7 @@
 //! under the expected verdict (new flow, established, reverse NAT, pass).
 //!
 //! IPv6 rows (`ipv6.rs`): as many IPv6 services as IPv4 ones in the same maps, the same
-//! distinct flows over IPv6 through tc, in the same trials, with their ratio to IPv4.
+//! distinct flows over IPv6 through tc and XDP, in the same trials, with their ratio to IPv4.
 //!
 //! `XLB_BENCH_SCALES=1,10000` (and `XLB_BENCH_TRIALS=N`) runs a quick subset and leaves
 //! `docs/benchmarks.md` alone.
@@ -80,8 +80,8 @@ const HOOKS: [Hook; 2] = [
     },
 ];
 
-/// The hooks the IPv6 rows run through: tc (XDP passes IPv6 to tc so far).
-const HOOKS6: [Hook; 1] = [HOOKS[0]];
+/// The hooks the IPv6 rows run through: both.
+const HOOKS6: [Hook; 2] = HOOKS;
 
 /// Service counts measured.
 const SCALES: [usize; 4] = [1, 1_000, 10_000, 100_000];

@@ -1,0 +1,183 @@
+//! XDP's IPv6 path: as `xdp.rs` for IPv4, a packet of a tracked flow, a reply of one and a
+//! new flow whose route is ready are translated here (the steps shared with tc's IPv6 path)
+//! and redirected out of their egress interface when it takes XDP frames, else passed to the
+//! stack translated. Everything else (ICMPv6, refusals, Packet Too Big, unresolved
+//! neighbours, re-balanced flows, checksums still partial) passes untouched, for tc.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_PASS, XDP_REDIRECT},
+    programs::XdpContext,
+};
+use lb_common::{
+    CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
+    R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue,
+};
+
+use super::{
+    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive, nat, packet,
+    parse::{self, Parsed6, Tuple6},
+    record,
+};
+use crate::{
+    conntrack::{continues, touch},
+    filter,
+    maps::XLB_XDPTX_V1,
+    packet::Packet,
+    parse::ETH_HLEN,
+    reason::{self, Carried, Reason, Then},
+    select,
+};
+
+type XdpOutcome = reason::Outcome<u32>;
+
+#[inline(always)]
+fn pass(reason: u32) -> XdpOutcome {
+    Ok((XDP_PASS, Reason(reason)))
+}
+
+/// An IPv6 frame at XDP.
+#[inline(never)]
+pub fn xdp(ctx: &XdpContext) -> Carried {
+    let Some(t) = packet() else {
+        return Carried::done(pass(R_PASS));
+    };
+    match parse::parse6(ctx, t) {
+        Ok(Parsed6::Flow) => {}
+        Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
+        Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
+        Err(r) => return Carried::done::<u32>(Err(r)),
+    }
+    match checksum_partial(ctx, t) {
+        Ok(false) => {}
+        Ok(true) => return Carried::done(pass(R_PASS)),
+        Err(r) => return Carried::done::<u32>(Err(r)),
+    }
+    match tracked(ctx, t).outcome::<u32>() {
+        Ok((a, _)) if a == UNDECIDED as u32 => {}
+        o => return Carried::done(o),
+    }
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
+        return Carried::done(pass(R_PASS));
+    }
+    let Some(svc) = select::lookup(&frontend(t)) else {
+        return Carried::done(pass(R_PASS));
+    };
+    if svc.count == 0 {
+        // Refused or dropped by tc, which builds the answer.
+        return Carried::done(pass(R_PASS));
+    }
+    match choose(t, svc, R_NEW_FLOW).next::<i32>() {
+        Then::Done(Ok((UNDECIDED, _))) => start(ctx, t, svc),
+        Then::Done(Err(r)) => Carried::done::<u32>(Err(r)),
+        _ => Carried::done(pass(R_PASS)),
+    }
+}
+
+/// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
+#[inline(never)]
+fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
+    Carried::done(try_tracked(ctx, t))
+}
+
+#[inline(always)]
+fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
+    let frontend = filter::maybe_frontend(t.daddr_be[0]);
+    if let Some(ct) = frontend.then(|| conntrack::lookup_forward(t)).flatten() {
+        if !continues(ct, t) {
+            // Re-balanced or started over: tc does it.
+            return pass(R_PASS);
+        }
+        let ct = keep_alive(ct, t);
+        return finish(ctx, t, ct, R_ESTABLISHED);
+    }
+    if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
+        touch(ct, t);
+        return finish(ctx, t, ct, R_REVERSE_NAT);
+    }
+    Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
+}
+
+/// A new flow to the backend `choose` put in the scratch, when its route is ready (the
+/// neighbour known, the packet fits): recorded and sent on here; else left to tc.
+#[inline(never)]
+fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
+    Carried::done(try_start(ctx, t, svc))
+}
+
+#[inline(always)]
+fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
+    let s = conntrack::scratch()?;
+    let len = (40 + t.payload_len) as u16;
+    match fib::hop(
+        ctx.raw(),
+        Packet::ingress_ifindex(ctx),
+        t.proto,
+        &t.saddr_be,
+        &s.backend.addr_be,
+        len,
+    ) {
+        Some(r) if r.too_big == 0 => {}
+        _ => return pass(R_PASS),
+    }
+    let fwd = record(t, svc, 0)?;
+    finish(ctx, t, fwd, R_NEW_FLOW)
+}
+
+/// Sends a packet of a tracked flow on, rewritten to `v` (as IPv4's `xdp::finish`).
+#[inline(always)]
+fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome {
+    let Some(hop) = fib::hop(
+        ctx.raw(),
+        Packet::ingress_ifindex(ctx),
+        t.proto,
+        &v.saddr_be,
+        &v.daddr_be,
+        (40 + t.payload_len) as u16,
+    ) else {
+        return pass(R_PASS);
+    };
+    if hop.too_big != 0 {
+        return pass(R_PASS);
+    }
+    let fail = |_| Reason(R_REWRITE_FAILED);
+    let hop_limit: u8 = ctx.load(ETH_HLEN + 7).map_err(|_| Reason(R_MALFORMED))?;
+    if hop_limit <= 1 {
+        // The kernel answers time exceeded; XDP must not forward it.
+        return pass(R_PASS);
+    }
+    let ifindex = hop.ifindex;
+    nat::apply(ctx, t, v)?;
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
+        return pass(reason);
+    }
+    // Forwarded here, not by the kernel: the hop limit goes down by one (no IPv6 header
+    // checksum), the frame gets the next hop's MACs.
+    ctx.store(ETH_HLEN + 7, &(hop_limit - 1)).map_err(fail)?;
+    ctx.store(0, &hop.dmac).map_err(fail)?;
+    ctx.store(6, &hop.smac).map_err(fail)?;
+    match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
+        Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
+        _ => pass(reason),
+    }
+}
+
+/// Whether the L4 checksum is still partial (the field holds the folded pseudo-header sum
+/// for offload to complete), as IPv4's check.
+#[inline(always)]
+fn checksum_partial(ctx: &XdpContext, t: &Tuple6) -> Result<bool, Reason> {
+    let csum: u16 = ctx
+        .load(t.csum_off as usize)
+        .map_err(|_| Reason(R_MALFORMED))?;
+    if t.proto == IPPROTO_UDP && csum == 0 {
+        return Ok(false);
+    }
+    let l4_len = t.payload_len - (t.l4_off - super::parse::IP6_L4_OFF as u32);
+    let mut sum = super::reject::pseudo(&t.saddr_be, &t.daddr_be, l4_len, t.proto);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    Ok(u16::from_be(csum) == sum as u16)
+}
