@@ -27,7 +27,7 @@ const SERVICES: u8 = 6;
 fn sref(i: u8) -> ServiceRef {
     ServiceRef {
         namespace: "ns".into(),
-        name: format!("s{i}"),
+        name: format!("s{i}").into(),
     }
 }
 
@@ -96,7 +96,7 @@ fn service(
         cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1))],
         ports: (0..ports)
             .map(|p| ServicePort {
-                name: format!("p{p}"),
+                name: format!("p{p}").into(),
                 port: 80 + u16::from(p),
                 protocol: if p == 1 { Protocol::Udp } else { Protocol::Tcp },
                 node_port: (kind > 0).then_some(30000 + u16::from(i) * 10 + u16::from(p)),
@@ -135,7 +135,7 @@ fn service(
 /// address's low bit picks the node.
 fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
     EndpointSlice {
-        name: format!("s{i}-{j}"),
+        name: format!("s{i}-{j}").into(),
         service: sref(i),
         ports: vec![
             EndpointPort {
@@ -152,7 +152,7 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
         endpoints: endpoints
             .iter()
             .map(|&(ip, flags, hint)| Endpoint {
-                addresses: vec![IpAddr::V4(Ipv4Addr::new(10, 244, 0, ip + 1))],
+                address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, ip + 1)),
                 ready: flags & 1 != 0,
                 serving: flags & 2 != 0,
                 terminating: flags & 4 != 0,
@@ -263,12 +263,12 @@ proptest! {
                 Op::DeleteService(i) => Some(Event::Service { id: sref(i), service: None }),
                 Op::Slice { i, j, endpoints } => Some(Event::Slice {
                     service: sref(i),
-                    name: format!("s{i}-{j}"),
+                    name: format!("s{i}-{j}").into(),
                     slice: Some(Box::new(slice(i, j, &endpoints))),
                 }),
                 Op::DeleteSlice(i, j) => Some(Event::Slice {
                     service: sref(i),
-                    name: format!("s{i}-{j}"),
+                    name: format!("s{i}-{j}").into(),
                     slice: None,
                 }),
                 Op::Node { zone, addresses } => {

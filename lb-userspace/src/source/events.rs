@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::{SourceError, file::Loaded};
-use crate::model::{EndpointSlice, Model, Service, ServiceRef};
+use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef};
 
 /// One change a source saw.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub enum Event {
     /// An EndpointSlice of `service` is new or changed (`Some`), or gone (`None`).
     Slice {
         service: ServiceRef,
-        name: String,
+        name: Name,
         slice: Option<Box<EndpointSlice>>,
     },
     /// This node's Node object changed.
@@ -161,7 +161,7 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
 #[derive(Debug, Default)]
 pub struct Digest {
     services: BTreeMap<ServiceRef, u128>,
-    slices: BTreeMap<(ServiceRef, String), u128>,
+    slices: BTreeMap<(ServiceRef, Name), u128>,
     keys: (RandomState, RandomState),
 }
 

@@ -257,8 +257,8 @@ fn endpoints(model: &Model) -> BTreeMap<Ipv4Addr, BTreeSet<u16>> {
     let mut out: BTreeMap<Ipv4Addr, BTreeSet<u16>> = BTreeMap::new();
     for slice in model.slices.values().flat_map(|s| s.values()) {
         for ep in &slice.endpoints {
-            if let Some(IpAddr::V4(ip)) = ep.addresses.first() {
-                out.entry(*ip)
+            if let IpAddr::V4(ip) = ep.address {
+                out.entry(ip)
                     .or_default()
                     .extend(slice.ports.iter().map(|p| p.port));
             }
