@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
 
 use super::{
-    Candidate, Desired, DesiredError, Ids, Limits, NodeContext, Placed, external, live_filter_bits,
-    place, placing_order, service_candidates, show_frontend,
+    Candidate, Desired, DesiredError, Ids, Journal, Limits, NodeContext, Placed, external,
+    live_filter_bits, place, placing_order, service_candidates, show_frontend,
 };
 use crate::model::{Model, ServiceRef};
 
@@ -63,12 +63,30 @@ pub struct Incremental {
     filter_refs: BTreeMap<u32, usize>,
     /// Frontend entries placed (slot 0, either scope).
     frontends: usize,
+    /// What the last [`Incremental::update`] changed, as it was before (none after a full
+    /// computation, which records nothing).
+    journal: Option<Journal>,
 }
 
 impl Incremental {
     /// The desired state now.
     pub fn desired(&self) -> &Desired {
         &self.desired
+    }
+
+    /// The desired state, taken out (this state is left empty): after a sync without
+    /// errors, what is programmed, to apply a full computation against.
+    pub fn take_desired(&mut self) -> Desired {
+        std::mem::take(&mut self.desired)
+    }
+
+    /// What is programmed of what `touched` (the last update's) names, when the maps held
+    /// the desired state before that update: see [`Journal::programmed`].
+    pub fn programmed_before(&self, touched: &Touched) -> Desired {
+        match &self.journal {
+            Some(j) => j.programmed(&self.desired, touched),
+            None => Journal::default().programmed(&self.desired, touched),
+        }
     }
 
     /// The problems of service `id` (from its last computation).
@@ -120,6 +138,7 @@ impl Incremental {
         changed: impl IntoIterator<Item = ServiceRef>,
     ) -> Touched {
         ids.limit(limits);
+        self.journal = Some(Journal::default());
         let mut touched = Touched::default();
         let mut backends_seen: BTreeSet<Backend> = BTreeSet::new();
         let mut queue: BTreeSet<ServiceRef> = changed.into_iter().collect();
@@ -174,6 +193,9 @@ impl Incremental {
             self.frontends -= 1;
             self.touch_placed(&p, touched, backends_seen);
             for k in &p.entries {
+                if let Some(j) = &mut self.journal {
+                    j.service(&self.desired, *k);
+                }
                 let Some(v) = self.desired.services.remove(k) else {
                     continue;
                 };
@@ -187,8 +209,14 @@ impl Incremental {
                     self.unref_backend(v.backend_id, ids, touched);
                 }
             }
+            if let Some(j) = &mut self.journal {
+                j.name(&self.desired, p.name);
+            }
             self.desired.names.remove(&p.name);
             for r in &p.src_ranges {
+                if let Some(j) = &mut self.journal {
+                    j.src_range(&self.desired, *r);
+                }
                 self.desired.src_ranges.remove(r);
             }
         }
@@ -220,6 +248,9 @@ impl Incremental {
         *n -= 1;
         if *n == 0 {
             self.backend_refs.remove(&id);
+            if let Some(j) = &mut self.journal {
+                j.backend(&self.desired, id);
+            }
             if let Some(be) = self.desired.backends.remove(&id) {
                 let bit = backend_filter_bit(&be);
                 self.unref_filter(bit, ids, touched);
@@ -244,6 +275,9 @@ impl Incremental {
         *n += 1;
         if *n == 1 {
             ids.filter_bit(bit, true);
+            if let Some(j) = &mut self.journal {
+                j.filter_bit(&self.desired, bit);
+            }
             self.desired.filter.insert(bit);
             touched.filter_words.insert(bit / 64);
         }
@@ -324,7 +358,14 @@ impl Incremental {
             });
         }
         let (key, object) = (c.key, c.object.clone());
-        let placed = place(&mut self.desired, c, ids, limits, errors)?;
+        let placed = place(
+            &mut self.desired,
+            c,
+            ids,
+            limits,
+            errors,
+            self.journal.as_mut(),
+        )?;
         if key.scope == SCOPE_EXTERNAL {
             self.owners.insert(key, (id.clone(), object));
         }
