@@ -215,7 +215,8 @@ impl fmt::Display for BackendAddr {
 pub struct Model {
     pub services: BTreeMap<ServiceRef, Service>,
     /// Slices by service, then by slice name.
-    pub slices: BTreeMap<ServiceRef, BTreeMap<Name, EndpointSlice>>,
+    /// (Boxed: a service has one or a few slices, and a B-tree node holds room for 11.)
+    pub slices: BTreeMap<ServiceRef, BTreeMap<Name, Box<EndpointSlice>>>,
 }
 
 impl Model {
@@ -229,7 +230,7 @@ impl Model {
         self.slices
             .entry(slice.service.clone())
             .or_default()
-            .insert(slice.name.clone(), slice);
+            .insert(slice.name.clone(), Box::new(slice));
     }
 
     /// The backends that new connections to `port` of `svc` may use, deduplicated and in

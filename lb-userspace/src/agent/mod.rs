@@ -596,9 +596,7 @@ fn sync(
     } else {
         drop(now);
     }
-    if full {
-        release_free_memory();
-    }
+
     // A Service without an EndpointSlice is normal (kube-proxy does not count it).
     let counted = problems
         .iter()
@@ -615,5 +613,9 @@ fn sync(
         took_us = started.elapsed().as_micros() as u64,
         "synced"
     );
+    if full {
+        state.engine.compact(p.ids);
+        release_free_memory();
+    }
     errors as u64
 }

@@ -87,8 +87,8 @@ pub fn apply(model: &mut Model, event: Event) -> Option<ServiceRef> {
             let changed = match slice {
                 Some(s) => {
                     let slices = model.slices.entry(service.clone()).or_default();
-                    slices.get(&name) != Some(&*s) && {
-                        slices.insert(name, *s);
+                    slices.get(&name) != Some(&s) && {
+                        slices.insert(name, s);
                         true
                     }
                 }
@@ -138,7 +138,7 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
                 out.push(Event::Slice {
                     service: svc.clone(),
                     name: name.clone(),
-                    slice: Some(Box::new(s.clone())),
+                    slice: Some(s.clone()),
                 });
             }
         }
@@ -217,7 +217,7 @@ impl Digest {
                     out.push(Event::Slice {
                         service: svc.clone(),
                         name: name.clone(),
-                        slice: Some(Box::new(s.clone())),
+                        slice: Some(s.clone()),
                     });
                 }
                 slices.insert(key, h);
