@@ -542,7 +542,7 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     body.push_str(&report::table(&headers, &rows));
     body.push_str(&format!(
         "\nAgent RSS per service × {ENDPOINTS} endpoints: ≈ {:.0} bytes ((RSS at {SERVICES} − RSS at 1) ÷ {SERVICES}; \
-         the model, the desired state and the programmed copy, plus the YAML source's parse).\n",
+         the compact model, the desired state (the agent's one copy of the maps) and its bookkeeping, the file source's digest).\n",
         per_svc_rss
     ));
     Ok(())
