@@ -614,6 +614,9 @@ fn sync(
         "synced"
     );
     if full {
+        // The sync's temporaries first (a full one's touched sets are as large as the
+        // maps), then the B-trees rebuilt full, then the freed pages back to the kernel.
+        drop((touched, changed, problems));
         state.engine.compact(p.ids);
         release_free_memory();
     }

@@ -51,7 +51,8 @@ pub struct Incremental {
     desired: Desired,
     /// Per service: the frontends it placed.
     placed: BTreeMap<ServiceRef, Vec<Placed>>,
-    /// Per service: what it could not (fully) program, from its last computation.
+    /// Per service: what it could not (fully) program, from its last computation (services
+    /// without problems have no entry).
     problems: BTreeMap<ServiceRef, Vec<DesiredError>>,
     /// External frontend key → who owns it.
     owners: BTreeMap<SvcKey, Owner>,
@@ -115,7 +116,9 @@ impl Incremental {
             for c in service_candidates(model, id, node, &mut errors) {
                 candidates.push((id, c));
             }
-            self.problems.insert(id.clone(), errors);
+            if !errors.is_empty() {
+                self.problems.insert(id.clone(), errors);
+            }
         }
         // Already-programmed frontends first, then new ones, each group in model order.
         candidates.sort_by_key(|(_, c)| placing_order(ids, c));
@@ -174,7 +177,7 @@ impl Incremental {
             for p in self.placed.get(&id).into_iter().flatten() {
                 self.touch_placed(p, &mut touched, &mut backends_seen);
             }
-            if model.services.contains_key(&id) {
+            if model.services.contains_key(&id) && !errors.is_empty() {
                 self.problems.insert(id.clone(), errors);
             } else {
                 self.problems.remove(&id);
@@ -347,7 +350,9 @@ impl Incremental {
                 *self.backend_refs.entry(*b).or_default() += 1;
             }
         }
-        self.problems.entry(id.clone()).or_default().extend(errors);
+        if !errors.is_empty() {
+            self.problems.entry(id.clone()).or_default().extend(errors);
+        }
     }
 
     /// Places candidate `c` of service `id` unless its frontend is taken: the conflict is
