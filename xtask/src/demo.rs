@@ -47,7 +47,7 @@ fn frontends(services: &Path) -> Result<Vec<Frontend>> {
                         if port.name.is_empty() {
                             port.port.to_string()
                         } else {
-                            port.name.clone()
+                            port.name.to_string()
                         }
                     ),
                     addr: SocketAddr::new(*ip, port.port),

@@ -146,7 +146,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         mut hooks,
         mut maps,
         limits,
-        mut current,
+        mut programmed,
         mut ids,
     } = start::load(opts)?;
     let mut ifs = Interfaces::default();
@@ -194,14 +194,15 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 &node,
                 &mut Programmed {
                     maps: &mut maps,
-                    current: &mut current,
+                    programmed: &mut programmed,
                     ids: &mut ids,
                     limits,
                 },
                 hooks.as_deref().map(|cgroup| (opts, cgroup)),
             );
             if let Some(prev) = upgrade.take() {
-                hooks = take_over(opts, prev, &current, &mut ebpf, &mut ifs, &wanted)?;
+                let now = programmed.as_ref().unwrap_or(state.engine.desired());
+                hooks = take_over(opts, prev, now, &mut ebpf, &mut ifs, &wanted)?;
                 node.socket_lb = hooks.is_some();
             }
             let errors = errors + std::mem::take(&mut state.errors);
@@ -498,9 +499,48 @@ fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::Ipv4Addr> {
 /// What is programmed and how to reach it.
 struct Programmed<'a> {
     maps: &'a mut KernelMaps,
-    current: &'a mut Desired,
+    /// What is programmed, when it is not the desired state (at start: what was pinned;
+    /// after a sync with errors); none when the maps hold exactly the desired state.
+    programmed: &'a mut Option<Desired>,
     ids: &'a mut Ids,
     limits: desired::Limits,
+}
+
+/// The desired state of what changed (of everything when `full`), and what is programmed
+/// of what it touched: for a full computation the state it replaces (the maps held it), for
+/// an update the journal's view of what it changed.
+fn compute(
+    state: &mut State,
+    node: &desired::NodeContext,
+    p: &mut Programmed<'_>,
+    full: bool,
+    changed: &BTreeSet<ServiceRef>,
+) -> (desired::Touched, Desired) {
+    if full {
+        let now = p
+            .programmed
+            .take()
+            .unwrap_or_else(|| state.engine.take_desired());
+        state.engine.full(&state.model, node, p.ids, p.limits);
+        (sync::everything(&now, state.engine.desired()), now)
+    } else {
+        let touched =
+            state
+                .engine
+                .update(&state.model, node, p.ids, p.limits, changed.iter().cloned());
+        let now = state.engine.programmed_before(&touched);
+        (touched, now)
+    }
+}
+
+/// Gives the heap's free memory back to the kernel (a full sync's temporaries: the
+/// replaced desired state, the candidates); glibc keeps it otherwise.
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Programs what changed in `state` (everything when `state.full`); returns how many
@@ -514,17 +554,12 @@ fn sync(
 ) -> u64 {
     let started = Instant::now();
     p.ids.tick(Instant::now());
-    let full = std::mem::take(&mut state.full);
+    // A programmed state apart from the desired one (at start, after errors) is diffed in
+    // full.
+    let full = std::mem::take(&mut state.full) || p.programmed.is_some();
     state.health_changed |= full;
     let changed = std::mem::take(&mut state.changed);
-    let touched = if full {
-        state.engine.full(&state.model, node, p.ids, p.limits);
-        sync::everything(p.current, state.engine.desired())
-    } else {
-        state
-            .engine
-            .update(&state.model, node, p.ids, p.limits, changed.iter().cloned())
-    };
+    let (touched, mut now) = compute(state, node, p, full, &changed);
     let problems: Vec<&desired::DesiredError> = if full {
         state.engine.problems().collect()
     } else {
@@ -539,20 +574,29 @@ fn sync(
             _ => warn!("{p}"),
         }
     }
-    let udp_before = udp.map(|_| stale::udp_pairs(p.current, &touched.frontends));
-    let report = apply_touched(p.maps, p.current, state.engine.desired(), &touched);
+    let udp_before = udp.map(|_| stale::udp_pairs(&now, &touched.frontends));
+    let report = apply_touched(p.maps, &mut now, state.engine.desired(), &touched);
     for e in &report.errors {
         error!("{e}");
     }
     if let (Some((opts, cgroup)), Some(before)) = (udp, udp_before) {
-        let after = stale::udp_pairs(p.current, &touched.frontends);
+        let after = stale::udp_pairs(&now, &touched.frontends);
         let gone = before.difference(&after).copied().collect();
         sockets::destroy_stale_udp(opts, cgroup, &gone);
     }
     if !report.errors.is_empty() {
-        // Whatever failed is tried again at the next sync, from scratch.
+        // Whatever failed is tried again at the next sync, from scratch, against what is
+        // programmed (the only time the agent holds a copy of the maps apart from the
+        // desired state).
         state.full = true;
+        *p.programmed = Some(match full {
+            true => now,
+            false => desired::Journal::patched(state.engine.desired(), &touched, &now),
+        });
+    } else {
+        drop(now);
     }
+
     // A Service without an EndpointSlice is normal (kube-proxy does not count it).
     let counted = problems
         .iter()
@@ -569,5 +613,12 @@ fn sync(
         took_us = started.elapsed().as_micros() as u64,
         "synced"
     );
+    if full {
+        // The sync's temporaries first (a full one's touched sets are as large as the
+        // maps), then the B-trees rebuilt full, then the freed pages back to the kernel.
+        drop((touched, changed, problems));
+        state.engine.compact(p.ids);
+        release_free_memory();
+    }
     errors as u64
 }

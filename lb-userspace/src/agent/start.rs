@@ -33,8 +33,9 @@ pub(super) struct Loaded {
     pub(super) hooks: Option<PathBuf>,
     pub(super) maps: KernelMaps,
     pub(super) limits: Limits,
-    /// What is programmed (adopted from the pins).
-    pub(super) current: Desired,
+    /// What is programmed (adopted from the pins): the agent's only copy of the maps, until
+    /// its first sync makes them the desired state.
+    pub(super) programmed: Option<Desired>,
     pub(super) ids: Ids,
 }
 
@@ -86,7 +87,7 @@ pub(super) fn load(opts: &AgentOptions) -> Result<Loaded, AgentError> {
         hooks,
         maps,
         limits,
-        current,
+        programmed: Some(current),
         ids,
     })
 }

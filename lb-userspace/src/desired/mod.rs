@@ -15,12 +15,14 @@ use thiserror::Error;
 mod candidates;
 mod ids;
 mod incremental;
+mod journal;
 mod place;
 mod show;
 mod values;
 
 pub use ids::Ids;
 pub use incremental::{Incremental, Touched};
+pub use journal::Journal;
 pub use show::{show_backend, show_frontend};
 pub use values::{
     addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
@@ -214,7 +216,7 @@ pub fn compute_on(
         if c.key.scope != SCOPE_EXTERNAL {
             // An internal scope goes with its external entry, placed before it.
             if owners.get(&external(c.key)) == Some(&c.object) {
-                place(&mut desired, c, ids, limits, &mut errors);
+                place(&mut desired, c, ids, limits, &mut errors, None);
             }
             continue;
         }
@@ -227,7 +229,7 @@ pub fn compute_on(
             continue;
         }
         owners.insert(c.key, c.object.clone());
-        place(&mut desired, c, ids, limits, &mut errors);
+        place(&mut desired, c, ids, limits, &mut errors, None);
     }
     ids.retain(&desired);
     desired.filter = ids.filter_bits(live_filter_bits(&desired));

@@ -8,7 +8,7 @@ use lb_common::{
 
 use super::{
     Desired, DesiredError, Ids, Limits, SrcRange, backend_value, candidates::Candidate,
-    remote_backend_value, svc_name,
+    journal::Journal, remote_backend_value, svc_name,
 };
 
 /// One frontend's entries, backends, name and source ranges, before admission.
@@ -21,13 +21,15 @@ struct Planned {
 }
 
 /// Places one frontend: its index, its backends' indices, its slots; admitted into
-/// `desired` when it fits (else the reason is in `errors`). Returns what it added.
+/// `desired` when it fits (else the reason is in `errors`), what it overwrites recorded in
+/// `journal` when there is one. Returns what it added.
 pub(super) fn place(
     desired: &mut Desired,
     c: Candidate,
     ids: &mut Ids,
     limits: Limits,
     errors: &mut Vec<DesiredError>,
+    journal: Option<&mut Journal>,
 ) -> Option<Placed> {
     let Candidate {
         key,
@@ -106,7 +108,7 @@ pub(super) fn place(
             ..SvcValue::default()
         },
     ));
-    admit(desired, plan, limits, errors)
+    admit(desired, plan, limits, errors, journal)
 }
 
 /// What one placed frontend added to the desired state.
@@ -144,6 +146,7 @@ fn admit(
     plan: Planned,
     limits: Limits,
     errors: &mut Vec<DesiredError>,
+    journal: Option<&mut Journal>,
 ) -> Option<Placed> {
     let svc_needed = plan.entries.len();
     if desired.services.len() + svc_needed > limits.svc_entries as usize {
@@ -184,6 +187,18 @@ fn admit(
         name: plan.name.0,
         src_ranges: plan.src_ranges.clone(),
     };
+    if let Some(j) = journal {
+        for (k, _) in &plan.entries {
+            j.service(desired, *k);
+        }
+        for (id, _) in &plan.backends {
+            j.backend(desired, *id);
+        }
+        j.name(desired, plan.name.0);
+        for r in &plan.src_ranges {
+            j.src_range(desired, *r);
+        }
+    }
     desired.services.extend(plan.entries);
     desired.backends.extend(plan.backends);
     desired.names.insert(plan.name.0, plan.name.1);

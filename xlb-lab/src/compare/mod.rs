@@ -283,11 +283,9 @@ fn endpoints(model: &Model) -> BTreeMap<IpAddr, BTreeSet<u16>> {
     let mut out: BTreeMap<IpAddr, BTreeSet<u16>> = BTreeMap::new();
     for slice in model.slices.values().flat_map(|s| s.values()) {
         for ep in &slice.endpoints {
-            if let Some(ip) = ep.addresses.first() {
-                out.entry(*ip)
-                    .or_default()
-                    .extend(slice.ports.iter().map(|p| p.port));
-            }
+            out.entry(ep.address)
+                .or_default()
+                .extend(slice.ports.iter().map(|p| p.port));
         }
     }
     out

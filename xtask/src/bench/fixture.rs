@@ -233,21 +233,26 @@ impl Datapath {
         let node = NodeContext::default();
         let limits = self.maps.limits();
         let t0 = Instant::now();
-        let touched = if full {
+        // As the agent: no programmed copy; a full computation applies against the state it
+        // replaces (or what `program` left), an update against the journal of its changes.
+        let (touched, mut now) = if full {
+            let now = match std::mem::take(&mut self.current) {
+                c if c == Desired::default() => self.engine.take_desired(),
+                c => c,
+            };
             self.engine.full(model, &node, &mut self.ids, limits);
-            sync::everything(&self.current, self.engine.desired())
+            (sync::everything(&now, self.engine.desired()), now)
         } else {
-            self.engine
-                .update(model, &node, &mut self.ids, limits, changed)
+            let touched = self
+                .engine
+                .update(model, &node, &mut self.ids, limits, changed);
+            let now = self.engine.programmed_before(&touched);
+            (touched, now)
         };
         let t1 = Instant::now();
-        let report = sync::apply_touched(
-            &mut self.maps,
-            &mut self.current,
-            self.engine.desired(),
-            &touched,
-        );
+        let report = sync::apply_touched(&mut self.maps, &mut now, self.engine.desired(), &touched);
         let t2 = Instant::now();
+        drop(now);
         if let Some(e) = report.errors.first() {
             bail!("sync: {e} ({} errors)", report.errors.len());
         }
@@ -259,9 +264,14 @@ impl Datapath {
         })
     }
 
-    /// What the agent believes is programmed.
+    /// What the agent believes is programmed (after `program_incremental`: its desired
+    /// state).
     pub fn current(&self) -> &Desired {
-        &self.current
+        if self.current == Desired::default() {
+            self.engine.desired()
+        } else {
+            &self.current
+        }
     }
 
     /// Runs program `prog` on `packet` `repeat` times (BPF_PROG_TEST_RUN).

@@ -11,7 +11,7 @@ use kube::runtime::{reflector::Store, watcher};
 use tracing::debug;
 
 use crate::{
-    model::ServiceRef,
+    model::{Name, ServiceRef, intern},
     source::{
         convert::{self, Converted},
         events::Event,
@@ -68,7 +68,7 @@ pub(super) struct Stores {
     pub(super) node: Store<Node>,
     /// EndpointSlice `namespace/name` → (its service, its name), for the slices sent: a
     /// deleted (or relabelled, or no longer valid) slice is removed from where it was filed.
-    pub(super) filed: std::collections::HashMap<String, (ServiceRef, String)>,
+    pub(super) filed: std::collections::HashMap<String, (ServiceRef, Name)>,
 }
 
 impl Stores {
@@ -172,12 +172,8 @@ fn slice_key(s: &EndpointSlice) -> String {
 /// or invalid (then with the error).
 fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
     let id = ServiceRef {
-        namespace: s
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        name: s.metadata.name.clone().unwrap_or_default(),
+        namespace: intern(s.metadata.namespace.as_deref().unwrap_or("default")),
+        name: intern(s.metadata.name.as_deref().unwrap_or_default()),
     };
     let gone = Event::Service {
         id: id.clone(),

@@ -60,7 +60,7 @@ pub(super) fn change(services: usize, endpoints: usize, changes: usize) -> Resul
         let event = events::Timed::now(events::Event::Slice {
             service,
             name,
-            slice: Some(Box::new(slice)),
+            slice: Some(slice),
         });
         let t0 = event.since;
         let changed = events::apply(&mut m, event.event);
