@@ -220,7 +220,7 @@ impl Incremental {
                     continue;
                 };
                 if k.slot == 0 {
-                    self.unref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+                    self.unref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
                     if k.scope == SCOPE_EXTERNAL {
                         self.owners.remove(k);
                         released.push(*k);
@@ -325,7 +325,7 @@ impl Incremental {
             return;
         };
         for k in p.entries.iter().filter(|k| k.slot == 0) {
-            self.ref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+            self.ref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
         }
         for b in &p.backends {
             let n = self.backend_refs.entry(*b).or_default();
@@ -404,14 +404,16 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
 
 /// A backend's bit in the second address filter.
 fn backend_filter_bit(be: &Backend) -> u32 {
-    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit(be.addr_be[0])
+    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit_of(&be.addr_be)
 }
 
 /// How many frontends and backends of `d` have an address in each filter bit.
 fn count_filter_bits(d: &Desired) -> BTreeMap<u32, usize> {
     let mut refs = BTreeMap::new();
     for k in d.services.keys().filter(|k| k.slot == 0) {
-        *refs.entry(lb_common::filter_bit(k.addr_be[0])).or_default() += 1;
+        *refs
+            .entry(lb_common::filter_bit_of(&k.addr_be))
+            .or_default() += 1;
     }
     for be in d.backends.values() {
         *refs.entry(backend_filter_bit(be)).or_default() += 1;

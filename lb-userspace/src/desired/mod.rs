@@ -56,11 +56,11 @@ pub fn live_filter_bits(d: &Desired) -> BTreeSet<u32> {
     d.services
         .keys()
         .filter(|k| k.slot == 0)
-        .map(|k| lb_common::filter_bit(k.addr_be[0]))
+        .map(|k| lb_common::filter_bit_of(&k.addr_be))
         .chain(
             d.backends
                 .values()
-                .map(|b| backend_base + lb_common::filter_bit(b.addr_be[0])),
+                .map(|b| backend_base + lb_common::filter_bit_of(&b.addr_be)),
         )
         .collect()
 }
