@@ -85,12 +85,19 @@ pub const fn filter_bit(addr_be: u32) -> u32 {
     u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - FILTER_BITS_LOG2)
 }
 
-/// The word an address of either family is filtered by, from its `addr_be` words: an IPv4
-/// address's own (its other words are 0), an IPv6 address's four folded together, so that
-/// the addresses of one /32 (a whole cluster's) do not all share one bit.
+/// The word an address of either family is filtered by, from its `addr_be` words (network
+/// order): an IPv4 address's own (its other words are 0), an IPv6 address's four mixed
+/// together, each but the first through its own odd multiplier (a bijection of the word), so
+/// that addresses of one /32 do not share a bit and addresses of two prefixes that differ in
+/// their low words only by the prefix (a client `fd00:244::j` and a backend `fd00:128::m`)
+/// do not fall on each other's bits as a plain XOR of the words would make them.
 #[inline(always)]
 pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
-    addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3]
+    let h = u32::from_be(addr_be[0])
+        ^ u32::from_be(addr_be[1]).wrapping_mul(0x85eb_ca6b)
+        ^ u32::from_be(addr_be[2]).wrapping_mul(0xc2b2_ae35)
+        ^ u32::from_be(addr_be[3]).wrapping_mul(0x27d4_eb2f);
+    h.to_be()
 }
 
 /// The filter bit of an address of either family ([`filter_fold`], then [`filter_bit`]).
@@ -612,6 +619,17 @@ mod tests {
         let bits: [u32; 4] = [1, 2, 3, 0x10].map(|i| filter_bit_of(&v6(i)));
         for (i, a) in bits.iter().enumerate() {
             assert!(bits[i + 1..].iter().all(|b| b != a), "{bits:?}");
+        }
+        // Two prefixes' addresses numbered from 0 (clients and backends): a plain XOR of the
+        // words maps `P1 ^ j` and `P2 ^ m` onto each other for every j = m ^ P1 ^ P2.
+        let prefix = |p: u16, j: u16| {
+            let mut a = v6(j);
+            a[0] = u32::from_ne_bytes([0xfd, 0, (p >> 8) as u8, p as u8]);
+            filter_fold(&a)
+        };
+        let clients: [u32; 64] = core::array::from_fn(|j| prefix(0x244, j as u16));
+        for m in 0..4096u16 {
+            assert!(!clients.contains(&prefix(0x128, m)), "backend {m}");
         }
         let v4 = u32::from_ne_bytes([10, 96, 0, 10]);
         assert_eq!(filter_bit_of(&[v4, 0, 0, 0]), filter_bit(v4));
