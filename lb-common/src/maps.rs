@@ -85,6 +85,20 @@ pub const fn filter_bit(addr_be: u32) -> u32 {
     u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - FILTER_BITS_LOG2)
 }
 
+/// The word an address of either family is filtered by, from its `addr_be` words: an IPv4
+/// address's own (its other words are 0), an IPv6 address's four folded together, so that
+/// the addresses of one /32 (a whole cluster's) do not all share one bit.
+#[inline(always)]
+pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
+    addr_be[0] ^ addr_be[1] ^ addr_be[2] ^ addr_be[3]
+}
+
+/// The filter bit of an address of either family ([`filter_fold`], then [`filter_bit`]).
+#[inline(always)]
+pub const fn filter_bit_of(addr_be: &[u32; 4]) -> u32 {
+    filter_bit(filter_fold(addr_be))
+}
+
 /// Every map the object defines, in the order `xlb cleanup` removes them.
 pub const ALL_MAPS: [&str; 16] = [
     MAP_SVC,
@@ -579,4 +593,27 @@ mod pod {
     unsafe impl aya::Pod for super::prev::CtValue {}
     unsafe impl aya::Pod for super::prev::AffinityValue {}
     unsafe impl aya::Pod for super::prev::Backend {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `addr_be` words of IPv6 address `fd00:10:96::<last>` (network order in each word).
+    fn v6(last: u16) -> [u32; 4] {
+        let w = |hi: u16, lo: u16| {
+            u32::from_ne_bytes([(hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8])
+        };
+        [w(0xfd00, 0x10), w(0x96, 0), w(0, 0), w(0, last)]
+    }
+
+    #[test]
+    fn ipv6_addresses_of_one_prefix_get_bits_of_their_own_and_ipv4_keeps_its_bit() {
+        let bits: [u32; 4] = [1, 2, 3, 0x10].map(|i| filter_bit_of(&v6(i)));
+        for (i, a) in bits.iter().enumerate() {
+            assert!(bits[i + 1..].iter().all(|b| b != a), "{bits:?}");
+        }
+        let v4 = u32::from_ne_bytes([10, 96, 0, 10]);
+        assert_eq!(filter_bit_of(&[v4, 0, 0, 0]), filter_bit(v4));
+    }
 }

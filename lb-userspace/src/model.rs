@@ -5,19 +5,21 @@
 //! once, so every writer agrees by construction.
 
 pub mod cidr;
+pub mod name;
 pub mod node;
 pub mod select;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub use cidr::{Cidr, parse_ip};
+pub use name::{Name, intern};
 pub use node::{IpFamily, LocalDetector, NodeSettings};
 
 /// `namespace/name` of a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceRef {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Name,
+    pub name: Name,
 }
 
 impl fmt::Display for ServiceRef {
@@ -79,7 +81,7 @@ impl fmt::Display for Protocol {
 #[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct ServicePort {
     /// The port's name ("" when the service has a single unnamed port).
-    pub name: String,
+    pub name: Name,
     pub port: u16,
     pub protocol: Protocol,
     /// The nodePort, when the service has one (used by later issues).
@@ -141,25 +143,42 @@ pub struct Service {
     pub health_check_node_port: Option<u16>,
 }
 
-/// An endpoint of a slice with kube-proxy's conditions.
-#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
+/// An endpoint of a slice with kube-proxy's conditions: compact (its address, flags and
+/// shared names; no string of its own).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
-    pub addresses: Vec<IpAddr>,
+    /// The first of its addresses of the slice's family (the one kube-proxy uses).
+    pub address: IpAddr,
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    pub node_name: Option<Name>,
+    pub zone: Option<Name>,
     /// `hints.forZones[].name` (topology-aware routing).
-    pub zone_hints: Vec<String>,
+    pub zone_hints: Vec<Name>,
     /// `hints.forNodes[].name` (PreferSameNode traffic distribution).
-    pub node_hints: Vec<String>,
+    pub node_hints: Vec<Name>,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        Self {
+            address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            ready: false,
+            serving: false,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            zone_hints: Vec::new(),
+            node_hints: Vec::new(),
+        }
+    }
 }
 
 /// A named port of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct EndpointPort {
-    pub name: String,
+    pub name: Name,
     pub port: u16,
     pub protocol: Protocol,
 }
@@ -168,7 +187,7 @@ pub struct EndpointPort {
 #[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct EndpointSlice {
     /// The slice's own name (unique within the namespace).
-    pub name: String,
+    pub name: Name,
     pub service: ServiceRef,
     pub ports: Vec<EndpointPort>,
     pub endpoints: Vec<Endpoint>,
@@ -196,7 +215,8 @@ impl fmt::Display for BackendAddr {
 pub struct Model {
     pub services: BTreeMap<ServiceRef, Service>,
     /// Slices by service, then by slice name.
-    pub slices: BTreeMap<ServiceRef, BTreeMap<String, EndpointSlice>>,
+    /// (Boxed: a service has one or a few slices, and a B-tree node holds room for 11.)
+    pub slices: BTreeMap<ServiceRef, BTreeMap<Name, Box<EndpointSlice>>>,
 }
 
 impl Model {
@@ -210,7 +230,7 @@ impl Model {
         self.slices
             .entry(slice.service.clone())
             .or_default()
-            .insert(slice.name.clone(), slice);
+            .insert(slice.name.clone(), Box::new(slice));
     }
 
     /// The backends that new connections to `port` of `svc` may use, deduplicated and in
@@ -224,7 +244,8 @@ impl Model {
         let mut families = Vec::new();
         for slice in self.slices.get(svc).into_iter().flat_map(|s| s.values()) {
             for ep in &slice.endpoints {
-                if let Some(ip) = ep.addresses.first() {
+                {
+                    let ip = &ep.address;
                     let fam = if ip.is_ipv4() {
                         IpFamily::V4
                     } else {
@@ -265,7 +286,7 @@ mod tests {
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool) -> Endpoint {
         Endpoint {
-            addresses: vec![ip.parse().expect("test ip")],
+            address: ip.parse().expect("test ip"),
             ready,
             serving,
             terminating,

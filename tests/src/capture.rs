@@ -1,11 +1,12 @@
 //! Packet captures for traffic tests: an `AF_PACKET` socket bound to one interface of a
-//! namespace records the addresses of every IPv4 TCP and UDP packet that crosses it, so a test
+//! namespace records the addresses of every TCP and UDP packet (IPv4 or IPv6, read with
+//! etherparse, IPv6 extension headers included) that crosses it, so a test
 //! asserts what was on the wire (the source a reply really carried) rather than what a socket
 //! call reports (`peer_addr()` of a connected socket is the address it was connected to,
 //! whatever came back).
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
         Arc,
@@ -16,7 +17,8 @@ use std::{
 
 use crate::netns::Netns;
 
-const ETH_P_IP: u16 = 0x0800;
+/// Every protocol: IPv4 and IPv6 (the rest is not TCP or UDP and is skipped).
+const ETH_P_ALL: u16 = 0x0003;
 const PACKET_OUTGOING: u8 = 4;
 
 /// One captured TCP or UDP packet.
@@ -26,8 +28,8 @@ pub struct Seen {
     pub inbound: bool,
     /// 6 (TCP) or 17 (UDP).
     pub protocol: u8,
-    pub src: SocketAddrV4,
-    pub dst: SocketAddrV4,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
 }
 
 /// A capture running on one interface until [`Capture::finish`].
@@ -108,7 +110,7 @@ impl Captured {
         );
         let stray: Vec<&&Seen> = inbound
             .iter()
-            .filter(|p| !allowed.contains(&SocketAddr::V4(p.src)))
+            .filter(|p| !allowed.contains(&p.src))
             .collect();
         assert!(
             stray.is_empty(),
@@ -147,7 +149,7 @@ fn open(ifname: &str) -> Result<OwnedFd, String> {
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid start.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = ETH_P_IP.to_be();
+    addr.sll_protocol = ETH_P_ALL.to_be();
     addr.sll_ifindex = index as i32;
     // SAFETY: a valid sockaddr_ll and its size.
     let rc = unsafe {
@@ -183,7 +185,8 @@ fn set_opt<T>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> Result<(), Stri
 /// Reads packets until `stop` is set and the queue is empty.
 fn read_until(fd: &OwnedFd, stop: &AtomicBool) -> Vec<Seen> {
     let mut out = Vec::new();
-    let mut buf = [0u8; 64];
+    // Enough for an IPv6 header, extension headers and a TCP header with options.
+    let mut buf = [0u8; 256];
     loop {
         // SAFETY: sockaddr_ll is plain data.
         let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -212,20 +215,31 @@ fn read_until(fd: &OwnedFd, stop: &AtomicBool) -> Vec<Seen> {
     }
 }
 
-/// The addresses of an IPv4 TCP or UDP packet (from its IP header on).
+/// The addresses of a TCP or UDP packet (from its IP header on; a capture truncates it).
 fn parse(p: &[u8], inbound: bool) -> Option<Seen> {
-    let ihl = usize::from(p.first()? & 0x0f) * 4;
-    let protocol = *p.get(9)?;
-    if p[0] >> 4 != 4 || !(protocol == 6 || protocol == 17) || p.len() < ihl + 4 {
-        return None;
-    }
-    let ip = |o: usize| Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]);
-    let port = |o: usize| u16::from_be_bytes([p[o], p[o + 1]]);
+    use etherparse::{LaxNetSlice, LaxSlicedPacket, TransportSlice};
+    let packet = LaxSlicedPacket::from_ip(p).ok()?;
+    let (src, dst): (IpAddr, IpAddr) = match packet.net? {
+        LaxNetSlice::Ipv4(ip) => (
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+        ),
+        LaxNetSlice::Ipv6(ip) => (
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+        ),
+        LaxNetSlice::Arp(_) => return None,
+    };
+    let (protocol, sport, dport) = match packet.transport? {
+        TransportSlice::Tcp(t) => (6, t.source_port(), t.destination_port()),
+        TransportSlice::Udp(u) => (17, u.source_port(), u.destination_port()),
+        _ => return None,
+    };
     Some(Seen {
         inbound,
         protocol,
-        src: SocketAddrV4::new(ip(12), port(ihl)),
-        dst: SocketAddrV4::new(ip(16), port(ihl + 2)),
+        src: SocketAddr::new(src, sport),
+        dst: SocketAddr::new(dst, dport),
     })
 }
 
@@ -255,15 +269,36 @@ mod tests {
 
     #[test]
     fn reads_addresses_after_the_ip_header_and_its_options() {
-        let mut p = vec![0x46, 0, 0, 0, 0, 0, 0, 0, 64, 17, 0, 0];
+        // IPv4 with 4 bytes of options (IHL 6), total length 32, then an 8-byte UDP header.
+        let mut p = vec![0x46, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0];
         p.extend_from_slice(&[10, 96, 0, 53, 10, 244, 1, 2]);
-        p.extend_from_slice(&[1, 1, 1, 1]); // 4 bytes of options
+        p.extend_from_slice(&[1, 1, 1, 1]);
         p.extend_from_slice(&53u16.to_be_bytes());
         p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&[0, 8, 0, 0]);
         let seen = parse(&p, true).expect("UDP");
         assert_eq!(seen.src, "10.96.0.53:53".parse().expect("addr"));
         assert_eq!(seen.dst, "10.244.1.2:40000".parse().expect("addr"));
         p[9] = 1;
         assert_eq!(parse(&p, true), None, "ICMP is not recorded");
+    }
+
+    #[test]
+    fn reads_ipv6_addresses_past_an_extension_header_and_a_truncated_segment() {
+        let src: std::net::Ipv6Addr = "fd00:10:96::10".parse().expect("addr");
+        let dst: std::net::Ipv6Addr = "fd00:10:244:1::2".parse().expect("addr");
+        // Fixed header (payload 8 of hop-by-hop + a 40-byte TCP header with options), then
+        // hop-by-hop (next: TCP, 8 bytes), then TCP; the capture cut it after 20 bytes of TCP.
+        let mut p = vec![0x60, 0, 0, 0, 0, 48, 0, 64];
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(&[6, 0, 1, 4, 0, 0, 0, 0]);
+        p.extend_from_slice(&80u16.to_be_bytes());
+        p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x12, 0xff, 0xff, 0, 0, 0, 0]);
+        let seen = parse(&p, false).expect("TCP");
+        assert_eq!((seen.protocol, seen.inbound), (6, false));
+        assert_eq!(seen.src, "[fd00:10:96::10]:80".parse().expect("addr"));
+        assert_eq!(seen.dst, "[fd00:10:244:1::2]:40000".parse().expect("addr"));
     }
 }

@@ -1,6 +1,6 @@
 //! Service YAML for tests: ClusterIPs in front of pods of the [`crate::topology`].
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A Service with one port and an EndpointSlice listing `backends` (all ready
 ///), as Kubernetes YAML.
@@ -20,6 +20,34 @@ pub fn service_yaml(
         y.push_str(&format!(
             "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
         ));
+    }
+    y
+}
+
+/// A dual-stack Service (`ipFamilyPolicy: RequireDualStack`, IPv4 first) with one port and
+/// one EndpointSlice per family listing `v4` and `v6` (all ready), as Kubernetes YAML.
+pub fn dual_stack_service_yaml(
+    name: &str,
+    (ip4, ip6): (Ipv4Addr, Ipv6Addr),
+    (port, protocol, target_port): (u16, &str, u16),
+    v4: &[Ipv4Addr],
+    v6: &[Ipv6Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: {ip4}\n  clusterIPs: [\"{ip4}\", \"{ip6}\"]\n  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}}}\n"
+    );
+    let v4: Vec<String> = v4.iter().map(|ip| ip.to_string()).collect();
+    let v6: Vec<String> = v6.iter().map(|ip| ip.to_string()).collect();
+    for (family, ips) in [("IPv4", v4), ("IPv6", v6)] {
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-{family}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {family}\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
+        ));
+        y.push_str(if ips.is_empty() { " []\n" } else { "\n" });
+        for ip in ips {
+            y.push_str(&format!(
+                "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n"
+            ));
+        }
     }
     y
 }

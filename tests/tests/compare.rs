@@ -26,16 +26,26 @@ use xlb_tests::{require_root, unique_tag, xlb_bin};
 ///   kube-proxy's local-traffic detector (detect-local-mode ClusterCIDR) and xlb's socket
 ///   hooks send it to the cluster's endpoints; xlb's tc path (`--socket-lb host`) cannot
 ///   tell a local pod from an external client (no clusterCIDR) and drops it, as kube-proxy
-///   drops external traffic.
+///   drops external traffic;
+/// * a TCP connection to an IPv6 service without endpoints: kube-proxy's REJECT answers the
+///   SYN with an ICMPv6 port unreachable, which Linux takes as a soft error while connect()
+///   still holds the socket (IPv4 takes it at once), so the client is refused only when it
+///   retransmits the SYN a second later: past the probe's 500 ms, it shows as dropped.
+///   xlb's socket hook refuses the connect() at once.
 fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) -> bool {
     match mode {
         Impl::KubeProxy(Mode::Userspace) => !matches!(ebpf, Outcome::Backends(_)),
         Impl::KubeProxy(Mode::Iptables | Mode::Nftables) => {
-            flow.origin == Origin::Node
+            let node_udp_eperm = flow.origin == Origin::Node
                 && flow.kind == Frontend::ClusterIp
                 && flow.protocol == Protocol::Udp
                 && *ebpf == Outcome::Refused
-                && matches!(other, Outcome::Failed(e) if e.contains("Operation not permitted"))
+                && matches!(other, Outcome::Failed(e) if e.contains("Operation not permitted"));
+            let ipv6_tcp_reject = flow.frontend.is_ipv6()
+                && flow.protocol == Protocol::Tcp
+                && *ebpf == Outcome::Refused
+                && *other == Outcome::Dropped;
+            node_udp_eperm || ipv6_tcp_reject || ipv6_node_port_gap(flow, ebpf, other)
         }
         Impl::EbpfHost => {
             flow.origin == Origin::Pod
@@ -47,16 +57,35 @@ fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) ->
     }
 }
 
+/// Not a difference of kube-proxy's but a gap of xlb's, named so that it cannot hide: xlb
+/// does not program NodePorts on the node's IPv6 addresses yet (its desired state reports
+/// them unsupported; issue [ipv6]), so such a flow finds no frontend and the node's own
+/// stack refuses it, where kube-proxy's IPv6 proxier serves it.
+/// [`modes_agree_over_both_families_on_dual_stack_services`] asserts exactly that outcome,
+/// so the day xlb serves them the test says to drop this.
+fn ipv6_node_port_gap(flow: &Flow, ebpf: &Outcome, other: &Outcome) -> bool {
+    flow.frontend.is_ipv6()
+        && flow.kind == Frontend::NodePort
+        && *ebpf == Outcome::Refused
+        && matches!(other, Outcome::Backends(_))
+}
+
 /// Compares every mode on `source`: each does what xlb does, or differs only as
 /// [`known_difference`] says.
 fn check(source: PathBuf) -> Report {
+    check_modes(source, &Impl::ALL)
+}
+
+/// [`check`] with `modes` (xlb's default mode, [`Impl::Ebpf`], among them) on every flow
+/// a mode serves (kube-proxy's userspace mode is IPv4 only).
+fn check_modes(source: PathBuf, modes: &[Impl]) -> Report {
     let opts = CompareOptions {
         source: source.clone(),
         node_name: "node1".into(),
         // Backend sets are compared: with 40 requests per flow the chance that random
         // selection misses one of 3 backends is 3 × (2/3)^40 ≈ 3e-7.
         requests: 40,
-        modes: Impl::ALL.to_vec(),
+        modes: modes.to_vec(),
         xlb: xlb_bin(),
         tag: unique_tag("xq"),
     };
@@ -64,9 +93,13 @@ fn check(source: PathBuf) -> Report {
     assert!(!report.flows.is_empty(), "{}: no flows", source.display());
     for (flow, by) in &report.flows {
         let ebpf = &by[&Impl::Ebpf];
-        for m in Impl::ALL.into_iter().filter(|m| *m != Impl::Ebpf) {
+        for m in modes.iter().copied().filter(|m| *m != Impl::Ebpf) {
+            let Some(other) = by.get(&m) else {
+                assert!(!m.serves(flow), "{flow:?}: {} did not run it", m.name());
+                continue;
+            };
             assert!(
-                outcomes_agree(flow, ebpf, &by[&m]) || known_difference(flow, m, ebpf, &by[&m]),
+                outcomes_agree(flow, ebpf, other) || known_difference(flow, m, ebpf, other),
                 "{}: {flow:?}: {} and xlb-ebpf differ\n{}",
                 source.display(),
                 m.name(),
@@ -154,4 +187,52 @@ fn the_four_origins_agree_on_cluster_ip_and_node_port_services() {
     assert!(counts(Impl::Ebpf, "sock_reject") > 0, "{table}");
     assert!(counts(Impl::EbpfHost, "new_flow") > 0, "{table}");
     assert!(counts(Impl::EbpfHost, "sock_xlate") > 0, "{table}");
+}
+
+/// Both families side by side: a dual-stack ClusterIP Service (IPv6 first), a dual-stack
+/// NodePort Service and an IPv6-only Service without endpoints, each family's endpoints in
+/// its own EndpointSlice. kube-proxy runs its second proxier for IPv6 (ip6tables, the
+/// `ip6 kube-proxy` table); xlb serves both families from one agent, the pod's IPv6 flows
+/// through the socket hooks and, with `--socket-lb host`, through tc. Every IPv6 ClusterIP
+/// flow reaches that family's endpoints only, from the pod and from the node.
+#[test]
+fn modes_agree_over_both_families_on_dual_stack_services() {
+    if !require_root("modes_agree_over_both_families_on_dual_stack_services") {
+        return;
+    }
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-dual-stack.yaml");
+    let report = check(source);
+    let table = report.render();
+    let v6 = report.flows.iter().filter(|(f, _)| f.frontend.is_ipv6());
+    let v6: Vec<_> = v6.collect();
+    assert_eq!(
+        v6.len(),
+        16,
+        "8 IPv6 ClusterIP and 4 IPv6 NodePort flows… \n{table}"
+    );
+    for (flow, by) in v6 {
+        let ebpf = &by[&Impl::Ebpf];
+        if flow.kind == Frontend::NodePort {
+            assert_eq!(
+                *ebpf,
+                Outcome::Refused,
+                "xlb serves IPv6 NodePorts now: drop ipv6_node_port_gap\n{table}"
+            );
+        }
+        assert!(
+            !by.contains_key(&Impl::KubeProxy(Mode::Userspace)),
+            "{table}"
+        );
+        match ebpf {
+            Outcome::Backends(b) => assert!(
+                b.len() == 3 && b.iter().all(|b| b.starts_with("[fd00:10:244:")),
+                "{flow:?}: {b:?}\n{table}"
+            ),
+            Outcome::Refused => assert!(
+                flow.service.starts_with("demo/empty6:") || flow.kind == Frontend::NodePort,
+                "{flow:?}\n{table}"
+            ),
+            other => panic!("{flow:?}: {other}\n{table}"),
+        }
+    }
 }

@@ -230,26 +230,20 @@ fn web_programmed(pins: &std::path::Path) -> bool {
     svc.get(&key, 0).is_ok_and(|v| v.count == 1) && svc.get(&SvcKey { slot: 1, ..key }, 0).is_ok()
 }
 
-#[test]
-fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service() {
-    use aya::maps::{HashMap, MapData};
-    use lb_common::{SvcKey, SvcValue};
-    let Some(mut s) = started(
-        "an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service",
-        "xfk",
-        &web(&[pod_ip(2)]),
-        1,
-    ) else {
-        return;
-    };
-    const FILLERS: u32 = 8_000;
-    // Endpoints per filler: enough slots that writing them (batched) takes a while.
-    const ENDPOINTS: u32 = 4;
-    let mut big = web(&[pod_ip(2)]);
+/// Fillers in the mid-sync kill test, and endpoints per filler: enough slots that writing
+/// them (batched) takes a while.
+const FILLERS: u32 = 8_000;
+const FILLER_ENDPOINTS: u32 = 4;
+
+/// `base` and FILLERS services of FILLER_ENDPOINTS endpoints each.
+fn with_fillers(base: String) -> String {
+    let mut big = base;
     for i in 0..FILLERS {
         let vip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i);
-        let eps: Vec<Ipv4Addr> = (0..ENDPOINTS)
-            .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + i * ENDPOINTS + k))
+        let eps: Vec<Ipv4Addr> = (0..FILLER_ENDPOINTS)
+            .map(|k| {
+                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 250, 0, 0)) + i * FILLER_ENDPOINTS + k)
+            })
             .collect();
         big.push_str(&service_yaml(
             &format!("f{i}"),
@@ -260,9 +254,19 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
             &eps,
         ));
     }
-    // Watch the working service's entries the whole time.
+    big
+}
+
+/// Watches the working service's entries in `pins` until the flag is set: (looks, looks
+/// that found it missing).
+fn watch_web(
+    pins: std::path::PathBuf,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, u64)>,
+) {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (pins, flag) = (s.agent.pins.clone(), stop.clone());
+    let flag = stop.clone();
     let watcher = std::thread::spawn(move || {
         let (mut checks, mut missing) = (0u64, 0u64);
         while !flag.load(std::sync::atomic::Ordering::Relaxed) {
@@ -273,9 +277,14 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
         }
         (checks, missing)
     });
-    write_atomic(&s.yaml, &big).expect("write");
-    // Kill it once some of the fillers are written (the first filler's first slot: slots
-    // go in before any entry names them), not all.
+    (stop, watcher)
+}
+
+/// SIGKILLs the agent once some of the fillers are written (the first filler's first
+/// slot: slots go in before any entry names them); how long ago that was.
+fn kill_mid_sync(s: &mut Scenario) -> Duration {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{SvcKey, SvcValue};
     let first_slot = SvcKey {
         slot: 1,
         ..lb_userspace::desired::frontend_key(
@@ -306,7 +315,24 @@ fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_
         }
         std::thread::yield_now();
     }
-    let killed_at = killed_at.expect("the sync started").elapsed();
+    killed_at.expect("the sync started").elapsed()
+}
+
+#[test]
+fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service() {
+    let Some(mut s) = started(
+        "an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service",
+        "xfk",
+        &web(&[pod_ip(2)]),
+        1,
+    ) else {
+        return;
+    };
+    let big = with_fillers(web(&[pod_ip(2)]));
+    // Watch the working service's entries the whole time.
+    let (stop, watcher) = watch_web(s.agent.pins.clone());
+    write_atomic(&s.yaml, &big).expect("write");
+    let killed_at = kill_mid_sync(&mut s);
     std::thread::sleep(Duration::from_millis(100));
     let after_kill = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
     assert!(

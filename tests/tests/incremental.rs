@@ -13,7 +13,7 @@ use std::{
 use lb_common::{Backend, SvcKey};
 use lb_userspace::{
     datapath::{sync, writer::MemoryMaps},
-    desired::{self, Desired, Ids, Incremental, Limits, NodeContext},
+    desired::{self, Desired, Ids, Incremental, Journal, Limits, NodeContext},
     model::{
         Cidr, Endpoint, EndpointPort, EndpointSlice, Model, Protocol, Service, ServicePort,
         ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
@@ -27,8 +27,21 @@ const SERVICES: u8 = 6;
 fn sref(i: u8) -> ServiceRef {
     ServiceRef {
         namespace: "ns".into(),
-        name: format!("s{i}"),
+        name: format!("s{i}").into(),
     }
+}
+
+/// A generated Service's form: ports, kind (ClusterIP, NodePort, LoadBalancer) and options.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    ports: u8,
+    kind: u8,
+    external: bool,
+    local: bool,
+    affinity: bool,
+    ranges: bool,
+    /// Dual-stack: an IPv6 ClusterIP too (slice 2 of each service is IPv6).
+    dual: bool,
 }
 
 /// A generated change.
@@ -36,12 +49,7 @@ fn sref(i: u8) -> ServiceRef {
 enum Op {
     Service {
         i: u8,
-        ports: u8,
-        kind: u8,
-        external: bool,
-        local: bool,
-        affinity: bool,
-        ranges: bool,
+        shape: Shape,
     },
     DeleteService(u8),
     Slice {
@@ -58,27 +66,28 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..SERVICES, 1..3u8, 0..3u8, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
-            .prop_map(|(i, ports, kind, external, local, affinity, ranges)| Op::Service {
-                i, ports, kind, external, local, affinity, ranges
+        4 => (0..SERVICES, 1..3u8, 0..3u8, any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>())
+            .prop_map(|(i, ports, kind, external, local, affinity, ranges, dual)| Op::Service {
+                i, shape: Shape { ports, kind, external, local, affinity, ranges, dual }
             }),
         1 => (0..SERVICES).prop_map(Op::DeleteService),
-        6 => (0..SERVICES, 0..2u8, prop::collection::vec((0..12u8, 0..8u8, any::<bool>()), 0..6))
+        6 => (0..SERVICES, 0..3u8, prop::collection::vec((0..12u8, 0..8u8, any::<bool>()), 0..6))
             .prop_map(|(i, j, endpoints)| Op::Slice { i, j, endpoints }),
-        2 => (0..SERVICES, 0..2u8).prop_map(|(i, j)| Op::DeleteSlice(i, j)),
+        2 => (0..SERVICES, 0..3u8).prop_map(|(i, j)| Op::DeleteSlice(i, j)),
         1 => (any::<bool>(), 0..3u8).prop_map(|(zone, addresses)| Op::Node { zone, addresses }),
     ]
 }
 
-fn service(
-    i: u8,
-    ports: u8,
-    kind: u8,
-    external: bool,
-    local: bool,
-    affinity: bool,
-    ranges: bool,
-) -> Service {
+fn service(i: u8, shape: Shape) -> Service {
+    let Shape {
+        ports,
+        kind,
+        external,
+        local,
+        affinity,
+        ranges,
+        dual,
+    } = shape;
     let service_type = match kind {
         0 => ServiceType::ClusterIp,
         1 => ServiceType::NodePort,
@@ -93,10 +102,26 @@ fn service(
     };
     Service {
         id: sref(i),
-        cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1))],
+        cluster_ips: if dual {
+            vec![
+                IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1)),
+                IpAddr::V6(std::net::Ipv6Addr::new(
+                    0xfd00,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    u16::from(i) + 1,
+                )),
+            ]
+        } else {
+            vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1))]
+        },
         ports: (0..ports)
             .map(|p| ServicePort {
-                name: format!("p{p}"),
+                name: format!("p{p}").into(),
                 port: 80 + u16::from(p),
                 protocol: if p == 1 { Protocol::Udp } else { Protocol::Tcp },
                 node_port: (kind > 0).then_some(30000 + u16::from(i) * 10 + u16::from(p)),
@@ -132,10 +157,10 @@ fn service(
 }
 
 /// Endpoint `(ip, flags, zone hint)`: flags bit 0 ready, 1 serving, 2 terminating; the
-/// address's low bit picks the node.
+/// address's low bit picks the node. Slice 2 of a service is IPv6.
 fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
     EndpointSlice {
-        name: format!("s{i}-{j}"),
+        name: format!("s{i}-{j}").into(),
         service: sref(i),
         ports: vec![
             EndpointPort {
@@ -152,7 +177,20 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
         endpoints: endpoints
             .iter()
             .map(|&(ip, flags, hint)| Endpoint {
-                addresses: vec![IpAddr::V4(Ipv4Addr::new(10, 244, 0, ip + 1))],
+                address: if j == 2 {
+                    IpAddr::V6(std::net::Ipv6Addr::new(
+                        0xfd00,
+                        0x244,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
+                        u16::from(ip) + 1,
+                    ))
+                } else {
+                    IpAddr::V4(Ipv4Addr::new(10, 244, 0, ip + 1))
+                },
                 ready: flags & 1 != 0,
                 serving: flags & 2 != 0,
                 terminating: flags & 4 != 0,
@@ -252,23 +290,22 @@ proptest! {
         let mut engine = Incremental::default();
         engine.full(&model, &ctx, &mut ids, limits);
         let mut maps = MemoryMaps::default();
-        let mut programmed = Desired::default();
         for op in ops {
             let mut full = false;
             let event = match op {
-                Op::Service { i, ports, kind, external, local, affinity, ranges } => Some(Event::Service {
+                Op::Service { i, shape } => Some(Event::Service {
                     id: sref(i),
-                    service: Some(Box::new(service(i, ports, kind, external, local, affinity, ranges))),
+                    service: Some(Box::new(service(i, shape))),
                 }),
                 Op::DeleteService(i) => Some(Event::Service { id: sref(i), service: None }),
                 Op::Slice { i, j, endpoints } => Some(Event::Slice {
                     service: sref(i),
-                    name: format!("s{i}-{j}"),
+                    name: format!("s{i}-{j}").into(),
                     slice: Some(Box::new(slice(i, j, &endpoints))),
                 }),
                 Op::DeleteSlice(i, j) => Some(Event::Slice {
                     service: sref(i),
-                    name: format!("s{i}-{j}"),
+                    name: format!("s{i}-{j}").into(),
                     slice: None,
                 }),
                 Op::Node { zone, addresses } => {
@@ -277,13 +314,20 @@ proptest! {
                     None
                 }
             };
-            let touched = if full {
+            // No programmed copy: a full computation applies against the desired state it
+            // replaces, an update against the journal of what it changed.
+            let (touched, mut programmed) = if full {
+                let before = engine.take_desired();
                 engine.full(&model, &ctx, &mut ids, limits);
-                sync::everything(&programmed, engine.desired())
+                (sync::everything(&before, engine.desired()), before)
             } else {
                 let changed = event.and_then(|e| events::apply(&mut model, e));
-                engine.update(&model, &ctx, &mut ids, limits, changed)
+                let touched = engine.update(&model, &ctx, &mut ids, limits, changed);
+                let programmed = engine.programmed_before(&touched);
+                (touched, programmed)
             };
+            // The journal's view is what the maps hold of what the update touched.
+            prop_assert_eq!(&programmed, &Journal::default().programmed(&maps.state, &touched));
             let inc = engine.desired().clone();
             consistent(&inc);
             prop_assert_eq!(
@@ -300,7 +344,7 @@ proptest! {
             // Writing only what the update touched brings the maps to the desired state.
             let report = sync::apply_touched(&mut maps, &mut programmed, &inc, &touched);
             prop_assert!(report.errors.is_empty());
-            prop_assert_eq!(&programmed, &inc);
+            prop_assert_eq!(&programmed, &Journal::default().programmed(&inc, &touched));
             prop_assert_eq!(&maps.state, &inc);
         }
         // A full computation with the same indices gives exactly the same state.
@@ -322,8 +366,17 @@ fn a_frontend_freed_by_its_owner_goes_to_the_service_waiting_for_it() {
     let mut ids = Ids::default();
     let mut engine = Incremental::default();
     let mut model = Model::default();
-    let mut a = service(0, 1, 0, true, false, false, false);
-    let mut b = service(1, 1, 0, true, false, false, false);
+    let shape = Shape {
+        ports: 1,
+        kind: 0,
+        external: true,
+        local: false,
+        affinity: false,
+        ranges: false,
+        dual: false,
+    };
+    let mut a = service(0, shape);
+    let mut b = service(1, shape);
     b.external_ips = a.external_ips.clone();
     for (svc, s) in [(&a, 0), (&b, 1)] {
         model.upsert_service(svc.clone());

@@ -188,24 +188,35 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
         .expect("netns")
         .expect("dns answers");
 
-    // Affinity: the trace finds the real flow's entry and goes where the real packet goes.
-    let st = trace(
-        &s,
-        &["--from", "pod/test/client", "--to", "svc/test/sticky"],
-    );
+    affinity_follows_the_real_flow(&s, &first.backend);
+    no_endpoints_and_no_frontend(&s);
+    from_the_node(&s);
+}
+
+/// Affinity: the trace finds the real flow's entry (whose backend was `first`) and goes
+/// where the real packet goes.
+fn affinity_follows_the_real_flow(s: &Scenario, first: &str) {
+    let timeout = Duration::from_secs(3);
+    let client_ns = &s.topo.client.ns;
+    let sticky = SocketAddr::from((STICKY, 80));
+    let st = trace(s, &["--from", "pod/test/client", "--to", "svc/test/sticky"]);
     println!("{st}");
     assert!(st.contains("ClientIP (10800 s): hit"), "{st}");
     let chosen: std::net::SocketAddrV4 = outcome(&st).parse().expect("a backend");
-    assert_eq!(backend_name(&s, *chosen.ip()), first.backend, "{st}");
+    assert_eq!(backend_name(s, *chosen.ip()), first, "{st}");
     let again = client_ns
         .run(move || client::tcp_request(sticky, timeout))
         .expect("netns")
         .expect("sticky answers");
-    assert_eq!(again.backend, first.backend);
+    assert_eq!(again.backend, first);
+}
 
-    // No endpoints: refused, as a real connect is.
+/// No endpoints: refused, as a real connect is; not a frontend: passed untouched.
+fn no_endpoints_and_no_frontend(s: &Scenario) {
+    let timeout = Duration::from_secs(3);
+    let client_ns = &s.topo.client.ns;
     let empty = trace(
-        &s,
+        s,
         &["--from", "pod/test/client", "--to", &format!("{EMPTY}:80")],
     );
     println!("{empty}");
@@ -218,19 +229,20 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
         .expect_err("refused");
     assert!(e.contains("refused"), "{e}");
 
-    // Not a frontend: passed untouched.
-    let none = trace(&s, &["--from", "pod/test/client", "--to", "10.96.0.99:80"]);
+    let none = trace(s, &["--from", "pod/test/client", "--to", "10.96.0.99:80"]);
     assert_eq!(outcome(&none), "passed", "{none}");
+}
 
-    // From the node: the connect4 decision, computed from the maps and said so.
-    let node = trace(&s, &["--from", "node", "--to", "svc/test/web"]);
+/// From the node: the connect4 decision, computed from the maps and said so.
+fn from_the_node(s: &Scenario) {
+    let node = trace(s, &["--from", "node", "--to", "svc/test/web"]);
     assert!(node.contains("cannot test-run cgroup sock_addr"), "{node}");
     assert_eq!(
         outcome(&node),
         format!("one of {}:{TCP_PORT}, {}:{TCP_PORT}", pod_ip(2), pod_ip(3)),
         "{node}"
     );
-    let node_empty = trace(&s, &["--from", "node", "--to", "svc/test/empty"]);
+    let node_empty = trace(s, &["--from", "node", "--to", "svc/test/empty"]);
     assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
 }
 

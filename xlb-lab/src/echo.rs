@@ -8,7 +8,7 @@
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -26,18 +26,41 @@ pub struct EchoServer {
 }
 
 impl EchoServer {
-    /// Starts servers named `name` on `tcp_port` and `udp_port` (0 = none) inside `ns`.
+    /// Starts servers named `name` on `tcp_port` and `udp_port` (0 = none) inside `ns`, on
+    /// every IPv4 address.
     pub fn start(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Result<Self, String> {
+        Self::start_at(
+            ns,
+            name,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            tcp_port,
+            udp_port,
+        )
+    }
+
+    /// As [`EchoServer::start`], on address `ip` only (an IPv6 address of a dual-stack pod:
+    /// its IPv4 servers keep the IPv4 wildcard).
+    pub fn start_at(
+        ns: &Netns,
+        name: &str,
+        ip: IpAddr,
+        tcp_port: u16,
+        udp_port: u16,
+    ) -> Result<Self, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         if tcp_port != 0 {
             let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx.clone());
-            threads.push(ns.spawn(move || serve_tcp(tcp_port, &name, &stop, ready)));
+            threads.push(
+                ns.spawn(move || serve_tcp(SocketAddr::new(ip, tcp_port), &name, &stop, ready)),
+            );
         }
         if udp_port != 0 {
             let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx.clone());
-            threads.push(ns.spawn(move || serve_udp(udp_port, &name, &stop, ready)));
+            threads.push(
+                ns.spawn(move || serve_udp(SocketAddr::new(ip, udp_port), &name, &stop, ready)),
+            );
         }
         drop(ready_tx);
         for _ in 0..threads.len() {
@@ -64,18 +87,18 @@ pub fn reply(name: &str, peer: SocketAddr) -> String {
 }
 
 fn serve_tcp(
-    port: u16,
+    at: SocketAddr,
     name: &str,
     stop: &AtomicBool,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
-    let listener = match TcpListener::bind(("0.0.0.0", port)).and_then(|l| {
+    let listener = match TcpListener::bind(at).and_then(|l| {
         l.set_nonblocking(true)?;
         Ok(l)
     }) {
         Ok(l) => l,
         Err(e) => {
-            let _ = ready.send(Err(format!("{name}: tcp bind :{port}: {e}")));
+            let _ = ready.send(Err(format!("{name}: tcp bind {at}: {e}")));
             return;
         }
     };
@@ -140,18 +163,18 @@ fn digest(r: &mut impl std::io::Read, len: u64) -> Option<String> {
 }
 
 fn serve_udp(
-    port: u16,
+    at: SocketAddr,
     name: &str,
     stop: &AtomicBool,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
-    let sock = match UdpSocket::bind(("0.0.0.0", port)).and_then(|s| {
+    let sock = match UdpSocket::bind(at).and_then(|s| {
         s.set_read_timeout(Some(Duration::from_millis(20)))?;
         Ok(s)
     }) {
         Ok(s) => s,
         Err(e) => {
-            let _ = ready.send(Err(format!("{name}: udp bind :{port}: {e}")));
+            let _ = ready.send(Err(format!("{name}: udp bind {at}: {e}")));
             return;
         }
     };

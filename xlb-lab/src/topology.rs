@@ -10,13 +10,21 @@
 //! routes each pod address to its veth. Any address can be a pod's, so the endpoints of any
 //! services file can be hosted. The node has no default route: an address nobody rewrites
 //! has nowhere to go.
+//!
+//! A pod can be made dual-stack ([`Pod::add_ipv6`]): an IPv6 /128 routed by the node to its
+//! veth as the IPv4 /32 is, its default route through the link-local [`GATEWAY6`] that the
+//! node side of its veth carries.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::netns::Netns;
 
 /// The gateway address every pod routes through (on each node-side veth).
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+
+/// The link-local gateway of every dual-stack pod's IPv6 default route (on each node-side
+/// veth).
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// A pod: its namespace and address.
 #[derive(Debug)]
@@ -24,6 +32,8 @@ pub struct Pod {
     pub name: String,
     pub ns: Netns,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address once [`Pod::add_ipv6`] gave it one.
+    pub ip6: Option<Ipv6Addr>,
     /// The node-side interface of its veth.
     pub host_if: String,
 }
@@ -60,6 +70,12 @@ pub fn remote_pod_ip(index: u8) -> Ipv4Addr {
 /// The address of pod `index` in [`Topology::build`] (client = 1, backend k = k + 1).
 pub fn pod_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, index, 2)
+}
+
+/// The IPv6 address the lab gives pod `index` when it is dual-stack:
+/// `fd00:10:244:<index>::2`, beside [`pod_ip`]'s `10.244.<index>.2`.
+pub fn pod_ip6(index: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, index.into(), 0, 0, 0, 2)
 }
 
 impl Topology {
@@ -115,6 +131,7 @@ impl Topology {
             name: "external".into(),
             ns,
             ip,
+            ip6: None,
             host_if: uplink.to_string(),
         })
     }
@@ -220,6 +237,7 @@ fn add_pod(
         name: name.to_string(),
         ns,
         ip,
+        ip6: None,
         host_if: host_if.to_string(),
     })
 }
@@ -230,7 +248,7 @@ fn add_pod(
 /// timeouts instead of port unreachables. The lab lifts both in its own namespaces. Kernels
 /// where `icmp_msgs_per_sec` is global (before 6.x) keep their limit: said on stderr.
 fn lift_icmp_limits(ns: &Netns) -> Result<(), String> {
-    ns.sysctl(&["net.ipv4.icmp_ratelimit=0"])?;
+    ns.sysctl(&["net.ipv4.icmp_ratelimit=0", "net.ipv6.icmp.ratelimit=0"])?;
     if let Err(e) = ns.sysctl(&[
         "net.ipv4.icmp_msgs_per_sec=100000",
         "net.ipv4.icmp_msgs_burst=100000",
@@ -248,8 +266,53 @@ impl Pod {
     /// pod: the node-side interface gets a new index).
     pub fn recreate_veth(&self, node: &Netns) -> Result<(), String> {
         node.ip(&["link", "del", &self.host_if])?;
-        wire(node, &self.ns, &self.host_if, self.ip)
+        wire(node, &self.ns, &self.host_if, self.ip)?;
+        match self.ip6 {
+            Some(ip6) => wire6(node, &self.ns, &self.host_if, ip6),
+            None => Ok(()),
+        }
     }
+
+    /// Makes the pod dual-stack: `ip6` on its `eth0`, routed to its veth by `node` (which
+    /// must forward IPv6: [`Topology::enable_ipv6`]), its default route via [`GATEWAY6`].
+    pub fn add_ipv6(&mut self, node: &Netns, ip6: Ipv6Addr) -> Result<(), String> {
+        wire6(node, &self.ns, &self.host_if, ip6)?;
+        self.ip6 = Some(ip6);
+        Ok(())
+    }
+}
+
+impl Topology {
+    /// Lets the node forward IPv6 between its pods (their addresses come with
+    /// [`Pod::add_ipv6`]).
+    pub fn enable_ipv6(&self) -> Result<(), String> {
+        self.node.sysctl(&["net.ipv6.conf.all.forwarding=1"])
+    }
+
+    /// Makes the client and every backend dual-stack: pod `k` of [`Topology::build`] gets
+    /// [`pod_ip6`]`(k)` (client 1, backend k at k + 1).
+    pub fn dual_stack(&mut self) -> Result<(), String> {
+        self.enable_ipv6()?;
+        self.client.add_ipv6(&self.node, pod_ip6(1))?;
+        for (k, pod) in self.backends.iter_mut().enumerate() {
+            pod.add_ipv6(&self.node, pod_ip6((k + 2) as u8))?;
+        }
+        Ok(())
+    }
+}
+
+/// The IPv6 half of a pod's wiring: the node side of the veth carries the link-local
+/// [`GATEWAY6`] and routes `ip6` to it; the pod has `ip6` and a default route via the
+/// gateway. No duplicate address detection: the addresses are usable at once.
+fn wire6(node: &Netns, ns: &Netns, host_if: &str, ip6: Ipv6Addr) -> Result<(), String> {
+    let gw = format!("{GATEWAY6}/64");
+    node.ip(&["-6", "addr", "add", &gw, "dev", host_if, "nodad"])?;
+    node.ip(&["-6", "route", "add", &format!("{ip6}/128"), "dev", host_if])?;
+    let own = format!("{ip6}/128");
+    ns.ip(&["-6", "addr", "add", &own, "dev", "eth0", "nodad"])?;
+    let gw = GATEWAY6.to_string();
+    ns.ip(&["-6", "route", "add", "default", "via", &gw, "dev", "eth0"])?;
+    Ok(())
 }
 
 /// The veth between `node` (`host_if`) and a pod namespace (`eth0`, address `ip`), with the

@@ -1,5 +1,6 @@
 //! `cargo xtask run`: the demo. Builds a node namespace with a client pod and three backend
-//! pods (TCP and UDP echo servers that answer with their name and the peer they saw), runs
+//! pods, all dual-stack (TCP and UDP echo servers on both families that answer with their
+//! name and the peer they saw), runs
 //! `xlb agent` in the node namespace on the services file, drives traffic to every ClusterIP
 //! from the client pod and from the node itself (client processes in the demo's own cgroup,
 //! where the agent attaches its socket hooks), and prints which backend answered, once a
@@ -39,18 +40,14 @@ fn frontends(services: &Path) -> Result<Vec<Frontend>> {
     let mut out = Vec::new();
     for (id, svc) in &loaded.model.services {
         for port in &svc.ports {
-            for ip in svc
-                .cluster_ips
-                .iter()
-                .filter(|ip| matches!(ip, IpAddr::V4(_)))
-            {
+            for ip in &svc.cluster_ips {
                 out.push(Frontend {
                     name: format!(
                         "{id}:{}",
                         if port.name.is_empty() {
                             port.port.to_string()
                         } else {
-                            port.name.clone()
+                            port.name.to_string()
                         }
                     ),
                     addr: SocketAddr::new(*ip, port.port),
@@ -92,12 +89,16 @@ fn spread(cg: &Cgroup, ns: &Netns, f: &Frontend) -> Result<String> {
 fn banner(tag: &str, topo: &Topology, services: &Path, pins: &Path, agent: &Agent) {
     println!("xlb demo");
     println!("  namespaces : {tag}-node (xlb agent), {tag}-client, {tag}-backend-{{1,2,3}}");
+    let both = |ip: std::net::Ipv4Addr, ip6: Option<std::net::Ipv6Addr>| match ip6 {
+        Some(ip6) => format!("{ip} {ip6}"),
+        None => ip.to_string(),
+    };
     println!(
         "  client pod : {}   backends: {}",
-        topo.client.ip,
+        both(topo.client.ip, topo.client.ip6),
         topo.backends
             .iter()
-            .map(|b| format!("{} {}", b.name, b.ip))
+            .map(|b| format!("{} {}", b.name, both(b.ip, b.ip6)))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -140,12 +141,18 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
     ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed)).context("Ctrl-C handler")?;
 
     let tag = xlb_tests::unique_tag("xlbdemo");
-    let topo = Topology::build(&tag, 3).map_err(|e| anyhow!(e))?;
+    let mut topo = Topology::build(&tag, 3).map_err(|e| anyhow!(e))?;
+    topo.dual_stack().map_err(|e| anyhow!(e))?;
     let mut servers = Vec::new();
     for pod in &topo.backends {
         servers.push(
             EchoServer::start(&pod.ns, &pod.name, TCP_PORT, UDP_PORT).map_err(|e| anyhow!(e))?,
         );
+        if let Some(ip6) = pod.ip6 {
+            let at = IpAddr::V6(ip6);
+            let server = EchoServer::start_at(&pod.ns, &pod.name, at, TCP_PORT, UDP_PORT);
+            servers.push(server.map_err(|e| anyhow!(e))?);
+        }
     }
     let workdir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&workdir)?;
@@ -184,7 +191,7 @@ pub fn run(xlb: &Path, services: &Path, duration: Option<u64>) -> Result<()> {
         println!("[{:>4}s] round {round}", started.elapsed().as_secs());
         for (f, (pod, node)) in fronts.iter().zip(counts) {
             println!(
-                "  {:<28} {:<22} from the pod: {pod}   from the node: {node}",
+                "  {:<20} {:<27} from the pod: {pod}   from the node: {node}",
                 f.name,
                 format!("{}/{}", f.addr, f.protocol),
             );

@@ -5,8 +5,8 @@
 //! (family 6) through the shared choice (`select.rs`, affinity included).
 //!
 //! XDP's IPv6 path (`xdp.rs`) reuses these steps. The address filters are read with an
-//! address's first word (the agent hashes every frontend and backend by `addr_be[0]`): a
-//! clear bit still means "certainly not", but IPv6 addresses of one /32 share a bit.
+//! address's four words folded (`lb_common::filter_fold`, as the agent sets them), so the
+//! addresses of one /32 do not share a bit: a clear bit means "certainly not".
 //!
 //! Not yet over IPv6: hairpin SNAT (a pod reaching itself keeps its source), source ranges
 //! (the agent writes none; a frontend flagged with some admits no IPv6 client).
@@ -25,7 +25,7 @@ use lb_common::{
     BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
     R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT,
     R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
-    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue,
+    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
 use self::{
@@ -82,7 +82,7 @@ pub fn tc(ctx: &TcContext) -> Carried {
         Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -154,7 +154,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
     // The address filters, by the addresses' first word (the agent sets the bits of every
     // frontend's and backend's `addr_be[0]`, IPv6 ones included): a clear bit skips the
     // lookups on that side, as for IPv4.
-    let forward = if filter::maybe_frontend(t.daddr_be[0]) {
+    let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         conntrack::lookup_forward(t)
     } else {
         None
@@ -174,7 +174,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }
-    } else if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+    } else if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
         .then(|| conntrack::lookup_reply(t))
         .flatten()
     {

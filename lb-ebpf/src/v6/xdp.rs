@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
-    R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue,
+    R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue, filter_fold,
 };
 
 use super::{
@@ -56,7 +56,7 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
     }
-    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(t.daddr_be[0]) {
+    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -94,7 +94,7 @@ fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
 
 #[inline(always)]
 fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
-    let frontend = filter::maybe_frontend(t.daddr_be[0]);
+    let frontend = filter::maybe_frontend(filter_fold(&t.daddr_be));
     if let Some(ct) = frontend.then(|| conntrack::lookup_forward(t)).flatten() {
         if !continues(ct, t) {
             // Re-balanced or started over: tc does it.
@@ -103,7 +103,7 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
         let ct = keep_alive(ct, t);
         return finish(ctx, t, ct, R_ESTABLISHED);
     }
-    if let Some(ct) = filter::maybe_backend(t.saddr_be[0])
+    if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
         .then(|| conntrack::lookup_reply(t))
         .flatten()
     {

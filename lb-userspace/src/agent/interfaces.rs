@@ -28,6 +28,17 @@ pub struct Wanted<'a> {
     pub xdp: XdpSetting,
 }
 
+impl<'a> Wanted<'a> {
+    /// The interfaces the agent's options ask for.
+    pub fn of(opts: &'a super::AgentOptions) -> Self {
+        Self {
+            pod_interfaces: &opts.pod_interfaces,
+            node_interfaces: &opts.node_interfaces,
+            xdp: opts.xdp,
+        }
+    }
+}
+
 /// What is attached where.
 #[derive(Default)]
 pub struct Interfaces {

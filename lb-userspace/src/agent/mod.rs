@@ -20,22 +20,20 @@ use tracing::{debug, error, info, warn};
 mod feed;
 mod interfaces;
 mod sockets;
+mod start;
 
 use feed::Wake;
 use interfaces::{Interfaces, Wanted};
 
 use crate::{
-    EBPF_OBJECT,
     datapath::{
         DatapathError, attach,
         kernel::KernelMaps,
         links::KernelLinks,
-        loader,
-        socket::{self, SocketLb},
+        socket::SocketLb,
         stale,
         sync::{self, apply_touched},
-        sysctl, upgrade,
-        writer::MapWriter,
+        upgrade,
     },
     desired::{self, Desired, Ids, Incremental},
     model::{Model, ServiceRef},
@@ -125,21 +123,6 @@ impl AgentOptions {
     }
 }
 
-/// Warns when the SNAT ports overlap the node's ephemeral ports: a local connection could
-/// then take a port a SNATed flow's replies use.
-fn check_snat_ports(ports: &std::ops::RangeInclusive<u16>) {
-    if let Some(eph) = sysctl::ephemeral_ports()
-        && eph.start() <= ports.end()
-        && ports.start() <= eph.end()
-    {
-        warn!(
-            snat = ?ports,
-            ephemeral = ?eph,
-            "the SNAT port range overlaps net.ipv4.ip_local_port_range: move one of them"
-        );
-    }
-}
-
 #[derive(Debug, Error)]
 pub enum AgentError {
     #[error(transparent)]
@@ -155,62 +138,22 @@ pub enum AgentError {
 /// Runs until `stop` is set. Pinned maps and links stay when it returns: the datapath keeps
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
-    let _lock = loader::lock(&opts.bpffs)?;
-    let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
-    check_snat_ports(&opts.snat_ports);
-    let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
-        cgroup: PathBuf::from("/proc/self/ns/net"),
-        reason: format!("cannot read this namespace's cookie: {e}"),
-    })?;
-    // The reader first: the flag turns the programs' log on at once.
-    let _bpf_log = match opts.bpf_log {
-        true => Some(crate::datapath::bpflog::BpfLogReader::start(&mut ebpf)?),
-        false => None,
-    };
-    crate::datapath::kernel::write_config(&mut ebpf, &opts.node_config(cookie))?;
-    // The previous layout's pins: its programs keep forwarding from them until this agent
-    // has programmed its own maps and copied their flows over; only then are this agent's
-    // programs attached (see `datapath::upgrade`).
-    let mut upgrade = upgrade::Previous::find(&opts.bpffs)?;
-    let mut hooks = match upgrade {
-        None => sockets::sync_socket_hooks(opts, &mut ebpf),
-        Some(_) => {
-            info!(
-                pins = %opts.bpffs.display(),
-                "found the previous layout's maps: their flows are copied over after the first sync, before this agent's programs take over"
-            );
-            None
-        }
-    };
-    let mut maps = KernelMaps::from_ebpf(&mut ebpf)?;
-    let limits = maps.limits();
-    let mut current = maps.read().map_err(DatapathError::from)?;
-    current.filter = maps.read_filter().map_err(DatapathError::from)?;
-    let mut ids = Ids::adopt(&current);
-    info!(
-        pins = %opts.bpffs.display(),
-        services = current.services.keys().filter(|k| k.slot == 0).count(),
-        backends = current.backends.len(),
-        "loaded; adopted what was pinned"
-    );
+    let start::Loaded {
+        _lock,
+        mut ebpf,
+        _bpf_log,
+        mut upgrade,
+        mut hooks,
+        mut maps,
+        limits,
+        mut programmed,
+        mut ids,
+    } = start::load(opts)?;
     let mut ifs = Interfaces::default();
-    let wanted = Wanted {
-        pod_interfaces: &opts.pod_interfaces,
-        node_interfaces: &opts.node_interfaces,
-        xdp: opts.xdp,
-    };
+    let wanted = Wanted::of(opts);
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
     let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
-    if let Some(addr) = opts.healthz_addr {
-        let h = health.clone();
-        let bound = serve::spawn(addr, move |path| h.handle(path))?;
-        info!(%bound, "serving /healthz and /livez");
-    }
-    if let Some(addr) = opts.metrics_addr {
-        let m = metrics.clone();
-        let bound = serve::spawn(addr, move |path| m.handle(path))?;
-        info!(%bound, "serving /metrics");
-    }
+    start::serve(opts, &health, &metrics)?;
     // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
     // after the upgrade drops what only they would use.
     let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts));
@@ -234,18 +177,8 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             };
             ifs.sync(&mut links, &wanted)?;
         }
-        if state.ready && last_prune.elapsed() >= PRUNE {
-            // The slow prune: a full recompute (quarantined indices and retired filter bits
-            // expire in it) and a full diff against what is programmed.
-            last_prune = Instant::now();
-            state.full = true;
-            state.dirty.get_or_insert_with(Instant::now);
-        }
-        let due = match (state.ready, state.dirty, last_sync) {
-            (true, Some(_), Some(t)) => Some(t + opts.min_sync),
-            (true, Some(_), None) => Some(Instant::now()),
-            _ => None,
-        };
+        state.prune_when_due(&mut last_prune);
+        let due = state.due(last_sync, opts.min_sync);
         if let Some(due) = due
             && Instant::now() >= due
         {
@@ -261,14 +194,15 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 &node,
                 &mut Programmed {
                     maps: &mut maps,
-                    current: &mut current,
+                    programmed: &mut programmed,
                     ids: &mut ids,
                     limits,
                 },
                 hooks.as_deref().map(|cgroup| (opts, cgroup)),
             );
             if let Some(prev) = upgrade.take() {
-                hooks = take_over(opts, prev, &current, &mut ebpf, &mut ifs, &wanted)?;
+                let now = programmed.as_ref().unwrap_or(state.engine.desired());
+                hooks = take_over(opts, prev, now, &mut ebpf, &mut ifs, &wanted)?;
                 node.socket_lb = hooks.is_some();
             }
             let errors = errors + std::mem::take(&mut state.errors);
@@ -284,39 +218,12 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         }
         // Sleep until an event, the end of minSyncPeriod when a change waits, or a look at
         // the stop flag.
-        let mut timeout = STOP_CHECK;
-        if let Some(due) = due {
-            timeout = timeout.min(due.saturating_duration_since(Instant::now()));
-        }
-        if !links_watched || ifs.retrying() {
-            timeout = timeout.min(opts.poll);
-        }
-        let first = match wake.recv_timeout(timeout) {
-            Ok(w) => w,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(AgentError::SourceStopped);
-            }
+        let poll = !links_watched || ifs.retrying();
+        let Some(first) = next_wake(&wake, due, poll.then_some(opts.poll))? else {
+            continue;
         };
         for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
-            match w {
-                Wake::Links => links_changed = true,
-                Wake::Addresses => {
-                    let addrs = node_port_addresses(opts);
-                    if addrs != node.node_port_addresses() {
-                        node.set_node_port_addresses(&addrs);
-                        state.node_changed();
-                    }
-                }
-                Wake::SourceEnded(Some(e)) => return Err(e.into()),
-                Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
-                Wake::Source(t) => {
-                    if let Some(zone) = state.take(t, &health) {
-                        node.node.zone = zone;
-                        state.node_changed();
-                    }
-                }
-            }
+            links_changed |= woken(w, opts, &mut node, &mut state, &health)?;
         }
         if state.dirty.is_some() {
             health.queued();
@@ -327,6 +234,57 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// Waits for the first wake until `due` (a sync waiting), `poll` (a watch unavailable or an
+/// interface to retry) or a look at the stop flag; none when the time is up.
+fn next_wake(
+    wake: &std::sync::mpsc::Receiver<Wake>,
+    due: Option<Instant>,
+    poll: Option<Duration>,
+) -> Result<Option<Wake>, AgentError> {
+    let mut timeout = STOP_CHECK;
+    if let Some(due) = due {
+        timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+    }
+    if let Some(poll) = poll {
+        timeout = timeout.min(poll);
+    }
+    match wake.recv_timeout(timeout) {
+        Ok(w) => Ok(Some(w)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(AgentError::SourceStopped),
+    }
+}
+
+/// Takes in one wake: a source event into the state, the node's addresses or zone into
+/// `node`; whether the links changed.
+fn woken(
+    w: Wake,
+    opts: &AgentOptions,
+    node: &mut desired::NodeContext,
+    state: &mut State,
+    health: &Health,
+) -> Result<bool, AgentError> {
+    match w {
+        Wake::Links => return Ok(true),
+        Wake::Addresses => {
+            let addrs = node_port_addresses(opts);
+            if addrs != node.node_port_addresses() {
+                node.set_node_port_addresses(&addrs);
+                state.node_changed();
+            }
+        }
+        Wake::SourceEnded(Some(e)) => return Err(e.into()),
+        Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
+        Wake::Source(t) => {
+            if let Some(zone) = state.take(t, health) {
+                node.node.zone = zone;
+                state.node_changed();
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// How long an idle agent sleeps before it looks at the stop flag again.
@@ -361,6 +319,26 @@ struct State {
 }
 
 impl State {
+    /// The slow prune, every [`PRUNE`]: a full recompute (quarantined indices and retired
+    /// filter bits expire in it) and a full diff against what is programmed.
+    fn prune_when_due(&mut self, last_prune: &mut Instant) {
+        if self.ready && last_prune.elapsed() >= PRUNE {
+            *last_prune = Instant::now();
+            self.full = true;
+            self.dirty.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// When the next sync is due: at once after a quiet `min_sync`, else at its end; none
+    /// before the source is ready or while nothing changed.
+    fn due(&self, last_sync: Option<Instant>, min_sync: Duration) -> Option<Instant> {
+        match (self.ready, self.dirty, last_sync) {
+            (true, Some(_), Some(t)) => Some(t + min_sync),
+            (true, Some(_), None) => Some(Instant::now()),
+            _ => None,
+        }
+    }
+
     fn node_changed(&mut self) {
         self.full = true;
         self.health_changed = true;
@@ -521,9 +499,48 @@ fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::Ipv4Addr> {
 /// What is programmed and how to reach it.
 struct Programmed<'a> {
     maps: &'a mut KernelMaps,
-    current: &'a mut Desired,
+    /// What is programmed, when it is not the desired state (at start: what was pinned;
+    /// after a sync with errors); none when the maps hold exactly the desired state.
+    programmed: &'a mut Option<Desired>,
     ids: &'a mut Ids,
     limits: desired::Limits,
+}
+
+/// The desired state of what changed (of everything when `full`), and what is programmed
+/// of what it touched: for a full computation the state it replaces (the maps held it), for
+/// an update the journal's view of what it changed.
+fn compute(
+    state: &mut State,
+    node: &desired::NodeContext,
+    p: &mut Programmed<'_>,
+    full: bool,
+    changed: &BTreeSet<ServiceRef>,
+) -> (desired::Touched, Desired) {
+    if full {
+        let now = p
+            .programmed
+            .take()
+            .unwrap_or_else(|| state.engine.take_desired());
+        state.engine.full(&state.model, node, p.ids, p.limits);
+        (sync::everything(&now, state.engine.desired()), now)
+    } else {
+        let touched =
+            state
+                .engine
+                .update(&state.model, node, p.ids, p.limits, changed.iter().cloned());
+        let now = state.engine.programmed_before(&touched);
+        (touched, now)
+    }
+}
+
+/// Gives the heap's free memory back to the kernel (a full sync's temporaries: the
+/// replaced desired state, the candidates); glibc keeps it otherwise.
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Programs what changed in `state` (everything when `state.full`); returns how many
@@ -537,17 +554,12 @@ fn sync(
 ) -> u64 {
     let started = Instant::now();
     p.ids.tick(Instant::now());
-    let full = std::mem::take(&mut state.full);
+    // A programmed state apart from the desired one (at start, after errors) is diffed in
+    // full.
+    let full = std::mem::take(&mut state.full) || p.programmed.is_some();
     state.health_changed |= full;
     let changed = std::mem::take(&mut state.changed);
-    let touched = if full {
-        state.engine.full(&state.model, node, p.ids, p.limits);
-        sync::everything(p.current, state.engine.desired())
-    } else {
-        state
-            .engine
-            .update(&state.model, node, p.ids, p.limits, changed.iter().cloned())
-    };
+    let (touched, mut now) = compute(state, node, p, full, &changed);
     let problems: Vec<&desired::DesiredError> = if full {
         state.engine.problems().collect()
     } else {
@@ -562,20 +574,29 @@ fn sync(
             _ => warn!("{p}"),
         }
     }
-    let udp_before = udp.map(|_| stale::udp_pairs(p.current, &touched.frontends));
-    let report = apply_touched(p.maps, p.current, state.engine.desired(), &touched);
+    let udp_before = udp.map(|_| stale::udp_pairs(&now, &touched.frontends));
+    let report = apply_touched(p.maps, &mut now, state.engine.desired(), &touched);
     for e in &report.errors {
         error!("{e}");
     }
     if let (Some((opts, cgroup)), Some(before)) = (udp, udp_before) {
-        let after = stale::udp_pairs(p.current, &touched.frontends);
+        let after = stale::udp_pairs(&now, &touched.frontends);
         let gone = before.difference(&after).copied().collect();
         sockets::destroy_stale_udp(opts, cgroup, &gone);
     }
     if !report.errors.is_empty() {
-        // Whatever failed is tried again at the next sync, from scratch.
+        // Whatever failed is tried again at the next sync, from scratch, against what is
+        // programmed (the only time the agent holds a copy of the maps apart from the
+        // desired state).
         state.full = true;
+        *p.programmed = Some(match full {
+            true => now,
+            false => desired::Journal::patched(state.engine.desired(), &touched, &now),
+        });
+    } else {
+        drop(now);
     }
+
     // A Service without an EndpointSlice is normal (kube-proxy does not count it).
     let counted = problems
         .iter()
@@ -592,5 +613,12 @@ fn sync(
         took_us = started.elapsed().as_micros() as u64,
         "synced"
     );
+    if full {
+        // The sync's temporaries first (a full one's touched sets are as large as the
+        // maps), then the B-trees rebuilt full, then the freed pages back to the kernel.
+        drop((touched, changed, problems));
+        state.engine.compact(p.ids);
+        release_free_memory();
+    }
     errors as u64
 }

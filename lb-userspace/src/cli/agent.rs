@@ -90,6 +90,10 @@ pub struct AgentArgs {
     /// Service map entries (a frontend takes one, plus one per backend slot).
     #[arg(long, env = "XLB_SERVICE_MAP_MAX", default_value_t = lb_common::SVC_MAP_CAPACITY)]
     pub service_map_max: u32,
+    /// Service ports (frontends) the per-service arrays (names, counters) hold [default:
+    /// a quarter of --service-map-max, at least 65536].
+    #[arg(long, env = "XLB_SERVICE_PORTS_MAX")]
+    pub service_ports_max: Option<u32>,
     /// Backend map entries.
     #[arg(long, env = "XLB_BACKEND_MAP_MAX", default_value_t = lb_common::BACKEND_MAP_CAPACITY)]
     pub backend_map_max: u32,
@@ -147,6 +151,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         conntrack_max_per_core,
         conntrack_min,
         service_map_max,
+        service_ports_max,
         backend_map_max,
         affinity_map_max,
         bpf_log,
@@ -170,6 +175,8 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         services: service_map_max,
         backends: backend_map_max,
         affinity: affinity_map_max,
+        service_ports: service_ports_max
+            .unwrap_or_else(|| lb_userspace::datapath::sizes::service_ports_for(service_map_max)),
     };
     let hostname_override = config.hostname(hostname_override);
     let nodeport_addresses = config.node_port_addresses(nodeport_addresses);

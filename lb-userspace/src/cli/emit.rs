@@ -12,10 +12,13 @@ use lb_userspace::{
 
 use super::source_file;
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Family {
     Ipv4,
     Ipv6,
+    /// Both proxiers, as kube-proxy runs them on a dual-stack node: the IPv4 output, then
+    /// the IPv6 one (`ip6tables-restore`'s payload, the `ip6 kube-proxy` table).
+    Dual,
 }
 
 /// Print the rules kube-proxy would write in MODE for a source (nothing is applied).
@@ -52,7 +55,7 @@ pub struct NodeFlags {
     /// The node's zone label, for topology hints.
     #[arg(long)]
     zone: Option<String>,
-    /// The proxier's IP family.
+    /// The proxier's IP family (default: the TestConfig's, else ipv4); `dual`: both.
     #[arg(long, value_enum)]
     ip_family: Option<Family>,
     /// Node IPs (comma-separated); the first of the family is used for DNAT/allow-from-node.
@@ -123,11 +126,10 @@ impl NodeFlags {
         if let Some(z) = &self.zone {
             s.zone = Some(z.clone());
         }
-        if let Some(f) = self.ip_family {
-            s.family = match f {
-                Family::Ipv4 => IpFamily::V4,
-                Family::Ipv6 => IpFamily::V6,
-            };
+        match self.ip_family {
+            Some(Family::Ipv4) => s.family = IpFamily::V4,
+            Some(Family::Ipv6) => s.family = IpFamily::V6,
+            Some(Family::Dual) | None => {}
         }
         if !self.node_ip.is_empty() {
             s.node_ips = self.node_ip.iter().map(ip).collect::<Result<_>>()?;
@@ -172,11 +174,44 @@ pub fn run(args: EmitArgs) -> Result<()> {
     };
     let settings = args.node.apply(settings)?;
     let options = args.writer.apply(options)?;
-    print!(
-        "{}",
-        emit::render(args.mode, &loaded.model, &settings, &options)
-    );
+    if args.node.ip_family != Some(Family::Dual) {
+        print!(
+            "{}",
+            emit::render(args.mode, &loaded.model, &settings, &options)
+        );
+        return Ok(());
+    }
+    if args.mode == emit::Mode::Userspace {
+        bail!("kube-proxy's userspace mode has one proxier, IPv4: --ip-family dual does not apply");
+    }
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let settings = NodeSettings {
+            family,
+            ..settings.clone()
+        };
+        println!("{}", dual_header(args.mode, family));
+        print!(
+            "{}",
+            emit::render(args.mode, &loaded.model, &settings, &options)
+        );
+    }
     Ok(())
+}
+
+/// The comment before each proxier's output with `--ip-family dual`: what loads it.
+fn dual_header(mode: emit::Mode, family: IpFamily) -> String {
+    let v6 = family == IpFamily::V6;
+    let tool = match mode {
+        emit::Mode::Iptables | emit::Mode::Userspace if v6 => "ip6tables-restore",
+        emit::Mode::Iptables | emit::Mode::Userspace => "iptables-restore",
+        emit::Mode::Nftables => "nft -f",
+        emit::Mode::Ipvs if v6 => {
+            "ipvsadm -R (IPv6 virtual servers), ipset restore, ip6tables-restore"
+        }
+        emit::Mode::Ipvs => "ipvsadm -R, ipset restore, iptables-restore",
+    };
+    let which = if v6 { "IPv6" } else { "IPv4" };
+    format!("# kube-proxy's {which} proxier ({tool})")
 }
 
 pub fn run_desired(args: DesiredArgs) -> Result<()> {

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use lb_common::{
     AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC,
+    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+    SVC_NAME_MAP_CAPACITY,
 };
 
 use super::DatapathError;
@@ -28,6 +29,18 @@ pub struct MapSizes {
     pub backends: u32,
     /// ClientIP affinity entries (one per client and service).
     pub affinity: u32,
+    /// Service ports (frontends): the per-service arrays, names and counters, indexed by
+    /// service index (`1..service_ports`).
+    pub service_ports: u32,
+}
+
+/// The per-service arrays' size for a service map of `services` entries when none is
+/// asked for: every frontend takes an entry and its slots, so a quarter of the entries (at
+/// least the default, 65,536) holds every frontend of services with three endpoints on
+/// average (100,000 × 2 in a map of 524,288: 131,072). A frontend past it is not
+/// programmed and reported, naming the map and its capacity.
+pub fn service_ports_for(services: u32) -> u32 {
+    (services / 4).max(SVC_NAME_MAP_CAPACITY)
 }
 
 impl Default for MapSizes {
@@ -37,6 +50,7 @@ impl Default for MapSizes {
             services: lb_common::SVC_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
             affinity: AFFINITY_MAP_CAPACITY,
+            service_ports: SVC_NAME_MAP_CAPACITY,
         }
     }
 }
@@ -50,7 +64,7 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 
 impl MapSizes {
     /// Each sized map's name and size.
-    pub fn by_map(&self) -> [(&'static str, u32); 8] {
+    pub fn by_map(&self) -> [(&'static str, u32); 10] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
@@ -60,6 +74,8 @@ impl MapSizes {
             (MAP_BACKEND, self.backends),
             (MAP_BACKEND_STATS, self.backends),
             (MAP_AFFINITY, self.affinity),
+            (MAP_SVC_NAME, self.service_ports),
+            (MAP_SVC_STATS, self.service_ports),
         ]
     }
 
@@ -97,5 +113,16 @@ mod tests {
         assert_eq!(conntrack_entries(32_768, 131_072, 2), 262_144);
         assert_eq!(conntrack_entries(32_768, 131_072, 64), 4_194_304);
         assert_eq!(conntrack_entries(0, 1_000, 8), 2_000);
+    }
+
+    #[test]
+    fn per_service_arrays_follow_the_service_map() {
+        // The default service map keeps the default (pinned maps keep their size).
+        assert_eq!(
+            service_ports_for(lb_common::SVC_MAP_CAPACITY),
+            SVC_NAME_MAP_CAPACITY
+        );
+        assert_eq!(service_ports_for(1 << 19), 131_072);
+        assert_eq!(service_ports_for(1_000), SVC_NAME_MAP_CAPACITY);
     }
 }

@@ -50,223 +50,295 @@ pub fn apply_touched(
     desired: &Desired,
     touched: &Touched,
 ) -> SyncReport {
-    let mut r = SyncReport::default();
-
+    let mut a = Apply {
+        w,
+        now,
+        desired,
+        touched,
+        r: SyncReport::default(),
+    };
     // 0. Address filter bits that are new, before anything that needs them (a frontend
     // whose bit is clear is invisible to the datapath).
-    for &word in &touched.filter_words {
-        let (have, bits) = (word_of(&now.filter, word), word_of(&desired.filter, word));
-        if have | bits != have {
-            write_filter(w, now, &mut r, word, have | bits);
-        }
-    }
-
-    // 1. Backends that are new or changed (batched: a cold sync writes them all at once).
-    let backends: Vec<(u32, Backend)> = touched
-        .backends
-        .iter()
-        .filter_map(|id| desired.backends.get(id).map(|be| (*id, *be)))
-        .filter(|(id, be)| now.backends.get(id) != Some(be))
-        .collect();
-    let mut failed_backends = BTreeSet::new();
-    let failed = w.put_backends(&backends);
-    for (i, _) in &failed {
-        failed_backends.insert(backends[*i].0);
-    }
-    r.writes += backends.len() - failed.len();
-    r.errors.extend(failed.into_iter().map(|(_, e)| e));
-    for (id, be) in &backends {
-        if !failed_backends.contains(id) {
-            now.backends.insert(*id, *be);
-        }
-    }
-
-    // 1b. Source ranges before the entries that use them (a frontend flagged for ranges
-    // denies everyone until they are in).
-    let new_ranges: Vec<SrcRange> = touched
-        .src_ranges
-        .iter()
-        .filter(|x| desired.src_ranges.contains(x) && !now.src_ranges.contains(x))
-        .copied()
-        .collect();
-    for range in &new_ranges {
-        match w.put_src_range(range) {
-            Ok(()) => {
-                now.src_ranges.insert(*range);
-                r.writes += 1;
-            }
-            Err(e) => r.errors.push(e),
-        }
-    }
-
-    // 2. The desired frontends: names, then slots, then entries (each a batch), then the
-    // slots past an entry's new count trimmed. A frontend whose backend or slot failed
-    // keeps its old entry.
-    let frontends: Vec<(SvcKey, SvcValue)> = touched
-        .frontends
-        .iter()
-        .filter_map(|k| desired.services.get(k).map(|v| (*k, *v)))
-        .filter(|(k, v)| {
-            !(1..=v.count).any(|slot| {
-                desired
-                    .services
-                    .get(&SvcKey { slot, ..*k })
-                    .is_some_and(|s| failed_backends.contains(&s.backend_id))
-            })
-        })
-        .collect();
-    let mut names: Vec<(u32, SvcName, bool)> = Vec::new();
-    for (_, entry) in &frontends {
-        if let Some(name) = desired.names.get(&entry.svc_id)
-            && now.names.get(&entry.svc_id) != Some(name)
-            && names.last().map(|n| n.0) != Some(entry.svc_id)
-        {
-            let fresh = !now.names.contains_key(&entry.svc_id);
-            names.push((entry.svc_id, *name, fresh));
-        }
-    }
-    names.sort_by_key(|n| n.0);
-    names.dedup_by_key(|n| n.0);
-    let failed = w.put_names(&names);
-    let failed_names: BTreeSet<usize> = failed.iter().map(|(i, _)| *i).collect();
-    r.writes += names.len() - failed.len();
-    r.errors.extend(failed.into_iter().map(|(_, e)| e));
-    for (i, (id, name, _)) in names.iter().enumerate() {
-        if !failed_names.contains(&i) {
-            now.names.insert(*id, *name);
-        }
-    }
-    // Each frontend's slots then its entry, all frontends in one ordered batch: a failed
-    // write skips the rest of its frontend (its entry never names a missing slot) and the
-    // batch goes on with the next frontend.
-    let mut writes: Vec<(SvcKey, SvcValue)> = Vec::new();
-    let mut old_counts: BTreeMap<SvcKey, u16> = BTreeMap::new();
-    for (key, entry) in &frontends {
-        for slot in 1..=entry.count {
-            let k = SvcKey { slot, ..*key };
-            if let Some(v) = desired.services.get(&k)
-                && now.services.get(&k) != Some(v)
-            {
-                writes.push((k, *v));
-            }
-        }
-        if now.services.get(key) != Some(entry) {
-            old_counts.insert(*key, now.services.get(key).map_or(0, |v| v.count));
-            writes.push((*key, *entry));
-        }
-    }
-    let mut start = 0;
-    let mut failed_frontends = BTreeSet::new();
-    while start < writes.len() {
-        let (written, failed) = match w.put_svcs(&writes[start..]) {
-            Ok(()) => (writes.len() - start, None),
-            Err((i, e)) => (i, Some(e)),
-        };
-        for (k, v) in &writes[start..start + written] {
-            now.services.insert(*k, *v);
-        }
-        r.writes += written;
-        start += written;
-        let Some(e) = failed else { break };
-        r.errors.push(e);
-        let frontend = frontend_of(&writes[start].0);
-        failed_frontends.insert(frontend);
-        // Past the failed frontend's remaining writes.
-        while start < writes.len() && frontend_of(&writes[start].0) == frontend {
-            start += 1;
-        }
-    }
-    for (key, entry) in &frontends {
-        if failed_frontends.contains(key) {
-            continue;
-        }
-        let old_count = old_counts.get(key).copied().unwrap_or(entry.count);
-        for slot in entry.count + 1..=old_count {
-            delete_svc(w, now, &mut r, SvcKey { slot, ..*key });
-        }
-    }
-
-    // 3. Services no longer desired: entry first, then its slots, then its name.
-    let gone: Vec<(SvcKey, u16, u32)> = touched
-        .frontends
-        .iter()
-        .filter(|k| !desired.services.contains_key(k))
-        .filter_map(|k| now.services.get(k).map(|v| (*k, v.count, v.svc_id)))
-        .collect();
-    for (key, count, svc_id) in gone {
-        if !delete_svc(w, now, &mut r, key) {
-            continue;
-        }
-        for slot in 1..=count {
-            delete_svc(w, now, &mut r, SvcKey { slot, ..key });
-        }
-        if !desired.names.contains_key(&svc_id) && now.names.contains_key(&svc_id) {
-            match w.del_name(svc_id) {
-                Ok(()) => {
-                    now.names.remove(&svc_id);
-                    r.deletes += 1;
-                }
-                Err(e) => r.errors.push(e),
-            }
-        }
-    }
-
-    // 4. Source ranges no longer desired (their entries are updated or gone).
-    let old_ranges: Vec<SrcRange> = touched
-        .src_ranges
-        .iter()
-        .filter(|x| !desired.src_ranges.contains(x) && now.src_ranges.contains(x))
-        .copied()
-        .collect();
-    for range in &old_ranges {
-        match w.del_src_range(range) {
-            Ok(()) => {
-                now.src_ranges.remove(range);
-                r.deletes += 1;
-            }
-            Err(e) => r.errors.push(e),
-        }
-    }
-
+    a.filter_words(|have, want| have | want);
+    // 1. Backends that are new or changed; 1b. source ranges before the entries that use
+    // them (a frontend flagged for ranges denies everyone until they are in).
+    let failed_backends = a.put_backends();
+    a.put_src_ranges();
+    // 2. The desired frontends: names, then slots, then entries, then the slots past an
+    // entry's new count trimmed. A frontend whose backend or slot failed keeps its old entry.
+    let frontends = a.frontends_to_write(&failed_backends);
+    a.put_names(&frontends);
+    let (failed_frontends, old_counts) = a.put_slots_and_entries(&frontends);
+    a.trim_slots(&frontends, &failed_frontends, &old_counts);
+    // 3. Services no longer desired; 4. source ranges no longer desired (their entries are
+    // updated or gone).
+    a.remove_gone_frontends();
+    a.remove_src_ranges();
     // 5. Address filter bits no longer wanted, once nothing that needed them is left.
-    for &word in &touched.filter_words {
-        let bits = word_of(&desired.filter, word);
-        if word_of(&now.filter, word) != bits {
-            write_filter(w, now, &mut r, word, bits);
+    a.filter_words(|_, want| want);
+    // 6. Backends no slot references any more.
+    a.remove_unused_backends();
+    a.r
+}
+
+/// One [`apply_touched`]: the writer, what is programmed, what is wanted, what to compare,
+/// and what was done.
+struct Apply<'a> {
+    w: &'a mut dyn MapWriter,
+    now: &'a mut Desired,
+    desired: &'a Desired,
+    touched: &'a Touched,
+    r: SyncReport,
+}
+
+impl Apply<'_> {
+    /// Writes each touched filter word whose programmed bits differ from `bits(have, want)`.
+    fn filter_words(&mut self, bits: impl Fn(u64, u64) -> u64) {
+        for &word in &self.touched.filter_words {
+            let have = word_of(&self.now.filter, word);
+            let to = bits(have, word_of(&self.desired.filter, word));
+            if to != have {
+                write_filter(self.w, self.now, &mut self.r, word, to);
+            }
         }
     }
 
-    // 6. Backends no slot references any more (of the touched frontends, which are the
-    // only ones whose slots changed).
-    let referenced: BTreeSet<u32> = touched
-        .frontends
-        .iter()
-        .filter_map(|k| now.services.get(k).map(|v| (k, v.count)))
-        .flat_map(|(k, count)| {
-            (1..=count).filter_map(|slot| now.services.get(&SvcKey { slot, ..*k }))
-        })
-        .map(|v| v.backend_id)
-        .collect();
-    let unused: Vec<u32> = touched
-        .backends
-        .iter()
-        .filter(|id| {
-            now.backends.contains_key(id)
-                && !desired.backends.contains_key(id)
-                && !referenced.contains(id)
-        })
-        .copied()
-        .collect();
-    for id in unused {
-        match w.del_backend(id) {
-            Ok(()) => {
-                now.backends.remove(&id);
-                r.deletes += 1;
+    /// Backends that are new or changed, batched (a cold sync writes them all at once);
+    /// the indices whose write failed.
+    fn put_backends(&mut self) -> BTreeSet<u32> {
+        let (now, desired) = (&*self.now, self.desired);
+        let backends: Vec<(u32, Backend)> = self
+            .touched
+            .backends
+            .iter()
+            .filter_map(|id| desired.backends.get(id).map(|be| (*id, *be)))
+            .filter(|(id, be)| now.backends.get(id) != Some(be))
+            .collect();
+        let failed = self.w.put_backends(&backends);
+        let failed_backends: BTreeSet<u32> = failed.iter().map(|(i, _)| backends[*i].0).collect();
+        self.r.writes += backends.len() - failed.len();
+        self.r.errors.extend(failed.into_iter().map(|(_, e)| e));
+        for (id, be) in &backends {
+            if !failed_backends.contains(id) {
+                self.now.backends.insert(*id, *be);
             }
-            Err(e) => r.errors.push(e),
+        }
+        failed_backends
+    }
+
+    /// Source ranges wanted and not programmed.
+    fn put_src_ranges(&mut self) {
+        let new_ranges: Vec<SrcRange> = self
+            .touched
+            .src_ranges
+            .iter()
+            .filter(|x| self.desired.src_ranges.contains(x) && !self.now.src_ranges.contains(x))
+            .copied()
+            .collect();
+        for range in &new_ranges {
+            match self.w.put_src_range(range) {
+                Ok(()) => {
+                    self.now.src_ranges.insert(*range);
+                    self.r.writes += 1;
+                }
+                Err(e) => self.r.errors.push(e),
+            }
         }
     }
-    r
+
+    /// The desired entries of the touched frontends, but those with a slot naming a
+    /// backend whose write failed.
+    fn frontends_to_write(&self, failed_backends: &BTreeSet<u32>) -> Vec<(SvcKey, SvcValue)> {
+        let desired = self.desired;
+        self.touched
+            .frontends
+            .iter()
+            .filter_map(|k| desired.services.get(k).map(|v| (*k, *v)))
+            .filter(|(k, v)| {
+                !(1..=v.count).any(|slot| {
+                    desired
+                        .services
+                        .get(&SvcKey { slot, ..*k })
+                        .is_some_and(|s| failed_backends.contains(&s.backend_id))
+                })
+            })
+            .collect()
+    }
+
+    /// The names of `frontends`' services that are new or changed, as one batch.
+    fn put_names(&mut self, frontends: &[(SvcKey, SvcValue)]) {
+        let mut names: Vec<(u32, SvcName, bool)> = Vec::new();
+        for (_, entry) in frontends {
+            if let Some(name) = self.desired.names.get(&entry.svc_id)
+                && self.now.names.get(&entry.svc_id) != Some(name)
+                && names.last().map(|n| n.0) != Some(entry.svc_id)
+            {
+                let fresh = !self.now.names.contains_key(&entry.svc_id);
+                names.push((entry.svc_id, *name, fresh));
+            }
+        }
+        names.sort_by_key(|n| n.0);
+        names.dedup_by_key(|n| n.0);
+        let failed = self.w.put_names(&names);
+        let failed_names: BTreeSet<usize> = failed.iter().map(|(i, _)| *i).collect();
+        self.r.writes += names.len() - failed.len();
+        self.r.errors.extend(failed.into_iter().map(|(_, e)| e));
+        for (i, (id, name, _)) in names.iter().enumerate() {
+            if !failed_names.contains(&i) {
+                self.now.names.insert(*id, *name);
+            }
+        }
+    }
+
+    /// Each frontend's slots then its entry, all frontends in one ordered batch: a failed
+    /// write skips the rest of its frontend (its entry never names a missing slot) and the
+    /// batch goes on with the next frontend. The frontends that failed, and each written
+    /// entry's count before.
+    fn put_slots_and_entries(
+        &mut self,
+        frontends: &[(SvcKey, SvcValue)],
+    ) -> (BTreeSet<SvcKey>, BTreeMap<SvcKey, u16>) {
+        let mut writes: Vec<(SvcKey, SvcValue)> = Vec::new();
+        let mut old_counts: BTreeMap<SvcKey, u16> = BTreeMap::new();
+        for (key, entry) in frontends {
+            for slot in 1..=entry.count {
+                let k = SvcKey { slot, ..*key };
+                if let Some(v) = self.desired.services.get(&k)
+                    && self.now.services.get(&k) != Some(v)
+                {
+                    writes.push((k, *v));
+                }
+            }
+            if self.now.services.get(key) != Some(entry) {
+                old_counts.insert(*key, self.now.services.get(key).map_or(0, |v| v.count));
+                writes.push((*key, *entry));
+            }
+        }
+        let mut start = 0;
+        let mut failed_frontends = BTreeSet::new();
+        while start < writes.len() {
+            let (written, failed) = match self.w.put_svcs(&writes[start..]) {
+                Ok(()) => (writes.len() - start, None),
+                Err((i, e)) => (i, Some(e)),
+            };
+            for (k, v) in &writes[start..start + written] {
+                self.now.services.insert(*k, *v);
+            }
+            self.r.writes += written;
+            start += written;
+            let Some(e) = failed else { break };
+            self.r.errors.push(e);
+            let frontend = frontend_of(&writes[start].0);
+            failed_frontends.insert(frontend);
+            // Past the failed frontend's remaining writes.
+            while start < writes.len() && frontend_of(&writes[start].0) == frontend {
+                start += 1;
+            }
+        }
+        (failed_frontends, old_counts)
+    }
+
+    /// The slots past each written entry's new count.
+    fn trim_slots(
+        &mut self,
+        frontends: &[(SvcKey, SvcValue)],
+        failed_frontends: &BTreeSet<SvcKey>,
+        old_counts: &BTreeMap<SvcKey, u16>,
+    ) {
+        for (key, entry) in frontends {
+            if failed_frontends.contains(key) {
+                continue;
+            }
+            let old_count = old_counts.get(key).copied().unwrap_or(entry.count);
+            for slot in entry.count + 1..=old_count {
+                delete_svc(self.w, self.now, &mut self.r, SvcKey { slot, ..*key });
+            }
+        }
+    }
+
+    /// Frontends no longer desired: entry first, then its slots, then its name.
+    fn remove_gone_frontends(&mut self) {
+        let gone: Vec<(SvcKey, u16, u32)> = self
+            .touched
+            .frontends
+            .iter()
+            .filter(|k| !self.desired.services.contains_key(k))
+            .filter_map(|k| self.now.services.get(k).map(|v| (*k, v.count, v.svc_id)))
+            .collect();
+        for (key, count, svc_id) in gone {
+            if !delete_svc(self.w, self.now, &mut self.r, key) {
+                continue;
+            }
+            for slot in 1..=count {
+                delete_svc(self.w, self.now, &mut self.r, SvcKey { slot, ..key });
+            }
+            if !self.desired.names.contains_key(&svc_id) && self.now.names.contains_key(&svc_id) {
+                match self.w.del_name(svc_id) {
+                    Ok(()) => {
+                        self.now.names.remove(&svc_id);
+                        self.r.deletes += 1;
+                    }
+                    Err(e) => self.r.errors.push(e),
+                }
+            }
+        }
+    }
+
+    /// Source ranges programmed and no longer wanted.
+    fn remove_src_ranges(&mut self) {
+        let old_ranges: Vec<SrcRange> = self
+            .touched
+            .src_ranges
+            .iter()
+            .filter(|x| !self.desired.src_ranges.contains(x) && self.now.src_ranges.contains(x))
+            .copied()
+            .collect();
+        for range in &old_ranges {
+            match self.w.del_src_range(range) {
+                Ok(()) => {
+                    self.now.src_ranges.remove(range);
+                    self.r.deletes += 1;
+                }
+                Err(e) => self.r.errors.push(e),
+            }
+        }
+    }
+
+    /// Touched backends no longer desired that no slot of a touched frontend (the only
+    /// ones whose slots changed) references.
+    fn remove_unused_backends(&mut self) {
+        let now = &*self.now;
+        let referenced: BTreeSet<u32> = self
+            .touched
+            .frontends
+            .iter()
+            .filter_map(|k| now.services.get(k).map(|v| (k, v.count)))
+            .flat_map(|(k, count)| {
+                (1..=count).filter_map(|slot| now.services.get(&SvcKey { slot, ..*k }))
+            })
+            .map(|v| v.backend_id)
+            .collect();
+        let unused: Vec<u32> = self
+            .touched
+            .backends
+            .iter()
+            .filter(|id| {
+                now.backends.contains_key(id)
+                    && !self.desired.backends.contains_key(id)
+                    && !referenced.contains(id)
+            })
+            .copied()
+            .collect();
+        for id in unused {
+            match self.w.del_backend(id) {
+                Ok(()) => {
+                    self.now.backends.remove(&id);
+                    self.r.deletes += 1;
+                }
+                Err(e) => self.r.errors.push(e),
+            }
+        }
+    }
 }
 
 /// The entry (slot 0) of a slot's frontend.

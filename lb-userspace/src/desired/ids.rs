@@ -263,6 +263,12 @@ impl Ids {
         Some((id, self.generation))
     }
 
+    /// Rebuilds the index maps from their sorted entries (see `Incremental::compact`).
+    pub(super) fn compact(&mut self) {
+        super::incremental::compact(&mut self.svc);
+        super::incremental::compact(&mut self.backend);
+    }
+
     pub(super) fn has_svc(&self, key: &SvcKey) -> bool {
         self.svc.contains_key(key)
     }

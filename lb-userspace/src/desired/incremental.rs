@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
 
 use super::{
-    Candidate, Desired, DesiredError, Ids, Limits, NodeContext, Placed, external, live_filter_bits,
-    place, placing_order, service_candidates, show_frontend,
+    Candidate, Desired, DesiredError, Ids, Journal, Limits, NodeContext, Placed, external,
+    live_filter_bits, place, placing_order, service_candidates, show_frontend,
 };
 use crate::model::{Model, ServiceRef};
 
@@ -51,7 +51,8 @@ pub struct Incremental {
     desired: Desired,
     /// Per service: the frontends it placed.
     placed: BTreeMap<ServiceRef, Vec<Placed>>,
-    /// Per service: what it could not (fully) program, from its last computation.
+    /// Per service: what it could not (fully) program, from its last computation (services
+    /// without problems have no entry).
     problems: BTreeMap<ServiceRef, Vec<DesiredError>>,
     /// External frontend key → who owns it.
     owners: BTreeMap<SvcKey, Owner>,
@@ -63,12 +64,30 @@ pub struct Incremental {
     filter_refs: BTreeMap<u32, usize>,
     /// Frontend entries placed (slot 0, either scope).
     frontends: usize,
+    /// What the last [`Incremental::update`] changed, as it was before (none after a full
+    /// computation, which records nothing).
+    journal: Option<Journal>,
 }
 
 impl Incremental {
     /// The desired state now.
     pub fn desired(&self) -> &Desired {
         &self.desired
+    }
+
+    /// The desired state, taken out (this state is left empty): after a sync without
+    /// errors, what is programmed, to apply a full computation against.
+    pub fn take_desired(&mut self) -> Desired {
+        std::mem::take(&mut self.desired)
+    }
+
+    /// What is programmed of what `touched` (the last update's) names, when the maps held
+    /// the desired state before that update: see [`Journal::programmed`].
+    pub fn programmed_before(&self, touched: &Touched) -> Desired {
+        match &self.journal {
+            Some(j) => j.programmed(&self.desired, touched),
+            None => Journal::default().programmed(&self.desired, touched),
+        }
     }
 
     /// The problems of service `id` (from its last computation).
@@ -97,7 +116,9 @@ impl Incremental {
             for c in service_candidates(model, id, node, &mut errors) {
                 candidates.push((id, c));
             }
-            self.problems.insert(id.clone(), errors);
+            if !errors.is_empty() {
+                self.problems.insert(id.clone(), errors);
+            }
         }
         // Already-programmed frontends first, then new ones, each group in model order.
         candidates.sort_by_key(|(_, c)| placing_order(ids, c));
@@ -107,6 +128,23 @@ impl Incremental {
         ids.retain(&self.desired);
         self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired));
         self.filter_refs = count_filter_bits(&self.desired);
+    }
+
+    /// Rebuilds the large maps (and `ids`') from their sorted entries: a B-tree filled one
+    /// insert at a time has its nodes about half empty, one built from sorted entries full
+    /// (the same contents in about half the memory; later inserts split nodes as before).
+    /// The agent does it after a full sync is applied, off the sync's path.
+    pub fn compact(&mut self, ids: &mut Ids) {
+        ids.compact();
+        let d = &mut self.desired;
+        compact(&mut d.services);
+        compact(&mut d.backends);
+        compact(&mut d.names);
+        compact(&mut self.placed);
+        compact(&mut self.problems);
+        compact(&mut self.owners);
+        compact(&mut self.backend_refs);
+        compact(&mut self.filter_refs);
     }
 
     /// Recomputes the services in `changed` (and those waiting on a frontend one of them
@@ -120,6 +158,7 @@ impl Incremental {
         changed: impl IntoIterator<Item = ServiceRef>,
     ) -> Touched {
         ids.limit(limits);
+        self.journal = Some(Journal::default());
         let mut touched = Touched::default();
         let mut backends_seen: BTreeSet<Backend> = BTreeSet::new();
         let mut queue: BTreeSet<ServiceRef> = changed.into_iter().collect();
@@ -138,7 +177,7 @@ impl Incremental {
             for p in self.placed.get(&id).into_iter().flatten() {
                 self.touch_placed(p, &mut touched, &mut backends_seen);
             }
-            if model.services.contains_key(&id) {
+            if model.services.contains_key(&id) && !errors.is_empty() {
                 self.problems.insert(id.clone(), errors);
             } else {
                 self.problems.remove(&id);
@@ -174,11 +213,14 @@ impl Incremental {
             self.frontends -= 1;
             self.touch_placed(&p, touched, backends_seen);
             for k in &p.entries {
+                if let Some(j) = &mut self.journal {
+                    j.service(&self.desired, *k);
+                }
                 let Some(v) = self.desired.services.remove(k) else {
                     continue;
                 };
                 if k.slot == 0 {
-                    self.unref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+                    self.unref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
                     if k.scope == SCOPE_EXTERNAL {
                         self.owners.remove(k);
                         released.push(*k);
@@ -187,8 +229,14 @@ impl Incremental {
                     self.unref_backend(v.backend_id, ids, touched);
                 }
             }
+            if let Some(j) = &mut self.journal {
+                j.name(&self.desired, p.name);
+            }
             self.desired.names.remove(&p.name);
             for r in &p.src_ranges {
+                if let Some(j) = &mut self.journal {
+                    j.src_range(&self.desired, *r);
+                }
                 self.desired.src_ranges.remove(r);
             }
         }
@@ -220,6 +268,9 @@ impl Incremental {
         *n -= 1;
         if *n == 0 {
             self.backend_refs.remove(&id);
+            if let Some(j) = &mut self.journal {
+                j.backend(&self.desired, id);
+            }
             if let Some(be) = self.desired.backends.remove(&id) {
                 let bit = backend_filter_bit(&be);
                 self.unref_filter(bit, ids, touched);
@@ -244,6 +295,9 @@ impl Incremental {
         *n += 1;
         if *n == 1 {
             ids.filter_bit(bit, true);
+            if let Some(j) = &mut self.journal {
+                j.filter_bit(&self.desired, bit);
+            }
             self.desired.filter.insert(bit);
             touched.filter_words.insert(bit / 64);
         }
@@ -271,7 +325,7 @@ impl Incremental {
             return;
         };
         for k in p.entries.iter().filter(|k| k.slot == 0) {
-            self.ref_filter(lb_common::filter_bit(k.addr_be[0]), ids, touched);
+            self.ref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
         }
         for b in &p.backends {
             let n = self.backend_refs.entry(*b).or_default();
@@ -296,7 +350,9 @@ impl Incremental {
                 *self.backend_refs.entry(*b).or_default() += 1;
             }
         }
-        self.problems.entry(id.clone()).or_default().extend(errors);
+        if !errors.is_empty() {
+            self.problems.entry(id.clone()).or_default().extend(errors);
+        }
     }
 
     /// Places candidate `c` of service `id` unless its frontend is taken: the conflict is
@@ -324,7 +380,14 @@ impl Incremental {
             });
         }
         let (key, object) = (c.key, c.object.clone());
-        let placed = place(&mut self.desired, c, ids, limits, errors)?;
+        let placed = place(
+            &mut self.desired,
+            c,
+            ids,
+            limits,
+            errors,
+            self.journal.as_mut(),
+        )?;
         if key.scope == SCOPE_EXTERNAL {
             self.owners.insert(key, (id.clone(), object));
         }
@@ -334,16 +397,23 @@ impl Incremental {
     }
 }
 
+/// `m` rebuilt from its sorted entries, its nodes full.
+pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
+    *m = std::mem::take(m).into_iter().collect();
+}
+
 /// A backend's bit in the second address filter.
 fn backend_filter_bit(be: &Backend) -> u32 {
-    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit(be.addr_be[0])
+    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit_of(&be.addr_be)
 }
 
 /// How many frontends and backends of `d` have an address in each filter bit.
 fn count_filter_bits(d: &Desired) -> BTreeMap<u32, usize> {
     let mut refs = BTreeMap::new();
     for k in d.services.keys().filter(|k| k.slot == 0) {
-        *refs.entry(lb_common::filter_bit(k.addr_be[0])).or_default() += 1;
+        *refs
+            .entry(lb_common::filter_bit_of(&k.addr_be))
+            .or_default() += 1;
     }
     for be in d.backends.values() {
         *refs.entry(backend_filter_bit(be)).or_default() += 1;

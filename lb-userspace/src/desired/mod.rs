@@ -7,31 +7,32 @@ use std::{
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS,
-    MAX_BACKENDS_PER_SVC, SCOPE_EXTERNAL, SCOPE_INTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_F_DROP_EMPTY,
-    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SVC_MAP_CAPACITY, SVC_NAME_LEN,
+    BACKEND_MAP_CAPACITY, Backend, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_MAP_CAPACITY,
     SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
+mod candidates;
 mod ids;
 mod incremental;
+mod journal;
+mod place;
 mod show;
 mod values;
 
 pub use ids::Ids;
 pub use incremental::{Incremental, Touched};
+pub use journal::Journal;
 pub use show::{show_backend, show_frontend};
 pub use values::{
     addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
     words_addr,
 };
 
-use crate::model::{
-    BackendAddr, Model, Protocol,
-    node::{IpFamily, NodeSettings},
-    select::ports_of_service,
-};
+use candidates::{Candidate, service_candidates};
+use place::{Placed, external, place, placing_order};
+
+use crate::model::{Model, node::NodeSettings};
 
 /// The contents of the maps the agent owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,11 +56,11 @@ pub fn live_filter_bits(d: &Desired) -> BTreeSet<u32> {
     d.services
         .keys()
         .filter(|k| k.slot == 0)
-        .map(|k| lb_common::filter_bit(k.addr_be[0]))
+        .map(|k| lb_common::filter_bit_of(&k.addr_be))
         .chain(
             d.backends
                 .values()
-                .map(|b| backend_base + lb_common::filter_bit(b.addr_be[0])),
+                .map(|b| backend_base + lb_common::filter_bit_of(&b.addr_be)),
         )
         .collect()
 }
@@ -128,14 +129,6 @@ impl Default for Limits {
     }
 }
 
-struct Planned {
-    object: String,
-    entries: Vec<(SvcKey, SvcValue)>,
-    backends: Vec<(u32, Backend)>,
-    name: (u32, SvcName),
-    src_ranges: Vec<SrcRange>,
-}
-
 /// Computes the desired maps for `model`. Frontends already programmed are placed first, so
 /// a full map rejects new services rather than dropping working ones.
 pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<DesiredError>) {
@@ -197,31 +190,6 @@ impl NodeContext {
     }
 }
 
-/// A frontend to program: its key, its object name, its backends (and whether each is on
-/// this node), flags, affinity and allowed source ranges.
-struct Candidate {
-    key: SvcKey,
-    object: String,
-    backends: Vec<(BackendAddr, bool)>,
-    flags: u16,
-    affinity_timeout_s: u32,
-    src_ranges: Vec<(Ipv4Addr, u8)>,
-}
-
-/// How a frontend is reached.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reach {
-    /// NodePort on 127.0.0.1: only the node's own sockets reach it (the socket hooks), so
-    /// it always takes the cluster endpoints, as kube-proxy's local-origin traffic does.
-    Loopback,
-    /// ClusterIP: internalTrafficPolicy.
-    Cluster,
-    /// NodePort, externalIP: externalTrafficPolicy; Cluster SNATs flows to remote backends.
-    External,
-    /// LoadBalancer ingress IP: as External, and loadBalancerSourceRanges apply.
-    LoadBalancer,
-}
-
 /// [`compute`] for a node: kube-proxy's endpoint choice for ClusterIP traffic on `node`
 /// (the model's shared selection): internalTrafficPolicy Local uses only this node's
 /// endpoints and drops when there are none; Cluster uses the cluster endpoints narrowed by
@@ -248,7 +216,7 @@ pub fn compute_on(
         if c.key.scope != SCOPE_EXTERNAL {
             // An internal scope goes with its external entry, placed before it.
             if owners.get(&external(c.key)) == Some(&c.object) {
-                place(&mut desired, c, ids, limits, &mut errors);
+                place(&mut desired, c, ids, limits, &mut errors, None);
             }
             continue;
         }
@@ -261,405 +229,12 @@ pub fn compute_on(
             continue;
         }
         owners.insert(c.key, c.object.clone());
-        place(&mut desired, c, ids, limits, &mut errors);
+        place(&mut desired, c, ids, limits, &mut errors, None);
     }
     ids.retain(&desired);
     desired.filter = ids.filter_bits(live_filter_bits(&desired));
     (desired, errors)
 }
 
-/// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
-/// function of the service, its slices and the node); what cannot be programmed at all
-/// (IPv6, SCTP, no slice) is reported in `errors`.
-fn service_candidates(
-    model: &Model,
-    id: &crate::model::ServiceRef,
-    node: &NodeContext,
-    errors: &mut Vec<DesiredError>,
-) -> Vec<Candidate> {
-    let mut candidates = Vec::new();
-    if !model.services.contains_key(id) {
-        return candidates;
-    }
-    if !model.slices.contains_key(id) {
-        errors.push(DesiredError::NoEndpointSlice {
-            object: id.to_string(),
-        });
-    }
-    let node_port_addresses = node.node_port_addresses();
-    // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
-    // gets each family's ClusterIP with that family's endpoints.
-    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
-        let settings = NodeSettings {
-            family,
-            ..node.node.clone()
-        };
-        ports_of_service(model, id, &settings)
-    });
-    for view in views {
-        let family = if view.cluster_ip.is_ipv6() {
-            IpFamily::V6
-        } else {
-            IpFamily::V4
-        };
-        let object = object_name(&view.service.id.to_string(), view.port);
-        if view.protocol() == Protocol::Sctp {
-            errors.push(DesiredError::Unsupported {
-                object,
-                what: "SCTP".into(),
-            });
-            continue;
-        }
-        // ClusterIP traffic follows internalTrafficPolicy; NodePort traffic (on each of this
-        // node's NodePort addresses) follows externalTrafficPolicy.
-        let vip = view.cluster_ip;
-        let mut frontends = vec![(vip, view.port.port, Reach::Cluster, String::new())];
-        // externalIPs and LoadBalancer ingress IPs (of the view's family) take the service
-        // port and the external policy; LoadBalancer IPs also the loadBalancerSourceRanges.
-        for ip in view
-            .external_ips
-            .iter()
-            .copied()
-            .filter(|ip| family.matches(*ip))
-        {
-            frontends.push((
-                ip,
-                view.port.port,
-                Reach::External,
-                format!(" (externalIP {ip})"),
-            ));
-        }
-        for ip in view
-            .load_balancer_ips
-            .iter()
-            .copied()
-            .filter(|ip| family.matches(*ip))
-        {
-            frontends.push((
-                ip,
-                view.port.port,
-                Reach::LoadBalancer,
-                format!(" (LoadBalancer {ip})"),
-            ));
-        }
-        if let Some(node_port) = view.node_port {
-            if family == IpFamily::V6 {
-                // tc and XDP translate IPv4 only: an IPv6 NodePort would not be served.
-                errors.push(DesiredError::Unsupported {
-                    object: object.clone(),
-                    what: format!("IPv6 NodePort {node_port}"),
-                });
-            }
-            for ip in node_port_addresses
-                .iter()
-                .filter(|_| family == IpFamily::V4)
-            {
-                let ip = IpAddr::V4(*ip);
-                frontends.push((ip, node_port, Reach::External, format!(" (nodePort {ip})")));
-            }
-            if node.socket_lb && family == IpFamily::V4 {
-                let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-                frontends.push((lo, node_port, Reach::Loopback, format!(" (nodePort {lo})")));
-            }
-        }
-        let ranges = source_ranges(&view);
-        for (ip, port, reach, suffix) in frontends {
-            if family == IpFamily::V6
-                && reach == Reach::LoadBalancer
-                && !view.source_ranges.is_empty()
-            {
-                errors.push(DesiredError::Unsupported {
-                    object: format!("{object}{suffix}"),
-                    what: "IPv6 loadBalancerSourceRanges".into(),
-                });
-                continue;
-            }
-            let local = match reach {
-                Reach::Cluster => view.internal_policy_local(),
-                Reach::External | Reach::LoadBalancer => view.external_policy_local(),
-                Reach::Loopback => false,
-            };
-            let object = format!("{object}{suffix}");
-            let backends = backends_of(&view, local, &object, errors);
-            let mut flags = 0;
-            if view.drops_when_empty(local) {
-                flags |= SVC_F_DROP_EMPTY;
-            } else if !local && (reach == Reach::External || reach == Reach::LoadBalancer) {
-                flags |= SVC_F_SNAT_REMOTE;
-            }
-            let key = frontend_key(ip, port, view.protocol());
-            let two_scopes = local && reach != Reach::Cluster && node.socket_lb;
-            if two_scopes {
-                flags |= SVC_F_TWO_SCOPES;
-            }
-            let src_ranges = if reach == Reach::LoadBalancer && !view.source_ranges.is_empty() {
-                flags |= SVC_F_SRC_RANGES;
-                let mut r = ranges.clone();
-                // kube-proxy: when a range holds a node IP, the LoadBalancer IPs themselves
-                // are allowed as sources too (traffic the node sends to its own VIP).
-                if node_port_addresses.iter().any(|n| {
-                    view.source_ranges
-                        .iter()
-                        .any(|c| c.contains(IpAddr::V4(*n)))
-                }) && let IpAddr::V4(ip) = ip
-                {
-                    r.push((ip, 32));
-                }
-                r
-            } else {
-                Vec::new()
-            };
-            let affinity_timeout_s = view.affinity_timeout().unwrap_or(0);
-            candidates.push(Candidate {
-                key,
-                object: object.clone(),
-                backends,
-                flags,
-                affinity_timeout_s,
-                src_ranges,
-            });
-            if two_scopes {
-                // The node's own sockets: every cluster endpoint (source ranges are checked
-                // against the ranges of the external entry, which shares the id).
-                candidates.push(Candidate {
-                    key: SvcKey {
-                        scope: SCOPE_INTERNAL,
-                        ..key
-                    },
-                    object: object.clone(),
-                    backends: backends_of(&view, false, &object, &mut Vec::new()),
-                    flags: flags & SVC_F_SRC_RANGES,
-                    affinity_timeout_s,
-                    src_ranges: Vec::new(),
-                });
-            }
-        }
-    }
-
-    candidates
-}
-
-/// Places one frontend: its index, its backends' indices, its slots; admitted into
-/// `desired` when it fits (else the reason is in `errors`). Returns what it added.
-fn place(
-    desired: &mut Desired,
-    c: Candidate,
-    ids: &mut Ids,
-    limits: Limits,
-    errors: &mut Vec<DesiredError>,
-) -> Option<Placed> {
-    let Candidate {
-        key,
-        object,
-        backends,
-        flags,
-        affinity_timeout_s,
-        src_ranges,
-    } = c;
-    // Both scopes of a frontend are one service port: one id, one name, one counter.
-    let Some(svc_id) = ids.svc_id(external(key)) else {
-        errors.push(DesiredError::MapFull {
-            object,
-            map: MAP_SVC_STATS,
-            capacity: limits.services,
-            needed: 1,
-        });
-        return None;
-    };
-    let mut plan = Planned {
-        object,
-        entries: Vec::new(),
-        backends: Vec::new(),
-        name: (
-            svc_id,
-            SvcName {
-                name: [0; SVC_NAME_LEN],
-            },
-        ),
-        src_ranges: src_ranges
-            .iter()
-            .map(|&(addr, prefix)| SrcRange {
-                svc_id,
-                addr,
-                prefix,
-            })
-            .collect(),
-    };
-    plan.name.1 = svc_name(&plan.object);
-    let mut slot = 0u16;
-    for (b, local) in &backends {
-        let ip = b.ip;
-        let be = if *local {
-            backend_value(ip, b.port, b.protocol)
-        } else {
-            remote_backend_value(ip, b.port, b.protocol)
-        };
-        let Some((backend_id, generation)) = ids.backend_id(be) else {
-            errors.push(DesiredError::MapFull {
-                object: plan.object,
-                map: MAP_BACKEND,
-                capacity: limits.backends,
-                needed: backends.len(),
-            });
-            return None;
-        };
-        let be = Backend { generation, ..be };
-        slot += 1;
-        plan.backends.push((backend_id, be));
-        plan.entries.push((
-            SvcKey { slot, ..key },
-            SvcValue {
-                backend_id,
-                svc_id,
-                ..SvcValue::default()
-            },
-        ));
-    }
-    plan.entries.push((
-        key,
-        SvcValue {
-            count: slot,
-            svc_id,
-            flags,
-            affinity_timeout_s,
-            ..SvcValue::default()
-        },
-    ));
-    admit(desired, plan, limits, errors)
-}
-
-/// What one placed frontend added to the desired state.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Placed {
-    /// Its service map keys (slots, then the entry).
-    entries: Vec<SvcKey>,
-    /// The backend index of each slot.
-    backends: Vec<u32>,
-    name: u32,
-    src_ranges: Vec<SrcRange>,
-}
-
-/// The order candidates are placed in (stable: model order within): programmed frontends
-/// first, then IPv4 before IPv6.
-fn placing_order(ids: &Ids, c: &Candidate) -> (bool, bool) {
-    (
-        !ids.has_svc(&external(c.key)),
-        c.key.family != lb_common::FAMILY_V4,
-    )
-}
-
-/// The external-scope key of a frontend's entry.
-fn external(key: SvcKey) -> SvcKey {
-    SvcKey {
-        scope: SCOPE_EXTERNAL,
-        ..key
-    }
-}
-
-/// The backends a frontend of `view` takes: this node's endpoints (`local`) or the cluster
-/// endpoints, at most `MAX_BACKENDS_PER_SVC` (more is reported in `errors`); each with
-/// whether it is on this node.
-fn backends_of(
-    view: &crate::model::select::PortView<'_>,
-    local: bool,
-    object: &str,
-    errors: &mut Vec<DesiredError>,
-) -> Vec<(BackendAddr, bool)> {
-    let chosen = if local {
-        &view.categorized.local
-    } else {
-        &view.categorized.cluster
-    };
-    let mut backends: Vec<(BackendAddr, bool)> = chosen
-        .iter()
-        .map(|e| {
-            let addr = BackendAddr {
-                ip: e.ip,
-                port: e.port,
-                protocol: view.protocol(),
-            };
-            (addr, e.local)
-        })
-        .collect();
-    if backends.len() > MAX_BACKENDS_PER_SVC as usize {
-        errors.push(DesiredError::TooManyBackends {
-            object: object.to_string(),
-            count: backends.len(),
-            limit: MAX_BACKENDS_PER_SVC,
-        });
-        backends.truncate(MAX_BACKENDS_PER_SVC as usize);
-    }
-    backends
-}
-
-/// `namespace/name:port`, the port by name or, when it has none, by number.
-fn object_name(service: &str, port: &crate::model::ServicePort) -> String {
-    if port.name.is_empty() {
-        format!("{service}:{}", port.port)
-    } else {
-        format!("{service}:{}", port.name)
-    }
-}
-
-fn admit(
-    desired: &mut Desired,
-    plan: Planned,
-    limits: Limits,
-    errors: &mut Vec<DesiredError>,
-) -> Option<Placed> {
-    let svc_needed = plan.entries.len();
-    if desired.services.len() + svc_needed > limits.svc_entries as usize {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map: MAP_SVC,
-            capacity: limits.svc_entries,
-            needed: svc_needed,
-        });
-        return None;
-    }
-    let new_backends = plan
-        .backends
-        .iter()
-        .filter(|(id, _)| !desired.backends.contains_key(id))
-        .count();
-    if desired.backends.len() + new_backends > limits.backends as usize {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed: new_backends,
-        });
-        return None;
-    }
-    if desired.src_ranges.len() + plan.src_ranges.len() > limits.src_ranges as usize {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map: MAP_SRC_RANGE,
-            capacity: limits.src_ranges,
-            needed: plan.src_ranges.len(),
-        });
-        return None;
-    }
-    let placed = Placed {
-        entries: plan.entries.iter().map(|(k, _)| *k).collect(),
-        backends: plan.backends.iter().map(|(id, _)| *id).collect(),
-        name: plan.name.0,
-        src_ranges: plan.src_ranges.clone(),
-    };
-    desired.services.extend(plan.entries);
-    desired.backends.extend(plan.backends);
-    desired.names.insert(plan.name.0, plan.name.1);
-    desired.src_ranges.extend(plan.src_ranges);
-    Some(placed)
-}
-
-/// A port's IPv4 loadBalancerSourceRanges as (network, prefix length).
-fn source_ranges(view: &crate::model::select::PortView<'_>) -> Vec<(Ipv4Addr, u8)> {
-    view.source_ranges
-        .iter()
-        .filter_map(|c| match c.addr() {
-            IpAddr::V4(a) => Some((a, c.prefix())),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
-}
+#[cfg(test)]
+mod tests;

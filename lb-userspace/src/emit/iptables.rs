@@ -726,7 +726,10 @@ pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> Payload
 }
 
 /// What kube-proxy remembers of a service between syncs, to tell whether it changed.
-type Snapshot = (Option<Service>, Option<BTreeMap<String, EndpointSlice>>);
+type Snapshot = (
+    Option<Service>,
+    Option<BTreeMap<crate::model::Name, Box<EndpointSlice>>>,
+);
 
 /// Options of one [`IptablesProxier::sync`].
 #[derive(Clone, Copy, Debug, Default)]

@@ -9,7 +9,7 @@
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use super::{
-    Cidr, Model, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
+    Cidr, Model, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
     TrafficPolicy,
     node::{IpFamily, NodeSettings},
 };
@@ -24,8 +24,8 @@ pub struct EndpointView {
     pub terminating: bool,
     /// On this node (`nodeName` equals the node's name).
     pub local: bool,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    pub zone_hints: Vec<Name>,
+    pub node_hints: Vec<Name>,
 }
 
 impl EndpointView {
@@ -66,9 +66,7 @@ pub fn port_endpoints(
             continue;
         };
         for ep in &slice.endpoints {
-            let Some(&ip) = ep.addresses.first() else {
-                continue;
-            };
+            let ip = ep.address;
             if !family.matches(ip) {
                 continue;
             }
@@ -131,13 +129,15 @@ fn topology_filter(eps: &[EndpointView], topo: Option<Topology<'_>>) -> Option<T
     if ready.iter().all(|e| !e.node_hints.is_empty())
         && ready
             .iter()
-            .any(|e| e.node_hints.iter().any(|n| n == topo.node_name))
+            .any(|e| e.node_hints.iter().any(|n| **n == *topo.node_name))
     {
         return Some(TopoFilter::Node(topo.node_name.to_string()));
     }
     let zone = topo.zone?;
     if ready.iter().all(|e| !e.zone_hints.is_empty())
-        && ready.iter().any(|e| e.zone_hints.iter().any(|z| z == zone))
+        && ready
+            .iter()
+            .any(|e| e.zone_hints.iter().any(|z| **z == *zone))
     {
         return Some(TopoFilter::Zone(zone.to_string()));
     }
@@ -152,8 +152,8 @@ enum TopoFilter {
 impl TopoFilter {
     fn keeps(&self, e: &EndpointView) -> bool {
         match self {
-            TopoFilter::Node(n) => e.node_hints.iter().any(|h| h == n),
-            TopoFilter::Zone(z) => e.zone_hints.iter().any(|h| h == z),
+            TopoFilter::Node(n) => e.node_hints.iter().any(|h| **h == **n),
+            TopoFilter::Zone(z) => e.zone_hints.iter().any(|h| **h == **z),
         }
     }
 }
@@ -390,15 +390,14 @@ fn push_service_ports<'a>(
 pub fn total_endpoints(model: &Model, family: IpFamily) -> usize {
     let mut total = 0;
     for slices in model.slices.values() {
-        let mut per_port: BTreeMap<(String, Protocol), std::collections::BTreeSet<(IpAddr, u16)>> =
+        let mut per_port: BTreeMap<(Name, Protocol), std::collections::BTreeSet<(IpAddr, u16)>> =
             BTreeMap::new();
         for slice in slices.values() {
             for p in &slice.ports {
                 let set = per_port.entry((p.name.clone(), p.protocol)).or_default();
                 for ep in &slice.endpoints {
-                    if let Some(&ip) = ep.addresses.first()
-                        && family.matches(ip)
-                    {
+                    let ip = ep.address;
+                    if family.matches(ip) {
                         set.insert((ip, p.port));
                     }
                 }

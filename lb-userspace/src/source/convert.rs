@@ -4,8 +4,8 @@ use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 
 use super::SourceError;
 use crate::model::{
-    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Protocol,
-    Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
+    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Name, Protocol,
+    Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy, intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -28,8 +28,8 @@ fn parse_port(p: i32) -> Option<u16> {
 
 fn service_ref(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> ServiceRef {
     ServiceRef {
-        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
-        name: meta.name.clone().unwrap_or_default(),
+        namespace: intern(meta.namespace.as_deref().unwrap_or("default")),
+        name: intern(meta.name.as_deref().unwrap_or_default()),
     }
 }
 
@@ -168,7 +168,7 @@ fn service_ports(
             })?),
         };
         ports.push(ServicePort {
-            name: p.name.clone().unwrap_or_default(),
+            name: intern(p.name.as_deref().unwrap_or_default()),
             port,
             protocol,
             node_port,
@@ -290,17 +290,18 @@ pub fn endpoint_slice(
         }
     };
     let ports = slice_ports(slice, &obj)?;
-    let mut endpoints = Vec::new();
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         if let Some(e) = endpoint(i, ep, want_v4, &obj)? {
             endpoints.push(e);
         }
     }
+    endpoints.shrink_to_fit();
     Ok(Converted::Take(EndpointSlice {
-        name,
+        name: Name::from(name),
         service: ServiceRef {
-            namespace,
-            name: svc_name.clone(),
+            namespace: intern(&namespace),
+            name: intern(svc_name),
         },
         ports,
         endpoints,
@@ -330,7 +331,7 @@ fn slice_ports(
             )
         })?;
         ports.push(EndpointPort {
-            name: p.name.clone().unwrap_or_default(),
+            name: intern(p.name.as_deref().unwrap_or_default()),
             port,
             protocol,
         });
@@ -345,7 +346,7 @@ fn endpoint(
     want_v4: bool,
     obj: &Object<'_>,
 ) -> Result<Option<Endpoint>, SourceError> {
-    let mut addresses = Vec::new();
+    let mut address = None;
     for (j, raw) in ep.addresses.iter().enumerate() {
         let field = format!("endpoints[{i}].addresses[{j}]");
         let ip = parse_ip(raw)
@@ -358,31 +359,32 @@ fn endpoint(
             );
             continue;
         }
-        addresses.push(ip);
+        // The first of the family is the one used; the others are still checked.
+        address.get_or_insert(ip);
     }
-    if addresses.is_empty() {
+    let Some(address) = address else {
         return Ok(None);
-    }
+    };
     let cond = ep.conditions.clone().unwrap_or_default();
     // As kube-proxy reads them: ready and serving unset count as true, terminating as false.
     Ok(Some(Endpoint {
-        addresses,
+        address,
         ready: cond.ready.unwrap_or(true),
         serving: cond.serving.unwrap_or(true),
         terminating: cond.terminating.unwrap_or(false),
-        node_name: ep.node_name.clone(),
-        zone: ep.zone.clone(),
+        node_name: ep.node_name.as_deref().map(intern),
+        zone: ep.zone.as_deref().map(intern),
         zone_hints: ep
             .hints
             .iter()
             .flat_map(|h| h.for_zones.iter().flatten())
-            .map(|z| z.name.clone())
+            .map(|z| intern(&z.name))
             .collect(),
         node_hints: ep
             .hints
             .iter()
             .flat_map(|h| h.for_nodes.iter().flatten())
-            .map(|n| n.name.clone())
+            .map(|n| intern(&n.name))
             .collect(),
     }))
 }

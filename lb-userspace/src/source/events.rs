@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::{SourceError, file::Loaded};
-use crate::model::{EndpointSlice, Model, Service, ServiceRef};
+use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef};
 
 /// One change a source saw.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub enum Event {
     /// An EndpointSlice of `service` is new or changed (`Some`), or gone (`None`).
     Slice {
         service: ServiceRef,
-        name: String,
+        name: Name,
         slice: Option<Box<EndpointSlice>>,
     },
     /// This node's Node object changed.
@@ -87,8 +87,8 @@ pub fn apply(model: &mut Model, event: Event) -> Option<ServiceRef> {
             let changed = match slice {
                 Some(s) => {
                     let slices = model.slices.entry(service.clone()).or_default();
-                    slices.get(&name) != Some(&*s) && {
-                        slices.insert(name, *s);
+                    slices.get(&name) != Some(&s) && {
+                        slices.insert(name, s);
                         true
                     }
                 }
@@ -138,7 +138,7 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
                 out.push(Event::Slice {
                     service: svc.clone(),
                     name: name.clone(),
-                    slice: Some(Box::new(s.clone())),
+                    slice: Some(s.clone()),
                 });
             }
         }
@@ -161,7 +161,7 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
 #[derive(Debug, Default)]
 pub struct Digest {
     services: BTreeMap<ServiceRef, u128>,
-    slices: BTreeMap<(ServiceRef, String), u128>,
+    slices: BTreeMap<(ServiceRef, Name), u128>,
     keys: (RandomState, RandomState),
 }
 
@@ -217,7 +217,7 @@ impl Digest {
                     out.push(Event::Slice {
                         service: svc.clone(),
                         name: name.clone(),
-                        slice: Some(Box::new(s.clone())),
+                        slice: Some(s.clone()),
                     });
                 }
                 slices.insert(key, h);

@@ -401,7 +401,7 @@ spec:
         assert!(msgs[0].contains("Service demo/web") && msgs[0].contains("10.96.0.999"));
         assert!(msgs[1].contains("Service demo/dns") && msgs[1].contains("ICMP"));
         assert_eq!(l.model.services.len(), 1);
-        assert!(l.model.services.keys().any(|k| k.name == "ok"));
+        assert!(l.model.services.keys().any(|k| &*k.name == "ok"));
     }
 
     #[test]
@@ -489,7 +489,7 @@ spec:
                 "{msg}"
             );
         }
-        let names: Vec<&str> = l.model.services.keys().map(|k| k.name.as_str()).collect();
+        let names: Vec<&str> = l.model.services.keys().map(|k| &*k.name).collect();
         assert_eq!(
             names,
             ["after", "web"],

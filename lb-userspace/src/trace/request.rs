@@ -100,7 +100,10 @@ impl Target {
             };
             let (namespace, name) = ns_name(svc).ok_or_else(bad)?;
             return Ok(Target::Service {
-                svc: ServiceRef { namespace, name },
+                svc: ServiceRef {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                },
                 port,
             });
         }
@@ -203,7 +206,7 @@ pub fn resolve(
                 Some(p) => s
                     .ports
                     .iter()
-                    .find(|sp| sp.name == *p || sp.port.to_string() == *p),
+                    .find(|sp| *sp.name == **p || sp.port.to_string() == *p),
             }
             .ok_or_else(|| RequestError::NoPort {
                 svc: svc.to_string(),
@@ -270,7 +273,7 @@ pub fn frontend_kind(
             let pname = if p.name.is_empty() {
                 p.port.to_string()
             } else {
-                p.name.clone()
+                p.name.to_string()
             };
             let kind = if p.port == dst.port() && s.cluster_ips.contains(&ip) {
                 "ClusterIP"

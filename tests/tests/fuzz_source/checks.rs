@@ -54,7 +54,10 @@ pub(crate) fn check_model(f: &GenFile, model: &Model) -> Result<(), TestCaseErro
     for (kind, id, slice, outcome) in &f.expect {
         let present = match slice {
             None => model.services.contains_key(id),
-            Some(name) => model.slices.get(id).is_some_and(|s| s.contains_key(name)),
+            Some(name) => model
+                .slices
+                .get(id)
+                .is_some_and(|s| s.contains_key(name.as_str())),
         };
         prop_assert_eq!(
             present,

@@ -239,7 +239,7 @@ pub(crate) fn file_of(
         f.docs.push(doc);
         let id = ServiceRef {
             namespace: s.ns.into(),
-            name,
+            name: name.into(),
         };
         f.expect.push(("Service", id, None, outcome));
     }
@@ -259,7 +259,7 @@ pub(crate) fn file_of(
         f.docs.push(doc);
         let id = ServiceRef {
             namespace: ns.into(),
-            name: svc_name,
+            name: svc_name.into(),
         };
         f.expect.push(("EndpointSlice", id, Some(name), outcome));
     }

@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     process::Stdio,
     time::{Duration, Instant},
@@ -11,10 +11,10 @@ use std::{
 
 use lb_userspace::{
     emit::{self, Mode},
-    model::{Model, NodeSettings},
+    model::{IpFamily, Model, NodeSettings},
 };
 
-use super::{Counts, Impl, Origin, node_port_ip, v4_not_loopback};
+use super::{Counts, FAMILIES, Impl, Origin, for_family, node_port_ip};
 use crate::{
     cgroup::Cgroup,
     echo::EchoServer,
@@ -60,8 +60,10 @@ pub struct LabSpec<'a> {
     pub settings: &'a NodeSettings,
     /// The emitters' writer options.
     pub options: &'a emit::Options,
-    /// One pod per address, with echo servers (TCP and UDP) on its ports.
-    pub pods: &'a BTreeMap<Ipv4Addr, BTreeSet<u16>>,
+    /// The endpoint addresses, with echo servers (TCP and UDP) on their ports: one pod per
+    /// IPv4 address; the IPv6 addresses make pods dual-stack, one each (in order), with pods
+    /// of their own where there are more IPv6 addresses than IPv4 ones.
+    pub pods: &'a BTreeMap<IpAddr, BTreeSet<u16>>,
     /// Routed into a sink, so that packets no rule rewrites reach the FORWARD hook.
     pub frontends: &'a [SocketAddr],
 }
@@ -102,41 +104,115 @@ impl Drop for Installed {
     }
 }
 
-/// The addresses the lab's node carries on `lo`: its node IP and NodePort address.
-fn node_addresses(settings: &NodeSettings) -> BTreeSet<Ipv4Addr> {
-    let node_ip = settings.node_ip().and_then(v4_not_loopback);
-    node_ip.into_iter().chain(node_port_ip(settings)).collect()
+/// The addresses the lab's node carries on `lo`: its node IPs and NodePort addresses, of
+/// both families.
+fn node_addresses(settings: &NodeSettings) -> BTreeSet<IpAddr> {
+    let mut out = BTreeSet::new();
+    for family in FAMILIES {
+        let s = for_family(settings, family);
+        let node_ip = s.node_ip().filter(|ip| !ip.is_loopback());
+        out.extend(node_ip.into_iter().chain(node_port_ip(&s)));
+    }
+    out
 }
 
-/// Builds a lab (a node namespace with its node addresses, a client pod, one pod per
-/// address of `spec.pods` with echo servers) and installs `spec.mode` in it.
-pub fn install(spec: &LabSpec) -> Result<Installed, String> {
+/// `ip`'s family option for `ip` and its host prefix length.
+fn family_args(ip: IpAddr) -> (&'static str, u8) {
+    if ip.is_ipv4() {
+        ("-4", 32)
+    } else {
+        ("-6", 128)
+    }
+}
+
+/// The first address of `candidates` that is not in `taken`.
+fn free<T: Ord + Copy>(candidates: impl Iterator<Item = T>, taken: &BTreeSet<T>) -> Option<T> {
+    candidates.into_iter().find(|ip| !taken.contains(ip))
+}
+
+/// The endpoint addresses of `eps`, by family.
+fn split_families(eps: &BTreeMap<IpAddr, BTreeSet<u16>>) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for ip in eps.keys() {
+        match ip {
+            IpAddr::V4(ip) => v4.push(*ip),
+            IpAddr::V6(ip) => v6.push(*ip),
+        }
+    }
+    (v4, v6)
+}
+
+/// The lab's pods: the client (at the first `10.255.255.x`, and `fd00:10:255:255::x` when
+/// there are IPv6 endpoints, that no endpoint has) and one backend per IPv4 endpoint, plus
+/// placeholders (`10.255.254.x`) to carry the IPv6 endpoints beyond those.
+fn build_pods(spec: &LabSpec) -> Result<Topology, String> {
     let eps = spec.pods;
-    let client_ip = (1..=254u8)
-        .map(|i| Ipv4Addr::new(10, 255, 255, i))
-        .find(|ip| !eps.contains_key(ip))
-        .ok_or("no free client address")?;
+    let (mut v4, v6) = split_families(eps);
+    let taken: BTreeSet<IpAddr> = eps.keys().copied().collect();
+    let v4_taken: BTreeSet<Ipv4Addr> = v4.iter().copied().collect();
+    let client_ip = free(
+        (1..=254u8).map(|i| Ipv4Addr::new(10, 255, 255, i)),
+        &v4_taken,
+    )
+    .ok_or("no free client address")?;
     let node_ips = node_addresses(spec.settings);
-    if let Some(ip) = node_ips.iter().find(|ip| eps.contains_key(ip)) {
+    if let Some(ip) = node_ips.iter().find(|ip| taken.contains(ip)) {
         return Err(format!("the node address {ip} is also an endpoint's"));
     }
-    let pod_ips: Vec<Ipv4Addr> = eps.keys().copied().collect();
-    let topo = Topology::with_pods(spec.tag, client_ip, &pod_ips)?;
-    let mut servers = Vec::new();
-    for (pod, (ip, ports)) in topo.backends.iter().zip(eps) {
-        for port in ports {
-            servers.push(EchoServer::start(
-                &pod.ns,
-                &format!("{ip}:{port}"),
-                *port,
-                *port,
-            )?);
+    let extra = (1..=254u8).map(|i| Ipv4Addr::new(10, 255, 254, i));
+    v4.extend(
+        extra
+            .filter(|ip| !v4_taken.contains(ip))
+            .take(v6.len().saturating_sub(v4.len())),
+    );
+    let mut topo = Topology::with_pods(spec.tag, client_ip, &v4)?;
+    if !v6.is_empty() {
+        topo.enable_ipv6()?;
+        let v6_taken: BTreeSet<Ipv6Addr> = v6.iter().copied().collect();
+        let client6 = (1..=254u16).map(|i| Ipv6Addr::new(0xfd00, 0x10, 0x255, 0x255, 0, 0, 0, i));
+        let client6 = free(client6, &v6_taken).ok_or("no free IPv6 client address")?;
+        topo.client.add_ipv6(&topo.node, client6)?;
+        for (pod, ip6) in topo.backends.iter_mut().zip(&v6) {
+            pod.add_ipv6(&topo.node, *ip6)?;
         }
     }
     for ip in &node_ips {
-        topo.node
-            .ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+        let (opt, len) = family_args(*ip);
+        let addr = format!("{ip}/{len}");
+        topo.node.ip(&[opt, "addr", "add", &addr, "dev", "lo"])?;
     }
+    Ok(topo)
+}
+
+/// Echo servers on every endpoint address's ports, named `ip:port` (`[ip6]:port`), as the
+/// report names backends.
+fn start_servers(
+    topo: &Topology,
+    eps: &BTreeMap<IpAddr, BTreeSet<u16>>,
+) -> Result<Vec<EchoServer>, String> {
+    let mut servers = Vec::new();
+    for pod in &topo.backends {
+        let addrs = [Some(IpAddr::V4(pod.ip)), pod.ip6.map(IpAddr::V6)];
+        for ip in addrs.into_iter().flatten() {
+            let Some(ports) = eps.get(&ip) else { continue };
+            for port in ports {
+                let name = std::net::SocketAddr::new(ip, *port).to_string();
+                servers.push(match ip {
+                    IpAddr::V4(_) => EchoServer::start(&pod.ns, &name, *port, *port)?,
+                    IpAddr::V6(_) => EchoServer::start_at(&pod.ns, &name, ip, *port, *port)?,
+                });
+            }
+        }
+    }
+    Ok(servers)
+}
+
+/// Builds a lab (a node namespace with its node addresses, a client pod, one pod per
+/// endpoint address of `spec.pods` with echo servers) and installs `spec.mode` in it.
+pub fn install(spec: &LabSpec) -> Result<Installed, String> {
+    let topo = build_pods(spec)?;
+    let servers = start_servers(&topo, spec.pods)?;
     route_to_void(&topo.node, spec.frontends)?;
     let work = std::env::temp_dir().join(spec.tag);
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
@@ -148,23 +224,35 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
         topo,
         work,
     };
+    let families = families(spec);
     match spec.mode {
         None => {}
         Some(Impl::Ebpf | Impl::EbpfHost) => start_agent(spec, &mut lab)?,
         Some(Impl::KubeProxy(Mode::Iptables)) => {
-            let payload = emit::iptables::emit(spec.model, spec.settings, spec.options);
-            lab.topo
-                .node
-                .feed("iptables-restore", &["--noflush"], &payload.render())?;
-            add_jumps(&lab.topo.node, &emit::iptables::jumps(&payload))?;
+            for family in families {
+                let settings = for_family(spec.settings, family);
+                let payload = emit::iptables::emit(spec.model, &settings, spec.options);
+                let (restore, iptables) = match family {
+                    IpFamily::V4 => ("iptables-restore", "iptables"),
+                    IpFamily::V6 => ("ip6tables-restore", "ip6tables"),
+                };
+                lab.topo
+                    .node
+                    .feed(restore, &["--noflush"], &payload.render())?;
+                add_jumps(&lab.topo.node, iptables, &emit::iptables::jumps(&payload))?;
+            }
         }
         Some(Impl::KubeProxy(Mode::Nftables)) => {
-            // The table carries its own hooks (prerouting, input, forward, output, postrouting).
-            lab.topo.node.feed(
-                "nft",
-                &["-f", "-"],
-                &emit::render(Mode::Nftables, spec.model, spec.settings, spec.options),
-            )?;
+            // Each family's table carries its own hooks (prerouting, input, forward, output,
+            // postrouting): `ip kube-proxy` and `ip6 kube-proxy`.
+            for family in families {
+                let settings = for_family(spec.settings, family);
+                lab.topo.node.feed(
+                    "nft",
+                    &["-f", "-"],
+                    &emit::render(Mode::Nftables, spec.model, &settings, spec.options),
+                )?;
+            }
         }
         Some(Impl::KubeProxy(Mode::Userspace)) => start_userspace(spec, &mut lab)?,
         Some(Impl::KubeProxy(Mode::Ipvs)) => {
@@ -172,6 +260,18 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
         }
     }
     Ok(lab)
+}
+
+/// The families kube-proxy's modes are installed for: IPv4 always (kube-proxy's primary
+/// proxier), IPv6 when a frontend or an endpoint is IPv6 (its second proxier on a
+/// dual-stack node).
+fn families(spec: &LabSpec) -> Vec<IpFamily> {
+    let v6 = spec.frontends.iter().any(|f| f.is_ipv6()) || spec.pods.keys().any(|ip| ip.is_ipv6());
+    if v6 {
+        FAMILIES.to_vec()
+    } else {
+        vec![IpFamily::V4]
+    }
 }
 
 /// A node in a cluster routes ClusterIPs somewhere (its default route), so a packet that no
@@ -191,17 +291,18 @@ fn route_to_void(node: &Netns, frontends: &[SocketAddr]) -> Result<(), String> {
     ])?;
     node.ip(&["link", "set", "xv-void", "up"])?;
     for f in frontends {
-        if let IpAddr::V4(ip) = f.ip() {
-            let _ = node.ip(&["route", "replace", &format!("{ip}/32"), "dev", "xv-void"]);
-        }
+        let (opt, len) = family_args(f.ip());
+        let host = format!("{}/{len}", f.ip());
+        let _ = node.ip(&[opt, "route", "replace", &host, "dev", "xv-void"]);
     }
     Ok(())
 }
 
-/// Adds kube-proxy's jumps into its chains, as it ensures them.
-fn add_jumps(node: &Netns, jumps: &[emit::Jump]) -> Result<(), String> {
+/// Adds kube-proxy's jumps into its chains, as it ensures them (with `iptables`, the
+/// IPv4 proxier's tool, or `ip6tables`).
+fn add_jumps(node: &Netns, iptables: &str, jumps: &[emit::Jump]) -> Result<(), String> {
     for j in jumps {
-        run(node.command("iptables").args(j.args()))?;
+        run(node.command(iptables).args(j.args()))?;
     }
     Ok(())
 }
@@ -232,7 +333,8 @@ fn start_agent(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
     .collect();
     args.extend(["--cgroup-path".into(), cgroup.path.display().to_string()]);
     args.extend(["--bpffs".into(), pins.display().to_string()]);
-    if let Some(ip) = node_port_ip(spec.settings) {
+    // The agent takes IPv4 NodePort addresses only so far.
+    if let Some(ip) = node_port_ip(&for_family(spec.settings, IpFamily::V4)) {
         args.extend(["--nodeport-addresses".into(), ip.to_string()]);
     }
     lab.cgroup = Some(cgroup);
@@ -276,7 +378,7 @@ fn start_userspace(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
         &["--noflush"],
         &emit::render(Mode::Userspace, spec.model, spec.settings, spec.options),
     )?;
-    add_jumps(&lab.topo.node, &emit::userspace::JUMPS)?;
+    add_jumps(&lab.topo.node, "iptables", &emit::userspace::JUMPS)?;
     std::thread::sleep(Duration::from_millis(1000));
     Ok(())
 }

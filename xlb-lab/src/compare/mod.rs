@@ -13,14 +13,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     time::Duration,
 };
 
 use lb_userspace::{
     emit::{self, Mode},
-    model::{Cidr, Model, NodeSettings, Protocol, select},
+    model::{Cidr, IpFamily, Model, NodeSettings, Protocol, select},
     source::file,
 };
 use thiserror::Error;
@@ -75,6 +75,12 @@ impl Impl {
             Impl::EbpfHost => "xlb-ebpf-host",
             Impl::KubeProxy(m) => m.name(),
         }
+    }
+
+    /// Whether the mode serves `flow`: kube-proxy's userspace mode (and `xlb proxy
+    /// userspace`) is IPv4 only; every other mode serves both families.
+    pub fn serves(self, flow: &Flow) -> bool {
+        self != Impl::KubeProxy(Mode::Userspace) || flow.frontend.is_ipv4()
     }
 
     /// xlb's `--socket-lb` for this mode; `None` for kube-proxy's modes.
@@ -184,21 +190,28 @@ pub struct CompareOptions {
 /// The node's address in every lab when the input names none: NodePorts are served there
 /// (kube-proxy's nodePortAddresses, xlb's `--nodeport-addresses`), on the node's `lo`.
 pub const LAB_NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+/// The node's IPv6 address in every lab when the input names none (IPv6 NodePorts).
+pub const LAB_NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0x10, 1);
 
-/// `ip` when it is an IPv4 address other than loopback.
-fn v4_not_loopback(ip: IpAddr) -> Option<Ipv4Addr> {
-    match ip {
-        IpAddr::V4(v) if !v.is_loopback() => Some(v),
-        _ => None,
+/// The families kube-proxy runs a proxier for, in the order flows are listed.
+pub const FAMILIES: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+/// `settings` as the proxier of `family` sees them (kube-proxy runs one per family, on the
+/// same node settings).
+pub fn for_family(settings: &NodeSettings, family: IpFamily) -> NodeSettings {
+    NodeSettings {
+        family,
+        ..settings.clone()
     }
 }
 
-/// The address NodePort flows go to: the first IPv4 address nodePortAddresses selects, else
-/// the node IP; `None` when the settings name neither.
-pub fn node_port_ip(settings: &NodeSettings) -> Option<Ipv4Addr> {
+/// The address NodePort flows of `settings.family` go to: the first address other than
+/// loopback that nodePortAddresses selects, else the node IP; `None` when the settings name
+/// neither.
+pub fn node_port_ip(settings: &NodeSettings) -> Option<IpAddr> {
     match settings.node_port_ips() {
-        Some(ips) => ips.into_iter().find_map(v4_not_loopback),
-        None => settings.node_ip().and_then(v4_not_loopback),
+        Some(ips) => ips.into_iter().find(|ip| !ip.is_loopback()),
+        None => settings.node_ip().filter(|ip| !ip.is_loopback()),
     }
 }
 
@@ -219,13 +232,27 @@ fn affinity_backends(
         .collect()
 }
 
-/// The flows of `model` (IPv4, TCP and UDP) on `settings`' node: each ClusterIP port, and
-/// each NodePort on `node_port_ip`, from the pod and from the node.
-pub fn flows(model: &Model, settings: &NodeSettings, node_port_ip: Option<Ipv4Addr>) -> Vec<Flow> {
-    let affinity = affinity_backends(model, settings);
+/// The flows of `model` (TCP and UDP, both families) on `settings`' node: each ClusterIP
+/// port, and each NodePort on the family's [`node_port_ip`], from the pod and from the node.
+pub fn flows(model: &Model, settings: &NodeSettings) -> Vec<Flow> {
     let mut out = Vec::new();
+    for family in FAMILIES {
+        let settings = for_family(settings, family);
+        family_flows(model, &settings, &mut out);
+    }
+    out
+}
+
+/// [`flows`] of the family of `settings`.
+fn family_flows(model: &Model, settings: &NodeSettings, out: &mut Vec<Flow>) {
+    let affinity = affinity_backends(model, settings);
+    let node_port_ip = node_port_ip(settings);
     for (id, svc) in &model.services {
-        for ip in svc.cluster_ips.iter().filter(|ip| ip.is_ipv4()) {
+        for ip in svc
+            .cluster_ips
+            .iter()
+            .filter(|ip| settings.family.matches(**ip))
+        {
             for p in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {
                 let service = if p.name.is_empty() {
                     id.to_string()
@@ -234,7 +261,7 @@ pub fn flows(model: &Model, settings: &NodeSettings, node_port_ip: Option<Ipv4Ad
                 };
                 let mut frontends = vec![(Frontend::ClusterIp, SocketAddr::new(*ip, p.port))];
                 if let (Some(np), Some(nip)) = (p.node_port, node_port_ip) {
-                    frontends.push((Frontend::NodePort, SocketAddr::from((nip, np))));
+                    frontends.push((Frontend::NodePort, SocketAddr::new(nip, np)));
                 }
                 for (kind, frontend) in frontends {
                     out.extend(Origin::ALL.map(|origin| Flow {
@@ -249,36 +276,36 @@ pub fn flows(model: &Model, settings: &NodeSettings, node_port_ip: Option<Ipv4Ad
             }
         }
     }
-    out
 }
 
-/// Every IPv4 endpoint address and the ports it serves.
-fn endpoints(model: &Model) -> BTreeMap<Ipv4Addr, BTreeSet<u16>> {
-    let mut out: BTreeMap<Ipv4Addr, BTreeSet<u16>> = BTreeMap::new();
+/// Every endpoint address (both families) and the ports it serves.
+fn endpoints(model: &Model) -> BTreeMap<IpAddr, BTreeSet<u16>> {
+    let mut out: BTreeMap<IpAddr, BTreeSet<u16>> = BTreeMap::new();
     for slice in model.slices.values().flat_map(|s| s.values()) {
         for ep in &slice.endpoints {
-            if let Some(IpAddr::V4(ip)) = ep.addresses.first() {
-                out.entry(*ip)
-                    .or_default()
-                    .extend(slice.ports.iter().map(|p| p.port));
-            }
+            out.entry(ep.address)
+                .or_default()
+                .extend(slice.ports.iter().map(|p| p.port));
         }
     }
     out
 }
 
 /// The node settings every lab uses: the file's TestConfig, else this node's name and
-/// [`LAB_NODE_IP`] as node IP and only NodePort address.
+/// [`LAB_NODE_IP`] and [`LAB_NODE_IP6`] as node IPs and only NodePort addresses.
 fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
     match &loaded.test_config {
         Some(t) => t.settings.clone(),
-        None => NodeSettings {
-            node_name: node_name.to_string(),
-            node_ips: vec![IpAddr::V4(LAB_NODE_IP)],
-            local_addresses: vec![IpAddr::V4(LAB_NODE_IP)],
-            node_port_addresses: vec![Cidr::host(IpAddr::V4(LAB_NODE_IP))],
-            ..NodeSettings::default()
-        },
+        None => {
+            let ips = [IpAddr::V4(LAB_NODE_IP), IpAddr::V6(LAB_NODE_IP6)];
+            NodeSettings {
+                node_name: node_name.to_string(),
+                node_ips: ips.to_vec(),
+                local_addresses: ips.to_vec(),
+                node_port_addresses: ips.map(Cidr::host).to_vec(),
+                ..NodeSettings::default()
+            }
+        }
     }
 }
 
@@ -300,7 +327,7 @@ pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     let loaded = file::load(&opts.source)?;
     let settings = lab_settings(&loaded, &opts.node_name);
     let options = lab_options(&loaded);
-    let flows = flows(&loaded.model, &settings, node_port_ip(&settings));
+    let flows = flows(&loaded.model, &settings);
     let mut report = Report {
         flows: flows.iter().map(|f| (f.clone(), BTreeMap::new())).collect(),
         counters: BTreeMap::new(),
@@ -320,7 +347,9 @@ pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
             reason,
         })?;
         for ((_, by), o) in report.flows.iter_mut().zip(outcomes) {
-            by.insert(*mode, o);
+            if let Some(o) = o {
+                by.insert(*mode, o);
+            }
         }
         if let Some(c) = counters {
             report.counters.insert(*mode, c);
@@ -329,7 +358,8 @@ pub fn compare(opts: &CompareOptions) -> Result<Report, CompareError> {
     Ok(report)
 }
 
-/// Runs `flows` through a lab of `mode`: their outcomes, and xlb's counters after them.
+/// Runs `flows` through a lab of `mode`: their outcomes (`None` for a flow the mode does
+/// not serve, [`Impl::serves`]), and xlb's counters after them.
 fn run_mode(
     mode: Impl,
     tag: &str,
@@ -337,7 +367,7 @@ fn run_mode(
     model: &Model,
     (settings, options): (&NodeSettings, &emit::Options),
     flows: &[Flow],
-) -> Result<(Vec<Outcome>, Option<Counts>), String> {
+) -> Result<(Vec<Option<Outcome>>, Option<Counts>), String> {
     let frontends: Vec<SocketAddr> = flows.iter().map(|f| f.frontend).collect();
     let lab = install(&LabSpec {
         mode: Some(mode),
@@ -351,12 +381,12 @@ fn run_mode(
         frontends: &frontends,
     })?;
     let requests = opts.requests.max(1);
-    let mut outcomes = vec![Outcome::Failed("not run".into()); flows.len()];
+    let mut outcomes = vec![None; flows.len()];
     for origin in Origin::ALL {
         let (index, targets): (Vec<usize>, Vec<String>) = flows
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.origin == origin)
+            .filter(|(_, f)| f.origin == origin && mode.serves(f))
             .map(|(i, f)| (i, f.target()))
             .unzip();
         if index.is_empty() {
@@ -364,7 +394,7 @@ fn run_mode(
         }
         let got = run_flows(&lab, &opts.xlb, origin, requests, targets)?;
         for (i, o) in index.into_iter().zip(got) {
-            outcomes[i] = o;
+            outcomes[i] = Some(o);
         }
     }
     Ok((outcomes, lab.counters()))
@@ -417,7 +447,7 @@ mod tests {
         let yaml = "apiVersion: v1\nkind: Service\nmetadata: {namespace: t, name: s}\nspec:\n  clusterIP: 10.96.0.40\n  sessionAffinity: ClientIP\n  ports:\n  - {name: p, port: 80, protocol: TCP}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: t, name: s-1, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports:\n- {name: p, port: 8080, protocol: TCP}\nendpoints:\n- {addresses: [10.244.2.2], conditions: {ready: true}, nodeName: node1}\n- {addresses: [10.244.3.2], conditions: {ready: false}, nodeName: node1}\n";
         let loaded = file::parse("aff.yaml", yaml).expect("yaml");
         let settings = lab_settings(&loaded, "node1");
-        let got = flows(&loaded.model, &settings, None);
+        let got = flows(&loaded.model, &settings);
         assert_eq!(got.len(), 2);
         for f in got {
             assert_eq!(f.eligible, Some(["10.244.2.2:8080".to_string()].into()));
@@ -446,12 +476,11 @@ mod tests {
         let yaml = "apiVersion: v1\nkind: Service\nmetadata: {namespace: t, name: np}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.20\n  ports:\n  - {name: p, port: 80, protocol: TCP, nodePort: 30080}\n";
         let loaded = file::parse("np.yaml", yaml).expect("yaml");
         let settings = lab_settings(&loaded, "node1");
-        assert_eq!(node_port_ip(&settings), Some(LAB_NODE_IP));
-        let got: Vec<(Frontend, String, Origin)> =
-            flows(&loaded.model, &settings, node_port_ip(&settings))
-                .into_iter()
-                .map(|f| (f.kind, f.frontend.to_string(), f.origin))
-                .collect();
+        assert_eq!(node_port_ip(&settings), Some(IpAddr::V4(LAB_NODE_IP)));
+        let got: Vec<(Frontend, String, Origin)> = flows(&loaded.model, &settings)
+            .into_iter()
+            .map(|f| (f.kind, f.frontend.to_string(), f.origin))
+            .collect();
         assert_eq!(
             got,
             [
@@ -461,5 +490,32 @@ mod tests {
                 (Frontend::NodePort, "10.0.0.1:30080".into(), Origin::Node),
             ]
         );
+    }
+
+    #[test]
+    fn dual_stack_services_give_flows_of_both_families_with_their_node_ports() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {namespace: t, name: ds}\nspec:\n  type: NodePort\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv6, IPv4]\n  clusterIP: fd00:10:96::20\n  clusterIPs: [fd00:10:96::20, 10.96.0.20]\n  ports:\n  - {name: p, port: 80, protocol: TCP, nodePort: 30080}\n";
+        let loaded = file::parse("ds.yaml", yaml).expect("yaml");
+        let settings = lab_settings(&loaded, "node1");
+        let got: Vec<(Frontend, String)> = flows(&loaded.model, &settings)
+            .into_iter()
+            .filter(|f| f.origin == Origin::Pod)
+            .map(|f| (f.kind, f.frontend.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Frontend::ClusterIp, "10.96.0.20:80".into()),
+                (Frontend::NodePort, "10.0.0.1:30080".into()),
+                (Frontend::ClusterIp, "[fd00:10:96::20]:80".into()),
+                (Frontend::NodePort, "[fd00::10:1]:30080".into()),
+            ]
+        );
+        let v6 = flows(&loaded.model, &settings)
+            .into_iter()
+            .find(|f| f.frontend.is_ipv6());
+        let v6 = v6.expect("an IPv6 flow");
+        assert!(!Impl::KubeProxy(Mode::Userspace).serves(&v6));
+        assert!(Impl::Ebpf.serves(&v6) && Impl::KubeProxy(Mode::Nftables).serves(&v6));
     }
 }

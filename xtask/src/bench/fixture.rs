@@ -16,7 +16,8 @@ use aya::{
 };
 use lb_common::{
     ALL_MAPS, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CT, MAP_CT_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SvcKey, SvcValue,
+    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME,
+    MAP_SVC_STATS, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
@@ -91,8 +92,8 @@ pub struct Datapath {
     pub maps: KernelMaps,
     ct: HashMap<MapData, CtKey, CtValue>,
     cta: HashMap<MapData, CtKey, CtValue>,
-    ct6: HashMap<MapData, CtKey6, CtValue6>,
-    cta6: HashMap<MapData, CtKey6, CtValue6>,
+    /// The IPv6 conntrack tables (LRU and assured).
+    ct6: [HashMap<MapData, CtKey6, CtValue6>; 2],
     stats: PerCpuArray<MapData, Counter>,
     pub pins: PathBuf,
     current: Desired,
@@ -140,8 +141,6 @@ impl Datapath {
             (MAP_BACKEND_STATS, caps.backends),
             (MAP_CT, caps.ct),
             (MAP_CT_ASSURED, caps.ct),
-            (lb_common::MAP_CT6, caps.ct),
-            (lb_common::MAP_CT6_ASSURED, caps.ct),
         ];
         for (name, size) in sizes {
             if let Some(size) = size {
@@ -170,16 +169,16 @@ impl Datapath {
             .take_map(MAP_CT_ASSURED)
             .ok_or_else(|| anyhow!("{MAP_CT_ASSURED} missing"))?;
         let cta = HashMap::try_from(cta_map).context("assured conntrack map")?;
-        let mut ipv6 = Vec::new();
-        for name in [lb_common::MAP_CT6, lb_common::MAP_CT6_ASSURED] {
+        let mut ct6 = Vec::new();
+        for name in [MAP_CT6, MAP_CT6_ASSURED] {
             let map = ebpf
                 .take_map(name)
                 .ok_or_else(|| anyhow!("{name} missing"))?;
-            ipv6.push(HashMap::try_from(map).context("IPv6 conntrack map")?);
+            ct6.push(HashMap::try_from(map).with_context(|| name.to_string())?);
         }
-        let (Some(cta6), Some(ct6)) = (ipv6.pop(), ipv6.pop()) else {
-            bail!("IPv6 conntrack maps missing");
-        };
+        let ct6: [_; 2] = ct6
+            .try_into()
+            .map_err(|_| anyhow!("two IPv6 conntrack tables"))?;
         let stats_map = ebpf
             .take_map(MAP_STATS)
             .ok_or_else(|| anyhow!("{MAP_STATS} missing"))?;
@@ -191,7 +190,6 @@ impl Datapath {
             ct,
             cta,
             ct6,
-            cta6,
             stats,
             pins,
             current: Desired::default(),
@@ -235,21 +233,26 @@ impl Datapath {
         let node = NodeContext::default();
         let limits = self.maps.limits();
         let t0 = Instant::now();
-        let touched = if full {
+        // As the agent: no programmed copy; a full computation applies against the state it
+        // replaces (or what `program` left), an update against the journal of its changes.
+        let (touched, mut now) = if full {
+            let now = match std::mem::take(&mut self.current) {
+                c if c == Desired::default() => self.engine.take_desired(),
+                c => c,
+            };
             self.engine.full(model, &node, &mut self.ids, limits);
-            sync::everything(&self.current, self.engine.desired())
+            (sync::everything(&now, self.engine.desired()), now)
         } else {
-            self.engine
-                .update(model, &node, &mut self.ids, limits, changed)
+            let touched = self
+                .engine
+                .update(model, &node, &mut self.ids, limits, changed);
+            let now = self.engine.programmed_before(&touched);
+            (touched, now)
         };
         let t1 = Instant::now();
-        let report = sync::apply_touched(
-            &mut self.maps,
-            &mut self.current,
-            self.engine.desired(),
-            &touched,
-        );
+        let report = sync::apply_touched(&mut self.maps, &mut now, self.engine.desired(), &touched);
         let t2 = Instant::now();
+        drop(now);
         if let Some(e) = report.errors.first() {
             bail!("sync: {e} ({} errors)", report.errors.len());
         }
@@ -261,9 +264,14 @@ impl Datapath {
         })
     }
 
-    /// What the agent believes is programmed.
+    /// What the agent believes is programmed (after `program_incremental`: its desired
+    /// state).
     pub fn current(&self) -> &Desired {
-        &self.current
+        if self.current == Desired::default() {
+            self.engine.desired()
+        } else {
+            &self.current
+        }
     }
 
     /// Runs program `prog` on `packet` `repeat` times (BPF_PROG_TEST_RUN).
@@ -322,7 +330,7 @@ impl Datapath {
                 table.remove(&k).context("delete conntrack entry")?;
             }
         }
-        for table in [&mut self.ct6, &mut self.cta6] {
+        for table in &mut self.ct6 {
             let keys: Vec<CtKey6> = table.keys().collect::<Result<_, _>>()?;
             for k in keys {
                 table.remove(&k).context("delete IPv6 conntrack entry")?;

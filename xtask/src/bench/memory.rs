@@ -145,6 +145,40 @@ pub(super) fn agent_run(
     idle: Duration,
     veths: usize,
 ) -> Result<AgentMeasured> {
+    let (mut run, log, started) = start_agent(xlb, services, endpoints)?;
+    wait_synced(&mut run, &log, services, started)?;
+    let synced = started.elapsed().as_secs_f64();
+    // Let allocations settle (the sync's temporaries are freed by now).
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = run.child.id().to_string();
+    let rss = status_kb(&pid, "VmRSS")?;
+    let hwm = status_kb(&pid, "VmHWM")?;
+    let attach_s = match veths {
+        0 => 0.0,
+        _ => veth_attach(&run, &log, veths)?,
+    };
+    let idle_pct = match idle.is_zero() {
+        true => 0.0,
+        false => idle_cpu(&pid, idle)?,
+    };
+    drop(run);
+    Ok(AgentMeasured {
+        rss_kb: rss,
+        hwm_kb: hwm,
+        synced_s: synced,
+        idle_pct,
+        attach_s,
+    })
+}
+
+/// The agent on a file of `services` × `endpoints` in a namespace, pin directory and cgroup
+/// of its own, its log to a file; the run (torn down when dropped), the log's path and when
+/// the agent started.
+fn start_agent(
+    xlb: &Path,
+    services: usize,
+    endpoints: usize,
+) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
     let tag = unique_tag("xlbm");
     let workdir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&workdir)?;
@@ -163,7 +197,8 @@ pub(super) fn agent_run(
         .args(["agent", "--source"])
         .arg(format!("file:{}", yaml.display()))
         .args(["--pod-interfaces", "xbv*"])
-        // Maps sized for the services (the per-service arrays are fixed at 65,536).
+        // Maps sized for the services (the per-service arrays follow the service map: a
+        // quarter of its entries, at least 65,536).
         .arg("--service-map-max")
         .arg(pow2(services * (endpoints + 1) + 64).to_string())
         .arg("--backend-map-max")
@@ -179,7 +214,7 @@ pub(super) fn agent_run(
         .stderr(err)
         .spawn()
         .context("start xlb agent")?;
-    let mut run = AgentRun {
+    let run = AgentRun {
         child,
         xlb: xlb.to_path_buf(),
         pins,
@@ -187,14 +222,19 @@ pub(super) fn agent_run(
         ns,
         _cgroup: cgroup,
     };
+    Ok((run, log, started))
+}
+
+/// Waits (at most 120 s from `started`) for the agent's log to show a sync of `services`.
+fn wait_synced(run: &mut AgentRun, log: &Path, services: usize, started: Instant) -> Result<()> {
     let want = format!("services={services}");
     loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
         if text
             .lines()
             .any(|l| l.contains("synced") && l.contains(&want))
         {
-            break;
+            return Ok(());
         }
         if let Ok(Some(status)) = run.child.try_wait() {
             bail!("agent exited with {status}:\n{text}");
@@ -204,56 +244,44 @@ pub(super) fn agent_run(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let synced = started.elapsed().as_secs_f64();
-    // Let allocations settle (the sync's temporaries are freed by now).
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = run.child.id().to_string();
-    let rss = status_kb(&pid, "VmRSS")?;
-    let hwm = status_kb(&pid, "VmHWM")?;
-    let mut attach_s = 0.0;
-    if veths > 0 {
-        let batch: String = (0..veths)
-            .map(|i| format!("link add xbv{i} type veth peer name xbp{i}\n"))
-            .collect();
-        let before = std::fs::read_to_string(&log)
+}
+
+/// Creates `veths` pod veth pairs at once in the agent's namespace; seconds from then to
+/// the agent's log showing them all attached (at most 30).
+fn veth_attach(run: &AgentRun, log: &Path, veths: usize) -> Result<f64> {
+    let attached = || {
+        std::fs::read_to_string(log)
             .unwrap_or_default()
             .matches("attached tc ingress")
-            .count();
-        run.ns
-            .feed("ip", &["-b", "-"], &batch)
-            .map_err(anyhow::Error::msg)?;
-        let created = Instant::now();
-        loop {
-            let n = std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .matches("attached tc ingress")
-                .count();
-            if n >= before + veths {
-                break;
-            }
-            if created.elapsed() > Duration::from_secs(30) {
-                bail!("{} of {veths} veths attached after 30 s", n - before);
-            }
-            std::thread::sleep(Duration::from_millis(2));
+            .count()
+    };
+    let batch: String = (0..veths)
+        .map(|i| format!("link add xbv{i} type veth peer name xbp{i}\n"))
+        .collect();
+    let before = attached();
+    run.ns
+        .feed("ip", &["-b", "-"], &batch)
+        .map_err(anyhow::Error::msg)?;
+    let created = Instant::now();
+    loop {
+        let n = attached();
+        if n >= before + veths {
+            return Ok(created.elapsed().as_secs_f64());
         }
-        attach_s = created.elapsed().as_secs_f64();
+        if created.elapsed() > Duration::from_secs(30) {
+            bail!("{} of {veths} veths attached after 30 s", n - before);
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
-    let mut idle_pct = 0.0;
-    if !idle.is_zero() {
-        let t0 = (cpu_ticks(&pid)?, Instant::now());
-        std::thread::sleep(idle);
-        let ticks = cpu_ticks(&pid)? - t0.0;
-        // USER_HZ is 100 on Linux.
-        idle_pct = ticks as f64 / 100.0 / t0.1.elapsed().as_secs_f64() * 100.0;
-    }
-    drop(run);
-    Ok(AgentMeasured {
-        rss_kb: rss,
-        hwm_kb: hwm,
-        synced_s: synced,
-        idle_pct,
-        attach_s,
-    })
+}
+
+/// The share of one core (percent) process `pid` uses over `idle`.
+fn idle_cpu(pid: &str, idle: Duration) -> Result<f64> {
+    let t0 = (cpu_ticks(pid)?, Instant::now());
+    std::thread::sleep(idle);
+    let ticks = cpu_ticks(pid)? - t0.0;
+    // USER_HZ is 100 on Linux.
+    Ok(ticks as f64 / 100.0 / t0.1.elapsed().as_secs_f64() * 100.0)
 }
 
 /// The next power of two at or above `n` (at least 1,024).
@@ -468,6 +496,12 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     let mib = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
         Summary::of(&xs.iter().map(|x| f(x) / 1024.0).collect::<Vec<_>>())
     };
+    // The largest the sync bench programs: one run (the per-service arrays are sized from
+    // the service map: 131,072 service ports).
+    let (rss_100k, hwm_100k, synced_100k) = agent_rss(xlb, 100_000, 2)?;
+    println!(
+        "agent: 100000 × 2: {rss_100k} KiB RSS, {hwm_100k} KiB peak, synced in {synced_100k:.2} s"
+    );
     let rss_small = mib(&small, |x| x.0);
     let rss_big = mib(&big, |x| x.0);
     let hwm_big = mib(&big, |x| x.1);
@@ -498,11 +532,17 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
             hwm_big.show(1),
             Summary::of(&synced).show(2),
         ],
+        vec![
+            "100000 × 2 (1 run)".into(),
+            format!("{:.1}", rss_100k as f64 / 1024.0),
+            format!("{:.1}", hwm_100k as f64 / 1024.0),
+            format!("{synced_100k:.2}"),
+        ],
     ];
     body.push_str(&report::table(&headers, &rows));
     body.push_str(&format!(
         "\nAgent RSS per service × {ENDPOINTS} endpoints: ≈ {:.0} bytes ((RSS at {SERVICES} − RSS at 1) ÷ {SERVICES}; \
-         the model, the desired state and the programmed copy, plus the YAML source's parse).\n",
+         the compact model, the desired state (the agent's one copy of the maps) and its bookkeeping, the file source's digest).\n",
         per_svc_rss
     ));
     Ok(())

@@ -22,7 +22,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     time::Duration,
 };
@@ -174,7 +174,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
     };
     // No nfacct objects in the bench's namespaces (the default).
     let options = lb_userspace::emit::Options::default();
-    let pods: BTreeMap<Ipv4Addr, BTreeSet<u16>> = [(BACKEND, [PORT].into())].into();
+    let pods: BTreeMap<IpAddr, BTreeSet<u16>> = [(IpAddr::V4(BACKEND), [PORT].into())].into();
     let lab = install(&LabSpec {
         mode,
         tag: &unique_tag("xlbt"),

@@ -1,188 +1,140 @@
-//! The datapath bench's IPv6 rows: the same distinct method over IPv6 flows to IPv6
-//! ClusterIPs that sit in the same maps as the scale's IPv4 services (so the lookups see the
-//! same table sizes), each case beside the IPv4 figure of the same hook, scale and trial.
+//! The datapath bench's IPv6 rows: as many IPv6 services as IPv4 ones, in the same maps, and
+//! the same distinct flows over IPv6 (frames built with etherparse), through tc and XDP in
+//! the same trials as the IPv4 ones so that their ratio is side by side.
 
-use std::net::{Ipv6Addr, SocketAddrV6};
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 
-use anyhow::{Result, bail};
-use lb_common::{R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT};
+use anyhow::{Result, anyhow, bail};
+use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+
 use xlb_tests::services::service6_yaml;
 
-use super::{FLOWS, Hook, each};
-use crate::bench::fixture::{Datapath, SVC_PORT, TARGET_PORT};
+use super::{FLOWS, Flows};
+use crate::bench::fixture::{SVC_PORT, TARGET_PORT};
 
-/// IPv6 services beside the scale's IPv4 ones (3 backends each).
-pub const SERVICES6: usize = 256;
-/// The IPv6 cases, in table order; each is compared with the IPv4 case of the same name.
-pub const CASES6: [&str; 4] = [
-    "non-service",
-    "new flow",
-    "established",
-    "reply (reverse NAT)",
-];
-/// The index in `CASES` of each IPv6 case's IPv4 counterpart.
-pub const IPV4_CASE: [usize; 4] = [1, 2, 3, 4];
+/// The first IPv6 ClusterIP of the synthetic services (service `i` has `VIP6_BASE + i`).
+const VIP6_BASE: u128 = 0xfd00_0096_0000_0000_0000_0000_0000_0000;
+/// The first IPv6 backend (service `i`'s backend `k` is `BACKEND6_BASE + 16 i + k`).
+const BACKEND6_BASE: u128 = 0xfd00_0128_0000_0000_0000_0000_0000_0000;
+/// The first IPv6 client.
+const CLIENT6_BASE: u128 = 0xfd00_0244_0000_0000_0000_0000_0000_0000;
+/// The first IPv6 address that is no service.
+const OTHER6_BASE: u128 = 0xfd00_0200_0000_0000_0000_0000_0000_0000;
 
-fn vip6(i: usize) -> Ipv6Addr {
-    Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, (i >> 16) as u16, i as u16)
+/// The routes the bench namespace needs for the IPv6 rows (via the permanent neighbour
+/// `fe80::2` on `dum0`): backends, clients and the non-service addresses.
+pub(super) const ROUTES6: [&str; 3] = ["fd00:128::/32", "fd00:244::/32", "fd00:200::/32"];
+
+fn add(base: u128, n: usize) -> Ipv6Addr {
+    Ipv6Addr::from(base + n as u128)
 }
 
-fn backend6(i: usize, k: usize) -> Ipv6Addr {
-    Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, i as u16, k as u16 + 1)
+/// IPv6 ClusterIP of synthetic service `i`.
+pub(super) fn vip6(i: usize) -> Ipv6Addr {
+    add(VIP6_BASE, i)
 }
 
-/// The IPv6 services' YAML.
-pub fn yaml() -> String {
-    (0..SERVICES6)
-        .map(|i| {
-            let b: Vec<Ipv6Addr> = (0..3).map(|k| backend6(i, k)).collect();
-            service6_yaml(
-                &format!("v6-{i}"),
-                vip6(i),
-                SVC_PORT,
-                "TCP",
-                TARGET_PORT,
-                &b,
-            )
-        })
-        .collect()
-}
-
-/// The checksum of a TCP header (checksum field zero) over the IPv6 pseudo-header.
-fn tcp_sum(src: &Ipv6Addr, dst: &Ipv6Addr, tcp: &[u8]) -> u16 {
-    let mut s: u32 = 0;
-    for c in src
-        .octets()
-        .chunks(2)
-        .chain(dst.octets().chunks(2))
-        .chain(tcp.chunks(2))
-    {
-        s += (u32::from(c[0]) << 8) | u32::from(*c.get(1).unwrap_or(&0));
+/// YAML (an IPv6 single-stack Service and its IPv6 EndpointSlice) of synthetic IPv6
+/// services `range`: service `i` with `backends(i)` ready endpoints on [`TARGET_PORT`].
+pub(super) fn services_yaml6(
+    range: std::ops::Range<usize>,
+    backends: impl Fn(usize) -> usize,
+) -> String {
+    let mut y = String::new();
+    for i in range {
+        let bes: Vec<Ipv6Addr> = (0..backends(i))
+            .map(|k| add(BACKEND6_BASE, i * 16 + k))
+            .collect();
+        y.push_str(&service6_yaml(
+            &format!("v6-{i}"),
+            vip6(i),
+            SVC_PORT,
+            "TCP",
+            TARGET_PORT,
+            &bes,
+        ));
     }
-    s += tcp.len() as u32 + 6;
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    !(s as u16)
+    y
 }
 
-/// An Ethernet + IPv6 + TCP frame (`pad` payload bytes), never one XDP would mistake for a
-/// checksum still partial (a payload byte is added until it is not).
-pub fn tcp6(src: SocketAddrV6, dst: SocketAddrV6, flags: u8) -> Vec<u8> {
+/// The one's-complement sum of big-endian 16-bit words.
+fn sum16(data: &[u8], sum: u32) -> u32 {
+    data.chunks(2)
+        .map(|c| (u32::from(c[0]) << 8) | u32::from(*c.get(1).unwrap_or(&0)))
+        .fold(sum, |a, w| a + w)
+}
+
+/// Whether XDP would leave IPv6 TCP frame `p` to tc: its checksum happens to equal the
+/// folded pseudo-header sum, which is what a `CHECKSUM_PARTIAL` packet carries (as IPv4's
+/// [`super::unambiguous`] avoids).
+fn looks_partial6(p: &[u8]) -> bool {
+    let l4_len = u32::from(u16::from_be_bytes([p[18], p[19]]));
+    let mut sum = sum16(&p[22..54], l4_len + 6);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    u32::from(u16::from_be_bytes([p[70], p[71]])) == sum
+}
+
+/// An Ethernet/IPv6/TCP frame from `src` to `dst`: a SYN, or with `ack` an ACK; a
+/// payload byte is added until XDP would not mistake its checksum for a partial one.
+pub(super) fn tcp6(src: SocketAddrV6, dst: SocketAddrV6, ack: bool) -> Vec<u8> {
+    let build = |payload: &[u8]| {
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv6(src.ip().octets(), dst.ip().octets(), 64)
+            .tcp(src.port(), dst.port(), 1, 0xffff);
+        let b = if ack { b.ack(1) } else { b.syn() };
+        let mut out = Vec::with_capacity(b.size(payload.len()));
+        // Writing into a Vec cannot fail but for a payload too big; these are a byte.
+        let _ = b.write(&mut out, payload);
+        out
+    };
+    let mut p = build(&[]);
     let mut pad = 0u8;
-    loop {
-        let mut tcp = Vec::with_capacity(21);
-        tcp.extend(src.port().to_be_bytes());
-        tcp.extend(dst.port().to_be_bytes());
-        tcp.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
-        if pad > 0 {
-            tcp.push(pad);
-        }
-        let c = tcp_sum(src.ip(), dst.ip(), &tcp);
-        tcp[16..18].copy_from_slice(&c.to_be_bytes());
-        // The folded pseudo-header sum a partial checksum would carry.
-        let mut p: u32 = 0;
-        for c in src
-            .ip()
-            .octets()
-            .chunks(2)
-            .chain(dst.ip().octets().chunks(2))
-        {
-            p += (u32::from(c[0]) << 8) | u32::from(c[1]);
-        }
-        p += tcp.len() as u32 + 6;
-        while p > 0xffff {
-            p = (p & 0xffff) + (p >> 16);
-        }
-        if c != p as u16 {
-            let mut f = vec![
-                2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x86, 0xdd, 0x60, 0, 0, 0,
-            ];
-            f.extend((tcp.len() as u16).to_be_bytes());
-            f.extend([6, 64]);
-            f.extend(src.ip().octets());
-            f.extend(dst.ip().octets());
-            f.extend(tcp);
-            return f;
-        }
+    while looks_partial6(&p) {
         pad += 1;
+        p = build(&[pad]);
     }
+    p
 }
 
-/// Pre-built IPv6 packets.
-pub struct Flows6 {
-    clients: Vec<SocketAddrV6>,
-    to_service: Vec<Vec<u8>>,
-    later: Vec<Vec<u8>>,
-    non_service: Vec<Vec<u8>>,
-}
-
-impl Flows6 {
-    pub fn new() -> Self {
-        let mut f = Flows6 {
-            clients: Vec::with_capacity(FLOWS),
-            to_service: Vec::with_capacity(FLOWS),
-            later: Vec::with_capacity(FLOWS),
-            non_service: Vec::with_capacity(FLOWS),
-        };
-        for j in 0..FLOWS {
-            let client = SocketAddrV6::new(
-                Ipv6Addr::new(0xfd00, 0x250, 0, 0, 0, 0, (j >> 16) as u16, j as u16),
-                20_000 + (j % 40_000) as u16,
-                0,
-                0,
-            );
-            let frontend = SocketAddrV6::new(vip6((j * 7_919) % SERVICES6), SVC_PORT, 0, 0);
-            f.to_service.push(tcp6(client, frontend, 0x02));
-            f.later.push(tcp6(client, frontend, 0x10));
-            let other = Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, (j >> 16) as u16, j as u16);
-            f.non_service
-                .push(tcp6(client, SocketAddrV6::new(other, SVC_PORT, 0, 0), 0x02));
-            f.clients.push(client);
-        }
-        f
-    }
-}
-
-/// The destination of an IPv6 frame.
-fn dst6(p: &[u8]) -> Option<SocketAddrV6> {
-    if p.len() < 58 || p[12..14] != [0x86, 0xdd] {
-        return None;
-    }
-    let a: [u8; 16] = p[38..54].try_into().ok()?;
-    Some(SocketAddrV6::new(
-        a.into(),
-        u16::from_be_bytes([p[56], p[57]]),
+/// The TCP destination of an IPv6 frame (read with etherparse).
+fn destination6(frame: &[u8]) -> Result<SocketAddrV6> {
+    let p = SlicedPacket::from_ethernet(frame).map_err(|e| anyhow!("IPv6 frame: {e}"))?;
+    let (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Tcp(tcp))) = (p.net, p.transport) else {
+        bail!("not an IPv6 TCP frame");
+    };
+    Ok(SocketAddrV6::new(
+        ip.header().destination_addr(),
+        tcp.destination_port(),
         0,
         0,
     ))
 }
 
-/// One trial of the IPv6 distinct method on `hook`: ns per packet per case of [`CASES6`].
-pub fn trial(dp: &mut Datapath, hook: Hook, f: &Flows6, ifindex: u32) -> Result<Vec<f64>> {
-    dp.clear_ct()?;
-    let (non_service, _) = each(dp, hook, hook.prog, &f.non_service, Some(R_PASS), ifindex)?;
-    let (new_flow, outs) = each(
-        dp,
-        hook,
-        hook.prog,
-        &f.to_service,
-        Some(R_NEW_FLOW),
-        ifindex,
-    )?;
-    let mut replies = Vec::with_capacity(outs.len());
-    for (out, client) in outs.iter().zip(&f.clients) {
-        let Some(d) = dst6(out) else {
-            bail!("a DNATed IPv6 packet does not parse");
-        };
-        if d.port() != TARGET_PORT {
-            bail!("IPv6 new flow DNATed to {d} (expected port {TARGET_PORT})");
-        }
-        replies.push(tcp6(d, *client, 0x10));
+/// The backend's answer to a DNATed IPv6 frame `out` of a flow from `client`.
+fn reply6(out: &[u8], client: SocketAddr) -> Result<Vec<u8>> {
+    let SocketAddr::V6(client) = client else {
+        bail!("an IPv4 client in the IPv6 flows");
+    };
+    let to = destination6(out)?;
+    if to.port() != TARGET_PORT {
+        bail!("new IPv6 flow DNATed to {to} (expected port {TARGET_PORT})");
     }
-    each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
-    each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
-    let (established, _) = each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
-    let (reply, _) = each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
-    Ok(vec![non_service, new_flow, established, reply])
+    Ok(tcp6(to, client, true))
+}
+
+/// The IPv6 flows of one scale, spread over `services` IPv6 services as the IPv4 ones are.
+pub(super) fn flows6(services: usize) -> Flows {
+    let mut f = Flows::empty(reply6);
+    for j in 0..FLOWS {
+        let client = SocketAddrV6::new(add(CLIENT6_BASE, j), 20_000 + (j % 40_000) as u16, 0, 0);
+        let svc = (j * 7_919) % services;
+        let frontend = SocketAddrV6::new(vip6(svc), SVC_PORT, 0, 0);
+        f.to_service.push(tcp6(client, frontend, false));
+        f.later.push(tcp6(client, frontend, true));
+        let other = SocketAddrV6::new(add(OTHER6_BASE, j), SVC_PORT, 0, 0);
+        f.non_service.push(tcp6(client, other, false));
+        f.clients.push(SocketAddr::V6(client));
+    }
+    f
 }

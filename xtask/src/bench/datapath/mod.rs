@@ -27,10 +27,13 @@
 //! The per-reason counters are checked after every case: each run must have been counted
 //! under the expected verdict (new flow, established, reverse NAT, pass).
 //!
+//! IPv6 rows (`ipv6.rs`): as many IPv6 services as IPv4 ones in the same maps, the same
+//! distinct flows over IPv6 through tc and XDP, in the same trials, with their ratio to IPv4.
+//!
 //! `XLB_BENCH_SCALES=1,10000` (and `XLB_BENCH_TRIALS=N`) runs a quick subset and leaves
 //! `docs/benchmarks.md` alone.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use anyhow::{Result, anyhow, bail};
 use lb_common::{R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT};
@@ -76,6 +79,9 @@ const HOOKS: [Hook; 2] = [
         ok: 2,
     },
 ];
+
+/// The hooks the IPv6 rows run through: both.
+const HOOKS6: [Hook; 2] = HOOKS;
 
 /// Service counts measured.
 const SCALES: [usize; 4] = [1, 1_000, 10_000, 100_000];
@@ -139,17 +145,14 @@ struct Scale {
     distinct: Vec<Vec<Summary>>,
     /// Per hook, per case of [`HOT_CASES`].
     hot: Vec<Vec<Summary>>,
-    /// Per hook, per case of [`ipv6::CASES6`]: IPv6 flows, distinct method.
-    v6: Vec<Vec<Summary>>,
-    /// Per hook, per case of [`ipv6::CASES6`]: the IPv6 / IPv4 ratio of each trial's medians.
-    v6_ratio: Vec<Vec<Summary>>,
+    /// Per hook of [`HOOKS6`], per case of [`CASES`]: the same over IPv6.
+    distinct6: Vec<Vec<Summary>>,
 }
 
-/// The two services that are each other's backend, and the IPv6 services.
+/// The two services that are each other's backend.
 fn cycle_yaml() -> String {
     service_yaml("cycle-a", CYCLE_A, 80, "TCP", 8080, &[CYCLE_B])
         + &service_yaml("cycle-b", CYCLE_B, 8080, "TCP", 80, &[CYCLE_A])
-        + &ipv6::yaml()
 }
 
 /// Whether XDP would leave `p` (a TCP frame) to tc: its complete checksum happens to equal
@@ -176,24 +179,50 @@ fn unambiguous(b: PacketBuilder) -> Vec<u8> {
     p
 }
 
-/// Pre-built packets of one scale.
+/// The backend's answer to a DNATed frame of a flow from a client.
+type ReplyOf = fn(&[u8], SocketAddr) -> Result<Vec<u8>>;
+
+/// Pre-built packets of one scale and family.
 struct Flows {
-    clients: Vec<SocketAddrV4>,
+    clients: Vec<SocketAddr>,
     /// Each flow's first packet (a SYN).
     to_service: Vec<Vec<u8>>,
     /// Each flow's next packet (an ACK on the same 5-tuple).
     later: Vec<Vec<u8>>,
     non_service: Vec<Vec<u8>>,
+    /// Builds each flow's reply from its DNATed first packet.
+    reply: ReplyOf,
+}
+
+/// The backend's answer to a DNATed IPv4 frame `out` of a flow from `client`.
+fn reply4(out: &[u8], client: SocketAddr) -> Result<Vec<u8>> {
+    let SocketAddr::V4(client) = client else {
+        bail!("an IPv6 client in the IPv4 flows");
+    };
+    let Some(p) = parse(out) else {
+        bail!("a DNATed packet does not parse");
+    };
+    if p.dst.port() != TARGET_PORT {
+        bail!("new flow DNATed to {} (expected port {TARGET_PORT})", p.dst);
+    }
+    Ok(unambiguous(
+        PacketBuilder::tcp(p.dst, client).flags(TCP_ACK),
+    ))
 }
 
 impl Flows {
-    fn new(services: usize) -> Self {
-        let mut f = Flows {
+    fn empty(reply: ReplyOf) -> Self {
+        Flows {
             clients: Vec::with_capacity(FLOWS),
             to_service: Vec::with_capacity(FLOWS),
             later: Vec::with_capacity(FLOWS),
             non_service: Vec::with_capacity(FLOWS),
-        };
+            reply,
+        }
+    }
+
+    fn new(services: usize) -> Self {
+        let mut f = Flows::empty(reply4);
         for j in 0..FLOWS {
             let client = SocketAddrV4::new(
                 addr_add(Ipv4Addr::new(10, 244, 0, 0), j as u32),
@@ -212,7 +241,7 @@ impl Flows {
                 client,
                 SocketAddrV4::new(other, SVC_PORT),
             )));
-            f.clients.push(client);
+            f.clients.push(SocketAddr::V4(client));
         }
         f
     }
@@ -286,15 +315,7 @@ fn distinct_trial(dp: &mut Datapath, hook: Hook, f: &Flows, ifindex: u32) -> Res
     )?;
     let mut replies = Vec::with_capacity(outs.len());
     for (out, client) in outs.iter().zip(&f.clients) {
-        let Some(p) = parse(out) else {
-            bail!("a DNATed packet does not parse");
-        };
-        if p.dst.port() != TARGET_PORT {
-            bail!("new flow DNATed to {} (expected port {TARGET_PORT})", p.dst);
-        }
-        replies.push(unambiguous(
-            PacketBuilder::tcp(p.dst, *client).flags(TCP_ACK),
-        ));
+        replies.push((f.reply)(out, *client)?);
     }
     // Answered, then continued once: assured, as a real flow is from its third packet (the
     // move to the assured table is a one-off per flow, not what "established" measures).
@@ -377,13 +398,9 @@ fn summarize(trials: &[Vec<f64>]) -> Vec<Summary> {
 /// services (10.95.0.0/16) via 10.0.0.2, a permanent neighbour.
 fn namespace() -> Result<Netns> {
     let ns = Netns::new(&format!("{}-node", unique_tag("xlbd"))).map_err(|e| anyhow!(e))?;
-    ns.sysctl(&[
-        "net.ipv4.ip_forward=1",
-        "net.ipv6.conf.all.forwarding=1",
-        "net.ipv6.conf.default.forwarding=1",
-    ])
-    .map_err(|e| anyhow!(e))?;
-    let cmds: [&[&str]; 12] = [
+    ns.sysctl(&["net.ipv4.ip_forward=1"])
+        .map_err(|e| anyhow!(e))?;
+    let cmds: [&[&str]; 9] = [
         &[
             "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
         ],
@@ -405,33 +422,30 @@ fn namespace() -> Result<Netns> {
             "nud",
             "permanent",
         ],
-        // IPv6: the backends, clients and non-service addresses (fd00::/16) likewise.
-        &["-6", "addr", "add", "fd01::1/64", "dev", "dum0", "nodad"],
-        &[
-            "-6",
-            "route",
-            "add",
-            "fd00::/16",
-            "via",
-            "fd01::2",
-            "dev",
-            "dum0",
-        ],
-        &[
-            "-6",
-            "neigh",
-            "add",
-            "fd01::2",
-            "lladdr",
-            "02:00:00:00:00:02",
-            "dev",
-            "dum0",
-            "nud",
-            "permanent",
-        ],
     ];
     for args in cmds {
         ns.ip(args).map_err(|e| anyhow!("ip {args:?}: {e}"))?;
+    }
+    ns.sysctl(&["net.ipv6.conf.all.forwarding=1"])
+        .map_err(|e| anyhow!(e))?;
+    let gw6 = [
+        "lladdr",
+        "02:00:00:00:00:02",
+        "dev",
+        "dum0",
+        "nud",
+        "permanent",
+    ];
+    let neigh: Vec<&str> = ["-6", "neigh", "add", "fe80::2"]
+        .into_iter()
+        .chain(gw6)
+        .collect();
+    ns.ip(&neigh).map_err(|e| anyhow!("ip {neigh:?}: {e}"))?;
+    for prefix in ipv6::ROUTES6 {
+        let args = [
+            "-6", "route", "add", prefix, "via", "fe80::2", "dev", "dum0",
+        ];
+        ns.ip(&args).map_err(|e| anyhow!("ip {args:?}: {e}"))?;
     }
     Ok(ns)
 }
@@ -454,8 +468,9 @@ pub fn run() -> Result<(Section, bool)> {
 /// Every scale, every trial, both hooks (interleaved within a trial).
 fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> {
     let max = scales.iter().copied().max().unwrap_or(1);
-    let slots: usize = (0..max).map(backends_2_to_10).sum::<usize>() + 2;
-    let caps = Capacities::for_services(max + 2, slots);
+    // Both families' services: as many IPv6 ones as IPv4 ones.
+    let slots: usize = 2 * (0..max).map(backends_2_to_10).sum::<usize>() + 2;
+    let caps = Capacities::for_services(2 * max + 2, slots);
     println!(
         "loading the object with {} = {:?}, {} = {:?} entries (same maps at every scale)",
         lb_common::MAP_SVC,
@@ -469,6 +484,9 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
     let mut out = Vec::new();
     for &n in scales {
         extend_model(&mut model, have..n, backends_2_to_10)?;
+        let v6 = parse_model(&ipv6::services_yaml6(have..n, backends_2_to_10))?;
+        model.services.extend(v6.services);
+        model.slices.extend(v6.slices);
         have = n;
         let t = dp.program(&model)?;
         let cur = dp.current();
@@ -479,28 +497,22 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             (t.compute + t.apply).as_secs_f64()
         );
         let f = Flows::new(n);
-        let f6 = ipv6::Flows6::new();
+        let f6 = ipv6::flows6(n);
         let mut d = vec![Vec::new(); HOOKS.len()];
         let mut h = vec![Vec::new(); HOOKS.len()];
-        let mut d6 = vec![Vec::new(); HOOKS.len()];
-        let mut r6 = vec![Vec::new(); HOOKS.len()];
+        let mut d6 = vec![Vec::new(); HOOKS6.len()];
         for trial in 0..trials {
-            for (i, hook) in HOOKS.iter().enumerate() {
-                d[i].push(distinct_trial(&mut dp, *hook, &f, ifindex)?);
-                h[i].push(hot_trial(&mut dp, *hook, &f, ifindex)?);
-                let v6 = ipv6::trial(&mut dp, *hook, &f6, ifindex)?;
-                r6[i].push(
-                    v6.iter()
-                        .zip(ipv6::IPV4_CASE)
-                        .map(|(x, c)| x / d[i][trial][c])
-                        .collect::<Vec<_>>(),
-                );
+            for (i, hook) in HOOKS6.iter().enumerate() {
+                d6[i].push(distinct_trial(&mut dp, *hook, &f6, ifindex)?);
                 println!(
                     "  trial {trial} {} IPv6: distinct {:?} ns",
                     hook.name,
-                    v6.iter().map(|x| *x as u64).collect::<Vec<_>>()
+                    d6[i][trial].iter().map(|x| *x as u64).collect::<Vec<_>>()
                 );
-                d6[i].push(v6);
+            }
+            for (i, hook) in HOOKS.iter().enumerate() {
+                d[i].push(distinct_trial(&mut dp, *hook, &f, ifindex)?);
+                h[i].push(hot_trial(&mut dp, *hook, &f, ifindex)?);
                 println!(
                     "  trial {trial} {}: distinct {:?} ns, hot {:?} ns",
                     hook.name,
@@ -519,8 +531,7 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             program_s: (t.compute + t.apply).as_secs_f64(),
             distinct: d.iter().map(|t| summarize(t)).collect(),
             hot: h.iter().map(|t| summarize(t)).collect(),
-            v6: d6.iter().map(|t| summarize(t)).collect(),
-            v6_ratio: r6.iter().map(|t| summarize(t)).collect(),
+            distinct6: d6.iter().map(|t| summarize(t)).collect(),
         });
     }
     Ok(out)

@@ -37,14 +37,14 @@ use kube::{
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tower::{buffer::BufferLayer, retry::RetryLayer};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use super::{
-    convert::{self, Converted},
-    events::{Event, Timed},
-    file::Loaded,
-};
-use crate::model::ServiceRef;
+mod stores;
+
+use stores::{Stores, Watched};
+pub use stores::{ZONE_LABEL, node_deleting, snapshot};
+
+use super::events::Timed;
 
 /// Label selector kube-proxy uses when it serves every Service.
 pub const DEFAULT_SELECTOR: &str =
@@ -89,26 +89,6 @@ pub fn selector(service_proxy_name: Option<&str>) -> String {
         ),
         None => DEFAULT_SELECTOR.to_string(),
     }
-}
-
-/// Builds the model from the stores' current contents.
-pub fn snapshot(services: &Store<Service>, slices: &Store<EndpointSlice>) -> Loaded {
-    let mut loaded = Loaded::default();
-    for svc in services.state() {
-        match convert::service(&svc) {
-            Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
-            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
-            Err(e) => loaded.errors.push(e),
-        }
-    }
-    for slice in slices.state() {
-        match convert::endpoint_slice(&slice) {
-            Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
-            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
-            Err(e) => loaded.errors.push(e),
-        }
-    }
-    loaded
 }
 
 /// Retries of a 429, 503 or 504 before the watcher sees the error: never sooner than the
@@ -199,19 +179,6 @@ where
     })
 }
 
-/// The label that names a node's zone.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
-/// True when the node is going away (kube-proxy's healthz then answers 503).
-pub fn node_deleting(node: &Node) -> bool {
-    node.metadata.deletion_timestamp.is_some()
-        || node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"))
-}
-
 /// Runs the source on its own thread (a current-thread tokio runtime); every event goes to
 /// `send`, which returns false once nobody listens (the thread then ends).
 pub fn spawn(
@@ -224,153 +191,6 @@ pub fn spawn(
             .build()?;
         rt.block_on(run(opts, send))
     })
-}
-
-/// A watcher event of one of the three kinds (moved along at once: boxing would cost an
-/// allocation per event).
-#[allow(clippy::large_enum_variant)]
-enum Watched {
-    Service(watcher::Event<Service>),
-    Slice(watcher::Event<EndpointSlice>),
-    Node(watcher::Event<Node>),
-}
-
-/// The three stores, and which slice object is filed under which service.
-struct Stores {
-    services: Store<Service>,
-    slices: Store<EndpointSlice>,
-    node: Store<Node>,
-    /// EndpointSlice `namespace/name` → (its service, its name), for the slices sent: a
-    /// deleted (or relabelled, or no longer valid) slice is removed from where it was filed.
-    filed: std::collections::HashMap<String, (ServiceRef, String)>,
-}
-
-impl Stores {
-    fn node_event(&self) -> Event {
-        let node = self.node.state();
-        Event::Node {
-            deleting: node.iter().any(|n| node_deleting(n)),
-            zone: node.iter().find_map(|n| {
-                n.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(ZONE_LABEL))
-                    .cloned()
-            }),
-        }
-    }
-
-    /// Everything in the stores, and the slices filed afresh.
-    fn replace(&mut self) -> Event {
-        let loaded = snapshot(&self.services, &self.slices);
-        self.filed = self
-            .slices
-            .state()
-            .iter()
-            .filter_map(|s| match convert::endpoint_slice(s) {
-                Ok(Converted::Take(t)) => Some((slice_key(s), (t.service, t.name))),
-                _ => None,
-            })
-            .collect();
-        Event::Replace(Box::new(loaded))
-    }
-
-    /// The events of one watcher event after the initial lists: a Service or a slice
-    /// changed or gone, a relist complete (everything, from the swapped store), the Node.
-    fn events(&mut self, w: Watched) -> Vec<Event> {
-        match w {
-            Watched::Service(watcher::Event::Apply(s)) => service_event(&s, false),
-            Watched::Service(watcher::Event::Delete(s)) => service_event(&s, true),
-            Watched::Slice(watcher::Event::Apply(s)) => self.slice_events(&s, false),
-            Watched::Slice(watcher::Event::Delete(s)) => self.slice_events(&s, true),
-            Watched::Service(watcher::Event::InitDone)
-            | Watched::Slice(watcher::Event::InitDone) => vec![self.replace()],
-            Watched::Node(
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
-            ) => vec![self.node_event()],
-            _ => Vec::new(),
-        }
-    }
-
-    fn slice_events(&mut self, s: &EndpointSlice, deleted: bool) -> Vec<Event> {
-        let key = slice_key(s);
-        let mut out = Vec::new();
-        let taken = if deleted {
-            None
-        } else {
-            match convert::endpoint_slice(s) {
-                Ok(Converted::Take(slice)) => Some(slice),
-                Ok(Converted::Ignore(why)) => {
-                    debug!("ignored: {why}");
-                    None
-                }
-                Err(e) => {
-                    out.push(Event::Error(e));
-                    None
-                }
-            }
-        };
-        let now_filed = taken.as_ref().map(|t| (t.service.clone(), t.name.clone()));
-        if let Some(was) = self.filed.remove(&key)
-            && now_filed.as_ref() != Some(&was)
-        {
-            out.push(Event::Slice {
-                service: was.0,
-                name: was.1,
-                slice: None,
-            });
-        }
-        if let Some(slice) = taken {
-            self.filed
-                .insert(key, (slice.service.clone(), slice.name.clone()));
-            out.push(Event::Slice {
-                service: slice.service.clone(),
-                name: slice.name.clone(),
-                slice: Some(Box::new(slice)),
-            });
-        }
-        out
-    }
-}
-
-/// An EndpointSlice object's `namespace/name`.
-fn slice_key(s: &EndpointSlice) -> String {
-    format!(
-        "{}/{}",
-        s.metadata.namespace.as_deref().unwrap_or("default"),
-        s.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
-/// A Service changed or gone: its model form, or its removal when it is gone, not proxied
-/// or invalid (then with the error).
-fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
-    let id = ServiceRef {
-        namespace: s
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        name: s.metadata.name.clone().unwrap_or_default(),
-    };
-    let gone = Event::Service {
-        id: id.clone(),
-        service: None,
-    };
-    if deleted {
-        return vec![gone];
-    }
-    match convert::service(s) {
-        Ok(Converted::Take(svc)) => vec![Event::Service {
-            id: svc.id.clone(),
-            service: Some(Box::new(svc)),
-        }],
-        Ok(Converted::Ignore(why)) => {
-            debug!("ignored: {why}");
-            vec![gone]
-        }
-        Err(e) => vec![Event::Error(e), gone],
-    }
 }
 
 async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(), KubeError> {

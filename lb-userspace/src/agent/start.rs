@@ -1,0 +1,127 @@
+//! The agent's start: the pin lock, the programs loaded and configured, the previous
+//! layout's pins found, the socket hooks, the pinned maps adopted, the HTTP endpoints.
+
+use std::{path::PathBuf, sync::Arc};
+
+use tracing::{info, warn};
+
+use super::{AgentError, AgentOptions, sockets};
+use crate::{
+    EBPF_OBJECT,
+    datapath::{
+        DatapathError,
+        bpflog::BpfLogReader,
+        kernel::{KernelMaps, write_config},
+        loader::{self, PinLock},
+        socket, sysctl, upgrade,
+        writer::MapWriter,
+    },
+    desired::{Desired, Ids, Limits},
+    serve::{self, health::Health, metrics::Metrics},
+};
+
+/// What the agent holds from start to stop.
+pub(super) struct Loaded {
+    /// Held while the agent runs: one agent per pin directory.
+    pub(super) _lock: PinLock,
+    pub(super) ebpf: aya::Ebpf,
+    /// The programs' log reader, with `--bpf-log`.
+    pub(super) _bpf_log: Option<BpfLogReader>,
+    /// The previous layout's pins, taken over after the first sync.
+    pub(super) upgrade: Option<upgrade::Previous>,
+    /// The cgroup the socket hooks are attached to (none: off, or deferred by an upgrade).
+    pub(super) hooks: Option<PathBuf>,
+    pub(super) maps: KernelMaps,
+    pub(super) limits: Limits,
+    /// What is programmed (adopted from the pins): the agent's only copy of the maps, until
+    /// its first sync makes them the desired state.
+    pub(super) programmed: Option<Desired>,
+    pub(super) ids: Ids,
+}
+
+/// Loads the datapath and adopts what is pinned.
+pub(super) fn load(opts: &AgentOptions) -> Result<Loaded, AgentError> {
+    let _lock = loader::lock(&opts.bpffs)?;
+    let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
+    check_snat_ports(&opts.snat_ports);
+    let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
+        cgroup: PathBuf::from("/proc/self/ns/net"),
+        reason: format!("cannot read this namespace's cookie: {e}"),
+    })?;
+    // The reader first: the flag turns the programs' log on at once.
+    let _bpf_log = match opts.bpf_log {
+        true => Some(BpfLogReader::start(&mut ebpf)?),
+        false => None,
+    };
+    write_config(&mut ebpf, &opts.node_config(cookie))?;
+    // The previous layout's pins: its programs keep forwarding from them until this agent
+    // has programmed its own maps and copied their flows over; only then are this agent's
+    // programs attached (see `datapath::upgrade`).
+    let upgrade = upgrade::Previous::find(&opts.bpffs)?;
+    let hooks = match upgrade {
+        None => sockets::sync_socket_hooks(opts, &mut ebpf),
+        Some(_) => {
+            info!(
+                pins = %opts.bpffs.display(),
+                "found the previous layout's maps: their flows are copied over after the first sync, before this agent's programs take over"
+            );
+            None
+        }
+    };
+    let maps = KernelMaps::from_ebpf(&mut ebpf)?;
+    let limits = maps.limits();
+    let mut current = maps.read().map_err(DatapathError::from)?;
+    current.filter = maps.read_filter().map_err(DatapathError::from)?;
+    let ids = Ids::adopt(&current);
+    info!(
+        pins = %opts.bpffs.display(),
+        services = current.services.keys().filter(|k| k.slot == 0).count(),
+        backends = current.backends.len(),
+        "loaded; adopted what was pinned"
+    );
+    Ok(Loaded {
+        _lock,
+        ebpf,
+        _bpf_log,
+        upgrade,
+        hooks,
+        maps,
+        limits,
+        programmed: Some(current),
+        ids,
+    })
+}
+
+/// Serves /healthz and /livez, and /metrics, where asked.
+pub(super) fn serve(
+    opts: &AgentOptions,
+    health: &Arc<Health>,
+    metrics: &Arc<Metrics>,
+) -> Result<(), AgentError> {
+    if let Some(addr) = opts.healthz_addr {
+        let h = health.clone();
+        let bound = serve::spawn(addr, move |path| h.handle(path))?;
+        info!(%bound, "serving /healthz and /livez");
+    }
+    if let Some(addr) = opts.metrics_addr {
+        let m = metrics.clone();
+        let bound = serve::spawn(addr, move |path| m.handle(path))?;
+        info!(%bound, "serving /metrics");
+    }
+    Ok(())
+}
+
+/// Warns when the SNAT ports overlap the node's ephemeral ports: a local connection could
+/// then take a port a SNATed flow's replies use.
+fn check_snat_ports(ports: &std::ops::RangeInclusive<u16>) {
+    if let Some(eph) = sysctl::ephemeral_ports()
+        && eph.start() <= ports.end()
+        && ports.start() <= eph.end()
+    {
+        warn!(
+            snat = ?ports,
+            ephemeral = ?eph,
+            "the SNAT port range overlaps net.ipv4.ip_local_port_range: move one of them"
+        );
+    }
+}

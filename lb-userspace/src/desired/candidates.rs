@@ -1,0 +1,327 @@
+//! The frontends a service asks for on a node (its candidates), a pure function of the
+//! service, its slices and the node: per port and family, the ClusterIP, the externalIPs,
+//! the LoadBalancer IPs and the NodePorts, each with the endpoints its traffic policy
+//! chooses, its flags, affinity and allowed source ranges.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use lb_common::{
+    MAX_BACKENDS_PER_SVC, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
+    SVC_F_TWO_SCOPES, SvcKey,
+};
+
+use super::{DesiredError, NodeContext, frontend_key};
+use crate::model::{
+    BackendAddr, Model, Protocol, ServicePort, ServiceRef,
+    node::{IpFamily, NodeSettings},
+    select::{PortView, ports_of_service},
+};
+
+/// A frontend to program: its key, its object name, its backends (and whether each is on
+/// this node), flags, affinity and allowed source ranges.
+pub(super) struct Candidate {
+    pub(super) key: SvcKey,
+    pub(super) object: String,
+    pub(super) backends: Vec<(BackendAddr, bool)>,
+    pub(super) flags: u16,
+    pub(super) affinity_timeout_s: u32,
+    pub(super) src_ranges: Vec<(Ipv4Addr, u8)>,
+}
+
+/// How a frontend is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// NodePort on 127.0.0.1: only the node's own sockets reach it (the socket hooks), so
+    /// it always takes the cluster endpoints, as kube-proxy's local-origin traffic does.
+    Loopback,
+    /// ClusterIP: internalTrafficPolicy.
+    Cluster,
+    /// NodePort, externalIP: externalTrafficPolicy; Cluster SNATs flows to remote backends.
+    External,
+    /// LoadBalancer ingress IP: as External, and loadBalancerSourceRanges apply.
+    LoadBalancer,
+}
+
+/// One address and port a service port is reached on, how, and the suffix its object name
+/// takes (` (nodePort 10.0.0.1)`).
+struct Frontend {
+    ip: IpAddr,
+    port: u16,
+    reach: Reach,
+    suffix: String,
+}
+
+/// One service port of one family on this node: what each of its frontends needs.
+struct Port<'v, 'm> {
+    view: &'v PortView<'m>,
+    family: IpFamily,
+    node: &'v NodeContext,
+    node_port_addresses: &'v [Ipv4Addr],
+    /// `namespace/name:port`.
+    object: String,
+}
+
+/// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
+/// function of the service, its slices and the node); what cannot be programmed at all
+/// (IPv6, SCTP, no slice) is reported in `errors`.
+pub(super) fn service_candidates(
+    model: &Model,
+    id: &ServiceRef,
+    node: &NodeContext,
+    errors: &mut Vec<DesiredError>,
+) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    if !model.services.contains_key(id) {
+        return candidates;
+    }
+    if !model.slices.contains_key(id) {
+        errors.push(DesiredError::NoEndpointSlice {
+            object: id.to_string(),
+        });
+    }
+    let node_port_addresses = node.node_port_addresses();
+    // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
+    // gets each family's ClusterIP with that family's endpoints.
+    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+        let settings = NodeSettings {
+            family,
+            ..node.node.clone()
+        };
+        ports_of_service(model, id, &settings)
+    });
+    for view in views {
+        let port = Port {
+            view: &view,
+            family: if view.cluster_ip.is_ipv6() {
+                IpFamily::V6
+            } else {
+                IpFamily::V4
+            },
+            node,
+            node_port_addresses: &node_port_addresses,
+            object: object_name(&view.service.id.to_string(), view.port),
+        };
+        if view.protocol() == Protocol::Sctp {
+            errors.push(DesiredError::Unsupported {
+                object: port.object,
+                what: "SCTP".into(),
+            });
+            continue;
+        }
+        for f in port.frontends(errors) {
+            port.candidates(f, errors, &mut candidates);
+        }
+    }
+    candidates
+}
+
+impl Port<'_, '_> {
+    /// Where the port is reached: ClusterIP traffic follows internalTrafficPolicy;
+    /// externalIPs, LoadBalancer ingress IPs (of the port's family) and NodePorts (on each of
+    /// this node's NodePort addresses) follow externalTrafficPolicy.
+    fn frontends(&self, errors: &mut Vec<DesiredError>) -> Vec<Frontend> {
+        let view = self.view;
+        let fe = |ip, port, reach, suffix| Frontend {
+            ip,
+            port,
+            reach,
+            suffix,
+        };
+        let mut out = vec![fe(
+            view.cluster_ip,
+            view.port.port,
+            Reach::Cluster,
+            String::new(),
+        )];
+        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .copied()
+                .filter(|ip| self.family.matches(*ip))
+                .collect()
+        };
+        for ip in of_family(&view.external_ips) {
+            let suffix = format!(" (externalIP {ip})");
+            out.push(fe(ip, view.port.port, Reach::External, suffix));
+        }
+        for ip in of_family(&view.load_balancer_ips) {
+            let suffix = format!(" (LoadBalancer {ip})");
+            out.push(fe(ip, view.port.port, Reach::LoadBalancer, suffix));
+        }
+        let Some(node_port) = view.node_port else {
+            return out;
+        };
+        if self.family == IpFamily::V6 {
+            // tc and XDP translate IPv4 only: an IPv6 NodePort would not be served.
+            errors.push(DesiredError::Unsupported {
+                object: self.object.clone(),
+                what: format!("IPv6 NodePort {node_port}"),
+            });
+            return out;
+        }
+        for ip in self.node_port_addresses {
+            let ip = IpAddr::V4(*ip);
+            out.push(fe(
+                ip,
+                node_port,
+                Reach::External,
+                format!(" (nodePort {ip})"),
+            ));
+        }
+        if self.node.socket_lb {
+            let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+            out.push(fe(
+                lo,
+                node_port,
+                Reach::Loopback,
+                format!(" (nodePort {lo})"),
+            ));
+        }
+        out
+    }
+
+    /// The candidate(s) of frontend `f`: its entry, and with the socket hooks on, an
+    /// external frontend under a Local policy also an internal scope for the node's own
+    /// sockets with every cluster endpoint.
+    fn candidates(&self, f: Frontend, errors: &mut Vec<DesiredError>, out: &mut Vec<Candidate>) {
+        let view = self.view;
+        let object = format!("{}{}", self.object, f.suffix);
+        if self.family == IpFamily::V6
+            && f.reach == Reach::LoadBalancer
+            && !view.source_ranges.is_empty()
+        {
+            errors.push(DesiredError::Unsupported {
+                object,
+                what: "IPv6 loadBalancerSourceRanges".into(),
+            });
+            return;
+        }
+        let local = match f.reach {
+            Reach::Cluster => view.internal_policy_local(),
+            Reach::External | Reach::LoadBalancer => view.external_policy_local(),
+            Reach::Loopback => false,
+        };
+        let backends = backends_of(view, local, &object, errors);
+        let mut flags = flags(view, local, f.reach);
+        let key = frontend_key(f.ip, f.port, view.protocol());
+        let two_scopes = local && f.reach != Reach::Cluster && self.node.socket_lb;
+        if two_scopes {
+            flags |= SVC_F_TWO_SCOPES;
+        }
+        if f.reach == Reach::LoadBalancer && !view.source_ranges.is_empty() {
+            flags |= SVC_F_SRC_RANGES;
+        }
+        let src_ranges = self.allowed_sources(&f);
+        let affinity_timeout_s = view.affinity_timeout().unwrap_or(0);
+        out.push(Candidate {
+            key,
+            object: object.clone(),
+            backends,
+            flags,
+            affinity_timeout_s,
+            src_ranges,
+        });
+        if two_scopes {
+            // The node's own sockets: every cluster endpoint (source ranges are checked
+            // against the ranges of the external entry, which shares the id).
+            out.push(Candidate {
+                key: SvcKey {
+                    scope: SCOPE_INTERNAL,
+                    ..key
+                },
+                backends: backends_of(view, false, &object, &mut Vec::new()),
+                object,
+                flags: flags & SVC_F_SRC_RANGES,
+                affinity_timeout_s,
+                src_ranges: Vec::new(),
+            });
+        }
+    }
+
+    /// A LoadBalancer frontend's allowed sources: its IPv4 loadBalancerSourceRanges, and
+    /// when a range holds a node address, the LoadBalancer IP itself (kube-proxy: traffic
+    /// the node sends to its own VIP). Empty for other frontends.
+    fn allowed_sources(&self, f: &Frontend) -> Vec<(Ipv4Addr, u8)> {
+        let view = self.view;
+        if f.reach != Reach::LoadBalancer || view.source_ranges.is_empty() {
+            return Vec::new();
+        }
+        let mut r = source_ranges(view);
+        if self.node_port_addresses.iter().any(|n| {
+            view.source_ranges
+                .iter()
+                .any(|c| c.contains(IpAddr::V4(*n)))
+        }) && let IpAddr::V4(ip) = f.ip
+        {
+            r.push((ip, 32));
+        }
+        r
+    }
+}
+
+/// A frontend's drop and SNAT flags: drop when its policy leaves it no endpoints, else an
+/// external frontend under the Cluster policy SNATs flows to remote backends.
+fn flags(view: &PortView<'_>, local: bool, reach: Reach) -> u16 {
+    if view.drops_when_empty(local) {
+        SVC_F_DROP_EMPTY
+    } else if !local && (reach == Reach::External || reach == Reach::LoadBalancer) {
+        SVC_F_SNAT_REMOTE
+    } else {
+        0
+    }
+}
+
+/// The backends a frontend of `view` takes: this node's endpoints (`local`) or the cluster
+/// endpoints, at most `MAX_BACKENDS_PER_SVC` (more is reported in `errors`); each with
+/// whether it is on this node.
+fn backends_of(
+    view: &PortView<'_>,
+    local: bool,
+    object: &str,
+    errors: &mut Vec<DesiredError>,
+) -> Vec<(BackendAddr, bool)> {
+    let chosen = if local {
+        &view.categorized.local
+    } else {
+        &view.categorized.cluster
+    };
+    let mut backends: Vec<(BackendAddr, bool)> = chosen
+        .iter()
+        .map(|e| {
+            let addr = BackendAddr {
+                ip: e.ip,
+                port: e.port,
+                protocol: view.protocol(),
+            };
+            (addr, e.local)
+        })
+        .collect();
+    if backends.len() > MAX_BACKENDS_PER_SVC as usize {
+        errors.push(DesiredError::TooManyBackends {
+            object: object.to_string(),
+            count: backends.len(),
+            limit: MAX_BACKENDS_PER_SVC,
+        });
+        backends.truncate(MAX_BACKENDS_PER_SVC as usize);
+    }
+    backends
+}
+
+/// `namespace/name:port`, the port by name or, when it has none, by number.
+fn object_name(service: &str, port: &ServicePort) -> String {
+    if port.name.is_empty() {
+        format!("{service}:{}", port.port)
+    } else {
+        format!("{service}:{}", port.name)
+    }
+}
+
+/// A port's IPv4 loadBalancerSourceRanges as (network, prefix length).
+fn source_ranges(view: &PortView<'_>) -> Vec<(Ipv4Addr, u8)> {
+    view.source_ranges
+        .iter()
+        .filter_map(|c| match c.addr() {
+            IpAddr::V4(a) => Some((a, c.prefix())),
+            IpAddr::V6(_) => None,
+        })
+        .collect()
+}

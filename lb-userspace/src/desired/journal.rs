@@ -1,0 +1,161 @@
+//! What one incremental update changed in the desired state, as it was before: the value
+//! of each key the update wrote or removed, recorded the first time it is touched. After a
+//! sync without errors the maps hold exactly the desired state, so these values are what
+//! is programmed: the agent keeps no second copy of the maps, only this journal of one
+//! update (a few entries for one endpoint change), from which [`Journal::programmed`] gives
+//! the programmed state of everything the update touched for the make-before-break apply.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+
+use super::{Desired, SrcRange, Touched};
+
+/// The before-values of one update's changes.
+#[derive(Debug, Default)]
+pub struct Journal {
+    services: BTreeMap<SvcKey, Option<SvcValue>>,
+    backends: BTreeMap<u32, Option<Backend>>,
+    names: BTreeMap<u32, Option<SvcName>>,
+    src_ranges: BTreeMap<SrcRange, bool>,
+    /// Filter word → its bits before.
+    filter: BTreeMap<u32, u64>,
+}
+
+impl Journal {
+    pub(super) fn service(&mut self, d: &Desired, k: SvcKey) {
+        self.services
+            .entry(k)
+            .or_insert_with(|| d.services.get(&k).copied());
+    }
+
+    pub(super) fn backend(&mut self, d: &Desired, id: u32) {
+        self.backends
+            .entry(id)
+            .or_insert_with(|| d.backends.get(&id).copied());
+    }
+
+    pub(super) fn name(&mut self, d: &Desired, id: u32) {
+        self.names
+            .entry(id)
+            .or_insert_with(|| d.names.get(&id).copied());
+    }
+
+    pub(super) fn src_range(&mut self, d: &Desired, r: SrcRange) {
+        self.src_ranges
+            .entry(r)
+            .or_insert_with(|| d.src_ranges.contains(&r));
+    }
+
+    pub(super) fn filter_bit(&mut self, d: &Desired, bit: u32) {
+        let word = bit / 64;
+        self.filter
+            .entry(word)
+            .or_insert_with(|| word_of(&d.filter, word));
+    }
+
+    /// The programmed state of what `t` names (its frontends with their slots and names,
+    /// its backends, ranges and filter words): the journal's value where the update
+    /// changed a key, else the desired state's (which it did not change). `d` is the
+    /// desired state after the update.
+    pub fn programmed(&self, d: &Desired, t: &Touched) -> Desired {
+        let mut p = Desired::default();
+        let svc = |k: SvcKey| match self.services.get(&k) {
+            Some(v) => *v,
+            None => d.services.get(&k).copied(),
+        };
+        let name = |id: u32| match self.names.get(&id) {
+            Some(n) => *n,
+            None => d.names.get(&id).copied(),
+        };
+        for &k in &t.frontends {
+            let before = svc(k);
+            let after = d.services.get(&k);
+            let slots = before
+                .map_or(0, |v| v.count)
+                .max(after.map_or(0, |v| v.count));
+            for slot in 1..=slots {
+                let sk = SvcKey { slot, ..k };
+                if let Some(v) = svc(sk) {
+                    p.services.insert(sk, v);
+                }
+            }
+            if let Some(v) = before {
+                p.services.insert(k, v);
+            }
+            for id in [before.map(|v| v.svc_id), after.map(|v| v.svc_id)]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(n) = name(id) {
+                    p.names.insert(id, n);
+                }
+            }
+        }
+        for &id in &t.backends {
+            let b = match self.backends.get(&id) {
+                Some(b) => *b,
+                None => d.backends.get(&id).copied(),
+            };
+            if let Some(b) = b {
+                p.backends.insert(id, b);
+            }
+        }
+        for r in &t.src_ranges {
+            let had = match self.src_ranges.get(r) {
+                Some(had) => *had,
+                None => d.src_ranges.contains(r),
+            };
+            if had {
+                p.src_ranges.insert(*r);
+            }
+        }
+        for &w in &t.filter_words {
+            let bits = match self.filter.get(&w) {
+                Some(b) => *b,
+                None => word_of(&d.filter, w),
+            };
+            p.filter.extend(
+                (0..64)
+                    .filter(|i| bits & (1u64 << i) != 0)
+                    .map(|i| w * 64 + i),
+            );
+        }
+        p
+    }
+
+    /// The whole programmed state after a sync of `t` whose writes partly failed: the
+    /// desired state, with what `now` (the programmed state of `t`, as the apply left it)
+    /// says for every key `t` names.
+    pub fn patched(d: &Desired, t: &Touched, now: &Desired) -> Desired {
+        let mut p = d.clone();
+        let named = Journal::default().programmed(d, t);
+        for k in named.services.keys() {
+            p.services.remove(k);
+        }
+        for k in named.backends.keys() {
+            p.backends.remove(k);
+        }
+        for k in named.names.keys() {
+            p.names.remove(k);
+        }
+        for r in &t.src_ranges {
+            p.src_ranges.remove(r);
+        }
+        let words: BTreeSet<u32> = t.filter_words.iter().copied().collect();
+        p.filter.retain(|b| !words.contains(&(b / 64)));
+        p.services.extend(now.services.iter());
+        p.backends.extend(now.backends.iter());
+        p.names.extend(now.names.iter());
+        p.src_ranges.extend(now.src_ranges.iter());
+        p.filter
+            .extend(now.filter.iter().filter(|b| words.contains(&(*b / 64))));
+        p
+    }
+}
+
+/// Word `word` of a set of filter bits.
+fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
+    bits.range(word * 64..(word + 1) * 64)
+        .fold(0, |acc, b| acc | 1u64 << (b % 64))
+}

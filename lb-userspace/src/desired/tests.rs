@@ -1,0 +1,220 @@
+//! The desired state of one service on a node: what each kind of frontend, policy and
+//! endpoint set programs.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use lb_common::{
+    BE_F_REMOTE, FAMILY_V6, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_TWO_SCOPES,
+    SvcKey,
+};
+
+use super::*;
+use crate::{model::Protocol, source::file};
+
+const NODE: &str = "node-a";
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);
+
+/// One Service `ns/web` (its `spec` lines as given) and, unless `endpoints` is none, its
+/// slice: each endpoint `(ip, node)`, ready, on port 8080 named `p`.
+fn yaml(spec: &str, endpoints: Option<&[(&str, &str)]>) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: web}}\nspec:\n{spec}\n"
+    );
+    if let Some(eps) = endpoints {
+        let v6 = eps.first().is_some_and(|(ip, _)| ip.contains(':'));
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: web-{}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: {}\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n",
+            if v6 { "v6" } else { "v4" },
+            if v6 { "IPv6" } else { "IPv4" },
+        ));
+        for (ip, node) in eps {
+            y.push_str(&format!(
+                "- {{addresses: [\"{ip}\"], nodeName: {node}, conditions: {{ready: true}}}}\n"
+            ));
+        }
+    }
+    y
+}
+
+/// The desired state of `yaml` on NODE (NodePorts on NODE_IP), socket hooks as given.
+fn on_node(yaml: &str, socket_lb: bool) -> (Desired, Vec<DesiredError>) {
+    let loaded = file::parse("t.yaml", yaml).expect("yaml");
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    let node = NodeContext::new(NODE, &[NODE_IP], socket_lb);
+    compute_on(&loaded.model, &node, &mut Ids::default(), Limits::default())
+}
+
+/// The frontend entry at `ip:port`/TCP, external scope.
+fn entry(d: &Desired, ip: impl Into<IpAddr>, port: u16) -> SvcValue {
+    let key = frontend_key(ip, port, Protocol::Tcp);
+    *d.services
+        .get(&key)
+        .unwrap_or_else(|| panic!("no frontend {}: {:?}", show_frontend(&key), d.services))
+}
+
+/// The backends in the slots of the entry at `key`, as `ip` strings, in slot order.
+fn slot_ips(d: &Desired, key: SvcKey) -> Vec<String> {
+    let count = d.services[&key].count;
+    (1..=count)
+        .map(|slot| {
+            let v = d.services[&SvcKey { slot, ..key }];
+            let b = d.backends[&v.backend_id];
+            words_addr(b.addr_be, b.family).to_string()
+        })
+        .collect()
+}
+
+const TWO: &[(&str, &str)] = &[("10.244.0.1", NODE), ("10.244.1.1", "node-b")];
+
+#[test]
+fn a_cluster_ip_has_an_entry_a_slot_per_endpoint_and_its_name() {
+    let (d, errors) = on_node(
+        &yaml(
+            "  clusterIP: 10.96.0.1\n  ports: [{name: p, port: 80, protocol: TCP}]",
+            Some(TWO),
+        ),
+        false,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let e = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
+    assert_eq!((e.count, e.flags, e.affinity_timeout_s), (2, 0, 0));
+    let key = frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp);
+    assert_eq!(slot_ips(&d, key), ["10.244.0.1", "10.244.1.1"]);
+    assert_eq!(svc_name_str(&d.names[&e.svc_id]), "ns/web:p");
+    // Only the ClusterIP: one entry and its two slots.
+    assert_eq!(d.services.len(), 3);
+    let remote: Vec<bool> = d
+        .backends
+        .values()
+        .map(|b| b.flags & BE_F_REMOTE != 0)
+        .collect();
+    assert_eq!(
+        remote.iter().filter(|r| **r).count(),
+        1,
+        "one endpoint is on node-b"
+    );
+}
+
+#[test]
+fn a_node_port_is_served_on_the_node_addresses_and_with_socket_hooks_on_loopback() {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.0.1\n  ports: [{name: p, port: 80, nodePort: 30080, protocol: TCP}]";
+    let (d, errors) = on_node(&yaml(spec, Some(TWO)), false);
+    assert!(errors.is_empty(), "{errors:?}");
+    let np = entry(&d, NODE_IP, 30080);
+    assert_eq!(np.count, 2);
+    // Cluster policy: flows to a remote backend are SNATed to the node.
+    assert_eq!(np.flags, SVC_F_SNAT_REMOTE);
+    // Each frontend has its own index (its counters), its object name says which it is.
+    let cluster = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
+    assert_ne!(np.svc_id, cluster.svc_id);
+    assert_eq!(
+        svc_name_str(&d.names[&np.svc_id]),
+        format!("ns/web:p (nodePort {NODE_IP})")
+    );
+    let lo = frontend_key(Ipv4Addr::LOCALHOST, 30080, Protocol::Tcp);
+    assert!(
+        !d.services.contains_key(&lo),
+        "no loopback without the hooks"
+    );
+    let (d, _) = on_node(&yaml(spec, Some(TWO)), true);
+    assert_eq!(entry(&d, Ipv4Addr::LOCALHOST, 30080).count, 2);
+}
+
+#[test]
+fn local_policy_takes_this_nodes_endpoints_and_drops_when_there_are_none() {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.0.1\n  externalTrafficPolicy: Local\n  ports: [{name: p, port: 80, nodePort: 30080, protocol: TCP}]";
+    let (d, _) = on_node(&yaml(spec, Some(TWO)), false);
+    let np = entry(&d, NODE_IP, 30080);
+    let key = frontend_key(NODE_IP, 30080, Protocol::Tcp);
+    assert_eq!(slot_ips(&d, key), ["10.244.0.1"]);
+    assert_eq!(
+        np.flags & SVC_F_SNAT_REMOTE,
+        0,
+        "Local keeps the client's source"
+    );
+    // The ClusterIP follows internalTrafficPolicy (Cluster): both endpoints.
+    assert_eq!(entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80).count, 2);
+    // With the socket hooks: a second, internal scope for the node's own sockets with
+    // every cluster endpoint.
+    let (d, _) = on_node(&yaml(spec, Some(TWO)), true);
+    assert_ne!(entry(&d, NODE_IP, 30080).flags & SVC_F_TWO_SCOPES, 0);
+    let internal = SvcKey {
+        scope: SCOPE_INTERNAL,
+        ..key
+    };
+    assert_eq!(d.services[&internal].count, 2);
+    // No endpoint on this node: the entry drops.
+    let remote_only: &[(&str, &str)] = &[("10.244.1.1", "node-b")];
+    let (d, _) = on_node(&yaml(spec, Some(remote_only)), false);
+    let np = entry(&d, NODE_IP, 30080);
+    assert_eq!(
+        (np.count, np.flags & SVC_F_DROP_EMPTY),
+        (0, SVC_F_DROP_EMPTY)
+    );
+}
+
+#[test]
+fn a_service_without_endpoints_is_programmed_empty_and_reported() {
+    let spec = "  clusterIP: 10.96.0.1\n  ports: [{name: p, port: 80, protocol: TCP}]";
+    let (d, errors) = on_node(&yaml(spec, None), false);
+    assert_eq!(
+        errors,
+        [DesiredError::NoEndpointSlice {
+            object: "ns/web".into()
+        }]
+    );
+    let e = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
+    // Count 0 and no drop flag: connections are refused, as kube-proxy's REJECT.
+    assert_eq!((e.count, e.flags), (0, 0));
+    assert!(d.backends.is_empty());
+    // An empty slice: no error, still refused.
+    let (d, errors) = on_node(&yaml(spec, Some(&[])), false);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80).count, 0);
+}
+
+#[test]
+fn client_ip_affinity_carries_its_timeout() {
+    let spec = "  clusterIP: 10.96.0.1\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n  ports: [{name: p, port: 80, protocol: TCP}]";
+    let (d, _) = on_node(&yaml(spec, Some(TWO)), false);
+    assert_eq!(
+        entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80).affinity_timeout_s,
+        60
+    );
+    let spec = "  clusterIP: 10.96.0.1\n  sessionAffinity: ClientIP\n  ports: [{name: p, port: 80, protocol: TCP}]";
+    let (d, _) = on_node(&yaml(spec, Some(TWO)), false);
+    assert_eq!(
+        entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80).affinity_timeout_s,
+        crate::model::DEFAULT_AFFINITY_TIMEOUT_SECONDS
+    );
+}
+
+#[test]
+fn a_dual_stack_service_gets_each_familys_cluster_ip_with_that_familys_endpoints() {
+    let spec = "  type: NodePort\n  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.1, \"fd00::1\"]\n  ipFamilies: [IPv4, IPv6]\n  ports: [{name: p, port: 80, nodePort: 30080, protocol: TCP}]";
+    let mut y = yaml(spec, Some(TWO));
+    let v6 = yaml("", Some(&[("fd00:244::1", NODE)]));
+    // The IPv6 slice alone (its Service document is the first one).
+    y.push_str(&v6[v6.find("---").expect("a slice")..]);
+    let (d, errors) = on_node(&y, false);
+    let v6_ip: IpAddr = "fd00::1".parse().expect("ip");
+    let v6_entry = entry(&d, v6_ip, 80);
+    assert_eq!(v6_entry.count, 1);
+    let key = frontend_key(v6_ip, 80, Protocol::Tcp);
+    assert_eq!(key.family, FAMILY_V6);
+    assert_eq!(slot_ips(&d, key), ["fd00:244::1"]);
+    let v4_key = frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp);
+    assert_eq!(slot_ips(&d, v4_key), ["10.244.0.1", "10.244.1.1"]);
+    // Each family is its own service port (index), named alike.
+    let v4_entry = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
+    assert_ne!(v4_entry.svc_id, v6_entry.svc_id);
+    // tc and XDP translate IPv4 only: the IPv6 NodePort is reported, not programmed.
+    assert_eq!(
+        errors,
+        [DesiredError::Unsupported {
+            object: "ns/web:p".into(),
+            what: "IPv6 NodePort 30080".into()
+        }]
+    );
+    assert_eq!(entry(&d, NODE_IP, 30080).count, 2);
+}

@@ -1,0 +1,295 @@
+//! A packet through the loaded programs: a test run of tc ingress on a scratch instance
+//! ([`crate::datapath::scratch`]), or for the node's own sockets the connect4 decision
+//! computed from the same maps, explained in Kubernetes terms.
+
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+};
+
+use lb_common::{
+    AffinityKey, AffinityValue, BE_F_REMOTE, BE_F_TERMINATING, Backend, FAMILY_V4, NodeConfig,
+    REASON_NAMES, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
+    SVC_F_TWO_SCOPES, SvcKey, SvcValue,
+};
+
+mod connect;
+mod tc;
+
+use super::{
+    Report,
+    request::{Resolved, Source, frontend_kind, policy_words},
+};
+use crate::{
+    datapath::{
+        DatapathError,
+        kernel::{KernelMaps, open_pinned},
+        writer::MapWriter,
+    },
+    desired::{Desired, show_backend, svc_name_str},
+    list::monotonic_coarse_ns,
+    model::{NodeSettings, Protocol, select::service_ports},
+};
+
+const TC_ACT_OK: i32 = 0;
+const TC_ACT_SHOT: i32 = 2;
+const TC_ACT_REDIRECT: i32 = 7;
+
+/// What the trace knows besides the maps.
+pub struct Context<'a> {
+    pub pins: &'a Path,
+    pub source: &'a Source,
+    /// This node's name (which endpoints are local).
+    pub node_name: &'a str,
+}
+
+fn be32(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+fn ip_of(addr_be: u32) -> Ipv4Addr {
+    Ipv4Addr::from(addr_be.to_ne_bytes())
+}
+
+fn sock(addr_be: u32, port_be: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(ip_of(addr_be), u16::from_be(port_be))
+}
+
+fn svc_key(dst: SocketAddrV4, proto: Protocol, scope: u8, slot: u16) -> SvcKey {
+    SvcKey {
+        addr_be: [be32(*dst.ip()), 0, 0, 0],
+        port_be: dst.port().to_be(),
+        slot,
+        proto: proto.number(),
+        family: FAMILY_V4,
+        scope,
+        _pad: 0,
+    }
+}
+
+/// The frontend's service entry and its backends, slot by slot.
+struct Frontend {
+    key: SvcKey,
+    svc: SvcValue,
+    slots: Vec<(u16, u32, Option<Backend>)>,
+}
+
+fn frontend(state: &Desired, key: SvcKey) -> Option<Frontend> {
+    let svc = *state.services.get(&key)?;
+    let slots = (1..=svc.count)
+        .map(|slot| {
+            let id = state
+                .services
+                .get(&SvcKey { slot, ..key })
+                .map_or(0, |v| v.backend_id);
+            (slot, id, state.backends.get(&id).copied())
+        })
+        .collect();
+    Some(Frontend { key, svc, slots })
+}
+
+fn flag_words(flags: u16) -> Vec<&'static str> {
+    [
+        (SVC_F_DROP_EMPTY, "drops when empty (a Local policy)"),
+        (SVC_F_SNAT_REMOTE, "SNATs flows to remote backends"),
+        (SVC_F_SRC_RANGES, "loadBalancerSourceRanges"),
+        (
+            SVC_F_TWO_SCOPES,
+            "cluster-wide entries for the node's own traffic",
+        ),
+    ]
+    .iter()
+    .filter(|(f, _)| flags & f != 0)
+    .map(|(_, w)| *w)
+    .collect()
+}
+
+fn backend_words(b: &Backend) -> String {
+    let mut w = vec![if b.flags & BE_F_REMOTE != 0 {
+        "not on this node by nodeName"
+    } else {
+        "on this node"
+    }];
+    if b.flags & BE_F_TERMINATING != 0 {
+        w.push("terminating");
+    }
+    format!("{} ({})", show_backend(b), w.join(", "))
+}
+
+/// The frontend step: which Kubernetes frontend the destination is.
+fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, dst: SocketAddrV4) {
+    let name = state
+        .names
+        .get(&f.svc.svc_id)
+        .map(svc_name_str)
+        .unwrap_or_else(|| format!("service index {}", f.svc.svc_id));
+    let proto = Protocol::from_number(f.key.proto).unwrap_or_default();
+    let mut line = match ctx
+        .source
+        .model
+        .as_ref()
+        .and_then(|m| frontend_kind(m, dst, proto).map(|k| (m, k)))
+    {
+        Some((m, (kind, svc, port))) => format!(
+            "{dst}/{proto} is the {kind} of service {svc} port {port} ({}; map name {name})",
+            policy_words(m, &svc, kind)
+        ),
+        None => format!("{dst}/{proto} is a frontend of {name}"),
+    };
+    let flags = flag_words(f.svc.flags);
+    if !flags.is_empty() {
+        line.push_str(&format!("; {}", flags.join(", ")));
+    }
+    r.line("frontend", line);
+}
+
+/// The endpoints step: the backends in the frontend's slots, and (with a source) the
+/// service's other endpoints and why the policies left them out.
+fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4) {
+    let mut lines: Vec<String> = Vec::new();
+    if f.slots.is_empty() {
+        lines.push("none left: the frontend has no backends".into());
+    }
+    let mut kept = BTreeSet::new();
+    for (slot, id, be) in &f.slots {
+        match be {
+            Some(b) => {
+                kept.insert(sock(b.addr_be[0], b.port_be));
+                lines.push(format!("slot {slot}: {}", backend_words(b)));
+            }
+            None => lines.push(format!("slot {slot}: backend index {id} is missing")),
+        }
+    }
+    let proto = Protocol::from_number(f.key.proto).unwrap_or_default();
+    if let Some(model) = ctx.source.model.as_ref()
+        && let Some((kind, svc, _)) = frontend_kind(model, dst, proto)
+    {
+        let settings = NodeSettings {
+            node_name: ctx.node_name.to_string(),
+            ..NodeSettings::default()
+        };
+        let view = service_ports(model, &settings).into_iter().find(|v| {
+            v.service.id == svc
+                && v.port.protocol == proto
+                && (v.port.port == dst.port() || v.node_port == Some(dst.port()))
+        });
+        let local_policy = kind != "ClusterIP" && f.key.scope == SCOPE_EXTERNAL;
+        for ep in view.iter().flat_map(|v| v.endpoints.iter()) {
+            let std::net::IpAddr::V4(ip) = ep.ip else {
+                continue;
+            };
+            let target_port = f
+                .slots
+                .iter()
+                .find_map(|(_, _, b)| b.map(|b| u16::from_be(b.port_be)))
+                .unwrap_or(ep.port);
+            if kept.contains(&SocketAddrV4::new(ip, target_port))
+                || kept.contains(&SocketAddrV4::new(ip, ep.port))
+            {
+                continue;
+            }
+            let why = if !ep.ready && !ep.serving {
+                "not ready"
+            } else if ep.serving_terminating() {
+                "terminating (a fallback only when no endpoint is ready)"
+            } else if !ep.local
+                && view.as_ref().is_some_and(|v| {
+                    (local_policy && v.external_policy_local())
+                        || (kind == "ClusterIP" && v.internal_policy_local())
+                })
+            {
+                "on another node (traffic policy Local)"
+            } else {
+                "left out by topology hints for another zone or node"
+            };
+            lines.push(format!("left out: {ep} {why}"));
+        }
+    }
+    r.step("endpoints", lines);
+}
+
+fn affinity_key(svc_id: u32, words: [u32; 2], family: u8) -> AffinityKey {
+    AffinityKey {
+        svc_id,
+        client_be: [words[0], words[1], 0, 0],
+        family,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
+/// The affinity step as the live map has it (before the run).
+fn affinity_before(
+    svc: &SvcValue,
+    key: &AffinityKey,
+    live: Option<&AffinityValue>,
+    state: &Desired,
+) -> String {
+    if svc.affinity_timeout_s == 0 {
+        return "sessionAffinity None: every new flow picks a backend".into();
+    }
+    let timeout = svc.affinity_timeout_s;
+    let Some(a) = live else {
+        return format!(
+            "sessionAffinity ClientIP ({timeout} s): miss, no entry for this client (key svc {} family {})",
+            key.svc_id, key.family
+        );
+    };
+    let idle = monotonic_coarse_ns().saturating_sub(a.last_seen_ns) / 1_000_000_000;
+    let be = state
+        .backends
+        .get(&a.backend_id)
+        .filter(|b| b.generation == a.backend_gen);
+    match be {
+        Some(b) if idle <= timeout as u64 => format!(
+            "sessionAffinity ClientIP ({timeout} s): hit, this client went to {} {idle} s ago",
+            show_backend(b)
+        ),
+        Some(b) => format!(
+            "sessionAffinity ClientIP ({timeout} s): expired, {} was {idle} s ago",
+            show_backend(b)
+        ),
+        None => format!(
+            "sessionAffinity ClientIP ({timeout} s): stale, its backend index {} is gone",
+            a.backend_id
+        ),
+    }
+}
+
+fn open_state(pins: &Path) -> Result<(Desired, NodeConfig), DatapathError> {
+    let state = KernelMaps::open(pins)?.read()?;
+    let cfg: aya::maps::Array<aya::maps::MapData, NodeConfig> = aya::maps::Array::try_from(
+        open_pinned(pins, lb_common::MAP_CONFIG)?,
+    )
+    .map_err(|source| DatapathError::Map {
+        name: lb_common::MAP_CONFIG,
+        source,
+    })?;
+    let cfg = cfg.get(&0, 0).map_err(|source| DatapathError::Map {
+        name: lb_common::MAP_CONFIG,
+        source,
+    })?;
+    Ok((state, cfg))
+}
+
+/// Traces `req` through the datapath pinned at `ctx.pins` (see the module docs). Nothing
+/// live is written.
+pub fn trace(object: &[u8], ctx: &Context, req: &Resolved) -> Result<Report, DatapathError> {
+    let (state, cfg) = open_state(ctx.pins)?;
+    match req.src {
+        Some(src) => tc::trace_tc(object, ctx, req, src, &state),
+        None => Ok(connect::trace_connect(ctx, req, &state, &cfg)),
+    }
+}
+
+fn reason_name(r: u32) -> &'static str {
+    REASON_NAMES.get(r as usize).copied().unwrap_or("unknown")
+}
+
+fn affinity_entry(pins: &Path, key: &AffinityKey) -> Option<AffinityValue> {
+    let map = open_pinned(pins, lb_common::MAP_AFFINITY).ok()?;
+    let aff: aya::maps::HashMap<aya::maps::MapData, AffinityKey, AffinityValue> =
+        aya::maps::HashMap::try_from(map).ok()?;
+    aff.get(key, 0).ok()
+}
