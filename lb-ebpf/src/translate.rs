@@ -20,7 +20,7 @@ use crate::{
 const MIN_CHECKED_LEN: u16 = 576;
 
 #[inline(always)]
-fn config() -> NodeConfig {
+pub(crate) fn config() -> NodeConfig {
     XLB_CFG_V2.get(0).copied().unwrap_or_default()
 }
 

@@ -718,3 +718,116 @@ fn xdp_translates_and_redirects_ipv6_flows() {
     })
     .expect("namespace thread");
 }
+
+/// An IPv6 externalIP (externalTrafficPolicy Cluster) whose endpoint is on another node:
+/// a client's flow is SNATed to the node's IPv6 address toward the backend (the route's
+/// source) with a port of the SNAT range, and the backend's reply to that address comes
+/// back from the externalIP to the client. In a namespace routing the pods and the client.
+#[test]
+fn ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node() {
+    if !require_root(
+        "ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node",
+    ) {
+        return;
+    }
+    let tag = unique_tag("xlp6s");
+    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
+    ns.sysctl(&[
+        "net.ipv6.conf.all.forwarding=1",
+        "net.ipv6.conf.default.forwarding=1",
+    ])
+    .expect("sysctl");
+    for args in [
+        &[
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+        ][..],
+        &["link", "set", "dum1", "up"],
+        &["link", "set", "dum0", "up"],
+        &["link", "set", "lo", "up"],
+        &[
+            "-6",
+            "addr",
+            "add",
+            "fd00:10:245::1/64",
+            "dev",
+            "dum0",
+            "nodad",
+        ],
+        &[
+            "-6",
+            "route",
+            "add",
+            "fd00:10:244::/48",
+            "via",
+            "fd00:10:245::2",
+            "dev",
+            "dum0",
+        ],
+        &[
+            "-6",
+            "route",
+            "add",
+            "2001:db8::/32",
+            "via",
+            "fd00:10:245::2",
+            "dev",
+            "dum0",
+        ],
+    ] {
+        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    }
+    ns.run(move || {
+        let node6: Ipv6Addr = "fd00:10:245::1".parse().expect("address");
+        let ext: Ipv6Addr = "2001:db8:100::5".parse().expect("address");
+        let remote: Ipv6Addr = "fd00:10:244:9::2".parse().expect("address");
+        let yaml = format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: ext6}}\nspec:\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:10:96::20\"\n  clusterIPs: [\"fd00:10:96::20\"]\n  externalIPs: [\"{ext}\"]\n  ports:\n  - {{name: p, port: 80, protocol: TCP, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: ext6-1\n  labels: {{kubernetes.io/service-name: ext6}}\naddressType: IPv6\nports:\n- {{name: p, port: 8080, protocol: TCP}}\nendpoints:\n- addresses: [\"{remote}\"]\n  conditions: {{ready: true}}\n  nodeName: node2\n"
+        );
+        let mut dp = LoadedDatapath::load(&tag).expect("load");
+        dp.configure(&lb_common::NodeConfig {
+            snat_port_min: 40000,
+            snat_port_max: 40100,
+            ..Default::default()
+        })
+        .expect("config");
+        let loaded = lb_userspace::source::file::parse("ext6.yaml", &yaml).expect("yaml");
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        dp.program_on(
+            &loaded.model,
+            &lb_userspace::desired::NodeContext::new("node1", &[], false),
+        )
+        .expect("program");
+        let client = sa("2001:db8:1::7".parse().expect("address"), 5555);
+        let frontend = sa(ext, 80);
+        let syn = Frame6::tcp(client, frontend, TCP_SYN, b"").build();
+        let r = dp.run(&syn).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{:?}", reason_counts(&dp.pins));
+        let out = seen6(&r.packet, "SNATed");
+        assert_eq!(out.dst, sa(remote, 8080), "DNAT to the remote backend");
+        assert_eq!(*out.src.ip(), node6, "SNAT to the node's address toward it");
+        assert!((40000..=40100).contains(&out.src.port()), "{out:?}");
+        let reply = Frame6::tcp(out.dst, out.src, TCP_SYN | TCP_ACK, b"").build();
+        let r = dp.run(&reply).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        let back = seen6(&r.packet, "reply");
+        assert_eq!((back.src, back.dst), (frontend, client), "back from the externalIP");
+        // The next packet keeps its SNAT tuple.
+        let ack = Frame6::tcp(client, frontend, TCP_ACK, b"x").build();
+        let r = dp.run(&ack).expect("run");
+        assert_eq!(seen6(&r.packet, "established").src, out.src);
+        let flows = lb_userspace::list::conntrack(&dp.pins).expect("ct");
+        assert!(
+            flows.iter().any(|f| f.snat == format!("[{node6}]:{}", out.src.port())),
+            "{flows:?}"
+        );
+        // A second client on the same port gets another SNAT port.
+        let other = sa("2001:db8:1::8".parse().expect("address"), 5555);
+        let r = dp
+            .run(&Frame6::tcp(other, frontend, TCP_SYN, b"").build())
+            .expect("run");
+        let second = seen6(&r.packet, "second flow").src;
+        assert_eq!(*second.ip(), node6);
+        assert_ne!(second.port(), out.src.port(), "two flows never share a reply tuple");
+    })
+    .expect("namespace thread");
+}

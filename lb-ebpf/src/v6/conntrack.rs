@@ -5,7 +5,10 @@
 
 #![allow(clippy::needless_borrows_for_generic_args)]
 
-use aya_ebpf::bindings::BPF_NOEXIST;
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_prandom_u32, bpf_loop},
+};
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_ASSURED, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CtKey6,
     CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
@@ -17,7 +20,7 @@ use super::{
 };
 use crate::{
     clock,
-    conntrack::{REUSE_CLOSING_NS, REUSE_TCP_NS, REUSE_UDP_NS, TCP_ACK, TCP_SYN},
+    conntrack::{REUSE_CLOSING_NS, REUSE_TCP_NS, REUSE_UDP_NS, SNAT_TRIES, TCP_ACK, TCP_SYN},
     reason::Reason,
 };
 
@@ -186,11 +189,13 @@ fn promote(ct: &CtValue6, t: &Tuple6) -> Option<&'static mut CtValue6> {
 }
 
 /// Records the new flow of `t` whose packets go to the scratch's `fwd` (filled by the
-/// caller): the reply entry first, so a reply can never beat it. The source is kept: a
-/// reply tuple held by another live flow (one client port to two frontends with one
-/// backend) fails the flow (`snat_failed`), where IPv4 remaps the port.
+/// caller): the reply entry first, so a reply can never beat it. `snat`: the source is
+/// translated (the caller set `fwd`'s address): its port is the first free one of
+/// `min..=max` from a random start, so no two flows to a backend share a reply tuple.
+/// Without SNAT a reply tuple held by another live flow (one client port to two frontends
+/// with one backend) fails the flow (`snat_failed`), where IPv4 remaps the port.
 #[inline(always)]
-pub fn create(t: &Tuple6) -> Result<(), Reason> {
+pub fn create(t: &Tuple6, snat: bool, min: u16, max: u16) -> Result<(), Reason> {
     let s = scratch()?;
     let now = clock::now();
     s.fwd.created_ns = now;
@@ -202,13 +207,15 @@ pub fn create(t: &Tuple6) -> Result<(), Reason> {
     s.reply.dport_be = t.sport_be;
     s.reply_key = key(
         &s.fwd.daddr_be,
-        &t.saddr_be,
+        &s.fwd.saddr_be,
         s.fwd.dport_be,
-        t.sport_be,
+        s.fwd.sport_be,
         t.proto,
         CT_DIR_REPLY,
     );
-    if !claim(s, t) {
+    if snat {
+        s.fwd.sport_be = claim_port(s, min, max)?;
+    } else if !claim(s) {
         return Err(Reason(R_SNAT_FAILED));
     }
     s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
@@ -221,7 +228,7 @@ pub fn create(t: &Tuple6) -> Result<(), Reason> {
 /// Inserts the scratch's reply entry: under a free key, over the previous flow of this very
 /// tuple, or over a flow that is over (then its forward entry goes too).
 #[inline(always)]
-fn claim(s: &mut FlowScratch6, t: &Tuple6) -> bool {
+fn claim(s: &mut FlowScratch6) -> bool {
     // SAFETY: only compared with None.
     if unsafe { XLB_CTA6_V1.get(&s.reply_key) }.is_none()
         && XLB_CT6_V1
@@ -233,15 +240,99 @@ fn claim(s: &mut FlowScratch6, t: &Tuple6) -> bool {
     let Some(old) = get(&s.reply_key) else {
         return false;
     };
-    let own = eq6(&old.daddr_be, &t.saddr_be)
-        && old.dport_be == t.sport_be
-        && eq6(&old.saddr_be, &t.daddr_be)
-        && old.sport_be == t.dport_be;
+    let r = &s.reply;
+    let own = eq6(&old.daddr_be, &r.daddr_be)
+        && old.dport_be == r.dport_be
+        && eq6(&old.saddr_be, &r.saddr_be)
+        && old.sport_be == r.sport_be;
     if !own && !over(s, old) {
         return false;
     }
     let _ = XLB_CTA6_V1.remove(&s.reply_key);
     XLB_CT6_V1.insert(&s.reply_key, &s.reply, 0).is_ok()
+}
+
+/// State of the SNAT port search run by `bpf_loop` (the entries stay in the scratch).
+struct PortSearch {
+    min: u32,
+    range: u32,
+    start: u32,
+    /// The claimed port (network order), 0 until one is found.
+    found_be: u32,
+}
+
+/// One try of the port search: the `idx`-th port from the random start.
+#[inline(never)]
+extern "C" fn try_port(idx: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes back the pointer `claim_port` gave it, to a live PortSearch.
+    let p = unsafe { &mut *(ctx as *mut PortSearch) };
+    let Ok(s) = scratch() else {
+        return 1;
+    };
+    if p.range == 0 {
+        return 1;
+    }
+    let port = (p.min + (p.start + idx as u32) % p.range) as u16;
+    s.reply_key.dport_be = port.to_be();
+    if claim(s) {
+        p.found_be = port.to_be() as u32;
+        return 1;
+    }
+    0
+}
+
+/// Inserts the scratch's reply entry under the first free port of `min..=max` (up to
+/// `SNAT_TRIES` of them) from a random start; the port, network order.
+#[inline(always)]
+fn claim_port(_s: &mut FlowScratch6, min: u16, max: u16) -> Result<u16, Reason> {
+    if min == 0 || max < min {
+        return Err(Reason(R_SNAT_FAILED));
+    }
+    let range = (max - min) as u32 + 1;
+    let mut search = PortSearch {
+        min: min as u32,
+        range,
+        // SAFETY: helper without side effects.
+        start: unsafe { bpf_get_prandom_u32() } % range,
+        found_be: 0,
+    };
+    let tries = if range < SNAT_TRIES {
+        range
+    } else {
+        SNAT_TRIES
+    };
+    // SAFETY: the callback only touches `search`, which outlives the call, and the scratch.
+    unsafe {
+        bpf_loop(
+            tries,
+            try_port as *mut core::ffi::c_void,
+            &mut search as *mut PortSearch as *mut core::ffi::c_void,
+            0,
+        )
+    };
+    if search.found_be == 0 {
+        return Err(Reason(R_SNAT_FAILED));
+    }
+    Ok(search.found_be as u16)
+}
+
+/// Keeps the reply entry of a SNATed flow recently used (as IPv4's `keep_reply`), so LRU
+/// eviction never takes it before its forward entry.
+#[inline(always)]
+pub fn keep_reply(ct: &CtValue6, proto: u8) {
+    if ct.flags & CT_F_ASSURED != 0 {
+        return;
+    }
+    let k = key(
+        &ct.daddr_be,
+        &ct.saddr_be,
+        ct.dport_be,
+        ct.sport_be,
+        proto,
+        CT_DIR_REPLY,
+    );
+    // SAFETY: only looked up (which marks it used).
+    let _ = unsafe { XLB_CT6_V1.get(&k) };
 }
 
 /// Whether the flow owning the reply entry `old` (at the scratch's reply key) is over, with

@@ -22,10 +22,10 @@ pub mod xdp;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_AFFINITY, CtValue6, R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED,
-    R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT, R_REVERSE_NAT,
-    R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SvcValue, filter_fold,
+    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
+    R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT,
+    R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
+    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
 use self::{
@@ -37,9 +37,10 @@ use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
     filter,
+    packet::Packet,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
-    translate::Mtu,
+    translate::{self, Mtu},
 };
 
 type Outcome = reason::Outcome<i32>;
@@ -94,10 +95,25 @@ pub fn tc(ctx: &TcContext) -> Carried {
         Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
     }
     match start(ctx, t, svc, reason).next::<i32>() {
+        Then::Done(Ok((UNDECIDED, _))) => rewrite(ctx, t, svc.svc_id, reason),
         Then::Done(o) => Carried::done(o),
         Then::FragNeeded(mtu) => too_big(ctx, t, mtu),
         Then::Refuse => refuse(ctx, t),
     }
+}
+
+/// Rewrites the first packet of the flow just recorded (the scratch's forward tuple).
+#[inline(never)]
+fn rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Carried {
+    Carried::done(try_rewrite(ctx, t, svc_id, reason))
+}
+
+#[inline(always)]
+fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Outcome {
+    let s = conntrack::scratch()?;
+    nat::apply(ctx, t, &s.fwd)?;
+    reason::count_service(svc_id, s.fwd.backend_id, ctx.len());
+    pass(reason)
 }
 
 /// An ICMPv6 message: translated when it is an error about a tracked flow, else passed.
@@ -192,8 +208,13 @@ pub(super) fn frontend(t: &Tuple6) -> Frontend6 {
 #[inline(always)]
 pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
     let ct = conntrack::assure(ct, t);
-    if touch(ct, t) && ct.flags & CT_F_AFFINITY != 0 {
-        affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
+    if touch(ct, t) {
+        if ct.flags & CT_F_SNAT != 0 {
+            conntrack::keep_reply(ct, t.proto);
+        }
+        if ct.flags & CT_F_AFFINITY != 0 {
+            affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
+        }
     }
     ct
 }
@@ -237,7 +258,7 @@ fn copy_backend(dst: &mut Backend, src: &Backend) {
 }
 
 /// Starts the flow to the backend the scratch holds (unless the packet is too big for its
-/// route): affinity, conntrack, rewrite.
+/// route): source translation, affinity, conntrack; `UNDECIDED` for [`rewrite`] to go on.
 #[inline(never)]
 fn start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
     Carried::then(try_start(ctx, t, svc, reason))
@@ -256,21 +277,24 @@ fn try_start(
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    let fwd = record(t, svc, fits)?;
-    nat::apply(ctx, t, fwd)?;
-    reason::count_service(svc.svc_id, fwd.backend_id, ctx.len());
-    Ok(Then::Done(pass(reason)))
+    record(ctx, t, svc, fits)?;
+    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
 }
 
-/// Records a new flow of `t` to the scratch's backend (its affinity, its conntrack
-/// entries); returns the forward tuple its packets are rewritten to.
+/// Records a new flow of `t` to the scratch's backend (its source translation, its
+/// affinity, its conntrack entries); returns the forward tuple its packets are rewritten to.
+/// A remote backend of a Cluster-policy external frontend gets the flow SNATed to the
+/// node's address toward it (the route's source) and a port of the SNAT range, so its
+/// replies come back through this node.
 #[inline(always)]
-pub(super) fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static CtValue6, Reason> {
+pub(super) fn record<P: Packet>(
+    ctx: &P,
+    t: &Tuple6,
+    svc: &SvcValue,
+    mtu: u16,
+) -> Result<&'static CtValue6, Reason> {
     let s = conntrack::scratch()?;
     let be = &s.backend;
-    if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {
-        return Err(Reason(R_SNAT_FAILED));
-    }
     let fwd = &mut s.fwd;
     copy6(&mut fwd.saddr_be, &t.saddr_be);
     copy6(&mut fwd.daddr_be, &be.addr_be);
@@ -286,6 +310,24 @@ pub(super) fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static Ct
     };
     fwd.mtu = mtu;
     fwd._pad = 0;
+    let snat = svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0;
+    if snat {
+        let route = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            t.proto,
+            &t.saddr_be,
+            &be.addr_be,
+            0,
+        )
+        .ok_or(Reason(R_SNAT_FAILED))?;
+        let src = &route.src_be;
+        if src[0] | src[1] | src[2] | src[3] == 0 {
+            return Err(Reason(R_SNAT_FAILED));
+        }
+        copy6(&mut fwd.saddr_be, src);
+        fwd.flags |= CT_F_SNAT;
+    }
     // A client that is its own backend keeps its source (no IPv6 hairpin address yet).
     affinity::remember(
         &Client::addr6(t.saddr_be),
@@ -294,6 +336,7 @@ pub(super) fn record(t: &Tuple6, svc: &SvcValue, mtu: u16) -> Result<&'static Ct
         s.slot as u16,
         be.generation,
     );
-    conntrack::create(t)?;
+    let cfg = translate::config();
+    conntrack::create(t, snat, cfg.snat_port_min, cfg.snat_port_max)?;
     Ok(&s.fwd)
 }

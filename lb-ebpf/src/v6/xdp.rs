@@ -67,10 +67,23 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         return Carried::done(pass(R_PASS));
     }
     match choose(t, svc, R_NEW_FLOW).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => start(ctx, t, svc),
-        Then::Done(Err(r)) => Carried::done::<u32>(Err(r)),
-        _ => Carried::done(pass(R_PASS)),
+        Then::Done(Ok((UNDECIDED, _))) => {}
+        Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
+        _ => return Carried::done(pass(R_PASS)),
     }
+    match start(ctx, t, svc).outcome::<u32>() {
+        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, t),
+        o => Carried::done(o),
+    }
+}
+
+/// Sends the first packet of the flow just recorded on (the scratch's forward tuple).
+#[inline(never)]
+fn send_new(ctx: &XdpContext, t: &Tuple6) -> Carried {
+    Carried::done(match conntrack::scratch() {
+        Ok(s) => finish(ctx, t, &s.fwd, R_NEW_FLOW),
+        Err(r) => Err(r),
+    })
 }
 
 /// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
@@ -101,7 +114,8 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
 }
 
 /// A new flow to the backend `choose` put in the scratch, when its route is ready (the
-/// neighbour known, the packet fits): recorded and sent on here; else left to tc.
+/// neighbour known, the packet fits): recorded (`UNDECIDED`: [`send_new`] sends it on);
+/// else left to tc.
 #[inline(never)]
 fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
     Carried::done(try_start(ctx, t, svc))
@@ -122,8 +136,8 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
         Some(r) if r.too_big == 0 => {}
         _ => return pass(R_PASS),
     }
-    let fwd = record(t, svc, 0)?;
-    finish(ctx, t, fwd, R_NEW_FLOW)
+    record(ctx, t, svc, 0)?;
+    Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
 }
 
 /// Sends a packet of a tracked flow on, rewritten to `v` (as IPv4's `xdp::finish`).
