@@ -218,6 +218,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         }
         // Sleep until an event, the end of minSyncPeriod when a change waits, or a look at
         // the stop flag.
+        state.release_after_full_sync();
         let poll = !links_watched || ifs.retrying();
         let Some(first) = next_wake(&wake, due, poll.then_some(opts.poll))? else {
             continue;
@@ -311,6 +312,9 @@ struct State {
     /// Services with a health check node port (their changes re-render service health).
     health_checked: BTreeSet<ServiceRef>,
     health_changed: bool,
+    /// A full sync happened: its freed memory goes back to the kernel before the loop
+    /// sleeps (after the service health it re-rendered).
+    trim: bool,
     /// Services and endpoint slices changed since the last sync (for the metrics).
     queued: (u64, u64),
     /// Source errors since the last sync.
@@ -319,6 +323,13 @@ struct State {
 }
 
 impl State {
+    /// After a full sync: its freed memory back to the kernel.
+    fn release_after_full_sync(&mut self) {
+        if std::mem::take(&mut self.trim) {
+            release_free_memory();
+        }
+    }
+
     /// The slow prune, every [`PRUNE`]: a full recompute (quarantined indices and retired
     /// filter bits expire in it) and a full diff against what is programmed.
     fn prune_when_due(&mut self, last_prune: &mut Instant) {
@@ -618,7 +629,7 @@ fn sync(
         // maps), then the B-trees rebuilt full, then the freed pages back to the kernel.
         drop((touched, changed, problems));
         state.engine.compact(p.ids);
-        release_free_memory();
+        state.trim = true;
     }
     errors as u64
 }

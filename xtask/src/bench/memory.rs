@@ -148,10 +148,8 @@ pub(super) fn agent_run(
     let (mut run, log, started) = start_agent(xlb, services, endpoints)?;
     wait_synced(&mut run, &log, services, started)?;
     let synced = started.elapsed().as_secs_f64();
-    // Let allocations settle (the sync's temporaries are freed by now).
-    std::thread::sleep(Duration::from_millis(300));
     let pid = run.child.id().to_string();
-    let rss = status_kb(&pid, "VmRSS")?;
+    let rss = settled_rss(&pid)?;
     let hwm = status_kb(&pid, "VmHWM")?;
     let attach_s = match veths {
         0 => 0.0,
@@ -169,6 +167,27 @@ pub(super) fn agent_run(
         idle_pct,
         attach_s,
     })
+}
+
+/// VmRSS of `pid` once it settles: after a full sync the agent rebuilds its B-trees and
+/// gives freed pages back (longer at 100,000 services than the 300 ms first waited), so it
+/// is read every 200 ms until it has not changed by more than 1% for a second (at most 10 s).
+fn settled_rss(pid: &str) -> Result<u64> {
+    std::thread::sleep(Duration::from_millis(300));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = status_kb(pid, "VmRSS")?;
+    let mut steady = 0;
+    while steady < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = status_kb(pid, "VmRSS")?;
+        steady = if now.abs_diff(last) * 100 <= last {
+            steady + 1
+        } else {
+            0
+        };
+        last = now;
+    }
+    Ok(last)
 }
 
 /// The agent on a file of `services` × `endpoints` in a namespace, pin directory and cgroup
@@ -508,7 +527,7 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     let per_svc_rss = (rss_big.median - rss_small.median) * 1024.0 * 1024.0 / SERVICES as f64;
     body.push_str(&format!(
         "\n**Agent RSS** (`xlb agent --source file:…` in its own network namespace, attached to no interface, \
-         {AGENT_TRIALS} runs, read from /proc/PID/status once its log says `synced` for every service):\n\n"
+         {AGENT_TRIALS} runs, read from /proc/PID/status once its log says `synced` for every service and VmRSS has settled (within 1% for a second)):\n\n"
     ));
     let headers: Vec<String> = [
         "services × endpoints",

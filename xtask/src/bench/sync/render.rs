@@ -232,7 +232,7 @@ fn agent_table(agents: &[AgentIdle]) -> String {
     let mut body = String::new();
     body.push_str(
         "\n**The agent** (`xlb agent --source file:…` in its own network namespace, release build, \
-         `--pod-interfaces xbv*`): VmRSS after its first sync, the time from start to that sync, then \
+         `--pod-interfaces xbv*`): VmRSS after its first sync once settled (within 1% for a second), the time from start to that sync, then \
          VETHS pod veth pairs created at once (`ip -b`) and the time from the last created to the last \
          attached (its log's `attached tc ingress` lines), then the CPU it used over the next IDLE \
          seconds with nothing changing and the VETHS interfaces attached (utime + stime from \
