@@ -2,7 +2,7 @@
 //! where the concept exists in xlb. Flags override it. Unknown keys are an error naming the
 //! key, so a typo is never silently ignored.
 
-use std::{net::Ipv4Addr, path::Path, time::Duration};
+use std::{net::IpAddr, path::Path, time::Duration};
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -42,8 +42,9 @@ pub struct AgentConfig {
     /// The pod CIDR; kept for the emitters' local-traffic detection and north-south masquerade.
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: Option<String>,
-    /// Where NodePorts are served (IPv4 addresses; kube-proxy also takes CIDRs or "primary").
-    pub node_port_addresses: Option<Vec<Ipv4Addr>>,
+    /// Where NodePorts are served (addresses of either family; kube-proxy also takes CIDRs
+    /// or "primary").
+    pub node_port_addresses: Option<Vec<IpAddr>>,
     /// Smallest interval between syncs, e.g. `100ms`.
     pub min_sync_period: Option<String>,
     /// `IP:PORT` of `/healthz` and `/livez` ("" disables).
@@ -111,7 +112,7 @@ impl AgentConfig {
     }
 
     /// Where NodePorts are served; empty: the node interfaces' addresses.
-    pub fn node_port_addresses(&self, flag: Vec<Ipv4Addr>) -> Vec<Ipv4Addr> {
+    pub fn node_port_addresses(&self, flag: Vec<IpAddr>) -> Vec<IpAddr> {
         if flag.is_empty() {
             self.node_port_addresses.clone().unwrap_or_default()
         } else {
@@ -220,7 +221,7 @@ conntrack: {tcpEstablishedTimeout: 24h0m0s, udpTimeout: 30s}
         assert_eq!(c.min_sync(), Some(Duration::from_millis(250)));
         assert_eq!(
             c.node_port_addresses,
-            Some(vec![Ipv4Addr::new(192, 0, 2, 1)])
+            Some(vec![std::net::Ipv4Addr::new(192, 0, 2, 1).into()])
         );
     }
 

@@ -117,6 +117,37 @@ pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
     out
 }
 
+/// The addresses NodePorts are served on by default on interface `name`: its IPv4 ones and
+/// its global IPv6 ones (not link-local: kube-proxy serves no NodePort there).
+pub fn node_port_addresses(name: &str) -> Vec<std::net::IpAddr> {
+    let mut out: Vec<std::net::IpAddr> = ipv4_addresses(name).into_iter().map(Into::into).collect();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = &*p;
+            if !a.ifa_addr.is_null()
+                && i32::from((*a.ifa_addr).sa_family) == libc::AF_INET6
+                && !a.ifa_name.is_null()
+                && std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy() == name
+            {
+                let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                if !ip.is_loopback() && !ip.is_unicast_link_local() {
+                    out.push(ip.into());
+                }
+            }
+            p = a.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}
+
 /// The index of interface `name`, if it exists.
 pub fn ifindex(name: &str) -> Option<u32> {
     let c = std::ffi::CString::new(name).ok()?;

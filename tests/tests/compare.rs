@@ -45,7 +45,7 @@ fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) ->
                 && flow.protocol == Protocol::Tcp
                 && *ebpf == Outcome::Refused
                 && *other == Outcome::Dropped;
-            node_udp_eperm || ipv6_tcp_reject || ipv6_node_port_gap(flow, ebpf, other)
+            node_udp_eperm || ipv6_tcp_reject
         }
         Impl::EbpfHost => {
             flow.origin == Origin::Pod
@@ -55,19 +55,6 @@ fn known_difference(flow: &Flow, mode: Impl, ebpf: &Outcome, other: &Outcome) ->
         }
         Impl::Ebpf | Impl::KubeProxy(Mode::Ipvs) => false,
     }
-}
-
-/// Not a difference of kube-proxy's but a gap of xlb's, named so that it cannot hide: xlb
-/// does not program NodePorts on the node's IPv6 addresses yet (its desired state reports
-/// them unsupported; issue [ipv6]), so such a flow finds no frontend and the node's own
-/// stack refuses it, where kube-proxy's IPv6 proxier serves it.
-/// [`modes_agree_over_both_families_on_dual_stack_services`] asserts exactly that outcome,
-/// so the day xlb serves them the test says to drop this.
-fn ipv6_node_port_gap(flow: &Flow, ebpf: &Outcome, other: &Outcome) -> bool {
-    flow.frontend.is_ipv6()
-        && flow.kind == Frontend::NodePort
-        && *ebpf == Outcome::Refused
-        && matches!(other, Outcome::Backends(_))
 }
 
 /// Compares every mode on `source`: each does what xlb does, or differs only as
@@ -193,8 +180,9 @@ fn the_four_origins_agree_on_cluster_ip_and_node_port_services() {
 /// NodePort Service and an IPv6-only Service without endpoints, each family's endpoints in
 /// its own EndpointSlice. kube-proxy runs its second proxier for IPv6 (ip6tables, the
 /// `ip6 kube-proxy` table); xlb serves both families from one agent, the pod's IPv6 flows
-/// through the socket hooks and, with `--socket-lb host`, through tc. Every IPv6 ClusterIP
-/// flow reaches that family's endpoints only, from the pod and from the node.
+/// through the socket hooks and, with `--socket-lb host`, through tc, NodePorts on the
+/// node's IPv6 address too. Every IPv6 flow reaches that family's endpoints only, from the
+/// pod and from the node.
 #[test]
 fn modes_agree_over_both_families_on_dual_stack_services() {
     if !require_root("modes_agree_over_both_families_on_dual_stack_services") {
@@ -212,13 +200,6 @@ fn modes_agree_over_both_families_on_dual_stack_services() {
     );
     for (flow, by) in v6 {
         let ebpf = &by[&Impl::Ebpf];
-        if flow.kind == Frontend::NodePort {
-            assert_eq!(
-                *ebpf,
-                Outcome::Refused,
-                "xlb serves IPv6 NodePorts now: drop ipv6_node_port_gap\n{table}"
-            );
-        }
         assert!(
             !by.contains_key(&Impl::KubeProxy(Mode::Userspace)),
             "{table}"
@@ -229,7 +210,7 @@ fn modes_agree_over_both_families_on_dual_stack_services() {
                 "{flow:?}: {b:?}\n{table}"
             ),
             Outcome::Refused => assert!(
-                flow.service.starts_with("demo/empty6:") || flow.kind == Frontend::NodePort,
+                flow.service.starts_with("demo/empty6:"),
                 "{flow:?}\n{table}"
             ),
             other => panic!("{flow:?}: {other}\n{table}"),

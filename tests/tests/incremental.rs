@@ -204,8 +204,12 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
 }
 
 fn node(zone: bool, addresses: u8, socket_lb: bool) -> NodeContext {
-    let addrs: Vec<Ipv4Addr> = (0..addresses)
-        .map(|a| Ipv4Addr::new(192, 168, 0, a + 1))
+    // Each IPv4 NodePort address has an IPv6 one beside it (a dual-stack node).
+    let addrs: Vec<std::net::IpAddr> = (0..addresses)
+        .flat_map(|a| {
+            let v6 = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(a) + 1);
+            [Ipv4Addr::new(192, 168, 0, a + 1).into(), v6.into()]
+        })
         .collect();
     let mut c = NodeContext::new("node-a", &addrs, socket_lb);
     c.node.zone = zone.then(|| "z1".to_string());

@@ -67,7 +67,7 @@ pub struct AgentOptions {
     /// Node interfaces: replies from remote backends and NodePort traffic arrive there.
     pub node_interfaces: Vec<String>,
     /// Where NodePorts are served; empty: the node interfaces' IPv4 addresses.
-    pub node_port_addresses: Vec<std::net::Ipv4Addr>,
+    pub node_port_addresses: Vec<std::net::IpAddr>,
     /// Pin directory on bpffs.
     pub bpffs: PathBuf,
     /// How often the file and the interfaces are looked at when inotify or rtnetlink is
@@ -209,9 +209,19 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             metrics.synced(started.elapsed(), Some(since.elapsed()), errors);
             health.synced();
             if std::mem::take(&mut state.health_changed) {
+                // Health-check node ports on the IPv4 NodePort addresses (all of them when
+                // there are none).
+                let v4: Vec<std::net::Ipv4Addr> = node
+                    .node_port_addresses()
+                    .into_iter()
+                    .filter_map(|ip| match ip {
+                        std::net::IpAddr::V4(v4) => Some(v4),
+                        std::net::IpAddr::V6(_) => None,
+                    })
+                    .collect();
                 service_health.update(
                     &serve::service_health::desired(&state.model, &opts.node_name),
-                    &node.node_port_addresses(),
+                    &v4,
                 );
             }
             continue;
@@ -496,14 +506,15 @@ fn take_over(
     Ok(hooks)
 }
 
-/// `--nodeport-addresses`, or by default the IPv4 addresses of the node interfaces.
-fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::Ipv4Addr> {
+/// `--nodeport-addresses`, or by default the node interfaces' addresses of both families
+/// (IPv6: global ones, not link-local).
+fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::IpAddr> {
     if !opts.node_port_addresses.is_empty() {
         return opts.node_port_addresses.clone();
     }
     opts.node_interfaces
         .iter()
-        .flat_map(|i| netif::ipv4_addresses(i))
+        .flat_map(|i| netif::node_port_addresses(i))
         .collect()
 }
 

@@ -43,9 +43,10 @@ pub struct AgentArgs {
     /// comma-separated.
     #[arg(long, env = "XLB_NODE_INTERFACES", value_delimiter = ',')]
     pub node_interfaces: Vec<String>,
-    /// IPv4 addresses NodePorts are served on (default: the node interfaces' addresses).
+    /// Addresses NodePorts are served on, IPv4 and IPv6 (default: the node interfaces'
+    /// addresses of both families, IPv6 ones global).
     #[arg(long, env = "XLB_NODEPORT_ADDRESSES", value_delimiter = ',')]
-    pub nodeport_addresses: Vec<std::net::Ipv4Addr>,
+    pub nodeport_addresses: Vec<std::net::IpAddr>,
     /// Pin directory on bpffs.
     #[arg(long, env = "XLB_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
     pub bpffs: PathBuf,

@@ -56,7 +56,7 @@ struct Port<'v, 'm> {
     view: &'v PortView<'m>,
     family: IpFamily,
     node: &'v NodeContext,
-    node_port_addresses: &'v [Ipv4Addr],
+    node_port_addresses: &'v [IpAddr],
     /// `namespace/name:port`.
     object: String,
 }
@@ -108,7 +108,7 @@ pub(super) fn service_candidates(
             });
             continue;
         }
-        for f in port.frontends(errors) {
+        for f in port.frontends() {
             port.candidates(f, errors, &mut candidates);
         }
     }
@@ -119,7 +119,7 @@ impl Port<'_, '_> {
     /// Where the port is reached: ClusterIP traffic follows internalTrafficPolicy;
     /// externalIPs, LoadBalancer ingress IPs (of the port's family) and NodePorts (on each of
     /// this node's NodePort addresses) follow externalTrafficPolicy.
-    fn frontends(&self, errors: &mut Vec<DesiredError>) -> Vec<Frontend> {
+    fn frontends(&self) -> Vec<Frontend> {
         let view = self.view;
         let fe = |ip, port, reach, suffix| Frontend {
             ip,
@@ -150,16 +150,9 @@ impl Port<'_, '_> {
         let Some(node_port) = view.node_port else {
             return out;
         };
-        if self.family == IpFamily::V6 {
-            // tc and XDP translate IPv4 only: an IPv6 NodePort would not be served.
-            errors.push(DesiredError::Unsupported {
-                object: self.object.clone(),
-                what: format!("IPv6 NodePort {node_port}"),
-            });
-            return out;
-        }
-        for ip in self.node_port_addresses {
-            let ip = IpAddr::V4(*ip);
+        // Each family's NodePorts on that family's NodePort addresses (kube-proxy's proxier
+        // per family).
+        for ip in of_family(self.node_port_addresses) {
             out.push(fe(
                 ip,
                 node_port,
@@ -167,7 +160,8 @@ impl Port<'_, '_> {
                 format!(" (nodePort {ip})"),
             ));
         }
-        if self.node.socket_lb {
+        // 127.0.0.1 only: kube-proxy serves no NodePort on ::1 (`! -d ::1/128`).
+        if self.node.socket_lb && self.family == IpFamily::V4 {
             let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
             out.push(fe(
                 lo,
@@ -246,11 +240,11 @@ impl Port<'_, '_> {
             return Vec::new();
         }
         let mut r = source_ranges(view);
-        if self.node_port_addresses.iter().any(|n| {
-            view.source_ranges
-                .iter()
-                .any(|c| c.contains(IpAddr::V4(*n)))
-        }) && let IpAddr::V4(ip) = f.ip
+        if self
+            .node_port_addresses
+            .iter()
+            .any(|n| view.source_ranges.iter().any(|c| c.contains(*n)))
+            && let IpAddr::V4(ip) = f.ip
         {
             r.push((ip, 32));
         }

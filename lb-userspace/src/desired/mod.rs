@@ -151,8 +151,8 @@ pub struct NodeContext {
 }
 
 impl NodeContext {
-    /// The node `name`, serving NodePorts on `node_port_addresses`.
-    pub fn new(name: &str, node_port_addresses: &[Ipv4Addr], socket_lb: bool) -> Self {
+    /// The node `name`, serving NodePorts on `node_port_addresses` (either family).
+    pub fn new(name: &str, node_port_addresses: &[IpAddr], socket_lb: bool) -> Self {
         let mut c = Self {
             node: NodeSettings {
                 node_name: name.to_string(),
@@ -164,28 +164,23 @@ impl NodeContext {
         c
     }
 
-    /// The IPv4 addresses NodePorts are served on, in order: the node's local addresses,
-    /// narrowed by nodePortAddresses when it is set. Empty: no NodePort frontends.
-    pub fn node_port_addresses(&self) -> Vec<Ipv4Addr> {
+    /// The addresses NodePorts are served on, both families, in order: the node's local
+    /// addresses, narrowed by nodePortAddresses when it is set. Empty: no NodePort frontends.
+    pub fn node_port_addresses(&self) -> Vec<IpAddr> {
         let n = &self.node;
         n.local_addresses
             .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(v) => Some(*v),
-                IpAddr::V6(_) => None,
-            })
+            .copied()
             .filter(|ip| {
                 n.node_port_addresses.is_empty()
-                    || n.node_port_addresses
-                        .iter()
-                        .any(|c| c.contains(IpAddr::V4(*ip)))
+                    || n.node_port_addresses.iter().any(|c| c.contains(*ip))
             })
             .collect()
     }
 
     /// Serves NodePorts on `addrs` (the node's addresses the agent found or was given).
-    pub fn set_node_port_addresses(&mut self, addrs: &[Ipv4Addr]) {
-        self.node.local_addresses = addrs.iter().copied().map(IpAddr::V4).collect();
+    pub fn set_node_port_addresses(&mut self, addrs: &[IpAddr]) {
+        self.node.local_addresses = addrs.to_vec();
         self.node.node_port_addresses.clear();
     }
 }

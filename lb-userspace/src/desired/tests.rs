@@ -38,9 +38,14 @@ fn yaml(spec: &str, endpoints: Option<&[(&str, &str)]>) -> String {
 
 /// The desired state of `yaml` on NODE (NodePorts on NODE_IP), socket hooks as given.
 fn on_node(yaml: &str, socket_lb: bool) -> (Desired, Vec<DesiredError>) {
+    on_node_at(yaml, &[NODE_IP.into()], socket_lb)
+}
+
+/// [`on_node`] with NodePorts on `addrs`.
+fn on_node_at(yaml: &str, addrs: &[IpAddr], socket_lb: bool) -> (Desired, Vec<DesiredError>) {
     let loaded = file::parse("t.yaml", yaml).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
-    let node = NodeContext::new(NODE, &[NODE_IP], socket_lb);
+    let node = NodeContext::new(NODE, addrs, socket_lb);
     compute_on(&loaded.model, &node, &mut Ids::default(), Limits::default())
 }
 
@@ -196,7 +201,8 @@ fn a_dual_stack_service_gets_each_familys_cluster_ip_with_that_familys_endpoints
     let v6 = yaml("", Some(&[("fd00:244::1", NODE)]));
     // The IPv6 slice alone (its Service document is the first one).
     y.push_str(&v6[v6.find("---").expect("a slice")..]);
-    let (d, errors) = on_node(&y, false);
+    let node6: IpAddr = "2001:db8::5".parse().expect("ip");
+    let (d, errors) = on_node_at(&y, &[NODE_IP.into(), node6], true);
     let v6_ip: IpAddr = "fd00::1".parse().expect("ip");
     let v6_entry = entry(&d, v6_ip, 80);
     assert_eq!(v6_entry.count, 1);
@@ -208,13 +214,19 @@ fn a_dual_stack_service_gets_each_familys_cluster_ip_with_that_familys_endpoints
     // Each family is its own service port (index), named alike.
     let v4_entry = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
     assert_ne!(v4_entry.svc_id, v6_entry.svc_id);
-    // tc and XDP translate IPv4 only: the IPv6 NodePort is reported, not programmed.
-    assert_eq!(
-        errors,
-        [DesiredError::Unsupported {
-            object: "ns/web:p".into(),
-            what: "IPv6 NodePort 30080".into()
-        }]
-    );
+    // Each family's NodePort on that family's node address, with that family's endpoints;
+    // 127.0.0.1 serves the IPv4 one to the node's sockets, ::1 none (as kube-proxy).
+    assert_eq!(errors, []);
     assert_eq!(entry(&d, NODE_IP, 30080).count, 2);
+    assert_eq!(
+        slot_ips(&d, frontend_key(node6, 30080, Protocol::Tcp)),
+        ["fd00:244::1"]
+    );
+    let lo6 = frontend_key(
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        30080,
+        Protocol::Tcp,
+    );
+    assert!(!d.services.contains_key(&lo6));
+    assert_eq!(entry(&d, Ipv4Addr::LOCALHOST, 30080).count, 2);
 }

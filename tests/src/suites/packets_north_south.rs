@@ -121,7 +121,7 @@ pub fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)
             &loaded.model,
             // With the socket hooks' entries (loopback NodePorts, internal scopes), which
             // tc and XDP must never use.
-            &NodeContext::new("node1", &[NODE], true),
+            &NodeContext::new("node1", &[NODE.into()], true),
         )
         .expect("program");
         table(&mut dp, ifindex);

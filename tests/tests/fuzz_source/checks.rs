@@ -228,7 +228,11 @@ pub(crate) fn run_file(f: &GenFile, small: Option<(u32, u32)>) -> Result<(), Tes
     check_errors(f, &loaded)?;
     check_model(f, &loaded.model)?;
     let limits = limits(small);
-    let node = NodeContext::new("node1", &[std::net::Ipv4Addr::new(192, 0, 2, 1)], false);
+    let node = NodeContext::new(
+        "node1",
+        &[std::net::Ipv4Addr::new(192, 0, 2, 1).into()],
+        false,
+    );
     let mut ids = Ids::default();
     let (d, errors) = desired::compute_on(&loaded.model, &node, &mut ids, limits);
     check_maps(&d, limits)?;

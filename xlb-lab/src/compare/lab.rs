@@ -333,9 +333,14 @@ fn start_agent(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
     .collect();
     args.extend(["--cgroup-path".into(), cgroup.path.display().to_string()]);
     args.extend(["--bpffs".into(), pins.display().to_string()]);
-    // The agent takes IPv4 NodePort addresses only so far.
-    if let Some(ip) = node_port_ip(&for_family(spec.settings, IpFamily::V4)) {
-        args.extend(["--nodeport-addresses".into(), ip.to_string()]);
+    // The NodePort address of each family the settings name.
+    let node_ports: Vec<String> = FAMILIES
+        .iter()
+        .filter_map(|f| node_port_ip(&for_family(spec.settings, *f)))
+        .map(|ip| ip.to_string())
+        .collect();
+    if !node_ports.is_empty() {
+        args.extend(["--nodeport-addresses".into(), node_ports.join(",")]);
     }
     lab.cgroup = Some(cgroup);
     let log = lab.work.join("agent.log");
