@@ -1,0 +1,141 @@
+//! NodePorts over IPv6 from outside the node: an external client on the node's uplink
+//! reaches an IPv6 NodePort on the uplink's global IPv6 address (the agent's default
+//! NodePort addresses: the node interfaces' addresses of both families) through tc, with
+//! SHA-256-checked uploads, spread over the backends; externalTrafficPolicy Local keeps the
+//! client's address, and the UDP NodePort answers from it too.
+
+use std::{
+    collections::BTreeSet,
+    net::{Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use xlb_tests::{
+    client::{tcp_upload, udp_request},
+    echo::EchoServer,
+    require_root,
+    scenario::{TCP_PORT, UDP_PORT},
+    services::write_atomic,
+    topology::Topology,
+};
+
+/// The node's address on the uplink and the external client's.
+const NODE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 1);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 0x10);
+
+/// An IPv6 single-stack NodePort Service (TCP 30080 and UDP 30053, Local policy) on the
+/// pods' IPv6 addresses, all on node1.
+fn yaml(backends: &[Ipv6Addr]) -> String {
+    let mut y = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web6}\nspec:\n  type: NodePort\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:10:96::80\"\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}\n  - {name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30053}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: web6-1\n  labels: {kubernetes.io/service-name: web6}\naddressType: IPv6\nports:\n- {name: http, port: 8080, protocol: TCP}\n- {name: dns, port: 5353, protocol: UDP}\nendpoints:\n".to_string();
+    for ip in backends {
+        y.push_str(&format!(
+            "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: node1\n"
+        ));
+    }
+    y
+}
+
+#[test]
+fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
+    if !require_root("an_external_client_reaches_an_ipv6_node_port_with_checked_uploads") {
+        return;
+    }
+    let tag = xlb_tests::unique_tag("x6n");
+    let mut topo = Topology::build(&tag, 3).expect("topology");
+    topo.dual_stack().expect("dual-stack pods");
+    let ext = topo.add_external_client("up0").expect("external client");
+    topo.node
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{NODE6}/64"),
+            "dev",
+            "up0",
+            "nodad",
+        ])
+        .expect("node address");
+    ext.ns
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{CLIENT6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .expect("client address");
+    let backends: Vec<Ipv6Addr> = topo.backends.iter().filter_map(|p| p.ip6).collect();
+    let _servers: Vec<EchoServer> = topo
+        .backends
+        .iter()
+        .zip(&backends)
+        .map(|(p, ip)| {
+            EchoServer::start_at(&p.ns, &p.name, (*ip).into(), TCP_PORT, UDP_PORT).expect("server")
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(&tag);
+    std::fs::create_dir_all(&dir).expect("dir");
+    write_atomic(&dir.join("svc.yaml"), &yaml(&backends)).expect("yaml");
+    let args: Vec<String> = [
+        "--source",
+        &format!("file:{}", dir.join("svc.yaml").display()),
+        "--pod-interfaces",
+        "xv-*",
+        "--node-interfaces",
+        "up0",
+        "--hostname-override",
+        "node1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+    let mut agent =
+        xlb_tests::agent::Agent::start_with(&topo.node, &args, pins, dir.join("agent.log"))
+            .expect("agent");
+    let tcp = format!("[{NODE6}]:30080/TCP");
+    agent
+        .wait_for(Duration::from_secs(10), |rows| {
+            rows.iter()
+                .any(|r| r.frontend == tcp && r.backends.len() == 3)
+        })
+        .expect("the IPv6 NodePort programmed on the uplink's IPv6 address");
+    std::thread::sleep(Duration::from_millis(300));
+    let to = SocketAddr::from((NODE6, 30080));
+    let dns = SocketAddr::from((NODE6, 30053));
+    let (uploads, answers) = ext
+        .ns
+        .run(move || {
+            let up: Vec<_> = (0..12)
+                .map(|_| tcp_upload(to, 256 * 1024, Duration::from_secs(5)))
+                .collect();
+            let udp: Vec<_> = (0..12)
+                .map(|_| udp_request(dns, Duration::from_secs(2)))
+                .collect();
+            (up, udp)
+        })
+        .expect("client");
+    let mut seen = BTreeSet::new();
+    for u in uploads {
+        let u = u.unwrap_or_else(|e| panic!("upload: {e}\n{}", agent.log_text()));
+        assert!(u.sha256_matches, "the bytes arrived changed");
+        assert!(
+            u.answer.seen_client.starts_with(&format!("[{CLIENT6}]:")),
+            "Local policy keeps the client's address, the backend saw {}",
+            u.answer.seen_client
+        );
+        seen.insert(u.answer.backend);
+    }
+    assert!(seen.len() > 1, "only {seen:?} took uploads");
+    for a in answers {
+        let a = a.unwrap_or_else(|e| panic!("UDP NodePort: {e}"));
+        assert!(
+            a.seen_client.starts_with(&format!("[{CLIENT6}]:")),
+            "{}",
+            a.seen_client
+        );
+    }
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
