@@ -4,85 +4,25 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Write},
-    net::{Ipv6Addr, SocketAddr, TcpListener, UdpSocket},
+    net::{Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
 use xlb_tests::{
     datapath::reason_counts,
-    netns::Netns,
+    echo::EchoServer,
     probe::{self, Line},
     require_root,
     scenario::{Scenario, sock},
-    topology::{Pod, pod_ip},
+    topology::{pod_ip, pod_ip6},
 };
 
 const WEB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
 const WEB4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 10);
 /// The ports the IPv6 echo servers of this test listen on: the lab's, on the pods' IPv6
-/// addresses (its own echo servers hold them on IPv4 only).
+/// addresses (the scenario's own echo servers hold them on IPv4).
 const TCP6: u16 = 8080;
 const UDP6: u16 = 5353;
-
-/// A pod's IPv6 address: `fd00:10:244::<index>`.
-fn pod_ip6(index: u16) -> Ipv6Addr {
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, index)
-}
-
-/// Gives `pod` the IPv6 address `ip6` (a /128, routed by the node as the IPv4 /32s are):
-/// the node side of its veth carries `fe80::1`, the pod's default route.
-fn add_ipv6(node: &Netns, pod: &Pod, ip6: Ipv6Addr) -> Result<(), String> {
-    let host_if = pod.host_if.as_str();
-    node.ip(&["-6", "addr", "add", "fe80::1/64", "dev", host_if, "nodad"])?;
-    node.ip(&["-6", "route", "add", &format!("{ip6}/128"), "dev", host_if])?;
-    pod.ns.ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{ip6}/128"),
-        "dev",
-        "eth0",
-        "nodad",
-    ])?;
-    pod.ns.ip(&[
-        "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-    ])?;
-    Ok(())
-}
-
-/// An IPv6 echo server on `ip6` in `ns`: each TCP line and each datagram gets
-/// `<name> <client address as seen>` back, as the lab's IPv4 echo servers answer.
-fn echo6(ns: &Netns, name: &str, ip6: Ipv6Addr) -> Result<(), String> {
-    let name = name.to_string();
-    let (tcp, udp) = ns.run(move || -> Result<_, String> {
-        let tcp = TcpListener::bind((ip6, TCP6)).map_err(|e| format!("bind tcp: {e}"))?;
-        let udp = UdpSocket::bind((ip6, UDP6)).map_err(|e| format!("bind udp: {e}"))?;
-        Ok((tcp, udp))
-    })??;
-    let n = name.clone();
-    std::thread::spawn(move || {
-        for conn in tcp.incoming().flatten() {
-            let n = n.clone();
-            std::thread::spawn(move || {
-                let peer = conn.peer_addr().map(|p| p.to_string()).unwrap_or_default();
-                let mut w = &conn;
-                for line in BufReader::new(&conn).lines() {
-                    if line.is_err() || writeln!(w, "{n} {peer}").is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((_, from)) = udp.recv_from(&mut buf) {
-            let _ = udp.send_to(format!("{name} {from}\n").as_bytes(), from);
-        }
-    });
-    Ok(())
-}
 
 fn dual_stack_yaml(backends4: &[std::net::Ipv4Addr], backends6: &[Ipv6Addr]) -> String {
     let mut y = format!(
@@ -112,24 +52,23 @@ fn args(mode: &str, to: SocketAddr, n: u32) -> Vec<String> {
     vec![mode.into(), to.to_string(), n.to_string()]
 }
 
-/// The dual-stack Service on two backend pods with IPv6 addresses and echo servers, the
-/// client pod with its IPv6 address, the agent started with `extra` flags and every
-/// frontend programmed. Returns the scenario and the client pod's IPv6 address.
-fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr) {
+/// The dual-stack Service on two backend pods with IPv6 addresses and echo servers on them
+/// (the lab's dual-stack pods), the client pod with its IPv6 address, the agent started
+/// with `extra` flags and every frontend programmed. Returns the scenario, the client
+/// pod's IPv6 address and the IPv6 echo servers (running until dropped).
+fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr, Vec<EchoServer>) {
     let b4: Vec<_> = (2..4).map(pod_ip).collect();
     let b6: Vec<_> = (2..4).map(pod_ip6).collect();
     let mut s =
         Scenario::start_with(prefix, 2, &dual_stack_yaml(&b4, &b6), extra).expect("scenario");
-    s.topo
-        .node
-        .sysctl(&["net.ipv6.conf.all.forwarding=1"])
-        .expect("IPv6 forwarding");
-    for (i, pod) in s.topo.backends.iter().enumerate() {
-        add_ipv6(&s.topo.node, pod, b6[i]).expect("backend IPv6");
-        echo6(&pod.ns, &pod.name, b6[i]).expect("IPv6 echo server");
+    s.topo.dual_stack().expect("dual-stack pods");
+    let mut servers = Vec::new();
+    for pod in &s.topo.backends {
+        let ip6 = pod.ip6.expect("a dual-stack backend");
+        let server = EchoServer::start_at(&pod.ns, &pod.name, ip6.into(), TCP6, UDP6);
+        servers.push(server.expect("IPv6 echo server"));
     }
-    let client6 = pod_ip6(100);
-    add_ipv6(&s.topo.node, &s.topo.client, client6).expect("client IPv6");
+    let client6 = s.topo.client.ip6.expect("a dual-stack client");
     for frontend in [
         format!("{}/TCP", SocketAddr::from((WEB6, 80))),
         format!("{}/UDP", SocketAddr::from((WEB6, 53))),
@@ -138,7 +77,7 @@ fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr) {
         s.wait_backends(&frontend, 2, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
     }
-    (s, client6)
+    (s, client6, servers)
 }
 
 #[test]
@@ -147,7 +86,7 @@ fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
     if !require_root(NAME) {
         return;
     }
-    let (s, client6) = dual_stack("xv6", &[]);
+    let (s, client6, _servers) = dual_stack("xv6", &[]);
     let web6 = SocketAddr::from((WEB6, 80));
     let dns6 = SocketAddr::from((WEB6, 53));
     let text = s.agent.log_text();
@@ -217,7 +156,7 @@ fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
     if !require_root(NAME) {
         return;
     }
-    let (s, client6) = dual_stack("xv6t", &["--socket-lb", "host"]);
+    let (s, client6, _servers) = dual_stack("xv6t", &["--socket-lb", "host"]);
     let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
     let web6 = SocketAddr::from((WEB6, 80));
     let dns6 = SocketAddr::from((WEB6, 53));
