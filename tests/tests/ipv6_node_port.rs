@@ -10,13 +10,14 @@ use std::{
     time::Duration,
 };
 
+use xlb_tests::agent::Agent;
 use xlb_tests::{
     client::{tcp_upload, udp_request},
     echo::EchoServer,
     require_root,
     scenario::{TCP_PORT, UDP_PORT},
     services::write_atomic,
-    topology::Topology,
+    topology::{Pod, Topology},
 };
 
 /// The node's address on the uplink and the external client's.
@@ -35,73 +36,105 @@ fn yaml(backends: &[Ipv6Addr]) -> String {
     y
 }
 
+/// The lab: dual-stack pods with IPv6 echo servers, an external client on `up0` with an
+/// IPv6 address beside the node's, the agent on the Service with the NodePort programmed.
+struct Lab {
+    // Drop order: the agent, the servers, then the namespaces.
+    agent: Agent,
+    _servers: Vec<EchoServer>,
+    ext: Pod,
+    _topo: Topology,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Lab {
+    fn build() -> Lab {
+        let tag = xlb_tests::unique_tag("x6n");
+        let mut topo = Topology::build(&tag, 3).expect("topology");
+        topo.dual_stack().expect("dual-stack pods");
+        let ext = topo.add_external_client("up0").expect("external client");
+        topo.node
+            .ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{NODE6}/64"),
+                "dev",
+                "up0",
+                "nodad",
+            ])
+            .expect("node address");
+        ext.ns
+            .ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{CLIENT6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])
+            .expect("client address");
+        let backends: Vec<Ipv6Addr> = topo.backends.iter().filter_map(|p| p.ip6).collect();
+        let _servers: Vec<EchoServer> = topo
+            .backends
+            .iter()
+            .zip(&backends)
+            .map(|(p, ip)| {
+                EchoServer::start_at(&p.ns, &p.name, (*ip).into(), TCP_PORT, UDP_PORT)
+                    .expect("server")
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(&tag);
+        std::fs::create_dir_all(&dir).expect("dir");
+        write_atomic(&dir.join("svc.yaml"), &yaml(&backends)).expect("yaml");
+        let args: Vec<String> = [
+            "--source",
+            &format!("file:{}", dir.join("svc.yaml").display()),
+            "--pod-interfaces",
+            "xv-*",
+            "--node-interfaces",
+            "up0",
+            "--hostname-override",
+            "node1",
+        ]
+        .map(String::from)
+        .to_vec();
+        let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+        let mut agent =
+            xlb_tests::agent::Agent::start_with(&topo.node, &args, pins, dir.join("agent.log"))
+                .expect("agent");
+        let tcp = format!("[{NODE6}]:30080/TCP");
+        agent
+            .wait_for(Duration::from_secs(10), |rows| {
+                rows.iter()
+                    .any(|r| r.frontend == tcp && r.backends.len() == 3)
+            })
+            .expect("the IPv6 NodePort programmed on the uplink's IPv6 address");
+        std::thread::sleep(Duration::from_millis(300));
+        Lab {
+            agent,
+            _servers,
+            ext,
+            _topo: topo,
+            dir,
+        }
+    }
+}
+
 #[test]
 fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
     if !require_root("an_external_client_reaches_an_ipv6_node_port_with_checked_uploads") {
         return;
     }
-    let tag = xlb_tests::unique_tag("x6n");
-    let mut topo = Topology::build(&tag, 3).expect("topology");
-    topo.dual_stack().expect("dual-stack pods");
-    let ext = topo.add_external_client("up0").expect("external client");
-    topo.node
-        .ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{NODE6}/64"),
-            "dev",
-            "up0",
-            "nodad",
-        ])
-        .expect("node address");
-    ext.ns
-        .ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{CLIENT6}/64"),
-            "dev",
-            "eth0",
-            "nodad",
-        ])
-        .expect("client address");
-    let backends: Vec<Ipv6Addr> = topo.backends.iter().filter_map(|p| p.ip6).collect();
-    let _servers: Vec<EchoServer> = topo
-        .backends
-        .iter()
-        .zip(&backends)
-        .map(|(p, ip)| {
-            EchoServer::start_at(&p.ns, &p.name, (*ip).into(), TCP_PORT, UDP_PORT).expect("server")
-        })
-        .collect();
-    let dir = std::env::temp_dir().join(&tag);
-    std::fs::create_dir_all(&dir).expect("dir");
-    write_atomic(&dir.join("svc.yaml"), &yaml(&backends)).expect("yaml");
-    let args: Vec<String> = [
-        "--source",
-        &format!("file:{}", dir.join("svc.yaml").display()),
-        "--pod-interfaces",
-        "xv-*",
-        "--node-interfaces",
-        "up0",
-        "--hostname-override",
-        "node1",
-    ]
-    .map(String::from)
-    .to_vec();
-    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
-    let mut agent =
-        xlb_tests::agent::Agent::start_with(&topo.node, &args, pins, dir.join("agent.log"))
-            .expect("agent");
-    let tcp = format!("[{NODE6}]:30080/TCP");
-    agent
-        .wait_for(Duration::from_secs(10), |rows| {
-            rows.iter()
-                .any(|r| r.frontend == tcp && r.backends.len() == 3)
-        })
-        .expect("the IPv6 NodePort programmed on the uplink's IPv6 address");
-    std::thread::sleep(Duration::from_millis(300));
+    let lab = Lab::build();
+    let (ext, agent) = (&lab.ext, &lab.agent);
     let to = SocketAddr::from((NODE6, 30080));
     let dns = SocketAddr::from((NODE6, 30053));
     let (uploads, answers) = ext
@@ -136,6 +169,4 @@ fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
             a.seen_client
         );
     }
-    drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -137,50 +137,67 @@ fn ipv6_service_flows_are_translated_both_ways_with_valid_checksums() {
         ),
     ];
     for (what, frame, port, frontend) in &cases {
-        let before = reason_counts(&dp.pins);
-        let backend = expect_dnat(&mut dp, &frame.build(), *port, what);
-        let after = reason_counts(&dp.pins);
-        assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
-        // The backend's reply: the frontend as its source again, the client kept.
-        let c = sa(frame.src, u16::from_be_bytes([frame.l4[0], frame.l4[1]]));
-        let reply = if frame.proto == 6 {
-            Frame6::tcp(backend, c, TCP_SYN | TCP_ACK, b"")
-        } else {
-            Frame6::udp(backend, c, b"answer")
-        };
-        let reply = frame
-            .ext
-            .iter()
-            .fold(reply, |f, e| f.with_ext(e.clone()))
-            .build();
-        let r = dp.run(&reply).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK, "{what}: reply");
-        let seen = seen6(&r.packet, &format!("{what}: reply"));
-        assert_eq!(seen.src, *frontend, "{what}: reply from the frontend");
-        assert_eq!(seen.dst, c, "{what}: reply to the client");
-        assert_eq!(
-            reason_counts(&dp.pins)["reverse_nat"],
-            after["reverse_nat"] + 1
-        );
-        // The flow's next packet goes to the same backend, from its entry.
-        let next = if frame.proto == 6 {
-            Frame6::tcp(c, *frontend, TCP_ACK, b"more")
-        } else {
-            Frame6::udp(c, *frontend, b"again")
-        };
-        let again = expect_dnat(&mut dp, &next.build(), *port, what);
-        assert_eq!(again, backend, "{what}: the flow keeps its backend");
-        assert_eq!(
-            reason_counts(&dp.pins)["established"],
-            after["established"] + 1,
-            "{what}"
-        );
+        flow_both_ways(&mut dp, what, frame, *port, *frontend);
     }
-    // New flows spread over the backends.
+    spread_and_listed(&mut dp, web);
+}
+
+/// One case of [`ipv6_service_flows_are_translated_both_ways_with_valid_checksums`]: the
+/// first packet DNATed to a backend's `port`, the backend's reply from `frontend` again,
+/// the flow's next packet to the same backend, each counted.
+fn flow_both_ways(
+    dp: &mut LoadedDatapath,
+    what: &str,
+    frame: &Frame6,
+    port: u16,
+    frontend: SocketAddrV6,
+) {
+    let before = reason_counts(&dp.pins);
+    let backend = expect_dnat(dp, &frame.build(), port, what);
+    let after = reason_counts(&dp.pins);
+    assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
+    // The backend's reply: the frontend as its source again, the client kept.
+    let c = sa(frame.src, u16::from_be_bytes([frame.l4[0], frame.l4[1]]));
+    let reply = if frame.proto == 6 {
+        Frame6::tcp(backend, c, TCP_SYN | TCP_ACK, b"")
+    } else {
+        Frame6::udp(backend, c, b"answer")
+    };
+    let reply = frame
+        .ext
+        .iter()
+        .fold(reply, |f, e| f.with_ext(e.clone()))
+        .build();
+    let r = dp.run(&reply).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "{what}: reply");
+    let seen = seen6(&r.packet, &format!("{what}: reply"));
+    assert_eq!(seen.src, frontend, "{what}: reply from the frontend");
+    assert_eq!(seen.dst, c, "{what}: reply to the client");
+    assert_eq!(
+        reason_counts(&dp.pins)["reverse_nat"],
+        after["reverse_nat"] + 1
+    );
+    // The flow's next packet goes to the same backend, from its entry.
+    let next = if frame.proto == 6 {
+        Frame6::tcp(c, frontend, TCP_ACK, b"more")
+    } else {
+        Frame6::udp(c, frontend, b"again")
+    };
+    let again = expect_dnat(dp, &next.build(), port, what);
+    assert_eq!(again, backend, "{what}: the flow keeps its backend");
+    assert_eq!(
+        reason_counts(&dp.pins)["established"],
+        after["established"] + 1,
+        "{what}"
+    );
+}
+
+/// New flows to `web` spread over its three backends, and `xlb list conntrack` shows them.
+fn spread_and_listed(dp: &mut LoadedDatapath, web: SocketAddrV6) {
     let mut chosen = std::collections::BTreeSet::new();
     for port in 41000..41060 {
         let f = Frame6::tcp(client(port), web, TCP_SYN, b"").build();
-        chosen.insert(*expect_dnat(&mut dp, &f, 8080, "spread").ip());
+        chosen.insert(*expect_dnat(dp, &f, 8080, "spread").ip());
     }
     assert_eq!(chosen.len(), 3, "{chosen:?}");
     let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
@@ -591,6 +608,67 @@ fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
     .expect("namespace thread");
 }
 
+/// A namespace whose `dum0` (`fd00:10:245::1/64`, a veth, IPv6 forwarding on) routes
+/// `prefixes` via `fd00:10:245::2`; with `neighbour`, dum0 has the MAC `02:00:00:00:00:01`
+/// and that next hop is a permanent neighbour at `02:00:00:00:00:02` (XDP's route lookups
+/// then resolve).
+fn routed_ns(tag: &str, prefixes: &[&str], neighbour: bool) -> xlb_tests::netns::Netns {
+    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
+    ns.sysctl(&[
+        "net.ipv6.conf.all.forwarding=1",
+        "net.ipv6.conf.default.forwarding=1",
+    ])
+    .expect("sysctl");
+    let mut cmds: Vec<Vec<&str>> = vec![vec![
+        "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+    ]];
+    if neighbour {
+        cmds.push(vec!["link", "set", "dum0", "address", "02:00:00:00:00:01"]);
+    }
+    cmds.push(vec!["link", "set", "dum1", "up"]);
+    cmds.push(vec!["link", "set", "dum0", "up"]);
+    cmds.push(vec!["link", "set", "lo", "up"]);
+    cmds.push(vec![
+        "-6",
+        "addr",
+        "add",
+        "fd00:10:245::1/64",
+        "dev",
+        "dum0",
+        "nodad",
+    ]);
+    for p in prefixes {
+        cmds.push(vec![
+            "-6",
+            "route",
+            "add",
+            p,
+            "via",
+            "fd00:10:245::2",
+            "dev",
+            "dum0",
+        ]);
+    }
+    if neighbour {
+        let mac = "02:00:00:00:00:02";
+        let n = [
+            "-6",
+            "neigh",
+            "add",
+            "fd00:10:245::2",
+            "lladdr",
+            mac,
+            "dev",
+            "dum0",
+        ];
+        cmds.push(n.into_iter().chain(["nud", "permanent"]).collect());
+    }
+    for args in &cmds {
+        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    }
+    ns
+}
+
 const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;
 
@@ -605,54 +683,7 @@ fn xdp_translates_and_redirects_ipv6_flows() {
         return;
     }
     let tag = unique_tag("xlp6x");
-    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
-    ns.sysctl(&[
-        "net.ipv6.conf.all.forwarding=1",
-        "net.ipv6.conf.default.forwarding=1",
-    ])
-    .expect("sysctl");
-    for args in [
-        &[
-            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
-        ][..],
-        &["link", "set", "dum0", "address", "02:00:00:00:00:01"],
-        &["link", "set", "dum1", "up"],
-        &["link", "set", "dum0", "up"],
-        &["link", "set", "lo", "up"],
-        &[
-            "-6",
-            "addr",
-            "add",
-            "fd00:10:245::1/64",
-            "dev",
-            "dum0",
-            "nodad",
-        ],
-        &[
-            "-6",
-            "route",
-            "add",
-            "fd00:10:244::/48",
-            "via",
-            "fd00:10:245::2",
-            "dev",
-            "dum0",
-        ],
-        &[
-            "-6",
-            "neigh",
-            "add",
-            "fd00:10:245::2",
-            "lladdr",
-            "02:00:00:00:00:02",
-            "dev",
-            "dum0",
-            "nud",
-            "permanent",
-        ],
-    ] {
-        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    }
+    let ns = routed_ns(&tag, &["fd00:10:244::/48"], true);
     ns.run(move || {
         let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
         let mut dp = loaded(&tag);
@@ -731,51 +762,7 @@ fn ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node
         return;
     }
     let tag = unique_tag("xlp6s");
-    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
-    ns.sysctl(&[
-        "net.ipv6.conf.all.forwarding=1",
-        "net.ipv6.conf.default.forwarding=1",
-    ])
-    .expect("sysctl");
-    for args in [
-        &[
-            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
-        ][..],
-        &["link", "set", "dum1", "up"],
-        &["link", "set", "dum0", "up"],
-        &["link", "set", "lo", "up"],
-        &[
-            "-6",
-            "addr",
-            "add",
-            "fd00:10:245::1/64",
-            "dev",
-            "dum0",
-            "nodad",
-        ],
-        &[
-            "-6",
-            "route",
-            "add",
-            "fd00:10:244::/48",
-            "via",
-            "fd00:10:245::2",
-            "dev",
-            "dum0",
-        ],
-        &[
-            "-6",
-            "route",
-            "add",
-            "2001:db8::/32",
-            "via",
-            "fd00:10:245::2",
-            "dev",
-            "dum0",
-        ],
-    ] {
-        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    }
+    let ns = routed_ns(&tag, &["fd00:10:244::/48", "2001:db8::/32"], false);
     ns.run(move || {
         let node6: Ipv6Addr = "fd00:10:245::1".parse().expect("address");
         let ext: Ipv6Addr = "2001:db8:100::5".parse().expect("address");

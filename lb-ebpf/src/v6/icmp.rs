@@ -13,6 +13,7 @@ use lb_common::{
 
 use super::{
     conntrack::{self, eq6},
+    maps::FlowScratch6,
     nat::diff16,
     parse::{IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
     reject::QUOTE,
@@ -99,32 +100,8 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     put(n, 24, &v.saddr_be);
     n[40..42].copy_from_slice(&v.dport_be.to_ne_bytes());
     n[42..44].copy_from_slice(&v.sport_be.to_ne_bytes());
-    let b = &s.quote_old;
-    if proto == IPPROTO_UDP && (b[46] != 0 || b[47] != 0) {
-        // The quoted UDP checksum covers its pseudo-header's addresses and its ports
-        // (bytes 8..44 of the quote): their diff, by the helper (a loop over a map value
-        // at a variable index is refused without CAP_PERFMON).
-        // SAFETY: 36 bytes from offset 8 of both QUOTE-byte buffers, 4-aligned.
-        let d = unsafe {
-            bpf_csum_diff(
-                s.quote_old.as_mut_ptr().add(8) as *mut u32,
-                36,
-                s.quote_new.as_mut_ptr().add(8) as *mut u32,
-                36,
-                0,
-            )
-        };
-        if d < 0 {
-            return Err(Reason(R_REWRITE_FAILED));
-        }
-        let b = &s.quote_old;
-        let mut u = csum_apply(u16::from_ne_bytes([b[46], b[47]]), d as u32);
-        if u == 0 {
-            u = 0xffff;
-        }
-        let u = u.to_ne_bytes();
-        s.quote_new[46] = u[0];
-        s.quote_new[47] = u[1];
+    if proto == IPPROTO_UDP {
+        quoted_udp_checksum(s)?;
     }
     // SAFETY: both buffers are QUOTE bytes, 4-aligned in the scratch map value.
     let quote_diff = unsafe {
@@ -156,4 +133,39 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     }
     ctx.store(IP6_DST_OFF, &v.daddr_be, 0).map_err(failed)?;
     Ok(Some(v))
+}
+
+/// The quoted UDP header's checksum (unless 0: none), updated for the quote's new
+/// addresses and ports (`quote_old` → `quote_new` of the scratch).
+#[inline(always)]
+fn quoted_udp_checksum(s: &mut FlowScratch6) -> Result<(), Reason> {
+    let b = &s.quote_old;
+    if b[46] == 0 && b[47] == 0 {
+        return Ok(());
+    }
+    // The quoted UDP checksum covers its pseudo-header's addresses and its ports (bytes
+    // 8..44 of the quote): their diff, by the helper (a loop over a map value at a
+    // variable index is refused without CAP_PERFMON).
+    // SAFETY: 36 bytes from offset 8 of both QUOTE-byte buffers, 4-aligned.
+    let d = unsafe {
+        bpf_csum_diff(
+            s.quote_old.as_mut_ptr().add(8) as *mut u32,
+            36,
+            s.quote_new.as_mut_ptr().add(8) as *mut u32,
+            36,
+            0,
+        )
+    };
+    if d < 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    let b = &s.quote_old;
+    let mut u = csum_apply(u16::from_ne_bytes([b[46], b[47]]), d as u32);
+    if u == 0 {
+        u = 0xffff;
+    }
+    let u = u.to_ne_bytes();
+    s.quote_new[46] = u[0];
+    s.quote_new[47] = u[1];
+    Ok(())
 }

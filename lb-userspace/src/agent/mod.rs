@@ -203,20 +203,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             metrics.synced(started.elapsed(), Some(since.elapsed()), errors);
             health.synced();
             if std::mem::take(&mut state.health_changed) {
-                // Health-check node ports on the IPv4 NodePort addresses (all of them when
-                // there are none).
-                let v4: Vec<std::net::Ipv4Addr> = node
-                    .node_port_addresses()
-                    .into_iter()
-                    .filter_map(|ip| match ip {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
-                    })
-                    .collect();
-                service_health.update(
-                    &serve::service_health::desired(&state.model, &opts.node_name),
-                    &v4,
-                );
+                update_service_health(&mut service_health, &state, &node, opts);
             }
             continue;
         }
@@ -239,6 +226,28 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
+}
+
+/// The health-check node ports of the services that want one, on the IPv4 NodePort
+/// addresses (every address when there are none).
+fn update_service_health(
+    service_health: &mut serve::service_health::ServiceHealth,
+    state: &State,
+    node: &desired::NodeContext,
+    opts: &AgentOptions,
+) {
+    let v4: Vec<std::net::Ipv4Addr> = node
+        .node_port_addresses()
+        .into_iter()
+        .filter_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(v4),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
+    service_health.update(
+        &serve::service_health::desired(&state.model, &opts.node_name),
+        &v4,
+    );
 }
 
 /// Waits for the first wake until `due` (a sync waiting), `poll` (a watch unavailable or an
