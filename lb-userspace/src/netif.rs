@@ -90,11 +90,12 @@ pub fn watch_links(
     Ok(())
 }
 
-/// The IPv4 addresses of interface `name` in this process's network namespace.
-pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
+/// The addresses of interface `name` in this process's network namespace, both families.
+pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
     let mut out = Vec::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked.
+    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked, and
+    // an address is read as the sockaddr its family says it is.
     unsafe {
         if libc::getifaddrs(&mut list) != 0 {
             return out;
@@ -103,12 +104,21 @@ pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
         while !p.is_null() {
             let a = &*p;
             if !a.ifa_addr.is_null()
-                && i32::from((*a.ifa_addr).sa_family) == libc::AF_INET
                 && !a.ifa_name.is_null()
                 && std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy() == name
             {
-                let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
-                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                match i32::from((*a.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
+                        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                        out.push(ip.into());
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
+                        out.push(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into());
+                    }
+                    _ => {}
+                }
             }
             p = a.ifa_next;
         }
@@ -120,32 +130,13 @@ pub fn ipv4_addresses(name: &str) -> Vec<std::net::Ipv4Addr> {
 /// The addresses NodePorts are served on by default on interface `name`: its IPv4 ones and
 /// its global IPv6 ones (not link-local: kube-proxy serves no NodePort there).
 pub fn node_port_addresses(name: &str) -> Vec<std::net::IpAddr> {
-    let mut out: Vec<std::net::IpAddr> = ipv4_addresses(name).into_iter().map(Into::into).collect();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked.
-    unsafe {
-        if libc::getifaddrs(&mut list) != 0 {
-            return out;
-        }
-        let mut p = list;
-        while !p.is_null() {
-            let a = &*p;
-            if !a.ifa_addr.is_null()
-                && i32::from((*a.ifa_addr).sa_family) == libc::AF_INET6
-                && !a.ifa_name.is_null()
-                && std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy() == name
-            {
-                let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
-                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                if !ip.is_loopback() && !ip.is_unicast_link_local() {
-                    out.push(ip.into());
-                }
-            }
-            p = a.ifa_next;
-        }
-        libc::freeifaddrs(list);
-    }
-    out
+    addresses(name)
+        .into_iter()
+        .filter(|ip| match ip {
+            std::net::IpAddr::V4(_) => true,
+            std::net::IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+        })
+        .collect()
 }
 
 /// The index of interface `name`, if it exists.
