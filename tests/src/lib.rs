@@ -11,6 +11,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod capture;
 pub mod datapath;
+pub mod http;
 pub mod prev_layout;
 pub mod scenario;
 pub mod services;

@@ -2,7 +2,8 @@
 //! reaches an IPv6 NodePort on the uplink's global IPv6 address (the agent's default
 //! NodePort addresses: the node interfaces' addresses of both families) through tc, with
 //! SHA-256-checked uploads, spread over the backends; externalTrafficPolicy Local keeps the
-//! client's address, and the UDP NodePort answers from it too.
+//! client's address, the UDP NodePort answers from it too, and the Service's health-check
+//! node port answers on the IPv6 address as a cloud load balancer probes it.
 
 use std::{
     collections::BTreeSet,
@@ -24,10 +25,10 @@ use xlb_tests::{
 const NODE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 1);
 const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 0x10);
 
-/// An IPv6 single-stack NodePort Service (TCP 30080 and UDP 30053, Local policy) on the
-/// pods' IPv6 addresses, all on node1.
+/// An IPv6 single-stack LoadBalancer Service (NodePorts TCP 30080 and UDP 30053, Local
+/// policy, health-check node port 32080) on the pods' IPv6 addresses, all on node1.
 fn yaml(backends: &[Ipv6Addr]) -> String {
-    let mut y = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web6}\nspec:\n  type: NodePort\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:10:96::80\"\n  externalTrafficPolicy: Local\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}\n  - {name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30053}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: web6-1\n  labels: {kubernetes.io/service-name: web6}\naddressType: IPv6\nports:\n- {name: http, port: 8080, protocol: TCP}\n- {name: dns, port: 5353, protocol: UDP}\nendpoints:\n".to_string();
+    let mut y = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web6}\nspec:\n  type: LoadBalancer\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:10:96::80\"\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32080\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}\n  - {name: dns, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30053}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: web6-1\n  labels: {kubernetes.io/service-name: web6}\naddressType: IPv6\nports:\n- {name: http, port: 8080, protocol: TCP}\n- {name: dns, port: 5353, protocol: UDP}\nendpoints:\n".to_string();
     for ip in backends {
         y.push_str(&format!(
             "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: node1\n"
@@ -161,6 +162,14 @@ fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
         seen.insert(u.answer.backend);
     }
     assert!(seen.len() > 1, "only {seen:?} took uploads");
+    let health = SocketAddr::from((NODE6, 32080));
+    let hc = ext
+        .ns
+        .run(move || xlb_tests::http::get(health, Duration::from_secs(2)))
+        .expect("client")
+        .unwrap_or_else(|e| panic!("health check over IPv6: {e}\n{}", agent.log_text()));
+    assert!(hc.starts_with("HTTP/1.1 200"), "{hc}");
+    assert!(hc.contains("\"localEndpoints\": 3"), "{hc}");
     for a in answers {
         let a = a.unwrap_or_else(|e| panic!("UDP NodePort: {e}"));
         assert!(

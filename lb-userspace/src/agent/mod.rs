@@ -228,25 +228,18 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// The health-check node ports of the services that want one, on the IPv4 NodePort
-/// addresses (every address when there are none).
+/// The health-check node ports of the services that want one, on the NodePort addresses
+/// of both families (every IPv4 address when there are none), as each of kube-proxy's
+/// proxiers serves them on its family's.
 fn update_service_health(
     service_health: &mut serve::service_health::ServiceHealth,
     state: &State,
     node: &desired::NodeContext,
     opts: &AgentOptions,
 ) {
-    let v4: Vec<std::net::Ipv4Addr> = node
-        .node_port_addresses()
-        .into_iter()
-        .filter_map(|ip| match ip {
-            std::net::IpAddr::V4(v4) => Some(v4),
-            std::net::IpAddr::V6(_) => None,
-        })
-        .collect();
     service_health.update(
         &serve::service_health::desired(&state.model, &opts.node_name),
-        &v4,
+        &node.node_port_addresses(),
     );
 }
 

@@ -5,7 +5,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -30,13 +30,19 @@ pub struct CheckedService {
 
 /// The health-check node ports `model` asks for on node `node_name`: port → service.
 pub fn desired(model: &Model, node_name: &str) -> BTreeMap<u16, CheckedService> {
-    let settings = NodeSettings {
-        node_name: node_name.to_string(),
-        family: IpFamily::V4,
-        ..NodeSettings::default()
-    };
     let mut out: BTreeMap<u16, CheckedService> = BTreeMap::new();
-    for view in service_ports(model, &settings) {
+    // Both families' service ports (an IPv6-only Service has a health check too); a
+    // dual-stack Service's one port is answered for both, by the family with more local
+    // endpoints (kube-proxy runs a server per family, each counting its own).
+    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+        let settings = NodeSettings {
+            node_name: node_name.to_string(),
+            family,
+            ..NodeSettings::default()
+        };
+        service_ports(model, &settings)
+    });
+    for view in views {
         let Some(port) = view.health_check_node_port.filter(|p| *p != 0) else {
             continue;
         };
@@ -82,7 +88,7 @@ struct Server {
 
 /// The running health-check servers, one per (address, port).
 pub struct ServiceHealth {
-    servers: BTreeMap<(Ipv4Addr, u16), Server>,
+    servers: BTreeMap<(IpAddr, u16), Server>,
     health: Arc<Health>,
 }
 
@@ -94,10 +100,11 @@ impl ServiceHealth {
         }
     }
 
-    /// Starts, updates and stops servers so that exactly `want` is served on `addresses`.
-    /// A port that cannot be bound is logged with the service and retried at the next call.
-    pub fn update(&mut self, want: &BTreeMap<u16, CheckedService>, addresses: &[Ipv4Addr]) {
-        let all = [Ipv4Addr::UNSPECIFIED];
+    /// Starts, updates and stops servers so that exactly `want` is served on `addresses`
+    /// (either family; none: every IPv4 address). A port that cannot be bound is logged with
+    /// the service and retried at the next call.
+    pub fn update(&mut self, want: &BTreeMap<u16, CheckedService>, addresses: &[IpAddr]) {
+        let all = [IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
         let addresses = if addresses.is_empty() {
             &all[..]
         } else {

@@ -236,8 +236,8 @@ fn local_policy_keeps_the_client_address_and_health_checks_tell_the_load_balance
     // The health-check node ports, as a cloud load balancer probes them.
     let (near_hc, far_hc) = lab.outside(|| {
         (
-            http_get(sock(NODE_IP, 32001)),
-            http_get(sock(NODE_IP, 32002)),
+            xlb_tests::http::get(sock(NODE_IP, 32001), TIMEOUT),
+            xlb_tests::http::get(sock(NODE_IP, 32002), TIMEOUT),
         )
     });
     let near_hc = near_hc.expect("near health check");
@@ -247,18 +247,4 @@ fn local_policy_keeps_the_client_address_and_health_checks_tell_the_load_balance
     let far_hc = far_hc.expect("far health check");
     assert!(far_hc.starts_with("HTTP/1.1 503"), "{far_hc}");
     assert!(far_hc.contains("\"localEndpoints\": 0"), "{far_hc}");
-}
-
-/// One GET; the whole response as text.
-fn http_get(to: SocketAddr) -> Result<String, String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&to, TIMEOUT)
-        .map_err(|e| format!("connect {to}: {e}"))?;
-    s.set_read_timeout(Some(TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    Ok(out)
 }
