@@ -69,7 +69,7 @@ fn services() -> String {
 /// `xlb trace ARGS…` in the node namespace against the scenario's agent; the flow maps must
 /// be byte-identical before and after it.
 fn trace(s: &Scenario, args: &[&str]) -> String {
-    let before = flow_maps(&s.agent.pins);
+    let before = settled_flow_maps(&s.agent.pins);
     let text = trace_only(s, args);
     assert!(
         flow_maps(&s.agent.pins) == before,
@@ -116,6 +116,22 @@ fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
         ct,
         dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
     )
+}
+
+/// The flow maps once the real traffic before them has settled (two dumps 100 ms apart
+/// alike, for at most 3 s): a connection's last packets (its FIN and ACKs, a late UDP
+/// answer) still update their entries after the request returned.
+fn settled_flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    let mut last = flow_maps(pins);
+    for _ in 0..30 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = flow_maps(pins);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
 }
 
 /// The backend name (`backend-k`) of a pod IP in the scenario.
