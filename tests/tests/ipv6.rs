@@ -48,6 +48,48 @@ fn dual_stack_yaml(backends4: &[std::net::Ipv4Addr], backends6: &[Ipv6Addr]) -> 
     y
 }
 
+/// A probe's answers from `what` to `vip`: every request answered, its socket seeing the
+/// frontend, the backend seeing an IPv6 client (`client`, when given), over `spread_over`
+/// backends.
+fn check_answers(
+    s: &Scenario,
+    what: &str,
+    lines: &[Line],
+    vip: SocketAddr,
+    client: Option<Ipv6Addr>,
+    spread_over: usize,
+) {
+    let mut backends = BTreeSet::new();
+    for l in lines {
+        let Line::Ok {
+            backend,
+            seen_client,
+            peer,
+            ..
+        } = l
+        else {
+            panic!("{what}: {l:?}\n{}", s.agent.log_text());
+        };
+        backends.insert(backend.clone());
+        assert_eq!(*peer, vip, "{what}: the socket sees the frontend");
+        let seen: SocketAddr = seen_client.parse().expect("client address");
+        assert!(seen.is_ipv6(), "{what}: {seen}");
+        if let Some(c) = client {
+            assert_eq!(
+                seen.ip(),
+                c,
+                "{what}: the backend sees the pod's own address"
+            );
+        }
+    }
+    assert_eq!(
+        backends.len(),
+        spread_over,
+        "{what}: {backends:?} ({} requests)",
+        lines.len()
+    );
+}
+
 fn args(mode: &str, to: SocketAddr, n: u32) -> Vec<String> {
     vec![mode.into(), to.to_string(), n.to_string()]
 }
@@ -106,31 +148,8 @@ fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
             ("udp-unconnected", dns6, 1),
         ] {
             let lines = probe::run(cg, ns, &args(mode, vip, 30)).expect("probe");
-            let mut backends = BTreeSet::new();
-            for l in &lines {
-                let Line::Ok {
-                    backend,
-                    seen_client,
-                    peer,
-                    ..
-                } = l
-                else {
-                    panic!("{origin} {mode}: {l:?}\n{}", s.agent.log_text());
-                };
-                backends.insert(backend.clone());
-                assert_eq!(*peer, vip, "{origin} {mode}: the socket sees the frontend");
-                let seen: SocketAddr = seen_client.parse().expect("client address");
-                assert!(seen.is_ipv6(), "{origin} {mode}: {seen}");
-                if let Some(c) = client {
-                    assert_eq!(seen.ip(), c, "{origin} {mode}: the pod's own address");
-                }
-            }
-            assert_eq!(
-                backends.len(),
-                spread_over,
-                "{origin} {mode}: {backends:?} ({} requests)",
-                lines.len()
-            );
+            let what = format!("{origin} {mode}");
+            check_answers(&s, &what, &lines, vip, client, spread_over);
         }
     }
     let after = reason_counts(&s.agent.pins);
@@ -163,28 +182,8 @@ fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
     let before = reason_counts(&s.agent.pins);
     for (mode, vip, spread_over) in [("tcp", web6, 2), ("udp", dns6, 2)] {
         let lines = probe::run(cg, &s.topo.client.ns, &args(mode, vip, 30)).expect("probe");
-        let mut backends = BTreeSet::new();
-        for l in &lines {
-            let Line::Ok {
-                backend,
-                seen_client,
-                peer,
-                ..
-            } = l
-            else {
-                panic!("{mode}: {l:?}\n{}", s.agent.log_text());
-            };
-            backends.insert(backend.clone());
-            assert_eq!(*peer, vip, "{mode}: the socket sees the frontend");
-            let seen: SocketAddr = seen_client.parse().expect("client address");
-            assert_eq!(
-                seen.ip(),
-                client6,
-                "{mode}: the backend sees the pod's address"
-            );
-        }
         assert_eq!(lines.len(), 30, "{mode}");
-        assert_eq!(backends.len(), spread_over, "{mode}: {backends:?}");
+        check_answers(&s, mode, &lines, vip, Some(client6), spread_over);
     }
     let after = reason_counts(&s.agent.pins);
     let delta = |r: &str| after[r] - before[r];
