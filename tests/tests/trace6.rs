@@ -36,7 +36,7 @@ const TCP: u16 = 8080;
 const UDP: u16 = 5353;
 
 /// web: dual-stack (IPv6 first), TCP 80 and UDP 53 on both backends of each family; sticky6
-/// (ClientIP affinity) and empty6 (no endpoints), IPv6 only; v4only; the client pod with
+/// (ClientIP affinity) and empty6/emptyu6 (no endpoints), IPv6 only; v4only; the client pod with
 /// both its addresses.
 fn services() -> String {
     let (b4, b6): (Vec<Ipv4Addr>, Vec<Ipv6Addr>) =
@@ -63,6 +63,7 @@ fn services() -> String {
         "spec:\n  sessionAffinity: ClientIP\n",
         1,
     ) + &service6_yaml("empty6", EMPTY6, 80, "TCP", TCP, &[])
+        + &service6_yaml("emptyu6", EMPTY6, 53, "UDP", UDP, &[])
         + &xlb_tests::services::service_yaml("v4only", V4ONLY, 80, "TCP", TCP, &b4)
         + &format!(
             "---\napiVersion: v1\nkind: Pod\nmetadata: {{namespace: test, name: client}}\nstatus:\n  podIP: {}\n  podIPs: [{{ip: {}}}, {{ip: \"{}\"}}]\n",
@@ -88,6 +89,7 @@ fn dual_stack() -> (Scenario, Vec<EchoServer>) {
         (format!("{}/UDP", SocketAddr::from((WEB6, 53))), 2),
         (format!("{}/TCP", SocketAddr::from((STICKY6, 80))), 2),
         (format!("{}/TCP", SocketAddr::from((EMPTY6, 80))), 0),
+        (format!("{}/UDP", SocketAddr::from((EMPTY6, 53))), 0),
         ("10.96.0.10:80/TCP".to_string(), 2),
     ] {
         s.wait_backends(&frontend, n, Duration::from_secs(10))
@@ -232,7 +234,8 @@ fn tracked_flow(s: &Scenario, port: u16, first: &str) {
     assert_eq!(backend_name(s, chosen.ip()), first, "{t}");
 }
 
-/// No endpoints: refused (a TCP RST), as a real connect is; not a frontend: passed; a
+/// No endpoints: refused (a TCP RST, an ICMPv6 port unreachable), as a real connect and a
+/// real datagram are; not a frontend: passed; a
 /// family the Service lacks: an error naming it.
 fn refused_passed_and_errors(s: &Scenario) {
     let empty = SocketAddr::from((EMPTY6, 80));
@@ -251,6 +254,31 @@ fn refused_passed_and_errors(s: &Scenario) {
         .expect("netns")
         .expect_err("refused");
     assert!(e.contains("refused"), "{e}");
+    let empty_udp = SocketAddr::from((EMPTY6, 53));
+    let t = trace(
+        s,
+        &[
+            "--from",
+            "pod/test/client",
+            "--to",
+            &empty_udp.to_string(),
+            "--proto",
+            "udp",
+        ],
+    );
+    assert_eq!(outcome(&t), "refused", "{t}");
+    assert!(t.contains("ICMPv6 port unreachable"), "{t}");
+    let e = s
+        .topo
+        .client
+        .ns
+        .run(move || client::udp_request(empty_udp, Duration::from_secs(3)))
+        .expect("netns")
+        .expect_err("refused");
+    assert!(
+        e.contains("refused"),
+        "the ICMPv6 answer fails the connected socket: {e}"
+    );
 
     let none = SocketAddr::from((Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x99), 80));
     let t = trace(s, &["--from", "pod/test/client", "--to", &none.to_string()]);
