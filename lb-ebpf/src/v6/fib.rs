@@ -66,7 +66,8 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16) ->
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct Route6 {
-    /// The node's source address for this route (network order).
+    /// The node's source address for this route (network order); asked for only without
+    /// the neighbour (`lookup`), else the packet's own.
     pub src_be: [u32; 4],
     pub ifindex: u32,
     /// The egress MTU.
@@ -261,10 +262,14 @@ fn lookup_into(
         }
     }
     p.__bindgen_anon_5.tbid = 0;
-    let mut flags = BPF_FIB_LOOKUP_SRC;
-    if opts & 1 == 0 {
-        flags |= BPF_FIB_LOOKUP_SKIP_NEIGH;
-    }
+    // A route without its neighbour (SNAT, the MTU check) is asked for its source address
+    // too; XDP's hop (with the neighbour) is not: IPv6 source selection walks the
+    // interface's addresses, a large part of an IPv6 lookup, and a hop never uses it.
+    let flags = if opts & 1 == 0 {
+        BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH
+    } else {
+        0
+    };
     // SAFETY: `p` is a valid request of the size passed.
     let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
     let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;

@@ -76,13 +76,15 @@ pub fn tc(ctx: &TcContext) -> Carried {
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
-    let reason = match tracked(ctx, t).next::<i32>() {
+    // Read once: the tracked-flow step and the new-flow step both ask it.
+    let front = filter::maybe_frontend(filter_fold(&t.daddr_be));
+    let reason = match tracked(ctx, t, front).next::<i32>() {
         Then::Done(Ok((UNDECIDED, r))) => r.0,
         Then::Done(o) => return Carried::done(o),
         Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
+    if !front || is_loopback(&t.daddr_be) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(t)) else {
@@ -142,19 +144,20 @@ fn too_big(ctx: &TcContext, t: &Tuple6, mtu: u16) -> Carried {
 }
 
 /// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
-/// else `UNDECIDED` with the reason a new flow of it is counted under.
+/// else `UNDECIDED` with the reason a new flow of it is counted under. `front`: the
+/// destination may be a frontend (its address filter bit).
 #[inline(never)]
-fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
-    Carried::then(try_tracked(ctx, t))
+fn tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Carried {
+    Carried::then(try_tracked(ctx, t, front))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
+fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     // The address filters, by the addresses' four words folded (the agent sets the bits of
     // every frontend's and backend's address the same way): a clear bit skips the lookups
     // on that side, as for IPv4.
-    let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
+    let forward = if front {
         conntrack::lookup_forward(t)
     } else {
         None
