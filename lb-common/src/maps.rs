@@ -49,8 +49,9 @@ pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 /// Node configuration for the datapath: written by the agent, read by the datapath.
 /// (V2: the host's network namespace cookie and socket-LB flags.)
 pub const MAP_CONFIG: &str = "XLB_CFG_V2";
-/// loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
-/// (V2: keys hold service indices.)
+/// IPv4 loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
+/// (V2: keys hold service indices.) IPv6 ranges have a trie of their own
+/// ([`crate::v6::MAP_SRC_RANGE6`]).
 pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V2";
 /// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
 pub const SRC_RANGE_MAP_CAPACITY: u32 = 16_384;
@@ -107,7 +108,7 @@ pub const fn filter_bit_of(addr_be: &[u32; 4]) -> u32 {
 }
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 16] = [
+pub const ALL_MAPS: [&str; 17] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -124,6 +125,7 @@ pub const ALL_MAPS: [&str; 16] = [
     MAP_ADDR_FILTER,
     crate::v6::MAP_CT6,
     crate::v6::MAP_CT6_ASSURED,
+    crate::v6::MAP_SRC_RANGE6,
 ];
 
 /// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
@@ -160,7 +162,7 @@ const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) 
 use core::mem::size_of;
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 16] = [
+pub const MAP_DEFS: [MapDef; 17] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -253,6 +255,12 @@ pub const MAP_DEFS: [MapDef; 16] = [
         kind::HASH,
         size_of::<crate::v6::CtKey6>(),
         size_of::<crate::v6::CtValue6>(),
+    ),
+    def(
+        crate::v6::MAP_SRC_RANGE6,
+        kind::LPM_TRIE,
+        4 + size_of::<crate::v6::SrcRangeKey6>(),
+        size_of::<u32>(),
     ),
 ];
 
@@ -353,7 +361,7 @@ pub const SVC_F_DROP_EMPTY: u16 = 1;
 /// externalTrafficPolicy Cluster: flows to a remote backend are SNATed to the node.
 pub const SVC_F_SNAT_REMOTE: u16 = 2;
 /// Service flag (slot 0): the frontend has loadBalancerSourceRanges; a client outside
-/// them (per `XLB_SRCRNG_V1`) is dropped.
+/// them (per `XLB_SRCRNG_V2`, or `XLB_SRCRNG6_V1` for an IPv6 frontend) is dropped.
 pub const SVC_F_SRC_RANGES: u16 = 4;
 /// Service flag (slot 0, external scope): the frontend also has `SCOPE_INTERNAL` entries,
 /// which the socket hooks use instead.
@@ -518,7 +526,7 @@ const _: () = assert!(core::mem::size_of::<SockValue>() == 24);
 pub struct SrcRangeKey {
     /// Service id in network order (so its 32 bits come first in the trie's byte order).
     pub svc_id_be: u32,
-    /// Client address (IPv4), network order.
+    /// Client address (IPv4), network order (IPv6: [`crate::v6::SrcRangeKey6`]).
     pub addr_be: u32,
 }
 const _: () = assert!(core::mem::size_of::<SrcRangeKey>() == 8);
