@@ -521,3 +521,54 @@ impl MapWriter for KernelMaps {
 
 /// Fewer entries than this are written one by one (a batch saves nothing there).
 const BATCH_MIN: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_key_is_the_service_id_then_the_network_in_trie_byte_order() {
+        let r4 = SrcRange {
+            svc_id: 0x0102_0304,
+            addr: "10.0.0.0".parse().expect("ip"),
+            prefix: 8,
+        };
+        let RangeKey::V4(k) = range_key(&r4) else {
+            panic!("an IPv4 range goes into the IPv4 trie");
+        };
+        assert_eq!(k.prefix_len(), 40);
+        assert_eq!(bytemuck::bytes_of(&k.data()), [1, 2, 3, 4, 10, 0, 0, 0]);
+        assert_eq!(range_of(&RangeKey::V4(k)), r4);
+        let r6 = SrcRange {
+            svc_id: 7,
+            addr: "2001:db8:1::".parse().expect("ip"),
+            prefix: 48,
+        };
+        let RangeKey::V6(k) = range_key(&r6) else {
+            panic!("an IPv6 range goes into the IPv6 trie");
+        };
+        assert_eq!(k.prefix_len(), 80);
+        let mut want = vec![0, 0, 0, 7];
+        want.extend(
+            "2001:db8:1::"
+                .parse::<std::net::Ipv6Addr>()
+                .expect("ip")
+                .octets(),
+        );
+        assert_eq!(bytemuck::bytes_of(&k.data()), want.as_slice());
+        assert_eq!(range_of(&RangeKey::V6(k)), r6);
+        assert_eq!(r6.map(), MAP_SRC_RANGE6);
+        assert_eq!(r4.map(), MAP_SRC_RANGE);
+        // A host range: all 160 bits.
+        let host = SrcRange {
+            svc_id: 7,
+            addr: "2001:db8::1".parse().expect("ip"),
+            prefix: 128,
+        };
+        let RangeKey::V6(k) = range_key(&host) else {
+            panic!("IPv6");
+        };
+        assert_eq!(k.prefix_len(), 160);
+        assert_eq!(range_of(&RangeKey::V6(k)), host);
+    }
+}
