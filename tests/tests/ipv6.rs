@@ -1,6 +1,7 @@
 //! IPv6 and dual-stack through the socket hooks: a dual-stack Service (IPv6 first) reached
 //! over IPv6 from the node itself and from a pod, TCP and unconnected UDP, each socket
-//! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it.
+//! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it; IPv6
+//! LoadBalancer IPs' source ranges apply to sockets at connect().
 
 use std::{
     collections::BTreeSet,
