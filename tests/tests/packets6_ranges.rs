@@ -4,7 +4,8 @@
 //! with its own (unchanged) ranges; each family is checked against its own ranges only, as
 //! kube-proxy's proxier per family sees only its family's (a family without ranges has no
 //! firewall); the ClusterIP and NodePort ignore the ranges; one service's ranges admit no
-//! client to another; `xlb list services` shows the ranges of each family.
+//! client to another; `xlb list services` shows the ranges of each family; XDP drops the
+//! clients outside them too.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
@@ -348,4 +349,40 @@ fn listed(dp: &LoadedDatapath) {
         (six.entries, six.capacity),
         (3, lb_common::SRC_RANGE6_MAP_CAPACITY)
     );
+}
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+/// XDP checks the IPv6 ranges too: a client outside them is dropped there (counted
+/// `src_denied`), one inside is not (translated and passed, or left to tc). In a namespace
+/// of its own (its loopback as the ingress interface).
+#[test]
+fn xdp_drops_ipv6_clients_outside_the_source_ranges() {
+    if !require_root("xdp_drops_ipv6_clients_outside_the_source_ranges") {
+        return;
+    }
+    let tag = unique_tag("xlp6rx");
+    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-node")).expect("netns");
+    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
+    ns.run(move || {
+        let ifindex = lb_userspace::netif::ifindex("lo").expect("lo");
+        let mut dp = loaded(&tag);
+        let outside = tcp6("2001:db8:2::1", 51001, LB6, 80);
+        let before = reason_counts(&dp.pins);
+        let r = dp.run_xdp(&outside, ifindex).expect("run");
+        assert_eq!(
+            (r.verdict, &r.packet),
+            (XDP_DROP, &outside),
+            "outside: dropped"
+        );
+        let after = reason_counts(&dp.pins);
+        assert_eq!(after["src_denied"], before["src_denied"] + 1, "{after:?}");
+        let inside = tcp6("2001:db8:1::7", 51002, LB6, 80);
+        let r = dp.run_xdp(&inside, ifindex).expect("run");
+        assert_eq!(r.verdict, XDP_PASS, "inside: not dropped");
+        let counts = reason_counts(&dp.pins);
+        assert_eq!(counts["src_denied"], after["src_denied"], "{counts:?}");
+    })
+    .expect("namespace thread");
 }
