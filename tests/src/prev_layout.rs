@@ -85,6 +85,8 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         MAP_BACKEND_STATS,
         MAP_AFFINITY,
         MAP_SRC_RANGE,
+        // Newer than the previous layout: its upgrade creates it.
+        lb_common::MAP_SRC_RANGE6,
     ] {
         std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
     }
