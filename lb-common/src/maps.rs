@@ -25,9 +25,10 @@ pub const MAP_CT_ASSURED: &str = "XLB_CTA_V1";
 /// hooks' among them; V5: 24, `ct_assured_full`).
 pub const MAP_STATS: &str = "XLB_STATS_V5";
 
-/// Pins of earlier layouts that hold no state worth carrying over (counters): an agent
-/// removes them once its own programs are attached, so their numbers start again from 0.
-pub const RETIRED_PINS: [&str; 1] = ["XLB_STATS_V4"];
+/// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
+/// configuration the agent writes whole at start): an agent removes them once its own
+/// programs are attached, so counters start again from 0.
+pub const RETIRED_PINS: [&str; 2] = ["XLB_STATS_V4", "XLB_CFG_V2"];
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -47,8 +48,9 @@ pub const MAP_AFFINITY: &str = "XLB_AFF_V2";
 pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 
 /// Node configuration for the datapath: written by the agent, read by the datapath.
-/// (V2: the host's network namespace cookie and socket-LB flags.)
-pub const MAP_CONFIG: &str = "XLB_CFG_V2";
+/// (V2: the host's network namespace cookie and socket-LB flags. V3: the IPv6 hairpin
+/// address. It holds no state: every agent writes it whole at start, so V2 is retired.)
+pub const MAP_CONFIG: &str = "XLB_CFG_V3";
 /// IPv4 loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
 /// (V2: keys hold service indices.) IPv6 ranges have a trie of their own
 /// ([`crate::v6::MAP_SRC_RANGE6`]).
@@ -464,8 +466,11 @@ pub struct NodeConfig {
     /// The network namespace cookie of the agent's (the host's) namespace: with
     /// `CFG_F_SOCK_HOST_ONLY` the socket hooks translate only sockets of this namespace.
     pub host_netns_cookie: u64,
+    /// Source address an IPv6 hairpin flow is SNATed to, network order. All zero: IPv6
+    /// hairpin disabled.
+    pub hairpin6_addr_be: [u32; 4],
 }
-const _: () = assert!(core::mem::size_of::<NodeConfig>() == 24);
+const _: () = assert!(core::mem::size_of::<NodeConfig>() == 40);
 
 /// Config flag: the socket hooks translate only the host namespace's sockets
 /// (`--socket-lb host`, Cilium's `socketLB.hostNamespaceOnly`); pods are left to tc.

@@ -7,12 +7,12 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_log_ebpf::debug;
 use lb_common::CFG_F_BPF_LOG;
 
-use crate::{maps::XLB_CFG_V2, packet, parse::ETH_HLEN};
+use crate::{maps::XLB_CFG_V3, packet, parse::ETH_HLEN};
 
 /// The agent asked for the debug log.
 #[inline(always)]
 pub fn on() -> bool {
-    XLB_CFG_V2
+    XLB_CFG_V3
         .get(0)
         .is_some_and(|c| c.flags & CFG_F_BPF_LOG != 0)
 }

@@ -54,10 +54,10 @@ pub static XLB_CTA_V1: HashMap<
 pub static XLB_STATS_V5: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
 
 /// Node configuration. Written by the agent at start, read here.
-/// index 0 → `NodeConfig{SNAT port range, hairpin address, host netns cookie, flags}`.
+/// index 0 → `NodeConfig{SNAT port range, hairpin addresses (IPv4, IPv6), host netns cookie, flags}`.
 /// 1 entry.
 #[btf_map]
-pub static XLB_CFG_V2: Array<NodeConfig, 1> = Array::new();
+pub static XLB_CFG_V3: Array<NodeConfig, 1> = Array::new();
 
 /// IPv4 loadBalancerSourceRanges. Written by the agent, read here for new flows to
 /// frontends flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc index, range}}` → 1

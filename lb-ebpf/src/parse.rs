@@ -203,7 +203,7 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
 
 /// The first `N` bytes in place, pulled into the linear area first if the hook can.
 #[inline(always)]
-fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Option<*const u8> {
+pub(crate) fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Option<*const u8> {
     if let Some(p) = at::<_, [u8; N]>(ctx, 0) {
         return Some(p as *const u8);
     }

@@ -24,7 +24,7 @@ use lb_common::{
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_CFG_V2, XLB_SOCK_V1},
+    maps::{XLB_CFG_V3, XLB_SOCK_V1},
     reason::{self, Reason},
     select::{self, Frontend, Frontend6, Keyed},
     srcrange,
@@ -246,7 +246,7 @@ fn service<F: Family>(f: F::Front) -> Option<(F::Front, &'static SvcValue)> {
 /// its own).
 #[inline(always)]
 fn in_scope(ctx: &SockAddrContext, loopback: bool) -> bool {
-    let Some(c) = XLB_CFG_V2.get(0) else {
+    let Some(c) = XLB_CFG_V3.get(0) else {
         return !loopback;
     };
     if c.flags & CFG_F_SOCK_HOST_ONLY == 0 && !loopback {

@@ -10,7 +10,7 @@ use lb_common::{
 use crate::{
     conntrack::Source,
     fib,
-    maps::XLB_CFG_V2,
+    maps::XLB_CFG_V3,
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
@@ -21,7 +21,7 @@ const MIN_CHECKED_LEN: u16 = 576;
 
 #[inline(always)]
 pub(crate) fn config() -> NodeConfig {
-    XLB_CFG_V2.get(0).copied().unwrap_or_default()
+    XLB_CFG_V3.get(0).copied().unwrap_or_default()
 }
 
 /// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd`, and returns

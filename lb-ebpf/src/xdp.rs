@@ -181,18 +181,7 @@ fn forward_l2(
                 csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
             );
             st16(p, IP_TTL_OFF, new);
-            st32(
-                p,
-                0,
-                u32::from_ne_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]),
-            );
-            st16(p, 4, u16::from_ne_bytes([dmac[4], dmac[5]]));
-            st16(p, 6, u16::from_ne_bytes([smac[0], smac[1]]));
-            st32(
-                p,
-                8,
-                u32::from_ne_bytes([smac[2], smac[3], smac[4], smac[5]]),
-            );
+            write_macs(p, smac, dmac);
         }
         return Ok(());
     }
@@ -202,6 +191,29 @@ fn forward_l2(
     ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
     ctx.store(0, dmac).map_err(fail)?;
     ctx.store(6, smac).map_err(fail)
+}
+
+/// Writes the next hop's MAC addresses into the Ethernet header at `p`.
+///
+/// # Safety
+/// `p` is a packet pointer with at least the 12 bytes of both addresses checked by `at`.
+#[inline(always)]
+pub(crate) unsafe fn write_macs(p: *mut u8, smac: &[u8; 6], dmac: &[u8; 6]) {
+    // SAFETY: the caller checked the 12 bytes.
+    unsafe {
+        st32(
+            p,
+            0,
+            u32::from_ne_bytes([dmac[0], dmac[1], dmac[2], dmac[3]]),
+        );
+        st16(p, 4, u16::from_ne_bytes([dmac[4], dmac[5]]));
+        st16(p, 6, u16::from_ne_bytes([smac[0], smac[1]]));
+        st32(
+            p,
+            8,
+            u32::from_ne_bytes([smac[2], smac[3], smac[4], smac[5]]),
+        );
+    }
 }
 
 /// The L4 checksum field as it sits in the packet.
@@ -223,7 +235,7 @@ fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
 /// The 16-bit field at `OFF` read in place, or `u32::MAX` when it is not in place. Out of
 /// line, one per offset (see `nat::in_place`).
 #[inline(never)]
-fn csum_at<const OFF: usize>(ctx: &XdpContext) -> u32 {
+pub(crate) fn csum_at<const OFF: usize>(ctx: &XdpContext) -> u32 {
     match at::<_, u16>(ctx, OFF) {
         // SAFETY: `at` checked the two bytes.
         Some(p) => unsafe { ld16(p as *const u8, 0) as u32 },

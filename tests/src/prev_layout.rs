@@ -12,8 +12,9 @@ use aya_obj::{
     maps::{LegacyMap, PinningType, bpf_map_def},
 };
 use lb_common::{
-    AffinityKey, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT,
-    MAP_CT_ASSURED, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue, kind, prev,
+    AffinityKey, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
+    MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue,
+    kind, prev,
 };
 use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
 
@@ -85,6 +86,7 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         MAP_BACKEND_STATS,
         MAP_AFFINITY,
         MAP_SRC_RANGE,
+        MAP_CONFIG,
         // Newer than the previous layout: its upgrade creates it.
         lb_common::MAP_SRC_RANGE6,
     ] {
@@ -218,5 +220,8 @@ fn create_empty(dir: &Path) -> Result<(), String> {
         16_384,
         NO_PREALLOC,
     )?;
+    // The node configuration before the IPv6 hairpin address (24 bytes); retired, not
+    // carried over: the new agent writes its own.
+    create(dir, "XLB_CFG_V2", kind::ARRAY, size, 24, 1, 0)?;
     Ok(())
 }

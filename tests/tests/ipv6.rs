@@ -301,3 +301,49 @@ fn ipv6_source_ranges_apply_to_sockets_at_connect() {
         "{after:?}"
     );
 }
+
+/// Hairpin over IPv6, through tc: a backend pod reaching its own Service sometimes lands on
+/// itself; that flow comes from the IPv6 hairpin address (the pod would take a packet from
+/// its own address for its own), the others from the pod's address, and every socket sees
+/// the frontend.
+#[test]
+fn a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6() {
+    const NAME: &str = "a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6";
+    if !require_root(NAME) {
+        return;
+    }
+    let (s, _client6, _servers) = dual_stack("xv6h", &["--socket-lb", "host"]);
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let hairpin6: Ipv6Addr = "fd00:a9fe:2a::1".parse().expect("address");
+    let pod = &s.topo.backends[0];
+    let own6 = pod.ip6.expect("a dual-stack backend");
+    for (mode, port) in [("tcp", 80), ("udp", 53)] {
+        let vip = SocketAddr::from((WEB6, port));
+        let lines = probe::run(cg, &pod.ns, &args(mode, vip, 30)).expect("probe");
+        assert_eq!(lines.len(), 30, "{mode}");
+        let mut to_itself = 0;
+        for l in &lines {
+            let Line::Ok {
+                backend,
+                seen_client,
+                peer,
+                ..
+            } = l
+            else {
+                panic!("{mode}: {l:?}\n{}", s.agent.log_text());
+            };
+            assert_eq!(*peer, vip, "{mode}: the socket sees the frontend");
+            let seen: SocketAddr = seen_client.parse().expect("client address");
+            if *backend == pod.name {
+                to_itself += 1;
+                assert_eq!(seen.ip(), hairpin6, "{mode}: a flow to itself");
+            } else {
+                assert_eq!(seen.ip(), own6, "{mode}: a flow to the other pod");
+            }
+        }
+        assert!(
+            (1..30).contains(&to_itself),
+            "{mode}: {to_itself} of 30 flows to itself"
+        );
+    }
+}

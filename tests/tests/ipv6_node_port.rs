@@ -81,29 +81,9 @@ impl Lab {
         let tag = xlb_tests::unique_tag("x6n");
         let mut topo = Topology::build(&tag, 3).expect("topology");
         topo.dual_stack().expect("dual-stack pods");
-        let ext = topo.add_external_client("up0").expect("external client");
-        topo.node
-            .ip(&[
-                "-6",
-                "addr",
-                "add",
-                &format!("{NODE6}/64"),
-                "dev",
-                "up0",
-                "nodad",
-            ])
-            .expect("node address");
-        ext.ns
-            .ip(&[
-                "-6",
-                "addr",
-                "add",
-                &format!("{CLIENT6}/64"),
-                "dev",
-                "eth0",
-                "nodad",
-            ])
-            .expect("client address");
+        let mut ext = topo.add_external_client("up0").expect("external client");
+        topo.add_external_ipv6(&mut ext, "up0", NODE6, CLIENT6)
+            .expect("external IPv6");
         // The LoadBalancer IPs are routed to the node, as a cloud's load balancer would.
         ext.ns
             .ip(&[

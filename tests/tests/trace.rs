@@ -1,4 +1,4 @@
-//! `xlb trace`: its verdicts are the datapath's real ones (the same packets sent for real
+//! `xlb trace` over IPv4 (IPv6: trace6.rs): its verdicts are the datapath's real ones (the same packets sent for real
 //! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
 //! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
 //! traffic on the conformance inputs.
@@ -13,10 +13,15 @@ use lb_userspace::emit::Mode;
 use xlb_lab::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
 use xlb_tests::{
     client,
-    datapath::{RawEntries, dump_pinned},
     scenario::{Scenario, TCP_PORT, UDP_PORT},
     topology::pod_ip,
 };
+
+#[path = "support/trace.rs"]
+#[allow(dead_code)]
+mod support;
+
+use support::{flow_maps, open_request, outcome, trace};
 
 const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
@@ -64,74 +69,6 @@ fn services() -> String {
             "---\napiVersion: v1\nkind: Pod\nmetadata: {{namespace: test, name: client}}\nstatus: {{podIP: {}}}\n",
             pod_ip(1)
         )
-}
-
-/// `xlb trace ARGS…` in the node namespace against the scenario's agent; the flow maps must
-/// be byte-identical before and after it.
-fn trace(s: &Scenario, args: &[&str]) -> String {
-    let before = settled_flow_maps(&s.agent.pins);
-    let text = trace_only(s, args);
-    assert!(
-        flow_maps(&s.agent.pins) == before,
-        "xlb trace {args:?} changed the live flow or affinity maps\n{text}"
-    );
-    text
-}
-
-fn trace_only(s: &Scenario, args: &[&str]) -> String {
-    let out = s
-        .topo
-        .node
-        .command(xlb_tests::xlb_bin())
-        .arg("trace")
-        .args(args)
-        .arg("--pin-dir")
-        .arg(&s.agent.pins)
-        .arg("--source")
-        .arg(format!("file:{}", s.yaml.display()))
-        .output()
-        .expect("run xlb trace");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "xlb trace {args:?} failed: {}\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// The `=> OUTCOME` line of a trace.
-fn outcome(text: &str) -> String {
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("=> "))
-        .unwrap_or_else(|| panic!("no outcome in:\n{text}"))
-        .to_string()
-}
-
-/// The flow maps the datapath writes, byte by byte: both conntrack tables, then affinity.
-fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
-    let mut ct = dump_pinned(pins, lb_common::MAP_CT).expect("dump conntrack");
-    ct.extend(dump_pinned(pins, lb_common::MAP_CT_ASSURED).expect("dump assured conntrack"));
-    (
-        ct,
-        dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
-    )
-}
-
-/// The flow maps once the real traffic before them has settled (two dumps 100 ms apart
-/// alike, for at most 3 s): a connection's last packets (its FIN and ACKs, a late UDP
-/// answer) still update their entries after the request returned.
-fn settled_flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
-    let mut last = flow_maps(pins);
-    for _ in 0..30 {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let now = flow_maps(pins);
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
 }
 
 /// The backend name (`backend-k`) of a pod IP in the scenario.
@@ -260,28 +197,6 @@ fn from_the_node(s: &Scenario) {
     );
     let node_empty = trace(s, &["--from", "node", "--to", "svc/test/empty"]);
     assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
-}
-
-/// One request on a connection left open: the answer, and the connection.
-fn open_request(
-    to: SocketAddr,
-    timeout: Duration,
-) -> Result<(client::Answer, std::net::TcpStream), String> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut c = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
-    c.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    c.write_all(b"hello\n").map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    BufReader::new(&c)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let mut w = line.split_whitespace();
-    let answer = client::Answer {
-        backend: w.next().unwrap_or_default().to_string(),
-        seen_client: w.next().unwrap_or_default().to_string(),
-    };
-    Ok((answer, c))
 }
 
 /// `xlb trace --mode MODE` of one of `xlb compare`'s flows on `source` (no datapath: the rule

@@ -67,6 +67,17 @@ pub fn remote_pod_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 245, index, 2)
 }
 
+/// The IPv6 address of pod `index` on the remote node once it is dual-stack
+/// (`fd00:10:245:<index>::2`, beside [`remote_pod_ip`]).
+pub fn remote_pod_ip6(index: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, 0x245, index.into(), 0, 0, 0, 2)
+}
+
+/// The first node's IPv6 address on the underlay ([`RemoteNode::dual_stack`]).
+pub const NODE1_UNDERLAY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0, 0, 0, 0, 0, 1);
+/// The second node's IPv6 address on the underlay.
+pub const NODE2_UNDERLAY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0, 0, 0, 0, 0, 2);
+
 /// The address of pod `index` in [`Topology::build`] (client = 1, backend k = k + 1).
 pub fn pod_ip(index: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, index, 2)
@@ -134,6 +145,25 @@ impl Topology {
             ip6: None,
             host_if: uplink.to_string(),
         })
+    }
+
+    /// Gives the external client of [`Topology::add_external_client`] an IPv6 address
+    /// `client6` on its `eth0` and the node's `uplink` the address `node6`, both in one /64.
+    pub fn add_external_ipv6(
+        &self,
+        ext: &mut Pod,
+        uplink: &str,
+        node6: Ipv6Addr,
+        client6: Ipv6Addr,
+    ) -> Result<(), String> {
+        let own = format!("{node6}/64");
+        self.node
+            .ip(&["-6", "addr", "add", &own, "dev", uplink, "nodad"])?;
+        let own = format!("{client6}/64");
+        ext.ns
+            .ip(&["-6", "addr", "add", &own, "dev", "eth0", "nodad"])?;
+        ext.ip6 = Some(client6);
+        Ok(())
     }
 
     /// Adds a second node (namespace `<tag>-node2`) on an underlay: this node's `underlay`
@@ -278,6 +308,31 @@ impl Pod {
     pub fn add_ipv6(&mut self, node: &Netns, ip6: Ipv6Addr) -> Result<(), String> {
         wire6(node, &self.ns, &self.host_if, ip6)?;
         self.ip6 = Some(ip6);
+        Ok(())
+    }
+}
+
+impl RemoteNode {
+    /// Makes the underlay and the remote node's pods dual-stack: [`NODE1_UNDERLAY6`] on the
+    /// first node's `underlay` interface, [`NODE2_UNDERLAY6`] on `ul0`, pod `k` at
+    /// [`remote_pod_ip6`]`(k)`; each node routes the other's IPv6 pods over the underlay
+    /// (the first node's are `fd00:10:244::/48`). The first node must forward IPv6.
+    pub fn dual_stack(&mut self, node1: &Netns, underlay: &str) -> Result<(), String> {
+        self.ns.sysctl(&["net.ipv6.conf.all.forwarding=1"])?;
+        let own = format!("{NODE1_UNDERLAY6}/64");
+        node1.ip(&["-6", "addr", "add", &own, "dev", underlay, "nodad"])?;
+        let own = format!("{NODE2_UNDERLAY6}/64");
+        self.ns
+            .ip(&["-6", "addr", "add", &own, "dev", "ul0", "nodad"])?;
+        let via = NODE1_UNDERLAY6.to_string();
+        self.ns
+            .ip(&["-6", "route", "add", "fd00:10:244::/48", "via", &via])?;
+        let via = NODE2_UNDERLAY6.to_string();
+        for (k, pod) in self.pods.iter_mut().enumerate() {
+            let ip6 = remote_pod_ip6((k + 1) as u8);
+            pod.add_ipv6(&self.ns, ip6)?;
+            node1.ip(&["-6", "route", "add", &format!("{ip6}/128"), "via", &via])?;
+        }
         Ok(())
     }
 }

@@ -10,8 +10,6 @@
 //!
 //! loadBalancerSourceRanges are checked against the IPv6 trie (`XLB_SRCRNG6_V1`), as IPv4's
 //! against its own: a client outside them is dropped (`src_denied`).
-//!
-//! Not yet over IPv6: hairpin SNAT (a pod reaching itself keeps its source).
 
 pub mod conntrack;
 pub mod fib;
@@ -24,14 +22,14 @@ pub mod xdp;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
+    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
     R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT,
     R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
     SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
 use self::{
-    conntrack::copy6,
+    conntrack::{copy6, eq6},
     maps::XLB_PKT6,
     parse::{Parsed6, Tuple6},
 };
@@ -154,9 +152,9 @@ fn tracked(ctx: &TcContext, t: &Tuple6) -> Carried {
 #[inline(always)]
 fn try_tracked(ctx: &TcContext, t: &Tuple6) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
-    // The address filters, by the addresses' first word (the agent sets the bits of every
-    // frontend's and backend's `addr_be[0]`, IPv6 ones included): a clear bit skips the
-    // lookups on that side, as for IPv4.
+    // The address filters, by the addresses' four words folded (the agent sets the bits of
+    // every frontend's and backend's address the same way): a clear bit skips the lookups
+    // on that side, as for IPv4.
     let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         conntrack::lookup_forward(t)
     } else {
@@ -315,8 +313,14 @@ pub(super) fn record<P: Packet>(
     };
     fwd.mtu = mtu;
     fwd._pad = 0;
-    let snat = svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0;
-    if snat {
+    let cfg = translate::config();
+    let hairpin = eq6(&be.addr_be, &t.saddr_be);
+    let snat = if hairpin {
+        hairpin_source(fwd, &cfg.hairpin6_addr_be)
+    } else {
+        svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0
+    };
+    if snat && !hairpin {
         let route = fib::lookup(
             ctx.raw(),
             ctx.ingress_ifindex(),
@@ -333,7 +337,6 @@ pub(super) fn record<P: Packet>(
         copy6(&mut fwd.saddr_be, src);
         fwd.flags |= CT_F_SNAT;
     }
-    // A client that is its own backend keeps its source (no IPv6 hairpin address yet).
     affinity::remember(
         &Client::addr6(t.saddr_be),
         svc,
@@ -341,7 +344,19 @@ pub(super) fn record<P: Packet>(
         s.slot as u16,
         be.generation,
     );
-    let cfg = translate::config();
     conntrack::create(t, snat, cfg.snat_port_min, cfg.snat_port_max)?;
     Ok(&s.fwd)
+}
+
+/// A client that is its own backend (hairpin): its flow is SNATed to the IPv6 hairpin
+/// address, as IPv4's to its own, so the pod accepts a packet that is not from itself and
+/// its replies come back through tc. With none configured it keeps its source (false).
+#[inline(always)]
+fn hairpin_source(fwd: &mut CtValue6, addr_be: &[u32; 4]) -> bool {
+    if addr_be[0] | addr_be[1] | addr_be[2] | addr_be[3] == 0 {
+        return false;
+    }
+    copy6(&mut fwd.saddr_be, addr_be);
+    fwd.flags |= CT_F_SNAT | CT_F_HAIRPIN;
+    true
 }

@@ -2,14 +2,14 @@
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{CtValue6, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::eq6,
-    parse::{IP6_DST_OFF, IP6_SRC_OFF, Tuple6},
+    parse::{DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    packet::{Packet, csum_add, csum_apply, diff2, diff4},
+    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st16, st32},
     reason::Reason,
 };
 
@@ -29,10 +29,79 @@ fn failed<E>(_: E) -> Reason {
 }
 
 /// Rewrites the packet's tuple into the one a conntrack entry holds (as IPv4's
-/// `nat::apply`), through the store and checksum helpers: an IPv6 packet's L4 header sits
-/// at a variable offset behind its extension headers.
+/// `nat::apply`): in place for the common packet ([`Tuple6::direct`]), else through the
+/// store and checksum helpers (the L4 header sits behind extension headers, at a variable
+/// offset).
 #[inline(always)]
 pub fn apply<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+    if t.direct != 0 {
+        let r = if t.proto == IPPROTO_TCP {
+            in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }>(ctx, t, to)
+        } else {
+            in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }>(ctx, t, to)
+        };
+        return if r == 0 { Ok(()) } else { Err(Reason(r)) };
+    }
+    with_helpers(ctx, t, to)
+}
+
+/// The direct path: addresses and ports written in place, the L4 checksum updated once
+/// per kind of field at the constant offset `CSUM` ([`Packet::l4_csum_diff`]); `N`: the
+/// bytes that must be in place. Returns 0, or the reason it failed. One function per
+/// protocol, out of line, as IPv4's (merged, the accesses would be at a register offset).
+#[inline(never)]
+fn in_place<P: Packet, const N: usize, const CSUM: usize>(
+    ctx: &P,
+    t: &Tuple6,
+    to: &CtValue6,
+) -> u32 {
+    match in_place_inner::<P, N, CSUM>(ctx, t, to) {
+        Ok(()) => 0,
+        Err(r) => r.0,
+    }
+}
+
+#[inline(always)]
+fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
+    ctx: &P,
+    t: &Tuple6,
+    to: &CtValue6,
+) -> Result<(), Reason> {
+    let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
+    let mut addr = 0;
+    let mut port = 0;
+    // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
+    // is below N.
+    unsafe {
+        if !eq6(&t.saddr_be, &to.saddr_be) {
+            addr = diff16(&t.saddr_be, &to.saddr_be);
+            for i in 0..4 {
+                st32(p, IP6_SRC_OFF + 4 * i, to.saddr_be[i]);
+            }
+        }
+        if !eq6(&t.daddr_be, &to.daddr_be) {
+            addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
+            for i in 0..4 {
+                st32(p, IP6_DST_OFF + 4 * i, to.daddr_be[i]);
+            }
+        }
+        if to.sport_be != t.sport_be {
+            port = diff2(t.sport_be, to.sport_be);
+            st16(p, IP6_L4_OFF, to.sport_be);
+        }
+        if to.dport_be != t.dport_be {
+            port = csum_add(port, diff2(t.dport_be, to.dport_be));
+            st16(p, IP6_L4_OFF + 2, to.dport_be);
+        }
+    }
+    ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
+        .map_err(failed)
+}
+
+/// Any packet (extension headers, headers not in place), through the store and checksum
+/// helpers.
+#[inline(always)]
+fn with_helpers<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
     let mut addr = 0;
     if !eq6(&t.saddr_be, &to.saddr_be) {
         addr = diff16(&t.saddr_be, &to.saddr_be);

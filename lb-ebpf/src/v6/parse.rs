@@ -5,7 +5,11 @@
 
 use lb_common::{IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
 
-use crate::{packet::Packet, parse::ETH_HLEN, reason::Reason};
+use crate::{
+    packet::{Packet, at, ld16, ld32},
+    parse::{ETH_HLEN, l4_in_place},
+    reason::Reason,
+};
 
 /// The fixed IPv6 header (40 bytes) as it sits in the packet.
 #[repr(C)]
@@ -25,6 +29,10 @@ const _: () = assert!(core::mem::size_of::<Ip6Hdr>() == 40);
 pub const IP6_SRC_OFF: usize = ETH_HLEN + 8;
 pub const IP6_DST_OFF: usize = ETH_HLEN + 24;
 pub const IP6_L4_OFF: usize = ETH_HLEN + 40;
+/// Bytes the direct path needs in place: Ethernet, the fixed header with TCP or UDP right
+/// behind it, TCP's first 20 bytes (ports, flags, checksum) or UDP's 8.
+pub const DIRECT6_TCP: usize = IP6_L4_OFF + 20;
+pub const DIRECT6_UDP: usize = IP6_L4_OFF + 8;
 
 const NEXTHDR_HOP: u8 = 0;
 const NEXTHDR_ROUTING: u8 = 43;
@@ -49,7 +57,9 @@ pub struct Tuple6 {
     pub tcp_flags: u8,
     /// ICMPv6: the message type (0 otherwise).
     pub icmp_type: u8,
-    pub _pad: u8,
+    /// 1: no extension header and the headers in place up to `DIRECT6_TCP`/`DIRECT6_UDP`
+    /// (`l4_off == IP6_L4_OFF`): rewritten in place, not through helpers.
+    pub direct: u8,
     /// IPv6 payload length (extension headers and L4).
     pub payload_len: u32,
     /// Offset of the L4 header.
@@ -75,9 +85,83 @@ fn malformed<E>(_: E) -> Reason {
 }
 
 /// Parses an IPv6 packet (the Ethernet type said IPv6) into `t`. Out of line: its
-/// header copy stays off the frames of the steps that follow.
+/// header copy stays off the frames of the steps that follow. The common packet (TCP or
+/// UDP right behind the fixed header, linear) is read in place ([`parse_direct`]); any
+/// other through the load helper, with the same checks, so both give the same verdict.
 #[inline(never)]
 pub fn parse6<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
+    match parse_direct(ctx, t)? {
+        Some(p) => Ok(p),
+        None => parse_loaded(ctx, t),
+    }
+}
+
+/// The common case, read in place: `None` when it does not apply (an extension header or
+/// ICMPv6 next, a bad version or a jumbogram, headers not linear even after a pull), for
+/// [`parse_loaded`] to judge.
+#[inline(always)]
+fn parse_direct<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Option<Parsed6>, Reason> {
+    let Some(h) = at::<_, [u8; IP6_L4_OFF]>(ctx, 0) else {
+        return Ok(None);
+    };
+    let h = h as *const u8;
+    // SAFETY (every access to `h`): `at` checked IP6_L4_OFF bytes, every offset is below.
+    let (version, next, payload_len) = unsafe {
+        (
+            *h.add(ETH_HLEN) >> 4,
+            *h.add(ETH_HLEN + 6),
+            u16::from_be(ld16(h, ETH_HLEN + 4)) as usize,
+        )
+    };
+    let (l4_len, csum_rel, need) = match next {
+        IPPROTO_TCP => (20, 16, DIRECT6_TCP),
+        IPPROTO_UDP => (8, 6, DIRECT6_UDP),
+        _ => return Ok(None),
+    };
+    if version != 6 || payload_len == 0 {
+        return Ok(None);
+    }
+    if (ctx.len() as usize) < IP6_L4_OFF + payload_len || payload_len < l4_len {
+        return Err(Reason(R_MALFORMED));
+    }
+    for i in 0..4 {
+        // SAFETY: as above.
+        unsafe {
+            t.saddr_be[i] = ld32(h, IP6_SRC_OFF + 4 * i);
+            t.daddr_be[i] = ld32(h, IP6_DST_OFF + 4 * i);
+        }
+    }
+    // UDP's 8 bytes first, then TCP's 20 on the TCP path only (two constant bounds checks,
+    // as IPv4's direct parse). A pull invalidates `h`: it is not used below.
+    let Some(mut p) = l4_in_place::<_, { DIRECT6_UDP }>(ctx, need) else {
+        return Ok(None);
+    };
+    t.tcp_flags = 0;
+    if next == IPPROTO_TCP {
+        let Some(q) = l4_in_place::<_, { DIRECT6_TCP }>(ctx, need) else {
+            return Ok(None);
+        };
+        // SAFETY: DIRECT6_TCP bytes are in place.
+        t.tcp_flags = unsafe { *q.add(IP6_L4_OFF + 13) };
+        p = q;
+    }
+    // SAFETY: DIRECT6_UDP bytes at least are in place.
+    unsafe {
+        t.sport_be = ld16(p, IP6_L4_OFF);
+        t.dport_be = ld16(p, IP6_L4_OFF + 2);
+    }
+    t.proto = next;
+    t.icmp_type = 0;
+    t.direct = 1;
+    t.payload_len = payload_len as u32;
+    t.l4_off = IP6_L4_OFF as u32;
+    t.csum_off = (IP6_L4_OFF + csum_rel) as u32;
+    Ok(Some(Parsed6::Flow))
+}
+
+/// Any IPv6 packet, through the load helper.
+#[inline(always)]
+fn parse_loaded<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
     let h: Ip6Hdr = ctx.load(ETH_HLEN).map_err(malformed)?;
     if u32::from_be(h.vtc_flow) >> 28 != 6 {
         return Err(Reason(R_MALFORMED));
@@ -116,7 +200,7 @@ pub fn parse6<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
     t.payload_len = payload_len as u32;
     t.l4_off = l4_off as u32;
     t.csum_off = (l4_off + csum_rel) as u32;
-    t._pad = 0;
+    t.direct = 0;
     if proto == IPPROTO_ICMPV6 {
         t.icmp_type = l4[0];
         t.sport_be = 0;

@@ -15,20 +15,24 @@ use lb_common::{
 
 use super::{
     UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive, nat, packet,
-    parse::{self, Parsed6, Tuple6},
+    parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
     record,
 };
 use crate::{
     conntrack::{continues, touch},
     filter,
     maps::XLB_XDPTX_V1,
-    packet::Packet,
+    packet::{Packet, at},
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
+    xdp::{csum_at, write_macs},
 };
 
 type XdpOutcome = reason::Outcome<u32>;
+
+/// Offset of the hop limit in the fixed header.
+const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 
 #[inline(always)]
 fn pass(reason: u32) -> XdpOutcome {
@@ -156,8 +160,7 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
     if hop.too_big != 0 {
         return pass(R_PASS);
     }
-    let fail = |_| Reason(R_REWRITE_FAILED);
-    let hop_limit: u8 = ctx.load(ETH_HLEN + 7).map_err(|_| Reason(R_MALFORMED))?;
+    let hop_limit = read_hop_limit(ctx, t)?;
     if hop_limit <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
@@ -168,28 +171,78 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
         return pass(reason);
     }
-    // Forwarded here, not by the kernel: the hop limit goes down by one (no IPv6 header
-    // checksum), the frame gets the next hop's MACs.
-    ctx.store(ETH_HLEN + 7, &(hop_limit - 1)).map_err(fail)?;
-    ctx.store(0, &hop.dmac).map_err(fail)?;
-    ctx.store(6, &hop.smac).map_err(fail)?;
+    forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
     match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
 }
 
+/// The hop limit: in place for the common packet, else through the load helper.
+#[inline(always)]
+fn read_hop_limit(ctx: &XdpContext, t: &Tuple6) -> Result<u8, Reason> {
+    if t.direct != 0
+        && let Some(p) = at::<_, [u8; IP6_L4_OFF]>(ctx, 0)
+    {
+        // SAFETY: `at` checked the bytes.
+        return Ok(unsafe { *(p as *const u8).add(HOP_LIMIT_OFF) });
+    }
+    ctx.load(HOP_LIMIT_OFF).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// Forwarded here, not by the kernel: the hop limit goes down by one (no IPv6 header
+/// checksum), the frame gets the next hop's MACs; in place for the common packet.
+#[inline(always)]
+fn forward_l2(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    hop_limit: u8,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+) -> Result<(), Reason> {
+    if t.direct != 0
+        && let Some(p) = at::<_, [u8; IP6_L4_OFF]>(ctx, 0)
+    {
+        let p = p as *mut u8;
+        // SAFETY: every offset written is within the IP6_L4_OFF bytes `at` checked.
+        unsafe {
+            *p.add(HOP_LIMIT_OFF) = hop_limit - 1;
+            write_macs(p, smac, dmac);
+        }
+        return Ok(());
+    }
+    let fail = |_| Reason(R_REWRITE_FAILED);
+    ctx.store(HOP_LIMIT_OFF, &(hop_limit - 1)).map_err(fail)?;
+    ctx.store(0, dmac).map_err(fail)?;
+    ctx.store(6, smac).map_err(fail)
+}
+
+/// The L4 checksum field as it sits in the packet (in place for the common packet).
+#[inline(always)]
+fn read_l4_csum(ctx: &XdpContext, t: &Tuple6) -> Result<u16, Reason> {
+    if t.direct != 0 {
+        let v = if t.proto == IPPROTO_UDP {
+            csum_at::<{ IP6_L4_OFF + 6 }>(ctx)
+        } else {
+            csum_at::<{ IP6_L4_OFF + 16 }>(ctx)
+        };
+        if v <= u16::MAX as u32 {
+            return Ok(v as u16);
+        }
+    }
+    ctx.load(t.csum_off as usize)
+        .map_err(|_| Reason(R_MALFORMED))
+}
+
 /// Whether the L4 checksum is still partial (the field holds the folded pseudo-header sum
 /// for offload to complete), as IPv4's check.
 #[inline(always)]
 fn checksum_partial(ctx: &XdpContext, t: &Tuple6) -> Result<bool, Reason> {
-    let csum: u16 = ctx
-        .load(t.csum_off as usize)
-        .map_err(|_| Reason(R_MALFORMED))?;
+    let csum = read_l4_csum(ctx, t)?;
     if t.proto == IPPROTO_UDP && csum == 0 {
         return Ok(false);
     }
-    let l4_len = t.payload_len - (t.l4_off - super::parse::IP6_L4_OFF as u32);
+    let l4_len = t.payload_len - (t.l4_off - IP6_L4_OFF as u32);
     let mut sum = super::reject::pseudo(&t.saddr_be, &t.daddr_be, l4_len, t.proto);
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);

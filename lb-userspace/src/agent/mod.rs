@@ -79,6 +79,8 @@ pub struct AgentOptions {
     /// Where a pod reaching itself through a service appears to come from; `None`: hairpin
     /// traffic is not SNATed.
     pub hairpin_address: Option<std::net::Ipv4Addr>,
+    /// The same for IPv6 flows (`--hairpin-address6`).
+    pub hairpin_address6: Option<std::net::Ipv6Addr>,
     /// XDP on the node interfaces (`--xdp`).
     pub xdp: attach::XdpSetting,
     /// Which sockets the cgroup socket hooks translate (`--socket-lb`).
@@ -112,6 +114,9 @@ impl AgentOptions {
                 0
             },
             host_netns_cookie,
+            hairpin6_addr_be: self
+                .hairpin_address6
+                .map_or([0; 4], |a| bytemuck::cast(a.octets())),
             ..Default::default()
         }
     }

@@ -67,6 +67,10 @@ pub struct AgentArgs {
     /// The source a pod reaching itself through a service is SNATed to ("" to disable).
     #[arg(long, env = "XLB_HAIRPIN_ADDRESS", default_value = "169.254.42.1")]
     pub hairpin_address: String,
+    /// The source a pod reaching itself through a service over IPv6 is SNATed to ("" to
+    /// disable): routed through the pod's default route, so its replies come back to tc.
+    #[arg(long, env = "XLB_HAIRPIN_ADDRESS6", default_value = "fd00:a9fe:2a::1")]
+    pub hairpin_address6: String,
     /// XDP on the node interfaces: `native` (in the driver, generic where the driver
     /// cannot), `generic`, or `off` (tc does everything; the same behaviour, slower).
     #[arg(long, env = "XLB_XDP", default_value = "off")]
@@ -146,6 +150,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         metrics_bind_address,
         snat_port_range,
         hairpin_address,
+        hairpin_address6,
         xdp,
         socket_lb,
         cgroup_path,
@@ -217,6 +222,13 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         } else {
             Some(hairpin_address.parse().with_context(|| {
                 format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
+            })?)
+        },
+        hairpin_address6: if hairpin_address6.is_empty() {
+            None
+        } else {
+            Some(hairpin_address6.parse().with_context(|| {
+                format!("--hairpin-address6 {hairpin_address6:?} is not an IPv6 address")
             })?)
         },
     })

@@ -55,8 +55,10 @@ pub struct NodeFlags {
     /// The node's zone label, for topology hints.
     #[arg(long)]
     zone: Option<String>,
-    /// The proxier's IP family (default: the TestConfig's, else ipv4); `dual`: both.
-    #[arg(long, value_enum)]
+    /// The proxier's IP family (default: the TestConfig's, else ipv4); `dual`: both. `xlb
+    /// trace`: the traced packet's family, which picks a dual-stack Service's ClusterIP
+    /// (default: the Service's primary family, the first of its ipFamilies).
+    #[arg(long, value_enum, alias = "family")]
     ip_family: Option<Family>,
     /// Node IPs (comma-separated); the first of the family is used for DNAT/allow-from-node.
     #[arg(long, value_delimiter = ',')]
@@ -112,6 +114,11 @@ impl WriterFlags {
 }
 
 impl NodeFlags {
+    /// `--ip-family` as given.
+    pub fn ip_family(&self) -> Option<Family> {
+        self.ip_family
+    }
+
     pub fn apply(&self, base: Option<NodeSettings>) -> Result<NodeSettings> {
         let mut s = base.unwrap_or_default();
         let ip = |raw: &String| {

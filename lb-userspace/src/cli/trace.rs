@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use lb_userspace::{
     DEFAULT_BPFFS_DIR, EBPF_OBJECT,
     emit::{Mode as EmitMode, Options as EmitOptions},
-    model::{NodeSettings, Protocol},
+    model::{IpFamily, NodeSettings, Protocol},
     source::file,
     trace::{
         Report, ebpf,
@@ -18,7 +18,7 @@ use lb_userspace::{
 };
 
 use super::{
-    emit::{NodeFlags, WriterFlags},
+    emit::{Family, NodeFlags, WriterFlags},
     node_name, source_file,
 };
 
@@ -43,13 +43,17 @@ pub enum Proto {
 
 /// Trace one packet (or, from the node, one connect()) to a service: which frontend it
 /// matches, the endpoints the policies leave, affinity, the backend, each rewrite, the
-/// verdict and its counter. Changes no live state.
+/// verdict and its counter. Changes no live state. IPv4 or IPv6: the packet's family is the
+/// target address's, or for `--to svc/...` the Service's primary family unless
+/// `--ip-family` picks the other one of a dual-stack Service.
 #[derive(clap::Args)]
 pub struct TraceArgs {
-    /// `pod/NAMESPACE/NAME`, `node`, or `IP[:PORT]`.
+    /// `pod/NAMESPACE/NAME` (its address of the packet's family), `node`, `IP`,
+    /// `IPv4:PORT` or `[IPv6]:PORT`.
     #[arg(long)]
     from: String,
-    /// `svc/NAMESPACE/NAME[:PORT]` (its ClusterIP) or `IP:PORT` (any frontend).
+    /// `svc/NAMESPACE/NAME[:PORT]` (its ClusterIP of `--ip-family`, else of its primary
+    /// family), `IPv4:PORT` or `[IPv6]:PORT` (any frontend).
     #[arg(long)]
     to: String,
     /// The protocol [default: the service port's, else tcp].
@@ -122,12 +126,26 @@ fn rule_mode(
         .model
         .as_ref()
         .context("the rule modes need the services: give --source file:PATH")?;
+    // kube-proxy's proxier of the packet's family.
+    let family = req.family();
+    let settings = &NodeSettings {
+        family,
+        ..settings.clone()
+    };
     let src = match req.src {
-        Some(a) => std::net::IpAddr::V4(*a.ip()),
+        Some(a) => a.ip(),
         None => settings
             .node_ip()
-            .or_else(|| settings.local_addresses.first().copied())
-            .context("--from node in a rule mode needs the node's address: give --node-ip")?,
+            .or_else(|| {
+                let mut local = settings.local_addresses.iter();
+                local.find(|a| family.matches(**a)).copied()
+            })
+            .with_context(|| {
+                format!(
+                    "--from node in a rule mode needs the node's {} address: give --node-ip",
+                    family.name()
+                )
+            })?,
     };
     let input = rules::Input {
         model,
@@ -157,7 +175,15 @@ pub fn run(args: TraceArgs) -> Result<()> {
         Proto::Tcp => Protocol::Tcp,
         Proto::Udp => Protocol::Udp,
     });
-    let req = request::resolve(&from, &to, proto, &source)?;
+    let family = match args.node.ip_family() {
+        None => None,
+        Some(Family::Ipv4) => Some(IpFamily::V4),
+        Some(Family::Ipv6) => Some(IpFamily::V6),
+        Some(Family::Dual) => {
+            bail!("--ip-family dual: a traced packet has one family (ipv4 or ipv6)")
+        }
+    };
+    let req = request::resolve(&from, &to, proto, family, &source)?;
     let one = |m: EmitMode| rule_mode(m, &source, (&settings, &opts), &req);
     let report = match args.mode {
         TraceMode::Datapath => datapath(&args, &source, &settings.node_name, &req)?,

@@ -142,12 +142,13 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
     Ok(ebpf)
 }
 
-/// Removes the pins of earlier layouts that hold only counters ([`RETIRED_PINS`]): programs
+/// Removes the pins of earlier layouts that hold only counters or configuration
+/// ([`RETIRED_PINS`]): programs
 /// still using one keep it (the kernel frees it with them), nothing reads it any more.
 fn remove_retired(dir: &Path) {
     for name in RETIRED_PINS {
         match std::fs::remove_file(dir.join(name)) {
-            Ok(()) => tracing::info!(map = name, "removed a retired pin (counters start again)"),
+            Ok(()) => tracing::info!(map = name, "removed a retired pin"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!(map = name, "cannot remove a retired pin: {e}"),
         }

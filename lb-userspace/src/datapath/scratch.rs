@@ -1,9 +1,10 @@
 //! A second instance of the datapath for `xlb trace`: the same object loaded again with the
 //! agent's service state reused from its pins (services, backends, names, node config,
 //! source ranges, address filters) and fresh, unpinned copies of every map the programs
-//! write (conntrack, affinity, socket translations, counters). The live flow and affinity
-//! entries are copied into the fresh maps first, so a traced packet meets the same state a
-//! real one would, and whatever the program writes stays in the copies.
+//! write (conntrack of both families, affinity, socket translations, counters). The live
+//! flow (IPv4 and IPv6) and affinity entries are copied into the fresh maps first, so a
+//! traced packet meets the same state a real one would, and whatever the program writes
+//! stays in the copies.
 
 use std::{
     collections::BTreeMap,
@@ -16,9 +17,10 @@ use aya::{
     programs::{TestRun, TestRunOptions},
 };
 use lb_common::{
-    AffinityKey, AffinityValue, Counter, CtKey, CtValue, MAP_ADDR_FILTER, MAP_AFFINITY,
-    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SOCK, MAP_SRC_RANGE,
-    MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, MAP_XDP_TX, R_COUNT,
+    AffinityKey, AffinityValue, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_ADDR_FILTER,
+    MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_CT6,
+    MAP_CT6_ASSURED, MAP_SOCK, MAP_SRC_RANGE, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+    MAP_XDP_TX, R_COUNT,
 };
 
 use super::{DatapathError, kernel::open_pinned, loader};
@@ -40,8 +42,8 @@ pub const SHARED_MAPS: [&str; 8] = [
 pub const WRITTEN_MAPS: [&str; 9] = [
     MAP_CT,
     MAP_CT_ASSURED,
-    lb_common::MAP_CT6,
-    lb_common::MAP_CT6_ASSURED,
+    MAP_CT6,
+    MAP_CT6_ASSURED,
     MAP_AFFINITY,
     MAP_SOCK,
     MAP_STATS,
@@ -65,9 +67,11 @@ pub struct Run {
     pub packet: Vec<u8>,
     /// Reason counters the run bumped (reason code, packets).
     pub reasons: Vec<(u32, u64)>,
-    /// Conntrack entries (of either table) the run created or changed, with their value
-    /// before (none: new).
+    /// IPv4 conntrack entries (of either table) the run created or changed, with their
+    /// value before (none: new).
     pub conntrack: Vec<Change<CtKey, CtValue>>,
+    /// IPv6 conntrack entries likewise.
+    pub conntrack6: Vec<Change<CtKey6, CtValue6>>,
     /// Affinity entries likewise.
     pub affinity: Vec<Change<AffinityKey, AffinityValue>>,
 }
@@ -84,9 +88,11 @@ pub struct Change<K, V> {
 /// nothing).
 pub struct Scratch {
     ebpf: Ebpf,
-    /// Both conntrack tables' live entries (a key is in one table at a time).
+    /// Both conntrack tables' live entries (a key is in one table at a time), of each family.
     ct_before: Entries<CtKey, CtValue>,
     cta_before: Entries<CtKey, CtValue>,
+    ct6_before: Entries<CtKey6, CtValue6>,
+    cta6_before: Entries<CtKey6, CtValue6>,
     aff_before: Entries<AffinityKey, AffinityValue>,
 }
 
@@ -165,11 +171,15 @@ impl Scratch {
             })?;
         let ct_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT)?;
         let cta_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?;
+        let ct6_before = read_pinned::<CtKey6, CtValue6>(dir, MAP_CT6)?;
+        let cta6_before = read_pinned::<CtKey6, CtValue6>(dir, MAP_CT6_ASSURED)?;
         let aff_before = read_pinned::<AffinityKey, AffinityValue>(dir, MAP_AFFINITY)?;
         let mut s = Self {
             ebpf,
             ct_before,
             cta_before,
+            ct6_before,
+            cta6_before,
             aff_before,
         };
         s.copy_in()?;
@@ -179,6 +189,8 @@ impl Scratch {
     fn copy_in(&mut self) -> Result<(), DatapathError> {
         copy(&mut self.ebpf, MAP_CT, &self.ct_before)?;
         copy(&mut self.ebpf, MAP_CT_ASSURED, &self.cta_before)?;
+        copy(&mut self.ebpf, MAP_CT6, &self.ct6_before)?;
+        copy(&mut self.ebpf, MAP_CT6_ASSURED, &self.cta6_before)?;
         copy(&mut self.ebpf, MAP_AFFINITY, &self.aff_before)
     }
 
@@ -202,9 +214,21 @@ impl Scratch {
             .map(|(_, v)| *v)
     }
 
-    /// How many live conntrack entries were copied in (both tables).
+    /// The live IPv6 conntrack entry of `key`, from either table (as copied in).
+    pub fn conntrack6_entry(&self, key: &CtKey6) -> Option<CtValue6> {
+        let k = bytemuck::bytes_of(key);
+        self.ct6_before
+            .get(k)
+            .or_else(|| self.cta6_before.get(k))
+            .map(|(_, v)| *v)
+    }
+
+    /// How many live conntrack entries were copied in (both tables of both families).
     pub fn conntrack_len(&self) -> usize {
-        self.ct_before.len() + self.cta_before.len()
+        self.ct_before.len()
+            + self.cta_before.len()
+            + self.ct6_before.len()
+            + self.cta6_before.len()
     }
 
     /// The live affinity entries (as copied in).
@@ -279,6 +303,11 @@ impl Scratch {
             conntrack: {
                 let mut c = self.changes(MAP_CT, &self.ct_before)?;
                 c.extend(self.changes(MAP_CT_ASSURED, &self.cta_before)?);
+                c
+            },
+            conntrack6: {
+                let mut c = self.changes(MAP_CT6, &self.ct6_before)?;
+                c.extend(self.changes(MAP_CT6_ASSURED, &self.cta6_before)?);
                 c
             },
             affinity: self.changes(MAP_AFFINITY, &self.aff_before)?,

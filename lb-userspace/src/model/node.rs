@@ -15,6 +15,23 @@ pub enum IpFamily {
 }
 
 impl IpFamily {
+    /// The family of `ip`.
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv6() {
+            IpFamily::V6
+        } else {
+            IpFamily::V4
+        }
+    }
+
+    /// The family as Kubernetes spells it (`spec.ipFamilies`): `IPv4`, `IPv6`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        }
+    }
+
     /// Whether `ip` belongs to this family.
     pub fn matches(self, ip: IpAddr) -> bool {
         match self {

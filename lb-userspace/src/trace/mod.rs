@@ -2,10 +2,13 @@
 //! ([`ebpf`], a test run against scratch copies of the flow maps) and through the rules each
 //! kube-proxy mode would write ([`rules`]).
 //!
-//! [`request`] turns `--from`/`--to` into a packet; [`Report`] is what every tracer prints.
+//! [`request`] turns `--from`/`--to` into a packet of either family ([`frame`] builds it);
+//! [`Report`] is what every tracer prints.
 
 pub mod ebpf;
+pub mod frame;
 pub mod packet;
+pub mod pods;
 pub mod request;
 pub mod rules;
 

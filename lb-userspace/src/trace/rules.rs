@@ -2,12 +2,16 @@
 //! the tracers the conformance tests use ([`crate::emit::trace`] for iptables rules,
 //! [`crate::emit::nftables::trace_rules`] for nftables).
 //!
+//! The rules are those of kube-proxy's proxier of the packet's family (`xlb emit
+//! --ip-family ipv4|ipv6`): ip6tables, the `ip6 kube-proxy` nftables table, IPVS's IPv6
+//! virtual servers for an IPv6 packet.
+//!
 //! A rule that matches only some packets (`-m statistic`, `numgen`, affinity's `recent`) is
 //! both taken and passed over, so the outcome is every backend the mode could pick.
 
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
 };
 
 use super::{Report, request::frontend_kind};
@@ -18,7 +22,7 @@ use crate::{
         trace::{Packet, Trace, trace as trace_iptables, trace_chains},
         userspace,
     },
-    model::{Model, NodeSettings, Protocol},
+    model::{IpFamily, Model, NodeSettings, Protocol},
 };
 
 /// One packet for the rule tracers.
@@ -29,7 +33,8 @@ pub struct Input<'a> {
     /// The writers' settings (masquerade mark, host features, IPVS scheduler).
     pub opts: &'a Options,
     pub src: IpAddr,
-    pub dst: SocketAddrV4,
+    /// The destination; its family picks the proxier.
+    pub dst: SocketAddr,
     pub protocol: Protocol,
     /// Sent by the node's own processes (nat OUTPUT) rather than a pod (nat PREROUTING).
     pub from_node: bool,
@@ -42,7 +47,7 @@ impl Input<'_> {
     fn packet(&self) -> Packet {
         Packet {
             src: self.src,
-            dst: IpAddr::V4(*self.dst.ip()),
+            dst: self.dst.ip(),
             dport: self.dst.port(),
             protocol: self.protocol,
         }
@@ -57,8 +62,17 @@ pub fn mode_name(mode: Mode) -> &'static str {
 /// Every mode `--mode all` shows.
 pub const MODES: [Mode; 4] = [Mode::Iptables, Mode::Nftables, Mode::Ipvs, Mode::Userspace];
 
-/// Traces `input` through `mode`'s rules.
+/// Traces `input` through `mode`'s rules (those of the proxier of `input.dst`'s family).
 pub fn trace(mode: Mode, input: &Input) -> Report {
+    let family = IpFamily::of(input.dst.ip());
+    let node = NodeSettings {
+        family,
+        ..input.node.clone()
+    };
+    let input = &Input {
+        node: &node,
+        ..input.clone()
+    };
     let mut r = Report::new(format!(
         "xlb trace ({}): {} -> {} {}",
         mode_name(mode),
@@ -66,6 +80,9 @@ pub fn trace(mode: Mode, input: &Input) -> Report {
         input.to,
         input.protocol
     ));
+    if family == IpFamily::V6 {
+        r.line("proxier", proxier_words(mode));
+    }
     r.line("frontend", frontend_words(input));
     match mode {
         Mode::Iptables => {
@@ -89,6 +106,16 @@ pub fn trace(mode: Mode, input: &Input) -> Report {
         Mode::Userspace => trace_userspace(&mut r, input),
     }
     r
+}
+
+/// kube-proxy's IPv6 proxier of `mode`, and what loads its rules.
+fn proxier_words(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Iptables => "kube-proxy's IPv6 proxier: ip6tables-restore",
+        Mode::Nftables => "kube-proxy's IPv6 proxier: the ip6 kube-proxy table (nft -f)",
+        Mode::Ipvs => "kube-proxy's IPv6 proxier: IPv6 virtual servers, KUBE-6-* ipsets, ip6tables",
+        Mode::Userspace => "kube-proxy's IPv6 proxier: ip6tables portals",
+    }
 }
 
 fn restore(payload: &str) -> Tables {
@@ -210,7 +237,7 @@ fn finish(r: &mut Report, outputs: &[String], masq: bool) {
 
 fn trace_ipvs(r: &mut Report, input: &Input) {
     let st = ipvs::emit(input.model, input.node, input.opts);
-    let dst = IpAddr::V4(*input.dst.ip());
+    let dst = input.dst.ip();
     let mut lines = Vec::new();
     if st.dummy_addresses.contains(&dst) {
         lines.push(format!(
@@ -246,30 +273,31 @@ fn trace_ipvs(r: &mut Report, input: &Input) {
         return;
     };
     let mut lines = vec![format!(
-        "-A -{} {}:{} -s {}{}",
+        "-A -{} {} -s {}{}",
         if input.protocol == Protocol::Udp {
             "u"
         } else {
             "t"
         },
-        vs.ip,
-        vs.port,
+        SocketAddr::new(vs.ip, vs.port),
         vs.scheduler,
         vs.persistent_timeout.map_or(String::new(), |t| format!(
             " -p {t}   <- affinity: persistence {t} s"
         ))
     )];
-    lines.extend(
-        vs.reals
-            .iter()
-            .map(|rs| format!("  -a -r {}:{} -m -w {}", rs.ip, rs.port, rs.weight)),
-    );
+    lines.extend(vs.reals.iter().map(|rs| {
+        format!(
+            "  -a -r {} -m -w {}",
+            SocketAddr::new(rs.ip, rs.port),
+            rs.weight
+        )
+    }));
     r.step("virtual server", lines);
     let reals: Vec<String> = vs
         .reals
         .iter()
         .filter(|rs| rs.weight > 0)
-        .map(|rs| SocketAddrV4::new(ipv4(rs.ip), rs.port).to_string())
+        .map(|rs| SocketAddr::new(rs.ip, rs.port).to_string())
         .collect();
     if reals.is_empty() {
         r.line("rewrite", "none");
@@ -288,13 +316,6 @@ fn trace_ipvs(r: &mut Report, input: &Input) {
         );
         r.line("verdict", "forwarded to a real server");
         r.outcome = backends_outcome(reals);
-    }
-}
-
-fn ipv4(ip: IpAddr) -> std::net::Ipv4Addr {
-    match ip {
-        IpAddr::V4(v) => v,
-        IpAddr::V6(_) => std::net::Ipv4Addr::UNSPECIFIED,
     }
 }
 
@@ -391,6 +412,60 @@ mod tests {
         };
         for mode in MODES {
             assert_eq!(trace(mode, &missed).outcome, "passed");
+        }
+    }
+
+    const DUAL: &str = "apiVersion: v1\nkind: Service\nmetadata: {namespace: d, name: web}\nspec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, \"fd00::10\"]\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: d, name: web-4, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports:\n- {name: http, port: 8080, protocol: TCP}\nendpoints:\n- {addresses: [\"10.244.2.2\"], conditions: {ready: true}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: d, name: web-6, labels: {kubernetes.io/service-name: web}}\naddressType: IPv6\nports:\n- {name: http, port: 8080, protocol: TCP}\nendpoints:\n- {addresses: [\"fd00:244:2::2\"], conditions: {ready: true}}\n- {addresses: [\"fd00:244:3::2\"], conditions: {ready: true}}\n";
+
+    #[test]
+    fn an_ipv6_packet_walks_the_ipv6_proxiers_rules() {
+        let loaded = file::parse("t.yaml", DUAL).expect("yaml");
+        // The settings say IPv4 (the default): the packet's family picks the proxier.
+        let node = NodeSettings {
+            node_ips: vec![
+                "10.0.0.1".parse().expect("ip"),
+                "fd00::1".parse().expect("ip"),
+            ],
+            local_addresses: vec![
+                "10.0.0.1".parse().expect("ip"),
+                "fd00::1".parse().expect("ip"),
+            ],
+            ..NodeSettings::default()
+        };
+        let opts = Options::default();
+        let input = Input {
+            model: &loaded.model,
+            node: &node,
+            opts: &opts,
+            src: "fd00:244:1::2".parse().expect("ip"),
+            dst: "[fd00::10]:80".parse().expect("addr"),
+            protocol: Protocol::Tcp,
+            from_node: false,
+            from: "pod",
+            to: "svc",
+        };
+        for mode in MODES {
+            let r = trace(mode, &input);
+            assert_eq!(
+                r.outcome, "one of [fd00:244:2::2]:8080, [fd00:244:3::2]:8080",
+                "{mode:?}\n{r}"
+            );
+            let text = r.to_string();
+            assert!(text.contains("IPv6 proxier"), "{text}");
+            assert!(text.contains("ClusterIP of service d/web"), "{text}");
+        }
+        let v4 = Input {
+            src: "10.244.1.2".parse().expect("ip"),
+            dst: "10.96.0.10:80".parse().expect("addr"),
+            ..input.clone()
+        };
+        assert_eq!(trace(Mode::Iptables, &v4).outcome, "10.244.2.2:8080");
+        let missed = Input {
+            dst: "[fd00::99]:80".parse().expect("addr"),
+            ..input
+        };
+        for mode in MODES {
+            assert_eq!(trace(mode, &missed).outcome, "passed", "{mode:?}");
         }
     }
 

@@ -164,7 +164,10 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
     // The new layout's agent on the same pins.
     upgrade(&mut s);
     let text = s.agent.log_text();
-    for old in lb_common::prev::REPLACED {
+    for old in lb_common::prev::REPLACED
+        .iter()
+        .chain(&lb_common::RETIRED_PINS)
+    {
         assert!(
             !s.agent.pins.join(old).exists(),
             "{old} still pinned: {text}"

@@ -1,4 +1,5 @@
-//! The node's own socket: connect4's decision computed from the live maps.
+//! The node's own socket: connect4's (or, to an IPv6 frontend, connect6's) decision
+//! computed from the live maps.
 
 use lb_common::{
     FAMILY_NETNS, NodeConfig, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
@@ -15,8 +16,9 @@ use crate::{
     trace::{Report, request::Resolved},
 };
 
-/// The node's own socket: what connect4 decides, computed from the live maps as the program
-/// does (`sock.rs`): the kernel cannot test-run cgroup sock_addr programs.
+/// The node's own socket: what connect4 (connect6 for an IPv6 frontend) decides, computed
+/// from the live maps as the program does (`sock.rs`, one code for both families): the
+/// kernel cannot test-run cgroup sock_addr programs.
 pub(super) fn trace_connect(
     ctx: &Context,
     req: &Resolved,
@@ -27,10 +29,11 @@ pub(super) fn trace_connect(
         "xlb trace (datapath): {} -> {} {}",
         req.from, req.to, req.protocol
     ));
+    let hook = if req.dst.is_ipv6() { 6 } else { 4 };
     r.line(
         "socket",
         format!(
-            "connect({}) from the node: cgroup connect4 hook (xlb_connect4); computed from the live maps as the program decides (the kernel cannot test-run cgroup sock_addr programs); nothing is written",
+            "connect({}) from the node: cgroup connect{hook} hook (xlb_connect{hook}); computed from the live maps as the program decides (the kernel cannot test-run cgroup sock_addr programs); nothing is written",
             req.dst
         ),
     );

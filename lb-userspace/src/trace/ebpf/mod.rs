@@ -1,20 +1,23 @@
 //! A packet through the loaded programs: a test run of tc ingress on a scratch instance
-//! ([`crate::datapath::scratch`]), or for the node's own sockets the connect4 decision
-//! computed from the same maps, explained in Kubernetes terms.
+//! ([`crate::datapath::scratch`]), or for the node's own sockets the connect4/connect6
+//! decision computed from the same maps, explained in Kubernetes terms. IPv4 and IPv6 alike:
+//! the service, backend and affinity maps are shared by both families; conntrack has a
+//! table per family ([`flows`] shows either).
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     path::Path,
 };
 
 use lb_common::{
-    AffinityKey, AffinityValue, BE_F_REMOTE, BE_F_TERMINATING, Backend, FAMILY_V4, NodeConfig,
-    REASON_NAMES, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
-    SVC_F_TWO_SCOPES, SvcKey, SvcValue,
+    AffinityKey, AffinityValue, BE_F_REMOTE, BE_F_TERMINATING, Backend, FAMILY_V4, FAMILY_V6,
+    NodeConfig, REASON_NAMES, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SvcKey, SvcValue,
 };
 
 mod connect;
+mod flows;
 mod tc;
 
 use super::{
@@ -27,9 +30,9 @@ use crate::{
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
-    desired::{Desired, show_backend, svc_name_str},
+    desired::{Desired, addr_words, frontend_key, show_backend, svc_name_str, words_addr},
     list::monotonic_coarse_ns,
-    model::{NodeSettings, Protocol, select::service_ports},
+    model::{IpFamily, NodeSettings, Protocol, select::service_ports},
 };
 
 const TC_ACT_OK: i32 = 0;
@@ -44,27 +47,21 @@ pub struct Context<'a> {
     pub node_name: &'a str,
 }
 
-fn be32(ip: Ipv4Addr) -> u32 {
-    u32::from_ne_bytes(ip.octets())
+/// The address and port of map words of `family` (network order).
+fn sock(addr_be: [u32; 4], family: u8, port_be: u16) -> SocketAddr {
+    SocketAddr::new(words_addr(addr_be, family), u16::from_be(port_be))
 }
 
-fn ip_of(addr_be: u32) -> Ipv4Addr {
-    Ipv4Addr::from(addr_be.to_ne_bytes())
+fn backend_addr(b: &Backend) -> SocketAddr {
+    sock(b.addr_be, b.family, b.port_be)
 }
 
-fn sock(addr_be: u32, port_be: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(ip_of(addr_be), u16::from_be(port_be))
-}
-
-fn svc_key(dst: SocketAddrV4, proto: Protocol, scope: u8, slot: u16) -> SvcKey {
+/// The service-map key of frontend `dst` (either family) in `scope`, slot `slot`.
+fn svc_key(dst: SocketAddr, proto: Protocol, scope: u8, slot: u16) -> SvcKey {
     SvcKey {
-        addr_be: [be32(*dst.ip()), 0, 0, 0],
-        port_be: dst.port().to_be(),
-        slot,
-        proto: proto.number(),
-        family: FAMILY_V4,
         scope,
-        _pad: 0,
+        slot,
+        ..frontend_key(dst.ip(), dst.port(), proto)
     }
 }
 
@@ -118,7 +115,7 @@ fn backend_words(b: &Backend) -> String {
 }
 
 /// The frontend step: which Kubernetes frontend the destination is.
-fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, dst: SocketAddrV4) {
+fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, dst: SocketAddr) {
     let name = state
         .names
         .get(&f.svc.svc_id)
@@ -146,7 +143,7 @@ fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, d
 
 /// The endpoints step: the backends in the frontend's slots, and (with a source) the
 /// service's other endpoints and why the policies left them out.
-fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4) {
+fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddr) {
     let mut lines: Vec<String> = Vec::new();
     if f.slots.is_empty() {
         lines.push("none left: the frontend has no backends".into());
@@ -155,7 +152,7 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4
     for (slot, id, be) in &f.slots {
         match be {
             Some(b) => {
-                kept.insert(sock(b.addr_be[0], b.port_be));
+                kept.insert(backend_addr(b));
                 lines.push(format!("slot {slot}: {}", backend_words(b)));
             }
             None => lines.push(format!("slot {slot}: backend index {id} is missing")),
@@ -165,8 +162,10 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4
     if let Some(model) = ctx.source.model.as_ref()
         && let Some((kind, svc, _)) = frontend_kind(model, dst, proto)
     {
+        // The proxier of the frontend's family: its endpoints are of that family only.
         let settings = NodeSettings {
             node_name: ctx.node_name.to_string(),
+            family: IpFamily::of(dst.ip()),
             ..NodeSettings::default()
         };
         let view = service_ports(model, &settings).into_iter().find(|v| {
@@ -176,16 +175,14 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4
         });
         let local_policy = kind != "ClusterIP" && f.key.scope == SCOPE_EXTERNAL;
         for ep in view.iter().flat_map(|v| v.endpoints.iter()) {
-            let std::net::IpAddr::V4(ip) = ep.ip else {
-                continue;
-            };
+            let ip = ep.ip;
             let target_port = f
                 .slots
                 .iter()
                 .find_map(|(_, _, b)| b.map(|b| u16::from_be(b.port_be)))
                 .unwrap_or(ep.port);
-            if kept.contains(&SocketAddrV4::new(ip, target_port))
-                || kept.contains(&SocketAddrV4::new(ip, ep.port))
+            if kept.contains(&SocketAddr::new(ip, target_port))
+                || kept.contains(&SocketAddr::new(ip, ep.port))
             {
                 continue;
             }
@@ -207,6 +204,15 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddrV4
         }
     }
     r.step("endpoints", lines);
+}
+
+/// The affinity key of a packet's source, as the datapath folds it (`affinity.rs`:
+/// `Client::addr`, `Client::addr6`).
+fn client_key(svc_id: u32, client: IpAddr) -> AffinityKey {
+    match addr_words(client) {
+        (w, FAMILY_V6) => affinity_key(svc_id, [w[0] ^ w[2], w[1] ^ w[3]], FAMILY_V6),
+        (w, _) => affinity_key(svc_id, [w[0], 0], FAMILY_V4),
+    }
 }
 
 fn affinity_key(svc_id: u32, words: [u32; 2], family: u8) -> AffinityKey {

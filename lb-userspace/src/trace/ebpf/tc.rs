@@ -1,16 +1,15 @@
-//! A packet through tc ingress: BPF_PROG_TEST_RUN on a scratch instance, explained.
+//! A packet through tc ingress: BPF_PROG_TEST_RUN on a scratch instance, explained. IPv4
+//! and IPv6 alike (the program's IPv6 path, `v6/mod.rs`, writes the IPv6 conntrack tables).
 
-use std::net::SocketAddrV4;
+use std::net::{IpAddr, SocketAddr};
 
-use lb_common::{
-    CT_DIR_FORWARD, CT_F_HAIRPIN, CT_F_SNAT, CtKey, CtValue, FAMILY_NETNS, FAMILY_V4,
-    SCOPE_EXTERNAL,
-};
+use lb_common::{CT_F_HAIRPIN, CT_F_SNAT, FAMILY_NETNS, FAMILY_V6, SCOPE_EXTERNAL};
 
 use super::{
-    Context, Frontend, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, affinity_before, affinity_key,
-    backend_words, be32, endpoints_step, frontend, frontend_step, ip_of, reason_name, sock,
-    svc_key,
+    Context, Frontend, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, affinity_before, backend_words,
+    client_key, endpoints_step,
+    flows::{self, Flow},
+    frontend, frontend_step, reason_name, sock, svc_key,
 };
 use crate::{
     datapath::{
@@ -21,7 +20,7 @@ use crate::{
     model::Protocol,
     trace::{
         Report,
-        packet::{PacketBuilder, Parsed, TCP_SYN, parse},
+        frame::{Seen, first_packet, seen},
         request::Resolved,
     },
 };
@@ -31,24 +30,28 @@ pub(super) fn trace_tc(
     object: &[u8],
     ctx: &Context,
     req: &Resolved,
-    src: SocketAddrV4,
+    src: SocketAddr,
     state: &Desired,
 ) -> Result<Report, DatapathError> {
     let mut r = Report::new(format!(
         "xlb trace (datapath): {} -> {} {}",
         req.from, req.to, req.protocol
     ));
+    // `request::resolve` gives both ends one family.
+    let Some(pkt) = first_packet(src, req.dst, req.protocol) else {
+        r.line(
+            "packet",
+            format!("{src} and {} are of two families", req.dst),
+        );
+        r.outcome = "not traced".into();
+        return Ok(r);
+    };
     let mut scratch = Scratch::load(object, ctx.pins)?;
-    let pkt = match req.protocol {
-        Protocol::Udp => PacketBuilder::udp(src, req.dst),
-        _ => PacketBuilder::tcp(src, req.dst).flags(TCP_SYN),
-    }
-    .payload(b"xlb trace")
-    .build();
     r.line(
         "packet",
         format!(
-            "{} {src} -> {} enters tc ingress (xlb_tc_ingress); BPF_PROG_TEST_RUN on a second instance: service maps shared from {}, {} conntrack and {} affinity entries copied into its own maps",
+            "{}{} {src} -> {} enters tc ingress (xlb_tc_ingress); BPF_PROG_TEST_RUN on a second instance: service maps shared from {}, {} conntrack and {} affinity entries copied into its own maps",
+            if req.dst.is_ipv6() { "IPv6 " } else { "" },
             if req.protocol == Protocol::Udp { "UDP" } else { "TCP SYN" },
             req.dst,
             ctx.pins.display(),
@@ -56,22 +59,12 @@ pub(super) fn trace_tc(
             scratch.affinity_before().len()
         ),
     );
-    let fwd_key = CtKey {
-        saddr_be: be32(*src.ip()),
-        daddr_be: be32(*req.dst.ip()),
-        sport_be: src.port().to_be(),
-        dport_be: req.dst.port().to_be(),
-        proto: req.protocol.number(),
-        dir: CT_DIR_FORWARD,
-        _pad: 0,
-    };
-    let tracked = scratch.conntrack_entry(&fwd_key);
+    let tracked = flows::tracked(&scratch, src, req.dst, req.protocol);
     r.line(
         "conntrack",
         match &tracked {
-            Some(v) => format!(
-                "tracked flow: this tuple already goes to {} (its entry decides, no service lookup)",
-                sock(v.daddr_be, v.dport_be)
+            Some(to) => format!(
+                "tracked flow: this tuple already goes to {to} (its entry decides, no service lookup)"
             ),
             None => "no entry for this tuple: a new flow".into(),
         },
@@ -81,7 +74,7 @@ pub(super) fn trace_tc(
         Some(f) => {
             frontend_step(&mut r, ctx, state, f, req.dst);
             endpoints_step(&mut r, ctx, f, req.dst);
-            let key = affinity_key(f.svc.svc_id, [be32(*src.ip()), 0], FAMILY_V4);
+            let key = client_key(f.svc.svc_id, src.ip());
             let live = scratch
                 .affinity_before()
                 .get(bytemuck::bytes_of(&key))
@@ -110,13 +103,9 @@ fn explain_run(
     f: Option<&Frontend>,
     tracked: bool,
 ) {
-    let before = parse(input);
-    let after = parse(&run.packet);
-    let fwd = run
-        .conntrack
-        .iter()
-        .find(|c| c.key.dir == CT_DIR_FORWARD)
-        .map(|c| c.after);
+    let before = seen(input);
+    let after = seen(&run.packet);
+    let fwd = flows::forward(run);
     if let (Some(v), Some(f)) = (fwd, f)
         && !tracked
     {
@@ -126,7 +115,8 @@ fn explain_run(
     if !rewrites.is_empty() {
         r.step("rewrite", rewrites);
     }
-    r.step("state", state_writes(run));
+    let client = before.map(|p| p.src.ip());
+    r.step("state", state_writes(run, client));
     let (verdict, outcome) = verdict(run, before.as_ref(), after.as_ref());
     r.line("verdict", verdict);
     r.line(
@@ -141,7 +131,7 @@ fn explain_run(
 }
 
 /// The backend a new flow went to, and how it was chosen.
-fn chosen_backend(state: &Desired, run: &Run, f: &Frontend, v: &CtValue) -> String {
+fn chosen_backend(state: &Desired, run: &Run, f: &Frontend, v: &Flow) -> String {
     let be = state.backends.get(&v.backend_id);
     let how = if run.affinity.iter().any(|a| a.before.is_some()) {
         "by the client's affinity entry".to_string()
@@ -150,23 +140,25 @@ fn chosen_backend(state: &Desired, run: &Run, f: &Frontend, v: &CtValue) -> Stri
     };
     format!(
         "{} chosen {how}",
-        be.map_or_else(|| sock(v.daddr_be, v.dport_be).to_string(), backend_words)
+        be.map_or_else(|| v.to_dst.to_string(), backend_words)
     )
 }
 
 /// The packet's rewrites (DNAT, SNAT and why), or the answer sent back instead.
 fn rewrites(
     run: &Run,
-    before: Option<&Parsed>,
-    after: Option<&Parsed>,
-    fwd: Option<&CtValue>,
+    before: Option<&Seen>,
+    after: Option<&Seen>,
+    fwd: Option<&Flow>,
 ) -> Vec<String> {
     let mut rewrites = Vec::new();
     if run.verdict == TC_ACT_REDIRECT {
+        let v6 = before.is_some_and(|p| p.dst.is_ipv6());
         rewrites.push(match before.map(|p| p.protocol) {
-            Some(Protocol::Udp) => {
-                "answered: ICMP port unreachable back to the client (no endpoints: kube-proxy's REJECT)".to_string()
-            }
+            Some(Protocol::Udp) => format!(
+                "answered: {} port unreachable back to the client (no endpoints: kube-proxy's REJECT)",
+                if v6 { "ICMPv6" } else { "ICMP" }
+            ),
             _ => "answered: TCP RST back to the client (no endpoints: kube-proxy's REJECT)".into(),
         });
     } else if let (Some(b), Some(a)) = (before, after) {
@@ -192,8 +184,9 @@ fn rewrites(
     rewrites
 }
 
-/// The conntrack and affinity entries the run would create or refresh.
-fn state_writes(run: &Run) -> Vec<String> {
+/// The conntrack and affinity entries the run would create or refresh (`client`: the
+/// packet's source, whose affinity key an IPv6 address is folded into).
+fn state_writes(run: &Run, client: Option<IpAddr>) -> Vec<String> {
     let would = |before: bool| {
         if before {
             "would refresh"
@@ -201,37 +194,34 @@ fn state_writes(run: &Run) -> Vec<String> {
             "would create"
         }
     };
-    let mut ct = run.conntrack.clone();
-    ct.sort_by_key(|c| c.key.dir);
-    let mut writes: Vec<String> = ct
+    let mut writes: Vec<String> = flows::written(run)
         .iter()
         .map(|c| {
             format!(
-                "{} conntrack {} {}:{} -> {}:{} => {} -> {}",
-                would(c.before.is_some()),
-                if c.key.dir == CT_DIR_FORWARD {
+                "{} {}conntrack {} {} -> {} => {} -> {}",
+                would(c.existed),
+                if c.key_dst.is_ipv6() { "IPv6 " } else { "" },
+                if c.dir == lb_common::CT_DIR_FORWARD {
                     "forward"
                 } else {
                     "reply"
                 },
-                ip_of(c.key.saddr_be),
-                u16::from_be(c.key.sport_be),
-                ip_of(c.key.daddr_be),
-                u16::from_be(c.key.dport_be),
-                sock(c.after.saddr_be, c.after.sport_be),
-                sock(c.after.daddr_be, c.after.dport_be),
+                c.key_src,
+                c.key_dst,
+                c.to_src,
+                c.to_dst,
             )
         })
         .collect();
     writes.extend(run.affinity.iter().map(|a| {
+        let who = match (a.key.family, client) {
+            (FAMILY_NETNS, _) => "netns".to_string(),
+            (FAMILY_V6, Some(ip)) => format!("{ip} (its IPv6 address folded to two words)"),
+            _ => sock(a.key.client_be, a.key.family, 0).ip().to_string(),
+        };
         format!(
-            "{} affinity {} for service index {} -> backend index {}",
+            "{} affinity {who} for service index {} -> backend index {}",
             would(a.before.is_some()),
-            if a.key.family == FAMILY_NETNS {
-                "netns".to_string()
-            } else {
-                ip_of(a.key.client_be[0]).to_string()
-            },
             a.key.svc_id,
             a.after.backend_id
         )
@@ -244,7 +234,7 @@ fn state_writes(run: &Run) -> Vec<String> {
 }
 
 /// The tc action in words, and the trace's one-word outcome.
-fn verdict(run: &Run, before: Option<&Parsed>, after: Option<&Parsed>) -> (String, String) {
+fn verdict(run: &Run, before: Option<&Seen>, after: Option<&Seen>) -> (String, String) {
     let dst = after.map(|p| p.dst);
     match run.verdict {
         TC_ACT_OK if after.map(|p| (p.src, p.dst)) != before.map(|p| (p.src, p.dst)) => (

@@ -1,0 +1,127 @@
+//! `xlb trace` run against a scenario's agent, and the live flow maps it must leave alone
+//! (shared by trace.rs and trace6.rs).
+
+use std::{net::SocketAddr, path::Path, time::Duration};
+
+use xlb_tests::{
+    datapath::{RawEntries, dump_pinned},
+    scenario::Scenario,
+};
+
+/// `xlb trace ARGS…` in the node namespace against the scenario's agent; the flow maps must
+/// be byte-identical before and after it.
+pub fn trace(s: &Scenario, args: &[&str]) -> String {
+    let before = settled_flow_maps(&s.agent.pins);
+    let text = trace_only(s, args);
+    assert!(
+        flow_maps(&s.agent.pins) == before,
+        "xlb trace {args:?} changed the live flow or affinity maps\n{text}"
+    );
+    text
+}
+
+/// `xlb trace ARGS…` (its output; it must succeed), without the map comparison.
+pub fn trace_only(s: &Scenario, args: &[&str]) -> String {
+    let out = trace_command(s, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "xlb trace {args:?} failed: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `xlb trace ARGS…` with the scenario's pins and source, as it ended.
+pub fn trace_command(s: &Scenario, args: &[&str]) -> std::process::Output {
+    s.topo
+        .node
+        .command(xlb_tests::xlb_bin())
+        .arg("trace")
+        .args(args)
+        .arg("--pin-dir")
+        .arg(&s.agent.pins)
+        .arg("--source")
+        .arg(format!("file:{}", s.yaml.display()))
+        .output()
+        .expect("run xlb trace")
+}
+
+/// The `=> OUTCOME` line of a trace.
+pub fn outcome(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("=> "))
+        .unwrap_or_else(|| panic!("no outcome in:\n{text}"))
+        .to_string()
+}
+
+/// The flow maps the datapath writes, byte by byte: the conntrack tables of both families
+/// (IPv4's two, then IPv6's two), then affinity.
+pub fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    let mut ct = RawEntries::new();
+    for (i, name) in [
+        lb_common::MAP_CT,
+        lb_common::MAP_CT_ASSURED,
+        lb_common::MAP_CT6,
+        lb_common::MAP_CT6_ASSURED,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let table = dump_pinned(pins, name).unwrap_or_else(|e| panic!("dump {name}: {e}"));
+        // Keyed by table too: the IPv4 and IPv6 keys never collide, but say so.
+        ct.extend(table.into_iter().map(|(mut k, v)| {
+            k.insert(0, i as u8);
+            (k, v)
+        }));
+    }
+    (
+        ct,
+        dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
+    )
+}
+
+/// The IPv6 conntrack entries alone (both tables).
+pub fn flow_maps6(pins: &Path) -> RawEntries {
+    let mut ct = dump_pinned(pins, lb_common::MAP_CT6).expect("dump IPv6 conntrack");
+    ct.extend(dump_pinned(pins, lb_common::MAP_CT6_ASSURED).expect("dump IPv6 assured"));
+    ct
+}
+
+/// The flow maps once the real traffic before them has settled (two dumps 100 ms apart
+/// alike, for at most 3 s): a connection's last packets (its FIN and ACKs, a late UDP
+/// answer) still update their entries after the request returned.
+pub fn settled_flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
+    let mut last = flow_maps(pins);
+    for _ in 0..30 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = flow_maps(pins);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// One request on a connection left open: the answer, and the connection.
+pub fn open_request(
+    to: SocketAddr,
+    timeout: Duration,
+) -> Result<(xlb_tests::client::Answer, std::net::TcpStream), String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut c = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"hello\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&c)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let mut w = line.split_whitespace();
+    let answer = xlb_tests::client::Answer {
+        backend: w.next().unwrap_or_default().to_string(),
+        seen_client: w.next().unwrap_or_default().to_string(),
+    };
+    Ok((answer, c))
+}
