@@ -146,7 +146,7 @@ const _: () = assert!(core::mem::size_of::<CachedRoute>() == 40);
 /// Slots of the route cache per CPU (direct-mapped).
 const ROUTE_CACHE_SLOTS: u32 = 256;
 /// How long a cached route is trusted: a changed route or neighbour is seen within this.
-const ROUTE_CACHE_NS: u64 = 1_000_000_000;
+pub(crate) const ROUTE_CACHE_NS: u64 = 1_000_000_000;
 
 /// XDP's route cache, per CPU, direct-mapped by (source, destination, ingress interface):
 /// a packet of a flow whose route was looked up less than a second ago skips
@@ -228,7 +228,7 @@ fn hop_from(
 /// which the verifier refuses without CAP_PERFMON (the agent runs with CAP_BPF and
 /// CAP_NET_ADMIN only).
 #[inline(always)]
-fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
+pub(crate) fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
     for i in 0..6 {
         // SAFETY: both indices are in bounds; volatile keeps LLVM from turning the loop back
         // into a memmove.

@@ -13,10 +13,13 @@ use aya_ebpf::{
     macros::btf_map,
 };
 
-use lb_common::IPPROTO_TCP;
+use lb_common::{IPPROTO_TCP, filter_fold};
 
-use super::parse::Tuple6;
-use crate::{packet::Packet, parse::ETH_HLEN, translate::Mtu};
+use super::{
+    conntrack::{copy6, eq6},
+    parse::Tuple6,
+};
+use crate::{fib::copy_mac, packet::Packet, parse::ETH_HLEN, translate::Mtu};
 
 const AF_INET6: u8 = 10;
 /// Packets up to this size are not checked against the route MTU (IPv6's minimum link MTU).
@@ -102,8 +105,48 @@ pub fn lookup(
     route(ctx, ifindex, proto, saddr, daddr, len, false)
 }
 
-/// As [`lookup`], also resolving the next hop's MAC (for XDP's redirect): `None` too when
-/// the neighbour is not known yet.
+/// One slot of XDP's IPv6 route cache, as IPv4's `fib::CachedRoute`: a complete route
+/// (neighbour known) for `saddr_be → daddr_be` entering on `in_ifindex`, looked up at
+/// `stamp_ns`, known to fit packets up to `fits` bytes (the IPv6 packet, header included).
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct CachedRoute6 {
+    pub saddr_be: [u32; 4],
+    pub daddr_be: [u32; 4],
+    pub in_ifindex: u32,
+    pub out_ifindex: u32,
+    pub stamp_ns: u64,
+    pub fits: u16,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<CachedRoute6>() == 64);
+
+/// Slots of the IPv6 route cache per CPU (direct-mapped).
+const ROUTE6_CACHE_SLOTS: u32 = 256;
+
+/// XDP's IPv6 route cache, per CPU, direct-mapped by (source, destination, ingress
+/// interface), trusted for `fib::ROUTE_CACHE_NS` as IPv4's: a packet of a flow whose route
+/// was looked up less than a second ago skips `bpf_fib_lookup` (an IPv6 lookup costs more
+/// than an IPv4 one). Keyed by the source too (source policy routing). Written and read by
+/// XDP only. slot → `CachedRoute6` (64 B). 256 entries per CPU, overwritten on collision;
+/// not pinned.
+#[btf_map]
+static XLB_XDPRT6: PerCpuArray<CachedRoute6, { ROUTE6_CACHE_SLOTS as usize }> =
+    PerCpuArray::new();
+
+#[inline(always)]
+fn route_slot(saddr: &[u32; 4], daddr: &[u32; 4], ifindex: u32) -> u32 {
+    (filter_fold(saddr) ^ filter_fold(daddr).rotate_left(16) ^ ifindex).wrapping_mul(0x9e37_79b1)
+        >> 24
+}
+
+/// The hop for a translated packet `saddr → daddr` of `len` bytes entering on `ifindex`,
+/// when XDP can send it itself (route complete, the packet fits): from the cache, else from
+/// `bpf_fib_lookup` (then cached). `None`: leave it to the stack. The route lives in this
+/// CPU's cache slot until the next call. The cache's steps are leaves of their own, so the
+/// call chain is no deeper than a plain lookup's (the 512-byte stack).
 #[inline(always)]
 pub fn hop(
     ctx: *mut c_void,
@@ -112,8 +155,59 @@ pub fn hop(
     saddr: &[u32; 4],
     daddr: &[u32; 4],
     len: u16,
-) -> Option<&'static Route6> {
-    route(ctx, ifindex, proto, saddr, daddr, len, true)
+) -> Option<&'static CachedRoute6> {
+    if let Some(c) = cached(ifindex, saddr, daddr, len) {
+        return Some(c);
+    }
+    match route(ctx, ifindex, proto, saddr, daddr, len, true) {
+        Some(r) if r.too_big == 0 => remember(ifindex, saddr, daddr, len),
+        _ => None,
+    }
+}
+
+/// The cached route for `saddr → daddr` entering on `ifindex`, when it is fresh and known
+/// to fit `len` bytes.
+#[inline(never)]
+fn cached(
+    ifindex: u32,
+    saddr: &[u32; 4],
+    daddr: &[u32; 4],
+    len: u16,
+) -> Option<&'static CachedRoute6> {
+    let c = XLB_XDPRT6.get_ptr(route_slot(saddr, daddr, ifindex))?;
+    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
+    let c = unsafe { &*c };
+    (eq6(&c.saddr_be, saddr)
+        && eq6(&c.daddr_be, daddr)
+        && c.in_ifindex == ifindex
+        && len <= c.fits
+        && crate::clock::since(crate::clock::now(), c.stamp_ns) < crate::fib::ROUTE_CACHE_NS)
+        .then_some(c)
+}
+
+/// Caches the route just looked up (this CPU's `XLB_ROUTE6` slot) for `saddr → daddr`
+/// entering on `ifindex`, fitting `len` bytes; returns its cache slot.
+#[inline(never)]
+fn remember(
+    ifindex: u32,
+    saddr: &[u32; 4],
+    daddr: &[u32; 4],
+    len: u16,
+) -> Option<&'static CachedRoute6> {
+    let r = XLB_ROUTE6.get_ptr(0)?;
+    let c = XLB_XDPRT6.get_ptr_mut(route_slot(saddr, daddr, ifindex))?;
+    // SAFETY: this CPU's slots; nothing else runs on it while the program does.
+    let (r, c) = unsafe { (&(*r).route, &mut *c) };
+    copy6(&mut c.saddr_be, saddr);
+    copy6(&mut c.daddr_be, daddr);
+    c.in_ifindex = ifindex;
+    c.out_ifindex = r.ifindex;
+    c.fits = len;
+    copy_mac(&mut c.smac, &r.smac);
+    copy_mac(&mut c.dmac, &r.dmac);
+    c._pad = [0; 2];
+    c.stamp_ns = crate::clock::now();
+    Some(c)
 }
 
 #[inline(always)]

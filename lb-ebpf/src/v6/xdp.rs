@@ -137,8 +137,8 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
         &s.backend.addr_be,
         len,
     ) {
-        Some(r) if r.too_big == 0 => {}
-        _ => return pass(R_PASS),
+        Some(_) => {}
+        None => return pass(R_PASS),
     }
     record(ctx, t, svc, 0)?;
     Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
@@ -157,15 +157,12 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
     ) else {
         return pass(R_PASS);
     };
-    if hop.too_big != 0 {
-        return pass(R_PASS);
-    }
     let hop_limit = read_hop_limit(ctx, t)?;
     if hop_limit <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    let ifindex = hop.ifindex;
+    let ifindex = hop.out_ifindex;
     nat::apply(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
