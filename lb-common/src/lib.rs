@@ -7,11 +7,13 @@
 //! never misreads a map pinned by an older one.
 #![no_std]
 
+pub mod catalog;
 pub mod counters;
 pub mod maps;
 pub mod prev;
 pub mod v6;
 
+pub use catalog::*;
 pub use counters::*;
 pub use maps::*;
 pub use v6::*;

@@ -51,8 +51,9 @@ pub const AFFINITY_MAP_CAPACITY: u32 = 65_536;
 /// (V2: the host's network namespace cookie and socket-LB flags. V3: the IPv6 hairpin
 /// address. It holds no state: every agent writes it whole at start, so V2 is retired.)
 pub const MAP_CONFIG: &str = "XLB_CFG_V3";
-/// loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
-/// (V2: keys hold service indices.)
+/// IPv4 loadBalancerSourceRanges: written by the agent, read by the datapath (LPM trie).
+/// (V2: keys hold service indices.) IPv6 ranges have a trie of their own
+/// ([`crate::v6::MAP_SRC_RANGE6`]).
 pub const MAP_SRC_RANGE: &str = "XLB_SRCRNG_V2";
 /// Default capacity of the source-range trie (ranges over all LoadBalancer frontends).
 pub const SRC_RANGE_MAP_CAPACITY: u32 = 16_384;
@@ -107,156 +108,6 @@ pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
 pub const fn filter_bit_of(addr_be: &[u32; 4]) -> u32 {
     filter_bit(filter_fold(addr_be))
 }
-
-/// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 16] = [
-    MAP_SVC,
-    MAP_BACKEND,
-    MAP_CT,
-    MAP_CT_ASSURED,
-    MAP_STATS,
-    MAP_SVC_NAME,
-    MAP_SVC_STATS,
-    MAP_BACKEND_STATS,
-    MAP_AFFINITY,
-    MAP_CONFIG,
-    MAP_SRC_RANGE,
-    MAP_XDP_TX,
-    MAP_SOCK,
-    MAP_ADDR_FILTER,
-    crate::v6::MAP_CT6,
-    crate::v6::MAP_CT6_ASSURED,
-];
-
-/// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
-pub mod kind {
-    pub const HASH: u32 = 1;
-    pub const ARRAY: u32 = 2;
-    pub const PERCPU_HASH: u32 = 5;
-    pub const PERCPU_ARRAY: u32 = 6;
-    pub const LRU_HASH: u32 = 9;
-    pub const LPM_TRIE: u32 = 11;
-    pub const DEVMAP_HASH: u32 = 25;
-}
-
-/// One map as kernel and agent agree on it: its pinned name, kind, key and value sizes (per
-/// CPU for per-CPU maps). lb-ebpf's statics must match this (a test loads the object and
-/// checks every map against it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapDef {
-    pub name: &'static str,
-    pub kind: u32,
-    pub key_size: usize,
-    pub value_size: usize,
-}
-
-const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) -> MapDef {
-    MapDef {
-        name,
-        kind,
-        key_size,
-        value_size,
-    }
-}
-
-use core::mem::size_of;
-
-/// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 16] = [
-    def(
-        MAP_SVC,
-        kind::HASH,
-        size_of::<SvcKey>(),
-        size_of::<SvcValue>(),
-    ),
-    def(
-        MAP_BACKEND,
-        kind::ARRAY,
-        size_of::<u32>(),
-        size_of::<Backend>(),
-    ),
-    def(
-        MAP_CT,
-        kind::LRU_HASH,
-        size_of::<CtKey>(),
-        size_of::<CtValue>(),
-    ),
-    def(
-        MAP_CT_ASSURED,
-        kind::HASH,
-        size_of::<CtKey>(),
-        size_of::<CtValue>(),
-    ),
-    def(
-        MAP_STATS,
-        kind::PERCPU_ARRAY,
-        size_of::<u32>(),
-        size_of::<Counter>(),
-    ),
-    def(
-        MAP_SVC_NAME,
-        kind::HASH,
-        size_of::<u32>(),
-        size_of::<SvcName>(),
-    ),
-    def(
-        MAP_SVC_STATS,
-        kind::PERCPU_ARRAY,
-        size_of::<u32>(),
-        size_of::<Counter>(),
-    ),
-    def(
-        MAP_BACKEND_STATS,
-        kind::PERCPU_ARRAY,
-        size_of::<u32>(),
-        size_of::<Counter>(),
-    ),
-    def(
-        MAP_AFFINITY,
-        kind::LRU_HASH,
-        size_of::<AffinityKey>(),
-        size_of::<AffinityValue>(),
-    ),
-    def(
-        MAP_CONFIG,
-        kind::ARRAY,
-        size_of::<u32>(),
-        size_of::<NodeConfig>(),
-    ),
-    // An LPM trie key is its prefix length (u32) and the data.
-    def(
-        MAP_SRC_RANGE,
-        kind::LPM_TRIE,
-        4 + size_of::<SrcRangeKey>(),
-        size_of::<u32>(),
-    ),
-    // A devmap value is `struct bpf_devmap_val` (ifindex, program fd).
-    def(MAP_XDP_TX, kind::DEVMAP_HASH, size_of::<u32>(), 8),
-    def(
-        MAP_SOCK,
-        kind::LRU_HASH,
-        size_of::<SockKey>(),
-        size_of::<SockValue>(),
-    ),
-    def(
-        MAP_ADDR_FILTER,
-        kind::ARRAY,
-        size_of::<u32>(),
-        size_of::<u64>(),
-    ),
-    def(
-        crate::v6::MAP_CT6,
-        kind::LRU_HASH,
-        size_of::<crate::v6::CtKey6>(),
-        size_of::<crate::v6::CtValue6>(),
-    ),
-    def(
-        crate::v6::MAP_CT6_ASSURED,
-        kind::HASH,
-        size_of::<crate::v6::CtKey6>(),
-        size_of::<crate::v6::CtValue6>(),
-    ),
-];
 
 /// Default capacities; the agent may override them at load time.
 pub const SVC_MAP_CAPACITY: u32 = 262_144;
@@ -355,7 +206,7 @@ pub const SVC_F_DROP_EMPTY: u16 = 1;
 /// externalTrafficPolicy Cluster: flows to a remote backend are SNATed to the node.
 pub const SVC_F_SNAT_REMOTE: u16 = 2;
 /// Service flag (slot 0): the frontend has loadBalancerSourceRanges; a client outside
-/// them (per `XLB_SRCRNG_V1`) is dropped.
+/// them (per `XLB_SRCRNG_V2`, or `XLB_SRCRNG6_V1` for an IPv6 frontend) is dropped.
 pub const SVC_F_SRC_RANGES: u16 = 4;
 /// Service flag (slot 0, external scope): the frontend also has `SCOPE_INTERNAL` entries,
 /// which the socket hooks use instead.
@@ -523,7 +374,7 @@ const _: () = assert!(core::mem::size_of::<SockValue>() == 24);
 pub struct SrcRangeKey {
     /// Service id in network order (so its 32 bits come first in the trie's byte order).
     pub svc_id_be: u32,
-    /// Client address (IPv4), network order.
+    /// Client address (IPv4), network order (IPv6: [`crate::v6::SrcRangeKey6`]).
     pub addr_be: u32,
 }
 const _: () = assert!(core::mem::size_of::<SrcRangeKey>() == 8);

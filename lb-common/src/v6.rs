@@ -1,6 +1,7 @@
-//! IPv6 per-flow state: the conntrack tables of IPv6 flows, beside the IPv4 ones (whose
-//! compact 16-byte keys stay as they are: an IPv4-only node pins the same IPv4 maps as
-//! before, so an upgrade keeps its flows; these maps are simply created new).
+//! IPv6 maps beside the IPv4 ones: the conntrack tables of IPv6 flows and the IPv6
+//! loadBalancerSourceRanges (the IPv4 maps' compact keys stay as they are: an IPv4-only
+//! node pins the same IPv4 maps as before, so an upgrade keeps its flows and ranges; these
+//! maps are simply created new).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -11,6 +12,28 @@ pub const MAP_CT6: &str = "XLB_CT6_V1";
 /// continued, moved out of [`MAP_CT6`] by the datapath; deleted by the agent's collector
 /// once over). Same key and value as [`MAP_CT6`].
 pub const MAP_CT6_ASSURED: &str = "XLB_CTA6_V1";
+
+/// IPv6 loadBalancerSourceRanges: written by the agent (before the frontends flagged
+/// `SVC_F_SRC_RANGES` that need them, removed after), read by the datapath (tc, XDP and the
+/// IPv6 socket hooks) for new flows. An LPM trie: `{32 + len, SrcRangeKey6{svc index,
+/// range}}` → 1 (allowed); 24 B → 4 B, [`SRC_RANGE6_MAP_CAPACITY`] entries, no eviction
+/// (the agent refuses a frontend whose ranges do not fit). IPv4 ranges stay in
+/// [`crate::MAP_SRC_RANGE`].
+pub const MAP_SRC_RANGE6: &str = "XLB_SRCRNG6_V1";
+/// Capacity of the IPv6 source-range trie (ranges over all IPv6 LoadBalancer frontends).
+pub const SRC_RANGE6_MAP_CAPACITY: u32 = 16_384;
+
+/// Data of an IPv6 source-range trie key: a frontend's service id, then the client address.
+/// The trie key's prefix length is 32 (the id) + the range's prefix length (0..=128).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SrcRangeKey6 {
+    /// Service id in network order (so its 32 bits come first in the trie's byte order).
+    pub svc_id_be: u32,
+    /// Client address (IPv6), network order, four words.
+    pub addr_be: [u32; 4],
+}
+const _: () = assert!(core::mem::size_of::<SrcRangeKey6>() == 20);
 
 /// Key of the IPv6 conntrack maps: a 5-tuple as seen on the wire, and its direction.
 #[repr(C)]
@@ -56,4 +79,5 @@ mod pod {
     // SAFETY: repr(C), no implicit padding, valid for any bit pattern (as bytemuck::Pod).
     unsafe impl aya::Pod for super::CtKey6 {}
     unsafe impl aya::Pod for super::CtValue6 {}
+    unsafe impl aya::Pod for super::SrcRangeKey6 {}
 }

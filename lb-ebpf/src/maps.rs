@@ -8,8 +8,8 @@ use aya_ebpf::{
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, NodeConfig, R_COUNT, SOCK_MAP_CAPACITY,
-    SRC_RANGE_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue,
-    SrcRangeKey, SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
+    SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
+    SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break), read here for packets that match no
@@ -59,11 +59,19 @@ pub static XLB_STATS_V5: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArra
 #[btf_map]
 pub static XLB_CFG_V3: Array<NodeConfig, 1> = Array::new();
 
-/// loadBalancerSourceRanges. Written by the agent, read here for new flows to frontends
-/// flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc index, range}}` → 1
+/// IPv4 loadBalancerSourceRanges. Written by the agent, read here for new flows to
+/// frontends flagged `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey{svc index, range}}` → 1
 /// (allowed). 12 B → 4 B, 16,384 entries, no eviction.
 #[btf_map]
 pub static XLB_SRCRNG_V2: LpmTrie<SrcRangeKey, u32, { SRC_RANGE_MAP_CAPACITY as usize }> =
+    LpmTrie::new();
+
+/// IPv6 loadBalancerSourceRanges, as `XLB_SRCRNG_V2` for IPv6 frontends. Written by the
+/// agent, read here (tc, XDP, the IPv6 socket hooks) for new flows to frontends flagged
+/// `SVC_F_SRC_RANGES`. LPM `{32 + len, SrcRangeKey6{svc index, range}}` → 1 (allowed).
+/// 24 B → 4 B, 16,384 entries, no eviction.
+#[btf_map]
+pub static XLB_SRCRNG6_V1: LpmTrie<SrcRangeKey6, u32, { SRC_RANGE6_MAP_CAPACITY as usize }> =
     LpmTrie::new();
 
 /// Interfaces XDP may redirect a translated packet to (XDP attached there, so the driver can
@@ -100,6 +108,19 @@ pub fn src_range_key(svc_id: u32, addr_be: u32) -> Key<SrcRangeKey> {
         SrcRangeKey {
             svc_id_be: svc_id.to_be(),
             addr_be,
+        },
+    )
+}
+
+/// The IPv6 trie key for a client of a frontend (full length: the most specific match).
+/// Word by word: `addr_be` may be map memory (an array copy could become a `memmove`).
+#[inline(always)]
+pub fn src_range6_key(svc_id: u32, addr_be: &[u32; 4]) -> Key<SrcRangeKey6> {
+    Key::new(
+        160,
+        SrcRangeKey6 {
+            svc_id_be: svc_id.to_be(),
+            addr_be: [addr_be[0], addr_be[1], addr_be[2], addr_be[3]],
         },
     )
 }

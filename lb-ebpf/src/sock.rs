@@ -154,9 +154,14 @@ impl Family for V6 {
         (src != [0; 4]).then(|| Client::addr6(src))
     }
     #[inline(always)]
-    fn allowed(_sa: &bpf_sock_addr, _f: &Frontend6, _svc_id: u32) -> bool {
-        // IPv6 source ranges are not programmed: the agent leaves such frontends out.
-        false
+    fn allowed(sa: &bpf_sock_addr, f: &Frontend6, svc_id: u32) -> bool {
+        // SAFETY: as in `bound`.
+        let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
+        if src != [0; 4] {
+            srcrange::allowed6(svc_id, &src)
+        } else {
+            srcrange::allowed6(svc_id, &f.addr_be)
+        }
     }
     #[inline(always)]
     fn user(sa: &bpf_sock_addr) -> [u32; 4] {

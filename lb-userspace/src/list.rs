@@ -25,6 +25,9 @@ pub struct ServiceRow {
     pub frontend: String,
     pub id: u32,
     pub backends: Vec<String>,
+    /// The clients a LoadBalancer frontend admits (its loadBalancerSourceRanges of the
+    /// frontend's family, `a.b.c.d/len` or `v6/len`); empty: every client.
+    pub source_ranges: Vec<String>,
     /// Packets and bytes forwarded for this service (both directions), summed over CPUs.
     pub packets: u64,
     pub bytes: u64,
@@ -100,11 +103,22 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
                     .map_or("MISSING".into(), show_backend)
             })
             .collect();
+        let source_ranges = if v.flags & lb_common::SVC_F_SRC_RANGES != 0 {
+            state
+                .src_ranges
+                .iter()
+                .filter(|r| r.svc_id == v.svc_id)
+                .map(|r| format!("{}/{}", r.addr, r.prefix))
+                .collect()
+        } else {
+            Vec::new()
+        };
         rows.push(ServiceRow {
             service: name_of(state, v.svc_id),
             frontend: show_frontend(k),
             id: v.svc_id,
             backends,
+            source_ranges,
             packets: 0,
             bytes: 0,
         });
@@ -277,14 +291,26 @@ pub trait TableRow {
 }
 
 impl TableRow for ServiceRow {
-    const HEADERS: &'static [&'static str] =
-        &["SERVICE", "FRONTEND", "PACKETS", "BYTES", "BACKENDS"];
+    const HEADERS: &'static [&'static str] = &[
+        "SERVICE",
+        "FRONTEND",
+        "PACKETS",
+        "BYTES",
+        "SOURCE RANGES",
+        "BACKENDS",
+    ];
     fn cells(&self) -> Vec<String> {
+        let ranges = if self.source_ranges.is_empty() {
+            "-".to_string()
+        } else {
+            self.source_ranges.join(",")
+        };
         vec![
             self.service.clone(),
             self.frontend.clone(),
             self.packets.to_string(),
             self.bytes.to_string(),
+            ranges,
             self.backends.join(", "),
         ]
     }
@@ -411,19 +437,19 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
         usage::<CtKey6, CtValue6>(dir, MAP_CT6)?,
         usage::<CtKey6, CtValue6>(dir, MAP_CT6_ASSURED)?,
         usage::<u32, SvcName>(dir, MAP_SVC_NAME)?,
-        src_range_usage(dir)?,
+        src_range_usage::<lb_common::SrcRangeKey>(dir, lb_common::MAP_SRC_RANGE)?,
+        src_range_usage::<lb_common::SrcRangeKey6>(dir, lb_common::MAP_SRC_RANGE6)?,
     ])
 }
 
-/// Entries and capacity of the source-range trie.
-fn src_range_usage(dir: &Path) -> Result<MapUsage, DatapathError> {
-    let name = lb_common::MAP_SRC_RANGE;
+/// Entries and capacity of a source-range trie (IPv4's or IPv6's).
+fn src_range_usage<K: aya::Pod>(dir: &Path, name: &'static str) -> Result<MapUsage, DatapathError> {
     let map = open_pinned(dir, name)?;
     let capacity = match &map {
         aya::maps::Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
         _ => 0,
     };
-    let trie: aya::maps::lpm_trie::LpmTrie<MapData, lb_common::SrcRangeKey, u32> =
+    let trie: aya::maps::lpm_trie::LpmTrie<MapData, K, u32> =
         aya::maps::lpm_trie::LpmTrie::try_from(map)
             .map_err(|source| DatapathError::Map { name, source })?;
     Ok(MapUsage {

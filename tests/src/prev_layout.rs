@@ -87,6 +87,8 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
         MAP_AFFINITY,
         MAP_SRC_RANGE,
         MAP_CONFIG,
+        // Newer than the previous layout: its upgrade creates it.
+        lb_common::MAP_SRC_RANGE6,
     ] {
         std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
     }

@@ -87,6 +87,19 @@ fn golden_traffic_policies_topology_and_affinity_on_node1() {
 }
 
 #[test]
+fn golden_ipv6_source_ranges_on_node1() {
+    let addrs = [
+        "192.168.0.2".parse().expect("ip"),
+        "2001:db8:1::2".parse().expect("ip"),
+    ];
+    golden_on(
+        &fixtures().join("ranges6.yaml"),
+        &fixtures().join("ranges6.desired.txt"),
+        &desired::NodeContext::new("node1", &addrs, false),
+    );
+}
+
+#[test]
 fn golden_bad_input() {
     golden(
         &fixtures().join("bad.yaml"),

@@ -218,7 +218,7 @@ fn node(zone: bool, addresses: u8, socket_lb: bool) -> NodeContext {
 
 /// One frontend as the datapath sees it, without indices: its entry (count, flags,
 /// affinity), its name, its backends in slot order (without generations), its ranges.
-type Shown = (u16, u16, u32, String, Vec<Backend>, Vec<(Ipv4Addr, u8)>);
+type Shown = (u16, u16, u32, String, Vec<Backend>, Vec<(IpAddr, u8)>);
 
 fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
     d.services

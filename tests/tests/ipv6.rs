@@ -1,6 +1,7 @@
 //! IPv6 and dual-stack through the socket hooks: a dual-stack Service (IPv6 first) reached
 //! over IPv6 from the node itself and from a pod, TCP and unconnected UDP, each socket
-//! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it.
+//! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it; IPv6
+//! LoadBalancer IPs' source ranges apply to sockets at connect().
 
 use std::{
     collections::BTreeSet,
@@ -230,6 +231,75 @@ fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
         }
     }
     assert!(reason_counts(&s.agent.pins)["reject"] >= before + 10);
+}
+
+/// An IPv6 LoadBalancer Service `name` on `lb_ip` (ClusterIP `cluster_ip`, TCP 80 → the
+/// IPv6 echo servers' port) admitting `range`, on `backends`.
+fn load_balancer6(
+    name: &str,
+    (cluster_ip, lb_ip): (Ipv6Addr, Ipv6Addr),
+    range: &str,
+    backends: &[Ipv6Addr],
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: {name}}}\nspec:\n  type: LoadBalancer\n  ipFamilies: [IPv6]\n  clusterIP: \"{cluster_ip}\"\n  loadBalancerSourceRanges: [\"{range}\"]\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: {TCP6}}}\nstatus:\n  loadBalancer:\n    ingress: [{{ip: \"{lb_ip}\"}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv6\nports:\n- {{name: http, port: {TCP6}, protocol: TCP}}\nendpoints:\n"
+    );
+    for a in backends {
+        y.push_str(&format!(
+            "- addresses: [\"{a}\"]\n  conditions: {{ready: true}}\n"
+        ));
+    }
+    y
+}
+
+/// loadBalancerSourceRanges through the IPv6 socket hooks, as through the IPv4 ones: an
+/// unbound socket's connect() to an IPv6 LoadBalancer IP is checked as the frontend address
+/// (the node's own traffic, which kube-proxy admits when a range holds a node address), so
+/// the LoadBalancer IP whose ranges hold it is reached, from the node and from a pod, and
+/// the one whose ranges do not fails at once with EHOSTUNREACH, counted `src_denied`.
+#[test]
+fn ipv6_source_ranges_apply_to_sockets_at_connect() {
+    if !require_root("ipv6_source_ranges_apply_to_sockets_at_connect") {
+        return;
+    }
+    let (mut s, _client6, _servers) = dual_stack("xv6r", &[]);
+    let open = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x40);
+    let closed = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 0x41);
+    let cip = |last| Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, last);
+    let b4: Vec<_> = (2..4).map(pod_ip).collect();
+    let b6: Vec<_> = (2..4).map(pod_ip6).collect();
+    let yaml = dual_stack_yaml(&b4, &b6)
+        + &load_balancer6("open6", (cip(0x40), open), "2001:db8:100::/64", &b6)
+        + &load_balancer6("closed6", (cip(0x41), closed), "2001:db8:dead::/48", &b6);
+    xlb_tests::services::write_atomic(&s.yaml, &yaml).expect("yaml");
+    for ip in [open, closed] {
+        let frontend = format!("{}/TCP", SocketAddr::from((ip, 80)));
+        s.wait_backends(&frontend, 2, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
+    }
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let before = reason_counts(&s.agent.pins);
+    for (who, ns) in [("node", &s.topo.node), ("pod", &s.topo.client.ns)] {
+        let to = SocketAddr::from((open, 80));
+        let lines = probe::run(cg, ns, &args("tcp", to, 10)).expect("probe");
+        assert_eq!(lines.len(), 10, "{who}");
+        let what = format!("{who} to the LoadBalancer IP its ranges admit");
+        check_answers(&s, &what, &lines, to, None, 2);
+        let to = SocketAddr::from((closed, 80));
+        let lines = probe::run(cg, ns, &args("tcp", to, 5)).expect("probe");
+        assert_eq!(lines.len(), 5, "{who}");
+        for l in &lines {
+            assert!(
+                matches!(l, Line::Err { errno: 113, ms, .. } if *ms < 100.0),
+                "{who}: expected EHOSTUNREACH at once, got {l:?}"
+            );
+        }
+    }
+    let after = reason_counts(&s.agent.pins);
+    assert!(
+        after["src_denied"] - before["src_denied"] >= 10,
+        "{after:?}"
+    );
 }
 
 /// Hairpin over IPv6, through tc: a backend pod reaching its own Service sometimes lands on

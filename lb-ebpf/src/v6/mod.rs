@@ -8,8 +8,8 @@
 //! address's four words folded (`lb_common::filter_fold`, as the agent sets them), so the
 //! addresses of one /32 do not share a bit: a clear bit means "certainly not".
 //!
-//! Not yet over IPv6: source ranges (the agent writes none; a frontend flagged with some
-//! admits no IPv6 client).
+//! loadBalancerSourceRanges are checked against the IPv6 trie (`XLB_SRCRNG6_V1`), as IPv4's
+//! against its own: a client outside them is dropped (`src_denied`).
 
 pub mod conntrack;
 pub mod fib;
@@ -40,6 +40,7 @@ use crate::{
     packet::Packet,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
+    srcrange,
     translate::{self, Mtu},
 };
 
@@ -222,8 +223,9 @@ pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut 
     ct
 }
 
-/// The first packet of a flow to an IPv6 frontend: refusal when there are no endpoints,
-/// else the backend (into the scratch) and `UNDECIDED`.
+/// The first packet of a flow to an IPv6 frontend: dropped when its source is outside the
+/// frontend's source ranges, refusal when there are no endpoints, else the backend (into
+/// the scratch) and `UNDECIDED`.
 #[inline(never)]
 pub(super) fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
     Carried::then(try_choose(t, svc, reason))
@@ -231,8 +233,9 @@ pub(super) fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
 
 #[inline(always)]
 fn try_choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Result<Then<i32>, Reason> {
-    if svc.flags & SVC_F_SRC_RANGES != 0 {
-        // The agent writes no IPv6 source ranges yet: a frontend that has some admits none.
+    // loadBalancerSourceRanges: a client outside them never gets a flow (new flows only,
+    // as IPv4 and kube-proxy).
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed6(svc.svc_id, &t.saddr_be) {
         return Err(Reason(R_SRC_DENIED));
     }
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {

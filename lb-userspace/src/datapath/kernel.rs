@@ -1,6 +1,6 @@
 //! `MapWriter` over the kernel's maps (owned by a loaded object, or opened from pins).
 
-use std::{os::fd::AsFd, path::Path};
+use std::{net::IpAddr, os::fd::AsFd, path::Path};
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
@@ -8,7 +8,8 @@ use aya::maps::{
 };
 use lb_common::{
     Backend, Counter, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_SRC_RANGE,
-    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SvcKey, SvcName, SvcValue,
+    MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SrcRangeKey6,
+    SvcKey, SvcName, SvcValue,
 };
 
 use super::{
@@ -27,22 +28,63 @@ pub struct KernelMaps {
     svc_stats: Counters,
     backend_stats: Counters,
     src_ranges: LpmTrie<MapData, SrcRangeKey, u32>,
+    src_ranges6: LpmTrie<MapData, SrcRangeKey6, u32>,
     filter: Array<MapData, u64>,
     svc_capacity: u32,
     backend_capacity: u32,
     src_range_capacity: u32,
+    src_range6_capacity: u32,
     names_capacity: u32,
 }
 
-/// The trie key of a source range.
-fn range_key(r: &SrcRange) -> Key<SrcRangeKey> {
-    Key::new(
-        32 + r.prefix as u32,
-        SrcRangeKey {
-            svc_id_be: r.svc_id.to_be(),
-            addr_be: u32::from_ne_bytes(r.addr.octets()),
-        },
-    )
+/// A source range's trie key: the IPv4 trie's, or the IPv6 trie's.
+pub enum RangeKey {
+    V4(Key<SrcRangeKey>),
+    V6(Key<SrcRangeKey6>),
+}
+
+/// The trie key of a source range: 32 bits of service id (network order, so they come first
+/// in the trie's byte order), then the network's `prefix` bits.
+pub fn range_key(r: &SrcRange) -> RangeKey {
+    let svc_id_be = r.svc_id.to_be();
+    let len = 32 + r.prefix as u32;
+    match r.addr {
+        IpAddr::V4(a) => RangeKey::V4(Key::new(
+            len,
+            SrcRangeKey {
+                svc_id_be,
+                addr_be: u32::from_ne_bytes(a.octets()),
+            },
+        )),
+        IpAddr::V6(a) => RangeKey::V6(Key::new(
+            len,
+            SrcRangeKey6 {
+                svc_id_be,
+                addr_be: crate::desired::addr_words(IpAddr::V6(a)).0,
+            },
+        )),
+    }
+}
+
+/// The source range a trie key holds (the inverse of [`range_key`]).
+pub fn range_of(k: &RangeKey) -> SrcRange {
+    let (svc_id_be, addr, len) = match k {
+        RangeKey::V4(k) => {
+            let d = k.data();
+            let addr = IpAddr::from(d.addr_be.to_ne_bytes());
+            (d.svc_id_be, addr, k.prefix_len())
+        }
+        RangeKey::V6(k) => {
+            let d = k.data();
+            let addr = crate::desired::words_addr(d.addr_be, lb_common::FAMILY_V6);
+            (d.svc_id_be, addr, k.prefix_len())
+        }
+    };
+    SrcRange {
+        svc_id: u32::from_be(svc_id_be),
+        addr,
+        prefix: len.saturating_sub(32) as u8,
+    }
 }
 
 /// Writes the node configuration (SNAT port range, hairpin address) the datapath reads.
@@ -151,7 +193,7 @@ impl KernelMaps {
             take(MAP_SVC_NAME)?,
             take(MAP_SVC_STATS)?,
             take(MAP_BACKEND_STATS)?,
-            take(MAP_SRC_RANGE)?,
+            [take(MAP_SRC_RANGE)?, take(MAP_SRC_RANGE6)?],
             take(MAP_ADDR_FILTER)?,
         )
     }
@@ -164,7 +206,10 @@ impl KernelMaps {
             open_pinned(dir, MAP_SVC_NAME)?,
             open_pinned(dir, MAP_SVC_STATS)?,
             open_pinned(dir, MAP_BACKEND_STATS)?,
-            open_pinned(dir, MAP_SRC_RANGE)?,
+            [
+                open_pinned(dir, MAP_SRC_RANGE)?,
+                open_pinned(dir, MAP_SRC_RANGE6)?,
+            ],
             open_pinned(dir, MAP_ADDR_FILTER)?,
         )
     }
@@ -175,12 +220,13 @@ impl KernelMaps {
         names: Map,
         stats: Map,
         backend_stats: Map,
-        src_ranges: Map,
+        [src_ranges, src_ranges6]: [Map; 2],
         filter: Map,
     ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
         let backend_capacity = capacity(&backends).min(capacity(&backend_stats));
         let src_range_capacity = capacity(&src_ranges);
+        let src_range6_capacity = capacity(&src_ranges6);
         let names_capacity = capacity(&names).min(capacity(&stats));
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
@@ -201,6 +247,10 @@ impl KernelMaps {
                 name: MAP_SRC_RANGE,
                 source,
             })?,
+            src_ranges6: LpmTrie::try_from(src_ranges6).map_err(|source| DatapathError::Map {
+                name: MAP_SRC_RANGE6,
+                source,
+            })?,
             filter: Array::try_from(filter).map_err(|source| DatapathError::Map {
                 name: MAP_ADDR_FILTER,
                 source,
@@ -208,6 +258,7 @@ impl KernelMaps {
             svc_capacity,
             backend_capacity,
             src_range_capacity,
+            src_range6_capacity,
             names_capacity,
         })
     }
@@ -247,6 +298,7 @@ impl KernelMaps {
             svc_entries: self.svc_capacity,
             backends: self.backend_capacity,
             src_ranges: self.src_range_capacity,
+            src_ranges6: self.src_range6_capacity,
             services: self.names_capacity,
         }
     }
@@ -309,12 +361,11 @@ impl MapWriter for KernelMaps {
         }
         for k in self.src_ranges.keys() {
             let k = k.map_err(|e| read_err(MAP_SRC_RANGE, e))?;
-            let data = k.data();
-            d.src_ranges.insert(SrcRange {
-                svc_id: u32::from_be(data.svc_id_be),
-                addr: std::net::Ipv4Addr::from(data.addr_be.to_ne_bytes()),
-                prefix: k.prefix_len().saturating_sub(32) as u8,
-            });
+            d.src_ranges.insert(range_of(&RangeKey::V4(k)));
+        }
+        for k in self.src_ranges6.keys() {
+            let k = k.map_err(|e| read_err(MAP_SRC_RANGE6, e))?;
+            d.src_ranges.insert(range_of(&RangeKey::V6(k)));
         }
         Ok(d)
     }
@@ -378,11 +429,17 @@ impl MapWriter for KernelMaps {
     }
 
     fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
-        let cap = self.src_range_capacity;
         let entry = format!("service {}: {}/{}", r.svc_id, r.addr, r.prefix);
-        self.src_ranges
-            .insert(&range_key(r), 1, 0)
-            .map_err(|e| err(MAP_SRC_RANGE, "insert", entry, &e, cap))
+        match range_key(r) {
+            RangeKey::V4(k) => self.src_ranges.insert(&k, 1, 0).map_err(|e| {
+                let cap = self.src_range_capacity;
+                err(MAP_SRC_RANGE, "insert", entry, &e, cap)
+            }),
+            RangeKey::V6(k) => self.src_ranges6.insert(&k, 1, 0).map_err(|e| {
+                let cap = self.src_range6_capacity;
+                err(MAP_SRC_RANGE6, "insert", entry, &e, cap)
+            }),
+        }
     }
 
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
@@ -399,9 +456,13 @@ impl MapWriter for KernelMaps {
 
     fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
         let entry = format!("service {}: {}/{}", r.svc_id, r.addr, r.prefix);
-        match self.src_ranges.remove(&range_key(r)) {
+        let removed = match range_key(r) {
+            RangeKey::V4(k) => self.src_ranges.remove(&k),
+            RangeKey::V6(k) => self.src_ranges6.remove(&k),
+        };
+        match removed {
             Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
-            Err(e) => Err(err(MAP_SRC_RANGE, "delete", entry, &e, 0)),
+            Err(e) => Err(err(r.map(), "delete", entry, &e, 0)),
         }
     }
 
@@ -460,3 +521,54 @@ impl MapWriter for KernelMaps {
 
 /// Fewer entries than this are written one by one (a batch saves nothing there).
 const BATCH_MIN: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_key_is_the_service_id_then_the_network_in_trie_byte_order() {
+        let r4 = SrcRange {
+            svc_id: 0x0102_0304,
+            addr: "10.0.0.0".parse().expect("ip"),
+            prefix: 8,
+        };
+        let RangeKey::V4(k) = range_key(&r4) else {
+            panic!("an IPv4 range goes into the IPv4 trie");
+        };
+        assert_eq!(k.prefix_len(), 40);
+        assert_eq!(bytemuck::bytes_of(&k.data()), [1, 2, 3, 4, 10, 0, 0, 0]);
+        assert_eq!(range_of(&RangeKey::V4(k)), r4);
+        let r6 = SrcRange {
+            svc_id: 7,
+            addr: "2001:db8:1::".parse().expect("ip"),
+            prefix: 48,
+        };
+        let RangeKey::V6(k) = range_key(&r6) else {
+            panic!("an IPv6 range goes into the IPv6 trie");
+        };
+        assert_eq!(k.prefix_len(), 80);
+        let mut want = vec![0, 0, 0, 7];
+        want.extend(
+            "2001:db8:1::"
+                .parse::<std::net::Ipv6Addr>()
+                .expect("ip")
+                .octets(),
+        );
+        assert_eq!(bytemuck::bytes_of(&k.data()), want.as_slice());
+        assert_eq!(range_of(&RangeKey::V6(k)), r6);
+        assert_eq!(r6.map(), MAP_SRC_RANGE6);
+        assert_eq!(r4.map(), MAP_SRC_RANGE);
+        // A host range: all 160 bits.
+        let host = SrcRange {
+            svc_id: 7,
+            addr: "2001:db8::1".parse().expect("ip"),
+            prefix: 128,
+        };
+        let RangeKey::V6(k) = range_key(&host) else {
+            panic!("IPv6");
+        };
+        assert_eq!(k.prefix_len(), 160);
+        assert_eq!(range_of(&RangeKey::V6(k)), host);
+    }
+}

@@ -27,12 +27,13 @@ use super::{DatapathError, kernel::open_pinned, loader};
 
 /// The maps a trace reads from the agent's pins and never writes (the programs only read
 /// them).
-pub const SHARED_MAPS: [&str; 7] = [
+pub const SHARED_MAPS: [&str; 8] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_SVC_NAME,
     MAP_CONFIG,
     MAP_SRC_RANGE,
+    lb_common::MAP_SRC_RANGE6,
     MAP_XDP_TX,
     MAP_ADDR_FILTER,
 ];

@@ -12,7 +12,7 @@ use lb_common::{
 
 use super::{DesiredError, NodeContext, frontend_key};
 use crate::model::{
-    BackendAddr, Model, Protocol, ServicePort, ServiceRef,
+    BackendAddr, Cidr, Model, Protocol, ServicePort, ServiceRef,
     node::{IpFamily, NodeSettings},
     select::{PortView, ports_of_service},
 };
@@ -25,7 +25,7 @@ pub(super) struct Candidate {
     pub(super) backends: Vec<(BackendAddr, bool)>,
     pub(super) flags: u16,
     pub(super) affinity_timeout_s: u32,
-    pub(super) src_ranges: Vec<(Ipv4Addr, u8)>,
+    pub(super) src_ranges: Vec<(IpAddr, u8)>,
 }
 
 /// How a frontend is reached.
@@ -179,16 +179,6 @@ impl Port<'_, '_> {
     fn candidates(&self, f: Frontend, errors: &mut Vec<DesiredError>, out: &mut Vec<Candidate>) {
         let view = self.view;
         let object = format!("{}{}", self.object, f.suffix);
-        if self.family == IpFamily::V6
-            && f.reach == Reach::LoadBalancer
-            && !view.source_ranges.is_empty()
-        {
-            errors.push(DesiredError::Unsupported {
-                object,
-                what: "IPv6 loadBalancerSourceRanges".into(),
-            });
-            return;
-        }
         let local = match f.reach {
             Reach::Cluster => view.internal_policy_local(),
             Reach::External | Reach::LoadBalancer => view.external_policy_local(),
@@ -231,22 +221,29 @@ impl Port<'_, '_> {
         }
     }
 
-    /// A LoadBalancer frontend's allowed sources: its IPv4 loadBalancerSourceRanges, and
-    /// when a range holds a node address, the LoadBalancer IP itself (kube-proxy: traffic
-    /// the node sends to its own VIP). Empty for other frontends.
-    fn allowed_sources(&self, f: &Frontend) -> Vec<(Ipv4Addr, u8)> {
+    /// A LoadBalancer frontend's allowed sources: the loadBalancerSourceRanges of its family
+    /// (kube-proxy's proxier of that family sees only those), and when a range holds a node
+    /// address, the LoadBalancer IP itself (kube-proxy: traffic the node sends to its own
+    /// VIP). Empty for other frontends, and for a family without ranges (kube-proxy: no
+    /// firewall for that family, every client admitted).
+    fn allowed_sources(&self, f: &Frontend) -> Vec<(IpAddr, u8)> {
         let view = self.view;
         if f.reach != Reach::LoadBalancer || view.source_ranges.is_empty() {
             return Vec::new();
         }
-        let mut r = source_ranges(view);
+        let mut r: Vec<(IpAddr, u8)> = view
+            .source_ranges
+            .iter()
+            .filter(|c| self.family.matches(c.addr()))
+            .map(|c| (c.addr(), c.prefix()))
+            .collect();
         if self
             .node_port_addresses
             .iter()
             .any(|n| view.source_ranges.iter().any(|c| c.contains(*n)))
-            && let IpAddr::V4(ip) = f.ip
         {
-            r.push((ip, 32));
+            let host = Cidr::host(f.ip);
+            r.push((host.addr(), host.prefix()));
         }
         r
     }
@@ -307,15 +304,4 @@ fn object_name(service: &str, port: &ServicePort) -> String {
     } else {
         format!("{service}:{}", port.name)
     }
-}
-
-/// A port's IPv4 loadBalancerSourceRanges as (network, prefix length).
-fn source_ranges(view: &PortView<'_>) -> Vec<(Ipv4Addr, u8)> {
-    view.source_ranges
-        .iter()
-        .filter_map(|c| match c.addr() {
-            IpAddr::V4(a) => Some((a, c.prefix())),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
 }

@@ -3,12 +3,12 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY, SVC_MAP_CAPACITY,
-    SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
+    BACKEND_MAP_CAPACITY, Backend, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
+    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
 };
 use thiserror::Error;
 
@@ -65,12 +65,25 @@ pub fn live_filter_bits(d: &Desired) -> BTreeSet<u32> {
         .collect()
 }
 
-/// One allowed source range of a frontend (an entry of the source-range trie).
+/// One allowed source range of a frontend: an entry of the IPv4 source-range trie
+/// (`XLB_SRCRNG_V2`) or, for an IPv6 network, of the IPv6 one (`XLB_SRCRNG6_V1`). `addr` is
+/// the network (host bits clear), `prefix` at most 32 or 128.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SrcRange {
     pub svc_id: u32,
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub prefix: u8,
+}
+
+impl SrcRange {
+    /// The trie it goes into.
+    pub fn map(&self) -> &'static str {
+        if self.addr.is_ipv4() {
+            lb_common::MAP_SRC_RANGE
+        } else {
+            lb_common::MAP_SRC_RANGE6
+        }
+    }
 }
 
 /// A service port that could not be programmed (fully), named with the reason and the limit.
@@ -113,7 +126,10 @@ pub struct Limits {
     pub svc_entries: u32,
     /// The backend array's size: backend indices are `1..backends`.
     pub backends: u32,
+    /// The IPv4 source-range trie's size.
     pub src_ranges: u32,
+    /// The IPv6 source-range trie's size.
+    pub src_ranges6: u32,
     /// The per-service arrays' size (names, counters): service indices are `1..services`.
     pub services: u32,
 }
@@ -124,6 +140,7 @@ impl Default for Limits {
             svc_entries: SVC_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
             src_ranges: SRC_RANGE_MAP_CAPACITY,
+            src_ranges6: SRC_RANGE6_MAP_CAPACITY,
             services: SVC_NAME_MAP_CAPACITY,
         }
     }

@@ -2,8 +2,8 @@
 //! admitted into the desired state when every map it needs has room.
 
 use lb_common::{
-    Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SCOPE_EXTERNAL, SVC_NAME_LEN,
-    SvcKey, SvcName, SvcValue,
+    Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS, SCOPE_EXTERNAL,
+    SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
@@ -172,12 +172,12 @@ fn admit(
         });
         return None;
     }
-    if desired.src_ranges.len() + plan.src_ranges.len() > limits.src_ranges as usize {
+    if let Some((map, capacity, needed)) = src_ranges_full(desired, &plan.src_ranges, limits) {
         errors.push(DesiredError::MapFull {
             object: plan.object,
-            map: MAP_SRC_RANGE,
-            capacity: limits.src_ranges,
-            needed: plan.src_ranges.len(),
+            map,
+            capacity,
+            needed,
         });
         return None;
     }
@@ -204,4 +204,31 @@ fn admit(
     desired.names.insert(plan.name.0, plan.name.1);
     desired.src_ranges.extend(plan.src_ranges);
     Some(placed)
+}
+
+/// The source-range trie (name, capacity, ranges needed) that has no room for `new`, if
+/// one has none: each family's ranges go into a trie of their own. Counting per family
+/// walks the ranges, which only a near-full state needs (when all of them together fit the
+/// smaller trie, both fit).
+fn src_ranges_full(
+    desired: &Desired,
+    new: &[SrcRange],
+    limits: Limits,
+) -> Option<(&'static str, u32, usize)> {
+    let smaller = limits.src_ranges.min(limits.src_ranges6) as usize;
+    if new.is_empty() || desired.src_ranges.len() + new.len() <= smaller {
+        return None;
+    }
+    let v6 = |r: &&SrcRange| r.addr.is_ipv6();
+    let have6 = desired.src_ranges.iter().filter(v6).count();
+    let have4 = desired.src_ranges.len() - have6;
+    let new6 = new.iter().filter(v6).count();
+    let new4 = new.len() - new6;
+    if new4 > 0 && have4 + new4 > limits.src_ranges as usize {
+        return Some((MAP_SRC_RANGE, limits.src_ranges, new4));
+    }
+    if new6 > 0 && have6 + new6 > limits.src_ranges6 as usize {
+        return Some((MAP_SRC_RANGE6, limits.src_ranges6, new6));
+    }
+    None
 }

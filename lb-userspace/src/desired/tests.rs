@@ -230,3 +230,111 @@ fn a_dual_stack_service_gets_each_familys_cluster_ip_with_that_familys_endpoints
     assert!(!d.services.contains_key(&lo6));
     assert_eq!(entry(&d, Ipv4Addr::LOCALHOST, 30080).count, 2);
 }
+
+/// A dual-stack LoadBalancer `ns/web` (LoadBalancer IPs 203.0.113.9 and 2001:db8:100::9)
+/// with `ranges`, one endpoint per family on this node.
+fn dual_stack_lb(ranges: &str) -> String {
+    let spec = format!(
+        "  type: LoadBalancer\n  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.1, \"fd00::1\"]\n  ipFamilies: [IPv4, IPv6]\n  loadBalancerSourceRanges: {ranges}\n  ports: [{{name: p, port: 80, nodePort: 30080, protocol: TCP}}]\nstatus:\n  loadBalancer:\n    ingress: [{{ip: 203.0.113.9}}, {{ip: \"2001:db8:100::9\"}}]"
+    );
+    let mut y = yaml(&spec, Some(&[("10.244.0.1", NODE)]));
+    let v6 = yaml("", Some(&[("fd00:244::1", NODE)]));
+    y.push_str(&v6[v6.find("---").expect("a slice")..]);
+    y
+}
+
+const LB4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
+const LB6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 9);
+
+/// The ranges the entry at `ip`:80 admits (`addr/prefix`), if it is flagged for ranges.
+fn ranges_of(d: &Desired, ip: impl Into<IpAddr>) -> Option<Vec<String>> {
+    let v = entry(d, ip, 80);
+    (v.flags & lb_common::SVC_F_SRC_RANGES != 0).then(|| {
+        d.src_ranges
+            .iter()
+            .filter(|r| r.svc_id == v.svc_id)
+            .map(|r| format!("{}/{}", r.addr, r.prefix))
+            .collect()
+    })
+}
+
+#[test]
+fn each_familys_load_balancer_ip_admits_that_familys_source_ranges() {
+    let y = dual_stack_lb(r#"["2001:db8:1::/48", "10.0.0.0/8", "2001:db8:2::1/64"]"#);
+    let node6: IpAddr = "fd00:192::1".parse().expect("ip");
+    let (d, errors) = on_node_at(&y, &[NODE_IP.into(), node6], false);
+    assert_eq!(errors, []);
+    assert_eq!(
+        ranges_of(&d, LB6),
+        Some(vec!["2001:db8:1::/48".into(), "2001:db8:2::/64".into()])
+    );
+    assert_eq!(ranges_of(&d, LB4), Some(vec!["10.0.0.0/8".into()]));
+    // The ClusterIPs and NodePorts of either family admit everyone.
+    for ip in [
+        IpAddr::from(Ipv4Addr::new(10, 96, 0, 1)),
+        "fd00::1".parse().expect("ip"),
+    ] {
+        assert_eq!(ranges_of(&d, ip), None, "{ip}");
+    }
+    let np6 = d.services[&frontend_key(node6, 30080, Protocol::Tcp)];
+    assert_eq!(np6.flags & lb_common::SVC_F_SRC_RANGES, 0);
+    // Each range is in the trie of its family.
+    let maps: BTreeSet<&str> = d.src_ranges.iter().map(SrcRange::map).collect();
+    assert_eq!(
+        maps,
+        BTreeSet::from([lb_common::MAP_SRC_RANGE, lb_common::MAP_SRC_RANGE6])
+    );
+}
+
+#[test]
+fn a_node_address_inside_an_ipv6_range_admits_the_load_balancer_ip_itself() {
+    let y = dual_stack_lb(r#"["2001:db8:1::/48", "10.0.0.0/8"]"#);
+    let node6: IpAddr = "2001:db8:1::5".parse().expect("ip");
+    let (d, errors) = on_node_at(&y, &[NODE_IP.into(), node6], false);
+    assert_eq!(errors, []);
+    assert_eq!(
+        ranges_of(&d, LB6),
+        Some(vec!["2001:db8:1::/48".into(), "2001:db8:100::9/128".into()])
+    );
+    // NODE_IP is outside 10.0.0.0/8: the IPv4 LoadBalancer IP is not added.
+    assert_eq!(ranges_of(&d, LB4), Some(vec!["10.0.0.0/8".into()]));
+}
+
+#[test]
+fn ipv4_ranges_alone_leave_the_ipv6_load_balancer_ip_open_as_kube_proxy() {
+    let (d, errors) = on_node(&dual_stack_lb(r#"["10.0.0.0/8"]"#), false);
+    assert_eq!(errors, []);
+    assert_eq!(ranges_of(&d, LB4), Some(vec!["10.0.0.0/8".into()]));
+    assert_eq!(ranges_of(&d, LB6), None, "no IPv6 firewall: every client");
+}
+
+#[test]
+fn a_full_ipv6_range_trie_refuses_the_frontend_and_keeps_the_ipv4_one() {
+    let loaded = file::parse(
+        "t.yaml",
+        &dual_stack_lb(r#"["2001:db8:1::/48", "2001:db8:2::/48", "10.0.0.0/8"]"#),
+    )
+    .expect("yaml");
+    let limits = Limits {
+        src_ranges: 2,
+        src_ranges6: 1,
+        ..Limits::default()
+    };
+    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    let (d, errors) = compute_on(&loaded.model, &node, &mut Ids::default(), limits);
+    assert_eq!(
+        errors,
+        [DesiredError::MapFull {
+            object: "ns/web:p (LoadBalancer 2001:db8:100::9)".into(),
+            map: lb_common::MAP_SRC_RANGE6,
+            capacity: 1,
+            needed: 2,
+        }]
+    );
+    assert!(
+        !d.services
+            .contains_key(&frontend_key(LB6, 80, Protocol::Tcp))
+    );
+    assert_eq!(ranges_of(&d, LB4), Some(vec!["10.0.0.0/8".into()]));
+    assert!(d.src_ranges.iter().all(|r| r.addr.is_ipv4()));
+}

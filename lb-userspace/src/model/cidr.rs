@@ -40,8 +40,17 @@ pub struct Cidr {
 
 /// Why a CIDR string was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("{0:?} is not a CIDR (ADDRESS/PREFIX)")]
-pub struct CidrError(pub String);
+pub enum CidrError {
+    #[error("{0:?} is not a CIDR (ADDRESS/PREFIX)")]
+    Malformed(String),
+    #[error("{value:?}: prefix /{prefix} is longer than an {family} address ({max} bits)")]
+    TooLong {
+        value: String,
+        prefix: u16,
+        family: &'static str,
+        max: u8,
+    },
+}
 
 impl Cidr {
     /// Builds a prefix, clearing host bits; `None` when `prefix` is too long for the family.
@@ -84,14 +93,27 @@ impl Cidr {
     /// Parses `ADDR/PREFIX` leniently, as Kubernetes' sloppy parser does: surrounding
     /// whitespace is trimmed and IPv4 octets may carry leading zeros (decimal).
     pub fn parse_sloppy(s: &str) -> Result<Self, CidrError> {
-        let err = || CidrError(s.to_string());
+        let err = || CidrError::Malformed(s.to_string());
         let (addr, prefix) = s.trim().split_once('/').ok_or_else(err)?;
         let addr = parse_ip(addr).ok_or_else(err)?;
         if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err());
         }
-        let prefix: u8 = prefix.parse().map_err(|_| err())?;
-        Self::new(addr, prefix).ok_or_else(err)
+        let prefix: u16 = prefix.parse().map_err(|_| err())?;
+        let (family, max) = if addr.is_ipv4() {
+            ("IPv4", 32)
+        } else {
+            ("IPv6", 128)
+        };
+        u8::try_from(prefix)
+            .ok()
+            .and_then(|p| Self::new(addr, p))
+            .ok_or_else(|| CidrError::TooLong {
+                value: s.to_string(),
+                prefix,
+                family,
+                max,
+            })
     }
 }
 
@@ -162,5 +184,38 @@ mod tests {
         assert_eq!(c.to_string(), "2001:db8::/64");
         assert!(Cidr::parse_sloppy("10.0.0.0/33").is_err());
         assert!(Cidr::parse_sloppy("10.0.0.0").is_err());
+        assert_eq!(
+            Cidr::parse_sloppy("2001:db8::/128").map(|c| c.prefix()),
+            Ok(128)
+        );
+    }
+
+    #[test]
+    fn a_prefix_longer_than_its_family_is_named_with_the_limit() {
+        for (raw, want) in [
+            (
+                "2001:db8::/129",
+                "\"2001:db8::/129\": prefix /129 is longer than an IPv6 address (128 bits)",
+            ),
+            (
+                "10.0.0.0/300",
+                "\"10.0.0.0/300\": prefix /300 is longer than an IPv4 address (32 bits)",
+            ),
+            (
+                "2001:db8::g/64",
+                "\"2001:db8::g/64\" is not a CIDR (ADDRESS/PREFIX)",
+            ),
+            (
+                "2001:db8::/",
+                "\"2001:db8::/\" is not a CIDR (ADDRESS/PREFIX)",
+            ),
+            (
+                "2001:db8::/1000",
+                "\"2001:db8::/1000\" is not a CIDR (ADDRESS/PREFIX)",
+            ),
+        ] {
+            let e = Cidr::parse_sloppy(raw).expect_err(raw);
+            assert_eq!(e.to_string(), want);
+        }
     }
 }

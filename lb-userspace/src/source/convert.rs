@@ -224,14 +224,32 @@ fn load_balancer_ips(svc: &core::Service, id: &ServiceRef) -> Vec<std::net::IpAd
 }
 
 fn source_ranges(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<Cidr> {
-    let mut ranges = Vec::new();
-    for raw in spec.load_balancer_source_ranges.iter().flatten() {
-        match Cidr::parse_sloppy(raw) {
-            Ok(c) => ranges.push(c),
-            Err(e) => tracing::warn!(service = %id, "loadBalancerSourceRanges: {e}; ignored"),
-        }
+    let raw = spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default();
+    let (ranges, refused) = parse_source_ranges(raw, id);
+    for why in refused {
+        tracing::warn!(service = %id, "{why}");
     }
     ranges
+}
+
+/// A Service's loadBalancerSourceRanges of both families: those that parse (as
+/// Kubernetes' sloppy parser reads them), and for each one that does not, why, naming the
+/// Service and the range (it is left out; the others apply).
+fn parse_source_ranges(raw: &[String], id: &ServiceRef) -> (Vec<Cidr>, Vec<String>) {
+    let mut ranges = Vec::new();
+    let mut refused = Vec::new();
+    for r in raw {
+        match Cidr::parse_sloppy(r) {
+            Ok(c) => ranges.push(c),
+            Err(e) => refused.push(format!(
+                "Service {id}: loadBalancerSourceRanges {e}; ignored, the other ranges apply"
+            )),
+        }
+    }
+    (ranges, refused)
 }
 
 fn session_affinity(spec: &core::ServiceSpec) -> SessionAffinity {
@@ -387,4 +405,36 @@ fn endpoint(
             .map(|n| intern(&n.name))
             .collect(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ranges_of_both_families_parse_and_a_bad_one_is_named_and_left_out() {
+        let id = ServiceRef {
+            namespace: crate::model::intern("ns"),
+            name: crate::model::intern("web"),
+        };
+        let raw: Vec<String> = [
+            "2001:db8:1::/48",
+            " 10.0.0.0/8",
+            "2001:db8:2::1/129",
+            "fd00::zz/64",
+            "2001:db8:3::7/64",
+        ]
+        .map(String::from)
+        .to_vec();
+        let (ranges, refused) = parse_source_ranges(&raw, &id);
+        let shown: Vec<String> = ranges.iter().map(|c| c.to_string()).collect();
+        assert_eq!(shown, ["2001:db8:1::/48", "10.0.0.0/8", "2001:db8:3::/64"]);
+        assert_eq!(
+            refused,
+            [
+                "Service ns/web: loadBalancerSourceRanges \"2001:db8:2::1/129\": prefix /129 is longer than an IPv6 address (128 bits); ignored, the other ranges apply",
+                "Service ns/web: loadBalancerSourceRanges \"fd00::zz/64\" is not a CIDR (ADDRESS/PREFIX); ignored, the other ranges apply",
+            ]
+        );
+    }
 }

@@ -168,7 +168,9 @@ pub(crate) fn check_desired_errors(
 pub(crate) fn check_maps(d: &Desired, limits: Limits) -> Result<(), TestCaseError> {
     prop_assert!(d.services.len() <= limits.svc_entries as usize);
     prop_assert!(d.backends.len() <= limits.backends as usize);
-    prop_assert!(d.src_ranges.len() <= limits.src_ranges as usize);
+    let v6 = d.src_ranges.iter().filter(|r| r.addr.is_ipv6()).count();
+    prop_assert!(d.src_ranges.len() - v6 <= limits.src_ranges as usize);
+    prop_assert!(v6 <= limits.src_ranges6 as usize);
     for (k, v) in d.services.iter().filter(|(k, _)| k.slot == 0) {
         prop_assert!(v.count <= MAX_BACKENDS_PER_SVC, "{:?}", k);
         prop_assert!(
@@ -207,6 +209,7 @@ pub(crate) fn limits(small: Option<(u32, u32)>) -> Limits {
             svc_entries,
             backends,
             src_ranges: 8,
+            src_ranges6: 8,
             ..Limits::default()
         },
         None => Limits::default(),
