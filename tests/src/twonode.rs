@@ -43,6 +43,43 @@ pub fn web_node_port(endpoints: &[(std::net::Ipv4Addr, &str)]) -> String {
 /// The SNAT ports the lab's agent uses.
 pub const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
+/// The flags of node1's agent in these labs: the Service file `svc_yaml`, the pods' and
+/// node interfaces (`up0`, `ul1`), `nodeport_addresses`, the lab's SNAT ports (unless
+/// `extra` sets `--snat-port-range`), no health or metrics server, then `extra`.
+pub fn agent_args(
+    svc_yaml: &std::path::Path,
+    nodeport_addresses: &str,
+    extra: &[&str],
+) -> Vec<String> {
+    let snat = format!("{}-{}", SNAT_PORTS.0, SNAT_PORTS.1);
+    let default_snat: &[&str] = if extra.contains(&"--snat-port-range") {
+        &[]
+    } else {
+        &["--snat-port-range", &snat]
+    };
+    [
+        "--source",
+        &format!("file:{}", svc_yaml.display()),
+        "--pod-interfaces",
+        "xv-*",
+        "--node-interfaces",
+        "up0,ul1",
+        "--nodeport-addresses",
+        nodeport_addresses,
+        "--hostname-override",
+        "node1",
+        "--healthz-bind-address",
+        "",
+        "--metrics-bind-address",
+        "",
+    ]
+    .iter()
+    .chain(default_snat)
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Two nodes, the external client, echo servers on every pod, the agent on node1.
 pub struct Lab {
     pub agent: Agent,
@@ -90,34 +127,7 @@ impl Lab {
         let dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&dir).expect("dir");
         write_atomic(&dir.join("svc.yaml"), yaml).expect("yaml");
-        // `--snat-port-range` in `extra` replaces the lab's small default range.
-        let snat = format!("{}-{}", SNAT_PORTS.0, SNAT_PORTS.1);
-        let default_snat: &[&str] = if extra.contains(&"--snat-port-range") {
-            &[]
-        } else {
-            &["--snat-port-range", &snat]
-        };
-        let args: Vec<String> = [
-            "--source",
-            &format!("file:{}", dir.join("svc.yaml").display()),
-            "--pod-interfaces",
-            "xv-*",
-            "--node-interfaces",
-            "up0,ul1",
-            "--nodeport-addresses",
-            "192.0.2.1",
-            "--hostname-override",
-            "node1",
-            "--healthz-bind-address",
-            "",
-            "--metrics-bind-address",
-            "",
-        ]
-        .iter()
-        .chain(default_snat)
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect();
+        let args = agent_args(&dir.join("svc.yaml"), "192.0.2.1", extra);
         let agent = Agent::start_with(
             &topo.node,
             &args,

@@ -60,6 +60,18 @@ fn check_answers(
     client: Option<Ipv6Addr>,
     spread_over: usize,
 ) {
+    check_answers_by(s, what, lines, vip, |_| client, spread_over);
+}
+
+/// As [`check_answers`], the client each backend must see given by `client_at(backend)`.
+fn check_answers_by(
+    s: &Scenario,
+    what: &str,
+    lines: &[Line],
+    vip: SocketAddr,
+    client_at: impl Fn(&str) -> Option<Ipv6Addr>,
+    spread_over: usize,
+) {
     let mut backends = BTreeSet::new();
     for l in lines {
         let Line::Ok {
@@ -75,12 +87,8 @@ fn check_answers(
         assert_eq!(*peer, vip, "{what}: the socket sees the frontend");
         let seen: SocketAddr = seen_client.parse().expect("client address");
         assert!(seen.is_ipv6(), "{what}: {seen}");
-        if let Some(c) = client {
-            assert_eq!(
-                seen.ip(),
-                c,
-                "{what}: the backend sees the pod's own address"
-            );
+        if let Some(c) = client_at(backend) {
+            assert_eq!(seen.ip(), c, "{what}: the client {backend} sees");
         }
     }
     assert_eq!(
@@ -321,29 +329,8 @@ fn a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6() {
         let vip = SocketAddr::from((WEB6, port));
         let lines = probe::run(cg, &pod.ns, &args(mode, vip, 30)).expect("probe");
         assert_eq!(lines.len(), 30, "{mode}");
-        let mut to_itself = 0;
-        for l in &lines {
-            let Line::Ok {
-                backend,
-                seen_client,
-                peer,
-                ..
-            } = l
-            else {
-                panic!("{mode}: {l:?}\n{}", s.agent.log_text());
-            };
-            assert_eq!(*peer, vip, "{mode}: the socket sees the frontend");
-            let seen: SocketAddr = seen_client.parse().expect("client address");
-            if *backend == pod.name {
-                to_itself += 1;
-                assert_eq!(seen.ip(), hairpin6, "{mode}: a flow to itself");
-            } else {
-                assert_eq!(seen.ip(), own6, "{mode}: a flow to the other pod");
-            }
-        }
-        assert!(
-            (1..30).contains(&to_itself),
-            "{mode}: {to_itself} of 30 flows to itself"
-        );
+        // Both backends answer: the pod itself (from the hairpin address) and the other.
+        let client_at = |b: &str| Some(if b == pod.name { hairpin6 } else { own6 });
+        check_answers_by(&s, mode, &lines, vip, client_at, 2);
     }
 }

@@ -19,11 +19,11 @@ use xlb_tests::{
     scenario::{TCP_PORT, UDP_PORT},
     services::write_atomic,
     topology::{NODE1_UNDERLAY6, Pod, RemoteNode, Topology},
+    twonode::{SNAT_PORTS, agent_args},
 };
 
 const NODE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 1);
 const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 0x10);
-const SNAT_PORTS: std::ops::RangeInclusive<u16> = 61000..=61099;
 
 /// An IPv6 NodePort Service (TCP 30080, UDP 30053, Cluster policy) on `endpoints`
 /// (address, node).
@@ -83,29 +83,7 @@ fn build() -> Lab {
     let dir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&dir).expect("dir");
     write_atomic(&dir.join("svc.yaml"), &yaml(&endpoints)).expect("yaml");
-    let snat = format!("{}-{}", SNAT_PORTS.start(), SNAT_PORTS.end());
-    let nodeports = format!("192.0.2.1,{NODE6}");
-    let source = format!("file:{}", dir.join("svc.yaml").display());
-    let args: Vec<String> = [
-        "--source",
-        &source,
-        "--pod-interfaces",
-        "xv-*",
-        "--node-interfaces",
-        "up0,ul1",
-        "--nodeport-addresses",
-        &nodeports,
-        "--snat-port-range",
-        &snat,
-        "--hostname-override",
-        "node1",
-        "--healthz-bind-address",
-        "",
-        "--metrics-bind-address",
-        "",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = agent_args(&dir.join("svc.yaml"), &format!("192.0.2.1,{NODE6}"), &[]);
     let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let mut agent =
         Agent::start_with(&topo.node, &args, pins, dir.join("agent.log")).expect("agent");
@@ -147,7 +125,10 @@ fn check_seen(what: &str, backend: &str, seen_client: &str) -> String {
                 NODE1_UNDERLAY6,
                 "{what}: a remote backend sees node1's underlay address"
             );
-            assert!(SNAT_PORTS.contains(&seen.port()), "{what}: {seen}");
+            assert!(
+                (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&seen.port()),
+                "{what}: {seen}"
+            );
         }
         other => panic!("{what}: unknown backend {other}"),
     }

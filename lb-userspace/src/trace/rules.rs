@@ -375,6 +375,27 @@ mod tests {
     use super::*;
     use crate::source::file;
 
+    /// A TCP packet from a pod at `src` to the service address `dst`.
+    fn from_pod<'a>(
+        model: &'a crate::model::Model,
+        node: &'a NodeSettings,
+        opts: &'a Options,
+        src: &str,
+        dst: &str,
+    ) -> Input<'a> {
+        Input {
+            model,
+            node,
+            opts,
+            src: src.parse().expect("ip"),
+            dst: dst.parse().expect("addr"),
+            protocol: Protocol::Tcp,
+            from_node: false,
+            from: "pod",
+            to: "svc",
+        }
+    }
+
     const YAML: &str = "apiVersion: v1\nkind: Service\nmetadata: {namespace: d, name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports:\n  - {name: http, port: 80, protocol: TCP, targetPort: 8080}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: d, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports:\n- {name: http, port: 8080, protocol: TCP}\nendpoints:\n- {addresses: [\"10.244.2.2\"], conditions: {ready: true}}\n- {addresses: [\"10.244.3.2\"], conditions: {ready: true}}\n";
 
     #[test]
@@ -386,17 +407,7 @@ mod tests {
             ..NodeSettings::default()
         };
         let opts = Options::default();
-        let input = Input {
-            model: &loaded.model,
-            node: &node,
-            opts: &opts,
-            src: "10.244.1.2".parse().expect("ip"),
-            dst: "10.96.0.10:80".parse().expect("addr"),
-            protocol: Protocol::Tcp,
-            from_node: false,
-            from: "pod",
-            to: "svc",
-        };
+        let input = from_pod(&loaded.model, &node, &opts, "10.244.1.2", "10.96.0.10:80");
         for mode in MODES {
             let r = trace(mode, &input);
             assert_eq!(
@@ -433,17 +444,13 @@ mod tests {
             ..NodeSettings::default()
         };
         let opts = Options::default();
-        let input = Input {
-            model: &loaded.model,
-            node: &node,
-            opts: &opts,
-            src: "fd00:244:1::2".parse().expect("ip"),
-            dst: "[fd00::10]:80".parse().expect("addr"),
-            protocol: Protocol::Tcp,
-            from_node: false,
-            from: "pod",
-            to: "svc",
-        };
+        let input = from_pod(
+            &loaded.model,
+            &node,
+            &opts,
+            "fd00:244:1::2",
+            "[fd00::10]:80",
+        );
         for mode in MODES {
             let r = trace(mode, &input);
             assert_eq!(
