@@ -5,11 +5,8 @@
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-#[path = "support/frame6.rs"]
-#[allow(dead_code)]
-mod frame6;
-
-use frame6::{Frame6, TCP_ACK, TCP_SYN, seen6};
+use super::TC_ACT_OK;
+use super::frame6::{Frame6, TCP_ACK, TCP_SYN, seen6};
 use xlb_tests::{
     datapath::{LoadedDatapath, reason_counts},
     require_root,
@@ -17,7 +14,6 @@ use xlb_tests::{
     unique_tag,
 };
 
-const TC_ACT_OK: u32 = 0;
 const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x40);
 const POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2);
 const HAIRPIN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a, 0, 0, 0, 0, 1);

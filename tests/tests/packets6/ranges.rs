@@ -9,11 +9,8 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
-#[path = "support/frame6.rs"]
-#[allow(dead_code)]
-mod frame6;
-
-use frame6::{Frame6, TCP_SYN, seen6};
+use super::frame6::{Frame6, TCP_SYN, seen6};
+use super::{TC_ACT_OK, TC_ACT_SHOT};
 use lb_userspace::{
     desired::{self, Ids, Limits, NodeContext},
     packet::PacketBuilder,
@@ -22,9 +19,6 @@ use xlb_tests::{
     datapath::{LoadedDatapath, reason_counts},
     require_root, unique_tag,
 };
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
 
 const BACKEND6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
 const BACKEND4: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
