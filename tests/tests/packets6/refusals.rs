@@ -128,41 +128,7 @@ fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
         return;
     }
     let tag = unique_tag("xlp6m");
-    let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
-    ns.sysctl(&[
-        "net.ipv6.conf.all.forwarding=1",
-        "net.ipv6.conf.default.forwarding=1",
-    ])
-    .expect("sysctl");
-    for args in [
-        &[
-            "link", "add", "dum0", "mtu", "1280", "type", "veth", "peer", "name", "dum1",
-        ][..],
-        &["link", "set", "dum1", "up"],
-        &["link", "set", "dum0", "up"],
-        &["link", "set", "lo", "up"],
-        &[
-            "-6",
-            "addr",
-            "add",
-            "fd00:10:245::1/64",
-            "dev",
-            "dum0",
-            "nodad",
-        ],
-        &[
-            "-6",
-            "route",
-            "add",
-            "fd00:10:244::/48",
-            "via",
-            "fd00:10:245::2",
-            "dev",
-            "dum0",
-        ],
-    ] {
-        ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
-    }
+    let ns = super::routed::routed_ns(&tag, &["fd00:10:244::/48"], false, Some("1280"));
     ns.run(move || {
         let mut dp = loaded(&tag);
         let web = sa(VIP6, 80);

@@ -5,8 +5,13 @@ use super::*;
 /// A namespace whose `dum0` (`fd00:10:245::1/64`, a veth, IPv6 forwarding on) routes
 /// `prefixes` via `fd00:10:245::2`; with `neighbour`, dum0 has the MAC `02:00:00:00:00:01`
 /// and that next hop is a permanent neighbour at `02:00:00:00:00:02` (XDP's route lookups
-/// then resolve).
-fn routed_ns(tag: &str, prefixes: &[&str], neighbour: bool) -> xlb_tests::netns::Netns {
+/// then resolve); with `mtu`, the veth has that MTU.
+pub(super) fn routed_ns(
+    tag: &str,
+    prefixes: &[&str],
+    neighbour: bool,
+    mtu: Option<&str>,
+) -> xlb_tests::netns::Netns {
     let ns = xlb_tests::netns::Netns::new(&format!("{tag}-n")).expect("netns");
     ns.sysctl(&[
         "net.ipv6.conf.all.forwarding=1",
@@ -16,6 +21,9 @@ fn routed_ns(tag: &str, prefixes: &[&str], neighbour: bool) -> xlb_tests::netns:
     let mut cmds: Vec<Vec<&str>> = vec![vec![
         "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
     ]];
+    if let Some(mtu) = mtu {
+        cmds.push(vec!["link", "set", "dum0", "mtu", mtu]);
+    }
     if neighbour {
         cmds.push(vec!["link", "set", "dum0", "address", "02:00:00:00:00:01"]);
     }
@@ -77,7 +85,7 @@ fn xdp_translates_and_redirects_ipv6_flows() {
         return;
     }
     let tag = unique_tag("xlp6x");
-    let ns = routed_ns(&tag, &["fd00:10:244::/48"], true);
+    let ns = routed_ns(&tag, &["fd00:10:244::/48"], true, None);
     ns.run(move || {
         let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
         let mut dp = loaded(&tag);
@@ -156,7 +164,7 @@ fn ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node
         return;
     }
     let tag = unique_tag("xlp6s");
-    let ns = routed_ns(&tag, &["fd00:10:244::/48", "2001:db8::/32"], false);
+    let ns = routed_ns(&tag, &["fd00:10:244::/48", "2001:db8::/32"], false, None);
     ns.run(move || {
         let node6: Ipv6Addr = "fd00:10:245::1".parse().expect("address");
         let ext: Ipv6Addr = "2001:db8:100::5".parse().expect("address");
