@@ -7,11 +7,11 @@ use aya_ebpf::{
     helpers::{bpf_csum_diff, bpf_skb_load_bytes},
     programs::TcContext,
 };
-use lb_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     conntrack,
-    parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp},
+    parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp, Tuple},
     reason::Reason,
     reject::{fold, sum16},
 };
@@ -77,16 +77,10 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
     let isport = u16::from_ne_bytes([b[20], b[21]]);
     let idport = u16::from_ne_bytes([b[22], b[23]]);
 
-    // The quoted packet went one way of a flow; the entry of the other way (as its peer sees
-    // the tuple) tells how to restore it: a reply entry for a quoted forward packet (an
-    // error from beyond the backend side), a forward entry for a quoted reply.
-    s.fwd_key = conntrack::key(idst, isrc, idport, isport, proto, CT_DIR_REPLY);
-    let mut found = conntrack::get(&s.fwd_key);
-    if found.is_none() {
-        s.fwd_key.dir = CT_DIR_FORWARD;
-        found = conntrack::get(&s.fwd_key);
-    }
-    let Some(v) = found else {
+    // The quoted packet went one way of a flow; the entry of the other way tells how to
+    // restore it.
+    let Some(v) = conntrack::quoted::<Tuple>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     // Inner: source ← the entry's destination, destination ← the entry's source.

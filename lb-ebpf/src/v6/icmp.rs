@@ -7,9 +7,7 @@ use aya_ebpf::{
     helpers::{bpf_csum_diff, bpf_skb_load_bytes},
     programs::TcContext,
 };
-use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
-};
+use lb_common::{CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::{self, eq6},
@@ -83,15 +81,9 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     let idst = words(b, 24);
     let isport = u16::from_ne_bytes([b[40], b[41]]);
     let idport = u16::from_ne_bytes([b[42], b[43]]);
-    // The entry of the other way, as the peer sees the tuple: a reply entry for a quoted
-    // forward packet (an error from the backend's side), a forward entry for a quoted reply.
-    s.fwd_key = conntrack::key(&idst, &isrc, idport, isport, proto, CT_DIR_REPLY);
-    let mut found = conntrack::get(&s.fwd_key);
-    if found.is_none() {
-        s.fwd_key.dir = CT_DIR_FORWARD;
-        found = conntrack::get(&s.fwd_key);
-    }
-    let Some(v) = found else {
+    // The entry of the other way tells how to restore it (as IPv4's).
+    let Some(v) = conntrack::quoted::<Tuple6>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     s.quote_new = s.quote_old;
