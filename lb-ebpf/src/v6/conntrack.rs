@@ -1,8 +1,9 @@
-//! IPv6 per-flow state: IPv6's part of the conntrack (its tables `XLB_CT6_V1` and
-//! `XLB_CTA6_V1`, its scratch, its key). The flow logic is `conntrack.rs`'s, generic over
-//! the tuple ([`Flow`]): forward entry client → frontend, reply entry backend → client, an
-//! answered flow that goes on moves to the assured table, a new flow's reply tuple is
-//! claimed as IPv4's (a live flow's tuple remaps the port, a flow that is over is reclaimed).
+//! IPv6 per-flow state: IPv6's part of the conntrack, its tables `XLB_CT6_V1` and
+//! `XLB_CTA6_V1` and its scratch, named to `family::flow!`. The flow logic is
+//! `conntrack.rs`'s, generic over the tuple ([`Flow`]): forward entry client → frontend,
+//! reply entry backend → client, an answered flow that goes on moves to the assured table,
+//! a new flow's reply tuple is claimed as IPv4's (a live flow's tuple remaps the port, a
+//! flow that is over is reclaimed).
 
 use lb_common::{CtKey6, CtValue6};
 
