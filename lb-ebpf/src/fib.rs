@@ -60,8 +60,14 @@ pub fn lookup(
     tot_len: u16,
     neigh: bool,
 ) -> Option<&'static Route> {
-    let opts = ((tot_len as u64) << 16) | ((proto as u64) << 8) | neigh as u64;
-    if lookup_into(ctx, ifindex, saddr_be, daddr_be, opts) != 0 {
+    if lookup_into(
+        ctx,
+        ifindex,
+        saddr_be,
+        daddr_be,
+        opts(tot_len, proto, neigh),
+    ) != 0
+    {
         return None;
     }
     let p = XLB_ROUTE.get_ptr(0)?;
@@ -80,14 +86,7 @@ fn lookup_into(ctx: *mut c_void, ifindex: u32, saddr_be: u32, daddr_be: u32, opt
     // SAFETY: this CPU's slot; nothing else runs on it while the program does.
     let scratch = unsafe { &mut *scratch };
     let p = &mut scratch.req;
-    // Every input field is written: the slot holds the previous lookup.
-    p.family = AF_INET;
-    p.l4_protocol = (opts >> 8) as u8;
-    p.sport = 0;
-    p.dport = 0;
-    p.ifindex = ifindex;
-    p.__bindgen_anon_1.tot_len = (opts >> 16) as u16;
-    p.__bindgen_anon_2.rt_metric = 0;
+    let flags = request(p, AF_INET, ifindex, opts);
     // Word by word, volatile: LLVM would merge the zeros into a `memset` byte loop, whose
     // pointer arithmetic the verifier refuses without CAP_PERFMON.
     // SAFETY: both unions are 16 bytes of plain words in this CPU's slot.
@@ -101,17 +100,9 @@ fn lookup_into(ctx: *mut c_void, ifindex: u32, saddr_be: u32, daddr_be: u32, opt
             core::ptr::write_volatile(dst.add(i), 0);
         }
     }
-    p.__bindgen_anon_5.tbid = 0;
-    let mut flags = BPF_FIB_LOOKUP_SRC;
-    if opts & 1 == 0 {
-        flags |= BPF_FIB_LOOKUP_SKIP_NEIGH;
-    }
-    // SAFETY: `p` is a valid request of the size passed.
-    let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
-    let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 && !too_big {
+    let Some(too_big) = run(ctx, p, flags) else {
         return -1;
-    }
+    };
     let out = &mut scratch.route;
     let p = &scratch.req;
     out.ifindex = p.ifindex;
@@ -123,6 +114,48 @@ fn lookup_into(ctx: *mut c_void, ifindex: u32, saddr_be: u32, daddr_be: u32, opt
     out.smac = p.smac;
     out.dmac = p.dmac;
     0
+}
+
+/// A lookup's options in one argument (the out-of-line lookups take five at most): `len`
+/// (the packet's length to check, 0: none) << 16 | `proto` << 8 | `neigh`.
+#[inline(always)]
+pub(crate) fn opts(len: u16, proto: u8, neigh: bool) -> u64 {
+    ((len as u64) << 16) | ((proto as u64) << 8) | neigh as u64
+}
+
+/// Writes every field of request `p` but the addresses (the slot holds the previous
+/// lookup) for a lookup of `family`; `opts`: len << 16 | proto << 8 | neigh. Returns the
+/// lookup's flags: the source address asked for, the neighbour skipped unless `neigh`.
+/// Both families' requests (IPv6's `v6/fib.rs` too).
+#[inline(always)]
+pub(crate) fn request(p: &mut bpf_fib_lookup, family: u8, ifindex: u32, opts: u64) -> u32 {
+    p.family = family;
+    p.l4_protocol = (opts >> 8) as u8;
+    p.sport = 0;
+    p.dport = 0;
+    p.ifindex = ifindex;
+    p.__bindgen_anon_1.tot_len = (opts >> 16) as u16;
+    // IPv6's flowinfo: the same word.
+    p.__bindgen_anon_2.rt_metric = 0;
+    p.__bindgen_anon_5.tbid = 0;
+    let mut flags = BPF_FIB_LOOKUP_SRC;
+    if opts & 1 == 0 {
+        flags |= BPF_FIB_LOOKUP_SKIP_NEIGH;
+    }
+    flags
+}
+
+/// Runs the lookup `p`: whether the packet is too big for the route, `None` when it cannot
+/// be forwarded (no route, a local address, no neighbour yet).
+#[inline(always)]
+pub(crate) fn run(ctx: *mut c_void, p: &mut bpf_fib_lookup, flags: u32) -> Option<bool> {
+    // SAFETY: `p` is a valid request of the size passed.
+    let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
+    let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 && !too_big {
+        return None;
+    }
+    Some(too_big)
 }
 
 /// One slot of the XDP route cache: a complete route (neighbour known) for `saddr_be →

@@ -23,7 +23,7 @@ pub fn keep_alive(ct: &'static mut CtValue, t: &Tuple) -> &'static mut CtValue {
     let ct = conntrack::assure(ct, t);
     if conntrack::touch(ct, t) {
         if ct.flags & CT_F_SNAT != 0 {
-            conntrack::keep_reply(ct, t.proto);
+            conntrack::keep_reply(ct, t);
         }
         // Affinity times out in seconds at least: a refresh once a second is plenty.
         if ct.flags & CT_F_AFFINITY != 0 {

@@ -3,17 +3,14 @@
 //! outer header readdressed to that peer, so path-MTU discovery and refusals work through a
 //! service.
 
-use aya_ebpf::{
-    helpers::{bpf_csum_diff, bpf_skb_load_bytes},
-    programs::TcContext,
-};
-use lb_common::{CT_DIR_FORWARD, CT_DIR_REPLY, CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
+use aya_ebpf::programs::TcContext;
+use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     conntrack,
-    parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp},
+    parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp, Tuple},
     reason::Reason,
-    reject::{fold, sum16},
+    reject::{fold, load_quote, quote_diff, sum16},
 };
 
 const ICMP_DEST_UNREACH: u8 = 3;
@@ -55,18 +52,7 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
     }
     // The quote is worked on in the per-CPU scratch: the stack is too small for it.
     let s = conntrack::scratch()?;
-    // SAFETY: the destination is INNER bytes of this CPU's scratch.
-    let rc = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const core::ffi::c_void,
-            inner_off as u32,
-            s.quote_old.as_mut_ptr() as *mut core::ffi::c_void,
-            INNER as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
+    load_quote(ctx, inner_off, &mut s.quote_old)?;
     let b = &s.quote_old;
     if b[0] != 0x45 || (b[9] != 6 && b[9] != IPPROTO_UDP) {
         return Ok(None);
@@ -77,16 +63,10 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
     let isport = u16::from_ne_bytes([b[20], b[21]]);
     let idport = u16::from_ne_bytes([b[22], b[23]]);
 
-    // The quoted packet went one way of a flow; the entry of the other way (as its peer sees
-    // the tuple) tells how to restore it: a reply entry for a quoted forward packet (an
-    // error from beyond the backend side), a forward entry for a quoted reply.
-    s.fwd_key = conntrack::key(idst, isrc, idport, isport, proto, CT_DIR_REPLY);
-    let mut found = conntrack::get(&s.fwd_key);
-    if found.is_none() {
-        s.fwd_key.dir = CT_DIR_FORWARD;
-        found = conntrack::get(&s.fwd_key);
-    }
-    let Some(v) = found else {
+    // The quoted packet went one way of a flow; the entry of the other way tells how to
+    // restore it.
+    let Some(v) = conntrack::quoted::<Tuple>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     // Inner: source ← the entry's destination, destination ← the entry's source.
@@ -109,19 +89,7 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
         }
         n[26..28].copy_from_slice(&u.to_be_bytes());
     }
-    // SAFETY: both buffers are INNER bytes, 4-aligned in the scratch map value.
-    let diff = unsafe {
-        bpf_csum_diff(
-            s.quote_old.as_mut_ptr() as *mut u32,
-            INNER as u32,
-            s.quote_new.as_mut_ptr() as *mut u32,
-            INNER as u32,
-            0,
-        )
-    };
-    if diff < 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
+    let diff = quote_diff(&mut s.quote_old, &mut s.quote_new)?;
     ctx.l4_csum_replace(m.l4_off + 2, 0, diff as u64, 0)
         .map_err(failed)?;
     ctx.store(inner_off, &s.quote_new, 0).map_err(failed)?;

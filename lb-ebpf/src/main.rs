@@ -9,6 +9,7 @@
 mod affinity;
 mod clock;
 mod conntrack;
+mod family;
 mod fib;
 mod filter;
 mod flow;

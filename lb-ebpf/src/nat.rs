@@ -3,6 +3,7 @@
 use lb_common::{CtValue, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
+    family::Ends,
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, ld16, st16, st32},
     parse::{DIRECT_TCP, DIRECT_UDP, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF, Tuple},
     reason::Reason,
@@ -46,7 +47,6 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
     let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
     let (saddr, daddr) = (to.saddr_be, to.daddr_be);
     let mut addr = 0;
-    let mut port = 0;
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
@@ -61,17 +61,34 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
         if addr != 0 {
             st16(p, IP_CSUM_OFF, csum_apply(ld16(p, IP_CSUM_OFF), addr));
         }
-        if to.sport_be != t.sport_be {
-            port = diff2(t.sport_be, to.sport_be);
-            st16(p, L4_OFF, to.sport_be);
-        }
-        if to.dport_be != t.dport_be {
-            port = csum_add(port, diff2(t.dport_be, to.dport_be));
-            st16(p, L4_OFF + 2, to.dport_be);
-        }
     }
+    // SAFETY: as above, the L4 header's ports are within the N bytes.
+    let port = unsafe { ports_in_place(p, L4_OFF, t, to) };
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(|_| Reason(R_REWRITE_FAILED))
+}
+
+/// The direct path's port rewrite, both families' (IPv6's `v6/nat.rs` too): `to`'s ports
+/// written where they differ from the packet's (`t`) into the L4 header at the constant
+/// offset `l4`. Returns their checksum diff.
+///
+/// # Safety
+/// `p` is the packet's start, checked against data_end for at least `l4 + 4` bytes.
+#[inline(always)]
+pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends>(p: *mut u8, l4: usize, t: &T, to: &E) -> u32 {
+    let mut port = 0;
+    // SAFETY: the caller checked both ports' bytes.
+    unsafe {
+        if to.sport() != t.sport() {
+            port = diff2(t.sport(), to.sport());
+            st16(p, l4, to.sport());
+        }
+        if to.dport() != t.dport() {
+            port = csum_add(port, diff2(t.dport(), to.dport()));
+            st16(p, l4 + 2, to.dport());
+        }
+    }
+    port
 }
 
 /// Any packet (IP options, headers not in place), through the store and checksum helpers.

@@ -1,10 +1,15 @@
 //! Refusing a connection to a service without endpoints, as kube-proxy's REJECT does: a TCP
 //! segment is answered with a RST, a UDP datagram with ICMP port unreachable. The packet is
 //! rewritten in place into the answer and sent back out of the interface it came in on.
+//!
+//! Shared with IPv6 (`v6/reject.rs`, `v6/icmp.rs`, `icmp.rs`): the RST's numbers
+//! ([`rst_for`]), the Ethernet reply and the send-back, the one's-complement sums, loading a
+//! quote into the scratch and its checksum diff. The headers and their checksums are each
+//! family's (IPv4's header checksum; IPv6's pseudo-header of four-word addresses).
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
-    helpers::{bpf_redirect, bpf_skb_change_tail},
+    helpers::{bpf_csum_diff, bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
     programs::TcContext,
 };
 use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
@@ -43,6 +48,78 @@ pub fn fold(mut sum: u32) -> [u8; 2] {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     (!(sum as u16)).to_be_bytes()
+}
+
+/// Copies `N` bytes of the packet from `off` into `buf` (a quote, worked on in the per-CPU
+/// scratch: the stack is too small for it).
+#[inline(always)]
+pub(crate) fn load_quote<const N: usize>(
+    ctx: &TcContext,
+    off: usize,
+    buf: &mut [u8; N],
+) -> Result<(), Reason> {
+    // SAFETY: the destination is N bytes of this CPU's scratch.
+    let rc = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const core::ffi::c_void,
+            off as u32,
+            buf.as_mut_ptr() as *mut core::ffi::c_void,
+            N as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    Ok(())
+}
+
+/// The checksum diff of a quote going `old` → `new`, by the helper (a loop over a map value
+/// at a variable index is refused without CAP_PERFMON).
+#[inline(always)]
+pub(crate) fn quote_diff<const N: usize>(
+    old: &mut [u8; N],
+    new: &mut [u8; N],
+) -> Result<u32, Reason> {
+    // SAFETY: both buffers are N bytes, 4-aligned in the scratch map value.
+    let diff = unsafe {
+        bpf_csum_diff(
+            old.as_mut_ptr() as *mut u32,
+            N as u32,
+            new.as_mut_ptr() as *mut u32,
+            N as u32,
+            0,
+        )
+    };
+    if diff < 0 {
+        return Err(Reason(R_REWRITE_FAILED));
+    }
+    Ok(diff as u32)
+}
+
+/// The RST answering a TCP segment (`tcp`: its header; `l4_len`: its length, header
+/// included), as a stack answers one to a closed port: its sequence and acknowledgement
+/// numbers and its flags (RST, or RST|ACK for a segment without ACK). A RST is never
+/// answered: dropped (`no_backend`).
+#[inline(always)]
+pub(crate) fn rst_for(tcp: &[u8; 20], l4_len: u32) -> Result<([u8; 4], [u8; 4], u8), Reason> {
+    if tcp[13] & 0x04 != 0 {
+        return Err(Reason(R_NO_BACKEND));
+    }
+    let doff = ((tcp[12] >> 4) as u32) * 4;
+    let flags = tcp[13];
+    let mut seg = l4_len.saturating_sub(doff);
+    if flags & 0x02 != 0 {
+        seg += 1; // SYN
+    }
+    if flags & 0x01 != 0 {
+        seg += 1; // FIN
+    }
+    Ok(if flags & 0x10 != 0 {
+        ([tcp[8], tcp[9], tcp[10], tcp[11]], [0u8; 4], 0x04u8)
+    } else {
+        let s = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).wrapping_add(seg);
+        ([0u8; 4], s.to_be_bytes(), 0x14u8) // RST|ACK
+    })
 }
 
 /// An IPv4 header (no options) from `src` to `dst` with a valid checksum.
@@ -126,26 +203,8 @@ fn tcp_rst(
     vip: [u8; 4],
 ) -> Result<(), Reason> {
     let tcp: [u8; 20] = ctx.load(t.l4_off).map_err(failed)?;
-    if tcp[13] & 0x04 != 0 {
-        // Never answer a RST: drop it.
-        return Err(Reason(R_NO_BACKEND));
-    }
     let total = u16::from_be_bytes([ip[2], ip[3]]) as u32;
-    let doff = ((tcp[12] >> 4) as u32) * 4;
-    let flags = tcp[13];
-    let mut seg = total.saturating_sub(20 + doff);
-    if flags & 0x02 != 0 {
-        seg += 1; // SYN
-    }
-    if flags & 0x01 != 0 {
-        seg += 1; // FIN
-    }
-    let (seq, ack, out_flags) = if flags & 0x10 != 0 {
-        ([tcp[8], tcp[9], tcp[10], tcp[11]], [0u8; 4], 0x04u8)
-    } else {
-        let s = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).wrapping_add(seg);
-        ([0u8; 4], s.to_be_bytes(), 0x14u8) // RST|ACK
-    };
+    let (seq, ack, out_flags) = rst_for(&tcp, total.saturating_sub(20))?;
     let mut rst = [
         tcp[2], tcp[3], tcp[0], tcp[1], seq[0], seq[1], seq[2], seq[3], ack[0], ack[1], ack[2],
         ack[3], 0x50, out_flags, 0, 0, 0, 0, 0, 0,

@@ -24,7 +24,8 @@ pub(crate) fn config() -> NodeConfig {
     XLB_CFG_V3.get(0).copied().unwrap_or_default()
 }
 
-/// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd`, and returns
+/// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd` (a SNATed
+/// flow's source: the SNAT address, its port chosen by `conntrack::create`), and returns
 /// how its source is chosen.
 #[inline(always)]
 pub fn forward_tuple<P: Packet>(
@@ -52,7 +53,7 @@ pub fn forward_tuple<P: Packet>(
     // The source is kept, unless its reply tuple clashes with another flow's (then only the
     // port is remapped, from the SNAT range).
     let keep = Source {
-        addr_be: 0,
+        snat: false,
         first_be: 0,
         min: cfg.snat_port_min,
         max: cfg.snat_port_max,
@@ -62,8 +63,9 @@ pub fn forward_tuple<P: Packet>(
             return Ok(keep);
         }
         fwd.flags = CT_F_SNAT | CT_F_HAIRPIN;
+        fwd.saddr_be = cfg.hairpin_addr_be;
         return Ok(Source {
-            addr_be: cfg.hairpin_addr_be,
+            snat: true,
             first_be: t.sport_be,
             min: cfg.snat_port_min,
             max: cfg.snat_port_max,
@@ -84,8 +86,9 @@ pub fn forward_tuple<P: Packet>(
             return Err(Reason(R_SNAT_FAILED));
         }
         fwd.flags = CT_F_SNAT;
+        fwd.saddr_be = route.src_be;
         return Ok(Source {
-            addr_be: route.src_be,
+            snat: true,
             first_be: 0,
             min: cfg.snat_port_min,
             max: cfg.snat_port_max,

@@ -3,15 +3,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::{
-    bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_SKIP_NEIGH,
-        BPF_FIB_LOOKUP_SRC, bpf_fib_lookup,
-    },
-    btf_maps::PerCpuArray,
-    helpers::bpf_fib_lookup as fib_lookup,
-    macros::btf_map,
-};
+use aya_ebpf::{bindings::bpf_fib_lookup, btf_maps::PerCpuArray, macros::btf_map};
 
 use lb_common::{IPPROTO_TCP, filter_fold};
 
@@ -19,7 +11,12 @@ use super::{
     conntrack::{copy6, eq6},
     parse::Tuple6,
 };
-use crate::{fib::copy_mac, packet::Packet, parse::ETH_HLEN, translate::Mtu};
+use crate::{
+    fib::{copy_mac, opts, request, run},
+    packet::Packet,
+    parse::ETH_HLEN,
+    translate::Mtu,
+};
 
 const AF_INET6: u8 = 10;
 /// Packets up to this size are not checked against the route MTU (IPv6's minimum link MTU).
@@ -221,8 +218,7 @@ fn route(
     len: u16,
     neigh: bool,
 ) -> Option<&'static Route6> {
-    let opts = ((len as u64) << 16) | ((proto as u64) << 8) | neigh as u64;
-    if lookup_into(ctx, ifindex, saddr, daddr, opts) != 0 {
+    if lookup_into(ctx, ifindex, saddr, daddr, opts(len, proto, neigh)) != 0 {
         return None;
     }
     let p = XLB_ROUTE6.get_ptr(0)?;
@@ -244,13 +240,7 @@ fn lookup_into(
     // SAFETY: this CPU's slot; nothing else runs on it while the program does.
     let scratch = unsafe { &mut *scratch };
     let p = &mut scratch.req;
-    p.family = AF_INET6;
-    p.l4_protocol = (opts >> 8) as u8;
-    p.sport = 0;
-    p.dport = 0;
-    p.ifindex = ifindex;
-    p.__bindgen_anon_1.tot_len = (opts >> 16) as u16;
-    p.__bindgen_anon_2.flowinfo = 0;
+    let flags = request(p, AF_INET6, ifindex, opts);
     // SAFETY: both unions are 16 bytes of plain words in this CPU's slot; volatile so LLVM
     // keeps the word stores (a merged memcpy may become a call the verifier refuses).
     unsafe {
@@ -261,21 +251,13 @@ fn lookup_into(
             core::ptr::write_volatile(dst.add(i), daddr[i]);
         }
     }
-    p.__bindgen_anon_5.tbid = 0;
     // A route without its neighbour (SNAT, the MTU check) is asked for its source address
     // too; XDP's hop (with the neighbour) is not: IPv6 source selection walks the
     // interface's addresses, a large part of an IPv6 lookup, and a hop never uses it.
-    let flags = if opts & 1 == 0 {
-        BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH
-    } else {
-        0
-    };
-    // SAFETY: `p` is a valid request of the size passed.
-    let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
-    let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 && !too_big {
+    let flags = if opts & 1 == 0 { flags } else { 0 };
+    let Some(too_big) = run(ctx, p, flags) else {
         return -1;
-    }
+    };
     let out = &mut scratch.route;
     let p = &scratch.req;
     // SAFETY: on success and on FRAG_NEEDED the kernel filled the source and the MTU.

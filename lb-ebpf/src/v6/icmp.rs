@@ -3,13 +3,8 @@
 //! header readdressed to that peer, the ICMPv6 checksum (pseudo-header included) updated:
 //! refusals and path-MTU discovery work through an IPv6 service, as `icmp.rs` for IPv4.
 
-use aya_ebpf::{
-    helpers::{bpf_csum_diff, bpf_skb_load_bytes},
-    programs::TcContext,
-};
-use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
-};
+use aya_ebpf::{helpers::bpf_csum_diff, programs::TcContext};
+use lb_common::{CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::{self, eq6},
@@ -21,6 +16,7 @@ use super::{
 use crate::{
     packet::{Packet, csum_add, csum_apply},
     reason::Reason,
+    reject::{load_quote, quote_diff},
 };
 
 const ICMPV6_DEST_UNREACH: u8 = 1;
@@ -61,18 +57,7 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
         return Ok(None);
     }
     let s = conntrack::scratch()?;
-    // SAFETY: the destination is QUOTE bytes of this CPU's scratch.
-    let rc = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const core::ffi::c_void,
-            inner_off as u32,
-            s.quote_old.as_mut_ptr() as *mut core::ffi::c_void,
-            QUOTE as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
+    load_quote(ctx, inner_off, &mut s.quote_old)?;
     let b = &s.quote_old;
     // A quoted packet with extension headers is left alone (its ports are further in).
     let proto = b[6];
@@ -83,15 +68,9 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     let idst = words(b, 24);
     let isport = u16::from_ne_bytes([b[40], b[41]]);
     let idport = u16::from_ne_bytes([b[42], b[43]]);
-    // The entry of the other way, as the peer sees the tuple: a reply entry for a quoted
-    // forward packet (an error from the backend's side), a forward entry for a quoted reply.
-    s.fwd_key = conntrack::key(&idst, &isrc, idport, isport, proto, CT_DIR_REPLY);
-    let mut found = conntrack::get(&s.fwd_key);
-    if found.is_none() {
-        s.fwd_key.dir = CT_DIR_FORWARD;
-        found = conntrack::get(&s.fwd_key);
-    }
-    let Some(v) = found else {
+    // The entry of the other way tells how to restore it (as IPv4's).
+    let Some(v) = conntrack::quoted::<Tuple6>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     s.quote_new = s.quote_old;
@@ -103,19 +82,7 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     if proto == IPPROTO_UDP {
         quoted_udp_checksum(s)?;
     }
-    // SAFETY: both buffers are QUOTE bytes, 4-aligned in the scratch map value.
-    let quote_diff = unsafe {
-        bpf_csum_diff(
-            s.quote_old.as_mut_ptr() as *mut u32,
-            QUOTE as u32,
-            s.quote_new.as_mut_ptr() as *mut u32,
-            QUOTE as u32,
-            0,
-        )
-    };
-    if quote_diff < 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
+    let quote_diff = quote_diff(&mut s.quote_old, &mut s.quote_new)?;
     // Outer: to the flow's peer; from the frontend where the error came from the translated
     // end itself, as Linux's conntrack does.
     let s = conntrack::scratch()?;
@@ -125,7 +92,7 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
         diff16(&t.saddr_be, out_src),
         diff16(&t.daddr_be, &v.daddr_be),
     );
-    ctx.l4_csum_diff(t.csum_off as usize, addr_diff, quote_diff as u32, false)
+    ctx.l4_csum_diff(t.csum_off as usize, addr_diff, quote_diff, false)
         .map_err(failed)?;
     ctx.store(inner_off, &s.quote_new, 0).map_err(failed)?;
     if from_end {

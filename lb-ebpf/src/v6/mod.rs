@@ -214,7 +214,7 @@ pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut 
     let ct = conntrack::assure(ct, t);
     if touch(ct, t) {
         if ct.flags & CT_F_SNAT != 0 {
-            conntrack::keep_reply(ct, t.proto);
+            conntrack::keep_reply(ct, t);
         }
         if ct.flags & CT_F_AFFINITY != 0 {
             affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
@@ -347,7 +347,13 @@ pub(super) fn record<P: Packet>(
         s.slot as u16,
         be.generation,
     );
-    conntrack::create(t, snat, cfg.snat_port_min, cfg.snat_port_max)?;
+    let src = conntrack::Source {
+        snat,
+        first_be: 0,
+        min: cfg.snat_port_min,
+        max: cfg.snat_port_max,
+    };
+    conntrack::create(t, &src)?;
     Ok(&s.fwd)
 }
 

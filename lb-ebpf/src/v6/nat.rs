@@ -9,7 +9,8 @@ use super::{
     parse::{DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st16, st32},
+    nat::ports_in_place,
+    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
     reason::Reason,
 };
 
@@ -69,7 +70,6 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
 ) -> Result<(), Reason> {
     let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
     let mut addr = 0;
-    let mut port = 0;
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
@@ -85,15 +85,9 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
                 st32(p, IP6_DST_OFF + 4 * i, to.daddr_be[i]);
             }
         }
-        if to.sport_be != t.sport_be {
-            port = diff2(t.sport_be, to.sport_be);
-            st16(p, IP6_L4_OFF, to.sport_be);
-        }
-        if to.dport_be != t.dport_be {
-            port = csum_add(port, diff2(t.dport_be, to.dport_be));
-            st16(p, IP6_L4_OFF + 2, to.dport_be);
-        }
     }
+    // SAFETY: as above.
+    let port = unsafe { ports_in_place(p, IP6_L4_OFF, t, to) };
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)
 }

@@ -4,10 +4,7 @@
 //! Big for a packet too big for the route to its backend (path-MTU discovery through the
 //! service: IPv6 routers never fragment). ICMPv6 and TCP checksums cover the pseudo-header.
 
-use aya_ebpf::{
-    helpers::{bpf_skb_change_tail, bpf_skb_load_bytes},
-    programs::TcContext,
-};
+use aya_ebpf::{helpers::bpf_skb_change_tail, programs::TcContext};
 use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
 
 use super::{
@@ -17,7 +14,7 @@ use super::{
 use crate::{
     parse::ETH_HLEN,
     reason::Reason,
-    reject::{eth_reply, fold, send_back, sum16},
+    reject::{eth_reply, fold, load_quote, rst_for, send_back, sum16},
 };
 
 const ICMPV6_DEST_UNREACH: u8 = 1;
@@ -93,26 +90,8 @@ pub fn too_big(ctx: &TcContext, t: &Tuple6, mtu: u16) -> Result<i32, Reason> {
 #[inline(always)]
 fn tcp_rst(ctx: &TcContext, t: &Tuple6) -> Result<(), Reason> {
     let tcp: [u8; 20] = ctx.load(t.l4_off as usize).map_err(failed)?;
-    if tcp[13] & 0x04 != 0 {
-        // Never answer a RST: drop it.
-        return Err(Reason(R_NO_BACKEND));
-    }
-    let doff = ((tcp[12] >> 4) as u32) * 4;
     let l4_len = t.payload_len - (t.l4_off - IP6_L4_OFF as u32);
-    let flags = tcp[13];
-    let mut seg = l4_len.saturating_sub(doff);
-    if flags & 0x02 != 0 {
-        seg += 1; // SYN
-    }
-    if flags & 0x01 != 0 {
-        seg += 1; // FIN
-    }
-    let (seq, ack, out_flags) = if flags & 0x10 != 0 {
-        ([tcp[8], tcp[9], tcp[10], tcp[11]], [0u8; 4], 0x04u8)
-    } else {
-        let s = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).wrapping_add(seg);
-        ([0u8; 4], s.to_be_bytes(), 0x14u8) // RST|ACK
-    };
+    let (seq, ack, out_flags) = rst_for(&tcp, l4_len)?;
     // Words, written volatile: as bytes, the trailing zeros merge into a `memset` byte loop
     // the verifier refuses without CAP_PERFMON.
     let mut rst = [0u32; 5];
@@ -147,18 +126,7 @@ fn icmp_error(ctx: &TcContext, t: &Tuple6, kind: u8, code: u8, rest: u32) -> Res
         return Err(Reason(R_NO_BACKEND));
     }
     let s = conntrack::scratch()?;
-    // SAFETY: the destination is QUOTE bytes of this CPU's scratch.
-    let rc = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const core::ffi::c_void,
-            ETH_HLEN as u32,
-            s.quote_old.as_mut_ptr() as *mut core::ffi::c_void,
-            QUOTE as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
+    load_quote(ctx, ETH_HLEN, &mut s.quote_old)?;
     // Two words, written volatile: as bytes, the zeros of a code 0 and a small MTU merge
     // into a `memset` byte loop the verifier refuses without CAP_PERFMON.
     let mut icmp = [0u32; 2];
