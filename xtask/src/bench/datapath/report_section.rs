@@ -270,13 +270,15 @@ fn ipv6_closing(hook: &str) -> &'static str {
          is), checked against the route cache's one-second age, would close it"
     } else {
         "the common packet is read in place (no extension-header walk): new flow, established \
-         and reply are within 1.2× at every scale; what remains is the non-service case. At one \
-         service it pays the IPv4 parse's Ethernet type test first, the per-CPU slot its tuple \
-         lives in (40 bytes of addresses do not fit the 512-byte stack beside the IPv4 path's \
-         frame) and the four-word fold of each address for the filters, about 12 ns over \
-         IPv4's 53. What it gains from 1 to 10,000 services (about 26 ns, IPv4 3 ns) is not \
-         the filters' false positives (computed for these addresses: one client in ten for \
-         either family); it is to be profiled (`bpftool prog profile`) before it can be closed"
+         and reply are within 1.2× at every scale; the non-service case is not. At one service \
+         it costs about 12 ns over IPv4's 53: the IPv4 parse's Ethernet type test it passes \
+         first, the per-CPU slot its tuple lives in (40 bytes of addresses do not fit the \
+         512-byte stack beside the IPv4 path's frame) and the four-word fold of each address \
+         for the filters. At scale its ratio moves with IPv4's own figure from run to run (56 \
+         to 79 ns at 10,000 services over this stop's runs); the filters' false positives are \
+         not the difference (computed for these addresses: about one client in ten for either \
+         family). The IPv6 tuple on the stack, once the IPv4 path's frame leaves room for it, \
+         would take most of the fixed cost"
     }
 }
 
