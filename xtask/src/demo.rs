@@ -4,8 +4,8 @@
 //! `xlb agent` in the node namespace on the services file, drives traffic to every ClusterIP
 //! from the client pod and from the node itself (client processes in the demo's own cgroup,
 //! where the agent attaches its socket hooks), and prints which backend answered, once a
-//! second. Everything it created is removed on exit, on Ctrl-C and on error (the guards'
-//! Drop).
+//! second. Everything it created is removed on exit, on Ctrl-C (or SIGTERM, SIGHUP) and on
+//! error (the guards' Drop).
 
 use std::{
     collections::BTreeMap,
