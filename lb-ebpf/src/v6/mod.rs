@@ -349,7 +349,8 @@ pub(super) fn record<P: Packet>(
     );
     let src = conntrack::Source {
         snat,
-        first_be: 0,
+        // A hairpin flow keeps the client's port when its reply tuple is free, as IPv4's.
+        first_be: if snat && hairpin { t.sport_be } else { 0 },
         min: cfg.snat_port_min,
         max: cfg.snat_port_max,
     };

@@ -15,6 +15,8 @@ use xlb_tests::{
 };
 
 const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x40);
+/// A second Service on the same endpoint.
+const VIP6B: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x41);
 const POD6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2);
 const HAIRPIN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a, 0, 0, 0, 0, 1);
 const SNAT_PORTS: std::ops::RangeInclusive<u16> = 40000..=40100;
@@ -34,7 +36,8 @@ fn loaded(tag: &str, hairpin: Ipv6Addr) -> LoadedDatapath {
         ..Default::default()
     })
     .expect("config");
-    let yaml = service6_yaml("self6", VIP6, 80, "TCP", 8080, &[POD6]);
+    let yaml = service6_yaml("self6", VIP6, 80, "TCP", 8080, &[POD6])
+        + &service6_yaml("again6", VIP6B, 80, "TCP", 8080, &[POD6]);
     let loaded = lb_userspace::source::file::parse("hairpin6.yaml", &yaml).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     dp.program(&loaded.model).expect("program maps");
@@ -55,8 +58,11 @@ fn a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address() {
     assert_eq!(r.verdict, TC_ACT_OK, "{:?}", reason_counts(&dp.pins));
     let out = seen6(&r.packet, "hairpin SYN");
     assert_eq!(out.dst, sa(POD6, 8080), "DNAT to the pod itself");
-    assert_eq!(*out.src.ip(), HAIRPIN6, "SNAT to the hairpin address");
-    assert!(SNAT_PORTS.contains(&out.src.port()), "{out:?}");
+    assert_eq!(
+        out.src,
+        sa(HAIRPIN6, 41000),
+        "SNAT to the hairpin address, the client's port kept (its reply tuple is free)"
+    );
 
     // The pod's answer to the hairpin address comes back from the ClusterIP.
     let reply = Frame6::tcp(out.dst, out.src, TCP_SYN | TCP_ACK, b"").build();
@@ -77,6 +83,15 @@ fn a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address() {
     let flows = lb_userspace::list::conntrack(&dp.pins).expect("ct");
     let snat = format!("[{HAIRPIN6}]:{}", out.src.port());
     assert!(flows.iter().any(|f| f.snat == snat), "{flows:?}");
+
+    // The same pod port to a second Service on itself: that reply tuple is taken, so the
+    // port comes from the SNAT range.
+    let r = dp
+        .run(&Frame6::tcp(pod, sa(VIP6B, 80), TCP_SYN, b"").build())
+        .expect("run");
+    let again = seen6(&r.packet, "second hairpin flow");
+    assert_eq!(*again.src.ip(), HAIRPIN6);
+    assert!(SNAT_PORTS.contains(&again.src.port()), "{again:?}");
 
     // Another client of the Service keeps its own address.
     let other = sa(Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 2), 41000);
