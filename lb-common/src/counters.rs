@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V5`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V6`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -8,7 +8,7 @@ pub const R_PASS: u32 = 0;
 pub const R_NEW_FLOW: u32 = 1;
 /// Packet of a tracked flow: DNATed to its backend.
 pub const R_ESTABLISHED: u32 = 2;
-/// Reply from a backend: source restored to the VIP.
+/// Reply from a backend: source restored to the VIP (tc egress, XDP).
 pub const R_REVERSE_NAT: u32 = 3;
 /// Service has no usable backend and must not be refused (or cannot be): dropped.
 pub const R_NO_BACKEND: u32 = 4;
@@ -65,8 +65,17 @@ pub const R_CT_MISS: u32 = 22;
 /// LRU table, where a flood of new flows may evict it. Counted once per packet that tried.
 pub const R_CT_ASSURED_FULL: u32 = 23;
 
-/// Number of counters (the size of `XLB_STATS_V5`).
-pub const R_COUNT: u32 = 24;
+/// tc ingress: a reply from a backend of a tracked flow, its destination restored to the
+/// client where the flow was SNATed (its source waits for tc egress: netfilter sees it as
+/// backend → client, as under kube-proxy).
+pub const R_REPLY_IN: u32 = 24;
+
+/// tc egress: a request of a SNATed flow leaves with the SNAT source (after netfilter saw it
+/// as client → backend, as kube-proxy's MASQUERADE in POSTROUTING).
+pub const R_SNAT_OUT: u32 = 25;
+
+/// Number of counters (the size of `XLB_STATS_V6`).
+pub const R_COUNT: u32 = 26;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -94,4 +103,6 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "sock_pass",
     "ct_miss",
     "ct_assured_full",
+    "reply_in",
+    "snat_out",
 ];

@@ -22,13 +22,14 @@ pub const MAP_CT: &str = "XLB_CT_V3";
 /// (`datapath::ct_gc`). Same key and value as [`MAP_CT`].
 pub const MAP_CT_ASSURED: &str = "XLB_CTA_V1";
 /// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
-/// hooks' among them; V5: 24, `ct_assured_full`).
-pub const MAP_STATS: &str = "XLB_STATS_V5";
+/// hooks' among them; V5: 24, `ct_assured_full`; V6: 26, tc egress's `reply_in` and
+/// `snat_out`).
+pub const MAP_STATS: &str = "XLB_STATS_V6";
 
 /// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
 /// configuration the agent writes whole at start): an agent removes them once its own
 /// programs are attached, so counters start again from 0.
-pub const RETIRED_PINS: [&str; 2] = ["XLB_STATS_V4", "XLB_CFG_V2"];
+pub const RETIRED_PINS: [&str; 3] = ["XLB_STATS_V4", "XLB_STATS_V5", "XLB_CFG_V2"];
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
@@ -239,8 +240,15 @@ pub const CT_F_ASSURED: u16 = 64;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;
-/// Conntrack direction: the reply tuple as the backend sends it (backend → client).
+/// Conntrack direction: the reply tuple as the backend sends it (backend → client). A
+/// translated flow (`CT_F_SNAT`) has a second reply entry, under its reply as the node's
+/// netfilter sees it once tc ingress restored the client as destination (backend → client):
+/// tc egress finds the frontend to restore as source there.
 pub const CT_DIR_REPLY: u8 = 1;
+/// Conntrack direction of a translated flow's (`CT_F_SNAT`) egress entry: its request as the
+/// node's netfilter sees it (client → backend, after tc ingress's DNAT): tc egress finds the
+/// SNAT source there. A copy of the forward entry's value.
+pub const CT_DIR_SNAT_OUT: u8 = 2;
 
 /// Key of the conntrack map (IPv4; IPv6 gets a map of its own): a 5-tuple as seen on the
 /// wire, and its direction.
@@ -252,7 +260,7 @@ pub struct CtKey {
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
+    /// `CT_DIR_FORWARD`, `CT_DIR_REPLY` or `CT_DIR_SNAT_OUT`.
     pub dir: u8,
     pub _pad: u16,
 }

@@ -45,7 +45,7 @@ pub struct CtKey6 {
     pub sport_be: u16,
     pub dport_be: u16,
     pub proto: u8,
-    /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
+    /// `CT_DIR_FORWARD`, `CT_DIR_REPLY` or `CT_DIR_SNAT_OUT`.
     pub dir: u8,
     pub _pad: u16,
 }

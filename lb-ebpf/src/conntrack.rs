@@ -15,7 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_ASSURED, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
     CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
@@ -57,9 +57,12 @@ pub fn scratch() -> Result<&'static mut FlowScratch, Reason> {
 /// The entry of the other way of the flow a quoted packet (an ICMP error's quote, `isrc`
 /// → `idst`, ports `isport` → `idport`) went one way of, as its peer sees the tuple: a
 /// reply entry for a quoted forward packet (an error from beyond the backend side), a
-/// forward entry for a quoted reply. The key is built in `key` (the scratch's).
+/// forward entry for a quoted reply. At egress (`PART` = `nat::SRC`) the quote's
+/// destination side is already restored, so a quoted reply is the backend's as netfilter
+/// saw it, and its flow's entry is the SNAT one (only a SNATed flow has a source to
+/// restore there). The key is built in `key` (the scratch's).
 #[inline(always)]
-pub fn quoted<T: Flow>(
+pub fn quoted<T: Flow, const PART: u8>(
     key: &mut T::Key,
     isrc: &T::Addr,
     idst: &T::Addr,
@@ -72,7 +75,11 @@ pub fn quoted<T: Flow>(
     if found.is_some() {
         return found;
     }
-    *key.dir_mut() = CT_DIR_FORWARD;
+    *key.dir_mut() = if PART == crate::nat::SRC {
+        CT_DIR_SNAT_OUT
+    } else {
+        CT_DIR_FORWARD
+    };
     entry::<T>(key)
 }
 
@@ -193,6 +200,13 @@ fn promote<T: Flow>(ct: &T::Value, t: &T) -> Option<&'static mut T::Value> {
     }
     let _ = T::ct().remove(&*p.fwd_key);
     let _ = T::ct().remove(&*p.reply_key);
+    // A SNATed flow's egress entries move too (built from the copies in the scratch, which
+    // hold the same tuples); the forward key is built again afterwards.
+    if p.fwd.flags() & CT_F_SNAT != 0 {
+        let _ = egress_entries::<T>(t.proto(), CT_F_ASSURED);
+    }
+    let p = T::parts(T::scratch().ok()?);
+    *p.fwd_key = tuple_key(t, CT_DIR_FORWARD);
     T::cta()
         .get_ptr_mut(&*p.fwd_key)
         .map(|p| unsafe { &mut *p })
@@ -427,7 +441,66 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
     let _ = T::cta().remove(&*p.fwd_key);
     T::ct()
         .insert(&*p.fwd_key, &*p.fwd, 0)
-        .map_err(|_| Reason(R_CT_FULL))
+        .map_err(|_| Reason(R_CT_FULL))?;
+    if p.fwd.flags() & CT_F_SNAT != 0 {
+        egress_entries::<T>(t.proto(), 0)?;
+    }
+    Ok(())
+}
+
+/// The egress entries of the SNATed flow whose entries the scratch holds (`fwd`, `reply`):
+/// its request as netfilter sees it (client → backend, `CT_DIR_SNAT_OUT`: the SNAT source)
+/// and its reply as netfilter sees it (backend → client, `CT_DIR_REPLY`: the frontend), into
+/// the LRU table (`assured` 0: at creation) or the assured one. Uses the scratch's keys.
+#[inline(always)]
+fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
+    let p = T::parts(T::scratch()?);
+    // The client and its port, as the reply entry (frontend → client) holds them.
+    *p.fwd_key = T::key(
+        p.reply.daddr(),
+        p.fwd.daddr(),
+        p.reply.dport(),
+        p.fwd.dport(),
+        proto,
+        CT_DIR_SNAT_OUT,
+    );
+    *p.reply_key = T::key(
+        p.fwd.daddr(),
+        p.reply.daddr(),
+        p.fwd.dport(),
+        p.reply.dport(),
+        proto,
+        CT_DIR_REPLY,
+    );
+    let full = if assured != 0 {
+        R_CT_ASSURED_FULL
+    } else {
+        R_CT_FULL
+    };
+    *p.fwd.flags_mut() |= assured;
+    *p.reply.flags_mut() |= assured;
+    let inserted = if assured != 0 {
+        T::cta().insert(&*p.fwd_key, &*p.fwd, 0).is_ok()
+            && T::cta().insert(&*p.reply_key, &*p.reply, 0).is_ok()
+    } else {
+        T::ct().insert(&*p.fwd_key, &*p.fwd, 0).is_ok()
+            && T::ct().insert(&*p.reply_key, &*p.reply, 0).is_ok()
+    };
+    if !inserted {
+        return Err(Reason(full));
+    }
+    if assured != 0 {
+        let _ = T::ct().remove(&*p.fwd_key);
+        let _ = T::ct().remove(&*p.reply_key);
+    }
+    Ok(())
+}
+
+/// The egress entry of a SNATed flow's request as netfilter saw it (client → backend, after
+/// tc ingress's DNAT): the SNAT source it leaves with.
+#[inline(always)]
+pub fn lookup_snat_out<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
+    get_mut::<T>(&tuple_key(t, CT_DIR_SNAT_OUT))
 }
 
 /// Replaces the reply entry at `key` when it is the previous flow of this very tuple (the

@@ -1,13 +1,17 @@
 //! ICMP errors about translated flows (fragmentation needed, port unreachable, time
 //! exceeded): the quoted inner header is restored to what the flow's peer sent, and the
 //! outer header readdressed to that peer, so path-MTU discovery and refusals work through a
-//! service.
+//! service. As netfilter's NAT of a related packet, in two halves: tc ingress restores the
+//! destination side (the outer destination, the quote's source), tc egress the source side
+//! (the outer source, the quote's destination), so the node's conntrack finds the quote's
+//! flow as it saw it.
 
 use aya_ebpf::programs::TcContext;
 use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     conntrack,
+    nat::{DST, SRC},
     parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp, Tuple},
     reason::Reason,
     reject::{fold, load_quote, quote_diff, sum16},
@@ -38,10 +42,14 @@ fn csum_update(old: u16, from: &[u8], to: &[u8]) -> u16 {
     u16::from_be_bytes(fold(acc))
 }
 
-/// Translates an ICMP error whose quoted packet belongs to a tracked flow. Returns the
-/// flow's entry when it did; `None` leaves the message alone.
+/// Translates the `PART` side ([`DST`] at ingress, [`SRC`] at egress) of an ICMP error
+/// whose quoted packet belongs to a tracked flow. Returns the flow's entry when it did;
+/// `None` leaves the message alone.
 #[inline(always)]
-pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, Reason> {
+pub fn translate<const PART: u8>(
+    ctx: &TcContext,
+    m: &Icmp,
+) -> Result<Option<&'static CtValue>, Reason> {
     let icmp_type: u8 = ctx.load(m.l4_off).map_err(failed)?;
     if icmp_type != ICMP_DEST_UNREACH && icmp_type != ICMP_TIME_EXCEEDED {
         return Ok(None);
@@ -65,17 +73,27 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
 
     // The quoted packet went one way of a flow; the entry of the other way tells how to
     // restore it.
-    let Some(v) = conntrack::quoted::<Tuple>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
-    else {
+    let Some(v) = conntrack::quoted::<Tuple, PART>(
+        &mut s.fwd_key,
+        &isrc,
+        &idst,
+        isport,
+        idport,
+        proto,
+    ) else {
         return Ok(None);
     };
     // Inner: source ← the entry's destination, destination ← the entry's source.
     s.quote_new = s.quote_old;
     let n = &mut s.quote_new;
-    n[12..16].copy_from_slice(&v.daddr_be.to_ne_bytes());
-    n[16..20].copy_from_slice(&v.saddr_be.to_ne_bytes());
-    n[20..22].copy_from_slice(&v.dport_be.to_ne_bytes());
-    n[22..24].copy_from_slice(&v.sport_be.to_ne_bytes());
+    if PART & DST != 0 {
+        n[12..16].copy_from_slice(&v.daddr_be.to_ne_bytes());
+        n[20..22].copy_from_slice(&v.dport_be.to_ne_bytes());
+    }
+    if PART & SRC != 0 {
+        n[16..20].copy_from_slice(&v.saddr_be.to_ne_bytes());
+        n[22..24].copy_from_slice(&v.sport_be.to_ne_bytes());
+    }
     n[10] = 0;
     n[11] = 0;
     let c = fold(sum16(&n[..20], 0));
@@ -102,8 +120,12 @@ pub fn translate(ctx: &TcContext, m: &Icmp) -> Result<Option<&'static CtValue>, 
     } else {
         m.saddr_be
     };
-    rewrite_outer(ctx, IP_DST_OFF, m.daddr_be, out_dst)?;
-    rewrite_outer(ctx, IP_SRC_OFF, m.saddr_be, out_src)?;
+    if PART & DST != 0 {
+        rewrite_outer(ctx, IP_DST_OFF, m.daddr_be, out_dst)?;
+    }
+    if PART & SRC != 0 {
+        rewrite_outer(ctx, IP_SRC_OFF, m.saddr_be, out_src)?;
+    }
     Ok(Some(v))
 }
 

@@ -34,8 +34,8 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
-    R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_PASS,
-    R_REJECT, R_REVERSE_NAT, SVC_F_DROP_EMPTY,
+    R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_MALFORMED,
+    R_NEW_FLOW, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT, SVC_F_DROP_EMPTY,
 };
 
 use lb_common::SvcValue;
@@ -49,12 +49,35 @@ use crate::{
 };
 
 /// tc ingress on the host side of pod veths and on the node's interfaces: service packets
-/// are DNATed to a backend (and SNATed where the reply would not come back), replies of
-/// tracked flows get the frontend back, ICMP errors about them are translated too.
+/// are DNATed to a backend, replies of SNATed flows get their client back as destination,
+/// ICMP errors about tracked flows have that side translated too. Only destinations are
+/// rewritten here, before routing and netfilter (as kube-proxy's DNAT in PREROUTING):
+/// sources are tc egress's (`xlb_tc_egress`).
 #[classifier]
 pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
     let (action, reason) = match try_tc_ingress(&ctx) {
         Ok(verdict) => verdict,
+        Err(dropped) => (TC_ACT_SHOT, dropped),
+    };
+    reason.count(ctx.len());
+    if log::on() {
+        log::tc(&ctx, action, reason.0);
+    }
+    action
+}
+
+/// tc egress on the same interfaces: after routing and netfilter, a reply of a tracked flow
+/// gets its frontend back as source, a request of a SNATed flow its SNAT source (as
+/// kube-proxy's MASQUERADE in POSTROUTING), ICMP errors about tracked flows have that side
+/// translated too. So every netfilter hook of the node sees a flow as client ⇄ backend, as
+/// it would under kube-proxy, and its conntrack, a firewall's `ct state invalid drop` and a
+/// CNI's policy chains agree with xlb. Every other packet passes untouched (a malformed one
+/// too: egress drops nothing it does not own).
+#[classifier]
+pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
+    let (action, reason) = match try_tc_egress(&ctx) {
+        Ok(verdict) => verdict,
+        Err(Reason(R_MALFORMED)) => (TC_ACT_OK, Reason(R_MALFORMED)),
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
@@ -151,7 +174,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
-        Parsed::Icmp(m) => return icmp_error(ctx, &m).outcome(),
+        Parsed::Icmp(m) => return icmp_error::<{ nat::DST }>(ctx, &m).outcome(),
         Parsed::Pass(Reason(parse::IPV6)) => return v6::tc(ctx).outcome(),
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
@@ -178,7 +201,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
                 Mtu::Unchecked => {}
             }
             let ct = flow::keep_alive(ct, &t);
-            nat::apply(ctx, &t, ct)?;
+            nat::apply::<_, { nat::DST }>(ctx, &t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
         }
@@ -190,12 +213,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         .then(|| conntrack::lookup_reply(&t))
         .flatten()
     {
-        // A reply from a backend of a tracked flow: the frontend as source, the client (if
-        // the flow was SNATed) as destination.
+        // A reply from a backend of a tracked flow: the client (if the flow was SNATed) as
+        // destination; the frontend as source at egress.
         conntrack::touch(ct, &t);
-        nat::apply(ctx, &t, ct)?;
-        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-        return pass(R_REVERSE_NAT);
+        nat::apply::<_, { nat::DST }>(ctx, &t, ct)?;
+        return pass(R_REPLY_IN);
     } else if conntrack::mid_stream(&t) {
         reason = R_CT_MISS;
     }
@@ -215,10 +237,42 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     }
 }
 
-/// An ICMP message: translated when it is an error about a tracked flow, else passed.
+/// tc egress: the source side of a tracked flow's packet (see `xlb_tc_egress`).
+#[inline(always)]
+fn try_tc_egress(ctx: &TcContext) -> Outcome {
+    let t = match parse::parse_ipv4(ctx, ctx.len())? {
+        Parsed::Flow(t) => t,
+        Parsed::Icmp(m) => return icmp_error::<{ nat::SRC }>(ctx, &m).outcome(),
+        Parsed::Pass(Reason(parse::IPV6)) => return v6::tc_egress(ctx).outcome(),
+        Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
+    };
+    // A reply as netfilter saw it (backend → client): the frontend as source.
+    if let Some(ct) = filter::maybe_backend(t.saddr_be)
+        .then(|| conntrack::lookup_reply(&t))
+        .flatten()
+    {
+        conntrack::touch(ct, &t);
+        nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
+        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        return Ok((TC_ACT_OK, Reason(R_REVERSE_NAT)));
+    }
+    // A request of a SNATed flow as netfilter saw it (client → backend): the SNAT source.
+    if let Some(ct) = filter::maybe_backend(t.daddr_be)
+        .then(|| conntrack::lookup_snat_out(&t))
+        .flatten()
+    {
+        conntrack::touch(ct, &t);
+        nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
+        return Ok((TC_ACT_OK, Reason(R_SNAT_OUT)));
+    }
+    Ok((TC_ACT_OK, Reason(R_PASS)))
+}
+
+/// An ICMP message: the `PART` side translated when it is an error about a tracked flow,
+/// else passed.
 #[inline(never)]
-fn icmp_error(ctx: &TcContext, m: &parse::Icmp) -> Carried {
-    Carried::done(match icmp::translate(ctx, m) {
+fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp) -> Carried {
+    Carried::done(match icmp::translate::<PART>(ctx, m) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
@@ -267,7 +321,7 @@ fn try_tc_new_flow(
         Mtu::Unchecked => 0,
     };
     let fwd = flow::record(ctx, t, svc, &client, &chosen, fits)?;
-    nat::apply(ctx, t, fwd)?;
+    nat::apply::<_, { nat::DST }>(ctx, t, fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))
 }

@@ -9,19 +9,29 @@ use crate::{
     reason::Reason,
 };
 
-/// Rewrites the packet's tuple into the one a conntrack entry holds: destination (DNAT to
-/// the backend, or back to the client) and source (SNAT, or the frontend of a reply).
+/// The destination side of a tuple (address and port): rewritten at tc ingress, before
+/// routing, as netfilter's DNAT (PREROUTING) and the un-SNAT of a masqueraded reply.
+pub const DST: u8 = 1;
+/// The source side: rewritten at tc egress, after routing and netfilter, as netfilter's
+/// SNAT (POSTROUTING) and the un-DNAT of a reply.
+pub const SRC: u8 = 2;
+/// Both sides: XDP, when it redirects a packet past the stack.
+pub const BOTH: u8 = DST | SRC;
+
+/// Rewrites the `PART` ([`DST`], [`SRC`] or [`BOTH`]) of the packet's tuple into the one a
+/// conntrack entry holds: destination (DNAT to the backend, or back to the client) and
+/// source (SNAT, or the frontend of a reply).
 #[inline(always)]
-pub fn apply<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+pub fn apply<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
     if t.direct {
         let r = if t.proto == IPPROTO_TCP {
-            in_place::<P, DIRECT_TCP, { L4_OFF + 16 }>(ctx, t, to)
+            in_place::<P, DIRECT_TCP, { L4_OFF + 16 }, PART>(ctx, t, to)
         } else {
-            in_place::<P, DIRECT_UDP, { L4_OFF + 6 }>(ctx, t, to)
+            in_place::<P, DIRECT_UDP, { L4_OFF + 6 }, PART>(ctx, t, to)
         };
         return if r == 0 { Ok(()) } else { Err(Reason(r)) };
     }
-    with_helpers(ctx, t, to)
+    with_helpers::<P, PART>(ctx, t, to)
 }
 
 /// The direct path: addresses, ports and the IPv4 checksum written in place, the L4
@@ -31,15 +41,19 @@ pub fn apply<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> 
 /// One function per protocol, out of line: inlined, LLVM merges the TCP and UDP accesses
 /// into one at a register offset, which the verifier refuses without CAP_PERFMON.
 #[inline(never)]
-fn in_place<P: Packet, const N: usize, const CSUM: usize>(ctx: &P, t: &Tuple, to: &CtValue) -> u32 {
-    match in_place_inner::<P, N, CSUM>(ctx, t, to) {
+fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
+    ctx: &P,
+    t: &Tuple,
+    to: &CtValue,
+) -> u32 {
+    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to) {
         Ok(()) => 0,
         Err(r) => r.0,
     }
 }
 
 #[inline(always)]
-fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
+fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple,
     to: &CtValue,
@@ -50,11 +64,11 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
-        if saddr != t.saddr_be {
+        if PART & SRC != 0 && saddr != t.saddr_be {
             addr = diff4(t.saddr_be, saddr);
             st32(p, IP_SRC_OFF, saddr);
         }
-        if daddr != t.daddr_be {
+        if PART & DST != 0 && daddr != t.daddr_be {
             addr = csum_add(addr, diff4(t.daddr_be, daddr));
             st32(p, IP_DST_OFF, daddr);
         }
@@ -63,27 +77,32 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
         }
     }
     // SAFETY: as above, the L4 header's ports are within the N bytes.
-    let port = unsafe { ports_in_place(p, L4_OFF, t, to) };
+    let port = unsafe { ports_in_place::<_, _, PART>(p, L4_OFF, t, to) };
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(|_| Reason(R_REWRITE_FAILED))
 }
 
-/// The direct path's port rewrite, both families' (IPv6's `v6/nat.rs` too): `to`'s ports
-/// written where they differ from the packet's (`t`) into the L4 header at the constant
-/// offset `l4`. Returns their checksum diff.
+/// The direct path's port rewrite, both families' (IPv6's `v6/nat.rs` too): `to`'s ports of
+/// the `PART` side(s) written where they differ from the packet's (`t`) into the L4 header
+/// at the constant offset `l4`. Returns their checksum diff.
 ///
 /// # Safety
 /// `p` is the packet's start, checked against data_end for at least `l4 + 4` bytes.
 #[inline(always)]
-pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends>(p: *mut u8, l4: usize, t: &T, to: &E) -> u32 {
+pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends, const PART: u8>(
+    p: *mut u8,
+    l4: usize,
+    t: &T,
+    to: &E,
+) -> u32 {
     let mut port = 0;
     // SAFETY: the caller checked both ports' bytes.
     unsafe {
-        if to.sport() != t.sport() {
+        if PART & SRC != 0 && to.sport() != t.sport() {
             port = diff2(t.sport(), to.sport());
             st16(p, l4, to.sport());
         }
-        if to.dport() != t.dport() {
+        if PART & DST != 0 && to.dport() != t.dport() {
             port = csum_add(port, diff2(t.dport(), to.dport()));
             st16(p, l4 + 2, to.dport());
         }
@@ -93,8 +112,9 @@ pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends>(p: *mut u8, l4: usize, t: 
 
 /// Any packet (IP options, headers not in place), through the store and checksum helpers.
 #[inline(always)]
-fn with_helpers<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
-    rewrite(
+fn with_helpers<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+    if PART & DST != 0 {
+        rewrite(
         ctx,
         t,
         IP_DST_OFF,
@@ -103,17 +123,21 @@ fn with_helpers<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reaso
         t.l4_off + 2,
         t.dport_be,
         to.dport_be,
-    )?;
-    rewrite(
-        ctx,
-        t,
-        IP_SRC_OFF,
-        t.saddr_be,
-        to.saddr_be,
-        t.l4_off,
-        t.sport_be,
-        to.sport_be,
-    )
+        )?;
+    }
+    if PART & SRC != 0 {
+        rewrite(
+            ctx,
+            t,
+            IP_SRC_OFF,
+            t.saddr_be,
+            to.saddr_be,
+            t.l4_off,
+            t.sport_be,
+            to.sport_be,
+        )?;
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

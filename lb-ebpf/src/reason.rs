@@ -1,6 +1,6 @@
 //! Reason codes and the per-CPU counters they bump.
 
-use crate::maps::{XLB_BESTAT_V2, XLB_STATS_V5, XLB_SVCSTAT_V2};
+use crate::maps::{XLB_BESTAT_V2, XLB_STATS_V6, XLB_SVCSTAT_V2};
 
 /// A reason code from `lb_common::counters`.
 #[derive(Clone, Copy)]
@@ -10,7 +10,7 @@ impl Reason {
     /// Adds one packet of `len` bytes to this reason's counter on the current CPU.
     #[inline(always)]
     pub fn count(self, len: u32) {
-        if let Some(c) = XLB_STATS_V5.get_ptr_mut(self.0) {
+        if let Some(c) = XLB_STATS_V6.get_ptr_mut(self.0) {
             // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
             unsafe {
                 (*c).packets += 1;

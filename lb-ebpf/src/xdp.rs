@@ -1,7 +1,10 @@
 //! XDP on the node's external interfaces: NodePort, LoadBalancer and externalIP traffic (new
 //! and established flows) and the replies of SNATed flows are translated before the kernel
 //! allocates an skb, then sent out with `bpf_fib_lookup` + redirect when the egress
-//! interface takes XDP frames, or passed to the stack already translated.
+//! interface takes XDP frames (both sides translated: such a flow enters and leaves by node
+//! interfaces, so its replies come back through XDP too and neither way meets netfilter),
+//! or passed to the stack with only the destination side translated, as tc ingress would
+//! (netfilter then sees the flow as under kube-proxy; tc egress restores the source side).
 //!
 //! Whatever XDP cannot finish is passed to the stack untouched, where the tc program does the
 //! whole job: ICMP, refusals (no endpoints), fragmentation needed, unresolved neighbours,
@@ -14,8 +17,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
-    R_XDP_REDIRECT, SvcValue,
+    CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
+    R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
 };
 
 use crate::{
@@ -131,16 +134,30 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
         return pass(R_PASS);
     }
     let (ifindex, smac, dmac) = (hop.out_ifindex, hop.smac, hop.dmac);
-    nat::apply(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
-        return pass(reason);
+        return into_stack(ctx, t, v, reason);
     }
+    // Past the stack, both ways (a reply too comes back through XDP): both sides at once.
+    nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     forward_l2(ctx, t, ttl, &smac, &dmac)?;
     match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
+}
+
+/// A translated packet whose egress interface takes no XDP frames goes into the stack with
+/// its destination side translated only, as tc ingress would have (netfilter sees client →
+/// backend, or backend → client for a reply; tc egress restores the source side).
+#[inline(always)]
+fn into_stack(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
+    nat::apply::<_, { nat::DST }>(ctx, t, v)?;
+    if reason == R_REVERSE_NAT {
+        return pass(R_REPLY_IN);
+    }
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    pass(reason)
 }
 
 /// The IPv4 TTL.

@@ -82,31 +82,60 @@ impl LoadedDatapath {
         self.maps.read().unwrap_or_default()
     }
 
-    /// Runs the tc program once on `packet`; `Err` when the kernel refuses the input.
+    /// Runs `packet` through the node as tc sees it: tc ingress, then (when ingress passed
+    /// it) tc egress on what ingress left, as a packet that enters by one attached
+    /// interface and leaves by another. `Err` when the kernel refuses the input.
     pub fn run(&mut self, packet: &[u8]) -> Result<RunResult, String> {
+        let r = self.run_ingress(packet)?;
+        if r.verdict != TC_ACT_OK {
+            return Ok(r);
+        }
+        self.run_egress(&r.packet)
+    }
+
+    /// Runs tc ingress alone once on `packet`.
+    pub fn run_ingress(&mut self, packet: &[u8]) -> Result<RunResult, String> {
         let prog = loader::tc_program(&mut self.ebpf).map_err(|e| e.to_string())?;
-        let mut out = vec![0u8; packet.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        };
-        let r = prog.test_run(opts).map_err(|e| {
-            let mut s = e.to_string();
-            let mut cur = std::error::Error::source(&e);
-            while let Some(c) = cur {
-                s.push_str(&format!(": {c}"));
-                cur = c.source();
-            }
-            s
-        })?;
-        out.truncate(r.data_size_out as usize);
-        Ok(RunResult {
-            verdict: r.return_value,
-            packet: out,
-        })
+        test_run(prog, packet)
+    }
+
+    /// Runs tc egress alone once on `packet`.
+    pub fn run_egress(&mut self, packet: &[u8]) -> Result<RunResult, String> {
+        let prog = loader::tc_egress_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        test_run(prog, packet)
     }
 }
+
+/// tc's TC_ACT_OK: the packet goes on.
+const TC_ACT_OK: u32 = 0;
+
+/// `BPF_PROG_TEST_RUN` of a tc program on `packet`.
+fn test_run(
+    prog: &mut aya::programs::SchedClassifier,
+    packet: &[u8],
+) -> Result<RunResult, String> {
+    let mut out = vec![0u8; packet.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        ..TestRunOptions::default()
+    };
+    let r = prog.test_run(opts).map_err(|e| {
+        let mut s = e.to_string();
+        let mut cur = std::error::Error::source(&e);
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    })?;
+    out.truncate(r.data_size_out as usize);
+    Ok(RunResult {
+        verdict: r.return_value,
+        packet: out,
+    })
+}
+
 
 impl LoadedDatapath {
     /// Runs the XDP program once on `packet` as received on interface `ingress_ifindex` (of

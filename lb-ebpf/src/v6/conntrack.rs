@@ -12,7 +12,7 @@ use super::{
     parse::Tuple6,
 };
 pub use crate::conntrack::{
-    Source, assure, create, keep_reply, lookup_forward, lookup_reply, quoted,
+    Source, assure, create, keep_reply, lookup_forward, lookup_reply, lookup_snat_out, quoted,
 };
 pub use crate::family::{copy6, eq6};
 use crate::{family::Flow, reason::Reason};

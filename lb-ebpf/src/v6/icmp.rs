@@ -14,6 +14,7 @@ use super::{
     reject::QUOTE,
 };
 use crate::{
+    nat::{DST, SRC},
     packet::{Packet, csum_add, csum_apply},
     reason::Reason,
     reject::{load_quote, quote_diff},
@@ -44,11 +45,15 @@ fn put(b: &mut [u8; QUOTE], at: usize, a: &[u32; 4]) {
     }
 }
 
-/// Translates an ICMPv6 error (`t`: its outer addresses, type and offset) whose quoted
-/// packet belongs to a tracked flow. Returns the flow's entry when it did; `None` leaves
+/// Translates the `PART` side (as IPv4's: [`DST`] at ingress, [`SRC`] at egress) of an
+/// ICMPv6 error (`t`: its outer addresses, type and offset) whose quoted packet belongs to
+/// a tracked flow. Returns the flow's entry when it did; `None` leaves
 /// the message alone (other types, NDP and echo among them).
 #[inline(always)]
-pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6>, Reason> {
+pub fn translate<const PART: u8>(
+    ctx: &TcContext,
+    t: &Tuple6,
+) -> Result<Option<&'static CtValue6>, Reason> {
     if t.icmp_type < ICMPV6_DEST_UNREACH || t.icmp_type > ICMPV6_TIME_EXCEED {
         return Ok(None);
     }
@@ -69,16 +74,26 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     let isport = u16::from_ne_bytes([b[40], b[41]]);
     let idport = u16::from_ne_bytes([b[42], b[43]]);
     // The entry of the other way tells how to restore it (as IPv4's).
-    let Some(v) = conntrack::quoted::<Tuple6>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
-    else {
+    let Some(v) = conntrack::quoted::<Tuple6, PART>(
+        &mut s.fwd_key,
+        &isrc,
+        &idst,
+        isport,
+        idport,
+        proto,
+    ) else {
         return Ok(None);
     };
     s.quote_new = s.quote_old;
     let n = &mut s.quote_new;
-    put(n, 8, &v.daddr_be);
-    put(n, 24, &v.saddr_be);
-    n[40..42].copy_from_slice(&v.dport_be.to_ne_bytes());
-    n[42..44].copy_from_slice(&v.sport_be.to_ne_bytes());
+    if PART & DST != 0 {
+        put(n, 8, &v.daddr_be);
+        n[40..42].copy_from_slice(&v.dport_be.to_ne_bytes());
+    }
+    if PART & SRC != 0 {
+        put(n, 24, &v.saddr_be);
+        n[42..44].copy_from_slice(&v.sport_be.to_ne_bytes());
+    }
     if proto == IPPROTO_UDP {
         quoted_udp_checksum(s)?;
     }
@@ -86,19 +101,23 @@ pub fn translate(ctx: &TcContext, t: &Tuple6) -> Result<Option<&'static CtValue6
     // Outer: to the flow's peer; from the frontend where the error came from the translated
     // end itself, as Linux's conntrack does.
     let s = conntrack::scratch()?;
-    let from_end = eq6(&t.saddr_be, &idst);
+    let from_end = PART & SRC != 0 && eq6(&t.saddr_be, &idst);
     let out_src = if from_end { &v.saddr_be } else { &t.saddr_be };
-    let addr_diff = csum_add(
-        diff16(&t.saddr_be, out_src),
-        diff16(&t.daddr_be, &v.daddr_be),
-    );
+    let out_dst = if PART & DST != 0 {
+        &v.daddr_be
+    } else {
+        &t.daddr_be
+    };
+    let addr_diff = csum_add(diff16(&t.saddr_be, out_src), diff16(&t.daddr_be, out_dst));
     ctx.l4_csum_diff(t.csum_off as usize, addr_diff, quote_diff, false)
         .map_err(failed)?;
     ctx.store(inner_off, &s.quote_new, 0).map_err(failed)?;
     if from_end {
         ctx.store(IP6_SRC_OFF, &v.saddr_be, 0).map_err(failed)?;
     }
-    ctx.store(IP6_DST_OFF, &v.daddr_be, 0).map_err(failed)?;
+    if PART & DST != 0 {
+        ctx.store(IP6_DST_OFF, &v.daddr_be, 0).map_err(failed)?;
+    }
     Ok(Some(v))
 }
 

@@ -24,7 +24,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
     BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
     R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT,
-    R_REVERSE_NAT, R_SNAT_FAILED, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
+    R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED, R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
     SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
@@ -37,6 +37,7 @@ use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
     filter,
+    nat::{DST, SRC},
     packet::Packet,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
@@ -73,7 +74,7 @@ pub fn tc(ctx: &TcContext) -> Carried {
     };
     match parse::parse6(ctx, t) {
         Ok(Parsed6::Flow) => {}
-        Ok(Parsed6::Icmp) => return icmp_error(ctx, t),
+        Ok(Parsed6::Icmp) => return icmp_error::<{ DST }>(ctx, t),
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
@@ -114,15 +115,55 @@ fn rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Carried {
 #[inline(always)]
 fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Outcome {
     let s = conntrack::scratch()?;
-    nat::apply(ctx, t, &s.fwd)?;
+    nat::apply::<_, { DST }>(ctx, t, &s.fwd)?;
     reason::count_service(svc_id, s.fwd.backend_id, ctx.len());
     pass(reason)
 }
 
-/// An ICMPv6 message: translated when it is an error about a tracked flow, else passed.
+/// An IPv6 packet at tc egress: the source side of a tracked flow's packet, as IPv4's
+/// (`try_tc_egress` in `main.rs`): a reply as netfilter saw it gets its frontend, a request
+/// of a SNATed flow its SNAT source, an ICMPv6 error about either that side of its quote.
 #[inline(never)]
-fn icmp_error(ctx: &TcContext, t: &Tuple6) -> Carried {
-    Carried::done(match icmp::translate(ctx, t) {
+pub fn tc_egress(ctx: &TcContext) -> Carried {
+    let Some(t) = packet() else {
+        return Carried::done(pass(R_PASS));
+    };
+    match parse::parse6(ctx, t) {
+        Ok(Parsed6::Flow) => {}
+        Ok(Parsed6::Icmp) => return icmp_error::<{ SRC }>(ctx, t),
+        Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => return Carried::done::<i32>(Err(r)),
+    }
+    Carried::done(try_egress(ctx, t))
+}
+
+#[inline(always)]
+fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
+    if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
+        touch(ct, t);
+        nat::apply::<_, { SRC }>(ctx, t, ct)?;
+        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        return pass(R_REVERSE_NAT);
+    }
+    if let Some(ct) = filter::maybe_backend(filter_fold(&t.daddr_be))
+        .then(|| conntrack::lookup_snat_out(t))
+        .flatten()
+    {
+        touch(ct, t);
+        nat::apply::<_, { SRC }>(ctx, t, ct)?;
+        return pass(R_SNAT_OUT);
+    }
+    pass(R_PASS)
+}
+
+/// An ICMPv6 message: the `PART` side translated when it is an error about a tracked flow,
+/// else passed.
+#[inline(never)]
+fn icmp_error<const PART: u8>(ctx: &TcContext, t: &Tuple6) -> Carried {
+    Carried::done(match icmp::translate::<PART>(ctx, t) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             pass(R_ICMP_XLATE)
@@ -171,7 +212,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Re
                 Mtu::Unchecked => {}
             }
             let ct = keep_alive(ct, t);
-            nat::apply(ctx, t, ct)?;
+            nat::apply::<_, { DST }>(ctx, t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
@@ -183,9 +224,8 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Re
         .flatten()
     {
         touch(ct, t);
-        nat::apply(ctx, t, ct)?;
-        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-        return Ok(Then::Done(pass(R_REVERSE_NAT)));
+        nat::apply::<_, { DST }>(ctx, t, ct)?;
+        return Ok(Then::Done(pass(R_REPLY_IN)));
     } else if mid_stream(t) {
         reason = R_CT_MISS;
     }

@@ -9,7 +9,7 @@ use super::{
     parse::{DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    nat::ports_in_place,
+    nat::{DST, SRC, ports_in_place},
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
     reason::Reason,
 };
@@ -34,16 +34,20 @@ fn failed<E>(_: E) -> Reason {
 /// store and checksum helpers (the L4 header sits behind extension headers, at a variable
 /// offset).
 #[inline(always)]
-pub fn apply<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+pub fn apply<P: L4Sum, const PART: u8>(
+    ctx: &P,
+    t: &Tuple6,
+    to: &CtValue6,
+) -> Result<(), Reason> {
     if t.direct != 0 {
         let r = if t.proto == IPPROTO_TCP {
-            in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }>(ctx, t, to)
+            in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }, PART>(ctx, t, to)
         } else {
-            in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }>(ctx, t, to)
+            in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }, PART>(ctx, t, to)
         };
         return if r == 0 { Ok(()) } else { Err(Reason(r)) };
     }
-    with_helpers(ctx, t, to)
+    with_helpers::<P, PART>(ctx, t, to)
 }
 
 /// The direct path: addresses and ports written in place, the L4 checksum updated once
@@ -51,19 +55,19 @@ pub fn apply<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason>
 /// bytes that must be in place. Returns 0, or the reason it failed. One function per
 /// protocol, out of line, as IPv4's (merged, the accesses would be at a register offset).
 #[inline(never)]
-fn in_place<P: Packet, const N: usize, const CSUM: usize>(
+fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple6,
     to: &CtValue6,
 ) -> u32 {
-    match in_place_inner::<P, N, CSUM>(ctx, t, to) {
+    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to) {
         Ok(()) => 0,
         Err(r) => r.0,
     }
 }
 
 #[inline(always)]
-fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
+fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple6,
     to: &CtValue6,
@@ -73,13 +77,13 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
-        if !eq6(&t.saddr_be, &to.saddr_be) {
+        if PART & SRC != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
             addr = diff16(&t.saddr_be, &to.saddr_be);
             for i in 0..4 {
                 st32(p, IP6_SRC_OFF + 4 * i, to.saddr_be[i]);
             }
         }
-        if !eq6(&t.daddr_be, &to.daddr_be) {
+        if PART & DST != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
             addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
             for i in 0..4 {
                 st32(p, IP6_DST_OFF + 4 * i, to.daddr_be[i]);
@@ -87,7 +91,7 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
         }
     }
     // SAFETY: as above.
-    let port = unsafe { ports_in_place(p, IP6_L4_OFF, t, to) };
+    let port = unsafe { ports_in_place::<_, _, PART>(p, IP6_L4_OFF, t, to) };
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)
 }
@@ -95,22 +99,26 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize>(
 /// Any packet (extension headers, headers not in place), through the store and checksum
 /// helpers.
 #[inline(always)]
-fn with_helpers<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+fn with_helpers<P: L4Sum, const PART: u8>(
+    ctx: &P,
+    t: &Tuple6,
+    to: &CtValue6,
+) -> Result<(), Reason> {
     let mut addr = 0;
-    if !eq6(&t.saddr_be, &to.saddr_be) {
+    if PART & SRC != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
         addr = diff16(&t.saddr_be, &to.saddr_be);
         ctx.store(IP6_SRC_OFF, &to.saddr_be).map_err(failed)?;
     }
-    if !eq6(&t.daddr_be, &to.daddr_be) {
+    if PART & DST != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
         addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
         ctx.store(IP6_DST_OFF, &to.daddr_be).map_err(failed)?;
     }
     let mut port = 0;
-    if to.sport_be != t.sport_be {
+    if PART & SRC != 0 && to.sport_be != t.sport_be {
         port = diff2(t.sport_be, to.sport_be);
         ctx.store(t.l4_off as usize, &to.sport_be).map_err(failed)?;
     }
-    if to.dport_be != t.dport_be {
+    if PART & DST != 0 && to.dport_be != t.dport_be {
         port = csum_add(port, diff2(t.dport_be, to.dport_be));
         ctx.store(t.l4_off as usize + 2, &to.dport_be)
             .map_err(failed)?;

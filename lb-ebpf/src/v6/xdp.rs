@@ -1,7 +1,7 @@
 //! XDP's IPv6 path: as `xdp.rs` for IPv4, a packet of a tracked flow, a reply of one and a
 //! new flow whose route is ready are translated here (the steps shared with tc's IPv6 path)
-//! and redirected out of their egress interface when it takes XDP frames, else passed to the
-//! stack translated. Everything else (ICMPv6, refusals, Packet Too Big, unresolved
+//! and redirected out of their egress interface when it takes XDP frames (both sides), else
+//! passed to the stack with their destination side translated (tc egress does the source). Everything else (ICMPv6, refusals, Packet Too Big, unresolved
 //! neighbours, re-balanced flows, checksums still partial) passes untouched, for tc.
 
 use aya_ebpf::{
@@ -9,8 +9,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT,
-    R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue, filter_fold,
+    CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
+    R_REVERSE_NAT, R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue, filter_fold,
 };
 
 use super::{
@@ -22,6 +22,7 @@ use crate::{
     conntrack::{continues, touch},
     filter,
     maps::XLB_XDPTX_V1,
+    nat::{BOTH, DST},
     packet::{Packet, at},
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
@@ -163,11 +164,17 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
         return pass(R_PASS);
     }
     let ifindex = hop.out_ifindex;
-    nat::apply(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
+        // Into the stack with the destination side only, as IPv4's `xdp::into_stack`.
+        nat::apply::<_, { DST }>(ctx, t, v)?;
+        if reason == R_REVERSE_NAT {
+            return pass(R_REPLY_IN);
+        }
+        reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
         return pass(reason);
     }
+    nat::apply::<_, { BOTH }>(ctx, t, v)?;
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
     match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),

@@ -13,11 +13,20 @@ use aya::programs::{
 
 use super::DatapathError;
 
-/// Where the link of `iface` is pinned. bpffs refuses names with a dot, so a dot in an
-/// interface name (VLANs such as `eth0.100`) is written as `~`.
+/// Where the tc ingress link of `iface` is pinned. bpffs refuses names with a dot, so a dot
+/// in an interface name (VLANs such as `eth0.100`) is written as `~`.
 pub fn link_pin(dir: &Path, iface: &str) -> PathBuf {
+    hook_pin(dir, iface, TcAttachType::Ingress)
+}
+
+/// Where the tc link of `iface` at `hook` is pinned (`tc_in_IFACE`, `tc_out_IFACE`).
+pub fn hook_pin(dir: &Path, iface: &str, hook: TcAttachType) -> PathBuf {
+    let prefix = match hook {
+        TcAttachType::Egress => "tc_out_",
+        _ => "tc_in_",
+    };
     dir.join("links")
-        .join(format!("tc_in_{}", iface.replace('.', "~")))
+        .join(format!("{prefix}{}", iface.replace('.', "~")))
 }
 
 /// Attaches `prog` to the ingress of `iface`, replacing a link xlb pinned there before.
@@ -26,18 +35,34 @@ pub fn attach_ingress(
     dir: &Path,
     iface: &str,
 ) -> Result<(), DatapathError> {
+    attach_tc(prog, dir, iface, TcAttachType::Ingress)
+}
+
+/// Attaches `prog` to the egress of `iface`, replacing a link xlb pinned there before.
+pub fn attach_egress(
+    prog: &mut SchedClassifier,
+    dir: &Path,
+    iface: &str,
+) -> Result<(), DatapathError> {
+    attach_tc(prog, dir, iface, TcAttachType::Egress)
+}
+
+/// Attaches `prog` to `hook` of `iface` with TCX, first in the chain, and pins the link,
+/// replacing (make-before-break) a link xlb pinned there before.
+fn attach_tc(
+    prog: &mut SchedClassifier,
+    dir: &Path,
+    iface: &str,
+    hook: TcAttachType,
+) -> Result<(), DatapathError> {
     let fail = |reason: String| DatapathError::Attach {
         iface: iface.to_string(),
         reason,
     };
-    let pin = link_pin(dir, iface);
+    let pin = hook_pin(dir, iface, hook);
     let old = PinnedLink::from_pin(&pin).ok();
     let id = prog
-        .attach_with_options(
-            iface,
-            TcAttachType::Ingress,
-            TcAttachOptions::TcxOrder(LinkOrder::first()),
-        )
+        .attach_with_options(iface, hook, TcAttachOptions::TcxOrder(LinkOrder::first()))
         .map_err(|e| fail(chain(&e)))?;
     let link = prog.take_link(id).map_err(|e| fail(e.to_string()))?;
     let fd: FdLink = link
@@ -147,6 +172,7 @@ pub fn prune_links(dir: &Path, live: &[String]) -> Vec<String> {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(iface) = name
             .strip_prefix("tc_in_")
+            .or_else(|| name.strip_prefix("tc_out_"))
             .or_else(|| name.strip_prefix("xdp_"))
             .map(|i| i.replace('~', "."))
             && !live.contains(&iface)

@@ -12,7 +12,7 @@ use lb_common::MAP_XDP_TX;
 use super::{
     DatapathError,
     attach::{self, XdpSetting},
-    loader, sysctl,
+    loader,
 };
 use crate::netif;
 
@@ -20,7 +20,8 @@ use crate::netif;
 pub trait Links {
     /// The interfaces by name, with their index.
     fn interfaces(&self) -> BTreeMap<String, u32>;
-    /// Attaches tc ingress to `iface` (replacing a pinned link of an earlier agent).
+    /// Attaches tc egress and ingress to `iface` (replacing pinned links of an earlier
+    /// agent).
     fn attach_tc(&mut self, iface: &str) -> Result<(), DatapathError>;
     /// Attaches XDP to `iface` as `setting` asks; returns the mode it runs in.
     fn attach_xdp(
@@ -47,14 +48,11 @@ impl Links for KernelLinks<'_> {
     }
 
     fn attach_tc(&mut self, iface: &str) -> Result<(), DatapathError> {
-        attach::attach_ingress(loader::tc_program(self.ebpf)?, self.dir, iface)?;
-        if let Err(e) = sysctl::accept_local(iface) {
-            tracing::warn!(
-                iface,
-                "cannot set accept_local: {e}; NodePort replies may be dropped"
-            );
-        }
-        Ok(())
+        // Egress first: a newer ingress program leaves the source side of replies to it,
+        // so it runs before that ingress program does (an earlier agent's ingress did both
+        // sides, and the egress step then finds nothing left to do).
+        attach::attach_egress(loader::tc_egress_program(self.ebpf)?, self.dir, iface)?;
+        attach::attach_ingress(loader::tc_program(self.ebpf)?, self.dir, iface)
     }
 
     fn attach_xdp(

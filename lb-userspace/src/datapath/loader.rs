@@ -13,6 +13,8 @@ use super::{DatapathError, sizes::MapSizes};
 
 /// The tc ingress program's name in the object.
 pub const TC_INGRESS: &str = "xlb_tc_ingress";
+/// The tc egress program's name in the object.
+pub const TC_EGRESS: &str = "xlb_tc_egress";
 /// The XDP program's name in the object.
 pub const XDP: &str = "xlb_xdp";
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
@@ -130,12 +132,11 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
     }
     let mut ebpf = loader.load(object)?;
     remove_retired(dir);
-    tc_program(&mut ebpf)?
-        .load()
-        .map_err(|source| DatapathError::Program {
-            name: TC_INGRESS,
-            source,
-        })?;
+    for name in [TC_INGRESS, TC_EGRESS] {
+        classifier(&mut ebpf, name)?
+            .load()
+            .map_err(|source| DatapathError::Program { name, source })?;
+    }
     xdp_program(&mut ebpf)?
         .load()
         .map_err(|source| DatapathError::Program { name: XDP, source })?;
@@ -167,12 +168,23 @@ pub fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp, DatapathError> {
 
 /// The loaded object's tc ingress program.
 pub fn tc_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError> {
-    let prog = ebpf.program_mut(TC_INGRESS).ok_or(DatapathError::Program {
-        name: TC_INGRESS,
+    classifier(ebpf, TC_INGRESS)
+}
+
+/// The loaded object's tc egress program.
+pub fn tc_egress_program(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, DatapathError> {
+    classifier(ebpf, TC_EGRESS)
+}
+
+/// The loaded object's tc program `name`.
+fn classifier<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier, DatapathError> {
+    let prog = ebpf.program_mut(name).ok_or(DatapathError::Program {
+        name,
         source: aya::programs::ProgramError::NotLoaded,
     })?;
-    prog.try_into().map_err(|source| DatapathError::Program {
-        name: TC_INGRESS,
-        source,
-    })
+    prog.try_into()
+        .map_err(|source| DatapathError::Program { name, source })
 }

@@ -61,10 +61,14 @@ pub type Entries<K, V> = BTreeMap<Vec<u8>, (K, V)>;
 /// What one test run of the tc program did.
 #[derive(Debug)]
 pub struct Run {
-    /// The tc action (`TC_ACT_*`).
+    /// The tc action (`TC_ACT_*`): egress's when ingress passed the packet, else ingress's.
     pub verdict: i32,
-    /// The packet as the program left it.
+    /// The packet as the programs left it.
     pub packet: Vec<u8>,
+    /// The packet as tc ingress left it (what routing and netfilter see).
+    pub ingress_packet: Vec<u8>,
+    /// tc egress's verdict and the reason counters it bumped, when ingress passed the packet.
+    pub egress: Option<(i32, Vec<(u32, u64)>)>,
     /// Reason counters the run bumped (reason code, packets).
     pub reasons: Vec<(u32, u64)>,
     /// IPv4 conntrack entries (of either table) the run created or changed, with their
@@ -169,6 +173,12 @@ impl Scratch {
                 name: loader::TC_INGRESS,
                 source,
             })?;
+        loader::tc_egress_program(&mut ebpf)?
+            .load()
+            .map_err(|source| DatapathError::Program {
+                name: loader::TC_EGRESS,
+                source,
+            })?;
         let ct_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT)?;
         let cta_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?;
         let ct6_before = read_pinned::<CtKey6, CtValue6>(dir, MAP_CT6)?;
@@ -271,34 +281,33 @@ impl Scratch {
         Ok(out)
     }
 
-    /// Runs the tc program once on `packet` (in the calling thread's network namespace).
+    /// Runs the packet through the node as tc sees it (in the calling thread's network
+    /// namespace): tc ingress once, then, when ingress passed it, tc egress on what ingress
+    /// left (the interface it leaves by: the same program on every interface).
     pub fn run_tc(&mut self, packet: &[u8]) -> Result<Run, DatapathError> {
         let counted = self.counters()?;
-        let prog = loader::tc_program(&mut self.ebpf)?;
-        let mut out = vec![0u8; packet.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(packet),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        };
-        let r = prog
-            .test_run(opts)
+        let (verdict, ingress_packet) = test_run(loader::tc_program(&mut self.ebpf)?, packet)
             .map_err(|source| DatapathError::Program {
                 name: loader::TC_INGRESS,
                 source,
             })?;
-        out.truncate(r.data_size_out as usize);
-        let reasons = self
-            .counters()?
-            .iter()
-            .zip(&counted)
-            .enumerate()
-            .filter(|(_, (now, was))| now > was)
-            .map(|(i, (now, was))| (i as u32, now - was))
-            .collect();
+        let (verdict, out, egress) = if verdict == TC_ACT_OK_CODE {
+            let before = self.counters()?;
+            let (v, out) = test_run(loader::tc_egress_program(&mut self.ebpf)?, &ingress_packet)
+                .map_err(|source| DatapathError::Program {
+                    name: loader::TC_EGRESS,
+                    source,
+                })?;
+            (v, out, Some((v, bumped(&self.counters()?, &before))))
+        } else {
+            (verdict, ingress_packet.clone(), None)
+        };
+        let reasons = bumped(&self.counters()?, &counted);
         Ok(Run {
-            verdict: r.return_value as i32,
+            verdict,
             packet: out,
+            ingress_packet,
+            egress,
             reasons,
             conntrack: {
                 let mut c = self.changes(MAP_CT, &self.ct_before)?;
@@ -313,6 +322,35 @@ impl Scratch {
             affinity: self.changes(MAP_AFFINITY, &self.aff_before)?,
         })
     }
+}
+
+/// `TC_ACT_OK`: the packet goes on.
+const TC_ACT_OK_CODE: i32 = 0;
+
+/// `BPF_PROG_TEST_RUN` of `prog` on `packet`: its verdict and the packet it left.
+fn test_run(
+    prog: &mut aya::programs::SchedClassifier,
+    packet: &[u8],
+) -> Result<(i32, Vec<u8>), aya::programs::ProgramError> {
+    let mut out = vec![0u8; packet.len() + 256];
+    let opts = TestRunOptions {
+        data_in: Some(packet),
+        data_out: Some(&mut out),
+        ..TestRunOptions::default()
+    };
+    let r = prog.test_run(opts)?;
+    out.truncate(r.data_size_out as usize);
+    Ok((r.return_value as i32, out))
+}
+
+/// The reason counters that went up from `was` to `now`, and by how much.
+fn bumped(now: &[u64], was: &[u64]) -> Vec<(u32, u64)> {
+    now.iter()
+        .zip(was)
+        .enumerate()
+        .filter(|(_, (now, was))| now > was)
+        .map(|(i, (now, was))| (i as u32, now - was))
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,9 +8,3 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
         .filter_map(|p| p.parse::<u16>().ok());
     Some(it.next()?..=it.next()?)
 }
-
-/// Sets `net.ipv4.conf.IFACE.accept_local=1`: a reverse-NATed NodePort reply carries the
-/// node's own address as source, which the kernel would otherwise drop as a martian.
-pub fn accept_local(iface: &str) -> std::io::Result<()> {
-    std::fs::write(format!("/proc/sys/net/ipv4/conf/{iface}/accept_local"), "1")
-}

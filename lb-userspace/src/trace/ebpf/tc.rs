@@ -115,6 +115,7 @@ fn explain_run(
     if !rewrites.is_empty() {
         r.step("rewrite", rewrites);
     }
+    r.line("egress", egress_step(run));
     let client = before.map(|p| p.src.ip());
     r.step("state", state_writes(run, client));
     let (verdict, outcome) = verdict(run, before.as_ref(), after.as_ref());
@@ -128,6 +129,26 @@ fn explain_run(
             .join(", "),
     );
     r.outcome = outcome;
+}
+
+/// What tc egress (of the interface the packet leaves by) did with what ingress passed.
+fn egress_step(run: &Run) -> String {
+    match &run.egress {
+        None => "not reached: tc ingress did not pass the packet on".into(),
+        Some((_, reasons)) => {
+            let counted = reasons
+                .iter()
+                .map(|(reason, _)| reason_name(*reason))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let what = if run.ingress_packet == run.packet {
+                "nothing to restore on the source side"
+            } else {
+                "the source side rewritten (after routing and netfilter)"
+            };
+            format!("xlb_tc_egress: {what} ({counted})")
+        }
+    }
 }
 
 /// The backend a new flow went to, and how it was chosen.
@@ -163,7 +184,10 @@ fn rewrites(
         });
     } else if let (Some(b), Some(a)) = (before, after) {
         if a.dst != b.dst {
-            rewrites.push(format!("DNAT {} -> {}", b.dst, a.dst));
+            rewrites.push(format!(
+                "DNAT {} -> {} (tc ingress, before routing: netfilter sees the backend, as under kube-proxy's PREROUTING DNAT)",
+                b.dst, a.dst
+            ));
         }
         if a.src != b.src {
             let why = match fwd.map(|v| v.flags) {
@@ -175,7 +199,10 @@ fn rewrites(
                 }
                 _ => "to the node: the backend is on another node, its reply must come back here",
             };
-            rewrites.push(format!("SNAT {} -> {} ({why})", b.src, a.src));
+            rewrites.push(format!(
+                "SNAT {} -> {} at tc egress, after netfilter ({why})",
+                b.src, a.src
+            ));
         }
         if rewrites.is_empty() {
             rewrites.push("none".into());
