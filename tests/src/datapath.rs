@@ -110,10 +110,7 @@ impl LoadedDatapath {
 const TC_ACT_OK: u32 = 0;
 
 /// `BPF_PROG_TEST_RUN` of a tc program on `packet`.
-fn test_run(
-    prog: &mut aya::programs::SchedClassifier,
-    packet: &[u8],
-) -> Result<RunResult, String> {
+fn test_run(prog: &mut aya::programs::SchedClassifier, packet: &[u8]) -> Result<RunResult, String> {
     let mut out = vec![0u8; packet.len() + 256];
     let opts = TestRunOptions {
         data_in: Some(packet),
@@ -135,7 +132,6 @@ fn test_run(
         packet: out,
     })
 }
-
 
 impl LoadedDatapath {
     /// Runs the XDP program once on `packet` as received on interface `ingress_ifindex` (of

@@ -165,6 +165,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
     let mut state = State::default();
     let mut links_changed = true;
+    let mut attached = false;
     let mut last_sync: Option<Instant> = None;
     let mut last_prune = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -175,6 +176,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 dir: &opts.bpffs,
             };
             ifs.sync(&mut links, &wanted)?;
+            if !attached {
+                // Flows the previous programs began before they were replaced.
+                attached = true;
+                backfill_egress(&opts.bpffs);
+            }
         }
         state.prune_when_due(&mut last_prune);
         let due = state.due(last_sync, opts.min_sync);
@@ -494,6 +500,7 @@ fn take_over(
         dir: &opts.bpffs,
     };
     ifs.sync(&mut links, wanted)?;
+    backfill_egress(&opts.bpffs);
     let meanwhile = prev.copy(current, true)?;
     let removed = prev.finish();
     info!(
@@ -505,6 +512,19 @@ fn take_over(
         "took over from the previous layout: flows copied, programs replaced, old pins removed"
     );
     Ok(hooks)
+}
+
+/// Adds the egress entries SNATed flows of an earlier datapath lack (see
+/// `datapath::ct_egress`), logging what it did.
+pub(super) fn backfill_egress(dir: &std::path::Path) {
+    match crate::datapath::ct_egress::backfill(dir) {
+        Ok(0) => {}
+        Ok(n) => info!(
+            entries = n,
+            "SNATed flows of an earlier datapath: egress entries added, their source side is restored at tc egress now"
+        ),
+        Err(e) => warn!("cannot add the egress entries of earlier SNATed flows: {e}"),
+    }
 }
 
 /// `--nodeport-addresses`, or by default the node interfaces' addresses of both families

@@ -43,6 +43,8 @@ pub(super) struct Loaded {
 pub(super) fn load(opts: &AgentOptions) -> Result<Loaded, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
+    // Before this agent's programs replace an earlier one's (see `datapath::ct_egress`).
+    super::backfill_egress(&opts.bpffs);
     check_snat_ports(&opts.snat_ports);
     let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
         cgroup: PathBuf::from("/proc/self/ns/net"),

@@ -25,8 +25,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_CLOSING, CT_F_RESET, CtKey, CtKey6, CtValue, CtValue6,
-    IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey,
+    CtKey6, CtValue, CtValue6, IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
 };
 use tracing::{debug, warn};
 
@@ -60,6 +60,10 @@ pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod {
     fn reply_of(&self, fwd: &Self::Value) -> Self;
     /// The forward key of the flow whose reply entry (under this key) is `reply`.
     fn forward_of(&self, reply: &Self::Value) -> Self;
+    /// The egress entries' keys of the SNATed flow whose forward entry (under this key) is
+    /// `fwd`: its request as netfilter sees it (client → backend, `CT_DIR_SNAT_OUT`) and its
+    /// reply likewise (backend → client, `CT_DIR_REPLY`).
+    fn egress_of(&self, fwd: &Self::Value) -> [Self; 2];
 }
 
 macro_rules! tracked {
@@ -102,6 +106,27 @@ macro_rules! tracked {
                     _pad: 0,
                 }
             }
+            fn egress_of(&self, fwd: &$v) -> [Self; 2] {
+                let out = Self {
+                    saddr_be: self.saddr_be,
+                    daddr_be: fwd.daddr_be,
+                    sport_be: self.sport_be,
+                    dport_be: fwd.dport_be,
+                    proto: self.proto,
+                    dir: CT_DIR_SNAT_OUT,
+                    _pad: 0,
+                };
+                let back = Self {
+                    saddr_be: fwd.daddr_be,
+                    daddr_be: self.saddr_be,
+                    sport_be: fwd.dport_be,
+                    dport_be: self.sport_be,
+                    proto: self.proto,
+                    dir: CT_DIR_REPLY,
+                    _pad: 0,
+                };
+                [out, back]
+            }
         }
     };
 }
@@ -143,32 +168,46 @@ pub fn forward_key<K: Tracked>(k: &K, reply: &K::Value) -> K {
     k.forward_of(reply)
 }
 
-/// The keys to delete from a table holding `entries`, at `now_ns`: both entries of each flow
-/// that is over, and reply entries left without their forward entry once idle.
+/// The keys to delete from a table holding `entries`, at `now_ns`: every entry of each flow
+/// that is over (forward, reply, and a SNATed flow's two egress entries), and entries left
+/// without their forward entry once idle.
 pub fn expired<K: Tracked>(
     entries: &std::collections::HashMap<K, K::Value>,
     now_ns: u64,
 ) -> Vec<K> {
-    let mut gone = Vec::new();
-    for (k, v) in entries {
-        if k.dir() == CT_DIR_FORWARD {
-            let rk = reply_key(k, v);
-            let reply = entries.get(&rk);
-            if over(k.proto(), v, reply, now_ns) {
-                gone.push(*k);
-                if reply.is_some() {
-                    gone.push(rk);
+    let mut gone = std::collections::HashSet::new();
+    // The egress entries of live SNATed flows: kept with their flow.
+    let mut owned = std::collections::HashSet::new();
+    for (k, v) in entries.iter().filter(|(k, _)| k.dir() == CT_DIR_FORWARD) {
+        let rk = reply_key(k, v);
+        let reply = entries.get(&rk);
+        let egress = (v.flags() & CT_F_SNAT != 0).then(|| k.egress_of(v));
+        if over(k.proto(), v, reply, now_ns) {
+            gone.insert(*k);
+            if reply.is_some() {
+                gone.insert(rk);
+            }
+            for ek in egress.iter().flatten() {
+                if entries.contains_key(ek) {
+                    gone.insert(*ek);
                 }
             }
         } else {
-            let fk = forward_key(k, v);
-            let paired = entries.get(&fk).is_some_and(|f| reply_key(&fk, f) == *k);
-            if !paired && now_ns.saturating_sub(v.last_seen_ns()) >= CLOSED_NS {
-                gone.push(*k);
-            }
+            owned.extend(egress.into_iter().flatten());
         }
     }
-    gone
+    for (k, v) in entries.iter().filter(|(k, _)| k.dir() != CT_DIR_FORWARD) {
+        if owned.contains(k) || gone.contains(k) {
+            continue;
+        }
+        let fk = forward_key(k, v);
+        let paired =
+            k.dir() == CT_DIR_REPLY && entries.get(&fk).is_some_and(|f| reply_key(&fk, f) == *k);
+        if !paired && now_ns.saturating_sub(v.last_seen_ns()) >= CLOSED_NS {
+            gone.insert(*k);
+        }
+    }
+    gone.into_iter().collect()
 }
 
 /// One pass over the pinned assured tables in `dir` (IPv4's and IPv6's; the IPv6 one may be
@@ -291,6 +330,31 @@ mod tests {
         let t: std::collections::HashMap<_, _> = f.into_iter().collect();
         assert!(expired(&t, NOW).is_empty());
         assert_eq!(expired(&t, NOW + SECOND).len(), 2);
+    }
+
+    #[test]
+    fn a_snated_flows_egress_entries_live_and_go_with_it() {
+        let [(k, mut fwd), (_, reply)] = flow(NOW, 3600, CT_F_SNAT, CT_F_SNAT);
+        // SNATed to 7:70: its reply entry is keyed by that tuple.
+        fwd.saddr_be = 7;
+        fwd.sport_be = 70;
+        let rk = reply_key(&k, &fwd);
+        let [ok, bk] = k.egress_of(&fwd);
+        assert_eq!((ok.saddr_be, ok.daddr_be, ok.dir), (1, 9, CT_DIR_SNAT_OUT));
+        assert_eq!((bk.saddr_be, bk.daddr_be, bk.dir), (9, 1, CT_DIR_REPLY));
+        let t: std::collections::HashMap<_, _> =
+            [(k, fwd), (rk, reply), (ok, fwd), (bk, reply)].into();
+        // Idle an hour: an open TCP flow, its egress entries stay with it.
+        assert!(expired(&t, NOW).is_empty());
+        // Over: all four go.
+        let mut gone = expired(&t, NOW + 24 * 3600 * SECOND);
+        gone.sort_by_key(|k| (k.dir, k.saddr_be, k.daddr_be));
+        let mut want = vec![k, rk, ok, bk];
+        want.sort_by_key(|k| (k.dir, k.saddr_be, k.daddr_be));
+        assert_eq!(gone, want);
+        // Left without their flow: they go once idle, as an orphaned reply entry.
+        let orphans: std::collections::HashMap<_, _> = [(ok, fwd), (bk, reply)].into();
+        assert_eq!(expired(&orphans, NOW).len(), 2);
     }
 
     #[test]

@@ -334,3 +334,121 @@ fn error_cases(udp_snat: SocketAddrV4) -> Vec<Case> {
         },
     ]
 }
+
+/// Each tc hook rewrites its own side, as netfilter's NAT does (DNAT and the un-SNAT of a
+/// reply before routing, SNAT and the un-DNAT of a reply after it): what ingress leaves is
+/// what the node's netfilter sees, client → backend and backend → client.
+#[test]
+fn ingress_rewrites_destinations_and_egress_sources() {
+    if !require_root("ingress_rewrites_destinations_and_egress_sources") {
+        return;
+    }
+    on_node1("xps", SNAT_MAX, split_table);
+}
+
+/// One step of [`split_table`]: `hook` run on `packet` must leave `src` → `dst` (a `src`
+/// port 0: any port of the SNAT range), checksums valid. Returns the packet it left.
+fn step(
+    dp: &mut LoadedDatapath,
+    desc: &str,
+    egress: bool,
+    packet: &[u8],
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+) -> Vec<u8> {
+    let r = if egress {
+        dp.run_egress(packet)
+    } else {
+        dp.run_ingress(packet)
+    }
+    .unwrap_or_else(|e| panic!("{desc}: test run: {e}"));
+    assert_eq!(r.verdict, TC_ACT_OK, "{desc}");
+    let p = parse(&r.packet).unwrap_or_else(|| panic!("{desc}: no parse"));
+    assert_eq!(p.dst, dst, "{desc}: destination");
+    assert_eq!(p.src.ip(), src.ip(), "{desc}: source address");
+    if src.port() == 0 {
+        assert!(
+            (SNAT_MIN..=SNAT_MAX).contains(&p.src.port()),
+            "{desc}: SNAT port {}",
+            p.src.port()
+        );
+    } else {
+        assert_eq!(p.src.port(), src.port(), "{desc}: source port");
+    }
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    checksums::assert_valid(&r.packet, Udp::Computed, desc);
+    r.packet
+}
+
+fn split_table(dp: &mut LoadedDatapath, _ifindex: u32) {
+    let np = SocketAddrV4::new(NODE, 30001);
+    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
+    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+    let client = EXT;
+    // A SNATed flow (remote backend, Cluster policy).
+    let syn = PacketBuilder::tcp(client, np).build();
+    let seen = step(
+        dp,
+        "SNATed request at ingress: DNAT only",
+        false,
+        &syn,
+        client,
+        remote,
+    );
+    let out = step(
+        dp,
+        "SNATed request at egress: SNAT to the node",
+        true,
+        &seen,
+        SocketAddrV4::new(UNDERLAY, 0),
+        remote,
+    );
+    let snat = parse(&out).expect("out").src;
+    let reply = PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build();
+    let seen = step(
+        dp,
+        "its reply at ingress: un-SNAT only",
+        false,
+        &reply,
+        remote,
+        client,
+    );
+    step(dp, "its reply at egress: un-DNAT", true, &seen, np, client);
+    // Egress leaves alone what is not a tracked flow's, and a request that is not SNATed.
+    let plain = PacketBuilder::tcp(
+        client,
+        SocketAddrV4::new(Ipv4Addr::new(203, 0, 113, 99), 80),
+    )
+    .build();
+    let r = dp.run_egress(&plain).expect("egress run");
+    assert_eq!(
+        (r.verdict, &r.packet),
+        (TC_ACT_OK, &plain),
+        "non-service at egress"
+    );
+    // A local backend (no SNAT): egress leaves its request as ingress left it, and restores
+    // the NodePort on its reply, which ingress left alone.
+    let lclient = SocketAddrV4::new(*client.ip(), 40777);
+    let lnp = SocketAddrV4::new(NODE, 30003);
+    let lsyn = PacketBuilder::tcp(lclient, lnp).build();
+    let seen = step(dp, "local request at ingress", false, &lsyn, lclient, local);
+    let r = dp.run_egress(&seen).expect("egress run");
+    assert_eq!(
+        r.packet, seen,
+        "a request that is not SNATed leaves as ingress left it"
+    );
+    let lreply = PacketBuilder::tcp(local, lclient).flags(TCP_ACK).build();
+    let r = dp.run_ingress(&lreply).expect("ingress run");
+    assert_eq!(
+        r.packet, lreply,
+        "a reply to its own client is left to egress"
+    );
+    step(
+        dp,
+        "local reply at egress: un-DNAT",
+        true,
+        &lreply,
+        lnp,
+        lclient,
+    );
+}

@@ -33,6 +33,8 @@ use xlb_tests::{services::service_yaml, unique_tag};
 
 /// The real tc program.
 pub const PROG_INGRESS: &str = "xlb_tc_ingress";
+/// The real tc egress program.
+pub const PROG_EGRESS: &str = "xlb_tc_egress";
 /// The bench-only program that only passes (the floor).
 pub const PROG_PASS: &str = "xlb_tc_pass";
 /// The real XDP program.
@@ -150,7 +152,7 @@ impl Datapath {
         let mut ebpf = l
             .load_file(&object)
             .with_context(|| format!("loading {}", object.display()))?;
-        for name in [PROG_INGRESS, PROG_PASS] {
+        for name in [PROG_INGRESS, PROG_EGRESS, PROG_PASS] {
             program(&mut ebpf, name)?
                 .load()
                 .with_context(|| format!("loading program {name}"))?;

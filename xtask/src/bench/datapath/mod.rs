@@ -36,7 +36,7 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use anyhow::{Result, anyhow, bail};
-use lb_common::{R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REVERSE_NAT};
+use lb_common::{R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT};
 use lb_userspace::packet::{PacketBuilder, TCP_ACK, parse};
 use xlb_lab::netns::Netns;
 use xlb_tests::{services::service_yaml, unique_tag};
@@ -49,8 +49,8 @@ use report_section::render;
 use super::{
     Summary,
     fixture::{
-        Capacities, Datapath, PROG_INGRESS, PROG_PASS, PROG_XDP, PROG_XDP_PASS, SVC_PORT,
-        TARGET_PORT, addr_add, backends_2_to_10, extend_model, parse_model, vip,
+        Capacities, Datapath, PROG_EGRESS, PROG_INGRESS, PROG_PASS, PROG_XDP, PROG_XDP_PASS,
+        SVC_PORT, TARGET_PORT, addr_add, backends_2_to_10, extend_model, parse_model, vip,
     },
     report::Section,
 };
@@ -120,19 +120,21 @@ const CYCLE_B: Ipv4Addr = Ipv4Addr::new(10, 95, 0, 2);
 const CYCLE_CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 250, 0, 1), 12345);
 
 /// Case names, in table order (distinct method).
-const CASES: [&str; 5] = [
+const CASES: [&str; 7] = [
     "floor (pass-only program)",
     "non-service",
     "new flow",
     "established",
-    "reply (reverse NAT)",
+    "reply (ingress)",
+    "egress non-service",
+    "egress reply (reverse NAT)",
 ];
 /// Case names of the hot method.
 const HOT_CASES: [&str; 4] = [
     "floor (pass-only program)",
     "non-service",
     "established",
-    "reply (reverse NAT)",
+    "reply (ingress)",
 ];
 
 /// Results at one service count.
@@ -319,11 +321,24 @@ fn distinct_trial(dp: &mut Datapath, hook: Hook, f: &Flows, ifindex: u32) -> Res
     }
     // Answered, then continued once: assured, as a real flow is from its third packet (the
     // move to the assured table is a one-off per flow, not what "established" measures).
-    each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
+    each(dp, hook, hook.prog, &replies, Some(R_REPLY_IN), ifindex)?;
     each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
     let (established, _) = each(dp, hook, hook.prog, &f.later, Some(R_ESTABLISHED), ifindex)?;
-    let (reply, _) = each(dp, hook, hook.prog, &replies, Some(R_REVERSE_NAT), ifindex)?;
-    Ok(vec![floor, non_service, new_flow, established, reply])
+    let (reply, passed) = each(dp, hook, hook.prog, &replies, Some(R_REPLY_IN), ifindex)?;
+    // tc egress (after either hook: XDP passes these replies to the stack) on what the hook
+    // passed: the reply's source restored, and a packet with nothing to restore.
+    let tc = HOOKS[0];
+    let (egress_non_service, _) = each(dp, tc, PROG_EGRESS, &f.non_service, Some(R_PASS), 0)?;
+    let (egress_reply, _) = each(dp, tc, PROG_EGRESS, &passed, Some(R_REVERSE_NAT), 0)?;
+    Ok(vec![
+        floor,
+        non_service,
+        new_flow,
+        established,
+        reply,
+        egress_non_service,
+        egress_reply,
+    ])
 }
 
 /// Runs `prog` on `packet` with `repeat`; the kernel's per-run average in ns, after checking
@@ -374,14 +389,7 @@ fn hot_trial(dp: &mut Datapath, hook: Hook, f: &Flows, ifindex: u32) -> Result<V
         Some((R_ESTABLISHED, 2)),
         ifindex,
     )?;
-    let reply = hot(
-        dp,
-        hook,
-        hook.prog,
-        &from_b,
-        Some((R_REVERSE_NAT, 0)),
-        ifindex,
-    )?;
+    let reply = hot(dp, hook, hook.prog, &from_b, Some((R_REPLY_IN, 0)), ifindex)?;
     Ok(vec![floor, non_service, established, reply])
 }
 

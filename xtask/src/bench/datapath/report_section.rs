@@ -84,7 +84,7 @@ pub(super) fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Sect
     if full {
         report::line_plot(
             plot,
-            "xlb_tc_ingress and xlb_xdp, ns per packet (distinct flows, median)",
+            "xlb_tc_ingress, xlb_xdp and xlb_tc_egress, ns per packet (distinct flows, median)",
             "services",
             "ns per packet",
             &series,
@@ -100,7 +100,7 @@ pub(super) fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Sect
 /// How the bench measures, and the distinct method.
 fn intro(body: &mut String, trials: usize) {
     body.push_str(&format!(
-        "ns per packet through `xlb_tc_ingress` and `xlb_xdp` by `BPF_PROG_TEST_RUN`, median [min–max] of {trials} trials, \
+        "ns per packet through `xlb_tc_ingress` and `xlb_xdp` (and `xlb_tc_egress` after either) by `BPF_PROG_TEST_RUN`, median [min–max] of {trials} trials, \
          in a network namespace whose `dum0` routes backends and clients to a resolved next hop (so XDP translates every \
          service packet and passes it to the stack; `dum0` is not in the redirect map). Services have 2 to 10 backends \
          (`2 + i % 9`); the maps are loaded once with room for the largest scale (`map_max_entries`), and every scale is \
@@ -113,7 +113,11 @@ fn intro(body: &mut String, trials: usize) {
          the kernel-reported duration of that run, median over the packets. *New flow* = first packet of its \
          5-tuple (a SYN) after the conntrack map was emptied (conntrack created, backend picked, DNAT); \
          *established* = each flow's next packet (an ACK on the same 5-tuple: conntrack hit; earlier runs of this \
-         bench sent the SYNs again, which also re-check the backend); *reply* = each backend's answer (reverse NAT); *non-service* = \
+         bench sent the SYNs again, which also re-check the backend); *reply (ingress)* = each backend's answer at the hook \
+         (its destination side: nothing to restore for these flows, which are not SNATed); *egress reply* = `xlb_tc_egress` \
+         on what the hook passed of that answer (its source restored to the frontend: reverse NAT); *egress non-service* = \
+         `xlb_tc_egress` on the non-service packets (a reply costs the hook's reply plus the egress reply; the egress \
+         columns run tc's program after either hook, and are divided by that hook's floor in the multiples); *non-service* = \
          TCP to an address that is no ClusterIP; *floor* = the hook's empty program on the same packets. Every \
          case's verdict counter is checked to have counted every packet.\n\n"
     ));
