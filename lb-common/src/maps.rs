@@ -237,6 +237,11 @@ pub const CT_F_AFFINITY: u16 = 16;
 pub const CT_F_REPLIED: u16 = 32;
 /// Conntrack flag: the entry is in [`MAP_CT_ASSURED`] (set on the copies moved there).
 pub const CT_F_ASSURED: u16 = 64;
+/// Conntrack flag: the client's port is remapped at tc ingress, not egress (the flow's
+/// tuple as netfilter sees it, client → backend, would be another live flow's: one client
+/// port to two frontends with the same backend), so netfilter sees the remapped port both
+/// ways; tc egress restores it on replies.
+pub const CT_F_PORT_IN: u16 = 128;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

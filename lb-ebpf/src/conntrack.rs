@@ -15,7 +15,7 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_PORT_IN, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
     CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
@@ -202,7 +202,7 @@ fn promote<T: Flow>(ct: &T::Value, t: &T) -> Option<&'static mut T::Value> {
     let _ = T::ct().remove(&*p.reply_key);
     // A SNATed flow's egress entries move too (built from the copies in the scratch, which
     // hold the same tuples); the forward key is built again afterwards.
-    if p.fwd.flags() & CT_F_SNAT != 0 {
+    if translated::<T>(p.fwd, p.reply) {
         let _ = egress_entries::<T>(t.proto(), CT_F_ASSURED);
     }
     let p = T::parts(T::scratch().ok()?);
@@ -416,14 +416,16 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
     if !src.snat {
         if !claim::<T>(p.reply_key, p.reply) && !replace_own::<T>(p.reply_key, p.reply) {
             // The reply tuple is another live flow's (one client port to two frontends with
-            // the same backend): remap only the source port, as conntrack's NAT does.
-            *p.fwd.flags_mut() |= CT_F_SNAT;
-            *p.reply.flags_mut() |= CT_F_SNAT;
+            // the same backend): remap only the source port, as conntrack's NAT does, at
+            // ingress (after DNAT the two flows would be one tuple to netfilter and egress).
+            *p.fwd.flags_mut() |= CT_F_SNAT | CT_F_PORT_IN;
+            *p.reply.flags_mut() |= CT_F_SNAT | CT_F_PORT_IN;
             *p.fwd.ends_mut().2 = claim_port::<T>(p.reply_key, p.reply, 0, src.min, src.max)?;
         }
     } else {
         *p.fwd.ends_mut().2 =
             claim_port::<T>(p.reply_key, p.reply, src.first_be, src.min, src.max)?;
+        remap_if_taken::<T>(t.proto())?;
     }
     // The packet's own tuple, from the reply entry (turned round) in the scratch: what the
     // packet held is not kept live across the claims.
@@ -442,8 +444,45 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
     T::ct()
         .insert(&*p.fwd_key, &*p.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))?;
-    if p.fwd.flags() & CT_F_SNAT != 0 {
+    if translated::<T>(p.fwd, p.reply) {
         egress_entries::<T>(t.proto(), 0)?;
+    }
+    Ok(())
+}
+
+/// Whether the flow whose entries are `fwd` and `reply` has its source address translated
+/// (SNAT to the node, hairpin): its egress entries exist then.
+#[inline(always)]
+fn translated<T: Flow>(fwd: &T::Value, reply: &T::Value) -> bool {
+    fwd.flags() & CT_F_SNAT != 0 && !fwd.saddr().same(reply.daddr())
+}
+
+/// Whether the tuple netfilter will see for the SNATed flow in the scratch (client →
+/// backend, before its SNAT at egress) is another live flow's: the reply entry under that
+/// tuple turned round (a flow's own, or a SNATed flow's egress one) answers for another
+/// frontend. Then the client's port is remapped at ingress to the SNAT port (`CT_F_PORT_IN`),
+/// here and in the reply entry already claimed (at `p.reply_key`). Out of line: rare
+/// enough, and its frame stays off the new-flow chain's.
+#[inline(never)]
+fn remap_if_taken<T: Flow>(proto: u8) -> Result<(), Reason> {
+    let p = T::parts(T::scratch()?);
+    // The key in the scratch (its forward key is set only after this), off the stack.
+    *p.fwd_key = T::key(
+        p.fwd.daddr(),
+        p.reply.daddr(),
+        p.fwd.dport(),
+        p.reply.dport(),
+        proto,
+        CT_DIR_REPLY,
+    );
+    let taken = entry::<T>(p.fwd_key)
+        .is_some_and(|e| !e.saddr().same(p.reply.saddr()) || e.sport() != p.reply.sport());
+    if taken {
+        *p.fwd.flags_mut() |= CT_F_PORT_IN;
+        *p.reply.flags_mut() |= CT_F_PORT_IN;
+        if let Some(r) = get_mut::<T>(p.reply_key) {
+            *r.flags_mut() |= CT_F_PORT_IN;
+        }
     }
     Ok(())
 }
@@ -455,11 +494,17 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
 #[inline(always)]
 fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
     let p = T::parts(T::scratch()?);
-    // The client and its port, as the reply entry (frontend → client) holds them.
+    // The client, as the reply entry (frontend → client) holds it, and its port as netfilter
+    // sees it (the remapped one when it was remapped at ingress).
+    let port = if p.fwd.flags() & CT_F_PORT_IN != 0 {
+        p.fwd.sport()
+    } else {
+        p.reply.dport()
+    };
     *p.fwd_key = T::key(
         p.reply.daddr(),
         p.fwd.daddr(),
-        p.reply.dport(),
+        port,
         p.fwd.dport(),
         proto,
         CT_DIR_SNAT_OUT,
@@ -468,7 +513,7 @@ fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
         p.fwd.daddr(),
         p.reply.daddr(),
         p.fwd.dport(),
-        p.reply.dport(),
+        port,
         proto,
         CT_DIR_REPLY,
     );
@@ -483,6 +528,10 @@ fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
         T::cta().insert(&*p.fwd_key, &*p.fwd, 0).is_ok()
             && T::cta().insert(&*p.reply_key, &*p.reply, 0).is_ok()
     } else {
+        // A flow started over on the same tuples may have been assured: its old egress
+        // entries must not shadow the new ones (as its forward entry, in `create`).
+        let _ = T::cta().remove(&*p.fwd_key);
+        let _ = T::cta().remove(&*p.reply_key);
         T::ct().insert(&*p.fwd_key, &*p.fwd, 0).is_ok()
             && T::ct().insert(&*p.reply_key, &*p.reply, 0).is_ok()
     };

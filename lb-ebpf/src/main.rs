@@ -201,7 +201,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
                 Mtu::Unchecked => {}
             }
             let ct = flow::keep_alive(ct, &t);
-            nat::apply::<_, { nat::DST }>(ctx, &t, ct)?;
+            nat::forward_in(ctx, &t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
         }
@@ -216,7 +216,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         // A reply from a backend of a tracked flow: the client (if the flow was SNATed) as
         // destination; the frontend as source at egress.
         conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::DST }>(ctx, &t, ct)?;
+        nat::reply_in(ctx, &t, ct)?;
         return pass(R_REPLY_IN);
     } else if conntrack::mid_stream(&t) {
         reason = R_CT_MISS;
@@ -252,7 +252,7 @@ fn try_tc_egress(ctx: &TcContext) -> Outcome {
         .flatten()
     {
         conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
+        nat::apply::<_, { nat::BOTH }>(ctx, &t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return Ok((TC_ACT_OK, Reason(R_REVERSE_NAT)));
     }
@@ -321,7 +321,7 @@ fn try_tc_new_flow(
         Mtu::Unchecked => 0,
     };
     let fwd = flow::record(ctx, t, svc, &client, &chosen, fits)?;
-    nat::apply::<_, { nat::DST }>(ctx, t, fwd)?;
+    nat::forward_in(ctx, t, fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))
 }

@@ -1,6 +1,6 @@
 //! Address and port rewrites with incremental IPv4 and L4 checksum updates.
 
-use lb_common::{CtValue, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CT_F_PORT_IN, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     family::Ends,
@@ -9,14 +9,47 @@ use crate::{
     reason::Reason,
 };
 
-/// The destination side of a tuple (address and port): rewritten at tc ingress, before
-/// routing, as netfilter's DNAT (PREROUTING) and the un-SNAT of a masqueraded reply.
-pub const DST: u8 = 1;
-/// The source side: rewritten at tc egress, after routing and netfilter, as netfilter's
+/// The destination address: rewritten at tc ingress, before routing, as netfilter's DNAT
+/// (PREROUTING) and the un-SNAT of a masqueraded reply.
+pub const DADDR: u8 = 1;
+/// The destination port, likewise.
+pub const DPORT: u8 = 2;
+/// The source address: rewritten at tc egress, after routing and netfilter, as netfilter's
 /// SNAT (POSTROUTING) and the un-DNAT of a reply.
-pub const SRC: u8 = 2;
-/// Both sides: XDP, when it redirects a packet past the stack.
+pub const SADDR: u8 = 4;
+/// The source port, likewise; at ingress too for a flow whose client port is remapped there
+/// (`CT_F_PORT_IN`: netfilter sees the remapped port both ways).
+pub const SPORT: u8 = 8;
+/// The destination side.
+pub const DST: u8 = DADDR | DPORT;
+/// The source side.
+pub const SRC: u8 = SADDR | SPORT;
+/// Both sides: XDP, when it redirects a packet past the stack; tc egress for a reply (its
+/// destination is already the client's, unless the client port was remapped at ingress).
 pub const BOTH: u8 = DST | SRC;
+
+/// tc ingress (and XDP into the stack) on a packet of a tracked flow toward its backend:
+/// the destination side, and the client port when it is remapped at ingress.
+#[inline(always)]
+pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+    if to.flags & CT_F_PORT_IN != 0 {
+        apply::<P, { DST | SPORT }>(ctx, t, to)
+    } else {
+        apply::<P, DST>(ctx, t, to)
+    }
+}
+
+/// tc ingress (and XDP into the stack) on a reply: the destination side (the client, when
+/// the flow was SNATed), but the client port as netfilter knows it when it was remapped at
+/// ingress (restored at egress).
+#[inline(always)]
+pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+    if to.flags & CT_F_PORT_IN != 0 {
+        apply::<P, DADDR>(ctx, t, to)
+    } else {
+        apply::<P, DST>(ctx, t, to)
+    }
+}
 
 /// Rewrites the `PART` ([`DST`], [`SRC`] or [`BOTH`]) of the packet's tuple into the one a
 /// conntrack entry holds: destination (DNAT to the backend, or back to the client) and
@@ -64,11 +97,11 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
-        if PART & SRC != 0 && saddr != t.saddr_be {
+        if PART & SADDR != 0 && saddr != t.saddr_be {
             addr = diff4(t.saddr_be, saddr);
             st32(p, IP_SRC_OFF, saddr);
         }
-        if PART & DST != 0 && daddr != t.daddr_be {
+        if PART & DADDR != 0 && daddr != t.daddr_be {
             addr = csum_add(addr, diff4(t.daddr_be, daddr));
             st32(p, IP_DST_OFF, daddr);
         }
@@ -98,11 +131,11 @@ pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends, const PART: u8>(
     let mut port = 0;
     // SAFETY: the caller checked both ports' bytes.
     unsafe {
-        if PART & SRC != 0 && to.sport() != t.sport() {
+        if PART & SPORT != 0 && to.sport() != t.sport() {
             port = diff2(t.sport(), to.sport());
             st16(p, l4, to.sport());
         }
-        if PART & DST != 0 && to.dport() != t.dport() {
+        if PART & DPORT != 0 && to.dport() != t.dport() {
             port = csum_add(port, diff2(t.dport(), to.dport()));
             st16(p, l4 + 2, to.dport());
         }
@@ -113,31 +146,28 @@ pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends, const PART: u8>(
 /// Any packet (IP options, headers not in place), through the store and checksum helpers.
 #[inline(always)]
 fn with_helpers<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
-    if PART & DST != 0 {
-        rewrite(
+    let pick = |bit: u8, from: u32, to: u32| if PART & bit != 0 { to } else { from };
+    let pick16 = |bit: u8, from: u16, to: u16| if PART & bit != 0 { to } else { from };
+    rewrite(
         ctx,
         t,
         IP_DST_OFF,
         t.daddr_be,
-        to.daddr_be,
+        pick(DADDR, t.daddr_be, to.daddr_be),
         t.l4_off + 2,
         t.dport_be,
-        to.dport_be,
-        )?;
-    }
-    if PART & SRC != 0 {
-        rewrite(
-            ctx,
-            t,
-            IP_SRC_OFF,
-            t.saddr_be,
-            to.saddr_be,
-            t.l4_off,
-            t.sport_be,
-            to.sport_be,
-        )?;
-    }
-    Ok(())
+        pick16(DPORT, t.dport_be, to.dport_be),
+    )?;
+    rewrite(
+        ctx,
+        t,
+        IP_SRC_OFF,
+        t.saddr_be,
+        pick(SADDR, t.saddr_be, to.saddr_be),
+        t.l4_off,
+        t.sport_be,
+        pick16(SPORT, t.sport_be, to.sport_be),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -152,10 +152,11 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
 /// backend, or backend → client for a reply; tc egress restores the source side).
 #[inline(always)]
 fn into_stack(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
-    nat::apply::<_, { nat::DST }>(ctx, t, v)?;
     if reason == R_REVERSE_NAT {
+        nat::reply_in(ctx, t, v)?;
         return pass(R_REPLY_IN);
     }
+    nat::forward_in(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     pass(reason)
 }

@@ -83,7 +83,9 @@ impl Scenario {
             return None;
         }
         let mut s = Self::start(prefix, backends, yaml).expect("scenario");
-        s.wait_backends(frontend, backends, Duration::from_secs(10))
+        // Generous: loading means the verifier's pass over every program, seconds on a
+        // loaded machine with several agents starting at once.
+        s.wait_backends(frontend, backends, Duration::from_secs(30))
             .expect("initial sync");
         Some(s)
     }

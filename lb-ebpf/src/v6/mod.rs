@@ -37,7 +37,7 @@ use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
     filter,
-    nat::{DST, SRC},
+    nat::{BOTH, DST, SRC},
     packet::Packet,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
@@ -115,7 +115,7 @@ fn rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Carried {
 #[inline(always)]
 fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Outcome {
     let s = conntrack::scratch()?;
-    nat::apply::<_, { DST }>(ctx, t, &s.fwd)?;
+    nat::forward_in(ctx, t, &s.fwd)?;
     reason::count_service(svc_id, s.fwd.backend_id, ctx.len());
     pass(reason)
 }
@@ -144,7 +144,7 @@ fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
         .flatten()
     {
         touch(ct, t);
-        nat::apply::<_, { SRC }>(ctx, t, ct)?;
+        nat::apply::<_, { BOTH }>(ctx, t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
     }
@@ -212,7 +212,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Re
                 Mtu::Unchecked => {}
             }
             let ct = keep_alive(ct, t);
-            nat::apply::<_, { DST }>(ctx, t, ct)?;
+            nat::forward_in(ctx, t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
@@ -224,7 +224,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Re
         .flatten()
     {
         touch(ct, t);
-        nat::apply::<_, { DST }>(ctx, t, ct)?;
+        nat::reply_in(ctx, t, ct)?;
         return Ok(Then::Done(pass(R_REPLY_IN)));
     } else if mid_stream(t) {
         reason = R_CT_MISS;

@@ -2,14 +2,14 @@
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CT_F_PORT_IN, CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::eq6,
     parse::{DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    nat::{DST, SRC, ports_in_place},
+    nat::{DADDR, DPORT, DST, SADDR, SPORT, ports_in_place},
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
     reason::Reason,
 };
@@ -27,6 +27,26 @@ pub fn diff16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
 #[inline(always)]
 fn failed<E>(_: E) -> Reason {
     Reason(R_REWRITE_FAILED)
+}
+
+/// As IPv4's `nat::forward_in`.
+#[inline(always)]
+pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+    if to.flags & CT_F_PORT_IN != 0 {
+        apply::<P, { DST | SPORT }>(ctx, t, to)
+    } else {
+        apply::<P, DST>(ctx, t, to)
+    }
+}
+
+/// As IPv4's `nat::reply_in`.
+#[inline(always)]
+pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+    if to.flags & CT_F_PORT_IN != 0 {
+        apply::<P, DADDR>(ctx, t, to)
+    } else {
+        apply::<P, DST>(ctx, t, to)
+    }
 }
 
 /// Rewrites the packet's tuple into the one a conntrack entry holds (as IPv4's
@@ -77,13 +97,13 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
-        if PART & SRC != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
+        if PART & SADDR != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
             addr = diff16(&t.saddr_be, &to.saddr_be);
             for i in 0..4 {
                 st32(p, IP6_SRC_OFF + 4 * i, to.saddr_be[i]);
             }
         }
-        if PART & DST != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
+        if PART & DADDR != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
             addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
             for i in 0..4 {
                 st32(p, IP6_DST_OFF + 4 * i, to.daddr_be[i]);
@@ -105,20 +125,20 @@ fn with_helpers<P: L4Sum, const PART: u8>(
     to: &CtValue6,
 ) -> Result<(), Reason> {
     let mut addr = 0;
-    if PART & SRC != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
+    if PART & SADDR != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
         addr = diff16(&t.saddr_be, &to.saddr_be);
         ctx.store(IP6_SRC_OFF, &to.saddr_be).map_err(failed)?;
     }
-    if PART & DST != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
+    if PART & DADDR != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
         addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
         ctx.store(IP6_DST_OFF, &to.daddr_be).map_err(failed)?;
     }
     let mut port = 0;
-    if PART & SRC != 0 && to.sport_be != t.sport_be {
+    if PART & SPORT != 0 && to.sport_be != t.sport_be {
         port = diff2(t.sport_be, to.sport_be);
         ctx.store(t.l4_off as usize, &to.sport_be).map_err(failed)?;
     }
-    if PART & DST != 0 && to.dport_be != t.dport_be {
+    if PART & DPORT != 0 && to.dport_be != t.dport_be {
         port = csum_add(port, diff2(t.dport_be, to.dport_be));
         ctx.store(t.l4_off as usize + 2, &to.dport_be)
             .map_err(failed)?;

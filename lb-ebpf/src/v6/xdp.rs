@@ -22,7 +22,7 @@ use crate::{
     conntrack::{continues, touch},
     filter,
     maps::XLB_XDPTX_V1,
-    nat::{BOTH, DST},
+    nat::BOTH,
     packet::{Packet, at},
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
@@ -166,10 +166,11 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
     let ifindex = hop.out_ifindex;
     if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
         // Into the stack with the destination side only, as IPv4's `xdp::into_stack`.
-        nat::apply::<_, { DST }>(ctx, t, v)?;
         if reason == R_REVERSE_NAT {
+            nat::reply_in(ctx, t, v)?;
             return pass(R_REPLY_IN);
         }
+        nat::forward_in(ctx, t, v)?;
         reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
         return pass(reason);
     }

@@ -9,15 +9,9 @@
 use std::{collections::HashMap as Entries, path::Path};
 
 use aya::maps::{HashMap, MapData};
-use lb_common::{
-    CT_DIR_FORWARD, CT_F_SNAT, CtKey, CtKey6, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED,
-};
+use lb_common::{CT_DIR_FORWARD, CtKey, CtKey6, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED};
 
-use super::{
-    DatapathError,
-    ct_gc::{Timed, Tracked},
-    kernel::open_pinned,
-};
+use super::{DatapathError, ct_gc::Tracked, kernel::open_pinned};
 
 /// Adds the missing egress entries of SNATed flows in every conntrack table pinned in `dir`;
 /// returns how many it wrote.
@@ -40,7 +34,7 @@ pub fn backfill(dir: &Path) -> Result<usize, DatapathError> {
 pub fn missing<K: Tracked>(entries: &Entries<K, K::Value>) -> Vec<(K, K::Value)> {
     let mut add = Vec::new();
     for (k, v) in entries {
-        if k.dir() != CT_DIR_FORWARD || v.flags() & CT_F_SNAT == 0 {
+        if k.dir() != CT_DIR_FORWARD || !k.translated(v) {
             continue;
         }
         let [out, back] = k.egress_of(v);
@@ -76,7 +70,7 @@ fn table<K: Tracked>(dir: &Path, name: &'static str) -> Result<usize, DatapathEr
 
 #[cfg(test)]
 mod tests {
-    use lb_common::{CT_DIR_REPLY, CT_DIR_SNAT_OUT, CtValue, IPPROTO_TCP};
+    use lb_common::{CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_SNAT, CtValue, IPPROTO_TCP};
 
     use super::*;
 

@@ -25,8 +25,8 @@ use std::{
 
 use aya::maps::{HashMap, MapData};
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_CLOSING, CT_F_RESET, CT_F_SNAT, CtKey,
-    CtKey6, CtValue, CtValue6, IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_CLOSING, CT_F_PORT_IN, CT_F_RESET,
+    CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
 };
 use tracing::{debug, warn};
 
@@ -64,6 +64,9 @@ pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod {
     /// `fwd`: its request as netfilter sees it (client → backend, `CT_DIR_SNAT_OUT`) and its
     /// reply likewise (backend → client, `CT_DIR_REPLY`).
     fn egress_of(&self, fwd: &Self::Value) -> [Self; 2];
+    /// Whether the flow whose forward entry (under this key) is `fwd` has its source
+    /// address translated (SNAT to the node, hairpin): it has egress entries then.
+    fn translated(&self, fwd: &Self::Value) -> bool;
 }
 
 macro_rules! tracked {
@@ -106,11 +109,20 @@ macro_rules! tracked {
                     _pad: 0,
                 }
             }
+            fn translated(&self, fwd: &$v) -> bool {
+                fwd.flags & CT_F_SNAT != 0 && fwd.saddr_be != self.saddr_be
+            }
             fn egress_of(&self, fwd: &$v) -> [Self; 2] {
+                // The client's port as netfilter sees it (remapped at ingress, or its own).
+                let port = if fwd.flags & CT_F_PORT_IN != 0 {
+                    fwd.sport_be
+                } else {
+                    self.sport_be
+                };
                 let out = Self {
                     saddr_be: self.saddr_be,
                     daddr_be: fwd.daddr_be,
-                    sport_be: self.sport_be,
+                    sport_be: port,
                     dport_be: fwd.dport_be,
                     proto: self.proto,
                     dir: CT_DIR_SNAT_OUT,
@@ -120,7 +132,7 @@ macro_rules! tracked {
                     saddr_be: fwd.daddr_be,
                     daddr_be: self.saddr_be,
                     sport_be: fwd.dport_be,
-                    dport_be: self.sport_be,
+                    dport_be: port,
                     proto: self.proto,
                     dir: CT_DIR_REPLY,
                     _pad: 0,
@@ -181,7 +193,7 @@ pub fn expired<K: Tracked>(
     for (k, v) in entries.iter().filter(|(k, _)| k.dir() == CT_DIR_FORWARD) {
         let rk = reply_key(k, v);
         let reply = entries.get(&rk);
-        let egress = (v.flags() & CT_F_SNAT != 0).then(|| k.egress_of(v));
+        let egress = k.translated(v).then(|| k.egress_of(v));
         if over(k.proto(), v, reply, now_ns) {
             gone.insert(*k);
             if reply.is_some() {

@@ -102,10 +102,14 @@ fn xdp_translates_and_redirects_ipv6_flows() {
         let reply = Frame6::tcp(backend, c, TCP_SYN | TCP_ACK, b"").build();
         let r = dp.run_xdp(&reply, ifindex).expect("run");
         assert_eq!(r.verdict, XDP_PASS);
+        // Into the stack as netfilter sees it under kube-proxy (from the backend); tc egress
+        // restores the frontend.
+        assert_eq!(seen6(&r.packet, "reply").src, backend, "passed as sent");
+        let r = dp.run_egress(&r.packet).expect("egress run");
         assert_eq!(
             seen6(&r.packet, "reply").src,
             web,
-            "the reply from the frontend"
+            "the reply from the frontend after tc egress"
         );
         dp.allow_xdp_redirect(ifindex).expect("devmap");
         let ack = Frame6::tcp(c, web, TCP_ACK, b"data").build();

@@ -44,7 +44,11 @@ fn reuse_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     // Makes every entry look idle since boot.
     let age = |ct: &mut HashMap<MapData, CtKey, CtValue>| {
         let entries: Vec<(CtKey, CtValue)> = ct.iter().map(|kv| kv.expect("entry")).collect();
-        assert_eq!(entries.len(), 2, "one flow, two entries: {entries:?}");
+        assert_eq!(
+            entries.len(),
+            4,
+            "one SNATed flow, four entries (forward, reply and the two egress ones): {entries:?}"
+        );
         for (k, v) in &entries {
             let aged = CtValue {
                 last_seen_ns: 0,

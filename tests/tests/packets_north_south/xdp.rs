@@ -31,11 +31,20 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
             .unwrap_or_else(|e| panic!("{desc}: test run: {e}"))
     };
 
-    // 1. A new NodePort flow to a remote backend, egress not in the redirect map: translated
-    //    (DNAT + SNAT) and passed to the stack.
-    let desc = "new flow, egress without XDP → translated and passed";
+    // 1. A new NodePort flow to a remote backend, egress not in the redirect map: its
+    //    destination translated and passed to the stack (netfilter sees client → backend, as
+    //    under kube-proxy); tc egress then SNATs it.
+    let desc = "new flow, egress without XDP → DNATed and passed; SNATed at tc egress";
     let r = run(dp, desc, &PacketBuilder::tcp(EXT, np(30001)).build());
     assert_eq!(r.verdict, XDP_PASS, "{desc}");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(
+        (p.src, p.dst),
+        (EXT, remote),
+        "{desc}: as netfilter sees it"
+    );
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    let r = dp.run_egress(&r.packet).expect("egress run");
     let p = parse(&r.packet).expect("parses");
     assert_eq!(p.dst, remote, "{desc}");
     assert_eq!(*p.src.ip(), UNDERLAY, "{desc}");
@@ -47,14 +56,22 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     checksums::assert_valid(&r.packet, Udp::Computed, desc);
     let snat = p.src;
 
-    // 2. The reply to the SNAT address: reverse-translated (the client is routed via dum0).
-    let desc = "reply of the SNATed flow → frontend to client";
+    // 2. The reply to the SNAT address: un-SNATed and passed (the client is routed via
+    //    dum0), its frontend restored at tc egress.
+    let desc = "reply of the SNATed flow → to the client, then from the frontend at egress";
     let r = run(
         dp,
         desc,
         &PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build(),
     );
     assert_eq!(r.verdict, XDP_PASS, "{desc}");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(
+        (p.src, p.dst),
+        (remote, EXT),
+        "{desc}: as netfilter sees it"
+    );
+    let r = dp.run_egress(&r.packet).expect("egress run");
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (np(30001), EXT), "{desc}");
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");

@@ -50,7 +50,7 @@ pub(super) fn trace_tc(
     r.line(
         "packet",
         format!(
-            "{}{} {src} -> {} enters tc ingress (xlb_tc_ingress); BPF_PROG_TEST_RUN on a second instance: service maps shared from {}, {} conntrack and {} affinity entries copied into its own maps",
+            "{}{} {src} -> {} enters tc ingress (xlb_tc_ingress), then tc egress (xlb_tc_egress) of the interface it leaves by; BPF_PROG_TEST_RUN on a second instance: service maps shared from {}, {} conntrack and {} affinity entries copied into its own maps",
             if req.dst.is_ipv6() { "IPv6 " } else { "" },
             if req.protocol == Protocol::Udp { "UDP" } else { "TCP SYN" },
             req.dst,
