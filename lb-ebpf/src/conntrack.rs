@@ -496,11 +496,13 @@ fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
     let p = T::parts(T::scratch()?);
     // The client, as the reply entry (frontend → client) holds it, and its port as netfilter
     // sees it (the remapped one when it was remapped at ingress).
-    let port = if p.fwd.flags() & CT_F_PORT_IN != 0 {
-        p.fwd.sport()
-    } else {
-        p.reply.dport()
-    };
+    // Loaded in its branch (volatile): a select between the two fields' addresses would be
+    // pointer arithmetic the verifier refuses without CAP_PERFMON.
+    let mut port = p.reply.dport();
+    if p.fwd.flags() & CT_F_PORT_IN != 0 {
+        // SAFETY: a local.
+        unsafe { core::ptr::write_volatile(&mut port, p.fwd.sport()) };
+    }
     *p.fwd_key = T::key(
         p.reply.daddr(),
         p.fwd.daddr(),

@@ -81,7 +81,8 @@ pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
         Err(dropped) => (TC_ACT_SHOT, dropped),
     };
     reason.count(ctx.len());
-    if log::on() {
+    // Only what egress did: every packet leaving an attached interface passes through it.
+    if reason.0 != R_PASS && log::on() {
         log::tc(&ctx, action, reason.0);
     }
     action

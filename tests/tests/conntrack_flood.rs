@@ -150,7 +150,7 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
         &["--conntrack-min", &min, "--conntrack-max-per-core", "0"],
     )
     .expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", backends.len(), Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", backends.len(), Duration::from_secs(30))
         .expect("initial sync");
     let mut long = Long::open(&s);
     assert_eq!(long.assured(&s), LONG_FLOWS, "every long flow is assured");

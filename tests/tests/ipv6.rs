@@ -125,7 +125,7 @@ fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr, Vec<EchoServ
         format!("{}/UDP", SocketAddr::from((WEB6, 53))),
         "10.96.0.10:80/TCP".to_string(),
     ] {
-        s.wait_backends(&frontend, 2, Duration::from_secs(10))
+        s.wait_backends(&frontend, 2, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
     }
     (s, client6, servers)
@@ -294,7 +294,7 @@ fn ipv6_source_ranges_apply_to_sockets_at_connect() {
     xlb_tests::services::write_atomic(&s.yaml, &yaml).expect("yaml");
     for ip in [open, closed] {
         let frontend = format!("{}/TCP", SocketAddr::from((ip, 80)));
-        s.wait_backends(&frontend, 2, Duration::from_secs(10))
+        s.wait_backends(&frontend, 2, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
     }
     let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");

@@ -279,7 +279,7 @@ fn external_scenario(test: &str, prefix: &str) -> Option<Scenario> {
         .node
         .ip(&["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])
         .expect("node address");
-    s.wait_backends("10.96.0.30:80/TCP", 3, Duration::from_secs(10))
+    s.wait_backends("10.96.0.30:80/TCP", 3, Duration::from_secs(30))
         .expect("sync");
     Some(s)
 }

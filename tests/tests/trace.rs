@@ -338,7 +338,7 @@ fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
     }
     let mut s =
         Scenario::start_with("xtl", 2, &services(), &["--bpf-log", "debug"]).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(30))
         .expect("initial sync");
     let to = SocketAddr::from((WEB, 80));
     let real = s

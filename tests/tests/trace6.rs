@@ -92,7 +92,7 @@ fn dual_stack() -> (Scenario, Vec<EchoServer>) {
         (format!("{}/UDP", SocketAddr::from((EMPTY6, 53))), 0),
         ("10.96.0.10:80/TCP".to_string(), 2),
     ] {
-        s.wait_backends(&frontend, n, Duration::from_secs(10))
+        s.wait_backends(&frontend, n, Duration::from_secs(30))
             .unwrap_or_else(|e| panic!("{frontend} programmed: {e}\n{}", s.agent.log_text()));
     }
     (s, servers)

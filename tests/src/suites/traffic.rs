@@ -47,7 +47,7 @@ pub fn synced(test: &str, prefix: &str, n: u8) -> Option<Scenario> {
     }
     let all = backends(n);
     let mut s = Scenario::start(prefix, n.into(), &yaml(&all, &all)).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", n.into(), Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", n.into(), Duration::from_secs(30))
         .expect("initial sync");
     Some(s)
 }

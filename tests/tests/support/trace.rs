@@ -13,11 +13,39 @@ use xlb_tests::{
 pub fn trace(s: &Scenario, args: &[&str]) -> String {
     let before = settled_flow_maps(&s.agent.pins);
     let text = trace_only(s, args);
+    let after = flow_maps(&s.agent.pins);
+    // The live collector may delete flows that are over meanwhile (a pass every 5 s); a
+    // trace's instance writes only its own copies, so nothing may be added or changed.
+    let kept = |b: &RawEntries, a: &RawEntries| -> RawEntries {
+        b.iter()
+            .filter(|(k, _)| a.contains_key(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let before = (kept(&before.0, &after.0), kept(&before.1, &after.1));
     assert!(
-        flow_maps(&s.agent.pins) == before,
-        "xlb trace {args:?} changed the live flow or affinity maps\n{text}"
+        after == before,
+        "xlb trace {args:?} changed the live flow or affinity maps\n{text}\nconntrack: {}\naffinity: {}",
+        changed(&before.0, &after.0),
+        changed(&before.1, &after.1)
     );
     text
+}
+
+/// The entries that differ between two dumps, for the failure message.
+fn changed(before: &RawEntries, after: &RawEntries) -> String {
+    let mut out = Vec::new();
+    for (k, v) in after {
+        match before.get(k) {
+            Some(b) if b == v => {}
+            Some(b) => out.push(format!("changed {k:02x?}: {b:02x?} -> {v:02x?}")),
+            None => out.push(format!("added {k:02x?}: {v:02x?}")),
+        }
+    }
+    for k in before.keys().filter(|k| !after.contains_key(*k)) {
+        out.push(format!("removed {k:02x?}"));
+    }
+    out.join("; ")
 }
 
 /// `xlb trace ARGS…` (its output; it must succeed), without the map comparison.
@@ -88,13 +116,14 @@ pub fn flow_maps6(pins: &Path) -> RawEntries {
     ct
 }
 
-/// The flow maps once the real traffic before them has settled (two dumps 100 ms apart
-/// alike, for at most 3 s): a connection's last packets (its FIN and ACKs, a late UDP
-/// answer) still update their entries after the request returned.
+/// The flow maps once the real traffic before them has settled (two dumps 300 ms apart
+/// alike, for at most 6 s): a connection's last packets (its FIN and ACKs, a late UDP
+/// answer, seen by tc ingress and again by tc egress) still update their entries after the
+/// request returned, later on a loaded machine.
 pub fn settled_flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
     let mut last = flow_maps(pins);
-    for _ in 0..30 {
-        std::thread::sleep(std::time::Duration::from_millis(100));
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
         let now = flow_maps(pins);
         if now == last {
             return now;

@@ -25,7 +25,7 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
     }
     let all = backends(3);
     let mut s = Scenario::start("xe", 3, &yaml(&all[..2], &all[..2])).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(30))
         .expect("initial sync");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -120,7 +120,7 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
     let before = lb_userspace::list::services(&s.agent.pins).expect("read pins");
     let log = s.workdir.join("agent2.log");
     s.agent.restart(log).expect("restart");
-    let stable = s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(10));
+    let stable = s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(30));
     stable.expect("restarted agent");
     // The maps were already right, so wait for the new agent's own first sync in its log.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -191,7 +191,7 @@ fn a_pod_interface_that_appears_later_is_attached() {
     }
     let all = backends(3);
     let mut s = Scenario::start("xh", 2, &yaml(&all[..2], &all[..2])).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(30))
         .expect("sync");
 
     // A new pod: its veth appears after the agent started. Only backend-3 is left in the
@@ -286,7 +286,7 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
         s.workdir.join("agent-caps.log"),
     )
     .expect("agent with reduced capabilities");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(30))
         .expect("sync with CAP_BPF + CAP_NET_ADMIN");
     let r = s
         .topo

@@ -120,7 +120,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
     ) else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
         .expect("dns programmed");
     const N: usize = 6;
     let (mut tcp, udp, first) = open_flows(&s, N);

@@ -28,7 +28,7 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
     let Some(mut s) = synced("clusterip_spreads_tcp_and_udp_over_three_backends", "xt", 3) else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(10))
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
         .expect("dns programmed");
     let client_ip = s.topo.client.ip;
 
@@ -116,7 +116,7 @@ fn a_bad_service_is_named_and_the_good_ones_work() {
     let all = backends(2);
     let bad = yaml(&all, &all).replace("clusterIP: 10.96.0.53", "clusterIP: 10.96.0.530");
     let mut s = Scenario::start("xb", 2, &bad).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(30))
         .expect("good service programmed");
     std::thread::sleep(Duration::from_millis(200));
     let log = s.agent.log_text();
@@ -160,9 +160,9 @@ fn a_service_without_endpoints_refuses_at_once() {
     }
     let s_yaml = yaml(&[], &[]);
     let mut s = Scenario::start("xn", 1, &s_yaml).expect("scenario");
-    s.wait_backends("10.96.0.10:80/TCP", 0, Duration::from_secs(10))
+    s.wait_backends("10.96.0.10:80/TCP", 0, Duration::from_secs(30))
         .expect("sync");
-    s.wait_backends("10.96.0.53:53/UDP", 0, Duration::from_secs(10))
+    s.wait_backends("10.96.0.53:53/UDP", 0, Duration::from_secs(30))
         .expect("sync");
     let (tcp, udp) = s
         .topo
