@@ -21,7 +21,7 @@ use crate::{NODE4, V4, V6, firewalls, lab, paths, services, wait_served};
 /// Stops the agent, detaches and unpins its datapath, and installs kube-proxy's iptables
 /// rules for the lab's Services on node1 (both families; pod traffic told by its `xv-`
 /// interfaces; NodePorts on the uplink's addresses).
-fn kube_proxy_instead(lab: &mut Lab) {
+pub fn kube_proxy_instead(lab: &mut Lab) {
     lab.agent.stop();
     lb_userspace::cleanup::cleanup(&lab.agent.pins).expect("xlb cleanup");
     let model = file::parse("services.yaml", &services())

@@ -4,7 +4,8 @@
 //! local socket for the pod and must be translated back on its way out. With the agent's
 //! `--socket-lb host`, from a thread outside the agent's cgroup and from an `xlb-probe`
 //! process inside it (in a pod, so the hooks leave it to tc), over TCP and UDP, in both
-//! families; then again under kube-proxy's INVALID-dropping rules.
+//! families; then again under kube-proxy's INVALID-dropping rules. A control runs the same
+//! with kube-proxy's own rules in place of the agent.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -14,7 +15,7 @@ use xlb_tests::{
     netfilter::Firewall,
     probe::{self, Line},
     scenario::{TCP_PORT, UDP_PORT},
-    twonode::{Lab, NODE6},
+    twonode::Lab,
 };
 
 use crate::{Frontends, TIMEOUT, V4, V6, lab, log_tail};
@@ -67,20 +68,29 @@ fn failures(lab: &Lab, family: &Frontends) -> Vec<String> {
     bad
 }
 
-fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends) {
-    let Some(lab) = lab(test, prefix, &["--socket-lb", "host"]) else {
+/// The `host` Service of `family` served to the client pod, before and after kube-proxy's
+/// INVALID-dropping rules; with `control`, by kube-proxy's own rules instead of xlb.
+fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends, control: bool) {
+    let Some(mut lab) = lab(test, prefix, &["--socket-lb", "host"]) else {
         return;
     };
-    let node = &lab.topo.node;
-    let _servers = match family.host {
-        IpAddr::V4(_) => EchoServer::start(node, "node1", TCP_PORT, UDP_PORT),
-        IpAddr::V6(_) => EchoServer::start_at(node, "node1", NODE6.into(), TCP_PORT, UDP_PORT),
+    if control {
+        crate::control::kube_proxy_instead(&mut lab);
     }
-    .expect("echo server in node1's namespace");
+    let node = &lab.topo.node;
+    // On the endpoint address itself, as a node-local DNS binds: a UDP server on the
+    // wildcard would answer from the address of the interface towards the pod.
+    let _server = EchoServer::start_at(node, "node1", family.node, TCP_PORT, UDP_PORT)
+        .expect("echo server in node1's namespace");
+    let who = if control {
+        "kube-proxy's rules (control)"
+    } else {
+        "xlb's tc datapath"
+    };
     let bad = failures(&lab, family);
     assert!(
         bad.is_empty(),
-        "a pod served by tc does not reach the Service on node1's own address {}:\n{}\n{}",
+        "a pod served by {who} does not reach the Service on node1's own address {}:\n{}\n{}",
         family.host,
         bad.join("\n"),
         log_tail(&lab.agent.log_text())
@@ -91,8 +101,8 @@ fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends) {
     let bad = failures(&lab, family);
     assert!(
         bad.is_empty(),
-        "under kube-proxy's INVALID-dropping rules, a pod served by tc does not reach the \
-         Service on node1's own address {}:\n{}\n--- rules:\n{}\n{}",
+        "under kube-proxy's INVALID-dropping rules, a pod served by {who} does not reach \
+         the Service on node1's own address {}:\n{}\n--- rules:\n{}\n{}",
         family.host,
         bad.join("\n"),
         Firewall::KubeForward.listing(node),
@@ -103,11 +113,18 @@ fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends) {
 #[test]
 fn a_pod_served_by_tc_reaches_an_ipv4_service_on_the_node_itself() {
     let test = "a_pod_served_by_tc_reaches_an_ipv4_service_on_the_node_itself";
-    node_endpoint_served(test, "nfh4", &V4);
+    node_endpoint_served(test, "nfh4", &V4, false);
 }
 
 #[test]
 fn a_pod_served_by_tc_reaches_an_ipv6_service_on_the_node_itself() {
     let test = "a_pod_served_by_tc_reaches_an_ipv6_service_on_the_node_itself";
-    node_endpoint_served(test, "nfh6", &V6);
+    node_endpoint_served(test, "nfh6", &V6, false);
+}
+
+#[test]
+fn control_a_pod_reaches_the_services_on_the_node_itself_under_kube_proxy() {
+    let test = "control_a_pod_reaches_the_services_on_the_node_itself_under_kube_proxy";
+    node_endpoint_served(test, "nfhc4", &V4, true);
+    node_endpoint_served(test, "nfhc6", &V6, true);
 }
