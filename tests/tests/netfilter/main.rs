@@ -40,11 +40,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The Services of the dual-stack lab, each TCP 80 → 8080 and UDP 53 → 5353: `near` (a
 /// NodePort, 30080/30053) on node1's backend pod, `far` (a NodePort, 30081/30054) on
-/// node2's pod, `host` (a ClusterIP) on node1's own uplink addresses.
+/// node2's pod, `host` (a ClusterIP) on node1's own uplink addresses, `both` (a ClusterIP)
+/// on node1's backend pod and node2's.
 pub struct Frontends {
     pub near: IpAddr,
     pub far: IpAddr,
     pub host: IpAddr,
+    pub both: IpAddr,
     pub node: IpAddr,
 }
 
@@ -52,6 +54,7 @@ pub const V4: Frontends = Frontends {
     near: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10)),
     far: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 20)),
     host: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 30)),
+    both: IpAddr::V4(Ipv4Addr::new(10, 96, 0, 40)),
     node: IpAddr::V4(NODE4),
 };
 
@@ -59,6 +62,7 @@ pub const V6: Frontends = Frontends {
     near: IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10)),
     far: IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x20)),
     host: IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x30)),
+    both: IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x40)),
     node: IpAddr::V6(NODE6),
 };
 
@@ -92,6 +96,10 @@ pub fn services() -> String {
         &[(remote_pod_ip6(1), "node2")],
     );
     let host: DualEndpoints = (&[(NODE4, "node1")], &[(NODE6, "node1")]);
+    let both: DualEndpoints = (
+        &[(pod_ip(2), "node1"), (remote_pod_ip(1), "node2")],
+        &[(pod_ip6(2), "node1"), (remote_pod_ip6(1), "node2")],
+    );
     let (near_ips, far_ips, host_ips) = (
         ips(V4.near, V6.near),
         ips(V4.far, V6.far),
@@ -100,6 +108,14 @@ pub fn services() -> String {
     dual_stack_service_on_nodes("near", "NodePort", near_ips, &ports(30080, 30053), "", near)
         + &dual_stack_service_on_nodes("far", "NodePort", far_ips, &ports(30081, 30054), "", far)
         + &dual_stack_service_on_nodes("host", "ClusterIP", host_ips, &ports(0, 0), "", host)
+        + &dual_stack_service_on_nodes(
+            "both",
+            "ClusterIP",
+            ips(V4.both, V6.both),
+            &ports(0, 0),
+            "",
+            both,
+        )
 }
 
 /// The dual-stack two-node lab with [`services`] programmed (`extra`: more agent flags);
