@@ -2,10 +2,16 @@
 //! INVALID-dropping rules real nodes carry (kube-proxy's `KUBE-FORWARD`, a host firewall's
 //! `ct state invalid drop`, a Calico-like per-interface chain) every path through xlb's tc
 //! datapath is served and its replies are counted by the rules as ESTABLISHED, in both
-//! families; a CNI's policy rule on a backend's address still blocks what xlb sends it; a
-//! bridge-based pod network gets its NodePort replies without `accept_local`; a pod served
-//! by tc reaches a Service whose endpoint is the node itself; the kernel's conntrack holds
-//! the flows tc serves as ESTABLISHED and ASSURED, with the backends' addresses.
+//! families (`firewalls`), and XDP's flows are served too (`xdp`); a CNI's policy rule on
+//! a backend's address still blocks what xlb sends it, and its rejection reaches the client
+//! (`policy`); a bridge-based pod network gets its NodePort replies without `accept_local`
+//! (`bridge`); a pod served by tc reaches a Service whose endpoint is the node itself
+//! (`node_endpoint`); the kernel's conntrack holds the flows tc serves as ESTABLISHED and
+//! ASSURED, with the backends' addresses (`conntrack`).
+//!
+//! The controls (`control_*`) run the same checks in the same labs with kube-proxy's own
+//! iptables rules in place of the agent: what the tests ask of xlb is what netfilter sees
+//! under kube-proxy, and the labs carry it.
 //!
 //! Every client here runs outside the agent's cgroup (a thread of the test process, or an
 //! `xlb-probe` process with `--socket-lb host` in a pod's namespace), so the tc programs
@@ -17,6 +23,7 @@ mod control;
 mod firewalls;
 mod node_endpoint;
 mod policy;
+mod xdp;
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
