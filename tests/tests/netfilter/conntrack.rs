@@ -17,7 +17,7 @@ use xlb_tests::{
     twonode::Lab,
 };
 
-use crate::{Frontends, Path, TIMEOUT, V4, V6, lab, log_tail, origin, paths};
+use crate::{Frontends, Path, TIMEOUT, V4, V6, lab, log_tail, origin, paths, wait_served};
 
 /// A connection kept open: where it went, its client address, the backend it must reach.
 struct Open {
@@ -81,6 +81,7 @@ fn tracked(test: &str, prefix: &str, family: &Frontends, backends: [IpAddr; 2]) 
     let Some(lab) = lab(test, prefix, &[]) else {
         return;
     };
+    wait_served(&lab, &paths(family));
     track_connections(&lab.topo.node).expect("conntrack on node1");
     let flows: Vec<Open> = paths(family)
         .iter()

@@ -18,7 +18,7 @@ use xlb_tests::{
     twonode::Lab,
 };
 
-use crate::{Frontends, TIMEOUT, V4, V6, lab, log_tail};
+use crate::{Frontends, TIMEOUT, V4, V6, lab, log_tail, paths, wait_served};
 
 const REQUESTS: usize = 3;
 
@@ -77,6 +77,8 @@ fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends, control: b
     if control {
         crate::control::kube_proxy_instead(&mut lab);
     }
+    // The lab serves: pod → ClusterIP reaches the backend pod.
+    wait_served(&lab, &paths(family)[..1]);
     let node = &lab.topo.node;
     // On the endpoint address itself, as a node-local DNS binds: a UDP server on the
     // wildcard would answer from the address of the interface towards the pod.

@@ -18,7 +18,7 @@ use xlb_tests::{
     twonode::Lab,
 };
 
-use crate::{Frontends, V4, V6, lab, log_tail};
+use crate::{Frontends, V4, V6, lab, log_tail, paths, wait_served};
 
 /// The policy rules' comment, to find their counters.
 const POLICY: &str = "policy: deny ingress to backend-1";
@@ -78,6 +78,8 @@ fn requests(lab: &Lab, family: &Frontends) -> Vec<Result<Answer, String>> {
 /// The policy blocks backend-1, n2-backend-1 keeps answering, and the rules counted what
 /// they rejected; with `refusals`, every failed request was refused (not timed out).
 fn policy_applies(lab: &Lab, family: &Frontends, refusals: bool) {
+    // The lab serves before the policy: pod → ClusterIP reaches backend-1.
+    wait_served(lab, &paths(family)[..1]);
     deny_backend_1(lab, family);
     let answers = requests(lab, family);
     let answered: Vec<&str> = answers
