@@ -5,13 +5,14 @@
 //! Everything here builds its own namespaces with names unique to the run and removes them on
 //! drop, on success and on failure. Nothing touches the root namespace's interfaces.
 
-pub use xlb_lab::{cgroup, client, echo, netns, probe, topology};
+pub use xlb_lab::{bridge, cgroup, client, echo, netns, probe, topology};
 
 pub mod agent;
 pub mod apiserver;
 pub mod capture;
 pub mod datapath;
 pub mod http;
+pub mod netfilter;
 pub mod prev_layout;
 pub mod scenario;
 pub mod services;

@@ -109,3 +109,67 @@ pub fn service6_yaml(
     }
     y
 }
+
+/// One port of a Service: its name, `port`, protocol, `targetPort` and `nodePort` (0: none).
+#[derive(Clone, Copy, Debug)]
+pub struct Port<'a> {
+    pub name: &'a str,
+    pub port: u16,
+    pub protocol: &'a str,
+    pub target: u16,
+    pub node_port: u16,
+}
+
+/// A dual-stack Service's endpoints: the IPv4 and the IPv6 ones, each with its node.
+pub type DualEndpoints<'a> = (&'a [(Ipv4Addr, &'a str)], &'a [(Ipv6Addr, &'a str)]);
+
+/// A dual-stack Service of `kind` (`RequireDualStack`, IPv4 first: ClusterIPs `ip4` and
+/// `ip6`) with `ports` and extra `spec` lines (two-space indented), and one EndpointSlice
+/// per family: `v4` and `v6` ready, each on its node.
+pub fn dual_stack_service_on_nodes(
+    name: &str,
+    kind: &str,
+    (ip4, ip6): (Ipv4Addr, Ipv6Addr),
+    ports: &[Port],
+    spec: &str,
+    (v4, v6): DualEndpoints,
+) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: {kind}\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: {ip4}\n  clusterIPs: [\"{ip4}\", \"{ip6}\"]\n{spec}  ports:\n"
+    );
+    for p in ports {
+        let node_port = match p.node_port {
+            0 => String::new(),
+            n => format!(", nodePort: {n}"),
+        };
+        y.push_str(&format!(
+            "  - {{name: {}, port: {}, protocol: {}, targetPort: {}{node_port}}}\n",
+            p.name, p.port, p.protocol, p.target
+        ));
+    }
+    let v4: Vec<(String, &str)> = v4.iter().map(|(ip, n)| (ip.to_string(), *n)).collect();
+    let v6: Vec<(String, &str)> = v6.iter().map(|(ip, n)| (ip.to_string(), *n)).collect();
+    for (family, endpoints) in [("IPv4", v4), ("IPv6", v6)] {
+        y.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: {name}-{}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {family}\nports:\n",
+            family.to_lowercase()
+        ));
+        for p in ports {
+            y.push_str(&format!(
+                "- {{name: {}, port: {}, protocol: {}}}\n",
+                p.name, p.target, p.protocol
+            ));
+        }
+        y.push_str(if endpoints.is_empty() {
+            "endpoints: []\n"
+        } else {
+            "endpoints:\n"
+        });
+        for (ip, node) in endpoints {
+            y.push_str(&format!(
+                "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: {node}\n"
+            ));
+        }
+    }
+    y
+}

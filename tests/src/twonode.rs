@@ -8,8 +8,12 @@
 //!                              backend-1 10.244.2.2        n2-backend-1 10.245.1.2
 //!                              client    10.244.1.2
 //! ```
+//!
+//! Dual-stack ([`Lab::start_dual_stack`]): the same with IPv6 beside every IPv4 address
+//! (`fd00:192::1` and `::10` on the uplink, `fd00:10::1`/`::2` on the underlay, pods at
+//! `pod_ip6`/`remote_pod_ip6`).
 
-use std::{path::PathBuf, time::Duration};
+use std::{net::Ipv6Addr, path::PathBuf, time::Duration};
 
 use crate::{
     agent::Agent,
@@ -19,6 +23,11 @@ use crate::{
     services::write_atomic,
     topology::{Pod, RemoteNode, Topology},
 };
+
+/// Node1's IPv6 address on its uplink in a dual-stack lab ([`Lab::start_dual_stack`]).
+pub const NODE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 1);
+/// The external client's IPv6 address in a dual-stack lab.
+pub const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 0x10);
 
 /// The NodePort the labs' `web` Service has.
 pub const WEB_NODE_PORT: u16 = 30080;
@@ -107,14 +116,27 @@ impl Lab {
 
     /// [`Lab::start`] with more agent flags.
     pub fn start_with(prefix: &str, yaml: &str, mtu: u32, frontend: &str, extra: &[&str]) -> Self {
+        Self::build(prefix, yaml, mtu, frontend, extra, false)
+    }
+
+    /// [`Lab::start_with`] (a 1500-byte underlay), dual-stack: every pod also has its
+    /// IPv6 address (node1's `pod_ip6`, node2's `remote_pod_ip6`) with IPv6 echo servers on
+    /// it, node1's uplink has [`NODE6`] and the external client [`CLIENT6`], the underlay
+    /// is dual-stack, and the agent's NodePort addresses are `192.0.2.1` and [`NODE6`].
+    pub fn start_dual_stack(prefix: &str, yaml: &str, frontend: &str, extra: &[&str]) -> Self {
+        Self::build(prefix, yaml, 1500, frontend, extra, true)
+    }
+
+    fn build(
+        prefix: &str,
+        yaml: &str,
+        mtu: u32,
+        frontend: &str,
+        extra: &[&str],
+        dual: bool,
+    ) -> Self {
         let tag = crate::unique_tag(prefix);
-        let topo = Topology::build(&tag, 1).expect("topology");
-        let ext = topo.add_external_client("up0").expect("external client");
-        // The client reaches externalIPs and LoadBalancer IPs through node1.
-        ext.ns
-            .ip(&["route", "add", "198.51.100.0/24", "via", "192.0.2.1"])
-            .expect("route to the service IPs");
-        let remote = topo.add_remote_node("ul1", mtu, 1).expect("node2");
+        let (topo, ext, remote) = network(&tag, mtu, dual);
         let mut servers = Vec::new();
         for p in topo
             .backends
@@ -123,11 +145,22 @@ impl Lab {
             .chain([&topo.client])
         {
             servers.push(EchoServer::start(&p.ns, &p.name, TCP_PORT, UDP_PORT).expect("server"));
+            if let Some(ip6) = p.ip6 {
+                servers.push(
+                    EchoServer::start_at(&p.ns, &p.name, ip6.into(), TCP_PORT, UDP_PORT)
+                        .expect("IPv6 server"),
+                );
+            }
         }
         let dir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&dir).expect("dir");
         write_atomic(&dir.join("svc.yaml"), yaml).expect("yaml");
-        let args = agent_args(&dir.join("svc.yaml"), "192.0.2.1", extra);
+        let nodeport_addresses = if dual {
+            format!("192.0.2.1,{NODE6}")
+        } else {
+            "192.0.2.1".to_string()
+        };
+        let args = agent_args(&dir.join("svc.yaml"), &nodeport_addresses, extra);
         let agent = Agent::start_with(
             &topo.node,
             &args,
@@ -210,4 +243,26 @@ impl Lab {
     pub fn counter(&self, reason: &str) -> u64 {
         crate::datapath::reason_counts(&self.agent.pins)[reason]
     }
+}
+
+/// Node1 with the client and one backend pod, the external client on `up0` (routing the
+/// service IPs through node1), node2 across an underlay of `mtu` with one pod; with `dual`,
+/// all of it dual-stack.
+fn network(tag: &str, mtu: u32, dual: bool) -> (Topology, Pod, RemoteNode) {
+    let mut topo = Topology::build(tag, 1).expect("topology");
+    let mut ext = topo.add_external_client("up0").expect("external client");
+    // The client reaches externalIPs and LoadBalancer IPs through node1.
+    ext.ns
+        .ip(&["route", "add", "198.51.100.0/24", "via", "192.0.2.1"])
+        .expect("route to the service IPs");
+    let mut remote = topo.add_remote_node("ul1", mtu, 1).expect("node2");
+    if dual {
+        topo.dual_stack().expect("dual-stack pods");
+        topo.add_external_ipv6(&mut ext, "up0", NODE6, CLIENT6)
+            .expect("external IPv6");
+        remote
+            .dual_stack(&topo.node, "ul1")
+            .expect("dual-stack node2");
+    }
+    (topo, ext, remote)
 }

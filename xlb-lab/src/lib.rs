@@ -10,6 +10,7 @@
 //! interfaces or the root cgroup; a namespace is entered only on a dedicated thread or by a
 //! child process (`nsenter`).
 
+pub mod bridge;
 pub mod cgroup;
 pub mod client;
 pub mod compare;

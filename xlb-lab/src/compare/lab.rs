@@ -228,31 +228,9 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
     match spec.mode {
         None => {}
         Some(Impl::Ebpf | Impl::EbpfHost) => start_agent(spec, &mut lab)?,
-        Some(Impl::KubeProxy(Mode::Iptables)) => {
-            for family in families {
-                let settings = for_family(spec.settings, family);
-                let payload = emit::iptables::emit(spec.model, &settings, spec.options);
-                let (restore, iptables) = match family {
-                    IpFamily::V4 => ("iptables-restore", "iptables"),
-                    IpFamily::V6 => ("ip6tables-restore", "ip6tables"),
-                };
-                lab.topo
-                    .node
-                    .feed(restore, &["--noflush"], &payload.render())?;
-                add_jumps(&lab.topo.node, iptables, &emit::iptables::jumps(&payload))?;
-            }
-        }
-        Some(Impl::KubeProxy(Mode::Nftables)) => {
-            // Each family's table carries its own hooks (prerouting, input, forward, output,
-            // postrouting): `ip kube-proxy` and `ip6 kube-proxy`.
-            for family in families {
-                let settings = for_family(spec.settings, family);
-                lab.topo.node.feed(
-                    "nft",
-                    &["-f", "-"],
-                    &emit::render(Mode::Nftables, spec.model, &settings, spec.options),
-                )?;
-            }
+        Some(Impl::KubeProxy(mode @ (Mode::Iptables | Mode::Nftables))) => {
+            let (model, settings, options) = (spec.model, spec.settings, spec.options);
+            install_rules(&lab.topo.node, mode, model, settings, options, &families)?
         }
         Some(Impl::KubeProxy(Mode::Userspace)) => start_userspace(spec, &mut lab)?,
         Some(Impl::KubeProxy(Mode::Ipvs)) => {
@@ -260,6 +238,43 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
         }
     }
     Ok(lab)
+}
+
+/// Installs kube-proxy's rules of `mode` (iptables or nftables) for `model` in `node`, one
+/// proxier per family of `families` (`settings` with each family), as kube-proxy applies
+/// them: iptables with `iptables-restore --noflush` (`ip6tables-restore` for IPv6) and its
+/// jumps into its chains, nftables as one table per family (`ip kube-proxy`, `ip6
+/// kube-proxy`).
+pub fn install_rules(
+    node: &Netns,
+    mode: Mode,
+    model: &Model,
+    settings: &NodeSettings,
+    options: &emit::Options,
+    families: &[IpFamily],
+) -> Result<(), String> {
+    for &family in families {
+        let settings = for_family(settings, family);
+        match mode {
+            Mode::Iptables => {
+                let payload = emit::iptables::emit(model, &settings, options);
+                let (restore, iptables) = match family {
+                    IpFamily::V4 => ("iptables-restore", "iptables"),
+                    IpFamily::V6 => ("ip6tables-restore", "ip6tables"),
+                };
+                node.feed(restore, &["--noflush"], &payload.render())?;
+                add_jumps(node, iptables, &emit::iptables::jumps(&payload))?;
+            }
+            // Each family's table carries its own hooks (prerouting, input, forward,
+            // output, postrouting).
+            Mode::Nftables => {
+                let rules = emit::render(Mode::Nftables, model, &settings, options);
+                node.feed("nft", &["-f", "-"], &rules)?;
+            }
+            other => return Err(format!("{other:?} rules are not installed this way")),
+        }
+    }
+    Ok(())
 }
 
 /// The families kube-proxy's modes are installed for: IPv4 always (kube-proxy's primary
