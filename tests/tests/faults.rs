@@ -203,7 +203,8 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
         }
         seen
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: loading is the verifier's pass over every program, seconds when loaded.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !reader.is_finished() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -298,7 +299,7 @@ fn kill_mid_sync(s: &mut Scenario) -> Duration {
             .ok()
             .and_then(|m| HashMap::<MapData, SvcKey, SvcValue>::try_from(m).ok())
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut killed_at = None;
     let mut map = None;
     while Instant::now() < deadline {
