@@ -49,8 +49,10 @@ impl Kind for objects::EndpointSlice {
     }
 }
 
-/// An object of kind `T`, or what could be read of one that could not be decoded.
+/// An object of kind `T`, or what could be read of one that could not be decoded (rare:
+/// the object is not boxed, which would cost every object an allocation).
 #[derive(Clone, Debug, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Decoded<T> {
     Object(T),
     Undecodable {
