@@ -4,6 +4,7 @@ pub mod attach;
 pub mod batch;
 pub mod bpflog;
 pub mod ct_gc;
+pub mod diverged;
 pub mod kernel;
 pub mod links;
 pub mod loader;
