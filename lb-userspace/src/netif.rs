@@ -1,4 +1,5 @@
-//! The current network namespace's interfaces (if_nameindex asks the kernel over netlink).
+//! The current network namespace's interfaces (if_nameindex asks the kernel over netlink),
+//! their addresses, and a watch of their changes over rtnetlink.
 
 /// Every interface in this process's network namespace, by name, with its index (a
 /// re-created interface has the same name and a new index).
@@ -30,23 +31,24 @@ pub fn interfaces() -> std::collections::BTreeMap<String, u32> {
 pub enum LinkChange {
     /// An interface was added, removed or changed (rtnetlink's link group).
     Links,
-    /// An IPv4 address was added or removed.
+    /// An address of either family was added or removed.
     Addresses,
 }
 
-/// Calls `notify` on every link and IPv4 address change in this namespace, from one thread
-/// for the life of the process (until `notify` returns false). `Err` when the netlink socket
-/// cannot be opened (the caller then polls).
+/// The rtnetlink groups watched: links, and the addresses of both families (an IPv6 address
+/// added after start is a NodePort address as an IPv4 one is).
+const GROUPS: u32 =
+    (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+
+/// Calls `notify` on every link and address change (both families) in this namespace, from
+/// one thread for the life of the process (until `notify` returns false). `Err` when the
+/// netlink socket cannot be opened (the caller then polls).
 pub fn watch_links(
     mut notify: impl FnMut(LinkChange) -> bool + Send + 'static,
 ) -> std::io::Result<()> {
     use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
-    const RTMGRP_LINK: u32 = 1;
-    const RTMGRP_IPV4_IFADDR: u32 = 0x10;
-    const RTM_NEWADDR: u16 = 20;
-    const RTM_DELADDR: u16 = 21;
     let mut sock = Socket::new(NETLINK_ROUTE)?;
-    sock.bind(&SocketAddr::new(0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR))?;
+    sock.bind(&SocketAddr::new(0, GROUPS))?;
     std::thread::Builder::new()
         .name("xlb-links".into())
         .spawn(move || {
@@ -54,32 +56,10 @@ pub fn watch_links(
             loop {
                 buf.clear();
                 // ENOBUFS (an overrun) is a change of both kinds: the caller looks again.
-                let (mut links, mut addrs) = (false, false);
-                match sock.recv(&mut buf, 0) {
-                    Ok(_) => {
-                        // Netlink messages: a 16-byte header (length, type, ...) each.
-                        let mut off = 0;
-                        while off + 16 <= buf.len() {
-                            let len = u32::from_ne_bytes([
-                                buf[off],
-                                buf[off + 1],
-                                buf[off + 2],
-                                buf[off + 3],
-                            ]) as usize;
-                            let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-                            if kind == RTM_NEWADDR || kind == RTM_DELADDR {
-                                addrs = true;
-                            } else {
-                                links = true;
-                            }
-                            if len < 16 {
-                                break;
-                            }
-                            off += (len + 3) & !3;
-                        }
-                    }
-                    Err(_) => (links, addrs) = (true, true),
-                }
+                let (links, addrs) = match sock.recv(&mut buf, 0) {
+                    Ok(_) => changes(&buf),
+                    Err(_) => (true, true),
+                };
                 let sent = (!links || notify(LinkChange::Links))
                     && (!addrs || notify(LinkChange::Addresses));
                 if !sent {
@@ -88,6 +68,45 @@ pub fn watch_links(
             }
         })?;
     Ok(())
+}
+
+/// Whether the rtnetlink messages in `buf` changed links, addresses (of either family):
+/// parsed with netlink-packet-route; a message it cannot parse counts as both (the caller
+/// looks again).
+fn changes(buf: &[u8]) -> (bool, bool) {
+    use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::{RouteNetlinkMessage as Rt, address::AddressAttribute};
+    let (mut links, mut addrs) = (false, false);
+    let mut off = 0;
+    while off < buf.len() {
+        let msg = match NetlinkMessage::<Rt>::deserialize(&buf[off..]) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!("rtnetlink message not understood ({e}); looking again");
+                return (true, true);
+            }
+        };
+        match &msg.payload {
+            NetlinkPayload::InnerMessage(m @ (Rt::NewAddress(a) | Rt::DelAddress(a))) => {
+                addrs = true;
+                let added = matches!(m, Rt::NewAddress(_));
+                for attr in &a.attributes {
+                    if let AddressAttribute::Address(ip) = attr {
+                        tracing::debug!(%ip, index = a.header.index, added, "interface address changed");
+                    }
+                }
+            }
+            NetlinkPayload::InnerMessage(Rt::NewLink(_) | Rt::DelLink(_)) => links = true,
+            _ => {}
+        }
+        let len = msg.header.length as usize;
+        if len == 0 {
+            break;
+        }
+        // Messages are aligned to 4 bytes.
+        off += (len + 3) & !3;
+    }
+    (links, addrs)
 }
 
 /// The addresses of interface `name` in this process's network namespace, both families.
@@ -145,4 +164,62 @@ pub fn ifindex(name: &str) -> Option<u32> {
     // SAFETY: a valid NUL-terminated name.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (i != 0).then_some(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::{
+        AddressFamily, RouteNetlinkMessage as Rt,
+        address::{AddressAttribute, AddressMessage},
+        link::LinkMessage,
+    };
+
+    use super::changes;
+
+    fn bytes(m: Rt) -> Vec<u8> {
+        let mut msg = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(m));
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        buf
+    }
+
+    fn address6(new: bool) -> Rt {
+        let mut a = AddressMessage::default();
+        a.header.family = AddressFamily::Inet6;
+        a.header.prefix_len = 64;
+        a.header.index = 7;
+        a.attributes
+            .push(AddressAttribute::Address("fd00::5".parse().expect("ip")));
+        if new {
+            Rt::NewAddress(a)
+        } else {
+            Rt::DelAddress(a)
+        }
+    }
+
+    #[test]
+    fn ipv6_address_and_link_events_are_told_apart() {
+        assert_eq!(changes(&bytes(address6(true))), (false, true));
+        assert_eq!(changes(&bytes(address6(false))), (false, true));
+        assert_eq!(
+            changes(&bytes(Rt::NewLink(LinkMessage::default()))),
+            (true, false)
+        );
+        let both = [
+            bytes(address6(true)),
+            bytes(Rt::DelLink(LinkMessage::default())),
+        ]
+        .concat();
+        assert_eq!(changes(&both), (true, true));
+        // Something that is not a netlink message: look at everything again.
+        assert_eq!(changes(&[1, 2, 3]), (true, true));
+    }
+
+    #[test]
+    fn the_watch_subscribes_to_both_address_families() {
+        assert_ne!(super::GROUPS & libc::RTMGRP_IPV6_IFADDR as u32, 0);
+        assert_ne!(super::GROUPS & libc::RTMGRP_IPV4_IFADDR as u32, 0);
+    }
 }

@@ -186,6 +186,12 @@ impl Lab {
         lab
     }
 
+    /// Replaces the agent's Service file with `yaml` (atomically: the agent sees the old
+    /// file or the new one).
+    pub fn rewrite(&self, yaml: &str) {
+        write_atomic(&self.dir.join("svc.yaml"), yaml).expect("yaml");
+    }
+
     /// Runs `f` in the external client's namespace.
     pub fn outside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         self.ext.ns.run(f).expect("client thread")

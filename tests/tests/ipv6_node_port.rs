@@ -5,12 +5,14 @@
 //! client's address, the UDP NodePort answers from it too, and the Service's health-check
 //! node port answers on the IPv6 address as a cloud load balancer probes it. IPv6
 //! LoadBalancer IPs routed to the node admit only the clients in their
-//! loadBalancerSourceRanges.
+//! loadBalancerSourceRanges. An IPv6 address added to the node after start is a NodePort
+//! address within a second (rtnetlink's IPv6 address events), and stops being one when it
+//! is removed.
 
 use std::{
     collections::BTreeSet,
     net::{Ipv6Addr, SocketAddr},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use xlb_tests::agent::Agent;
@@ -66,7 +68,7 @@ struct Lab {
     agent: Agent,
     _servers: Vec<EchoServer>,
     ext: Pod,
-    _topo: Topology,
+    topo: Topology,
     dir: std::path::PathBuf,
 }
 
@@ -142,7 +144,7 @@ impl Lab {
             agent,
             _servers,
             ext,
-            _topo: topo,
+            topo,
             dir,
         }
     }
@@ -240,4 +242,81 @@ fn ipv6_source_ranges_admit_only_listed_external_clients() {
     );
     assert!(denied(&agent.pins) > before, "the denied SYNs are counted");
     closed_np.unwrap_or_else(|e| panic!("the NodePort ignores source ranges: {e}"));
+}
+
+/// An IPv6 address added to the node's uplink after the agent started becomes a NodePort
+/// address within a second: the external client reaches the NodePort on it. Removed, it
+/// stops being one within a second.
+#[test]
+fn an_ipv6_address_added_after_start_is_a_node_port_address_within_a_second() {
+    if !require_root("an_ipv6_address_added_after_start_is_a_node_port_address_within_a_second") {
+        return;
+    }
+    let mut lab = Lab::build();
+    let added6 = Ipv6Addr::new(0xfd00, 0x192, 0, 0, 0, 0, 0, 2);
+    let frontend = format!("[{added6}]:30080/TCP");
+    let cidr = format!("{added6}/64");
+    assert!(
+        !lb_userspace::list::services(&lab.agent.pins)
+            .expect("rows")
+            .iter()
+            .any(|r| r.frontend == frontend),
+        "{frontend} before the address exists"
+    );
+    // nodad: the address answers at once (no duplicate address detection on a lab link).
+    lab.topo
+        .node
+        .ip(&["-6", "addr", "add", &cidr, "dev", "up0", "nodad"])
+        .expect("add the address");
+    let took = lab
+        .agent
+        .wait_for(Duration::from_secs(1), |rows| {
+            rows.iter()
+                .any(|r| r.frontend == frontend && r.backends.len() == 3)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{frontend} not a NodePort within 1 s of the address: {e}\n{}",
+                lab.agent.log_text()
+            )
+        });
+    eprintln!("{frontend} programmed {took:?} after the address was added");
+    let to = SocketAddr::from((added6, 30080));
+    let answer = lab
+        .ext
+        .ns
+        .run(move || tcp_request(to, Duration::from_secs(2)))
+        .expect("client")
+        .unwrap_or_else(|e| panic!("the NodePort on the added address: {e}"));
+    assert!(
+        answer.seen_client.starts_with(&format!("[{CLIENT6}]:")),
+        "{}",
+        answer.seen_client
+    );
+    lab.topo
+        .node
+        .ip(&["-6", "addr", "del", &cidr, "dev", "up0"])
+        .expect("remove the address");
+    let removed = Instant::now();
+    lab.agent
+        .wait_for(Duration::from_secs(1), |rows| {
+            !rows.iter().any(|r| r.frontend == frontend)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{frontend} still a NodePort 1 s after its address went: {e}\n{}",
+                lab.agent.log_text()
+            )
+        });
+    eprintln!(
+        "{frontend} removed {:?} after the address",
+        removed.elapsed()
+    );
+    // The node's first address still serves.
+    let first = SocketAddr::from((NODE6, 30080));
+    lab.ext
+        .ns
+        .run(move || tcp_request(first, Duration::from_secs(2)))
+        .expect("client")
+        .unwrap_or_else(|e| panic!("the NodePort on the node's first address: {e}"));
 }

@@ -20,6 +20,7 @@ use tracing::{debug, error, info, warn};
 mod feed;
 mod interfaces;
 mod program;
+mod retry;
 mod sockets;
 mod start;
 
@@ -183,6 +184,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             }
         }
         state.prune_when_due(&mut last_prune);
+        state.retry_when_due();
         let due = state.due(last_sync, opts.min_sync);
         if let Some(due) = due
             && Instant::now() >= due
@@ -222,7 +224,9 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         // the stop flag.
         state.release_after_full_sync();
         let poll = !links_watched || ifs.retrying();
-        let Some(first) = next_wake(&wake, due, poll.then_some(opts.poll))? else {
+        // A waiting sync takes due retries in; without one, a retry's time wakes the loop.
+        let wake_at = due.or(state.retries.next_due());
+        let Some(first) = next_wake(&wake, wake_at, poll.then_some(opts.poll))? else {
             continue;
         };
         for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
@@ -337,6 +341,8 @@ struct State {
     /// Source errors since the last sync.
     errors: u64,
     zone: Option<String>,
+    /// Services whose writes failed, retried each on its own.
+    retries: retry::Retries,
 }
 
 impl State {
@@ -353,6 +359,18 @@ impl State {
         if self.ready && last_prune.elapsed() >= PRUNE {
             *last_prune = Instant::now();
             self.full = true;
+            self.dirty.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// A failed service's retry is due: a sync is wanted (it takes that service in).
+    fn retry_when_due(&mut self) {
+        if self.ready
+            && self
+                .retries
+                .next_due()
+                .is_some_and(|at| at <= Instant::now())
+        {
             self.dirty.get_or_insert_with(Instant::now);
         }
     }

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod bpflog;
 pub mod ct_egress;
 pub mod ct_gc;
+pub mod diverged;
 pub mod kernel;
 pub mod links;
 pub mod loader;

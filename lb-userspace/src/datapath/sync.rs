@@ -14,6 +14,19 @@ pub struct SyncReport {
     pub writes: usize,
     pub deletes: usize,
     pub errors: Vec<WriteError>,
+    /// Service index → the first error that left its frontend (or its name or source range)
+    /// unwritten: a failed backend names every frontend that had to wait for it.
+    pub by_service: BTreeMap<u32, WriteError>,
+}
+
+impl SyncReport {
+    /// A failed write, of service index `svc_id` when it has one.
+    fn fail(&mut self, svc_id: Option<u32>, e: WriteError) {
+        if let Some(id) = svc_id {
+            self.by_service.entry(id).or_insert_with(|| e.clone());
+        }
+        self.errors.push(e);
+    }
 }
 
 /// Moves the maps from `current` to `desired`; returns what is programmed afterwards (equal
@@ -66,7 +79,7 @@ pub fn apply_touched(
     a.put_src_ranges();
     // 2. The desired frontends: names, then slots, then entries, then the slots past an
     // entry's new count trimmed. A frontend whose backend or slot failed keeps its old entry.
-    let frontends = a.frontends_to_write(&failed_backends);
+    let frontends = a.frontends_to_write(failed_backends);
     a.put_names(&frontends);
     let (failed_frontends, old_counts) = a.put_slots_and_entries(&frontends);
     a.trim_slots(&frontends, &failed_frontends, &old_counts);
@@ -104,8 +117,8 @@ impl Apply<'_> {
     }
 
     /// Backends that are new or changed, batched (a cold sync writes them all at once);
-    /// the indices whose write failed.
-    fn put_backends(&mut self) -> BTreeSet<u32> {
+    /// the indices whose write failed, with the error.
+    fn put_backends(&mut self) -> BTreeMap<u32, WriteError> {
         let (now, desired) = (&*self.now, self.desired);
         let backends: Vec<(u32, Backend)> = self
             .touched
@@ -115,11 +128,16 @@ impl Apply<'_> {
             .filter(|(id, be)| now.backends.get(id) != Some(be))
             .collect();
         let failed = self.w.put_backends(&backends);
-        let failed_backends: BTreeSet<u32> = failed.iter().map(|(i, _)| backends[*i].0).collect();
         self.r.writes += backends.len() - failed.len();
-        self.r.errors.extend(failed.into_iter().map(|(_, e)| e));
+        let failed_backends: BTreeMap<u32, WriteError> = failed
+            .into_iter()
+            .map(|(i, e)| {
+                self.r.errors.push(e.clone());
+                (backends[i].0, e)
+            })
+            .collect();
         for (id, be) in &backends {
-            if !failed_backends.contains(id) {
+            if !failed_backends.contains_key(id) {
                 self.now.backends.insert(*id, *be);
             }
         }
@@ -141,28 +159,40 @@ impl Apply<'_> {
                     self.now.src_ranges.insert(*range);
                     self.r.writes += 1;
                 }
-                Err(e) => self.r.errors.push(e),
+                Err(e) => self.r.fail(Some(range.svc_id), e),
             }
         }
     }
 
     /// The desired entries of the touched frontends, but those with a slot naming a
-    /// backend whose write failed.
-    fn frontends_to_write(&self, failed_backends: &BTreeSet<u32>) -> Vec<(SvcKey, SvcValue)> {
+    /// backend whose write failed (that error is theirs).
+    fn frontends_to_write(
+        &mut self,
+        failed_backends: BTreeMap<u32, WriteError>,
+    ) -> Vec<(SvcKey, SvcValue)> {
         let desired = self.desired;
-        self.touched
+        let mut out = Vec::new();
+        for (k, v) in self
+            .touched
             .frontends
             .iter()
             .filter_map(|k| desired.services.get(k).map(|v| (*k, *v)))
-            .filter(|(k, v)| {
-                !(1..=v.count).any(|slot| {
-                    desired
-                        .services
-                        .get(&SvcKey { slot, ..*k })
-                        .is_some_and(|s| failed_backends.contains(&s.backend_id))
-                })
-            })
-            .collect()
+        {
+            let failed = (1..=v.count).find_map(|slot| {
+                let s = desired.services.get(&SvcKey { slot, ..k })?;
+                failed_backends.get(&s.backend_id)
+            });
+            match failed {
+                Some(e) => {
+                    self.r
+                        .by_service
+                        .entry(v.svc_id)
+                        .or_insert_with(|| e.clone());
+                }
+                None => out.push((k, v)),
+            }
+        }
+        out
     }
 
     /// The names of `frontends`' services that are new or changed, as one batch.
@@ -182,7 +212,9 @@ impl Apply<'_> {
         let failed = self.w.put_names(&names);
         let failed_names: BTreeSet<usize> = failed.iter().map(|(i, _)| *i).collect();
         self.r.writes += names.len() - failed.len();
-        self.r.errors.extend(failed.into_iter().map(|(_, e)| e));
+        for (i, e) in failed {
+            self.r.fail(Some(names[i].0), e);
+        }
         for (i, (id, name, _)) in names.iter().enumerate() {
             if !failed_names.contains(&i) {
                 self.now.names.insert(*id, *name);
@@ -227,7 +259,7 @@ impl Apply<'_> {
             self.r.writes += written;
             start += written;
             let Some(e) = failed else { break };
-            self.r.errors.push(e);
+            self.r.fail(Some(writes[start].1.svc_id), e);
             let frontend = frontend_of(&writes[start].0);
             failed_frontends.insert(frontend);
             // Past the failed frontend's remaining writes.
@@ -278,7 +310,7 @@ impl Apply<'_> {
                         self.now.names.remove(&svc_id);
                         self.r.deletes += 1;
                     }
-                    Err(e) => self.r.errors.push(e),
+                    Err(e) => self.r.fail(Some(svc_id), e),
                 }
             }
         }
@@ -299,7 +331,7 @@ impl Apply<'_> {
                     self.now.src_ranges.remove(range);
                     self.r.deletes += 1;
                 }
-                Err(e) => self.r.errors.push(e),
+                Err(e) => self.r.fail(Some(range.svc_id), e),
             }
         }
     }
@@ -381,9 +413,9 @@ fn write_filter(
 }
 
 fn delete_svc(w: &mut dyn MapWriter, now: &mut Desired, r: &mut SyncReport, key: SvcKey) -> bool {
-    if !now.services.contains_key(&key) {
+    let Some(svc_id) = now.services.get(&key).map(|v| v.svc_id) else {
         return true;
-    }
+    };
     match w.del_svc(&key) {
         Ok(()) => {
             now.services.remove(&key);
@@ -391,7 +423,7 @@ fn delete_svc(w: &mut dyn MapWriter, now: &mut Desired, r: &mut SyncReport, key:
             true
         }
         Err(e) => {
-            r.errors.push(e);
+            r.fail(Some(svc_id), e);
             false
         }
     }

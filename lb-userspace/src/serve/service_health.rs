@@ -1,10 +1,12 @@
 //! kube-proxy's service health server: for each Service with externalTrafficPolicy Local and
 //! a healthCheckNodePort, an HTTP server on that port (on each NodePort address) answers 200
-//! while this node has local endpoints for it and 503 otherwise, so an external load
-//! balancer only sends traffic to nodes that can serve it without a second hop.
+//! while this node has ready local endpoints for it and 503 otherwise, so an external load
+//! balancer only sends traffic to nodes that can serve it without a second hop, and drains
+//! a node whose pods are shutting down (serving-terminating endpoints still get traffic
+//! through the fallback, but do not count here, as in kube-proxy).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::{
         Arc, Mutex,
@@ -25,6 +27,7 @@ use crate::model::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckedService {
     pub service: ServiceRef,
+    /// Ready endpoints on this node, by address over all the Service's ports.
     pub local_endpoints: usize,
 }
 
@@ -32,38 +35,53 @@ pub struct CheckedService {
 pub fn desired(model: &Model, node_name: &str) -> BTreeMap<u16, CheckedService> {
     let mut out: BTreeMap<u16, CheckedService> = BTreeMap::new();
     // Both families' service ports (an IPv6-only Service has a health check too); a
-    // dual-stack Service's one port is answered for both, by the family with more local
-    // endpoints (kube-proxy runs a server per family, each counting its own).
-    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
+    // dual-stack Service's one port is answered for both, by the family with more ready
+    // local endpoints (kube-proxy runs a proxier per family, each counting its own).
+    for family in [IpFamily::V4, IpFamily::V6] {
         let settings = NodeSettings {
             node_name: node_name.to_string(),
             family,
             ..NodeSettings::default()
         };
-        service_ports(model, &settings)
-    });
-    for view in views {
-        let Some(port) = view.health_check_node_port.filter(|p| *p != 0) else {
-            continue;
-        };
-        if !view.external_policy_local() {
-            continue;
+        // kube-proxy's LocalReadyEndpoints: the ready endpoints on this node, counted by
+        // address over all the Service's ports (10.0.0.1:80 and 10.0.0.1:443 are one), never
+        // the serving-terminating fallback.
+        let mut ready_local: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
+        for view in service_ports(model, &settings) {
+            let Some(port) = view.health_check_node_port.filter(|p| *p != 0) else {
+                continue;
+            };
+            if !view.external_policy_local() {
+                continue;
+            }
+            let entry = out.entry(port).or_insert_with(|| CheckedService {
+                service: view.service.id.clone(),
+                local_endpoints: 0,
+            });
+            if entry.service != view.service.id {
+                // Another Service with the same port: the first one keeps it.
+                continue;
+            }
+            let ips = ready_local.entry(port).or_default();
+            ips.extend(
+                view.endpoints
+                    .iter()
+                    .filter(|e| e.local && e.ready)
+                    .map(|e| e.ip),
+            );
+            entry.local_endpoints = entry.local_endpoints.max(ips.len());
         }
-        let local = view.categorized.local.len();
-        let entry = out.entry(port).or_insert_with(|| CheckedService {
-            service: view.service.id.clone(),
-            local_endpoints: 0,
-        });
-        // One Service, several ports: the port with the most local endpoints speaks for it.
-        entry.local_endpoints = entry.local_endpoints.max(local);
     }
     out
 }
 
-/// The answer for one service, in kube-proxy's format.
+/// The answer for one service, as kube-proxy's: 200 while it has ready local endpoints and
+/// the proxy is healthy, else 503; `application/json`, `nosniff`, the endpoint count as the
+/// load-balancing weight (kube-proxy sends it even when 0), and its JSON body (tab-indented,
+/// no final newline).
 pub fn response(s: &CheckedService, proxy_healthy: bool) -> Response {
     let body = format!(
-        "{{\n\t\"service\": {{\n\t\t\"namespace\": {:?},\n\t\t\"name\": {:?}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}\n",
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": {:?},\n\t\t\"name\": {:?}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}",
         s.service.namespace, s.service.name, s.local_endpoints, proxy_healthy
     );
     Response {
@@ -177,5 +195,60 @@ mod tests {
         );
         assert_eq!(response(&svc(0), true).status, "503 Service Unavailable");
         assert_eq!(response(&svc(2), false).status, "503 Service Unavailable");
+        assert!(
+            response(&svc(0), true)
+                .headers
+                .contains(&"X-Load-Balancing-Endpoint-Weight: 0".to_string())
+        );
+        assert_eq!(
+            response(&svc(1), true).body,
+            "{\n\t\"service\": {\n\t\t\"namespace\": \"ns\",\n\t\t\"name\": \"web\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
+        );
+    }
+
+    /// An eTP Local LoadBalancer `ns/web` with health-check node port 32000, ports 80 and
+    /// 443, and a slice of `(ip, node, ready, serving, terminating)` endpoints.
+    fn local_lb(eps: &[(&str, &str, bool, bool, bool)]) -> Model {
+        let mut y = String::from(
+            "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.1\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n  ports: [{name: a, port: 80, nodePort: 30080}, {name: b, port: 443, nodePort: 30443}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: a, port: 8080}, {name: b, port: 8443}]\nendpoints:\n",
+        );
+        for (ip, node, ready, serving, terminating) in eps {
+            y.push_str(&format!(
+                "- {{addresses: [{ip}], nodeName: {node}, conditions: {{ready: {ready}, serving: {serving}, terminating: {terminating}}}}}\n"
+            ));
+        }
+        let loaded = crate::source::file::parse("t.yaml", &y).expect("yaml");
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        loaded.model
+    }
+
+    #[test]
+    fn only_ready_local_endpoints_count_by_address_over_the_ports() {
+        let count = |eps: &[(&str, &str, bool, bool, bool)]| {
+            desired(&local_lb(eps), "n1")
+                .get(&32000)
+                .expect("served")
+                .local_endpoints
+        };
+        // One pod serves both ports: one endpoint, as kube-proxy counts it.
+        assert_eq!(count(&[("10.0.0.1", "n1", true, true, false)]), 1);
+        // Remote and not-ready ones do not count.
+        assert_eq!(
+            count(&[
+                ("10.0.0.1", "n1", true, true, false),
+                ("10.0.0.2", "n2", true, true, false),
+                ("10.0.0.3", "n1", false, false, false),
+            ]),
+            1
+        );
+        // Only serving-terminating local endpoints: traffic still goes to them (the
+        // fallback), but the node reports none, so a load balancer drains it.
+        assert_eq!(
+            count(&[
+                ("10.0.0.1", "n1", false, true, true),
+                ("10.0.0.4", "n1", false, true, true),
+            ]),
+            0
+        );
     }
 }

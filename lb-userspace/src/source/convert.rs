@@ -1,8 +1,7 @@
-//! Kubernetes objects (k8s-openapi types) → model, with kube-proxy's reading of each field.
+//! Kubernetes objects (as [`super::objects`] reads them) → model, with kube-proxy's reading
+//! of each field.
 
-use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
-
-use super::SourceError;
+use super::{SourceError, objects as obj};
 use crate::model::{
     Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Name, Protocol,
     Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy, intern,
@@ -59,7 +58,7 @@ impl Object<'_> {
 }
 
 /// Converts a Service. ExternalName and headless services are ignored, as kube-proxy does.
-pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
+pub fn service(svc: &obj::Service) -> Result<Converted<Service>, SourceError> {
     let id = service_ref(&svc.metadata);
     let name = id.to_string();
     let obj = Object {
@@ -112,7 +111,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>, SourceError> {
 
 /// `clusterIPs` (else `clusterIP`); `None` for a headless service or one without any.
 fn cluster_ips(
-    spec: &core::ServiceSpec,
+    spec: &obj::ServiceSpec,
     obj: &Object<'_>,
 ) -> Result<Option<Vec<std::net::IpAddr>>, SourceError> {
     let mut raw_ips = spec.cluster_ips.clone().unwrap_or_default();
@@ -138,7 +137,7 @@ fn cluster_ips(
 
 /// `spec.ports`: at least one, each with a valid port, protocol and nodePort.
 fn service_ports(
-    spec: &core::ServiceSpec,
+    spec: &obj::ServiceSpec,
     obj: &Object<'_>,
 ) -> Result<Vec<ServicePort>, SourceError> {
     let mut ports = Vec::new();
@@ -187,7 +186,7 @@ fn service_ports(
 // kube-proxy drops externalIPs, ingress IPs and source ranges it cannot parse (they are
 // usually of the other family); so does the model, with a log line.
 
-fn external_ips(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<std::net::IpAddr> {
+fn external_ips(spec: &obj::ServiceSpec, id: &ServiceRef) -> Vec<std::net::IpAddr> {
     let mut external_ips = Vec::new();
     for raw in spec.external_ips.iter().flatten() {
         match parse_ip(raw) {
@@ -199,7 +198,7 @@ fn external_ips(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<std::net::IpAd
 }
 
 /// The LoadBalancer ingress IPs (not those with ipMode Proxy).
-fn load_balancer_ips(svc: &core::Service, id: &ServiceRef) -> Vec<std::net::IpAddr> {
+fn load_balancer_ips(svc: &obj::Service, id: &ServiceRef) -> Vec<std::net::IpAddr> {
     let mut load_balancer_ips = Vec::new();
     let ingress = svc
         .status
@@ -223,7 +222,7 @@ fn load_balancer_ips(svc: &core::Service, id: &ServiceRef) -> Vec<std::net::IpAd
     load_balancer_ips
 }
 
-fn source_ranges(spec: &core::ServiceSpec, id: &ServiceRef) -> Vec<Cidr> {
+fn source_ranges(spec: &obj::ServiceSpec, id: &ServiceRef) -> Vec<Cidr> {
     let raw = spec
         .load_balancer_source_ranges
         .as_deref()
@@ -252,7 +251,7 @@ fn parse_source_ranges(raw: &[String], id: &ServiceRef) -> (Vec<Cidr>, Vec<Strin
     (ranges, refused)
 }
 
-fn session_affinity(spec: &core::ServiceSpec) -> SessionAffinity {
+fn session_affinity(spec: &obj::ServiceSpec) -> SessionAffinity {
     match spec.session_affinity.as_deref() {
         Some("ClientIP") => SessionAffinity::ClientIp {
             timeout_seconds: spec
@@ -270,9 +269,7 @@ fn session_affinity(spec: &core::ServiceSpec) -> SessionAffinity {
 
 /// Converts an EndpointSlice. FQDN slices and slices without the service-name label are
 /// ignored; an endpoint address of the wrong family is skipped with a log line.
-pub fn endpoint_slice(
-    slice: &discovery::EndpointSlice,
-) -> Result<Converted<EndpointSlice>, SourceError> {
+pub fn endpoint_slice(slice: &obj::EndpointSlice) -> Result<Converted<EndpointSlice>, SourceError> {
     let meta = &slice.metadata;
     let name = meta.name.clone().unwrap_or_default();
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
@@ -328,7 +325,7 @@ pub fn endpoint_slice(
 
 /// The slice's ports (a port without a number is skipped).
 fn slice_ports(
-    slice: &discovery::EndpointSlice,
+    slice: &obj::EndpointSlice,
     obj: &Object<'_>,
 ) -> Result<Vec<EndpointPort>, SourceError> {
     let mut ports = Vec::new();
@@ -360,7 +357,7 @@ fn slice_ports(
 /// Endpoint `i` of a slice; `None` when none of its addresses is of the slice's family.
 fn endpoint(
     i: usize,
-    ep: &discovery::Endpoint,
+    ep: &obj::Endpoint,
     want_v4: bool,
     obj: &Object<'_>,
 ) -> Result<Option<Endpoint>, SourceError> {

@@ -5,7 +5,6 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::Deserialize;
 
 use tracing::{debug, error, warn};
@@ -14,7 +13,7 @@ use super::{
     SourceError,
     convert::{self, Converted},
     events::{self, Event, Timed},
-    testconfig,
+    objects, testconfig,
 };
 use crate::model::Model;
 
@@ -116,7 +115,7 @@ fn take_document(loaded: &mut Loaded, doc: &Document<'_>, value: serde_yaml::Val
                 Err(e) => loaded.errors.push(e),
             }
         }
-        ("v1", "Service") => match decode::<core::Service>(doc, value) {
+        ("v1", "Service") => match decode::<objects::Service>(doc, value) {
             Ok(svc) => match convert::service(&svc) {
                 Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
                 Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
@@ -125,7 +124,7 @@ fn take_document(loaded: &mut Loaded, doc: &Document<'_>, value: serde_yaml::Val
             Err(e) => loaded.errors.push(e),
         },
         ("discovery.k8s.io/v1", "EndpointSlice") => {
-            match decode::<discovery::EndpointSlice>(doc, value) {
+            match decode::<objects::EndpointSlice>(doc, value) {
                 Ok(slice) => match convert::endpoint_slice(&slice) {
                     Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
                     Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
@@ -141,7 +140,7 @@ fn take_document(loaded: &mut Loaded, doc: &Document<'_>, value: serde_yaml::Val
     }
 }
 
-/// Decodes a document into its k8s-openapi type; a field of the wrong type is an error of
+/// Decodes a document into the proxy's reading of its type; a field of the wrong type is an error of
 /// this document alone.
 fn decode<T: serde::de::DeserializeOwned>(
     doc: &Document<'_>,

@@ -4,6 +4,7 @@ pub mod convert;
 pub mod events;
 pub mod file;
 pub mod kube;
+pub mod objects;
 pub mod testconfig;
 
 use thiserror::Error;
@@ -35,6 +36,14 @@ pub enum SourceError {
         field: String,
         #[source]
         source: serde_yaml::Error,
+    },
+    /// A watched object a field of which the proxy reads could not be decoded: it is
+    /// skipped, the watch goes on.
+    #[error("{kind} {object}: cannot decode: {reason}; skipped")]
+    Undecodable {
+        kind: &'static str,
+        object: String,
+        reason: String,
     },
     #[error("{kind} {object}: {field} {value:?} is invalid: {reason}")]
     Invalid {

@@ -5,9 +5,11 @@
 //! compaction point, paged lists at one resourceVersion (and an expired continue token), a
 //! Service leaving the label selector (DELETED), watches from the current state, 403/429/
 //! 500/503 and an API server down at start or later, and one kind's list held while the
-//! others complete; 1,000 endpoint changes in a burst.
+//! others complete; 1,000 endpoint changes in a burst; odd objects (a null condition time,
+//! unknown fields, an undecodable field) that never fail the watch.
 
 mod burst;
+mod decode;
 mod faults;
 mod follow;
 mod lists;

@@ -5,6 +5,10 @@
 //! re-lists in the reflector's buffer and the store swaps atomically when the new list is
 //! complete; then the whole state is sent again, so the agent never sees half a list.
 //!
+//! Services and EndpointSlices are decoded as the proxy reads them ([`decoded`]): an object
+//! the API server accepted never fails its watch; one the proxy cannot read is reported by
+//! name and skipped.
+//!
 //! Failing requests back off as client-go's reflector does: 0.8 s doubling to 30 s (jittered)
 //! while a watcher makes no progress; 429/503/504 are retried a few times first, no sooner
 //! than `Retry-After`, and never more than a few seconds apart.
@@ -19,10 +23,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, stream};
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, Config,
     client::{ClientBuilder, retry::RetryPolicy},
@@ -39,10 +40,11 @@ use thiserror::Error;
 use tower::{buffer::BufferLayer, retry::RetryLayer};
 use tracing::{info, warn};
 
+mod decoded;
 mod stores;
 
+pub use stores::{EndpointSlice, Service, ZONE_LABEL, node_deleting, snapshot};
 use stores::{Stores, Watched};
-pub use stores::{ZONE_LABEL, node_deleting, snapshot};
 
 use super::events::Timed;
 

@@ -3,34 +3,41 @@
 //! under their service so a relabelled or deleted slice leaves where it was, the Node's zone
 //! and deletion, and the whole state at once after a (re)list.
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Resource,
+    runtime::{reflector::Store, watcher},
 };
-use kube::runtime::{reflector::Store, watcher};
 use tracing::debug;
 
+use super::decoded::Decoded;
 use crate::{
     model::{Name, ServiceRef, intern},
     source::{
         convert::{self, Converted},
         events::Event,
         file::Loaded,
+        objects,
     },
 };
+
+/// A watched Service, as decoded.
+pub type Service = Decoded<objects::Service>;
+/// A watched EndpointSlice, as decoded.
+pub type EndpointSlice = Decoded<objects::EndpointSlice>;
 
 /// Builds the model from the stores' current contents.
 pub fn snapshot(services: &Store<Service>, slices: &Store<EndpointSlice>) -> Loaded {
     let mut loaded = Loaded::default();
     for svc in services.state() {
-        match convert::service(&svc) {
+        match svc.object().and_then(convert::service) {
             Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
             Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
             Err(e) => loaded.errors.push(e),
         }
     }
     for slice in slices.state() {
-        match convert::endpoint_slice(&slice) {
+        match slice.object().and_then(convert::endpoint_slice) {
             Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
             Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
             Err(e) => loaded.errors.push(e),
@@ -93,7 +100,7 @@ impl Stores {
             .slices
             .state()
             .iter()
-            .filter_map(|s| match convert::endpoint_slice(s) {
+            .filter_map(|s| match s.object().and_then(convert::endpoint_slice) {
                 Ok(Converted::Take(t)) => Some((slice_key(s), (t.service, t.name))),
                 _ => None,
             })
@@ -124,7 +131,7 @@ impl Stores {
         let taken = if deleted {
             None
         } else {
-            match convert::endpoint_slice(s) {
+            match s.object().and_then(convert::endpoint_slice) {
                 Ok(Converted::Take(slice)) => Some(slice),
                 Ok(Converted::Ignore(why)) => {
                     debug!("ignored: {why}");
@@ -161,19 +168,21 @@ impl Stores {
 
 /// An EndpointSlice object's `namespace/name`.
 fn slice_key(s: &EndpointSlice) -> String {
+    let meta = s.meta();
     format!(
         "{}/{}",
-        s.metadata.namespace.as_deref().unwrap_or("default"),
-        s.metadata.name.as_deref().unwrap_or_default()
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
     )
 }
 
 /// A Service changed or gone: its model form, or its removal when it is gone, not proxied
-/// or invalid (then with the error).
+/// or invalid or cannot be decoded (then with the error).
 fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
+    let meta = s.meta();
     let id = ServiceRef {
-        namespace: intern(s.metadata.namespace.as_deref().unwrap_or("default")),
-        name: intern(s.metadata.name.as_deref().unwrap_or_default()),
+        namespace: intern(meta.namespace.as_deref().unwrap_or("default")),
+        name: intern(meta.name.as_deref().unwrap_or_default()),
     };
     let gone = Event::Service {
         id: id.clone(),
@@ -182,7 +191,7 @@ fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
     if deleted {
         return vec![gone];
     }
-    match convert::service(s) {
+    match s.object().and_then(convert::service) {
         Ok(Converted::Take(svc)) => vec![Event::Service {
             id: svc.id.clone(),
             service: Some(Box::new(svc)),
@@ -324,6 +333,38 @@ mod tests {
         assert!(
             err.to_string().contains("ns/bad"),
             "names the object: {err}"
+        );
+    }
+
+    #[test]
+    fn an_undecodable_service_or_slice_is_an_error_naming_it_and_is_left_out() {
+        let bad = service(json!({
+            "metadata": {"namespace": "ns", "name": "bad"},
+            "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": "eighty"}]},
+        }));
+        let e = service_event(&bad, false);
+        assert_eq!(short(&e), ["error", "gone ns/bad"]);
+        let Event::Error(err) = &e[0] else {
+            unreachable!()
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("Service ns/bad: cannot decode: spec.ports[0].port"),
+            "{text}"
+        );
+        let mut st = stores();
+        let s1 = slice("s1", Some("web"), "IPv4", "10.244.0.1");
+        st.slice_events(&s1, false);
+        let odd: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "s1",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": "10.244.0.1"}],
+        }))
+        .expect("decodes as undecodable");
+        assert_eq!(
+            short(&st.slice_events(&odd, false)),
+            ["error", "unslice ns/web s1"]
         );
     }
 

@@ -1,0 +1,289 @@
+//! Where the maps differ from the desired state after a sync whose writes partly failed:
+//! the programmed values of those keys only (a full map refused a frontend: its entries as
+//! far as they were written), split by the service port (service index) they belong to.
+//! The agent keeps them per service and retries each on its own ([`crate::agent`]); every
+//! other key is what the desired state says, so other services keep syncing incrementally.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+
+use super::sync::set_word;
+use crate::desired::{Desired, SrcRange, Touched};
+
+/// The programmed state of keys that differ from the desired state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diverged {
+    /// Frontend (slot 0) → its programmed service map entries (its entry and slots).
+    pub frontends: BTreeMap<SvcKey, Vec<(SvcKey, SvcValue)>>,
+    /// Service index → its programmed name (`None`: none), for the diverged frontends.
+    pub names: BTreeMap<u32, Option<SvcName>>,
+    pub backends: BTreeMap<u32, Option<Backend>>,
+    /// Source range → whether it is programmed.
+    pub src_ranges: BTreeMap<SrcRange, bool>,
+    /// Filter word → its programmed bits.
+    pub filter: BTreeMap<u32, u64>,
+}
+
+/// The entry (slot 0) of a slot's frontend.
+fn frontend_of(k: &SvcKey) -> SvcKey {
+    SvcKey { slot: 0, ..*k }
+}
+
+fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
+    bits.range(word * 64..(word + 1) * 64)
+        .fold(0, |acc, b| acc | 1u64 << (b % 64))
+}
+
+impl Diverged {
+    /// The keys `touched` names whose value in `now` (what is programmed of them) differs
+    /// from `desired`, with `now`'s value. A frontend differs when its entry, a slot up to
+    /// either count, or the name of its service index does.
+    pub fn of(now: &Desired, desired: &Desired, touched: &Touched) -> Self {
+        let mut d = Diverged::default();
+        for f in &touched.frontends {
+            let (have, want) = (now.services.get(f), desired.services.get(f));
+            let slots = have.map_or(0, |v| v.count).max(want.map_or(0, |v| v.count));
+            let ids: BTreeSet<u32> = [have, want]
+                .into_iter()
+                .flatten()
+                .map(|v| v.svc_id)
+                .collect();
+            let differs = have != want
+                || (1..=slots).any(|slot| {
+                    let k = SvcKey { slot, ..*f };
+                    now.services.get(&k) != desired.services.get(&k)
+                })
+                || ids
+                    .iter()
+                    .any(|id| now.names.get(id) != desired.names.get(id));
+            if !differs {
+                continue;
+            }
+            let mut entries: Vec<(SvcKey, SvcValue)> = (1..=slots)
+                .filter_map(|slot| {
+                    let k = SvcKey { slot, ..*f };
+                    now.services.get(&k).map(|v| (k, *v))
+                })
+                .collect();
+            entries.extend(have.map(|v| (*f, *v)));
+            d.frontends.insert(*f, entries);
+            for id in ids {
+                d.names.insert(id, now.names.get(&id).copied());
+            }
+        }
+        for id in &touched.backends {
+            if now.backends.get(id) != desired.backends.get(id) {
+                d.backends.insert(*id, now.backends.get(id).copied());
+            }
+        }
+        for r in &touched.src_ranges {
+            let have = now.src_ranges.contains(r);
+            if have != desired.src_ranges.contains(r) {
+                d.src_ranges.insert(*r, have);
+            }
+        }
+        for &w in &touched.filter_words {
+            let have = word_of(&now.filter, w);
+            if have != word_of(&desired.filter, w) {
+                d.filter.insert(w, have);
+            }
+        }
+        d
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frontends.is_empty()
+            && self.names.is_empty()
+            && self.backends.is_empty()
+            && self.src_ranges.is_empty()
+            && self.filter.is_empty()
+    }
+
+    /// Its keys, as an apply compares them.
+    pub fn touched(&self) -> Touched {
+        Touched {
+            frontends: self.frontends.keys().copied().collect(),
+            backends: self.backends.keys().copied().collect(),
+            src_ranges: self.src_ranges.keys().copied().collect(),
+            filter_words: self.filter.keys().copied().collect(),
+        }
+    }
+
+    /// Whether `t` names any of its keys.
+    pub fn overlaps(&self, t: &Touched) -> bool {
+        self.frontends.keys().any(|k| t.frontends.contains(k))
+            || self.backends.keys().any(|k| t.backends.contains(k))
+            || self.src_ranges.keys().any(|k| t.src_ranges.contains(k))
+            || self.filter.keys().any(|k| t.filter_words.contains(k))
+    }
+
+    /// Puts what it says of its keys into `now` (what is programmed, as far as the desired
+    /// state or a journal knows): every entry of its frontends replaced by theirs.
+    pub fn overlay(&self, now: &mut Desired) {
+        if !self.frontends.is_empty() {
+            now.services
+                .retain(|k, _| !self.frontends.contains_key(&frontend_of(k)));
+            now.services
+                .extend(self.frontends.values().flatten().copied());
+        }
+        for (id, name) in &self.names {
+            match name {
+                Some(n) => now.names.insert(*id, *n),
+                None => now.names.remove(id),
+            };
+        }
+        for (id, be) in &self.backends {
+            match be {
+                Some(b) => now.backends.insert(*id, *b),
+                None => now.backends.remove(id),
+            };
+        }
+        for (r, have) in &self.src_ranges {
+            match have {
+                true => now.src_ranges.insert(*r),
+                false => now.src_ranges.remove(r),
+            };
+        }
+        for (w, bits) in &self.filter {
+            set_word(&mut now.filter, *w, *bits);
+        }
+    }
+
+    /// Takes in `other` (its values win).
+    pub fn merge(&mut self, other: Diverged) {
+        self.frontends.extend(other.frontends);
+        self.names.extend(other.names);
+        self.backends.extend(other.backends);
+        self.src_ranges.extend(other.src_ranges);
+        self.filter.extend(other.filter);
+    }
+
+    /// Split by service index: a frontend and its name go with its index (the desired
+    /// entry's, else the programmed one's), a source range with its own, a backend with
+    /// every diverged frontend whose desired slots name it; what belongs to none (a backend
+    /// or filter word alone) goes under index 0.
+    pub fn by_service(self, desired: &Desired) -> BTreeMap<u32, Diverged> {
+        let mut out: BTreeMap<u32, Diverged> = BTreeMap::new();
+        let mut users: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        for (f, entries) in self.frontends {
+            let want = desired.services.get(&f);
+            let id = want
+                .map(|v| v.svc_id)
+                .or_else(|| {
+                    entries
+                        .iter()
+                        .find(|(k, _)| k.slot == 0)
+                        .map(|(_, v)| v.svc_id)
+                })
+                .or_else(|| entries.first().map(|(_, v)| v.svc_id))
+                .unwrap_or(0);
+            for slot in 1..=want.map_or(0, |v| v.count) {
+                if let Some(v) = desired.services.get(&SvcKey { slot, ..f }) {
+                    users.entry(v.backend_id).or_default().insert(id);
+                }
+            }
+            out.entry(id).or_default().frontends.insert(f, entries);
+        }
+        for (id, name) in self.names {
+            out.entry(id).or_default().names.insert(id, name);
+        }
+        for (r, have) in self.src_ranges {
+            out.entry(r.svc_id).or_default().src_ranges.insert(r, have);
+        }
+        for (b, be) in self.backends {
+            let ids = users.remove(&b).unwrap_or_else(|| BTreeSet::from([0]));
+            for id in ids {
+                out.entry(id).or_default().backends.insert(b, be);
+            }
+        }
+        if !self.filter.is_empty() {
+            out.entry(0).or_default().filter = self.filter;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        datapath::{
+            sync::{apply, apply_touched},
+            writer::{MapWriter, MemoryMaps},
+        },
+        desired::{Ids, Limits, compute},
+        source::file,
+    };
+
+    fn svc(name: &str, ip: &str, backends: &[&str]) -> String {
+        let mut y = format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  clusterIP: {ip}\n  ports: [{{name: p, port: 80, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: {name}-1, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n"
+        );
+        for b in backends {
+            y.push_str(&format!(
+                "- {{addresses: [{b}], conditions: {{ready: true}}}}\n"
+            ));
+        }
+        y
+    }
+
+    fn desired(yaml: &str, ids: &mut Ids) -> Desired {
+        compute(
+            &file::parse("t.yaml", yaml).expect("yaml").model,
+            ids,
+            Limits::default(),
+        )
+        .0
+    }
+
+    #[test]
+    fn a_frontend_a_full_map_refused_is_what_differs_and_its_overlay_is_what_is_programmed() {
+        let mut ids = Ids::default();
+        let web = svc("web", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]);
+        let before = desired(&web, &mut ids);
+        let mut maps = MemoryMaps::default();
+        let (mut now, r) = apply(&mut maps, &Desired::default(), &before);
+        assert!(r.errors.is_empty());
+        // Room for two of the new Service's three entries.
+        maps.svc_capacity = Some(before.services.len() + 2);
+        let both = web + &svc("api", "10.96.0.2", &["10.244.0.3", "10.244.0.4"]);
+        let after = desired(&both, &mut ids);
+        let touched = crate::datapath::sync::everything(&now, &after);
+        let r = apply_touched(&mut maps, &mut now, &after, &touched);
+        assert_eq!(r.errors.len(), 1, "{:?}", r.errors);
+        assert!(r.errors[0].cause.contains("map is full"), "{:?}", r.errors);
+        let d = Diverged::of(&now, &after, &touched);
+        assert_eq!(d.frontends.len(), 1, "only api's frontend differs: {d:?}");
+        let (api, entries) = d.frontends.iter().next().expect("api");
+        assert_eq!(
+            entries.len(),
+            2,
+            "its two slots were written, not its entry"
+        );
+        assert!(
+            entries
+                .iter()
+                .all(|(k, _)| frontend_of(k) == *api && k.slot > 0)
+        );
+        // What the maps hold is the desired state with the overlay.
+        let mut programmed = after.clone();
+        d.overlay(&mut programmed);
+        assert_eq!(programmed.services, maps.state.services);
+        assert_eq!(programmed.backends, maps.state.backends);
+        assert_eq!(programmed.names, maps.state.names);
+        // It belongs to api's service index alone.
+        let by = d.clone().by_service(&after);
+        let api_id = after.services[api].svc_id;
+        assert_eq!(by.keys().copied().collect::<Vec<_>>(), vec![api_id]);
+        // A retry of its keys alone, with room now, programs it.
+        maps.svc_capacity = None;
+        let t = d.touched();
+        let mut base = crate::desired::Journal::default().programmed(&after, &t);
+        d.overlay(&mut base);
+        let r = apply_touched(&mut maps, &mut base, &after, &t);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(maps.read().expect("read").services, after.services);
+        assert!(Diverged::of(&base, &after, &t).is_empty());
+    }
+}

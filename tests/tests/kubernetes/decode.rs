@@ -1,0 +1,139 @@
+//! The watch decodes only what the proxy reads: a Service whose status carries a condition
+//! with `lastTransitionTime: null` (the API server accepts it; Kubernetes' e2e status
+//! lifecycle test writes one) and one with fields xlb does not know are watched without a
+//! single stream failure; one whose read field cannot be decoded is reported by name and
+//! skipped; a change to another Service right after them applies at once.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use xlb_tests::suites::kubernetes::{WEB, ready, service, slice, start};
+use xlb_tests::{require_root, topology::pod_ip};
+
+/// A Service `name` on `ip`:80 with one ready endpoint, as JSON; `extra` is merged into
+/// the Service object.
+fn odd_service(name: &str, ip: Ipv4Addr, extra: serde_json::Value) -> [serde_json::Value; 2] {
+    let mut svc = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"namespace": "test", "name": name},
+        "spec": {"clusterIP": ip.to_string(),
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+    });
+    merge(&mut svc, extra);
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"namespace": "test", "name": format!("{name}-abc"),
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": xlb_tests::scenario::TCP_PORT, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [pod_ip(2).to_string()], "nodeName": "node1",
+                       "conditions": {"ready": true}}],
+    });
+    [svc, slice]
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+#[test]
+fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
+    if !require_root("odd_services_never_fail_the_watch_and_the_others_keep_syncing") {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
+    let mut c = start("xo", false, &[]);
+    c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
+    c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+    c.wait_backends(3);
+    c.wait_watches_current();
+
+    let null_time = Ipv4Addr::new(10, 96, 0, 30);
+    let unknown = Ipv4Addr::new(10, 96, 0, 31);
+    let bad = Ipv4Addr::new(10, 96, 0, 32);
+    c.api.apply_all(odd_service(
+        "null-time",
+        null_time,
+        json!({"status": {"conditions": [{
+            "type": "StatusUpdate", "status": "True", "reason": "E2E",
+            "message": "Set from e2e test", "lastTransitionTime": null,
+        }]}}),
+    ));
+    c.api.apply_all(odd_service(
+        "unknown",
+        unknown,
+        json!({
+            "futureTopLevel": {"a": [1, 2, 3]},
+            "metadata": {"futureMeta": true, "managedFields": [{"time": null}]},
+            "spec": {"futureSpec": "x", "ports": [{"name": "http", "port": 80,
+                     "protocol": "TCP", "futurePortField": null}]},
+            "status": {"futureStatus": 5, "loadBalancer": {}},
+        }),
+    ));
+    // A field the proxy reads, of the wrong type (the real API server would refuse it).
+    c.api.apply_all(odd_service(
+        "bad",
+        bad,
+        json!({"spec": {"ports": [{"name": "http", "port": "eighty"}]}}),
+    ));
+    // Right after them, another Service changes.
+    let changed = Instant::now();
+    c.api
+        .apply_yaml(&slice("web", &ready(&b[..2])))
+        .expect("slice");
+    let took = c.wait_backends(2);
+    eprintln!(
+        "web's change applied {took:?} after it was seen, {:?} after it was made",
+        changed.elapsed()
+    );
+    assert!(
+        changed.elapsed() < Duration::from_secs(2),
+        "web's change took {:?}: the odd Services stalled the watch\n{}",
+        changed.elapsed(),
+        c.agent.log_text()
+    );
+    c.agent
+        .wait_for(Duration::from_secs(3), |rows| {
+            let has = |ip: Ipv4Addr| {
+                rows.iter()
+                    .any(|r| r.frontend == format!("{ip}:80/TCP") && r.backends.len() == 1)
+            };
+            has(null_time) && has(unknown)
+        })
+        .unwrap_or_else(|e| panic!("the odd Services are served: {e}\n{}", c.agent.log_text()));
+    let log = c.agent.log_text();
+    let failures: Vec<&str> = log.lines().filter(|l| l.contains("watch of ")).collect();
+    assert!(
+        failures.is_empty(),
+        "the watch failed: {failures:#?}\n{}",
+        c.api.diagnosis()
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("Service test/bad: cannot decode")
+                && l.contains("spec.ports[0].port")),
+        "the undecodable Service is named with its field:\n{log}"
+    );
+    let rows = lb_userspace::list::services(&c.agent.pins).expect("rows");
+    assert!(
+        !rows.iter().any(|r| r.frontend == format!("{bad}:80/TCP")),
+        "the undecodable Service is skipped: {rows:?}"
+    );
+    assert!(
+        c.api.watch_errors().is_empty(),
+        "{:?}",
+        c.api.watch_errors()
+    );
+}
