@@ -38,6 +38,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `help` as the registry writes the help of the series it holds: a sentence.
+fn sentence(help: &str) -> String {
+    match help.ends_with('.') {
+        true => help.to_string(),
+        false => format!("{help}."),
+    }
+}
+
 /// One family: its HELP and TYPE lines, then one sample per (labels, value); nothing when
 /// there are no samples.
 fn family<L: EncodeLabelSet, M: EncodeMetric>(
@@ -50,7 +58,8 @@ fn family<L: EncodeLabelSet, M: EncodeMetric>(
     if samples.is_empty() {
         return Ok(());
     }
-    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    let help = sentence(help);
+    let mut m = enc.encode_descriptor(name, &help, None, kind)?;
     for (labels, v) in &samples {
         v.encode(m.encode_family(labels)?)?;
     }
@@ -65,7 +74,7 @@ pub(super) fn single(
     v: impl EncodeMetric,
 ) -> fmt::Result {
     let kind = v.metric_type();
-    v.encode(enc.encode_descriptor(name, help, None, kind)?)
+    v.encode(enc.encode_descriptor(name, &sentence(help), None, kind)?)
 }
 
 /// What the agent and the conntrack collector leave for scrapes.
