@@ -38,9 +38,6 @@ use crate::{
     desired::{Desired, Limits},
 };
 
-/// Service ports `--metrics-per-service` exposes when given without a number.
-pub const PER_SERVICE_DEFAULT: usize = 10_000;
-
 /// What the metrics show.
 #[derive(Clone, Debug)]
 pub struct MetricsOptions {
