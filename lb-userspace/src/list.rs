@@ -92,6 +92,14 @@ pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
 
 /// Rows for a state already read (counters left at zero).
 pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
+    // The source ranges by service index, once (not a scan of them per frontend).
+    let mut ranges: std::collections::HashMap<u32, Vec<String>> = std::collections::HashMap::new();
+    for r in &state.src_ranges {
+        ranges
+            .entry(r.svc_id)
+            .or_default()
+            .push(format!("{}/{}", r.addr, r.prefix));
+    }
     let mut rows = Vec::new();
     for (k, v) in state.services.iter().filter(|(k, _)| k.slot == 0) {
         let backends = (1..=v.count)
@@ -104,12 +112,7 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
             })
             .collect();
         let source_ranges = if v.flags & lb_common::SVC_F_SRC_RANGES != 0 {
-            state
-                .src_ranges
-                .iter()
-                .filter(|r| r.svc_id == v.svc_id)
-                .map(|r| format!("{}/{}", r.addr, r.prefix))
-                .collect()
+            ranges.get(&v.svc_id).cloned().unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -131,25 +134,40 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
 pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
     let maps = KernelMaps::open(dir)?;
     let state = maps.read()?;
-    let mut rows = Vec::new();
-    for (id, be) in &state.backends {
-        let mut services: Vec<String> = state
-            .services
-            .iter()
-            .filter(|(k, v)| k.slot > 0 && v.backend_id == *id)
-            .map(|(_, v)| name_of(&state, v.svc_id))
-            .collect();
-        services.dedup();
-        let c = maps.backend_counter(*id);
-        rows.push(BackendRow {
-            id: *id,
-            backend: show_backend(be),
-            services,
-            packets: c.packets,
-            bytes: c.bytes,
-        });
+    let mut rows = backends_of(&state);
+    for r in &mut rows {
+        let c = maps.backend_counter(r.id);
+        (r.packets, r.bytes) = (c.packets, c.bytes);
     }
     Ok(rows)
+}
+
+/// Rows for a state already read (counters left at zero): the service entries are indexed
+/// by backend once, so this is linear in entries (not services × backends).
+pub fn backends_of(state: &Desired) -> Vec<BackendRow> {
+    let mut by_backend: std::collections::HashMap<u32, Vec<u32>> =
+        std::collections::HashMap::with_capacity(state.backends.len());
+    for (_, v) in state.services.iter().filter(|(k, _)| k.slot > 0) {
+        by_backend.entry(v.backend_id).or_default().push(v.svc_id);
+    }
+    state
+        .backends
+        .iter()
+        .map(|(id, be)| {
+            let mut ids = by_backend.remove(id).unwrap_or_default();
+            // In service-map order, one name per service index.
+            ids.dedup();
+            let mut services: Vec<String> = ids.iter().map(|s| name_of(state, *s)).collect();
+            services.dedup();
+            BackendRow {
+                id: *id,
+                backend: show_backend(be),
+                services,
+                packets: 0,
+                bytes: 0,
+            }
+        })
+        .collect()
 }
 
 /// Now on the datapath's clock.
@@ -457,4 +475,61 @@ fn src_range_usage<K: aya::Pod>(dir: &Path, name: &'static str) -> Result<MapUsa
         entries: trie.keys().count() as u64,
         capacity,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        desired::{Ids, Limits, compute},
+        source::file,
+    };
+
+    /// Two Services sharing one endpoint address and port, one of them alone on another.
+    const YAML: &str = "\
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: a}
+spec: {clusterIP: 10.96.0.1, ports: [{name: p, port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: b}
+spec: {clusterIP: 10.96.0.2, ports: [{name: p, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: a-1, labels: {kubernetes.io/service-name: a}}
+addressType: IPv4
+ports: [{name: p, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.0.0.1], conditions: {ready: true}}
+- {addresses: [10.0.0.2], conditions: {ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: b-1, labels: {kubernetes.io/service-name: b}}
+addressType: IPv4
+ports: [{name: p, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.0.0.1], conditions: {ready: true}}
+";
+
+    #[test]
+    fn backend_rows_name_every_service_that_uses_the_backend() {
+        let loaded = file::parse("t.yaml", YAML).expect("yaml");
+        let (state, errors) = compute(&loaded.model, &mut Ids::default(), Limits::default());
+        assert!(errors.is_empty(), "{errors:?}");
+        let rows = backends_of(&state);
+        let of = |addr: &str| {
+            rows.iter()
+                .find(|r| r.backend.starts_with(addr))
+                .unwrap_or_else(|| panic!("no row for {addr}: {rows:?}"))
+                .services
+                .clone()
+        };
+        assert_eq!(of("10.0.0.1:"), ["ns/a:p", "ns/b:p"]);
+        assert_eq!(of("10.0.0.2:"), ["ns/a:p"]);
+        assert_eq!(rows.len(), 2);
+    }
 }

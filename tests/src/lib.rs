@@ -66,6 +66,33 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// A test that cannot run here for want of a tool (not of root): prints a loud notice naming
+/// the test and `why`, and leaves a skip marker for `cargo xtask test` to count.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("\n!!!!! SKIPPED {test}: {why} !!!!!\n");
+    if let Err(e) = mark_skipped(&format!("{test} ({why})")) {
+        eprintln!("!!!!! cannot record the skip of {test}: {e} !!!!!");
+    }
+}
+
+/// `promtool` (Prometheus' own linter): `$XLB_PROMTOOL`, else on `PATH`, else where
+/// `cargo xtask setup` extracts it from Debian's `prometheus` package
+/// (`target/xtask-tools/promtool`).
+pub fn promtool() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("XLB_PROMTOOL") {
+        return Some(p.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    std::env::split_paths(&path)
+        .map(|d| d.join("promtool"))
+        .chain([target.join("xtask-tools").join("promtool")])
+        .find(|p| p.is_file())
+}
+
 /// Leaves a marker file for a skipped test under `$XLB_SKIP_DIR` (when set): one file per
 /// skip, named by test, process and call, so parallel tests and test binaries never share one.
 fn mark_skipped(test: &str) -> std::io::Result<()> {

@@ -115,3 +115,93 @@ fn a_batched_cold_sync_reads_back_exactly() {
             .all(|b| b.starts_with("10.244.") && b != "MISSING")
     }));
 }
+
+/// The metrics' batched reads (`BPF_MAP_LOOKUP_BATCH`) against the kernel's maps: entries
+/// counted, per-CPU counters summed slot by slot, and the conntrack collector's pass, each
+/// compared with what was written one entry at a time.
+#[test]
+fn batched_reads_count_and_sum_what_was_written() {
+    use aya::maps::{HashMap, MapData, PerCpuArray, PerCpuValues};
+    use lb_common::{
+        CT_DIR_FORWARD, Counter, CtKey, CtValue, IPPROTO_UDP, MAP_CT, MAP_CT_ASSURED, MAP_STATS,
+    };
+    use lb_userspace::datapath::{counts, ct_gc, kernel::open_pinned};
+
+    if !require_root("batched_reads_count_and_sum_what_was_written") {
+        return;
+    }
+    let dp = LoadedDatapath::load(&unique_tag("xbr")).expect("load");
+    let key = |i: u32| CtKey {
+        saddr_be: i,
+        daddr_be: 7,
+        sport_be: 1,
+        dport_be: 2,
+        proto: IPPROTO_UDP,
+        dir: CT_DIR_FORWARD,
+        _pad: 0,
+    };
+    // More than one batch of a MiB (16-byte keys, 48-byte values: 16,384 a batch).
+    const LRU: u32 = 20_000;
+    let mut lru: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(open_pinned(&dp.pins, MAP_CT).expect("ct")).expect("ct map");
+    for i in 0..LRU {
+        lru.insert(key(i), CtValue::default(), 0).expect("insert");
+    }
+    let fill = counts::count::<CtKey, CtValue>(&dp.pins, MAP_CT).expect("count");
+    assert_eq!(fill.entries, u64::from(LRU));
+    assert!(fill.capacity >= LRU, "{fill:?}");
+
+    // The assured table: 10 flows idle for 3 minutes (UDP: over after 2), 5 just seen.
+    let now = lb_userspace::list::monotonic_coarse_ns();
+    let mut assured: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(open_pinned(&dp.pins, MAP_CT_ASSURED).expect("cta")).expect("cta map");
+    for i in 0..15u32 {
+        let idle = if i < 10 { 180_000_000_000 } else { 0 };
+        let v = CtValue {
+            last_seen_ns: now.saturating_sub(idle),
+            ..CtValue::default()
+        };
+        assured.insert(key(i), v, 0).expect("insert");
+    }
+    let pass = ct_gc::pass(&dp.pins, true).expect("pass");
+    assert_eq!(pass.v4.deleted, 10, "{pass:?}");
+    assert_eq!(pass.v4.assured.entries, 5, "{pass:?}");
+    assert_eq!(pass.v4.lru.map(|f| f.entries), Some(u64::from(LRU)));
+    assert_eq!(assured.keys().count(), 5, "the expired flows deleted");
+
+    // Per-CPU counters: slot 3 holds packets 1, 2, … on each CPU.
+    let cpus = aya::util::nr_cpus().expect("cpus");
+    let mut stats_map = open_pinned(&dp.pins, MAP_STATS).expect("stats");
+    {
+        let mut stats: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(&mut stats_map).expect("per-CPU array");
+        let values: Vec<Counter> = (1..=cpus as u64)
+            .map(|c| Counter {
+                packets: c,
+                bytes: 100 * c,
+            })
+            .collect();
+        stats
+            .set(3, PerCpuValues::try_from(values).expect("values"), 0)
+            .expect("set");
+    }
+    let mut sums = Vec::new();
+    counts::counter_sums(&stats_map, MAP_STATS, |i, c| sums.push((i, c))).expect("sums");
+    let n = cpus as u64;
+    assert_eq!(sums.len(), lb_common::R_COUNT as usize);
+    assert_eq!(
+        sums[3],
+        (
+            3,
+            Counter {
+                packets: n * (n + 1) / 2,
+                bytes: 100 * n * (n + 1) / 2,
+            }
+        )
+    );
+    assert!(
+        sums.iter()
+            .filter(|(i, _)| *i != 3)
+            .all(|(_, c)| *c == Counter::default())
+    );
+}

@@ -97,9 +97,9 @@ pub fn all(release: bool) -> Result<PathBuf> {
 
 /// Runs the workspace's tests with the built object and binary, echoing cargo's output,
 /// and ends with one summary line over every test binary: `tests: N passed, N failed, N
-/// skipped`, where skipped counts ignored tests and privileged tests that skipped for want of
-/// root (each leaves a marker in a directory passed as `XLB_SKIP_DIR`; see
-/// `xlb_tests::require_root`).
+/// skipped`, where skipped counts ignored tests and tests that skipped for want of root or of
+/// a tool (each leaves a marker in a directory passed as `XLB_SKIP_DIR`; see
+/// `xlb_tests::require_root` and `xlb_tests::skip`).
 pub fn test(extra: &[String]) -> Result<()> {
     let xlb = all(false)?;
     if !is_root() {
@@ -140,7 +140,7 @@ pub fn test(extra: &[String]) -> Result<()> {
     let skipped = skips.names()?;
     if !skipped.is_empty() {
         println!(
-            "xtask: {} privileged tests SKIPPED (not root): {}",
+            "xtask: {} tests SKIPPED (for want of root, unless a reason is given): {}",
             skipped.len(),
             skipped.join(", ")
         );

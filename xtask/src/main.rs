@@ -36,8 +36,9 @@ enum Command {
         #[arg(long, default_value = "examples/demo-services.yaml")]
         services: std::path::PathBuf,
     },
-    /// Benchmarks (release build): `datapath`, `sync`, `memory`, or `all`; each writes its
-    /// table to docs/benchmarks.md and a plot to docs/.
+    /// Benchmarks (release build): `datapath`, `sync`, `memory`, `metrics`, `traffic`,
+    /// `northsouth`, or `all`; each writes its table to docs/benchmarks.md (and most a plot
+    /// to docs/).
     Bench {
         /// Which bench.
         name: String,

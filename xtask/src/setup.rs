@@ -1,8 +1,11 @@
 //! `cargo xtask setup`: installs or verifies, idempotently, everything the project needs on a
 //! fresh Debian machine: packages, the nightly's rust-src, bpf-linker against the nightly's
-//! LLVM, and bpffs on /sys/fs/bpf.
+//! LLVM, bpffs on /sys/fs/bpf, and `promtool` (the metrics test's linter).
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -45,6 +48,7 @@ pub fn run() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
     bpffs(root, &mut missing)?;
+    promtool(root, &mut missing)?;
     if !missing.is_empty() {
         println!(
             "xtask setup: NOT ROOT, so these stay missing (privileged tests will be skipped):"
@@ -185,4 +189,75 @@ fn bpffs(root: bool, missing: &mut Vec<String>) -> Result<()> {
     }
     println!("xtask setup: mounting bpffs on /sys/fs/bpf");
     exec(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+}
+
+/// Where setup puts the tools it extracts from Debian packages rather than installs.
+fn tools_dir() -> PathBuf {
+    workspace_root().join("target/xtask-tools")
+}
+
+/// `promtool` for the metrics test (`promtool check metrics`): on `PATH`, or extracted from
+/// Debian's `prometheus` package into `target/xtask-tools` (the package is not installed:
+/// installing it would start a Prometheus server). Where apt offers no such package the
+/// test skips and says why.
+fn promtool(root: bool, missing: &mut Vec<String>) -> Result<()> {
+    let dest = tools_dir().join("promtool");
+    if on_path("promtool") || dest.is_file() {
+        println!("xtask setup: promtool present");
+        return Ok(());
+    }
+    if !root {
+        missing.push("promtool: run `cargo xtask setup` as root (it extracts promtool from Debian's prometheus package)".into());
+        return Ok(());
+    }
+    let work = tools_dir().join("prometheus-deb");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let download = || {
+        Command::new("apt-get")
+            .args(["download", "-qq", "prometheus"])
+            .current_dir(&work)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !download() {
+        exec(Command::new("apt-get").args(["update", "-qq"]))?;
+        if !download() {
+            println!(
+                "xtask setup: apt offers no prometheus package here, so no promtool: the metrics lint test will skip"
+            );
+            return Ok(());
+        }
+    }
+    let deb = std::fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .context("apt-get download prometheus left no .deb")?;
+    // dpkg-deb --fsys-tarfile DEB | tar -x ./usr/bin/promtool
+    let mut fsys = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(&deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("dpkg-deb")?;
+    let tar = Command::new("tar")
+        .args(["-x", "-C"])
+        .arg(&work)
+        .arg("./usr/bin/promtool")
+        .stdin(fsys.stdout.take().context("dpkg-deb stdout")?)
+        .status()
+        .context("tar")?;
+    let unpacked = fsys.wait()?;
+    if !tar.success() || !unpacked.success() {
+        bail!("cannot extract promtool from {}", deb.display());
+    }
+    std::fs::rename(work.join("usr/bin/promtool"), &dest)
+        .with_context(|| dest.display().to_string())?;
+    std::fs::remove_dir_all(&work)?;
+    println!(
+        "xtask setup: promtool extracted from {} into {}",
+        deb.display(),
+        dest.display()
+    );
+    Ok(())
 }

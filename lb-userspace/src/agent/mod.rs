@@ -33,7 +33,11 @@ use crate::{
     desired::{self, Desired, Incremental},
     model::{Model, ServiceRef},
     netif,
-    serve::{self, health::Health, metrics::Metrics},
+    serve::{
+        self,
+        health::Health,
+        metrics::{Metrics, MetricsOptions, Synced},
+    },
     source::{
         SourceError,
         events::{self, Event, Timed},
@@ -75,6 +79,9 @@ pub struct AgentOptions {
     pub healthz_addr: Option<std::net::SocketAddr>,
     /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Per-service series in `/metrics` for at most this many service ports
+    /// (`--metrics-per-service`); none: node-level series only.
+    pub metrics_per_service: Option<usize>,
     /// Source ports for flows SNATed to this node (remote backends of external frontends).
     pub snat_ports: std::ops::RangeInclusive<u16>,
     /// Where a pod reaching itself through a service appears to come from; `None`: hairpin
@@ -152,7 +159,13 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut ifs = Interfaces::default();
     let wanted = Wanted::of(opts);
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
-    let metrics = Arc::new(Metrics::new(opts.bpffs.clone()));
+    let metrics = Arc::new(Metrics::new(
+        MetricsOptions {
+            pins: opts.bpffs.clone(),
+            per_service: opts.metrics_per_service,
+        },
+        Some(health.clone()),
+    ));
     start::serve(opts, &health, &metrics)?;
     // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
     // after the upgrade drops what only they would use.
@@ -160,7 +173,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut node =
         desired::NodeContext::new(&opts.node_name, &node_port_addresses(opts), socket_lb);
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
-    let _collector = CollectorGuard::spawn(&opts.bpffs);
+    let _collector = CollectorGuard::spawn(&opts.bpffs, &metrics);
     // Link changes wake the loop at once (a new or re-created pod veth is attached within
     // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
@@ -193,8 +206,8 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             // applies at once; changes within it wait for its end and go as one sync.
             last_sync = Some(Instant::now());
             let since = state.dirty.take().unwrap_or_else(Instant::now);
-            let (svc, ep) = std::mem::take(&mut state.queued);
-            metrics.queued(svc, ep);
+            let (services, endpoints) = std::mem::take(&mut state.queued);
+            let full = state.full || programmed.is_some();
             let started = Instant::now();
             let errors = sync(
                 &mut state,
@@ -213,7 +226,18 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 node.socket_lb = hooks.is_some();
             }
             let errors = errors + std::mem::take(&mut state.errors);
-            metrics.synced(started.elapsed(), Some(since.elapsed()), errors);
+            metrics.synced(&Synced {
+                took: started.elapsed(),
+                full,
+                programming: Some(since.elapsed()),
+                services,
+                endpoints,
+                errors,
+            });
+            metrics.programmed(
+                programmed.as_ref().unwrap_or(state.engine.desired()),
+                limits,
+            );
             health.synced();
             if std::mem::take(&mut state.health_changed) {
                 update_service_health(&mut service_health, &state, &node, opts);
@@ -234,6 +258,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         }
         if state.dirty.is_some() {
             health.queued();
+            metrics.queued(state.queued.0, state.queued.1);
         }
     }
     info!(
@@ -480,13 +505,16 @@ impl State {
     }
 }
 
-/// The assured conntrack collector's thread, stopped when the agent returns.
+/// The assured conntrack collector's thread (it also counts the conntrack tables for the
+/// metrics), stopped when the agent returns.
 struct CollectorGuard(Arc<AtomicBool>);
 
 impl CollectorGuard {
-    fn spawn(dir: &std::path::Path) -> Self {
+    fn spawn(dir: &std::path::Path, metrics: &Arc<Metrics>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone()) {
+        let m = metrics.clone();
+        let report = move |p: &crate::datapath::ct_gc::Pass| m.conntrack(p);
+        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone(), report) {
             warn!("cannot start the assured conntrack collector: {e}");
         }
         Self(stop)

@@ -102,12 +102,12 @@ pub(super) fn serve(
 ) -> Result<(), AgentError> {
     if let Some(addr) = opts.healthz_addr {
         let h = health.clone();
-        let bound = serve::spawn(addr, move |path| h.handle(path))?;
+        let bound = serve::spawn(addr, serve::Pool::Health, move |path| h.handle(path))?;
         info!(%bound, "serving /healthz and /livez");
     }
     if let Some(addr) = opts.metrics_addr {
         let m = metrics.clone();
-        let bound = serve::spawn(addr, move |path| m.handle(path))?;
+        let bound = serve::spawn(addr, serve::Pool::Metrics, move |path| m.handle(path))?;
         info!(%bound, "serving /metrics");
     }
     Ok(())

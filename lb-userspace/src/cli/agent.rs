@@ -60,6 +60,18 @@ pub struct AgentArgs {
     /// Where to serve /metrics ("" to disable) [default: 127.0.0.1:10249].
     #[arg(long, env = "XLB_METRICS_BIND_ADDRESS")]
     pub metrics_bind_address: Option<String>,
+    /// Adds per-service series to /metrics (packets and bytes per service port), for at
+    /// most MAX service ports in name order [MAX default: 10000]; without it /metrics has
+    /// node-level series only. A scrape then reads every service port's name and counters.
+    #[arg(
+        long,
+        env = "XLB_METRICS_PER_SERVICE",
+        value_name = "MAX",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "10000"
+    )]
+    pub metrics_per_service: Option<usize>,
     /// Source ports for flows SNATed to the node (externalTrafficPolicy Cluster to a
     /// remote backend), `MIN-MAX`; keep it outside net.ipv4.ip_local_port_range.
     #[arg(long, env = "XLB_SNAT_PORT_RANGE", default_value = "61000-65535")]
@@ -148,6 +160,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         poll_ms,
         healthz_bind_address,
         metrics_bind_address,
+        metrics_per_service,
         snat_port_range,
         hairpin_address,
         hairpin_address6,
@@ -211,6 +224,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         min_sync,
         healthz_addr: bind_address(&healthz_bind_address)?,
         metrics_addr: bind_address(&metrics_bind_address)?,
+        metrics_per_service,
         snat_ports: port_range(&snat_port_range)?,
         xdp,
         socket_lb,

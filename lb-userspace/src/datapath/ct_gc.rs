@@ -11,8 +11,10 @@
 //! | UDP | 120 s (the kernel's `nf_conntrack_udp_timeout_stream`) |
 //!
 //! A reply entry whose forward entry is gone (a UDP flow re-balanced, a reused TCP port)
-//! goes after 10 s idle. One pass reads every entry once; deletions are collected, so the
-//! pass never restarts its walk.
+//! goes after 10 s idle. One pass reads every entry once (batched: `counts::entries`);
+//! deletions are collected, so the pass never restarts its walk. Each pass also reports how
+//! full the conntrack tables are (the assured ones from the pass itself, the LRU ones
+//! counted every [`LRU_EVERY`] passes), for the metrics.
 
 use std::{
     path::{Path, PathBuf},
@@ -20,17 +22,22 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aya::maps::{HashMap, MapData};
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_CLOSING, CT_F_PORT_IN, CT_F_RESET,
-    CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, IPPROTO_UDP, MAP_CT_ASSURED, MAP_CT6_ASSURED,
+    CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, IPPROTO_UDP, MAP_CT, MAP_CT_ASSURED, MAP_CT6,
+    MAP_CT6_ASSURED,
 };
 use tracing::{debug, warn};
 
-use super::{DatapathError, kernel::open_pinned};
+use super::{
+    DatapathError,
+    counts::{self, Fill},
+    kernel::open_pinned,
+};
 
 const SECOND: u64 = 1_000_000_000;
 /// Idle time after which a flow that is over (reset, closed both ways) is deleted.
@@ -44,6 +51,30 @@ pub const UDP_NS: u64 = 120 * SECOND;
 
 /// How often the collector looks.
 pub const INTERVAL: Duration = Duration::from_secs(5);
+/// The LRU tables (which nothing here deletes from) are counted every this many passes
+/// (30 s): a count reads every entry, up to the table's capacity.
+pub const LRU_EVERY: u32 = 6;
+
+/// One pass over one family's tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TablePass {
+    /// The assured table after the pass's deletions.
+    pub assured: Fill,
+    /// The LRU table, when this pass counted it.
+    pub lru: Option<Fill>,
+    /// Entries the pass deleted.
+    pub deleted: u64,
+    /// How long the pass over the assured table took.
+    pub took: Duration,
+}
+
+/// One pass of the collector: IPv4's tables, and IPv6's (missing under the pins of an agent
+/// from before IPv6 flows were tracked).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub v4: TablePass,
+    pub v6: Option<TablePass>,
+}
 
 /// What the collector reads of a conntrack value (IPv4's and IPv6's).
 pub trait Timed {
@@ -52,8 +83,8 @@ pub trait Timed {
 }
 
 /// A conntrack key (IPv4's and IPv6's) and how it names the other entry of its flow.
-pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod {
-    type Value: Timed + Copy + aya::Pod;
+pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod + bytemuck::Pod {
+    type Value: Timed + Copy + aya::Pod + bytemuck::Pod;
     fn dir(&self) -> u8;
     fn proto(&self) -> u8;
     /// The reply key of the flow whose forward entry (under this key) is `fwd`.
@@ -226,53 +257,94 @@ pub fn expired<K: Tracked>(
 /// missing, pinned by an agent before IPv6 flows were tracked): returns how many entries it
 /// deleted.
 pub fn sweep(dir: &Path) -> Result<usize, DatapathError> {
-    let mut n = sweep_table::<CtKey>(dir, MAP_CT_ASSURED)?;
-    if dir.join(MAP_CT6_ASSURED).exists() {
-        n += sweep_table::<CtKey6>(dir, MAP_CT6_ASSURED)?;
-    }
-    Ok(n)
+    let p = pass(dir, false)?;
+    Ok((p.v4.deleted + p.v6.map_or(0, |t| t.deleted)) as usize)
 }
 
-/// One pass over the pinned assured table `name`.
-fn sweep_table<K: Tracked>(dir: &Path, name: &'static str) -> Result<usize, DatapathError> {
+/// [`sweep`], with how full each table is; the LRU tables are counted when `count_lru`.
+pub fn pass(dir: &Path, count_lru: bool) -> Result<Pass, DatapathError> {
+    let v4 = table_pass::<CtKey>(dir, MAP_CT_ASSURED, count_lru.then_some(MAP_CT))?;
+    let v6 = match dir.join(MAP_CT6_ASSURED).exists() {
+        true => Some(table_pass::<CtKey6>(
+            dir,
+            MAP_CT6_ASSURED,
+            count_lru.then_some(MAP_CT6),
+        )?),
+        false => None,
+    };
+    Ok(Pass { v4, v6 })
+}
+
+/// One pass over the pinned assured table `name`, and a count of LRU table `lru`.
+fn table_pass<K: Tracked>(
+    dir: &Path,
+    name: &'static str,
+    lru: Option<&'static str>,
+) -> Result<TablePass, DatapathError> {
+    let started = Instant::now();
     let err = |source| DatapathError::Map { name, source };
-    let mut map: HashMap<MapData, K, K::Value> =
-        HashMap::try_from(open_pinned(dir, name)?).map_err(err)?;
+    let map = open_pinned(dir, name)?;
+    let capacity = match &map {
+        aya::maps::Map::HashMap(d) => d.info().map_or(0, |i| i.max_entries()),
+        _ => 0,
+    };
     // Bounded by the table's size (64 bytes an IPv4 entry, 112 an IPv6 one).
-    let mut entries = std::collections::HashMap::new();
-    for kv in map.iter() {
-        let (k, v) = kv.map_err(err)?;
-        entries.insert(k, v);
-    }
+    let entries: std::collections::HashMap<K, K::Value> =
+        counts::entries::<K, K::Value>(&map, name)?
+            .into_iter()
+            .collect();
     let gone = expired(&entries, crate::list::monotonic_coarse_ns());
+    let mut table: HashMap<MapData, K, K::Value> = HashMap::try_from(map).map_err(err)?;
     for k in &gone {
         // Already gone (the datapath started the flow over) is fine.
-        let _ = map.remove(k);
+        let _ = table.remove(k);
     }
-    Ok(gone.len())
+    let took = started.elapsed();
+    let lru = match lru {
+        Some(lru) => Some(counts::count::<K, K::Value>(dir, lru)?),
+        None => None,
+    };
+    Ok(TablePass {
+        assured: Fill {
+            entries: entries.len().saturating_sub(gone.len()) as u64,
+            capacity,
+        },
+        lru,
+        deleted: gone.len() as u64,
+        took,
+    })
 }
 
-/// Runs [`sweep`] every [`INTERVAL`] on a thread of its own until `stop`.
-pub fn spawn(dir: PathBuf, stop: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
+/// Runs [`pass`] at once and then every [`INTERVAL`] on a thread of its own until `stop`,
+/// handing each pass to `report`.
+pub fn spawn(
+    dir: PathBuf,
+    stop: Arc<AtomicBool>,
+    mut report: impl FnMut(&Pass) + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("xlb-ct-gc".into())
         .spawn(move || {
-            let mut waited = Duration::ZERO;
+            let mut waited = INTERVAL;
+            let mut passes = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(200));
-                waited += Duration::from_millis(200);
                 if waited < INTERVAL {
+                    std::thread::sleep(Duration::from_millis(200));
+                    waited += Duration::from_millis(200);
                     continue;
                 }
                 waited = Duration::ZERO;
-                match sweep(&dir) {
-                    Ok(0) => {}
-                    Ok(n) => debug!(
-                        deleted = n,
-                        "assured conntrack: flows that are over deleted"
-                    ),
+                match pass(&dir, passes.is_multiple_of(LRU_EVERY)) {
+                    Ok(p) => {
+                        let deleted = p.v4.deleted + p.v6.map_or(0, |t| t.deleted);
+                        if deleted > 0 {
+                            debug!(deleted, "assured conntrack: flows that are over deleted");
+                        }
+                        report(&p);
+                    }
                     Err(e) => warn!("assured conntrack collector: {e}"),
                 }
+                passes = passes.wrapping_add(1);
             }
         })
 }

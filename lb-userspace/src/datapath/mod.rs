@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod batch;
 pub mod bpflog;
+pub mod counts;
 pub mod ct_egress;
 pub mod ct_gc;
 pub mod diverged;

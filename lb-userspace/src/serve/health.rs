@@ -3,7 +3,10 @@
 //! node deletion.
 
 use std::{
-    sync::Mutex,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -14,7 +17,12 @@ use super::Response;
 pub struct Health {
     inner: Mutex<State>,
     timeout: Duration,
+    /// Answers given: `/healthz` 200 and 503, `/livez` 200 and 503.
+    answered: [AtomicU64; 4],
 }
+
+/// Answers of one endpoint: (path, status code, how many).
+pub type Answered = (&'static str, &'static str, u64);
 
 #[derive(Debug, Default)]
 struct State {
@@ -30,7 +38,20 @@ impl Health {
         Self {
             inner: Mutex::new(State::default()),
             timeout,
+            answered: Default::default(),
         }
+    }
+
+    /// How many times each endpoint answered each status (kube-proxy's
+    /// `kubeproxy_proxy_healthz_total{code}` and `kubeproxy_proxy_livez_total{code}`).
+    pub fn answered(&self) -> [Answered; 4] {
+        let n = |i: usize| self.answered[i].load(Ordering::Relaxed);
+        [
+            ("/healthz", "200", n(0)),
+            ("/healthz", "503", n(1)),
+            ("/livez", "200", n(2)),
+            ("/livez", "503", n(3)),
+        ]
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -86,6 +107,8 @@ impl Health {
                 Ok(())
             }
         });
+        let slot = usize::from(!check_node) * 2 + usize::from(verdict.is_err());
+        self.answered[slot].fetch_add(1, Ordering::Relaxed);
         let body = |ok: bool, why: &str| {
             format!("{{\"healthy\": {ok}, \"lastUpdated\": {last:.3}, \"message\": {why:?}}}\n")
         };
@@ -142,5 +165,14 @@ mod tests {
         );
         assert_eq!(h.handle("/livez").map(|r| r.status), Some("200 OK"));
         assert!(h.handle("/other").is_none());
+        assert_eq!(
+            h.answered(),
+            [
+                ("/healthz", "200", 1),
+                ("/healthz", "503", 2),
+                ("/livez", "200", 1),
+                ("/livez", "503", 1),
+            ]
+        );
     }
 }

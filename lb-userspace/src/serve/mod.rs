@@ -1,13 +1,15 @@
 //! The agent's HTTP endpoints: health (kube-proxy's `/healthz` and `/livez` semantics),
 //! Prometheus metrics and the per-service health-check node ports. HTTP/1.1 with keep-alive,
-//! served by hyper on one single-threaded tokio runtime shared by every listener of the
-//! process, so threads do not grow with connections. What one client can hold ([`Limits`]):
+//! served by hyper on two single-threaded tokio runtimes ([`Pool`]): one for health
+//! (`/healthz`, `/livez`, the health-check node ports), one for `/metrics`, so a scrape, a
+//! slow scraper or a busy sync never delays a probe, and threads do not grow with
+//! connections. What one client can hold ([`Limits`]):
 //! a request head of at most 16 KiB (a longer one closes the connection), 5 s to send it,
 //! 5 s idle between requests, 10 s from a request to the end of its response, and 256
 //! connections per listener; at the cap a new connection takes the slot of the connection
 //! idle the longest (one that has sent no request, or is between two), and is refused at
-//! once only when all 256 are mid-request. Handlers run on the runtime's thread: they must be
-//! quick (a mutex; for `/metrics` a read of the pinned maps).
+//! once only when all 256 are mid-request. Handlers run on their pool's thread: they must be
+//! quick (a mutex; for `/metrics` a few batched reads of the pinned maps).
 
 pub mod health;
 pub mod metrics;
@@ -80,17 +82,27 @@ impl Default for Limits {
     }
 }
 
-/// Serves `handler(path)` on `addr` for the life of the process; a path the handler does
-/// not know is a 404.
-pub fn spawn(
-    addr: SocketAddr,
-    handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
-) -> Result<SocketAddr, ServeError> {
-    start(addr, handler, None, Limits::default())
+/// Which runtime (thread) serves a listener: health answers never queue behind metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// `/healthz`, `/livez`, the health-check node ports.
+    Health,
+    /// `/metrics`.
+    Metrics,
 }
 
-/// [`spawn`] until `stop` is set: the listener closes within 50 ms and its connections with
-/// it (one mid-response too).
+/// Serves `handler(path)` on `addr` in `pool` for the life of the process; a path the
+/// handler does not know is a 404.
+pub fn spawn(
+    addr: SocketAddr,
+    pool: Pool,
+    handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
+) -> Result<SocketAddr, ServeError> {
+    start(addr, pool, handler, None, Limits::default())
+}
+
+/// [`spawn`] in the health pool until `stop` is set: the listener closes within 50 ms and
+/// its connections with it (one mid-response too).
 pub fn spawn_until(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
@@ -106,11 +118,12 @@ pub fn spawn_with(
     stop: Arc<AtomicBool>,
     limits: Limits,
 ) -> Result<SocketAddr, ServeError> {
-    start(addr, handler, Some(stop), limits)
+    start(addr, Pool::Health, handler, Some(stop), limits)
 }
 
 fn start(
     addr: SocketAddr,
+    pool: Pool,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
     stop: Option<Arc<AtomicBool>>,
     limits: Limits,
@@ -118,7 +131,7 @@ fn start(
     let handler: server::Handler = Arc::new(move |path: &str| {
         handler(path).unwrap_or_else(|| Response::text("404 Not Found", "not found\n"))
     });
-    server::start(addr, handler, stop, limits).map_err(|source| ServeError { addr, source })
+    server::start(addr, pool, handler, stop, limits).map_err(|source| ServeError { addr, source })
 }
 
 #[cfg(test)]
@@ -303,6 +316,36 @@ mod tests {
         d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
             .expect("write");
         assert!(response(&mut d).starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn a_slow_metrics_handler_never_delays_a_health_answer() {
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let slow = spawn(any, Pool::Metrics, |_| {
+            std::thread::sleep(Duration::from_millis(800));
+            Some(Response::text("200 OK", "slow\n"))
+        })
+        .expect("listen");
+        let health = spawn(any, Pool::Health, handler).expect("listen");
+        let mut scrape = connect(slow);
+        scrape
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: n\r\n\r\n")
+            .expect("write");
+        std::thread::sleep(Duration::from_millis(100));
+        // The metrics thread is busy for 700 ms more: a probe does not wait for it.
+        for _ in 0..5 {
+            let started = Instant::now();
+            let mut c = connect(health);
+            c.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
+                .expect("write");
+            assert!(response(&mut c).starts_with("HTTP/1.1 200"));
+            assert!(
+                started.elapsed() < Duration::from_millis(100),
+                "a probe took {:?} during a slow scrape",
+                started.elapsed()
+            );
+        }
+        assert!(response(&mut scrape).ends_with("slow\n"));
     }
 
     #[test]

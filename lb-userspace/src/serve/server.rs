@@ -1,6 +1,7 @@
-//! HTTP/1.1 with hyper on one small tokio runtime (a single thread, shared by every listener
-//! of the process): per listener an accept loop, per connection a task; no thread per
-//! connection, a bounded request head, timeouts on reading heads, idle and busy connections.
+//! HTTP/1.1 with hyper on small tokio runtimes, one per [`Pool`] (a single thread each,
+//! shared by the pool's listeners): per listener an accept loop, per connection a task; no
+//! thread per connection, a bounded request head, timeouts on reading heads, idle and busy
+//! connections.
 
 use std::{
     convert::Infallible,
@@ -32,7 +33,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{
-    Limits, Response,
+    Limits, Pool, Response,
     conns::{Admission, Conns, Phase, Slot},
 };
 
@@ -49,11 +50,16 @@ const BACKLOG: u32 = 1024;
 /// How often an accept loop looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(20);
 
-/// The process's HTTP runtime, started on first use.
-fn runtime() -> io::Result<Handle> {
-    static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
-    let mut handle = HANDLE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = handle.as_ref() {
+/// The runtime of `pool`, started on first use: a thread of its own, so that what one pool
+/// serves (a scrape) never waits for, or delays, another's (a health probe).
+fn runtime(pool: Pool) -> io::Result<Handle> {
+    static HANDLES: Mutex<[Option<Handle>; 2]> = Mutex::new([None, None]);
+    let mut handles = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
+    let (slot, name) = match pool {
+        Pool::Health => (0, "xlb-http-health"),
+        Pool::Metrics => (1, "xlb-http-metrics"),
+    };
+    if let Some(h) = handles[slot].as_ref() {
         return Ok(h.clone());
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -62,9 +68,9 @@ fn runtime() -> io::Result<Handle> {
         .build()?;
     let h = rt.handle().clone();
     thread::Builder::new()
-        .name("xlb-http".into())
+        .name(name.into())
         .spawn(move || rt.block_on(std::future::pending::<()>()))?;
-    *handle = Some(h.clone());
+    handles[slot] = Some(h.clone());
     Ok(h)
 }
 
@@ -72,11 +78,12 @@ fn runtime() -> io::Result<Handle> {
 /// wakes while no one connects); the address bound.
 pub(super) fn start(
     addr: SocketAddr,
+    pool: Pool,
     handler: Handler,
     stop: Option<Arc<AtomicBool>>,
     limits: Limits,
 ) -> io::Result<SocketAddr> {
-    let rt = runtime()?;
+    let rt = runtime(pool)?;
     let listener = {
         let _in_runtime = rt.enter();
         listen(addr)?

@@ -4,7 +4,7 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -12,11 +12,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use lb_common::{
     ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
 };
-use xlb_tests::{cgroup::Cgroup, netns::Netns, unique_tag};
 
 use super::{
     Summary,
-    fixture::{Capacities, Datapath, model, services_yaml, status_kb},
+    agent::{AgentRun, start_agent, wait_synced},
+    fixture::{Capacities, Datapath, model, status_kb},
     report::{self, Section},
     verdict,
 };
@@ -73,49 +73,6 @@ fn all_maps(pins: &Path) -> Result<Vec<MapMem>> {
     ALL_MAPS.iter().map(|m| map_mem(pins, m)).collect()
 }
 
-/// `xlb agent` in its own namespace on a YAML file; stopped and its pins removed on drop.
-struct AgentRun {
-    child: Child,
-    xlb: std::path::PathBuf,
-    pins: std::path::PathBuf,
-    workdir: std::path::PathBuf,
-    ns: Netns,
-    /// The socket hooks' cgroup (never the root cgroup); removed after the pins.
-    _cgroup: Cgroup,
-}
-
-impl Drop for AgentRun {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc_kill(self.child.id() as i32) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new(&self.xlb)
-            .arg("cleanup")
-            .arg("--bpffs")
-            .arg(&self.pins)
-            .output();
-        let _ = lb_userspace::cleanup::cleanup(&self.pins);
-        let _ = std::fs::remove_dir_all(&self.workdir);
-    }
-}
-
-/// SIGTERM to `pid`.
-unsafe fn libc_kill(pid: i32) {
-    unsafe extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) with a pid we own and SIGTERM (15).
-    unsafe { kill(pid, 15) };
-}
-
 /// Starts the agent on `services` × `endpoints`, waits for its first full sync; returns
 /// (VmRSS, VmHWM) in KiB and the seconds from start to synced.
 fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64, f64)> {
@@ -145,7 +102,7 @@ pub(super) fn agent_run(
     idle: Duration,
     veths: usize,
 ) -> Result<AgentMeasured> {
-    let (mut run, log, started) = start_agent(xlb, services, endpoints)?;
+    let (mut run, log, started) = start_agent(xlb, services, endpoints, &[])?;
     wait_synced(&mut run, &log, services, started)?;
     let synced = started.elapsed().as_secs_f64();
     let pid = run.child.id().to_string();
@@ -190,81 +147,6 @@ fn settled_rss(pid: &str) -> Result<u64> {
     Ok(last)
 }
 
-/// The agent on a file of `services` × `endpoints` in a namespace, pin directory and cgroup
-/// of its own, its log to a file; the run (torn down when dropped), the log's path and when
-/// the agent started.
-fn start_agent(
-    xlb: &Path,
-    services: usize,
-    endpoints: usize,
-) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
-    let tag = unique_tag("xlbm");
-    let workdir = std::env::temp_dir().join(&tag);
-    std::fs::create_dir_all(&workdir)?;
-    let yaml = workdir.join("services.yaml");
-    std::fs::write(&yaml, services_yaml(0..services, |_| endpoints))?;
-    let log = workdir.join("agent.log");
-    let ns = Netns::new(&format!("{tag}-node")).map_err(anyhow::Error::msg)?;
-    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
-    let cgroup = Cgroup::new(&tag).map_err(anyhow::Error::msg)?;
-    let out = std::fs::File::create(&log)?;
-    let err = out.try_clone()?;
-    let started = Instant::now();
-    // nsenter execs xlb in place: the child's pid is the agent's.
-    let child = ns
-        .command(xlb)
-        .args(["agent", "--source"])
-        .arg(format!("file:{}", yaml.display()))
-        .args(["--pod-interfaces", "xbv*"])
-        // Maps sized for the services (the per-service arrays follow the service map: a
-        // quarter of its entries, at least 65,536).
-        .arg("--service-map-max")
-        .arg(pow2(services * (endpoints + 1) + 64).to_string())
-        .arg("--backend-map-max")
-        .arg(pow2(services * endpoints + 64).to_string())
-        .arg("--bpffs")
-        .arg(&pins)
-        .arg("--cgroup-path")
-        .arg(&cgroup.path)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .context("start xlb agent")?;
-    let run = AgentRun {
-        child,
-        xlb: xlb.to_path_buf(),
-        pins,
-        workdir,
-        ns,
-        _cgroup: cgroup,
-    };
-    Ok((run, log, started))
-}
-
-/// Waits (at most 120 s from `started`) for the agent's log to show a sync of `services`.
-fn wait_synced(run: &mut AgentRun, log: &Path, services: usize, started: Instant) -> Result<()> {
-    let want = format!("services={services}");
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if text
-            .lines()
-            .any(|l| l.contains("synced") && l.contains(&want))
-        {
-            return Ok(());
-        }
-        if let Ok(Some(status)) = run.child.try_wait() {
-            bail!("agent exited with {status}:\n{text}");
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            bail!("agent not synced after 120 s:\n{text}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Creates `veths` pod veth pairs at once in the agent's namespace; seconds from then to
 /// the agent's log showing them all attached (at most 30).
 fn veth_attach(run: &AgentRun, log: &Path, veths: usize) -> Result<f64> {
@@ -301,11 +183,6 @@ fn idle_cpu(pid: &str, idle: Duration) -> Result<f64> {
     let ticks = cpu_ticks(pid)? - t0.0;
     // USER_HZ is 100 on Linux.
     Ok(ticks as f64 / 100.0 / t0.1.elapsed().as_secs_f64() * 100.0)
-}
-
-/// The next power of two at or above `n` (at least 1,024).
-fn pow2(n: usize) -> u32 {
-    (n.max(1024) as u32).next_power_of_two()
 }
 
 /// utime + stime of process `pid` (every thread), in clock ticks.

@@ -8,9 +8,11 @@
 //! that binary instead. Everything with traffic or rules lives in network namespaces named
 //! after the run; pins go under `/sys/fs/bpf/<tag>`; both are removed on success and failure.
 
+mod agent;
 mod datapath;
 mod fixture;
 mod memory;
+mod metrics;
 mod northsouth;
 mod report;
 mod sync;
@@ -27,9 +29,16 @@ use anyhow::{Context, Result, bail};
 use crate::build::{is_root, workspace_root};
 
 /// The benches `all` runs, in priority order.
-const ALL: [&str; 5] = ["datapath", "sync", "memory", "traffic", "northsouth"];
+const ALL: [&str; 6] = [
+    "datapath",
+    "sync",
+    "memory",
+    "metrics",
+    "traffic",
+    "northsouth",
+];
 
-/// Runs bench `name` (`datapath`, `sync`, `memory` or `all`); `xlb` is the release binary.
+/// Runs bench `name` (one of [`ALL`] or `all`); `xlb` is the release binary.
 pub fn run(xlb: &Path, name: &str) -> Result<()> {
     if !ALL.contains(&name) && name != "all" {
         bail!("unknown bench {name:?}: expected one of {ALL:?} or \"all\"");
@@ -62,6 +71,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
             "sync" => sync::run(xlb)?,
             "traffic" => traffic::run(xlb)?,
             "northsouth" => northsouth::run()?,
+            "metrics" => metrics::run(xlb)?,
             _ => memory::run(xlb)?,
         };
         report::write_section(bench, &command, &section)?;

@@ -1,0 +1,171 @@
+use std::time::Duration;
+
+use lb_common::{MAP_BACKEND, MAP_CT, MAP_CT_ASSURED, MAP_SVC};
+
+use super::*;
+use crate::datapath::ct_gc::TablePass;
+
+/// Metrics of an agent whose pins are missing (the datapath's series are left out).
+fn metrics(per_service: Option<usize>) -> Metrics {
+    Metrics::new(
+        MetricsOptions {
+            pins: PathBuf::from("/nonexistent/xlb-test-pins"),
+            per_service,
+        },
+        Some(Arc::new(Health::new(Duration::from_secs(10)))),
+    )
+}
+
+/// The value of the sample line starting with `series ` in `text`.
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+#[test]
+fn the_sync_series_follow_the_loop_with_kube_proxys_names() {
+    let m = metrics(None);
+    m.queued(2, 3);
+    let text = m.render();
+    assert_eq!(
+        value(&text, "kubeproxy_sync_proxy_rules_service_changes_pending"),
+        2.0
+    );
+    assert!(
+        value(
+            &text,
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+        ) > 1e9
+    );
+    // Queued again before the sync: only the new changes count.
+    m.queued(2, 5);
+    m.synced(&Synced {
+        took: Duration::from_micros(300),
+        full: true,
+        programming: Some(Duration::from_millis(2)),
+        services: 3,
+        endpoints: 5,
+        errors: 1,
+    });
+    m.synced(&Synced {
+        took: Duration::from_micros(100),
+        ..Synced::default()
+    });
+    let text = m.render();
+    for (series, want) in [
+        ("kubeproxy_sync_proxy_rules_service_changes_total", 3.0),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_total", 5.0),
+        ("kubeproxy_sync_proxy_rules_service_changes_pending", 0.0),
+        ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", 0.0),
+        ("kubeproxy_sync_proxy_rules_duration_seconds_count", 2.0),
+        (
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+            1.0,
+        ),
+        (
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+            1.0,
+        ),
+        ("kubeproxy_network_programming_duration_seconds_count", 1.0),
+        (
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.0002\"}",
+            1.0,
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.0004\"}",
+            2.0,
+        ),
+        ("xlb_sync_errors_total", 1.0),
+    ] {
+        assert_eq!(value(&text, series), want, "{series}");
+    }
+    assert!(value(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1e9);
+    assert!(
+        text.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\n"),
+        "{text}"
+    );
+    assert!(value(&text, "process_resident_memory_bytes") > 0.0);
+}
+
+#[test]
+fn map_fill_comes_from_the_last_sync_and_the_collectors_last_pass() {
+    let m = metrics(None);
+    let mut d = Desired::default();
+    d.backends.insert(1, lb_common::Backend::default());
+    m.programmed(&d, Limits::default());
+    let fill = |entries, capacity| crate::datapath::counts::Fill { entries, capacity };
+    let pass = |lru| ct_gc::Pass {
+        v4: TablePass {
+            assured: fill(4, 100),
+            lru,
+            deleted: 2,
+            took: Duration::from_millis(1),
+        },
+        v6: None,
+    };
+    m.conntrack(&pass(Some(fill(10, 200))));
+    // A pass that did not count the LRU table keeps the last count.
+    m.conntrack(&pass(None));
+    let text = m.render();
+    let map = |what: &str, name: &str| value(&text, &format!("xlb_map_{what}{{map=\"{name}\"}}"));
+    assert_eq!(map("entries", MAP_BACKEND), 1.0);
+    assert_eq!(map("entries", MAP_SVC), 0.0);
+    assert_eq!(
+        map("capacity", MAP_SVC),
+        f64::from(Limits::default().svc_entries)
+    );
+    assert_eq!(map("entries", MAP_CT), 10.0);
+    assert_eq!(map("entries", MAP_CT_ASSURED), 4.0);
+    assert_eq!(
+        value(
+            &text,
+            "xlb_conntrack_entries{ip_family=\"IPv4\",table=\"lru\"}"
+        ),
+        10.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            "xlb_conntrack_entries_limit{ip_family=\"IPv4\",table=\"assured\"}"
+        ),
+        100.0
+    );
+    assert_eq!(
+        value(
+            &text,
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"
+        ),
+        4.0
+    );
+    assert!(!text.contains("IPv6"), "no IPv6 tables: {text}");
+}
+
+#[test]
+fn health_answers_are_counted_and_no_series_is_per_backend() {
+    let health = Arc::new(Health::new(Duration::from_secs(10)));
+    let m = Metrics::new(
+        MetricsOptions {
+            pins: PathBuf::from("/nonexistent/xlb-test-pins"),
+            per_service: Some(10),
+        },
+        Some(health.clone()),
+    );
+    health.handle("/healthz");
+    health.synced();
+    health.handle("/livez");
+    let text = m.render();
+    assert_eq!(
+        value(&text, "kubeproxy_proxy_healthz_total{code=\"503\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&text, "kubeproxy_proxy_livez_total{code=\"200\"}"),
+        1.0
+    );
+    assert!(!text.contains("backend"), "{text}");
+    let r = m.handle("/metrics").expect("served");
+    assert_eq!(r.content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(m.handle("/other").is_none());
+}
