@@ -7,6 +7,7 @@ use std::{
     convert::Infallible,
     io,
     net::SocketAddr,
+    panic::AssertUnwindSafe,
     pin::{Pin, pin},
     sync::{
         Arc, Mutex,
@@ -181,7 +182,7 @@ async fn connection(
     let s = slot.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         s.set(Phase::Busy);
-        let r = handler(req.uri().path());
+        let r = answer(&handler, req.uri().path());
         let busy = Busy(s.clone());
         std::future::ready(Ok::<_, Infallible>(to_http(r, busy)))
     });
@@ -199,6 +200,15 @@ async fn connection(
         },
         () = slot.closed(limits.idle_timeout, limits.response_timeout) => {}
     }
+}
+
+/// `handler`'s answer to `path`; a 500 when it panics, so that one bad request never costs
+/// its connection, its slot or the server's thread.
+fn answer(handler: &Handler, path: &str) -> Response {
+    std::panic::catch_unwind(AssertUnwindSafe(|| handler(path))).unwrap_or_else(|_| {
+        warn!(path, "http: the handler panicked; answered 500");
+        Response::text("500 Internal Server Error", "internal error\n")
+    })
 }
 
 /// Marks its connection idle again when the response body is dropped (written, or the
