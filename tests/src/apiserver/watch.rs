@@ -208,8 +208,15 @@ fn next(shared: &Shared, kind: &str, w: &WatchQuery, generation: u64, from: u64)
 }
 
 /// Sends one event line; false once the client is gone.
+/// Sends one watch event line, `type` before `object` as the real API server writes it
+/// (serde_json's map would sort `object` first, and a client then buffers the whole object
+/// before it knows what it is).
 async fn send(tx: &mpsc::Sender<Bytes>, v: &Value) -> bool {
-    tx.send(Bytes::from(format!("{v}\n"))).await.is_ok()
+    let line = match (v.get("type"), v.get("object")) {
+        (Some(t), Some(o)) => format!("{{\"type\":{t},\"object\":{o}}}\n"),
+        _ => format!("{v}\n"),
+    };
+    tx.send(Bytes::from(line)).await.is_ok()
 }
 
 /// Registers an open watch's position (the resourceVersion its client has seen) and removes

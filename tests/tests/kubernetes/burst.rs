@@ -25,7 +25,8 @@ fn web_slice(ips: &[Ipv4Addr]) -> serde_json::Value {
 /// 1,000 endpoint changes in a burst (as fast as the API server takes them, each a watch
 /// event): the agent converges on the last one, programs it within a second of it, never
 /// fails a request meanwhile (every intermediate set is of live pods), and syncs a bounded
-/// number of times: at most one per minSyncPeriod (100 ms) of the burst, plus the first.
+/// number of times: at most one per minSyncPeriod (100 ms) until it converged, plus the
+/// first.
 #[test]
 fn a_burst_of_1000_endpoint_changes_converges_with_few_syncs() {
     if !require_root("a_burst_of_1000_endpoint_changes_converges_with_few_syncs") {
@@ -62,15 +63,19 @@ fn a_burst_of_1000_endpoint_changes_converges_with_few_syncs() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    let converged = started.elapsed();
     // Nothing after convergence changes it again.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(c.backends_of(), want, "the final state moved");
     load.stop().expect_no_failures("the burst");
     let syncs = c.agent.log_text().matches(" synced ").count() - syncs_before;
-    let bound = (burst + Duration::from_millis(400)).as_millis() as usize / 100 + 2;
+    // One per 100 ms while changes arrive: from the burst's start to convergence (a busy
+    // machine delays the agent's reading of the burst, not its coalescing), plus the first
+    // and the one that ends the burst, and the 300 ms after it.
+    let bound = (converged + Duration::from_millis(100)).as_millis() as usize / 100 + 2;
     assert!(
         syncs >= 2 && syncs <= bound,
-        "{syncs} syncs for {CHANGES} changes over {burst:?} (at most {bound}: one per 100 ms)"
+        "{syncs} syncs for {CHANGES} changes over {burst:?}, converged after {converged:?} (at most {bound}: one per 100 ms)"
     );
-    eprintln!("{CHANGES} changes in {burst:?}: {syncs} syncs");
+    eprintln!("{CHANGES} changes in {burst:?}, converged after {converged:?}: {syncs} syncs");
 }

@@ -2,7 +2,7 @@
 //! with `lastTransitionTime: null` (the API server accepts it; Kubernetes' e2e status
 //! lifecycle test writes one) and one with fields xlb does not know are watched without a
 //! single stream failure; one whose read field cannot be decoded is reported by name and
-//! skipped; a change to another Service right after them applies at once.
+//! skipped; a Service created right after them (on the same watch) applies at once.
 
 use std::{
     net::Ipv4Addr,
@@ -57,6 +57,10 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
     let mut c = start("xo", false, &[]);
     c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
     c.api.apply_yaml(&slice("web", &ready(&b))).expect("slice");
+    // The slice of a Service created later (it waits for its Service).
+    let after = Ipv4Addr::new(10, 96, 0, 33);
+    c.api
+        .apply_all(odd_service("after", after, json!({})).into_iter().skip(1));
     c.wait_backends(3);
     c.wait_watches_current();
 
@@ -88,19 +92,33 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
         bad,
         json!({"spec": {"ports": [{"name": "http", "port": "eighty"}]}}),
     ));
-    // Right after them, another Service changes.
+    // Right after them, another Service is created (on the same watch) and web's slice
+    // changes: both apply within the usual sync time (minSyncPeriod, 1 s).
     let changed = Instant::now();
+    c.api
+        .apply_all(odd_service("after", after, json!({})).into_iter().take(1));
     c.api
         .apply_yaml(&slice("web", &ready(&b[..2])))
         .expect("slice");
-    let took = c.wait_backends(2);
+    c.wait_backends(2);
+    c.agent
+        .wait_for(Duration::from_secs(2), |rows| {
+            rows.iter()
+                .any(|r| r.frontend == format!("{after}:80/TCP") && r.backends.len() == 1)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "the Service created after the odd ones: {e}\n{}",
+                c.agent.log_text()
+            )
+        });
     eprintln!(
-        "web's change applied {took:?} after it was seen, {:?} after it was made",
+        "both changes applied {:?} after they were made",
         changed.elapsed()
     );
     assert!(
         changed.elapsed() < Duration::from_secs(2),
-        "web's change took {:?}: the odd Services stalled the watch\n{}",
+        "the changes took {:?}: the odd Services stalled the watch\n{}",
         changed.elapsed(),
         c.agent.log_text()
     );
