@@ -115,8 +115,11 @@ pub fn test(extra: &[String]) -> Result<()> {
     }
     let skips = SkipDir::create()?;
     println!("xtask: running every test tier (unit, golden, packet, traffic)");
+    // Every test binary runs even after one fails: a run reports all its failures at once.
+    let no_fail_fast = (!extra.iter().any(|a| a == "--no-fail-fast")).then_some("--no-fail-fast");
     let mut child = Command::new("cargo")
         .args(["test", "--workspace"])
+        .args(no_fail_fast)
         .args(extra)
         .env("XLB_EBPF_OBJECT", ebpf_object())
         .env("XLB_BIN", &xlb)

@@ -96,6 +96,16 @@ impl Series {
             reconciled: Family::new_with_constructor(sync_buckets as fn() -> Histogram),
             deleted: Family::default(),
         }
+        .with_ipv4_conntrack()
+    }
+
+    /// The IPv4 conntrack series exist from the start (zero until the collector's first
+    /// pass), as the other series do: a scrape before that pass finds them.
+    fn with_ipv4_conntrack(self) -> Self {
+        let label = [("ip_family", "IPv4")];
+        drop(self.reconciled.get_or_create(&label));
+        drop(self.deleted.get_or_create(&label));
+        self
     }
 
     fn register(&self, r: &mut Registry) {
