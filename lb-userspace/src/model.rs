@@ -154,10 +154,36 @@ pub struct Endpoint {
     pub terminating: bool,
     pub node_name: Option<Name>,
     pub zone: Option<Name>,
+    /// Its topology hints; boxed, as most endpoints have none (8 bytes instead of 48).
+    pub hints: Option<Box<Hints>>,
+}
+
+/// An endpoint's `hints`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Hints {
     /// `hints.forZones[].name` (topology-aware routing).
-    pub zone_hints: Vec<Name>,
+    pub zones: Vec<Name>,
     /// `hints.forNodes[].name` (PreferSameNode traffic distribution).
-    pub node_hints: Vec<Name>,
+    pub nodes: Vec<Name>,
+}
+
+impl Hints {
+    /// The hints to keep: none when both lists are empty.
+    pub fn boxed(zones: Vec<Name>, nodes: Vec<Name>) -> Option<Box<Hints>> {
+        (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(Hints { zones, nodes }))
+    }
+}
+
+impl Endpoint {
+    /// `hints.forZones[].name`.
+    pub fn zone_hints(&self) -> &[Name] {
+        self.hints.as_ref().map_or(&[], |h| &h.zones)
+    }
+
+    /// `hints.forNodes[].name`.
+    pub fn node_hints(&self) -> &[Name] {
+        self.hints.as_ref().map_or(&[], |h| &h.nodes)
+    }
 }
 
 impl Default for Endpoint {
@@ -169,8 +195,7 @@ impl Default for Endpoint {
             terminating: false,
             node_name: None,
             zone: None,
-            zone_hints: Vec::new(),
-            node_hints: Vec::new(),
+            hints: None,
         }
     }
 }

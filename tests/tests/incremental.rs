@@ -15,7 +15,7 @@ use lb_userspace::{
     datapath::{sync, writer::MemoryMaps},
     desired::{self, Desired, Ids, Incremental, Journal, Limits, NodeContext},
     model::{
-        Cidr, Endpoint, EndpointPort, EndpointSlice, Model, Protocol, Service, ServicePort,
+        Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, Model, Protocol, Service, ServicePort,
         ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
     },
     source::events::{self, Event},
@@ -196,7 +196,10 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
                 terminating: flags & 4 != 0,
                 node_name: Some(if ip % 2 == 0 { "node-a" } else { "node-b" }.into()),
                 zone: Some("z1".into()),
-                zone_hints: if hint { vec!["z1".into()] } else { Vec::new() },
+                hints: Hints::boxed(
+                    if hint { vec!["z1".into()] } else { Vec::new() },
+                    Vec::new(),
+                ),
                 ..Default::default()
             })
             .collect(),

@@ -58,8 +58,8 @@ pub struct Incremental {
     owners: BTreeMap<SvcKey, Owner>,
     /// External frontend key → services that wanted it and lost (recomputed when it frees).
     waiting: BTreeMap<SvcKey, BTreeSet<ServiceRef>>,
-    /// Backend index → slots naming it.
-    backend_refs: BTreeMap<u32, usize>,
+    /// Backend index → slots naming it (dense: indices are small and reused).
+    backend_refs: Vec<u32>,
     /// Filter bit → frontends and backends with an address in it.
     filter_refs: BTreeMap<u32, usize>,
     /// Frontend entries placed (slot 0, either scope).
@@ -141,9 +141,12 @@ impl Incremental {
         compact(&mut d.backends);
         compact(&mut d.names);
         compact(&mut self.placed);
+        for p in self.placed.values_mut() {
+            p.shrink_to_fit();
+        }
         compact(&mut self.problems);
         compact(&mut self.owners);
-        compact(&mut self.backend_refs);
+        self.backend_refs.shrink_to_fit();
         compact(&mut self.filter_refs);
     }
 
@@ -212,18 +215,18 @@ impl Incremental {
         for p in self.placed.remove(id).unwrap_or_default() {
             self.frontends -= 1;
             self.touch_placed(&p, touched, backends_seen);
-            for k in &p.entries {
+            for k in p.entries() {
                 if let Some(j) = &mut self.journal {
-                    j.service(&self.desired, *k);
+                    j.service(&self.desired, k);
                 }
-                let Some(v) = self.desired.services.remove(k) else {
+                let Some(v) = self.desired.services.remove(&k) else {
                     continue;
                 };
                 if k.slot == 0 {
                     self.unref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
                     if k.scope == SCOPE_EXTERNAL {
-                        self.owners.remove(k);
-                        released.push(*k);
+                        self.owners.remove(&k);
+                        released.push(k);
                     }
                 } else {
                     self.unref_backend(v.backend_id, ids, touched);
@@ -249,12 +252,10 @@ impl Incremental {
         touched: &mut Touched,
         backends_seen: &mut BTreeSet<Backend>,
     ) {
-        for k in p.entries.iter().filter(|k| k.slot == 0) {
-            touched.frontends.insert(*k);
-        }
-        for b in &p.backends {
-            touched.backends.insert(*b);
-            if let Some(be) = self.desired.backends.get(b) {
+        touched.frontends.insert(p.key);
+        for b in p.backends(&self.desired) {
+            touched.backends.insert(b);
+            if let Some(be) = self.desired.backends.get(&b) {
                 backends_seen.insert(*be);
             }
         }
@@ -262,12 +263,11 @@ impl Incremental {
     }
 
     fn unref_backend(&mut self, id: u32, ids: &mut Ids, touched: &mut Touched) {
-        let Some(n) = self.backend_refs.get_mut(&id) else {
+        let Some(n) = self.backend_refs.get_mut(id as usize).filter(|n| **n > 0) else {
             return;
         };
         *n -= 1;
         if *n == 0 {
-            self.backend_refs.remove(&id);
             if let Some(j) = &mut self.journal {
                 j.backend(&self.desired, id);
             }
@@ -324,14 +324,13 @@ impl Incremental {
             touched.frontends.insert(key);
             return;
         };
-        for k in p.entries.iter().filter(|k| k.slot == 0) {
-            self.ref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
-        }
-        for b in &p.backends {
-            let n = self.backend_refs.entry(*b).or_default();
+        self.ref_filter(lb_common::filter_bit_of(&p.key.addr_be), ids, touched);
+        let backends: Vec<u32> = p.backends(&self.desired).collect();
+        for b in backends {
+            let n = backend_ref(&mut self.backend_refs, b);
             *n += 1;
             if *n == 1
-                && let Some(be) = self.desired.backends.get(b).copied()
+                && let Some(be) = self.desired.backends.get(&b).copied()
             {
                 self.ref_filter(backend_filter_bit(&be), ids, touched);
             }
@@ -346,8 +345,8 @@ impl Incremental {
             errors.push(e);
         }
         if let Some(p) = self.placed.get(id).and_then(|v| v.get(before)) {
-            for b in &p.backends {
-                *self.backend_refs.entry(*b).or_default() += 1;
+            for b in p.backends(&self.desired) {
+                *backend_ref(&mut self.backend_refs, b) += 1;
             }
         }
         if !errors.is_empty() {
@@ -395,6 +394,15 @@ impl Incremental {
         self.placed.entry(id.clone()).or_default().push(placed);
         None
     }
+}
+
+/// Backend `id`'s reference count in `refs`, grown to hold it.
+fn backend_ref(refs: &mut Vec<u32>, id: u32) -> &mut u32 {
+    let i = id as usize;
+    if refs.len() <= i {
+        refs.resize(i + 1, 0);
+    }
+    &mut refs[i]
 }
 
 /// `m` rebuilt from its sorted entries, its nodes full.

@@ -14,6 +14,8 @@ use super::{
 /// One frontend's entries, backends, name and source ranges, before admission.
 struct Planned {
     object: String,
+    key: SvcKey,
+    slots: u16,
     entries: Vec<(SvcKey, SvcValue)>,
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
@@ -51,6 +53,8 @@ pub(super) fn place(
     };
     let mut plan = Planned {
         object,
+        key,
+        slots: 0,
         entries: Vec::new(),
         backends: Vec::new(),
         name: (
@@ -98,6 +102,7 @@ pub(super) fn place(
             },
         ));
     }
+    plan.slots = slot;
     plan.entries.push((
         key,
         SvcValue {
@@ -111,15 +116,36 @@ pub(super) fn place(
     admit(desired, plan, limits, errors, journal)
 }
 
-/// What one placed frontend added to the desired state.
+/// What one placed frontend added to the desired state: its entry's key and slot count
+/// (the slot keys and their backend indices follow from them and the desired state), its
+/// name's index and its source ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Placed {
-    /// Its service map keys (slots, then the entry).
-    pub(super) entries: Vec<SvcKey>,
-    /// The backend index of each slot.
-    pub(super) backends: Vec<u32>,
+    pub(super) key: SvcKey,
+    pub(super) slots: u16,
     pub(super) name: u32,
-    pub(super) src_ranges: Vec<SrcRange>,
+    pub(super) src_ranges: Box<[SrcRange]>,
+}
+
+impl Placed {
+    /// Its service map keys: slots, then the entry.
+    pub(super) fn entries(&self) -> impl Iterator<Item = SvcKey> + use<> {
+        let key = self.key;
+        (1..=self.slots)
+            .map(move |slot| SvcKey { slot, ..key })
+            .chain(std::iter::once(key))
+    }
+
+    /// The backend index of each slot, as `desired` has them (while this frontend is in it).
+    pub(super) fn backends<'a>(&self, desired: &'a Desired) -> impl Iterator<Item = u32> + 'a {
+        let key = self.key;
+        (1..=self.slots).filter_map(move |slot| {
+            desired
+                .services
+                .get(&SvcKey { slot, ..key })
+                .map(|v| v.backend_id)
+        })
+    }
 }
 
 /// The order candidates are placed in (stable: model order within): programmed frontends
@@ -182,10 +208,10 @@ fn admit(
         return None;
     }
     let placed = Placed {
-        entries: plan.entries.iter().map(|(k, _)| *k).collect(),
-        backends: plan.backends.iter().map(|(id, _)| *id).collect(),
+        key: plan.key,
+        slots: plan.slots,
         name: plan.name.0,
-        src_ranges: plan.src_ranges.clone(),
+        src_ranges: plan.src_ranges.clone().into_boxed_slice(),
     };
     if let Some(j) = journal {
         for (k, _) in &plan.entries {

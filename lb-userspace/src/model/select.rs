@@ -77,8 +77,8 @@ pub fn port_endpoints(
                 serving: ep.serving,
                 terminating: ep.terminating,
                 local: matches!((node_name, ep.node_name.as_deref()), (Some(n), Some(e)) if !n.is_empty() && n == e),
-                zone_hints: ep.zone_hints.clone(),
-                node_hints: ep.node_hints.clone(),
+                zone_hints: ep.zone_hints().to_vec(),
+                node_hints: ep.node_hints().to_vec(),
             };
             let id = view.to_string();
             match by_id.get(&id) {

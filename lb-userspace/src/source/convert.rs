@@ -3,8 +3,9 @@
 
 use super::{SourceError, objects as obj};
 use crate::model::{
-    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Name, Protocol,
-    Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy, intern,
+    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints, Name,
+    Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
+    intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -389,18 +390,18 @@ fn endpoint(
         terminating: cond.terminating.unwrap_or(false),
         node_name: ep.node_name.as_deref().map(intern),
         zone: ep.zone.as_deref().map(intern),
-        zone_hints: ep
-            .hints
-            .iter()
-            .flat_map(|h| h.for_zones.iter().flatten())
-            .map(|z| intern(&z.name))
-            .collect(),
-        node_hints: ep
-            .hints
-            .iter()
-            .flat_map(|h| h.for_nodes.iter().flatten())
-            .map(|n| intern(&n.name))
-            .collect(),
+        hints: Hints::boxed(
+            ep.hints
+                .iter()
+                .flat_map(|h| h.for_zones.iter().flatten())
+                .map(|z| intern(&z.name))
+                .collect(),
+            ep.hints
+                .iter()
+                .flat_map(|h| h.for_nodes.iter().flatten())
+                .map(|n| intern(&n.name))
+                .collect(),
+        ),
     }))
 }
 
