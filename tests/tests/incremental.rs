@@ -200,7 +200,6 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
                     if hint { vec!["z1".into()] } else { Vec::new() },
                     Vec::new(),
                 ),
-                ..Default::default()
             })
             .collect(),
     }

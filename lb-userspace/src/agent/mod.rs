@@ -145,6 +145,7 @@ pub enum AgentError {
 /// Runs until `stop` is set. Pinned maps and links stay when it returns: the datapath keeps
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
+    program::fixed_mmap_threshold();
     let start::Loaded {
         _lock,
         mut ebpf,
