@@ -1,6 +1,7 @@
-//! The real agent for the benches: `xlb agent --source file:…` on synthetic services in a
-//! network namespace, pin directory and cgroup of its own, its log in a file; stopped and
-//! everything removed when dropped.
+//! The real agent for the benches: `xlb agent` on synthetic services (a YAML file, or the
+//! same objects served by the in-repo API test server) in a network namespace, pin
+//! directory and cgroup of its own, its log in a file; stopped and everything removed when
+//! dropped.
 
 use std::{
     path::Path,
@@ -9,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use xlb_tests::{cgroup::Cgroup, netns::Netns, unique_tag};
+use xlb_tests::{apiserver::ApiServer, cgroup::Cgroup, netns::Netns, unique_tag};
 
 use super::fixture::services_yaml;
 
@@ -22,6 +23,18 @@ pub(super) struct AgentRun {
     pub(super) ns: Netns,
     /// The socket hooks' cgroup (never the root cgroup); removed after the pins.
     _cgroup: Cgroup,
+    /// The API server the agent watches (with [`Source::Api`]); stops after the agent.
+    _api: Option<ApiServer>,
+}
+
+/// Where the agent reads the services from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// `--source file:…`.
+    File,
+    /// `--source kubernetes` against the in-repo API test server in the agent's namespace
+    /// (the same objects, listed and watched as from a cluster).
+    Api,
 }
 
 impl Drop for AgentRun {
@@ -65,13 +78,23 @@ pub(super) fn start_agent(
     endpoints: usize,
     extra: &[&str],
 ) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
+    start_agent_from(Source::File, xlb, services, endpoints, extra)
+}
+
+/// [`start_agent`] with the services from `source`.
+pub(super) fn start_agent_from(
+    source: Source,
+    xlb: &Path,
+    services: usize,
+    endpoints: usize,
+    extra: &[&str],
+) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
     let tag = unique_tag("xlbm");
     let workdir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&workdir)?;
-    let yaml = workdir.join("services.yaml");
-    std::fs::write(&yaml, services_yaml(0..services, |_| endpoints))?;
     let log = workdir.join("agent.log");
     let ns = Netns::new(&format!("{tag}-node")).map_err(anyhow::Error::msg)?;
+    let (source_args, api) = source_args(source, &ns, &workdir, services, endpoints)?;
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let cgroup = Cgroup::new(&tag).map_err(anyhow::Error::msg)?;
     let out = std::fs::File::create(&log)?;
@@ -80,8 +103,8 @@ pub(super) fn start_agent(
     // nsenter execs xlb in place: the child's pid is the agent's.
     let child = ns
         .command(xlb)
-        .args(["agent", "--source"])
-        .arg(format!("file:{}", yaml.display()))
+        .arg("agent")
+        .args(&source_args)
         .args(["--pod-interfaces", "xbv*"])
         // Maps sized for the services (the per-service arrays follow the service map: a
         // quarter of its entries, at least 65,536).
@@ -108,8 +131,45 @@ pub(super) fn start_agent(
         workdir,
         ns,
         _cgroup: cgroup,
+        _api: api,
     };
     Ok((run, log, started))
+}
+
+/// The agent's source flags for `services` × `endpoints` (and the API server serving them).
+fn source_args(
+    source: Source,
+    ns: &Netns,
+    workdir: &Path,
+    services: usize,
+    endpoints: usize,
+) -> Result<(Vec<String>, Option<ApiServer>)> {
+    let yaml = services_yaml(0..services, |_| endpoints);
+    match source {
+        Source::File => {
+            let path = workdir.join("services.yaml");
+            std::fs::write(&path, yaml)?;
+            Ok((
+                vec!["--source".into(), format!("file:{}", path.display())],
+                None,
+            ))
+        }
+        Source::Api => {
+            let api = ApiServer::start(ns).map_err(anyhow::Error::msg)?;
+            api.apply_yaml("apiVersion: v1\nkind: Node\nmetadata: {name: node1}\n")
+                .map_err(anyhow::Error::msg)?;
+            api.apply_yaml(&yaml).map_err(anyhow::Error::msg)?;
+            let kubeconfig = workdir.join("kubeconfig");
+            api.write_kubeconfig(&kubeconfig)
+                .map_err(anyhow::Error::msg)?;
+            let args = ["--source", "kubernetes", "--hostname-override", "node1"]
+                .map(String::from)
+                .into_iter()
+                .chain(["--kubeconfig".into(), kubeconfig.display().to_string()])
+                .collect();
+            Ok((args, Some(api)))
+        }
+    }
 }
 
 /// Waits (at most 120 s from `started`) for the agent's log to show a sync of `services`.

@@ -15,7 +15,7 @@ use lb_common::{
 
 use super::{
     Summary,
-    agent::{AgentRun, start_agent, wait_synced},
+    agent::{AgentRun, Source, start_agent_from, wait_synced},
     fixture::{Capacities, Datapath, model, status_kb},
     report::{self, Section},
     verdict,
@@ -75,8 +75,13 @@ fn all_maps(pins: &Path) -> Result<Vec<MapMem>> {
 
 /// Starts the agent on `services` × `endpoints`, waits for its first full sync; returns
 /// (VmRSS, VmHWM) in KiB and the seconds from start to synced.
-fn agent_rss(xlb: &Path, services: usize, endpoints: usize) -> Result<(u64, u64, f64)> {
-    let m = agent_run(xlb, services, endpoints, Duration::ZERO, 0)?;
+fn agent_rss(
+    source: Source,
+    xlb: &Path,
+    services: usize,
+    endpoints: usize,
+) -> Result<(u64, u64, f64)> {
+    let m = agent_run_from(source, xlb, services, endpoints, Duration::ZERO, 0)?;
     Ok((m.rss_kb, m.hwm_kb, m.synced_s))
 }
 
@@ -102,7 +107,19 @@ pub(super) fn agent_run(
     idle: Duration,
     veths: usize,
 ) -> Result<AgentMeasured> {
-    let (mut run, log, started) = start_agent(xlb, services, endpoints, &[])?;
+    agent_run_from(Source::File, xlb, services, endpoints, idle, veths)
+}
+
+/// [`agent_run`] with the services from `source`.
+fn agent_run_from(
+    source: Source,
+    xlb: &Path,
+    services: usize,
+    endpoints: usize,
+    idle: Duration,
+    veths: usize,
+) -> Result<AgentMeasured> {
+    let (mut run, log, started) = start_agent_from(source, xlb, services, endpoints, &[])?;
     wait_synced(&mut run, &log, services, started)?;
     let synced = started.elapsed().as_secs_f64();
     let pid = run.child.id().to_string();
@@ -378,15 +395,22 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     let mut small = Vec::new();
     let mut big = Vec::new();
     let mut synced = Vec::new();
+    let (mut api, mut api_synced) = (Vec::new(), Vec::new());
     for _ in 0..AGENT_TRIALS {
-        let (rss, hwm, _) = agent_rss(xlb, 1, 2)?;
+        let (rss, hwm, _) = agent_rss(Source::File, xlb, 1, 2)?;
         small.push((rss as f64, hwm as f64));
-        let (rss, hwm, s) = agent_rss(xlb, SERVICES, ENDPOINTS)?;
+        let (rss, hwm, s) = agent_rss(Source::File, xlb, SERVICES, ENDPOINTS)?;
         big.push((rss as f64, hwm as f64));
         synced.push(s);
         println!(
             "agent: 1 service {} KiB RSS; {SERVICES} × {ENDPOINTS}: {rss} KiB RSS, {hwm} KiB peak, synced in {s:.2} s",
             small.last().map_or(0.0, |x| x.0)
+        );
+        let (rss, hwm, s) = agent_rss(Source::Api, xlb, SERVICES, ENDPOINTS)?;
+        api.push((rss as f64, hwm as f64));
+        api_synced.push(s);
+        println!(
+            "agent (API source): {SERVICES} × {ENDPOINTS}: {rss} KiB RSS, {hwm} KiB peak, synced in {s:.2} s"
         );
     }
     let mib = |xs: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
@@ -394,7 +418,7 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     };
     // The largest the sync bench programs: one run (the per-service arrays are sized from
     // the service map: 131,072 service ports).
-    let (rss_100k, hwm_100k, synced_100k) = agent_rss(xlb, 100_000, 2)?;
+    let (rss_100k, hwm_100k, synced_100k) = agent_rss(Source::File, xlb, 100_000, 2)?;
     println!(
         "agent: 100000 × 2: {rss_100k} KiB RSS, {hwm_100k} KiB peak, synced in {synced_100k:.2} s"
     );
@@ -404,7 +428,8 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
     let per_svc_rss = (rss_big.median - rss_small.median) * 1024.0 * 1024.0 / SERVICES as f64;
     body.push_str(&format!(
         "\n**Agent RSS** (`xlb agent --source file:…` in its own network namespace, attached to no interface, \
-         {AGENT_TRIALS} runs, read from /proc/PID/status once its log says `synced` for every service and VmRSS has settled (within 1% for a second)):\n\n"
+         {AGENT_TRIALS} runs; the API-source row: `--source kubernetes` listing and watching the same objects from the \
+         in-repo API test server in the agent's namespace (the server runs in the bench process, not counted), read from /proc/PID/status once its log says `synced` for every service and VmRSS has settled (within 1% for a second)):\n\n"
     ));
     let headers: Vec<String> = [
         "services × endpoints",
@@ -427,6 +452,12 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
             rss_big.show(1),
             hwm_big.show(1),
             Summary::of(&synced).show(2),
+        ],
+        vec![
+            format!("{SERVICES} × {ENDPOINTS}, API source"),
+            mib(&api, |x| x.0).show(1),
+            mib(&api, |x| x.1).show(1),
+            Summary::of(&api_synced).show(2),
         ],
         vec![
             "100000 × 2 (1 run)".into(),

@@ -353,13 +353,20 @@ fn agent_targets(colds: &[Cold], agents: &[AgentIdle]) -> String {
     format!(
         "* agent RSS at 10,000 × 10 ≤ 40 MiB: **{}** ({rss_10k:.0} MiB; 100,000 × 2: {rss_100k:.0} MiB, \
          its per-service arrays sized from the service map; its cold sync adds {cold_100k_mib:.0} MiB to \
-         the bench process). Done: the compact model (interned names, one address per endpoint, boxed \
-         slices), one programmed copy (an update's journal instead of a copy of the maps), B-trees \
-         rebuilt full and malloc_trim after a full sync. What would close it: the desired state and \
-         its bookkeeping (about 26 MiB of live heap at 10,000 × 10: B-tree entries per slot and \
-         backend, 128-byte names per frontend, per-service key lists, index maps) as dense arrays \
-         indexed by service and backend index; endpoints' two hint vectors (48 B each, nearly always \
-         empty) in one optional box; the agent's ~12 MiB baseline (binary, runtimes, thread stacks).\n\
+         the bench process; the API source's row is in the memory section). Done: the compact model \
+         (interned names, one address per endpoint, boxed slices and hints: 64 B an endpoint), one \
+         programmed copy (an update's journal instead of a copy of the maps), a placed frontend kept as \
+         its key and slot count, dense backend reference counts, B-trees rebuilt full, a fixed mmap \
+         threshold and malloc_trim after a full sync. Where it goes (the agent logs its heap after each \
+         full sync; 10,000 × 10): about 41 MiB of live heap (model 17: the endpoints 6.4, per service \
+         about 1 KiB of B-tree nodes, boxes and names; desired state 10: B-tree entries for 110,000 \
+         service entries and 100,000 backends; indices 5; bookkeeping 4; the file source's digest, the \
+         runtimes and the loaded object the rest), about 16 MiB of free heap glibc cannot give back \
+         (holes left among live blocks by the parse and the full sync's temporaries) and a ~10 MiB \
+         baseline (binary, runtimes). What would close it: the desired state and the indices as dense \
+         arrays indexed by service and backend index (one backend value instead of two B-tree copies), \
+         a service's slices in a small vector instead of a B-tree each, and the parse's and full sync's \
+         temporaries in an arena of their own so that they leave no holes.\n\
          * an idle agent under 0.1% of a core: **{}** (at most {idle_max:.3}%; nothing is polled: the \
          file is watched with inotify, interfaces with rtnetlink, the loop wakes only for events, a \
          look at the stop flag every 0.5 s and the prune every 60 s; the HTTP servers no longer tick \
