@@ -109,7 +109,7 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
         _ => return pass(R_PASS),
     }
     let fwd = flow::record(ctx, t, svc, &client, &chosen, 0)?;
-    reason::count_service(svc.svc_id, chosen.0, Packet::len(ctx));
+    // `finish` counts it (once), as it counts every packet it sends on.
     finish(ctx, t, fwd, R_NEW_FLOW)
 }
 

@@ -179,6 +179,18 @@ pub fn reason_counts(pins: &std::path::Path) -> std::collections::BTreeMap<&'sta
         .collect()
 }
 
+/// Packets counted for every service port together (the per-service counters summed).
+pub fn service_packets(pins: &std::path::Path) -> u64 {
+    let map = lb_userspace::datapath::kernel::open_pinned(pins, lb_common::MAP_SVC_STATS)
+        .expect("open the service counters");
+    let mut packets = 0;
+    lb_userspace::datapath::counts::counter_sums(&map, lb_common::MAP_SVC_STATS, |_, c| {
+        packets += c.packets
+    })
+    .expect("read the service counters");
+    packets
+}
+
 impl Drop for LoadedDatapath {
     fn drop(&mut self) {
         let _ = lb_userspace::cleanup::cleanup(&self.pins);

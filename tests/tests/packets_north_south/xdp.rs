@@ -7,7 +7,10 @@ use lb_userspace::packet::{PacketBuilder, TCP_ACK, icmp_error, parse};
 use xlb_tests::suites::packets_north_south::{
     EXT, NODE, OUTSIDER, REMOTE_POD, SNAT_MAX, SNAT_MIN, UNDERLAY, on_node1,
 };
-use xlb_tests::{datapath::LoadedDatapath, require_root};
+use xlb_tests::{
+    datapath::{LoadedDatapath, service_packets},
+    require_root,
+};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -37,6 +40,11 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     let desc = "new flow, egress without XDP → DNATed and passed; SNATed at tc egress";
     let r = run(dp, desc, &PacketBuilder::tcp(EXT, np(30001)).build());
     assert_eq!(r.verdict, XDP_PASS, "{desc}");
+    assert_eq!(
+        service_packets(&dp.pins),
+        1,
+        "{desc}: the first packet counted once"
+    );
     let p = parse(&r.packet).expect("parses");
     assert_eq!(
         (p.src, p.dst),
