@@ -11,6 +11,9 @@ use std::{
 use super::{SourceError, file::Loaded};
 use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef};
 
+/// A service's slices by name, as the model holds them.
+type Slices = BTreeMap<Name, Box<EndpointSlice>>;
+
 /// One change a source saw.
 #[derive(Debug)]
 pub enum Event {
@@ -193,9 +196,16 @@ impl Digest {
     /// The object events that take what this digest describes to `new`, and the digest of
     /// `new` in place of this one.
     pub fn diff(&mut self, new: &Model) -> Vec<Event> {
+        let mut out = self.diff_services(&new.services);
+        out.extend(self.diff_slices(&new.slices));
+        out
+    }
+
+    /// [`Digest::diff`] of the Services only (a relist of Services; the slices stay).
+    pub fn diff_services(&mut self, new: &BTreeMap<ServiceRef, Service>) -> Vec<Event> {
         let mut out = Vec::new();
         let mut services = BTreeMap::new();
-        for (id, svc) in &new.services {
+        for (id, svc) in new {
             let h = self.hash(svc);
             if self.services.remove(id) != Some(h) {
                 out.push(Event::Service {
@@ -208,8 +218,14 @@ impl Digest {
         for id in std::mem::replace(&mut self.services, services).into_keys() {
             out.push(Event::Service { id, service: None });
         }
+        out
+    }
+
+    /// [`Digest::diff`] of the EndpointSlices only (a relist of slices; the Services stay).
+    pub fn diff_slices(&mut self, new: &BTreeMap<ServiceRef, Slices>) -> Vec<Event> {
+        let mut out = Vec::new();
         let mut slices = BTreeMap::new();
-        for (svc, named) in &new.slices {
+        for (svc, named) in new {
             for (name, s) in named {
                 let key = (svc.clone(), name.clone());
                 let h = self.hash(s);
@@ -231,6 +247,38 @@ impl Digest {
             });
         }
         out
+    }
+
+    /// Keeps the digest up to date with an object event sent.
+    pub fn record(&mut self, e: &Event) {
+        match e {
+            Event::Service {
+                id,
+                service: Some(s),
+            } => {
+                let h = self.hash(&**s);
+                self.services.insert(id.clone(), h);
+            }
+            Event::Service { id, service: None } => {
+                self.services.remove(id);
+            }
+            Event::Slice {
+                service,
+                name,
+                slice: Some(s),
+            } => {
+                let h = self.hash(s);
+                self.slices.insert((service.clone(), name.clone()), h);
+            }
+            Event::Slice {
+                service,
+                name,
+                slice: None,
+            } => {
+                self.slices.remove(&(service.clone(), name.clone()));
+            }
+            _ => {}
+        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! The Kubernetes source: reflectors over Services, EndpointSlices and this node's Node, as
+//! The Kubernetes source: watchers over Services, EndpointSlices and this node's Node, as
 //! kube-proxy watches them. Nothing is sent until every initial list is complete; then the
 //! whole state once ([`Event::Replace`]), and after that one event per object that changed
 //! (the agent coalesces them, at most one sync per `min_sync`). A broken watch or a 410 Gone
-//! re-lists in the reflector's buffer and the store swaps atomically when the new list is
-//! complete; then the whole state is sent again, so the agent never sees half a list.
+//! re-lists; when the new list is complete, the objects that differ from what was sent are
+//! sent, so the agent never sees half a list. The source keeps no copy of the objects (see
+//! [`stores`]).
 //!
 //! Services and EndpointSlices are decoded as the proxy reads them ([`decoded`]): an object
 //! the API server accepted never fails its watch; one the proxy cannot read is reported by
@@ -30,7 +31,6 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store, store::Writer},
         utils::Backoff,
         watcher::{self, DefaultBackoff},
     },
@@ -38,12 +38,12 @@ use kube::{
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tower::{buffer::BufferLayer, retry::RetryLayer};
-use tracing::{info, warn};
+use tracing::warn;
 
 mod decoded;
 mod stores;
 
-pub use stores::{EndpointSlice, Service, ZONE_LABEL, node_deleting, snapshot};
+pub use stores::{EndpointSlice, Service, ZONE_LABEL, node_deleting};
 use stores::{Stores, Watched};
 
 use super::events::Timed;
@@ -154,12 +154,10 @@ impl Backoff for ProgressBackoff {
     }
 }
 
-/// A reflector into `writer` over a watcher of `api`, backing off while it fails; yields
-/// the watcher's events after the store took them.
-fn reflect<K>(
+/// A watcher of `api`, backing off while it fails.
+fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
-    writer: Writer<K>,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -167,18 +165,19 @@ where
 {
     let progressed = Arc::new(AtomicBool::new(false));
     let flag = progressed.clone();
-    let events = watcher::watcher(api, config).inspect(move |e| {
-        if matches!(
-            e,
-            Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
-        ) {
-            flag.store(true, Ordering::Relaxed);
-        }
-    });
-    reflector::reflector(writer, events).backoff(ProgressBackoff {
-        inner: DefaultBackoff::default(),
-        progressed,
-    })
+    watcher::watcher(api, config)
+        .inspect(move |e| {
+            if matches!(
+                e,
+                Ok(watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_))
+            ) {
+                flag.store(true, Ordering::Relaxed);
+            }
+        })
+        .backoff(ProgressBackoff {
+            inner: DefaultBackoff::default(),
+            progressed,
+        })
 }
 
 /// Runs the source on its own thread (a current-thread tokio runtime); every event goes to
@@ -198,38 +197,26 @@ pub fn spawn(
 async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(), KubeError> {
     let client = client(&opts).await?;
     let sel = selector(opts.service_proxy_name.as_deref());
-    let (svc_store, svc_writer) = reflector::store::<Service>();
-    let (slice_store, slice_writer) = reflector::store::<EndpointSlice>();
-    let (node_store, node_writer) = reflector::store::<Node>();
-    let svc_events = reflect(
+    let svc_events = watch(
         Api::<Service>::all(client.clone()),
         watcher::Config::default().labels(&sel),
-        svc_writer,
     )
     .map(|e| ("Services", e.map(Watched::Service)));
-    let slice_events = reflect(
+    let slice_events = watch(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&sel),
-        slice_writer,
     )
     .map(|e| ("EndpointSlices", e.map(Watched::Slice)));
-    let node_events = reflect(
+    let node_events = watch(
         Api::<Node>::all(client),
         watcher::Config::default().fields(&format!("metadata.name={}", opts.node_name)),
-        node_writer,
     )
     .map(|e| ("Node", e.map(Watched::Node)));
     let mut events = std::pin::pin!(stream::select(
         stream::select(svc_events, slice_events),
         node_events
     ));
-    let mut stores = Stores {
-        services: svc_store,
-        slices: slice_store,
-        node: node_store,
-        filed: Default::default(),
-    };
-    let mut ready = false;
+    let mut stores = Stores::default();
     while let Some((what, result)) = events.next().await {
         let since = std::time::Instant::now();
         let watched = match result {
@@ -239,35 +226,11 @@ async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(
                 continue;
             }
         };
-        let out = if ready {
-            stores.events(watched)
-        } else {
-            // Level-triggered start: every initial list must be complete before the first write.
-            if !(is_ready(&stores.services) && is_ready(&stores.slices) && is_ready(&stores.node)) {
-                continue;
-            }
-            ready = true;
-            info!(
-                services = stores.services.state().len(),
-                slices = stores.slices.state().len(),
-                "initial lists complete"
-            );
-            vec![stores.node_event(), stores.replace()]
-        };
-        for event in out {
+        for event in stores.events(watched) {
             if !send(Timed { event, since }) {
                 return Ok(());
             }
         }
     }
     Ok(())
-}
-
-/// True once the store has seen its first complete list.
-fn is_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }

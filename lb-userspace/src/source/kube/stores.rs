@@ -1,21 +1,25 @@
-//! From the reflectors' stores to the source's events: a Service or an EndpointSlice
+//! From the watchers' events to the source's events: a Service or an EndpointSlice
 //! converted (or its removal when it is gone, not proxied or invalid), the slices filed
 //! under their service so a relabelled or deleted slice leaves where it was, the Node's zone
-//! and deletion, and the whole state at once after a (re)list.
+//! and deletion, the whole state at once after the first lists, and after a relist the
+//! objects that differ from what was sent.
+//!
+//! As kube-proxy's change trackers, the source keeps no copy of the objects: lists are
+//! converted as they arrive, and what was sent is kept as a digest (a 128-bit hash per
+//! object) to diff a relist against. The agent's model is the one copy.
+
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Resource,
-    runtime::{reflector::Store, watcher},
-};
-use tracing::debug;
+use kube::{Resource, runtime::watcher};
+use tracing::{debug, info};
 
 use super::decoded::Decoded;
 use crate::{
     model::{Name, ServiceRef, intern},
     source::{
         convert::{self, Converted},
-        events::Event,
+        events::{self, Digest, Event},
         file::Loaded,
         objects,
     },
@@ -26,24 +30,37 @@ pub type Service = Decoded<objects::Service>;
 /// A watched EndpointSlice, as decoded.
 pub type EndpointSlice = Decoded<objects::EndpointSlice>;
 
-/// Builds the model from the stores' current contents.
-pub fn snapshot(services: &Store<Service>, slices: &Store<EndpointSlice>) -> Loaded {
-    let mut loaded = Loaded::default();
-    for svc in services.state() {
-        match svc.object().and_then(convert::service) {
-            Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
-            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
-            Err(e) => loaded.errors.push(e),
-        }
+/// Adds a listed Service to `loaded`.
+fn list_service(loaded: &mut Loaded, svc: &Service) {
+    match svc.object().and_then(convert::service) {
+        Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
+        Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
+        Err(e) => loaded.errors.push(e),
     }
-    for slice in slices.state() {
-        match slice.object().and_then(convert::endpoint_slice) {
-            Ok(Converted::Take(s)) => loaded.model.upsert_slice(s),
-            Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
-            Err(e) => loaded.errors.push(e),
+}
+
+/// Adds a listed EndpointSlice to `list`, filed under its service.
+fn list_slice(list: &mut SliceList, slice: &EndpointSlice) {
+    match slice.object().and_then(convert::endpoint_slice) {
+        Ok(Converted::Take(s)) => {
+            list.filed
+                .insert(slice_key(slice), (s.service.clone(), s.name.clone()));
+            list.loaded.model.upsert_slice(s);
         }
+        Ok(Converted::Ignore(why)) => list.loaded.ignored.push(why),
+        Err(e) => list.loaded.errors.push(e),
     }
-    loaded
+}
+
+/// A relist's errors (the objects it left out) as events, and what it ignored logged.
+fn report(listed: &mut Loaded) -> Vec<Event> {
+    for why in &listed.ignored {
+        debug!("ignored: {why}");
+    }
+    std::mem::take(&mut listed.errors)
+        .into_iter()
+        .map(Event::Error)
+        .collect()
 }
 
 /// The label that names a node's zone.
@@ -68,22 +85,42 @@ pub(super) enum Watched {
     Node(watcher::Event<Node>),
 }
 
-/// The three stores, and which slice object is filed under which service.
+/// A list of EndpointSlices: the slices converted, and where each is filed.
+#[derive(Default)]
+pub(super) struct SliceList {
+    loaded: Loaded,
+    filed: HashMap<String, (ServiceRef, Name)>,
+}
+
+/// What the source keeps: lists in progress, the first complete ones until every kind has
+/// one, the Node, which slice object is filed under which service, and a digest of what
+/// was sent.
+#[derive(Default)]
 pub(super) struct Stores {
-    pub(super) services: Store<Service>,
-    pub(super) slices: Store<EndpointSlice>,
-    pub(super) node: Store<Node>,
+    /// Lists in progress (between the watcher's `Init` and `InitDone`).
+    listing_services: Option<Loaded>,
+    listing_slices: Option<SliceList>,
+    /// Complete first lists, held until the Services, the slices and the Node are all
+    /// listed (the first state is sent whole, as kube-proxy waits for its caches to sync).
+    listed_services: Option<Loaded>,
+    listed_slices: Option<Loaded>,
+    node_listed: bool,
+    /// The first state was sent.
+    started: bool,
+    /// This node's Node (at most one object).
+    node: Option<Node>,
     /// EndpointSlice `namespace/name` → (its service, its name), for the slices sent: a
     /// deleted (or relabelled, or no longer valid) slice is removed from where it was filed.
-    pub(super) filed: std::collections::HashMap<String, (ServiceRef, Name)>,
+    pub(super) filed: HashMap<String, (ServiceRef, Name)>,
+    /// What was sent of each Service and slice.
+    sent: Digest,
 }
 
 impl Stores {
     pub(super) fn node_event(&self) -> Event {
-        let node = self.node.state();
         Event::Node {
-            deleting: node.iter().any(|n| node_deleting(n)),
-            zone: node.iter().find_map(|n| {
+            deleting: self.node.as_ref().is_some_and(node_deleting),
+            zone: self.node.as_ref().and_then(|n| {
                 n.metadata
                     .labels
                     .as_ref()
@@ -93,36 +130,147 @@ impl Stores {
         }
     }
 
-    /// Everything in the stores, and the slices filed afresh.
-    pub(super) fn replace(&mut self) -> Event {
-        let loaded = snapshot(&self.services, &self.slices);
-        self.filed = self
-            .slices
-            .state()
-            .iter()
-            .filter_map(|s| match s.object().and_then(convert::endpoint_slice) {
-                Ok(Converted::Take(t)) => Some((slice_key(s), (t.service, t.name))),
-                _ => None,
-            })
-            .collect();
-        Event::Replace(Box::new(loaded))
-    }
-
-    /// The events of one watcher event after the initial lists: a Service or a slice
-    /// changed or gone, a relist complete (everything, from the swapped store), the Node.
+    /// The events of one watcher event.
     pub(super) fn events(&mut self, w: Watched) -> Vec<Event> {
         match w {
-            Watched::Service(watcher::Event::Apply(s)) => service_event(&s, false),
-            Watched::Service(watcher::Event::Delete(s)) => service_event(&s, true),
-            Watched::Slice(watcher::Event::Apply(s)) => self.slice_events(&s, false),
-            Watched::Slice(watcher::Event::Delete(s)) => self.slice_events(&s, true),
-            Watched::Service(watcher::Event::InitDone)
-            | Watched::Slice(watcher::Event::InitDone) => vec![self.replace()],
-            Watched::Node(
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
-            ) => vec![self.node_event()],
-            _ => Vec::new(),
+            Watched::Service(e) => self.service_watched(e),
+            Watched::Slice(e) => self.slice_watched(e),
+            Watched::Node(e) => self.node_watched(e),
         }
+    }
+
+    fn service_watched(&mut self, e: watcher::Event<Service>) -> Vec<Event> {
+        match e {
+            watcher::Event::Init => {
+                self.listing_services = Some(Loaded::default());
+                Vec::new()
+            }
+            watcher::Event::InitApply(s) => {
+                if let Some(l) = &mut self.listing_services {
+                    list_service(l, &s);
+                }
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let mut listed = self.listing_services.take().unwrap_or_default();
+                if self.started {
+                    let mut out = report(&mut listed);
+                    out.extend(self.sent.diff_services(&listed.model.services));
+                    return out;
+                }
+                self.listed_services = Some(listed);
+                self.start()
+            }
+            watcher::Event::Apply(s) => {
+                let out = service_event(&s, false);
+                self.deliver(out)
+            }
+            watcher::Event::Delete(s) => {
+                let out = service_event(&s, true);
+                self.deliver(out)
+            }
+        }
+    }
+
+    fn slice_watched(&mut self, e: watcher::Event<EndpointSlice>) -> Vec<Event> {
+        match e {
+            watcher::Event::Init => {
+                self.listing_slices = Some(SliceList::default());
+                Vec::new()
+            }
+            watcher::Event::InitApply(s) => {
+                if let Some(l) = &mut self.listing_slices {
+                    list_slice(l, &s);
+                }
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let mut listed = self.listing_slices.take().unwrap_or_default();
+                self.filed = std::mem::take(&mut listed.filed);
+                if self.started {
+                    let mut out = report(&mut listed.loaded);
+                    out.extend(self.sent.diff_slices(&listed.loaded.model.slices));
+                    return out;
+                }
+                self.listed_slices = Some(listed.loaded);
+                self.start()
+            }
+            watcher::Event::Apply(s) => {
+                let out = self.slice_events(&s, false);
+                self.deliver(out)
+            }
+            watcher::Event::Delete(s) => {
+                let out = self.slice_events(&s, true);
+                self.deliver(out)
+            }
+        }
+    }
+
+    fn node_watched(&mut self, e: watcher::Event<Node>) -> Vec<Event> {
+        match e {
+            watcher::Event::Init => return Vec::new(),
+            watcher::Event::InitApply(n) | watcher::Event::Apply(n) => self.node = Some(n),
+            watcher::Event::Delete(_) => self.node = None,
+            watcher::Event::InitDone => self.node_listed = true,
+        }
+        if self.started {
+            vec![self.node_event()]
+        } else {
+            self.start()
+        }
+    }
+
+    /// The first state, once every kind is listed: the Node, then everything at once.
+    fn start(&mut self) -> Vec<Event> {
+        if self.started
+            || !self.node_listed
+            || self.listed_services.is_none()
+            || self.listed_slices.is_none()
+        {
+            return Vec::new();
+        }
+        let (Some(mut loaded), Some(slices)) =
+            (self.listed_services.take(), self.listed_slices.take())
+        else {
+            return Vec::new();
+        };
+        loaded.model.slices = slices.model.slices;
+        loaded.errors.extend(slices.errors);
+        loaded.ignored.extend(slices.ignored);
+        self.sent = Digest::of(&loaded.model);
+        self.started = true;
+        info!(
+            services = loaded.model.services.len(),
+            slices = self.filed.len(),
+            "initial lists complete"
+        );
+        vec![self.node_event(), Event::Replace(Box::new(loaded))]
+    }
+
+    /// Object events: recorded in the digest once the first state is sent; before that,
+    /// folded into the complete list they follow (a kind listed before the others may
+    /// change meanwhile).
+    fn deliver(&mut self, events: Vec<Event>) -> Vec<Event> {
+        if self.started {
+            for e in &events {
+                self.sent.record(e);
+            }
+            return events;
+        }
+        for e in events {
+            let held = match &e {
+                Event::Slice { .. } => self.listed_slices.as_mut(),
+                _ => self.listed_services.as_mut(),
+            };
+            let Some(held) = held else { continue };
+            match e {
+                Event::Error(err) => held.errors.push(err),
+                e => {
+                    events::apply(&mut held.model, e);
+                }
+            }
+        }
+        Vec::new()
     }
 
     fn slice_events(&mut self, s: &EndpointSlice, deleted: bool) -> Vec<Event> {
@@ -206,7 +354,6 @@ fn service_event(s: &Service, deleted: bool) -> Vec<Event> {
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::reflector;
     use serde_json::json;
 
     use super::*;
@@ -230,12 +377,121 @@ mod tests {
     }
 
     fn stores() -> Stores {
-        Stores {
-            services: reflector::store::<Service>().0,
-            slices: reflector::store::<EndpointSlice>().0,
-            node: reflector::store::<Node>().0,
-            filed: Default::default(),
+        Stores::default()
+    }
+
+    fn web(ip: &str) -> Service {
+        service(json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": 80}]},
+        }))
+    }
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("a Node")
+    }
+
+    /// Feeds `events` to `st`; every event it sends, in short.
+    fn feed(st: &mut Stores, events: Vec<Watched>) -> Vec<String> {
+        events
+            .into_iter()
+            .flat_map(|w| short(&st.events(w)))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_state_waits_for_every_list_and_takes_what_changed_meanwhile() {
+        use watcher::Event as W;
+        let mut st = stores();
+        let s1 = slice("s1", Some("web"), "IPv4", "10.244.0.1");
+        let sent = feed(
+            &mut st,
+            vec![
+                Watched::Service(W::Init),
+                Watched::Service(W::InitApply(web("10.96.0.1"))),
+                Watched::Service(W::InitDone),
+                // Changed after its list, before the others are complete: held, folded in.
+                Watched::Service(W::Apply(web("10.96.0.2"))),
+                Watched::Slice(W::Init),
+                Watched::Slice(W::InitApply(s1.clone())),
+                Watched::Slice(W::InitDone),
+            ],
+        );
+        assert!(
+            sent.is_empty(),
+            "nothing before the Node is listed: {sent:?}"
+        );
+        let mut events = Vec::new();
+        for w in [
+            Watched::Node(W::Init),
+            Watched::Node(W::InitApply(node("n1"))),
+            Watched::Node(W::InitDone),
+        ] {
+            events.extend(st.events(w));
         }
+        assert_eq!(short(&events), ["node", "replace"]);
+        let Some(Event::Replace(loaded)) = events.pop() else {
+            unreachable!()
+        };
+        let svc = &loaded.model.services[&id("ns", "web")];
+        assert_eq!(
+            svc.cluster_ips,
+            ["10.96.0.2".parse::<std::net::IpAddr>().expect("ip")]
+        );
+        assert_eq!(loaded.model.slices[&id("ns", "web")].len(), 1);
+        // Afterwards: one event per object.
+        assert_eq!(
+            feed(&mut st, vec![Watched::Service(W::Apply(web("10.96.0.3")))]),
+            ["service ns/web"]
+        );
+    }
+
+    #[test]
+    fn a_relist_sends_only_what_differs_from_what_was_sent() {
+        use watcher::Event as W;
+        let mut st = stores();
+        let s1 = slice("s1", Some("web"), "IPv4", "10.244.0.1");
+        let s2 = slice("s2", Some("web"), "IPv4", "10.244.0.2");
+        feed(
+            &mut st,
+            vec![
+                Watched::Service(W::Init),
+                Watched::Service(W::InitApply(web("10.96.0.1"))),
+                Watched::Service(W::InitDone),
+                Watched::Slice(W::Init),
+                Watched::Slice(W::InitApply(s1.clone())),
+                Watched::Slice(W::InitDone),
+                Watched::Node(W::InitDone),
+                Watched::Slice(W::Apply(s2.clone())),
+            ],
+        );
+        // The Services relisted unchanged: nothing to send.
+        let relist = vec![
+            Watched::Service(W::Init),
+            Watched::Service(W::InitApply(web("10.96.0.1"))),
+            Watched::Service(W::InitDone),
+        ];
+        assert!(feed(&mut st, relist).is_empty());
+        // The slices relisted: s1 changed, s2 gone (deleted while the watch was down).
+        let s1b = slice("s1", Some("web"), "IPv4", "10.244.0.9");
+        let relist = vec![
+            Watched::Slice(W::Init),
+            Watched::Slice(W::InitApply(s1b)),
+            Watched::Slice(W::InitDone),
+        ];
+        assert_eq!(
+            feed(&mut st, relist),
+            ["slice ns/web s1", "unslice ns/web s2"]
+        );
+        // And a Service gone while the watch was down.
+        let relist = vec![Watched::Service(W::Init), Watched::Service(W::InitDone)];
+        assert_eq!(feed(&mut st, relist), ["gone ns/web"]);
+        // The filing follows the relist: deleting s1 unfiles it.
+        let s1c = slice("s1", Some("web"), "IPv4", "10.244.0.9");
+        assert_eq!(
+            feed(&mut st, vec![Watched::Slice(W::Delete(s1c))]),
+            ["unslice ns/web s1"]
+        );
     }
 
     fn id(namespace: &str, name: &str) -> ServiceRef {
@@ -419,15 +675,13 @@ mod tests {
 
     #[test]
     fn the_node_event_carries_its_zone_and_whether_it_goes_away() {
-        let (store, mut writer) = reflector::store::<Node>();
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": "n1", "labels": {ZONE_LABEL: "z1"}},
             "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]},
         }))
         .expect("a Node");
-        writer.apply_watcher_event(&watcher::Event::Apply(node.clone()));
         let st = Stores {
-            node: store,
+            node: Some(node.clone()),
             ..stores()
         };
         let Event::Node { deleting, zone } = st.node_event() else {
