@@ -69,20 +69,10 @@ unsafe fn libc_kill(pid: i32) {
     unsafe { kill(pid, 15) };
 }
 
-/// The agent on a file of `services` × `endpoints` in a namespace, pin directory and cgroup
-/// of its own (`extra` flags added), its log to a file; the run (torn down when dropped), the log's path and when
-/// the agent started.
+/// The agent on `services` × `endpoints` from `source` in a namespace, pin directory and
+/// cgroup of its own (`extra` flags added), its log to a file; the run (torn down when
+/// dropped), the log's path and when the agent started.
 pub(super) fn start_agent(
-    xlb: &Path,
-    services: usize,
-    endpoints: usize,
-    extra: &[&str],
-) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
-    start_agent_from(Source::File, xlb, services, endpoints, extra)
-}
-
-/// [`start_agent`] with the services from `source`.
-pub(super) fn start_agent_from(
     source: Source,
     xlb: &Path,
     services: usize,

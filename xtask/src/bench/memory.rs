@@ -15,7 +15,7 @@ use lb_common::{
 
 use super::{
     Summary,
-    agent::{AgentRun, Source, start_agent_from, wait_synced},
+    agent::{AgentRun, Source, start_agent, wait_synced},
     fixture::{Capacities, Datapath, model, status_kb},
     report::{self, Section},
     verdict,
@@ -81,7 +81,7 @@ fn agent_rss(
     services: usize,
     endpoints: usize,
 ) -> Result<(u64, u64, f64)> {
-    let m = agent_run_from(source, xlb, services, endpoints, Duration::ZERO, 0)?;
+    let m = agent_run(source, xlb, services, endpoints, Duration::ZERO, 0)?;
     Ok((m.rss_kb, m.hwm_kb, m.synced_s))
 }
 
@@ -101,17 +101,6 @@ pub(super) struct AgentMeasured {
 /// from the last created to all attached), and the agent left idle for `idle` with them:
 /// the share of one core it used meanwhile (utime + stime from `/proc/PID/stat`).
 pub(super) fn agent_run(
-    xlb: &Path,
-    services: usize,
-    endpoints: usize,
-    idle: Duration,
-    veths: usize,
-) -> Result<AgentMeasured> {
-    agent_run_from(Source::File, xlb, services, endpoints, idle, veths)
-}
-
-/// [`agent_run`] with the services from `source`.
-fn agent_run_from(
     source: Source,
     xlb: &Path,
     services: usize,
@@ -119,7 +108,7 @@ fn agent_run_from(
     idle: Duration,
     veths: usize,
 ) -> Result<AgentMeasured> {
-    let (mut run, log, started) = start_agent_from(source, xlb, services, endpoints, &[])?;
+    let (mut run, log, started) = start_agent(source, xlb, services, endpoints, &[])?;
     wait_synced(&mut run, &log, services, started)?;
     let synced = started.elapsed().as_secs_f64();
     let pid = run.child.id().to_string();

@@ -18,7 +18,7 @@ use xlb_tests::http::{get_path, ok_body};
 
 use super::{
     Summary,
-    agent::{AgentRun, start_agent, wait_synced},
+    agent::{AgentRun, Source, start_agent, wait_synced},
     percentile,
     report::{self, Section},
     verdict,
@@ -189,7 +189,8 @@ pub fn run(xlb: &Path) -> Result<Section> {
     for (services, endpoints) in SIZES {
         for per_service in [false, true] {
             let extra: &[&str] = if per_service { &[PER_SERVICE] } else { &[] };
-            let (mut run, log, started) = start_agent(xlb, services, endpoints, extra)?;
+            let (mut run, log, started) =
+                start_agent(Source::File, xlb, services, endpoints, extra)?;
             wait_synced(&mut run, &log, services, started)
                 .with_context(|| format!("agent at {services} × {endpoints}"))?;
             wait_healthy(&run)?;

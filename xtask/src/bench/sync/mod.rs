@@ -112,6 +112,7 @@ pub fn run(xlb: &std::path::Path) -> Result<Section> {
     let mut agents = Vec::new();
     for (services, endpoints) in AGENT {
         let m = super::memory::agent_run(
+            super::agent::Source::File,
             xlb,
             services,
             endpoints,
