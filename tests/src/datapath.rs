@@ -141,7 +141,11 @@ impl LoadedDatapath {
         let mut out = vec![0u8; packet.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
         // egress_ifindex.
+        // data_end is the frame's length: with 0 the kernel hands the program a frame whose
+        // bytes are not directly accessible, and every read and write of it goes through
+        // bpf_xdp_load_bytes/store_bytes (a path real traffic never takes).
         let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&ingress_ifindex.to_ne_bytes());
         let opts = TestRunOptions {
             data_in: Some(packet),
