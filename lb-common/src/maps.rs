@@ -242,6 +242,13 @@ pub const CT_F_ASSURED: u16 = 64;
 /// port to two frontends with the same backend), so netfilter sees the remapped port both
 /// ways; tc egress restores it on replies.
 pub const CT_F_PORT_IN: u16 = 128;
+/// Conntrack flag (set by XDP): this direction's translated packets leave by an interface
+/// that takes no XDP frames (a pod's veth, a local address), so XDP hands them to the stack
+/// translated as tc ingress would, without looking their route up again. Cleared with the
+/// once-a-second refresh (`last_seen_ns`), so a changed route is seen within a second; an
+/// entry without it (made by tc, or refreshed) gets it from XDP's next route lookup. tc
+/// ignores it.
+pub const CT_F_XDP_STACK: u16 = 256;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

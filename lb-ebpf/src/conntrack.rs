@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_PORT_IN, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
-    CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
+    CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
 pub use crate::family::{Entry, Flow};
@@ -220,8 +220,10 @@ pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
     let mut refreshed = false;
     if clock::since(now, *ct.last_seen()) > TOUCH_INTERVAL_NS {
         *ct.last_seen() = now;
-        // Forget the fitting packet size once a second: a route that shrank is seen again.
+        // Forget the fitting packet size and XDP's way out once a second: a route that
+        // shrank or moved is seen again.
         *ct.mtu() = 0;
+        *ct.flags_mut() &= !CT_F_XDP_STACK;
         refreshed = true;
     }
     let flags = t.tcp_flags();
@@ -407,6 +409,8 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
     *p.fwd.created() = now;
     *p.fwd.last_seen() = now;
     p.reply.copy_from(p.fwd);
+    // XDP's way out is the forward direction's; the reply's is found by its first packet.
+    *p.reply.flags_mut() &= !CT_F_XDP_STACK;
     let (saddr, daddr, sport, dport) = p.reply.ends_mut();
     saddr.set(t.daddr());
     daddr.set(t.saddr());

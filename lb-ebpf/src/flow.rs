@@ -47,8 +47,9 @@ pub fn admitted(t: &Tuple, svc: &SvcValue) -> Result<(), Reason> {
 pub type Chosen = (u32, u16, Backend);
 
 /// Records a new flow of `t` to the chosen backend: its source translation, the client's
-/// affinity, its conntrack entries (`mtu`: the size known to fit its route, 0 for none).
-/// Returns the forward tuple its packets are rewritten to.
+/// affinity, its conntrack entries (`mtu`: the size known to fit its route, 0 for none;
+/// `flags`: more `CT_F_*` flags for the forward entry). Returns the forward tuple its
+/// packets are rewritten to.
 #[inline(always)]
 pub fn record<P: Packet>(
     ctx: &P,
@@ -57,11 +58,13 @@ pub fn record<P: Packet>(
     client: &Client,
     chosen: &Chosen,
     mtu: u16,
+    flags: u16,
 ) -> Result<&'static CtValue, Reason> {
     let (backend_id, slot, be) = chosen;
     let scratch = conntrack::scratch()?;
     let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut scratch.fwd)?;
     scratch.fwd.mtu = mtu;
+    scratch.fwd.flags |= flags;
     if svc.affinity_timeout_s != 0 {
         scratch.fwd.flags |= CT_F_AFFINITY;
     }

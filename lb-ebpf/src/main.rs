@@ -321,7 +321,7 @@ fn try_tc_new_flow(
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, fits)?;
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, fits, 0)?;
     nat::forward_in(ctx, t, fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))

@@ -6,6 +6,12 @@
 //! or passed to the stack with only the destination side translated, as tc ingress would
 //! (netfilter then sees the flow as under kube-proxy; tc egress restores the source side).
 //!
+//! Which of the two is a flow's, once found, is kept in its conntrack entry
+//! (`CT_F_XDP_STACK`, forgotten with the once-a-second refresh): a packet into the stack
+//! then costs what tc's does, with no route lookup. A new flow to a backend on this node
+//! always goes into the stack (a pod's veth takes no XDP frames) without a lookup; one to a
+//! remote backend looks its route up once.
+//!
 //! Whatever XDP cannot finish is passed to the stack untouched, where the tc program does the
 //! whole job: ICMP, refusals (no endpoints), fragmentation needed, unresolved neighbours,
 //! re-balanced UDP flows, and packets whose checksum is still to be completed by offload
@@ -17,8 +23,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
-    R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
+    BE_F_REMOTE, CT_F_XDP_STACK, CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
+    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
 };
 
 use crate::{
@@ -30,6 +36,7 @@ use crate::{
     parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
+    translate::{self, Mtu},
 };
 
 /// The XDP program's outcome.
@@ -51,32 +58,95 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     // The same order as tc: the address filters, a tracked flow from its entry alone, then
     // replies, then the service map for a new flow.
     let frontend = filter::maybe_frontend(t.daddr_be);
-    let backend = filter::maybe_backend(t.saddr_be);
-    if !frontend && !backend {
+    let forward = if frontend {
+        conntrack::lookup_forward(&t)
+    } else {
+        None
+    };
+    let reply = if forward.is_none() && filter::maybe_backend(t.saddr_be) {
+        conntrack::lookup_reply(&t)
+    } else {
+        None
+    };
+    if !frontend && reply.is_none() {
         return pass(R_PASS);
     }
     if checksum_partial(ctx, &t)? {
         return pass(R_PASS);
     }
-    if let Some(ct) = frontend.then(|| conntrack::lookup_forward(&t)).flatten() {
+    if let Some(ct) = forward {
         if !conntrack::continues(ct, &t) {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        let ct = flow::keep_alive(ct, &t);
-        return finish(ctx, &t, ct, R_ESTABLISHED);
+        return established(ctx, &t, ct).outcome();
     }
-    if let Some(ct) = backend.then(|| conntrack::lookup_reply(&t)).flatten() {
+    if let Some(ct) = reply {
         conntrack::touch(ct, &t);
-        return finish(ctx, &t, ct, R_REVERSE_NAT);
-    }
-    if !frontend {
-        return pass(R_PASS);
+        return reply_of(ctx, &t, ct).outcome();
     }
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
     xdp_new_flow(ctx, &t, svc).outcome()
+}
+
+/// A packet of a tracked flow to its backend: into the stack as tc would send it when the
+/// entry says its way out takes no XDP frames (no route lookup), else by the way its route
+/// gives (remembered in the entry when that is the stack). Out of line: its frame stays off
+/// the entry's.
+#[inline(never)]
+fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Carried {
+    Carried::done(try_established(ctx, t, ct))
+}
+
+#[inline(always)]
+fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOutcome {
+    if ct.flags & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, ct) {
+            Way::Tc => return pass(R_PASS),
+            Way::Redirect(hop) => {
+                let ct = flow::keep_alive(ct, t);
+                return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
+            }
+            Way::Stack => {
+                ct.flags |= CT_F_XDP_STACK;
+                // The route lookup has just checked this size.
+                ct.mtu = ct.mtu.max(t.tot_len);
+            }
+        }
+    }
+    // tc's steps for an established packet, the answer to a packet too big left to tc.
+    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu) {
+        Mtu::TooBig(_) => return pass(R_PASS),
+        Mtu::Fits(len) => ct.mtu = len,
+        Mtu::Unchecked => {}
+    }
+    let ct = flow::keep_alive(ct, t);
+    nat::forward_in(ctx, t, ct)?;
+    reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
+    pass(R_ESTABLISHED)
+}
+
+/// A backend's reply of a tracked flow (already touched): as [`established`], its
+/// destination side translated into the stack (tc egress restores the source), or both
+/// sides redirected. Out of line, as [`established`].
+#[inline(never)]
+fn reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Carried {
+    Carried::done(try_reply_of(ctx, t, ct))
+}
+
+#[inline(always)]
+fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOutcome {
+    if ct.flags & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, ct) {
+            Way::Tc => return pass(R_PASS),
+            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT),
+            Way::Stack => ct.flags |= CT_F_XDP_STACK,
+        }
+    }
+    nat::reply_in(ctx, t, ct)?;
+    pass(R_REPLY_IN)
 }
 
 /// A new flow: chosen, recorded and translated here when its route is ready, else left to tc.
@@ -94,30 +164,67 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
     }
     let client = Client::of(t);
     let chosen = select::choose(&Frontend::of(t), &client, svc)?;
-    // Only when the backend's route is complete (neighbour known, packet fits) does XDP take
-    // the flow; otherwise tc does it all (and answers fragmentation needed).
-    match fib::lookup(
-        ctx.raw(),
-        Packet::ingress_ifindex(ctx),
-        t.proto,
-        t.saddr_be,
-        chosen.2.addr_be[0],
-        t.tot_len,
-        true,
-    ) {
-        Some(r) if r.too_big == 0 => {}
-        _ => return pass(R_PASS),
+    let be = &chosen.2;
+    // A backend on this node is reached through a pod's veth or a local address, which take
+    // no XDP frames: into the stack as tc would, with tc's MTU check and no route lookup.
+    // A remote one by the route's way out: the neighbour known and the packet fitting, else
+    // tc does it all (and answers fragmentation needed).
+    let (mtu, way_flags) = if be.flags & BE_F_REMOTE == 0 {
+        match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
+            Mtu::TooBig(_) => return pass(R_PASS),
+            Mtu::Fits(len) => (len, CT_F_XDP_STACK),
+            Mtu::Unchecked => (0, CT_F_XDP_STACK),
+        }
+    } else {
+        match fib::hop(
+            ctx.raw(),
+            Packet::ingress_ifindex(ctx),
+            t.proto,
+            t.saddr_be,
+            be.addr_be[0],
+            t.tot_len,
+        ) {
+            Some(hop) if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() => {
+                (t.tot_len, CT_F_XDP_STACK)
+            }
+            Some(_) => (t.tot_len, 0),
+            None => return pass(R_PASS),
+        }
+    };
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags)?;
+    if way_flags == 0 {
+        // Redirected: the hop of the translated packet (its source may be the SNAT address).
+        match way(ctx, t, fwd) {
+            Way::Redirect(hop) => return redirect(ctx, t, fwd, &hop, R_NEW_FLOW),
+            Way::Tc => return pass(R_PASS),
+            Way::Stack => {}
+        }
     }
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, 0)?;
-    // `finish` counts it (once), as it counts every packet it sends on.
-    finish(ctx, t, fwd, R_NEW_FLOW)
+    nat::forward_in(ctx, t, fwd)?;
+    reason::count_service(fwd.svc_id, fwd.backend_id, Packet::len(ctx));
+    pass(R_NEW_FLOW)
 }
 
-/// Sends a packet of a tracked flow on, rewritten to `v`: redirected out of its egress
-/// interface when that takes XDP frames, else passed to the stack translated. A route that
-/// is not ready (or too small) leaves the packet untouched for tc.
+/// The next hop of a packet XDP sends out itself.
+struct Hop {
+    ifindex: u32,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+
+/// How a packet translated to `v` leaves.
+enum Way {
+    /// Untouched to tc: the route is not ready (no neighbour yet) or too small.
+    Tc,
+    /// Into the stack translated as tc ingress would: its way out takes no XDP frames.
+    Stack,
+    /// Redirected out of an interface that takes XDP frames.
+    Redirect(Hop),
+}
+
+/// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
 #[inline(always)]
-fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
+fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
     let Some(hop) = fib::hop(
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
@@ -126,39 +233,34 @@ fn finish(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
         v.daddr_be,
         t.tot_len,
     ) else {
-        return pass(R_PASS);
+        return Way::Tc;
     };
+    if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() {
+        return Way::Stack;
+    }
+    Way::Redirect(Hop {
+        ifindex: hop.out_ifindex,
+        smac: hop.smac,
+        dmac: hop.dmac,
+    })
+}
+
+/// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the
+/// TTL down by one and the next hop's MACs, out of `hop`'s interface.
+#[inline(always)]
+fn redirect(ctx: &XdpContext, t: &Tuple, v: &CtValue, hop: &Hop, reason: u32) -> XdpOutcome {
     let ttl = read_ttl(ctx, t)?;
     if ttl <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    let (ifindex, smac, dmac) = (hop.out_ifindex, hop.smac, hop.dmac);
-    if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
-        return into_stack(ctx, t, v, reason);
-    }
-    // Past the stack, both ways (a reply too comes back through XDP): both sides at once.
     nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
-    forward_l2(ctx, t, ttl, &smac, &dmac)?;
-    match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
+    forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
+    match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
-}
-
-/// A translated packet whose egress interface takes no XDP frames goes into the stack with
-/// its destination side translated only, as tc ingress would have (netfilter sees client →
-/// backend, or backend → client for a reply; tc egress restores the source side).
-#[inline(always)]
-fn into_stack(ctx: &XdpContext, t: &Tuple, v: &CtValue, reason: u32) -> XdpOutcome {
-    if reason == R_REVERSE_NAT {
-        nat::reply_in(ctx, t, v)?;
-        return pass(R_REPLY_IN);
-    }
-    nat::forward_in(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
-    pass(reason)
 }
 
 /// The IPv4 TTL.

@@ -3,7 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use crate::checksums::{self, Udp};
-use lb_userspace::packet::{PacketBuilder, TCP_ACK, icmp_error, parse};
+use lb_userspace::packet::{PacketBuilder, TCP_ACK, TCP_SYN, icmp_error, parse};
 use xlb_tests::suites::packets_north_south::{
     EXT, NODE, OUTSIDER, REMOTE_POD, SNAT_MAX, SNAT_MIN, UNDERLAY, on_node1,
 };
@@ -85,9 +85,44 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
     checksums::assert_valid(&r.packet, Udp::Computed, desc);
 
-    // 3. With the egress interface in the redirect map: redirected, MACs of the next hop.
+    // 3. With the egress interface in the redirect map: a new flow is redirected, both sides
+    //    translated at once, with the next hop's MACs, and so is its next packet.
     dp.allow_xdp_redirect(ifindex).expect("devmap");
-    let desc = "established flow, egress runs XDP → redirected with the next hop's MAC";
+    let client = SocketAddrV4::new(*EXT.ip(), 5010);
+    for (desc, flags) in [
+        (
+            "new flow, egress runs XDP → redirected with the next hop's MAC",
+            TCP_SYN,
+        ),
+        ("its established packet → redirected the same way", TCP_ACK),
+    ] {
+        let r = run(
+            dp,
+            desc,
+            &PacketBuilder::tcp(client, np(30001))
+                .flags(flags)
+                .payload(b"x")
+                .build(),
+        );
+        assert_eq!(r.verdict, XDP_REDIRECT, "{desc}");
+        assert_eq!(
+            &r.packet[0..6],
+            &[2, 0, 0, 0, 0, 2],
+            "{desc}: destination MAC"
+        );
+        assert_eq!(&r.packet[6..12], &[2, 0, 0, 0, 0, 1], "{desc}: source MAC");
+        let p = parse(&r.packet).expect("parses");
+        assert_eq!((*p.src.ip(), p.dst), (UNDERLAY, remote), "{desc}");
+        assert!(
+            (SNAT_MIN..=SNAT_MAX).contains(&p.src.port()) && p.src != snat,
+            "{desc}: a SNAT port of its own: {p:?}"
+        );
+        assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+        checksums::assert_valid(&r.packet, Udp::Computed, desc);
+    }
+    // The flow of 1. found its way out into the stack: its entry keeps that until its
+    // once-a-second refresh (no route lookup per packet), so it is still passed translated.
+    let desc = "established flow whose entry says the stack → DNATed and passed";
     let r = run(
         dp,
         desc,
@@ -96,17 +131,10 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
             .payload(b"x")
             .build(),
     );
-    assert_eq!(r.verdict, XDP_REDIRECT, "{desc}");
-    assert_eq!(
-        &r.packet[0..6],
-        &[2, 0, 0, 0, 0, 2],
-        "{desc}: destination MAC"
-    );
-    assert_eq!(&r.packet[6..12], &[2, 0, 0, 0, 0, 1], "{desc}: source MAC");
+    assert_eq!(r.verdict, XDP_PASS, "{desc}");
     let p = parse(&r.packet).expect("parses");
-    assert_eq!((p.src, p.dst), (snat, remote), "{desc}");
+    assert_eq!((p.src, p.dst), (EXT, remote), "{desc}");
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
-    checksums::assert_valid(&r.packet, Udp::Computed, desc);
 
     left_to_tc(dp, ifindex, snat);
     // 4. Source ranges are enforced in XDP too.
