@@ -323,12 +323,14 @@ fn try_start(
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    record(ctx, t, svc, fits)?;
+    record(ctx, t, svc, fits, 0)?;
     Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
 }
 
 /// Records a new flow of `t` to the scratch's backend (its source translation, its
-/// affinity, its conntrack entries); returns the forward tuple its packets are rewritten to.
+/// affinity, its conntrack entries; `mtu` the size known to fit its route, `flags` more
+/// `CT_F_*` flags for the forward entry); returns the forward tuple its packets are
+/// rewritten to.
 /// A remote backend of a Cluster-policy external frontend gets the flow SNATed to the
 /// node's address toward it (the route's source) and a port of the SNAT range, so its
 /// replies come back through this node.
@@ -338,6 +340,7 @@ pub(super) fn record<P: Packet>(
     t: &Tuple6,
     svc: &SvcValue,
     mtu: u16,
+    flags: u16,
 ) -> Result<&'static CtValue6, Reason> {
     let s = conntrack::scratch()?;
     let be = &s.backend;
@@ -354,6 +357,7 @@ pub(super) fn record<P: Packet>(
     } else {
         0
     };
+    fwd.flags |= flags;
     fwd.mtu = mtu;
     fwd._pad = 0;
     let cfg = translate::config();

@@ -1,15 +1,17 @@
 //! XDP's IPv6 path: as `xdp.rs` for IPv4, a packet of a tracked flow, a reply of one and a
 //! new flow whose route is ready are translated here (the steps shared with tc's IPv6 path)
 //! and redirected out of their egress interface when it takes XDP frames (both sides), else
-//! passed to the stack with their destination side translated (tc egress does the source). Everything else (ICMPv6, refusals, Packet Too Big, unresolved
-//! neighbours, re-balanced flows, checksums still partial) passes untouched, for tc.
+//! passed to the stack with their destination side translated (tc egress does the source);
+//! the way out, once found, is kept in the flow's entry (`CT_F_XDP_STACK`), as IPv4's.
+//! Everything else (ICMPv6, refusals, Packet Too Big, unresolved neighbours, re-balanced
+//! flows, checksums still partial) passes untouched, for tc.
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_PASS, XDP_REDIRECT},
     programs::XdpContext,
 };
 use lb_common::{
-    CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
+    BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
     R_REVERSE_NAT, R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue, filter_fold,
 };
 
@@ -24,6 +26,7 @@ use crate::{
     maps::XLB_XDPTX_V1,
     nat::BOTH,
     packet::{Packet, at},
+    translate::Mtu,
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
@@ -52,11 +55,6 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match checksum_partial(ctx, t) {
-        Ok(false) => {}
-        Ok(true) => return Carried::done(pass(R_PASS)),
-        Err(r) => return Carried::done::<u32>(Err(r)),
-    }
     match tracked(ctx, t).outcome::<u32>() {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
@@ -71,6 +69,11 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         // Refused or dropped by tc, which builds the answer.
         return Carried::done(pass(R_PASS));
     }
+    match checksum_partial(ctx, t) {
+        Ok(false) => {}
+        Ok(true) => return Carried::done(pass(R_PASS)),
+        Err(r) => return Carried::done::<u32>(Err(r)),
+    }
     match choose(t, svc, R_NEW_FLOW).next::<i32>() {
         Then::Done(Ok((UNDECIDED, _))) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
@@ -82,13 +85,27 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
     }
 }
 
-/// Sends the first packet of the flow just recorded on (the scratch's forward tuple).
+/// Sends the first packet of the flow just recorded on (the scratch's forward tuple): into
+/// the stack when its entry says so, else by its route.
 #[inline(never)]
 fn send_new(ctx: &XdpContext, t: &Tuple6) -> Carried {
-    Carried::done(match conntrack::scratch() {
-        Ok(s) => finish(ctx, t, &s.fwd, R_NEW_FLOW),
-        Err(r) => Err(r),
-    })
+    Carried::done(try_send_new(ctx, t))
+}
+
+#[inline(always)]
+fn try_send_new(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
+    let s = conntrack::scratch()?;
+    let v = &s.fwd;
+    if v.flags & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, v) {
+            Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW),
+            Way::Tc => return pass(R_PASS),
+            Way::Stack => {}
+        }
+    }
+    nat::forward_in(ctx, t, v)?;
+    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    pass(R_NEW_FLOW)
 }
 
 /// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
@@ -99,28 +116,87 @@ fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
 
 #[inline(always)]
 fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
-    let frontend = filter::maybe_frontend(filter_fold(&t.daddr_be));
-    if let Some(ct) = frontend.then(|| conntrack::lookup_forward(t)).flatten() {
+    let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
+        conntrack::lookup_forward(t)
+    } else {
+        None
+    };
+    let reply = if forward.is_none() && filter::maybe_backend(filter_fold(&t.saddr_be)) {
+        conntrack::lookup_reply(t)
+    } else {
+        None
+    };
+    if forward.is_none() && reply.is_none() {
+        return Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)));
+    }
+    if checksum_partial(ctx, t)? {
+        return pass(R_PASS);
+    }
+    if let Some(ct) = forward {
         if !continues(ct, t) {
             // Re-balanced or started over: tc does it.
             return pass(R_PASS);
         }
-        let ct = keep_alive(ct, t);
-        return finish(ctx, t, ct, R_ESTABLISHED);
+        return try_established(ctx, t, ct);
     }
-    if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
-        .then(|| conntrack::lookup_reply(t))
-        .flatten()
-    {
-        touch(ct, t);
-        return finish(ctx, t, ct, R_REVERSE_NAT);
+    match reply {
+        Some(ct) => {
+            touch(ct, t);
+            try_reply_of(ctx, t, ct)
+        }
+        None => pass(R_PASS),
     }
-    Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
 }
 
-/// A new flow to the backend `choose` put in the scratch, when its route is ready (the
-/// neighbour known, the packet fits): recorded (`UNDECIDED`: [`send_new`] sends it on);
-/// else left to tc.
+/// A packet of a tracked flow to its backend, as IPv4's `xdp::established`: tc's steps into
+/// the stack when the entry says so (no route lookup), else by its route. Inline in
+/// [`tracked`]: a frame of its own would make the call chain too deep for the 512 bytes.
+#[inline(always)]
+fn try_established(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> XdpOutcome {
+    if ct.flags & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, ct) {
+            Way::Tc => return pass(R_PASS),
+            Way::Redirect(hop) => {
+                let ct = keep_alive(ct, t);
+                return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
+            }
+            Way::Stack => {
+                ct.flags |= CT_F_XDP_STACK;
+                // The route lookup has just checked this size.
+                ct.mtu = ct.mtu.max((40 + t.payload_len) as u16);
+            }
+        }
+    }
+    match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
+        Mtu::TooBig(_) => return pass(R_PASS),
+        Mtu::Fits(len) => ct.mtu = len,
+        Mtu::Unchecked => {}
+    }
+    let ct = keep_alive(ct, t);
+    nat::forward_in(ctx, t, ct)?;
+    reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
+    pass(R_ESTABLISHED)
+}
+
+/// A backend's reply of a tracked flow (already touched), as IPv4's `xdp::reply_of`; inline
+/// in [`tracked`] too.
+#[inline(always)]
+fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> XdpOutcome {
+    if ct.flags & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, ct) {
+            Way::Tc => return pass(R_PASS),
+            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT),
+            Way::Stack => ct.flags |= CT_F_XDP_STACK,
+        }
+    }
+    nat::reply_in(ctx, t, ct)?;
+    pass(R_REPLY_IN)
+}
+
+/// A new flow to the backend `choose` put in the scratch, as IPv4's: to a backend on this
+/// node into the stack (tc's MTU check, no route lookup); to a remote one by its route when
+/// that is ready (the neighbour known, the packet fits). Recorded (`UNDECIDED`: [`send_new`]
+/// sends it on); else left to tc.
 #[inline(never)]
 fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
     Carried::done(try_start(ctx, t, svc))
@@ -130,24 +206,49 @@ fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
 fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
     let s = conntrack::scratch()?;
     let len = (40 + t.payload_len) as u16;
-    match fib::hop(
-        ctx.raw(),
-        Packet::ingress_ifindex(ctx),
-        t.proto,
-        &t.saddr_be,
-        &s.backend.addr_be,
-        len,
-    ) {
-        Some(_) => {}
-        None => return pass(R_PASS),
-    }
-    record(ctx, t, svc, 0)?;
+    let (mtu, flags) = if s.backend.flags & BE_F_REMOTE == 0 {
+        match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
+            Mtu::TooBig(_) => return pass(R_PASS),
+            Mtu::Fits(fits) => (fits, CT_F_XDP_STACK),
+            Mtu::Unchecked => (0, CT_F_XDP_STACK),
+        }
+    } else {
+        match fib::hop(
+            ctx.raw(),
+            Packet::ingress_ifindex(ctx),
+            t.proto,
+            &t.saddr_be,
+            &s.backend.addr_be,
+            len,
+        ) {
+            Some(hop) if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() => {
+                (len, CT_F_XDP_STACK)
+            }
+            Some(_) => (len, 0),
+            None => return pass(R_PASS),
+        }
+    };
+    record(ctx, t, svc, mtu, flags)?;
     Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
 }
 
-/// Sends a packet of a tracked flow on, rewritten to `v` (as IPv4's `xdp::finish`).
+/// The next hop of a packet XDP sends out itself.
+struct Hop {
+    ifindex: u32,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+
+/// How a packet translated to `v` leaves (as IPv4's `xdp::Way`).
+enum Way {
+    Tc,
+    Stack,
+    Redirect(Hop),
+}
+
+/// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
 #[inline(always)]
-fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome {
+fn way(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> Way {
     let Some(hop) = fib::hop(
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
@@ -156,28 +257,31 @@ fn finish(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, reason: u32) -> XdpOutcome
         &v.daddr_be,
         (40 + t.payload_len) as u16,
     ) else {
-        return pass(R_PASS);
+        return Way::Tc;
     };
+    if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() {
+        return Way::Stack;
+    }
+    Way::Redirect(Hop {
+        ifindex: hop.out_ifindex,
+        smac: hop.smac,
+        dmac: hop.dmac,
+    })
+}
+
+/// Both sides translated, the hop limit down by one, the next hop's MACs, out of `hop`'s
+/// interface (as IPv4's `xdp::redirect`).
+#[inline(always)]
+fn redirect(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, hop: &Hop, reason: u32) -> XdpOutcome {
     let hop_limit = read_hop_limit(ctx, t)?;
     if hop_limit <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    let ifindex = hop.out_ifindex;
-    if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
-        // Into the stack with the destination side only, as IPv4's `xdp::into_stack`.
-        if reason == R_REVERSE_NAT {
-            nat::reply_in(ctx, t, v)?;
-            return pass(R_REPLY_IN);
-        }
-        nat::forward_in(ctx, t, v)?;
-        reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
-        return pass(reason);
-    }
     nat::apply::<_, { BOTH }>(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
-    match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
+    match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }

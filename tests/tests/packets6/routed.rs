@@ -76,8 +76,8 @@ const XDP_REDIRECT: u32 = 4;
 
 /// The XDP program on a node interface over IPv6, in a namespace whose route to the pods
 /// goes through `dum0` to a known neighbour: a new flow and a reply are translated and
-/// passed (the egress takes no XDP frames yet), then redirected with the next hop's MACs and
-/// the hop limit down by one; what XDP leaves to tc (ICMPv6, fragments, a frontend without
+/// passed (the egress takes no XDP frames yet), then a new flow is redirected with the next
+/// hop's MACs and the hop limit down by one; what XDP leaves to tc (ICMPv6, fragments, a frontend without
 /// endpoints, a checksum still partial) passes untouched.
 #[test]
 fn xdp_translates_and_redirects_ipv6_flows() {
@@ -112,17 +112,36 @@ fn xdp_translates_and_redirects_ipv6_flows() {
             "the reply from the frontend after tc egress"
         );
         dp.allow_xdp_redirect(ifindex).expect("devmap");
+        // A new flow, now that the egress runs XDP: redirected, and so is its next packet.
+        let c2 = client(40701);
+        for (n, (what, flags)) in [("new flow", TCP_SYN), ("established", TCP_ACK)]
+            .into_iter()
+            .enumerate()
+        {
+            let r = dp
+                .run_xdp(&Frame6::tcp(c2, web, flags, b"data").build(), ifindex)
+                .expect("run");
+            assert_eq!(
+                r.verdict, XDP_REDIRECT,
+                "{what}, egress runs XDP: redirected"
+            );
+            assert_eq!(
+                &r.packet[0..6],
+                &[2, 0, 0, 0, 0, 2],
+                "{what}: next hop's MAC"
+            );
+            assert_eq!(&r.packet[6..12], &[2, 0, 0, 0, 0, 1], "{what}: egress MAC");
+            assert_eq!(r.packet[21], 63, "{what}: hop limit down by one");
+            let out = seen6(&r.packet, "redirected");
+            assert!(BACKENDS6.contains(out.dst.ip()), "{what}: {out:?}");
+            assert_eq!(reason_counts(&dp.pins)["xdp_redirect"], n as u64 + 1);
+        }
+        // The first flow's entry keeps the stack as its way out until its once-a-second
+        // refresh: still passed, translated, with no route lookup.
         let ack = Frame6::tcp(c, web, TCP_ACK, b"data").build();
         let r = dp.run_xdp(&ack, ifindex).expect("run");
-        assert_eq!(
-            r.verdict, XDP_REDIRECT,
-            "established, egress runs XDP: redirected"
-        );
-        assert_eq!(&r.packet[0..6], &[2, 0, 0, 0, 0, 2], "next hop's MAC");
-        assert_eq!(&r.packet[6..12], &[2, 0, 0, 0, 0, 1], "egress MAC");
-        assert_eq!(r.packet[21], 63, "hop limit down by one");
-        assert_eq!(seen6(&r.packet, "redirected").dst, backend);
-        assert_eq!(reason_counts(&dp.pins)["xdp_redirect"], 1);
+        assert_eq!(r.verdict, XDP_PASS, "established into the stack: passed");
+        assert_eq!(seen6(&r.packet, "established").dst, backend);
         // Left to tc, untouched.
         let mut partial = Frame6::tcp(c, web, TCP_ACK, b"").build();
         let src = CLIENT6.ip().octets();
