@@ -24,12 +24,13 @@ use lb_common::{
 use crate::{
     affinity::Client,
     conntrack, fib, filter, flow,
-    maps::XLB_XDPTX_V1,
+    maps::{FlowScratch, XLB_XDPTX_V1},
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
+    work,
 };
 
 /// The XDP program's outcome.
@@ -45,7 +46,11 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
-        Parsed::Pass(Reason(parse::IPV6)) => return crate::v6::xdp::xdp(ctx).outcome(),
+        Parsed::Pass(Reason(parse::IPV6)) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return crate::v6::xdp::xdp(ctx, &mut w.v6).outcome();
+        }
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
     // The same order as tc: the address filters, a tracked flow from its entry alone, then
@@ -63,7 +68,9 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        let ct = flow::keep_alive(ct, &t);
+        // SAFETY: the only acquire on this path of the run.
+        let w = unsafe { work::acquire() }?;
+        let ct = flow::keep_alive(ct, &t, &mut w.v4);
         return finish(ctx, &t, ct, R_ESTABLISHED);
     }
     if let Some(ct) = backend.then(|| conntrack::lookup_reply(&t)).flatten() {
@@ -76,17 +83,25 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
-    xdp_new_flow(ctx, &t, svc).outcome()
+    // SAFETY: the only acquire on this path of the run.
+    let w = unsafe { work::acquire() }?;
+    xdp_new_flow(ctx, &t, svc, &mut w.v4).outcome()
 }
 
-/// A new flow: chosen, recorded and translated here when its route is ready, else left to tc.
+/// A new flow: chosen, recorded (in the scratch `s`) and translated here when its route is
+/// ready, else left to tc.
 #[inline(never)]
-fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> Carried {
-    Carried::done(try_xdp_new_flow(ctx, t, svc))
+fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue, s: &mut FlowScratch) -> Carried {
+    Carried::done(try_xdp_new_flow(ctx, t, svc, s))
 }
 
 #[inline(always)]
-fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
+fn try_xdp_new_flow(
+    ctx: &XdpContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    s: &mut FlowScratch,
+) -> XdpOutcome {
     flow::admitted(t, svc)?;
     if svc.count == 0 {
         // Refused or dropped by tc, which can build the answer.
@@ -108,7 +123,7 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
         Some(r) if r.too_big == 0 => {}
         _ => return pass(R_PASS),
     }
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, 0)?;
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, 0, s)?;
     // `finish` counts it (once), as it counts every packet it sends on.
     finish(ctx, t, fwd, R_NEW_FLOW)
 }

@@ -14,7 +14,9 @@ use lb_common::{
 };
 
 use super::{
-    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive, nat, packet,
+    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive,
+    maps::FlowScratch6,
+    nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
     record,
 };
@@ -27,6 +29,7 @@ use crate::{
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
+    work::Work6,
     xdp::{csum_at, write_macs},
 };
 
@@ -40,27 +43,25 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// An IPv6 frame at XDP.
+/// An IPv6 frame at XDP. `w`: the run's IPv6 work area (the frame is parsed into it).
 #[inline(never)]
-pub fn xdp(ctx: &XdpContext) -> Carried {
-    let Some(t) = packet() else {
-        return Carried::done(pass(R_PASS));
-    };
-    match parse::parse6(ctx, t) {
+pub fn xdp(ctx: &XdpContext, w: &mut Work6) -> Carried {
+    match parse::parse6(ctx, &mut w.pkt) {
         Ok(Parsed6::Flow) => {}
         Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match checksum_partial(ctx, t) {
+    match checksum_partial(ctx, &w.pkt) {
         Ok(false) => {}
         Ok(true) => return Carried::done(pass(R_PASS)),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match tracked(ctx, t).outcome::<u32>() {
+    match tracked(ctx, w).outcome::<u32>() {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
     }
+    let t = &w.pkt;
     if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         return Carried::done(pass(R_PASS));
     }
@@ -71,41 +72,38 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         // Refused or dropped by tc, which builds the answer.
         return Carried::done(pass(R_PASS));
     }
-    match choose(t, svc, R_NEW_FLOW).next::<i32>() {
+    match choose(w, svc, R_NEW_FLOW).next::<i32>() {
         Then::Done(Ok((UNDECIDED, _))) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
         _ => return Carried::done(pass(R_PASS)),
     }
-    match start(ctx, t, svc).outcome::<u32>() {
-        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, t),
+    match start(ctx, w, svc).outcome::<u32>() {
+        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, w),
         o => Carried::done(o),
     }
 }
 
 /// Sends the first packet of the flow just recorded on (the scratch's forward tuple).
 #[inline(never)]
-fn send_new(ctx: &XdpContext, t: &Tuple6) -> Carried {
-    Carried::done(match conntrack::scratch() {
-        Ok(s) => finish(ctx, t, &s.fwd, R_NEW_FLOW),
-        Err(r) => Err(r),
-    })
+fn send_new(ctx: &XdpContext, w: &Work6) -> Carried {
+    Carried::done(finish(ctx, &w.pkt, &w.flow.fwd, R_NEW_FLOW))
 }
 
 /// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
 #[inline(never)]
-fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
-    Carried::done(try_tracked(ctx, t))
+fn tracked(ctx: &XdpContext, w: &mut Work6) -> Carried {
+    Carried::done(try_tracked(ctx, &w.pkt, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
+fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6) -> XdpOutcome {
     let frontend = filter::maybe_frontend(filter_fold(&t.daddr_be));
     if let Some(ct) = frontend.then(|| conntrack::lookup_forward(t)).flatten() {
         if !continues(ct, t) {
             // Re-balanced or started over: tc does it.
             return pass(R_PASS);
         }
-        let ct = keep_alive(ct, t);
+        let ct = keep_alive(ct, t, s);
         return finish(ctx, t, ct, R_ESTABLISHED);
     }
     if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
@@ -122,13 +120,12 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
 /// neighbour known, the packet fits): recorded (`UNDECIDED`: [`send_new`] sends it on);
 /// else left to tc.
 #[inline(never)]
-fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
-    Carried::done(try_start(ctx, t, svc))
+fn start(ctx: &XdpContext, w: &mut Work6, svc: &SvcValue) -> Carried {
+    Carried::done(try_start(ctx, &w.pkt, svc, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
-    let s = conntrack::scratch()?;
+fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue, s: &mut FlowScratch6) -> XdpOutcome {
     let len = (40 + t.payload_len) as u16;
     match fib::hop(
         ctx.raw(),
@@ -141,7 +138,7 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
         Some(_) => {}
         None => return pass(R_PASS),
     }
-    record(ctx, t, svc, 0)?;
+    record(ctx, t, svc, 0, s)?;
     Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
 }
 
