@@ -382,11 +382,11 @@ pub(super) fn record<'s, P: Packet>(
             0,
         )
         .ok_or(Reason(R_SNAT_FAILED))?;
-        let src = &route.src_be;
+        let src = route.src_be;
         if src[0] | src[1] | src[2] | src[3] == 0 {
             return Err(Reason(R_SNAT_FAILED));
         }
-        copy6(&mut fwd.saddr_be, src);
+        fwd.saddr_be = src;
         fwd.flags |= CT_F_SNAT;
     }
     affinity::remember(
