@@ -15,15 +15,16 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_loop},
 };
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_PORT_IN, CT_F_CLOSING, CT_F_REPLIED, CT_F_RESET, CT_F_SNAT,
-    CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_CLOSING, CT_F_PORT_IN,
+    CT_F_REPLIED, CT_F_RESET, CT_F_SNAT, CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP,
+    R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
 pub use crate::family::{Entry, Flow};
 use crate::{
     clock,
     family::{Addr, Ends, Key},
-    maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1, XLB_SCRATCH},
+    maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
     parse::Tuple,
     reason::Reason,
     select::backend_is,
@@ -36,23 +37,8 @@ pub(crate) const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 /// verifier's cost independent of it.
 pub(crate) const SNAT_TRIES: u32 = 1024;
 
-// IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, `XLB_SCRATCH`.
-crate::family::flow!(
-    Tuple,
-    CtKey,
-    CtValue,
-    FlowScratch,
-    XLB_CT_V3,
-    XLB_CTA_V1,
-    XLB_SCRATCH
-);
-
-/// The forward entry under construction (in the per-CPU scratch map, off the stack): the
-/// caller fills it with the translated tuple, [`create`] records it.
-#[inline(always)]
-pub fn scratch() -> Result<&'static mut FlowScratch, Reason> {
-    <Tuple as Flow>::scratch()
-}
+// IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
+crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
 
 /// The entry of the other way of the flow a quoted packet (an ICMP error's quote, `isrc`
 /// → `idst`, ports `isport` → `idport`) went one way of, as its peer sees the tuple: a
@@ -98,7 +84,11 @@ pub fn entry<T: Flow>(k: &T::Key) -> Option<&'static T::Value> {
 }
 
 /// The entry for `k`, writable (only `last_seen_ns`, `mtu` and `flags` are written through
-/// it).
+/// it). Not yet sound in Rust's model, unlike the per-CPU work area (`work.rs`): the entry
+/// is shared with the other CPUs, which may write the same fields at once, and `'static`
+/// outlives the run (as affinity's entries, `affinity.rs`). Narrowing the lifetime alone
+/// would not help; the fix is to write those fields through raw pointers (volatile or
+/// relaxed atomic stores) and hand out only shared references.
 #[inline(always)]
 fn get_mut<T: Flow>(k: &T::Key) -> Option<&'static mut T::Value> {
     // SAFETY: as `get`; the fields written are a flow's own.
@@ -161,14 +151,19 @@ fn reply_key_of<T: Flow>(fwd: &T::Value, proto: u8) -> T::Key {
 /// table to the assured one, reply first (a reply always finds its entry), where no flood
 /// of new flows can evict them. Returns the forward entry now in use: the assured copy, or
 /// `ct` while the flow is not answered yet or the assured table is full (`ct_assured_full`).
+/// The copies and keys are built in `s`.
 #[inline(always)]
-pub fn assure<T: Flow>(ct: &'static mut T::Value, t: &T) -> &'static mut T::Value {
+pub fn assure<T: Flow>(
+    ct: &'static mut T::Value,
+    t: &T,
+    s: &mut T::Scratch,
+) -> &'static mut T::Value {
     if ct.flags() & CT_F_ASSURED != 0
         || (t.proto() == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
     {
         return ct;
     }
-    match promote(ct, t) {
+    match promote(ct, t, s) {
         Some(assured) => assured,
         None => ct,
     }
@@ -176,8 +171,8 @@ pub fn assure<T: Flow>(ct: &'static mut T::Value, t: &T) -> &'static mut T::Valu
 
 /// The move itself (out of line: rare, and its keys stay off the caller's frame).
 #[inline(never)]
-fn promote<T: Flow>(ct: &T::Value, t: &T) -> Option<&'static mut T::Value> {
-    let p = T::parts(T::scratch().ok()?);
+fn promote<T: Flow>(ct: &T::Value, t: &T, s: &mut T::Scratch) -> Option<&'static mut T::Value> {
+    let p = T::parts(s);
     *p.reply_key = reply_key_of::<T>(ct, t.proto());
     // SAFETY: as `get`.
     let reply = unsafe { T::ct().get(&*p.reply_key) }?;
@@ -203,9 +198,9 @@ fn promote<T: Flow>(ct: &T::Value, t: &T) -> Option<&'static mut T::Value> {
     // A SNATed flow's egress entries move too (built from the copies in the scratch, which
     // hold the same tuples); the forward key is built again afterwards.
     if translated::<T>(p.fwd, p.reply) {
-        let _ = egress_entries::<T>(t.proto(), CT_F_ASSURED);
+        let _ = egress_entries::<T>(t.proto(), CT_F_ASSURED, s);
     }
-    let p = T::parts(T::scratch().ok()?);
+    let p = T::parts(s);
     *p.fwd_key = tuple_key(t, CT_DIR_FORWARD);
     T::cta()
         .get_ptr_mut(&*p.fwd_key)
@@ -293,15 +288,11 @@ pub(crate) const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
 
 /// Whether the flow owning reply entry `key` → `old` is over, so its SNAT port may be reused;
 /// if so its forward entry is removed (a late packet of it must not take the new flow's
-/// tuple).
+/// tuple). The forward key is built in `fwd_key`, the scratch's (free until `create` sets it
+/// after the claim): this runs inside the `bpf_loop` callback, whose frame counts toward the
+/// 512 bytes.
 #[inline(always)]
-fn reclaim<T: Flow>(key: &T::Key, old: &T::Value) -> bool {
-    // The forward key is built in the scratch (free until `create` sets it after the claim):
-    // this runs inside the `bpf_loop` callback, whose frame counts toward the 512 bytes.
-    let Ok(s) = T::scratch() else {
-        return false;
-    };
-    let fwd_key = T::parts(s).fwd_key;
+fn reclaim<T: Flow>(key: &T::Key, old: &T::Value, fwd_key: &mut T::Key) -> bool {
     *fwd_key = T::key(
         old.daddr(),
         old.saddr(),
@@ -312,7 +303,7 @@ fn reclaim<T: Flow>(key: &T::Key, old: &T::Value) -> bool {
     );
     // The forward entry is this flow's only if it still translates to this reply tuple (the
     // client may have reused its port for a newer flow, which keeps its entry).
-    let fwd = entry::<T>(fwd_key).filter(|f| {
+    let fwd = entry::<T>(&*fwd_key).filter(|f| {
         f.saddr().same(key.daddr())
             && f.sport() == key.dport()
             && f.daddr().same(key.saddr())
@@ -340,7 +331,7 @@ fn reclaim<T: Flow>(key: &T::Key, old: &T::Value) -> bool {
         return false;
     }
     if fwd.is_some() {
-        remove::<T>(fwd_key);
+        remove::<T>(&*fwd_key);
     }
     true
 }
@@ -348,8 +339,9 @@ fn reclaim<T: Flow>(key: &T::Key, old: &T::Value) -> bool {
 /// Inserts `value` under `key` if the key is free, or taken by a flow that is over (then the
 /// old entry is deleted, if it is still the one judged, and the new one inserted with
 /// `BPF_NOEXIST`: two CPUs reclaiming the same key at once almost never both get it).
+/// `spare`: the scratch's forward key, free until `create` sets it (`reclaim` builds in it).
 #[inline(always)]
-fn claim<T: Flow>(key: &T::Key, value: &T::Value) -> bool {
+fn claim<T: Flow>(key: &T::Key, value: &T::Value, spare: &mut T::Key) -> bool {
     // SAFETY: only compared with None.
     if unsafe { T::cta().get(key) }.is_none()
         && T::ct().insert(key, value, BPF_NOEXIST as u64).is_ok()
@@ -367,7 +359,7 @@ fn claim<T: Flow>(key: &T::Key, value: &T::Value) -> bool {
     let mut client = 0u32;
     // SAFETY: a local.
     unsafe { core::ptr::write_volatile(&mut client, old.daddr().fold()) };
-    if !reclaim::<T>(key, old) {
+    if !reclaim::<T>(key, old, spare) {
         return false;
     }
     // Still the entry judged over (another CPU may have reclaimed it meanwhile)? Then it
@@ -401,10 +393,11 @@ pub struct Source {
 
 /// Records the new flow of `t` whose packets go to the scratch's `fwd` (destination =
 /// backend, source as the caller translated it, `src` says how): the reply entry first, so
-/// a reply can never beat it. Afterwards `fwd` holds the SNAT port chosen.
+/// a reply can never beat it. Afterwards `fwd` holds the SNAT port chosen. Each step below
+/// gets the scratch `s` from here (the fields it works on, or all of it).
 #[inline(always)]
-pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
-    let p = T::parts(T::scratch()?);
+pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Reason> {
+    let p = T::parts(s);
     let now = clock::now();
     *p.fwd.created() = now;
     *p.fwd.last_seen() = now;
@@ -418,21 +411,23 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
     *dport = t.sport();
     *p.reply_key = reply_key_of::<T>(p.fwd, t.proto());
     if !src.snat {
-        if !claim::<T>(p.reply_key, p.reply) && !replace_own::<T>(p.reply_key, p.reply) {
+        if !claim::<T>(p.reply_key, p.reply, p.fwd_key) && !replace_own::<T>(p.reply_key, p.reply) {
             // The reply tuple is another live flow's (one client port to two frontends with
             // the same backend): remap only the source port, as conntrack's NAT does, at
             // ingress (after DNAT the two flows would be one tuple to netfilter and egress).
             *p.fwd.flags_mut() |= CT_F_SNAT | CT_F_PORT_IN;
             *p.reply.flags_mut() |= CT_F_SNAT | CT_F_PORT_IN;
-            *p.fwd.ends_mut().2 = claim_port::<T>(p.reply_key, p.reply, 0, src.min, src.max)?;
+            let port = claim_port::<T>(s, 0, src.min, src.max)?;
+            *T::parts(s).fwd.ends_mut().2 = port;
         }
     } else {
-        *p.fwd.ends_mut().2 =
-            claim_port::<T>(p.reply_key, p.reply, src.first_be, src.min, src.max)?;
-        remap_if_taken::<T>(t.proto())?;
+        let port = claim_port::<T>(s, src.first_be, src.min, src.max)?;
+        *T::parts(s).fwd.ends_mut().2 = port;
+        remap_if_taken::<T>(t.proto(), s);
     }
     // The packet's own tuple, from the reply entry (turned round) in the scratch: what the
     // packet held is not kept live across the claims.
+    let p = T::parts(s);
     let r = &*p.reply;
     *p.fwd_key = T::key(
         r.daddr(),
@@ -449,7 +444,7 @@ pub fn create<T: Flow>(t: &T, src: &Source) -> Result<(), Reason> {
         .insert(&*p.fwd_key, &*p.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))?;
     if translated::<T>(p.fwd, p.reply) {
-        egress_entries::<T>(t.proto(), 0)?;
+        egress_entries::<T>(t.proto(), 0, s)?;
     }
     Ok(())
 }
@@ -461,15 +456,15 @@ fn translated<T: Flow>(fwd: &T::Value, reply: &T::Value) -> bool {
     fwd.flags() & CT_F_SNAT != 0 && !fwd.saddr().same(reply.daddr())
 }
 
-/// Whether the tuple netfilter will see for the SNATed flow in the scratch (client →
+/// Whether the tuple netfilter will see for the SNATed flow in the scratch `s` (client →
 /// backend, before its SNAT at egress) is another live flow's: the reply entry under that
 /// tuple turned round (a flow's own, or a SNATed flow's egress one) answers for another
 /// frontend. Then the client's port is remapped at ingress to the SNAT port (`CT_F_PORT_IN`),
 /// here and in the reply entry already claimed (at `p.reply_key`). Out of line: rare
 /// enough, and its frame stays off the new-flow chain's.
 #[inline(never)]
-fn remap_if_taken<T: Flow>(proto: u8) -> Result<(), Reason> {
-    let p = T::parts(T::scratch()?);
+fn remap_if_taken<T: Flow>(proto: u8, s: &mut T::Scratch) {
+    let p = T::parts(s);
     // The key in the scratch (its forward key is set only after this), off the stack.
     *p.fwd_key = T::key(
         p.fwd.daddr(),
@@ -479,25 +474,24 @@ fn remap_if_taken<T: Flow>(proto: u8) -> Result<(), Reason> {
         proto,
         CT_DIR_REPLY,
     );
-    let taken = entry::<T>(p.fwd_key)
+    let taken = entry::<T>(&*p.fwd_key)
         .is_some_and(|e| !e.saddr().same(p.reply.saddr()) || e.sport() != p.reply.sport());
     if taken {
         *p.fwd.flags_mut() |= CT_F_PORT_IN;
         *p.reply.flags_mut() |= CT_F_PORT_IN;
-        if let Some(r) = get_mut::<T>(p.reply_key) {
+        if let Some(r) = get_mut::<T>(&*p.reply_key) {
             *r.flags_mut() |= CT_F_PORT_IN;
         }
     }
-    Ok(())
 }
 
-/// The egress entries of the SNATed flow whose entries the scratch holds (`fwd`, `reply`):
+/// The egress entries of the SNATed flow whose entries the scratch `s` holds (`fwd`, `reply`):
 /// its request as netfilter sees it (client → backend, `CT_DIR_SNAT_OUT`: the SNAT source)
 /// and its reply as netfilter sees it (backend → client, `CT_DIR_REPLY`: the frontend), into
 /// the LRU table (`assured` 0: at creation) or the assured one. Uses the scratch's keys.
 #[inline(always)]
-fn egress_entries<T: Flow>(proto: u8, assured: u16) -> Result<(), Reason> {
-    let p = T::parts(T::scratch()?);
+fn egress_entries<T: Flow>(proto: u8, assured: u16, s: &mut T::Scratch) -> Result<(), Reason> {
+    let p = T::parts(s);
     // The client, as the reply entry (frontend → client) holds it, and its port as netfilter
     // sees it (the remapped one when it was remapped at ingress).
     // Loaded in its branch (volatile): a select between the two fields' addresses would be
@@ -580,12 +574,14 @@ fn replace_own<T: Flow>(key: &T::Key, value: &T::Value) -> bool {
 }
 
 /// State of the SNAT port search run by `bpf_loop` (small: the entries stay in the scratch).
-struct PortSearch {
+struct PortSearch<S> {
     min: u32,
     range: u32,
     start: u32,
     /// The claimed port (network order), 0 until one is found.
     found_be: u32,
+    /// The scratch `claim_port` lends the loop: it leaves it alone until `bpf_loop` returns.
+    scratch: *mut S,
 }
 
 /// One try of the port search: the `idx`-th port from the random start. One callback per
@@ -593,37 +589,36 @@ struct PortSearch {
 #[inline(never)]
 extern "C" fn try_port<T: Flow>(idx: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `bpf_loop` passes back the pointer `claim_port` gave it, to a live PortSearch.
-    let p = unsafe { &mut *(ctx as *mut PortSearch) };
-    let Ok(s) = T::scratch() else {
-        return 1;
-    };
+    let p = unsafe { &mut *(ctx as *mut PortSearch<T::Scratch>) };
     if p.range == 0 {
         return 1;
     }
-    let s = T::parts(s);
+    // SAFETY: the scratch `claim_port` holds as `&mut` and lent to the loop: it does not
+    // touch it until `bpf_loop` returns, so for this call this is its only reference.
+    let s = T::parts(unsafe { &mut *p.scratch });
     let port = (p.min + (p.start + idx as u32) % p.range) as u16;
     *s.reply_key.ends_mut().3 = port.to_be();
-    if claim::<T>(s.reply_key, s.reply) {
+    if claim::<T>(s.reply_key, s.reply, s.fwd_key) {
         p.found_be = port.to_be() as u32;
         return 1;
     }
     0
 }
 
-/// Inserts the scratch's reply entry (`value`, at `key`) under the first free port:
+/// Inserts the reply entry of scratch `s` (at its reply key) under the first free port:
 /// `first_be`, then up to `SNAT_TRIES` ports of `min..=max` from a random start. Returns the
 /// port (network order).
 #[inline(always)]
 fn claim_port<T: Flow>(
-    key: &mut T::Key,
-    value: &T::Value,
+    s: &mut T::Scratch,
     first_be: u16,
     min: u16,
     max: u16,
 ) -> Result<u16, Reason> {
     if first_be != 0 {
-        *key.ends_mut().3 = first_be;
-        if claim::<T>(key, value) {
+        let p = T::parts(s);
+        *p.reply_key.ends_mut().3 = first_be;
+        if claim::<T>(p.reply_key, p.reply, p.fwd_key) {
             return Ok(first_be);
         }
     }
@@ -637,21 +632,27 @@ fn claim_port<T: Flow>(
         // SAFETY: helper without side effects.
         start: unsafe { bpf_get_prandom_u32() } % range,
         found_be: 0,
+        scratch: core::ptr::from_mut(s),
     };
     let tries = if range < SNAT_TRIES {
         range
     } else {
         SNAT_TRIES
     };
-    // SAFETY: the callback only touches `search`, which outlives the call, and the scratch.
+    // SAFETY: the callback only touches `search`, which outlives the call, and the scratch
+    // it points to, which is not used here until the call returns.
     unsafe {
         bpf_loop(
             tries,
             try_port::<T> as *mut core::ffi::c_void,
-            &mut search as *mut PortSearch as *mut core::ffi::c_void,
+            &mut search as *mut PortSearch<T::Scratch> as *mut core::ffi::c_void,
             0,
         )
     };
+    // The pointer's stack slot is cleared (one full store) before LLVM reuses it: the
+    // verifier refuses a narrower write over a spilled pointer without CAP_PERFMON.
+    // SAFETY: a field of a local.
+    unsafe { core::ptr::write_volatile(&mut search.scratch, core::ptr::null_mut()) };
     if search.found_be == 0 {
         return Err(Reason(R_SNAT_FAILED));
     }

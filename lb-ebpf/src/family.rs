@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use lb_common::{CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6};
 
-use crate::{parse::Tuple, reason::Reason, v6::parse::Tuple6};
+use crate::{parse::Tuple, v6::parse::Tuple6};
 
 /// An address: compared and copied word by word (an array comparison may become a `bcmp`
 /// call, which BPF does not have; an array copy between two map values a `memmove`, whose
@@ -236,14 +236,14 @@ pub struct Parts<'a, K, V> {
 pub trait Flow: Ends {
     type Key: Key<Addr = Self::Addr> + 'static;
     type Value: Entry<Addr = Self::Addr> + 'static;
+    /// The family's flow scratch (a field of `work::WorkArea`).
     type Scratch: 'static;
     fn proto(&self) -> u8;
     fn tcp_flags(&self) -> u8;
     /// The LRU table and the assured table.
     fn ct() -> &'static CtTable<Self::Key, Self::Value>;
     fn cta() -> &'static CtaTable<Self::Key, Self::Value>;
-    /// This CPU's scratch, and its conntrack fields.
-    fn scratch() -> Result<&'static mut Self::Scratch, Reason>;
+    /// The conntrack fields of the scratch.
     fn parts(s: &mut Self::Scratch) -> Parts<'_, Self::Key, Self::Value>;
     fn key(
         saddr: &Self::Addr,
@@ -256,10 +256,9 @@ pub trait Flow: Ends {
 }
 
 /// Implements [`Flow`] for a family's tuple `$tuple`: its key and entry types, its LRU and
-/// assured tables, its per-CPU scratch map (index 0) of type `$scratch`; the field names
-/// are both families'.
+/// assured tables, its flow scratch type `$scratch`; the field names are both families'.
 macro_rules! flow {
-    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $ct:expr, $cta:expr, $scratch_map:expr) => {
+    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $ct:expr, $cta:expr) => {
         impl $crate::family::Flow for $tuple {
             type Key = $key;
             type Value = $value;
@@ -279,14 +278,6 @@ macro_rules! flow {
             #[inline(always)]
             fn cta() -> &'static $crate::family::CtaTable<$key, $value> {
                 &$cta
-            }
-            #[inline(always)]
-            fn scratch() -> Result<&'static mut $scratch, $crate::reason::Reason> {
-                let p = $scratch_map
-                    .get_ptr_mut(0)
-                    .ok_or($crate::reason::Reason(lb_common::R_CT_FULL))?;
-                // SAFETY: this CPU's slot; nothing else runs on it while the program does.
-                Ok(unsafe { &mut *p })
             }
             #[inline(always)]
             fn parts(s: &mut $scratch) -> $crate::family::Parts<'_, $key, $value> {

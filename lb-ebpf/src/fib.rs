@@ -40,7 +40,8 @@ pub struct RouteScratch {
 
 /// The last route looked up, per CPU (kept off the 512-byte stack; building the request in
 /// place also avoids a zeroing loop the verifier refuses without CAP_PERFMON). Written and
-/// read here only. index 0 → `RouteScratch` (88 B). 1 entry, not pinned.
+/// read here only: a reference to it lives only within `lookup_into`, and the route leaves
+/// it as a copy. index 0 → `RouteScratch` (88 B). 1 entry, not pinned.
 #[btf_map]
 static XLB_ROUTE: PerCpuArray<RouteScratch, 1> = PerCpuArray::new();
 
@@ -48,8 +49,8 @@ static XLB_ROUTE: PerCpuArray<RouteScratch, 1> = PerCpuArray::new();
 /// IPv4 total length) the kernel checks it against the route's MTU; with 0 a tc lookup checks
 /// the skb against the egress device. `neigh`: also resolve the next hop's MAC (for a
 /// redirect), else skip the neighbour table. `None`: not forwardable (no route, a local
-/// address, no neighbour yet): the kernel's stack decides. The route lives in this CPU's
-/// scratch until the next lookup.
+/// address, no neighbour yet): the kernel's stack decides. The route is a copy (the caller
+/// reads the fields it needs; inlined, only those are loaded).
 #[inline(always)]
 pub fn lookup(
     ctx: *mut c_void,
@@ -59,7 +60,7 @@ pub fn lookup(
     daddr_be: u32,
     tot_len: u16,
     neigh: bool,
-) -> Option<&'static Route> {
+) -> Option<Route> {
     if lookup_into(
         ctx,
         ifindex,
@@ -71,8 +72,9 @@ pub fn lookup(
         return None;
     }
     let p = XLB_ROUTE.get_ptr(0)?;
-    // SAFETY: this CPU's slot, written just now by `lookup_into`.
-    Some(unsafe { &(*p).route })
+    // SAFETY: this CPU's slot, written just now by `lookup_into`, whose reference to it
+    // ended with the call: read through the pointer, no reference made.
+    Some(unsafe { core::ptr::addr_of!((*p).route).read() })
 }
 
 /// Out of line (its 64-byte request stays in its own frame): 0 and the scratch route filled

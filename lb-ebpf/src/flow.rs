@@ -8,6 +8,7 @@ use lb_common::{
 use crate::{
     affinity::{self, Client},
     conntrack,
+    maps::FlowScratch,
     packet::Packet,
     parse::Tuple,
     reason::Reason,
@@ -16,11 +17,15 @@ use crate::{
 
 /// A packet of an established flow keeps its entries (and its client's affinity, when its
 /// service has affinity) fresh: from what the entry holds, without the service map. An
-/// answered flow that goes on becomes assured (out of reach of LRU eviction). Returns the
-/// forward entry to rewrite with.
+/// answered flow that goes on becomes assured (out of reach of LRU eviction; its entries
+/// are copied through the scratch `s`). Returns the forward entry to rewrite with.
 #[inline(always)]
-pub fn keep_alive(ct: &'static mut CtValue, t: &Tuple) -> &'static mut CtValue {
-    let ct = conntrack::assure(ct, t);
+pub fn keep_alive(
+    ct: &'static mut CtValue,
+    t: &Tuple,
+    s: &mut FlowScratch,
+) -> &'static mut CtValue {
+    let ct = conntrack::assure(ct, t, s);
     if conntrack::touch(ct, t) {
         if ct.flags & CT_F_SNAT != 0 {
             conntrack::keep_reply(ct, t);
@@ -48,10 +53,10 @@ pub type Chosen = (u32, u16, Backend);
 
 /// Records a new flow of `t` to the chosen backend: its source translation, the client's
 /// affinity, its conntrack entries (`mtu`: the size known to fit its route, 0 for none;
-/// `flags`: more `CT_F_*` flags for the forward entry). Returns the forward tuple its
-/// packets are rewritten to.
+/// `flags`: more `CT_F_*` flags for the forward entry), built in the scratch `s`. Returns
+/// the forward tuple its packets are rewritten to (in `s`).
 #[inline(always)]
-pub fn record<P: Packet>(
+pub fn record<'s, P: Packet>(
     ctx: &P,
     t: &Tuple,
     svc: &SvcValue,
@@ -59,16 +64,16 @@ pub fn record<P: Packet>(
     chosen: &Chosen,
     mtu: u16,
     flags: u16,
-) -> Result<&'static CtValue, Reason> {
+    s: &'s mut FlowScratch,
+) -> Result<&'s CtValue, Reason> {
     let (backend_id, slot, be) = chosen;
-    let scratch = conntrack::scratch()?;
-    let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut scratch.fwd)?;
-    scratch.fwd.mtu = mtu;
-    scratch.fwd.flags |= flags;
+    let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut s.fwd)?;
+    s.fwd.mtu = mtu;
+    s.fwd.flags |= flags;
     if svc.affinity_timeout_s != 0 {
-        scratch.fwd.flags |= CT_F_AFFINITY;
+        s.fwd.flags |= CT_F_AFFINITY;
     }
     affinity::remember(client, svc, *backend_id, *slot, be.generation);
-    conntrack::create(t, &source)?;
-    Ok(&scratch.fwd)
+    conntrack::create(t, &source, s)?;
+    Ok(&s.fwd)
 }

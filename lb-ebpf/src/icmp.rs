@@ -11,6 +11,7 @@ use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     conntrack,
+    maps::FlowScratch,
     nat::{DST, SRC},
     parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp, Tuple},
     reason::Reason,
@@ -44,11 +45,13 @@ fn csum_update(old: u16, from: &[u8], to: &[u8]) -> u16 {
 
 /// Translates the `PART` side ([`DST`] at ingress, [`SRC`] at egress) of an ICMP error
 /// whose quoted packet belongs to a tracked flow. Returns the flow's entry when it did;
-/// `None` leaves the message alone.
+/// `None` leaves the message alone. The quote is worked on in the scratch `s` (the stack is
+/// too small for it).
 #[inline(always)]
 pub fn translate<const PART: u8>(
     ctx: &TcContext,
     m: &Icmp,
+    s: &mut FlowScratch,
 ) -> Result<Option<&'static CtValue>, Reason> {
     let icmp_type: u8 = ctx.load(m.l4_off).map_err(failed)?;
     if icmp_type != ICMP_DEST_UNREACH && icmp_type != ICMP_TIME_EXCEEDED {
@@ -58,8 +61,6 @@ pub fn translate<const PART: u8>(
     if (m.tot_len as usize) + ETH_HLEN < inner_off + INNER {
         return Ok(None);
     }
-    // The quote is worked on in the per-CPU scratch: the stack is too small for it.
-    let s = conntrack::scratch()?;
     load_quote(ctx, inner_off, &mut s.quote_old)?;
     let b = &s.quote_old;
     if b[0] != 0x45 || (b[9] != 6 && b[9] != IPPROTO_UDP) {
@@ -73,14 +74,9 @@ pub fn translate<const PART: u8>(
 
     // The quoted packet went one way of a flow; the entry of the other way tells how to
     // restore it.
-    let Some(v) = conntrack::quoted::<Tuple, PART>(
-        &mut s.fwd_key,
-        &isrc,
-        &idst,
-        isport,
-        idport,
-        proto,
-    ) else {
+    let Some(v) =
+        conntrack::quoted::<Tuple, PART>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     // Inner: source ← the entry's destination, destination ← the entry's source.

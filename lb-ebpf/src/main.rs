@@ -3,6 +3,8 @@
 //!
 //! Each program is `entry → try_fn → Result<Verdict, Reason>`; both arms bump one per-CPU
 //! counter. Nothing logs per packet unless the agent asks for the debug log (`log.rs`).
+//! The try_fn takes the per-CPU work area (`work.rs`) once, on the path that needs it, and
+//! hands it down.
 #![no_std]
 #![no_main]
 
@@ -26,6 +28,7 @@ mod sock;
 mod srcrange;
 mod translate;
 mod v6;
+mod work;
 mod xdp;
 
 use aya_ebpf::{
@@ -34,14 +37,15 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
-    R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_MALFORMED,
-    R_NEW_FLOW, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT, SVC_F_DROP_EMPTY,
+    R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_MALFORMED, R_NEW_FLOW,
+    R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT, SVC_F_DROP_EMPTY,
 };
 
 use lb_common::SvcValue;
 
 use crate::{
     affinity::Client,
+    maps::FlowScratch,
     parse::{Parsed, Tuple},
     reason::{Carried, Reason, Then},
     select::Frontend,
@@ -175,8 +179,16 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
-        Parsed::Icmp(m) => return icmp_error::<{ nat::DST }>(ctx, &m).outcome(),
-        Parsed::Pass(Reason(parse::IPV6)) => return v6::tc(ctx).outcome(),
+        Parsed::Icmp(m) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return icmp_error::<{ nat::DST }>(ctx, &m, &mut w.v4).outcome();
+        }
+        Parsed::Pass(Reason(parse::IPV6)) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return v6::tc(ctx, &mut w.v6).outcome();
+        }
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
 
@@ -201,7 +213,9 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
                 Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
             }
-            let ct = flow::keep_alive(ct, &t);
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            let ct = flow::keep_alive(ct, &t, &mut w.v4);
             nat::forward_in(ctx, &t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return pass(R_ESTABLISHED);
@@ -229,9 +243,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
+    // SAFETY: the only acquire on this path of the run.
+    let w = unsafe { work::acquire() }?;
     // The answers are built out of line here, not below `tc_new_flow`: the stack frames of
     // a call chain add up (512 bytes in all).
-    match tc_new_flow(ctx, &t, svc, reason).next() {
+    match tc_new_flow(ctx, &t, svc, reason, &mut w.v4).next() {
         Then::Done(o) => o,
         Then::Refuse => refuse(ctx, &t).outcome(),
         Then::FragNeeded(mtu) => frag_needed(ctx, &t, mtu).outcome(),
@@ -243,8 +259,16 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
 fn try_tc_egress(ctx: &TcContext) -> Outcome {
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
-        Parsed::Icmp(m) => return icmp_error::<{ nat::SRC }>(ctx, &m).outcome(),
-        Parsed::Pass(Reason(parse::IPV6)) => return v6::tc_egress(ctx).outcome(),
+        Parsed::Icmp(m) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return icmp_error::<{ nat::SRC }>(ctx, &m, &mut w.v4).outcome();
+        }
+        Parsed::Pass(Reason(parse::IPV6)) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return v6::tc_egress(ctx, &mut w.v6).outcome();
+        }
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
     // A reply as netfilter saw it (backend → client): the frontend as source.
@@ -272,8 +296,8 @@ fn try_tc_egress(ctx: &TcContext) -> Outcome {
 /// An ICMP message: the `PART` side translated when it is an error about a tracked flow,
 /// else passed.
 #[inline(never)]
-fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp) -> Carried {
-    Carried::done(match icmp::translate::<PART>(ctx, m) {
+fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp, s: &mut FlowScratch) -> Carried {
+    Carried::done(match icmp::translate::<PART>(ctx, m, s) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
@@ -296,10 +320,17 @@ fn refuse(ctx: &TcContext, t: &Tuple) -> Carried {
 }
 
 /// The first packet of a flow to a frontend: source ranges, refusal when there are no
-/// endpoints, backend choice, source translation, conntrack, rewrite.
+/// endpoints, backend choice, source translation, conntrack (built in the scratch `s`),
+/// rewrite.
 #[inline(never)]
-fn tc_new_flow(ctx: &TcContext, t: &Tuple, svc: &SvcValue, reason: u32) -> Carried {
-    Carried::then(try_tc_new_flow(ctx, t, svc, reason))
+fn tc_new_flow(
+    ctx: &TcContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    reason: u32,
+    s: &mut FlowScratch,
+) -> Carried {
+    Carried::then(try_tc_new_flow(ctx, t, svc, reason, s))
 }
 
 #[inline(always)]
@@ -308,6 +339,7 @@ fn try_tc_new_flow(
     t: &Tuple,
     svc: &SvcValue,
     reason: u32,
+    s: &mut FlowScratch,
 ) -> Result<Then<i32>, Reason> {
     flow::admitted(t, svc)?;
     // No endpoints: refuse at once (kube-proxy's REJECT), unless the service must drop.
@@ -321,7 +353,7 @@ fn try_tc_new_flow(
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, fits, 0)?;
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, fits, 0, s)?;
     nat::forward_in(ctx, t, fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))

@@ -81,8 +81,9 @@ pub static XLB_SRCRNG6_V1: LpmTrie<SrcRangeKey6, u32, { SRC_RANGE6_MAP_CAPACITY 
 #[btf_map]
 pub static XLB_XDPTX_V1: DevMapHash<{ XDP_TX_MAP_CAPACITY as usize }> = DevMapHash::new();
 
-/// Where a new flow's conntrack entries are built (the stack is only 512 bytes). Kernel-only:
-/// never pinned, never read by the agent.
+/// Where a new flow's conntrack entries are built (the stack is only 512 bytes): the IPv4
+/// part of the per-CPU work area (`work::WorkArea`, 184 B). Kernel-only: never pinned, never
+/// read by the agent.
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct FlowScratch {
@@ -94,11 +95,6 @@ pub struct FlowScratch {
     pub quote_old: [u8; 28],
     pub quote_new: [u8; 28],
 }
-
-/// Scratch space per CPU for creating a flow. Written and read here only, within one program
-/// run. index 0 → `FlowScratch` (184 B). 1 entry, not pinned.
-#[btf_map]
-pub static XLB_SCRATCH: PerCpuArray<FlowScratch, 1> = PerCpuArray::new();
 
 /// The trie key for a client of a frontend (full length: the most specific match).
 #[inline(always)]

@@ -30,13 +30,14 @@ use lb_common::{
 use crate::{
     affinity::Client,
     conntrack, fib, filter, flow,
-    maps::XLB_XDPTX_V1,
+    maps::{FlowScratch, XLB_XDPTX_V1},
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
     translate::{self, Mtu},
+    work,
 };
 
 /// The XDP program's outcome.
@@ -52,7 +53,11 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
-        Parsed::Pass(Reason(parse::IPV6)) => return crate::v6::xdp::xdp(ctx).outcome(),
+        Parsed::Pass(Reason(parse::IPV6)) => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return crate::v6::xdp::xdp(ctx, &mut w.v6).outcome();
+        }
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
     // The same order as tc: the address filters, a tracked flow from its entry alone, then
@@ -88,7 +93,9 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
-    xdp_new_flow(ctx, &t, svc).outcome()
+    // SAFETY: the only acquire on this path of the run.
+    let w = unsafe { work::acquire() }?;
+    xdp_new_flow(ctx, &t, svc, &mut w.v4).outcome()
 }
 
 /// A packet of a tracked flow to its backend: into the stack as tc would send it when the
@@ -102,11 +109,13 @@ fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Carried
 
 #[inline(always)]
 fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOutcome {
+    // SAFETY: the only acquire on this path of the run.
+    let w = unsafe { work::acquire() }?;
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
-                let ct = flow::keep_alive(ct, t);
+                let ct = flow::keep_alive(ct, t, &mut w.v4);
                 return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
             }
             Way::Stack => {
@@ -122,7 +131,7 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Xdp
         Mtu::Fits(len) => ct.mtu = len,
         Mtu::Unchecked => {}
     }
-    let ct = flow::keep_alive(ct, t);
+    let ct = flow::keep_alive(ct, t, &mut w.v4);
     nat::forward_in(ctx, t, ct)?;
     reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
     pass(R_ESTABLISHED)
@@ -149,14 +158,20 @@ fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOut
     pass(R_REPLY_IN)
 }
 
-/// A new flow: chosen, recorded and translated here when its route is ready, else left to tc.
+/// A new flow: chosen, recorded (in the scratch `s`) and translated here when its route is
+/// ready, else left to tc.
 #[inline(never)]
-fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> Carried {
-    Carried::done(try_xdp_new_flow(ctx, t, svc))
+fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue, s: &mut FlowScratch) -> Carried {
+    Carried::done(try_xdp_new_flow(ctx, t, svc, s))
 }
 
 #[inline(always)]
-fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
+fn try_xdp_new_flow(
+    ctx: &XdpContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    s: &mut FlowScratch,
+) -> XdpOutcome {
     flow::admitted(t, svc)?;
     if svc.count == 0 {
         // Refused or dropped by tc, which can build the answer.
@@ -191,7 +206,7 @@ fn try_xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue) -> XdpOutcome {
             None => return pass(R_PASS),
         }
     };
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags)?;
+    let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags, s)?;
     if way_flags == 0 {
         // Redirected: the hop of the translated packet (its source may be the SNAT address).
         match way(ctx, t, fwd) {

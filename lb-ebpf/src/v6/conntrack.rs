@@ -8,28 +8,20 @@
 use lb_common::{CtKey6, CtValue6};
 
 use super::{
-    maps::{FlowScratch6, XLB_CT6_V1, XLB_CTA6_V1, XLB_SCRATCH6},
+    maps::{FlowScratch6, XLB_CT6_V1, XLB_CTA6_V1},
     parse::Tuple6,
 };
 pub use crate::conntrack::{
     Source, assure, create, keep_reply, lookup_forward, lookup_reply, lookup_snat_out, quoted,
 };
 pub use crate::family::{copy6, eq6};
-use crate::{family::Flow, reason::Reason};
 
-// IPv6: `XLB_CT6_V1` and `XLB_CTA6_V1`, `XLB_SCRATCH6`.
+// IPv6: `XLB_CT6_V1` and `XLB_CTA6_V1`, its scratch `FlowScratch6` (`work::WorkArea::v6`).
 crate::family::flow!(
     Tuple6,
     CtKey6,
     CtValue6,
     FlowScratch6,
     XLB_CT6_V1,
-    XLB_CTA6_V1,
-    XLB_SCRATCH6
+    XLB_CTA6_V1
 );
-
-/// The per-CPU scratch of the IPv6 path.
-#[inline(always)]
-pub fn scratch() -> Result<&'static mut FlowScratch6, Reason> {
-    <Tuple6 as Flow>::scratch()
-}

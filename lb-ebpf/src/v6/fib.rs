@@ -84,13 +84,15 @@ pub struct RouteScratch6 {
 }
 
 /// The last IPv6 route looked up, per CPU (off the stack; the request built in place).
-/// Written and read here only. index 0 → `RouteScratch6` (100 B). 1 entry, not pinned.
+/// Written and read here only: `lookup_into` writes it through the one reference made to
+/// it, the route leaves it as a copy (`route`) or is read by `remember` right after.
+/// index 0 → `RouteScratch6` (100 B). 1 entry, not pinned.
 #[btf_map]
 static XLB_ROUTE6: PerCpuArray<RouteScratch6, 1> = PerCpuArray::new();
 
 /// The route for `saddr → daddr` entering on `ifindex`, with `len` (the IPv6 packet's
 /// length, header included) checked against its MTU (0: not checked). `None`: not
-/// forwardable here (no route, a local address): the stack decides.
+/// forwardable here (no route, a local address): the stack decides. The route is a copy.
 #[inline(always)]
 pub fn lookup(
     ctx: *mut c_void,
@@ -99,7 +101,7 @@ pub fn lookup(
     saddr: &[u32; 4],
     daddr: &[u32; 4],
     len: u16,
-) -> Option<&'static Route6> {
+) -> Option<Route6> {
     route(ctx, ifindex, proto, saddr, daddr, len, false)
 }
 
@@ -217,13 +219,14 @@ fn route(
     daddr: &[u32; 4],
     len: u16,
     neigh: bool,
-) -> Option<&'static Route6> {
+) -> Option<Route6> {
     if lookup_into(ctx, ifindex, saddr, daddr, opts(len, proto, neigh)) != 0 {
         return None;
     }
     let p = XLB_ROUTE6.get_ptr(0)?;
-    // SAFETY: this CPU's slot, written just now.
-    Some(unsafe { &(*p).route })
+    // SAFETY: this CPU's slot, written just now by `lookup_into`, whose reference to it
+    // ended with the call: read through the pointer, no reference made.
+    Some(unsafe { core::ptr::addr_of!((*p).route).read() })
 }
 
 #[inline(never)]

@@ -48,11 +48,13 @@ fn put(b: &mut [u8; QUOTE], at: usize, a: &[u32; 4]) {
 /// Translates the `PART` side (as IPv4's: [`DST`] at ingress, [`SRC`] at egress) of an
 /// ICMPv6 error (`t`: its outer addresses, type and offset) whose quoted packet belongs to
 /// a tracked flow. Returns the flow's entry when it did; `None` leaves
-/// the message alone (other types, NDP and echo among them).
+/// the message alone (other types, NDP and echo among them). The quote is worked on in the
+/// scratch `s`.
 #[inline(always)]
 pub fn translate<const PART: u8>(
     ctx: &TcContext,
     t: &Tuple6,
+    s: &mut FlowScratch6,
 ) -> Result<Option<&'static CtValue6>, Reason> {
     if t.icmp_type < ICMPV6_DEST_UNREACH || t.icmp_type > ICMPV6_TIME_EXCEED {
         return Ok(None);
@@ -61,7 +63,6 @@ pub fn translate<const PART: u8>(
     if IP6_L4_OFF + (t.payload_len as usize) < inner_off + QUOTE {
         return Ok(None);
     }
-    let s = conntrack::scratch()?;
     load_quote(ctx, inner_off, &mut s.quote_old)?;
     let b = &s.quote_old;
     // A quoted packet with extension headers is left alone (its ports are further in).
@@ -74,14 +75,9 @@ pub fn translate<const PART: u8>(
     let isport = u16::from_ne_bytes([b[40], b[41]]);
     let idport = u16::from_ne_bytes([b[42], b[43]]);
     // The entry of the other way tells how to restore it (as IPv4's).
-    let Some(v) = conntrack::quoted::<Tuple6, PART>(
-        &mut s.fwd_key,
-        &isrc,
-        &idst,
-        isport,
-        idport,
-        proto,
-    ) else {
+    let Some(v) =
+        conntrack::quoted::<Tuple6, PART>(&mut s.fwd_key, &isrc, &idst, isport, idport, proto)
+    else {
         return Ok(None);
     };
     s.quote_new = s.quote_old;
@@ -100,7 +96,6 @@ pub fn translate<const PART: u8>(
     let quote_diff = quote_diff(&mut s.quote_old, &mut s.quote_new)?;
     // Outer: to the flow's peer; from the frontend where the error came from the translated
     // end itself, as Linux's conntrack does.
-    let s = conntrack::scratch()?;
     let from_end = PART & SRC != 0 && eq6(&t.saddr_be, &idst);
     let out_src = if from_end { &v.saddr_be } else { &t.saddr_be };
     let out_dst = if PART & DST != 0 {

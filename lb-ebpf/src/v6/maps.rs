@@ -2,12 +2,10 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{HashMap, LruHashMap},
     macros::btf_map,
 };
 use lb_common::{Backend, CT_MAP_CAPACITY, CtKey6, CtValue6};
-
-use super::parse::Tuple6;
 
 /// IPv6 conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
 /// `CtKey6{IPv6 5-tuple, dir}` → `CtValue6{rewritten tuple, backend index and generation,
@@ -29,7 +27,8 @@ pub static XLB_CTA6_V1: HashMap<
 > = HashMap::new();
 
 /// Where an IPv6 flow's entries and an ICMPv6 error's quote are built (off the 512-byte
-/// stack). Kernel-only: never pinned, never read by the agent.
+/// stack): the IPv6 part of the per-CPU work area (`work::WorkArea`, 360 B). Kernel-only:
+/// never pinned, never read by the agent.
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct FlowScratch6 {
@@ -47,13 +46,3 @@ pub struct FlowScratch6 {
     pub slot: u32,
     pub backend: Backend,
 }
-
-/// Scratch space per CPU for an IPv6 flow. Written and read here only, within one program
-/// run. index 0 → `FlowScratch6` (360 B). 1 entry, not pinned.
-#[btf_map]
-pub static XLB_SCRATCH6: PerCpuArray<FlowScratch6, 1> = PerCpuArray::new();
-
-/// The IPv6 packet being worked on, per CPU, as parsed. Written by the parser, read by the
-/// steps after it, within one program run. index 0 → `Tuple6` (56 B). 1 entry, not pinned.
-#[btf_map]
-pub static XLB_PKT6: PerCpuArray<Tuple6, 1> = PerCpuArray::new();

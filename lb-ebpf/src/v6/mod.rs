@@ -22,15 +22,15 @@ pub mod xdp;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE, R_CT_MISS,
-    R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT,
-    R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED, R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY,
-    SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
+    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE,
+    R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS,
+    R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED, R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL,
+    SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
 use self::{
     conntrack::{copy6, eq6},
-    maps::XLB_PKT6,
+    maps::FlowScratch6,
     parse::{Parsed6, Tuple6},
 };
 use crate::{
@@ -43,6 +43,7 @@ use crate::{
     select::{self, Frontend6},
     srcrange,
     translate::{self, Mtu},
+    work::Work6,
 };
 
 type Outcome = reason::Outcome<i32>;
@@ -57,64 +58,54 @@ fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
 }
 
-/// This CPU's parsed IPv6 packet.
-#[inline(always)]
-pub(super) fn packet() -> Option<&'static mut Tuple6> {
-    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
-    XLB_PKT6.get_ptr_mut(0).map(|p| unsafe { &mut *p })
-}
-
 /// An IPv6 packet at tc ingress (the Ethernet type said IPv6). Each step below is out of
 /// line and called from here, so their frames do not add up (512 bytes over the call
-/// chain, the IPv4 path's frame included).
+/// chain, the IPv4 path's frame included). `w`: the run's IPv6 work area (the packet is
+/// parsed into it); each step gets it whole (one argument) and splits it.
 #[inline(never)]
-pub fn tc(ctx: &TcContext) -> Carried {
-    let Some(t) = packet() else {
-        return Carried::done(pass(R_PASS));
-    };
-    match parse::parse6(ctx, t) {
+pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
+    match parse::parse6(ctx, &mut w.pkt) {
         Ok(Parsed6::Flow) => {}
-        Ok(Parsed6::Icmp) => return icmp_error::<{ DST }>(ctx, t),
+        Ok(Parsed6::Icmp) => return icmp_error::<{ DST }>(ctx, w),
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
     // Read once: the tracked-flow step and the new-flow step both ask it.
-    let front = filter::maybe_frontend(filter_fold(&t.daddr_be));
-    let reason = match tracked(ctx, t, front).next::<i32>() {
+    let front = filter::maybe_frontend(filter_fold(&w.pkt.daddr_be));
+    let reason = match tracked(ctx, w, front).next::<i32>() {
         Then::Done(Ok((UNDECIDED, r))) => r.0,
         Then::Done(o) => return Carried::done(o),
-        Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
+        Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if !front || is_loopback(&t.daddr_be) {
+    if !front || is_loopback(&w.pkt.daddr_be) {
         return Carried::done(pass(R_PASS));
     }
-    let Some(svc) = select::lookup(&frontend(t)) else {
+    let Some(svc) = select::lookup(&frontend(&w.pkt)) else {
         return Carried::done(pass(R_PASS));
     };
-    match choose(t, svc, reason).next::<i32>() {
+    match choose(w, svc, reason).next::<i32>() {
         Then::Done(Ok((UNDECIDED, _))) => {}
         Then::Done(o) => return Carried::done(o),
-        Then::Refuse => return refuse(ctx, t),
-        Then::FragNeeded(mtu) => return too_big(ctx, t, mtu),
+        Then::Refuse => return refuse(ctx, w),
+        Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
     }
-    match start(ctx, t, svc, reason).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => rewrite(ctx, t, svc.svc_id, reason),
+    match start(ctx, w, svc, reason).next::<i32>() {
+        Then::Done(Ok((UNDECIDED, _))) => rewrite(ctx, w, svc.svc_id, reason),
         Then::Done(o) => Carried::done(o),
-        Then::FragNeeded(mtu) => too_big(ctx, t, mtu),
-        Then::Refuse => refuse(ctx, t),
+        Then::FragNeeded(mtu) => too_big(ctx, w, mtu),
+        Then::Refuse => refuse(ctx, w),
     }
 }
 
 /// Rewrites the first packet of the flow just recorded (the scratch's forward tuple).
 #[inline(never)]
-fn rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Carried {
-    Carried::done(try_rewrite(ctx, t, svc_id, reason))
+fn rewrite(ctx: &TcContext, w: &Work6, svc_id: u32, reason: u32) -> Carried {
+    Carried::done(try_rewrite(ctx, &w.pkt, svc_id, reason, &w.flow))
 }
 
 #[inline(always)]
-fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Outcome {
-    let s = conntrack::scratch()?;
+fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32, s: &FlowScratch6) -> Outcome {
     nat::forward_in(ctx, t, &s.fwd)?;
     reason::count_service(svc_id, s.fwd.backend_id, ctx.len());
     pass(reason)
@@ -122,19 +113,17 @@ fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32) -> Outcome
 
 /// An IPv6 packet at tc egress: the source side of a tracked flow's packet, as IPv4's
 /// (`try_tc_egress` in `main.rs`): a reply as netfilter saw it gets its frontend, a request
-/// of a SNATed flow its SNAT source, an ICMPv6 error about either that side of its quote.
+/// of a SNATed flow its SNAT source, an ICMPv6 error about either that side of its quote
+/// (worked on in the run's IPv6 work area `w`, which the packet is parsed into).
 #[inline(never)]
-pub fn tc_egress(ctx: &TcContext) -> Carried {
-    let Some(t) = packet() else {
-        return Carried::done(pass(R_PASS));
-    };
-    match parse::parse6(ctx, t) {
+pub fn tc_egress(ctx: &TcContext, w: &mut Work6) -> Carried {
+    match parse::parse6(ctx, &mut w.pkt) {
         Ok(Parsed6::Flow) => {}
-        Ok(Parsed6::Icmp) => return icmp_error::<{ SRC }>(ctx, t),
+        Ok(Parsed6::Icmp) => return icmp_error::<{ SRC }>(ctx, w),
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
-    Carried::done(try_egress(ctx, t))
+    Carried::done(try_egress(ctx, &w.pkt))
 }
 
 #[inline(always)]
@@ -162,8 +151,8 @@ fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
 /// An ICMPv6 message: the `PART` side translated when it is an error about a tracked flow,
 /// else passed.
 #[inline(never)]
-fn icmp_error<const PART: u8>(ctx: &TcContext, t: &Tuple6) -> Carried {
-    Carried::done(match icmp::translate::<PART>(ctx, t) {
+fn icmp_error<const PART: u8>(ctx: &TcContext, w: &mut Work6) -> Carried {
+    Carried::done(match icmp::translate::<PART>(ctx, &w.pkt, &mut w.flow) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             pass(R_ICMP_XLATE)
@@ -175,26 +164,36 @@ fn icmp_error<const PART: u8>(ctx: &TcContext, t: &Tuple6) -> Carried {
 
 /// A new flow to a frontend without endpoints: refused.
 #[inline(never)]
-fn refuse(ctx: &TcContext, t: &Tuple6) -> Carried {
-    Carried::done(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
+fn refuse(ctx: &TcContext, w: &mut Work6) -> Carried {
+    Carried::done(
+        reject::refuse(ctx, &w.pkt, &mut w.flow.quote_old).map(|action| (action, Reason(R_REJECT))),
+    )
 }
 
 /// A packet too big for its route: answered with Packet Too Big.
 #[inline(never)]
-fn too_big(ctx: &TcContext, t: &Tuple6, mtu: u16) -> Carried {
-    Carried::done(reject::too_big(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
+fn too_big(ctx: &TcContext, w: &mut Work6, mtu: u16) -> Carried {
+    Carried::done(
+        reject::too_big(ctx, &w.pkt, mtu, &mut w.flow.quote_old)
+            .map(|action| (action, Reason(R_FRAG_NEEDED))),
+    )
 }
 
 /// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
 /// else `UNDECIDED` with the reason a new flow of it is counted under. `front`: the
 /// destination may be a frontend (its address filter bit).
 #[inline(never)]
-fn tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Carried {
-    Carried::then(try_tracked(ctx, t, front))
+fn tracked(ctx: &TcContext, w: &mut Work6, front: bool) -> Carried {
+    Carried::then(try_tracked(ctx, &w.pkt, front, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Reason> {
+fn try_tracked(
+    ctx: &TcContext,
+    t: &Tuple6,
+    front: bool,
+    s: &mut FlowScratch6,
+) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     // The address filters, by the addresses' four words folded (the agent sets the bits of
     // every frontend's and backend's address the same way): a clear bit skips the lookups
@@ -211,7 +210,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, front: bool) -> Result<Then<i32>, Re
                 Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
             }
-            let ct = keep_alive(ct, t);
+            let ct = keep_alive(ct, t, s);
             nat::forward_in(ctx, t, ct)?;
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
@@ -248,10 +247,15 @@ pub(super) fn frontend(t: &Tuple6) -> Frontend6 {
     }
 }
 
-/// A packet of an established flow keeps its entries (and its client's affinity) fresh.
+/// A packet of an established flow keeps its entries (and its client's affinity) fresh
+/// (an assured flow's entries are copied through the scratch `s`).
 #[inline(always)]
-pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut CtValue6 {
-    let ct = conntrack::assure(ct, t);
+pub(super) fn keep_alive(
+    ct: &'static mut CtValue6,
+    t: &Tuple6,
+    s: &mut FlowScratch6,
+) -> &'static mut CtValue6 {
+    let ct = conntrack::assure(ct, t, s);
     if touch(ct, t) {
         if ct.flags & CT_F_SNAT != 0 {
             conntrack::keep_reply(ct, t);
@@ -267,12 +271,17 @@ pub(super) fn keep_alive(ct: &'static mut CtValue6, t: &Tuple6) -> &'static mut 
 /// frontend's source ranges, refusal when there are no endpoints, else the backend (into
 /// the scratch) and `UNDECIDED`.
 #[inline(never)]
-pub(super) fn choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
-    Carried::then(try_choose(t, svc, reason))
+pub(super) fn choose(w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried {
+    Carried::then(try_choose(&w.pkt, svc, reason, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Result<Then<i32>, Reason> {
+fn try_choose(
+    t: &Tuple6,
+    svc: &SvcValue,
+    reason: u32,
+    s: &mut FlowScratch6,
+) -> Result<Then<i32>, Reason> {
     // loadBalancerSourceRanges: a client outside them never gets a flow (new flows only,
     // as IPv4 and kube-proxy).
     if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed6(svc.svc_id, &t.saddr_be) {
@@ -282,7 +291,6 @@ fn try_choose(t: &Tuple6, svc: &SvcValue, reason: u32) -> Result<Then<i32>, Reas
         return Ok(Then::Refuse);
     }
     let (id, slot, be) = select::choose(&frontend(t), &Client::addr6(t.saddr_be), svc)?;
-    let s = conntrack::scratch()?;
     s.backend_id = id;
     s.slot = slot as u32;
     copy_backend(&mut s.backend, &be);
@@ -306,8 +314,8 @@ fn copy_backend(dst: &mut Backend, src: &Backend) {
 /// Starts the flow to the backend the scratch holds (unless the packet is too big for its
 /// route): source translation, affinity, conntrack; `UNDECIDED` for [`rewrite`] to go on.
 #[inline(never)]
-fn start(ctx: &TcContext, t: &Tuple6, svc: &SvcValue, reason: u32) -> Carried {
-    Carried::then(try_start(ctx, t, svc, reason))
+fn start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried {
+    Carried::then(try_start(ctx, &w.pkt, svc, reason, &mut w.flow))
 }
 
 #[inline(always)]
@@ -316,33 +324,33 @@ fn try_start(
     t: &Tuple6,
     svc: &SvcValue,
     reason: u32,
+    s: &mut FlowScratch6,
 ) -> Result<Then<i32>, Reason> {
-    let s = conntrack::scratch()?;
     let fits = match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
         Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
     };
-    record(ctx, t, svc, fits, 0)?;
+    record(ctx, t, svc, fits, 0, s)?;
     Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
 }
 
-/// Records a new flow of `t` to the scratch's backend (its source translation, its
-/// affinity, its conntrack entries; `mtu` the size known to fit its route, `flags` more
-/// `CT_F_*` flags for the forward entry); returns the forward tuple its packets are
-/// rewritten to.
+/// Records a new flow of `t` to the backend of the scratch `s` (its source translation, its
+/// affinity, its conntrack entries, built in `s`; `mtu` the size known to fit its route,
+/// `flags` more `CT_F_*` flags for the forward entry); returns the forward tuple its packets
+/// are rewritten to (in `s`).
 /// A remote backend of a Cluster-policy external frontend gets the flow SNATed to the
 /// node's address toward it (the route's source) and a port of the SNAT range, so its
 /// replies come back through this node.
 #[inline(always)]
-pub(super) fn record<P: Packet>(
+pub(super) fn record<'s, P: Packet>(
     ctx: &P,
     t: &Tuple6,
     svc: &SvcValue,
     mtu: u16,
     flags: u16,
-) -> Result<&'static CtValue6, Reason> {
-    let s = conntrack::scratch()?;
+    s: &'s mut FlowScratch6,
+) -> Result<&'s CtValue6, Reason> {
     let be = &s.backend;
     let fwd = &mut s.fwd;
     copy6(&mut fwd.saddr_be, &t.saddr_be);
@@ -377,11 +385,11 @@ pub(super) fn record<P: Packet>(
             0,
         )
         .ok_or(Reason(R_SNAT_FAILED))?;
-        let src = &route.src_be;
+        let src = route.src_be;
         if src[0] | src[1] | src[2] | src[3] == 0 {
             return Err(Reason(R_SNAT_FAILED));
         }
-        copy6(&mut fwd.saddr_be, src);
+        fwd.saddr_be = src;
         fwd.flags |= CT_F_SNAT;
     }
     affinity::remember(
@@ -398,7 +406,7 @@ pub(super) fn record<P: Packet>(
         min: cfg.snat_port_min,
         max: cfg.snat_port_max,
     };
-    conntrack::create(t, &src)?;
+    conntrack::create(t, &src, s)?;
     Ok(&s.fwd)
 }
 

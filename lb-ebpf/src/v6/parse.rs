@@ -43,8 +43,8 @@ pub const IPPROTO_ICMPV6: u8 = 58;
 /// Extension headers walked before giving up (Cilium walks 4; more is left to the stack).
 const MAX_EXT: usize = 6;
 
-/// The parts of an IPv6 TCP/UDP packet (or ICMPv6 message) that NAT needs. Kept in a
-/// per-CPU map (`maps::XLB_PKT6`), not on the 512-byte stack.
+/// The parts of an IPv6 TCP/UDP packet (or ICMPv6 message) that NAT needs. Kept in the
+/// per-CPU work area (`work::Work6`), not on the 512-byte stack.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Tuple6 {

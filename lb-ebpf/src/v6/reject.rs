@@ -7,10 +7,7 @@
 use aya_ebpf::{helpers::bpf_skb_change_tail, programs::TcContext};
 use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
 
-use super::{
-    conntrack,
-    parse::{IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, IPPROTO_ICMPV6, Tuple6},
-};
+use super::parse::{IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, IPPROTO_ICMPV6, Tuple6};
 use crate::{
     parse::ETH_HLEN,
     reason::Reason,
@@ -63,27 +60,33 @@ fn headers(ctx: &TcContext, t: &Tuple6, proto: u8, payload: u16) -> Result<(), R
     ctx.store(IP6_DST_OFF, &t.saddr_be, 0).map_err(failed)
 }
 
-/// Rewrites the packet into the refusal and redirects it back; returns the tc action.
+/// Rewrites the packet into the refusal and redirects it back; returns the tc action. An
+/// ICMPv6 answer's quote is built in `quote` (the scratch's: off the stack).
 #[inline(always)]
-pub fn refuse(ctx: &TcContext, t: &Tuple6) -> Result<i32, Reason> {
+pub fn refuse(ctx: &TcContext, t: &Tuple6, quote: &mut [u8; QUOTE]) -> Result<i32, Reason> {
     if t.proto == IPPROTO_TCP {
         tcp_rst(ctx, t)?;
     } else {
-        icmp_error(ctx, t, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0)?;
+        icmp_error(ctx, t, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, quote)?;
     }
     send_back(ctx)
 }
 
 /// Answers a packet too big for its route with Packet Too Big (`mtu`) from the frontend the
-/// client addressed, quoting the packet as the client sent it.
+/// client addressed, quoting the packet as the client sent it (built in `quote`).
 #[inline(always)]
-pub fn too_big(ctx: &TcContext, t: &Tuple6, mtu: u16) -> Result<i32, Reason> {
+pub fn too_big(
+    ctx: &TcContext,
+    t: &Tuple6,
+    mtu: u16,
+    quote: &mut [u8; QUOTE],
+) -> Result<i32, Reason> {
     if t.l4_off as usize != IP6_L4_OFF {
         // Extension headers: the quote would not reach the ports; dropped, as a router
         // without an answer would.
         return Err(Reason(R_FRAG_NEEDED));
     }
-    icmp_error(ctx, t, ICMPV6_PKT_TOOBIG, 0, mtu as u32)?;
+    icmp_error(ctx, t, ICMPV6_PKT_TOOBIG, 0, mtu as u32, quote)?;
     send_back(ctx)
 }
 
@@ -119,14 +122,20 @@ fn tcp_rst(ctx: &TcContext, t: &Tuple6) -> Result<(), Reason> {
 }
 
 /// An ICMPv6 error of `kind`/`code` (`rest`: the word after the checksum) quoting the
-/// packet's first [`QUOTE`] bytes.
+/// packet's first [`QUOTE`] bytes (loaded into `quote`).
 #[inline(always)]
-fn icmp_error(ctx: &TcContext, t: &Tuple6, kind: u8, code: u8, rest: u32) -> Result<(), Reason> {
+fn icmp_error(
+    ctx: &TcContext,
+    t: &Tuple6,
+    kind: u8,
+    code: u8,
+    rest: u32,
+    quote: &mut [u8; QUOTE],
+) -> Result<(), Reason> {
     if t.l4_off as usize != IP6_L4_OFF {
         return Err(Reason(R_NO_BACKEND));
     }
-    let s = conntrack::scratch()?;
-    load_quote(ctx, ETH_HLEN, &mut s.quote_old)?;
+    load_quote(ctx, ETH_HLEN, quote)?;
     // Two words, written volatile: as bytes, the zeros of a code 0 and a small MTU merge
     // into a `memset` byte loop the verifier refuses without CAP_PERFMON.
     let mut icmp = [0u32; 2];
@@ -139,12 +148,12 @@ fn icmp_error(ctx: &TcContext, t: &Tuple6, kind: u8, code: u8, rest: u32) -> Res
     let sum = pseudo(&t.daddr_be, &t.saddr_be, len, IPPROTO_ICMPV6);
     // SAFETY: two u32 are eight bytes.
     let bytes = unsafe { &*(icmp.as_ptr() as *const [u8; 8]) };
-    let c = fold(sum16(&s.quote_old, sum16(bytes, sum)));
+    let c = fold(sum16(quote, sum16(bytes, sum)));
     // SAFETY: as above.
     unsafe {
         core::ptr::write_volatile(&mut icmp[0], u32::from_ne_bytes([kind, code, c[0], c[1]]))
     };
     headers(ctx, t, IPPROTO_ICMPV6, len as u16)?;
     ctx.store(IP6_L4_OFF, &icmp, 0).map_err(failed)?;
-    ctx.store(IP6_L4_OFF + 8, &s.quote_old, 0).map_err(failed)
+    ctx.store(IP6_L4_OFF + 8, quote, 0).map_err(failed)
 }

@@ -16,7 +16,9 @@ use lb_common::{
 };
 
 use super::{
-    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive, nat, packet,
+    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive,
+    maps::FlowScratch6,
+    nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
     record,
 };
@@ -30,6 +32,7 @@ use crate::{
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
+    work::Work6,
     xdp::{csum_at, write_macs},
 };
 
@@ -43,22 +46,20 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// An IPv6 frame at XDP.
+/// An IPv6 frame at XDP. `w`: the run's IPv6 work area (the frame is parsed into it).
 #[inline(never)]
-pub fn xdp(ctx: &XdpContext) -> Carried {
-    let Some(t) = packet() else {
-        return Carried::done(pass(R_PASS));
-    };
-    match parse::parse6(ctx, t) {
+pub fn xdp(ctx: &XdpContext, w: &mut Work6) -> Carried {
+    match parse::parse6(ctx, &mut w.pkt) {
         Ok(Parsed6::Flow) => {}
         Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match tracked(ctx, t).outcome::<u32>() {
+    match tracked(ctx, w).outcome::<u32>() {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
     }
+    let t = &w.pkt;
     if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         return Carried::done(pass(R_PASS));
     }
@@ -74,13 +75,13 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
         Ok(true) => return Carried::done(pass(R_PASS)),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match choose(t, svc, R_NEW_FLOW).next::<i32>() {
+    match choose(w, svc, R_NEW_FLOW).next::<i32>() {
         Then::Done(Ok((UNDECIDED, _))) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
         _ => return Carried::done(pass(R_PASS)),
     }
-    match start(ctx, t, svc).outcome::<u32>() {
-        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, t),
+    match start(ctx, w, svc).outcome::<u32>() {
+        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, w),
         o => Carried::done(o),
     }
 }
@@ -88,14 +89,12 @@ pub fn xdp(ctx: &XdpContext) -> Carried {
 /// Sends the first packet of the flow just recorded on (the scratch's forward tuple): into
 /// the stack when its entry says so, else by its route.
 #[inline(never)]
-fn send_new(ctx: &XdpContext, t: &Tuple6) -> Carried {
-    Carried::done(try_send_new(ctx, t))
+fn send_new(ctx: &XdpContext, w: &Work6) -> Carried {
+    Carried::done(try_send_new(ctx, &w.pkt, &w.flow.fwd))
 }
 
 #[inline(always)]
-fn try_send_new(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
-    let s = conntrack::scratch()?;
-    let v = &s.fwd;
+fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> XdpOutcome {
     if v.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, v) {
             Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW),
@@ -110,12 +109,12 @@ fn try_send_new(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
 
 /// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
 #[inline(never)]
-fn tracked(ctx: &XdpContext, t: &Tuple6) -> Carried {
-    Carried::done(try_tracked(ctx, t))
+fn tracked(ctx: &XdpContext, w: &mut Work6) -> Carried {
+    Carried::done(try_tracked(ctx, &w.pkt, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
+fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6) -> XdpOutcome {
     let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         conntrack::lookup_forward(t)
     } else {
@@ -137,7 +136,7 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
             // Re-balanced or started over: tc does it.
             return pass(R_PASS);
         }
-        return try_established(ctx, t, ct);
+        return try_established(ctx, t, ct, s);
     }
     match reply {
         Some(ct) => {
@@ -152,12 +151,17 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6) -> XdpOutcome {
 /// the stack when the entry says so (no route lookup), else by its route. Inline in
 /// [`tracked`]: a frame of its own would make the call chain too deep for the 512 bytes.
 #[inline(always)]
-fn try_established(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> XdpOutcome {
+fn try_established(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    ct: &'static mut CtValue6,
+    s: &mut FlowScratch6,
+) -> XdpOutcome {
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
-                let ct = keep_alive(ct, t);
+                let ct = keep_alive(ct, t, s);
                 return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
             }
             Way::Stack => {
@@ -172,7 +176,7 @@ fn try_established(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> X
         Mtu::Fits(len) => ct.mtu = len,
         Mtu::Unchecked => {}
     }
-    let ct = keep_alive(ct, t);
+    let ct = keep_alive(ct, t, s);
     nat::forward_in(ctx, t, ct)?;
     reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
     pass(R_ESTABLISHED)
@@ -198,13 +202,12 @@ fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> XdpO
 /// that is ready (the neighbour known, the packet fits). Recorded (`UNDECIDED`: [`send_new`]
 /// sends it on); else left to tc.
 #[inline(never)]
-fn start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> Carried {
-    Carried::done(try_start(ctx, t, svc))
+fn start(ctx: &XdpContext, w: &mut Work6, svc: &SvcValue) -> Carried {
+    Carried::done(try_start(ctx, &w.pkt, svc, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
-    let s = conntrack::scratch()?;
+fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue, s: &mut FlowScratch6) -> XdpOutcome {
     let len = (40 + t.payload_len) as u16;
     let (mtu, flags) = if s.backend.flags & BE_F_REMOTE == 0 {
         match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
@@ -228,7 +231,7 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue) -> XdpOutcome {
             None => return pass(R_PASS),
         }
     };
-    record(ctx, t, svc, mtu, flags)?;
+    record(ctx, t, svc, mtu, flags, s)?;
     Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
 }
 
