@@ -95,11 +95,13 @@ pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
 /// XDP on the node's external interfaces (see `xdp.rs`); every verdict bumps a counter.
 #[xdp]
 pub fn xlb_xdp(ctx: XdpContext) -> u32 {
-    let (action, reason) = match xdp::try_xdp(&ctx) {
+    // Read once: the frame's length is a helper call at XDP.
+    let len = packet::Packet::len(&ctx);
+    let (action, reason) = match xdp::try_xdp(&ctx, len) {
         Ok(verdict) => verdict,
         Err(dropped) => (xdp::DROP, dropped),
     };
-    reason.count(packet::Packet::len(&ctx));
+    reason.count(len);
     if log::on() {
         log::xdp(&ctx, action, reason.0);
     }

@@ -48,15 +48,16 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
+/// `len`: the frame's length.
 #[inline(always)]
-pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
-    let t = match parse::parse_ipv4(ctx, Packet::len(ctx))? {
+pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
+    let t = match parse::parse_ipv4(ctx, len)? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
         Parsed::Pass(Reason(parse::IPV6)) => {
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
-            return crate::v6::xdp::xdp(ctx, &mut w.v6).outcome();
+            return crate::v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
         }
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
@@ -84,18 +85,18 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
-        return established(ctx, &t, ct).outcome();
+        return established(ctx, &t, ct, len).outcome();
     }
     if let Some(ct) = reply {
         conntrack::touch(ct, &t);
-        return reply_of(ctx, &t, ct).outcome();
+        return reply_of(ctx, &t, ct, len).outcome();
     }
     let Some(svc) = select::lookup_service(&t) else {
         return pass(R_PASS);
     };
     // SAFETY: the only acquire on this path of the run.
     let w = unsafe { work::acquire() }?;
-    xdp_new_flow(ctx, &t, svc, &mut w.v4).outcome()
+    xdp_new_flow(ctx, &t, svc, &mut w.v4, len).outcome()
 }
 
 /// A packet of a tracked flow to its backend: into the stack as tc would send it when the
@@ -103,12 +104,17 @@ pub fn try_xdp(ctx: &XdpContext) -> XdpOutcome {
 /// gives (remembered in the entry when that is the stack). Out of line: its frame stays off
 /// the entry's.
 #[inline(never)]
-fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Carried {
-    Carried::done(try_established(ctx, t, ct))
+fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> Carried {
+    Carried::done(try_established(ctx, t, ct, len))
 }
 
 #[inline(always)]
-fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOutcome {
+fn try_established(
+    ctx: &XdpContext,
+    t: &Tuple,
+    ct: &'static mut CtValue,
+    len: u32,
+) -> XdpOutcome {
     // SAFETY: the only acquire on this path of the run.
     let w = unsafe { work::acquire() }?;
     if ct.flags & CT_F_XDP_STACK == 0 {
@@ -116,7 +122,7 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Xdp
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
                 let ct = flow::keep_alive(ct, t, &mut w.v4);
-                return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
+                return redirect(ctx, t, ct, &hop, R_ESTABLISHED, len);
             }
             Way::Stack => {
                 ct.flags |= CT_F_XDP_STACK;
@@ -133,7 +139,7 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Xdp
     }
     let ct = flow::keep_alive(ct, t, &mut w.v4);
     nat::forward_in(ctx, t, ct)?;
-    reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
+    reason::count_service(ct.svc_id, ct.backend_id, len);
     pass(R_ESTABLISHED)
 }
 
@@ -141,16 +147,16 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Xdp
 /// destination side translated into the stack (tc egress restores the source), or both
 /// sides redirected. Out of line, as [`established`].
 #[inline(never)]
-fn reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> Carried {
-    Carried::done(try_reply_of(ctx, t, ct))
+fn reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> Carried {
+    Carried::done(try_reply_of(ctx, t, ct, len))
 }
 
 #[inline(always)]
-fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOutcome {
+fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> XdpOutcome {
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
-            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT),
+            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT, len),
             Way::Stack => ct.flags |= CT_F_XDP_STACK,
         }
     }
@@ -161,8 +167,14 @@ fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue) -> XdpOut
 /// A new flow: chosen, recorded (in the scratch `s`) and translated here when its route is
 /// ready, else left to tc.
 #[inline(never)]
-fn xdp_new_flow(ctx: &XdpContext, t: &Tuple, svc: &SvcValue, s: &mut FlowScratch) -> Carried {
-    Carried::done(try_xdp_new_flow(ctx, t, svc, s))
+fn xdp_new_flow(
+    ctx: &XdpContext,
+    t: &Tuple,
+    svc: &SvcValue,
+    s: &mut FlowScratch,
+    len: u32,
+) -> Carried {
+    Carried::done(try_xdp_new_flow(ctx, t, svc, s, len))
 }
 
 #[inline(always)]
@@ -171,6 +183,7 @@ fn try_xdp_new_flow(
     t: &Tuple,
     svc: &SvcValue,
     s: &mut FlowScratch,
+    len: u32,
 ) -> XdpOutcome {
     flow::admitted(t, svc)?;
     if svc.count == 0 {
@@ -210,13 +223,13 @@ fn try_xdp_new_flow(
     if way_flags == 0 {
         // Redirected: the hop of the translated packet (its source may be the SNAT address).
         match way(ctx, t, fwd) {
-            Way::Redirect(hop) => return redirect(ctx, t, fwd, &hop, R_NEW_FLOW),
+            Way::Redirect(hop) => return redirect(ctx, t, fwd, &hop, R_NEW_FLOW, len),
             Way::Tc => return pass(R_PASS),
             Way::Stack => {}
         }
     }
     nat::forward_in(ctx, t, fwd)?;
-    reason::count_service(fwd.svc_id, fwd.backend_id, Packet::len(ctx));
+    reason::count_service(fwd.svc_id, fwd.backend_id, len);
     pass(R_NEW_FLOW)
 }
 
@@ -263,14 +276,21 @@ fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
 /// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the
 /// TTL down by one and the next hop's MACs, out of `hop`'s interface.
 #[inline(always)]
-fn redirect(ctx: &XdpContext, t: &Tuple, v: &CtValue, hop: &Hop, reason: u32) -> XdpOutcome {
+fn redirect(
+    ctx: &XdpContext,
+    t: &Tuple,
+    v: &CtValue,
+    hop: &Hop,
+    reason: u32,
+    len: u32,
+) -> XdpOutcome {
     let ttl = read_ttl(ctx, t)?;
     if ttl <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
     nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    reason::count_service(v.svc_id, v.backend_id, len);
     forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
     match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),

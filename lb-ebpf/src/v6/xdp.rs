@@ -46,16 +46,17 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// An IPv6 frame at XDP. `w`: the run's IPv6 work area (the frame is parsed into it).
+/// An IPv6 frame of `len` bytes at XDP. `w`: the run's IPv6 work area (the frame is parsed
+/// into it).
 #[inline(never)]
-pub fn xdp(ctx: &XdpContext, w: &mut Work6) -> Carried {
+pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
     match parse::parse6(ctx, &mut w.pkt) {
         Ok(Parsed6::Flow) => {}
         Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match tracked(ctx, w).outcome::<u32>() {
+    match tracked(ctx, w, len).outcome::<u32>() {
         Ok((a, _)) if a == UNDECIDED as u32 => {}
         o => return Carried::done(o),
     }
@@ -81,7 +82,7 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6) -> Carried {
         _ => return Carried::done(pass(R_PASS)),
     }
     match start(ctx, w, svc).outcome::<u32>() {
-        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, w),
+        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, w, len),
         o => Carried::done(o),
     }
 }
@@ -89,32 +90,32 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6) -> Carried {
 /// Sends the first packet of the flow just recorded on (the scratch's forward tuple): into
 /// the stack when its entry says so, else by its route.
 #[inline(never)]
-fn send_new(ctx: &XdpContext, w: &Work6) -> Carried {
-    Carried::done(try_send_new(ctx, &w.pkt, &w.flow.fwd))
+fn send_new(ctx: &XdpContext, w: &Work6, len: u32) -> Carried {
+    Carried::done(try_send_new(ctx, &w.pkt, &w.flow.fwd, len))
 }
 
 #[inline(always)]
-fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> XdpOutcome {
+fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, len: u32) -> XdpOutcome {
     if v.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, v) {
-            Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW),
+            Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW, len),
             Way::Tc => return pass(R_PASS),
             Way::Stack => {}
         }
     }
     nat::forward_in(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    reason::count_service(v.svc_id, v.backend_id, len);
     pass(R_NEW_FLOW)
 }
 
 /// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
 #[inline(never)]
-fn tracked(ctx: &XdpContext, w: &mut Work6) -> Carried {
-    Carried::done(try_tracked(ctx, &w.pkt, &mut w.flow))
+fn tracked(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
+    Carried::done(try_tracked(ctx, &w.pkt, &mut w.flow, len))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6) -> XdpOutcome {
+fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6, len: u32) -> XdpOutcome {
     let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         conntrack::lookup_forward(t)
     } else {
@@ -136,12 +137,12 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6) -> XdpOutcome
             // Re-balanced or started over: tc does it.
             return pass(R_PASS);
         }
-        return try_established(ctx, t, ct, s);
+        return try_established(ctx, t, ct, s, len);
     }
     match reply {
         Some(ct) => {
             touch(ct, t);
-            try_reply_of(ctx, t, ct)
+            try_reply_of(ctx, t, ct, len)
         }
         None => pass(R_PASS),
     }
@@ -156,13 +157,14 @@ fn try_established(
     t: &Tuple6,
     ct: &'static mut CtValue6,
     s: &mut FlowScratch6,
+    len: u32,
 ) -> XdpOutcome {
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
                 let ct = keep_alive(ct, t, s);
-                return redirect(ctx, t, ct, &hop, R_ESTABLISHED);
+                return redirect(ctx, t, ct, &hop, R_ESTABLISHED, len);
             }
             Way::Stack => {
                 ct.flags |= CT_F_XDP_STACK;
@@ -178,18 +180,23 @@ fn try_established(
     }
     let ct = keep_alive(ct, t, s);
     nat::forward_in(ctx, t, ct)?;
-    reason::count_service(ct.svc_id, ct.backend_id, Packet::len(ctx));
+    reason::count_service(ct.svc_id, ct.backend_id, len);
     pass(R_ESTABLISHED)
 }
 
 /// A backend's reply of a tracked flow (already touched), as IPv4's `xdp::reply_of`; inline
 /// in [`tracked`] too.
 #[inline(always)]
-fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6) -> XdpOutcome {
+fn try_reply_of(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    ct: &'static mut CtValue6,
+    len: u32,
+) -> XdpOutcome {
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
-            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT),
+            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT, len),
             Way::Stack => ct.flags |= CT_F_XDP_STACK,
         }
     }
@@ -275,14 +282,21 @@ fn way(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> Way {
 /// Both sides translated, the hop limit down by one, the next hop's MACs, out of `hop`'s
 /// interface (as IPv4's `xdp::redirect`).
 #[inline(always)]
-fn redirect(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, hop: &Hop, reason: u32) -> XdpOutcome {
+fn redirect(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    v: &CtValue6,
+    hop: &Hop,
+    reason: u32,
+    len: u32,
+) -> XdpOutcome {
     let hop_limit = read_hop_limit(ctx, t)?;
     if hop_limit <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
     nat::apply::<_, { BOTH }>(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, Packet::len(ctx));
+    reason::count_service(v.svc_id, v.backend_id, len);
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
     match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
