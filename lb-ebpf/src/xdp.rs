@@ -233,15 +233,15 @@ fn try_xdp_new_flow(
     pass(R_NEW_FLOW)
 }
 
-/// The next hop of a packet XDP sends out itself.
-struct Hop {
-    ifindex: u32,
-    smac: [u8; 6],
-    dmac: [u8; 6],
+/// The next hop of a packet XDP sends out itself (either family).
+pub(crate) struct Hop {
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
 }
 
-/// How a packet translated to `v` leaves.
-enum Way {
+/// How a packet translated to `v` leaves (either family).
+pub(crate) enum Way {
     /// Untouched to tc: the route is not ready (no neighbour yet) or too small.
     Tc,
     /// Into the stack translated as tc ingress would: its way out takes no XDP frames.

@@ -33,7 +33,7 @@ use crate::{
     reason::{self, Carried, Reason, Then},
     select,
     work::Work6,
-    xdp::{csum_at, write_macs},
+    xdp::{Hop, Way, csum_at, write_macs},
 };
 
 type XdpOutcome = reason::Outcome<u32>;
@@ -240,20 +240,6 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue, s: &mut FlowScratch6)
     };
     record(ctx, t, svc, mtu, flags, s)?;
     Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
-}
-
-/// The next hop of a packet XDP sends out itself.
-struct Hop {
-    ifindex: u32,
-    smac: [u8; 6],
-    dmac: [u8; 6],
-}
-
-/// How a packet translated to `v` leaves (as IPv4's `xdp::Way`).
-enum Way {
-    Tc,
-    Stack,
-    Redirect(Hop),
 }
 
 /// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).

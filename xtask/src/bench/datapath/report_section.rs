@@ -23,11 +23,11 @@ fn closing(hook: &str, label: &str) -> &'static str {
     match (hook, label) {
         ("XDP", "hot established" | "hot reply") => {
             "an established packet into the stack now does tc's steps and no more (its way out \
-             is kept in the conntrack entry: no route lookup, TTL read or redirect-map probe); \
-             what remains is XDP's own per-packet cost: the frame's length read through \
-             `bpf_xdp_get_buff_len` up to three times a packet (tc reads `skb->len`) and the \
-             partial-checksum test tc does not need. The length read once and handed down would \
-             close it"
+             kept in the conntrack entry: no route lookup, TTL read or redirect-map probe; the \
+             frame's length read once), and in ns XDP is at or below tc on these packets; the \
+             multiple is of XDP's own floor, about half tc's, so the same work is a larger \
+             multiple. What remains is the work both hooks do and Katran does not: the conntrack \
+             lookup, the NAT rewrite with its L3 and L4 checksum fix-ups, two counters"
         }
         ("XDP", "hot non-service" | "distinct non-service") => {
             "at one service XDP is below tc; what grows at 100,000 services is the address \
