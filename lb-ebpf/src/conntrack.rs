@@ -133,6 +133,16 @@ pub fn lookup_forward<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
     get_mut::<T>(&tuple_key(t, CT_DIR_FORWARD))
 }
 
+/// A flow that starts over (`ct`, its forward entry, does not go on): its assured forward
+/// entry goes, so it cannot shadow the new flow's. Only here: a new flow whose forward
+/// lookup found nothing has no assured entry to remove.
+#[inline(always)]
+pub fn start_over<T: Flow>(ct: &T::Value, t: &T) {
+    if ct.flags() & CT_F_ASSURED != 0 {
+        let _ = T::cta().remove(&tuple_key(t, CT_DIR_FORWARD));
+    }
+}
+
 /// The reply key of the flow whose forward entry is `fwd`.
 #[inline(always)]
 fn reply_key_of<T: Flow>(fwd: &T::Value, proto: u8) -> T::Key {
@@ -437,9 +447,8 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
         t.proto(),
         CT_DIR_FORWARD,
     );
-    // A flow started over (a reused TCP port, a UDP flow whose backend left) may have been
-    // assured: its old forward entry must not shadow the new one.
-    let _ = T::cta().remove(&*p.fwd_key);
+    // A flow started over (a reused TCP port, a UDP flow whose backend left) had its old
+    // assured forward entry removed by `start_over`.
     T::ct()
         .insert(&*p.fwd_key, &*p.fwd, 0)
         .map_err(|_| Reason(R_CT_FULL))?;

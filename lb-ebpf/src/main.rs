@@ -223,6 +223,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
             return pass(R_ESTABLISHED);
         }
         // Started over: a reused client port on a closed flow is simply new.
+        conntrack::start_over(ct, &t);
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }

@@ -215,6 +215,7 @@ fn try_tracked(
             reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
+        conntrack::start_over(ct, t);
         if !select::backend_is(ct.backend_id, ct.backend_gen) {
             reason = R_BACKEND_GONE;
         }

@@ -30,6 +30,23 @@ fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
     };
     let tcp_backend = first(&mut dp, &PacketBuilder::tcp(CLIENT, web).build());
     let udp_backend = first(&mut dp, &PacketBuilder::udp(CLIENT, dns).build());
+    // The UDP flow is answered and goes on: assured (its entries in the assured table), so
+    // its re-balancing below must also take its assured entry away.
+    let r = dp
+        .run(
+            &PacketBuilder::udp(udp_backend, CLIENT)
+                .payload(b"answer")
+                .build(),
+        )
+        .expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK);
+    assert_eq!(
+        first(
+            &mut dp,
+            &PacketBuilder::udp(CLIENT, dns).payload(b"next").build()
+        ),
+        udp_backend
+    );
 
     // Each flow's backend leaves its service.
     let others = |gone: &SocketAddrV4| {
