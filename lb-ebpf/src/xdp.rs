@@ -250,6 +250,32 @@ pub(crate) enum Way {
     Redirect(Hop),
 }
 
+impl Way {
+    /// The way out by a route's egress interface and next hop: redirected when the
+    /// interface takes XDP frames, else into the stack.
+    #[inline(always)]
+    pub(crate) fn out(ifindex: u32, smac: &[u8; 6], dmac: &[u8; 6]) -> Way {
+        if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
+            return Way::Stack;
+        }
+        Way::Redirect(Hop {
+            ifindex,
+            smac: *smac,
+            dmac: *dmac,
+        })
+    }
+}
+
+/// Redirects the frame, ready to go, out of `ifindex`; passed (counted as `reason`) if the
+/// redirect map refuses it.
+#[inline(always)]
+pub(crate) fn send_out(ifindex: u32, reason: u32) -> XdpOutcome {
+    match XLB_XDPTX_V1.redirect(ifindex, XDP_PASS as u64) {
+        Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
+        _ => pass(reason),
+    }
+}
+
 /// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
 #[inline(always)]
 fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
@@ -263,14 +289,7 @@ fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
     ) else {
         return Way::Tc;
     };
-    if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() {
-        return Way::Stack;
-    }
-    Way::Redirect(Hop {
-        ifindex: hop.out_ifindex,
-        smac: hop.smac,
-        dmac: hop.dmac,
-    })
+    Way::out(hop.out_ifindex, &hop.smac, &hop.dmac)
 }
 
 /// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the
@@ -292,10 +311,7 @@ fn redirect(
     nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, len);
     forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
-    match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
-        Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
-        _ => pass(reason),
-    }
+    send_out(hop.ifindex, reason)
 }
 
 /// The IPv4 TTL.

@@ -7,12 +7,12 @@
 //! flows, checksums still partial) passes untouched, for tc.
 
 use aya_ebpf::{
-    bindings::xdp_action::{XDP_PASS, XDP_REDIRECT},
+    bindings::xdp_action::XDP_PASS,
     programs::XdpContext,
 };
 use lb_common::{
     BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
-    R_REVERSE_NAT, R_REWRITE_FAILED, R_XDP_REDIRECT, SvcValue, filter_fold,
+    R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
 };
 
 use super::{
@@ -33,7 +33,7 @@ use crate::{
     reason::{self, Carried, Reason, Then},
     select,
     work::Work6,
-    xdp::{Hop, Way, csum_at, write_macs},
+    xdp::{Hop, Way, csum_at, send_out, write_macs},
 };
 
 type XdpOutcome = reason::Outcome<u32>;
@@ -255,14 +255,7 @@ fn way(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> Way {
     ) else {
         return Way::Tc;
     };
-    if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() {
-        return Way::Stack;
-    }
-    Way::Redirect(Hop {
-        ifindex: hop.out_ifindex,
-        smac: hop.smac,
-        dmac: hop.dmac,
-    })
+    Way::out(hop.out_ifindex, &hop.smac, &hop.dmac)
 }
 
 /// Both sides translated, the hop limit down by one, the next hop's MACs, out of `hop`'s
@@ -284,10 +277,7 @@ fn redirect(
     nat::apply::<_, { BOTH }>(ctx, t, v)?;
     reason::count_service(v.svc_id, v.backend_id, len);
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
-    match XLB_XDPTX_V1.redirect(hop.ifindex, XDP_PASS as u64) {
-        Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
-        _ => pass(reason),
-    }
+    send_out(hop.ifindex, reason)
 }
 
 /// The hop limit: in place for the common packet, else through the load helper.
