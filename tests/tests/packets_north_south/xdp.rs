@@ -135,6 +135,27 @@ fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {
     let p = parse(&r.packet).expect("parses");
     assert_eq!((p.src, p.dst), (EXT, remote), "{desc}");
     assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
+    // Its entry forgets the way out with its once-a-second refresh: the packet that
+    // refreshes it still goes into the stack, the next one finds the redirect.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let ack = || {
+        PacketBuilder::tcp(EXT, np(30001))
+            .flags(TCP_ACK)
+            .payload(b"x")
+            .build()
+    };
+    let desc = "the packet that refreshes the entry → still into the stack";
+    assert_eq!(run(dp, desc, &ack()).verdict, XDP_PASS, "{desc}");
+    let desc = "established flow after its refresh, egress runs XDP → redirected";
+    let r = run(dp, desc, &ack());
+    assert_eq!(r.verdict, XDP_REDIRECT, "{desc}");
+    let p = parse(&r.packet).expect("parses");
+    assert_eq!(
+        (p.src, p.dst),
+        (snat, remote),
+        "{desc}: both sides translated"
+    );
+    assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
 
     left_to_tc(dp, ifindex, snat);
     // 4. Source ranges are enforced in XDP too.
