@@ -98,13 +98,13 @@ pub const MAP_DEFS: [MapDef; 17] = [
     ),
     def(
         MAP_SVC_STATS,
-        kind::PERCPU_ARRAY,
+        kind::ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     ),
     def(
         MAP_BACKEND_STATS,
-        kind::PERCPU_ARRAY,
+        kind::ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     ),

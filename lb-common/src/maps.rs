@@ -29,18 +29,32 @@ pub const MAP_STATS: &str = "XLB_STATS_V6";
 /// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
 /// configuration the agent writes whole at start): an agent removes them once its own
 /// programs are attached, so counters start again from 0.
-pub const RETIRED_PINS: [&str; 3] = ["XLB_STATS_V4", "XLB_STATS_V5", "XLB_CFG_V2"];
+pub const RETIRED_PINS: [&str; 5] = [
+    "XLB_STATS_V4",
+    "XLB_STATS_V5",
+    "XLB_CFG_V2",
+    "XLB_SVCSTAT_V2",
+    "XLB_BESTAT_V2",
+];
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
-/// Per-service per-CPU counters, an array indexed by service index (V2; V1 was a hash that
-/// allocated on the sync path); the agent zeroes an index when it hands it out, the datapath
-/// adds.
-pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V2";
+/// Per-service counters, one row per CPU (V3: a plain array laid out CPU-major, CPU `c`'s
+/// counter of service index `i` at `c × stride + i`, one cache miss to reach where V2's
+/// per-CPU array made two dependent ones; V1 was a hash that allocated on the sync path);
+/// the agent zeroes an index when it hands it out, the datapath adds.
+pub const MAP_SVC_STATS: &str = "XLB_SVCSTAT_V3";
 
-/// Per-backend per-CPU counters, an array indexed by backend index (V2); the agent zeroes an
-/// index when it hands it out, the datapath adds.
-pub const MAP_BACKEND_STATS: &str = "XLB_BESTAT_V2";
+/// Per-backend counters, one row per CPU, laid out as [`MAP_SVC_STATS`] (V3); the agent
+/// zeroes an index when it hands it out, the datapath adds.
+pub const MAP_BACKEND_STATS: &str = "XLB_BESTAT_V3";
+
+/// The load-time global (a `u32`) holding [`MAP_SVC_STATS`]'s stride: the service indices
+/// of one CPU's row, its entries divided by the possible CPUs. Every loader sets it.
+pub const GLOBAL_SVC_STRIDE: &str = "XLB_SVC_STRIDE";
+
+/// The load-time global holding [`MAP_BACKEND_STATS`]'s stride, as [`GLOBAL_SVC_STRIDE`].
+pub const GLOBAL_BACKEND_STRIDE: &str = "XLB_BE_STRIDE";
 
 /// Session affinity: written by the datapath (LRU), read by `xlb list`.
 /// (V2: keys hold service indices, values the backend's index and generation.)

@@ -1,6 +1,7 @@
 //! The datapath's maps. Each comment says who writes it, key → value, size and eviction.
 
 use aya_ebpf::{
+    Global,
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, DevMapHash, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
     macros::btf_map,
@@ -127,13 +128,18 @@ pub fn src_range6_key(svc_id: u32, addr_be: &[u32; 4]) -> Key<SrcRangeKey6> {
 pub static XLB_SVCNAME_V1: HashMap<u32, SvcName, { SVC_NAME_MAP_CAPACITY as usize }> =
     HashMap::new();
 
-/// Per-service counters. Written here (each CPU adds to its own slot), zeroed by the agent
+/// Per-service counters. Written here (each CPU adds to its own row), zeroed by the agent
 /// when it hands a service index out, read by `xlb list` and metrics.
-/// service index (u32) → `Counter` per CPU. 65,536 entries, an array: preallocated, no
-/// allocation on the sync path.
+/// `cpu × XLB_SVC_STRIDE + service index` (u32) → `Counter`: a plain array, one row of
+/// `XLB_SVC_STRIDE` (65,536 by default) per possible CPU, sized by the loader; preallocated,
+/// no allocation on the sync path, no eviction.
 #[btf_map]
-pub static XLB_SVCSTAT_V2: PerCpuArray<Counter, { SVC_NAME_MAP_CAPACITY as usize }> =
-    PerCpuArray::new();
+pub static XLB_SVCSTAT_V3: Array<Counter, { SVC_NAME_MAP_CAPACITY as usize }> = Array::new();
+
+/// The service indices in one CPU's row of [`XLB_SVCSTAT_V3`]: set by every loader
+/// (`GLOBAL_SVC_STRIDE`); 0 (not set) counts nothing.
+#[unsafe(no_mangle)]
+pub static XLB_SVC_STRIDE: Global<u32> = Global::new(0);
 
 /// Session affinity (ClientIP). Written here: a new connection of a client records its
 /// backend; later ones reuse it until `affinity_timeout_s` passes without a packet.
@@ -143,12 +149,16 @@ pub static XLB_SVCSTAT_V2: PerCpuArray<Counter, { SVC_NAME_MAP_CAPACITY as usize
 pub static XLB_AFF_V2: LruHashMap<AffinityKey, AffinityValue, { AFFINITY_MAP_CAPACITY as usize }> =
     LruHashMap::new();
 
-/// Per-backend counters. Written here, zeroed by the agent when it hands a backend index
-/// out, read by `xlb list` and metrics. backend index (u32) → `Counter` per CPU. 262,144
-/// entries, an array: preallocated, no allocation on the sync path.
+/// Per-backend counters. Written here (each CPU adds to its own row), zeroed by the agent
+/// when it hands a backend index out, read by `xlb list` and metrics.
+/// `cpu × XLB_BE_STRIDE + backend index` (u32) → `Counter`, laid out as [`XLB_SVCSTAT_V3`]
+/// (a row of 262,144 by default per possible CPU).
 #[btf_map]
-pub static XLB_BESTAT_V2: PerCpuArray<Counter, { BACKEND_MAP_CAPACITY as usize }> =
-    PerCpuArray::new();
+pub static XLB_BESTAT_V3: Array<Counter, { BACKEND_MAP_CAPACITY as usize }> = Array::new();
+
+/// The backend indices in one CPU's row of [`XLB_BESTAT_V3`] (`GLOBAL_BACKEND_STRIDE`).
+#[unsafe(no_mangle)]
+pub static XLB_BE_STRIDE: Global<u32> = Global::new(0);
 
 /// Socket-level translations. Written by the socket hooks, read by them and by the agent.
 /// Reverse `SockKey{cookie, backend}` → `SockValue{frontend, svc id}`: what recvmsg() and

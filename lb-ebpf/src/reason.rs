@@ -1,6 +1,9 @@
 //! Reason codes and the per-CPU counters they bump.
 
-use crate::maps::{XLB_BESTAT_V2, XLB_STATS_V6, XLB_SVCSTAT_V2};
+use aya_ebpf::{btf_maps::Array, helpers::bpf_get_smp_processor_id};
+use lb_common::Counter;
+
+use crate::maps::{XLB_BE_STRIDE, XLB_BESTAT_V3, XLB_STATS_V6, XLB_SVC_STRIDE, XLB_SVCSTAT_V3};
 
 /// A reason code from `lb_common::counters`.
 #[derive(Clone, Copy)]
@@ -21,19 +24,24 @@ impl Reason {
 }
 
 /// Adds one packet of `len` bytes to the counters of service index `svc_id` and of the
-/// backend index `backend_id` it was forwarded to (or came from), on the current CPU: two
-/// array slots, no hash lookup.
+/// backend index `backend_id` it was forwarded to (or came from), in the current CPU's row
+/// of each: a computed address apiece, no hash lookup and no per-CPU pointer table.
 #[inline(always)]
 pub fn count_service(svc_id: u32, backend_id: u32, len: u32) {
-    if let Some(c) = XLB_BESTAT_V2.get_ptr_mut(backend_id) {
-        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += len as u64;
-        }
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    add(&XLB_BESTAT_V3, XLB_BE_STRIDE.load(), cpu, backend_id, len);
+    add(&XLB_SVCSTAT_V3, XLB_SVC_STRIDE.load(), cpu, svc_id, len);
+}
+
+/// Adds a packet to index `id` of CPU `cpu`'s row (`stride` indices) of `rows`.
+#[inline(always)]
+fn add<const N: usize>(rows: &Array<Counter, N>, stride: u32, cpu: u32, id: u32, len: u32) {
+    if id >= stride {
+        return;
     }
-    if let Some(c) = XLB_SVCSTAT_V2.get_ptr_mut(svc_id) {
-        // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
+    if let Some(c) = rows.get_ptr_mut(cpu.wrapping_mul(stride).wrapping_add(id)) {
+        // SAFETY: this CPU's row, which only this CPU writes while the program runs.
         unsafe {
             (*c).packets += 1;
             (*c).bytes += len as u64;

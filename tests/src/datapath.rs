@@ -188,10 +188,8 @@ pub fn service_packets(pins: &std::path::Path) -> u64 {
     let map = lb_userspace::datapath::kernel::open_pinned(pins, lb_common::MAP_SVC_STATS)
         .expect("open the service counters");
     let mut packets = 0;
-    lb_userspace::datapath::counts::counter_sums(&map, lb_common::MAP_SVC_STATS, |_, c| {
-        packets += c.packets
-    })
-    .expect("read the service counters");
+    lb_userspace::datapath::rows::sums(&map, lb_common::MAP_SVC_STATS, |_, c| packets += c.packets)
+        .expect("read the service counters");
     packets
 }
 
@@ -216,8 +214,8 @@ pub const FLOW_STATE_MAPS: [&str; 6] = [
 ];
 
 /// Every map under `pins` but the per-flow state, dumped byte by byte through the bpf(2)
-/// syscall (not through the project's own readers). Per-CPU maps, whose values are the
-/// counters the datapath adds to, are dumped by key only.
+/// syscall (not through the project's own readers). The counter maps (per-CPU, and the
+/// [`COUNTER_MAPS`]), whose values the datapath adds to, are dumped by key only.
 pub fn dump_agent_maps(
     pins: &std::path::Path,
 ) -> Result<std::collections::BTreeMap<&'static str, RawEntries>, String> {
@@ -228,17 +226,22 @@ pub fn dump_agent_maps(
         .collect()
 }
 
-/// The entries of the map pinned as `name` under `pins` (values empty for per-CPU maps).
+/// The counter arrays the datapath adds to (a row per CPU): their values are counts.
+pub const COUNTER_MAPS: [&str; 2] = [lb_common::MAP_SVC_STATS, lb_common::MAP_BACKEND_STATS];
+
+/// The entries of the map pinned as `name` under `pins` (values empty for per-CPU maps and
+/// the [`COUNTER_MAPS`]: counts the datapath adds to).
 pub fn dump_pinned(pins: &std::path::Path, name: &str) -> Result<RawEntries, String> {
     use aya::maps::{MapData, MapType};
     use std::os::fd::{AsFd, AsRawFd};
     let fail = |e: &dyn std::fmt::Display| format!("{name}: {e}");
     let data = MapData::from_pin(pins.join(name)).map_err(|e| fail(&e))?;
     let info = data.info().map_err(|e| fail(&e))?;
-    let per_cpu = matches!(
-        info.map_type(),
-        Ok(MapType::PerCpuHash | MapType::PerCpuArray | MapType::LruPerCpuHash)
-    );
+    let per_cpu = COUNTER_MAPS.contains(&name)
+        || matches!(
+            info.map_type(),
+            Ok(MapType::PerCpuHash | MapType::PerCpuArray | MapType::LruPerCpuHash)
+        );
     let fd = data.fd().as_fd().as_raw_fd();
     let mut out = RawEntries::new();
     let mut key: Option<Vec<u8>> = None;

@@ -3,7 +3,7 @@
 use std::{net::IpAddr, os::fd::AsFd, path::Path};
 
 use aya::maps::{
-    Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+    Array, HashMap, Map, MapData, MapError,
     lpm_trie::{Key, LpmTrie},
 };
 use lb_common::{
@@ -14,6 +14,7 @@ use lb_common::{
 
 use super::{
     DatapathError, batch,
+    rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
 use crate::desired::{Desired, SrcRange, show_frontend};
@@ -103,61 +104,32 @@ pub fn write_config(ebpf: &mut aya::Ebpf, cfg: &NodeConfig) -> Result<(), Datapa
     })
 }
 
-/// A per-CPU counter array indexed by service or backend index: preallocated, so writing
-/// it never allocates (a burst of new services cannot fail on memory).
-struct Counters {
-    map: PerCpuArray<MapData, Counter>,
-    name: &'static str,
-}
+/// A counter array indexed by service or backend index, a row per CPU: preallocated, so
+/// writing it never allocates (a burst of new services cannot fail on memory).
+struct Counters(CounterRows);
 
 impl Counters {
     fn open(map: Map, name: &'static str) -> Result<Self, DatapathError> {
-        let map =
-            PerCpuArray::try_from(map).map_err(|source| DatapathError::Map { name, source })?;
-        Ok(Self { map, name })
+        CounterRows::open(map, name).map(Self)
     }
 
-    /// Zeroes the indices `ids` on every CPU in batches; `false` when the kernel cannot
-    /// batch (the caller zeroes them one by one).
+    /// Zeroes the indices `ids` in batches; `false` when the kernel cannot batch (the caller
+    /// zeroes them one by one).
     fn zero_batch(&mut self, ids: &[u32]) -> bool {
-        let Ok(cpus) = aya::util::nr_cpus() else {
-            return false;
-        };
-        // A per-CPU value: each CPU's copy rounded up to 8 bytes.
-        let per_cpu = std::mem::size_of::<Counter>().div_ceil(8) * 8;
-        let size = per_cpu * cpus;
-        let zeros = vec![0u8; size * ids.len().min(super::batch::CHUNK)];
-        let fd = aya::maps::IterableMap::map(&self.map).fd().as_fd();
-        ids.chunks(super::batch::CHUNK).all(|chunk| {
-            super::batch::update(fd, chunk, &zeros[..size * chunk.len()], size).is_ok()
-        })
+        self.0.zero_batch(ids)
     }
 
-    /// Zeroes index `id` on every CPU (an index handed out anew starts from zero).
+    /// Zeroes index `id` (an index handed out anew starts from zero).
     fn zero(&mut self, id: u32) -> Result<(), WriteError> {
-        let name = self.name;
-        let fail = |cause: String| WriteError {
-            map: name,
-            op: "update",
-            entry: format!("counters of {id}"),
-            cause,
-        };
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| fail(format!("{what}: {e}")))?;
-        let values = PerCpuValues::try_from(vec![Counter::default(); cpus])
-            .map_err(|e| fail(e.to_string()))?;
-        self.map
-            .set(id, values, 0)
+        let name = self.0.name();
+        self.0
+            .zero(id)
             .map_err(|e| err(name, "update", format!("counters of {id}"), &e, 0))
     }
 
-    /// The entry's counters summed over CPUs (zero when it has none).
+    /// The index's counters summed over CPUs.
     fn sum(&self, id: u32) -> Counter {
-        self.map.get(&id, 0).map_or(Counter::default(), |per_cpu| {
-            per_cpu.iter().fold(Counter::default(), |a, c| Counter {
-                packets: a.packets + c.packets,
-                bytes: a.bytes + c.bytes,
-            })
-        })
+        self.0.sum(id)
     }
 }
 
@@ -224,10 +196,12 @@ impl KernelMaps {
         filter: Map,
     ) -> Result<Self, DatapathError> {
         let svc_capacity = capacity(&svc);
-        let backend_capacity = capacity(&backends).min(capacity(&backend_stats));
+        let svc_stats = Counters::open(stats, MAP_SVC_STATS)?;
+        let backend_stats = Counters::open(backend_stats, MAP_BACKEND_STATS)?;
+        let backend_capacity = capacity(&backends).min(backend_stats.0.stride());
         let src_range_capacity = capacity(&src_ranges);
         let src_range6_capacity = capacity(&src_ranges6);
-        let names_capacity = capacity(&names).min(capacity(&stats));
+        let names_capacity = capacity(&names).min(svc_stats.0.stride());
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
@@ -241,8 +215,8 @@ impl KernelMaps {
                 name: MAP_SVC_NAME,
                 source,
             })?,
-            svc_stats: Counters::open(stats, MAP_SVC_STATS)?,
-            backend_stats: Counters::open(backend_stats, MAP_BACKEND_STATS)?,
+            svc_stats,
+            backend_stats,
             src_ranges: LpmTrie::try_from(src_ranges).map_err(|source| DatapathError::Map {
                 name: MAP_SRC_RANGE,
                 source,

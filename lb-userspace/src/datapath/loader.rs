@@ -9,7 +9,7 @@ use aya::{
 };
 use lb_common::{ALL_MAPS, RETIRED_PINS};
 
-use super::{DatapathError, sizes::MapSizes};
+use super::{DatapathError, rows, sizes::MapSizes};
 
 /// The tc ingress program's name in the object.
 pub const TC_INGRESS: &str = "xlb_tc_ingress";
@@ -121,15 +121,18 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
         return Err(DatapathError::ObjectMissing);
     }
     ensure_pin_dir(dir)?;
-    sizes.check_pinned(dir)?;
+    let cpus = rows::cpus()?;
+    sizes.check_pinned(dir, cpus)?;
     let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, dir.join(m))).collect();
+    let strides = sizes.strides();
     let mut loader = EbpfLoader::new();
     for (name, path) in &paths {
         loader.map_pin_path(name, path.as_path());
     }
-    for (name, size) in sizes.by_map() {
+    for (name, size) in sizes.by_map(cpus) {
         loader.map_max_entries(name, size);
     }
+    strides.set(&mut loader);
     let mut ebpf = loader.load(object)?;
     remove_retired(dir);
     for name in [TC_INGRESS, TC_EGRESS] {

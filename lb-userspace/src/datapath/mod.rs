@@ -10,6 +10,7 @@ pub mod diverged;
 pub mod kernel;
 pub mod links;
 pub mod loader;
+pub mod rows;
 pub mod scratch;
 pub mod sizes;
 pub mod socket;
@@ -74,4 +75,18 @@ pub enum DatapathError {
     Log { reason: String },
     #[error("interface {iface}: cannot attach tc ingress: {reason}")]
     Attach { iface: String, reason: String },
+    #[error("cannot count this machine's possible CPUs ({what}): {source}")]
+    Cpus {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "counter map {name} holds {len} entries, not a whole row for each of this machine's {cpus} possible CPUs: it was pinned on other hardware; `xlb cleanup` and start again"
+    )]
+    CounterRows {
+        name: &'static str,
+        len: u32,
+        cpus: u32,
+    },
 }

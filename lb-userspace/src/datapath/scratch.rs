@@ -23,7 +23,12 @@ use lb_common::{
     MAP_XDP_TX, R_COUNT,
 };
 
-use super::{DatapathError, kernel::open_pinned, loader};
+use super::{
+    DatapathError,
+    kernel::open_pinned,
+    loader,
+    rows::{self, Strides},
+};
 
 /// The maps a trace reads from the agent's pins and never writes (the programs only read
 /// them).
@@ -159,6 +164,19 @@ impl Scratch {
         for name in SHARED_MAPS.iter().chain(WRITTEN_MAPS.iter()) {
             sizes.push((*name, pinned_size(dir, name)?));
         }
+        let cpus = rows::cpus()?;
+        let stride = |name| {
+            let (_, size) = sizes
+                .iter()
+                .find(|(n, _)| *n == name)
+                .copied()
+                .unwrap_or_default();
+            size / cpus.max(1)
+        };
+        let strides = Strides {
+            svc: stride(MAP_SVC_STATS),
+            backend: stride(MAP_BACKEND_STATS),
+        };
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {
             l.map_pin_path(name, path.as_path());
@@ -166,6 +184,7 @@ impl Scratch {
         for (name, size) in &sizes {
             l.map_max_entries(name, *size);
         }
+        strides.set(&mut l);
         let mut ebpf = l.load(object)?;
         loader::tc_program(&mut ebpf)?
             .load()

@@ -10,7 +10,10 @@ use lb_common::{
     SVC_NAME_MAP_CAPACITY,
 };
 
-use super::DatapathError;
+use super::{
+    DatapathError,
+    rows::{self, Strides},
+};
 
 /// kube-proxy's `conntrack.maxPerCore` default.
 pub const CONNTRACK_MAX_PER_CORE: u32 = 32_768;
@@ -63,8 +66,9 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 }
 
 impl MapSizes {
-    /// Each sized map's name and size.
-    pub fn by_map(&self) -> [(&'static str, u32); 10] {
+    /// Each sized map's name and size (max entries) on a machine with `cpus` possible CPUs:
+    /// the counter arrays hold a row per CPU.
+    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 10] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
@@ -72,16 +76,24 @@ impl MapSizes {
             (MAP_CT6_ASSURED, self.conntrack),
             (MAP_SVC, self.services),
             (MAP_BACKEND, self.backends),
-            (MAP_BACKEND_STATS, self.backends),
+            (MAP_BACKEND_STATS, rows::entries(self.backends, cpus)),
             (MAP_AFFINITY, self.affinity),
             (MAP_SVC_NAME, self.service_ports),
-            (MAP_SVC_STATS, self.service_ports),
+            (MAP_SVC_STATS, rows::entries(self.service_ports, cpus)),
         ]
     }
 
+    /// The strides of the counter arrays (their indices per CPU).
+    pub fn strides(&self) -> Strides {
+        Strides {
+            svc: self.service_ports,
+            backend: self.backends,
+        }
+    }
+
     /// Refuses when a map already pinned under `dir` has another size than asked for.
-    pub fn check_pinned(&self, dir: &Path) -> Result<(), DatapathError> {
-        for (name, wanted) in self.by_map() {
+    pub fn check_pinned(&self, dir: &Path, cpus: u32) -> Result<(), DatapathError> {
+        for (name, wanted) in self.by_map(cpus) {
             let path = dir.join(name);
             if !path.exists() {
                 continue;

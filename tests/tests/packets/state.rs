@@ -299,3 +299,87 @@ fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
         "SYN, later packet, reply"
     );
 }
+
+/// Runs `f` with this thread pinned to `cpu` (restoring its affinity after); `None` when
+/// the machine has no such CPU.
+fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> Option<T> {
+    // SAFETY: plain syscalls on this thread's own CPU mask, restored before returning.
+    unsafe {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut old) != 0 {
+            return None;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        if libc::sched_setaffinity(0, size, &one) != 0 {
+            return None;
+        }
+        let out = f();
+        libc::sched_setaffinity(0, size, &old);
+        Some(out)
+    }
+}
+
+/// The service and backend counters have a row per CPU (`XLB_SVCSTAT_V3`,
+/// `XLB_BESTAT_V3`): a packet is counted in the row of the CPU that ran it, at
+/// `cpu × stride + index`, and the readers (`xlb list`, metrics) sum the rows.
+#[test]
+fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
+    use aya::maps::{Array, MapData};
+    use lb_common::{Counter, MAP_BACKEND_STATS, MAP_SVC_STATS};
+    use lb_userspace::datapath::{kernel::open_pinned, rows};
+
+    let Some(mut dp) = setup("counters_land_in_the_running_cpus_row_and_readers_sum_the_rows")
+    else {
+        return;
+    };
+    let cpus = rows::cpus().expect("cpus") as usize;
+    assert!(
+        cpus >= 2,
+        "this test needs two CPUs to tell the rows apart ({cpus} possible)"
+    );
+    let web = SocketAddrV4::new(VIP, 80);
+    // One new flow on CPU 0, its next packet on CPU 1, another on CPU 1.
+    let syn = PacketBuilder::tcp(CLIENT, web).build();
+    let ack = PacketBuilder::tcp(CLIENT, web).flags(TCP_ACK).build();
+    let r = on_cpu(0, || dp.run(&syn).expect("run")).expect("pin to CPU 0");
+    let backend = parse(&r.packet).expect("parses").dst;
+    for _ in 0..2 {
+        on_cpu(1, || dp.run(&ack).expect("run")).expect("pin to CPU 1");
+    }
+    let svc_id = lb_userspace::list::services(&dp.pins)
+        .expect("services")
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web")
+        .id;
+    let backend_id = lb_userspace::list::backends(&dp.pins)
+        .expect("backends")
+        .iter()
+        .find(|b| b.backend.starts_with(&format!("{backend}/")))
+        .expect("the chosen backend")
+        .id;
+    for (name, id) in [(MAP_SVC_STATS, svc_id), (MAP_BACKEND_STATS, backend_id)] {
+        let array: Array<MapData, Counter> =
+            Array::try_from(open_pinned(&dp.pins, name).expect("open")).expect("an array");
+        let stride = array.len() / cpus as u32;
+        let packets = |cpu: u32| array.get(&(cpu * stride + id), 0).expect("read").packets;
+        assert_eq!(
+            (packets(0), packets(1)),
+            (1, 2),
+            "{name}: index {id} in CPU 0's and CPU 1's rows (stride {stride})"
+        );
+        let mut summed = Counter::default();
+        rows::sums(&open_pinned(&dp.pins, name).expect("open"), name, |i, c| {
+            if i == id {
+                summed = c;
+            }
+        })
+        .expect("sums");
+        assert_eq!(summed.packets, 3, "{name}: the readers' sum of the rows");
+    }
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    assert_eq!(maps.service_counter(svc_id).packets, 3);
+    assert_eq!(maps.backend_counter(backend_id).packets, 3);
+}

@@ -15,14 +15,15 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    ALL_MAPS, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME,
-    MAP_SVC_STATS, SvcKey, SvcValue,
+    ALL_MAPS, BACKEND_MAP_CAPACITY, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6,
+    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS,
+    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
         kernel::KernelMaps,
         loader,
+        rows::{self, Strides},
         sync::{self, apply},
     },
     desired::{self, Desired, Ids, Incremental, NodeContext},
@@ -131,16 +132,25 @@ impl Datapath {
         let mut guard = PinGuard(Some(pins.clone()));
         let object = crate::build::ebpf_object();
         let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, pins.join(m))).collect();
+        let cpus = rows::cpus().map_err(|e| anyhow!("{e}"))?;
+        let strides = Strides {
+            svc: caps.per_service.unwrap_or(SVC_NAME_MAP_CAPACITY),
+            backend: caps.backends.unwrap_or(BACKEND_MAP_CAPACITY),
+        };
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {
             l.map_pin_path(name, path.as_path());
         }
+        strides.set(&mut l);
         let sizes = [
             (MAP_SVC, caps.svc),
             (MAP_BACKEND, caps.backends),
             (MAP_SVC_NAME, caps.per_service),
-            (MAP_SVC_STATS, caps.per_service),
-            (MAP_BACKEND_STATS, caps.backends),
+            (MAP_SVC_STATS, Some(rows::entries(strides.svc, cpus))),
+            (
+                MAP_BACKEND_STATS,
+                Some(rows::entries(strides.backend, cpus)),
+            ),
             (MAP_CT, caps.ct),
             (MAP_CT_ASSURED, caps.ct),
         ];

@@ -263,8 +263,9 @@ fn map_table(
         "What the kernel charges for each map (`bpftool map show` → `bytes_memlock`, the kernel's own \
          accounting of the map's memory) with the default capacities, empty and with {SERVICES} services × \
          {ENDPOINTS} endpoints programmed through the agent's sync path. Preallocated maps cost the same \
-         empty or full (every map is, the per-CPU counter arrays included): per entry = memlock ÷ \
-         max_entries; the counter arrays' per entry covers all {} CPUs.\n\n",
+         empty or full (every map is, the counter arrays included): per entry = memlock ÷ \
+         max_entries; the counter arrays hold a row per CPU ({} here), so their entry is one CPU's \
+         counter.\n\n",
         cpus()
     ));
     let headers: Vec<String> = [
@@ -312,13 +313,13 @@ struct Units {
 impl Units {
     fn of(get: &dyn Fn(&str) -> f64) -> Self {
         let slot = get(MAP_SVC);
-        let ncpu = cpus().max(1) as f64;
         Self {
             slot,
             per_service: slot + get(MAP_SVC_NAME),
             per_backend: slot + get(MAP_BACKEND),
-            svc_counters: get(MAP_SVC_STATS) / ncpu,
-            backend_counters: get(MAP_BACKEND_STATS) / ncpu,
+            // A counter array's entry is one CPU's counter (a row per CPU).
+            svc_counters: get(MAP_SVC_STATS),
+            backend_counters: get(MAP_BACKEND_STATS),
             per_flow: 2.0 * get(MAP_CT),
         }
     }

@@ -29,6 +29,7 @@ use crate::{
         counts::{self, Fill},
         ct_gc,
         kernel::open_pinned,
+        rows,
     },
     desired::svc_name_str,
     serve::health::Health,
@@ -371,7 +372,7 @@ impl PerService {
             rows.push((key, Counter::default()));
         }
         self.stats.with(|m| {
-            counts::counter_sums(m, MAP_SVC_STATS, |id, c| {
+            rows::sums(m, MAP_SVC_STATS, |id, c| {
                 if let Some(row) = row_of.get(&id).and_then(|&i| rows.get_mut(i)) {
                     row.1.packets += c.packets;
                     row.1.bytes += c.bytes;
