@@ -36,21 +36,21 @@ fn closing(hook: &str, label: &str) -> &'static str {
              sized by the agent to the addresses"
         }
         (_, "distinct established") => {
-            "at scale, the per-service and per-backend per-CPU counter arrays cost two dependent \
-             misses each (pointer, then per-CPU data): counters in a plain CPU-major array (one \
-             miss each) or accumulated in the conntrack entry; what remains is the conntrack \
-             lookup's own misses"
+            "at scale, the per-service and per-backend counters cost a cache miss each (rows of a \
+             CPU-major plain array now: one computed address apiece, where per-CPU arrays cost \
+             two dependent misses): counts accumulated in the conntrack entry the packet has \
+             already read; what remains is the conntrack lookup's own misses"
         }
         (_, "distinct new flow") => {
             "a new flow reads the service hash, a slot in the same hash, the backend array, \
              inserts two LRU entries and bumps two counters: slots in an array (a hash only from \
-             frontend to service), per-CPU LRU lists, cheaper counters"
+             frontend to service), per-CPU LRU lists"
         }
         (_, "scale established") => {
-            "the counters above (their misses grow with the number of services and backends the \
-             flows spread over)"
+            "the counters above: a miss each, growing with the services and backends the flows \
+             spread over (1.9× → about 1.5× with the CPU-major rows; 1.2× without counters)"
         }
-        (_, "scale new flow") => "the slot hash and the counters above",
+        (_, "scale new flow") => "the slot hash (two reads of a hash of 1.4 million entries)",
         _ => "",
     }
 }
@@ -230,23 +230,26 @@ fn multiples(body: &mut String, scales: &[Scale]) {
 fn findings(body: &mut String) {
     body.push_str(
         "\n**Where the time goes** (measured on 2026-12-02, scales 1 and 100,000, one trial each, \
-         the same bench; a build whose `reason::count_service` returns at once against the \
-         normal one, run one after the other):\n\n\
+         the same bench, run one after the other: the counters as `PERCPU_ARRAY` slots, as \
+         `XLB_SVCSTAT_V3`/`XLB_BESTAT_V3` rows of a CPU-major plain array, and a build whose \
+         `reason::count_service` returns at once):\n\n\
          | distinct, ns | tc established | tc egress reply | XDP established | tc new flow | tc non-service |\n\
          |---|---|---|---|---|---|\n\
-         | 100,000 services, counters on | 762 | 731 | 831 | 2715 | 291 |\n\
+         | 100,000 services, per-CPU arrays | 762 | 731 | 831 | 2715 | 291 |\n\
+         | 100,000 services, CPU-major rows | 611 | 622 | 551 | 2134 | 310 |\n\
          | 100,000 services, counters off | 421 | 421 | 491 | 2414 | 301 |\n\
-         | ÷ 1 service, counters on | 1.90× | 2.02× | 1.84× | 2.85× | 2.65× |\n\
+         | ÷ 1 service, per-CPU arrays | 1.90× | 2.02× | 1.84× | 2.85× | 2.65× |\n\
+         | ÷ 1 service, CPU-major rows | 1.56× | 1.68× | 1.41× | 2.24× | 2.58× |\n\
          | ÷ 1 service, counters off | 1.20× | 1.17× | 1.22× | 2.59× | 2.01× |\n\n\
-         * **Established packets at scale: the per-service and per-backend counters.** Each is a \
-         `PERCPU_ARRAY` slot: the slot's pointer, then this CPU's data, two dependent cache \
-         misses once the flows spread over 1.2 million backends and 100,000 services. Without \
-         them an established packet grows 1.2× from 1 to 100,000 services, inside the 1.3× \
-         target; with them 1.9×. The hot method (everything in cache) does not see it. What \
-         closes it: the counts kept in the conntrack entry the packet has already read and \
-         added to the arrays once a second (a layout bump of the conntrack maps, and a flush by \
-         the agent's GC for flows that end without FIN), or a CPU-major plain array (one miss \
-         instead of two).\n\
+         * **Established packets at scale: the per-service and per-backend counters.** As \
+         `PERCPU_ARRAY` slots each cost the slot's pointer, then this CPU's data: two dependent \
+         cache misses once the flows spread over 1.2 million backends and 100,000 services. \
+         Now each is a row of a plain array laid out CPU-major (`cpu × stride + index`, the \
+         stride a load-time global): one computed address, one miss; established at 100,000 \
+         services went from 1.9× to about 1.5× of 1 service. Without counters it is 1.2×, \
+         inside the 1.3× target. What closes the rest: the counts kept in the conntrack entry \
+         the packet has already read, added to the rows once a second (a layout bump of the \
+         conntrack maps, and a flush by the agent's GC for flows that end without FIN).\n\
          * **New flows at scale: not the counters** (2.85× → 2.59× without them): the service \
          hash read twice (frontend, then the slot, in one hash of 1.4 million entries), the \
          backend, two LRU inserts and the assured table's remove.\n\
