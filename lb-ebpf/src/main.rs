@@ -254,6 +254,8 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         Then::Done(o) => o,
         Then::Refuse => refuse(ctx, &t).outcome(),
         Then::FragNeeded(mtu) => frag_needed(ctx, &t, mtu).outcome(),
+        // Not an answer of this step (it ends every flow it starts): untouched.
+        Then::Next(r) => Ok((TC_ACT_OK, r)),
     }
 }
 

@@ -92,6 +92,10 @@ pub struct Carried(u64);
 pub enum Then<A> {
     /// Its outcome.
     Done(Outcome<A>),
+    /// No verdict yet: the step found no flow (or chose a backend, or recorded the flow) and
+    /// leaves the packet to the next step; the reason is the one a new flow of it is
+    /// counted under.
+    Next(Reason),
     /// Refuse the flow (no endpoints): the caller builds the answer in a frame of its own.
     Refuse,
     /// Answer fragmentation needed with this MTU, likewise.
@@ -101,6 +105,7 @@ pub enum Then<A> {
 const DROPPED: u64 = 1 << 63;
 const REFUSE: u64 = 1 << 62;
 const FRAG_NEEDED: u64 = 1 << 61;
+const NEXT: u64 = 1 << 60;
 const ACTION_MASK: u64 = 0x1fff_ffff;
 
 impl Carried {
@@ -120,6 +125,7 @@ impl Carried {
             Ok(Then::Done(o)) => Self::done(o),
             Ok(Then::Refuse) => Self(REFUSE),
             Ok(Then::FragNeeded(mtu)) => Self(FRAG_NEEDED | mtu as u64),
+            Ok(Then::Next(reason)) => Self(NEXT | reason.0 as u64),
             Err(r) => Self::done::<A>(Err(r)),
         }
     }
@@ -142,6 +148,8 @@ impl Carried {
             Then::Refuse
         } else if self.0 & DROPPED == 0 && self.0 & FRAG_NEEDED != 0 {
             Then::FragNeeded(self.0 as u16)
+        } else if self.0 & DROPPED == 0 && self.0 & NEXT != 0 {
+            Then::Next(Reason(self.0 as u32))
         } else {
             Then::Done(self.outcome())
         }

@@ -48,11 +48,6 @@ use crate::{
 
 type Outcome = reason::Outcome<i32>;
 
-/// The action of an outcome that is not final yet: the step found no flow (or chose a
-/// backend) and leaves the rest to the next step; its reason is the new flow's. No tc action
-/// has this value.
-pub(super) const UNDECIDED: i32 = 0x0fff_ffff;
-
 #[inline(always)]
 fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
@@ -73,7 +68,7 @@ pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
     // Read once: the tracked-flow step and the new-flow step both ask it.
     let front = filter::maybe_frontend(filter_fold(&w.pkt.daddr_be));
     let reason = match tracked(ctx, w, front).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, r))) => r.0,
+        Then::Next(r) => r.0,
         Then::Done(o) => return Carried::done(o),
         Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
@@ -85,13 +80,13 @@ pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
         return Carried::done(pass(R_PASS));
     };
     match choose(w, svc, reason).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => {}
+        Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
         Then::Refuse => return refuse(ctx, w),
         Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
     }
     match start(ctx, w, svc, reason).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => rewrite(ctx, w, svc.svc_id, reason),
+        Then::Next(_) => rewrite(ctx, w, svc.svc_id, reason),
         Then::Done(o) => Carried::done(o),
         Then::FragNeeded(mtu) => too_big(ctx, w, mtu),
         Then::Refuse => refuse(ctx, w),
@@ -180,7 +175,7 @@ fn too_big(ctx: &TcContext, w: &mut Work6, mtu: u16) -> Carried {
 }
 
 /// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
-/// else `UNDECIDED` with the reason a new flow of it is counted under. `front`: the
+/// else [`Then::Next`] with the reason a new flow of it is counted under. `front`: the
 /// destination may be a frontend (its address filter bit).
 #[inline(never)]
 fn tracked(ctx: &TcContext, w: &mut Work6, front: bool) -> Carried {
@@ -229,7 +224,7 @@ fn try_tracked(
     } else if mid_stream(t) {
         reason = R_CT_MISS;
     }
-    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
+    Ok(Then::Next(Reason(reason)))
 }
 
 /// ::1: loopback frontends exist for the node's own sockets only.
@@ -270,7 +265,7 @@ pub(super) fn keep_alive(
 
 /// The first packet of a flow to an IPv6 frontend: dropped when its source is outside the
 /// frontend's source ranges, refusal when there are no endpoints, else the backend (into
-/// the scratch) and `UNDECIDED`.
+/// the scratch) and [`Then::Next`].
 #[inline(never)]
 pub(super) fn choose(w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried {
     Carried::then(try_choose(&w.pkt, svc, reason, &mut w.flow))
@@ -295,7 +290,7 @@ fn try_choose(
     s.backend_id = id;
     s.slot = slot as u32;
     copy_backend(&mut s.backend, &be);
-    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
+    Ok(Then::Next(Reason(reason)))
 }
 
 /// `*dst = *src` field by field (a struct copy into map memory may become a `memmove`).
@@ -313,7 +308,7 @@ fn copy_backend(dst: &mut Backend, src: &Backend) {
 }
 
 /// Starts the flow to the backend the scratch holds (unless the packet is too big for its
-/// route): source translation, affinity, conntrack; `UNDECIDED` for [`rewrite`] to go on.
+/// route): source translation, affinity, conntrack; [`Then::Next`] for [`rewrite`] to go on.
 #[inline(never)]
 fn start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried {
     Carried::then(try_start(ctx, &w.pkt, svc, reason, &mut w.flow))
@@ -333,7 +328,7 @@ fn try_start(
         Mtu::Unchecked => 0,
     };
     record(ctx, t, svc, fits, 0, s)?;
-    Ok(Then::Done(Ok((UNDECIDED, Reason(reason)))))
+    Ok(Then::Next(Reason(reason)))
 }
 
 /// Records a new flow of `t` to the backend of the scratch `s` (its source translation, its

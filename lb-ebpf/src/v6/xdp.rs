@@ -16,7 +16,7 @@ use lb_common::{
 };
 
 use super::{
-    UNDECIDED, choose, conntrack, fib, frontend, is_loopback, keep_alive,
+    choose, conntrack, fib, frontend, is_loopback, keep_alive,
     maps::FlowScratch6,
     nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
@@ -56,9 +56,10 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match tracked(ctx, w, len).outcome::<u32>() {
-        Ok((a, _)) if a == UNDECIDED as u32 => {}
-        o => return Carried::done(o),
+    match tracked(ctx, w, len).next::<u32>() {
+        Then::Next(_) => {}
+        Then::Done(o) => return Carried::done(o),
+        Then::Refuse | Then::FragNeeded(_) => return Carried::done(pass(R_PASS)),
     }
     let t = &w.pkt;
     if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
@@ -77,13 +78,14 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
     match choose(w, svc, R_NEW_FLOW).next::<i32>() {
-        Then::Done(Ok((UNDECIDED, _))) => {}
+        Then::Next(_) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
         _ => return Carried::done(pass(R_PASS)),
     }
-    match start(ctx, w, svc).outcome::<u32>() {
-        Ok((a, _)) if a == UNDECIDED as u32 => send_new(ctx, w, len),
-        o => Carried::done(o),
+    match start(ctx, w, svc).next::<u32>() {
+        Then::Next(_) => send_new(ctx, w, len),
+        Then::Done(o) => Carried::done(o),
+        Then::Refuse | Then::FragNeeded(_) => Carried::done(pass(R_PASS)),
     }
 }
 
@@ -108,14 +110,19 @@ fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, len: u32) -> XdpOutc
     pass(R_NEW_FLOW)
 }
 
-/// A packet of a tracked flow or a reply of one; else `UNDECIDED`.
+/// A packet of a tracked flow or a reply of one; else [`Then::Next`].
 #[inline(never)]
 fn tracked(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
-    Carried::done(try_tracked(ctx, &w.pkt, &mut w.flow, len))
+    Carried::then(try_tracked(ctx, &w.pkt, &mut w.flow, len))
 }
 
 #[inline(always)]
-fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6, len: u32) -> XdpOutcome {
+fn try_tracked(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    s: &mut FlowScratch6,
+    len: u32,
+) -> Result<Then<u32>, Reason> {
     let forward = if filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         conntrack::lookup_forward(t)
     } else {
@@ -127,25 +134,25 @@ fn try_tracked(ctx: &XdpContext, t: &Tuple6, s: &mut FlowScratch6, len: u32) -> 
         None
     };
     if forward.is_none() && reply.is_none() {
-        return Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)));
+        return Ok(Then::Next(Reason(R_NEW_FLOW)));
     }
     if checksum_partial(ctx, t)? {
-        return pass(R_PASS);
+        return Ok(Then::Done(pass(R_PASS)));
     }
     if let Some(ct) = forward {
         if !continues(ct, t) {
             // Re-balanced or started over: tc does it.
-            return pass(R_PASS);
+            return Ok(Then::Done(pass(R_PASS)));
         }
-        return try_established(ctx, t, ct, s, len);
+        return Ok(Then::Done(try_established(ctx, t, ct, s, len)));
     }
-    match reply {
+    Ok(Then::Done(match reply {
         Some(ct) => {
             touch(ct, t);
             try_reply_of(ctx, t, ct, len)
         }
         None => pass(R_PASS),
-    }
+    }))
 }
 
 /// A packet of a tracked flow to its backend, as IPv4's `xdp::established`: tc's steps into
@@ -206,19 +213,24 @@ fn try_reply_of(
 
 /// A new flow to the backend `choose` put in the scratch, as IPv4's: to a backend on this
 /// node into the stack (tc's MTU check, no route lookup); to a remote one by its route when
-/// that is ready (the neighbour known, the packet fits). Recorded (`UNDECIDED`: [`send_new`]
-/// sends it on); else left to tc.
+/// that is ready (the neighbour known, the packet fits). Recorded ([`Then::Next`]:
+/// [`send_new`] sends it on); else left to tc.
 #[inline(never)]
 fn start(ctx: &XdpContext, w: &mut Work6, svc: &SvcValue) -> Carried {
-    Carried::done(try_start(ctx, &w.pkt, svc, &mut w.flow))
+    Carried::then(try_start(ctx, &w.pkt, svc, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue, s: &mut FlowScratch6) -> XdpOutcome {
+fn try_start(
+    ctx: &XdpContext,
+    t: &Tuple6,
+    svc: &SvcValue,
+    s: &mut FlowScratch6,
+) -> Result<Then<u32>, Reason> {
     let len = (40 + t.payload_len) as u16;
     let (mtu, flags) = if s.backend.flags & BE_F_REMOTE == 0 {
         match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
-            Mtu::TooBig(_) => return pass(R_PASS),
+            Mtu::TooBig(_) => return Ok(Then::Done(pass(R_PASS))),
             Mtu::Fits(fits) => (fits, CT_F_XDP_STACK),
             Mtu::Unchecked => (0, CT_F_XDP_STACK),
         }
@@ -235,11 +247,11 @@ fn try_start(ctx: &XdpContext, t: &Tuple6, svc: &SvcValue, s: &mut FlowScratch6)
                 (len, CT_F_XDP_STACK)
             }
             Some(_) => (len, 0),
-            None => return pass(R_PASS),
+            None => return Ok(Then::Done(pass(R_PASS))),
         }
     };
     record(ctx, t, svc, mtu, flags, s)?;
-    Ok((UNDECIDED as u32, Reason(R_NEW_FLOW)))
+    Ok(Then::Next(Reason(R_NEW_FLOW)))
 }
 
 /// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
