@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::{
     datapath::{
         DatapathError,
+        clock::monotonic_coarse_ns,
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
@@ -168,18 +169,6 @@ pub fn backends_of(state: &Desired) -> Vec<BackendRow> {
             }
         })
         .collect()
-}
-
-/// Now on the datapath's clock.
-pub fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC_COARSE is what bpf_ktime_get_coarse_ns
-    // reads.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn sock(addr_be: u32, port_be: u16) -> String {

@@ -152,7 +152,7 @@ fn batched_reads_count_and_sum_what_was_written() {
     assert!(fill.capacity >= LRU, "{fill:?}");
 
     // The assured table: 10 flows idle for 3 minutes (UDP: over after 2), 5 just seen.
-    let now = lb_userspace::list::monotonic_coarse_ns();
+    let now = lb_userspace::datapath::clock::monotonic_coarse_ns();
     let mut assured: HashMap<MapData, CtKey, CtValue> =
         HashMap::try_from(open_pinned(&dp.pins, MAP_CT_ASSURED).expect("cta")).expect("cta map");
     for i in 0..15u32 {

@@ -293,7 +293,7 @@ fn table_pass<K: Tracked>(
         counts::entries::<K, K::Value>(&map, name)?
             .into_iter()
             .collect();
-    let gone = expired(&entries, crate::list::monotonic_coarse_ns());
+    let gone = expired(&entries, super::clock::monotonic_coarse_ns());
     let mut table: HashMap<MapData, K, K::Value> = HashMap::try_from(map).map_err(err)?;
     for k in &gone {
         // Already gone (the datapath started the flow over) is fine.

@@ -11,8 +11,8 @@ use super::{
     frontend_step, svc_key,
 };
 use crate::{
+    datapath::clock::monotonic_coarse_ns,
     desired::{Desired, show_backend},
-    list::monotonic_coarse_ns,
     trace::{Report, request::Resolved},
 };
 

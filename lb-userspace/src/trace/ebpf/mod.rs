@@ -27,11 +27,11 @@ use super::{
 use crate::{
     datapath::{
         DatapathError,
+        clock::monotonic_coarse_ns,
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
     desired::{Desired, addr_words, frontend_key, show_backend, svc_name_str, words_addr},
-    list::monotonic_coarse_ns,
     model::{IpFamily, NodeSettings, Protocol, select::service_ports},
 };
 
