@@ -12,7 +12,6 @@ pub mod emit;
 pub mod glob;
 pub mod list;
 pub mod model;
-pub mod netif;
 pub mod proxy;
 pub mod serve;
 pub mod source;

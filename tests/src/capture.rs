@@ -130,8 +130,8 @@ fn os_err(what: &str) -> String {
 /// A packet socket on `ifname` (of the calling thread's namespace), with a large buffer and
 /// a short receive timeout.
 fn open(ifname: &str) -> Result<OwnedFd, String> {
-    let index =
-        lb_userspace::netif::ifindex(ifname).ok_or(format!("capture: no interface {ifname}"))?;
+    let index = lb_userspace::datapath::netif::ifindex(ifname)
+        .ok_or(format!("capture: no interface {ifname}"))?;
     // Protocol 0: nothing is queued until bind names the protocol and the interface.
     // SAFETY: plain socket(2).
     let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };

@@ -8,7 +8,7 @@ use tracing::warn;
 
 use super::SourceSpec;
 use crate::{
-    netif,
+    datapath::netif,
     source::{
         events::Timed,
         file,

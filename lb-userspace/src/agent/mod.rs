@@ -29,10 +29,9 @@ use interfaces::{Interfaces, Wanted};
 use program::{Programmed, release_free_memory, sync};
 
 use crate::{
-    datapath::{DatapathError, attach, links::KernelLinks, socket::SocketLb, upgrade},
+    datapath::{DatapathError, attach, links::KernelLinks, netif, socket::SocketLb, upgrade},
     desired::{self, Desired, Incremental},
     model::{Model, ServiceRef},
-    netif,
     serve::{
         self,
         health::Health,

@@ -9,12 +9,12 @@ use aya::{
 };
 use lb_common::MAP_XDP_TX;
 
+use super::netif;
 use super::{
     DatapathError,
     attach::{self, XdpSetting},
     loader,
 };
-use crate::netif;
 
 /// What the agent's interface handling needs from the system.
 pub trait Links {

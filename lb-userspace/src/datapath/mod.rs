@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod batch;
 pub mod bpflog;
+pub mod clock;
 pub mod counts;
 pub mod ct_egress;
 pub mod ct_gc;
@@ -10,6 +11,7 @@ pub mod diverged;
 pub mod kernel;
 pub mod links;
 pub mod loader;
+pub mod netif;
 pub mod rows;
 pub mod scratch;
 pub mod sizes;

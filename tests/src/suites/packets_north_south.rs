@@ -106,7 +106,7 @@ pub fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)
         ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
     }
     ns.run(move || {
-        let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
+        let ifindex = lb_userspace::datapath::netif::ifindex("dum0").expect("dum0");
         let mut dp = LoadedDatapath::load(&tag).expect("load");
         dp.configure(&NodeConfig {
             snat_port_min: SNAT_MIN,

@@ -360,7 +360,7 @@ fn xdp_drops_ipv6_clients_outside_the_source_ranges() {
     let ns = xlb_tests::netns::Netns::new(&format!("{tag}-node")).expect("netns");
     ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
     ns.run(move || {
-        let ifindex = lb_userspace::netif::ifindex("lo").expect("lo");
+        let ifindex = lb_userspace::datapath::netif::ifindex("lo").expect("lo");
         let mut dp = loaded(&tag);
         let outside = tcp6("2001:db8:2::1", 51001, LB6, 80);
         let before = reason_counts(&dp.pins);

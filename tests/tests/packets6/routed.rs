@@ -87,7 +87,7 @@ fn xdp_translates_and_redirects_ipv6_flows() {
     let tag = unique_tag("xlp6x");
     let ns = routed_ns(&tag, &["fd00:10:244::/48"], true, None);
     ns.run(move || {
-        let ifindex = lb_userspace::netif::ifindex("dum0").expect("dum0");
+        let ifindex = lb_userspace::datapath::netif::ifindex("dum0").expect("dum0");
         let mut dp = loaded(&tag);
         let web = sa(VIP6, 80);
         let c = client(40700);

@@ -465,7 +465,8 @@ pub fn run() -> Result<(Section, bool)> {
     let ns = namespace()?;
     let scales = ns
         .run(move || -> Result<Vec<Scale>> {
-            let ifindex = lb_userspace::netif::ifindex("dum0").ok_or_else(|| anyhow!("no dum0"))?;
+            let ifindex =
+                lb_userspace::datapath::netif::ifindex("dum0").ok_or_else(|| anyhow!("no dum0"))?;
             measure(&scales, trials, ifindex)
         })
         .map_err(|e| anyhow!(e))??;
