@@ -7,6 +7,7 @@
 pub mod cidr;
 pub mod name;
 pub mod node;
+pub mod proxy;
 pub mod select;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};

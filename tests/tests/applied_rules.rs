@@ -87,7 +87,7 @@ fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
         xlb: &xlb_tests::xlb_bin(),
         model: &model,
         settings: &node,
-        options: &lb_userspace::emit::Options::default(),
+        options: &lb_userspace::emit::WriterOptions::default(),
         pods: &pods,
         frontends: &frontends,
     })

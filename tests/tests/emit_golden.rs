@@ -19,7 +19,7 @@ fn golden(mode: Mode, input: &str, expected: &str) {
         node_ips: vec!["10.0.0.5".parse().expect("ip")],
         ..NodeSettings::default()
     };
-    let got = emit::render(mode, &loaded.model, &node, &emit::Options::default());
+    let got = emit::render(mode, &loaded.model, &node, &emit::WriterOptions::default());
     let path = fixtures.join(expected);
     if std::env::var_os("XLB_BLESS").is_some() {
         std::fs::write(&path, &got).expect("bless");
@@ -54,7 +54,7 @@ fn ipv6_source_ranges_are_emitted_by_the_ipv6_proxier() {
         node_ips: vec!["2001:db8:1::2".parse().expect("ip")],
         ..NodeSettings::default()
     };
-    let out = |mode| emit::render(mode, &loaded.model, &node, &emit::Options::default());
+    let out = |mode| emit::render(mode, &loaded.model, &node, &emit::WriterOptions::default());
     let has = |text: &str, line: &str| {
         assert!(
             text.lines().any(|l| l.contains(line)),

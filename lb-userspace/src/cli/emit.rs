@@ -5,7 +5,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use lb_userspace::{
     desired, emit,
-    emit::options::MasqueradeMark,
+    emit::MasqueradeMark,
     model::{Cidr, IpFamily, LocalDetector, NodeSettings},
     source::file,
 };
@@ -98,7 +98,7 @@ pub struct WriterFlags {
 }
 
 impl WriterFlags {
-    pub fn apply(&self, base: Option<emit::Options>) -> Result<emit::Options> {
+    pub fn apply(&self, base: Option<emit::WriterOptions>) -> Result<emit::WriterOptions> {
         let mut o = base.unwrap_or_default();
         if let Some(bit) = self.masquerade_bit {
             if bit > 31 {

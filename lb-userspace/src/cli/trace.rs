@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use lb_userspace::{
     DEFAULT_BPFFS_DIR, EBPF_OBJECT,
-    emit::{Mode as EmitMode, Options as EmitOptions},
+    emit::{Mode as EmitMode, WriterOptions},
     model::{IpFamily, NodeSettings, Protocol},
     source::file,
     trace::{
@@ -83,7 +83,7 @@ pub struct TraceArgs {
 }
 
 /// The source, and its TestConfig's node and writer settings when it has one.
-type Loaded = (Source, Option<(NodeSettings, EmitOptions)>);
+type Loaded = (Source, Option<(NodeSettings, WriterOptions)>);
 
 fn load_source(spec: Option<&str>) -> Result<Loaded> {
     let Some(spec) = spec else {
@@ -119,7 +119,7 @@ fn datapath(args: &TraceArgs, source: &Source, node: &str, req: &Resolved) -> Re
 fn rule_mode(
     mode: EmitMode,
     source: &Source,
-    (settings, opts): (&NodeSettings, &EmitOptions),
+    (settings, opts): (&NodeSettings, &WriterOptions),
     req: &Resolved,
 ) -> Result<Report> {
     let model = source

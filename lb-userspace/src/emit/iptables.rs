@@ -18,8 +18,8 @@ use std::{
 
 pub use super::rules::{KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_POSTROUTING};
 use super::{
+    WriterOptions,
     names::{endpoint_chain, probability, service_port_hash},
-    options::Options as WriterOptions,
     plan::Decisions,
     rules::{self, Jump, Payload, Table, comment, commented, dest_match, with_target},
 };
@@ -210,22 +210,6 @@ pub const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
 /// Whether `chain` is a per-service chain kube-proxy would garbage-collect.
 pub fn is_service_chain(chain: &str) -> bool {
     SERVICE_CHAIN_PREFIXES.iter().any(|p| chain.starts_with(p))
-}
-
-/// iptables mode's own writer settings (with the shared ones in [`WriterOptions`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Options {
-    /// Endpoint count above which kube-proxy drops per-endpoint comments and cleans up
-    /// stale chains only once per sync period.
-    pub large_cluster_threshold: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            large_cluster_threshold: 1000,
-        }
-    }
 }
 
 /// Which per-service chains to write this sync.

@@ -15,28 +15,13 @@ use std::{
 };
 
 use super::{
-    options::Options as WriterOptions,
+    IpvsOptions, WriterOptions,
     rules::{self, Payload, Table, hostport},
 };
 use crate::model::{
     IpFamily, Model, NodeSettings, Protocol,
     select::{self, PortView},
 };
-
-/// ipvs mode's own writer settings (with the shared ones in [`WriterOptions`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Options {
-    /// `--ipvs-scheduler`.
-    pub scheduler: String,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            scheduler: "rr".into(),
-        }
-    }
-}
 
 /// An IPVS real server.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -244,7 +229,7 @@ fn add_port(
     st: &mut IpvsState,
     pv: &PortView<'_>,
     node: &NodeSettings,
-    opts: &Options,
+    opts: &IpvsOptions,
     np_ips: &[IpAddr],
 ) {
     let p = pv.protocol().lower();

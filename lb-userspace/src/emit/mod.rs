@@ -5,7 +5,6 @@
 //! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
-//! * [`options`]: the writer settings of each mode (masquerade mark, host features, …);
 //! * [`plan`]: what kube-proxy decides per service port, shared by iptables and nftables;
 //! * [`rules`]: the iptables rule vocabulary iptables, ipvs and userspace share (restore
 //!   payloads, jumps, masquerade and forwarding rules);
@@ -16,7 +15,6 @@ pub mod iptables;
 pub mod ipvs;
 pub mod names;
 pub mod nftables;
-pub mod options;
 pub mod plan;
 pub mod restore;
 pub mod rules;
@@ -25,7 +23,9 @@ pub mod userspace;
 
 use crate::model::{Model, NodeSettings};
 
-pub use options::Options;
+pub use crate::model::proxy::{
+    HostFeatures, IptablesOptions, IpvsOptions, MasqueradeMark, WriterOptions,
+};
 pub use rules::{Jump, Payload, Table};
 
 /// A kube-proxy mode: what `xlb emit` writes rules for, what `xlb compare` runs beside
@@ -57,7 +57,7 @@ impl Mode {
 /// * ipvs: four sections (`ipvsadm-restore`, `ipset restore`, `ip -batch` for
 ///   `kube-ipvs0`, `iptables-restore`), each introduced by a `#` line;
 /// * userspace: the proxy-port allocation as `#` lines, then `iptables-restore` input.
-pub fn render(mode: Mode, model: &Model, node: &NodeSettings, opts: &Options) -> String {
+pub fn render(mode: Mode, model: &Model, node: &NodeSettings, opts: &WriterOptions) -> String {
     match mode {
         Mode::Iptables => iptables::emit(model, node, opts).render(),
         Mode::Nftables => nftables::emit(model, node, opts).render(),

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use super::{names::nft_name, options::Options, plan::Decisions};
+use super::{WriterOptions, names::nft_name, plan::Decisions};
 use crate::model::{
     IpFamily, LocalDetector, Model, NodeSettings, Protocol,
     select::{self, EndpointView, PortView},
@@ -155,7 +155,7 @@ impl NftTable {
 }
 
 /// The fixed chains, sets, maps and rules every sync writes.
-fn base(t: &mut NftTable, node: &NodeSettings, opts: &Options) {
+fn base(t: &mut NftTable, node: &NodeSettings, opts: &WriterOptions) {
     let f = fam(node.family);
     base_chains(t);
     base_collections(t, addr_type(node.family));
@@ -608,7 +608,7 @@ fn endpoint_chain(t: &mut NftTable, plan: &PortPlan<'_>, node: &NodeSettings, ep
 }
 
 /// The table a fresh kube-proxy writes for `model` on `node`.
-pub fn emit(model: &Model, node: &NodeSettings, opts: &Options) -> NftTable {
+pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> NftTable {
     let mut t = NftTable {
         family: node.family,
         ..NftTable::default()
@@ -634,7 +634,7 @@ impl NftProxier {
         &mut self,
         model: &Model,
         node: &NodeSettings,
-        opts: &Options,
+        opts: &WriterOptions,
         now: Duration,
     ) -> NftTable {
         let mut t = emit(model, node, opts);

@@ -1,6 +1,6 @@
 //! What a proxy needs to know about the node it runs on: its name, zone, addresses and
 //! kube-proxy's node-level flags. How a writer writes (kube-proxy's masquerade mark, host
-//! features, ipvs scheduler) is the writer's own option ([`crate::emit::Options`]).
+//! features, ipvs scheduler) is the writer's own option ([`super::proxy::WriterOptions`]).
 
 use std::net::IpAddr;
 

@@ -1,7 +1,7 @@
 //! The `kind: TestConfig` header of kube-proxy conformance inputs: node settings (and the
 //! case's bookkeeping) in the first document of a case file.
 //!
-//! Mapping to [`NodeSettings`] and the writer's [`emit::Options`]: `nodeName`, `ipFamily`, `nodeIP`/`nodeIPs`,
+//! Mapping to [`NodeSettings`] and the writer's [`WriterOptions`]: `nodeName`, `ipFamily`, `nodeIP`/`nodeIPs`,
 //! `nodeInterfaceAddresses` (every listed address is local; without it, iptables and
 //! nftables cases use the upstream fake's interfaces 127.0.0.1, ::1, 192.168.0.2,
 //! 192.168.1.2, 192.168.99.11, 2001:db8::1, 2001:db8:1::2, and ipvs cases their `nodeIPs`),
@@ -15,12 +15,9 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 use super::{SourceError, convert::parse_ip};
-use crate::{
-    emit::{
-        self,
-        options::{HostFeatures, MasqueradeMark},
-    },
-    model::{Cidr, IpFamily, LocalDetector, NodeSettings},
+use crate::model::{
+    Cidr, IpFamily, LocalDetector, NodeSettings,
+    proxy::{HostFeatures, IptablesOptions, IpvsOptions, MasqueradeMark, WriterOptions},
 };
 
 /// The annotation multi-step cases put on objects: the steps (`"1-10"`, `"6"`) they exist in.
@@ -51,7 +48,7 @@ pub struct TestConfig {
     /// The node settings the case was written for.
     pub settings: NodeSettings,
     /// The writer settings of its mode.
-    pub options: emit::Options,
+    pub options: WriterOptions,
 }
 
 #[derive(Deserialize, Default)]
@@ -221,14 +218,14 @@ fn detector(detector: Option<Detector>, name: &str) -> Result<LocalDetector, Sou
 }
 
 /// The writer settings: the mark, the host features, the ipvs scheduler.
-fn writer_options(spec: &Spec, name: &str) -> Result<emit::Options, SourceError> {
+fn writer_options(spec: &Spec, name: &str) -> Result<WriterOptions, SourceError> {
     let mark = match &spec.masquerade_mark {
         None => MasqueradeMark::default(),
         Some(raw) => MasqueradeMark::literal(raw)
             .ok_or_else(|| invalid(name, "spec.masqueradeMark", raw, "not a number"))?,
     };
     let counter = |n: &str| spec.nfacct_counters.get(n).copied().unwrap_or(false);
-    Ok(emit::Options {
+    Ok(WriterOptions {
         mark,
         host: HostFeatures {
             random_fully: spec.iptables_has_random_fully.unwrap_or(true),
@@ -236,8 +233,8 @@ fn writer_options(spec: &Spec, name: &str) -> Result<emit::Options, SourceError>
             nfacct_invalid_dropped: counter("ct_state_invalid_dropped_pkts"),
             nfacct_localhost_nodeports: counter("localhost_nps_accepted_pkts"),
         },
-        iptables: emit::iptables::Options::default(),
-        ipvs: emit::ipvs::Options {
+        iptables: IptablesOptions::default(),
+        ipvs: IpvsOptions {
             scheduler: spec.ipvs_scheduler.clone().unwrap_or_else(|| "rr".into()),
         },
     })

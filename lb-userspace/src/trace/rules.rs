@@ -17,7 +17,7 @@ use std::{
 use super::{Report, request::frontend_kind};
 use crate::{
     emit::{
-        Mode, Options, iptables, ipvs, nftables,
+        Mode, WriterOptions, iptables, ipvs, nftables,
         restore::Tables,
         trace::{Packet, Trace, trace as trace_iptables, trace_chains},
         userspace,
@@ -31,7 +31,7 @@ pub struct Input<'a> {
     pub model: &'a Model,
     pub node: &'a NodeSettings,
     /// The writers' settings (masquerade mark, host features, IPVS scheduler).
-    pub opts: &'a Options,
+    pub opts: &'a WriterOptions,
     pub src: IpAddr,
     /// The destination; its family picks the proxier.
     pub dst: SocketAddr,
@@ -379,7 +379,7 @@ mod tests {
     fn from_pod<'a>(
         model: &'a crate::model::Model,
         node: &'a NodeSettings,
-        opts: &'a Options,
+        opts: &'a WriterOptions,
         src: &str,
         dst: &str,
     ) -> Input<'a> {
@@ -406,7 +406,7 @@ mod tests {
             local_addresses: vec!["10.0.0.1".parse().expect("ip")],
             ..NodeSettings::default()
         };
-        let opts = Options::default();
+        let opts = WriterOptions::default();
         let input = from_pod(&loaded.model, &node, &opts, "10.244.1.2", "10.96.0.10:80");
         for mode in MODES {
             let r = trace(mode, &input);
@@ -443,7 +443,7 @@ mod tests {
             ],
             ..NodeSettings::default()
         };
-        let opts = Options::default();
+        let opts = WriterOptions::default();
         let input = from_pod(
             &loaded.model,
             &node,

@@ -227,7 +227,7 @@ fn control_the_bridged_node_port_is_served_under_kube_proxy() {
         detector: LocalDetector::BridgeInterface(BRIDGE.into()),
         ..NodeSettings::default()
     };
-    let options = emit::Options::default();
+    let options = emit::WriterOptions::default();
     let (ns, families) = (&lab.node2.ns, [IpFamily::V4]);
     install_rules(ns, Mode::Iptables, &model, &settings, &options, &families)
         .expect("kube-proxy's rules on node2");

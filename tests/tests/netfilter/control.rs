@@ -39,7 +39,7 @@ pub fn kube_proxy_instead(lab: &mut Lab) {
         ..NodeSettings::default()
     };
     let families = [IpFamily::V4, IpFamily::V6];
-    let options = emit::Options::default();
+    let options = emit::WriterOptions::default();
     install_rules(
         &lab.topo.node,
         Mode::Iptables,

@@ -59,7 +59,7 @@ pub struct LabSpec<'a> {
     /// The node: the emitters' settings; its node IP and NodePort address go on its `lo`.
     pub settings: &'a NodeSettings,
     /// The emitters' writer options.
-    pub options: &'a emit::Options,
+    pub options: &'a emit::WriterOptions,
     /// The endpoint addresses, with echo servers (TCP and UDP) on their ports: one pod per
     /// IPv4 address; the IPv6 addresses make pods dual-stack, one each (in order), with pods
     /// of their own where there are more IPv6 addresses than IPv4 ones.
@@ -250,7 +250,7 @@ pub fn install_rules(
     mode: Mode,
     model: &Model,
     settings: &NodeSettings,
-    options: &emit::Options,
+    options: &emit::WriterOptions,
     families: &[IpFamily],
 ) -> Result<(), String> {
     for &family in families {

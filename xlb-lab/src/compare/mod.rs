@@ -311,7 +311,7 @@ fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
 
 /// The writer options every lab uses: the file's TestConfig's, without nfacct counters
 /// (the lab's namespaces have no nfacct objects; kube-proxy creates them at start).
-pub fn lab_options(loaded: &file::Loaded) -> emit::Options {
+pub fn lab_options(loaded: &file::Loaded) -> emit::WriterOptions {
     let mut options = loaded
         .test_config
         .as_ref()
@@ -365,7 +365,7 @@ fn run_mode(
     tag: &str,
     opts: &CompareOptions,
     model: &Model,
-    (settings, options): (&NodeSettings, &emit::Options),
+    (settings, options): (&NodeSettings, &emit::WriterOptions),
     flows: &[Flow],
 ) -> Result<(Vec<Option<Outcome>>, Option<Counts>), String> {
     let frontends: Vec<SocketAddr> = flows.iter().map(|f| f.frontend).collect();

@@ -173,7 +173,7 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
         ..NodeSettings::default()
     };
     // No nfacct objects in the bench's namespaces (the default).
-    let options = lb_userspace::emit::Options::default();
+    let options = lb_userspace::emit::WriterOptions::default();
     let pods: BTreeMap<IpAddr, BTreeSet<u16>> = [(IpAddr::V4(BACKEND), [PORT].into())].into();
     let lab = install(&LabSpec {
         mode,

@@ -48,7 +48,7 @@ fn load_rules(program: &str, args: &[&str], text: &str) -> Result<f64> {
 /// settings (no nfacct objects exist in the bench's namespaces).
 fn kube_proxy_rules(mode: Mode, services: usize) -> Result<String> {
     let m = model(services, |_| 2)?;
-    let opts = emit::Options::default();
+    let opts = emit::WriterOptions::default();
     assert!(!opts.host.nfacct_invalid_dropped && !opts.host.nfacct_localhost_nodeports);
     Ok(emit::render(mode, &m, &NodeSettings::default(), &opts))
 }
@@ -101,7 +101,7 @@ pub(super) fn power_fit(points: &[(f64, f64)]) -> (f64, f64) {
 pub(super) fn nft_partial(services: usize, changes: usize) -> Result<Vec<f64>> {
     let mut m = model(services, |_| 2)?;
     let node = NodeSettings::default();
-    let opts = emit::Options::default();
+    let opts = emit::WriterOptions::default();
     let ns = Netns::new(&unique_tag("xlbp")).map_err(anyhow::Error::msg)?;
     let full = emit::render(Mode::Nftables, &m, &node, &opts);
     let t = Instant::now();

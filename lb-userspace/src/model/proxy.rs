@@ -1,19 +1,18 @@
 //! Writer settings of kube-proxy's modes: what kube-proxy's flags and the host's
-//! capabilities change in the rules, apart from the node ([`crate::model::NodeSettings`]).
-//! [`Options`] carries the settings every netfilter mode shares and each mode's own
-//! ([`super::iptables::Options`], [`super::ipvs::Options`]).
-
-use super::{iptables, ipvs};
+//! capabilities change in the rules, apart from the node ([`super::NodeSettings`]).
+//! [`WriterOptions`] carries the settings every netfilter mode shares and each mode's own
+//! ([`IptablesOptions`], [`IpvsOptions`]). Sources (kube-proxy's test configurations) set
+//! them; the emitters (`crate::emit`) read them.
 
 /// The writer settings of every mode: shared ones, then each mode's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Options {
+pub struct WriterOptions {
     /// The masquerade mark (iptables, ipvs and nftables).
     pub mark: MasqueradeMark,
     /// Host capabilities (iptables and ipvs).
     pub host: HostFeatures,
-    pub iptables: iptables::Options,
-    pub ipvs: ipvs::Options,
+    pub iptables: IptablesOptions,
+    pub ipvs: IpvsOptions,
 }
 
 /// The masquerade mark: its value and its text in rules.
@@ -77,6 +76,37 @@ impl Default for HostFeatures {
             tcp_be_liberal: false,
             nfacct_invalid_dropped: false,
             nfacct_localhost_nodeports: false,
+        }
+    }
+}
+
+/// iptables mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IptablesOptions {
+    /// Endpoint count above which kube-proxy drops per-endpoint comments and cleans up
+    /// stale chains only once per sync period.
+    pub large_cluster_threshold: usize,
+}
+
+impl Default for IptablesOptions {
+    fn default() -> Self {
+        Self {
+            large_cluster_threshold: 1000,
+        }
+    }
+}
+
+/// ipvs mode's own writer settings (with the shared ones in [`WriterOptions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpvsOptions {
+    /// `--ipvs-scheduler`.
+    pub scheduler: String,
+}
+
+impl Default for IpvsOptions {
+    fn default() -> Self {
+        Self {
+            scheduler: "rr".into(),
         }
     }
 }
