@@ -97,21 +97,23 @@ pub struct PinLock {
     _dir: std::fs::File,
 }
 
-/// Takes the pin directory's lock (`flock` on the directory, which bpffs allows).
+/// Takes the pin directory's lock (`File::try_lock`: `flock` on the directory, which bpffs allows).
 pub fn lock(dir: &Path) -> Result<PinLock, DatapathError> {
-    use std::os::fd::AsRawFd;
     ensure_pin_dir(dir)?;
     let file = std::fs::File::open(dir).map_err(|source| DatapathError::PinDir {
         path: dir.to_path_buf(),
         source,
     })?;
-    // SAFETY: a valid descriptor.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(DatapathError::Locked {
+    match file.try_lock() {
+        Ok(()) => Ok(PinLock { _dir: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(DatapathError::Locked {
             path: dir.to_path_buf(),
-        });
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(DatapathError::PinDir {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
-    Ok(PinLock { _dir: file })
 }
 
 /// Loads the object from `object`, pinning (or reusing) every map in `dir`, and loads the
