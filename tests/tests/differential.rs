@@ -127,14 +127,14 @@ fn generate(seed: u64) -> String {
 ///   hook refuses the connect() (ECONNREFUSED) (`tests/tests/compare.rs`,
 ///   `known_difference`);
 /// * where kube-proxy drops (a Local traffic policy without a local endpoint), xlb's socket
-///   hook fails the connect() at once with EHOSTUNREACH: a socket cannot wait (README,
+///   hook fails the connect() at once with EHOSTUNREACH: a socket cannot wait (docs/datapath.md,
 ///   "the call fails at once with `EHOSTUNREACH`"). kube-proxy's DROP is a timeout for a
 ///   pod, and for the node's own datagram (dropped in the output path) an EPERM from send();
 /// * a pod to a NodePort with externalTrafficPolicy Local and no endpoint on this node
 ///   (`etp_local` names those services): xlb's socket hooks send it to the cluster's
 ///   endpoints, as kube-proxy does with a local-traffic detector (detect-local-mode
 ///   ClusterCIDR); the lab's rules have no cluster CIDR, so there kube-proxy treats it as
-///   external traffic (`tests/tests/compare.rs`, `known_difference`; README): it drops it,
+///   external traffic (`tests/tests/compare.rs`, `known_difference`; docs/kube-proxy-modes.md): it drops it,
 ///   or, with only a serving-terminating endpoint on this node (seed 21), sends it there
 ///   while xlb picks the ready remote one. Either way xlb answered from the cluster's
 ///   endpoints and kube-proxy did not refuse.
@@ -284,7 +284,7 @@ fn a_local_local_node_port_without_local_endpoints_declares_its_cluster_chain() 
         node_name: "node1".into(),
         ..Default::default()
     };
-    let opts = lb_userspace::emit::Options::default();
+    let opts = lb_userspace::emit::WriterOptions::default();
     let rules = lb_userspace::emit::iptables::emit(&loaded.model, &settings, &opts).render();
     let declared: BTreeSet<&str> = rules
         .lines()
