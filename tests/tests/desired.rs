@@ -14,7 +14,7 @@ use lb_userspace::{
     source::file,
 };
 
-fn load(path: &Path) -> file::Loaded {
+fn load(path: &Path) -> lb_userspace::source::Snapshot {
     file::load(path).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -10,7 +10,7 @@ use super::SourceSpec;
 use crate::{
     datapath::netif,
     source::{
-        events::Timed,
+        events::Stamped,
         file,
         kube::{self as kube_source, KubeError},
     },
@@ -18,7 +18,7 @@ use crate::{
 
 /// Why the agent woke.
 pub(super) enum Wake {
-    Source(Timed),
+    Source(Stamped),
     /// The Kubernetes source's thread ended (with its error, if it had one).
     SourceEnded(Option<KubeError>),
     /// An interface appeared, went or changed.

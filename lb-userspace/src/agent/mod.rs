@@ -39,7 +39,7 @@ use crate::{
     },
     source::{
         SourceError,
-        events::{self, Event, Timed},
+        events::{self, Event, Stamped},
         kube::{KubeError, KubeOptions},
     },
 };
@@ -145,7 +145,7 @@ pub enum AgentError {
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     program::fixed_mmap_threshold();
-    let start::Loaded {
+    let start::Started {
         _lock,
         mut ebpf,
         _bpf_log,
@@ -417,7 +417,7 @@ impl State {
     }
 
     /// Takes one source event into the model; returns the node's zone when it changed.
-    fn take(&mut self, t: Timed, health: &Health) -> Option<Option<String>> {
+    fn take(&mut self, t: Stamped, health: &Health) -> Option<Option<String>> {
         let since = t.since;
         match t.event {
             Event::Error(e) => {

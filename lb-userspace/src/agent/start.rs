@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// What the agent holds from start to stop.
-pub(super) struct Loaded {
+pub(super) struct Started {
     /// Held while the agent runs: one agent per pin directory.
     pub(super) _lock: PinLock,
     pub(super) ebpf: aya::Ebpf,
@@ -40,7 +40,7 @@ pub(super) struct Loaded {
 }
 
 /// Loads the datapath and adopts what is pinned.
-pub(super) fn load(opts: &AgentOptions) -> Result<Loaded, AgentError> {
+pub(super) fn load(opts: &AgentOptions) -> Result<Started, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
     // Before this agent's programs replace an earlier one's (see `datapath::ct_egress`).
@@ -81,7 +81,7 @@ pub(super) fn load(opts: &AgentOptions) -> Result<Loaded, AgentError> {
         backends = current.backends.len(),
         "loaded; adopted what was pinned"
     );
-    Ok(Loaded {
+    Ok(Started {
         _lock,
         ebpf,
         _bpf_log,

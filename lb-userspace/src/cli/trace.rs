@@ -83,9 +83,9 @@ pub struct TraceArgs {
 }
 
 /// The source, and its TestConfig's node and writer settings when it has one.
-type Loaded = (Source, Option<(NodeSettings, WriterOptions)>);
+type TraceInput = (Source, Option<(NodeSettings, WriterOptions)>);
 
-fn load_source(spec: Option<&str>) -> Result<Loaded> {
+fn load_source(spec: Option<&str>) -> Result<TraceInput> {
     let Some(spec) = spec else {
         return Ok((Source::default(), None));
     };

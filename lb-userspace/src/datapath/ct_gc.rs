@@ -77,14 +77,14 @@ pub struct Pass {
 }
 
 /// What the collector reads of a conntrack value (IPv4's and IPv6's).
-pub trait Timed {
+pub trait CtTimes {
     fn flags(&self) -> u16;
     fn last_seen_ns(&self) -> u64;
 }
 
 /// A conntrack key (IPv4's and IPv6's) and how it names the other entry of its flow.
 pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod + bytemuck::Pod {
-    type Value: Timed + Copy + aya::Pod + bytemuck::Pod;
+    type Value: CtTimes + Copy + aya::Pod + bytemuck::Pod;
     fn dir(&self) -> u8;
     fn proto(&self) -> u8;
     /// The reply key of the flow whose forward entry (under this key) is `fwd`.
@@ -102,7 +102,7 @@ pub trait Tracked: Copy + Eq + std::hash::Hash + aya::Pod + bytemuck::Pod {
 
 macro_rules! tracked {
     ($k:ty, $v:ty) => {
-        impl Timed for $v {
+        impl CtTimes for $v {
             fn flags(&self) -> u16 {
                 self.flags
             }
@@ -178,7 +178,7 @@ tracked!(CtKey6, CtValue6);
 
 /// The idle time after which the flow of forward entry `fwd` and reply entry `reply` is
 /// over. A missing entry counts as neither closing nor reset.
-pub fn timeout<V: Timed>(proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
+pub fn timeout<V: CtTimes>(proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
     let flags = fwd.flags() | reply.map_or(0, |r| r.flags());
     let closed_both =
         fwd.flags() & CT_F_CLOSING != 0 && reply.is_some_and(|r| r.flags() & CT_F_CLOSING != 0);
@@ -194,7 +194,7 @@ pub fn timeout<V: Timed>(proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
 }
 
 /// Whether the flow is over at `now_ns` (the datapath's clock).
-pub fn over<V: Timed>(proto: u8, fwd: &V, reply: Option<&V>, now_ns: u64) -> bool {
+pub fn over<V: CtTimes>(proto: u8, fwd: &V, reply: Option<&V>, now_ns: u64) -> bool {
     let last = fwd
         .last_seen_ns()
         .max(reply.map_or(0, |r| r.last_seen_ns()));

@@ -8,7 +8,7 @@ use std::{
     time::Instant,
 };
 
-use super::{SourceError, file::Loaded};
+use super::{Snapshot, SourceError};
 use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef};
 
 /// A service's slices by name, as the model holds them.
@@ -19,7 +19,7 @@ type Slices = BTreeMap<Name, Box<EndpointSlice>>;
 pub enum Event {
     /// Everything the source holds now (the first complete list, a relist, the file's first
     /// read): the agent diffs it against its model.
-    Replace(Box<Loaded>),
+    Replace(Box<Snapshot>),
     /// A Service is new or changed (`Some`), or gone or no longer proxied (`None`).
     Service {
         id: ServiceRef,
@@ -43,12 +43,12 @@ pub enum Event {
 
 /// An event and when the source saw it (for the event → maps latency).
 #[derive(Debug)]
-pub struct Timed {
+pub struct Stamped {
     pub event: Event,
     pub since: Instant,
 }
 
-impl Timed {
+impl Stamped {
     pub fn now(event: Event) -> Self {
         Self {
             event,

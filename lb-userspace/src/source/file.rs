@@ -10,27 +10,15 @@ use serde::Deserialize;
 use tracing::{debug, error, warn};
 
 use super::{
-    SourceError,
+    Snapshot, SourceError,
     convert::{self, Converted},
-    events::{self, Event, Timed},
+    events::{self, Event, Stamped},
     objects, testconfig,
 };
-use crate::model::Model;
-
-/// What one read of the file produced: the model of every object that was valid, the
-/// errors of those that were not, and what was ignored on purpose.
-#[derive(Debug, Default)]
-pub struct Loaded {
-    pub model: Model,
-    pub errors: Vec<SourceError>,
-    pub ignored: Vec<String>,
-    /// The `kind: TestConfig` header of a kube-proxy conformance case, when the file has one.
-    pub test_config: Option<testconfig::TestConfig>,
-}
 
 /// Parses a multi-document YAML text. A document that is not a Service or EndpointSlice is
 /// ignored; an invalid object is reported and left out, every other object is kept.
-pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
+pub fn parse(path: &str, text: &str) -> Result<Snapshot, SourceError> {
     parse_step(path, text, None)
 }
 
@@ -41,8 +29,8 @@ pub fn parse(path: &str, text: &str) -> Result<Loaded, SourceError> {
 /// fields have the wrong types (`port: "eighty"`, `ports: 5`) is reported by kind, namespace
 /// and name and left out, like an object with a bad value. Only text that is not YAML at all
 /// fails the whole file.
-pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Loaded, SourceError> {
-    let mut loaded = Loaded::default();
+pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Snapshot, SourceError> {
+    let mut loaded = Snapshot::default();
     for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| SourceError::Yaml {
             path: path.to_string(),
@@ -105,7 +93,7 @@ fn object_name(value: &serde_yaml::Value) -> String {
 
 /// Takes one document into `loaded`: a Service or EndpointSlice into the model (or its
 /// error), a conformance TestConfig, or a note that it was ignored.
-fn take_document(loaded: &mut Loaded, doc: &Document<'_>, value: serde_yaml::Value) {
+fn take_document(loaded: &mut Snapshot, doc: &Document<'_>, value: serde_yaml::Value) {
     let api_version = str_at(&value, &["apiVersion"]).unwrap_or("").to_string();
     let kind = str_at(&value, &["kind"]).unwrap_or("").to_string();
     match (api_version.as_str(), kind.as_str()) {
@@ -150,7 +138,7 @@ fn decode<T: serde::de::DeserializeOwned>(
 }
 
 /// Reads and parses a file.
-pub fn load(path: &Path) -> Result<Loaded, SourceError> {
+pub fn load(path: &Path) -> Result<Snapshot, SourceError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SourceError::Io {
         path: shown.clone(),
@@ -199,7 +187,7 @@ impl FileWatch {
 pub fn watch(
     path: PathBuf,
     fallback: Duration,
-    mut send: impl FnMut(Timed) -> bool + Send + 'static,
+    mut send: impl FnMut(Stamped) -> bool + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("xlb-file".into())
@@ -290,7 +278,7 @@ impl Reader {
         }
     }
 
-    fn read(&mut self) -> Vec<Timed> {
+    fn read(&mut self) -> Vec<Stamped> {
         if !self.watch.changed() {
             if self.last.is_none() && !self.reported_missing {
                 self.reported_missing = true;
@@ -301,7 +289,7 @@ impl Reader {
         let since = std::time::Instant::now();
         let loaded = match load(self.watch.path()) {
             Ok(l) => l,
-            Err(e) => return vec![Timed::now(Event::Error(e))],
+            Err(e) => return vec![Stamped::now(Event::Error(e))],
         };
         for why in &loaded.ignored {
             debug!("ignored: {why}");
@@ -312,13 +300,13 @@ impl Reader {
         self.last_errors = errors;
         let Some(last) = &mut self.last else {
             self.last = Some(events::Digest::of(&loaded.model));
-            return vec![Timed {
+            return vec![Stamped {
                 event: Event::Replace(Box::new(loaded)),
                 since,
             }];
         };
         if fresh_errors {
-            out.extend(loaded.errors.into_iter().map(|e| Timed {
+            out.extend(loaded.errors.into_iter().map(|e| Stamped {
                 event: Event::Error(e),
                 since,
             }));
@@ -326,7 +314,7 @@ impl Reader {
         out.extend(
             last.diff(&loaded.model)
                 .into_iter()
-                .map(|event| Timed { event, since }),
+                .map(|event| Stamped { event, since }),
         );
         out
     }

@@ -9,6 +9,20 @@ pub mod testconfig;
 
 use thiserror::Error;
 
+use crate::model::Model;
+
+/// Everything a source holds at one moment (a read of the file, a complete list of the API
+/// server's objects): the model of every object that was valid, the errors of those that
+/// were not, and what was ignored on purpose.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub model: Model,
+    pub errors: Vec<SourceError>,
+    pub ignored: Vec<String>,
+    /// The `kind: TestConfig` header of a kube-proxy conformance case, when the file has one.
+    pub test_config: Option<testconfig::TestConfig>,
+}
+
 /// An object a source could not take, named so a user can find and fix it.
 #[derive(Debug, Error)]
 pub enum SourceError {

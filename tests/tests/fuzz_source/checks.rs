@@ -25,7 +25,10 @@ pub(crate) enum Outcome {
 
 /// Each source error matches one object expected to fail (its text names it), and each such
 /// object has its error.
-pub(crate) fn check_errors(f: &GenFile, loaded: &file::Loaded) -> Result<(), TestCaseError> {
+pub(crate) fn check_errors(
+    f: &GenFile,
+    loaded: &lb_userspace::source::Snapshot,
+) -> Result<(), TestCaseError> {
     let mut due: Vec<&String> = f
         .expect
         .iter()

@@ -293,7 +293,7 @@ fn endpoints(model: &Model) -> BTreeMap<IpAddr, BTreeSet<u16>> {
 
 /// The node settings every lab uses: the file's TestConfig, else this node's name and
 /// [`LAB_NODE_IP`] and [`LAB_NODE_IP6`] as node IPs and only NodePort addresses.
-fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
+fn lab_settings(loaded: &lb_userspace::source::Snapshot, node_name: &str) -> NodeSettings {
     match &loaded.test_config {
         Some(t) => t.settings.clone(),
         None => {
@@ -311,7 +311,7 @@ fn lab_settings(loaded: &file::Loaded, node_name: &str) -> NodeSettings {
 
 /// The writer options every lab uses: the file's TestConfig's, without nfacct counters
 /// (the lab's namespaces have no nfacct objects; kube-proxy creates them at start).
-pub fn lab_options(loaded: &file::Loaded) -> emit::WriterOptions {
+pub fn lab_options(loaded: &lb_userspace::source::Snapshot) -> emit::WriterOptions {
     let mut options = loaded
         .test_config
         .as_ref()

@@ -46,7 +46,7 @@ mod stores;
 pub use stores::{EndpointSlice, Service, ZONE_LABEL, node_deleting};
 use stores::{Stores, Watched};
 
-use super::events::Timed;
+use super::events::Stamped;
 
 /// Label selector kube-proxy uses when it serves every Service.
 pub const DEFAULT_SELECTOR: &str =
@@ -184,7 +184,7 @@ where
 /// `send`, which returns false once nobody listens (the thread then ends).
 pub fn spawn(
     opts: KubeOptions,
-    send: impl FnMut(Timed) -> bool + Send + 'static,
+    send: impl FnMut(Stamped) -> bool + Send + 'static,
 ) -> std::thread::JoinHandle<Result<(), KubeError>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -194,7 +194,7 @@ pub fn spawn(
     })
 }
 
-async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(), KubeError> {
+async fn run(opts: KubeOptions, mut send: impl FnMut(Stamped) -> bool) -> Result<(), KubeError> {
     let client = client(&opts).await?;
     let sel = selector(opts.service_proxy_name.as_deref());
     let svc_events = watch(
@@ -227,7 +227,7 @@ async fn run(opts: KubeOptions, mut send: impl FnMut(Timed) -> bool) -> Result<(
             }
         };
         for event in stores.events(watched) {
-            if !send(Timed { event, since }) {
+            if !send(Stamped { event, since }) {
                 return Ok(());
             }
         }

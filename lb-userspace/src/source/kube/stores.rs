@@ -18,9 +18,9 @@ use super::decoded::Decoded;
 use crate::{
     model::{Name, ServiceRef, intern},
     source::{
+        Snapshot,
         convert::{self, Converted},
         events::{self, Digest, Event},
-        file::Loaded,
         objects,
     },
 };
@@ -31,7 +31,7 @@ pub type Service = Decoded<objects::Service>;
 pub type EndpointSlice = Decoded<objects::EndpointSlice>;
 
 /// Adds a listed Service to `loaded`.
-fn list_service(loaded: &mut Loaded, svc: &Service) {
+fn list_service(loaded: &mut Snapshot, svc: &Service) {
     match svc.object().and_then(convert::service) {
         Ok(Converted::Take(s)) => loaded.model.upsert_service(s),
         Ok(Converted::Ignore(why)) => loaded.ignored.push(why),
@@ -53,7 +53,7 @@ fn list_slice(list: &mut SliceList, slice: &EndpointSlice) {
 }
 
 /// A relist's errors (the objects it left out) as events, and what it ignored logged.
-fn report(listed: &mut Loaded) -> Vec<Event> {
+fn report(listed: &mut Snapshot) -> Vec<Event> {
     for why in &listed.ignored {
         debug!("ignored: {why}");
     }
@@ -88,7 +88,7 @@ pub(super) enum Watched {
 /// A list of EndpointSlices: the slices converted, and where each is filed.
 #[derive(Default)]
 pub(super) struct SliceList {
-    loaded: Loaded,
+    loaded: Snapshot,
     filed: HashMap<String, (ServiceRef, Name)>,
 }
 
@@ -98,12 +98,12 @@ pub(super) struct SliceList {
 #[derive(Default)]
 pub(super) struct Stores {
     /// Lists in progress (between the watcher's `Init` and `InitDone`).
-    listing_services: Option<Loaded>,
+    listing_services: Option<Snapshot>,
     listing_slices: Option<SliceList>,
     /// Complete first lists, held until the Services, the slices and the Node are all
     /// listed (the first state is sent whole, as kube-proxy waits for its caches to sync).
-    listed_services: Option<Loaded>,
-    listed_slices: Option<Loaded>,
+    listed_services: Option<Snapshot>,
+    listed_slices: Option<Snapshot>,
     node_listed: bool,
     /// The first state was sent.
     started: bool,
@@ -142,7 +142,7 @@ impl Stores {
     fn service_watched(&mut self, e: watcher::Event<Service>) -> Vec<Event> {
         match e {
             watcher::Event::Init => {
-                self.listing_services = Some(Loaded::default());
+                self.listing_services = Some(Snapshot::default());
                 Vec::new()
             }
             watcher::Event::InitApply(s) => {

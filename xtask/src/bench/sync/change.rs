@@ -57,7 +57,7 @@ pub(super) fn change(services: usize, endpoints: usize, changes: usize) -> Resul
         };
         // The source's event (a converted EndpointSlice, as the watcher sends it): from here
         // to visible in the maps.
-        let event = events::Timed::now(events::Event::Slice {
+        let event = events::Stamped::now(events::Event::Slice {
             service,
             name,
             slice: Some(slice),
