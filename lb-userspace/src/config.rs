@@ -19,7 +19,7 @@ pub enum ConfigError {
     Invalid {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     #[error("{path}: {field}: {value:?} is not a duration (e.g. 100ms, 1s, 2m)")]
     Duration {
@@ -83,10 +83,11 @@ impl AgentConfig {
 
     /// Parses config text (`path` only names it in errors).
     pub fn parse(path: &str, text: &str) -> Result<Self, ConfigError> {
-        let c: AgentConfig = serde_yaml::from_str(text).map_err(|source| ConfigError::Invalid {
-            path: path.to_string(),
-            source,
-        })?;
+        let c: AgentConfig =
+            crate::source::yaml::from_str(text).map_err(|source| ConfigError::Invalid {
+                path: path.to_string(),
+                source: Box::new(source),
+            })?;
         if let Some(v) = &c.min_sync_period {
             parse_duration(v).ok_or_else(|| ConfigError::Duration {
                 path: path.to_string(),

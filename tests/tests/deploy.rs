@@ -9,20 +9,20 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
-use serde::Deserialize;
 
-fn docs(file: &str) -> Vec<serde_yaml::Value> {
+fn docs(file: &str) -> Vec<serde_json::Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../deploy")
         .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}")))
+    lb_userspace::source::yaml::documents(&text)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+        .into_iter()
         .filter(|v| !v.is_null())
         .collect()
 }
 
-fn kind(v: &serde_yaml::Value) -> &str {
+fn kind(v: &serde_json::Value) -> &str {
     v.get("kind").and_then(|k| k.as_str()).unwrap_or("")
 }
 
@@ -42,13 +42,13 @@ fn every_manifest_parses_into_its_type() {
         for doc in docs(&name) {
             let k = kind(&doc).to_string();
             let ok = match k.as_str() {
-                "ServiceAccount" => serde_yaml::from_value::<ServiceAccount>(doc).map(|_| ()),
-                "ClusterRole" => serde_yaml::from_value::<ClusterRole>(doc).map(|_| ()),
+                "ServiceAccount" => serde_json::from_value::<ServiceAccount>(doc).map(|_| ()),
+                "ClusterRole" => serde_json::from_value::<ClusterRole>(doc).map(|_| ()),
                 "ClusterRoleBinding" => {
-                    serde_yaml::from_value::<ClusterRoleBinding>(doc).map(|_| ())
+                    serde_json::from_value::<ClusterRoleBinding>(doc).map(|_| ())
                 }
-                "DaemonSet" => serde_yaml::from_value::<DaemonSet>(doc).map(|_| ()),
-                "ConfigMap" => serde_yaml::from_value::<ConfigMap>(doc).map(|_| ()),
+                "DaemonSet" => serde_json::from_value::<DaemonSet>(doc).map(|_| ()),
+                "ConfigMap" => serde_json::from_value::<ConfigMap>(doc).map(|_| ()),
                 other => panic!("{name}: unexpected kind {other:?}"),
             };
             ok.unwrap_or_else(|e| panic!("{name}: {k}: {e}"));
@@ -71,7 +71,7 @@ fn the_cluster_role_grants_exactly_what_kube_proxy_needs() {
     let role: ClusterRole = docs("rbac.yaml")
         .into_iter()
         .find(|d| kind(d) == "ClusterRole")
-        .map(|d| serde_yaml::from_value(d).expect("ClusterRole"))
+        .map(|d| serde_json::from_value(d).expect("ClusterRole"))
         .expect("a ClusterRole");
     let mut granted = BTreeSet::new();
     for rule in role.rules.unwrap_or_default() {
@@ -116,7 +116,7 @@ fn daemon_sets_run_on_every_node_with_probes_and_bpffs() {
         ("daemonset.yaml", true),
         ("daemonset-capabilities.yaml", false),
     ] {
-        let ds: DaemonSet = serde_yaml::from_value(docs(file).remove(0)).expect("DaemonSet");
+        let ds: DaemonSet = serde_json::from_value(docs(file).remove(0)).expect("DaemonSet");
         let pod = ds.spec.expect("spec").template.spec.expect("pod spec");
         assert_eq!(pod.host_network, Some(true), "{file}");
         assert_eq!(

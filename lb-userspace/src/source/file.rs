@@ -5,15 +5,14 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use serde::Deserialize;
-
+use serde_json::Value;
 use tracing::{debug, error, warn};
 
 use super::{
     Snapshot, SourceError,
     convert::{self, Converted},
     events::{self, Event, Stamped},
-    objects, testconfig,
+    objects, testconfig, yaml,
 };
 
 /// Parses a multi-document YAML text. A document that is not a Service or EndpointSlice is
@@ -25,17 +24,19 @@ pub fn parse(path: &str, text: &str) -> Result<Snapshot, SourceError> {
 /// As [`parse`], keeping only the objects present in `step` of a multi-step conformance
 /// case (see [`testconfig::present_in_step`]); `None` keeps everything.
 ///
-/// Each document is read on its own (serde_yaml's deserializer over the stream): one whose
+/// The stream is read as YAML (serde-saphyr) into plain data, then each document is decoded on its own: one whose
 /// fields have the wrong types (`port: "eighty"`, `ports: 5`) is reported by kind, namespace
 /// and name and left out, like an object with a bad value. Only text that is not YAML at all
 /// fails the whole file.
 pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Snapshot, SourceError> {
     let mut loaded = Snapshot::default();
-    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(doc).map_err(|source| SourceError::Yaml {
-            path: path.to_string(),
-            source,
-        })?;
+    // Each document read as plain data first (a Kubernetes object is JSON's data model),
+    // then decoded field by field, so a bad field is an error of its object alone.
+    let docs = yaml::documents(text).map_err(|source| SourceError::Yaml {
+        path: path.to_string(),
+        source: Box::new(source),
+    })?;
+    for (index, value) in docs.into_iter().enumerate() {
         if value.is_null() {
             continue;
         }
@@ -59,8 +60,8 @@ impl Document<'_> {
     /// A decode error for this document, naming the object as far as it can be read.
     fn decode_error(
         &self,
-        value: &serde_yaml::Value,
-        e: serde_path_to_error::Error<serde_yaml::Error>,
+        value: &Value,
+        e: serde_path_to_error::Error<serde_json::Error>,
     ) -> SourceError {
         SourceError::Decode {
             path: self.path.to_string(),
@@ -74,7 +75,7 @@ impl Document<'_> {
 }
 
 /// The string at `keys` (a path of mapping keys) of `value`, if there is one.
-fn str_at<'v>(value: &'v serde_yaml::Value, keys: &[&str]) -> Option<&'v str> {
+fn str_at<'v>(value: &'v Value, keys: &[&str]) -> Option<&'v str> {
     keys.iter()
         .try_fold(value, |v, k| v.get(k))
         .and_then(|v| v.as_str())
@@ -82,7 +83,7 @@ fn str_at<'v>(value: &'v serde_yaml::Value, keys: &[&str]) -> Option<&'v str> {
 
 /// `namespace/name` as far as the document says (namespace "default" when unset, `?` for a
 /// name that is missing or not a string).
-fn object_name(value: &serde_yaml::Value) -> String {
+fn object_name(value: &Value) -> String {
     let namespace = match value.get("metadata").and_then(|m| m.get("namespace")) {
         None => "default",
         Some(ns) => ns.as_str().unwrap_or("?"),
@@ -93,7 +94,7 @@ fn object_name(value: &serde_yaml::Value) -> String {
 
 /// Takes one document into `loaded`: a Service or EndpointSlice into the model (or its
 /// error), a conformance TestConfig, or a note that it was ignored.
-fn take_document(loaded: &mut Snapshot, doc: &Document<'_>, value: serde_yaml::Value) {
+fn take_document(loaded: &mut Snapshot, doc: &Document<'_>, value: Value) {
     let api_version = str_at(&value, &["apiVersion"]).unwrap_or("").to_string();
     let kind = str_at(&value, &["kind"]).unwrap_or("").to_string();
     match (api_version.as_str(), kind.as_str()) {
@@ -132,7 +133,7 @@ fn take_document(loaded: &mut Snapshot, doc: &Document<'_>, value: serde_yaml::V
 /// this document alone.
 fn decode<T: serde::de::DeserializeOwned>(
     doc: &Document<'_>,
-    value: serde_yaml::Value,
+    value: Value,
 ) -> Result<T, SourceError> {
     serde_path_to_error::deserialize(&value).map_err(|e| doc.decode_error(&value, e))
 }

@@ -6,6 +6,7 @@ pub mod file;
 pub mod kube;
 pub mod objects;
 pub mod testconfig;
+pub mod yaml;
 
 use thiserror::Error;
 
@@ -36,7 +37,7 @@ pub enum SourceError {
     Yaml {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// A document whose fields have the wrong types (`port: "eighty"`); only it is left out.
     #[error("{path}: document {index}: {kind} {object}: {field}: cannot decode: {source}")]
@@ -49,7 +50,7 @@ pub enum SourceError {
         /// Where in the document (`spec.ports[0].port`).
         field: String,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_json::Error,
     },
     /// A watched object a field of which the proxy reads could not be decoded: it is
     /// skipped, the watch goes on.

@@ -12,7 +12,7 @@
 use std::net::IpAddr;
 
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::{SourceError, convert::parse_ip};
 use crate::model::{
@@ -113,7 +113,7 @@ pub fn parse(value: &Value) -> Result<TestConfig, SourceError> {
         .unwrap_or("")
         .to_string();
     let spec_value = value.get("spec").cloned().unwrap_or(Value::Null);
-    let spec: Spec = serde_yaml::from_value(spec_value)
+    let spec: Spec = serde_json::from_value(spec_value)
         .map_err(|e| invalid(&name, "spec", "", &e.to_string()))?;
     let family = match spec.ip_family.as_deref() {
         None | Some("IPv4") => IpFamily::V4,
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn step_ranges() {
-        let v: Value = serde_yaml::from_str(
+        let v: Value = crate::source::yaml::from_str(
             "metadata: {annotations: {peertest.kube-proxy.local/present-in-steps: \"2-5\"}}",
         )
         .expect("yaml");

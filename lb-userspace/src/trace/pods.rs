@@ -40,8 +40,9 @@ struct PodIp {
 /// that parses, are skipped).
 pub fn pods(text: &str) -> Pods {
     let mut out = Pods::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let Ok(p) = PodDoc::deserialize(doc) else {
+    let docs = crate::source::yaml::documents(text).unwrap_or_default();
+    for doc in docs {
+        let Ok(p) = serde_json::from_value::<PodDoc>(doc) else {
             continue;
         };
         if p.kind.as_deref() != Some("Pod") {

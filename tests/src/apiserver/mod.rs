@@ -214,14 +214,8 @@ pub struct ApiServer {
 
 /// Parses YAML or JSON documents (null ones skipped).
 fn documents(yaml: &str) -> Result<Vec<Value>, String> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
+    let docs = lb_userspace::source::yaml::documents(yaml).map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|v| !v.is_null()).collect())
 }
 
 impl ApiServer {

@@ -213,7 +213,7 @@ impl GenFile {
     pub(crate) fn text(&self) -> String {
         self.docs
             .iter()
-            .map(|d| serde_yaml::to_string(d).expect("serializable"))
+            .map(|d| serde_saphyr::to_string(d).expect("serializable"))
             .collect::<Vec<_>>()
             .join("---\n")
     }

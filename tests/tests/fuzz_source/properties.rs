@@ -99,7 +99,7 @@ proptest! {
                 json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": metadata,
                        "addressType": "IPv4", "endpoints": body, "ports": extra})
             };
-            text.push_str(&serde_yaml::to_string(&doc).expect("serializable"));
+            text.push_str(&serde_saphyr::to_string(&doc).expect("serializable"));
             if i + 1 < docs.len() {
                 text.push_str("---\n");
             }
@@ -162,7 +162,7 @@ proptest! {
                    "metadata": {"namespace": "big", "name": "many-1", "labels": {"kubernetes.io/service-name": "many"}},
                    "addressType": "IPv4", "ports": [{"name": "p", "port": 8080}], "endpoints": endpoints}),
         ];
-        let text = docs.iter().map(|d| serde_yaml::to_string(d).expect("yaml")).collect::<Vec<_>>().join("---\n");
+        let text = docs.iter().map(|d| serde_saphyr::to_string(d).expect("yaml")).collect::<Vec<_>>().join("---\n");
         let loaded = file::parse("big.yaml", &text).expect("parses");
         prop_assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
         let (d, errors) = desired::compute(&loaded.model, &mut Ids::default(), Limits::default());
