@@ -11,6 +11,8 @@ pub mod catalog;
 pub mod counters;
 pub mod maps;
 pub mod prev;
+#[cfg(feature = "user")]
+pub mod user;
 pub mod v6;
 
 pub use catalog::*;
@@ -22,6 +24,8 @@ pub use v6::*;
 pub const IPPROTO_TCP: u8 = 6;
 /// IP protocol number of UDP.
 pub const IPPROTO_UDP: u8 = 17;
+/// IP protocol number of SCTP.
+pub const IPPROTO_SCTP: u8 = 132;
 
 /// `family` value for IPv4 addresses (`addr_be[0]` holds the address, the rest is zero).
 pub const FAMILY_V4: u8 = 4;

@@ -1,5 +1,6 @@
 //! `xlb list`: reads the pinned maps and shows them in Kubernetes terms.
 
+use lb_common::user::{show_backend, show_frontend, svc_name_str};
 use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
@@ -16,7 +17,7 @@ use crate::{
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
-    desired::{Desired, show_backend, show_frontend, svc_name_str},
+    desired::Desired,
     model::Protocol,
 };
 

@@ -68,6 +68,13 @@ impl Protocol {
     }
 }
 
+/// The IP protocol number, as the map codec (`lb_common::user`) takes it.
+impl From<Protocol> for u8 {
+    fn from(p: Protocol) -> u8 {
+        p.number()
+    }
+}
+
 impl fmt::Display for Protocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -346,7 +346,7 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
         d.services
             .keys()
             .filter(|k| k.slot == 0)
-            .map(desired::show_frontend)
+            .map(lb_common::user::show_frontend)
             .collect::<Vec<_>>()
     };
     assert_eq!(fronts(&d1), fronts(&d2), "programmed services must be kept");

@@ -227,7 +227,7 @@ fn web_programmed(pins: &std::path::Path) -> bool {
     let Ok(svc) = HashMap::<MapData, SvcKey, SvcValue>::try_from(map) else {
         return false;
     };
-    let key = lb_userspace::desired::frontend_key(WEB, 80, lb_userspace::model::Protocol::Tcp);
+    let key = lb_common::user::frontend_key(WEB, 80, lb_userspace::model::Protocol::Tcp);
     svc.get(&key, 0).is_ok_and(|v| v.count == 1) && svc.get(&SvcKey { slot: 1, ..key }, 0).is_ok()
 }
 
@@ -288,7 +288,7 @@ fn kill_mid_sync(s: &mut Scenario) -> Duration {
     use lb_common::{SvcKey, SvcValue};
     let first_slot = SvcKey {
         slot: 1,
-        ..lb_userspace::desired::frontend_key(
+        ..lb_common::user::frontend_key(
             Ipv4Addr::new(10, 100, 0, 0),
             80,
             lb_userspace::model::Protocol::Tcp,

@@ -243,7 +243,7 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
                 .filter(|r| r.svc_id == v.svc_id)
                 .map(|r| (r.addr, r.prefix))
                 .collect();
-            let name = desired::svc_name_str(&d.names[&v.svc_id]).to_string();
+            let name = lb_common::user::svc_name_str(&d.names[&v.svc_id]).to_string();
             (
                 *k,
                 (
@@ -389,15 +389,15 @@ fn a_frontend_freed_by_its_owner_goes_to_the_service_waiting_for_it() {
         model.upsert_slice(slice(s, 0, &[(s, 1, false)]));
     }
     engine.full(&model, &ctx, &mut ids, limits);
-    let ext = desired::frontend_key(Ipv4Addr::new(192, 0, 2, 1), 80, Protocol::Tcp);
+    let ext = lb_common::user::frontend_key(Ipv4Addr::new(192, 0, 2, 1), 80, Protocol::Tcp);
     let owner = |e: &Incremental| canonical(e.desired()).get(&ext).map(|s| s.4.clone());
     // 10.244.0.1 is on this node (node-a), 10.244.0.2 on node-b.
     let backend = |n: u8| {
         let ip = Ipv4Addr::new(10, 244, 0, n + 1);
         vec![if n == 0 {
-            desired::backend_value(ip, 8080, Protocol::Tcp)
+            lb_common::user::backend_value(ip, 8080, Protocol::Tcp)
         } else {
-            desired::remote_backend_value(ip, 8080, Protocol::Tcp)
+            lb_common::user::remote_backend_value(ip, 8080, Protocol::Tcp)
         }]
     };
     assert_eq!(owner(&engine), Some(backend(0)), "s0 owns it");

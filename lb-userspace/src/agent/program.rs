@@ -291,7 +291,7 @@ mod tests {
             .state
             .backends
             .values()
-            .map(crate::desired::show_backend)
+            .map(lb_common::user::show_backend)
             .collect();
         assert!(be.iter().any(|s| s.contains("10.244.0.9")), "{be:?}");
         assert!(!be.iter().any(|s| s.contains("10.244.0.2")), "{be:?}");
@@ -328,7 +328,7 @@ mod tests {
             .state
             .backends
             .values()
-            .map(crate::desired::show_backend)
+            .map(lb_common::user::show_backend)
             .collect();
         assert!(
             be.iter().any(|s| s.contains("10.244.0.9"))

@@ -5,6 +5,7 @@
 //! one of its keys takes it in (the apply then compares against what it left). It is
 //! reported by name, with the map and the limit, at every failed try.
 
+use lb_common::user::svc_name_str;
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
@@ -14,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     datapath::{diverged::Diverged, sync::SyncReport},
-    desired::{Desired, Touched, svc_name_str},
+    desired::{Desired, Touched},
 };
 
 /// The first retry's delay; it doubles with every failed try up to [`BACKOFF_MAX`].

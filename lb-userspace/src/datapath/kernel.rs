@@ -1,5 +1,6 @@
 //! `MapWriter` over the kernel's maps (owned by a loaded object, or opened from pins).
 
+use lb_common::user::show_frontend;
 use std::{net::IpAddr, os::fd::AsFd, path::Path};
 
 use aya::maps::{
@@ -17,7 +18,7 @@ use super::{
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
-use crate::desired::{Desired, SrcRange, show_frontend};
+use crate::desired::{Desired, SrcRange};
 
 /// The maps the agent writes. A service index's counters are zeroed when its name is
 /// first written, a backend index's when the backend is written (a new index or a new
@@ -61,7 +62,7 @@ pub fn range_key(r: &SrcRange) -> RangeKey {
             len,
             SrcRangeKey6 {
                 svc_id_be,
-                addr_be: crate::desired::addr_words(IpAddr::V6(a)).0,
+                addr_be: lb_common::user::addr_words(IpAddr::V6(a)).0,
             },
         )),
     }
@@ -77,7 +78,7 @@ pub fn range_of(k: &RangeKey) -> SrcRange {
         }
         RangeKey::V6(k) => {
             let d = k.data();
-            let addr = crate::desired::words_addr(d.addr_be, lb_common::FAMILY_V6);
+            let addr = lb_common::user::words_addr(d.addr_be, lb_common::FAMILY_V6);
             (d.svc_id_be, addr, k.prefix_len())
         }
     };

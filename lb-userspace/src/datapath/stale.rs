@@ -239,7 +239,9 @@ mod tests {
     use lb_common::{SvcKey, SvcValue};
 
     use super::*;
-    use crate::{desired::frontend_key, model::Protocol};
+    use lb_common::user::frontend_key;
+
+    use crate::model::Protocol;
 
     fn state(frontends: &[(Protocol, &[u8])]) -> Desired {
         let mut d = Desired::default();
@@ -249,7 +251,7 @@ mod tests {
                 let id = u32::from(*b);
                 d.backends.insert(
                     id,
-                    crate::desired::backend_value(Ipv4Addr::new(10, 244, 0, *b), 5353, *proto),
+                    lb_common::user::backend_value(Ipv4Addr::new(10, 244, 0, *b), 5353, *proto),
                 );
                 d.services.insert(
                     SvcKey {

@@ -299,11 +299,10 @@ mod tests {
 
     use lb_common::{CT_DIR_FORWARD, CT_F_SNAT, IPPROTO_TCP};
 
+    use lb_common::user::{backend_value, frontend_key};
+
     use super::*;
-    use crate::{
-        desired::{backend_value, frontend_key},
-        model::Protocol,
-    };
+    use crate::model::Protocol;
 
     fn be(last: u8) -> Backend {
         backend_value(Ipv4Addr::new(10, 244, 0, last), 8080, Protocol::Tcp)

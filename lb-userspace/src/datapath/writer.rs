@@ -92,7 +92,7 @@ impl MemoryMaps {
 }
 
 fn svc_entry(k: &SvcKey) -> String {
-    format!("{}#{}", crate::desired::show_frontend(k), k.slot)
+    format!("{}#{}", lb_common::user::show_frontend(k), k.slot)
 }
 
 impl MapWriter for MemoryMaps {

@@ -3,6 +3,7 @@
 //! the LoadBalancer IPs and the NodePorts, each with the endpoints its traffic policy
 //! chooses, its flags, affinity and allowed source ranges.
 
+use lb_common::user::frontend_key;
 use std::net::{IpAddr, Ipv4Addr};
 
 use lb_common::{
@@ -10,7 +11,7 @@ use lb_common::{
     SVC_F_TWO_SCOPES, SvcKey,
 };
 
-use super::{DesiredError, NodeContext, frontend_key};
+use super::{DesiredError, NodeContext};
 use crate::model::{
     BackendAddr, Cidr, Model, Protocol, ServicePort, ServiceRef,
     node::{IpFamily, NodeSettings},

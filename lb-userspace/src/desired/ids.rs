@@ -301,11 +301,10 @@ impl Ids {
 mod tests {
     use std::net::Ipv4Addr;
 
+    use lb_common::user::{backend_value, frontend_key};
+
     use super::*;
-    use crate::{
-        desired::{backend_value, frontend_key},
-        model::Protocol,
-    };
+    use crate::model::Protocol;
 
     fn web() -> SvcKey {
         frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp)

@@ -11,13 +11,14 @@
 //! owns is a conflict; the loser waits on the frontend and is recomputed when the owner
 //! lets it go.
 
+use lb_common::user::show_frontend;
 use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
 
 use super::{
     Candidate, Desired, DesiredError, Ids, Journal, Limits, NodeContext, Placed, external,
-    live_filter_bits, place, placing_order, service_candidates, show_frontend,
+    live_filter_bits, place, placing_order, service_candidates,
 };
 use crate::model::{Model, ServiceRef};
 

@@ -8,7 +8,7 @@ use std::{
 
 use lb_common::{
     BACKEND_MAP_CAPACITY, Backend, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
-    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
+    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue, user::show_frontend,
 };
 use thiserror::Error;
 
@@ -18,16 +18,10 @@ mod incremental;
 mod journal;
 mod place;
 mod show;
-mod values;
 
 pub use ids::Ids;
 pub use incremental::{Incremental, Touched};
 pub use journal::Journal;
-pub use show::{show_backend, show_frontend};
-pub use values::{
-    addr_words, backend_value, frontend_key, remote_backend_value, svc_name, svc_name_str,
-    words_addr,
-};
 
 use candidates::{Candidate, service_candidates};
 use place::{Placed, external, place, placing_order};

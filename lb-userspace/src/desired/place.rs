@@ -1,14 +1,14 @@
 //! Placing a frontend: its service index, its backends' indices and generations, its slots;
 //! admitted into the desired state when every map it needs has room.
 
+use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
     Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS, SCOPE_EXTERNAL,
     SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
-    Desired, DesiredError, Ids, Limits, SrcRange, backend_value, candidates::Candidate,
-    journal::Journal, remote_backend_value, svc_name,
+    Desired, DesiredError, Ids, Limits, SrcRange, candidates::Candidate, journal::Journal,
 };
 
 /// One frontend's entries, backends, name and source ranges, before admission.

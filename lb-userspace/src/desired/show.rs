@@ -1,51 +1,15 @@
-//! Desired state as text: frontends and backends in `a.b.c.d:port/PROTO` form, and the
-//! sorted dump golden tests and `xlb desired` print.
+//! Desired state as text: the sorted dump golden tests and `xlb desired` print (frontends
+//! and backends in `lb_common::user`'s `a.b.c.d:port/PROTO` form).
 
 use std::fmt::Write as _;
 
 use lb_common::{
-    BE_F_REMOTE, Backend, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SvcKey,
+    BE_F_REMOTE, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
+    SVC_F_TWO_SCOPES,
+    user::{show_backend, show_frontend, svc_name_str},
 };
 
-use super::{Desired, svc_name_str};
-use crate::model::Protocol;
-
-/// `a.b.c.d:port`, or `[v6]:port`.
-fn sock(addr_be: [u32; 4], family: u8, port_be: u16) -> String {
-    std::net::SocketAddr::new(
-        super::values::words_addr(addr_be, family),
-        u16::from_be(port_be),
-    )
-    .to_string()
-}
-
-fn proto_name(p: u8) -> String {
-    Protocol::from_number(p).map_or_else(|| format!("proto{p}"), |p| p.to_string())
-}
-
-/// `a.b.c.d:port/PROTO` of a service key (` internal` added for an internal scope).
-pub fn show_frontend(k: &SvcKey) -> String {
-    format!(
-        "{}/{}{}",
-        sock(k.addr_be, k.family, k.port_be),
-        proto_name(k.proto),
-        if k.scope == SCOPE_INTERNAL {
-            " internal"
-        } else {
-            ""
-        }
-    )
-}
-
-/// `a.b.c.d:port/PROTO` of a backend.
-pub fn show_backend(b: &Backend) -> String {
-    format!(
-        "{}/{}",
-        sock(b.addr_be, b.family, b.port_be),
-        proto_name(b.proto)
-    )
-}
+use super::Desired;
 
 impl Desired {
     /// Sorted text of every entry, for golden tests and `xlb list --raw`.

@@ -8,6 +8,8 @@ use lb_common::{
     SvcKey,
 };
 
+use lb_common::user::{frontend_key, show_frontend, svc_name_str, words_addr};
+
 use super::*;
 use crate::{model::Protocol, source::file};
 

@@ -91,12 +91,12 @@ pub(crate) fn claims(model: &Model) -> BTreeMap<SvcKey, Vec<String>> {
             } else {
                 format!("{id}:{}", p.name)
             };
-            out.entry(desired::frontend_key(vip, p.port, p.protocol))
+            out.entry(lb_common::user::frontend_key(vip, p.port, p.protocol))
                 .or_default()
                 .push(object.clone());
             for ip in &svc.external_ips {
                 if let std::net::IpAddr::V4(ip) = ip {
-                    out.entry(desired::frontend_key(*ip, p.port, p.protocol))
+                    out.entry(lb_common::user::frontend_key(*ip, p.port, p.protocol))
                         .or_default()
                         .push(format!("{object} (externalIP {ip})"));
                 }
@@ -124,7 +124,7 @@ pub(crate) fn check_frontends(
     errors: &[DesiredError],
 ) -> Result<(), TestCaseError> {
     for (key, objects) in claims(model) {
-        let shown = desired::show_frontend(&key);
+        let shown = lb_common::user::show_frontend(&key);
         let conflicts = errors
             .iter()
             .filter(|e| matches!(e, DesiredError::FrontendConflict { frontend, .. } if *frontend == shown))

@@ -166,7 +166,7 @@ proptest! {
         let loaded = file::parse("big.yaml", &text).expect("parses");
         prop_assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
         let (d, errors) = desired::compute(&loaded.model, &mut Ids::default(), Limits::default());
-        let key = desired::frontend_key(std::net::Ipv4Addr::new(10, 96, 9, 9), 80, Protocol::Tcp);
+        let key = lb_common::user::frontend_key(std::net::Ipv4Addr::new(10, 96, 9, 9), 80, Protocol::Tcp);
         prop_assert_eq!(d.services.get(&key).map(|v| v.count), Some(MAX_BACKENDS_PER_SVC));
         prop_assert!(key.scope == SCOPE_EXTERNAL);
         prop_assert!(

@@ -456,7 +456,7 @@ pub fn extend_model(
 pub fn svc_key(vip: Ipv4Addr, port: u16, slot: u16) -> SvcKey {
     SvcKey {
         slot,
-        ..desired::frontend_key(vip, port, lb_userspace::model::Protocol::Tcp)
+        ..lb_common::user::frontend_key(vip, port, lb_userspace::model::Protocol::Tcp)
     }
 }
 

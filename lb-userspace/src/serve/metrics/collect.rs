@@ -12,7 +12,7 @@ use std::{
 use aya::maps::Map;
 use lb_common::{
     Counter, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC_NAME,
-    MAP_SVC_STATS, R_COUNT, REASON_NAMES, SvcName,
+    MAP_SVC_STATS, R_COUNT, REASON_NAMES, SvcName, user::svc_name_str,
 };
 use prometheus_client::{
     collector::Collector,
@@ -31,7 +31,6 @@ use crate::{
         kernel::open_pinned,
         rows,
     },
-    desired::svc_name_str,
     serve::health::Health,
 };
 

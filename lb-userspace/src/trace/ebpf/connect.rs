@@ -1,6 +1,7 @@
 //! The node's own socket: connect4's (or, to an IPv6 frontend, connect6's) decision
 //! computed from the live maps.
 
+use lb_common::user::show_backend;
 use lb_common::{
     FAMILY_NETNS, NodeConfig, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
     SVC_F_TWO_SCOPES,
@@ -12,7 +13,7 @@ use super::{
 };
 use crate::{
     datapath::clock::monotonic_coarse_ns,
-    desired::{Desired, show_backend},
+    desired::Desired,
     trace::{Report, request::Resolved},
 };
 

@@ -87,7 +87,7 @@ pub(super) fn tracked(
     dst: SocketAddr,
     proto: Protocol,
 ) -> Option<SocketAddr> {
-    let words = |a: SocketAddr| crate::desired::addr_words(a.ip()).0;
+    let words = |a: SocketAddr| lb_common::user::addr_words(a.ip()).0;
     match (src, dst) {
         (SocketAddr::V4(_), SocketAddr::V4(_)) => {
             let key = CtKey {

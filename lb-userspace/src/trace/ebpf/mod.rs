@@ -4,6 +4,7 @@
 //! the service, backend and affinity maps are shared by both families; conntrack has a
 //! table per family ([`flows`] shows either).
 
+use lb_common::user::{addr_words, frontend_key, show_backend, svc_name_str, words_addr};
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
@@ -31,7 +32,7 @@ use crate::{
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
-    desired::{Desired, addr_words, frontend_key, show_backend, svc_name_str, words_addr},
+    desired::Desired,
     model::{IpFamily, NodeSettings, Protocol, select::service_ports},
 };
 
