@@ -30,7 +30,7 @@ pub struct Wanted<'a> {
 
 impl<'a> Wanted<'a> {
     /// The interfaces the agent's options ask for.
-    pub fn of(opts: &'a super::AgentOptions) -> Self {
+    pub fn of(opts: &'a super::InterfaceOptions) -> Self {
         Self {
             pod_interfaces: &opts.pod_interfaces,
             node_interfaces: &opts.node_interfaces,

@@ -58,29 +58,40 @@ pub enum SourceSpec {
 pub struct AgentOptions {
     /// Where services come from.
     pub source: SourceSpec,
-    /// This node's name (endpoints with this `nodeName` are local).
-    pub node_name: String,
-    /// Glob(s) of pod-facing interfaces to attach to (comma-separated).
-    pub pod_interfaces: String,
-    /// Node interfaces: replies from remote backends and NodePort traffic arrive there.
-    pub node_interfaces: Vec<String>,
-    /// Where NodePorts are served; empty: the node interfaces' IPv4 addresses.
-    pub node_port_addresses: Vec<std::net::IpAddr>,
-    /// Pin directory on bpffs.
-    pub bpffs: PathBuf,
+    /// This node: its name and where NodePorts are served.
+    pub node: NodeOptions,
+    /// The loaded programs and their maps.
+    pub datapath: DatapathOptions,
+    /// The interfaces tc and XDP attach to.
+    pub interfaces: InterfaceOptions,
+    /// The cgroup socket hooks.
+    pub sockets: SocketOptions,
+    /// The HTTP servers.
+    pub servers: ServerOptions,
     /// How often the file and the interfaces are looked at when inotify or rtnetlink is
     /// unavailable (and how often a failed attach is retried); nothing is polled otherwise.
     pub poll: Duration,
     /// kube-proxy's minSyncPeriod: the least time between two syncs (a change after a quiet
     /// period applies at once, a burst within it is one sync at its end).
     pub min_sync: Duration,
-    /// Where `/healthz` and `/livez` are served (kube-proxy: 0.0.0.0:10256).
-    pub healthz_addr: Option<std::net::SocketAddr>,
-    /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Per-service series in `/metrics` for at most this many service ports
-    /// (`--metrics-per-service`); none: node-level series only.
-    pub metrics_per_service: Option<usize>,
+}
+
+/// This node.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// This node's name (endpoints with this `nodeName` are local).
+    pub name: String,
+    /// Where NodePorts are served; empty: the node interfaces' addresses.
+    pub node_port_addresses: Vec<std::net::IpAddr>,
+}
+
+/// The loaded programs, their pinned maps and their node configuration.
+#[derive(Clone, Debug)]
+pub struct DatapathOptions {
+    /// Pin directory on bpffs.
+    pub bpffs: PathBuf,
+    /// Map sizes (`--conntrack-max-per-core`, `--conntrack-min`, `--*-map-max`).
+    pub map_sizes: crate::datapath::sizes::MapSizes,
     /// Source ports for flows SNATed to this node (remote backends of external frontends).
     pub snat_ports: std::ops::RangeInclusive<u16>,
     /// Where a pod reaching itself through a service appears to come from; `None`: hairpin
@@ -88,30 +99,58 @@ pub struct AgentOptions {
     pub hairpin_address: Option<std::net::Ipv4Addr>,
     /// The same for IPv6 flows (`--hairpin-address6`).
     pub hairpin_address6: Option<std::net::Ipv6Addr>,
-    /// XDP on the node interfaces (`--xdp`).
-    pub xdp: attach::XdpSetting,
-    /// Which sockets the cgroup socket hooks translate (`--socket-lb`).
-    pub socket_lb: SocketLb,
-    /// The cgroup v2 directory the socket hooks attach to (`--cgroup-path`); `None`: the
-    /// cgroup v2 root found from the mounts.
-    pub cgroup_path: Option<PathBuf>,
-    /// Map sizes (`--conntrack-max-per-core`, `--conntrack-min`, `--*-map-max`).
-    pub map_sizes: crate::datapath::sizes::MapSizes,
     /// The programs log their decisions into the agent's log (`--bpf-log debug`).
     pub bpf_log: bool,
 }
 
-impl AgentOptions {
-    /// The datapath's node configuration for these options, in the network namespace with
-    /// cookie `host_netns_cookie` (the agent's).
-    pub fn node_config(&self, host_netns_cookie: u64) -> lb_common::NodeConfig {
+/// The interfaces tc and XDP attach to.
+#[derive(Clone, Debug)]
+pub struct InterfaceOptions {
+    /// Glob(s) of pod-facing interfaces to attach to (comma-separated).
+    pub pod_interfaces: String,
+    /// Node interfaces: replies from remote backends and NodePort traffic arrive there.
+    pub node_interfaces: Vec<String>,
+    /// XDP on the node interfaces (`--xdp`).
+    pub xdp: attach::XdpSetting,
+}
+
+/// The cgroup socket hooks.
+#[derive(Clone, Debug)]
+pub struct SocketOptions {
+    /// Which sockets the hooks translate (`--socket-lb`).
+    pub socket_lb: SocketLb,
+    /// The cgroup v2 directory they attach to (`--cgroup-path`); `None`: the cgroup v2
+    /// root found from the mounts.
+    pub cgroup_path: Option<PathBuf>,
+}
+
+/// The HTTP servers.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Where `/healthz` and `/livez` are served (kube-proxy: 0.0.0.0:10256).
+    pub healthz_addr: Option<std::net::SocketAddr>,
+    /// Where `/metrics` is served (kube-proxy: 127.0.0.1:10249).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Per-service series in `/metrics` for at most this many service ports
+    /// (`--metrics-per-service`); none: node-level series only.
+    pub metrics_per_service: Option<usize>,
+}
+
+impl DatapathOptions {
+    /// The datapath's node configuration, with the socket hooks in mode `socket_lb`, in the
+    /// network namespace with cookie `host_netns_cookie` (the agent's).
+    pub fn node_config(
+        &self,
+        socket_lb: SocketLb,
+        host_netns_cookie: u64,
+    ) -> lb_common::NodeConfig {
         lb_common::NodeConfig {
             snat_port_min: *self.snat_ports.start(),
             snat_port_max: *self.snat_ports.end(),
             hairpin_addr_be: self
                 .hairpin_address
                 .map_or(0, |a| u32::from_ne_bytes(a.octets())),
-            flags: if self.socket_lb == SocketLb::Host {
+            flags: if socket_lb == SocketLb::Host {
                 lb_common::CFG_F_SOCK_HOST_ONLY
             } else {
                 0
@@ -155,25 +194,28 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         limits,
         mut programmed,
         mut ids,
-    } = start::load(opts)?;
+    } = start::load(&opts.datapath, &opts.sockets)?;
     let mut ifs = Interfaces::default();
-    let wanted = Wanted::of(opts);
+    let wanted = Wanted::of(&opts.interfaces);
     let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
     let metrics = Arc::new(Metrics::new(
         MetricsOptions {
-            pins: opts.bpffs.clone(),
-            per_service: opts.metrics_per_service,
+            pins: opts.datapath.bpffs.clone(),
+            per_service: opts.servers.metrics_per_service,
         },
         Some(health.clone()),
     ));
-    start::serve(opts, &health, &metrics)?;
+    start::serve(&opts.servers, &health, &metrics)?;
     // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
     // after the upgrade drops what only they would use.
-    let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(opts));
-    let mut node =
-        desired::NodeContext::new(&opts.node_name, &node_port_addresses(opts), socket_lb);
+    let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(&opts.sockets));
+    let mut node = desired::NodeContext::new(
+        &opts.node.name,
+        &node_port_addresses(&opts.node, &opts.interfaces),
+        socket_lb,
+    );
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
-    let _collector = CollectorGuard::spawn(&opts.bpffs, &metrics);
+    let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, &metrics);
     // Link changes wake the loop at once (a new or re-created pod veth is attached within
     // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
@@ -187,13 +229,13 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             links_changed = false;
             let mut links = KernelLinks {
                 ebpf: &mut ebpf,
-                dir: &opts.bpffs,
+                dir: &opts.datapath.bpffs,
             };
             ifs.sync(&mut links, &wanted)?;
             if !attached {
                 // Flows the previous programs began before they were replaced.
                 attached = true;
-                backfill_egress(&opts.bpffs);
+                backfill_egress(&opts.datapath.bpffs);
             }
         }
         state.prune_when_due(&mut last_prune);
@@ -218,7 +260,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                     ids: &mut ids,
                     limits,
                 },
-                hooks.as_deref().map(|cgroup| (opts, cgroup)),
+                hooks.as_deref().map(|cgroup| sockets::Attached {
+                    opts: &opts.sockets,
+                    pins: &opts.datapath.bpffs,
+                    cgroup,
+                }),
             );
             if let Some(prev) = upgrade.take() {
                 let now = programmed.as_ref().unwrap_or(state.engine.desired());
@@ -240,7 +286,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             );
             health.synced();
             if std::mem::take(&mut state.health_changed) {
-                update_service_health(&mut service_health, &state, &node, opts);
+                update_service_health(&mut service_health, &state, &node, &opts.node.name);
             }
             continue;
         }
@@ -262,7 +308,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         }
     }
     info!(
-        pins = %opts.bpffs.display(),
+        pins = %opts.datapath.bpffs.display(),
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"
     );
     Ok(())
@@ -275,10 +321,10 @@ fn update_service_health(
     service_health: &mut serve::service_health::ServiceHealth,
     state: &State,
     node: &desired::NodeContext,
-    opts: &AgentOptions,
+    node_name: &str,
 ) {
     service_health.update(
-        &serve::service_health::desired(&state.model, &opts.node_name),
+        &serve::service_health::desired(&state.model, node_name),
         &node.node_port_addresses(),
     );
 }
@@ -316,7 +362,7 @@ fn woken(
     match w {
         Wake::Links => return Ok(true),
         Wake::Addresses => {
-            let addrs = node_port_addresses(opts);
+            let addrs = node_port_addresses(&opts.node, &opts.interfaces);
             if addrs != node.node_port_addresses() {
                 node.set_node_port_addresses(&addrs);
                 state.node_changed();
@@ -540,13 +586,13 @@ fn take_over(
     wanted: &Wanted<'_>,
 ) -> Result<Option<PathBuf>, AgentError> {
     let before = prev.copy(current, false)?;
-    let hooks = sockets::sync_socket_hooks(opts, ebpf);
+    let hooks = sockets::sync_socket_hooks(&opts.sockets, &opts.datapath.bpffs, ebpf);
     let mut links = KernelLinks {
         ebpf,
-        dir: &opts.bpffs,
+        dir: &opts.datapath.bpffs,
     };
     ifs.sync(&mut links, wanted)?;
-    backfill_egress(&opts.bpffs);
+    backfill_egress(&opts.datapath.bpffs);
     let meanwhile = prev.copy(current, true)?;
     let removed = prev.finish();
     info!(
@@ -575,11 +621,11 @@ pub(super) fn backfill_egress(dir: &std::path::Path) {
 
 /// `--nodeport-addresses`, or by default the node interfaces' addresses of both families
 /// (IPv6: global ones, not link-local).
-fn node_port_addresses(opts: &AgentOptions) -> Vec<std::net::IpAddr> {
-    if !opts.node_port_addresses.is_empty() {
-        return opts.node_port_addresses.clone();
+fn node_port_addresses(node: &NodeOptions, ifs: &InterfaceOptions) -> Vec<std::net::IpAddr> {
+    if !node.node_port_addresses.is_empty() {
+        return node.node_port_addresses.clone();
     }
-    opts.node_interfaces
+    ifs.node_interfaces
         .iter()
         .flat_map(|i| netif::node_port_addresses(i))
         .collect()

@@ -10,7 +10,7 @@ use std::{collections::BTreeSet, time::Instant};
 
 use tracing::{error, info, warn};
 
-use super::{AgentOptions, State, retry::Taken, sockets};
+use super::{State, retry::Taken, sockets};
 use crate::{
     datapath::{
         diverged::Diverged,
@@ -106,7 +106,7 @@ pub(super) fn sync(
     state: &mut State,
     node: &desired::NodeContext,
     p: &mut Programmed<'_>,
-    udp: Option<(&AgentOptions, &std::path::Path)>,
+    udp: Option<sockets::Attached<'_>>,
 ) -> u64 {
     let started = Instant::now();
     p.ids.tick(Instant::now());
@@ -135,10 +135,10 @@ pub(super) fn sync(
     for e in &report.errors {
         error!("{e}");
     }
-    if let (Some((opts, cgroup)), Some(before)) = (udp, udp_before) {
+    if let (Some(hooks), Some(before)) = (udp, udp_before) {
         let after = stale::udp_pairs(&now, &touched.frontends);
         let gone = before.difference(&after).copied().collect();
-        sockets::destroy_stale_udp(opts, cgroup, &gone);
+        sockets::destroy_stale_udp(hooks, &gone);
     }
     // What failed is kept per service (what it left programmed) and retried on its own
     // with backoff; the next syncs stay incremental.

@@ -8,14 +8,14 @@ use std::{
 
 use tracing::{debug, error, info, warn};
 
-use super::AgentOptions;
+use super::SocketOptions;
 use crate::datapath::{
     socket::{self, SocketLb},
     stale,
 };
 
 /// Whether the socket hooks are to be attached (on, with a cgroup v2 to attach them to).
-pub(super) fn wanted(opts: &AgentOptions) -> bool {
+pub(super) fn wanted(opts: &SocketOptions) -> bool {
     opts.socket_lb != SocketLb::Off
         && (opts.cgroup_path.is_some() || socket::cgroup2_root().is_some())
 }
@@ -23,9 +23,13 @@ pub(super) fn wanted(opts: &AgentOptions) -> bool {
 /// Attaches (or, with `--socket-lb off`, removes) the socket hooks; returns the cgroup they
 /// run in. Without cgroup v2, or when attaching fails, the error is logged and the agent
 /// goes on with the tc path alone.
-pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Option<PathBuf> {
+pub(super) fn sync_socket_hooks(
+    opts: &SocketOptions,
+    pins: &Path,
+    ebpf: &mut aya::Ebpf,
+) -> Option<PathBuf> {
     if opts.socket_lb == SocketLb::Off {
-        if socket::detach(&opts.bpffs) > 0 {
+        if socket::detach(pins) > 0 {
             info!("--socket-lb off: removed the socket hooks an earlier agent attached");
         }
         return None;
@@ -36,7 +40,7 @@ pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Op
         );
         return None;
     };
-    match socket::attach(ebpf, &opts.bpffs, &cgroup) {
+    match socket::attach(ebpf, pins, &cgroup) {
         Ok(()) => {
             info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6; pinned)");
             Some(cgroup)
@@ -48,13 +52,22 @@ pub(super) fn sync_socket_hooks(opts: &AgentOptions, ebpf: &mut aya::Ebpf) -> Op
     }
 }
 
+/// The socket hooks as attached: their options, the pins, their cgroup.
+#[derive(Clone, Copy)]
+pub(super) struct Attached<'a> {
+    pub opts: &'a SocketOptions,
+    pub pins: &'a Path,
+    pub cgroup: &'a Path,
+}
+
 /// Destroys the connected UDP sockets that went to a backend of a frontend that no longer
 /// has it (`gone`: frontend and backend).
-pub(super) fn destroy_stale_udp(opts: &AgentOptions, cgroup: &Path, gone: &BTreeSet<stale::Pair>) {
+pub(super) fn destroy_stale_udp(hooks: Attached<'_>, gone: &BTreeSet<stale::Pair>) {
+    let Attached { opts, pins, cgroup } = hooks;
     if gone.is_empty() {
         return;
     }
-    let cookies = match stale::cookies(&opts.bpffs, gone) {
+    let cookies = match stale::cookies(pins, gone) {
         Ok(c) if c.is_empty() => return,
         Ok(c) => c,
         Err(e) => {

@@ -5,7 +5,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use tracing::{info, warn};
 
-use super::{AgentError, AgentOptions, sockets};
+use super::{AgentError, DatapathOptions, ServerOptions, SocketOptions, sockets};
 use crate::{
     EBPF_OBJECT,
     datapath::{
@@ -40,7 +40,7 @@ pub(super) struct Started {
 }
 
 /// Loads the datapath and adopts what is pinned.
-pub(super) fn load(opts: &AgentOptions) -> Result<Started, AgentError> {
+pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<Started, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
     // Before this agent's programs replace an earlier one's (see `datapath::ct_egress`).
@@ -55,13 +55,13 @@ pub(super) fn load(opts: &AgentOptions) -> Result<Started, AgentError> {
         true => Some(BpfLogReader::start(&mut ebpf)?),
         false => None,
     };
-    write_config(&mut ebpf, &opts.node_config(cookie))?;
+    write_config(&mut ebpf, &opts.node_config(sockets.socket_lb, cookie))?;
     // The previous layout's pins: its programs keep forwarding from them until this agent
     // has programmed its own maps and copied their flows over; only then are this agent's
     // programs attached (see `datapath::upgrade`).
     let upgrade = upgrade::Previous::find(&opts.bpffs)?;
     let hooks = match upgrade {
-        None => sockets::sync_socket_hooks(opts, &mut ebpf),
+        None => sockets::sync_socket_hooks(sockets, &opts.bpffs, &mut ebpf),
         Some(_) => {
             info!(
                 pins = %opts.bpffs.display(),
@@ -96,7 +96,7 @@ pub(super) fn load(opts: &AgentOptions) -> Result<Started, AgentError> {
 
 /// Serves /healthz and /livez, and /metrics, where asked.
 pub(super) fn serve(
-    opts: &AgentOptions,
+    opts: &ServerOptions,
     health: &Arc<Health>,
     metrics: &Arc<Metrics>,
 ) -> Result<(), AgentError> {

@@ -6,7 +6,10 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{Context, Result};
 use lb_userspace::{
     DEFAULT_BPFFS_DIR,
-    agent::{self, AgentOptions, SourceSpec},
+    agent::{
+        self, AgentOptions, DatapathOptions, InterfaceOptions, NodeOptions, ServerOptions,
+        SocketOptions, SourceSpec,
+    },
     source::kube::KubeOptions,
 };
 
@@ -213,37 +216,49 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
     } else {
         SourceSpec::File(source_file(&source)?)
     };
+    let hairpin_address = if hairpin_address.is_empty() {
+        None
+    } else {
+        Some(hairpin_address.parse().with_context(|| {
+            format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
+        })?)
+    };
+    let hairpin_address6 = if hairpin_address6.is_empty() {
+        None
+    } else {
+        Some(hairpin_address6.parse().with_context(|| {
+            format!("--hairpin-address6 {hairpin_address6:?} is not an IPv6 address")
+        })?)
+    };
     Ok(AgentOptions {
         source,
-        node_name,
-        pod_interfaces,
-        node_interfaces,
-        node_port_addresses: nodeport_addresses,
-        bpffs,
+        node: NodeOptions {
+            name: node_name,
+            node_port_addresses: nodeport_addresses,
+        },
+        datapath: DatapathOptions {
+            bpffs,
+            map_sizes,
+            snat_ports: port_range(&snat_port_range)?,
+            hairpin_address,
+            hairpin_address6,
+            bpf_log: bpf_log == BpfLog::Debug,
+        },
+        interfaces: InterfaceOptions {
+            pod_interfaces,
+            node_interfaces,
+            xdp,
+        },
+        sockets: SocketOptions {
+            socket_lb,
+            cgroup_path,
+        },
+        servers: ServerOptions {
+            healthz_addr: bind_address(&healthz_bind_address)?,
+            metrics_addr: bind_address(&metrics_bind_address)?,
+            metrics_per_service,
+        },
         poll: Duration::from_millis(poll_ms.max(10)),
         min_sync,
-        healthz_addr: bind_address(&healthz_bind_address)?,
-        metrics_addr: bind_address(&metrics_bind_address)?,
-        metrics_per_service,
-        snat_ports: port_range(&snat_port_range)?,
-        xdp,
-        socket_lb,
-        cgroup_path,
-        map_sizes,
-        bpf_log: bpf_log == BpfLog::Debug,
-        hairpin_address: if hairpin_address.is_empty() {
-            None
-        } else {
-            Some(hairpin_address.parse().with_context(|| {
-                format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
-            })?)
-        },
-        hairpin_address6: if hairpin_address6.is_empty() {
-            None
-        } else {
-            Some(hairpin_address6.parse().with_context(|| {
-                format!("--hairpin-address6 {hairpin_address6:?} is not an IPv6 address")
-            })?)
-        },
     })
 }
