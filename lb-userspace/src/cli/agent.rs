@@ -216,20 +216,8 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
     } else {
         SourceSpec::File(source_file(&source)?)
     };
-    let hairpin_address = if hairpin_address.is_empty() {
-        None
-    } else {
-        Some(hairpin_address.parse().with_context(|| {
-            format!("--hairpin-address {hairpin_address:?} is not an IPv4 address")
-        })?)
-    };
-    let hairpin_address6 = if hairpin_address6.is_empty() {
-        None
-    } else {
-        Some(hairpin_address6.parse().with_context(|| {
-            format!("--hairpin-address6 {hairpin_address6:?} is not an IPv6 address")
-        })?)
-    };
+    let hairpin_address = optional_address(&hairpin_address, "--hairpin-address", "IPv4")?;
+    let hairpin_address6 = optional_address(&hairpin_address6, "--hairpin-address6", "IPv6")?;
     Ok(AgentOptions {
         source,
         node: NodeOptions {
@@ -261,4 +249,17 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         poll: Duration::from_millis(poll_ms.max(10)),
         min_sync,
     })
+}
+
+/// An address flag's value (`family` names the kind in the error); empty: none.
+fn optional_address<T: std::str::FromStr>(text: &str, flag: &str, family: &str) -> Result<Option<T>>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .with_context(|| format!("{flag} {text:?} is not an {family} address"))
 }
