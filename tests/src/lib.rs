@@ -10,13 +10,16 @@ pub use xlb_lab::{bridge, cgroup, client, echo, netns, probe, topology};
 pub mod agent;
 pub mod apiserver;
 pub mod capture;
+pub mod checksums;
 pub mod datapath;
+pub mod frame6;
 pub mod http;
 pub mod netfilter;
 pub mod prev_layout;
 pub mod scenario;
 pub mod services;
 pub mod suites;
+pub mod trace_support;
 pub mod twonode;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -17,9 +17,7 @@ use xlb_tests::{
     topology::pod_ip,
 };
 
-#[path = "support/trace.rs"]
-#[allow(dead_code)]
-mod support;
+use xlb_tests::trace_support as support;
 
 use support::{flow_maps, open_request, outcome, trace};
 

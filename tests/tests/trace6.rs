@@ -20,9 +20,7 @@ use xlb_tests::{
     topology::{pod_ip, pod_ip6},
 };
 
-#[path = "support/trace.rs"]
-#[allow(dead_code)]
-mod support;
+use xlb_tests::trace_support as support;
 
 use support::{flow_maps6, open_request, outcome, trace, trace_command, trace_only};
 

@@ -1,8 +1,7 @@
 //! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
 //! table of cases, Katran-style.
 
-#[path = "../support/checksums.rs"]
-mod checksums;
+use xlb_tests::checksums;
 
 mod rewrites;
 mod robust;

@@ -15,9 +15,7 @@ mod routed;
 
 use std::net::{Ipv6Addr, SocketAddrV6};
 
-#[path = "../support/frame6.rs"]
-#[allow(dead_code)]
-mod frame6;
+use xlb_tests::frame6;
 
 use frame6::{
     Ext, Frame6, IPPROTO_ICMPV6, NEXTHDR_DEST, NEXTHDR_HOP, TCP_ACK, TCP_SYN, seen_icmp6, seen6,

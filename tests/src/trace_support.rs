@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 
-use xlb_tests::{
+use crate::{
     datapath::{RawEntries, dump_pinned},
     scenario::Scenario,
 };
@@ -64,7 +64,7 @@ pub fn trace_only(s: &Scenario, args: &[&str]) -> String {
 pub fn trace_command(s: &Scenario, args: &[&str]) -> std::process::Output {
     s.topo
         .node
-        .command(xlb_tests::xlb_bin())
+        .command(crate::xlb_bin())
         .arg("trace")
         .args(args)
         .arg("--pin-dir")
@@ -137,7 +137,7 @@ pub fn settled_flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
 pub fn open_request(
     to: SocketAddr,
     timeout: Duration,
-) -> Result<(xlb_tests::client::Answer, std::net::TcpStream), String> {
+) -> Result<(crate::client::Answer, std::net::TcpStream), String> {
     use std::io::{BufRead, BufReader, Write};
     let mut c = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
     c.set_read_timeout(Some(timeout))
@@ -148,7 +148,7 @@ pub fn open_request(
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
     let mut w = line.split_whitespace();
-    let answer = xlb_tests::client::Answer {
+    let answer = crate::client::Answer {
         backend: w.next().unwrap_or_default().to_string(),
         seen_client: w.next().unwrap_or_default().to_string(),
     };
