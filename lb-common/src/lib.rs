@@ -5,6 +5,9 @@
 //! asserted at compile time. Byte order is part of the field name (`_be` = network order).
 //! A layout change bumps the `_V<n>` suffix of the map that holds the type, so a new agent
 //! never misreads a map pinned by an older one.
+//!
+//! The crate page (its data flow and a line per module) follows.
+#![doc = include_str!("../README.md")]
 #![no_std]
 
 pub mod catalog;

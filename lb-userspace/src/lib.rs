@@ -2,6 +2,9 @@
 //!
 //! One way in (the model), several ways out (the map writer, the emitters, `xlb list`).
 //! Test and comparison scaffolding (labs, `xlb-probe`, `xlb-compare`) lives in `xlb-lab`.
+//!
+//! The crate page (its data flow and a line per module) follows.
+#![doc = include_str!("../README.md")]
 
 pub mod agent;
 pub mod cleanup;

@@ -1,12 +1,12 @@
 //! The Kubernetes source: watchers over Services, EndpointSlices and this node's Node, as
 //! kube-proxy watches them. Nothing is sent until every initial list is complete; then the
-//! whole state once ([`Event::Replace`]), and after that one event per object that changed
+//! whole state once ([`Event::Replace`](super::events::Event::Replace)), and after that one event per object that changed
 //! (the agent coalesces them, at most one sync per `min_sync`). A broken watch or a 410 Gone
 //! re-lists; when the new list is complete, the objects that differ from what was sent are
 //! sent, so the agent never sees half a list. The source keeps no copy of the objects (see
-//! [`stores`]).
+//! `stores`).
 //!
-//! Services and EndpointSlices are decoded as the proxy reads them ([`decoded`]): an object
+//! Services and EndpointSlices are decoded as the proxy reads them (`decoded`): an object
 //! the API server accepted never fails its watch; one the proxy cannot read is reported by
 //! name and skipped.
 //!

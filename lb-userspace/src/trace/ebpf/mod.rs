@@ -2,7 +2,7 @@
 //! ([`crate::datapath::scratch`]), or for the node's own sockets the connect4/connect6
 //! decision computed from the same maps, explained in Kubernetes terms. IPv4 and IPv6 alike:
 //! the service, backend and affinity maps are shared by both families; conntrack has a
-//! table per family ([`flows`] shows either).
+//! table per family (`flows` shows either).
 
 use lb_common::user::{addr_words, frontend_key, show_backend, svc_name_str, words_addr};
 use std::{
