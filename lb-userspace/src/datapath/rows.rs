@@ -14,12 +14,32 @@ use lb_common::{Counter, GLOBAL_BACKEND_STRIDE, GLOBAL_SVC_STRIDE};
 
 use super::{DatapathError, batch};
 
-/// The CPUs a counter array has a row for: the possible CPUs (every id
-/// `bpf_get_smp_processor_id` can return).
+const POSSIBLE_CPUS: &str = "/sys/devices/system/cpu/possible";
+
+/// The rows a counter array has: one per CPU id `bpf_get_smp_processor_id` can return, i.e.
+/// the highest possible CPU's id + 1 (the kernel's `nr_cpu_ids`; more than the count of
+/// possible CPUs where their list has holes, as `0-3,8-11`).
 pub fn cpus() -> Result<u32, DatapathError> {
-    aya::util::nr_cpus()
-        .map(|n| n as u32)
-        .map_err(|(what, source)| DatapathError::Cpus { what, source })
+    let fail = |source| DatapathError::Cpus {
+        what: POSSIBLE_CPUS,
+        source,
+    };
+    let text = std::fs::read_to_string(POSSIBLE_CPUS).map_err(fail)?;
+    highest_plus_one(&text).ok_or_else(|| {
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("cannot read the CPU list {:?}", text.trim()),
+        ))
+    })
+}
+
+/// The highest CPU id of a kernel CPU list (`0-3,8-11`) + 1.
+fn highest_plus_one(list: &str) -> Option<u32> {
+    list.trim()
+        .split(',')
+        .map(|range| range.rsplit('-').next()?.trim().parse::<u32>().ok())
+        .try_fold(0u32, |max, id| Some(max.max(id?.checked_add(1)?)))
+        .filter(|&n| n > 0)
 }
 
 /// Entries of a counter array with `stride` indices per row and `cpus` rows.
@@ -170,5 +190,19 @@ fn add(a: Counter, c: Counter) -> Counter {
     Counter {
         packets: a.packets + c.packets,
         bytes: a.bytes + c.bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::highest_plus_one;
+
+    #[test]
+    fn rows_cover_the_highest_possible_cpu_id() {
+        assert_eq!(highest_plus_one("0-1\n"), Some(2));
+        assert_eq!(highest_plus_one("0"), Some(1));
+        assert_eq!(highest_plus_one("0-3,8-11"), Some(12));
+        assert_eq!(highest_plus_one(""), None);
+        assert_eq!(highest_plus_one("x"), None);
     }
 }
