@@ -16,6 +16,7 @@ pub mod glob;
 pub mod list;
 pub mod model;
 pub mod proxy;
+pub mod reconcile;
 pub mod serve;
 pub mod source;
 pub mod trace;

@@ -471,7 +471,8 @@ fn src_range_usage<K: aya::Pod>(dir: &Path, name: &'static str) -> Result<MapUsa
 mod tests {
     use super::*;
     use crate::{
-        desired::{Ids, Limits, compute},
+        desired::{Limits, compute},
+        reconcile::Ids,
         source::file,
     };
 

@@ -7,8 +7,9 @@ use aya::programs::{TestRun, TestRunOptions};
 use lb_userspace::{
     EBPF_OBJECT,
     datapath::{kernel::KernelMaps, loader, sync::apply, writer::MapWriter},
-    desired::{self, Desired, Ids},
+    desired::{self, Desired},
     model::Model,
+    reconcile::{self, Ids},
 };
 
 /// A loaded object and its maps.
@@ -63,7 +64,7 @@ impl LoadedDatapath {
     /// Programs the maps for `model` as the agent on `node` would (local endpoints, NodePort
     /// addresses).
     pub fn program_on(&mut self, model: &Model, node: &desired::NodeContext) -> Result<(), String> {
-        let (want, _) = desired::compute_on(model, node, &mut self.ids, self.maps.limits());
+        let (want, _) = reconcile::recompute(model, node, &mut self.ids, self.maps.limits());
         let (now, report) = apply(&mut self.maps, &self.current, &want);
         self.current = now;
         match report.errors.first() {

@@ -77,7 +77,7 @@ fn a_batched_cold_sync_reads_back_exactly() {
     let programmed = dp.state();
     let (want, _) = lb_userspace::desired::compute(
         &model,
-        &mut lb_userspace::desired::Ids::default(),
+        &mut lb_userspace::reconcile::Ids::default(),
         dp.maps.limits(),
     );
     assert_eq!(

@@ -19,19 +19,22 @@ use tracing::{debug, error, info, warn};
 
 mod feed;
 mod interfaces;
-mod program;
-mod retry;
+mod memory;
 mod sockets;
 mod start;
 
 use feed::Wake;
 use interfaces::{Interfaces, Wanted};
-use program::{Programmed, release_free_memory, sync};
+use memory::release_free_memory;
 
 use crate::{
-    datapath::{DatapathError, attach, links::KernelLinks, netif, socket::SocketLb, upgrade},
-    desired::{self, Desired, Incremental},
+    datapath::{
+        DatapathError, attach, links::KernelLinks, netif, socket::SocketLb, upgrade,
+        writer::MapWriter,
+    },
+    desired::{self, Desired},
     model::{Model, ServiceRef},
+    reconcile::{self, Reconciler},
     serve::{
         self,
         health::Health,
@@ -183,7 +186,7 @@ pub enum AgentError {
 /// Runs until `stop` is set. Pinned maps and links stay when it returns: the datapath keeps
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
-    program::fixed_mmap_threshold();
+    memory::fixed_mmap_threshold();
     let start::Started {
         _lock,
         mut ebpf,
@@ -191,9 +194,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         mut upgrade,
         mut hooks,
         mut maps,
-        limits,
-        mut programmed,
-        mut ids,
+        mut books,
     } = start::load(&opts.datapath, &opts.sockets)?;
     let mut ifs = Interfaces::default();
     let wanted = Wanted::of(&opts.interfaces);
@@ -239,7 +240,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             }
         }
         state.prune_when_due(&mut last_prune);
-        state.retry_when_due();
+        state.retry_when_due(books.next_retry());
         let due = state.due(last_sync, opts.min_sync);
         if let Some(due) = due
             && Instant::now() >= due
@@ -249,41 +250,31 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             last_sync = Some(Instant::now());
             let since = state.dirty.take().unwrap_or_else(Instant::now);
             let (services, endpoints) = std::mem::take(&mut state.queued);
-            let full = state.full || programmed.is_some();
             let started = Instant::now();
-            let errors = sync(
-                &mut state,
-                &node,
-                &mut Programmed {
-                    maps: &mut maps,
-                    programmed: &mut programmed,
-                    ids: &mut ids,
-                    limits,
-                },
-                hooks.as_deref().map(|cgroup| sockets::Attached {
+            let synced = state.sync(&mut books, &node, &mut maps, hooks.is_some());
+            if let Some(cgroup) = hooks.as_deref() {
+                let hooks = sockets::Attached {
                     opts: &opts.sockets,
                     pins: &opts.datapath.bpffs,
                     cgroup,
-                }),
-            );
+                };
+                sockets::destroy_stale_udp(hooks, &synced.gone_udp);
+            }
             if let Some(prev) = upgrade.take() {
-                let now = programmed.as_ref().unwrap_or(state.engine.desired());
+                let now = books.programmed();
                 hooks = take_over(opts, prev, now, &mut ebpf, &mut ifs, &wanted)?;
                 node.socket_lb = hooks.is_some();
             }
-            let errors = errors + std::mem::take(&mut state.errors);
+            let errors = synced.errors + std::mem::take(&mut state.errors);
             metrics.synced(&Synced {
                 took: started.elapsed(),
-                full,
+                full: synced.full,
                 programming: Some(since.elapsed()),
                 services,
                 endpoints,
                 errors,
             });
-            metrics.programmed(
-                programmed.as_ref().unwrap_or(state.engine.desired()),
-                limits,
-            );
+            metrics.programmed(books.programmed(), books.limits());
             health.synced();
             if std::mem::take(&mut state.health_changed) {
                 update_service_health(&mut service_health, &state, &node, &opts.node.name);
@@ -295,7 +286,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         state.release_after_full_sync();
         let poll = !links_watched || ifs.retrying();
         // A waiting sync takes due retries in; without one, a retry's time wakes the loop.
-        let wake_at = due.or(state.retries.next_due());
+        let wake_at = due.or(books.next_retry());
         let Some(first) = next_wake(&wake, wake_at, poll.then_some(opts.poll))? else {
             continue;
         };
@@ -371,7 +362,9 @@ fn woken(
         Wake::SourceEnded(Some(e)) => return Err(e.into()),
         Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
         Wake::Source(t) => {
-            if let Some(zone) = state.take(t, health) {
+            if let Some(zone) = state.take(t, health)
+                && zone != node.node.zone
+            {
                 node.node.zone = zone;
                 state.node_changed();
             }
@@ -399,8 +392,6 @@ struct State {
     full: bool,
     /// Services changed since the last sync (their desired state is recomputed).
     changed: BTreeSet<ServiceRef>,
-    /// The desired state, service by service.
-    engine: Incremental,
     /// Services with a health check node port (their changes re-render service health).
     health_checked: BTreeSet<ServiceRef>,
     health_changed: bool,
@@ -411,9 +402,6 @@ struct State {
     queued: (u64, u64),
     /// Source errors since the last sync.
     errors: u64,
-    zone: Option<String>,
-    /// Services whose writes failed, retried each on its own.
-    retries: retry::Retries,
 }
 
 impl State {
@@ -434,16 +422,30 @@ impl State {
         }
     }
 
-    /// A failed service's retry is due: a sync is wanted (it takes that service in).
-    fn retry_when_due(&mut self) {
-        if self.ready
-            && self
-                .retries
-                .next_due()
-                .is_some_and(|at| at <= Instant::now())
-        {
+    /// A failed service's retry is due (`next_retry`): a sync is wanted (it takes that
+    /// service in).
+    fn retry_when_due(&mut self, next_retry: Option<Instant>) {
+        if self.ready && next_retry.is_some_and(|at| at <= Instant::now()) {
             self.dirty.get_or_insert_with(Instant::now);
         }
+    }
+
+    /// Syncs what changed (everything after a node change, as the prune, at start) into
+    /// `maps` through `books`; with `udp`, the connected UDP pairs that went are returned.
+    fn sync(
+        &mut self,
+        books: &mut Reconciler,
+        node: &desired::NodeContext,
+        maps: &mut dyn MapWriter,
+        udp: bool,
+    ) -> reconcile::Synced {
+        let full = std::mem::take(&mut self.full);
+        let changed = std::mem::take(&mut self.changed);
+        let synced = books.sync(&self.model, node, maps, full, &changed, udp);
+        self.health_changed |= synced.full;
+        // A full sync's freed memory goes back to the kernel before the loop sleeps.
+        self.trim |= synced.full;
+        synced
     }
 
     /// When the next sync is due: at once after a quiet `min_sync`, else at its end; none
@@ -462,7 +464,7 @@ impl State {
         self.dirty.get_or_insert_with(Instant::now);
     }
 
-    /// Takes one source event into the model; returns the node's zone when it changed.
+    /// Takes one source event into the model; returns the node's zone from a Node event.
     fn take(&mut self, t: Stamped, health: &Health) -> Option<Option<String>> {
         let since = t.since;
         match t.event {
@@ -478,11 +480,7 @@ impl State {
             }
             Event::Node { deleting, zone } => {
                 health.set_node_deleting(deleting);
-                if zone != self.zone {
-                    self.zone = zone.clone();
-                    return Some(zone);
-                }
-                return None;
+                return Some(zone);
             }
             Event::Replace(loaded) => {
                 for e in &loaded.errors {

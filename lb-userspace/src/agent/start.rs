@@ -16,7 +16,7 @@ use crate::{
         socket, sysctl, upgrade,
         writer::MapWriter,
     },
-    desired::{Desired, Ids, Limits},
+    reconcile::Reconciler,
     serve::{self, health::Health, metrics::Metrics},
 };
 
@@ -32,11 +32,8 @@ pub(super) struct Started {
     /// The cgroup the socket hooks are attached to (none: off, or deferred by an upgrade).
     pub(super) hooks: Option<PathBuf>,
     pub(super) maps: KernelMaps,
-    pub(super) limits: Limits,
-    /// What is programmed (adopted from the pins): the agent's only copy of the maps, until
-    /// its first sync makes them the desired state.
-    pub(super) programmed: Option<Desired>,
-    pub(super) ids: Ids,
+    /// The books on the maps, adopting what was pinned.
+    pub(super) books: Reconciler,
 }
 
 /// Loads the datapath and adopts what is pinned.
@@ -71,16 +68,15 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         }
     };
     let maps = KernelMaps::from_ebpf(&mut ebpf)?;
-    let limits = maps.limits();
     let mut current = maps.read().map_err(DatapathError::from)?;
     current.filter = maps.read_filter().map_err(DatapathError::from)?;
-    let ids = Ids::adopt(&current);
     info!(
         pins = %opts.bpffs.display(),
         services = current.services.keys().filter(|k| k.slot == 0).count(),
         backends = current.backends.len(),
         "loaded; adopted what was pinned"
     );
+    let limits = maps.limits();
     Ok(Started {
         _lock,
         ebpf,
@@ -88,9 +84,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         upgrade,
         hooks,
         maps,
-        limits,
-        programmed: Some(current),
-        ids,
+        books: Reconciler::adopt(current, limits),
     })
 }
 

@@ -228,7 +228,7 @@ pub fn run_desired(args: DesiredArgs) -> Result<()> {
     }
     let (d, problems) = desired::compute(
         &loaded.model,
-        &mut desired::Ids::default(),
+        &mut lb_userspace::reconcile::Ids::default(),
         desired::Limits::default(),
     );
     for p in &problems {

@@ -212,7 +212,8 @@ mod tests {
             sync::{apply, apply_touched},
             writer::{MapWriter, MemoryMaps},
         },
-        desired::{Ids, Limits, compute},
+        desired::{Limits, NodeContext},
+        reconcile::{Ids, Journal, recompute},
         source::file,
     };
 
@@ -229,12 +230,8 @@ mod tests {
     }
 
     fn desired(yaml: &str, ids: &mut Ids) -> Desired {
-        compute(
-            &file::parse("t.yaml", yaml).expect("yaml").model,
-            ids,
-            Limits::default(),
-        )
-        .0
+        let model = file::parse("t.yaml", yaml).expect("yaml").model;
+        recompute(&model, &NodeContext::default(), ids, Limits::default()).0
     }
 
     #[test]
@@ -279,7 +276,7 @@ mod tests {
         // A retry of its keys alone, with room now, programs it.
         maps.svc_capacity = None;
         let t = d.touched();
-        let mut base = crate::desired::Journal::default().programmed(&after, &t);
+        let mut base = Journal::default().programmed(&after, &t);
         d.overlay(&mut base);
         let r = apply_touched(&mut maps, &mut base, &after, &t);
         assert!(r.errors.is_empty(), "{:?}", r.errors);

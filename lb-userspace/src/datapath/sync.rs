@@ -434,7 +434,8 @@ mod tests {
     use super::*;
     use crate::{
         datapath::writer::MemoryMaps,
-        desired::{Ids, Limits, compute},
+        desired::{Limits, compute},
+        reconcile::Ids,
         source::file,
     };
 

@@ -20,9 +20,10 @@ use crate::model::{
 
 /// A frontend to program: its key, its object name, its backends (and whether each is on
 /// this node), flags, affinity and allowed source ranges.
-pub(super) struct Candidate {
-    pub(super) key: SvcKey,
-    pub(super) object: String,
+pub struct Candidate {
+    pub key: SvcKey,
+    /// The service port's name (`namespace/name:port`).
+    pub object: String,
     pub(super) backends: Vec<(BackendAddr, bool)>,
     pub(super) flags: u16,
     pub(super) affinity_timeout_s: u32,
@@ -65,7 +66,7 @@ struct Port<'v, 'm> {
 /// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
 /// function of the service, its slices and the node); what cannot be programmed at all
 /// (IPv6, SCTP, no slice) is reported in `errors`.
-pub(super) fn service_candidates(
+pub fn service_candidates(
     model: &Model,
     id: &ServiceRef,
     node: &NodeContext,

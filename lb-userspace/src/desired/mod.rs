@@ -1,5 +1,16 @@
-//! Desired state: a pure function from the model (and the ids already handed out) to the
-//! exact contents of the service, backend and name maps.
+//! Desired state: a pure function from the model to the exact contents of the service,
+//! backend, name and source-range maps and the address filters. The dense indices the
+//! contents name come from an [`Indices`] allocator it is handed ([`crate::reconcile`]
+//! keeps them stable across computations, with their quarantine); keeping books of what is
+//! programmed, what went and what failed is the reconciler's, not this module's.
+//!
+//! | file | what it holds |
+//! |---|---|
+//! | `mod.rs` | [`Desired`], [`compute_on`], the node it is computed for, the errors, the limits |
+//! | `candidates.rs` | a service's frontends on this node, each with its endpoints |
+//! | `place.rs` | one frontend planned (indices, slots) and checked against the limits |
+//! | `touched.rs` | [`Touched`]: the keys of a desired state one change names |
+//! | `show.rs` | the text dump of a desired state (golden tests) |
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,18 +24,13 @@ use lb_common::{
 use thiserror::Error;
 
 mod candidates;
-mod ids;
-mod incremental;
-mod journal;
 mod place;
 mod show;
+mod touched;
 
-pub use ids::Ids;
-pub use incremental::{Incremental, Touched};
-pub use journal::Journal;
-
-use candidates::{Candidate, service_candidates};
-use place::{Placed, external, place, placing_order};
+pub use candidates::{Candidate, service_candidates};
+pub use place::{Placed, Plan, external, placing_order, plan};
+pub use touched::Touched;
 
 use crate::model::{Model, node::NodeSettings};
 
@@ -114,6 +120,18 @@ pub enum DesiredError {
     NoEndpointSlice { object: String },
 }
 
+/// Where a computation gets its dense indices (see [`crate::reconcile::Ids`], which keeps
+/// them stable across computations and agent restarts). An index is below the capacity
+/// given; `None` when none is free.
+pub trait Indices {
+    /// The index of a frontend (both scopes share it, so `key` is its external scope).
+    fn svc_id(&mut self, key: SvcKey, capacity: u32) -> Option<u32>;
+    /// The index and generation of a backend (`be`'s own generation is ignored).
+    fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)>;
+    /// The frontend holds an index already (it is programmed: it is placed first).
+    fn has_svc(&self, key: &SvcKey) -> bool;
+}
+
 /// Capacities the desired state must fit in.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -142,7 +160,11 @@ impl Default for Limits {
 
 /// Computes the desired maps for `model`. Frontends already programmed are placed first, so
 /// a full map rejects new services rather than dropping working ones.
-pub fn compute(model: &Model, ids: &mut Ids, limits: Limits) -> (Desired, Vec<DesiredError>) {
+pub fn compute(
+    model: &Model,
+    ids: &mut impl Indices,
+    limits: Limits,
+) -> (Desired, Vec<DesiredError>) {
     compute_on(model, &NodeContext::default(), ids, limits)
 }
 
@@ -199,16 +221,16 @@ impl NodeContext {
 /// [`compute`] for a node: kube-proxy's endpoint choice for ClusterIP traffic on `node`
 /// (the model's shared selection): internalTrafficPolicy Local uses only this node's
 /// endpoints and drops when there are none; Cluster uses the cluster endpoints narrowed by
-/// topology hints; ClientIP affinity carries its timeout.
+/// topology hints; ClientIP affinity carries its timeout. The address filters hold the
+/// addresses of this state ([`live_filter_bits`]).
 pub fn compute_on(
     model: &Model,
     node: &NodeContext,
-    ids: &mut Ids,
+    ids: &mut impl Indices,
     limits: Limits,
 ) -> (Desired, Vec<DesiredError>) {
     let mut errors = Vec::new();
     let mut candidates = Vec::new();
-    ids.limit(limits);
     for id in model.services.keys() {
         candidates.extend(service_candidates(model, id, node, &mut errors));
     }
@@ -221,8 +243,10 @@ pub fn compute_on(
     for c in candidates {
         if c.key.scope != SCOPE_EXTERNAL {
             // An internal scope goes with its external entry, placed before it.
-            if owners.get(&external(c.key)) == Some(&c.object) {
-                place(&mut desired, c, ids, limits, &mut errors, None);
+            if owners.get(&external(c.key)) == Some(&c.object)
+                && let Some(p) = plan(&desired, c, ids, limits, &mut errors)
+            {
+                p.apply(&mut desired);
             }
             continue;
         }
@@ -235,10 +259,11 @@ pub fn compute_on(
             continue;
         }
         owners.insert(c.key, c.object.clone());
-        place(&mut desired, c, ids, limits, &mut errors, None);
+        if let Some(p) = plan(&desired, c, ids, limits, &mut errors) {
+            p.apply(&mut desired);
+        }
     }
-    ids.retain(&desired);
-    desired.filter = ids.filter_bits(live_filter_bits(&desired));
+    desired.filter = live_filter_bits(&desired);
     (desired, errors)
 }
 

@@ -1,5 +1,5 @@
 //! Placing a frontend: its service index, its backends' indices and generations, its slots;
-//! admitted into the desired state when every map it needs has room.
+//! planned, checked against the room every map it needs has, then applied.
 
 use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
@@ -7,32 +7,65 @@ use lb_common::{
     SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 
-use super::{
-    Desired, DesiredError, Ids, Limits, SrcRange, candidates::Candidate, journal::Journal,
-};
+use super::{Desired, DesiredError, Indices, Limits, SrcRange, candidates::Candidate};
 
-/// One frontend's entries, backends, name and source ranges, before admission.
-struct Planned {
-    object: String,
+/// One frontend's entries, backends, name and source ranges, checked to fit the desired
+/// state it was planned against.
+#[derive(Debug)]
+pub struct Plan {
     key: SvcKey,
     slots: u16,
     entries: Vec<(SvcKey, SvcValue)>,
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
-    pub(super) src_ranges: Vec<SrcRange>,
+    src_ranges: Vec<SrcRange>,
 }
 
-/// Places one frontend: its index, its backends' indices, its slots; admitted into
-/// `desired` when it fits (else the reason is in `errors`), what it overwrites recorded in
-/// `journal` when there is one. Returns what it added.
-pub(super) fn place(
-    desired: &mut Desired,
+impl Plan {
+    /// The service map keys it writes.
+    pub fn service_keys(&self) -> impl Iterator<Item = SvcKey> + '_ {
+        self.entries.iter().map(|(k, _)| *k)
+    }
+
+    /// The backend indices it writes.
+    pub fn backend_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.backends.iter().map(|(id, _)| *id)
+    }
+
+    /// The index of its name.
+    pub fn name_id(&self) -> u32 {
+        self.name.0
+    }
+
+    pub fn src_ranges(&self) -> &[SrcRange] {
+        &self.src_ranges
+    }
+
+    /// Adds it to `desired`; returns what it added.
+    pub fn apply(self, desired: &mut Desired) -> Placed {
+        let placed = Placed {
+            key: self.key,
+            slots: self.slots,
+            name: self.name.0,
+            src_ranges: self.src_ranges.clone().into_boxed_slice(),
+        };
+        desired.services.extend(self.entries);
+        desired.backends.extend(self.backends);
+        desired.names.insert(self.name.0, self.name.1);
+        desired.src_ranges.extend(self.src_ranges);
+        placed
+    }
+}
+
+/// Plans one frontend: its index, its backends' indices, its slots. `None` when it does not
+/// fit `desired` within `limits` (the reason is in `errors`).
+pub fn plan(
+    desired: &Desired,
     c: Candidate,
-    ids: &mut Ids,
+    ids: &mut impl Indices,
     limits: Limits,
     errors: &mut Vec<DesiredError>,
-    journal: Option<&mut Journal>,
-) -> Option<Placed> {
+) -> Option<Plan> {
     let Candidate {
         key,
         object,
@@ -42,7 +75,7 @@ pub(super) fn place(
         src_ranges,
     } = c;
     // Both scopes of a frontend are one service port: one id, one name, one counter.
-    let Some(svc_id) = ids.svc_id(external(key)) else {
+    let Some(svc_id) = ids.svc_id(external(key), limits.services) else {
         errors.push(DesiredError::MapFull {
             object,
             map: MAP_SVC_STATS,
@@ -51,8 +84,7 @@ pub(super) fn place(
         });
         return None;
     };
-    let mut plan = Planned {
-        object,
+    let mut plan = Plan {
         key,
         slots: 0,
         entries: Vec::new(),
@@ -72,7 +104,7 @@ pub(super) fn place(
             })
             .collect(),
     };
-    plan.name.1 = svc_name(&plan.object);
+    plan.name.1 = svc_name(&object);
     let mut slot = 0u16;
     for (b, local) in &backends {
         let ip = b.ip;
@@ -81,9 +113,9 @@ pub(super) fn place(
         } else {
             remote_backend_value(ip, b.port, b.protocol)
         };
-        let Some((backend_id, generation)) = ids.backend_id(be) else {
+        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends) else {
             errors.push(DesiredError::MapFull {
-                object: plan.object,
+                object,
                 map: MAP_BACKEND,
                 capacity: limits.backends,
                 needed: backends.len(),
@@ -113,23 +145,34 @@ pub(super) fn place(
             ..SvcValue::default()
         },
     ));
-    admit(desired, plan, limits, errors, journal)
+    match room(desired, &plan, limits) {
+        None => Some(plan),
+        Some((map, capacity, needed)) => {
+            errors.push(DesiredError::MapFull {
+                object,
+                map,
+                capacity,
+                needed,
+            });
+            None
+        }
+    }
 }
 
 /// What one placed frontend added to the desired state: its entry's key and slot count
 /// (the slot keys and their backend indices follow from them and the desired state), its
 /// name's index and its source ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct Placed {
-    pub(super) key: SvcKey,
-    pub(super) slots: u16,
-    pub(super) name: u32,
-    pub(super) src_ranges: Box<[SrcRange]>,
+pub struct Placed {
+    pub key: SvcKey,
+    pub slots: u16,
+    pub name: u32,
+    pub src_ranges: Box<[SrcRange]>,
 }
 
 impl Placed {
     /// Its service map keys: slots, then the entry.
-    pub(super) fn entries(&self) -> impl Iterator<Item = SvcKey> + use<> {
+    pub fn entries(&self) -> impl Iterator<Item = SvcKey> + use<> {
         let key = self.key;
         (1..=self.slots)
             .map(move |slot| SvcKey { slot, ..key })
@@ -137,7 +180,7 @@ impl Placed {
     }
 
     /// The backend index of each slot, as `desired` has them (while this frontend is in it).
-    pub(super) fn backends<'a>(&self, desired: &'a Desired) -> impl Iterator<Item = u32> + 'a {
+    pub fn backends<'a>(&self, desired: &'a Desired) -> impl Iterator<Item = u32> + 'a {
         let key = self.key;
         (1..=self.slots).filter_map(move |slot| {
             desired
@@ -150,7 +193,7 @@ impl Placed {
 
 /// The order candidates are placed in (stable: model order within): programmed frontends
 /// first, then IPv4 before IPv6.
-pub(super) fn placing_order(ids: &Ids, c: &Candidate) -> (bool, bool) {
+pub fn placing_order(ids: &impl Indices, c: &Candidate) -> (bool, bool) {
     (
         !ids.has_svc(&external(c.key)),
         c.key.family != lb_common::FAMILY_V4,
@@ -158,31 +201,19 @@ pub(super) fn placing_order(ids: &Ids, c: &Candidate) -> (bool, bool) {
 }
 
 /// The external-scope key of a frontend's entry.
-pub(super) fn external(key: SvcKey) -> SvcKey {
+pub fn external(key: SvcKey) -> SvcKey {
     SvcKey {
         scope: SCOPE_EXTERNAL,
         ..key
     }
 }
 
-/// Adds `plan` to `desired` when the service, backend and source-range maps all have room
-/// for it (else the map, its capacity and what was needed are in `errors`).
-fn admit(
-    desired: &mut Desired,
-    plan: Planned,
-    limits: Limits,
-    errors: &mut Vec<DesiredError>,
-    journal: Option<&mut Journal>,
-) -> Option<Placed> {
+/// The map (name, capacity, entries needed) that has no room for `plan` in `desired`, if
+/// one has none.
+fn room(desired: &Desired, plan: &Plan, limits: Limits) -> Option<(&'static str, u32, usize)> {
     let svc_needed = plan.entries.len();
     if desired.services.len() + svc_needed > limits.svc_entries as usize {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map: MAP_SVC,
-            capacity: limits.svc_entries,
-            needed: svc_needed,
-        });
-        return None;
+        return Some((MAP_SVC, limits.svc_entries, svc_needed));
     }
     let new_backends = plan
         .backends
@@ -190,46 +221,9 @@ fn admit(
         .filter(|(id, _)| !desired.backends.contains_key(id))
         .count();
     if desired.backends.len() + new_backends > limits.backends as usize {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed: new_backends,
-        });
-        return None;
+        return Some((MAP_BACKEND, limits.backends, new_backends));
     }
-    if let Some((map, capacity, needed)) = src_ranges_full(desired, &plan.src_ranges, limits) {
-        errors.push(DesiredError::MapFull {
-            object: plan.object,
-            map,
-            capacity,
-            needed,
-        });
-        return None;
-    }
-    let placed = Placed {
-        key: plan.key,
-        slots: plan.slots,
-        name: plan.name.0,
-        src_ranges: plan.src_ranges.clone().into_boxed_slice(),
-    };
-    if let Some(j) = journal {
-        for (k, _) in &plan.entries {
-            j.service(desired, *k);
-        }
-        for (id, _) in &plan.backends {
-            j.backend(desired, *id);
-        }
-        j.name(desired, plan.name.0);
-        for r in &plan.src_ranges {
-            j.src_range(desired, *r);
-        }
-    }
-    desired.services.extend(plan.entries);
-    desired.backends.extend(plan.backends);
-    desired.names.insert(plan.name.0, plan.name.1);
-    desired.src_ranges.extend(plan.src_ranges);
-    Some(placed)
+    src_ranges_full(desired, &plan.src_ranges, limits)
 }
 
 /// The source-range trie (name, capacity, ranges needed) that has no room for `new`, if

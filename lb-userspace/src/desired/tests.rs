@@ -11,7 +11,7 @@ use lb_common::{
 use lb_common::user::{frontend_key, show_frontend, svc_name_str, words_addr};
 
 use super::*;
-use crate::{model::Protocol, source::file};
+use crate::{model::Protocol, reconcile::Ids, source::file};
 
 const NODE: &str = "node-a";
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);

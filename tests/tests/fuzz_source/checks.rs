@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use crate::generate::GenFile;
 use lb_common::{MAX_BACKENDS_PER_SVC, SvcKey};
 use lb_userspace::{
-    desired::{self, Desired, DesiredError, Ids, Limits, NodeContext},
+    desired::{Desired, DesiredError, Limits, NodeContext},
     model::{Model, Protocol},
+    reconcile::{Ids, recompute},
     source::file,
 };
 use proptest::prelude::*;
@@ -240,11 +241,11 @@ pub(crate) fn run_file(f: &GenFile, small: Option<(u32, u32)>) -> Result<(), Tes
         false,
     );
     let mut ids = Ids::default();
-    let (d, errors) = desired::compute_on(&loaded.model, &node, &mut ids, limits);
+    let (d, errors) = recompute(&loaded.model, &node, &mut ids, limits);
     check_maps(&d, limits)?;
     check_desired_errors(&loaded.model, &errors)?;
     check_frontends(&loaded.model, &d, &errors)?;
-    let (again, _) = desired::compute_on(&loaded.model, &node, &mut ids, limits);
+    let (again, _) = recompute(&loaded.model, &node, &mut ids, limits);
     prop_assert_eq!(&again, &d, "a second computation changed the maps");
     Ok(())
 }

@@ -7,8 +7,9 @@ use crate::generate::service;
 use crate::generate::slice;
 use lb_common::{MAX_BACKENDS_PER_SVC, SCOPE_EXTERNAL};
 use lb_userspace::{
-    desired::{self, DesiredError, Ids, Limits, NodeContext},
+    desired::{self, DesiredError, Limits, NodeContext},
     model::Protocol,
+    reconcile::Ids,
     source::file,
 };
 use proptest::{prelude::*, sample::Index};

@@ -9,8 +9,9 @@ use lb_userspace::{
         sync::apply,
         writer::{MapWriter, MemoryMaps, WriteError},
     },
-    desired::{self, Desired, Ids, Limits},
+    desired::{self, Desired, Limits},
     model::Model,
+    reconcile::{self, Ids},
     source::file,
 };
 
@@ -232,7 +233,12 @@ fn every_sync_is_make_before_break() {
         &["10.0.0.1", "10.0.0.2", "10.0.0.3"],
     ];
     for backends in steps {
-        let (want, _) = desired::compute(&model_with(backends), &mut ids, Limits::default());
+        let (want, _) = reconcile::recompute(
+            &model_with(backends),
+            &desired::NodeContext::default(),
+            &mut ids,
+            Limits::default(),
+        );
         let (now, report) = apply(&mut w, &current, &want);
         assert!(report.errors.is_empty(), "{:?}", report.errors);
         assert_eq!(now, want);
@@ -241,7 +247,12 @@ fn every_sync_is_make_before_break() {
     }
     // Deleting the service: the entry goes before its slots, backends last.
     w.inner.log.clear();
-    let (want, _) = desired::compute(&Model::default(), &mut ids, Limits::default());
+    let (want, _) = reconcile::recompute(
+        &Model::default(),
+        &desired::NodeContext::default(),
+        &mut ids,
+        Limits::default(),
+    );
     let (now, _) = apply(&mut w, &current, &want);
     assert_eq!(
         Desired {
@@ -276,20 +287,23 @@ fn every_sync_is_make_before_break() {
 #[test]
 fn ids_survive_resyncs_and_adoption() {
     let mut ids = Ids::default();
-    let (a, _) = desired::compute(
+    let (a, _) = reconcile::recompute(
         &model_with(&["10.0.0.1", "10.0.0.2"]),
+        &desired::NodeContext::default(),
         &mut ids,
         Limits::default(),
     );
-    let (b, _) = desired::compute(
+    let (b, _) = reconcile::recompute(
         &model_with(&["10.0.0.2", "10.0.0.1"]),
+        &desired::NodeContext::default(),
         &mut ids,
         Limits::default(),
     );
     assert_eq!(a, b, "the same model must give the same maps");
     let mut adopted = Ids::adopt(&a);
-    let (c, _) = desired::compute(
+    let (c, _) = reconcile::recompute(
         &model_with(&["10.0.0.1", "10.0.0.2"]),
+        &desired::NodeContext::default(),
         &mut adopted,
         Limits::default(),
     );
@@ -327,13 +341,13 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     };
     let mut ids = Ids::default();
     let m1 = file::parse("t", &yaml(&["b", "c"])).expect("yaml").model;
-    let (d1, e1) = desired::compute(&m1, &mut ids, limits);
+    let (d1, e1) = reconcile::recompute(&m1, &desired::NodeContext::default(), &mut ids, limits);
     assert!(e1.is_empty(), "{e1:?}");
     // "a" sorts first but is new: it is the one refused, and the error names the limit.
     let m2 = file::parse("t", &yaml(&["a", "b", "c"]))
         .expect("yaml")
         .model;
-    let (d2, e2) = desired::compute(&m2, &mut ids, limits);
+    let (d2, e2) = reconcile::recompute(&m2, &desired::NodeContext::default(), &mut ids, limits);
     let msgs: Vec<String> = e2.iter().map(|e| e.to_string()).collect();
     assert_eq!(msgs.len(), 1, "{msgs:?}");
     assert!(

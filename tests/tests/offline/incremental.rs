@@ -1,4 +1,4 @@
-//! Property test of the incremental control plane (`desired::Incremental`,
+//! Property test of the incremental control plane (`reconcile::Incremental`,
 //! `datapath::sync::apply_touched`, `source::events`): random sequences of per-object events
 //! (Services and EndpointSlices added, changed, deleted; node changes) are applied to a
 //! model in place and the desired state is updated service by service. After every event the
@@ -13,11 +13,12 @@ use std::{
 use lb_common::{Backend, SvcKey};
 use lb_userspace::{
     datapath::{sync, writer::MemoryMaps},
-    desired::{self, Desired, Ids, Incremental, Journal, Limits, NodeContext},
+    desired::{self, Desired, Limits, NodeContext},
     model::{
         Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, Model, Protocol, Service, ServicePort,
         ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
     },
+    reconcile::{self, Ids, Incremental, Journal},
     source::events::{self, Event},
 };
 use proptest::prelude::*;
@@ -357,7 +358,7 @@ proptest! {
         let before = engine.desired().clone();
         engine.full(&model, &ctx, &mut ids, limits);
         prop_assert_eq!(canonical(engine.desired()), canonical(&before));
-        let (again, _) = desired::compute_on(&model, &ctx, &mut ids, limits);
+        let (again, _) = reconcile::recompute(&model, &ctx, &mut ids, limits);
         prop_assert_eq!(&again.services, &before.services);
         prop_assert_eq!(&again.backends, &before.backends);
     }

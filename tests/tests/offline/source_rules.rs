@@ -46,7 +46,7 @@ const LAYERS: [&[&str]; 6] = [
     &["model", "glob"],
     &["source", "emit", "desired"],
     &["datapath", "proxy"],
-    &["list", "trace", "serve", "config", "cleanup"],
+    &["reconcile", "list", "trace", "serve", "config", "cleanup"],
     &["agent"],
     &["cli", "main", "lib"],
 ];

@@ -1,6 +1,6 @@
 //! What the benches share: the eBPF object loaded (not attached) with its maps pinned under
 //! a unique `/sys/fs/bpf/<tag>` (removed on drop) and sized for the bench, synthetic service
-//! models, and the agent's sync path (`desired::compute` + `sync::apply`) into those maps.
+//! models, and the agent's sync path (`reconcile::recompute` + `sync::apply`) into those maps.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4},
@@ -26,8 +26,9 @@ use lb_userspace::{
         rows::{self, Strides},
         sync::{self, apply},
     },
-    desired::{self, Desired, Ids, Incremental, NodeContext},
+    desired::{Desired, NodeContext},
     model::{Model, ServiceRef},
+    reconcile::{self, Ids, Incremental},
     source::file,
 };
 use xlb_tests::{services::service_yaml, unique_tag};
@@ -210,11 +211,13 @@ impl Datapath {
         })
     }
 
-    /// Programs the maps for `model` the way the agent does (`desired::compute` on the whole
+    /// Programs the maps for `model` the way the agent does (`reconcile::recompute` on the whole
     /// model, then the make-before-break `sync::apply` diff against what is programmed).
     pub fn program(&mut self, model: &Model) -> Result<SyncTiming> {
         let t0 = Instant::now();
-        let (want, problems) = desired::compute(model, &mut self.ids, self.maps.limits());
+        let node = NodeContext::default();
+        let (want, problems) =
+            reconcile::recompute(model, &node, &mut self.ids, self.maps.limits());
         let t1 = Instant::now();
         let (now, report) = apply(&mut self.maps, &self.current, &want);
         let t2 = Instant::now();
@@ -235,7 +238,7 @@ impl Datapath {
 
     /// Programs the maps the way the agent does now: a full computation of the incremental
     /// state (`full`, as at start), or only the services in `changed` recomputed and only
-    /// what they touched written (`desired::Incremental::update`, `sync::apply_touched`).
+    /// what they touched written (`reconcile::Incremental::update`, `sync::apply_touched`).
     pub fn program_incremental(
         &mut self,
         model: &Model,

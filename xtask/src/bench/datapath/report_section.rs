@@ -101,7 +101,7 @@ fn intro(body: &mut String, trials: usize) {
          in a network namespace whose `dum0` routes backends and clients to a resolved next hop (so XDP translates every \
          service packet and passes it to the stack; `dum0` is not in the redirect map). Services have 2 to 10 backends \
          (`2 + i % 9`); the maps are loaded once with room for the largest scale (`map_max_entries`), and every scale is \
-         programmed through `desired::compute` + `sync::apply` into those same maps; each scale holds that many \
+         programmed through `reconcile::recompute` + `sync::apply` into those same maps; each scale holds that many \
          IPv4 services and as many IPv6 ones (the IPv6 rows below), so *svc entries* counts both. Every multiple below is of the \
          empty program of the same hook (`xlb_tc_pass`, `xlb_xdp_pass`) measured the same way in the same trials.\n\n"
     ));

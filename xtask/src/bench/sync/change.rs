@@ -3,10 +3,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Result, bail};
-use lb_userspace::{
-    desired::{self, Ids},
-    source::events,
-};
+use lb_userspace::{desired, reconcile::Ids, source::events};
 use xlb_tests::services::service_yaml;
 
 use super::Change;

@@ -1,7 +1,7 @@
 //! Bench `sync`: the control plane.
 //!
 //! * **cold full sync**: N services × M endpoints from an empty set of maps to programmed,
-//!   through the agent's own path (`desired::Incremental::full` on the model, then
+//!   through the agent's own path (`reconcile::Incremental::full` on the model, then
 //!   `sync::apply_touched` with `KernelMaps`, its writes batched), with the peak RSS that sync adds (VmHWM reset through
 //!   `/proc/self/clear_refs` before, read after). The model is parsed from YAML beforehand
 //!   (the source's work, reported apart).

@@ -55,7 +55,7 @@ fn cold_median(colds: &[Cold], services: usize, endpoints: usize) -> Option<f64>
 /// The cold full sync's table.
 fn cold_table(colds: &[Cold]) -> String {
     let mut body = String::from(
-        "**Cold full sync** into empty kernel maps through the agent's path (`desired::Incremental::full` + \
+        "**Cold full sync** into empty kernel maps through the agent's path (`reconcile::Incremental::full` + \
          `sync::apply_touched` with `KernelMaps`, batched writes), median [min–max] of 3 trials; peak RSS = VmHWM growth during \
          the sync (reset through `/proc/self/clear_refs` just before); VmHWM = the bench process's peak \
          with the model held. The model is parsed from Kubernetes YAML before timing (parse column, once).\n\n",
@@ -169,7 +169,7 @@ fn change_table(changes: &[Change]) -> String {
          watcher or the file source sends it; the watch's HTTP and JSON decoding are not in it) to the \
          pinned service and backend maps (what the datapath reads) showing the new backend and not the \
          old: the agent's path, the model changed in place (`source::events::apply`), the service \
-         recomputed (`desired::Incremental::update`), only what it touched written \
+         recomputed (`reconcile::Incremental::update`), only what it touched written \
          (`sync::apply_touched`), and a read-back probe. After the run the incremental state is checked \
          against a full computation.\n\n",
     );

@@ -17,7 +17,7 @@ use std::{
 
 use lb_common::{Backend, SvcKey};
 
-use super::{Desired, Limits};
+use crate::desired::{Desired, Indices};
 
 /// How long a freed index stays unused before it is handed out again.
 pub const QUARANTINE: Duration = Duration::from_secs(300);
@@ -108,7 +108,6 @@ pub struct Ids {
     /// …and those set for addresses that went, with when they went.
     filter_retired: BTreeMap<u32, Instant>,
     now: Instant,
-    limits: Limits,
 }
 
 impl Default for Ids {
@@ -123,7 +122,6 @@ impl Default for Ids {
             filter_live: BTreeSet::new(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
-            limits: Limits::default(),
         }
     }
 }
@@ -233,44 +231,10 @@ impl Ids {
         self.now = now;
     }
 
-    /// The capacities the indices must stay below (set by each computation).
-    pub(super) fn limit(&mut self, limits: Limits) {
-        self.limits = limits;
-    }
-
-    /// The index of a frontend (both scopes share it); `None` when none is free.
-    pub(super) fn svc_id(&mut self, key: SvcKey) -> Option<u32> {
-        if let Some(id) = self.svc.get(&key) {
-            return Some(*id);
-        }
-        let id = self.svc_pool.take(self.now, self.limits.services)?;
-        self.fresh.insert((false, id));
-        self.svc.insert(key, id);
-        Some(id)
-    }
-
-    /// The index and generation of a backend (`be`'s own generation is ignored); `None`
-    /// when no index is free.
-    pub(super) fn backend_id(&mut self, be: Backend) -> Option<(u32, u32)> {
-        let be = identity(&be);
-        if let Some(v) = self.backend.get(&be) {
-            return Some(*v);
-        }
-        let id = self.backend_pool.take(self.now, self.limits.backends)?;
-        self.generation = self.generation.wrapping_add(1).max(1);
-        self.fresh.insert((true, id));
-        self.backend.insert(be, (id, self.generation));
-        Some((id, self.generation))
-    }
-
     /// Rebuilds the index maps from their sorted entries (see `Incremental::compact`).
     pub(super) fn compact(&mut self) {
         super::incremental::compact(&mut self.svc);
         super::incremental::compact(&mut self.backend);
-    }
-
-    pub(super) fn has_svc(&self, key: &SvcKey) -> bool {
-        self.svc.contains_key(key)
     }
 
     /// Gives back the indices of what is no longer desired: those programmed before after
@@ -297,6 +261,34 @@ impl Ids {
     }
 }
 
+impl Indices for Ids {
+    fn svc_id(&mut self, key: SvcKey, capacity: u32) -> Option<u32> {
+        if let Some(id) = self.svc.get(&key) {
+            return Some(*id);
+        }
+        let id = self.svc_pool.take(self.now, capacity)?;
+        self.fresh.insert((false, id));
+        self.svc.insert(key, id);
+        Some(id)
+    }
+
+    fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)> {
+        let be = identity(&be);
+        if let Some(v) = self.backend.get(&be) {
+            return Some(*v);
+        }
+        let id = self.backend_pool.take(self.now, capacity)?;
+        self.generation = self.generation.wrapping_add(1).max(1);
+        self.fresh.insert((true, id));
+        self.backend.insert(be, (id, self.generation));
+        Some((id, self.generation))
+    }
+
+    fn has_svc(&self, key: &SvcKey) -> bool {
+        self.svc.contains_key(key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -305,6 +297,9 @@ mod tests {
 
     use super::*;
     use crate::model::Protocol;
+
+    /// A capacity no test reaches.
+    const CAP: u32 = 1000;
 
     fn web() -> SvcKey {
         frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp)
@@ -331,11 +326,11 @@ mod tests {
         let mut ids = Ids::default();
         let t0 = Instant::now();
         ids.tick(t0);
-        let a = ids.svc_id(web()).expect("index");
-        let b = ids.svc_id(dns()).expect("index");
+        let a = ids.svc_id(web(), CAP).expect("index");
+        let b = ids.svc_id(dns(), CAP).expect("index");
         assert_ne!(a, b);
         assert_eq!((a, b), (1, 2), "dense from 1");
-        assert_eq!(ids.svc_id(web()), Some(a), "stable");
+        assert_eq!(ids.svc_id(web(), CAP), Some(a), "stable");
         ids.retain(&holding(web(), a));
         // Adopted from what is programmed: the same indices come back.
         let mut d = holding(web(), a);
@@ -346,20 +341,20 @@ mod tests {
         d.backends.insert(7, be);
         let mut adopted = Ids::adopt(&d);
         adopted.tick(t0);
-        assert_eq!(adopted.svc_id(web()), Some(a));
-        assert_eq!(adopted.backend_id(be), Some((7, 9)));
+        assert_eq!(adopted.svc_id(web(), CAP), Some(a));
+        assert_eq!(adopted.backend_id(be, CAP), Some((7, 9)));
         adopted.retain(&d);
         // A programmed index that was freed waits out its quarantine…
         adopted.retain(&Desired::default());
         assert!(!adopted.has_svc(&web()));
-        let other = adopted.svc_id(dns()).expect("index");
+        let other = adopted.svc_id(dns(), CAP).expect("index");
         assert_ne!(other, a, "reused within the quarantine");
         adopted.retain(&holding(dns(), other));
         // …and is handed out again after it.
         adopted.tick(t0 + QUARANTINE);
         let third = frontend_key(Ipv4Addr::new(10, 96, 0, 3), 80, Protocol::Tcp);
         assert_eq!(
-            adopted.svc_id(third),
+            adopted.svc_id(third, CAP),
             Some(a),
             "reused after the quarantine"
         );
@@ -393,7 +388,7 @@ mod tests {
         ids.tick(t0);
         let one = backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp);
         let two = backend_value(Ipv4Addr::new(10, 244, 0, 2), 8080, Protocol::Tcp);
-        let (i1, g1) = ids.backend_id(one).expect("index");
+        let (i1, g1) = ids.backend_id(one, CAP).expect("index");
         let mut d = Desired::default();
         d.backends.insert(
             i1,
@@ -405,7 +400,7 @@ mod tests {
         ids.retain(&d);
         ids.retain(&Desired::default());
         ids.tick(t0 + QUARANTINE);
-        let (i2, g2) = ids.backend_id(two).expect("index");
+        let (i2, g2) = ids.backend_id(two, CAP).expect("index");
         assert_eq!(i2, i1, "the index comes back after the quarantine");
         assert_ne!(g2, g1, "with another generation");
         assert!(g1 != 0 && g2 != 0);
@@ -414,17 +409,13 @@ mod tests {
     #[test]
     fn an_index_never_programmed_is_free_at_once_and_capacity_is_kept() {
         let mut ids = Ids::default();
-        let limits = Limits {
-            services: 3,
-            ..Limits::default()
-        };
-        ids.limit(limits);
-        assert_eq!(ids.svc_id(web()), Some(1));
-        assert_eq!(ids.svc_id(dns()), Some(2));
+        let cap = 3;
+        assert_eq!(ids.svc_id(web(), cap), Some(1));
+        assert_eq!(ids.svc_id(dns(), cap), Some(2));
         let third = frontend_key(Ipv4Addr::new(10, 96, 0, 3), 80, Protocol::Tcp);
-        assert_eq!(ids.svc_id(third), None, "indices 1..3 only");
+        assert_eq!(ids.svc_id(third, cap), None, "indices 1..3 only");
         // Neither was programmed (not in the desired state): both are free again at once.
         ids.retain(&Desired::default());
-        assert_eq!(ids.svc_id(third).map(|i| i < 3), Some(true));
+        assert_eq!(ids.svc_id(third, cap).map(|i| i < 3), Some(true));
     }
 }

@@ -2,7 +2,7 @@
 //! its frontends recomputed and only they are replaced, as kube-proxy's change trackers
 //! keep only what changed and Cilium reconciles per frontend. A full computation happens at
 //! start (adopting the pins' indices), when the node changes, and as the periodic prune;
-//! it gives the same state as [`compute_on`](super::compute_on), and so does every
+//! it gives the same state as [`super::recompute`], and so does every
 //! sequence of incremental updates (a property test holds them to it).
 //!
 //! Each service's contribution (its map keys, the backend index of each slot, its names
@@ -16,32 +16,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
 
-use super::{
-    Candidate, Desired, DesiredError, Ids, Journal, Limits, NodeContext, Placed, external,
-    live_filter_bits, place, placing_order, service_candidates,
+use super::{Ids, Journal};
+use crate::{
+    desired::{
+        Candidate, Desired, DesiredError, Limits, NodeContext, Placed, Touched, external,
+        live_filter_bits, placing_order, plan, service_candidates,
+    },
+    model::{Model, ServiceRef},
 };
-use crate::model::{Model, ServiceRef};
-
-/// What an update changed, for [`crate::datapath::sync::apply_touched`]: only these keys,
-/// indices and bits are compared with the maps and written.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Touched {
-    /// Frontend entries (slot 0, either scope) added, changed or gone.
-    pub frontends: BTreeSet<SvcKey>,
-    pub backends: BTreeSet<u32>,
-    pub src_ranges: BTreeSet<super::SrcRange>,
-    /// Filter words (`bit / 64`) that may differ.
-    pub filter_words: BTreeSet<u32>,
-}
-
-impl Touched {
-    pub fn is_empty(&self) -> bool {
-        self.frontends.is_empty()
-            && self.backends.is_empty()
-            && self.src_ranges.is_empty()
-            && self.filter_words.is_empty()
-    }
-}
 
 /// A frontend key's owner: the service and the frontend's object name.
 type Owner = (ServiceRef, String);
@@ -106,11 +88,10 @@ impl Incremental {
         self.problems.values().flatten()
     }
 
-    /// Recomputes everything, as [`compute_on`](super::compute_on) does (the same result):
-    /// at start, on a node change, as the prune.
+    /// Recomputes everything, as [`super::recompute`] does (the same result): at start, on
+    /// a node change, as the prune.
     pub fn full(&mut self, model: &Model, node: &NodeContext, ids: &mut Ids, limits: Limits) {
         *self = Incremental::default();
-        ids.limit(limits);
         let mut candidates = Vec::new();
         for id in model.services.keys() {
             let mut errors = Vec::new();
@@ -161,7 +142,6 @@ impl Incremental {
         limits: Limits,
         changed: impl IntoIterator<Item = ServiceRef>,
     ) -> Touched {
-        ids.limit(limits);
         self.journal = Some(Journal::default());
         let mut touched = Touched::default();
         let mut backends_seen: BTreeSet<Backend> = BTreeSet::new();
@@ -380,14 +360,11 @@ impl Incremental {
             });
         }
         let (key, object) = (c.key, c.object.clone());
-        let placed = place(
-            &mut self.desired,
-            c,
-            ids,
-            limits,
-            errors,
-            self.journal.as_mut(),
-        )?;
+        let plan = plan(&self.desired, c, ids, limits, errors)?;
+        if let Some(j) = &mut self.journal {
+            j.plan(&self.desired, &plan);
+        }
+        let placed = plan.apply(&mut self.desired);
         if key.scope == SCOPE_EXTERNAL {
             self.owners.insert(key, (id.clone(), object));
         }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 
-use super::{Desired, SrcRange, Touched};
+use crate::desired::{Desired, Plan, SrcRange, Touched};
 
 /// The before-values of one update's changes.
 #[derive(Debug, Default)]
@@ -23,6 +23,20 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// Records what applying `plan` to `d` overwrites.
+    pub(super) fn plan(&mut self, d: &Desired, plan: &Plan) {
+        for k in plan.service_keys() {
+            self.service(d, k);
+        }
+        for id in plan.backend_ids() {
+            self.backend(d, id);
+        }
+        self.name(d, plan.name_id());
+        for r in plan.src_ranges() {
+            self.src_range(d, *r);
+        }
+    }
+
     pub(super) fn service(&mut self, d: &Desired, k: SvcKey) {
         self.services
             .entry(k)

@@ -1,0 +1,245 @@
+//! Reconciliation: the desired state kept service by service and brought into the maps.
+//!
+//! [`crate::desired`] says what the maps should hold for a model; this module keeps the
+//! books that make that a sequence of small, safe writes, as Cilium's reconciler keeps a
+//! status per object and kube-proxy's change trackers keep only what changed:
+//!
+//! | file | what it keeps |
+//! |---|---|
+//! | `mod.rs` | [`Reconciler`]: one sync, the desired state of what changed applied make-before-break |
+//! | `ids.rs` | [`Ids`]: the dense indices, their quarantine, the filter bits of addresses that went |
+//! | `incremental.rs` | [`Incremental`]: the desired state and what each service put in it |
+//! | `journal.rs` | [`Journal`]: what one update overwrote (what is programmed of what it touched) |
+//! | `retry.rs` | services whose writes failed, each retried on its own with backoff |
+//!
+//! What is programmed is not kept as a copy: after a sync without errors it is the desired
+//! state; at start it is what was pinned (until the first full sync replaces it); for a
+//! failed service it is what that service left ([`crate::datapath::diverged::Diverged`]).
+
+use std::{collections::BTreeSet, time::Instant};
+
+use tracing::{error, info, warn};
+
+use crate::{
+    datapath::{
+        diverged::Diverged,
+        stale,
+        sync::{self, apply_touched},
+        writer::MapWriter,
+    },
+    desired::{self, Desired, DesiredError, Limits, NodeContext, Touched},
+    model::{Model, ServiceRef},
+};
+
+mod ids;
+mod incremental;
+mod journal;
+mod retry;
+
+pub use ids::{FILTER_RETAIN, Ids, QUARANTINE};
+pub use incremental::Incremental;
+pub use journal::Journal;
+use retry::{Retries, Taken};
+
+/// A full computation that keeps `ids`' books: [`desired::compute_on`], then the indices
+/// of what is no longer desired given back (after their quarantine) and the filter bits of
+/// addresses that went kept for [`FILTER_RETAIN`]. [`Incremental::full`] gives the same.
+pub fn recompute(
+    model: &Model,
+    node: &NodeContext,
+    ids: &mut Ids,
+    limits: Limits,
+) -> (Desired, Vec<DesiredError>) {
+    let (mut d, errors) = desired::compute_on(model, node, ids, limits);
+    ids.retain(&d);
+    d.filter = ids.filter_bits(std::mem::take(&mut d.filter));
+    (d, errors)
+}
+
+/// The agent's books on the maps: the desired state service by service, the indices, what
+/// is programmed where that is not the desired state, the services whose writes failed.
+#[derive(Debug)]
+pub struct Reconciler {
+    engine: Incremental,
+    ids: Ids,
+    /// What is programmed, when it is not the desired state (at start: what was pinned);
+    /// none when the maps hold the desired state (but where failed services' writes left
+    /// them otherwise: see [`retry`]).
+    programmed: Option<Desired>,
+    retries: Retries,
+    limits: Limits,
+}
+
+/// What one sync did.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// It recomputed and diffed everything.
+    pub full: bool,
+    /// Its failed writes and its services' problems (a Service without an EndpointSlice is
+    /// normal, as kube-proxy does not count it).
+    pub errors: u64,
+    /// Connected UDP frontend–backend pairs it took out (when asked for them): their
+    /// sockets are stale.
+    pub gone_udp: BTreeSet<stale::Pair>,
+}
+
+impl Reconciler {
+    /// Books for maps that hold `programmed` (adopted from the pins; its indices in `ids`),
+    /// within `limits`. The first sync is a full one against it.
+    pub fn adopt(programmed: Desired, limits: Limits) -> Self {
+        Self {
+            engine: Incremental::default(),
+            ids: Ids::adopt(&programmed),
+            programmed: Some(programmed),
+            retries: Retries::default(),
+            limits,
+        }
+    }
+
+    /// What the maps hold (but for what failed services left).
+    pub fn programmed(&self) -> &Desired {
+        self.programmed.as_ref().unwrap_or(self.engine.desired())
+    }
+
+    /// The desired state now.
+    pub fn desired(&self) -> &Desired {
+        self.engine.desired()
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The next sync must be a full one (the maps hold something else than the desired
+    /// state: at start).
+    pub fn needs_full(&self) -> bool {
+        self.programmed.is_some()
+    }
+
+    /// When the next failed service's retry is due.
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.retries.next_due()
+    }
+
+    /// Programs what `changed` names of `model` on `node` (everything when `full` or
+    /// [`Reconciler::needs_full`]) into `maps`: the problems logged, failed writes kept per
+    /// service for their retry, and with `udp` the connected UDP pairs that went returned.
+    /// After a full sync the B-trees are rebuilt full.
+    pub fn sync(
+        &mut self,
+        model: &Model,
+        node: &NodeContext,
+        maps: &mut dyn MapWriter,
+        full: bool,
+        changed: &BTreeSet<ServiceRef>,
+        udp: bool,
+    ) -> Synced {
+        let started = Instant::now();
+        self.ids.tick(Instant::now());
+        let full = full || self.programmed.is_some();
+        let (touched, mut now, taken) = self.compute(model, node, full, changed);
+        let retried = taken.len();
+        let problems: Vec<&DesiredError> = if full {
+            self.engine.problems().collect()
+        } else {
+            changed
+                .iter()
+                .flat_map(|id| self.engine.problems_of(id))
+                .collect()
+        };
+        for p in &problems {
+            match p {
+                DesiredError::NoEndpointSlice { .. } => info!("{p}"),
+                _ => warn!("{p}"),
+            }
+        }
+        let udp_before = udp.then(|| stale::udp_pairs(&now, &touched.frontends));
+        let report = apply_touched(maps, &mut now, self.engine.desired(), &touched);
+        for e in &report.errors {
+            error!("{e}");
+        }
+        let gone_udp = match udp_before {
+            Some(before) => {
+                let after = stale::udp_pairs(&now, &touched.frontends);
+                before.difference(&after).copied().collect()
+            }
+            None => BTreeSet::new(),
+        };
+        // What failed is kept per service (what it left programmed) and retried on its own
+        // with backoff; the next syncs stay incremental.
+        let diverged = match report.errors.is_empty() {
+            true => Diverged::default(),
+            false => Diverged::of(&now, self.engine.desired(), &touched),
+        };
+        drop(now);
+        let desired = self.engine.desired();
+        self.retries
+            .record(taken, diverged, desired, &report, Instant::now());
+        let counted = problems
+            .iter()
+            .filter(|p| !matches!(p, DesiredError::NoEndpointSlice { .. }))
+            .count();
+        let errors = (report.errors.len() + counted) as u64;
+        info!(
+            services = self.engine.frontends(),
+            changed = changed.len(),
+            full,
+            writes = report.writes,
+            deletes = report.deletes,
+            errors,
+            retried,
+            failing = self.retries.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "synced"
+        );
+        if full {
+            // The sync's temporaries first (a full one's touched sets are as large as the
+            // maps), then the B-trees rebuilt full.
+            drop((touched, problems));
+            self.engine.compact(&mut self.ids);
+        }
+        Synced {
+            full,
+            errors,
+            gone_udp,
+        }
+    }
+
+    /// The desired state of what changed (of everything when `full`), and what is
+    /// programmed of what it touched: for a full computation the state it replaces (the
+    /// maps held it), for an update the journal's view of what it changed; either with
+    /// what the failed services it takes in (all of them for a full one, else those due or
+    /// touched) left programmed.
+    fn compute(
+        &mut self,
+        model: &Model,
+        node: &NodeContext,
+        full: bool,
+        changed: &BTreeSet<ServiceRef>,
+    ) -> (Touched, Desired, Taken) {
+        let (ids, limits) = (&mut self.ids, self.limits);
+        if full {
+            let mut now = self
+                .programmed
+                .take()
+                .unwrap_or_else(|| self.engine.take_desired());
+            let mut retried = Touched::default();
+            let taken = self.retries.take(&mut retried, Instant::now(), true);
+            taken.overlay(&mut now);
+            self.engine.full(model, node, ids, limits);
+            let mut touched = sync::everything(&now, self.engine.desired());
+            touched.extend(retried);
+            (touched, now, taken)
+        } else {
+            let changed = changed.iter().cloned();
+            let mut touched = self.engine.update(model, node, ids, limits, changed);
+            let taken = self.retries.take(&mut touched, Instant::now(), false);
+            let mut now = self.engine.programmed_before(&touched);
+            taken.overlay(&mut now);
+            (touched, now, taken)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
