@@ -140,6 +140,47 @@ fn no_module_of_the_agent_imports_from_a_layer_above_it() {
     );
 }
 
+/// What would make the desired state depend on more than the model, the node and the
+/// indices it is handed: the clock, randomness, the environment, files, the kernel, state
+/// kept between calls.
+const IMPURE: [&str; 9] = [
+    "Instant",
+    "SystemTime",
+    "rand::",
+    "std::env",
+    "std::fs",
+    "static mut",
+    "thread_local!",
+    "Mutex",
+    "Cell<",
+];
+
+#[test]
+fn the_desired_state_is_a_pure_function_of_the_model_node_and_indices() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lb-userspace/src");
+    let mut files = BTreeMap::new();
+    sources(&root, &root.join("desired"), &mut files);
+    assert!(files.len() >= 4, "desired/ is read: {:?}", files.keys());
+    for (name, code) in &files {
+        if name.ends_with("/tests.rs") {
+            continue;
+        }
+        let code = code.split("#[cfg(test)]\nmod ").next().unwrap_or(code);
+        for word in IMPURE {
+            assert!(
+                !code.contains(word),
+                "{name} uses {word}: desired/ is only the function model → map contents (keep books in reconcile/)"
+            );
+        }
+        for used in imported_modules(code) {
+            assert!(
+                ["model", "desired"].contains(&used.as_str()),
+                "{name} imports crate::{used}: desired/ depends on the model alone"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_import_parser_sees_grouped_and_plain_imports() {
     let code =
