@@ -1,29 +1,19 @@
-//! The current network namespace's interfaces (if_nameindex asks the kernel over netlink),
-//! their addresses, and a watch of their changes over rtnetlink.
+//! The current network namespace's interfaces and their addresses (through nix), and a
+//! watch of their changes over rtnetlink (netlink-sys, parsed with netlink-packet-route).
 
 /// Every interface in this process's network namespace, by name, with its index (a
 /// re-created interface has the same name and a new index).
 pub fn interfaces() -> std::collections::BTreeMap<String, u32> {
-    let mut names = std::collections::BTreeMap::new();
-    // SAFETY: if_nameindex returns a NULL-terminated array freed with if_freenameindex.
-    unsafe {
-        let list = libc::if_nameindex();
-        if list.is_null() {
-            return names;
+    match nix::net::if_::if_nameindex() {
+        Ok(list) => list
+            .iter()
+            .map(|i| (i.name().to_string_lossy().into_owned(), i.index()))
+            .collect(),
+        Err(e) => {
+            tracing::warn!("cannot list the interfaces: {e}");
+            Default::default()
         }
-        let mut p = list;
-        while (*p).if_index != 0 && !(*p).if_name.is_null() {
-            names.insert(
-                std::ffi::CStr::from_ptr((*p).if_name)
-                    .to_string_lossy()
-                    .into_owned(),
-                (*p).if_index,
-            );
-            p = p.add(1);
-        }
-        libc::if_freenameindex(list);
     }
-    names
 }
 
 /// What changed in this namespace.
@@ -111,39 +101,23 @@ fn changes(buf: &[u8]) -> (bool, bool) {
 
 /// The addresses of interface `name` in this process's network namespace, both families.
 pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
-    let mut out = Vec::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list`, freed with freeifaddrs; every pointer is checked, and
-    // an address is read as the sockaddr its family says it is.
-    unsafe {
-        if libc::getifaddrs(&mut list) != 0 {
-            return out;
+    let list = match nix::ifaddrs::getifaddrs() {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::warn!("cannot read the interfaces' addresses: {e}");
+            return Vec::new();
         }
-        let mut p = list;
-        while !p.is_null() {
-            let a = &*p;
-            if !a.ifa_addr.is_null()
-                && !a.ifa_name.is_null()
-                && std::ffi::CStr::from_ptr(a.ifa_name).to_string_lossy() == name
-            {
-                match i32::from((*a.ifa_addr).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*(a.ifa_addr as *const libc::sockaddr_in);
-                        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                        out.push(ip.into());
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(a.ifa_addr as *const libc::sockaddr_in6);
-                        out.push(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into());
-                    }
-                    _ => {}
-                }
+    };
+    list.filter(|a| a.interface_name == name)
+        .filter_map(|a| {
+            let sa = a.address?;
+            match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
+                (Some(v4), _) => Some(v4.ip().into()),
+                (_, Some(v6)) => Some(v6.ip().into()),
+                _ => None,
             }
-            p = a.ifa_next;
-        }
-        libc::freeifaddrs(list);
-    }
-    out
+        })
+        .collect()
 }
 
 /// The addresses NodePorts are served on by default on interface `name`: its IPv4 ones and
@@ -160,10 +134,7 @@ pub fn node_port_addresses(name: &str) -> Vec<std::net::IpAddr> {
 
 /// The index of interface `name`, if it exists.
 pub fn ifindex(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: a valid NUL-terminated name.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
+    nix::net::if_::if_nametoindex(name).ok()
 }
 
 #[cfg(test)]
