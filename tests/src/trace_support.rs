@@ -1,5 +1,5 @@
 //! `xlb trace` run against a scenario's agent, and the live flow maps it must leave alone
-//! (shared by trace.rs and trace6.rs).
+//! (shared by trace/main.rs and trace/v6.rs).
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 

@@ -1,4 +1,4 @@
-//! Helpers shared by the `packets_north_south` test files.
+//! Helpers shared by the `packets/north_south` test files.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 

@@ -1,8 +1,15 @@
 //! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
 //! table of cases, Katran-style.
 
+//!
+//! One binary, a module per topic: `rewrites`, `robust`, `state` (IPv4 east-west), `v6`
+//! (the same over IPv6), `north_south` (NodePort, SNAT, hairpin, XDP, in a routed
+//! namespace).
+
 use xlb_tests::checksums;
 
+mod north_south;
 mod rewrites;
 mod robust;
 mod state;
+mod v6;

@@ -1,4 +1,4 @@
-//! `xlb trace` over IPv4 (IPv6: trace6.rs): its verdicts are the datapath's real ones (the same packets sent for real
+//! `xlb trace` over IPv4 (IPv6: `v6.rs`): its verdicts are the datapath's real ones (the same packets sent for real
 //! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
 //! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
 //! traffic on the conformance inputs.
@@ -18,6 +18,8 @@ use xlb_tests::{
 };
 
 use xlb_tests::trace_support as support;
+
+mod v6;
 
 use support::{flow_maps, open_request, outcome, trace};
 

@@ -3,6 +3,14 @@
 //! seeing the frontend as its peer; its IPv4 ClusterIP keeps working beside it; IPv6
 //! LoadBalancer IPs' source ranges apply to sockets at connect().
 
+//!
+//! One binary for IPv6 end to end: this file (the socket hooks, dual stack), `snat`
+//! (NodePort SNAT to a remote backend across two nodes), `node_port` (NodePorts from outside
+//! the node, address changes).
+
+mod node_port;
+mod snat;
+
 use std::{
     collections::BTreeSet,
     net::{Ipv6Addr, SocketAddr},
