@@ -30,11 +30,57 @@ pub struct ListArgs {
     bpffs: PathBuf,
 }
 
-/// Detach and unpin everything xlb installed.
+/// Detach and unpin everything xlb installed; or, with `--kube-proxy`, remove kube-proxy's
+/// rules instead.
 #[derive(clap::Args)]
 pub struct CleanupArgs {
     #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
     pub bpffs: PathBuf,
+    /// Remove kube-proxy's leftovers from this node's netfilter tables, as `kube-proxy
+    /// --cleanup` does (its iptables chains and jumps of both families and backends, its
+    /// nftables tables, `kube-ipvs0`); xlb's own pins are left alone.
+    #[arg(long)]
+    pub kube_proxy: bool,
+}
+
+pub fn run_cleanup(args: &CleanupArgs) -> Result<()> {
+    if args.kube_proxy {
+        cleanup_kube_proxy()
+    } else {
+        cleanup(&args.bpffs)
+    }
+}
+
+/// `xlb cleanup --kube-proxy`: what was found, then removed; nothing found is said.
+fn cleanup_kube_proxy() -> Result<()> {
+    use lb_userspace::datapath::netfilter;
+    let found = netfilter::find_kube_proxy().context("looking for kube-proxy's rules")?;
+    if found.is_empty() {
+        println!("no kube-proxy rules on this node: nothing to remove");
+        return Ok(());
+    }
+    for what in found.describe() {
+        println!("removing kube-proxy's {what}");
+    }
+    let errors = netfilter::remove_kube_proxy(&found);
+    if let Some(first) = errors.first() {
+        for e in &errors[1..] {
+            eprintln!("xlb: {e}");
+        }
+        anyhow::bail!(
+            "{} of kube-proxy's leftovers not removed: {first}",
+            errors.len()
+        );
+    }
+    let left = netfilter::find_kube_proxy().context("looking again for kube-proxy's rules")?;
+    if !left.is_empty() {
+        anyhow::bail!(
+            "kube-proxy's rules are still there: {}",
+            left.describe().join("; ")
+        );
+    }
+    println!("kube-proxy's rules are gone");
+    Ok(())
 }
 
 pub fn cleanup(bpffs: &Path) -> Result<()> {

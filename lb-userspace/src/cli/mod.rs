@@ -45,7 +45,7 @@ pub fn run() -> Result<()> {
         Command::Desired(args) => emit::run_desired(args),
         Command::Emit(args) => emit::run(*args),
         Command::Proxy(args) => proxy::run_proxy(args),
-        Command::Cleanup(args) => list::cleanup(&args.bpffs),
+        Command::Cleanup(args) => list::run_cleanup(&args),
         Command::Trace(args) => trace::run(*args),
     }
 }

@@ -11,6 +11,7 @@ pub mod diverged;
 pub mod kernel;
 pub mod links;
 pub mod loader;
+pub mod netfilter;
 pub mod netif;
 pub mod rows;
 pub mod scratch;

@@ -13,6 +13,7 @@
 
 pub mod iptables;
 pub mod ipvs;
+pub mod leftovers;
 pub mod names;
 pub mod nftables;
 pub mod plan;

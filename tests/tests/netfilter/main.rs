@@ -7,7 +7,8 @@
 //! (`policy`); a bridge-based pod network gets its NodePort replies without `accept_local`
 //! (`bridge`); a pod served by tc reaches a Service whose endpoint is the node itself
 //! (`node_endpoint`); the kernel's conntrack holds the flows tc serves as ESTABLISHED and
-//! ASSURED, with the backends' addresses (`conntrack`).
+//! ASSURED, with the backends' addresses (`conntrack`). `xlb cleanup --kube-proxy` removes
+//! kube-proxy's rules of every mode and family and nothing else (`kube_proxy_cleanup`).
 //!
 //! The controls (`control_*`) run the same checks in the same labs with kube-proxy's own
 //! iptables rules in place of the agent: what the tests ask of xlb is what netfilter sees
@@ -21,6 +22,7 @@ mod bridge;
 mod conntrack;
 mod control;
 mod firewalls;
+mod kube_proxy_cleanup;
 mod node_endpoint;
 mod policy;
 mod xdp;

@@ -1,0 +1,258 @@
+//! kube-proxy's leftovers in this network namespace's netfilter tables, found and removed
+//! with the node's own tools (`iptables-save`/`iptables-restore --noflush` of both
+//! families and both backends, `nft`, `ipset`, `ip`, `ipvsadm`), as `kube-proxy --cleanup`
+//! removes them, in its order: its chains and the jumps into them, the ipvs mode's virtual
+//! servers (all of them, as kube-proxy flushes them), `kube-ipvs0` and ipsets, its nftables
+//! tables. What is kube-proxy's is `emit::leftovers`' call; everything else is kept. A step
+//! that fails does not stop the others.
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
+
+use thiserror::Error;
+
+use crate::emit::leftovers::{self, TableLeftovers};
+
+/// A tool that failed, named with what it said.
+#[derive(Debug, Error)]
+pub enum NetfilterError {
+    #[error("{tool} failed: {message}")]
+    Tool { tool: String, message: String },
+}
+
+/// One iptables flavour: its save and restore commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Flavour {
+    save: &'static str,
+    restore: &'static str,
+}
+
+/// The flavours tried, in order: the nft and legacy backends by name where the node has
+/// both (kube-proxy's image picks one, either may hold its rules), else the plain tools.
+const FLAVOURS: [[Flavour; 3]; 2] = [
+    [
+        Flavour {
+            save: "iptables-nft-save",
+            restore: "iptables-nft-restore",
+        },
+        Flavour {
+            save: "iptables-legacy-save",
+            restore: "iptables-legacy-restore",
+        },
+        Flavour {
+            save: "iptables-save",
+            restore: "iptables-restore",
+        },
+    ],
+    [
+        Flavour {
+            save: "ip6tables-nft-save",
+            restore: "ip6tables-nft-restore",
+        },
+        Flavour {
+            save: "ip6tables-legacy-save",
+            restore: "ip6tables-legacy-restore",
+        },
+        Flavour {
+            save: "ip6tables-save",
+            restore: "ip6tables-restore",
+        },
+    ],
+];
+
+/// kube-proxy's leftovers on this node.
+#[derive(Debug, Default)]
+pub struct KubeProxyLeftovers {
+    /// Per iptables tool (`iptables-nft-save`, …): its tables' leftovers.
+    iptables: Vec<(Flavour, Vec<TableLeftovers>)>,
+    /// `ip kube-proxy`, `ip6 kube-proxy`.
+    pub nft_tables: Vec<String>,
+    /// The ipvs mode's dummy interface is there.
+    pub ipvs_link: bool,
+    /// The kernel has IPVS virtual servers (`/proc/net/ip_vs` lists some).
+    pub ipvs_servers: bool,
+    /// The ipvs mode's ipsets that exist.
+    pub ipsets: Vec<String>,
+}
+
+impl KubeProxyLeftovers {
+    pub fn is_empty(&self) -> bool {
+        self.iptables.is_empty()
+            && self.nft_tables.is_empty()
+            && !self.ipvs_link
+            && !self.ipvs_servers
+            && self.ipsets.is_empty()
+    }
+
+    /// One line per thing found: `iptables-nft-save nat: 3 jumps, 12 chains`, …
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (f, tables) in &self.iptables {
+            for t in tables {
+                out.push(format!(
+                    "{} table {}: {} jumps, {} chains",
+                    f.save.trim_end_matches("-save"),
+                    t.table,
+                    t.jumps.len(),
+                    t.chains.len()
+                ));
+            }
+        }
+        for t in &self.nft_tables {
+            out.push(format!("nftables table {t}"));
+        }
+        if self.ipvs_servers {
+            out.push("IPVS virtual servers".to_string());
+        }
+        if self.ipvs_link {
+            out.push("the ipvs mode's kube-ipvs0 interface".to_string());
+        }
+        if !self.ipsets.is_empty() {
+            out.push(format!("ipsets {}", self.ipsets.join(", ")));
+        }
+        out
+    }
+
+    /// The chains found, `table/chain`, for tests and logs.
+    pub fn chains(&self) -> Vec<String> {
+        self.iptables
+            .iter()
+            .flat_map(|(_, ts)| ts)
+            .flat_map(|t| t.chains.iter().map(move |c| format!("{}/{c}", t.table)))
+            .collect()
+    }
+}
+
+/// Whether `tool` can be run here.
+fn exists(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(tool: &str, args: &[&str], input: Option<&str>) -> Result<String, NetfilterError> {
+    let err = |message: String| NetfilterError::Tool {
+        tool: format!("{tool} {}", args.join(" ")),
+        message,
+    };
+    let mut child = Command::new(tool)
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(e.to_string()))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| err(e.to_string()))?;
+    }
+    let out = child.wait_with_output().map_err(|e| err(e.to_string()))?;
+    if !out.status.success() {
+        return Err(err(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The flavours of one family this node has: the named backends where either exists, else
+/// the plain tools.
+fn flavours(family: &[Flavour; 3]) -> Vec<Flavour> {
+    let named: Vec<Flavour> = family[..2]
+        .iter()
+        .copied()
+        .filter(|f| exists(f.save))
+        .collect();
+    if !named.is_empty() {
+        return named;
+    }
+    family[2..]
+        .iter()
+        .copied()
+        .filter(|f| exists(f.save))
+        .collect()
+}
+
+/// Finds kube-proxy's leftovers in this namespace. A tool the node lacks is skipped (a
+/// node without ip6tables has no IPv6 rules of kube-proxy's).
+pub fn find_kube_proxy() -> Result<KubeProxyLeftovers, NetfilterError> {
+    let mut found = KubeProxyLeftovers::default();
+    for family in &FLAVOURS {
+        for f in flavours(family) {
+            let tables = leftovers::of_save(&run(f.save, &[], None)?);
+            if !tables.is_empty() {
+                found.iptables.push((f, tables));
+            }
+        }
+    }
+    if exists("nft") {
+        found.nft_tables = leftovers::nft_tables(&run("nft", &["list", "tables"], None)?);
+    }
+    found.ipvs_link = crate::datapath::netif::ifindex("kube-ipvs0").is_some();
+    found.ipvs_servers = std::fs::read_to_string("/proc/net/ip_vs").is_ok_and(|t| {
+        t.lines().any(|l| {
+            l.starts_with("TCP")
+                || l.starts_with("UDP")
+                || l.starts_with("SCTP")
+                || l.starts_with("FWM")
+        })
+    });
+    if exists("ipset") {
+        let names = run("ipset", &["list", "-n"], None)?;
+        found.ipsets = names
+            .lines()
+            .map(str::trim)
+            .filter(|n| leftovers::IPSETS.contains(n))
+            .map(str::to_string)
+            .collect();
+    }
+    Ok(found)
+}
+
+/// Removes what [`find_kube_proxy`] found: every table's jumps and chains in one
+/// `iptables-restore --noflush` transaction per tool and table, the IPVS servers, the dummy
+/// interface, the ipsets, the nftables tables. Errors are collected: one that fails does
+/// not keep the rest.
+pub fn remove_kube_proxy(found: &KubeProxyLeftovers) -> Vec<NetfilterError> {
+    let mut errors = Vec::new();
+    for (f, tables) in &found.iptables {
+        for t in tables {
+            if let Err(e) = run(f.restore, &["--noflush"], Some(&t.restore_input())) {
+                errors.push(e);
+            }
+        }
+    }
+    if found.ipvs_servers
+        && let Err(e) = run("ipvsadm", &["-C"], None)
+    {
+        errors.push(e);
+    }
+    if found.ipvs_link
+        && let Err(e) = run("ip", &["link", "delete", "kube-ipvs0"], None)
+    {
+        errors.push(e);
+    }
+    for set in &found.ipsets {
+        if let Err(e) = run("ipset", &["destroy", set], None) {
+            errors.push(e);
+        }
+    }
+    for t in &found.nft_tables {
+        let args: Vec<&str> = ["delete", "table"]
+            .into_iter()
+            .chain(t.split_whitespace())
+            .collect();
+        if let Err(e) = run("nft", &args, None) {
+            errors.push(e);
+        }
+    }
+    errors
+}
