@@ -14,6 +14,7 @@ pub mod desired;
 pub mod emit;
 pub mod glob;
 pub mod list;
+pub mod migrate;
 pub mod model;
 pub mod proxy;
 pub mod reconcile;

@@ -22,6 +22,7 @@ mod interfaces;
 mod memory;
 mod sockets;
 mod start;
+mod takeover;
 
 use feed::Wake;
 use interfaces::{Interfaces, Wanted};
@@ -77,6 +78,9 @@ pub struct AgentOptions {
     /// kube-proxy's minSyncPeriod: the least time between two syncs (a change after a quiet
     /// period applies at once, a burst within it is one sync at its end).
     pub min_sync: Duration,
+    /// Take over kube-proxy's flows and remove its rules after the first sync, before the
+    /// programs attach (see [`takeover`]).
+    pub takeover_from_kube_proxy: bool,
 }
 
 /// This node.
@@ -179,6 +183,8 @@ pub enum AgentError {
     Kube(#[from] KubeError),
     #[error("the Kubernetes source stopped")]
     SourceStopped,
+    #[error("taking over from kube-proxy: {0}")]
+    Takeover(String),
     #[error(transparent)]
     Serve(#[from] serve::ServeError),
 }
@@ -225,8 +231,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     let mut attached = false;
     let mut last_sync: Option<Instant> = None;
     let mut last_prune = Instant::now();
+    // A takeover attaches after the first sync, once kube-proxy's flows are xlb's.
+    let mut taking_over = opts.takeover_from_kube_proxy;
     while !stop.load(Ordering::Relaxed) {
-        if upgrade.is_none() && (links_changed || ifs.retrying() || !links_watched) {
+        let deferred = upgrade.is_some() || taking_over;
+        if !deferred && (links_changed || ifs.retrying() || !links_watched) {
             links_changed = false;
             let mut links = KernelLinks {
                 ebpf: &mut ebpf,
@@ -264,6 +273,16 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
                 let now = books.programmed();
                 hooks = take_over(opts, prev, now, &mut ebpf, &mut ifs, &wanted)?;
                 node.socket_lb = hooks.is_some();
+            }
+            if std::mem::take(&mut taking_over) {
+                let mut links = KernelLinks {
+                    ebpf: &mut ebpf,
+                    dir: &opts.datapath.bpffs,
+                };
+                let now = books.programmed();
+                takeover::from_kube_proxy(&opts.datapath.bpffs, now, || {
+                    ifs.sync(&mut links, &wanted)
+                })?;
             }
             let errors = synced.errors + std::mem::take(&mut state.errors);
             metrics.synced(&Synced {

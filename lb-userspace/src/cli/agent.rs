@@ -125,9 +125,20 @@ pub struct AgentArgs {
     /// programs a flag test. Meant for a while, on a node under study: one line per packet.
     #[arg(long, env = "XLB_BPF_LOG", value_enum, default_value_t = BpfLog::Off)]
     pub bpf_log: BpfLog,
+    /// Take over from a running (or stopped) kube-proxy on this node: its flows (from the
+    /// kernel's conntrack) become xlb's before xlb's programs attach, then its rules are
+    /// removed, so no connection breaks.
+    #[arg(long, env = "XLB_TAKEOVER_FROM", value_enum)]
+    pub takeover_from: Option<TakeoverFrom>,
     /// Remove everything xlb installed and exit.
     #[arg(long)]
     pub cleanup: bool,
+}
+
+/// `--takeover-from`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TakeoverFrom {
+    KubeProxy,
 }
 
 /// `--bpf-log`.
@@ -177,6 +188,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         backend_map_max,
         affinity_map_max,
         bpf_log,
+        takeover_from,
         cleanup: _,
     } = args;
     let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -248,6 +260,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         },
         poll: Duration::from_millis(poll_ms.max(10)),
         min_sync,
+        takeover_from_kube_proxy: takeover_from == Some(TakeoverFrom::KubeProxy),
     })
 }
 

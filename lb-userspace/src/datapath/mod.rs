@@ -9,6 +9,7 @@ pub mod ct_egress;
 pub mod ct_gc;
 pub mod diverged;
 pub mod kernel;
+pub mod kernel_ct;
 pub mod links;
 pub mod loader;
 pub mod netfilter;

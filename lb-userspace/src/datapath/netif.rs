@@ -120,6 +120,23 @@ pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
         .collect()
 }
 
+/// Every address of every interface in this process's network namespace.
+pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
+    nix::ifaddrs::getifaddrs()
+        .map(|list| {
+            list.filter_map(|a| {
+                let sa = a.address?;
+                match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
+                    (Some(v4), _) => Some(v4.ip().into()),
+                    (_, Some(v6)) => Some(v6.ip().into()),
+                    _ => None,
+                }
+            })
+            .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The addresses NodePorts are served on by default on interface `name`: its IPv4 ones and
 /// its global IPv6 ones (not link-local: kube-proxy serves no NodePort there).
 pub fn node_port_addresses(name: &str) -> Vec<std::net::IpAddr> {

@@ -236,6 +236,13 @@ fn insert_all<K: aya::Pod, V: aya::Pod>(
     Ok((written, kept))
 }
 
+/// Adds the conntrack entries of flows another proxy began (a takeover from kube-proxy) to
+/// the assured table under `dir`, keeping any entry already there (a rerun, or a flow xlb
+/// itself began meanwhile). Returns how many were written.
+pub fn adopt_assured(dir: &Path, items: &[(CtKey, CtValue)]) -> Result<usize, DatapathError> {
+    Ok(insert_all(dir, lb_common::MAP_CT_ASSURED, items, true)?.0)
+}
+
 impl Previous {
     /// The previous layout's pins under `dir`, if any are there.
     pub fn find(dir: &Path) -> Result<Option<Self>, DatapathError> {

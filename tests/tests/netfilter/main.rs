@@ -8,7 +8,8 @@
 //! (`bridge`); a pod served by tc reaches a Service whose endpoint is the node itself
 //! (`node_endpoint`); the kernel's conntrack holds the flows tc serves as ESTABLISHED and
 //! ASSURED, with the backends' addresses (`conntrack`). `xlb cleanup --kube-proxy` removes
-//! kube-proxy's rules of every mode and family and nothing else (`kube_proxy_cleanup`).
+//! kube-proxy's rules of every mode and family and nothing else (`kube_proxy_cleanup`), and
+//! `xlb agent --takeover-from kube-proxy` keeps kube-proxy's connections (`takeover`).
 //!
 //! The controls (`control_*`) run the same checks in the same labs with kube-proxy's own
 //! iptables rules in place of the agent: what the tests ask of xlb is what netfilter sees
@@ -25,6 +26,7 @@ mod firewalls;
 mod kube_proxy_cleanup;
 mod node_endpoint;
 mod policy;
+mod takeover;
 mod xdp;
 
 use std::{

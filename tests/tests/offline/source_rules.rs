@@ -46,7 +46,15 @@ const LAYERS: [&[&str]; 6] = [
     &["model", "glob"],
     &["source", "emit", "desired"],
     &["datapath", "proxy"],
-    &["reconcile", "list", "trace", "serve", "config", "cleanup"],
+    &[
+        "reconcile",
+        "migrate",
+        "list",
+        "trace",
+        "serve",
+        "config",
+        "cleanup",
+    ],
     &["agent"],
     &["cli", "main", "lib"],
 ];

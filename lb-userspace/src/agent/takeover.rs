@@ -1,0 +1,127 @@
+//! `--takeover-from kube-proxy`: kube-proxy's connections go on through xlb.
+//!
+//! kube-proxy's NAT of a connection lives in the kernel's conntrack entry. After the first
+//! sync (the maps hold every frontend and backend), before xlb's programs attach:
+//! 1. every kernel flow to a frontend xlb serves, from a pod or from outside the node,
+//!    becomes xlb's assured conntrack entries with kube-proxy's backend and masquerade
+//!    source (`migrate::adopt`);
+//! 2. the programs attach; the kernel is asked again for flows begun meanwhile;
+//! 3. the kernel's entries of the adopted flows are deleted (netfilter sees them again as
+//!    xlb translates them, and picks them up mid-stream), and kube-proxy's rules removed.
+//!
+//! Flows from the node's own sockets keep their kernel entry and its NAT: the socket hooks
+//! never see a socket connected before them, and the kernel keeps translating it until it
+//! ends. Killed at any step and started again, it completes (entries already there are
+//! kept, rules already gone are not looked for twice). On a node without kube-proxy it
+//! finds nothing and says so.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+};
+
+use tracing::{info, warn};
+
+use super::AgentError;
+use crate::{
+    datapath::{
+        DatapathError, clock,
+        kernel_ct::{self, Ends, KernelFlow},
+        netfilter, netif, upgrade,
+    },
+    desired::Desired,
+    migrate::adopt::{self, Skip},
+};
+
+/// What one pass over the kernel's table did.
+#[derive(Default)]
+struct Pass {
+    adopted: Vec<KernelFlow>,
+    entries: usize,
+    from_node: usize,
+    skipped: BTreeMap<Skip, usize>,
+}
+
+/// Adopts the kernel's flows to frontends of `current` into the pinned maps under `dir`,
+/// but those of `known` (adopted by an earlier pass).
+fn adopt_flows(
+    dir: &Path,
+    current: &Desired,
+    local: &BTreeSet<IpAddr>,
+    known: &BTreeSet<(u8, Ends)>,
+) -> Result<Pass, AgentError> {
+    let flows = kernel_ct::dump(false)
+        .map_err(|e| AgentError::Takeover(format!("cannot read the kernel's conntrack: {e}")))?;
+    let now = clock::monotonic_coarse_ns();
+    let mut pass = Pass::default();
+    let mut items = Vec::new();
+    for f in flows {
+        if known.contains(&(f.proto, f.orig)) {
+            continue;
+        }
+        if local.contains(&f.orig.src) {
+            // A node socket's flow: its kernel entry keeps its NAT (see the module doc).
+            pass.from_node += 1;
+            continue;
+        }
+        match adopt::entries(&f, current, now) {
+            Ok(e) => {
+                items.extend(e);
+                pass.adopted.push(f);
+            }
+            Err(Skip::NotTranslated) => {}
+            Err(why) => *pass.skipped.entry(why).or_default() += 1,
+        }
+    }
+    pass.entries = upgrade::adopt_assured(dir, &items)?;
+    Ok(pass)
+}
+
+/// The takeover (see the module doc); `attach` attaches xlb's programs.
+pub(super) fn from_kube_proxy(
+    dir: &Path,
+    current: &Desired,
+    attach: impl FnOnce() -> Result<(), DatapathError>,
+) -> Result<(), AgentError> {
+    let local = netif::local_addresses();
+    let before = adopt_flows(dir, current, &local, &BTreeSet::new())?;
+    attach()?;
+    let known = before.adopted.iter().map(|f| (f.proto, f.orig)).collect();
+    let meanwhile = adopt_flows(dir, current, &local, &known)?;
+    let mut deleted = 0;
+    for f in before.adopted.iter().chain(&meanwhile.adopted) {
+        match kernel_ct::delete(f) {
+            Ok(()) => deleted += 1,
+            Err(e) => warn!(flow = ?f.orig, "cannot delete the kernel's conntrack entry: {e}"),
+        }
+    }
+    let rules = netfilter::find_kube_proxy()
+        .map_err(|e| AgentError::Takeover(format!("cannot read kube-proxy's rules: {e}")))?;
+    let removed = rules.describe();
+    for e in netfilter::remove_kube_proxy(&rules) {
+        warn!("kube-proxy's rules not all removed: {e}");
+    }
+    let adopted = before.adopted.len() + meanwhile.adopted.len();
+    if adopted == 0 && removed.is_empty() {
+        info!("no kube-proxy on this node (no flows it translated, no rules): starting normally");
+        return Ok(());
+    }
+    let skipped: Vec<String> = before
+        .skipped
+        .iter()
+        .chain(&meanwhile.skipped)
+        .map(|(why, n)| format!("{why:?}: {n}"))
+        .collect();
+    info!(
+        flows = adopted,
+        begun_meanwhile = meanwhile.adopted.len(),
+        entries = before.entries + meanwhile.entries,
+        kernel_entries_deleted = deleted,
+        node_flows_left_to_the_kernel = before.from_node.max(meanwhile.from_node),
+        skipped = %skipped.join(", "),
+        rules_removed = %removed.join("; "),
+        "took over from kube-proxy: its flows are xlb's, its rules are gone"
+    );
+    Ok(())
+}

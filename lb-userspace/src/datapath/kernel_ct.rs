@@ -1,0 +1,278 @@
+//! The kernel's own conntrack table, through ctnetlink (netlink-sys for the socket,
+//! netlink-packet-netfilter for the messages): dumped to find the flows kube-proxy's rules
+//! translated (their NAT lives in these entries, not in the rules), and entries deleted by
+//! their original tuple once xlb serves the flow.
+
+use std::net::IpAddr;
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+    conntrack::{
+        ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Status,
+        Tuple,
+    },
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum KernelCtError {
+    #[error("ctnetlink: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("ctnetlink: the kernel answered {0}")]
+    Kernel(String),
+    #[error("ctnetlink: a message not understood: {0}")]
+    Decode(String),
+}
+
+/// One direction of a flow as the kernel tracks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ends {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// A flow in the kernel's conntrack table: its original direction (as the client sent it)
+/// and its reply direction (as the other end answers: from the backend, to the client or
+/// to the address it was masqueraded to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFlow {
+    pub proto: u8,
+    pub orig: Ends,
+    pub reply: Ends,
+    /// The kernel saw both directions and calls the flow assured.
+    pub assured: bool,
+    /// TCP's state (`TCP_CONNTRACK_*`: 3 established, 4 fin-wait, …), none for UDP.
+    pub tcp_state: Option<u8>,
+}
+
+/// `TCP_CONNTRACK_ESTABLISHED`.
+pub const TCP_ESTABLISHED: u8 = 3;
+
+impl KernelFlow {
+    /// Its destination was translated (to a backend: the reply comes from elsewhere).
+    pub fn dnat(&self) -> bool {
+        self.reply.src != self.orig.dst || self.reply.sport != self.orig.dport
+    }
+
+    /// Its source was translated (masqueraded: the reply goes elsewhere).
+    pub fn snat(&self) -> bool {
+        self.reply.dst != self.orig.src || self.reply.dport != self.orig.sport
+    }
+}
+
+fn family(v6: bool) -> NetfilterProtoFamily {
+    if v6 {
+        NetfilterProtoFamily::IPv6
+    } else {
+        NetfilterProtoFamily::IPv4
+    }
+}
+
+/// One request on a fresh socket; every answer message's conntrack payload until the
+/// dump's end or the kernel's acknowledgement.
+fn request(
+    flags: u16,
+    v6: bool,
+    message: ConntrackMessage,
+) -> Result<Vec<ConntrackMessage>, KernelCtError> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(family(v6), 0, 0),
+            message,
+        )),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let mut out = Vec::new();
+    let mut rx = Vec::with_capacity(64 * 1024);
+    loop {
+        rx.clear();
+        let n = socket.recv(&mut rx, 0)?;
+        let mut off = 0;
+        while off < n {
+            let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&rx[off..n])
+                .map_err(|e| KernelCtError::Decode(e.to_string()))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(out),
+                NetlinkPayload::Error(e) => {
+                    return match e.code {
+                        None => Ok(out),
+                        Some(_) => Err(KernelCtError::Kernel(e.to_string())),
+                    };
+                }
+                NetlinkPayload::InnerMessage(m) => {
+                    if let NetfilterMessageInner::Conntrack(c) = m.inner {
+                        out.push(c);
+                    }
+                }
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            off += (len + 3) & !3;
+        }
+    }
+}
+
+/// Every TCP and UDP flow of one family in this namespace's conntrack table.
+pub fn dump(v6: bool) -> Result<Vec<KernelFlow>, KernelCtError> {
+    let answers = request(
+        NLM_F_REQUEST | NLM_F_DUMP,
+        v6,
+        ConntrackMessage::Get(Vec::new()),
+    )?;
+    Ok(answers.iter().filter_map(flow_of).collect())
+}
+
+/// Deletes the kernel's entry of `flow` (found by its original tuple). An entry already
+/// gone is not an error.
+pub fn delete(flow: &KernelFlow) -> Result<(), KernelCtError> {
+    let message = ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(tuple(
+        flow.proto, &flow.orig,
+    ))]);
+    match request(NLM_F_REQUEST | NLM_F_ACK, flow.orig.src.is_ipv6(), message) {
+        Ok(_) => Ok(()),
+        Err(KernelCtError::Kernel(e)) if e.contains("No such file") || e.contains("-2") => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn tuple(proto: u8, e: &Ends) -> Vec<Tuple> {
+    vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(e.src),
+            IPTuple::DestinationAddress(e.dst),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(proto.into()),
+            ProtoTuple::SourcePort(e.sport),
+            ProtoTuple::DestinationPort(e.dport),
+        ]),
+    ]
+}
+
+/// The ends and protocol of a tuple attribute; none when a part is missing.
+fn ends_of(t: &[Tuple]) -> Option<(u8, Ends)> {
+    let (mut src, mut dst, mut sport, mut dport, mut proto) = (None, None, None, None, None);
+    for part in t {
+        match part {
+            Tuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(a) => src = Some(*a),
+                        IPTuple::DestinationAddress(a) => dst = Some(*a),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::Protocol(p) => proto = Some(u8::from(*p)),
+                        ProtoTuple::SourcePort(s) => sport = Some(*s),
+                        ProtoTuple::DestinationPort(d) => dport = Some(*d),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((
+        proto?,
+        Ends {
+            src: src?,
+            dst: dst?,
+            sport: sport?,
+            dport: dport?,
+        },
+    ))
+}
+
+/// A TCP or UDP flow from a conntrack message; none for anything else.
+pub fn flow_of(m: &ConntrackMessage) -> Option<KernelFlow> {
+    let ConntrackMessage::New(attrs) = m else {
+        return None;
+    };
+    let (mut orig, mut reply, mut assured, mut tcp_state) = (None, None, false, None);
+    for a in attrs {
+        match a {
+            ConntrackAttribute::CtaTupleOrig(t) => orig = ends_of(t),
+            ConntrackAttribute::CtaTupleReply(t) => reply = ends_of(t),
+            ConntrackAttribute::CtaStatus(s) => assured = s.contains(Status::Assured),
+            ConntrackAttribute::CtaProtoInfo(infos) => {
+                for i in infos {
+                    if let ProtoInfo::TCP(tcp) = i {
+                        for t in tcp {
+                            if let ProtoInfoTCP::State(s) = t {
+                                tcp_state = Some(*s);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let ((proto, orig), (_, reply)) = (orig?, reply?);
+    if proto != lb_common::IPPROTO_TCP && proto != lb_common::IPPROTO_UDP {
+        return None;
+    }
+    Some(KernelFlow {
+        proto,
+        orig,
+        reply,
+        assured,
+        tcp_state,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dumped_message_is_a_flow_with_its_nat_told_apart() {
+        let m = ConntrackMessage::New(vec![
+            ConntrackAttribute::CtaTupleOrig(tuple(
+                6,
+                &Ends {
+                    src: "10.244.0.5".parse().expect("ip"),
+                    dst: "10.96.0.10".parse().expect("ip"),
+                    sport: 40000,
+                    dport: 80,
+                },
+            )),
+            ConntrackAttribute::CtaTupleReply(tuple(
+                6,
+                &Ends {
+                    src: "10.244.0.7".parse().expect("ip"),
+                    dst: "10.244.0.5".parse().expect("ip"),
+                    sport: 8080,
+                    dport: 40000,
+                },
+            )),
+            ConntrackAttribute::CtaStatus(Status::Assured | Status::DstNat),
+        ]);
+        let f = flow_of(&m).expect("a flow");
+        assert!(f.assured && f.dnat() && !f.snat(), "{f:?}");
+        assert_eq!(f.proto, 6);
+        assert_eq!(f.reply.sport, 8080);
+    }
+}

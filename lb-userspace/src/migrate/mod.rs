@@ -1,0 +1,12 @@
+//! From kube-proxy to xlb with nothing lost (issue [migrate]): the flows kube-proxy's rules
+//! translated live in the kernel's conntrack table (`datapath::kernel_ct` reads it); each
+//! one to a frontend xlb serves becomes xlb's own assured conntrack entries with
+//! kube-proxy's backend and masquerade source (`adopt`), so that once xlb's programs are
+//! attached its next packet goes on where it went. Removing kube-proxy's rules is
+//! `datapath::netfilter`'s.
+//!
+//! | file | what it does |
+//! |---|---|
+//! | `adopt.rs` | a kernel flow → xlb's forward, reply (and egress) conntrack entries |
+
+pub mod adopt;
