@@ -79,7 +79,7 @@ pub struct AgentOptions {
     /// period applies at once, a burst within it is one sync at its end).
     pub min_sync: Duration,
     /// Take over kube-proxy's flows and remove its rules after the first sync, before the
-    /// programs attach (see [`takeover`]).
+    /// programs attach (see `agent/takeover.rs`).
     pub takeover_from_kube_proxy: bool,
 }
 

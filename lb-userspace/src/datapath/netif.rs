@@ -99,8 +99,8 @@ fn changes(buf: &[u8]) -> (bool, bool) {
     (links, addrs)
 }
 
-/// The addresses of interface `name` in this process's network namespace, both families.
-pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
+/// Every (interface, address) pair of this process's network namespace, both families.
+fn all_addresses() -> Vec<(String, std::net::IpAddr)> {
     let list = match nix::ifaddrs::getifaddrs() {
         Ok(list) => list,
         Err(e) => {
@@ -108,33 +108,30 @@ pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
             return Vec::new();
         }
     };
-    list.filter(|a| a.interface_name == name)
-        .filter_map(|a| {
-            let sa = a.address?;
-            match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
-                (Some(v4), _) => Some(v4.ip().into()),
-                (_, Some(v6)) => Some(v6.ip().into()),
-                _ => None,
-            }
-        })
+    list.filter_map(|a| {
+        let sa = a.address?;
+        let ip = match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
+            (Some(v4), _) => v4.ip().into(),
+            (_, Some(v6)) => v6.ip().into(),
+            _ => return None,
+        };
+        Some((a.interface_name, ip))
+    })
+    .collect()
+}
+
+/// The addresses of interface `name` in this process's network namespace, both families.
+pub fn addresses(name: &str) -> Vec<std::net::IpAddr> {
+    all_addresses()
+        .into_iter()
+        .filter(|(i, _)| i == name)
+        .map(|(_, ip)| ip)
         .collect()
 }
 
 /// Every address of every interface in this process's network namespace.
 pub fn local_addresses() -> std::collections::BTreeSet<std::net::IpAddr> {
-    nix::ifaddrs::getifaddrs()
-        .map(|list| {
-            list.filter_map(|a| {
-                let sa = a.address?;
-                match (sa.as_sockaddr_in(), sa.as_sockaddr_in6()) {
-                    (Some(v4), _) => Some(v4.ip().into()),
-                    (_, Some(v6)) => Some(v6.ip().into()),
-                    _ => None,
-                }
-            })
-            .collect()
-        })
-        .unwrap_or_default()
+    all_addresses().into_iter().map(|(_, ip)| ip).collect()
 }
 
 /// The addresses NodePorts are served on by default on interface `name`: its IPv4 ones and

@@ -1,4 +1,4 @@
-//! From kube-proxy to xlb with nothing lost (issue [migrate]): the flows kube-proxy's rules
+//! From kube-proxy to xlb with nothing lost (issue `[migrate]`): the flows kube-proxy's rules
 //! translated live in the kernel's conntrack table (`datapath::kernel_ct` reads it); each
 //! one to a frontend xlb serves becomes xlb's own assured conntrack entries with
 //! kube-proxy's backend and masquerade source (`adopt`), so that once xlb's programs are
