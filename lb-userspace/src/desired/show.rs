@@ -16,7 +16,7 @@ impl Desired {
     pub fn dump(&self) -> String {
         let mut out = String::new();
         let mut entries: Vec<_> = self.services.iter().collect();
-        entries.sort_by_key(|(k, _)| (show_frontend(k), k.slot));
+        entries.sort_by_cached_key(|(k, _)| (show_frontend(k), k.slot));
         for (k, v) in entries {
             if k.slot == 0 {
                 let name = self
