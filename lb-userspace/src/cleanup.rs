@@ -17,17 +17,31 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
     if !dir.exists() {
         return Ok(removed);
     }
-    let mut ids = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir.join("links")) {
-        for e in entries.flatten() {
-            ids.extend(crate::datapath::links::pinned_link_id(&e.path()));
-            std::fs::remove_file(e.path())?;
-            removed
-                .links
-                .push(e.file_name().to_string_lossy().into_owned());
+    // Ingress (tc, XDP) and socket hooks first, egress last: a packet that met xlb's
+    // ingress meets its egress too, never a half-detached datapath (a NATed flow's
+    // kernel conntrack entry, as a hand-back writes it, then carries the packets that
+    // no longer meet xlb at all).
+    let links: Vec<_> = std::fs::read_dir(dir.join("links"))
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let egress = |p: &std::path::PathBuf| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("tc_out_"))
+    };
+    let (first, last): (Vec<_>, Vec<_>) = links.into_iter().partition(|p| !egress(p));
+    for phase in [first, last] {
+        let mut ids = Vec::new();
+        for path in phase {
+            ids.extend(crate::datapath::links::pinned_link_id(&path));
+            std::fs::remove_file(&path)?;
+            removed.links.push(
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
         }
+        crate::datapath::links::wait_released(&ids);
     }
-    crate::datapath::links::wait_released(&ids);
     let _ = std::fs::remove_dir(dir.join("links"));
     for m in ALL_MAPS {
         let p = dir.join(m);

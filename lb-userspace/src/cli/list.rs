@@ -39,16 +39,75 @@ pub struct CleanupArgs {
     /// Remove kube-proxy's leftovers from this node's netfilter tables, as `kube-proxy
     /// --cleanup` does (its iptables chains and jumps of both families and backends, its
     /// nftables tables, `kube-ipvs0`); xlb's own pins are left alone.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hand_back")]
     pub kube_proxy: bool,
+    /// Before removing xlb: write its live flows into the kernel's conntrack with their
+    /// NAT (backend, masquerade source), so that kube-proxy's rules carry them on. Start
+    /// kube-proxy and wait for its first sync, then hand back.
+    #[arg(long)]
+    pub hand_back: bool,
 }
 
 pub fn run_cleanup(args: &CleanupArgs) -> Result<()> {
     if args.kube_proxy {
-        cleanup_kube_proxy()
-    } else {
-        cleanup(&args.bpffs)
+        return cleanup_kube_proxy();
     }
+    // The hand-back's notrack table lives until xlb is detached.
+    let _untracked = if args.hand_back {
+        hand_back(&args.bpffs)?
+    } else {
+        None
+    };
+    cleanup(&args.bpffs)
+}
+
+/// `xlb cleanup --hand-back`'s first step: xlb's flows into the kernel's table; what keeps
+/// their packets out of conntrack until xlb is detached.
+fn hand_back(bpffs: &Path) -> Result<Option<lb_userspace::datapath::netfilter::Untracked>> {
+    use lb_userspace::migrate::hand_back;
+    if !bpffs.exists() {
+        println!(
+            "no xlb pins under {}: no flows to hand back",
+            bpffs.display()
+        );
+        return Ok(None);
+    }
+    let mut done = hand_back::hand_back(bpffs)
+        .with_context(|| format!("handing back xlb's flows under {}", bpffs.display()))?;
+    let total: usize = done.flows.values().sum();
+    if done.already > 0 {
+        println!("{} flows were handed back already", done.already);
+    }
+    if total == 0 && done.failed == 0 && done.already == 0 {
+        println!("no flows to hand back");
+    } else {
+        let by_proto: Vec<String> = done
+            .flows
+            .iter()
+            .map(|(p, n)| {
+                let name = lb_userspace::model::Protocol::from_number(*p)
+                    .map_or_else(|| p.to_string(), |p| p.to_string());
+                format!("{n} {name}")
+            })
+            .collect();
+        println!(
+            "handed back {total} flows ({}) to the kernel's conntrack with their NAT",
+            by_proto.join(", ")
+        );
+    }
+    if done.ipv6 > 0 {
+        println!(
+            "{} IPv6 flows are not handed back (not supported yet)",
+            done.ipv6
+        );
+    }
+    if let Some(first) = done.first_error {
+        anyhow::bail!(
+            "{} flows not handed back (xlb left in place): {first}",
+            done.failed
+        );
+    }
+    Ok(done.untracked.take())
 }
 
 /// `xlb cleanup --kube-proxy`: what was found, then removed; nothing found is said.

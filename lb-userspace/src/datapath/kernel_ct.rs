@@ -1,18 +1,21 @@
 //! The kernel's own conntrack table, through ctnetlink (netlink-sys for the socket,
 //! netlink-packet-netfilter for the messages): dumped to find the flows kube-proxy's rules
-//! translated (their NAT lives in these entries, not in the rules), and entries deleted by
-//! their original tuple once xlb serves the flow.
+//! translated (their NAT lives in these entries, not in the rules), entries deleted by
+//! their original tuple once xlb serves the flow, and entries created with their NAT when
+//! xlb hands its flows back (`create`: the crate has no NAT attributes; they are built
+//! from its generic netlink attributes).
 
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
     conntrack::{
         ConntrackAttribute, ConntrackMessage, IPTuple, ProtoInfo, ProtoInfoTCP, ProtoTuple, Status,
-        Tuple,
+        TCPFlags, Tuple,
     },
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
@@ -22,8 +25,8 @@ use thiserror::Error;
 pub enum KernelCtError {
     #[error("ctnetlink: {0}")]
     Io(#[from] std::io::Error),
-    #[error("ctnetlink: the kernel answered {0}")]
-    Kernel(String),
+    #[error("ctnetlink: the kernel answered: {0}")]
+    Kernel(std::io::Error),
     #[error("ctnetlink: a message not understood: {0}")]
     Decode(String),
 }
@@ -112,7 +115,9 @@ fn request(
                 NetlinkPayload::Error(e) => {
                     return match e.code {
                         None => Ok(out),
-                        Some(_) => Err(KernelCtError::Kernel(e.to_string())),
+                        Some(code) => Err(KernelCtError::Kernel(
+                            std::io::Error::from_raw_os_error(-code.get()),
+                        )),
                     };
                 }
                 NetlinkPayload::InnerMessage(m) => {
@@ -148,9 +153,111 @@ pub fn delete(flow: &KernelFlow) -> Result<(), KernelCtError> {
     ))]);
     match request(NLM_F_REQUEST | NLM_F_ACK, flow.orig.src.is_ipv6(), message) {
         Ok(_) => Ok(()),
-        Err(KernelCtError::Kernel(e)) if e.contains("No such file") || e.contains("-2") => Ok(()),
+        Err(KernelCtError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// A flow to write into the kernel's table with its NAT: the client's tuple, the backend
+/// it goes to, and the source it was masqueraded to (if it was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NatFlow {
+    pub proto: u8,
+    /// Client → frontend, as the client sends it.
+    pub orig: Ends,
+    /// The backend (destination NAT).
+    pub backend: (IpAddr, u16),
+    /// The masquerade source (source NAT), if any.
+    pub masquerade: Option<(IpAddr, u16)>,
+}
+
+/// `CTA_NAT_SRC`, `CTA_NAT_DST` and their nested attributes (`linux/netfilter/
+/// nfnetlink_conntrack.h`).
+const CTA_NAT_SRC: u16 = 6;
+const CTA_NAT_DST: u16 = 13;
+const CTA_NAT_V4_MINIP: u16 = 1;
+const CTA_NAT_V4_MAXIP: u16 = 2;
+const CTA_NAT_PROTO: u16 = 3;
+const CTA_NAT_V6_MINIP: u16 = 4;
+const CTA_NAT_V6_MAXIP: u16 = 5;
+const CTA_PROTONAT_PORT_MIN: u16 = 1;
+const CTA_PROTONAT_PORT_MAX: u16 = 2;
+/// `IP_CT_TCP_FLAG_BE_LIBERAL`: no window checks (the entry's windows start unknown).
+const TCP_FLAG_BE_LIBERAL: u8 = 0x08;
+/// The kernel's default timeouts of an established TCP flow and an assured UDP one.
+const TCP_ESTABLISHED_TIMEOUT_S: u32 = 432_000;
+const UDP_ASSURED_TIMEOUT_S: u32 = 120;
+
+/// The nested attributes of a NAT binding to exactly `(ip, port)`.
+fn nat_binding(kind: u16, (ip, port): (IpAddr, u16)) -> ConntrackAttribute {
+    let emit = |nlas: &[DefaultNla]| {
+        let mut buf = vec![0; nlas.buffer_len()];
+        nlas.emit(&mut buf);
+        buf
+    };
+    let (min, max, octets) = match ip {
+        IpAddr::V4(a) => (CTA_NAT_V4_MINIP, CTA_NAT_V4_MAXIP, a.octets().to_vec()),
+        IpAddr::V6(a) => (CTA_NAT_V6_MINIP, CTA_NAT_V6_MAXIP, a.octets().to_vec()),
+    };
+    let ports = emit(&[
+        DefaultNla::new(CTA_PROTONAT_PORT_MIN, port.to_be_bytes().to_vec()),
+        DefaultNla::new(CTA_PROTONAT_PORT_MAX, port.to_be_bytes().to_vec()),
+    ]);
+    let inner = emit(&[
+        DefaultNla::new(min, octets.clone()),
+        DefaultNla::new(max, octets),
+        DefaultNla::new(CTA_NAT_PROTO | NLA_F_NESTED, ports),
+    ]);
+    ConntrackAttribute::Other(DefaultNla::new(kind | NLA_F_NESTED, inner))
+}
+
+/// Creates the kernel's entry of `flow`, assured (TCP established, windows unchecked) with
+/// its NAT bound as kube-proxy's rules would have bound it, so the kernel translates its
+/// next packets. The reply tuple is the un-NATed one: the kernel derives the NATed reply
+/// from the bindings.
+pub fn create(flow: &NatFlow) -> Result<(), KernelCtError> {
+    let o = &flow.orig;
+    let unnated = Ends {
+        src: o.dst,
+        dst: o.src,
+        sport: o.dport,
+        dport: o.sport,
+    };
+    let mut attrs = vec![
+        ConntrackAttribute::CtaTupleOrig(tuple(flow.proto, o)),
+        ConntrackAttribute::CtaTupleReply(tuple(flow.proto, &unnated)),
+        nat_binding(CTA_NAT_DST, flow.backend),
+    ];
+    if let Some(masq) = flow.masquerade {
+        attrs.push(nat_binding(CTA_NAT_SRC, masq));
+    }
+    // A created entry is confirmed from the start: a status without the bit is refused
+    // (EBUSY) as a try to change it.
+    attrs.push(ConntrackAttribute::CtaStatus(
+        Status::Assured | Status::SeenReply | Status::Confirmed,
+    ));
+    if flow.proto == lb_common::IPPROTO_TCP {
+        let liberal = || {
+            TCPFlags::parse(&[TCP_FLAG_BE_LIBERAL, TCP_FLAG_BE_LIBERAL])
+                .map_err(|e| KernelCtError::Decode(e.to_string()))
+        };
+        attrs.push(ConntrackAttribute::CtaTimeout(TCP_ESTABLISHED_TIMEOUT_S));
+        attrs.push(ConntrackAttribute::CtaProtoInfo(vec![ProtoInfo::TCP(
+            vec![
+                ProtoInfoTCP::State(TCP_ESTABLISHED),
+                ProtoInfoTCP::OriginalFlags(liberal()?),
+                ProtoInfoTCP::ReplyFlags(liberal()?),
+            ],
+        )]));
+    } else {
+        attrs.push(ConntrackAttribute::CtaTimeout(UDP_ASSURED_TIMEOUT_S));
+    }
+    request(
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        o.src.is_ipv6(),
+        ConntrackMessage::New(attrs),
+    )
+    .map(|_| ())
 }
 
 fn tuple(proto: u8, e: &Ends) -> Vec<Tuple> {

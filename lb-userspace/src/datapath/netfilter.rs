@@ -256,3 +256,54 @@ pub fn remove_kube_proxy(found: &KubeProxyLeftovers) -> Vec<NetfilterError> {
     }
     errors
 }
+
+/// The nftables table that keeps a hand-back's window untracked (`ip xlb-hand-back`).
+pub const HAND_BACK_TABLE: &str = "xlb-hand-back";
+
+/// One direction of a flow as netfilter sees it while xlb translates it: protocol, source,
+/// destination (IPv4).
+pub type SeenTuple = (u8, std::net::SocketAddrV4, std::net::SocketAddrV4);
+
+/// While it lives, conntrack ignores packets of `tuples` (a raw-priority `notrack` in
+/// table `ip xlb-hand-back`): packets xlb still translates during a hand-back would
+/// otherwise be new flows to netfilter, clashing with the NATed entries written for them
+/// (the kernel then remaps their ports, and the backend resets them). Dropped: the table
+/// goes.
+pub struct Untracked(());
+
+impl Untracked {
+    pub fn new(tuples: &[SeenTuple]) -> Result<Self, NetfilterError> {
+        let mut script = format!(
+            "table ip {HAND_BACK_TABLE} {{\n  set flows {{ type ipv4_addr . inet_proto . inet_service . ipv4_addr . inet_service ; }}\n  chain prerouting {{ type filter hook prerouting priority raw ; ip saddr . meta l4proto . th sport . ip daddr . th dport @flows notrack ; }}\n}}\n"
+        );
+        for chunk in tuples.chunks(1000) {
+            let elements: Vec<String> = chunk
+                .iter()
+                .map(|(p, s, d)| {
+                    format!(
+                        "{} . {p} . {} . {} . {}",
+                        s.ip(),
+                        s.port(),
+                        d.ip(),
+                        d.port()
+                    )
+                })
+                .collect();
+            script.push_str(&format!(
+                "add element ip {HAND_BACK_TABLE} flows {{ {} }}\n",
+                elements.join(", ")
+            ));
+        }
+        let _ = run("nft", &["delete", "table", "ip", HAND_BACK_TABLE], None);
+        run("nft", &["-f", "-"], Some(&script))?;
+        Ok(Self(()))
+    }
+}
+
+impl Drop for Untracked {
+    fn drop(&mut self) {
+        if let Err(e) = run("nft", &["delete", "table", "ip", HAND_BACK_TABLE], None) {
+            tracing::warn!("the hand-back's notrack table stays: {e}");
+        }
+    }
+}

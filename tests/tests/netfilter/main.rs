@@ -9,7 +9,8 @@
 //! (`node_endpoint`); the kernel's conntrack holds the flows tc serves as ESTABLISHED and
 //! ASSURED, with the backends' addresses (`conntrack`). `xlb cleanup --kube-proxy` removes
 //! kube-proxy's rules of every mode and family and nothing else (`kube_proxy_cleanup`), and
-//! `xlb agent --takeover-from kube-proxy` keeps kube-proxy's connections (`takeover`).
+//! `xlb agent --takeover-from kube-proxy` keeps kube-proxy's connections (`takeover`), and
+//! `xlb cleanup --hand-back` gives xlb's connections to kube-proxy's rules (`hand_back`).
 //!
 //! The controls (`control_*`) run the same checks in the same labs with kube-proxy's own
 //! iptables rules in place of the agent: what the tests ask of xlb is what netfilter sees
@@ -23,7 +24,9 @@ mod bridge;
 mod conntrack;
 mod control;
 mod firewalls;
+mod hand_back;
 mod kube_proxy_cleanup;
+mod migration;
 mod node_endpoint;
 mod policy;
 mod takeover;

@@ -7,49 +7,20 @@
 //! every connection is unbroken and still answered by the backend it had, kube-proxy's rules are gone, and a new connection goes
 //! through xlb (nothing else is left to translate it).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, TcpStream, UdpSocket},
-    sync::mpsc,
-    time::Duration,
-};
+use std::{net::TcpStream, sync::mpsc, time::Duration};
 
-use lb_userspace::{emit::Mode, model::NodeSettings, source::file};
-use xlb_lab::{
-    compare::{Impl, LabSpec, install},
-    netns::run,
-};
-use xlb_tests::{
-    agent::Agent,
-    client::{ask_tcp, ask_udp, tcp_request},
-    require_root,
-    scenario::{TCP_PORT, UDP_PORT, sock},
-    services::service_yaml,
-    topology::pod_ip,
-    unique_tag,
-};
+use lb_userspace::emit::Mode;
+use xlb_lab::{compare::Impl, netns::run};
+use xlb_tests::{agent::Agent, client::tcp_request, require_root, scenario::sock, unique_tag};
 
-const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-const DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 53);
-/// The node's IP (on its `lo`): NodePorts are served there.
-const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const NODE_PORT: u16 = 30080;
+use crate::migration::{MigrationLab, Round, TIMEOUT, WEB, pod_flows, round};
+
 /// TCP connections to the ClusterIP and to the NodePort (which kube-proxy masquerades).
 const STREAMS: usize = 10;
 const NODE_PORT_STREAMS: usize = 4;
 /// TCP connections from the node itself to the ClusterIP.
 const NODE_STREAMS: usize = 3;
 const UDP_FLOWS: usize = 5;
-const TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The backends that answered each TCP connection and each UDP socket, one round.
-type Round = Result<(Vec<String>, Vec<String>), String>;
-
-fn round(tcp: &mut [TcpStream], udp: &[UdpSocket]) -> Round {
-    let t = tcp.iter_mut().map(ask_tcp).collect::<Result<Vec<_>, _>>()?;
-    let u = udp.iter().map(ask_udp).collect::<Result<Vec<_>, _>>()?;
-    Ok((t, u))
-}
 
 #[test]
 fn kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover() {
@@ -73,44 +44,8 @@ fn takeover(name: &str, mode: Mode) {
         return;
     }
     let tag = unique_tag("xto");
-    let ips: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
-    let mut yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &ips)
-        + &service_yaml("dns", DNS, 53, "UDP", UDP_PORT, &ips);
-    yaml.push_str(&format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: np}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.20\n  ports: [{{name: p, port: 80, protocol: TCP, targetPort: {TCP_PORT}, nodePort: {NODE_PORT}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: test, name: np-1, labels: {{kubernetes.io/service-name: np}}}}\naddressType: IPv4\nports: [{{name: p, port: {TCP_PORT}, protocol: TCP}}]\nendpoints:\n"
-    ));
-    for ip in &ips {
-        yaml.push_str(&format!(
-            "- {{addresses: [{ip}], conditions: {{ready: true}}}}\n"
-        ));
-    }
-    let dir = std::env::temp_dir().join(format!("{tag}-src"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("services.yaml");
-    std::fs::write(&path, &yaml).expect("yaml");
-    let model = file::parse("takeover.yaml", &yaml).expect("yaml").model;
-    let node = NodeSettings {
-        node_name: "node1".into(),
-        node_ips: vec![NODE_IP.into()],
-        ..NodeSettings::default()
-    };
-    let pods: BTreeMap<IpAddr, BTreeSet<u16>> = ips
-        .iter()
-        .map(|ip| (IpAddr::V4(*ip), [TCP_PORT, UDP_PORT].into()))
-        .collect();
-    let frontends = [sock(WEB, 80), sock(DNS, 53)];
-    let lab = install(&LabSpec {
-        mode: Some(Impl::KubeProxy(mode)),
-        tag: &tag,
-        source: &path,
-        xlb: &xlb_tests::xlb_bin(),
-        model: &model,
-        settings: &node,
-        options: &lb_userspace::emit::WriterOptions::default(),
-        pods: &pods,
-        frontends: &frontends,
-    })
-    .expect("kube-proxy's lab");
+    let m = MigrationLab::build(&tag, Some(Impl::KubeProxy(mode)));
+    let lab = &m.lab;
 
     // The client pod's connections, through kube-proxy's rules; kept open on a thread of
     // the pod's namespace, asked once before the takeover and again after it.
@@ -140,67 +75,16 @@ fn takeover(name: &str, mode: Mode) {
             std::thread::sleep(Duration::from_millis(300));
             Ok((before, round(&mut tcp, &[])))
         });
-    let (go, wait) = mpsc::channel::<()>();
-    let client =
-        lab.topo
-            .client
-            .ns
-            .spawn(move || -> Result<(Round, Round), String> {
-                let mut tcp = Vec::new();
-                let targets = std::iter::repeat_n(sock(WEB, 80), STREAMS).chain(
-                    std::iter::repeat_n(sock(NODE_IP, NODE_PORT), NODE_PORT_STREAMS),
-                );
-                for to in targets {
-                    let c = TcpStream::connect_timeout(&to, TIMEOUT)
-                        .map_err(|e| format!("connect {to}: {e}"))?;
-                    c.set_read_timeout(Some(TIMEOUT))
-                        .map_err(|e| e.to_string())?;
-                    tcp.push(c);
-                }
-                let mut udp = Vec::new();
-                for _ in 0..UDP_FLOWS {
-                    let u = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
-                    u.connect(sock(DNS, 53)).map_err(|e| e.to_string())?;
-                    u.set_read_timeout(Some(TIMEOUT))
-                        .map_err(|e| e.to_string())?;
-                    udp.push(u);
-                }
-                let before = round(&mut tcp, &udp);
-                wait.recv().map_err(|e| e.to_string())?;
-                // Several rounds: the first packets after the takeover, and later ones.
-                let mut after = round(&mut tcp, &udp);
-                for _ in 0..3 {
-                    std::thread::sleep(Duration::from_millis(300));
-                    let again = round(&mut tcp, &udp);
-                    if after.is_ok() {
-                        after = again;
-                    }
-                }
-                Ok((before, after))
-            });
-    std::thread::sleep(Duration::from_millis(500));
+    let (go, client) = pod_flows(lab, STREAMS, NODE_PORT_STREAMS, UDP_FLOWS);
+    // The node's three connections began first; give their first round a moment.
+    std::thread::sleep(Duration::from_millis(200));
 
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let log = std::env::temp_dir().join(format!("{tag}-agent.log"));
     let log_path = log.clone();
     let agent = Agent::start_with(
         &lab.topo.node,
-        &[
-            "--source".into(),
-            format!("file:{}", path.display()),
-            "--pod-interfaces".into(),
-            "xv-*".into(),
-            "--hostname-override".into(),
-            "node1".into(),
-            "--healthz-bind-address".into(),
-            String::new(),
-            "--metrics-bind-address".into(),
-            String::new(),
-            "--nodeport-addresses".into(),
-            NODE_IP.to_string(),
-            "--takeover-from".into(),
-            "kube-proxy".into(),
-        ],
+        &m.agent_args(&["--takeover-from", "kube-proxy"]),
         pins,
         log,
     )
@@ -252,6 +136,5 @@ fn takeover(name: &str, mode: Mode) {
         .run(|| tcp_request(sock(WEB, 80), TIMEOUT))
         .expect("client");
     fresh.expect("a new connection goes through xlb");
-    let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&log_path);
 }
