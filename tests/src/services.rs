@@ -81,6 +81,16 @@ pub fn service_on_nodes(
     y
 }
 
+/// Writes `yaml` as the services file of the test tagged `tag` (`{tmp}/{tag}-src/
+/// services.yaml`); its path. The caller removes the directory (the path's parent).
+pub fn source_file(tag: &str, yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("{tag}-src"));
+    std::fs::create_dir_all(&dir).expect("the services file's directory");
+    let path = dir.join("services.yaml");
+    std::fs::write(&path, yaml).expect("the services file");
+    path
+}
+
 /// Writes `text` to `path` atomically (a reader sees the old or the new file, never half).
 pub fn write_atomic(path: &std::path::Path, text: &str) -> Result<(), String> {
     let tmp = path.with_extension("tmp");

@@ -62,10 +62,11 @@ fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
         xlb_tests::services::service_yaml("web", WEB, 80, "TCP", TCP_PORT, &ips)
             + &xlb_tests::services::service_yaml("dns", DNS, 53, "UDP", UDP_PORT, &ips)
     };
-    let dir = std::env::temp_dir().join(format!("{tag}-src"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("services.yaml");
-    std::fs::write(&path, &yaml).expect("yaml");
+    let path = xlb_tests::services::source_file(&tag, &yaml);
+    let dir = path
+        .parent()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default();
     let model = file::parse("rules.yaml", &yaml).expect("yaml").model;
     let node = NodeSettings {
         node_name: "node1".into(),

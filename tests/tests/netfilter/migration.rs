@@ -19,7 +19,7 @@ use xlb_lab::compare::{Impl, Installed, LabSpec, install};
 use xlb_tests::{
     client::{ask_tcp, ask_udp},
     scenario::{TCP_PORT, UDP_PORT, sock},
-    services::service_yaml,
+    services::{service_yaml, source_file},
     topology::pod_ip,
 };
 
@@ -74,10 +74,8 @@ impl MigrationLab {
                 "- {{addresses: [{ip}], conditions: {{ready: true}}}}\n"
             ));
         }
-        let dir = std::env::temp_dir().join(format!("{tag}-src"));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("services.yaml");
-        std::fs::write(&path, &yaml).expect("yaml");
+        let path = source_file(tag, &yaml);
+        let dir = path.parent().map(PathBuf::from).unwrap_or_default();
         let model = file::parse("migration.yaml", &yaml).expect("yaml").model;
         let node = NodeSettings {
             node_name: "node1".into(),
