@@ -87,12 +87,16 @@ pub fn all(release: bool) -> Result<PathBuf> {
         c.arg("--release");
     }
     run(&mut c)?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    Ok(target
+    Ok(target_dir()
         .join(if release { "release" } else { "debug" })
         .join("xlb"))
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR`, else the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Runs the workspace's tests with the built object and binary, echoing cargo's output,

@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod demo;
 mod docs_trace;
+mod image;
 mod setup;
 
 use anyhow::Result;
@@ -46,6 +47,18 @@ enum Command {
     /// Writes docs/how-a-packet-reaches-a-pod.md from real `xlb trace` output (its own lab
     /// of namespaces, agent and cgroup, removed when done).
     DocsTrace,
+    /// The container image deploy/ names, as an OCI archive (with Docker's manifest.json):
+    /// release xlb, the node tools it runs and their libraries, from this host; no
+    /// container daemon or registry. Load it with `docker load`, `podman load` or
+    /// `ctr images import`.
+    Image {
+        /// The image's name and tag.
+        #[arg(long, default_value = image::DEFAULT_TAG)]
+        tag: String,
+        /// The archive to write [default: xlb-image-TAG.tar in cargo's target directory].
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Every test tier: unit, golden, packet (TestRun) and real traffic.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -75,6 +88,11 @@ fn main() -> Result<()> {
             setup::run()?;
             let xlb = build::all(false)?;
             docs_trace::run(&xlb)
+        }
+        Command::Image { tag, out } => {
+            setup::run()?;
+            let xlb = build::all(true)?;
+            image::run(&xlb, &tag, out)
         }
         Command::Test { args } => {
             setup::run()?;

@@ -260,7 +260,7 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
         return;
     };
     // The scenario's own agent is replaced by one whose capabilities are cut down to the two
-    // deploy/daemonset-capabilities.yaml grants.
+    // deploy/base/daemonset-capabilities.yaml grants.
     s.agent.stop();
     let _ = lb_userspace::cleanup::cleanup(&s.agent.pins);
     let args = vec![
