@@ -19,6 +19,7 @@ pub mod model;
 pub mod proxy;
 pub mod reconcile;
 pub mod serve;
+pub mod shadow;
 pub mod source;
 pub mod trace;
 

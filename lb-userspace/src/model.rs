@@ -57,6 +57,13 @@ impl Protocol {
         }
     }
 
+    /// A protocol by name, either case (`tcp`, `TCP`).
+    pub fn parse(name: &str) -> Option<Self> {
+        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+            .into_iter()
+            .find(|p| name.eq_ignore_ascii_case(p.lower()))
+    }
+
     /// The inverse of [`Protocol::number`].
     pub fn from_number(n: u8) -> Option<Self> {
         match n {

@@ -20,9 +20,12 @@ use tracing::{debug, error, info, warn};
 mod feed;
 mod interfaces;
 mod memory;
+mod shadow;
 mod sockets;
 mod start;
 mod takeover;
+
+pub use shadow::ShadowOptions;
 
 use feed::Wake;
 use interfaces::{Interfaces, Wanted};
@@ -81,6 +84,9 @@ pub struct AgentOptions {
     /// Take over kube-proxy's flows and remove its rules after the first sync, before the
     /// programs attach (see `agent/takeover.rs`).
     pub takeover_from_kube_proxy: bool,
+    /// Shadow mode (`--shadow`): nothing is loaded or changed; kube-proxy's live rules are
+    /// compared with what xlb would do (see `agent/shadow.rs`).
+    pub shadow: Option<ShadowOptions>,
 }
 
 /// This node.
@@ -192,6 +198,9 @@ pub enum AgentError {
 /// Runs until `stop` is set. Pinned maps and links stay when it returns: the datapath keeps
 /// forwarding, and the next agent adopts them.
 pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
+    if let Some(s) = &opts.shadow {
+        return shadow::run(opts, s, stop);
+    }
     memory::fixed_mmap_threshold();
     let start::Started {
         _lock,

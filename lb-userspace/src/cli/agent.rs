@@ -130,6 +130,31 @@ pub struct AgentArgs {
     /// removed, so no connection breaks.
     #[arg(long, env = "XLB_TAKEOVER_FROM", value_enum)]
     pub takeover_from: Option<TakeoverFrom>,
+    /// Shadow mode, beside a running kube-proxy: load nothing, change nothing; read
+    /// kube-proxy's live rules (iptables, nftables or IPVS, both families) every
+    /// --shadow-interval and report where they and xlb would treat a service differently
+    /// for longer than --shadow-grace (`xlb shadow report`, /shadow and /metrics).
+    #[arg(long, env = "XLB_SHADOW", conflicts_with = "takeover_from")]
+    pub shadow: bool,
+    /// Seconds between two looks at kube-proxy's state in shadow mode.
+    #[arg(
+        long,
+        env = "XLB_SHADOW_INTERVAL",
+        default_value_t = 10.0,
+        value_name = "SECONDS"
+    )]
+    pub shadow_interval: f64,
+    /// Seconds a divergence lasts before shadow mode reports it (kube-proxy's sync period).
+    #[arg(
+        long,
+        env = "XLB_SHADOW_GRACE",
+        default_value_t = 30.0,
+        value_name = "SECONDS"
+    )]
+    pub shadow_grace: f64,
+    /// Where shadow mode writes its report (JSON).
+    #[arg(long, env = "XLB_SHADOW_REPORT", default_value = lb_userspace::shadow::DEFAULT_REPORT)]
+    pub shadow_report: PathBuf,
     /// Remove everything xlb installed and exit.
     #[arg(long)]
     pub cleanup: bool,
@@ -189,6 +214,10 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         affinity_map_max,
         bpf_log,
         takeover_from,
+        shadow,
+        shadow_interval,
+        shadow_grace,
+        shadow_report,
         cleanup: _,
     } = args;
     let source = source.context("--source file:PATH or --source kubernetes is required")?;
@@ -261,7 +290,24 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         poll: Duration::from_millis(poll_ms.max(10)),
         min_sync,
         takeover_from_kube_proxy: takeover_from == Some(TakeoverFrom::KubeProxy),
+        shadow: shadow
+            .then(|| -> Result<agent::ShadowOptions> {
+                Ok(agent::ShadowOptions {
+                    interval: seconds(shadow_interval, "--shadow-interval")?,
+                    grace: seconds(shadow_grace, "--shadow-grace")?,
+                    report: shadow_report,
+                })
+            })
+            .transpose()?,
     })
+}
+
+/// A flag's seconds as a duration (at least a tenth of a second).
+fn seconds(s: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| *d >= Duration::from_millis(100))
+        .with_context(|| format!("{flag} {s}: give at least 0.1 seconds"))
 }
 
 /// An address flag's value (`family` names the kind in the error); empty: none.

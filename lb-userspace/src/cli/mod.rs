@@ -5,6 +5,7 @@ mod agent;
 mod emit;
 mod list;
 mod proxy;
+mod shadow;
 mod trace;
 
 use std::{
@@ -35,6 +36,8 @@ enum Command {
     Proxy(proxy::ProxyArgs),
     Cleanup(list::CleanupArgs),
     Trace(Box<trace::TraceArgs>),
+    #[command(subcommand)]
+    Shadow(shadow::ShadowCommand),
 }
 
 /// Parses the command line and runs the subcommand.
@@ -47,6 +50,7 @@ pub fn run() -> Result<()> {
         Command::Proxy(args) => proxy::run_proxy(args),
         Command::Cleanup(args) => list::run_cleanup(&args),
         Command::Trace(args) => trace::run(*args),
+        Command::Shadow(cmd) => shadow::run(cmd),
     }
 }
 

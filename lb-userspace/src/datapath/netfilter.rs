@@ -217,6 +217,65 @@ pub fn find_kube_proxy() -> Result<KubeProxyLeftovers, NetfilterError> {
     Ok(found)
 }
 
+/// kube-proxy's live state of one family as the node's tools print it (shadow mode reads
+/// it; nothing is changed).
+#[derive(Debug, Default)]
+pub struct LiveText {
+    /// The `iptables-save` (or `ip6tables-save`) flavour whose output holds kube-proxy's
+    /// `KUBE-SERVICES` chain, and that output.
+    pub iptables: Option<(&'static str, String)>,
+    /// `nft list table ip kube-proxy` (or `ip6`), when the table exists.
+    pub nft: Option<String>,
+}
+
+/// Reads kube-proxy's live state of the IPv4 (`v6` false) or IPv6 family: the saved rules
+/// of the first flavour that has kube-proxy's chains, and its nftables table. A tool that
+/// fails is named in the errors; the rest is still read.
+pub fn read_kube_proxy_state(v6: bool) -> (LiveText, Vec<NetfilterError>) {
+    let mut live = LiveText::default();
+    let mut errors = Vec::new();
+    for f in flavours(&FLAVOURS[usize::from(v6)]) {
+        match run(f.save, &[], None) {
+            Ok(text) if text.contains(":KUBE-SERVICES ") => {
+                live.iptables = Some((f.save, text));
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    if exists("nft") {
+        let name = if v6 {
+            "ip6 kube-proxy"
+        } else {
+            "ip kube-proxy"
+        };
+        let tables = run("nft", &["list", "tables"], None)
+            .map(|t| leftovers::nft_tables(&t))
+            .unwrap_or_else(|e| {
+                errors.push(e);
+                Vec::new()
+            });
+        if tables.iter().any(|t| t == name) {
+            let args: Vec<&str> = ["list", "table"]
+                .into_iter()
+                .chain(name.split_whitespace())
+                .collect();
+            match run("nft", &args, None) {
+                Ok(text) => live.nft = Some(text),
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    (live, errors)
+}
+
+/// The kernel's IPVS table (`/proc/net/ip_vs`, IPv4 and IPv6 virtual servers); `None`
+/// where the kernel has no IPVS.
+pub fn read_ipvs() -> Option<String> {
+    std::fs::read_to_string("/proc/net/ip_vs").ok()
+}
+
 /// Removes what [`find_kube_proxy`] found: every table's jumps and chains in one
 /// `iptables-restore --noflush` transaction per tool and table, the IPVS servers, the dummy
 /// interface, the ipsets, the nftables tables. Errors are collected: one that fails does

@@ -28,6 +28,29 @@ pub struct Candidate {
     pub(super) flags: u16,
     pub(super) affinity_timeout_s: u32,
     pub(super) src_ranges: Vec<(IpAddr, u8)>,
+    /// Where it is reached (address, port) and over which protocol.
+    pub frontend: std::net::SocketAddr,
+    pub protocol: Protocol,
+    /// Reached from outside the cluster (a NodePort, externalIP or LoadBalancer IP) rather
+    /// than from pods (the ClusterIP).
+    pub external: bool,
+}
+
+impl Candidate {
+    /// The backends it sends to.
+    pub fn backend_addrs(&self) -> impl Iterator<Item = &BackendAddr> {
+        self.backends.iter().map(|(b, _)| b)
+    }
+
+    /// With no backends, it drops (its traffic policy left it none) rather than rejects.
+    pub fn drops_when_empty(&self) -> bool {
+        self.flags & SVC_F_DROP_EMPTY != 0
+    }
+
+    /// The sources a LoadBalancer frontend admits (empty: every source).
+    pub fn allowed_sources(&self) -> &[(IpAddr, u8)] {
+        &self.src_ranges
+    }
 }
 
 /// How a frontend is reached.
@@ -198,6 +221,8 @@ impl Port<'_, '_> {
         }
         let src_ranges = self.allowed_sources(&f);
         let affinity_timeout_s = view.affinity_timeout().unwrap_or(0);
+        let frontend = std::net::SocketAddr::new(f.ip, f.port);
+        let external = f.reach != Reach::Cluster;
         out.push(Candidate {
             key,
             object: object.clone(),
@@ -205,6 +230,9 @@ impl Port<'_, '_> {
             flags,
             affinity_timeout_s,
             src_ranges,
+            frontend,
+            protocol: view.protocol(),
+            external,
         });
         if two_scopes {
             // The node's own sockets: every cluster endpoint (source ranges are checked
@@ -219,6 +247,9 @@ impl Port<'_, '_> {
                 flags: flags & SVC_F_SRC_RANGES,
                 affinity_timeout_s,
                 src_ranges: Vec::new(),
+                frontend,
+                protocol: view.protocol(),
+                external,
             });
         }
     }

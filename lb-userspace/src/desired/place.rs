@@ -73,6 +73,7 @@ pub fn plan(
         flags,
         affinity_timeout_s,
         src_ranges,
+        ..
     } = c;
     // Both scopes of a frontend are one service port: one id, one name, one counter.
     let Some(svc_id) = ids.svc_id(external(key), limits.services) else {

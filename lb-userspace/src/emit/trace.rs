@@ -62,6 +62,39 @@ enum Match {
     Maybe,
 }
 
+/// The match options [`trace`] follows (before `-j`): a saved rule with another option is
+/// one the tracer does not understand (it never matches there).
+const UNDERSTOOD: [&str; 23] = [
+    "!",
+    "-j",
+    "-m",
+    "--comment",
+    "--name",
+    "--nfacct-name",
+    "--mode",
+    "--probability",
+    "--seconds",
+    "--rcheck",
+    "--reap",
+    "--set",
+    "--mask",
+    "--rsource",
+    "-p",
+    "-s",
+    "-d",
+    "--dport",
+    "--src-type",
+    "--dst-type",
+    "--ctstate",
+    "-i",
+    "--mark",
+];
+
+/// Whether the tracer understands match option `flag` (`-d`, `--dport`, …).
+pub fn understood_option(flag: &str) -> bool {
+    UNDERSTOOD.contains(&flag)
+}
+
 impl Tracer<'_> {
     fn rule_matches(&self, args: &[String], pkt: &Packet) -> Match {
         let mut maybe = false;
@@ -90,7 +123,9 @@ impl Tracer<'_> {
                     consumed = 1;
                     true
                 }
-                "--reap" | "--set" => {
+                // iptables-save spells affinity's `recent` out in full.
+                "--mask" => true,
+                "--reap" | "--set" | "--rsource" => {
                     consumed = 1;
                     true
                 }

@@ -29,6 +29,7 @@ mod kube_proxy_cleanup;
 mod migration;
 mod node_endpoint;
 mod policy;
+mod shadow;
 mod takeover;
 mod xdp;
 

@@ -49,6 +49,7 @@ const LAYERS: [&[&str]; 6] = [
     &[
         "reconcile",
         "migrate",
+        "shadow",
         "list",
         "trace",
         "serve",
