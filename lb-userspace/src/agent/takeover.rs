@@ -87,6 +87,10 @@ pub(super) fn from_kube_proxy(
     let local = netif::local_addresses();
     let before = adopt_flows(dir, current, &local, &BTreeSet::new())?;
     attach()?;
+    info!(
+        flows = before.adopted.len(),
+        "takeover: kube-proxy's flows adopted, xlb attached; next, the flows begun meanwhile and kube-proxy's rules"
+    );
     let known = before.adopted.iter().map(|f| (f.proto, f.orig)).collect();
     let meanwhile = adopt_flows(dir, current, &local, &known)?;
     let mut deleted = 0;

@@ -27,6 +27,7 @@ fn kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover() {
     takeover(
         "kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover",
         Mode::Iptables,
+        false,
     );
 }
 
@@ -35,11 +36,71 @@ fn kube_proxys_nftables_connections_go_on_through_xlb_after_a_takeover() {
     takeover(
         "kube_proxys_nftables_connections_go_on_through_xlb_after_a_takeover",
         Mode::Nftables,
+        false,
     );
 }
 
-/// kube-proxy in `mode` serves the client's connections; xlb takes over.
-fn takeover(name: &str, mode: Mode) {
+#[test]
+fn a_takeover_from_iptables_killed_midway_completes_when_the_agent_starts_again() {
+    takeover(
+        "a_takeover_from_iptables_killed_midway_completes_when_the_agent_starts_again",
+        Mode::Iptables,
+        true,
+    );
+}
+
+#[test]
+fn a_takeover_from_nftables_killed_midway_completes_when_the_agent_starts_again() {
+    takeover(
+        "a_takeover_from_nftables_killed_midway_completes_when_the_agent_starts_again",
+        Mode::Nftables,
+        true,
+    );
+}
+
+/// kube-proxy's rules are still there: (iptables-save, nft list tables) of `node`.
+fn kube_proxy_rules(node: &xlb_lab::netns::Netns) -> String {
+    let save = run(&mut node.command("iptables-save")).expect("iptables-save");
+    let tables = run(node.command("nft").args(["list", "tables"])).expect("nft");
+    (String::from_utf8_lossy(&save.stdout) + String::from_utf8_lossy(&tables.stdout)).into_owned()
+}
+
+fn has_kube_proxy(rules: &str) -> bool {
+    rules.contains("KUBE-SVC-") || rules.contains("KUBE-SERVICES") || rules.contains("kube-proxy")
+}
+
+/// Freezes the agent (SIGSTOP) as soon as its log says its programs attached mid-takeover,
+/// checks that kube-proxy's rules are still there (the kill lands in the middle), then
+/// SIGKILLs it.
+fn kill_mid_takeover(agent: &Agent, node: &xlb_lab::netns::Netns) {
+    let pid = agent.pid().expect("agent") as i32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !agent
+        .log_text()
+        .contains("takeover: kube-proxy's flows adopted, xlb attached")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the takeover never attached:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let rules = kube_proxy_rules(node);
+    // SAFETY: as above; a stopped process dies of SIGKILL.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(
+        has_kube_proxy(&rules),
+        "killed in the middle: kube-proxy's rules not yet removed\n{}",
+        agent.log_text()
+    );
+}
+
+/// kube-proxy in `mode` serves the client's connections; xlb takes over (with `kill`, the
+/// first agent is killed in the middle and a second one completes it).
+fn takeover(name: &str, mode: Mode, kill: bool) {
     if !require_root(name) {
         return;
     }
@@ -82,13 +143,20 @@ fn takeover(name: &str, mode: Mode) {
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let log = std::env::temp_dir().join(format!("{tag}-agent.log"));
     let log_path = log.clone();
-    let agent = Agent::start_with(
+    let mut agent = Agent::start_with(
         &lab.topo.node,
         &m.agent_args(&["--takeover-from", "kube-proxy"]),
         pins,
         log,
     )
     .expect("agent");
+    if kill {
+        kill_mid_takeover(&agent, &lab.topo.node);
+        let first = agent.log_text();
+        agent
+            .restart(std::env::temp_dir().join(format!("{tag}-agent2.log")))
+            .unwrap_or_else(|e| panic!("the second agent: {e}\nthe first one's log:\n{first}"));
+    }
     let took = agent.wait_log("took over from kube-proxy", 1, Duration::from_secs(20));
     let text = agent.log_text();
     took.unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -120,13 +188,9 @@ fn takeover(name: &str, mode: Mode) {
         agent.log_text()
     );
 
-    let save = run(&mut lab.topo.node.command("iptables-save")).expect("iptables-save");
-    let tables = run(lab.topo.node.command("nft").args(["list", "tables"])).expect("nft");
-    let rules = String::from_utf8_lossy(&save.stdout) + String::from_utf8_lossy(&tables.stdout);
+    let rules = kube_proxy_rules(&lab.topo.node);
     assert!(
-        !rules.contains("KUBE-SVC-")
-            && !rules.contains("KUBE-SERVICES")
-            && !rules.contains("kube-proxy"),
+        !has_kube_proxy(&rules),
         "kube-proxy's rules are gone:\n{rules}"
     );
     let fresh = lab
