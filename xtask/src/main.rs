@@ -36,6 +36,10 @@ enum Command {
         /// The services file.
         #[arg(long, default_value = "examples/demo-services.yaml")]
         services: std::path::PathBuf,
+        /// Start on kube-proxy's iptables rules (long-lived connections open through
+        /// them), then start xlb with `--takeover-from kube-proxy` after three rounds.
+        #[arg(long)]
+        takeover: bool,
     },
     /// Benchmarks (release build): `datapath`, `sync`, `memory`, `metrics`, `traffic`,
     /// `northsouth`, or `all`; each writes its table to docs/benchmarks.md (and most a plot
@@ -74,10 +78,14 @@ fn main() -> Result<()> {
         Command::Setup => setup::run(),
         Command::BuildEbpf => build::ebpf().map(|_| ()),
         Command::Build { release } => build::all(release).map(|_| ()),
-        Command::Run { duration, services } => {
+        Command::Run {
+            duration,
+            services,
+            takeover,
+        } => {
             setup::run()?;
             let xlb = build::all(false)?;
-            demo::run(&xlb, &services, duration)
+            demo::run(&xlb, &services, duration, takeover)
         }
         Command::Bench { name } => {
             setup::run()?;

@@ -293,7 +293,7 @@ fn families(spec: &LabSpec) -> Vec<IpFamily> {
 /// rule rewrites reaches the FORWARD hook, where kube-proxy REJECTs. The lab's node has no
 /// default route; a veth whose peer stays down (both ends in the node namespace: it never
 /// carries a packet) stands in for it.
-fn route_to_void(node: &Netns, frontends: &[SocketAddr]) -> Result<(), String> {
+pub fn route_to_void(node: &Netns, frontends: &[SocketAddr]) -> Result<(), String> {
     node.ip(&[
         "link",
         "add",

@@ -33,7 +33,7 @@ use crate::{
 mod lab;
 mod report;
 
-pub use lab::{Installed, LabSpec, install, install_rules};
+pub use lab::{Installed, LabSpec, install, install_rules, route_to_void};
 pub use report::{Counts, Outcome, Report, outcomes_agree};
 
 /// The implementations compared.
