@@ -1240,6 +1240,24 @@ spec:
         );
     }
 
+    /// A `goto`'d chain that ends without a verdict returns to the chain that jumped to
+    /// the one holding the `goto` (nft's semantics): an allowed LoadBalancer client passes
+    /// `firewall-check` and is DNATed; a stranger is dropped.
+    #[test]
+    fn a_loadbalancer_client_in_an_allowed_range_reaches_the_endpoints() {
+        let node = node(IpFamily::V4);
+        for t in [
+            parse(LISTING_V4).expect("listing"),
+            nftables::emit(&model(), &node, &WriterOptions::default()),
+        ] {
+            let allowed = packet("203.0.113.9", "192.0.2.100", 443, Protocol::Tcp);
+            let (out, _) = nftables::trace(&t, &node, allowed);
+            assert!(!out.is_empty() && !out.contains("DROP"), "allowed: {out:?}");
+            let stranger = packet("8.8.8.8", "192.0.2.100", 443, Protocol::Tcp);
+            assert_eq!(nftables::trace(&t, &node, stranger).0, "DROP");
+        }
+    }
+
     #[test]
     fn a_live_ipv6_table_traces_as_the_emitted_one() {
         use Protocol::{Tcp, Udp};

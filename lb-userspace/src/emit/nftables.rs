@@ -685,8 +685,13 @@ fn in_list(list: &str, ip: IpAddr) -> bool {
 
 /// What a rule decided.
 enum Verdict {
+    /// On to the chain's next rule.
     Continue,
-    Stop,
+    /// This chain ends (`return`, or a `goto`'d chain that ended without a verdict): the
+    /// packet goes back to the chain that jumped here.
+    EndChain,
+    /// The packet's fate is sealed (`drop`, `reject`, a DNAT).
+    Final,
 }
 
 impl Tracer<'_> {
@@ -700,23 +705,20 @@ impl Tracer<'_> {
     fn verdict(&mut self, v: &str, pkt: &Packet) -> Verdict {
         let mut w = v.split_whitespace();
         match (w.next(), w.next()) {
-            (Some("goto"), Some(c)) | (Some("jump"), Some(c)) => {
-                let stop = self.run(c, pkt);
-                if stop || v.starts_with("goto") {
-                    Verdict::Stop
-                } else {
-                    Verdict::Continue
-                }
-            }
+            (Some(how @ ("goto" | "jump")), Some(c)) => match (self.run(c, pkt), how) {
+                (true, _) => Verdict::Final,
+                (false, "goto") => Verdict::EndChain,
+                _ => Verdict::Continue,
+            },
             (Some("drop"), _) => {
                 self.outputs.push("DROP".into());
-                Verdict::Stop
+                Verdict::Final
             }
             (Some("reject"), _) => {
                 self.outputs.push("REJECT".into());
-                Verdict::Stop
+                Verdict::Final
             }
-            (Some("return"), _) => Verdict::Stop,
+            (Some("return"), _) => Verdict::EndChain,
             _ => Verdict::Continue,
         }
     }
@@ -730,7 +732,7 @@ impl Tracer<'_> {
             return false;
         };
         self.depth += 1;
-        let mut done = false;
+        let mut sealed = false;
         for rule in c.rules.clone() {
             let rule = rule.split(" comment \"").next().unwrap_or("").to_string();
             let line = format!("{chain}: {rule}");
@@ -738,24 +740,29 @@ impl Tracer<'_> {
                 rest: &rule,
                 matched: true,
                 done: false,
+                sealed: false,
                 line: &line,
             };
             self.leading_matches(&mut scan, pkt);
-            done |= scan.done;
+            sealed |= scan.sealed;
             if !scan.matched || scan.rest.is_empty() {
-                if done {
+                if scan.done {
                     break;
                 }
                 continue;
             }
             self.matched.push(line.clone());
-            if self.action(scan.rest.trim(), pkt) {
-                done = true;
-                break;
+            match self.action(scan.rest.trim(), pkt) {
+                Verdict::Continue => {}
+                Verdict::EndChain => break,
+                Verdict::Final => {
+                    sealed = true;
+                    break;
+                }
             }
         }
         self.depth -= 1;
-        done
+        sealed
     }
 
     /// Consumes a rule's leading matches (and the lookups that end it).
@@ -802,8 +809,10 @@ impl Tracer<'_> {
             && let Some(v) = self.set_has(map, key).and_then(|e| e.value.clone())
         {
             self.matched.push(format!("{} [{key} : {v}]", scan.line));
-            if matches!(self.verdict(&v, pkt), Verdict::Stop) {
-                scan.done = true;
+            match self.verdict(&v, pkt) {
+                Verdict::Continue => {}
+                Verdict::EndChain => scan.done = true,
+                Verdict::Final => (scan.done, scan.sealed) = (true, true),
             }
         }
         scan.matched = false;
@@ -819,8 +828,10 @@ impl Tracer<'_> {
                 .map_or("", |(_, a)| a)
                 .trim_end_matches('}');
             for arm in arms.split(',') {
-                if let Some((_, v)) = arm.split_once(':') {
-                    self.verdict(v.trim(), pkt);
+                if let Some((_, v)) = arm.split_once(':')
+                    && matches!(self.verdict(v.trim(), pkt), Verdict::Final)
+                {
+                    scan.sealed = true;
                 }
             }
             scan.done = true;
@@ -862,23 +873,23 @@ impl Tracer<'_> {
         scan.rest = r;
     }
 
-    /// A matched rule's action; true when it is final.
-    fn action(&mut self, action: &str, pkt: &Packet) -> bool {
+    /// A matched rule's action.
+    fn action(&mut self, action: &str, pkt: &Packet) -> Verdict {
         if action == "jump mark-for-masquerade" {
             self.masq = true;
-            return false;
+            return Verdict::Continue;
         }
         if let Some(dest) = action.strip_prefix("dnat to ") {
             self.outputs.push(dest.trim().to_string());
-            return true;
+            return Verdict::Final;
         }
         if action.starts_with("update ")
             || action.starts_with("mark ")
             || action.starts_with("masquerade")
         {
-            return false;
+            return Verdict::Continue;
         }
-        matches!(self.verdict(action, pkt), Verdict::Stop)
+        self.verdict(action, pkt)
     }
 }
 
@@ -887,7 +898,10 @@ impl Tracer<'_> {
 struct Scan<'r> {
     rest: &'r str,
     matched: bool,
+    /// A lookup in it ended the chain.
     done: bool,
+    /// A lookup in it sealed the packet's fate.
+    sealed: bool,
     /// The rule as the trace lists it (`CHAIN: RULE`).
     line: &'r str,
 }
