@@ -11,7 +11,10 @@
 //!
 //! Flows from the node's own sockets keep their kernel entry and its NAT: the socket hooks
 //! never see a socket connected before them, and the kernel keeps translating it until it
-//! ends. Killed at any step and started again, it completes (entries already there are
+//! ends, as long as some NAT chain registers the kernel's NAT hooks. kube-proxy's nftables
+//! table may have been the only one, so a table of empty NAT chains (`inet xlb-keep-nat`)
+//! is added before kube-proxy's rules go and removed once those flows have ended. Both
+//! families are taken over. Killed at any step and started again, it completes (entries already there are
 //! kept, rules already gone are not looked for twice). On a node without kube-proxy it
 //! finds nothing and says so.
 
@@ -31,7 +34,7 @@ use crate::{
         netfilter, netif, upgrade,
     },
     desired::Desired,
-    migrate::adopt::{self, Skip},
+    migrate::adopt::{self, Entries, Skip},
 };
 
 /// What one pass over the kernel's table did.
@@ -39,7 +42,8 @@ use crate::{
 struct Pass {
     adopted: Vec<KernelFlow>,
     entries: usize,
-    from_node: usize,
+    /// Translated flows of the node's own sockets (left to the kernel's NAT).
+    from_node: BTreeSet<(u8, Ends)>,
     skipped: BTreeMap<Skip, usize>,
 }
 
@@ -51,30 +55,39 @@ fn adopt_flows(
     local: &BTreeSet<IpAddr>,
     known: &BTreeSet<(u8, Ends)>,
 ) -> Result<Pass, AgentError> {
-    let flows = kernel_ct::dump(false)
-        .map_err(|e| AgentError::Takeover(format!("cannot read the kernel's conntrack: {e}")))?;
+    let mut flows = Vec::new();
+    for v6 in [false, true] {
+        flows.extend(kernel_ct::dump(v6).map_err(|e| {
+            AgentError::Takeover(format!("cannot read the kernel's conntrack: {e}"))
+        })?);
+    }
     let now = clock::monotonic_coarse_ns();
     let mut pass = Pass::default();
-    let mut items = Vec::new();
+    let (mut v4_items, mut v6_items) = (Vec::new(), Vec::new());
     for f in flows {
         if known.contains(&(f.proto, f.orig)) {
             continue;
         }
         if local.contains(&f.orig.src) {
             // A node socket's flow: its kernel entry keeps its NAT (see the module doc).
-            pass.from_node += 1;
+            if f.dnat() {
+                pass.from_node.insert((f.proto, f.orig));
+            }
             continue;
         }
         match adopt::entries(&f, current, now) {
             Ok(e) => {
-                items.extend(e);
+                match e {
+                    Entries::V4(e) => v4_items.extend(e),
+                    Entries::V6(e) => v6_items.extend(e),
+                }
                 pass.adopted.push(f);
             }
             Err(Skip::NotTranslated) => {}
             Err(why) => *pass.skipped.entry(why).or_default() += 1,
         }
     }
-    pass.entries = upgrade::adopt_assured(dir, &items)?;
+    pass.entries = upgrade::adopt_assured(dir, &v4_items, &v6_items)?;
     Ok(pass)
 }
 
@@ -100,6 +113,22 @@ pub(super) fn from_kube_proxy(
             Err(e) => warn!(flow = ?f.orig, "cannot delete the kernel's conntrack entry: {e}"),
         }
     }
+    let node_flows: BTreeSet<(u8, Ends)> = before
+        .from_node
+        .union(&meanwhile.from_node)
+        .copied()
+        .collect();
+    if !node_flows.is_empty() {
+        // Before kube-proxy's rules go: its nftables table may be what registers the
+        // kernel's NAT hooks.
+        netfilter::keep_nat_hooks().map_err(|e| {
+            AgentError::Takeover(format!(
+                "cannot keep the kernel's NAT for the node's {} connections: {e}",
+                node_flows.len()
+            ))
+        })?;
+        release_nat_hooks_when_ended(node_flows.clone());
+    }
     let rules = netfilter::find_kube_proxy()
         .map_err(|e| AgentError::Takeover(format!("cannot read kube-proxy's rules: {e}")))?;
     let removed = rules.describe();
@@ -122,10 +151,57 @@ pub(super) fn from_kube_proxy(
         begun_meanwhile = meanwhile.adopted.len(),
         entries = before.entries + meanwhile.entries,
         kernel_entries_deleted = deleted,
-        node_flows_left_to_the_kernel = before.from_node.max(meanwhile.from_node),
+        node_flows_left_to_the_kernel = node_flows.len(),
         skipped = %skipped.join(", "),
         rules_removed = %removed.join("; "),
         "took over from kube-proxy: its flows are xlb's, its rules are gone"
     );
     Ok(())
+}
+
+/// How often the node's leftover NAT flows are looked for.
+const NODE_FLOWS_LOOK: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A thread that looks for the node's connections `flows` in the kernel's conntrack every
+/// [`NODE_FLOWS_LOOK`] and, once none is left, removes the table that kept the kernel's
+/// NAT hooks for them.
+fn release_nat_hooks_when_ended(flows: BTreeSet<(u8, Ends)>) {
+    let spawned = std::thread::Builder::new()
+        .name("xlb-keep-nat".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(NODE_FLOWS_LOOK);
+                let mut left = 0;
+                for v6 in [false, true] {
+                    match kernel_ct::dump(v6) {
+                        Ok(live) => {
+                            left += live
+                                .iter()
+                                .filter(|f| flows.contains(&(f.proto, f.orig)))
+                                .count()
+                        }
+                        Err(e) => {
+                            warn!("cannot read the kernel's conntrack: {e}");
+                            left += 1;
+                        }
+                    }
+                }
+                if left == 0 {
+                    match netfilter::release_nat_hooks() {
+                        Ok(()) => info!(
+                            "takeover: the node's connections begun under kube-proxy have ended; table inet {} removed",
+                            netfilter::KEEP_NAT_TABLE
+                        ),
+                        Err(e) => warn!("cannot remove the NAT-keeping table: {e}"),
+                    }
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(
+            "cannot watch the node's connections begun under kube-proxy (table inet {} stays): {e}",
+            netfilter::KEEP_NAT_TABLE
+        );
+    }
 }

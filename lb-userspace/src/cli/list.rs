@@ -53,12 +53,19 @@ pub fn run_cleanup(args: &CleanupArgs) -> Result<()> {
         return cleanup_kube_proxy();
     }
     // The hand-back's notrack table lives until xlb is detached.
-    let _untracked = if args.hand_back {
+    let untracked = if args.hand_back {
         hand_back(&args.bpffs)?
     } else {
         None
     };
-    cleanup(&args.bpffs)
+    cleanup(&args.bpffs)?;
+    drop(untracked);
+    if args.hand_back {
+        // kube-proxy runs again: its own NAT chains keep the kernel's NAT hooks.
+        lb_userspace::datapath::netfilter::release_nat_hooks()
+            .context("removing the table that kept the kernel's NAT after a takeover")?;
+    }
+    Ok(())
 }
 
 /// `xlb cleanup --hand-back`'s first step: xlb's flows into the kernel's table; what keeps
@@ -84,21 +91,15 @@ fn hand_back(bpffs: &Path) -> Result<Option<lb_userspace::datapath::netfilter::U
         let by_proto: Vec<String> = done
             .flows
             .iter()
-            .map(|(p, n)| {
+            .map(|((family, p), n)| {
                 let name = lb_userspace::model::Protocol::from_number(*p)
                     .map_or_else(|| p.to_string(), |p| p.to_string());
-                format!("{n} {name}")
+                format!("{n} {name} over IPv{family}")
             })
             .collect();
         println!(
             "handed back {total} flows ({}) to the kernel's conntrack with their NAT",
             by_proto.join(", ")
-        );
-    }
-    if done.ipv6 > 0 {
-        println!(
-            "{} IPv6 flows are not handed back (not supported yet)",
-            done.ipv6
         );
     }
     if let Some(first) = done.first_error {

@@ -316,44 +316,83 @@ pub fn remove_kube_proxy(found: &KubeProxyLeftovers) -> Vec<NetfilterError> {
     errors
 }
 
-/// The nftables table that keeps a hand-back's window untracked (`ip xlb-hand-back`).
+/// The nftables table of NAT chains (`inet xlb-keep-nat`) a takeover leaves while the
+/// node's own connections still ride the kernel's NAT: the kernel translates a flow from
+/// its conntrack entry only while some NAT chain registers the NAT hooks and some rule
+/// needs conntrack in that family (a `ct` expression, a NAT target), and kube-proxy's
+/// rules may have been the only ones (its nftables table; its ip6tables rules on a node
+/// where nothing else tracks IPv6). Each chain's one rule, `ct state new`, holds
+/// conntrack for both families; it changes no packet.
+pub const KEEP_NAT_TABLE: &str = "xlb-keep-nat";
+
+/// Makes sure the kernel's NAT hooks stay registered (see [`KEEP_NAT_TABLE`]); idempotent.
+pub fn keep_nat_hooks() -> Result<(), NetfilterError> {
+    // Flushed first: a rerun adds no second rule.
+    let script = format!(
+        "table inet {KEEP_NAT_TABLE} {{ }}\nflush table inet {KEEP_NAT_TABLE}\ntable inet {KEEP_NAT_TABLE} {{\n  chain prerouting {{ type nat hook prerouting priority dstnat ; ct state new ; }}\n  chain output {{ type nat hook output priority -100 ; ct state new ; }}\n  chain input {{ type nat hook input priority 100 ; ct state new ; }}\n  chain postrouting {{ type nat hook postrouting priority srcnat ; ct state new ; }}\n}}\n"
+    );
+    run("nft", &["-f", "-"], Some(&script)).map(|_| ())
+}
+
+/// Removes [`KEEP_NAT_TABLE`]; a table already gone (or a node without `nft`) is not an
+/// error.
+pub fn release_nat_hooks() -> Result<(), NetfilterError> {
+    if !exists("nft") {
+        return Ok(());
+    }
+    let listed = run("nft", &["list", "tables", "inet"], None)?;
+    if !listed
+        .lines()
+        .any(|l| l.trim() == format!("table inet {KEEP_NAT_TABLE}"))
+    {
+        return Ok(());
+    }
+    run("nft", &["delete", "table", "inet", KEEP_NAT_TABLE], None).map(|_| ())
+}
+
+/// The nftables table that keeps a hand-back's window untracked (`inet xlb-hand-back`).
 pub const HAND_BACK_TABLE: &str = "xlb-hand-back";
 
 /// One direction of a flow as netfilter sees it while xlb translates it: protocol, source,
-/// destination (IPv4).
-pub type SeenTuple = (u8, std::net::SocketAddrV4, std::net::SocketAddrV4);
+/// destination (one family).
+pub type SeenTuple = (u8, std::net::SocketAddr, std::net::SocketAddr);
 
 /// While it lives, conntrack ignores packets of `tuples` (a raw-priority `notrack` in
-/// table `ip xlb-hand-back`): packets xlb still translates during a hand-back would
+/// table `inet xlb-hand-back`): packets xlb still translates during a hand-back would
 /// otherwise be new flows to netfilter, clashing with the NATed entries written for them
 /// (the kernel then remaps their ports, and the backend resets them). Dropped: the table
 /// goes.
 pub struct Untracked(());
 
+/// The nft element of `t` (`saddr . proto . sport . daddr . dport`).
+fn element((p, s, d): &SeenTuple) -> String {
+    format!(
+        "{} . {p} . {} . {} . {}",
+        s.ip(),
+        s.port(),
+        d.ip(),
+        d.port()
+    )
+}
+
 impl Untracked {
     pub fn new(tuples: &[SeenTuple]) -> Result<Self, NetfilterError> {
+        let t = HAND_BACK_TABLE;
         let mut script = format!(
-            "table ip {HAND_BACK_TABLE} {{\n  set flows {{ type ipv4_addr . inet_proto . inet_service . ipv4_addr . inet_service ; }}\n  chain prerouting {{ type filter hook prerouting priority raw ; ip saddr . meta l4proto . th sport . ip daddr . th dport @flows notrack ; }}\n}}\n"
+            "table inet {t} {{\n  set flows4 {{ type ipv4_addr . inet_proto . inet_service . ipv4_addr . inet_service ; }}\n  set flows6 {{ type ipv6_addr . inet_proto . inet_service . ipv6_addr . inet_service ; }}\n  chain prerouting {{\n    type filter hook prerouting priority raw ;\n    ip saddr . meta l4proto . th sport . ip daddr . th dport @flows4 notrack\n    ip6 saddr . meta l4proto . th sport . ip6 daddr . th dport @flows6 notrack\n  }}\n}}\n"
         );
-        for chunk in tuples.chunks(1000) {
-            let elements: Vec<String> = chunk
-                .iter()
-                .map(|(p, s, d)| {
-                    format!(
-                        "{} . {p} . {} . {} . {}",
-                        s.ip(),
-                        s.port(),
-                        d.ip(),
-                        d.port()
-                    )
-                })
-                .collect();
-            script.push_str(&format!(
-                "add element ip {HAND_BACK_TABLE} flows {{ {} }}\n",
-                elements.join(", ")
-            ));
+        let (v4, v6): (Vec<&SeenTuple>, Vec<&SeenTuple>) =
+            tuples.iter().partition(|(_, s, _)| s.is_ipv4());
+        for (set, tuples) in [("flows4", v4), ("flows6", v6)] {
+            for chunk in tuples.chunks(1000) {
+                let elements: Vec<String> = chunk.iter().map(|t| element(t)).collect();
+                script.push_str(&format!(
+                    "add element inet {t} {set} {{ {} }}\n",
+                    elements.join(", ")
+                ));
+            }
         }
-        let _ = run("nft", &["delete", "table", "ip", HAND_BACK_TABLE], None);
+        let _ = run("nft", &["delete", "table", "inet", t], None);
         run("nft", &["-f", "-"], Some(&script))?;
         Ok(Self(()))
     }
@@ -361,7 +400,7 @@ impl Untracked {
 
 impl Drop for Untracked {
     fn drop(&mut self) {
-        if let Err(e) = run("nft", &["delete", "table", "ip", HAND_BACK_TABLE], None) {
+        if let Err(e) = run("nft", &["delete", "table", "inet", HAND_BACK_TABLE], None) {
             tracing::warn!("the hand-back's notrack table stays: {e}");
         }
     }

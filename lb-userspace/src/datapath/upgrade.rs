@@ -239,8 +239,19 @@ fn insert_all<K: aya::Pod, V: aya::Pod>(
 /// Adds the conntrack entries of flows another proxy began (a takeover from kube-proxy) to
 /// the assured table under `dir`, keeping any entry already there (a rerun, or a flow xlb
 /// itself began meanwhile). Returns how many were written.
-pub fn adopt_assured(dir: &Path, items: &[(CtKey, CtValue)]) -> Result<usize, DatapathError> {
-    Ok(insert_all(dir, lb_common::MAP_CT_ASSURED, items, true)?.0)
+pub fn adopt_assured(
+    dir: &Path,
+    v4: &[(CtKey, CtValue)],
+    v6: &[(lb_common::CtKey6, lb_common::CtValue6)],
+) -> Result<usize, DatapathError> {
+    let mut written = 0;
+    if !v4.is_empty() {
+        written += insert_all(dir, lb_common::MAP_CT_ASSURED, v4, true)?.0;
+    }
+    if !v6.is_empty() {
+        written += insert_all(dir, lb_common::MAP_CT6_ASSURED, v6, true)?.0;
+    }
+    Ok(written)
 }
 
 impl Previous {

@@ -9,7 +9,8 @@ use std::net::IpAddr;
 
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_PORT_IN, CT_F_REPLIED,
-    CT_F_SNAT, CtKey, CtValue, SCOPE_EXTERNAL, SvcKey, user::frontend_key,
+    CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, SCOPE_EXTERNAL, SvcKey,
+    user::{addr_words, frontend_key},
 };
 
 use crate::{datapath::kernel_ct::KernelFlow, desired::Desired};
@@ -23,34 +24,81 @@ pub enum Skip {
     NotAFrontend,
     /// Its backend is not one of the frontend's backends now.
     NotABackend,
-    /// IPv6 flows are not taken over yet.
-    Ipv6,
+    /// Its tuples mix the families (the kernel never reports such a flow).
+    MixedFamilies,
 }
 
-/// xlb's conntrack entries (for `XLB_CTA_V1`) for kernel flow `f` to a frontend of `d`,
-/// stamped `now_ns` (`CLOCK_MONOTONIC_COARSE`).
-pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, CtValue)>, Skip> {
+/// An adopted flow's entries in the layout of its family's conntrack tables
+/// (`XLB_CTA_V1` or `XLB_CTA6_V1`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entries {
+    V4(Vec<(CtKey, CtValue)>),
+    V6(Vec<(CtKey6, CtValue6)>),
+}
+
+/// The IPv4 layout of an entry computed in the IPv6 one (addresses in word 0).
+fn narrow((k, v): (CtKey6, CtValue6)) -> (CtKey, CtValue) {
+    (
+        CtKey {
+            saddr_be: k.saddr_be[0],
+            daddr_be: k.daddr_be[0],
+            sport_be: k.sport_be,
+            dport_be: k.dport_be,
+            proto: k.proto,
+            dir: k.dir,
+            _pad: 0,
+        },
+        CtValue {
+            saddr_be: v.saddr_be[0],
+            daddr_be: v.daddr_be[0],
+            sport_be: v.sport_be,
+            dport_be: v.dport_be,
+            backend_id: v.backend_id,
+            backend_gen: v.backend_gen,
+            svc_id: v.svc_id,
+            flags: v.flags,
+            mtu: v.mtu,
+            _pad: 0,
+            created_ns: v.created_ns,
+            last_seen_ns: v.last_seen_ns,
+        },
+    )
+}
+
+/// xlb's conntrack entries for kernel flow `f` to a frontend of `d`, stamped `now_ns`
+/// (`CLOCK_MONOTONIC_COARSE`), in the layout of the flow's family.
+pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Entries, Skip> {
     if !f.dnat() {
         return Err(Skip::NotTranslated);
     }
-    let (IpAddr::V4(client), IpAddr::V4(frontend), IpAddr::V4(backend), IpAddr::V4(source)) =
-        (f.orig.src, f.orig.dst, f.reply.src, f.reply.dst)
-    else {
-        return Err(Skip::Ipv6);
-    };
+    let v6 = f.orig.src.is_ipv6();
+    let ends = [f.orig.src, f.orig.dst, f.reply.src, f.reply.dst];
+    if ends.iter().any(|a| a.is_ipv6() != v6) {
+        return Err(Skip::MixedFamilies);
+    }
+    let wide = wide_entries(f, d, now_ns)?;
+    Ok(if v6 {
+        Entries::V6(wide)
+    } else {
+        Entries::V4(wide.into_iter().map(narrow).collect())
+    })
+}
+
+/// [`entries`], computed in the IPv6 layout for either family (IPv4 uses word 0).
+fn wide_entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey6, CtValue6)>, Skip> {
+    let (client, frontend, backend, source) = (f.orig.src, f.orig.dst, f.reply.src, f.reply.dst);
     let key = SvcKey {
         scope: SCOPE_EXTERNAL,
         ..frontend_key(frontend, f.orig.dport, f.proto)
     };
     let entry = d.services.get(&key).ok_or(Skip::NotAFrontend)?;
-    let be_addr = lb_common::user::addr_words(backend.into()).0;
+    let w = |ip: IpAddr| addr_words(ip).0;
     let (backend_id, generation) = (1..=entry.count)
         .filter_map(|slot| d.services.get(&SvcKey { slot, ..key }))
         .filter_map(|v| d.backends.get(&v.backend_id).map(|b| (v.backend_id, b)))
-        .find(|(_, b)| b.addr_be == be_addr && u16::from_be(b.port_be) == f.reply.sport)
+        .find(|(_, b)| b.addr_be == w(backend) && u16::from_be(b.port_be) == f.reply.sport)
         .map(|(id, b)| (id, b.generation))
         .ok_or(Skip::NotABackend)?;
-    let be = |ip: std::net::Ipv4Addr| u32::from_ne_bytes(ip.octets());
     let snat = f.snat();
     let mut flags = CT_F_ASSURED;
     if snat {
@@ -60,9 +108,9 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, C
             flags |= CT_F_PORT_IN;
         }
     }
-    let fwd = CtValue {
-        saddr_be: be(source),
-        daddr_be: be(backend),
+    let fwd = CtValue6 {
+        saddr_be: w(source),
+        daddr_be: w(backend),
         sport_be: f.reply.dport.to_be(),
         dport_be: f.reply.sport.to_be(),
         backend_id,
@@ -71,17 +119,17 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, C
         flags,
         created_ns: now_ns,
         last_seen_ns: now_ns,
-        ..CtValue::default()
+        ..CtValue6::default()
     };
-    let reply = CtValue {
-        saddr_be: be(frontend),
-        daddr_be: be(client),
+    let reply = CtValue6 {
+        saddr_be: w(frontend),
+        daddr_be: w(client),
         sport_be: f.orig.dport.to_be(),
         dport_be: f.orig.sport.to_be(),
         flags: flags | CT_F_REPLIED,
         ..fwd
     };
-    let key = |s: u32, d: u32, sp: u16, dp: u16, dir: u8| CtKey {
+    let key = |s: [u32; 4], d: [u32; 4], sp: u16, dp: u16, dir: u8| CtKey6 {
         saddr_be: s,
         daddr_be: d,
         sport_be: sp,
@@ -90,6 +138,7 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, C
         dir,
         _pad: 0,
     };
+    let (client_port, frontend_port) = (f.orig.sport.to_be(), f.orig.dport.to_be());
     let mut out = vec![
         (
             key(
@@ -103,10 +152,10 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, C
         ),
         (
             key(
-                be(client),
-                be(frontend),
-                f.orig.sport.to_be(),
-                f.orig.dport.to_be(),
+                w(client),
+                w(frontend),
+                client_port,
+                frontend_port,
                 CT_DIR_FORWARD,
             ),
             fwd,
@@ -115,13 +164,24 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey, C
     if snat && source != client {
         // What netfilter sees between tc ingress and tc egress: client → backend, and its
         // reply backend → client.
-        let port = f.orig.sport.to_be();
         out.push((
-            key(be(client), be(backend), port, fwd.dport_be, CT_DIR_SNAT_OUT),
+            key(
+                w(client),
+                w(backend),
+                client_port,
+                fwd.dport_be,
+                CT_DIR_SNAT_OUT,
+            ),
             fwd,
         ));
         out.push((
-            key(be(backend), be(client), fwd.dport_be, port, CT_DIR_REPLY),
+            key(
+                w(backend),
+                w(client),
+                fwd.dport_be,
+                client_port,
+                CT_DIR_REPLY,
+            ),
             reply,
         ));
     }
@@ -149,9 +209,19 @@ mod tests {
         }
     }
 
+    const YAML6: &str = "apiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: web6}\nspec:\n  clusterIP: fd00:96::10\n  ipFamilies: [IPv6]\n  ports: [{name: p, port: 80, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: ns, name: web6-1, labels: {kubernetes.io/service-name: web6}}\naddressType: IPv6\nports: [{name: p, port: 8080, protocol: TCP}]\nendpoints:\n- {addresses: [\"fd00:244::7\"], conditions: {ready: true}}\n";
+
     fn desired() -> Desired {
-        let model = file::parse("t.yaml", YAML).expect("yaml").model;
+        let yaml = format!("{YAML}---\n{YAML6}");
+        let model = file::parse("t.yaml", &yaml).expect("yaml").model;
         compute(&model, &mut Ids::default(), Limits::default()).0
+    }
+
+    fn v4(e: Result<Entries, Skip>) -> Vec<(CtKey, CtValue)> {
+        match e {
+            Ok(Entries::V4(e)) => e,
+            other => panic!("IPv4 entries expected: {other:?}"),
+        }
     }
 
     #[test]
@@ -164,7 +234,7 @@ mod tests {
             assured: true,
             tcp_state: Some(3),
         };
-        let e = entries(&dnat, &d, 7).expect("taken over");
+        let e = v4(entries(&dnat, &d, 7));
         assert_eq!(e.len(), 2);
         let (fk, fv) = e[1];
         assert_eq!((fk.dir, fk.dport_be), (CT_DIR_FORWARD, 80u16.to_be()));
@@ -180,7 +250,7 @@ mod tests {
             reply: ends("10.244.0.7", "192.168.1.10", 8080, 61000),
             ..dnat
         };
-        let e = entries(&masq, &d, 7).expect("taken over");
+        let e = v4(entries(&masq, &d, 7));
         assert_eq!(e.len(), 4, "forward, reply and the egress pair");
         assert_eq!(e[1].1.saddr_be, u32::from_ne_bytes([192, 168, 1, 10]));
         assert_eq!(u16::from_be(e[1].1.sport_be), 61000);
@@ -197,5 +267,37 @@ mod tests {
             ..dnat
         };
         assert_eq!(entries(&direct, &d, 7), Err(Skip::NotTranslated));
+    }
+
+    #[test]
+    fn an_ipv6_flow_is_adopted_into_the_ipv6_layout() {
+        let d = desired();
+        let flow = KernelFlow {
+            proto: 6,
+            orig: ends("fd00:244::5", "fd00:96::10", 40000, 80),
+            reply: ends("fd00:244::7", "fd00:244::5", 8080, 40000),
+            assured: true,
+            tcp_state: Some(3),
+        };
+        let Ok(Entries::V6(e)) = entries(&flow, &d, 7) else {
+            panic!("IPv6 entries expected");
+        };
+        assert_eq!(e.len(), 2);
+        let (fk, fv) = e[1];
+        assert_eq!(fk.dir, CT_DIR_FORWARD);
+        assert_eq!(
+            fk.daddr_be,
+            addr_words("fd00:96::10".parse().expect("ip")).0
+        );
+        assert_eq!(
+            fv.daddr_be,
+            addr_words("fd00:244::7".parse().expect("ip")).0
+        );
+        assert_eq!(d.backends[&fv.backend_id].addr_be, fv.daddr_be);
+        let elsewhere = KernelFlow {
+            reply: ends("fd00:244::9", "fd00:244::5", 8080, 40000),
+            ..flow
+        };
+        assert_eq!(entries(&elsewhere, &d, 7), Err(Skip::NotABackend));
     }
 }

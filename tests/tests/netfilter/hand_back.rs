@@ -1,24 +1,22 @@
-//! `xlb cleanup --hand-back` (issue [migrate]): the client pod's TCP connections (to a
-//! ClusterIP and to a NodePort) and connected UDP flows begin through xlb; the agent
-//! stops (its programs stay attached), `xlb cleanup --hand-back` writes its flows into the
-//! kernel's conntrack with their NAT and removes xlb, then kube-proxy's rules of a mode are
-//! applied: every flow goes on, answered by the backend it had, and a new connection goes
-//! through kube-proxy's rules. A hand-back with no flows says so and removes xlb.
+//! `xlb cleanup --hand-back` (issue [migrate]): TCP connections and connected UDP flows
+//! of both families begin through xlb — from the client pod to ClusterIPs and to a NodePort,
+//! from an external client to a NodePort (both masqueraded by xlb); the agent stops (its
+//! programs stay attached), `xlb cleanup --hand-back` writes its flows into the kernel's
+//! conntrack with their NAT and removes xlb, then kube-proxy's rules of a mode are applied
+//! for both families: every flow goes on, answered by the backend it had, and new
+//! connections go through kube-proxy's rules. A hand-back with no flows says so and removes
+//! xlb. (The node's own connections have nothing to hand back: xlb's socket hooks connect
+//! them straight to their backend.)
 
 use std::{path::PathBuf, time::Duration};
 
-use lb_userspace::{
-    emit::{Mode, WriterOptions},
-    model::IpFamily,
-};
+use lb_userspace::emit::{Mode, WriterOptions};
 use xlb_lab::{compare::install_rules, netns::run};
-use xlb_tests::{agent::Agent, client::tcp_request, require_root, scenario::sock, unique_tag};
+use xlb_tests::{agent::Agent, client::tcp_request, require_root, unique_tag};
 
-use crate::migration::{MigrationLab, TIMEOUT, WEB, pod_flows};
-
-const STREAMS: usize = 10;
-const NODE_PORT_STREAMS: usize = 4;
-const UDP_FLOWS: usize = 5;
+use crate::migration::{
+    FAMILIES, Flows, MigrationLab, TIMEOUT, Targets, assert_unbroken, dns, node_port, web,
+};
 
 #[test]
 fn xlbs_connections_go_on_through_kube_proxys_iptables_rules_after_a_hand_back() {
@@ -68,7 +66,19 @@ fn hand_back(name: &str, mode: Mode) {
     let tag = unique_tag("xhb");
     let m = MigrationLab::build(&tag, None);
     let (mut agent, pins) = agent(&m, &tag);
-    let (go, client) = pod_flows(&m.lab, STREAMS, NODE_PORT_STREAMS, UDP_FLOWS);
+    let [pod, _, ext] = m.namespaces();
+    let pod_targets = Targets::default()
+        .tcp(4, web)
+        .tcp(2, |f| node_port(f, true))
+        .udp(3, dns);
+    let ext_targets = Targets::default()
+        .tcp(2, |f| node_port(f, true))
+        .udp(1, |f| node_port(f, false));
+    let total = pod_targets.len() + ext_targets.len();
+    let flows = Flows::open(vec![
+        ("the pod", pod, pod_targets),
+        ("the external client", ext, ext_targets),
+    ]);
     // The first round's last packets (delayed ACKs) settle: the hand-back keeps packets
     // that cross it out of conntrack, but one caught between xlb's ingress and the
     // kernel's new entry can still be lost (issue [migrate] note).
@@ -77,10 +87,7 @@ fn hand_back(name: &str, mode: Mode) {
     agent.stop();
     let said = cleanup_hand_back(&m, &pins);
     assert!(
-        said.contains(&format!(
-            "handed back {} flows",
-            STREAMS + NODE_PORT_STREAMS + UDP_FLOWS
-        )),
+        said.contains(&format!("handed back {total} flows")),
         "{said}"
     );
     assert!(!pins.exists(), "xlb's pins are removed");
@@ -90,31 +97,27 @@ fn hand_back(name: &str, mode: Mode) {
         &m.model,
         &m.node,
         &WriterOptions::default(),
-        &[IpFamily::V4],
+        &FAMILIES,
     )
     .expect("kube-proxy's rules");
-    go.send(()).expect("the client waits");
-    let (before, after) = client
-        .join()
-        .expect("client thread")
-        .expect("client netns")
-        .unwrap_or_else(|e| panic!("client: {e}\n{said}"));
-    let before = before.expect("answered through xlb");
-    let after = after.unwrap_or_else(|e| {
+    let context = || {
         let ct = run(m.lab.topo.node.command("conntrack").arg("-L"))
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        panic!("a connection broke: {e}\n{said}\nthe kernel's conntrack:\n{ct}")
-    });
-    assert_eq!(after, before, "every connection is still on its backend");
-    let fresh = m
-        .lab
-        .topo
-        .client
-        .ns
-        .run(|| tcp_request(sock(WEB, 80), TIMEOUT))
-        .expect("client");
-    fresh.expect("a new connection goes through kube-proxy's rules");
+        format!("{said}\nthe kernel's conntrack:\n{ct}")
+    };
+    let results = flows.finish();
+    assert_unbroken(&results, &context);
+    for family in FAMILIES {
+        let fresh = pod
+            .run(move || tcp_request(web(family), TIMEOUT))
+            .expect("client");
+        fresh.unwrap_or_else(|e| panic!("a new connection from the pod: {e}"));
+        let fresh = ext
+            .run(move || tcp_request(node_port(family, true), TIMEOUT))
+            .expect("external client");
+        fresh.unwrap_or_else(|e| panic!("a new connection from outside: {e}"));
+    }
     let _ = std::fs::remove_file(&agent.log);
 }
 

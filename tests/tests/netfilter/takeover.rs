@@ -1,26 +1,49 @@
 //! `xlb agent --takeover-from kube-proxy` (issue [migrate]): a node whose services run on
-//! kube-proxy's rules of its iptables or nftables mode (as `xlb emit` writes them, applied
-//! by `iptables-restore` or `nft -f`),
-//! with long-lived TCP connections and connected UDP flows from a pod through a ClusterIP.
-//! Also connections from the node itself (kube-proxy's OUTPUT rules) and from the pod to a
-//! NodePort (which kube-proxy masquerades). The agent starts with the takeover: afterwards
-//! every connection is unbroken and still answered by the backend it had, kube-proxy's rules are gone, and a new connection goes
-//! through xlb (nothing else is left to translate it).
+//! kube-proxy's rules of its iptables or nftables mode for both families (as `xlb emit`
+//! writes them, applied by `iptables-restore`/`ip6tables-restore` or `nft -f`), with 20
+//! long-lived TCP connections and 10 connected UDP flows over IPv4 and IPv6: from a pod to
+//! ClusterIPs and to a NodePort (which kube-proxy masquerades), from the node itself to
+//! ClusterIPs (kube-proxy's OUTPUT rules), from an external client to a NodePort
+//! (masqueraded too). The agent starts with the takeover: afterwards every flow is
+//! unbroken and still answered by the backend it had, kube-proxy's rules are gone, and new
+//! connections go through xlb (nothing else is left to translate them).
 
-use std::{net::TcpStream, sync::mpsc, time::Duration};
+use std::time::Duration;
 
 use lb_userspace::emit::Mode;
 use xlb_lab::{compare::Impl, netns::run};
-use xlb_tests::{agent::Agent, client::tcp_request, require_root, scenario::sock, unique_tag};
+use xlb_tests::{agent::Agent, client::tcp_request, require_root, unique_tag};
 
-use crate::migration::{MigrationLab, Round, TIMEOUT, WEB, pod_flows, round};
+use crate::migration::{
+    FAMILIES, Flows, MigrationLab, TIMEOUT, Targets, assert_unbroken, dns, node_port, web,
+};
 
-/// TCP connections to the ClusterIP and to the NodePort (which kube-proxy masquerades).
-const STREAMS: usize = 10;
-const NODE_PORT_STREAMS: usize = 4;
-/// TCP connections from the node itself to the ClusterIP.
-const NODE_STREAMS: usize = 3;
-const UDP_FLOWS: usize = 5;
+/// Per family: the pod's connections to the ClusterIP and to the NodePort and its UDP
+/// flows; the node's connections and UDP flows to the ClusterIPs; the external client's
+/// connections and UDP flows to the NodePorts.
+fn flows(m: &MigrationLab) -> Flows {
+    let [pod, node, ext] = m.namespaces();
+    let pod_targets = Targets::default()
+        .tcp(4, web)
+        .tcp(2, |f| node_port(f, true))
+        .udp(3, dns);
+    let node_targets = Targets::default().tcp(2, web).udp(1, dns);
+    let ext_targets = Targets::default()
+        .tcp(2, |f| node_port(f, true))
+        .udp(1, |f| node_port(f, false));
+    let tcp = pod_targets.tcp.len() + node_targets.tcp.len() + ext_targets.tcp.len();
+    let udp = pod_targets.udp.len() + node_targets.udp.len() + ext_targets.udp.len();
+    assert_eq!(
+        (tcp, udp),
+        (20, 10),
+        "the issue's 20 TCP streams and 10 UDP flows"
+    );
+    Flows::open(vec![
+        ("the node", node, node_targets),
+        ("the pod", pod, pod_targets),
+        ("the external client", ext, ext_targets),
+    ])
+}
 
 #[test]
 fn kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover() {
@@ -61,8 +84,12 @@ fn a_takeover_from_nftables_killed_midway_completes_when_the_agent_starts_again(
 /// kube-proxy's rules are still there: (iptables-save, nft list tables) of `node`.
 fn kube_proxy_rules(node: &xlb_lab::netns::Netns) -> String {
     let save = run(&mut node.command("iptables-save")).expect("iptables-save");
+    let save6 = run(&mut node.command("ip6tables-save")).expect("ip6tables-save");
     let tables = run(node.command("nft").args(["list", "tables"])).expect("nft");
-    (String::from_utf8_lossy(&save.stdout) + String::from_utf8_lossy(&tables.stdout)).into_owned()
+    [save.stdout, save6.stdout, tables.stdout]
+        .iter()
+        .map(|o| String::from_utf8_lossy(o).into_owned())
+        .collect()
 }
 
 fn has_kube_proxy(rules: &str) -> bool {
@@ -98,8 +125,8 @@ fn kill_mid_takeover(agent: &Agent, node: &xlb_lab::netns::Netns) {
     );
 }
 
-/// kube-proxy in `mode` serves the client's connections; xlb takes over (with `kill`, the
-/// first agent is killed in the middle and a second one completes it).
+/// kube-proxy in `mode` serves the flows; xlb takes over (with `kill`, the first agent is
+/// killed in the middle and a second one completes it).
 fn takeover(name: &str, mode: Mode, kill: bool) {
     if !require_root(name) {
         return;
@@ -107,38 +134,7 @@ fn takeover(name: &str, mode: Mode, kill: bool) {
     let tag = unique_tag("xto");
     let m = MigrationLab::build(&tag, Some(Impl::KubeProxy(mode)));
     let lab = &m.lab;
-
-    // The client pod's connections, through kube-proxy's rules; kept open on a thread of
-    // the pod's namespace, asked once before the takeover and again after it.
-    // The node's own connections (kube-proxy's OUTPUT rules): they keep the kernel's NAT.
-    let (node_go, node_wait) = mpsc::channel::<()>();
-    let node_streams = match mode {
-        Mode::Iptables => NODE_STREAMS,
-        // KNOWN GAP (issue [migrate] note): under kube-proxy's nftables mode the node's
-        // own connections stall once its table is gone, though their kernel conntrack
-        // entries keep their NAT; not understood yet, so not asserted here.
-        _ => 0,
-    };
-    let from_node = lab
-        .topo
-        .node
-        .spawn(move || -> Result<(Round, Round), String> {
-            let mut tcp = Vec::new();
-            for _ in 0..node_streams {
-                let c = TcpStream::connect_timeout(&sock(WEB, 80), TIMEOUT)
-                    .map_err(|e| format!("connect from the node: {e}"))?;
-                c.set_read_timeout(Some(TIMEOUT))
-                    .map_err(|e| e.to_string())?;
-                tcp.push(c);
-            }
-            let before = round(&mut tcp, &[]);
-            node_wait.recv().map_err(|e| e.to_string())?;
-            std::thread::sleep(Duration::from_millis(300));
-            Ok((before, round(&mut tcp, &[])))
-        });
-    let (go, client) = pod_flows(lab, STREAMS, NODE_PORT_STREAMS, UDP_FLOWS);
-    // The node's three connections began first; give their first round a moment.
-    std::thread::sleep(Duration::from_millis(200));
+    let flows = flows(&m);
 
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let log = std::env::temp_dir().join(format!("{tag}-agent.log"));
@@ -160,45 +156,57 @@ fn takeover(name: &str, mode: Mode, kill: bool) {
     let took = agent.wait_log("took over from kube-proxy", 1, Duration::from_secs(20));
     let text = agent.log_text();
     took.unwrap_or_else(|e| panic!("{e}\n{text}"));
-    go.send(()).expect("client waits");
-    node_go.send(()).expect("node client waits");
-    let (node_before, node_after) = from_node
-        .join()
-        .expect("node thread")
-        .expect("node netns")
-        .unwrap_or_else(|e| panic!("node client: {e}\n{text}"));
-    let node_before = node_before.expect("the node's connections through kube-proxy's rules");
-    let node_after =
-        node_after.unwrap_or_else(|e| panic!("a node connection broke: {e}\n{}", agent.log_text()));
-    assert_eq!(
-        node_after, node_before,
-        "the node's connections keep their backends"
-    );
-    let (before, after) = client
-        .join()
-        .expect("client thread")
-        .expect("client netns")
-        .unwrap_or_else(|e| panic!("client: {e}\n{text}"));
-    let before = before.expect("answered through kube-proxy's rules");
-    let after = after.unwrap_or_else(|e| panic!("a connection broke: {e}\n{}", agent.log_text()));
-    assert_eq!(
-        after,
-        before,
-        "every connection is still on its backend\n{}",
-        agent.log_text()
-    );
+    let context = || {
+        let ct = run(lab.topo.node.command("conntrack").arg("-L"))
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let counters = run(lab
+            .topo
+            .node
+            .command(xlb_tests::xlb_bin())
+            .args(["list", "counters", "--bpffs"])
+            .arg(&agent.pins))
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+        let ruleset = run(lab.topo.node.command("nft").args(["list", "ruleset"]))
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        format!(
+            "{}\nthe kernel's conntrack:\n{ct}\nxlb's counters:\n{counters}\nthe node's ruleset:\n{ruleset}",
+            agent.log_text()
+        )
+    };
+    let results = flows.finish();
+    assert_unbroken(&results, &context);
 
     let rules = kube_proxy_rules(&lab.topo.node);
     assert!(
         !has_kube_proxy(&rules),
         "kube-proxy's rules are gone:\n{rules}"
     );
-    let fresh = lab
-        .topo
-        .client
-        .ns
-        .run(|| tcp_request(sock(WEB, 80), TIMEOUT))
-        .expect("client");
-    fresh.expect("a new connection goes through xlb");
+    assert!(
+        rules.contains("table inet xlb-keep-nat"),
+        "the kernel's NAT hooks are kept for the node's connections:\n{rules}"
+    );
+    for family in FAMILIES {
+        let fresh = lab
+            .topo
+            .client
+            .ns
+            .run(move || tcp_request(web(family), TIMEOUT))
+            .expect("client");
+        fresh.unwrap_or_else(|e| panic!("a new connection from the pod goes through xlb: {e}"));
+        let fresh = m
+            .ext
+            .ns
+            .run(move || tcp_request(node_port(family, true), TIMEOUT))
+            .expect("external client");
+        fresh.unwrap_or_else(|e| {
+            panic!(
+                "a new connection from outside goes through xlb: {e}\n{}",
+                context()
+            )
+        });
+    }
     let _ = std::fs::remove_file(&log_path);
 }
