@@ -518,6 +518,71 @@ fn numgen_arms(l: &str) -> String {
     format!("{head} vmap {{ {} }}{tail}", arms.join(" , "))
 }
 
+/// `t` as `nft list table` prints it (a table block, its sets and maps, then its chains),
+/// in the spelling [`parse`] reads back into `t`: hooks with their numeric priority and
+/// `policy accept;`, one element a line. For whoever needs a node's live text without a
+/// node (the shadow bench); rules stay in the emitter's spelling, which [`parse`] keeps.
+pub fn listing(t: &NftTable) -> String {
+    use std::fmt::Write as _;
+    let family = match t.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let mut out = format!("table {family} {} {{\n", super::nftables::TABLE);
+    let parts = |spec: &str| -> Vec<String> {
+        spec.split(" ; ")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    for (name, s) in &t.sets {
+        let kind = if s.is_map { "map" } else { "set" };
+        let _ = writeln!(out, "\t{kind} {name} {{");
+        for p in parts(&s.spec) {
+            let _ = writeln!(out, "\t\t{p}");
+        }
+        if !s.elements.is_empty() {
+            let items: Vec<String> = s
+                .elements
+                .iter()
+                .map(|e| {
+                    let mut item = e.key.clone();
+                    if let Some(c) = &e.comment {
+                        let _ = write!(item, " comment \"{c}\"");
+                    }
+                    if let Some(v) = &e.value {
+                        let _ = write!(item, " : {v}");
+                    }
+                    item
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "\t\telements = {{ {} }}",
+                items.join(",\n\t\t\t     ")
+            );
+        }
+        out.push_str("\t}\n\n");
+    }
+    for (name, c) in &t.chains {
+        let _ = writeln!(out, "\tchain {name} {{");
+        for p in parts(&c.spec) {
+            if p.starts_with("type ") {
+                let _ = writeln!(out, "\t\t{p}; policy accept;");
+            } else {
+                let _ = writeln!(out, "\t\t{p}");
+            }
+        }
+        for r in &c.rules {
+            let _ = writeln!(out, "\t\t{r}");
+        }
+        out.push_str("\t}\n\n");
+    }
+    out.push_str("}\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
@@ -1307,6 +1372,15 @@ spec:
         assert_eq!(seconds("1d2h"), "93600s");
         assert_eq!(seconds("3 hours"), "3 hours");
         assert_eq!(priority("dstnat - 10"), "-110");
+    }
+
+    #[test]
+    fn a_listing_reads_back_as_the_table_it_lists() {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let emitted = nftables::emit(&model(), &node(family), &WriterOptions::default());
+            let parsed = parse(&listing(&emitted)).expect("listing");
+            assert_eq!(parsed, emitted, "{family:?}");
+        }
     }
 
     #[test]
