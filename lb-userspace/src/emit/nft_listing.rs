@@ -87,6 +87,9 @@ struct Open<T> {
     spec: Vec<String>,
     /// An `elements = { …` not closed yet, and the line it started on.
     pending: Option<(usize, String)>,
+    /// The brace depth and quoting at the end of `pending` (so each listed line is scanned
+    /// once, not the whole block again: nft lists an element a line).
+    braces: (i32, bool),
 }
 
 impl<T> Open<T> {
@@ -98,6 +101,7 @@ impl<T> Open<T> {
             text: text.to_string(),
             spec: Vec::new(),
             pending: None,
+            braces: (0, false),
         }
     }
 }
@@ -183,8 +187,9 @@ impl Parser {
     fn in_set(&mut self, mut s: Open<Collection>, n: usize, l: &str) -> Result<(), ListingError> {
         if let Some((start, mut buf)) = s.pending.take() {
             buf.push(' ');
+            let from = buf.len();
             buf.push_str(l);
-            self.elements(&mut s, start, buf)?;
+            self.elements(&mut s, start, buf, from)?;
         } else if l == "}" {
             s.item.spec = s.spec.join(" ; ");
             if self.table.sets.insert(s.name.clone(), s.item).is_some() {
@@ -193,7 +198,7 @@ impl Parser {
             self.state = State::Table;
             return Ok(());
         } else if let Some(rest) = l.strip_prefix("elements = ") {
-            self.elements(&mut s, n, rest.to_string())?;
+            self.elements(&mut s, n, rest.to_string(), 0)?;
         } else if let Some(part) = set_attribute(l) {
             s.spec.extend(part);
         } else {
@@ -203,17 +208,22 @@ impl Parser {
         Ok(())
     }
 
-    /// `{ … }` after `elements =`, once its braces close (else kept for the next line).
+    /// `{ … }` after `elements =`, once its braces close (else kept for the next line);
+    /// `buf[from..]` is what the last line added.
     fn elements(
         &mut self,
         s: &mut Open<Collection>,
         start: usize,
         buf: String,
+        from: usize,
     ) -> Result<(), ListingError> {
-        if !closes(&buf) {
+        let (depth, quoted) = braces(buf.get(from..).unwrap_or(""), s.braces);
+        if depth > 0 || quoted {
+            s.braces = (depth, quoted);
             s.pending = Some((start, buf));
             return Ok(());
         }
+        s.braces = (0, false);
         let inner = buf
             .trim()
             .strip_prefix('{')
@@ -285,10 +295,9 @@ fn unquote(s: &str) -> &str {
         .unwrap_or(s)
 }
 
-/// Whether the braces in `s` (outside quotes) balance.
-fn closes(s: &str) -> bool {
-    let mut depth = 0i32;
-    let mut quoted = false;
+/// The brace depth and quoting after `s` (braces outside quotes), from `(depth, quoted)`
+/// before it.
+fn braces(s: &str, (mut depth, mut quoted): (i32, bool)) -> (i32, bool) {
     for ch in s.chars() {
         match ch {
             '"' => quoted = !quoted,
@@ -297,7 +306,7 @@ fn closes(s: &str) -> bool {
             _ => {}
         }
     }
-    depth <= 0 && !quoted
+    (depth, quoted)
 }
 
 /// `s` split at every `sep` outside quotes.
@@ -557,11 +566,7 @@ pub fn listing(t: &NftTable) -> String {
                     item
                 })
                 .collect();
-            let _ = writeln!(
-                out,
-                "\t\telements = {{ {} }}",
-                items.join(",\n\t\t\t     ")
-            );
+            let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(",\n\t\t\t     "));
         }
         out.push_str("\t}\n\n");
     }

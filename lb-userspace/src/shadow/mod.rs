@@ -36,7 +36,6 @@ pub fn look(
         .iter()
         .map(|(f, text)| (*f, live::parse(*f, text, ipvs)))
         .collect();
-    let refs: Vec<(IpFamily, &live::FamilyState)> =
-        families.iter().map(|(f, s)| (*f, s)).collect();
+    let refs: Vec<(IpFamily, &live::FamilyState)> = families.iter().map(|(f, s)| (*f, s)).collect();
     compare::compare(model, node, &refs)
 }
