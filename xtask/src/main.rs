@@ -42,7 +42,7 @@ enum Command {
         takeover: bool,
     },
     /// Benchmarks (release build): `datapath`, `sync`, `memory`, `metrics`, `traffic`,
-    /// `northsouth`, or `all`; each writes its table to docs/benchmarks.md (and most a plot
+    /// `northsouth`, `shadow` (no root needed), or `all`; each writes its table to docs/benchmarks.md (and most a plot
     /// to docs/).
     Bench {
         /// Which bench.
@@ -86,6 +86,10 @@ fn main() -> Result<()> {
             setup::run()?;
             let xlb = build::all(false)?;
             demo::run(&xlb, &services, duration, takeover)
+        }
+        // A pure bench: no setup, no eBPF or agent build (its release rerun builds xtask only).
+        Command::Bench { name } if bench::PURE.contains(&name.as_str()) => {
+            bench::run(std::path::Path::new("xlb"), &name)
         }
         Command::Bench { name } => {
             setup::run()?;

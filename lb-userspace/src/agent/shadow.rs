@@ -16,13 +16,12 @@ use tracing::{info, warn};
 
 use super::{AgentError, AgentOptions, STOP_CHECK, State, feed, feed::Wake, node_port_addresses};
 use crate::{
-    datapath::netfilter,
+    datapath::netfilter::{self, LiveText},
     desired::NodeContext,
     model::IpFamily,
     serve::{self, Response, health::Health},
     shadow::{
-        compare,
-        live::{self, FamilyState},
+        self,
         report::{Report, ShadowMetrics, Tracker},
     },
 };
@@ -108,16 +107,16 @@ fn look(
     );
     let ipvs = netfilter::read_ipvs();
     let mut read_errors = Vec::new();
-    let families: Vec<(IpFamily, FamilyState)> = [IpFamily::V4, IpFamily::V6]
+    let texts: Vec<(IpFamily, LiveText)> = [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .map(|f| {
             let (text, errors) = netfilter::read_kube_proxy_state(f == IpFamily::V6);
             read_errors.extend(errors.into_iter().map(|e| e.to_string()));
-            (f, live::parse(f, &text, ipvs.as_deref()))
+            (f, text)
         })
         .collect();
-    let refs: Vec<(IpFamily, &FamilyState)> = families.iter().map(|(f, s)| (*f, s)).collect();
-    let mut c = compare::compare(&state.model, &node, &refs);
+    let refs: Vec<(IpFamily, &LiveText)> = texts.iter().map(|(f, t)| (*f, t)).collect();
+    let mut c = shadow::look(&state.model, &node, &refs, ipvs.as_deref());
     c.errors.extend(read_errors);
     let (report, changes) = tracker.update(c, Instant::now());
     for d in &changes.reported {

@@ -87,6 +87,9 @@ struct Open<T> {
     spec: Vec<String>,
     /// An `elements = { …` not closed yet, and the line it started on.
     pending: Option<(usize, String)>,
+    /// The brace depth and quoting at the end of `pending` (so each listed line is scanned
+    /// once, not the whole block again: nft lists an element a line).
+    braces: (i32, bool),
 }
 
 impl<T> Open<T> {
@@ -98,6 +101,7 @@ impl<T> Open<T> {
             text: text.to_string(),
             spec: Vec::new(),
             pending: None,
+            braces: (0, false),
         }
     }
 }
@@ -183,8 +187,9 @@ impl Parser {
     fn in_set(&mut self, mut s: Open<Collection>, n: usize, l: &str) -> Result<(), ListingError> {
         if let Some((start, mut buf)) = s.pending.take() {
             buf.push(' ');
+            let from = buf.len();
             buf.push_str(l);
-            self.elements(&mut s, start, buf)?;
+            self.elements(&mut s, start, buf, from)?;
         } else if l == "}" {
             s.item.spec = s.spec.join(" ; ");
             if self.table.sets.insert(s.name.clone(), s.item).is_some() {
@@ -193,7 +198,7 @@ impl Parser {
             self.state = State::Table;
             return Ok(());
         } else if let Some(rest) = l.strip_prefix("elements = ") {
-            self.elements(&mut s, n, rest.to_string())?;
+            self.elements(&mut s, n, rest.to_string(), 0)?;
         } else if let Some(part) = set_attribute(l) {
             s.spec.extend(part);
         } else {
@@ -203,17 +208,22 @@ impl Parser {
         Ok(())
     }
 
-    /// `{ … }` after `elements =`, once its braces close (else kept for the next line).
+    /// `{ … }` after `elements =`, once its braces close (else kept for the next line);
+    /// `buf[from..]` is what the last line added.
     fn elements(
         &mut self,
         s: &mut Open<Collection>,
         start: usize,
         buf: String,
+        from: usize,
     ) -> Result<(), ListingError> {
-        if !closes(&buf) {
+        let (depth, quoted) = braces(buf.get(from..).unwrap_or(""), s.braces);
+        if depth > 0 || quoted {
+            s.braces = (depth, quoted);
             s.pending = Some((start, buf));
             return Ok(());
         }
+        s.braces = (0, false);
         let inner = buf
             .trim()
             .strip_prefix('{')
@@ -285,10 +295,9 @@ fn unquote(s: &str) -> &str {
         .unwrap_or(s)
 }
 
-/// Whether the braces in `s` (outside quotes) balance.
-fn closes(s: &str) -> bool {
-    let mut depth = 0i32;
-    let mut quoted = false;
+/// The brace depth and quoting after `s` (braces outside quotes), from `(depth, quoted)`
+/// before it.
+fn braces(s: &str, (mut depth, mut quoted): (i32, bool)) -> (i32, bool) {
     for ch in s.chars() {
         match ch {
             '"' => quoted = !quoted,
@@ -297,7 +306,7 @@ fn closes(s: &str) -> bool {
             _ => {}
         }
     }
-    depth <= 0 && !quoted
+    (depth, quoted)
 }
 
 /// `s` split at every `sep` outside quotes.
@@ -516,6 +525,67 @@ fn numgen_arms(l: &str) -> String {
     };
     let arms: Vec<&str> = arms.split(',').map(str::trim).collect();
     format!("{head} vmap {{ {} }}{tail}", arms.join(" , "))
+}
+
+/// `t` as `nft list table` prints it (a table block, its sets and maps, then its chains),
+/// in the spelling [`parse`] reads back into `t`: hooks with their numeric priority and
+/// `policy accept;`, one element a line. For whoever needs a node's live text without a
+/// node (the shadow bench); rules stay in the emitter's spelling, which [`parse`] keeps.
+pub fn listing(t: &NftTable) -> String {
+    use std::fmt::Write as _;
+    let family = match t.family {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    };
+    let mut out = format!("table {family} {} {{\n", super::nftables::TABLE);
+    let parts = |spec: &str| -> Vec<String> {
+        spec.split(" ; ")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    for (name, s) in &t.sets {
+        let kind = if s.is_map { "map" } else { "set" };
+        let _ = writeln!(out, "\t{kind} {name} {{");
+        for p in parts(&s.spec) {
+            let _ = writeln!(out, "\t\t{p}");
+        }
+        if !s.elements.is_empty() {
+            let items: Vec<String> = s
+                .elements
+                .iter()
+                .map(|e| {
+                    let mut item = e.key.clone();
+                    if let Some(c) = &e.comment {
+                        let _ = write!(item, " comment \"{c}\"");
+                    }
+                    if let Some(v) = &e.value {
+                        let _ = write!(item, " : {v}");
+                    }
+                    item
+                })
+                .collect();
+            let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(",\n\t\t\t     "));
+        }
+        out.push_str("\t}\n\n");
+    }
+    for (name, c) in &t.chains {
+        let _ = writeln!(out, "\tchain {name} {{");
+        for p in parts(&c.spec) {
+            if p.starts_with("type ") {
+                let _ = writeln!(out, "\t\t{p}; policy accept;");
+            } else {
+                let _ = writeln!(out, "\t\t{p}");
+            }
+        }
+        for r in &c.rules {
+            let _ = writeln!(out, "\t\t{r}");
+        }
+        out.push_str("\t}\n\n");
+    }
+    out.push_str("}\n");
+    out
 }
 
 #[cfg(test)]
@@ -1307,6 +1377,15 @@ spec:
         assert_eq!(seconds("1d2h"), "93600s");
         assert_eq!(seconds("3 hours"), "3 hours");
         assert_eq!(priority("dstnat - 10"), "-110");
+    }
+
+    #[test]
+    fn a_listing_reads_back_as_the_table_it_lists() {
+        for family in [IpFamily::V4, IpFamily::V6] {
+            let emitted = nftables::emit(&model(), &node(family), &WriterOptions::default());
+            let parsed = parse(&listing(&emitted)).expect("listing");
+            assert_eq!(parsed, emitted, "{family:?}");
+        }
     }
 
     #[test]

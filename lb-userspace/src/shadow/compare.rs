@@ -261,8 +261,8 @@ fn answer(p: &Proxier, node: &NodeSettings, src: IpAddr, c: &Candidate) -> Outco
             let t = crate::emit::trace::trace(&sub, node, pkt);
             Outcome::of_outputs(t.outputs.iter().map(String::as_str))
         }
-        Proxier::Nftables(table) => {
-            let sub = super::prune::nft_subset(table, pkt.dst, pkt.dport);
+        Proxier::Nftables { table, index } => {
+            let sub = index.subset(table, pkt.dst, pkt.dport);
             let (outputs, _) = nftables::trace(&sub, node, pkt);
             Outcome::of_outputs(outputs.split(", ").filter(|o| !o.is_empty()))
         }

@@ -12,7 +12,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use super::prune::IptablesIndex;
+use super::prune::{IptablesIndex, NftIndex};
 use crate::{
     datapath::netfilter::LiveText,
     emit::{
@@ -33,7 +33,11 @@ pub enum Proxier {
         tables: Tables,
         index: IptablesIndex,
     },
-    Nftables(NftTable),
+    Nftables {
+        table: NftTable,
+        /// Indexed once per look (`shadow::prune`).
+        index: NftIndex,
+    },
     /// The ipvs mode: virtual server → its real servers with weight above zero.
     Ipvs(BTreeMap<(Protocol, SocketAddr), BTreeSet<SocketAddr>>),
 }
@@ -43,7 +47,7 @@ impl Proxier {
     pub fn describe(&self) -> String {
         match self {
             Proxier::Iptables { tool, .. } => format!("iptables ({tool})"),
-            Proxier::Nftables(_) => "nftables (nft list table)".to_string(),
+            Proxier::Nftables { .. } => "nftables (nft list table)".to_string(),
             Proxier::Ipvs(_) => "ipvs (/proc/net/ip_vs)".to_string(),
         }
     }
@@ -63,7 +67,10 @@ pub fn parse(family: IpFamily, text: &LiveText, ipvs: Option<&str>) -> FamilySta
     let mut st = FamilyState::default();
     if let Some(listing) = &text.nft {
         match nft_listing::parse(listing) {
-            Ok(t) => st.proxier = Some(Proxier::Nftables(t)),
+            Ok(table) => {
+                let index = NftIndex::new(&table);
+                st.proxier = Some(Proxier::Nftables { table, index });
+            }
             Err(e) => st
                 .errors
                 .push(format!("the {} kube-proxy table: {e}", nft_family(family))),
@@ -183,7 +190,7 @@ pub struct LiveFrontend {
 pub fn frontends(p: &Proxier) -> Vec<LiveFrontend> {
     match p {
         Proxier::Iptables { tables, .. } => iptables_frontends(tables),
-        Proxier::Nftables(t) => nft_frontends(t),
+        Proxier::Nftables { table, .. } => nft_frontends(table),
         Proxier::Ipvs(servers) => servers
             .keys()
             .map(|(protocol, a)| LiveFrontend {

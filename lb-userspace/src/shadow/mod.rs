@@ -18,3 +18,24 @@ pub mod compare;
 pub mod live;
 pub mod prune;
 pub mod report;
+
+use crate::{datapath::netfilter::LiveText, desired::NodeContext, model::IpFamily, model::Model};
+
+/// One look, as `xlb agent --shadow` takes it every interval once the live text is read:
+/// each family's text (what `iptables-save` and `nft list table` printed, see
+/// `datapath::netfilter::read_kube_proxy_state`; `ipvs`: `/proc/net/ip_vs`) parsed
+/// ([`live::parse`]) and compared with the model's services on `node`
+/// ([`compare::compare`]). Pure: nothing on the node is read or changed.
+pub fn look(
+    model: &Model,
+    node: &NodeContext,
+    live: &[(IpFamily, &LiveText)],
+    ipvs: Option<&str>,
+) -> compare::Comparison {
+    let families: Vec<(IpFamily, live::FamilyState)> = live
+        .iter()
+        .map(|(f, text)| (*f, live::parse(*f, text, ipvs)))
+        .collect();
+    let refs: Vec<(IpFamily, &live::FamilyState)> = families.iter().map(|(f, s)| (*f, s)).collect();
+    compare::compare(model, node, &refs)
+}

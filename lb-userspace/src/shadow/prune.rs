@@ -5,17 +5,19 @@
 //!
 //! iptables: each chain's rules are indexed once by what they require of the packet (an
 //! exact destination address, else a destination port); a frontend's subset keeps, in
-//! order, the rules that may match its packet and every chain they reach. nftables: big
-//! sets and maps keep the elements that name the packet's address or port, and the subset
-//! holds the base chains and every chain reachable from what it keeps.
+//! order, the rules that may match its packet and every chain they reach. nftables: the
+//! maps' and big sets' elements are indexed once by the address (else the port) they name;
+//! a frontend's subset holds the base chains, every chain reachable from them and the sets
+//! and maps those name, maps and big sets narrowed to the elements naming the packet's
+//! address (or, naming no address, its port).
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
 };
 
 use crate::emit::{
-    nftables::{Collection, NftTable},
+    nftables::{Collection, Element, NftTable},
     restore::{Tables, jump_target, split_args},
 };
 
@@ -145,45 +147,156 @@ fn is_base(chain: &str) -> bool {
     )
 }
 
-/// Collections with more elements than this are narrowed to the packet's.
+/// Sets with more elements than this are narrowed to the packet's. Maps are narrowed
+/// whatever their size: their values name chains, and a map kept whole (63 NodePorts in
+/// `service-nodeports`) brought every chain it names, and theirs, into every frontend's
+/// subset. A set is kept whole below it: a lookup after DNAT (by the backend's address)
+/// still finds what it holds.
 const SMALL: usize = 64;
 
-/// The part of nftables table `t` a packet to `dst:dport` may meet: big sets and maps keep
-/// the elements that name `dst` or `dport`; the chains kept are the base chains (those with
-/// a hook, and those the tracer starts from) and every chain reachable from them.
-pub fn nft_subset(t: &NftTable, dst: IpAddr, dport: u16) -> NftTable {
-    let (dst, port) = (dst.to_string(), dport.to_string());
-    let sets = t
-        .sets
+/// What an element of a big set or map requires of the packet, for the index: an address
+/// it names (a key `ADDR . proto . port` is only found by a packet to ADDR), else the port
+/// it names (`proto . port`), else nothing a frontend's packet can be looked up by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum ElementNeed {
+    Addr(IpAddr),
+    Port(u16),
+}
+
+/// The needs of an element's key: every address it names, else its port.
+fn element_needs(key: &str) -> Vec<ElementNeed> {
+    let parts: Vec<&str> = key.split(" . ").map(str::trim).collect();
+    let addrs: Vec<ElementNeed> = parts
         .iter()
-        .map(|(name, c)| (name.clone(), narrowed(c, &dst, &port)))
-        .collect::<std::collections::BTreeMap<_, _>>();
-    let mut chains = std::collections::BTreeMap::new();
-    let mut work: Vec<&str> = t
-        .chains
-        .iter()
-        .filter(|(name, c)| c.spec.contains("hook") || NFT_STARTS.contains(&name.as_str()))
-        .map(|(name, _)| name.as_str())
+        .filter_map(|p| p.parse().ok().map(ElementNeed::Addr))
         .collect();
-    let values = sets
-        .values()
-        .flat_map(|c| c.elements.iter().filter_map(|e| e.value.as_deref()));
-    work.extend(values.flat_map(chain_refs));
-    while let Some(name) = work.pop() {
-        if chains.contains_key(name) {
-            continue;
+    if !addrs.is_empty() {
+        return addrs;
+    }
+    parts
+        .iter()
+        .filter_map(|p| p.parse().ok().map(ElementNeed::Port))
+        .take(1)
+        .collect()
+}
+
+/// An nftables table indexed once per look: its maps' and big sets' elements by what they
+/// require of the packet, and the chains every trace starts from. A frontend's subset then
+/// costs what its own elements and chains cost, not the table's size: narrowing every big
+/// map by a scan, or keeping every element that names the packet's port (at 10,000
+/// services on port 80 that is all of them, and every service chain with them), made a
+/// look grow with services².
+#[derive(Debug, Default)]
+pub struct NftIndex {
+    /// Big collection → element positions by need.
+    sets: HashMap<String, HashMap<ElementNeed, Vec<usize>>>,
+    /// The base chains (with a hook, or where the tracer starts).
+    starts: Vec<String>,
+}
+
+impl NftIndex {
+    pub fn new(t: &NftTable) -> Self {
+        let sets = t
+            .sets
+            .iter()
+            .filter(|(_, c)| c.is_map || c.elements.len() > SMALL)
+            .map(|(name, c)| {
+                let mut by: HashMap<ElementNeed, Vec<usize>> = HashMap::new();
+                for (i, e) in c.elements.iter().enumerate() {
+                    for n in element_needs(&e.key) {
+                        by.entry(n).or_default().push(i);
+                    }
+                }
+                (name.clone(), by)
+            })
+            .collect();
+        let starts = t
+            .chains
+            .iter()
+            .filter(|(name, c)| c.spec.contains("hook") || NFT_STARTS.contains(&name.as_str()))
+            .map(|(name, _)| name.clone())
+            .collect();
+        Self { sets, starts }
+    }
+
+    /// The part of `t` (the table this indexes) a packet to `dst:dport` may meet: the
+    /// chains reachable from the base chains, and the sets and maps they name, maps and big
+    /// sets narrowed to the elements that name `dst` (or, naming no address, `dport`).
+    pub fn subset(&self, t: &NftTable, dst: IpAddr, dport: u16) -> NftTable {
+        let mut chains = BTreeMap::new();
+        let mut sets = BTreeMap::new();
+        let mut work: Vec<&str> = self.starts.iter().map(String::as_str).collect();
+        while let Some(name) = work.pop() {
+            if chains.contains_key(name) {
+                continue;
+            }
+            let Some(c) = t.chains.get(name) else {
+                continue;
+            };
+            for r in &c.rules {
+                work.extend(chain_refs(r));
+                for set in set_refs(r) {
+                    if sets.contains_key(set) {
+                        continue;
+                    }
+                    let Some(full) = t.sets.get(set) else {
+                        continue;
+                    };
+                    let kept = self.narrowed(set, full, dst, dport);
+                    work.extend(
+                        kept.iter()
+                            .filter_map(|e| e.value.as_deref())
+                            .flat_map(chain_refs),
+                    );
+                    let kept = Collection {
+                        spec: full.spec.clone(),
+                        is_map: full.is_map,
+                        elements: kept.into_iter().cloned().collect(),
+                    };
+                    sets.insert(set.to_string(), kept);
+                }
+            }
+            chains.insert(name.to_string(), c.clone());
         }
-        let Some(c) = t.chains.get(name) else {
-            continue;
+        NftTable {
+            family: t.family,
+            chains,
+            sets,
+        }
+    }
+
+    /// The elements of collection `name` (`c`) a packet to `dst:dport` may be looked up
+    /// by: all of a small set; of a map or a big set, those naming `dst` (or, naming no
+    /// address, `dport`), in order.
+    fn narrowed<'t>(
+        &self,
+        name: &str,
+        c: &'t Collection,
+        dst: IpAddr,
+        dport: u16,
+    ) -> Vec<&'t Element> {
+        let Some(by) = self.sets.get(name) else {
+            return c.elements.iter().collect();
         };
-        work.extend(c.rules.iter().flat_map(|r| chain_refs(r)));
-        chains.insert(name.to_string(), c.clone());
+        let mut picked: Vec<usize> = [ElementNeed::Addr(dst), ElementNeed::Port(dport)]
+            .iter()
+            .filter_map(|n| by.get(n))
+            .flatten()
+            .copied()
+            .collect();
+        picked.sort_unstable();
+        picked.dedup();
+        picked
+            .into_iter()
+            .filter_map(|i| c.elements.get(i))
+            .collect()
     }
-    NftTable {
-        family: t.family,
-        chains,
-        sets,
-    }
+}
+
+/// The part of nftables table `t` a packet to `dst:dport` may meet (see
+/// [`NftIndex::subset`]; a look indexes once and asks the index for every frontend).
+pub fn nft_subset(t: &NftTable, dst: IpAddr, dport: u16) -> NftTable {
+    NftIndex::new(t).subset(t, dst, dport)
 }
 
 /// The chains nftables' tracer starts from.
@@ -194,26 +307,6 @@ const NFT_STARTS: [&str; 4] = [
     "filter-input",
 ];
 
-fn narrowed(c: &Collection, dst: &str, port: &str) -> Collection {
-    if c.elements.len() <= SMALL {
-        return c.clone();
-    }
-    Collection {
-        spec: c.spec.clone(),
-        is_map: c.is_map,
-        elements: c
-            .elements
-            .iter()
-            .filter(|e| {
-                e.key
-                    .split(" . ")
-                    .any(|k| k.trim() == dst || k.trim() == port)
-            })
-            .cloned()
-            .collect(),
-    }
-}
-
 /// The chains a rule or verdict names (`jump X`, `goto X`).
 fn chain_refs(text: &str) -> Vec<&str> {
     let words: Vec<&str> = text.split_whitespace().collect();
@@ -222,6 +315,13 @@ fn chain_refs(text: &str) -> Vec<&str> {
         .filter(|w| w[0] == "jump" || w[0] == "goto")
         .map(|w| w[1].trim_end_matches([',', '}', ';']))
         .collect()
+}
+
+/// The sets and maps a rule names (`@NAME`).
+fn set_refs(text: &str) -> impl Iterator<Item = &str> {
+    text.split_whitespace()
+        .filter_map(|w| w.strip_prefix('@'))
+        .map(|w| w.trim_end_matches([',', '}', ';']))
 }
 
 #[cfg(test)]
@@ -274,5 +374,59 @@ mod tests {
             need_of(&args("-A X -d fd00::1/128 -j Y")),
             Need::Dst("fd00::1".parse().expect("ip"))
         );
+    }
+
+    #[test]
+    fn an_nft_subset_keeps_the_frontends_own_elements_and_chains_not_every_one_on_its_port() {
+        use crate::emit::nftables::Chain;
+        let chain = |spec: &str, rules: &[&str]| Chain {
+            spec: spec.to_string(),
+            rules: rules.iter().map(|r| r.to_string()).collect(),
+        };
+        let mut t = NftTable::default();
+        t.chains.insert(
+            "nat-prerouting".into(),
+            chain("type nat hook prerouting priority -100", &["jump services"]),
+        );
+        t.chains.insert(
+            "services".into(),
+            chain(
+                "",
+                &[
+                    "ip daddr . meta l4proto . th dport vmap @service-ips",
+                    "fib daddr type local meta l4proto . th dport vmap @service-nodeports",
+                ],
+            ),
+        );
+        let (mut ips, mut node_ports) = (Collection::default(), Collection::default());
+        for i in 0..200 {
+            ips.elements.push(Element {
+                key: format!("10.96.0.{i} . tcp . 80"),
+                comment: None,
+                value: Some(format!("goto service-{i}")),
+            });
+            node_ports.elements.push(Element {
+                key: format!("tcp . {}", 30_000 + i),
+                comment: None,
+                value: Some(format!("goto service-{i}")),
+            });
+            t.chains.insert(
+                format!("service-{i}"),
+                chain("", &[&format!("dnat to 10.0.0.{i}:8080")]),
+            );
+        }
+        t.sets.insert("service-ips".into(), ips);
+        t.sets.insert("service-nodeports".into(), node_ports);
+        let index = NftIndex::new(&t);
+        let sub = index.subset(&t, "10.96.0.7".parse().expect("ip"), 80);
+        assert_eq!(sub.sets["service-ips"].elements.len(), 1);
+        assert!(sub.sets["service-nodeports"].elements.is_empty());
+        assert!(sub.chains.contains_key("service-7"));
+        assert_eq!(sub.chains.len(), 3, "{:?}", sub.chains.keys());
+        let np = index.subset(&t, "10.0.0.5".parse().expect("ip"), 30_009);
+        assert!(np.sets["service-ips"].elements.is_empty());
+        assert_eq!(np.sets["service-nodeports"].elements.len(), 1);
+        assert!(np.chains.contains_key("service-9"));
+        assert_eq!(sub, nft_subset(&t, "10.96.0.7".parse().expect("ip"), 80));
     }
 }

@@ -7,6 +7,8 @@
 //! Benches run in a release build: a debug `xtask` rebuilds itself with `--release` and runs
 //! that binary instead. Everything with traffic or rules lives in network namespaces named
 //! after the run; pins go under `/sys/fs/bpf/<tag>`; both are removed on success and failure.
+//! `shadow` is pure computation (kube-proxy's rules as text): it needs neither root, the
+//! eBPF object nor the `xlb` binary.
 
 mod agent;
 mod datapath;
@@ -15,6 +17,7 @@ mod memory;
 mod metrics;
 mod northsouth;
 mod report;
+mod shadow;
 mod sync;
 mod traffic;
 
@@ -29,21 +32,25 @@ use anyhow::{Context, Result, bail};
 use crate::build::{is_root, workspace_root};
 
 /// The benches `all` runs, in priority order.
-const ALL: [&str; 6] = [
+const ALL: [&str; 7] = [
     "datapath",
     "sync",
     "memory",
     "metrics",
     "traffic",
     "northsouth",
+    "shadow",
 ];
+
+/// The benches that need no root, no eBPF object and no `xlb` binary.
+pub const PURE: [&str; 1] = ["shadow"];
 
 /// Runs bench `name` (one of [`ALL`] or `all`); `xlb` is the release binary.
 pub fn run(xlb: &Path, name: &str) -> Result<()> {
     if !ALL.contains(&name) && name != "all" {
         bail!("unknown bench {name:?}: expected one of {ALL:?} or \"all\"");
     }
-    if !is_root() {
+    if !is_root() && !PURE.contains(&name) {
         bail!("benches need root (BPF maps, BPF_PROG_TEST_RUN, network namespaces)");
     }
     if cfg!(debug_assertions) {
@@ -72,6 +79,7 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
             "traffic" => traffic::run(xlb)?,
             "northsouth" => northsouth::run()?,
             "metrics" => metrics::run(xlb)?,
+            "shadow" => shadow::run()?,
             _ => memory::run(xlb)?,
         };
         report::write_section(bench, &command, &section)?;
