@@ -41,6 +41,25 @@ pub fn words_addr(addr_be: [u32; 4], family: u8) -> IpAddr {
     }
 }
 
+/// The affinity key of client `client` of service port `svc_id`, folded as the datapath
+/// folds it (`lb-ebpf/src/affinity.rs`: an IPv4 address in word 0; an IPv6 one in two
+/// words, `w0 ^ w2` and `w1 ^ w3`).
+pub fn affinity_key(svc_id: u32, client: IpAddr) -> crate::AffinityKey {
+    let (w, family) = addr_words(client);
+    let words = if family == FAMILY_V6 {
+        [w[0] ^ w[2], w[1] ^ w[3], 0, 0]
+    } else {
+        [w[0], 0, 0, 0]
+    };
+    crate::AffinityKey {
+        svc_id,
+        client_be: words,
+        family,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
 /// The key of a frontend's service entry (slot 0, external scope) for IP protocol `proto`.
 pub fn frontend_key(ip: impl Into<IpAddr>, port: u16, proto: impl Into<u8>) -> SvcKey {
     let (addr_be, family) = addr_words(ip.into());

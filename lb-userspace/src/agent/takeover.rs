@@ -4,7 +4,8 @@
 //! sync (the maps hold every frontend and backend), before xlb's programs attach:
 //! 1. every kernel flow to a frontend xlb serves, from a pod or from outside the node,
 //!    becomes xlb's assured conntrack entries with kube-proxy's backend and masquerade
-//!    source (`migrate::adopt`);
+//!    source, and for a ClientIP-affinity Service the client's affinity entry
+//!    (`migrate::adopt`);
 //! 2. the programs attach; the kernel is asked again for flows begun meanwhile;
 //! 3. the kernel's entries of the adopted flows are deleted (netfilter sees them again as
 //!    xlb translates them, and picks them up mid-stream), and kube-proxy's rules removed.
@@ -42,6 +43,8 @@ use crate::{
 struct Pass {
     adopted: Vec<KernelFlow>,
     entries: usize,
+    /// Affinity entries written (clients of ClientIP-affinity Services).
+    affinity: usize,
     /// Translated flows of the node's own sockets (left to the kernel's NAT).
     from_node: BTreeSet<(u8, Ends)>,
     skipped: BTreeMap<Skip, usize>,
@@ -63,7 +66,7 @@ fn adopt_flows(
     }
     let now = clock::monotonic_coarse_ns();
     let mut pass = Pass::default();
-    let (mut v4_items, mut v6_items) = (Vec::new(), Vec::new());
+    let (mut v4_items, mut v6_items, mut affinity) = (Vec::new(), Vec::new(), Vec::new());
     for f in flows {
         if known.contains(&(f.proto, f.orig)) {
             continue;
@@ -75,12 +78,13 @@ fn adopt_flows(
             }
             continue;
         }
-        match adopt::entries(&f, current, now) {
-            Ok(e) => {
-                match e {
+        match adopt::adopt(&f, current, now) {
+            Ok(a) => {
+                match a.conntrack {
                     Entries::V4(e) => v4_items.extend(e),
                     Entries::V6(e) => v6_items.extend(e),
                 }
+                affinity.extend(a.affinity);
                 pass.adopted.push(f);
             }
             Err(Skip::NotTranslated) => {}
@@ -88,6 +92,7 @@ fn adopt_flows(
         }
     }
     pass.entries = upgrade::adopt_assured(dir, &v4_items, &v6_items)?;
+    pass.affinity = upgrade::adopt_affinity(dir, &affinity)?;
     Ok(pass)
 }
 
@@ -150,6 +155,7 @@ pub(super) fn from_kube_proxy(
         flows = adopted,
         begun_meanwhile = meanwhile.adopted.len(),
         entries = before.entries + meanwhile.entries,
+        affinity_entries = before.affinity + meanwhile.affinity,
         kernel_entries_deleted = deleted,
         node_flows_left_to_the_kernel = node_flows.len(),
         skipped = %skipped.join(", "),

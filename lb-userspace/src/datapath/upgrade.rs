@@ -254,6 +254,18 @@ pub fn adopt_assured(
     Ok(written)
 }
 
+/// Adds the affinity entries of adopted flows (a takeover) to the affinity map under
+/// `dir`, keeping any entry already there. Returns how many were written.
+pub fn adopt_affinity(
+    dir: &Path,
+    items: &[(AffinityKey, lb_common::AffinityValue)],
+) -> Result<usize, DatapathError> {
+    if items.is_empty() {
+        return Ok(0);
+    }
+    Ok(insert_all(dir, lb_common::MAP_AFFINITY, items, true)?.0)
+}
+
 impl Previous {
     /// The previous layout's pins under `dir`, if any are there.
     pub fn find(dir: &Path) -> Result<Option<Self>, DatapathError> {

@@ -8,9 +8,10 @@
 use std::net::IpAddr;
 
 use lb_common::{
-    CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_PORT_IN, CT_F_REPLIED,
-    CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, SCOPE_EXTERNAL, SvcKey,
-    user::{addr_words, frontend_key},
+    AffinityKey, AffinityValue, CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED,
+    CT_F_PORT_IN, CT_F_REPLIED, CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, SCOPE_EXTERNAL,
+    SvcKey,
+    user::{addr_words, affinity_key, frontend_key},
 };
 
 use crate::{datapath::kernel_ct::KernelFlow, desired::Desired};
@@ -34,6 +35,16 @@ pub enum Skip {
 pub enum Entries {
     V4(Vec<(CtKey, CtValue)>),
     V6(Vec<(CtKey6, CtValue6)>),
+}
+
+/// What xlb keeps of a flow kube-proxy translated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adopted {
+    pub conntrack: Entries,
+    /// For a ClientIP-affinity Service: the client's affinity entry (`XLB_AFF_V2`) with
+    /// the flow's backend, so the client's next connections go where kube-proxy's
+    /// affinity would have sent them.
+    pub affinity: Option<(AffinityKey, AffinityValue)>,
 }
 
 /// The IPv4 layout of an entry computed in the IPv6 one (addresses in word 0).
@@ -67,7 +78,7 @@ fn narrow((k, v): (CtKey6, CtValue6)) -> (CtKey, CtValue) {
 
 /// xlb's conntrack entries for kernel flow `f` to a frontend of `d`, stamped `now_ns`
 /// (`CLOCK_MONOTONIC_COARSE`), in the layout of the flow's family.
-pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Entries, Skip> {
+pub fn adopt(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Adopted, Skip> {
     if !f.dnat() {
         return Err(Skip::NotTranslated);
     }
@@ -76,29 +87,62 @@ pub fn entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Entries, Skip
     if ends.iter().any(|a| a.is_ipv6() != v6) {
         return Err(Skip::MixedFamilies);
     }
-    let wide = wide_entries(f, d, now_ns)?;
-    Ok(if v6 {
+    let key = SvcKey {
+        scope: SCOPE_EXTERNAL,
+        ..frontend_key(f.orig.dst, f.orig.dport, f.proto)
+    };
+    let entry = d.services.get(&key).ok_or(Skip::NotAFrontend)?;
+    let be = addr_words(f.reply.src).0;
+    let (slot, backend_id, backend_gen) = (1..=entry.count)
+        .filter_map(|slot| d.services.get(&SvcKey { slot, ..key }).map(|v| (slot, v)))
+        .filter_map(|(slot, v)| {
+            d.backends
+                .get(&v.backend_id)
+                .map(|b| (slot, v.backend_id, b))
+        })
+        .find(|(_, _, b)| b.addr_be == be && u16::from_be(b.port_be) == f.reply.sport)
+        .map(|(slot, id, b)| (slot, id, b.generation))
+        .ok_or(Skip::NotABackend)?;
+    let chosen = Chosen {
+        svc_id: entry.svc_id,
+        backend_id,
+        backend_gen,
+    };
+    let wide = wide_entries(f, chosen, now_ns);
+    let affinity = (entry.affinity_timeout_s != 0).then(|| {
+        let value = AffinityValue {
+            backend_id,
+            slot,
+            backend_gen,
+            last_seen_ns: now_ns,
+            ..AffinityValue::default()
+        };
+        (affinity_key(entry.svc_id, f.orig.src), value)
+    });
+    let conntrack = if v6 {
         Entries::V6(wide)
     } else {
         Entries::V4(wide.into_iter().map(narrow).collect())
+    };
+    Ok(Adopted {
+        conntrack,
+        affinity,
     })
 }
 
-/// [`entries`], computed in the IPv6 layout for either family (IPv4 uses word 0).
-fn wide_entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey6, CtValue6)>, Skip> {
+/// The service port and backend a flow is pinned to.
+#[derive(Clone, Copy)]
+struct Chosen {
+    svc_id: u32,
+    backend_id: u32,
+    backend_gen: u32,
+}
+
+/// The conntrack entries of [`adopt`], computed in the IPv6 layout for either family (IPv4
+/// uses word 0).
+fn wide_entries(f: &KernelFlow, c: Chosen, now_ns: u64) -> Vec<(CtKey6, CtValue6)> {
     let (client, frontend, backend, source) = (f.orig.src, f.orig.dst, f.reply.src, f.reply.dst);
-    let key = SvcKey {
-        scope: SCOPE_EXTERNAL,
-        ..frontend_key(frontend, f.orig.dport, f.proto)
-    };
-    let entry = d.services.get(&key).ok_or(Skip::NotAFrontend)?;
     let w = |ip: IpAddr| addr_words(ip).0;
-    let (backend_id, generation) = (1..=entry.count)
-        .filter_map(|slot| d.services.get(&SvcKey { slot, ..key }))
-        .filter_map(|v| d.backends.get(&v.backend_id).map(|b| (v.backend_id, b)))
-        .find(|(_, b)| b.addr_be == w(backend) && u16::from_be(b.port_be) == f.reply.sport)
-        .map(|(id, b)| (id, b.generation))
-        .ok_or(Skip::NotABackend)?;
     let snat = f.snat();
     let mut flags = CT_F_ASSURED;
     if snat {
@@ -113,9 +157,9 @@ fn wide_entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey6,
         daddr_be: w(backend),
         sport_be: f.reply.dport.to_be(),
         dport_be: f.reply.sport.to_be(),
-        backend_id,
-        backend_gen: generation,
-        svc_id: entry.svc_id,
+        backend_id: c.backend_id,
+        backend_gen: c.backend_gen,
+        svc_id: c.svc_id,
         flags,
         created_ns: now_ns,
         last_seen_ns: now_ns,
@@ -185,7 +229,7 @@ fn wide_entries(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Vec<(CtKey6,
             reply,
         ));
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -217,8 +261,8 @@ mod tests {
         compute(&model, &mut Ids::default(), Limits::default()).0
     }
 
-    fn v4(e: Result<Entries, Skip>) -> Vec<(CtKey, CtValue)> {
-        match e {
+    fn v4(e: Result<Adopted, Skip>) -> Vec<(CtKey, CtValue)> {
+        match e.map(|a| a.conntrack) {
             Ok(Entries::V4(e)) => e,
             other => panic!("IPv4 entries expected: {other:?}"),
         }
@@ -234,7 +278,7 @@ mod tests {
             assured: true,
             tcp_state: Some(3),
         };
-        let e = v4(entries(&dnat, &d, 7));
+        let e = v4(adopt(&dnat, &d, 7));
         assert_eq!(e.len(), 2);
         let (fk, fv) = e[1];
         assert_eq!((fk.dir, fk.dport_be), (CT_DIR_FORWARD, 80u16.to_be()));
@@ -250,7 +294,7 @@ mod tests {
             reply: ends("10.244.0.7", "192.168.1.10", 8080, 61000),
             ..dnat
         };
-        let e = v4(entries(&masq, &d, 7));
+        let e = v4(adopt(&masq, &d, 7));
         assert_eq!(e.len(), 4, "forward, reply and the egress pair");
         assert_eq!(e[1].1.saddr_be, u32::from_ne_bytes([192, 168, 1, 10]));
         assert_eq!(u16::from_be(e[1].1.sport_be), 61000);
@@ -260,13 +304,13 @@ mod tests {
             reply: ends("10.244.0.9", "10.244.0.5", 8080, 40000),
             ..dnat
         };
-        assert_eq!(entries(&elsewhere, &d, 7), Err(Skip::NotABackend));
+        assert_eq!(adopt(&elsewhere, &d, 7), Err(Skip::NotABackend));
         let direct = KernelFlow {
             orig: ends("10.244.0.5", "10.244.0.8", 40000, 8080),
             reply: ends("10.244.0.8", "10.244.0.5", 8080, 40000),
             ..dnat
         };
-        assert_eq!(entries(&direct, &d, 7), Err(Skip::NotTranslated));
+        assert_eq!(adopt(&direct, &d, 7), Err(Skip::NotTranslated));
     }
 
     #[test]
@@ -279,7 +323,7 @@ mod tests {
             assured: true,
             tcp_state: Some(3),
         };
-        let Ok(Entries::V6(e)) = entries(&flow, &d, 7) else {
+        let Ok(Entries::V6(e)) = adopt(&flow, &d, 7).map(|a| a.conntrack) else {
             panic!("IPv6 entries expected");
         };
         assert_eq!(e.len(), 2);
@@ -298,6 +342,39 @@ mod tests {
             reply: ends("fd00:244::9", "fd00:244::5", 8080, 40000),
             ..flow
         };
-        assert_eq!(entries(&elsewhere, &d, 7), Err(Skip::NotABackend));
+        assert_eq!(adopt(&elsewhere, &d, 7), Err(Skip::NotABackend));
+    }
+
+    #[test]
+    fn a_client_of_an_affinity_service_keeps_kube_proxys_backend_for_its_next_connections() {
+        let yaml = YAML.replace(
+            "  clusterIP: 10.96.0.10\n",
+            "  clusterIP: 10.96.0.10\n  sessionAffinity: ClientIP\n",
+        );
+        let model = file::parse("t.yaml", &yaml).expect("yaml").model;
+        let d = compute(&model, &mut Ids::default(), Limits::default()).0;
+        let flow = KernelFlow {
+            proto: 6,
+            orig: ends("10.244.0.5", "10.96.0.10", 40000, 80),
+            reply: ends("10.244.0.8", "10.244.0.5", 8080, 40000),
+            assured: true,
+            tcp_state: Some(3),
+        };
+        let a = adopt(&flow, &d, 7).expect("adopted");
+        let (k, v) = a.affinity.expect("an affinity entry");
+        assert_eq!(k, affinity_key(k.svc_id, "10.244.0.5".parse().expect("ip")));
+        assert_eq!(
+            d.backends[&v.backend_id].addr_be[0],
+            u32::from_ne_bytes([10, 244, 0, 8])
+        );
+        let slot = SvcKey {
+            slot: v.slot,
+            ..frontend_key("10.96.0.10".parse::<IpAddr>().expect("ip"), 80, 6u8)
+        };
+        assert_eq!(
+            d.services[&slot].backend_id, v.backend_id,
+            "the slot it is in"
+        );
+        assert_eq!(adopt(&flow, &desired(), 7).expect("adopted").affinity, None);
     }
 }

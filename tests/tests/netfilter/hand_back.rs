@@ -1,6 +1,7 @@
 //! `xlb cleanup --hand-back` (issue [migrate]): TCP connections and connected UDP flows
-//! of both families begin through xlb — from the client pod to ClusterIPs and to a NodePort,
-//! from an external client to a NodePort (both masqueraded by xlb); the agent stops (its
+//! of both families begin through xlb — from the client pod to ClusterIPs (one with
+//! ClientIP affinity) and to a NodePort, from an external client to NodePorts (masqueraded
+//! by xlb, or not for `externalTrafficPolicy: Local`); the agent stops (its
 //! programs stay attached), `xlb cleanup --hand-back` writes its flows into the kernel's
 //! conntrack with their NAT and removes xlb, then kube-proxy's rules of a mode are applied
 //! for both families: every flow goes on, answered by the backend it had, and new
@@ -15,7 +16,8 @@ use xlb_lab::{compare::install_rules, netns::run};
 use xlb_tests::{agent::Agent, client::tcp_request, require_root, unique_tag};
 
 use crate::migration::{
-    FAMILIES, Flows, MigrationLab, TIMEOUT, Targets, assert_unbroken, dns, node_port, web,
+    FAMILIES, Flows, MigrationLab, TIMEOUT, Targets, affinity, assert_unbroken, dns,
+    local_node_port, node_port, web,
 };
 
 #[test]
@@ -70,9 +72,11 @@ fn hand_back(name: &str, mode: Mode) {
     let pod_targets = Targets::default()
         .tcp(4, web)
         .tcp(2, |f| node_port(f, true))
+        .tcp(2, affinity)
         .udp(3, dns);
     let ext_targets = Targets::default()
         .tcp(2, |f| node_port(f, true))
+        .tcp(1, local_node_port)
         .udp(1, |f| node_port(f, false));
     let total = pod_targets.len() + ext_targets.len();
     let flows = Flows::open(vec![

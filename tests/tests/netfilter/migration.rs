@@ -1,6 +1,7 @@
 //! The lab the migration tests share (`takeover`, `hand_back`): dual-stack Services — a
-//! ClusterIP TCP one, a ClusterIP UDP one and a NodePort with a TCP and a UDP port — each
-//! on three dual-stack backend pods; the node's IPs on its `lo`; an external client on the
+//! ClusterIP TCP one, a ClusterIP UDP one, a NodePort with a TCP and a UDP port, a
+//! ClusterIP with ClientIP affinity, an `externalTrafficPolicy: Local` NodePort — each on
+//! three dual-stack backend pods; the node's IPs on its `lo`; an external client on the
 //! node's uplink `up0`; kube-proxy's rules of a mode for both families, or nothing yet.
 //! Its flows run from the client pod, from the node itself and from the external client.
 
@@ -45,11 +46,21 @@ const NP: (Ipv4Addr, Ipv6Addr) = (
     Ipv4Addr::new(10, 96, 0, 20),
     Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20),
 );
+const AFF: (Ipv4Addr, Ipv6Addr) = (
+    Ipv4Addr::new(10, 96, 0, 30),
+    Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x30),
+);
+const LOCAL: (Ipv4Addr, Ipv6Addr) = (
+    Ipv4Addr::new(10, 96, 0, 40),
+    Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x40),
+);
 /// The node's IPs (on its `lo`): NodePorts are served there.
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 0x10);
 pub const NODE_PORT_TCP: u16 = 30080;
 pub const NODE_PORT_UDP: u16 = 30053;
+/// The NodePort of the `externalTrafficPolicy: Local` Service.
+pub const NODE_PORT_LOCAL: u16 = 30081;
 pub const TIMEOUT: Duration = Duration::from_secs(3);
 
 fn pick(ips: (Ipv4Addr, Ipv6Addr), family: IpFamily) -> IpAddr {
@@ -67,6 +78,16 @@ pub fn web(family: IpFamily) -> SocketAddr {
 /// The UDP Service's ClusterIP frontend of `family`.
 pub fn dns(family: IpFamily) -> SocketAddr {
     SocketAddr::new(pick(DNS, family), 53)
+}
+
+/// The ClientIP-affinity Service's ClusterIP frontend of `family`.
+pub fn affinity(family: IpFamily) -> SocketAddr {
+    SocketAddr::new(pick(AFF, family), 80)
+}
+
+/// The `externalTrafficPolicy: Local` NodePort on the node's IP of `family`.
+pub fn local_node_port(family: IpFamily) -> SocketAddr {
+    SocketAddr::new(pick((NODE_IP, NODE_IP6), family), NODE_PORT_LOCAL)
 }
 
 /// The NodePort of `protocol` (`TCP`, `UDP`) on the node's IP of `family`.
@@ -165,10 +186,18 @@ fn services_yaml(v4: &[Ipv4Addr], v6: &[Ipv6Addr]) -> String {
             ..one("u", "UDP", 53, UDP_PORT)
         },
     ];
+    let local = [Port {
+        node_port: NODE_PORT_LOCAL,
+        ..one("p", "TCP", 80, TCP_PORT)
+    }];
     let eps = (v4.as_slice(), v6.as_slice());
+    let sticky = "  sessionAffinity: ClientIP\n";
+    let etp_local = "  externalTrafficPolicy: Local\n";
     dual_stack_service_on_nodes("web", "ClusterIP", WEB, &web, "", eps)
         + &dual_stack_service_on_nodes("dns", "ClusterIP", DNS, &dns, "", eps)
         + &dual_stack_service_on_nodes("np", "NodePort", NP, &np, "", eps)
+        + &dual_stack_service_on_nodes("aff", "ClusterIP", AFF, &web, sticky, eps)
+        + &dual_stack_service_on_nodes("local", "NodePort", LOCAL, &local, etp_local, eps)
 }
 
 impl MigrationLab {
@@ -193,7 +222,7 @@ impl MigrationLab {
             .collect();
         let frontends: Vec<SocketAddr> = FAMILIES
             .into_iter()
-            .flat_map(|f| [web(f), dns(f)])
+            .flat_map(|f| [web(f), dns(f), affinity(f)])
             .collect();
         let lab = install(&LabSpec {
             mode,

@@ -15,12 +15,14 @@ use xlb_lab::{compare::Impl, netns::run};
 use xlb_tests::{agent::Agent, client::tcp_request, require_root, unique_tag};
 
 use crate::migration::{
-    FAMILIES, Flows, MigrationLab, TIMEOUT, Targets, assert_unbroken, dns, node_port, web,
+    FAMILIES, Flows, MigrationLab, Outcome, TIMEOUT, Targets, affinity, assert_unbroken, dns,
+    local_node_port, node_port, web,
 };
 
-/// Per family: the pod's connections to the ClusterIP and to the NodePort and its UDP
-/// flows; the node's connections and UDP flows to the ClusterIPs; the external client's
-/// connections and UDP flows to the NodePorts.
+/// Per family: the pod's connections to the ClusterIPs (one with ClientIP affinity) and to
+/// the NodePort and its UDP flows; the node's connections and UDP flows to the ClusterIPs;
+/// the external client's connections and UDP flows to the NodePorts (one with
+/// `externalTrafficPolicy: Local`).
 fn flows(m: &MigrationLab) -> Flows {
     let [pod, node, ext] = m.namespaces();
     let pod_targets = Targets::default()
@@ -28,21 +30,38 @@ fn flows(m: &MigrationLab) -> Flows {
         .tcp(2, |f| node_port(f, true))
         .udp(3, dns);
     let node_targets = Targets::default().tcp(2, web).udp(1, dns);
+    let sticky_targets = Targets::default().tcp(2, affinity);
     let ext_targets = Targets::default()
         .tcp(2, |f| node_port(f, true))
+        .tcp(1, local_node_port)
         .udp(1, |f| node_port(f, false));
-    let tcp = pod_targets.tcp.len() + node_targets.tcp.len() + ext_targets.tcp.len();
-    let udp = pod_targets.udp.len() + node_targets.udp.len() + ext_targets.udp.len();
-    assert_eq!(
-        (tcp, udp),
-        (20, 10),
-        "the issue's 20 TCP streams and 10 UDP flows"
+    let sets = [&pod_targets, &node_targets, &sticky_targets, &ext_targets];
+    let tcp: usize = sets.iter().map(|t| t.tcp.len()).sum();
+    let udp: usize = sets.iter().map(|t| t.udp.len()).sum();
+    assert!(
+        tcp >= 20 && udp >= 10,
+        "at least the issue's 20 TCP streams and 10 UDP flows"
     );
     Flows::open(vec![
         ("the node", node, node_targets),
         ("the pod", pod, pod_targets),
+        (STICKY, pod, sticky_targets),
         ("the external client", ext, ext_targets),
     ])
+}
+
+/// The pod's connections to the ClientIP-affinity Service (two per family, IPv4 first).
+const STICKY: &str = "the pod, to the affinity Service";
+
+/// The backend kube-proxy's affinity gave the pod's connections of `family`'s index in
+/// the affinity set (`results`), both connections alike.
+fn sticky_backend(results: &[(&'static str, Outcome)], family: usize) -> String {
+    let Some((_, Ok((Ok((tcp, _)), _)))) = results.iter().find(|(name, _)| *name == STICKY) else {
+        panic!("the affinity set answered");
+    };
+    let pair = &tcp[2 * family..2 * family + 2];
+    assert_eq!(pair[0], pair[1], "kube-proxy's affinity kept one backend");
+    pair[0].clone()
 }
 
 #[test]
@@ -188,7 +207,7 @@ fn takeover(name: &str, mode: Mode, kill: bool) {
         rules.contains("table inet xlb-keep-nat"),
         "the kernel's NAT hooks are kept for the node's connections:\n{rules}"
     );
-    for family in FAMILIES {
+    for (i, family) in FAMILIES.into_iter().enumerate() {
         let fresh = lab
             .topo
             .client
@@ -196,6 +215,18 @@ fn takeover(name: &str, mode: Mode, kill: bool) {
             .run(move || tcp_request(web(family), TIMEOUT))
             .expect("client");
         fresh.unwrap_or_else(|e| panic!("a new connection from the pod goes through xlb: {e}"));
+        let sticky = lab
+            .topo
+            .client
+            .ns
+            .run(move || tcp_request(affinity(family), TIMEOUT))
+            .expect("client")
+            .unwrap_or_else(|e| panic!("a new connection to the affinity Service: {e}"));
+        assert_eq!(
+            sticky.backend,
+            sticky_backend(&results, i),
+            "the pod's next connection keeps the backend kube-proxy's affinity chose"
+        );
         let fresh = m
             .ext
             .ns

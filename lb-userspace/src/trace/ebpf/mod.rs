@@ -4,7 +4,7 @@
 //! the service, backend and affinity maps are shared by both families; conntrack has a
 //! table per family (`flows` shows either).
 
-use lb_common::user::{addr_words, frontend_key, show_backend, svc_name_str, words_addr};
+use lb_common::user::{frontend_key, show_backend, svc_name_str, words_addr};
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
@@ -12,9 +12,9 @@ use std::{
 };
 
 use lb_common::{
-    AffinityKey, AffinityValue, BE_F_REMOTE, BE_F_TERMINATING, Backend, FAMILY_V4, FAMILY_V6,
-    NodeConfig, REASON_NAMES, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SvcKey, SvcValue,
+    AffinityKey, AffinityValue, BE_F_REMOTE, BE_F_TERMINATING, Backend, NodeConfig, REASON_NAMES,
+    SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
+    SvcKey, SvcValue,
 };
 
 mod connect;
@@ -207,13 +207,9 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddr) 
     r.step("endpoints", lines);
 }
 
-/// The affinity key of a packet's source, as the datapath folds it (`affinity.rs`:
-/// `Client::addr`, `Client::addr6`).
+/// The affinity key of a packet's source, as the datapath folds it.
 fn client_key(svc_id: u32, client: IpAddr) -> AffinityKey {
-    match addr_words(client) {
-        (w, FAMILY_V6) => affinity_key(svc_id, [w[0] ^ w[2], w[1] ^ w[3]], FAMILY_V6),
-        (w, _) => affinity_key(svc_id, [w[0], 0], FAMILY_V4),
-    }
+    lb_common::user::affinity_key(svc_id, client)
 }
 
 fn affinity_key(svc_id: u32, words: [u32; 2], family: u8) -> AffinityKey {
