@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V6`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V7`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -74,8 +74,15 @@ pub const R_REPLY_IN: u32 = 24;
 /// as client → backend, as kube-proxy's MASQUERADE in POSTROUTING).
 pub const R_SNAT_OUT: u32 = 25;
 
-/// Number of counters (the size of `XLB_STATS_V6`).
-pub const R_COUNT: u32 = 26;
+/// tc ingress: a UDP packet or TCP SYN from a client straight to a backend, on the tuple a
+/// translated flow's replies come back on: the client talks to the backend itself now (the
+/// socket hooks translated it), so that flow's entries went (`conntrack::supersede`) and the
+/// packet passed untouched. After a takeover, kube-proxy's adopted flows end this way when a
+/// pod reuses their ports.
+pub const R_CT_SUPERSEDED: u32 = 26;
+
+/// Number of counters (the size of `XLB_STATS_V7`).
+pub const R_COUNT: u32 = 27;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -105,4 +112,5 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "ct_assured_full",
     "reply_in",
     "snat_out",
+    "ct_superseded",
 ];

@@ -23,15 +23,16 @@ pub const MAP_CT: &str = "XLB_CT_V3";
 pub const MAP_CT_ASSURED: &str = "XLB_CTA_V1";
 /// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
 /// hooks' among them; V5: 24, `ct_assured_full`; V6: 26, tc egress's `reply_in` and
-/// `snat_out`).
-pub const MAP_STATS: &str = "XLB_STATS_V6";
+/// `snat_out`; V7: 27, `ct_superseded`).
+pub const MAP_STATS: &str = "XLB_STATS_V7";
 
 /// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
 /// configuration the agent writes whole at start): an agent removes them once its own
 /// programs are attached, so counters start again from 0.
-pub const RETIRED_PINS: [&str; 5] = [
+pub const RETIRED_PINS: [&str; 6] = [
     "XLB_STATS_V4",
     "XLB_STATS_V5",
+    "XLB_STATS_V6",
     "XLB_CFG_V2",
     "XLB_SVCSTAT_V2",
     "XLB_BESTAT_V2",

@@ -156,6 +156,72 @@ fn reply_key_of<T: Flow>(fwd: &T::Value, proto: u8) -> T::Key {
     )
 }
 
+/// The forward key of the flow whose reply entry is `reply`.
+#[inline(always)]
+fn forward_key_of<T: Flow>(reply: &T::Value, proto: u8) -> T::Key {
+    T::key(
+        reply.daddr(),
+        reply.saddr(),
+        reply.dport(),
+        reply.sport(),
+        proto,
+        CT_DIR_FORWARD,
+    )
+}
+
+/// The entry under `fwd_key` (built by [`forward_key_of`] from reply entry `key`'s value),
+/// if it is still that flow's: it translates to this reply tuple (the client may have
+/// reused its port for a newer flow, which keeps its entry).
+#[inline(always)]
+fn forward_of<T: Flow>(key: &T::Key, fwd_key: &T::Key) -> Option<&'static T::Value> {
+    entry::<T>(fwd_key).filter(|f| {
+        f.saddr().same(key.daddr())
+            && f.sport() == key.dport()
+            && f.daddr().same(key.saddr())
+            && f.dport() == key.sport()
+    })
+}
+
+/// A packet that may begin a flow (UDP, or a bare TCP SYN) from a client straight to a
+/// backend, on the very tuple whose replies a translated flow's reply entry restores to
+/// its frontend: the client's socket talks to the backend itself now (the socket hooks
+/// translated its connect, or it dialled the backend), so that flow is over, however
+/// recent (a flow adopted from kube-proxy, a UDP request on the same port). Its entries
+/// go, else the new flow's replies would reach the socket from the frontend, which it
+/// refuses. A SNATed flow's reply tuple holds the node's address, never a client's.
+/// `xdp_here`: whether XDP runs on the packet's interface, where a flow's own packet comes
+/// up the stack already translated (asked only once an entry matched). Returns whether a
+/// flow was ended.
+#[inline(always)]
+pub fn supersede<T: Flow>(t: &T, xdp_here: impl FnOnce() -> bool) -> bool {
+    let proto = t.proto();
+    if proto != IPPROTO_UDP
+        && !(proto == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
+    {
+        return false;
+    }
+    let key = T::key(
+        t.daddr(),
+        t.saddr(),
+        t.dport(),
+        t.sport(),
+        proto,
+        CT_DIR_REPLY,
+    );
+    let Some(reply) = entry::<T>(&key) else {
+        return false;
+    };
+    if reply.flags() & CT_F_SNAT != 0 || xdp_here() {
+        return false;
+    }
+    let fwd_key = forward_key_of::<T>(reply, proto);
+    if forward_of::<T>(&key, &fwd_key).is_some() {
+        remove::<T>(&fwd_key);
+    }
+    remove::<T>(&key);
+    true
+}
+
 /// Makes the flow of `t` (forward entry `ct`, not yet assured) assured once its backend has
 /// answered and the client goes on (any packet but a SYN): both entries move from the LRU
 /// table to the assured one, reply first (a reply always finds its entry), where no flood
@@ -303,22 +369,8 @@ pub(crate) const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
 /// 512 bytes.
 #[inline(always)]
 fn reclaim<T: Flow>(key: &T::Key, old: &T::Value, fwd_key: &mut T::Key) -> bool {
-    *fwd_key = T::key(
-        old.daddr(),
-        old.saddr(),
-        old.dport(),
-        old.sport(),
-        key.proto(),
-        CT_DIR_FORWARD,
-    );
-    // The forward entry is this flow's only if it still translates to this reply tuple (the
-    // client may have reused its port for a newer flow, which keeps its entry).
-    let fwd = entry::<T>(&*fwd_key).filter(|f| {
-        f.saddr().same(key.daddr())
-            && f.sport() == key.dport()
-            && f.daddr().same(key.saddr())
-            && f.dport() == key.sport()
-    });
+    *fwd_key = forward_key_of::<T>(old, key.proto());
+    let fwd = forward_of::<T>(key, fwd_key);
     let mut last = old.last_seen_ns();
     let mut flags = old.flags();
     if let Some(f) = fwd {

@@ -38,7 +38,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     R_BACKEND_GONE, R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_MALFORMED, R_NEW_FLOW,
-    R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT, SVC_F_DROP_EMPTY,
+    R_CT_SUPERSEDED, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT, SVC_F_DROP_EMPTY,
 };
 
 use lb_common::SvcValue;
@@ -241,6 +241,11 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     }
 
     if !frontend {
+        if filter::maybe_backend(t.daddr_be)
+            && conntrack::supersede(&t, || xdp::runs_on(packet::Packet::ingress_ifindex(ctx)))
+        {
+            return pass(R_CT_SUPERSEDED);
+        }
         return pass(R_PASS);
     }
     let Some(svc) = select::lookup_service(&t) else {

@@ -250,6 +250,13 @@ pub(crate) enum Way {
     Redirect(Hop),
 }
 
+/// Whether XDP is attached to interface `ifindex` (the agent lists every such interface in
+/// `XLB_XDPTX_V1`): tc ingress there also sees the packets XDP translated and passed up.
+#[inline(always)]
+pub(crate) fn runs_on(ifindex: u32) -> bool {
+    XLB_XDPTX_V1.get_ifindex(ifindex).is_some()
+}
+
 impl Way {
     /// The way out by a route's egress interface and next hop: redirected when the
     /// interface takes XDP frames, else into the stack.

@@ -8,7 +8,7 @@
 //! error (the guards' Drop).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
     path::Path,
     sync::{
@@ -74,15 +74,23 @@ fn spread(cg: &Cgroup, ns: &Netns, f: &Frontend) -> Result<String> {
     )
     .map_err(|e| anyhow!(e))?;
     let mut by = BTreeMap::<String, usize>::new();
+    let mut why = BTreeSet::new();
     for l in &lines {
         *by.entry(l.backend().unwrap_or("FAILED").to_string())
             .or_default() += 1;
+        if let probe::Line::Err { message, .. } = l {
+            why.insert(message.clone());
+        }
     }
-    Ok(by
+    let mut out = by
         .iter()
         .map(|(b, n)| format!("{b}={n}"))
         .collect::<Vec<_>>()
-        .join(" "))
+        .join(" ");
+    if !why.is_empty() {
+        out += &format!(" ({})", why.into_iter().collect::<Vec<_>>().join("; "));
+    }
+    Ok(out)
 }
 
 /// What the demo built and where to look.

@@ -13,7 +13,7 @@ use super::{
 };
 pub use crate::conntrack::{
     Source, assure, create, keep_reply, lookup_forward, lookup_reply, lookup_snat_out, quoted,
-    start_over,
+    start_over, supersede,
 };
 pub use crate::family::{copy6, eq6};
 

@@ -23,7 +23,7 @@ pub mod xdp;
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
     BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE,
-    R_CT_MISS, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS,
+    R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS,
     R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED, R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL,
     SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
@@ -73,7 +73,10 @@ pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
         Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if !front || is_loopback(&w.pkt.daddr_be) {
+    if !front {
+        return supersede(ctx, &w.pkt);
+    }
+    if is_loopback(&w.pkt.daddr_be) {
         return Carried::done(pass(R_PASS));
     }
     let Some(svc) = select::lookup(&frontend(&w.pkt)) else {
@@ -91,6 +94,18 @@ pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
         Then::FragNeeded(mtu) => too_big(ctx, w, mtu),
         Then::Refuse => refuse(ctx, w),
     }
+}
+
+/// A packet to no frontend: passed, after it ended the translated flow whose reply tuple it
+/// takes, if any (`conntrack::supersede`; out of line, for its keys).
+#[inline(never)]
+fn supersede(ctx: &TcContext, t: &Tuple6) -> Carried {
+    if filter::maybe_backend(filter_fold(&t.daddr_be))
+        && conntrack::supersede(t, || crate::xdp::runs_on(Packet::ingress_ifindex(ctx)))
+    {
+        return Carried::done(pass(R_CT_SUPERSEDED));
+    }
+    Carried::done(pass(R_PASS))
 }
 
 /// Rewrites the first packet of the flow just recorded (the scratch's forward tuple).

@@ -56,6 +56,8 @@ pub struct KernelFlow {
 
 /// `TCP_CONNTRACK_ESTABLISHED`.
 pub const TCP_ESTABLISHED: u8 = 3;
+/// `TCP_CONNTRACK_LAST_ACK`, `TIME_WAIT` and `CLOSE`: both ends have closed (or one reset).
+const TCP_CLOSED_BOTH: [u8; 3] = [6, 7, 8];
 
 impl KernelFlow {
     /// Its destination was translated (to a backend: the reply comes from elsewhere).
@@ -66,6 +68,12 @@ impl KernelFlow {
     /// Its source was translated (masqueraded: the reply goes elsewhere).
     pub fn snat(&self) -> bool {
         self.reply.dst != self.orig.src || self.reply.dport != self.orig.sport
+    }
+
+    /// A TCP connection both of whose ends closed (last ACK, TIME_WAIT, or CLOSE after a
+    /// reset): over, whatever packet of it may still come.
+    pub fn closed(&self) -> bool {
+        self.tcp_state.is_some_and(|s| TCP_CLOSED_BOTH.contains(&s))
     }
 }
 

@@ -9,8 +9,8 @@ use std::net::IpAddr;
 
 use lb_common::{
     AffinityKey, AffinityValue, CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED,
-    CT_F_PORT_IN, CT_F_REPLIED, CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6, SCOPE_EXTERNAL,
-    SvcKey,
+    CT_F_CLOSING, CT_F_PORT_IN, CT_F_REPLIED, CT_F_SNAT, CtKey, CtKey6, CtValue, CtValue6,
+    SCOPE_EXTERNAL, SvcKey,
     user::{addr_words, affinity_key, frontend_key},
 };
 
@@ -145,6 +145,11 @@ fn wide_entries(f: &KernelFlow, c: Chosen, now_ns: u64) -> Vec<(CtKey6, CtValue6
     let w = |ip: IpAddr| addr_words(ip).0;
     let snat = f.snat();
     let mut flags = CT_F_ASSURED;
+    if f.closed() {
+        // Its client's port may be reused at once (as conntrack reopens TIME_WAIT), and
+        // the collector removes it after kube-proxy's closing timeouts.
+        flags |= CT_F_CLOSING;
+    }
     if snat {
         flags |= CT_F_SNAT;
         if source == client {
@@ -265,6 +270,30 @@ mod tests {
         match e.map(|a| a.conntrack) {
             Ok(Entries::V4(e)) => e,
             other => panic!("IPv4 entries expected: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_closed_connection_is_adopted_closing_so_its_port_may_start_over() {
+        let d = desired();
+        let flow = |tcp_state| KernelFlow {
+            proto: 6,
+            orig: ends("10.244.0.5", "10.96.0.10", 40000, 80),
+            reply: ends("10.244.0.8", "10.244.0.5", 8080, 40000),
+            assured: true,
+            tcp_state: Some(tcp_state),
+        };
+        for (state, closing) in [
+            (3, false),
+            (4, false),
+            (5, false),
+            (6, true),
+            (7, true),
+            (8, true),
+        ] {
+            for (_, v) in v4(adopt(&flow(state), &d, 7)) {
+                assert_eq!(v.flags & CT_F_CLOSING != 0, closing, "TCP state {state}");
+            }
         }
     }
 

@@ -243,9 +243,11 @@ fn later_packets(chosen: SocketAddrV4, udp_backend: SocketAddrV4) -> Vec<Case> {
             expect: Expect::Dnat { port: 5353 },
         },
         Case {
+            // Another client port: a SYN from the web flow's port straight to its backend
+            // would end that flow (`ct_superseded`, packets/state.rs).
             desc: "packet to a non-service address passes untouched",
             packet: PacketBuilder::tcp(
-                CLIENT,
+                SocketAddrV4::new(*CLIENT.ip(), 40100),
                 SocketAddrV4::new(Ipv4Addr::new(10, 244, 2, 2), 8080),
             )
             .build(),

@@ -8,7 +8,7 @@ use std::{
 
 use crate::checksums::{self, Udp};
 use lb_userspace::{
-    packet::{PacketBuilder, TCP_ACK, parse},
+    packet::{PacketBuilder, TCP_ACK, TCP_SYN, parse},
     source::file,
 };
 use xlb_tests::suites::packets::{
@@ -382,4 +382,68 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
     assert_eq!(maps.service_counter(svc_id).packets, 3);
     assert_eq!(maps.backend_counter(backend_id).packets, 3);
+}
+
+/// After a takeover (kube-proxy's flows adopted) or when a pod's process moves into the
+/// socket hooks' cgroup, a client's socket talks to a backend itself on a port an earlier
+/// translated flow used: that flow's entries must go, or the backend's answers would come
+/// back from the frontend and the socket (connected to the backend) refuse them.
+#[test]
+fn a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
+    let Some(mut dp) =
+        setup("a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port")
+    else {
+        return;
+    };
+    let translated = |dp: &mut LoadedDatapath, pkt: &[u8]| {
+        let r = dp.run(pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        parse(&r.packet).expect("parses")
+    };
+    let cases = [
+        ("UDP", SocketAddrV4::new(VIP, 53), true),
+        ("TCP", SocketAddrV4::new(VIP, 80), false),
+    ];
+    for (i, (what, frontend, udp)) in cases.into_iter().enumerate() {
+        let client = SocketAddrV4::new(*CLIENT.ip(), 45000 + i as u16);
+        let build = |from: SocketAddrV4, to: SocketAddrV4, flags: u8| {
+            if udp {
+                PacketBuilder::udp(from, to).payload(b"q").build()
+            } else {
+                PacketBuilder::tcp(from, to).flags(flags).build()
+            }
+        };
+        // A translated flow, answered: its replies come from the frontend.
+        let backend = translated(&mut dp, &build(client, frontend, TCP_SYN)).dst;
+        let answer = translated(&mut dp, &build(backend, client, TCP_SYN | TCP_ACK));
+        assert_eq!(answer.src, frontend, "{what}: the translated flow's answer");
+        let before = xlb_tests::datapath::reason_counts(&dp.pins)["ct_superseded"];
+        // A packet that cannot begin a flow, straight to the backend, leaves it alone.
+        if !udp {
+            let ack = PacketBuilder::tcp(client, backend).flags(TCP_ACK).build();
+            assert_eq!(dp.run(&ack).expect("run").packet, ack);
+            let answer = translated(&mut dp, &build(backend, client, TCP_ACK));
+            assert_eq!(answer.src, frontend, "{what}: an ACK ends nothing");
+        }
+        // The client's new socket, translated at connect, sends to the backend itself.
+        let direct = build(client, backend, TCP_SYN);
+        let r = dp.run(&direct).expect("run");
+        assert_eq!(
+            (r.verdict, &r.packet),
+            (TC_ACT_OK, &direct),
+            "{what}: passed untouched"
+        );
+        let counts = xlb_tests::datapath::reason_counts(&dp.pins);
+        assert_eq!(counts["ct_superseded"], before + 1, "{what}: {counts:?}");
+        // Its answer reaches the socket as the backend sent it.
+        let answer = build(backend, client, TCP_SYN | TCP_ACK);
+        assert_eq!(
+            dp.run(&answer).expect("run").packet,
+            answer,
+            "{what}: the backend's answer is no longer the frontend's"
+        );
+        // And the client's next packet to the frontend is a new flow.
+        let again = translated(&mut dp, &build(client, frontend, TCP_SYN));
+        assert!(BACKENDS.contains(again.dst.ip()), "{what}: {again:?}");
+    }
 }
