@@ -12,6 +12,7 @@
 
 pub mod catalog;
 pub mod counters;
+pub mod crc32c;
 pub mod maps;
 pub mod prev;
 #[cfg(feature = "user")]
