@@ -29,18 +29,13 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
             .is_some_and(|n| n.to_string_lossy().starts_with("tc_out_"))
     };
     let (first, last): (Vec<_>, Vec<_>) = links.into_iter().partition(|p| !egress(p));
-    for phase in [first, last] {
-        let mut ids = Vec::new();
-        for path in phase {
-            ids.extend(crate::datapath::links::pinned_link_id(&path));
-            std::fs::remove_file(&path)?;
-            removed.links.push(
-                path.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            );
-        }
-        crate::datapath::links::wait_released(&ids);
+    for path in first.into_iter().chain(last) {
+        crate::datapath::links::detach_pinned(&path)?;
+        removed.links.push(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
     }
     let _ = std::fs::remove_dir(dir.join("links"));
     for m in ALL_MAPS {

@@ -91,23 +91,152 @@ impl Links for KernelLinks<'_> {
     }
 }
 
+/// `enum bpf_cmd`'s BPF_OBJ_GET.
+const BPF_OBJ_GET: libc::c_long = 7;
+/// `enum bpf_cmd`'s BPF_LINK_DETACH (kernel 5.9+).
+const BPF_LINK_DETACH: libc::c_long = 34;
+/// `enum bpf_cmd`'s BPF_LINK_GET_NEXT_ID.
+const BPF_LINK_GET_NEXT_ID: libc::c_long = 31;
+
+/// Detaches the link pinned at `path` from its hook and removes the pin; `Ok(false)` when
+/// there was no pin. The detach is synchronous (`BPF_LINK_DETACH`): when this returns, no
+/// packet or socket call meets the program any more. Merely unpinning is not: the kernel
+/// drops a link's last reference from a workqueue, and until that work runs the link is
+/// unreachable by id yet still attached (a flow handed back to the kernel's conntrack met
+/// xlb's tc ingress tens of milliseconds after its pin was gone). A kernel without the
+/// command (or a link type without detach) gets the unpin, then a wait until the link's
+/// id is gone.
+pub fn detach_pinned(path: &Path) -> std::io::Result<bool> {
+    use std::os::fd::AsFd;
+    if !path.exists() {
+        return Ok(false);
+    }
+    let fd = obj_get(path)?;
+    let detached = link_detach(fd.as_fd()).is_ok();
+    let id = if detached { None } else { pinned_link_id(path) };
+    std::fs::remove_file(path)?;
+    drop(fd);
+    wait_released(&Vec::from_iter(id));
+    Ok(true)
+}
+
+/// The object pinned at `path` (`BPF_OBJ_GET`).
+fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
+    /// `union bpf_attr`'s `BPF_OBJ_*` members.
+    #[repr(C)]
+    struct Attr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        /// Zero: the kernel refuses a nonzero byte past the fields it knows.
+        _pad: u32,
+    }
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut attr = Attr {
+        pathname: name.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+        path_fd: 0,
+        _pad: 0,
+    };
+    // SAFETY: `attr` and the name it points at outlive the call; the kernel only reads
+    // them and returns a new file descriptor.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut attr as *mut Attr,
+            std::mem::size_of::<Attr>() as u32,
+        )
+    };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("{}: {e}", path.display()),
+        ));
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r as i32) })
+}
+
+/// `BPF_LINK_DETACH` on the link `fd`.
+fn link_detach(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// `union bpf_attr`'s `link_detach` member.
+    #[repr(C)]
+    struct Attr {
+        link_fd: u32,
+    }
+    let mut attr = Attr {
+        link_fd: fd.as_raw_fd() as u32,
+    };
+    // SAFETY: `attr` is the command's whole argument and outlives the call; the kernel
+    // only reads it.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_DETACH,
+            &mut attr as *mut Attr,
+            std::mem::size_of::<Attr>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The kernel id of the link pinned at `path`.
-pub fn pinned_link_id(path: &Path) -> Option<u32> {
+fn pinned_link_id(path: &Path) -> Option<u32> {
     let link = aya::programs::links::PinnedLink::from_pin(path).ok()?;
     let fd: aya::programs::links::FdLink = link.into();
     fd.info().ok().map(|i| i.id())
 }
 
-/// Waits (up to 2 s) until the kernel has released the links `ids`: a link whose last
-/// reference goes is freed from a workqueue, a moment later. When cleanup returns, nothing
-/// of the datapath runs any more.
-pub fn wait_released(ids: &[u32]) {
+/// The ids of the kernel's links, whether or not a reference can still be taken (a link
+/// whose last reference went keeps its id until it is released).
+fn link_ids() -> Vec<u32> {
+    /// `union bpf_attr`'s `start_id`/`next_id` members.
+    #[repr(C)]
+    struct Attr {
+        start_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut ids = Vec::new();
+    let mut attr = Attr {
+        start_id: 0,
+        next_id: 0,
+        open_flags: 0,
+    };
+    loop {
+        // SAFETY: as above; the kernel writes `next_id`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_LINK_GET_NEXT_ID,
+                &mut attr as *mut Attr,
+                std::mem::size_of::<Attr>() as u32,
+            )
+        };
+        if r < 0 {
+            return ids;
+        }
+        ids.push(attr.next_id);
+        attr.start_id = attr.next_id;
+    }
+}
+
+/// Waits (up to 2 s) until the kernel has released the links `ids` (their ids are gone):
+/// a link whose last reference goes is freed from a workqueue, a moment later.
+fn wait_released(ids: &[u32]) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        let live = aya::programs::loaded_links()
-            .flatten()
-            .any(|l| ids.contains(&l.id()));
-        if !live {
+    while !ids.is_empty() && std::time::Instant::now() < deadline {
+        if !link_ids().iter().any(|id| ids.contains(id)) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));

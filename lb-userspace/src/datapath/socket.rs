@@ -142,19 +142,12 @@ pub fn attach(ebpf: &mut Ebpf, dir: &Path, cgroup: &Path) -> Result<(), Datapath
 }
 
 /// Removes the socket hooks' pinned links (`--socket-lb off`); returns how many there were.
-/// Returns once the kernel has released them, so that no hook runs any more.
+/// Returns once they are detached, so that no hook runs any more.
 pub fn detach(dir: &Path) -> usize {
-    let mut ids = Vec::new();
-    let mut removed = 0;
-    for (_, pin) in HOOKS {
-        let path = pin_path(dir, pin);
-        ids.extend(super::links::pinned_link_id(&path));
-        if std::fs::remove_file(&path).is_ok() {
-            removed += 1;
-        }
-    }
-    super::links::wait_released(&ids);
-    removed
+    HOOKS
+        .iter()
+        .filter(|(_, pin)| super::links::detach_pinned(&pin_path(dir, pin)).unwrap_or(false))
+        .count()
 }
 
 /// The network namespace cookie of the calling thread's namespace (`SO_NETNS_COOKIE`).
