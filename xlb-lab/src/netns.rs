@@ -27,12 +27,20 @@ pub fn run(cmd: &mut Command) -> Result<Output, String> {
 }
 
 impl Netns {
-    /// Creates the namespace with `lo` up.
+    /// Creates the namespace with `lo` up, and without IPv6 duplicate address detection:
+    /// a link's link-local address is usable at once. (Under DAD it stays tentative for a
+    /// second or two, and meanwhile the kernel sends no neighbour solicitation for packets
+    /// it forwards: the first one over a fresh link waits a second, longer than a test's
+    /// connect timeout.)
     pub fn new(name: &str) -> Result<Self, String> {
         run(Command::new("ip").args(["netns", "add", name]))?;
         let ns = Netns {
             name: name.to_string(),
         };
+        ns.sysctl(&[
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+        ])?;
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
     }
