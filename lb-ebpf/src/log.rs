@@ -50,7 +50,11 @@ fn seen(load: impl Fn(usize) -> u64) -> Seen {
     let proto = (u32::from_be(w2 as u32) >> 16) as u8;
     let ports = if (proto == 6 || proto == 17) && ihl == 20 {
         let p = load(ip + 20);
-        if p & OK != 0 { u32::from_be(p as u32) } else { 0 }
+        if p & OK != 0 {
+            u32::from_be(p as u32)
+        } else {
+            0
+        }
     } else {
         0
     };

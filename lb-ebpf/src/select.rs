@@ -36,7 +36,6 @@ impl Frontend {
             scope: SCOPE_EXTERNAL,
         }
     }
-
 }
 
 /// A frontend's service-map key for one slot: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`])

@@ -109,12 +109,7 @@ fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) 
 }
 
 #[inline(always)]
-fn try_established(
-    ctx: &XdpContext,
-    t: &Tuple,
-    ct: &'static mut CtValue,
-    len: u32,
-) -> XdpOutcome {
+fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> XdpOutcome {
     // SAFETY: the only acquire on this path of the run.
     let w = unsafe { work::acquire() }?;
     if ct.flags & CT_F_XDP_STACK == 0 {

@@ -133,8 +133,7 @@ const ROUTE6_CACHE_SLOTS: u32 = 256;
 /// XDP only. slot → `CachedRoute6` (64 B). 256 entries per CPU, overwritten on collision;
 /// not pinned.
 #[btf_map]
-static XLB_XDPRT6: PerCpuArray<CachedRoute6, { ROUTE6_CACHE_SLOTS as usize }> =
-    PerCpuArray::new();
+static XLB_XDPRT6: PerCpuArray<CachedRoute6, { ROUTE6_CACHE_SLOTS as usize }> = PerCpuArray::new();
 
 #[inline(always)]
 fn route_slot(saddr: &[u32; 4], daddr: &[u32; 4], ifindex: u32) -> u32 {

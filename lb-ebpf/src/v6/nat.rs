@@ -54,11 +54,7 @@ pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reas
 /// store and checksum helpers (the L4 header sits behind extension headers, at a variable
 /// offset).
 #[inline(always)]
-pub fn apply<P: L4Sum, const PART: u8>(
-    ctx: &P,
-    t: &Tuple6,
-    to: &CtValue6,
-) -> Result<(), Reason> {
+pub fn apply<P: L4Sum, const PART: u8>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
     if t.direct != 0 {
         let r = if t.proto == IPPROTO_TCP {
             in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }, PART>(ctx, t, to)

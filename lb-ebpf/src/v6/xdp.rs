@@ -6,13 +6,10 @@
 //! Everything else (ICMPv6, refusals, Packet Too Big, unresolved neighbours, re-balanced
 //! flows, checksums still partial) passes untouched, for tc.
 
-use aya_ebpf::{
-    bindings::xdp_action::XDP_PASS,
-    programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::{
-    BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
-    R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
+    BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
+    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
 };
 
 use super::{
@@ -28,10 +25,10 @@ use crate::{
     maps::XLB_XDPTX_V1,
     nat::BOTH,
     packet::{Packet, at},
-    translate::Mtu,
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
+    translate::Mtu,
     work::Work6,
     xdp::{Hop, Way, csum_at, send_out, write_macs},
 };
@@ -194,12 +191,7 @@ fn try_established(
 /// A backend's reply of a tracked flow (already touched), as IPv4's `xdp::reply_of`; inline
 /// in [`tracked`] too.
 #[inline(always)]
-fn try_reply_of(
-    ctx: &XdpContext,
-    t: &Tuple6,
-    ct: &'static mut CtValue6,
-    len: u32,
-) -> XdpOutcome {
+fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6, len: u32) -> XdpOutcome {
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
