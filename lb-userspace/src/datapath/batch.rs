@@ -7,6 +7,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use bytemuck::Pod;
 
+use super::sys_bpf::bpf;
+
 /// `union bpf_attr`'s `batch` member.
 #[repr(C)]
 #[derive(Default)]
@@ -51,16 +53,7 @@ pub fn update<K: Pod>(
         };
         // SAFETY: `attr` points at `n` keys and `n` values that outlive the call; the
         // kernel reads them and writes back only `attr.count`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) } {
             return Err((done + (attr.count as usize).min(n), e));
         }
         done += n;
@@ -102,25 +95,13 @@ pub fn lookup(
         // SAFETY: `attr` points at buffers for `chunk` keys and values and two position
         // tokens of at least the key's size, all outliving the call; the kernel writes at
         // most `count` entries and one token.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
+        let r = unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         let n = (attr.count as usize).min(chunk);
         // ENOENT: the end of the map, with the last entries read.
         let end = match r {
-            0 => n == 0,
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::ENOENT) {
-                    return Err(e);
-                }
-                true
-            }
+            Ok(_) => n == 0,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) => return Err(e),
         };
         if n > 0 {
             each(n, &keys[..n * key_size], &values[..n * value_size]);

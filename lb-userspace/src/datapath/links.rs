@@ -10,6 +10,7 @@ use aya::{
 use lb_common::MAP_XDP_TX;
 
 use super::netif;
+use super::sys_bpf::bpf;
 use super::{
     DatapathError,
     attach::{self, XdpSetting},
@@ -142,23 +143,10 @@ fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
         path_fd: 0,
         _pad: 0,
     };
-    // SAFETY: `attr` and the name it points at outlive the call; the kernel only reads
-    // them and returns a new file descriptor.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &mut attr as *mut Attr,
-            std::mem::size_of::<Attr>() as u32,
-        )
-    };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(std::io::Error::new(
-            e.kind(),
-            format!("{}: {e}", path.display()),
-        ));
-    }
+    // SAFETY: the name `attr` points at outlives the call; the kernel only reads it and
+    // returns a new file descriptor.
+    let r = unsafe { bpf(BPF_OBJ_GET, &mut attr) }
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
     // SAFETY: the kernel returned a new descriptor that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r as i32) })
 }
@@ -174,20 +162,8 @@ fn link_detach(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     let mut attr = Attr {
         link_fd: fd.as_raw_fd() as u32,
     };
-    // SAFETY: `attr` is the command's whole argument and outlives the call; the kernel
-    // only reads it.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_DETACH,
-            &mut attr as *mut Attr,
-            std::mem::size_of::<Attr>() as u32,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    // SAFETY: `attr` holds no pointer.
+    unsafe { bpf(BPF_LINK_DETACH, &mut attr) }.map(|_| ())
 }
 
 /// The kernel id of the link pinned at `path`.
@@ -214,16 +190,8 @@ fn link_ids() -> Vec<u32> {
         open_flags: 0,
     };
     loop {
-        // SAFETY: as above; the kernel writes `next_id`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_LINK_GET_NEXT_ID,
-                &mut attr as *mut Attr,
-                std::mem::size_of::<Attr>() as u32,
-            )
-        };
-        if r < 0 {
+        // SAFETY: `attr` holds no pointer; the kernel writes `next_id`.
+        if unsafe { bpf(BPF_LINK_GET_NEXT_ID, &mut attr) }.is_err() {
             return ids;
         }
         ids.push(attr.next_id);

@@ -20,6 +20,7 @@ pub mod sizes;
 pub mod socket;
 pub mod stale;
 pub mod sync;
+pub mod sys_bpf;
 pub mod sysctl;
 pub mod upgrade;
 pub mod writer;
