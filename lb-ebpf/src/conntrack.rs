@@ -16,8 +16,8 @@ use aya_ebpf::{
 };
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_CLOSING, CT_F_PORT_IN,
-    CT_F_REPLIED, CT_F_RESET, CT_F_SNAT, CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_TCP, IPPROTO_UDP,
-    R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
+    CT_F_REPLIED, CT_F_RESET, CT_F_SNAT, CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_SCTP, IPPROTO_TCP,
+    IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
 pub use crate::family::{Entry, Flow};
@@ -29,6 +29,13 @@ use crate::{
     reason::Reason,
     select::backend_is,
 };
+
+/// A protocol with connections, whose packets say how they begin and end (`tcp_flags`):
+/// TCP, and SCTP (its chunks in TCP's terms, `parse::sctp_flags`).
+#[inline(always)]
+pub(crate) fn connected(proto: u8) -> bool {
+    proto == IPPROTO_TCP || proto == IPPROTO_SCTP
+}
 
 pub(crate) const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 /// Ports tried from the SNAT range (one after another from a random start) before a new
@@ -114,7 +121,7 @@ pub fn lookup_reply<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
     // A SYN-ACK never belongs to a flow that has closed: the client reused its port for a
     // connection straight to the backend, which the closed flow's entry must leave alone
     // (it goes, so the connection's later packets do not match it either).
-    if t.proto() == IPPROTO_TCP
+    if connected(t.proto())
         && t.tcp_flags() & TCP_SYN != 0
         && ct.flags() & (CT_F_CLOSING | CT_F_RESET) != 0
     {
@@ -195,8 +202,7 @@ fn forward_of<T: Flow>(key: &T::Key, fwd_key: &T::Key) -> Option<&'static T::Val
 #[inline(always)]
 pub fn supersede<T: Flow>(t: &T, xdp_here: impl FnOnce() -> bool) -> bool {
     let proto = t.proto();
-    if proto != IPPROTO_UDP
-        && !(proto == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
+    if proto != IPPROTO_UDP && !(connected(proto) && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
     {
         return false;
     }
@@ -235,7 +241,7 @@ pub fn assure<T: Flow>(
     s: &mut T::Scratch,
 ) -> &'static mut T::Value {
     if ct.flags() & CT_F_ASSURED != 0
-        || (t.proto() == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
+        || (connected(t.proto()) && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
     {
         return ct;
     }
@@ -319,7 +325,7 @@ pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
 /// starts over: the client reused its port (as conntrack reopens a TIME_WAIT connection).
 #[inline(always)]
 pub fn continues<E: Entry, F: Flow>(ct: &E, t: &F) -> bool {
-    if t.proto() == IPPROTO_TCP {
+    if connected(t.proto()) {
         if t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN {
             return true;
         }
@@ -335,7 +341,7 @@ pub fn continues<E: Entry, F: Flow>(ct: &E, t: &F) -> bool {
 /// picked up mid-stream.
 #[inline(always)]
 pub fn mid_stream<F: Flow>(t: &F) -> bool {
-    t.proto() == IPPROTO_TCP && t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN
+    connected(t.proto()) && t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN
 }
 
 /// Keeps the reply entry of a SNATed flow (forward entry `ct`, a packet `t` of it) recently

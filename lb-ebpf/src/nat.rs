@@ -1,11 +1,16 @@
 //! Address and port rewrites with incremental IPv4 and L4 checksum updates.
 
-use lb_common::{CT_F_PORT_IN, CtValue, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{
+    CT_F_PORT_IN, CtValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, crc32c,
+};
 
 use crate::{
     family::Ends,
-    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, ld16, st16, st32},
-    parse::{DIRECT_TCP, DIRECT_UDP, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF, Tuple},
+    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, ld16, ld32, st16, st32},
+    parse::{
+        DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF,
+        Tuple,
+    },
     reason::Reason,
 };
 
@@ -59,6 +64,8 @@ pub fn apply<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Res
     if t.direct {
         let r = if t.proto == IPPROTO_TCP {
             in_place::<P, DIRECT_TCP, { L4_OFF + 16 }, PART>(ctx, t, to)
+        } else if t.proto == IPPROTO_SCTP {
+            in_place::<P, DIRECT_SCTP, { L4_OFF + 8 }, PART>(ctx, t, to)
         } else {
             in_place::<P, DIRECT_UDP, { L4_OFF + 6 }, PART>(ctx, t, to)
         };
@@ -111,8 +118,50 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     }
     // SAFETY: as above, the L4 header's ports are within the N bytes.
     let port = unsafe { ports_in_place::<_, _, PART>(p, L4_OFF, t, to) };
+    if N == DIRECT_SCTP {
+        // No pseudo-header: only the ports are covered (N bytes hold them and the checksum).
+        // SAFETY: as above.
+        unsafe { sctp_csum_in_place(p, L4_OFF, CSUM, t, t.tot_len as u32 - 20) };
+        return Ok(());
+    }
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(|_| Reason(R_REWRITE_FAILED))
+}
+
+/// SCTP's checksum (CRC32c, stored little-endian) after the ports at `l4` changed from the
+/// packet's (`t`): updated for the change in constant time (`lb_common::crc32c`), for an
+/// SCTP packet of `len` bytes. Left alone when it is zero: the kernel computes it later
+/// (CHECKSUM_PARTIAL, a local socket's packet on a device that offloads it), over the ports
+/// as they are then, and anything written there would spoil it.
+///
+/// # Safety
+/// `p` is the packet's start, checked against data_end for at least `csum + 4` bytes, and
+/// `l4 + 4 <= csum`.
+#[inline(always)]
+pub(crate) unsafe fn sctp_csum_in_place<T: Ends>(
+    p: *mut u8,
+    l4: usize,
+    csum: usize,
+    t: &T,
+    len: u32,
+) {
+    // SAFETY: the caller checked the bytes.
+    unsafe {
+        let old = ports_bytes(t.sport(), t.dport());
+        let new = ports_bytes(ld16(p, l4), ld16(p, l4 + 2));
+        let sum = ld32(p, csum);
+        if old == new || sum == 0 || len < 4 {
+            return;
+        }
+        st32(p, csum, sum ^ crc32c::port_delta(old, new, len - 4).to_le());
+    }
+}
+
+/// Two ports as they sit in the packet, as the four bytes they are there.
+#[inline(always)]
+fn ports_bytes(sport: u16, dport: u16) -> [u8; 4] {
+    let (s, d) = (sport.to_ne_bytes(), dport.to_ne_bytes());
+    [s[0], s[1], d[0], d[1]]
 }
 
 /// The direct path's port rewrite, both families' (IPv6's `v6/nat.rs` too): `to`'s ports of
@@ -167,7 +216,60 @@ fn with_helpers<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> 
         t.l4_off,
         t.sport_be,
         pick16(SPORT, t.sport_be, to.sport_be),
-    )
+    )?;
+    if t.proto == IPPROTO_SCTP {
+        let ports = (
+            pick16(SPORT, t.sport_be, to.sport_be),
+            pick16(DPORT, t.dport_be, to.dport_be),
+        );
+        let len = t.tot_len as u32 - (t.l4_off - ETH_HLEN) as u32;
+        let (old, new) = (
+            ports_word(t.sport_be, t.dport_be),
+            ports_word(ports.0, ports.1),
+        );
+        sctp_csum_with_helpers(ctx, t.csum_off, len, old, new)?;
+    }
+    Ok(())
+}
+
+/// [`sctp_csum_in_place`] through the load and store helpers, both families' (IPv6's
+/// `v6/nat.rs` too): the checksum at `csum` of the SCTP packet of `len` bytes whose ports
+/// (their four bytes as they sit, [`ports_word`]) were `old` and are `new`. Out of line:
+/// rare, and its locals stay off its callers' frames (and five arguments at most, a
+/// `u32` back: a BPF call passes no more in registers).
+#[inline(always)]
+pub(crate) fn sctp_csum_with_helpers<P: Packet>(
+    ctx: &P,
+    csum: usize,
+    len: u32,
+    old: u32,
+    new: u32,
+) -> Result<(), Reason> {
+    match sctp_csum_out_of_line(ctx, csum, len, old, new) {
+        0 => Ok(()),
+        r => Err(Reason(r)),
+    }
+}
+
+#[inline(never)]
+fn sctp_csum_out_of_line<P: Packet>(ctx: &P, csum: usize, len: u32, old: u32, new: u32) -> u32 {
+    let Ok(sum) = ctx.load::<u32>(csum) else {
+        return R_REWRITE_FAILED;
+    };
+    if old == new || sum == 0 || len < 4 {
+        return 0;
+    }
+    let delta = crc32c::port_delta(old.to_ne_bytes(), new.to_ne_bytes(), len - 4);
+    match ctx.store(csum, &(sum ^ delta.to_le())) {
+        Ok(()) => 0,
+        Err(_) => R_REWRITE_FAILED,
+    }
+}
+
+/// Two ports as the four bytes they are in the packet, read as one native word.
+#[inline(always)]
+pub(crate) fn ports_word(sport: u16, dport: u16) -> u32 {
+    u32::from_ne_bytes(ports_bytes(sport, dport))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -184,16 +286,22 @@ fn rewrite<P: Packet>(
 ) -> Result<(), Reason> {
     let failed = |_| Reason(R_REWRITE_FAILED);
     let udp = t.proto == IPPROTO_UDP;
+    // SCTP's checksum covers no address, and its ports through CRC32c (the caller's).
+    let inet = t.proto != IPPROTO_SCTP;
     if old_addr != new_addr {
-        ctx.l4_csum_replace(t.csum_off, old_addr, new_addr, 4, true, udp)
-            .map_err(failed)?;
+        if inet {
+            ctx.l4_csum_replace(t.csum_off, old_addr, new_addr, 4, true, udp)
+                .map_err(failed)?;
+        }
         ctx.l3_csum_replace(IP_CSUM_OFF, old_addr, new_addr)
             .map_err(failed)?;
         ctx.store(addr_off, &new_addr).map_err(failed)?;
     }
     if old_port != new_port {
-        ctx.l4_csum_replace(t.csum_off, old_port as u32, new_port as u32, 2, false, udp)
-            .map_err(failed)?;
+        if inet {
+            ctx.l4_csum_replace(t.csum_off, old_port as u32, new_port as u32, 2, false, udp)
+                .map_err(failed)?;
+        }
         ctx.store(port_off, &new_port).map_err(failed)?;
     }
     Ok(())

@@ -5,7 +5,7 @@
 //! anything else through the load helper ([`parse_loaded`]), with the same checks in the
 //! same order, so both give the same verdict for the same bytes.
 
-use lb_common::{IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
+use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
 
 use crate::{
     packet::{Packet, at, ld16, ld32},
@@ -29,6 +29,8 @@ pub const IP_TTL_OFF: usize = ETH_HLEN + 8;
 /// first 20 bytes (ports, flags, checksum) or UDP's 8.
 pub const DIRECT_TCP: usize = L4_OFF + 20;
 pub const DIRECT_UDP: usize = L4_OFF + 8;
+/// SCTP's common header (ports, verification tag, checksum) and its first chunk's header.
+pub const DIRECT_SCTP: usize = L4_OFF + 16;
 
 /// The parts of an IPv4 TCP/UDP packet that NAT needs.
 pub struct Tuple {
@@ -45,7 +47,8 @@ pub struct Tuple {
     pub tot_len: u16,
     /// Don't-fragment set: a packet too big for its route must be answered, not fragmented.
     pub df: bool,
-    /// TCP flags (0 for UDP).
+    /// TCP flags (0 for UDP); for SCTP, what its first chunk means in TCP's terms
+    /// ([`sctp_flags`]).
     pub tcp_flags: u8,
     /// The headers are in place at the fixed offsets (`l4_off == L4_OFF`, the bytes up to
     /// `DIRECT_TCP`/`DIRECT_UDP` linear): rewritten directly, not through helpers.
@@ -94,7 +97,36 @@ fn malformed<E>(_: E) -> Reason {
     Reason(R_MALFORMED)
 }
 
-/// Parses an IPv4 TCP/UDP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
+/// SCTP chunk types that open, answer, end and abort an association (RFC 9260 3.2).
+pub const SCTP_INIT: u8 = 1;
+pub const SCTP_INIT_ACK: u8 = 2;
+pub const SCTP_ABORT: u8 = 6;
+pub const SCTP_SHUTDOWN: u8 = 7;
+pub const SCTP_SHUTDOWN_ACK: u8 = 8;
+pub const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
+
+/// An SCTP packet's first chunk in TCP's terms, so one conntrack serves both: INIT opens
+/// (SYN), INIT ACK answers (SYN ACK), ABORT resets (RST), SHUTDOWN, SHUTDOWN ACK and
+/// SHUTDOWN COMPLETE close one way (FIN), anything else goes on (ACK). INIT, INIT ACK and
+/// SHUTDOWN COMPLETE are alone in their packet (RFC 9260 6.10); a bundled ABORT or
+/// SHUTDOWN behind DATA is seen by the next packet or the idle timeout, as the kernel's
+/// conntrack reads only what it must.
+#[inline(always)]
+pub fn sctp_flags(chunk: u8) -> u8 {
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN: u8 = 0x01;
+    const RST: u8 = 0x04;
+    match chunk {
+        SCTP_INIT => SYN,
+        SCTP_INIT_ACK => SYN | ACK,
+        SCTP_ABORT => RST | ACK,
+        SCTP_SHUTDOWN | SCTP_SHUTDOWN_ACK | SCTP_SHUTDOWN_COMPLETE => FIN | ACK,
+        _ => ACK,
+    }
+}
+
+/// Parses an IPv4 TCP/UDP/SCTP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
 /// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
 #[inline(always)]
 pub fn parse_ipv4<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
@@ -150,6 +182,7 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
     let (l4_len, csum_rel, need) = match proto {
         IPPROTO_TCP => (20, 16, DIRECT_TCP),
         IPPROTO_UDP => (8, 6, DIRECT_UDP),
+        IPPROTO_SCTP => (16, 8, DIRECT_SCTP),
         IPPROTO_ICMP => (8, 2, 0),
         _ => return Ok(Some(Parsed::Pass(Reason(R_PASS)))),
     };
@@ -184,6 +217,13 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
         };
         // SAFETY: DIRECT_TCP bytes are in place.
         tcp_flags = unsafe { *q.add(L4_OFF + 13) };
+        p = q;
+    } else if proto == IPPROTO_SCTP {
+        let Some(q) = l4_in_place::<_, { DIRECT_SCTP }>(ctx, need) else {
+            return Ok(None);
+        };
+        // SAFETY: DIRECT_SCTP bytes are in place.
+        tcp_flags = sctp_flags(unsafe { *q.add(L4_OFF + 12) });
         p = q;
     }
     Ok(Some(Parsed::Flow(Tuple {
@@ -239,6 +279,7 @@ fn parse_loaded<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
     let (l4_len, csum_rel) = match proto {
         IPPROTO_TCP => (20, 16),
         IPPROTO_UDP => (8, 6),
+        IPPROTO_SCTP => (16, 8),
         IPPROTO_ICMP => (8, 2),
         _ => return Ok(Parsed::Pass(Reason(R_PASS))),
     };
@@ -264,6 +305,9 @@ fn parse_loaded<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
     let (ports, tcp_flags) = if proto == IPPROTO_TCP {
         let h: [u8; 14] = ctx.load(l4_off).map_err(malformed)?;
         ([h[0], h[1], h[2], h[3]], h[13])
+    } else if proto == IPPROTO_SCTP {
+        let h: [u8; 13] = ctx.load(l4_off).map_err(malformed)?;
+        ([h[0], h[1], h[2], h[3]], sctp_flags(h[12]))
     } else {
         (ctx.load::<[u8; 4]>(l4_off).map_err(malformed)?, 0)
     };

@@ -3,8 +3,8 @@
 //! external frontend; the hairpin address when the client is its own backend).
 
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, IPPROTO_TCP, NodeConfig, R_SNAT_FAILED,
-    SVC_F_SNAT_REMOTE, SvcValue,
+    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, IPPROTO_SCTP, IPPROTO_TCP, NodeConfig,
+    R_SNAT_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
@@ -122,6 +122,8 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16) -> Mtu
         let l4_hdr = if t.proto == IPPROTO_TCP {
             ctx.load::<u8>(t.l4_off + 12)
                 .map_or(20, |d| ((d >> 4) as u32) * 4)
+        } else if t.proto == IPPROTO_SCTP {
+            12
         } else {
             8
         };

@@ -23,8 +23,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BE_F_REMOTE, CT_F_XDP_STACK, CtValue, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
-    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
+    BE_F_REMOTE, CT_F_XDP_STACK, CtValue, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED,
+    R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
 };
 
 use crate::{
@@ -61,6 +61,11 @@ pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
         }
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
+    if t.proto == IPPROTO_SCTP {
+        // Left to tc, whose rewrite keeps SCTP's checksum (XDP's redirect and its
+        // checksum steps are TCP's and UDP's).
+        return pass(R_PASS);
+    }
     // The same order as tc: the address filters, a tracked flow from its entry alone, then
     // replies, then the service map for a new flow.
     let frontend = filter::maybe_frontend(t.daddr_be);

@@ -5,7 +5,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{bindings::bpf_fib_lookup, btf_maps::PerCpuArray, macros::btf_map};
 
-use lb_common::{IPPROTO_TCP, filter_fold};
+use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, filter_fold};
 
 use super::{
     conntrack::{copy6, eq6},
@@ -34,6 +34,8 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16) ->
         let l4_hdr = if t.proto == IPPROTO_TCP {
             ctx.load::<u8>(t.l4_off as usize + 12)
                 .map_or(20, |d| ((d >> 4) as u32) * 4)
+        } else if t.proto == IPPROTO_SCTP {
+            12
         } else {
             8
         };

@@ -2,14 +2,17 @@
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{CT_F_PORT_IN, CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CT_F_PORT_IN, CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::eq6,
-    parse::{DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
+    parse::{DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    nat::{DADDR, DPORT, DST, SADDR, SPORT, ports_in_place},
+    nat::{
+        DADDR, DPORT, DST, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
+        sctp_csum_with_helpers,
+    },
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
     reason::Reason,
 };
@@ -58,6 +61,8 @@ pub fn apply<P: L4Sum, const PART: u8>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Re
     if t.direct != 0 {
         let r = if t.proto == IPPROTO_TCP {
             in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }, PART>(ctx, t, to)
+        } else if t.proto == IPPROTO_SCTP {
+            in_place::<P, DIRECT6_SCTP, { IP6_L4_OFF + 8 }, PART>(ctx, t, to)
         } else {
             in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }, PART>(ctx, t, to)
         };
@@ -108,6 +113,11 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     }
     // SAFETY: as above.
     let port = unsafe { ports_in_place::<_, _, PART>(p, IP6_L4_OFF, t, to) };
+    if N == DIRECT6_SCTP {
+        // SAFETY: as above (N bytes hold the ports and the checksum).
+        unsafe { sctp_csum_in_place(p, IP6_L4_OFF, CSUM, t, t.payload_len) };
+        return Ok(());
+    }
     ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)
 }
@@ -138,6 +148,24 @@ fn with_helpers<P: L4Sum, const PART: u8>(
         port = csum_add(port, diff2(t.dport_be, to.dport_be));
         ctx.store(t.l4_off as usize + 2, &to.dport_be)
             .map_err(failed)?;
+    }
+    if t.proto == IPPROTO_SCTP {
+        // No pseudo-header: the ports only, through CRC32c (behind extension headers).
+        let now = (
+            if PART & SPORT != 0 {
+                to.sport_be
+            } else {
+                t.sport_be
+            },
+            if PART & DPORT != 0 {
+                to.dport_be
+            } else {
+                t.dport_be
+            },
+        );
+        let len = t.payload_len - (t.l4_off - IP6_L4_OFF as u32);
+        let (old, new) = (ports_word(t.sport_be, t.dport_be), ports_word(now.0, now.1));
+        return sctp_csum_with_helpers(ctx, t.csum_off as usize, len, old, new);
     }
     ctx.l4_sum(t.csum_off as usize, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)

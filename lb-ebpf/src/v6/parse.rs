@@ -3,11 +3,11 @@
 //! A fragment header passes the packet untouched (its ports may not be visible, as with
 //! IPv4 fragments); a truncated or inconsistent header is malformed.
 
-use lb_common::{IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
+use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED, R_PASS};
 
 use crate::{
     packet::{Packet, at, ld16, ld32},
-    parse::{ETH_HLEN, l4_in_place},
+    parse::{ETH_HLEN, l4_in_place, sctp_flags},
     reason::Reason,
 };
 
@@ -33,6 +33,8 @@ pub const IP6_L4_OFF: usize = ETH_HLEN + 40;
 /// behind it, TCP's first 20 bytes (ports, flags, checksum) or UDP's 8.
 pub const DIRECT6_TCP: usize = IP6_L4_OFF + 20;
 pub const DIRECT6_UDP: usize = IP6_L4_OFF + 8;
+/// SCTP's common header and its first chunk's header.
+pub const DIRECT6_SCTP: usize = IP6_L4_OFF + 16;
 
 const NEXTHDR_HOP: u8 = 0;
 const NEXTHDR_ROUTING: u8 = 43;
@@ -116,6 +118,7 @@ fn parse_direct<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Option<Parsed6>, R
     let (l4_len, csum_rel, need) = match next {
         IPPROTO_TCP => (20, 16, DIRECT6_TCP),
         IPPROTO_UDP => (8, 6, DIRECT6_UDP),
+        IPPROTO_SCTP => (16, 8, DIRECT6_SCTP),
         _ => return Ok(None),
     };
     if version != 6 || payload_len == 0 {
@@ -143,6 +146,13 @@ fn parse_direct<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Option<Parsed6>, R
         };
         // SAFETY: DIRECT6_TCP bytes are in place.
         t.tcp_flags = unsafe { *q.add(IP6_L4_OFF + 13) };
+        p = q;
+    } else if next == IPPROTO_SCTP {
+        let Some(q) = l4_in_place::<_, { DIRECT6_SCTP }>(ctx, need) else {
+            return Ok(None);
+        };
+        // SAFETY: DIRECT6_SCTP bytes are in place.
+        t.tcp_flags = sctp_flags(unsafe { *q.add(IP6_L4_OFF + 12) });
         p = q;
     }
     // SAFETY: DIRECT6_UDP bytes at least are in place.
@@ -179,6 +189,7 @@ fn parse_loaded<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
     let (l4_len, csum_rel) = match proto {
         IPPROTO_TCP => (20, 16),
         IPPROTO_UDP => (8, 6),
+        IPPROTO_SCTP => (16, 8),
         IPPROTO_ICMPV6 => (8, 2),
         NEXTHDR_FRAGMENT => return Ok(Parsed6::Pass(Reason(R_FRAGMENT))),
         _ => return Ok(Parsed6::Pass(Reason(R_PASS))),
@@ -188,6 +199,10 @@ fn parse_loaded<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
     }
     let l4: [u8; 14] = if proto == IPPROTO_TCP {
         ctx.load(l4_off).map_err(malformed)?
+    } else if proto == IPPROTO_SCTP {
+        let h: [u8; 13] = ctx.load(l4_off).map_err(malformed)?;
+        let f = sctp_flags(h[12]);
+        [h[0], h[1], h[2], h[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, f]
     } else {
         let h: [u8; 4] = ctx.load(l4_off).map_err(malformed)?;
         [h[0], h[1], h[2], h[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]

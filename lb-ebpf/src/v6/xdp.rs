@@ -8,8 +8,8 @@
 
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::{
-    BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
-    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
+    BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED,
+    R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
 };
 
 use super::{
@@ -52,6 +52,10 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Ok(Parsed6::Icmp) => return Carried::done(pass(R_PASS)),
         Ok(Parsed6::Pass(r)) => return Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => return Carried::done::<u32>(Err(r)),
+    }
+    if w.pkt.proto == IPPROTO_SCTP {
+        // Left to tc, as IPv4's (`xdp.rs`).
+        return Carried::done(pass(R_PASS));
     }
     match tracked(ctx, w, len).next::<u32>() {
         Then::Next(_) => {}

@@ -88,7 +88,7 @@ struct Port<'v, 'm> {
 
 /// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
 /// function of the service, its slices and the node); what cannot be programmed at all
-/// (IPv6, SCTP, no slice) is reported in `errors`.
+/// (no slice) is reported in `errors`.
 pub fn service_candidates(
     model: &Model,
     id: &ServiceRef,
@@ -126,13 +126,6 @@ pub fn service_candidates(
             node_port_addresses: &node_port_addresses,
             object: object_name(&view.service.id.to_string(), view.port),
         };
-        if view.protocol() == Protocol::Sctp {
-            errors.push(DesiredError::Unsupported {
-                object: port.object,
-                what: "SCTP".into(),
-            });
-            continue;
-        }
         for f in port.frontends() {
             port.candidates(f, errors, &mut candidates);
         }

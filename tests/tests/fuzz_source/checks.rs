@@ -7,7 +7,7 @@ use crate::generate::GenFile;
 use lb_common::{MAX_BACKENDS_PER_SVC, SvcKey};
 use lb_userspace::{
     desired::{Desired, DesiredError, Limits, NodeContext},
-    model::{Model, Protocol},
+    model::Model,
     reconcile::{Ids, recompute},
     source::file,
 };
@@ -86,7 +86,7 @@ pub(crate) fn claims(model: &Model) -> BTreeMap<SvcKey, Vec<String>> {
         else {
             continue;
         };
-        for p in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {
+        for p in &svc.ports {
             let object = if p.name.is_empty() {
                 format!("{id}:{}", p.port)
             } else {

@@ -11,5 +11,6 @@ use xlb_tests::checksums;
 mod north_south;
 mod rewrites;
 mod robust;
+mod sctp;
 mod state;
 mod v6;

@@ -1,0 +1,341 @@
+//! SCTP at tc, both families: a table of chunk types through DNAT and reverse NAT with a
+//! `targetPort` other than the port, each packet's checksum (CRC32c, which covers the ports
+//! but no address) checked by an independent implementation (the `crc32c` crate); refusal
+//! without endpoints as kube-proxy's REJECT.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use etherparse::{IpNumber, Ipv4Header, Ipv6Header, SlicedPacket};
+use lb_userspace::source::file;
+use xlb_tests::datapath::{LoadedDatapath, reason_counts};
+use xlb_tests::services::{service_yaml, service6_yaml};
+use xlb_tests::suites::packets::{
+    BACKENDS, CLIENT, EMPTY_VIP, TC_ACT_OK, TC_ACT_REDIRECT, VIP, base_services, setup,
+};
+
+const SIG_PORT: u16 = 38412;
+const SIG_TARGET: u16 = 9999;
+
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x38);
+const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x39);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
+const BACKENDS6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, 4, 0, 0, 0, 2),
+];
+
+const DATA: u8 = 0;
+const INIT: u8 = 1;
+const INIT_ACK: u8 = 2;
+const ABORT: u8 = 6;
+const SHUTDOWN: u8 = 7;
+const SHUTDOWN_ACK: u8 = 8;
+const COOKIE_ECHO: u8 = 10;
+const COOKIE_ACK: u8 = 11;
+const SHUTDOWN_COMPLETE: u8 = 14;
+
+/// One family's addresses in the table.
+struct Family {
+    name: &'static str,
+    vip: IpAddr,
+    empty: IpAddr,
+    client: IpAddr,
+    backends: Vec<IpAddr>,
+}
+
+fn families() -> [Family; 2] {
+    [
+        Family {
+            name: "IPv4",
+            vip: VIP.into(),
+            empty: EMPTY_VIP.into(),
+            client: (*CLIENT.ip()).into(),
+            backends: BACKENDS.iter().map(|b| (*b).into()).collect(),
+        },
+        Family {
+            name: "IPv6",
+            vip: VIP6.into(),
+            empty: EMPTY6.into(),
+            client: CLIENT6.into(),
+            backends: BACKENDS6.iter().map(|b| (*b).into()).collect(),
+        },
+    ]
+}
+
+/// An SCTP packet with one chunk of `kind` (a body of `body` bytes) in Ethernet and IP,
+/// its checksum computed.
+fn frame(from: SocketAddr, to: SocketAddr, vtag: u32, kind: u8, body: usize) -> Vec<u8> {
+    let mut sctp = Vec::new();
+    sctp.extend(from.port().to_be_bytes());
+    sctp.extend(to.port().to_be_bytes());
+    sctp.extend(vtag.to_be_bytes());
+    sctp.extend([0u8; 4]);
+    let len = 4 + body;
+    sctp.extend([kind, 0]);
+    sctp.extend((len as u16).to_be_bytes());
+    sctp.extend((0..body).map(|i| (i * 7 + kind as usize) as u8));
+    sctp.resize(sctp.len() + (4 - len % 4) % 4, 0);
+    let crc = crc32c::crc32c(&sctp);
+    sctp[8..12].copy_from_slice(&crc.to_le_bytes());
+    let mut out = vec![0u8; 12];
+    match (from.ip(), to.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            out.extend([0x08, 0x00]);
+            let mut ip = Ipv4Header::new(
+                sctp.len() as u16,
+                64,
+                IpNumber::SCTP,
+                s.octets(),
+                d.octets(),
+            )
+            .expect("header");
+            ip.header_checksum = ip.calc_header_checksum();
+            ip.write(&mut out).expect("write");
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            out.extend([0x86, 0xdd]);
+            let ip = Ipv6Header {
+                payload_length: sctp.len() as u16,
+                next_header: IpNumber::SCTP,
+                hop_limit: 64,
+                source: s.octets(),
+                destination: d.octets(),
+                ..Default::default()
+            };
+            ip.write(&mut out).expect("write");
+        }
+        _ => panic!("mixed families"),
+    }
+    out.extend(sctp);
+    out
+}
+
+/// Where the checksum of `frame`'s SCTP packet sits.
+fn csum_at(frame: &[u8]) -> usize {
+    14 + if frame[12] == 0x08 { 20 } else { 40 } + 8
+}
+
+/// The frame's SCTP packet: its ends and its checksum, and whether that is right.
+struct Seen {
+    src: SocketAddr,
+    dst: SocketAddr,
+    crc: u32,
+    crc_ok: bool,
+}
+
+fn seen(frame: &[u8], what: &str) -> Seen {
+    let sliced = SlicedPacket::from_ethernet(frame).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let net = sliced
+        .net
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: no IP"));
+    let (src, dst, sctp): (IpAddr, IpAddr, &[u8]) = match net {
+        etherparse::NetSlice::Ipv4(v4) => {
+            let h = v4.header();
+            assert_eq!(
+                h.header_checksum(),
+                h.to_header().calc_header_checksum(),
+                "{what}: IPv4 checksum"
+            );
+            (
+                h.source_addr().into(),
+                h.destination_addr().into(),
+                v4.payload().payload,
+            )
+        }
+        etherparse::NetSlice::Ipv6(v6) => (
+            v6.header().source_addr().into(),
+            v6.header().destination_addr().into(),
+            v6.payload().payload,
+        ),
+        other => panic!("{what}: {other:?}"),
+    };
+    let crc = u32::from_le_bytes([sctp[8], sctp[9], sctp[10], sctp[11]]);
+    let mut zeroed = sctp.to_vec();
+    zeroed[8..12].fill(0);
+    Seen {
+        src: SocketAddr::new(src, u16::from_be_bytes([sctp[0], sctp[1]])),
+        dst: SocketAddr::new(dst, u16::from_be_bytes([sctp[2], sctp[3]])),
+        crc,
+        crc_ok: crc32c::crc32c(&zeroed) == crc,
+    }
+}
+
+/// The packet tables' services, an SCTP Service on three backends and one on none in each
+/// family; SCTP is served (no error for it).
+fn with_sctp(test: &str) -> Option<LoadedDatapath> {
+    let mut dp = setup(test)?;
+    let yaml = base_services()
+        + &service_yaml("sig", VIP, SIG_PORT, "SCTP", SIG_TARGET, &BACKENDS)
+        + &service_yaml("sig-empty", EMPTY_VIP, SIG_PORT, "SCTP", SIG_TARGET, &[])
+        + &service6_yaml("sig6", VIP6, SIG_PORT, "SCTP", SIG_TARGET, &BACKENDS6)
+        + &service6_yaml("sig6-empty", EMPTY6, SIG_PORT, "SCTP", SIG_TARGET, &[]);
+    let loaded = file::parse("sctp.yaml", &yaml).expect("yaml");
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    let (_, errors) = lb_userspace::desired::compute(
+        &loaded.model,
+        &mut lb_userspace::reconcile::Ids::default(),
+        lb_userspace::desired::Limits::default(),
+    );
+    assert!(errors.is_empty(), "SCTP is served: {errors:?}");
+    dp.program(&loaded.model).expect("program");
+    Some(dp)
+}
+
+/// One packet through tc ingress and egress: accepted, its length kept; as it leaves.
+fn through(dp: &mut LoadedDatapath, pkt: &[u8], what: &str) -> Seen {
+    let r = dp.run(pkt).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+    assert_eq!(r.packet.len(), pkt.len(), "{what}: length");
+    seen(&r.packet, what)
+}
+
+#[test]
+fn sctp_associations_are_translated_both_ways_with_their_checksums_right() {
+    let Some(mut dp) = with_sctp("sctp_associations_are_translated_both_ways") else {
+        return;
+    };
+    for (i, fam) in families().iter().enumerate() {
+        let name = fam.name;
+        let sig = SocketAddr::new(fam.vip, SIG_PORT);
+        let client = SocketAddr::new(fam.client, 47000);
+        let before = reason_counts(&dp.pins);
+        let init = through(&mut dp, &frame(client, sig, 0, INIT, 16), name);
+        assert!(
+            fam.backends.contains(&init.dst.ip()),
+            "{name} INIT: {}",
+            init.dst
+        );
+        assert_eq!(init.dst.port(), SIG_TARGET, "{name} INIT: targetPort");
+        assert_eq!(init.src, client, "{name} INIT: the client kept");
+        assert!(init.crc_ok, "{name} INIT: CRC32c after the port changed");
+        let backend = init.dst;
+        // The association's chunks in order (forward: client → frontend), bodies of odd
+        // lengths, one long.
+        let table: [(&str, bool, u8, usize); 8] = [
+            ("INIT ACK", false, INIT_ACK, 20),
+            ("COOKIE ECHO", true, COOKIE_ECHO, 33),
+            ("COOKIE ACK", false, COOKIE_ACK, 0),
+            ("DATA", true, DATA, 1400),
+            ("DATA back", false, DATA, 9),
+            ("SHUTDOWN", true, SHUTDOWN, 4),
+            ("SHUTDOWN ACK", false, SHUTDOWN_ACK, 0),
+            ("SHUTDOWN COMPLETE", true, SHUTDOWN_COMPLETE, 0),
+        ];
+        for (what, forward, kind, body) in table {
+            let what = format!("{name} {what}");
+            let pkt = if forward {
+                frame(client, sig, 0x0102_0304, kind, body)
+            } else {
+                frame(backend, client, 0x0a0b_0c0d, kind, body)
+            };
+            let out = through(&mut dp, &pkt, &what);
+            assert!(out.crc_ok, "{what}: CRC32c");
+            if forward {
+                assert_eq!((out.src, out.dst), (client, backend), "{what}");
+            } else {
+                assert_eq!(
+                    (out.src, out.dst),
+                    (sig, client),
+                    "{what}: from the frontend"
+                );
+            }
+        }
+        let counts = reason_counts(&dp.pins);
+        let more = |r: &str| counts[r] - before[r];
+        assert_eq!(more("new_flow"), 1, "{name}: {counts:?}");
+        assert_eq!(more("established"), 4, "{name}: {counts:?}");
+        assert_eq!(more("reverse_nat"), 4, "{name}: {counts:?}");
+
+        // A closed association's port starts over with the next INIT.
+        let again = through(&mut dp, &frame(client, sig, 0, INIT, 16), name);
+        assert!(again.crc_ok && fam.backends.contains(&again.dst.ip()));
+        assert_eq!(
+            reason_counts(&dp.pins)["new_flow"] - before["new_flow"],
+            2,
+            "{name}"
+        );
+
+        // Another association: a checksum the kernel computes later (zero) stays zero; a
+        // wrong one stays wrong (never made right by the rewrite); ABORT ends it.
+        let client = SocketAddr::new(fam.client, 47100 + i as u16);
+        let backend = through(&mut dp, &frame(client, sig, 0, INIT, 16), name).dst;
+        let mut pending = frame(client, sig, 0x0102_0304, DATA, 40);
+        let at = csum_at(&pending);
+        pending[at..at + 4].fill(0);
+        let out = through(&mut dp, &pending, &format!("{name} DATA, checksum pending"));
+        assert_eq!(
+            (out.crc, out.dst),
+            (0, backend),
+            "{name}: a pending checksum stays 0"
+        );
+        let mut bad = frame(client, sig, 0x0102_0304, DATA, 40);
+        bad[at] ^= 0x5a;
+        let out = through(&mut dp, &bad, &format!("{name} DATA, checksum wrong"));
+        assert!(!out.crc_ok, "{name}: a wrong checksum stays wrong");
+        through(&mut dp, &frame(client, sig, 0x0102_0304, ABORT, 0), name);
+        let before = reason_counts(&dp.pins)["new_flow"];
+        through(&mut dp, &frame(client, sig, 0, INIT, 16), name);
+        assert_eq!(
+            reason_counts(&dp.pins)["new_flow"],
+            before + 1,
+            "{name}: after ABORT"
+        );
+    }
+}
+
+#[test]
+fn sctp_without_endpoints_is_refused_and_other_ports_pass_untouched() {
+    let Some(mut dp) = with_sctp("sctp_without_endpoints_is_refused") else {
+        return;
+    };
+    for fam in families() {
+        let name = fam.name;
+        let client = SocketAddr::new(fam.client, 47200);
+        // As kube-proxy's REJECT: ICMP port unreachable from the frontend.
+        let init = frame(client, SocketAddr::new(fam.empty, SIG_PORT), 0, INIT, 16);
+        let r = dp.run_ingress(&init).expect("run");
+        assert_eq!(r.verdict, TC_ACT_REDIRECT, "{name}: refused");
+        let sliced = SlicedPacket::from_ethernet(&r.packet).expect("parses");
+        let (src, dst, icmp): (IpAddr, IpAddr, &[u8]) = match sliced.net.expect("ip") {
+            etherparse::NetSlice::Ipv4(v4) => {
+                assert_eq!(v4.header().protocol(), IpNumber::ICMP);
+                let icmp = v4.payload().payload;
+                (
+                    v4.header().source_addr().into(),
+                    v4.header().destination_addr().into(),
+                    icmp,
+                )
+            }
+            etherparse::NetSlice::Ipv6(v6) => {
+                assert_eq!(v6.header().next_header(), IpNumber::IPV6_ICMP);
+                let icmp = v6.payload().payload;
+                (
+                    v6.header().source_addr().into(),
+                    v6.header().destination_addr().into(),
+                    icmp,
+                )
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((src, dst), (fam.empty, fam.client), "{name}");
+        let unreachable = if fam.vip.is_ipv4() { (3, 3) } else { (1, 4) };
+        assert_eq!((icmp[0], icmp[1]), unreachable, "{name}: port unreachable");
+
+        // An SCTP port the service does not have, and an address no service has.
+        let elsewhere = if fam.vip.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::new(10, 244, 9, 9))
+        } else {
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, 9))
+        };
+        for to in [
+            SocketAddr::new(fam.vip, SIG_PORT + 1),
+            SocketAddr::new(elsewhere, SIG_PORT),
+        ] {
+            let pkt = frame(client, to, 0, INIT, 16);
+            let r = dp.run(&pkt).expect("run");
+            assert_eq!((r.verdict, &r.packet), (TC_ACT_OK, &pkt), "{to}: untouched");
+        }
+    }
+}
