@@ -6,11 +6,23 @@
 //! zero initial value and no final inversion, of `a ^ b`. A port rewrite changes only the
 //! first four bytes of the SCTP packet (its ports), so the checksum changes by the raw CRC
 //! of those four bytes' difference followed by the packet's remaining `len - 4` zero
-//! bytes, and appending `n` zero bytes multiplies the CRC register by `x^(8n)` modulo the
-//! polynomial. [`X8N_LO`] and [`X8N_HI`] hold those powers for `n`'s low and high byte:
-//! the whole update is four table steps and two carry-less multiplications (32 steps
-//! each), whatever the packet's length. The checksum field itself (bytes 8..12) is taken
-//! as zero by the CRC and is not part of the difference.
+//! bytes. Both halves are linear maps of the 32-bit CRC register (or of the four bytes'
+//! difference), and a linear map of 32 bits is four byte-table lookups XORed: [`STEPS`]
+//! holds the map from the difference to the register, and appending `v · 16^p` zero bytes
+//! for each hex digit `v` at place `p` of the count. The whole update is five such steps
+//! (twenty lookups), whatever the packet's length, with no branch and no bit mask.
+//!
+//! Why tables, and why each step is a call in the datapath (`nat::xlb_crc32c_step`):
+//! - a carry-less multiplication compiles to `-(bit & 1) & C`, and Linux 6.18's verifier
+//!   oopses on it (`maybe_fork_scalars`) when the loader lacks CAP_PERFMON, as the
+//!   DaemonSet's CAP_BPF + CAP_NET_ADMIN does;
+//! - without CAP_PERFMON the verifier also explores, at every table lookup (a pointer
+//!   plus a variable offset), the speculative path with the offset masked, so twenty
+//!   lookups in straight-line code are 2^20 paths at every call site. A global BPF
+//!   function is verified once, on its own, with four lookups.
+//!
+//! The checksum field itself (bytes 8..12) is taken as zero by the CRC and is not part of
+//! the difference.
 //!
 //! On the wire the checksum is the CRC's 32-bit value in little-endian byte order, so the
 //! update is XORed into the field's bytes read as little-endian.
@@ -37,49 +49,93 @@ const fn table() -> [u32; 256] {
     t
 }
 
-/// `a(x) · b(x) mod P(x)`, both reflected (bit 31 is `x^0`).
-#[inline(always)]
-pub const fn mul(a: u32, b: u32) -> u32 {
-    let mut product = 0u32;
-    let mut b = b;
-    let mut bit = 0;
-    while bit < 32 {
-        if a & (0x8000_0000 >> bit) != 0 {
-            product ^= b;
-        }
-        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
-        bit += 1;
-    }
-    product
-}
-
-/// `x^(8n) mod P` for `n` in `0..256`: appending `n` zero bytes to a message.
-pub const X8N_LO: [u32; 256] = powers(1);
-/// `x^(8·256·n) mod P` for `n` in `0..256`: appending `256·n` zero bytes.
-pub const X8N_HI: [u32; 256] = powers(256);
-
-/// `x^(8·step·n)` for `n` in `0..256`, each from the one before.
-const fn powers(step: u32) -> [u32; 256] {
-    // x^8 (one zero byte), then x^(8·step) by squaring and multiplying.
-    let x8 = 1u32 << (31 - 8);
-    let mut unit = 0x8000_0000u32; // x^0
-    let mut k = 0;
-    while k < step {
-        unit = mul(unit, x8);
-        k += 1;
-    }
-    let mut p = [0u32; 256];
-    p[0] = 0x8000_0000;
-    let mut n = 1;
-    while n < 256 {
-        p[n] = mul(p[n - 1], unit);
-        n += 1;
-    }
-    p
-}
+/// Hex digits of the tail length [`port_delta`] covers: 4 ([`MAX_TAIL`]).
+pub const TAIL_DIGITS: usize = 4;
 
 /// The largest packet (in bytes after the ports) [`port_delta`] covers: 65535.
-pub const MAX_TAIL: u32 = 0xffff;
+pub const MAX_TAIL: u32 = (1 << (4 * TAIL_DIGITS)) - 1;
+
+/// A linear map of 32 bits as four byte tables: entry `[j][b]` is the image of `b << 8j`,
+/// and the images of a word's four bytes XOR to the word's.
+pub type RegisterMap = [[u32; 256]; 4];
+
+/// How many maps [`STEPS`] holds.
+pub const STEP_COUNT: usize = 1 + 16 * TAIL_DIGITS;
+
+/// The maps [`port_delta`] composes. `STEPS[0]`: four bytes (as a little-endian word) to
+/// the CRC register after them, from zero. `STEPS[1 + 16p + v]`: the register after
+/// appending `v · 16^p` zero bytes (`v = 0`: the identity). 260 KiB; in the datapath it is
+/// the programs' read-only data (one copy per object).
+pub static STEPS: [RegisterMap; STEP_COUNT] = steps();
+
+const fn steps() -> [RegisterMap; STEP_COUNT] {
+    let mut t = [[[0u32; 256]; 4]; STEP_COUNT];
+    let mut j = 0;
+    while j < 4 {
+        let mut b = 0;
+        while b < 256 {
+            // Byte j is b and the others zero: the register after the four bytes.
+            let mut reg = 0u32;
+            let mut i = 0;
+            while i < 4 {
+                let byte = if i == j { b as u32 } else { 0 };
+                reg = (reg >> 8) ^ TABLE[((reg ^ byte) & 0xff) as usize];
+                i += 1;
+            }
+            t[0][j][b] = reg;
+            b += 1;
+        }
+        j += 1;
+    }
+    let mut p = 0;
+    while p < TAIL_DIGITS {
+        let mut v = 0;
+        while v < 16 {
+            let at = 1 + 16 * p + v;
+            let mut j = 0;
+            while j < 4 {
+                let mut b = 0;
+                while b < 256 {
+                    let reg = (b as u32) << (8 * j);
+                    t[at][j][b] = if v == 0 {
+                        reg
+                    } else if v > 1 {
+                        // v · 16^p: one more 16^p after (v - 1) · 16^p.
+                        apply(&t[at - v + 1], t[at - 1][j][b])
+                    } else if p == 0 {
+                        (reg >> 8) ^ TABLE[(reg & 0xff) as usize]
+                    } else {
+                        // 16^p: 15 · 16^(p-1), then one more 16^(p-1).
+                        apply(&t[at - 16], t[at - 2][j][b])
+                    };
+                    b += 1;
+                }
+                j += 1;
+            }
+            v += 1;
+        }
+        p += 1;
+    }
+    t
+}
+
+/// `map` applied to the word `reg`.
+#[inline(always)]
+pub const fn apply(map: &RegisterMap, reg: u32) -> u32 {
+    map[0][(reg & 0xff) as usize]
+        ^ map[1][((reg >> 8) & 0xff) as usize]
+        ^ map[2][((reg >> 16) & 0xff) as usize]
+        ^ map[3][(reg >> 24) as usize]
+}
+
+/// `STEPS[step]` applied to `reg`; 0 for a step out of range.
+#[inline(always)]
+pub fn step(step: u32, reg: u32) -> u32 {
+    match STEPS.get(step as usize) {
+        Some(map) => apply(map, reg),
+        None => 0,
+    }
+}
 
 /// What to XOR into the checksum (read as little-endian) of an SCTP packet of `len` bytes
 /// (common header included, `4 ..= 65539`) whose first four bytes (source and destination
@@ -87,17 +143,27 @@ pub const MAX_TAIL: u32 = 0xffff;
 /// [`MAX_TAIL`] (a larger one is masked: the caller bounds it).
 #[inline(always)]
 pub fn port_delta(old: [u8; 4], new: [u8; 4], tail: u32) -> u32 {
-    let mut reg = 0u32;
-    let mut i = 0;
-    while i < 4 {
-        reg = (reg >> 8) ^ TABLE[((reg ^ (old[i] ^ new[i]) as u32) & 0xff) as usize];
-        i += 1;
-    }
+    port_delta_by(step, old, new, tail)
+}
+
+/// [`port_delta`] with each of its five steps made by `step` (as [`step`] does): the
+/// datapath passes a BPF function, verified once.
+#[inline(always)]
+pub fn port_delta_by(
+    mut step: impl FnMut(u32, u32) -> u32,
+    old: [u8; 4],
+    new: [u8; 4],
+    tail: u32,
+) -> u32 {
+    let diff = u32::from_le_bytes(old) ^ u32::from_le_bytes(new);
+    let mut reg = step(0, diff);
     let tail = tail & MAX_TAIL;
-    mul(
-        mul(reg, X8N_LO[(tail & 0xff) as usize]),
-        X8N_HI[(tail >> 8) as usize],
-    )
+    let mut p = 0;
+    while p < TAIL_DIGITS as u32 {
+        reg = step(1 + 16 * p + ((tail >> (4 * p)) & 0xf), reg);
+        p += 1;
+    }
+    reg
 }
 
 /// CRC32c of `data` (initial value all ones, final inversion): for tests and tools, one

@@ -153,8 +153,24 @@ pub(crate) unsafe fn sctp_csum_in_place<T: Ends>(
         if old == new || sum == 0 || len < 4 {
             return;
         }
-        st32(p, csum, sum ^ crc32c::port_delta(old, new, len - 4).to_le());
+        st32(p, csum, sum ^ port_delta(old, new, len - 4).to_le());
     }
+}
+
+/// `lb_common::crc32c::port_delta`, each of its five steps a call of [`xlb_crc32c_step`].
+#[inline(always)]
+fn port_delta(old: [u8; 4], new: [u8; 4], tail: u32) -> u32 {
+    crc32c::port_delta_by(|step, reg| xlb_crc32c_step(step, reg), old, new, tail)
+}
+
+/// One step of SCTP's checksum update (`lb_common::crc32c::step`: four table lookups) as a
+/// global BPF function: the linker exports it (`--export` in `.cargo/config.toml`), so its
+/// BTF linkage is global and the verifier checks it once, on its own, rather than at every
+/// call site with every speculative path of its lookups (see `lb_common::crc32c`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn xlb_crc32c_step(step: u32, reg: u32) -> u32 {
+    crc32c::step(step, reg)
 }
 
 /// Two ports as they sit in the packet, as the four bytes they are there.
@@ -259,7 +275,7 @@ fn sctp_csum_out_of_line<P: Packet>(ctx: &P, csum: usize, len: u32, old: u32, ne
     if old == new || sum == 0 || len < 4 {
         return 0;
     }
-    let delta = crc32c::port_delta(old.to_ne_bytes(), new.to_ne_bytes(), len - 4);
+    let delta = port_delta(old.to_ne_bytes(), new.to_ne_bytes(), len - 4);
     match ctx.store(csum, &(sum ^ delta.to_le())) {
         Ok(()) => 0,
         Err(_) => R_REWRITE_FAILED,
