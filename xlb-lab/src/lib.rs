@@ -19,4 +19,5 @@ pub mod load;
 pub mod netns;
 pub mod probe;
 pub mod process;
+pub mod sctp;
 pub mod topology;

@@ -3,4 +3,5 @@
 
 mod agent;
 mod reuse;
+mod sctp;
 mod spread;

@@ -1,0 +1,202 @@
+//! SCTP associations through the attached datapath: the client pod runs whole associations
+//! (handshake, DATA each way, shutdown) to an SCTP ClusterIP whose `targetPort` differs
+//! from its `port`, so every packet's CRC32c is rewritten; each peer checks every packet it
+//! takes against an independent CRC32c. The peers speak SCTP over raw IP sockets
+//! (`xlb_lab::sctp`): this kernel has no SCTP sockets.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
+
+use xlb_lab::sctp::{SctpClient, SctpServer, sctp_refused, sctp_request};
+use xlb_tests::{
+    scenario::{Scenario, sock},
+    services::service_yaml,
+    suites::traffic::{WEB, backends, yaml},
+};
+
+/// The SCTP Service: port 38412 (NGAP's) to the backends' 9000.
+const SIG: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 38);
+const PORT: u16 = 38412;
+const TARGET: u16 = 9000;
+/// An SCTP Service without endpoints.
+const NONE: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 39);
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A scenario with `n` backends serving SCTP on `TARGET`, the web Service beside the SCTP
+/// ones (`affinity`: the SCTP Service's `sessionAffinity: ClientIP`).
+fn sctp_scenario(
+    test: &str,
+    prefix: &str,
+    n: u8,
+    affinity: bool,
+) -> Option<(Scenario, Vec<SctpServer>)> {
+    let all = backends(n);
+    let mut sig = service_yaml("sig", SIG, PORT, "SCTP", TARGET, &all);
+    if affinity {
+        sig = sig.replacen(
+            &format!("clusterIP: {SIG}\n"),
+            &format!("clusterIP: {SIG}\n  sessionAffinity: ClientIP\n"),
+            1,
+        );
+    }
+    let none = service_yaml("none", NONE, PORT, "SCTP", TARGET, &[]);
+    let text = yaml(&all, &all) + &sig + &none;
+    let s = Scenario::started(test, prefix, &text, n.into(), &format!("{WEB}:80/TCP"))?;
+    let mut s = s;
+    s.wait_backends(
+        &format!("{SIG}:{PORT}/SCTP"),
+        n.into(),
+        Duration::from_secs(30),
+    )
+    .expect("SCTP frontend programmed");
+    let servers = s
+        .topo
+        .backends
+        .iter()
+        .map(|pod| {
+            SctpServer::start(&pod.ns, &pod.name, IpAddr::V4(pod.ip), TARGET).expect("SCTP server")
+        })
+        .collect();
+    Some((s, servers))
+}
+
+fn no_bad_checksums(servers: &[SctpServer]) {
+    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
+    assert!(
+        bad.iter().all(|b| *b == 0),
+        "servers dropped packets for their checksum: {bad:?}"
+    );
+}
+
+#[test]
+fn sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address_and_right_checksums()
+ {
+    let Some((s, servers)) = sctp_scenario(
+        "sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address_and_right_checksums",
+        "xsa",
+        3,
+        false,
+    ) else {
+        return;
+    };
+    let client = s.topo.client.ip;
+    let answers = s
+        .topo
+        .client
+        .ns
+        .run(|| {
+            (0..30)
+                .map(|_| sctp_request(sock(SIG, PORT), TIMEOUT))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .expect("client thread")
+        .expect("every association completes");
+    let seen: BTreeSet<_> = answers.iter().map(|a| a.backend.clone()).collect();
+    assert!(seen.len() >= 2, "30 associations all went to {seen:?}");
+    for a in &answers {
+        assert!(
+            a.seen_client.starts_with(&format!("{client}:")),
+            "a pod's association is not source-NATed, yet {} saw {}",
+            a.backend,
+            a.seen_client
+        );
+    }
+    no_bad_checksums(&servers);
+}
+
+#[test]
+fn an_sctp_service_without_endpoints_refuses_with_icmp_port_unreachable() {
+    let Some((s, _servers)) = sctp_scenario(
+        "an_sctp_service_without_endpoints_refuses_with_icmp_port_unreachable",
+        "xsn",
+        1,
+        false,
+    ) else {
+        return;
+    };
+    s.topo
+        .client
+        .ns
+        .run(|| sctp_refused(sock(NONE, PORT), TIMEOUT))
+        .expect("client thread")
+        .expect("refused as kube-proxy's REJECT refuses");
+}
+
+#[test]
+fn sctp_client_ip_affinity_keeps_a_client_on_one_backend() {
+    let Some((s, servers)) = sctp_scenario(
+        "sctp_client_ip_affinity_keeps_a_client_on_one_backend",
+        "xsf",
+        3,
+        true,
+    ) else {
+        return;
+    };
+    let answers = s
+        .topo
+        .client
+        .ns
+        .run(|| {
+            (0..12)
+                .map(|_| sctp_request(sock(SIG, PORT), TIMEOUT))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .expect("client thread")
+        .expect("every association completes");
+    let seen: BTreeSet<_> = answers.iter().map(|a| a.backend.clone()).collect();
+    assert_eq!(
+        seen.len(),
+        1,
+        "ClientIP affinity, yet 12 associations went to {seen:?}"
+    );
+    no_bad_checksums(&servers);
+}
+
+#[test]
+fn an_sctp_association_lives_across_an_agent_restart() {
+    let Some((mut s, servers)) = sctp_scenario(
+        "an_sctp_association_lives_across_an_agent_restart",
+        "xsr",
+        3,
+        false,
+    ) else {
+        return;
+    };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (back_tx, back_rx) = std::sync::mpsc::channel::<String>();
+    // One association, held open on the client's thread across the restart.
+    let client = s
+        .topo
+        .client
+        .ns
+        .spawn(move || -> Result<(String, String), String> {
+            let mut c = SctpClient::connect(sock(SIG, PORT), TIMEOUT)?;
+            let first = c.request()?.backend;
+            back_tx.send(first.clone()).map_err(|e| e.to_string())?;
+            rx.recv().map_err(|e| e.to_string())?;
+            let second = c.request()?.backend;
+            c.close()?;
+            Ok((first, second))
+        });
+    back_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("first request");
+    let log = s.workdir.join("agent2.log");
+    s.agent.restart(log).expect("restart");
+    s.wait_backends(&format!("{SIG}:{PORT}/SCTP"), 3, Duration::from_secs(30))
+        .expect("restarted agent");
+    tx.send(()).expect("client waiting");
+    let (first, second) = client
+        .join()
+        .expect("client thread")
+        .expect("namespace")
+        .expect("the association's DATA and shutdown after the restart");
+    assert_eq!(
+        first, second,
+        "the association moved backends across the restart"
+    );
+    no_bad_checksums(&servers);
+}
