@@ -5,4 +5,5 @@
 mod health;
 mod matrix;
 mod paths;
+mod sctp;
 mod snat;
