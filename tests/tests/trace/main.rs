@@ -11,6 +11,7 @@ use std::{
 
 use lb_userspace::emit::Mode;
 use xlb_lab::compare::{CompareOptions, Flow, Impl, Origin, Outcome, compare};
+use xlb_lab::sctp::{SctpServer, sctp_request};
 use xlb_tests::{
     client,
     scenario::{Scenario, TCP_PORT, UDP_PORT},
@@ -26,6 +27,7 @@ use support::{flow_maps, open_request, outcome, trace};
 const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 const EMPTY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
+const SIG: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 13);
 
 /// A Service with one port `p` and its slice of ready endpoints (namespace `test`).
 fn service(
@@ -65,6 +67,7 @@ fn services() -> String {
             &eps,
         )
         + &service("empty", EMPTY, "TCP", 80, TCP_PORT, "", &[])
+        + &service("sig", SIG, "SCTP", 38412, 9000, "", &eps)
         + &format!(
             "---\napiVersion: v1\nkind: Pod\nmetadata: {{namespace: test, name: client}}\nstatus: {{podIP: {}}}\n",
             pod_ip(1)
@@ -140,6 +143,26 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
         .run(move || client::udp_request(to, timeout))
         .expect("netns")
         .expect("dns answers");
+
+    // SCTP: the trace sends an INIT; a real association goes through.
+    let sig = trace(&s, &["--from", "pod/test/client", "--to", "svc/test/sig"]);
+    assert!(sig.contains("SCTP INIT"), "{sig}");
+    let chosen: std::net::SocketAddrV4 = outcome(&sig).parse().expect("a backend");
+    assert!(
+        s.backend_ips().contains(chosen.ip()) && chosen.port() == 9000,
+        "{sig}"
+    );
+    let _servers: Vec<SctpServer> = s
+        .topo
+        .backends
+        .iter()
+        .map(|p| SctpServer::start(&p.ns, &p.name, p.ip.into(), 9000).expect("SCTP server"))
+        .collect();
+    let to = SocketAddr::from((SIG, 38412));
+    client_ns
+        .run(move || sctp_request(to, timeout))
+        .expect("netns")
+        .expect("sig answers");
 
     affinity_follows_the_real_flow(&s, &first.backend);
     no_endpoints_and_no_frontend(&s);

@@ -52,7 +52,11 @@ pub(super) fn trace_tc(
         format!(
             "{}{} {src} -> {} enters tc ingress (xlb_tc_ingress), then tc egress (xlb_tc_egress) of the interface it leaves by; BPF_PROG_TEST_RUN on a second instance: service maps shared from {}, {} conntrack and {} affinity entries copied into its own maps",
             if req.dst.is_ipv6() { "IPv6 " } else { "" },
-            if req.protocol == Protocol::Udp { "UDP" } else { "TCP SYN" },
+            match req.protocol {
+                Protocol::Udp => "UDP",
+                Protocol::Sctp => "SCTP INIT",
+                Protocol::Tcp => "TCP SYN",
+            },
             req.dst,
             ctx.pins.display(),
             scratch.conntrack_len(),
