@@ -30,6 +30,10 @@
 //! IPv6 rows (`ipv6.rs`): as many IPv6 services as IPv4 ones in the same maps, the same
 //! distinct flows over IPv6 through tc and XDP, in the same trials, with their ratio to IPv4.
 //!
+//! SCTP rows (`sctp.rs`): as many SCTP services as TCP ones (each TCP service's ClusterIP
+//! and backends, its port rewritten so each packet's CRC32c is updated), the same distinct
+//! flows as SCTP packets through tc, in the same trials, with their ratio to TCP.
+//!
 //! `XLB_BENCH_SCALES=1,10000` (and `XLB_BENCH_TRIALS=N`) runs a quick subset and leaves
 //! `docs/benchmarks.md` alone.
 
@@ -43,6 +47,7 @@ use xlb_tests::{services::service_yaml, unique_tag};
 
 mod ipv6;
 mod report_section;
+mod sctp;
 
 use report_section::render;
 
@@ -149,6 +154,8 @@ struct Scale {
     hot: Vec<Vec<Summary>>,
     /// Per hook of [`HOOKS6`], per case of [`CASES`]: the same over IPv6.
     distinct6: Vec<Vec<Summary>>,
+    /// Per case of [`CASES`], through tc: the same over SCTP (`sctp.rs`).
+    distinct_sctp: Vec<Summary>,
 }
 
 /// The two services that are each other's backend.
@@ -477,9 +484,9 @@ pub fn run() -> Result<(Section, bool)> {
 /// Every scale, every trial, both hooks (interleaved within a trial).
 fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> {
     let max = scales.iter().copied().max().unwrap_or(1);
-    // Both families' services: as many IPv6 ones as IPv4 ones.
-    let slots: usize = 2 * (0..max).map(backends_2_to_10).sum::<usize>() + 2;
-    let caps = Capacities::for_services(2 * max + 2, slots);
+    // Both families' services: as many IPv6 ones as IPv4 ones, and as many SCTP ones.
+    let slots: usize = 3 * (0..max).map(backends_2_to_10).sum::<usize>() + 2;
+    let caps = Capacities::for_services(3 * max + 2, slots);
     println!(
         "loading the object with {} = {:?}, {} = {:?} entries (same maps at every scale)",
         lb_common::MAP_SVC,
@@ -496,6 +503,9 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
         let v6 = parse_model(&ipv6::services_yaml6(have..n, backends_2_to_10))?;
         model.services.extend(v6.services);
         model.slices.extend(v6.slices);
+        let sc = parse_model(&sctp::services_yaml_sctp(have..n, backends_2_to_10))?;
+        model.services.extend(sc.services);
+        model.slices.extend(sc.slices);
         have = n;
         let t = dp.program(&model)?;
         let cur = dp.current();
@@ -507,6 +517,8 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
         );
         let f = Flows::new(n);
         let f6 = ipv6::flows6(n);
+        let fs = sctp::flows_sctp(n);
+        let mut ds = Vec::new();
         let mut d = vec![Vec::new(); HOOKS.len()];
         let mut h = vec![Vec::new(); HOOKS.len()];
         let mut d6 = vec![Vec::new(); HOOKS6.len()];
@@ -519,6 +531,12 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
                     d6[i][trial].iter().map(|x| *x as u64).collect::<Vec<_>>()
                 );
             }
+            // SCTP through tc only: XDP passes it to tc.
+            ds.push(distinct_trial(&mut dp, HOOKS[0], &fs, ifindex)?);
+            println!(
+                "  trial {trial} tc SCTP: distinct {:?} ns",
+                ds[trial].iter().map(|x| *x as u64).collect::<Vec<_>>()
+            );
             for (i, hook) in HOOKS.iter().enumerate() {
                 d[i].push(distinct_trial(&mut dp, *hook, &f, ifindex)?);
                 h[i].push(hot_trial(&mut dp, *hook, &f, ifindex)?);
@@ -541,6 +559,7 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             distinct: d.iter().map(|t| summarize(t)).collect(),
             hot: h.iter().map(|t| summarize(t)).collect(),
             distinct6: d6.iter().map(|t| summarize(t)).collect(),
+            distinct_sctp: summarize(&ds),
         });
     }
     Ok(out)

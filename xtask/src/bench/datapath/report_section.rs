@@ -63,6 +63,7 @@ pub(super) fn render(scales: &[Scale], trials: usize, full: bool) -> Result<Sect
     multiples(&mut body, scales);
     findings(&mut body);
     ipv6_tables(&mut body, scales);
+    sctp_table(&mut body, scales);
     targets(&mut body, scales);
     let series: Vec<Series> = HOOKS
         .iter()
@@ -299,6 +300,38 @@ fn ipv6_tables(body: &mut String, scales: &[Scale]) {
         body.push_str(&report::table(&headers, &rows));
         body.push('\n');
     }
+}
+
+/// The SCTP rows through tc, each case with its ratio to TCP's in the same trials.
+fn sctp_table(body: &mut String, scales: &[Scale]) {
+    body.push_str(
+        "\n**SCTP** through tc (the same distinct method: as many SCTP services as TCP ones, on \
+         the TCP services' ClusterIPs and backends, port 80 → 8080, so every translated packet's \
+         CRC32c is updated for the rewritten port: five table steps, `lb_common::crc32c`; a flow \
+         is an INIT, the backend's DATA, then the client's DATA; XDP passes SCTP to tc, so there \
+         is no XDP row; ÷ TCP = this case's median over tc's TCP one in the same trials):\n\n",
+    );
+    let mut headers = vec!["tc SCTP services".to_string()];
+    for c in CASES {
+        headers.push(c.to_string());
+        headers.push("÷ TCP".into());
+    }
+    let rows: Vec<Vec<String>> = scales
+        .iter()
+        .map(|s| {
+            let mut r = vec![s.services.to_string()];
+            for c in 0..CASES.len() {
+                r.push(s.distinct_sctp[c].show(0));
+                r.push(format!(
+                    "{:.2}×",
+                    s.distinct_sctp[c].median / s.distinct[0][c].median
+                ));
+            }
+            r
+        })
+        .collect();
+    body.push_str(&report::table(&headers, &rows));
+    body.push('\n');
 }
 
 /// What stands between the IPv6 rows and 1.2× of IPv4, per hook, as measured.
