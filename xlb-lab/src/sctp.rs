@@ -182,9 +182,24 @@ fn raw_socket(addr: &SocketAddr, timeout: Duration) -> io::Result<Socket> {
     Ok(s)
 }
 
-/// Receives one SCTP packet: its source address and its bytes (an IPv4 raw socket hands
-/// over the IP header too; it is stripped).
-fn recv(s: &Socket, buf: &mut [u8]) -> io::Result<(IpAddr, Vec<u8>)> {
+/// Receives one packet: its source address and its bytes (an IPv4 raw socket hands over
+/// the IP header too; it is stripped). `None` when the read timeout passed first.
+fn recv(s: &Socket, buf: &mut [u8]) -> io::Result<Option<(IpAddr, Vec<u8>)>> {
+    match recv_one(s, buf) {
+        Ok(r) => Ok(Some(r)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn recv_one(s: &Socket, buf: &mut [u8]) -> io::Result<(IpAddr, Vec<u8>)> {
     // SAFETY: `[u8]` and `[MaybeUninit<u8>]` have one layout, and the kernel only writes
     // initialized bytes into it.
     let uninit = unsafe { &mut *(buf as *mut [u8] as *mut [MaybeUninit<u8>]) };
@@ -280,15 +295,8 @@ fn serve(
     let mut next_tag: u32 = 0x5c70_0001;
     while !stop.load(Ordering::Relaxed) {
         let (from, bytes) = match recv(sock, &mut buf) {
-            Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue;
-            }
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
             Err(e) => return Err(format!("{name}: receive: {e}")),
         };
         if bytes.len() >= 4 && u16::from_be_bytes([bytes[2], bytes[3]]) != port {
@@ -469,15 +477,8 @@ impl SctpClient {
                 return Err(format!("{to}: no {step} within {:?}", self.timeout));
             }
             let (from, bytes) = match recv(&self.sock, &mut self.buf) {
-                Ok(r) => r,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    continue;
-                }
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
                 Err(e) => return Err(format!("{to}: receive: {e}")),
             };
             if from != to.ip() || bytes.len() < 12 {
@@ -537,14 +538,14 @@ pub fn sctp_refused(to: SocketAddr, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     let mut buf = vec![0u8; 2048];
     while Instant::now() < deadline {
-        if let Ok((_, bytes)) = recv(&sock, &mut buf)
+        if let Ok(Some((_, bytes))) = recv(&sock, &mut buf)
             && bytes.len() >= 16
             && u16::from_be_bytes([bytes[0], bytes[1]]) == to.port()
             && u16::from_be_bytes([bytes[2], bytes[3]]) == sport
         {
             return Err(format!("{to}: answered ({:?}), not refused", bytes.get(12)));
         }
-        let Ok((_, msg)) = recv(&icmp, &mut buf) else {
+        let Ok(Some((_, msg))) = recv(&icmp, &mut buf) else {
             continue;
         };
         // ICMP type, code, 4 unused bytes, then the quoted IP header and 8 bytes of SCTP.

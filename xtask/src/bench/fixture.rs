@@ -406,14 +406,29 @@ pub fn backends_2_to_10(i: usize) -> usize {
 /// YAML (Service + EndpointSlice) of synthetic services `range`, service `i` with
 /// `backends(i)` ready endpoints on port [`TARGET_PORT`], each with its own addresses.
 pub fn services_yaml(range: std::ops::Range<usize>, backends: impl Fn(usize) -> usize) -> String {
+    protocol_services_yaml("TCP", range, backends)
+}
+
+/// [`services_yaml`] of `protocol` (`TCP`, `UDP`, `SCTP`): service `i` on TCP service
+/// `i`'s ClusterIP and backends, named after the protocol so both can be in one model.
+pub fn protocol_services_yaml(
+    protocol: &str,
+    range: std::ops::Range<usize>,
+    backends: impl Fn(usize) -> usize,
+) -> String {
+    let prefix = if protocol == "TCP" {
+        "s".to_string()
+    } else {
+        protocol.to_lowercase()
+    };
     let mut y = String::new();
     for i in range {
         let bes: Vec<Ipv4Addr> = (0..backends(i)).map(|k| backend_ip(i, k)).collect();
         y.push_str(&service_yaml(
-            &format!("s{i}"),
+            &format!("{prefix}{i}"),
             vip(i),
             SVC_PORT,
-            "TCP",
+            protocol,
             TARGET_PORT,
             &bes,
         ));

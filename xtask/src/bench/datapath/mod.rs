@@ -55,7 +55,8 @@ use super::{
     Summary,
     fixture::{
         Capacities, Datapath, PROG_EGRESS, PROG_INGRESS, PROG_PASS, PROG_XDP, PROG_XDP_PASS,
-        SVC_PORT, TARGET_PORT, addr_add, backends_2_to_10, extend_model, parse_model, vip,
+        SVC_PORT, TARGET_PORT, addr_add, backends_2_to_10, extend_model, parse_model,
+        protocol_services_yaml, vip,
     },
     report::Section,
 };
@@ -503,7 +504,7 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
         let v6 = parse_model(&ipv6::services_yaml6(have..n, backends_2_to_10))?;
         model.services.extend(v6.services);
         model.slices.extend(v6.slices);
-        let sc = parse_model(&sctp::services_yaml_sctp(have..n, backends_2_to_10))?;
+        let sc = parse_model(&protocol_services_yaml("SCTP", have..n, backends_2_to_10))?;
         model.services.extend(sc.services);
         model.slices.extend(sc.slices);
         have = n;

@@ -10,34 +10,13 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use anyhow::{Result, anyhow, bail};
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header};
 use lb_userspace::trace::frame::seen;
-use xlb_tests::services::service_yaml;
 
 use super::{FLOWS, Flows};
-use crate::bench::fixture::{SVC_PORT, TARGET_PORT, addr_add, backend_ip, vip};
+use crate::bench::fixture::{SVC_PORT, TARGET_PORT, addr_add, vip};
 
 /// Chunk types the rows send.
 const DATA: u8 = 0;
 const INIT: u8 = 1;
-
-/// YAML of SCTP services `range`: service `i` on TCP service `i`'s ClusterIP and backends.
-pub(super) fn services_yaml_sctp(
-    range: std::ops::Range<usize>,
-    backends: impl Fn(usize) -> usize,
-) -> String {
-    let mut y = String::new();
-    for i in range {
-        let bes: Vec<Ipv4Addr> = (0..backends(i)).map(|k| backend_ip(i, k)).collect();
-        y.push_str(&service_yaml(
-            &format!("sctp{i}"),
-            vip(i),
-            SVC_PORT,
-            "SCTP",
-            TARGET_PORT,
-            &bes,
-        ));
-    }
-    y
-}
 
 /// An SCTP packet with one chunk of `kind` (INIT: the fixed part; DATA: 8 payload bytes)
 /// from `src` to `dst` in Ethernet and IPv4, its CRC32c computed.
