@@ -184,6 +184,16 @@ fn an_sctp_association_lives_across_an_agent_restart() {
     back_rx
         .recv_timeout(Duration::from_secs(10))
         .expect("first request");
+    // `xlb list conntrack` shows the open association as an SCTP flow to the frontend.
+    let flows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+    let frontend = format!("{SIG}:{PORT}");
+    assert!(
+        flows
+            .iter()
+            .any(|f| f.protocol.eq_ignore_ascii_case("sctp") && f.frontend == frontend),
+        "no SCTP flow to {frontend} in {}",
+        lb_userspace::list::render(&flows)
+    );
     let log = s.workdir.join("agent2.log");
     s.agent.restart(log).expect("restart");
     s.wait_backends(&format!("{SIG}:{PORT}/SCTP"), 3, Duration::from_secs(30))
