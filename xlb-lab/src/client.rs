@@ -17,7 +17,8 @@ pub struct Answer {
     pub seen_client: String,
 }
 
-fn parse(line: &str, to: SocketAddr) -> Result<Answer, String> {
+/// An echo server's reply line (`name peer`) to a request to `to`.
+pub(crate) fn parse(line: &str, to: SocketAddr) -> Result<Answer, String> {
     let mut parts = line.split_whitespace();
     match (parts.next(), parts.next()) {
         (Some(b), Some(c)) => Ok(Answer {

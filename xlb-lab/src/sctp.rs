@@ -25,7 +25,11 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::{client::Answer, echo::reply, netns::Netns};
+use crate::{
+    client::{self, Answer},
+    echo::reply,
+    netns::Netns,
+};
 
 /// IP protocol number of SCTP.
 pub const IPPROTO_SCTP: i32 = 132;
@@ -433,14 +437,7 @@ impl SctpClient {
             .ok_or_else(|| format!("{to}: SACK without DATA"))?;
         let line = String::from_utf8_lossy(line).to_string();
         self.send(vec![sack(their_tsn)])?;
-        let mut parts = line.split_whitespace();
-        match (parts.next(), parts.next()) {
-            (Some(b), Some(c)) => Ok(Answer {
-                backend: b.to_string(),
-                seen_client: c.to_string(),
-            }),
-            _ => Err(format!("{to}: unexpected reply {line:?}")),
-        }
+        client::parse(&line, to)
     }
 
     /// The shutdown: SHUTDOWN, SHUTDOWN ACK, SHUTDOWN COMPLETE.
