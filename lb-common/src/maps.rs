@@ -264,6 +264,11 @@ pub const CT_F_PORT_IN: u16 = 128;
 /// entry without it (made by tc, or refreshed) gets it from XDP's next route lookup. tc
 /// ignores it.
 pub const CT_F_XDP_STACK: u16 = 256;
+/// Conntrack flag: the flow is the node's own, DNATed at tc egress (an SCTP association:
+/// no socket hook runs for SCTP) and redirected toward its backend. Its replies are
+/// delivered to the node's socket and never cross a tc egress, so tc ingress gives them
+/// both sides back (the frontend as source too).
+pub const CT_F_OUT_DNAT: u16 = 512;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

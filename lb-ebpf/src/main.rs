@@ -19,6 +19,7 @@ mod icmp;
 mod log;
 mod maps;
 mod nat;
+mod out_dnat;
 mod packet;
 mod parse;
 mod reason;
@@ -80,7 +81,14 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
 /// too: egress drops nothing it does not own).
 #[classifier]
 pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
-    let (action, reason) = match try_tc_egress(&ctx) {
+    let outcome = match egress(&ctx).next::<i32>() {
+        Then::Done(o) => o,
+        // The node's own packet to a frontend, from this frame (the frames of a call chain
+        // add up, and the new-flow steps need theirs): see `out_dnat`.
+        Then::Next(_) => node_flow(&ctx),
+        Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+    };
+    let (action, reason) = match outcome {
         Ok(verdict) => verdict,
         Err(Reason(R_MALFORMED)) => (TC_ACT_OK, Reason(R_MALFORMED)),
         Err(dropped) => (TC_ACT_SHOT, dropped),
@@ -258,29 +266,55 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     // a call chain add up (512 bytes in all).
     match tc_new_flow(ctx, &t, svc, reason, &mut w.v4).next() {
         Then::Done(o) => o,
-        Then::Refuse => refuse(ctx, &t).outcome(),
+        Then::Refuse => refuse(ctx, &t, 0).outcome(),
         Then::FragNeeded(mtu) => frag_needed(ctx, &t, mtu).outcome(),
         // Not an answer of this step (it ends every flow it starts): untouched.
         Then::Next(r) => Ok((TC_ACT_OK, r)),
     }
 }
 
-/// tc egress: the source side of a tracked flow's packet (see `xlb_tc_egress`).
+/// tc egress's steps for a tracked flow (see `xlb_tc_egress`), out of line: its verdict,
+/// or [`Then::Next`] for a packet to a frontend that may be the node's own.
+#[inline(never)]
+fn egress(ctx: &TcContext) -> Carried {
+    Carried::then(match try_tc_egress(ctx) {
+        Ok(Some(verdict)) => Ok(Then::Done(Ok(verdict))),
+        Ok(None) => Ok(Then::Next(Reason(R_PASS))),
+        Err(r) => Err(r),
+    })
+}
+
+/// The node's own packet to a frontend: this run's one acquire of the work area.
 #[inline(always)]
-fn try_tc_egress(ctx: &TcContext) -> Outcome {
+fn node_flow(ctx: &TcContext) -> Outcome {
+    // SAFETY: the only acquire on this path of the run (`egress` acquired none: it found
+    // no tracked flow and no ICMP error).
+    let w = unsafe { work::acquire() }?;
+    out_dnat::flow(ctx, w).outcome()
+}
+
+/// tc egress: the source side of a tracked flow's packet (see `xlb_tc_egress`); `None` for
+/// a packet to a frontend, which may be the node's own (`out_dnat`).
+#[inline(always)]
+fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(m) => {
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
-            return icmp_error::<{ nat::SRC }>(ctx, &m, &mut w.v4).outcome();
+            return icmp_error::<{ nat::SRC }>(ctx, &m, &mut w.v4)
+                .outcome()
+                .map(Some);
         }
         Parsed::Pass(Reason(parse::IPV6)) => {
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
-            return v6::tc_egress(ctx, &mut w.v6).outcome();
+            return match v6::tc_egress(ctx, &mut w.v6).next::<i32>() {
+                Then::Done(o) => o.map(Some),
+                _ => Ok(None),
+            };
         }
-        Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
+        Parsed::Pass(reason) => return Ok(Some((TC_ACT_OK, reason))),
     };
     // A reply as netfilter saw it (backend → client): the frontend as source.
     if let Some(ct) = filter::maybe_backend(t.saddr_be)
@@ -290,7 +324,7 @@ fn try_tc_egress(ctx: &TcContext) -> Outcome {
         conntrack::touch(ct, &t);
         nat::apply::<_, { nat::BOTH }>(ctx, &t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-        return Ok((TC_ACT_OK, Reason(R_REVERSE_NAT)));
+        return Ok(Some((TC_ACT_OK, Reason(R_REVERSE_NAT))));
     }
     // A request of a SNATed flow as netfilter saw it (client → backend): the SNAT source.
     if let Some(ct) = filter::maybe_backend(t.daddr_be)
@@ -299,9 +333,15 @@ fn try_tc_egress(ctx: &TcContext) -> Outcome {
     {
         conntrack::touch(ct, &t);
         nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
-        return Ok((TC_ACT_OK, Reason(R_SNAT_OUT)));
+        return Ok(Some((TC_ACT_OK, Reason(R_SNAT_OUT))));
     }
-    Ok((TC_ACT_OK, Reason(R_PASS)))
+    // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
+    // (`out_dnat` checks the protocol: read here, LLVM packs the tuple's fields on ways out
+    // where some were never read, which the verifier refuses.)
+    if filter::maybe_frontend(t.daddr_be) {
+        return Ok(None);
+    }
+    Ok(Some((TC_ACT_OK, Reason(R_PASS))))
 }
 
 /// An ICMP message: the `PART` side translated when it is an error about a tracked flow,
@@ -324,10 +364,10 @@ fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Carried {
     Carried::done(reject::frag_needed(ctx, t, mtu).map(|action| (action, Reason(R_FRAG_NEEDED))))
 }
 
-/// A new flow to a frontend without endpoints: refused.
+/// A new flow to a frontend without endpoints: refused (`back`: see `reject::refuse`).
 #[inline(never)]
-fn refuse(ctx: &TcContext, t: &Tuple) -> Carried {
-    Carried::done(reject::refuse(ctx, t).map(|action| (action, Reason(R_REJECT))))
+pub(crate) fn refuse(ctx: &TcContext, t: &Tuple, back: u64) -> Carried {
+    Carried::done(reject::refuse(ctx, t, back).map(|action| (action, Reason(R_REJECT))))
 }
 
 /// The first packet of a flow to a frontend: source ranges, refusal when there are no

@@ -1,7 +1,8 @@
 //! Address and port rewrites with incremental IPv4 and L4 checksum updates.
 
 use lb_common::{
-    CT_F_PORT_IN, CtValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, crc32c,
+    CT_F_OUT_DNAT, CT_F_PORT_IN, CtValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
+    crc32c,
 };
 
 use crate::{
@@ -49,7 +50,10 @@ pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Rea
 /// ingress (restored at egress).
 #[inline(always)]
 pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
-    if to.flags & CT_F_PORT_IN != 0 {
+    if to.flags & CT_F_OUT_DNAT != 0 {
+        // The node's own flow (DNATed at egress): its reply crosses no egress.
+        apply::<P, BOTH>(ctx, t, to)
+    } else if to.flags & CT_F_PORT_IN != 0 {
         apply::<P, DADDR>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)

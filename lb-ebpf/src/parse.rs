@@ -90,6 +90,12 @@ fn not_ipv4(ethertype_be: u16) -> Parsed {
     }))
 }
 
+/// Whether the frame is IPv6 (its Ethernet type).
+#[inline(always)]
+pub fn is_ipv6<P: Packet>(ctx: &P) -> bool {
+    ctx.load::<u16>(12) == Ok(ETH_P_IPV6_BE)
+}
+
 const IPPROTO_ICMP: u8 = 1;
 
 #[inline(always)]

@@ -146,8 +146,10 @@ pub(crate) fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
 }
 
 /// Rewrites the packet into the refusal and redirects it back; returns the tc action.
+/// `back`: the redirect's flags: 0 at tc ingress (back out of the interface it came in
+/// on), `BPF_F_INGRESS` at tc egress (into the node's stack: the node's own packet).
 #[inline(always)]
-pub fn refuse(ctx: &TcContext, t: &Tuple) -> Result<i32, Reason> {
+pub fn refuse(ctx: &TcContext, t: &Tuple, back: u64) -> Result<i32, Reason> {
     if t.l4_off != ETH_HLEN + 20 {
         // IP options: too rare to answer; drop, as a timeout would.
         return Err(Reason(R_NO_BACKEND));
@@ -161,7 +163,7 @@ pub fn refuse(ctx: &TcContext, t: &Tuple) -> Result<i32, Reason> {
     } else {
         icmp_unreachable(ctx, &eth, client, vip, ICMP_PORT_UNREACH, 0)?;
     }
-    send_back(ctx)
+    send_back(ctx, back)
 }
 
 /// Answers a packet too big for its route (DF set) with ICMP fragmentation needed, from the
@@ -177,16 +179,17 @@ pub fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Result<i32, Reason> 
     let client = [ip[12], ip[13], ip[14], ip[15]];
     let vip = [ip[16], ip[17], ip[18], ip[19]];
     icmp_unreachable(ctx, &eth, client, vip, ICMP_FRAG_NEEDED, mtu)?;
-    send_back(ctx)
+    send_back(ctx, 0)
 }
 
-/// Sends the rewritten packet back out of the interface it came in on.
+/// Sends the rewritten packet back out of the interface it came in on (`flags` 0), or
+/// into the node's stack from it (`BPF_F_INGRESS`: an answer to the node's own packet).
 #[inline(always)]
-pub(crate) fn send_back(ctx: &TcContext) -> Result<i32, Reason> {
+pub(crate) fn send_back(ctx: &TcContext, flags: u64) -> Result<i32, Reason> {
     // SAFETY: reading the ifindex field of the context the kernel passed us.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     // SAFETY: helper on our own skb.
-    let action = unsafe { bpf_redirect(ifindex, 0) };
+    let action = unsafe { bpf_redirect(ifindex, flags) };
     if action != TC_ACT_REDIRECT as i64 {
         return Err(Reason(R_REWRITE_FAILED));
     }

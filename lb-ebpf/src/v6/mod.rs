@@ -16,17 +16,18 @@ pub mod fib;
 pub mod icmp;
 pub mod maps;
 pub mod nat;
+pub mod out_dnat;
 pub mod parse;
 pub mod reject;
 pub mod xdp;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, R_BACKEND_GONE,
-    R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE, R_NEW_FLOW,
-    R_NO_BACKEND, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED, R_SNAT_OUT,
-    R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES, SvcValue,
-    filter_fold,
+    BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, IPPROTO_SCTP,
+    R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE,
+    R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED,
+    R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
 use self::{
@@ -83,17 +84,17 @@ pub fn tc(ctx: &TcContext, w: &mut Work6) -> Carried {
     let Some(svc) = select::lookup(&frontend(&w.pkt)) else {
         return Carried::done(pass(R_PASS));
     };
-    match choose(w, svc, reason).next::<i32>() {
+    match choose(w, svc, reason, SCOPE_EXTERNAL).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
-        Then::Refuse => return refuse(ctx, w),
+        Then::Refuse => return refuse(ctx, w, 0),
         Then::FragNeeded(mtu) => return too_big(ctx, w, mtu),
     }
     match start(ctx, w, svc, reason).next::<i32>() {
         Then::Next(_) => rewrite(ctx, w, svc.svc_id, reason),
         Then::Done(o) => Carried::done(o),
         Then::FragNeeded(mtu) => too_big(ctx, w, mtu),
-        Then::Refuse => refuse(ctx, w),
+        Then::Refuse => refuse(ctx, w, 0),
     }
 }
 
@@ -125,7 +126,8 @@ fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32, s: &FlowSc
 /// An IPv6 packet at tc egress: the source side of a tracked flow's packet, as IPv4's
 /// (`try_tc_egress` in `main.rs`): a reply as netfilter saw it gets its frontend, a request
 /// of a SNATed flow its SNAT source, an ICMPv6 error about either that side of its quote
-/// (worked on in the run's IPv6 work area `w`, which the packet is parsed into).
+/// (worked on in the run's IPv6 work area `w`, which the packet is parsed into);
+/// [`Then::Next`] for the node's own SCTP packet to a frontend (`out_dnat`).
 #[inline(never)]
 pub fn tc_egress(ctx: &TcContext, w: &mut Work6) -> Carried {
     match parse::parse6(ctx, &mut w.pkt) {
@@ -134,7 +136,15 @@ pub fn tc_egress(ctx: &TcContext, w: &mut Work6) -> Carried {
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
-    Carried::done(try_egress(ctx, &w.pkt))
+    let o = try_egress(ctx, &w.pkt);
+    let passed = matches!(o, Ok((_, Reason(R_PASS))));
+    // The node's own SCTP packet to a frontend: no socket hook saw its association. Left
+    // to the program's entry ([`Then::Next`]), whose frame is the smallest.
+    if passed && w.pkt.proto == IPPROTO_SCTP && filter::maybe_frontend(filter_fold(&w.pkt.daddr_be))
+    {
+        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
+    }
+    Carried::done(o)
 }
 
 #[inline(always)]
@@ -173,11 +183,12 @@ fn icmp_error<const PART: u8>(ctx: &TcContext, w: &mut Work6) -> Carried {
     })
 }
 
-/// A new flow to a frontend without endpoints: refused.
+/// A new flow to a frontend without endpoints: refused (`back`: see `reject::refuse`).
 #[inline(never)]
-fn refuse(ctx: &TcContext, w: &mut Work6) -> Carried {
+pub(super) fn refuse(ctx: &TcContext, w: &mut Work6, back: u64) -> Carried {
     Carried::done(
-        reject::refuse(ctx, &w.pkt, &mut w.flow.quote_old).map(|action| (action, Reason(R_REJECT))),
+        reject::refuse(ctx, &w.pkt, &mut w.flow.quote_old, back)
+            .map(|action| (action, Reason(R_REJECT))),
     )
 }
 
@@ -283,8 +294,8 @@ pub(super) fn keep_alive(
 /// frontend's source ranges, refusal when there are no endpoints, else the backend (into
 /// the scratch) and [`Then::Next`].
 #[inline(never)]
-pub(super) fn choose(w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried {
-    Carried::then(try_choose(&w.pkt, svc, reason, &mut w.flow))
+pub(super) fn choose(w: &mut Work6, svc: &SvcValue, reason: u32, scope: u8) -> Carried {
+    Carried::then(try_choose(&w.pkt, svc, reason, scope, &mut w.flow))
 }
 
 #[inline(always)]
@@ -292,6 +303,7 @@ fn try_choose(
     t: &Tuple6,
     svc: &SvcValue,
     reason: u32,
+    scope: u8,
     s: &mut FlowScratch6,
 ) -> Result<Then<i32>, Reason> {
     // loadBalancerSourceRanges: a client outside them never gets a flow (new flows only,
@@ -302,7 +314,9 @@ fn try_choose(
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
         return Ok(Then::Refuse);
     }
-    let (id, slot, be) = select::choose(&frontend(t), &Client::addr6(t.saddr_be), svc)?;
+    let mut front = frontend(t);
+    front.scope = scope;
+    let (id, slot, be) = select::choose(&front, &Client::addr6(t.saddr_be), svc)?;
     s.backend_id = id;
     s.slot = slot as u32;
     copy_backend(&mut s.backend, &be);

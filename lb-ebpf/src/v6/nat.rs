@@ -2,7 +2,9 @@
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{CT_F_PORT_IN, CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{
+    CT_F_OUT_DNAT, CT_F_PORT_IN, CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
+};
 
 use super::{
     conntrack::eq6,
@@ -10,7 +12,7 @@ use super::{
 };
 use crate::{
     nat::{
-        DADDR, DPORT, DST, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
+        BOTH, DADDR, DPORT, DST, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
         sctp_csum_with_helpers,
     },
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
@@ -45,7 +47,10 @@ pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Re
 /// As IPv4's `nat::reply_in`.
 #[inline(always)]
 pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
-    if to.flags & CT_F_PORT_IN != 0 {
+    if to.flags & CT_F_OUT_DNAT != 0 {
+        // The node's own flow (DNATed at egress): its reply crosses no egress.
+        apply::<P, BOTH>(ctx, t, to)
+    } else if to.flags & CT_F_PORT_IN != 0 {
         apply::<P, DADDR>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)

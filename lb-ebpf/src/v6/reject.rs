@@ -61,15 +61,21 @@ fn headers(ctx: &TcContext, t: &Tuple6, proto: u8, payload: u16) -> Result<(), R
 }
 
 /// Rewrites the packet into the refusal and redirects it back; returns the tc action. An
-/// ICMPv6 answer's quote is built in `quote` (the scratch's: off the stack).
+/// ICMPv6 answer's quote is built in `quote` (the scratch's: off the stack). `back`: as
+/// IPv4's (`BPF_F_INGRESS` at egress).
 #[inline(always)]
-pub fn refuse(ctx: &TcContext, t: &Tuple6, quote: &mut [u8; QUOTE]) -> Result<i32, Reason> {
+pub fn refuse(
+    ctx: &TcContext,
+    t: &Tuple6,
+    quote: &mut [u8; QUOTE],
+    back: u64,
+) -> Result<i32, Reason> {
     if t.proto == IPPROTO_TCP {
         tcp_rst(ctx, t)?;
     } else {
         icmp_error(ctx, t, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, quote)?;
     }
-    send_back(ctx)
+    send_back(ctx, back)
 }
 
 /// Answers a packet too big for its route with Packet Too Big (`mtu`) from the frontend the
@@ -87,7 +93,7 @@ pub fn too_big(
         return Err(Reason(R_FRAG_NEEDED));
     }
     icmp_error(ctx, t, ICMPV6_PKT_TOOBIG, 0, mtu as u32, quote)?;
-    send_back(ctx)
+    send_back(ctx, 0)
 }
 
 #[inline(always)]

@@ -9,7 +9,8 @@
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
 use lb_common::{
     BE_F_REMOTE, CT_F_XDP_STACK, CtValue6, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED,
-    R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, SvcValue, filter_fold,
+    R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue,
+    filter_fold,
 };
 
 use super::{
@@ -78,7 +79,7 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Ok(true) => return Carried::done(pass(R_PASS)),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match choose(w, svc, R_NEW_FLOW).next::<i32>() {
+    match choose(w, svc, R_NEW_FLOW, SCOPE_EXTERNAL).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
         _ => return Carried::done(pass(R_PASS)),

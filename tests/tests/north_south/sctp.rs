@@ -17,7 +17,10 @@ use xlb_tests::{
     require_root,
     services::{Port, dual_stack_service_on_nodes},
     suites::north_south::{CLIENT_IP, NODE_IP, seen_ip},
-    topology::{NODE1_UNDERLAY, NODE1_UNDERLAY6, pod_ip, pod_ip6, remote_pod_ip, remote_pod_ip6},
+    topology::{
+        NODE1_UNDERLAY, NODE1_UNDERLAY6, NODE2_UNDERLAY, NODE2_UNDERLAY6, pod_ip, pod_ip6,
+        remote_pod_ip, remote_pod_ip6,
+    },
     twonode::{CLIENT6, Lab, NODE6},
 };
 
@@ -49,13 +52,9 @@ fn yaml() -> String {
     )
 }
 
-#[test]
-fn external_sctp_associations_reach_local_and_remote_backends_in_both_families() {
-    if !require_root("external_sctp_associations_reach_local_and_remote_backends_in_both_families")
-    {
-        return;
-    }
-    let lab = Lab::start_dual_stack("nss", &yaml(), &format!("[{NODE6}]:{NODE_PORT}/SCTP"), &[]);
+/// The dual-stack lab with SCTP servers on the local and the remote backend, both families.
+fn sctp_lab(prefix: &str) -> (Lab, Vec<SctpServer>) {
+    let lab = Lab::start_dual_stack(prefix, &yaml(), &format!("[{NODE6}]:{NODE_PORT}/SCTP"), &[]);
     let local = &lab.topo.backends[0];
     let remote = &lab.remote.pods[0];
     let mut servers = Vec::new();
@@ -67,6 +66,26 @@ fn external_sctp_associations_reach_local_and_remote_backends_in_both_families()
             servers.push(SctpServer::start(&pod.ns, &pod.name, ip, TARGET).expect("SCTP server"));
         }
     }
+    (lab, servers)
+}
+
+fn no_bad_checksums(servers: &[SctpServer]) {
+    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
+    assert!(
+        bad.iter().all(|b| *b == 0),
+        "servers dropped packets for their checksum: {bad:?}"
+    );
+}
+
+#[test]
+fn external_sctp_associations_reach_local_and_remote_backends_in_both_families() {
+    if !require_root("external_sctp_associations_reach_local_and_remote_backends_in_both_families")
+    {
+        return;
+    }
+    let (lab, servers) = sctp_lab("nss");
+    let local = &lab.topo.backends[0];
+    let remote = &lab.remote.pods[0];
     let (local_name, remote_name) = (local.name.clone(), remote.name.clone());
     for (to, client, snat) in [
         (
@@ -110,9 +129,84 @@ fn external_sctp_associations_reach_local_and_remote_backends_in_both_families()
             "{to}: 24 associations reached only {reached:?}"
         );
     }
-    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
-    assert!(
-        bad.iter().all(|b| *b == 0),
-        "servers dropped packets for their checksum: {bad:?}"
-    );
+    no_bad_checksums(&servers);
+}
+
+/// The node's own associations (a host-network process on node1) to the SCTP ClusterIP,
+/// both families. No socket hook runs for SCTP: node1's route to the service range leaves
+/// by the underlay toward node2 (as a node's default route to its gateway), where tc egress
+/// DNATs them and redirects them to a backend, on node1 or node2; tc ingress gives the
+/// replies the frontend back. Node2 runs no agent and has no route for the service range:
+/// a packet left untranslated is lost there.
+#[test]
+fn the_nodes_own_sctp_associations_reach_local_and_remote_backends_in_both_families() {
+    if !require_root(
+        "the_nodes_own_sctp_associations_reach_local_and_remote_backends_in_both_families",
+    ) {
+        return;
+    }
+    let (lab, servers) = sctp_lab("nso");
+    let node = &lab.topo.node;
+    node.ip(&[
+        "route",
+        "add",
+        "10.96.0.0/16",
+        "via",
+        &NODE2_UNDERLAY.to_string(),
+    ])
+    .expect("IPv4 route to the service range");
+    node.ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd00:10:96::/64",
+        "via",
+        &NODE2_UNDERLAY6.to_string(),
+    ])
+    .expect("IPv6 route to the service range");
+    let names = [
+        lab.topo.backends[0].name.clone(),
+        lab.remote.pods[0].name.clone(),
+    ];
+    for (to, source) in [
+        (
+            SocketAddr::new("10.96.0.38".parse().expect("ip"), 38412),
+            IpAddr::V4(NODE1_UNDERLAY),
+        ),
+        (
+            SocketAddr::new("fd00:10:96::38".parse().expect("ip"), 38412),
+            IpAddr::V6(NODE1_UNDERLAY6),
+        ),
+    ] {
+        let answers = node
+            .run(move || {
+                (0..16)
+                    .map(|_| sctp_request(to, TIMEOUT))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .expect("node thread");
+        let answers = answers.unwrap_or_else(|e| panic!("{to}: {e}\n{}", lab.agent.log_text()));
+        let mut reached = BTreeMap::new();
+        for a in &answers {
+            assert!(
+                names.contains(&a.backend),
+                "{to}: answered by {}",
+                a.backend
+            );
+            *reached.entry(a.backend.clone()).or_insert(0) += 1;
+            assert_eq!(
+                seen_ip(a),
+                source,
+                "{to}: {} saw {}, not the node's address toward its route",
+                a.backend,
+                a.seen_client
+            );
+        }
+        assert_eq!(
+            reached.len(),
+            2,
+            "{to}: 16 associations reached only {reached:?}"
+        );
+    }
+    no_bad_checksums(&servers);
 }

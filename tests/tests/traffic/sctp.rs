@@ -210,3 +210,64 @@ fn an_sctp_association_lives_across_an_agent_restart() {
     );
     no_bad_checksums(&servers);
 }
+
+/// The node's own associations (a host-network process) to an SCTP ClusterIP: no socket
+/// hook runs for SCTP, so tc egress on the interface the ClusterIP's route leaves by (here
+/// the node's gateway, as a node's default route) DNATs them and redirects them to a
+/// backend, and tc ingress gives the replies the frontend back. The gateway namespace does
+/// not forward: a packet left untranslated is lost there. A Service without endpoints is
+/// refused into the node's own stack.
+#[test]
+fn the_nodes_own_sctp_associations_to_a_cluster_ip_reach_the_backends() {
+    let Some((s, servers)) = sctp_scenario(
+        "the_nodes_own_sctp_associations_to_a_cluster_ip_reach_the_backends",
+        "xso",
+        3,
+        false,
+    ) else {
+        return;
+    };
+    let gw = s.topo.add_external_client("xv-gw").expect("gateway");
+    s.topo
+        .node
+        .ip(&["route", "add", "10.96.0.0/16", "via", &gw.ip.to_string()])
+        .expect("the node's route to the service range");
+    let answers = s
+        .topo
+        .node
+        .run(|| {
+            // The agent attaches xv-* interfaces as they appear: the first association
+            // waits for that.
+            let deadline = std::time::Instant::now() + Duration::from_secs(15);
+            let first = loop {
+                match sctp_request(sock(SIG, PORT), TIMEOUT) {
+                    Ok(a) => break a,
+                    Err(e) if std::time::Instant::now() > deadline => return Err(e),
+                    Err(_) => {}
+                }
+            };
+            let mut all = vec![first];
+            for _ in 0..12 {
+                all.push(sctp_request(sock(SIG, PORT), TIMEOUT)?);
+            }
+            Ok(all)
+        })
+        .expect("node thread")
+        .expect("every association of the node completes");
+    let seen: BTreeSet<_> = answers.iter().map(|a| a.backend.clone()).collect();
+    assert!(seen.len() >= 2, "13 associations all went to {seen:?}");
+    for a in &answers {
+        assert!(
+            a.seen_client.starts_with("192.0.2.1:"),
+            "the node's association should come from its address toward the gateway, yet {} saw {}",
+            a.backend,
+            a.seen_client
+        );
+    }
+    no_bad_checksums(&servers);
+    s.topo
+        .node
+        .run(|| sctp_refused(sock(NONE, PORT), TIMEOUT))
+        .expect("node thread")
+        .expect("the node's INIT to a Service without endpoints is refused");
+}
