@@ -7,7 +7,7 @@
 //! flow as it saw it.
 
 use aya_ebpf::programs::TcContext;
-use lb_common::{CtValue, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CtValue, IPPROTO_SCTP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
     conntrack,
@@ -63,7 +63,9 @@ pub fn translate<const PART: u8>(
     }
     load_quote(ctx, inner_off, &mut s.quote_old)?;
     let b = &s.quote_old;
-    if b[0] != 0x45 || (b[9] != 6 && b[9] != IPPROTO_UDP) {
+    // TCP, UDP and SCTP quotes: their ports lead the L4 header. (A quoted SCTP checksum,
+    // beyond the 28 bytes, is left as sent: nothing checks a quote's CRC32c.)
+    if b[0] != 0x45 || (b[9] != 6 && b[9] != IPPROTO_UDP && b[9] != IPPROTO_SCTP) {
         return Ok(None);
     }
     let proto = b[9];

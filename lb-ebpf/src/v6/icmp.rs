@@ -4,7 +4,7 @@
 //! refusals and path-MTU discovery work through an IPv6 service, as `icmp.rs` for IPv4.
 
 use aya_ebpf::{helpers::bpf_csum_diff, programs::TcContext};
-use lb_common::{CtValue6, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::{self, eq6},
@@ -67,7 +67,7 @@ pub fn translate<const PART: u8>(
     let b = &s.quote_old;
     // A quoted packet with extension headers is left alone (its ports are further in).
     let proto = b[6];
-    if b[0] >> 4 != 6 || (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+    if b[0] >> 4 != 6 || (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP) {
         return Ok(None);
     }
     let isrc = words(b, 8);

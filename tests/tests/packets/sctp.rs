@@ -339,3 +339,79 @@ fn sctp_without_endpoints_is_refused_and_other_ports_pass_untouched() {
         }
     }
 }
+
+/// ICMP errors about an SCTP flow, both families: the backend's port unreachable (or
+/// ICMPv6 destination unreachable) quoting the INIT as the backend got it reaches the
+/// client from the frontend, quoting the INIT as the client sent it (the frontend and its
+/// port), as netfilter's NAT translates a related packet. The quote's first 8 SCTP bytes
+/// are the ports and the verification tag; its CRC32c lies beyond them.
+#[test]
+fn icmp_errors_quoting_an_sctp_flow_are_translated_both_ways() {
+    let Some(mut dp) = with_sctp("icmp_errors_quoting_an_sctp_flow") else {
+        return;
+    };
+    for fam in families() {
+        let name = fam.name;
+        let client = SocketAddr::new(fam.client, 47300);
+        let vip = SocketAddr::new(fam.vip, SIG_PORT);
+        let init = frame(client, vip, 0, INIT, 16);
+        let r = dp.run(&init).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{name}: INIT");
+        let sent = seen(&r.packet, name);
+        assert!(
+            fam.backends.contains(&sent.dst.ip()),
+            "{name}: {}",
+            sent.dst
+        );
+        let backend = sent.dst.ip();
+        let error = match (backend, fam.client) {
+            (IpAddr::V4(b), IpAddr::V4(c)) => {
+                lb_userspace::trace::packet::icmp_error(b, c, 3, 3, 0, &r.packet[14..42])
+            }
+            (IpAddr::V6(b), IpAddr::V6(c)) => {
+                xlb_tests::frame6::Frame6::icmp(b, c, 1, 4, [0; 4], &r.packet[14..62]).build()
+            }
+            _ => panic!("{name}: mixed families"),
+        };
+        let before = reason_counts(&dp.pins)["icmp_xlate"];
+        let out = dp.run(&error).expect("run");
+        assert_eq!(out.verdict, TC_ACT_OK, "{name}: ICMP error");
+        let (src, dst, inner_src, inner_dst) = match (fam.client, fam.vip) {
+            (IpAddr::V4(_), IpAddr::V4(_)) => {
+                let p = lb_userspace::trace::packet::parse_icmp(&out.packet)
+                    .unwrap_or_else(|| panic!("{name}: no ICMP error"));
+                assert!(p.checksums_ok, "{name}: checksums {p:?}");
+                (
+                    IpAddr::V4(p.src),
+                    IpAddr::V4(p.dst),
+                    SocketAddr::V4(p.inner_src),
+                    SocketAddr::V4(p.inner_dst),
+                )
+            }
+            _ => {
+                let m = xlb_tests::frame6::seen_icmp6(&out.packet, name);
+                let b = &m.body;
+                let addr = |o: usize| {
+                    let mut a = [0u8; 16];
+                    a.copy_from_slice(&b[o..o + 16]);
+                    IpAddr::V6(Ipv6Addr::from(a))
+                };
+                let port = |o: usize| u16::from_be_bytes([b[o], b[o + 1]]);
+                (
+                    IpAddr::V6(m.src),
+                    IpAddr::V6(m.dst),
+                    SocketAddr::new(addr(8), port(40)),
+                    SocketAddr::new(addr(24), port(42)),
+                )
+            }
+        };
+        assert_eq!((src, dst), (fam.vip, fam.client), "{name}: outer");
+        assert_eq!((inner_src, inner_dst), (client, vip), "{name}: quote");
+        // Each hook translates its side (ingress the destination's, egress the source's).
+        assert_eq!(
+            reason_counts(&dp.pins)["icmp_xlate"],
+            before + 2,
+            "{name}: counted at ingress and at egress"
+        );
+    }
+}
