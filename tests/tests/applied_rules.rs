@@ -13,7 +13,11 @@ use std::{
     time::Duration,
 };
 
-use lb_userspace::{emit::Mode, model::node::NodeSettings, source::file};
+use lb_userspace::{
+    emit::Mode,
+    model::{Protocol, node::NodeSettings},
+    source::file,
+};
 use xlb_lab::{
     compare::{Impl, Installed, LabSpec, install},
     topology::Topology,
@@ -73,9 +77,14 @@ fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
         ..NodeSettings::default()
     };
     let addrs = ips.iter().map(|ip| IpAddr::V4(*ip));
-    let pods: BTreeMap<IpAddr, BTreeSet<u16>> = addrs
+    let pods: BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>> = addrs
         .chain(ips6.iter().map(|ip| IpAddr::V6(*ip)))
-        .map(|ip| (ip, [TCP_PORT, UDP_PORT].into()))
+        .map(|ip| {
+            (
+                ip,
+                [(TCP_PORT, Protocol::Tcp), (UDP_PORT, Protocol::Udp)].into(),
+            )
+        })
         .collect();
     let mut frontends = frontends(false).to_vec();
     if dual {

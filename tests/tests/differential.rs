@@ -1,6 +1,6 @@
 //! A differential test: Services and EndpointSlices generated from a seeded RNG (traffic
-//! policies, endpoint condition mixes, ClientIP affinity, no endpoints, several ports, TCP
-//! and UDP) go through `xlb compare`'s machinery, and xlb's eBPF datapath (`--socket-lb
+//! policies, endpoint condition mixes, ClientIP affinity, no endpoints, several ports, TCP,
+//! UDP and SCTP) go through `xlb compare`'s machinery, and xlb's eBPF datapath (`--socket-lb
 //! all`) must do what kube-proxy's iptables and nftables rules (as xlb emits them) do on
 //! every flow, from the pod and from the node. A failure names its seed and carries the
 //! YAML; `XLB_DIFF_SEED=N[,M…]` runs seeds of your choice instead of the fixed ones.
@@ -44,7 +44,7 @@ fn service_yaml(rng: &mut StdRng, i: usize) -> String {
     let node_port = rng.random_bool(0.5);
     let ports: Vec<(String, &str, u16)> = (0..rng.random_range(1..=2))
         .map(|k| {
-            let proto = if rng.random_bool(0.5) { "TCP" } else { "UDP" };
+            let proto = ["TCP", "UDP", "SCTP"][rng.random_range(0..3)];
             (format!("p{k}"), proto, 8080 + k as u16)
         })
         .collect();
@@ -130,6 +130,11 @@ fn generate(seed: u64) -> String {
 ///   hook fails the connect() at once with EHOSTUNREACH: a socket cannot wait (docs/datapath.md,
 ///   "the call fails at once with `EHOSTUNREACH`"). kube-proxy's DROP is a timeout for a
 ///   pod, and for the node's own datagram (dropped in the output path) an EPERM from send();
+/// * SCTP, which no socket hook sees: the node's own association that xlb drops at tc egress
+///   (a Local policy without a local endpoint) is dropped by kube-proxy in the output path
+///   (send() fails with EPERM); and the node's own association to a NodePort on its own
+///   address crosses no xlb program (it goes over `lo`), where kube-proxy's OUTPUT rules
+///   serve it (docs/datapath.md § SCTP);
 /// * a pod to a NodePort with externalTrafficPolicy Local and no endpoint on this node
 ///   (`etp_local` names those services): xlb's socket hooks send it to the cluster's
 ///   endpoints, as kube-proxy does with a local-traffic detector (detect-local-mode
@@ -151,12 +156,25 @@ fn known_difference(
         && matches!(ebpf, Outcome::Backends(_))
         && matches!(other, Outcome::Dropped | Outcome::Backends(_));
     let eperm = matches!(other, Outcome::Failed(e) if e.contains("Operation not permitted"));
-    let node_udp = flow.origin == Origin::Node && flow.protocol == Protocol::Udp;
+    let node = flow.origin == Origin::Node;
+    let node_udp = node && matches!(flow.protocol, Protocol::Udp | Protocol::Sctp);
     let refused_vs_eperm =
         node_udp && flow.kind == Frontend::ClusterIp && *ebpf == Outcome::Refused && eperm;
     let unreachable = matches!(ebpf, Outcome::Failed(e) if e.contains("No route to host"));
     let dropped = *other == Outcome::Dropped || (node_udp && eperm);
-    refused_vs_eperm || (unreachable && dropped) || pod_to_local_node_port
+    // SCTP has no socket hook: the node's own association that xlb drops at tc egress is
+    // one kube-proxy drops in the output path (EPERM).
+    let sctp = flow.protocol == Protocol::Sctp;
+    let node_sctp_dropped = node && sctp && *ebpf == Outcome::Dropped && dropped;
+    // The node's own SCTP association to its own NodePort address crosses no xlb program
+    // (`lo`): documented, docs/datapath.md § SCTP.
+    let node_sctp_node_port =
+        node && sctp && flow.kind == Frontend::NodePort && *ebpf == Outcome::Dropped;
+    refused_vs_eperm
+        || (unreachable && dropped)
+        || pod_to_local_node_port
+        || node_sctp_dropped
+        || node_sctp_node_port
 }
 
 /// The services (`ns/name`) of `yaml` with externalTrafficPolicy Local.
@@ -265,6 +283,7 @@ fn the_generator_is_deterministic_and_covers_the_features() {
         "serving: true",
         "protocol: UDP",
         "protocol: TCP",
+        "protocol: SCTP",
         "name: p1",
     ] {
         assert!(all.contains(needle), "{needle}");

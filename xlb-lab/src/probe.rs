@@ -18,6 +18,7 @@ use crate::{
     client::{tcp_request, udp_request},
     compare::{Outcome, parse_target},
     netns::Netns,
+    sctp::sctp_request,
 };
 
 /// One request as the probe saw it.
@@ -166,7 +167,8 @@ pub fn stream(mut child: Child) -> std::sync::mpsc::Receiver<(std::time::Instant
 pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// `xlb-probe flows --requests N TARGET…`: `requests` requests for each target
-/// (`tcp/IP:PORT`, `udp/IP:PORT`); one [`Outcome`] line per target, in order.
+/// (`tcp/IP:PORT`, `udp/IP:PORT`, `sctp/IP:PORT`: a whole association each); one
+/// [`Outcome`] line per target, in order.
 pub fn flows(requests: usize, targets: &[String]) -> Result<String, String> {
     let mut out = String::new();
     for t in targets {
@@ -182,6 +184,7 @@ fn drive(protocol: Protocol, to: SocketAddr, requests: usize) -> Outcome {
     for _ in 0..requests {
         let r = match protocol {
             Protocol::Udp => udp_request(to, REQUEST_TIMEOUT),
+            Protocol::Sctp => sctp_request(to, REQUEST_TIMEOUT),
             _ => tcp_request(to, REQUEST_TIMEOUT),
         };
         match r {
@@ -191,6 +194,7 @@ fn drive(protocol: Protocol, to: SocketAddr, requests: usize) -> Outcome {
             Err(e) if e.contains("refused") => return Outcome::Refused,
             Err(e)
                 if e.contains("timed out")
+                    || e.contains("no INIT ACK within")
                     || e.contains("WouldBlock")
                     || e.contains("temporarily unavailable") =>
             {

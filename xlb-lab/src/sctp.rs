@@ -388,6 +388,8 @@ fn serve(
 /// timeout, an ABORT, a wrong checksum or verification tag).
 pub struct SctpClient {
     sock: Socket,
+    /// A raw ICMP (ICMPv6) socket: a refusal of the INIT comes back on it.
+    icmp: Socket,
     to: SocketAddr,
     sport: u16,
     my_tag: u32,
@@ -402,9 +404,11 @@ impl SctpClient {
     /// `timeout`.
     pub fn connect(to: SocketAddr, timeout: Duration) -> Result<Self, String> {
         let sock = raw_socket(&to, Duration::from_millis(20)).map_err(|e| format!("{to}: {e}"))?;
+        let icmp = icmp_socket(&to).map_err(|e| format!("{to}: raw ICMP socket: {e}"))?;
         let my_tag = rand::random::<u32>() | 1;
         let mut c = SctpClient {
             sock,
+            icmp,
             to,
             sport: rand::random_range(20000..60000u16),
             my_tag,
@@ -473,6 +477,12 @@ impl SctpClient {
             if Instant::now() > deadline {
                 return Err(format!("{to}: no {step} within {:?}", self.timeout));
             }
+            if want == chunk::INIT_ACK
+                && let Ok(Some((_, msg))) = recv(&self.icmp, &mut self.buf)
+                && let Some(err) = refusal(&msg, to, self.sport)
+            {
+                return Err(err);
+            }
             let (from, bytes) = match recv(&self.sock, &mut self.buf) {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
@@ -509,63 +519,62 @@ pub fn sctp_request(to: SocketAddr, timeout: Duration) -> Result<Answer, String>
     Ok(answer)
 }
 
-/// Sends an INIT to `to` (IPv4) and waits for the ICMP port unreachable that refuses it,
-/// as kube-proxy's REJECT sends for a Service without endpoints. An error if an INIT ACK
-/// or nothing comes within `timeout`.
+/// Sends an INIT to `to` and expects the ICMP (ICMPv6) port unreachable that refuses it, as
+/// kube-proxy's REJECT sends for a Service without endpoints. An error if an INIT ACK, some
+/// other ICMP error or nothing comes within `timeout`.
 pub fn sctp_refused(to: SocketAddr, timeout: Duration) -> Result<(), String> {
-    let IpAddr::V4(dst) = to.ip() else {
-        return Err(format!("{to}: only IPv4 is checked for refusals"));
-    };
-    let icmp = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
-        .and_then(|s| {
-            s.set_read_timeout(Some(Duration::from_millis(20)))
-                .map(|_| s)
-        })
-        .map_err(|e| format!("raw ICMP socket: {e}"))?;
-    let sock = raw_socket(&to, Duration::from_millis(20)).map_err(|e| format!("{to}: {e}"))?;
-    let sport = rand::random_range(20000..60000u16);
-    let tag = rand::random::<u32>() | 1;
-    let init = Packet {
-        sport,
-        dport: to.port(),
-        vtag: 0,
-        chunks: vec![Chunk::new(chunk::INIT, init_value(tag, tag))],
-    };
-    send(&sock, to.ip(), &init).map_err(|e| format!("{to}: send: {e}"))?;
-    let deadline = Instant::now() + timeout;
-    let mut buf = vec![0u8; 2048];
-    while Instant::now() < deadline {
-        if let Ok(Some((_, bytes))) = recv(&sock, &mut buf)
-            && bytes.len() >= 16
-            && u16::from_be_bytes([bytes[0], bytes[1]]) == to.port()
-            && u16::from_be_bytes([bytes[2], bytes[3]]) == sport
-        {
-            return Err(format!("{to}: answered ({:?}), not refused", bytes.get(12)));
-        }
-        let Ok(Some((_, msg))) = recv(&icmp, &mut buf) else {
-            continue;
-        };
-        // ICMP type, code, 4 unused bytes, then the quoted IP header and 8 bytes of SCTP.
-        let Some(quoted) = msg.get(8..) else { continue };
-        let qihl = quoted
-            .first()
-            .map(|b| ((b & 0x0f) as usize) * 4)
-            .unwrap_or(0);
-        let refuses_ours = msg[0] == 3
-            && quoted.get(9) == Some(&(IPPROTO_SCTP as u8))
-            && quoted.get(16..20) == Some(&dst.octets()[..])
-            && quoted.get(qihl..qihl + 4)
-                == Some(&[sport.to_be_bytes(), to.port().to_be_bytes()].concat()[..]);
-        if refuses_ours {
-            return match msg[1] {
-                3 => Ok(()),
-                code => Err(format!(
-                    "{to}: ICMP unreachable code {code}, not port unreachable"
-                )),
-            };
-        }
+    match SctpClient::connect(to, timeout) {
+        Ok(_) => Err(format!("{to}: answered, not refused")),
+        Err(e) if e.ends_with(REFUSED) => Ok(()),
+        Err(e) => Err(e),
     }
-    Err(format!("{to}: no refusal within {timeout:?}"))
+}
+
+/// How [`SctpClient::connect`]'s error ends when the INIT was refused.
+pub const REFUSED: &str = "refused (ICMP port unreachable)";
+
+/// A raw ICMP socket of `to`'s family, with a short read timeout (polled between reads of
+/// the SCTP socket).
+fn icmp_socket(to: &SocketAddr) -> io::Result<Socket> {
+    let s = if to.is_ipv4() {
+        Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))?
+    } else {
+        Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?
+    };
+    s.set_read_timeout(Some(Duration::from_millis(2)))?;
+    Ok(s)
+}
+
+/// The error an ICMP (ICMPv6) message `msg` makes of the INIT from port `sport` to `to`,
+/// if it is a destination unreachable quoting it: [`REFUSED`] for port unreachable.
+fn refusal(msg: &[u8], to: SocketAddr, sport: u16) -> Option<String> {
+    let quoted = msg.get(8..)?;
+    let ports = [sport.to_be_bytes(), to.port().to_be_bytes()].concat();
+    let (ours, port_unreach) = match to.ip() {
+        IpAddr::V4(dst) => {
+            let ihl = ((quoted.first()? & 0x0f) as usize) * 4;
+            let ours = msg[0] == 3
+                && quoted.get(9) == Some(&(IPPROTO_SCTP as u8))
+                && quoted.get(16..20) == Some(&dst.octets()[..])
+                && quoted.get(ihl..ihl + 4) == Some(&ports[..]);
+            (ours, msg[1] == 3)
+        }
+        IpAddr::V6(dst) => {
+            let ours = msg[0] == 1
+                && quoted.get(6) == Some(&(IPPROTO_SCTP as u8))
+                && quoted.get(24..40) == Some(&dst.octets()[..])
+                && quoted.get(40..44) == Some(&ports[..]);
+            (ours, msg[1] == 4)
+        }
+    };
+    match (ours, port_unreach) {
+        (false, _) => None,
+        (true, true) => Some(format!("{to}: {REFUSED}")),
+        (true, false) => Some(format!(
+            "{to}: unreachable (ICMP type {} code {}), not port unreachable",
+            msg[0], msg[1]
+        )),
+    }
 }
 
 /// The State Cookie parameter (type 7) of an INIT ACK's value.

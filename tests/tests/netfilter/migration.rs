@@ -15,7 +15,7 @@ use std::{
 };
 
 use lb_userspace::{
-    model::{IpFamily, Model, NodeSettings},
+    model::{IpFamily, Model, NodeSettings, Protocol},
     source::file,
 };
 use xlb_lab::{
@@ -214,11 +214,16 @@ impl MigrationLab {
             node_ips: vec![NODE_IP.into(), NODE_IP6.into()],
             ..NodeSettings::default()
         };
-        let pods: BTreeMap<IpAddr, BTreeSet<u16>> = ips
+        let pods: BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>> = ips
             .iter()
             .map(|ip| IpAddr::V4(*ip))
             .chain(ips6.iter().map(|ip| IpAddr::V6(*ip)))
-            .map(|ip| (ip, [TCP_PORT, UDP_PORT].into()))
+            .map(|ip| {
+                (
+                    ip,
+                    [(TCP_PORT, Protocol::Tcp), (UDP_PORT, Protocol::Udp)].into(),
+                )
+            })
             .collect();
         let frontends: Vec<SocketAddr> = FAMILIES
             .into_iter()

@@ -11,7 +11,7 @@ use std::{
 
 use lb_userspace::{
     emit::{self, Mode},
-    model::{IpFamily, Model, NodeSettings},
+    model::{IpFamily, Model, NodeSettings, Protocol},
 };
 
 use super::{Counts, FAMILIES, Impl, Origin, for_family, node_port_ip};
@@ -19,6 +19,7 @@ use crate::{
     cgroup::Cgroup,
     echo::EchoServer,
     netns::{Netns, Reap, run},
+    sctp::SctpServer,
     topology::Topology,
 };
 
@@ -60,10 +61,11 @@ pub struct LabSpec<'a> {
     pub settings: &'a NodeSettings,
     /// The emitters' writer options.
     pub options: &'a emit::WriterOptions,
-    /// The endpoint addresses, with echo servers (TCP and UDP) on their ports: one pod per
-    /// IPv4 address; the IPv6 addresses make pods dual-stack, one each (in order), with pods
-    /// of their own where there are more IPv6 addresses than IPv4 ones.
-    pub pods: &'a BTreeMap<IpAddr, BTreeSet<u16>>,
+    /// The endpoint addresses, with servers on their ports (an echo server serving TCP and
+    /// UDP on a TCP or UDP port, an SCTP server on an SCTP one): one pod per IPv4 address;
+    /// the IPv6 addresses make pods dual-stack, one each (in order), with pods of their own
+    /// where there are more IPv6 addresses than IPv4 ones.
+    pub pods: &'a BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>>,
     /// Routed into a sink, so that packets no rule rewrites reach the FORWARD hook.
     pub frontends: &'a [SocketAddr],
 }
@@ -76,7 +78,7 @@ pub struct Installed {
     /// xlb's labs: the cgroup its socket hooks are attached to (`--cgroup-path`); a client
     /// process must join it to be served by the hooks.
     pub cgroup: Option<Cgroup>,
-    _servers: Vec<EchoServer>,
+    _servers: Servers,
     pub topo: Topology,
     work: PathBuf,
 }
@@ -131,7 +133,7 @@ fn free<T: Ord + Copy>(candidates: impl Iterator<Item = T>, taken: &BTreeSet<T>)
 }
 
 /// The endpoint addresses of `eps`, by family.
-fn split_families(eps: &BTreeMap<IpAddr, BTreeSet<u16>>) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
+fn split_families<T>(eps: &BTreeMap<IpAddr, T>) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();
     for ip in eps.keys() {
@@ -185,27 +187,44 @@ fn build_pods(spec: &LabSpec) -> Result<Topology, String> {
     Ok(topo)
 }
 
-/// Echo servers on every endpoint address's ports, named `ip:port` (`[ip6]:port`), as the
-/// report names backends.
+/// The servers of a lab's pods.
+#[derive(Default)]
+struct Servers {
+    _echo: Vec<EchoServer>,
+    _sctp: Vec<SctpServer>,
+}
+
+/// Servers on every endpoint address's ports, named `ip:port` (`[ip6]:port`), as the
+/// report names backends: an echo server (TCP and UDP) on a TCP or UDP port, one of each
+/// per port; an SCTP server on an SCTP port.
 fn start_servers(
     topo: &Topology,
-    eps: &BTreeMap<IpAddr, BTreeSet<u16>>,
-) -> Result<Vec<EchoServer>, String> {
-    let mut servers = Vec::new();
+    eps: &BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>>,
+) -> Result<Servers, String> {
+    let mut echo = Vec::new();
+    let mut sctp = Vec::new();
     for pod in &topo.backends {
         let addrs = [Some(IpAddr::V4(pod.ip)), pod.ip6.map(IpAddr::V6)];
         for ip in addrs.into_iter().flatten() {
             let Some(ports) = eps.get(&ip) else { continue };
-            for port in ports {
+            let mut echo_ports = BTreeSet::new();
+            for (port, protocol) in ports {
                 let name = std::net::SocketAddr::new(ip, *port).to_string();
-                servers.push(match ip {
-                    IpAddr::V4(_) => EchoServer::start(&pod.ns, &name, *port, *port)?,
-                    IpAddr::V6(_) => EchoServer::start_at(&pod.ns, &name, ip, *port, *port)?,
-                });
+                match protocol {
+                    Protocol::Sctp => sctp.push(SctpServer::start(&pod.ns, &name, ip, *port)?),
+                    _ if !echo_ports.insert(*port) => {}
+                    _ => echo.push(match ip {
+                        IpAddr::V4(_) => EchoServer::start(&pod.ns, &name, *port, *port)?,
+                        IpAddr::V6(_) => EchoServer::start_at(&pod.ns, &name, ip, *port, *port)?,
+                    }),
+                }
             }
         }
     }
-    Ok(servers)
+    Ok(Servers {
+        _echo: echo,
+        _sctp: sctp,
+    })
 }
 
 /// Builds a lab (a node namespace with its node addresses, a client pod, one pod per
@@ -289,10 +308,12 @@ fn families(spec: &LabSpec) -> Vec<IpFamily> {
     }
 }
 
-/// A node in a cluster routes ClusterIPs somewhere (its default route), so a packet that no
-/// rule rewrites reaches the FORWARD hook, where kube-proxy REJECTs. The lab's node has no
-/// default route; a veth whose peer stays down (both ends in the node namespace: it never
-/// carries a packet) stands in for it.
+/// A node in a cluster routes ClusterIPs somewhere (its default route, through a gateway),
+/// so a packet that no rule rewrites reaches the FORWARD hook, where kube-proxy REJECTs,
+/// and the node's own packet reaches tc egress, where xlb translates SCTP. The lab's node
+/// has no default route; a veth whose peer stays down (both ends in the node namespace: it
+/// never carries a packet) stands in for it, with a gateway whose neighbour entry is
+/// permanent (a packet waiting for an ARP answer would never reach tc egress).
 pub fn route_to_void(node: &Netns, frontends: &[SocketAddr]) -> Result<(), String> {
     node.ip(&[
         "link",
@@ -305,13 +326,40 @@ pub fn route_to_void(node: &Netns, frontends: &[SocketAddr]) -> Result<(), Strin
         "xv-void-peer",
     ])?;
     node.ip(&["link", "set", "xv-void", "up"])?;
+    for (opt, gw) in [("-4", VOID_GW.to_string()), ("-6", VOID_GW6.to_string())] {
+        node.ip(&[
+            opt,
+            "neigh",
+            "replace",
+            &gw,
+            "lladdr",
+            VOID_GW_MAC,
+            "dev",
+            "xv-void",
+            "nud",
+            "permanent",
+        ])?;
+    }
     for f in frontends {
         let (opt, len) = family_args(f.ip());
         let host = format!("{}/{len}", f.ip());
-        let _ = node.ip(&[opt, "route", "replace", &host, "dev", "xv-void"]);
+        let gw = if f.is_ipv4() {
+            VOID_GW.to_string()
+        } else {
+            VOID_GW6.to_string()
+        };
+        let _ = node.ip(&[
+            opt, "route", "replace", &host, "via", &gw, "dev", "xv-void", "onlink",
+        ]);
     }
     Ok(())
 }
+
+/// The void's gateway: link-local addresses no lab namespace has, and a locally
+/// administered MAC.
+const VOID_GW: Ipv4Addr = Ipv4Addr::new(169, 254, 255, 254);
+const VOID_GW6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0xffff, 0xfffe);
+const VOID_GW_MAC: &str = "02:00:00:ff:ff:fe";
 
 /// Adds kube-proxy's jumps into its chains, as it ensures them (with `iptables`, the
 /// IPv4 proxier's tool, or `ip6tables`).

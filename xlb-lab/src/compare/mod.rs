@@ -59,10 +59,15 @@ impl Impl {
         Impl::KubeProxy(Mode::Userspace),
     ];
 
-    /// The mode's name in the report for a flow from `origin`; xlb's names the path that
-    /// serves it.
-    pub fn label(self, origin: Origin) -> String {
-        match (self, origin) {
+    /// The mode's name in the report for `flow`; xlb's names the path that serves it
+    /// (SCTP has no socket hooks: tc ingress for a pod, tc egress for the node).
+    pub fn label(self, flow: &Flow) -> String {
+        let sctp = flow.protocol == Protocol::Sctp;
+        match (self, flow.origin) {
+            (Impl::Ebpf | Impl::EbpfHost, Origin::Node) if sctp => {
+                format!("{} (tc egress)", self.name())
+            }
+            (Impl::Ebpf | Impl::EbpfHost, Origin::Pod) if sctp => format!("{} (tc)", self.name()),
             (Impl::EbpfHost, Origin::Pod) => format!("{} (tc)", self.name()),
             (Impl::Ebpf | Impl::EbpfHost, _) => format!("{} (socket hooks)", self.name()),
             _ => self.name().to_string(),
@@ -78,9 +83,11 @@ impl Impl {
     }
 
     /// Whether the mode serves `flow`: kube-proxy's userspace mode (and `xlb proxy
-    /// userspace`) is IPv4 only; every other mode serves both families.
+    /// userspace`) is IPv4 TCP and UDP only; every other mode serves both families and
+    /// SCTP.
     pub fn serves(self, flow: &Flow) -> bool {
-        self != Impl::KubeProxy(Mode::Userspace) || flow.frontend.is_ipv4()
+        self != Impl::KubeProxy(Mode::Userspace)
+            || (flow.frontend.is_ipv4() && flow.protocol != Protocol::Sctp)
     }
 
     /// xlb's `--socket-lb` for this mode; `None` for kube-proxy's modes.
@@ -145,7 +152,8 @@ pub struct Flow {
 }
 
 impl Flow {
-    /// The flow's target as `xlb client flows` takes it: `tcp/IP:PORT` or `udp/IP:PORT`.
+    /// The flow's target as `xlb client flows` takes it: `tcp/IP:PORT`, `udp/IP:PORT` or
+    /// `sctp/IP:PORT`.
     pub fn target(&self) -> String {
         format!("{}/{}", self.protocol.lower(), self.frontend)
     }
@@ -155,11 +163,16 @@ impl Flow {
 pub(crate) fn parse_target(text: &str) -> Result<(Protocol, SocketAddr), String> {
     let (proto, addr) = text
         .split_once('/')
-        .ok_or_else(|| format!("{text:?}: expected tcp/IP:PORT or udp/IP:PORT"))?;
+        .ok_or_else(|| format!("{text:?}: expected PROTO/IP:PORT (tcp, udp or sctp)"))?;
     let protocol = match proto {
         "tcp" => Protocol::Tcp,
         "udp" => Protocol::Udp,
-        other => return Err(format!("{text:?}: protocol {other:?} is not tcp or udp")),
+        "sctp" => Protocol::Sctp,
+        other => {
+            return Err(format!(
+                "{text:?}: protocol {other:?} is not tcp, udp or sctp"
+            ));
+        }
     };
     let addr = addr.parse().map_err(|e| format!("{text:?}: {e}"))?;
     Ok((protocol, addr))
@@ -232,7 +245,7 @@ fn affinity_backends(
         .collect()
 }
 
-/// The flows of `model` (TCP and UDP, both families) on `settings`' node: each ClusterIP
+/// The flows of `model` (TCP, UDP and SCTP, both families) on `settings`' node: each ClusterIP
 /// port, and each NodePort on the family's [`node_port_ip`], from the pod and from the node.
 pub fn flows(model: &Model, settings: &NodeSettings) -> Vec<Flow> {
     let mut out = Vec::new();
@@ -253,7 +266,7 @@ fn family_flows(model: &Model, settings: &NodeSettings, out: &mut Vec<Flow>) {
             .iter()
             .filter(|ip| settings.family.matches(**ip))
         {
-            for p in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {
+            for p in &svc.ports {
                 let service = if p.name.is_empty() {
                     id.to_string()
                 } else {
@@ -278,14 +291,14 @@ fn family_flows(model: &Model, settings: &NodeSettings, out: &mut Vec<Flow>) {
     }
 }
 
-/// Every endpoint address (both families) and the ports it serves.
-fn endpoints(model: &Model) -> BTreeMap<IpAddr, BTreeSet<u16>> {
-    let mut out: BTreeMap<IpAddr, BTreeSet<u16>> = BTreeMap::new();
+/// Every endpoint address (both families) and the ports it serves, with their protocols.
+fn endpoints(model: &Model) -> BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>> {
+    let mut out: BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>> = BTreeMap::new();
     for slice in model.slices.values().flat_map(|s| s.values()) {
         for ep in &slice.endpoints {
             out.entry(ep.address)
                 .or_default()
-                .extend(slice.ports.iter().map(|p| p.port));
+                .extend(slice.ports.iter().map(|p| (p.port, p.protocol)));
         }
     }
     out
@@ -468,7 +481,11 @@ mod tests {
             parse_target(&flow.target()),
             Ok((Protocol::Udp, flow.frontend))
         );
-        assert!(parse_target("sctp/10.0.0.1:1").is_err());
+        assert!(parse_target("icmp/10.0.0.1:1").is_err());
+        assert_eq!(
+            parse_target("sctp/10.0.0.1:38412"),
+            Ok((Protocol::Sctp, "10.0.0.1:38412".parse().expect("addr")))
+        );
     }
 
     #[test]

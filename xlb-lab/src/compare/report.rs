@@ -93,7 +93,7 @@ impl Report {
                 if agree(flow, by) { "agree" } else { "DISAGREE" }
             );
             for (m, o) in by {
-                let _ = writeln!(out, "    {:<29} {}", m.label(flow.origin), shown(flow, o));
+                let _ = writeln!(out, "    {:<29} {}", m.label(flow), shown(flow, o));
             }
         }
         for (m, counts) in &self.counters {

@@ -30,7 +30,7 @@ use std::{
 use anyhow::{Result, anyhow};
 use lb_userspace::{
     emit::Mode,
-    model::{Model, NodeSettings},
+    model::{Model, NodeSettings, Protocol},
     source::file,
 };
 use xlb_lab::{
@@ -174,7 +174,8 @@ fn build_lab(mode: Option<Impl>, src: &Path, model: &Model, xlb: &Path) -> Resul
     };
     // No nfacct objects in the bench's namespaces (the default).
     let options = lb_userspace::emit::WriterOptions::default();
-    let pods: BTreeMap<IpAddr, BTreeSet<u16>> = [(IpAddr::V4(BACKEND), [PORT].into())].into();
+    let pods: BTreeMap<IpAddr, BTreeSet<(u16, Protocol)>> =
+        [(IpAddr::V4(BACKEND), [(PORT, Protocol::Tcp)].into())].into();
     let lab = install(&LabSpec {
         mode,
         tag: &unique_tag("xlbt"),
