@@ -10,6 +10,7 @@
 //! | `candidates.rs` | a service's frontends on this node, each with its endpoints |
 //! | `place.rs` | one frontend planned (indices, slots) and checked against the limits |
 //! | `touched.rs` | [`Touched`]: the keys of a desired state one change names |
+//! | `maglev.rs` | Maglev's lookup table of a frontend's backends (consistent hashing) |
 //! | `show.rs` | the text dump of a desired state (golden tests) |
 
 use std::{
@@ -24,6 +25,7 @@ use lb_common::{
 use thiserror::Error;
 
 mod candidates;
+pub mod maglev;
 mod place;
 mod show;
 mod touched;
