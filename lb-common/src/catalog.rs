@@ -7,7 +7,7 @@ use core::mem::size_of;
 use crate::maps::*;
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 17] = [
+pub const ALL_MAPS: [&str; 18] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_CT,
@@ -25,6 +25,7 @@ pub const ALL_MAPS: [&str; 17] = [
     crate::v6::MAP_CT6,
     crate::v6::MAP_CT6_ASSURED,
     crate::v6::MAP_SRC_RANGE6,
+    MAP_MAGLEV,
 ];
 
 /// Kernel map kinds (`enum bpf_map_type`) of the maps in [`MAP_DEFS`].
@@ -59,7 +60,7 @@ const fn def(name: &'static str, kind: u32, key_size: usize, value_size: usize) 
 }
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 17] = [
+pub const MAP_DEFS: [MapDef; 18] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -158,5 +159,11 @@ pub const MAP_DEFS: [MapDef; 17] = [
         kind::LPM_TRIE,
         4 + size_of::<crate::v6::SrcRangeKey6>(),
         size_of::<u32>(),
+    ),
+    def(
+        MAP_MAGLEV,
+        kind::ARRAY,
+        size_of::<u32>(),
+        size_of::<MaglevRow>(),
     ),
 ];

@@ -86,6 +86,71 @@ pub const MAP_SOCK: &str = "XLB_SOCK_V1";
 /// Default capacity of the socket translation map (Cilium's socket reverse-NAT default).
 pub const SOCK_MAP_CAPACITY: u32 = 262_144;
 
+/// Maglev lookup tables (`--lb-algorithm maglev`): one row per frontend flagged
+/// [`SVC_F_MAGLEV`] (its slot 0's `backend_id` names the row).
+pub const MAP_MAGLEV: &str = "XLB_MAGLEV_V1";
+/// The largest Maglev table (Cilium's default `maglev.tableSize`, a prime): every row has
+/// room for it, a frontend's table may be smaller ([`MaglevRow::size`]).
+pub const MAGLEV_MAX_SIZE: usize = 16381;
+/// Entries a row has room for: the power of two above [`MAGLEV_MAX_SIZE`], so the datapath
+/// bounds an index with a mask the verifier follows (it does not follow `hash % size`).
+pub const MAGLEV_ROW_SLOTS: usize = 16384;
+/// Default rows of the Maglev map (32 KiB each: 2 MiB, preallocated whatever the
+/// algorithm); the agent may override it.
+pub const MAGLEV_MAP_CAPACITY: u32 = 64;
+
+/// A frontend's Maglev lookup table: entry `flow_hash % size` holds the backend slot
+/// (`1..=count` of the frontend's service entries) a new flow with that hash goes to. The
+/// slot, not the backend index: two bytes an entry, and the same slot entries random choice
+/// reads. Every node computes the same table from the same backends, so a flow hashes to
+/// the same backend whichever node it reaches.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct MaglevRow {
+    /// The table's size `M` (a prime ≤ [`MAGLEV_MAX_SIZE`]); 0: no table (random choice).
+    pub size: u32,
+    pub _pad: u32,
+    /// Entries `0..size`: backend slots (0: none, random choice); the rest unused (0).
+    pub slots: [u16; MAGLEV_ROW_SLOTS],
+}
+const _: () = assert!(core::mem::size_of::<MaglevRow>() == 32776);
+
+/// The hash of a flow's 5-tuple that picks its Maglev entry: the same function on every
+/// node (the addresses and ports as they sit in the packet, IPv4 in word 0), so a flow's
+/// packets pick the same backend on whichever node they arrive (murmur3's mixing steps).
+#[inline(always)]
+pub const fn flow_hash(
+    saddr_be: &[u32; 4],
+    daddr_be: &[u32; 4],
+    sport_be: u16,
+    dport_be: u16,
+    proto: u8,
+) -> u32 {
+    const fn mix(h: u32, w: u32) -> u32 {
+        let k = w
+            .wrapping_mul(0xcc9e_2d51)
+            .rotate_left(15)
+            .wrapping_mul(0x1b87_3593);
+        (h ^ k)
+            .rotate_left(13)
+            .wrapping_mul(5)
+            .wrapping_add(0xe654_6b64)
+    }
+    let mut h = 0x9e37_79b9 ^ proto as u32;
+    let mut i = 0;
+    while i < 4 {
+        h = mix(h, saddr_be[i]);
+        h = mix(h, daddr_be[i]);
+        i += 1;
+    }
+    h = mix(h, ((sport_be as u32) << 16) | dport_be as u32);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
 /// Address filters, written by the agent, read by the datapath before any hash lookup: one
 /// bit per hashed IPv4 address ([`filter_bit`]), words `0..FILTER_WORDS` for destinations
 /// that may be frontends, `FILTER_WORDS..2 * FILTER_WORDS` for sources that may be backends
@@ -175,7 +240,9 @@ pub const SCOPE_INTERNAL: u8 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct SvcValue {
-    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: unused (0).
+    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: the row
+    /// of the frontend's Maglev table (`XLB_MAGLEV_V1`) when flagged [`SVC_F_MAGLEV`], else
+    /// unused (0).
     pub backend_id: u32,
     /// Slot 0: number of backend slots. Slot > 0: unused (0).
     pub count: u16,
@@ -227,6 +294,10 @@ pub const SVC_F_SRC_RANGES: u16 = 4;
 /// Service flag (slot 0, external scope): the frontend also has `SCOPE_INTERNAL` entries,
 /// which the socket hooks use instead.
 pub const SVC_F_TWO_SCOPES: u16 = 8;
+/// Service flag (slot 0, external scope): a new flow picks its backend from the frontend's
+/// Maglev table (`XLB_MAGLEV_V1`, row `backend_id`) by its 5-tuple's [`flow_hash`], not at
+/// random (`--lb-algorithm maglev`; external frontends only).
+pub const SVC_F_MAGLEV: u16 = 16;
 
 /// Backend flag: the endpoint is terminating (kept for established flows only).
 pub const BE_F_TERMINATING: u8 = 1;
@@ -492,6 +563,7 @@ mod pod {
     unsafe impl aya::Pod for super::SrcRangeKey {}
     unsafe impl aya::Pod for super::SockKey {}
     unsafe impl aya::Pod for super::SockValue {}
+    unsafe impl aya::Pod for super::MaglevRow {}
     unsafe impl aya::Pod for super::prev::CtKey {}
     unsafe impl aya::Pod for super::prev::CtValue {}
     unsafe impl aya::Pod for super::prev::AffinityValue {}

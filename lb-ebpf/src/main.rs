@@ -398,7 +398,7 @@ fn try_tc_new_flow(
         return Ok(Then::Refuse);
     }
     let client = Client::of(t);
-    let chosen = select::choose(&Frontend::of(t), &client, svc)?;
+    let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
     let fits = match translate::check_mtu(ctx, t, chosen.2.addr_be[0], 0) {
         Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
         Mtu::Fits(len) => len,

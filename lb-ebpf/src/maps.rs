@@ -8,9 +8,10 @@ use aya_ebpf::{
 };
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
-    CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, NodeConfig, R_COUNT, SOCK_MAP_CAPACITY,
-    SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
-    SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
+    CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, MAGLEV_MAP_CAPACITY, MaglevRow,
+    NodeConfig, R_COUNT, SOCK_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
+    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey,
+    SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break), read here for packets that match no
@@ -20,6 +21,14 @@ use lb_common::{
 /// 262,144 entries, no eviction.
 #[btf_map]
 pub static XLB_SVC_V2: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
+
+/// Maglev lookup tables. Written by the agent (a frontend's new table into a free row, then
+/// its service entry pointed at it: make-before-break), read here by a new flow to a
+/// frontend flagged `SVC_F_MAGLEV`. row (u32, the service entry's `backend_id`) →
+/// `MaglevRow{size, slots}`. 4 B → 32 KiB, 64 rows by default (the agent sizes it), an
+/// array: preallocated, nothing to evict.
+#[btf_map]
+pub static XLB_MAGLEV_V1: Array<MaglevRow, { MAGLEV_MAP_CAPACITY as usize }> = Array::new();
 
 /// Backends. Written by the agent, read here for new flows and UDP flows. backend index
 /// (u32) → `Backend{…, generation}` (0: no backend). 4 B → 32 B, 262,144 entries, an array:

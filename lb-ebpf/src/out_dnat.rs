@@ -107,7 +107,7 @@ fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>
         return Ok(Then::Refuse);
     }
     let client = Client::of(t);
-    let chosen = select::choose(&front, &client, svc)?;
+    let chosen = select::choose(&front, &client, svc, Some(select::flow_hash(t)))?;
     let fwd = flow::record(ctx, t, svc, &client, &chosen, 0, CT_F_OUT_DNAT, s)?;
     nat::forward_in(ctx, t, fwd)?;
     let backend = fwd.daddr_be;

@@ -1,16 +1,18 @@
 //! Frontend lookup and backend choice: the one place tc, XDP and the socket hooks pick a
-//! backend (ClientIP affinity first, else uniformly at random among the service's slots).
+//! backend (ClientIP affinity first, else the frontend's Maglev table for a flow's hash,
+//! else uniformly at random among the service's slots).
 //! Which endpoints are eligible (traffic policies, serving-terminating fallback, topology)
 //! the agent decided when it wrote the slots.
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
-    Backend, FAMILY_V4, FAMILY_V6, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL, SvcKey, SvcValue,
+    Backend, FAMILY_V4, FAMILY_V6, MAGLEV_ROW_SLOTS, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL,
+    SVC_F_MAGLEV, SvcKey, SvcValue,
 };
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_BE_V2, XLB_SVC_V2},
+    maps::{XLB_BE_V2, XLB_MAGLEV_V1, XLB_SVC_V2},
     parse::Tuple,
     reason::Reason,
 };
@@ -128,31 +130,79 @@ pub fn slot<F: Keyed>(f: &F, slot: u16) -> Option<&'static SvcValue> {
     unsafe { XLB_SVC_V2.get(f.key(slot)) }
 }
 
-/// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else one
-/// picked at random. Its id, its slot and the backend.
+/// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else
+/// the one the frontend's Maglev table gives the flow's `hash` (a frontend flagged
+/// `SVC_F_MAGLEV`; `None`: a socket's connect, which has no flow yet), else one picked at
+/// random. Its id, its slot and the backend.
 #[inline(always)]
 pub fn choose<F: Keyed>(
     f: &F,
     client: &Client,
     svc: &SvcValue,
+    hash: Option<u32>,
 ) -> Result<(u32, u16, Backend), Reason> {
-    match affinity::lookup(f, client, svc) {
-        Some(remembered) => Ok(remembered),
-        None => pick(f, svc),
+    if let Some(remembered) = affinity::lookup(f, client, svc) {
+        return Ok(remembered);
     }
+    let n = match hash {
+        Some(h) if svc.flags & SVC_F_MAGLEV != 0 => {
+            xlb_maglev_slot(svc.backend_id, h, svc.count as u32) as u16
+        }
+        _ => 0,
+    };
+    pick(f, svc, n)
 }
 
-/// Picks a backend uniformly at random among the service's slots (kube-proxy's iptables
-/// mode picks at random too): its id, its slot and the backend.
+/// The slot row `row` of the Maglev map holds for `hash`, if it is one of the frontend's
+/// `count` slots; else 0 (random choice). A global BPF function (exported by the linker,
+/// see `nat::xlb_crc32c_step`): verified once, not at each of the call sites, where its
+/// table read (a map value plus a variable offset) would multiply the verifier's
+/// speculative paths without CAP_PERFMON.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn xlb_maglev_slot(row: u32, hash: u32, count: u32) -> u32 {
+    let Some(row) = XLB_MAGLEV_V1.get(row) else {
+        return 0;
+    };
+    let size = row.size;
+    if size == 0 {
+        return 0;
+    }
+    // Masked (a row has a power of two of entries): the verifier follows a mask, not a
+    // modulo; for a table of `size` ≤ that, the mask changes nothing.
+    let i = (hash % size) as usize & (MAGLEV_ROW_SLOTS - 1);
+    let n = row.slots.get(i).copied().unwrap_or(0) as u32;
+    if n <= count { n } else { 0 }
+}
+
+/// The backend in slot `n` (1..=count, the Maglev table's choice), or when `n` is 0 one
+/// picked uniformly at random among the service's slots (kube-proxy's iptables mode picks
+/// at random too): its id, its slot and the backend.
 #[inline(always)]
-pub fn pick<F: Keyed>(f: &F, svc: &SvcValue) -> Result<(u32, u16, Backend), Reason> {
+pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<(u32, u16, Backend), Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
     }
-    // SAFETY: helper without side effects.
-    let n = ((unsafe { bpf_get_prandom_u32() } % count) + 1) as u16;
+    let n = if n != 0 {
+        n
+    } else {
+        // SAFETY: helper without side effects.
+        ((unsafe { bpf_get_prandom_u32() } % count) + 1) as u16
+    };
     let entry = slot(f, n).ok_or(Reason(R_STALE_SLOT))?;
     let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
     Ok((entry.backend_id, n, *be))
+}
+
+/// The Maglev hash of an IPv4 flow (`lb_common::flow_hash`, its addresses in word 0).
+#[inline(always)]
+pub fn flow_hash(t: &Tuple) -> u32 {
+    lb_common::flow_hash(
+        &[t.saddr_be, 0, 0, 0],
+        &[t.daddr_be, 0, 0, 0],
+        t.sport_be,
+        t.dport_be,
+        t.proto,
+    )
 }

@@ -191,7 +191,7 @@ fn try_xdp_new_flow(
         return pass(R_PASS);
     }
     let client = Client::of(t);
-    let chosen = select::choose(&Frontend::of(t), &client, svc)?;
+    let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
     let be = &chosen.2;
     // A backend on this node is reached through a pod's veth or a local address, which take
     // no XDP frames: into the stack as tc would, with tc's MTU check and no route lookup.

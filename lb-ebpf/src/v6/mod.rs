@@ -316,7 +316,18 @@ fn try_choose(
     }
     let mut front = frontend(t);
     front.scope = scope;
-    let (id, slot, be) = select::choose(&front, &Client::addr6(t.saddr_be), svc)?;
+    let (id, slot, be) = select::choose(
+        &front,
+        &Client::addr6(t.saddr_be),
+        svc,
+        Some(lb_common::flow_hash(
+            &t.saddr_be,
+            &t.daddr_be,
+            t.sport_be,
+            t.dport_be,
+            t.proto,
+        )),
+    )?;
     s.backend_id = id;
     s.slot = slot as u32;
     copy_backend(&mut s.backend, &be);

@@ -32,7 +32,7 @@ use super::{
 
 /// The maps a trace reads from the agent's pins and never writes (the programs only read
 /// them).
-pub const SHARED_MAPS: [&str; 8] = [
+pub const SHARED_MAPS: [&str; 9] = [
     MAP_SVC,
     MAP_BACKEND,
     MAP_SVC_NAME,
@@ -41,6 +41,7 @@ pub const SHARED_MAPS: [&str; 8] = [
     lb_common::MAP_SRC_RANGE6,
     MAP_XDP_TX,
     MAP_ADDR_FILTER,
+    lb_common::MAP_MAGLEV,
 ];
 
 /// The maps the programs write: fresh in a trace instance (sized as the pinned ones).

@@ -19,7 +19,10 @@ pub const TABLE_SIZES: [u32; 7] = [251, 509, 1021, 2039, 4093, 8191, 16381];
 
 /// Whether `n` is prime (the table size must be: every skip then visits every entry).
 pub fn is_prime(n: u32) -> bool {
-    n >= 2 && (2..).take_while(|d: &u32| d * d <= n).all(|d| !n.is_multiple_of(d))
+    n >= 2
+        && (2..)
+            .take_while(|d: &u32| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 /// A backend's permutation: where it starts and how far it steps (both from the SHA-256
