@@ -61,3 +61,13 @@ fn assert_ipv4_header(h: &Ipv4HeaderSlice<'_>, what: &str) {
         "{what}: IPv4 header checksum (etherparse)"
     );
 }
+
+/// Asserts that no SCTP server of the lab dropped a packet for its CRC32c (each checks
+/// every packet with the `crc32c` crate, independent of xlb's incremental update).
+pub fn assert_no_bad_sctp_checksums(servers: &[xlb_lab::sctp::SctpServer]) {
+    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
+    assert!(
+        bad.iter().all(|b| *b == 0),
+        "servers dropped packets for their checksum: {bad:?}"
+    );
+}

@@ -14,6 +14,7 @@ use std::{
 
 use xlb_lab::sctp::{SctpServer, sctp_request};
 use xlb_tests::{
+    checksums::assert_no_bad_sctp_checksums,
     require_root,
     services::{Port, dual_stack_service_on_nodes},
     suites::north_south::{CLIENT_IP, NODE_IP, seen_ip},
@@ -69,14 +70,6 @@ fn sctp_lab(prefix: &str) -> (Lab, Vec<SctpServer>) {
     (lab, servers)
 }
 
-fn no_bad_checksums(servers: &[SctpServer]) {
-    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
-    assert!(
-        bad.iter().all(|b| *b == 0),
-        "servers dropped packets for their checksum: {bad:?}"
-    );
-}
-
 #[test]
 fn external_sctp_associations_reach_local_and_remote_backends_in_both_families() {
     if !require_root("external_sctp_associations_reach_local_and_remote_backends_in_both_families")
@@ -129,7 +122,7 @@ fn external_sctp_associations_reach_local_and_remote_backends_in_both_families()
             "{to}: 24 associations reached only {reached:?}"
         );
     }
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
 }
 
 /// The node's own associations (a host-network process on node1) to the SCTP ClusterIP,
@@ -208,5 +201,5 @@ fn the_nodes_own_sctp_associations_reach_local_and_remote_backends_in_both_famil
             "{to}: 16 associations reached only {reached:?}"
         );
     }
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
 }

@@ -12,6 +12,7 @@ use std::{
 
 use xlb_lab::sctp::{SctpClient, SctpServer, sctp_refused, sctp_request};
 use xlb_tests::{
+    checksums::assert_no_bad_sctp_checksums,
     scenario::{Scenario, sock},
     services::service_yaml,
     suites::traffic::{WEB, backends, yaml},
@@ -63,14 +64,6 @@ fn sctp_scenario(
     Some((s, servers))
 }
 
-fn no_bad_checksums(servers: &[SctpServer]) {
-    let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
-    assert!(
-        bad.iter().all(|b| *b == 0),
-        "servers dropped packets for their checksum: {bad:?}"
-    );
-}
-
 #[test]
 fn sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address_and_right_checksums()
  {
@@ -104,7 +97,7 @@ fn sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address
             a.seen_client
         );
     }
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
 }
 
 #[test]
@@ -152,7 +145,7 @@ fn sctp_client_ip_affinity_keeps_a_client_on_one_backend() {
         1,
         "ClientIP affinity, yet 12 associations went to {seen:?}"
     );
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
 }
 
 #[test]
@@ -208,7 +201,7 @@ fn an_sctp_association_lives_across_an_agent_restart() {
         first, second,
         "the association moved backends across the restart"
     );
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
 }
 
 /// The node's own associations (a host-network process) to an SCTP ClusterIP: no socket
@@ -264,7 +257,7 @@ fn the_nodes_own_sctp_associations_to_a_cluster_ip_reach_the_backends() {
             a.seen_client
         );
     }
-    no_bad_checksums(&servers);
+    assert_no_bad_sctp_checksums(&servers);
     s.topo
         .node
         .run(|| sctp_refused(sock(NONE, PORT), TIMEOUT))
