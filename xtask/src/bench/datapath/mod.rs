@@ -34,6 +34,9 @@
 //! and backends, its port rewritten so each packet's CRC32c is updated), the same distinct
 //! flows as SCTP packets through tc, in the same trials, with their ratio to TCP.
 //!
+//! Maglev rows (`maglev.rs`): a new flow through tc to frontends with a Maglev table, beside
+//! random choice on the same flows in the same trial.
+//!
 //! `XLB_BENCH_SCALES=1,10000` (and `XLB_BENCH_TRIALS=N`) runs a quick subset and leaves
 //! `docs/benchmarks.md` alone.
 
@@ -46,6 +49,7 @@ use xlb_lab::netns::Netns;
 use xlb_tests::{services::service_yaml, unique_tag};
 
 mod ipv6;
+mod maglev;
 mod report_section;
 mod sctp;
 
@@ -157,6 +161,8 @@ struct Scale {
     distinct6: Vec<Vec<Summary>>,
     /// Per case of [`CASES`], through tc: the same over SCTP (`sctp.rs`).
     distinct_sctp: Vec<Summary>,
+    /// A new flow through tc, random choice and Maglev on the same flows (`maglev.rs`).
+    maglev: [Summary; 2],
 }
 
 /// The two services that are each other's backend.
@@ -523,7 +529,11 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
         let mut d = vec![Vec::new(); HOOKS.len()];
         let mut h = vec![Vec::new(); HOOKS.len()];
         let mut d6 = vec![Vec::new(); HOOKS6.len()];
+        let mut mg = Vec::new();
         for trial in 0..trials {
+            let (random, with_maglev) = maglev::trial(&mut dp, &f, n, ifindex)?;
+            mg.push(vec![random, with_maglev]);
+            println!("  trial {trial} tc new flow: random {random} ns, Maglev {with_maglev} ns");
             for (i, hook) in HOOKS6.iter().enumerate() {
                 d6[i].push(distinct_trial(&mut dp, *hook, &f6, ifindex)?);
                 println!(
@@ -561,6 +571,10 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
             hot: h.iter().map(|t| summarize(t)).collect(),
             distinct6: d6.iter().map(|t| summarize(t)).collect(),
             distinct_sctp: summarize(&ds),
+            maglev: {
+                let m = summarize(&mg);
+                [m[0], m[1]]
+            },
         });
     }
     Ok(out)

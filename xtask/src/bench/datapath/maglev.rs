@@ -1,0 +1,132 @@
+//! The Maglev rows: a new flow through tc to frontends whose backend comes from their
+//! Maglev table (`select::xlb_maglev_slot`: one more array read, in a global BPF function)
+//! beside random choice, in the same trial, on the same flows. The agent does not write
+//! tables yet (#24), so the bench writes them into the pinned maps as the agent will: each
+//! IPv4 TCP frontend flagged `SVC_F_MAGLEV`, its row one of the map's rows (frontend `i` →
+//! row `i % rows`), each row the table (M = 16381) of two backends, whose entries name slots
+//! 1 and 2 (every bench service has at least two). Each flow's backend is checked against
+//! the table: the case is what it claims. The frontends are restored afterwards.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{Array, HashMap, Map, MapData};
+use lb_common::{
+    IPPROTO_TCP, MAGLEV_MAP_CAPACITY, MAP_MAGLEV, MAP_SVC, MaglevRow, R_NEW_FLOW, SVC_F_MAGLEV,
+    SvcKey, SvcValue, flow_hash,
+};
+use lb_userspace::{desired::maglev, packet::parse};
+
+use super::{Flows, HOOKS, each};
+use crate::bench::fixture::{Datapath, PROG_INGRESS, Probe, SVC_PORT, svc_key, vip};
+
+/// The table size: Cilium's default, the largest.
+const M: u32 = maglev::DEFAULT_TABLE_SIZE;
+
+/// The Maglev table of two backends, in slot terms (1 and 2).
+fn table() -> Vec<u16> {
+    let names = ["slot-1".to_string(), "slot-2".to_string()];
+    let (sorted, t) = maglev::table(&names, M, b"xlb-bench");
+    t.iter()
+        .map(|i| {
+            names
+                .iter()
+                .position(|n| *n == sorted[*i as usize])
+                .unwrap_or(0) as u16
+                + 1
+        })
+        .collect()
+}
+
+fn pinned(dp: &Datapath, name: &str) -> Result<Map> {
+    let data = MapData::from_pin(dp.pins.join(name)).with_context(|| format!("open {name}"))?;
+    Ok(Map::from_map_data(data)?)
+}
+
+/// One trial: ns of a new flow with random choice, then with Maglev, over the same flows
+/// to the `services` IPv4 TCP frontends.
+pub(super) fn trial(
+    dp: &mut Datapath,
+    f: &Flows,
+    services: usize,
+    ifindex: u32,
+) -> Result<(f64, f64)> {
+    let tc = HOOKS[0];
+    dp.clear_ct()?;
+    let (random, _) = each(
+        dp,
+        tc,
+        PROG_INGRESS,
+        &f.to_service,
+        Some(R_NEW_FLOW),
+        ifindex,
+    )?;
+    let entries = table();
+    let rows = (MAGLEV_MAP_CAPACITY as usize).min(services.max(1));
+    let mut row: MaglevRow = bytemuck::Zeroable::zeroed();
+    row.size = M;
+    row.slots[..entries.len()].copy_from_slice(&entries);
+    let mut table_map: Array<MapData, MaglevRow> = Array::try_from(pinned(dp, MAP_MAGLEV)?)?;
+    for r in 0..rows {
+        table_map.set(r as u32, row, 0)?;
+    }
+    let mut svc: HashMap<MapData, SvcKey, SvcValue> = HashMap::try_from(pinned(dp, MAP_SVC)?)?;
+    let mut saved = Vec::with_capacity(services);
+    for i in 0..services {
+        let key = svc_key(vip(i), SVC_PORT, 0);
+        let v = svc.get(&key, 0)?;
+        saved.push((key, v));
+        let mut m = v;
+        m.flags |= SVC_F_MAGLEV;
+        m.backend_id = (i % rows) as u32;
+        svc.insert(key, m, 0)?;
+    }
+    dp.clear_ct()?;
+    let measured = each(
+        dp,
+        tc,
+        PROG_INGRESS,
+        &f.to_service,
+        Some(R_NEW_FLOW),
+        ifindex,
+    );
+    for (key, v) in &saved {
+        svc.insert(*key, *v, 0)?;
+    }
+    let (maglev_ns, outs) = measured?;
+    check(dp, f, &entries, &outs)?;
+    Ok((random, maglev_ns))
+}
+
+/// Every flow reached the backend in the slot its table entry names.
+fn check(dp: &Datapath, f: &Flows, entries: &[u16], outs: &[Vec<u8>]) -> Result<()> {
+    let probe = Probe::open(&dp.pins)?;
+    for (sent, out) in f.to_service.iter().zip(outs) {
+        let (Some(s), Some(o)) = (parse(sent), parse(out)) else {
+            bail!("a bench packet does not parse");
+        };
+        let h = flow_hash(
+            &[word(*s.src.ip()), 0, 0, 0],
+            &[word(*s.dst.ip()), 0, 0, 0],
+            s.src.port().to_be(),
+            s.dst.port().to_be(),
+            IPPROTO_TCP,
+        );
+        let slot = entries[(h % M) as usize] as usize;
+        let backends = probe.backends(*s.dst.ip(), s.dst.port())?;
+        let want: SocketAddrV4 = backends[slot - 1];
+        if *o.dst.ip() != *want.ip() {
+            bail!(
+                "{} → {}: reached {}, its Maglev entry names slot {slot} ({want})",
+                s.src,
+                s.dst,
+                o.dst
+            );
+        }
+    }
+    Ok(())
+}
+
+fn word(a: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(a.octets())
+}
