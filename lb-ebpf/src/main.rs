@@ -287,8 +287,9 @@ fn egress(ctx: &TcContext) -> Carried {
 /// The node's own packet to a frontend: this run's one acquire of the work area.
 #[inline(always)]
 fn node_flow(ctx: &TcContext) -> Outcome {
-    // SAFETY: the only acquire on this path of the run (`egress` acquired none: it found
-    // no tracked flow and no ICMP error).
+    // SAFETY: the only live borrow of the work area: `egress` found no tracked flow and no
+    // ICMP error; its IPv6 path's borrow (the packet parsed there) ended when it returned,
+    // and `out_dnat` parses the packet again.
     let w = unsafe { work::acquire() }?;
     out_dnat::flow(ctx, w).outcome()
 }
