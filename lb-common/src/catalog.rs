@@ -162,7 +162,7 @@ pub const MAP_DEFS: [MapDef; 18] = [
     ),
     def(
         MAP_MAGLEV,
-        kind::ARRAY,
+        kind::HASH,
         size_of::<u32>(),
         size_of::<MaglevRow>(),
     ),

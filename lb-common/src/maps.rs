@@ -29,13 +29,14 @@ pub const MAP_STATS: &str = "XLB_STATS_V7";
 /// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
 /// configuration the agent writes whole at start): an agent removes them once its own
 /// programs are attached, so counters start again from 0.
-pub const RETIRED_PINS: [&str; 6] = [
+pub const RETIRED_PINS: [&str; 7] = [
     "XLB_STATS_V4",
     "XLB_STATS_V5",
     "XLB_STATS_V6",
     "XLB_CFG_V2",
     "XLB_SVCSTAT_V2",
     "XLB_BESTAT_V2",
+    "XLB_MAGLEV_V1",
 ];
 /// Service names for `xlb list`; written by the agent, never read by the datapath.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
@@ -86,18 +87,20 @@ pub const MAP_SOCK: &str = "XLB_SOCK_V1";
 /// Default capacity of the socket translation map (Cilium's socket reverse-NAT default).
 pub const SOCK_MAP_CAPACITY: u32 = 262_144;
 
-/// Maglev lookup tables (`--lb-algorithm maglev`): one row per frontend flagged
-/// [`SVC_F_MAGLEV`] (its slot 0's `backend_id` names the row).
-pub const MAP_MAGLEV: &str = "XLB_MAGLEV_V1";
+/// Maglev lookup tables (`--lb-algorithm maglev`): one per frontend flagged
+/// [`SVC_F_MAGLEV`], keyed by its service index. (V2: a hash map without preallocation,
+/// keyed by service index, replacing a table in one atomic update; V1, an array of rows
+/// named by slot 0's `backend_id`, held no state and is retired.)
+pub const MAP_MAGLEV: &str = "XLB_MAGLEV_V2";
 /// The largest Maglev table (Cilium's default `maglev.tableSize`, a prime): every row has
 /// room for it, a frontend's table may be smaller ([`MaglevRow::size`]).
 pub const MAGLEV_MAX_SIZE: usize = 16381;
 /// Entries a row has room for: the power of two above [`MAGLEV_MAX_SIZE`], so the datapath
 /// bounds an index with a mask the verifier follows (it does not follow `hash % size`).
 pub const MAGLEV_ROW_SLOTS: usize = 16384;
-/// Default rows of the Maglev map (32 KiB each: 2 MiB, preallocated whatever the
-/// algorithm); the agent may override it.
-pub const MAGLEV_MAP_CAPACITY: u32 = 64;
+/// Default capacity of the Maglev map: tables (32 KiB each, allocated only for frontends
+/// that have one: 256 MiB when full); `--maglev-map-max` overrides it.
+pub const MAGLEV_MAP_CAPACITY: u32 = 8192;
 
 /// A frontend's Maglev lookup table: entry `flow_hash % size` holds the backend slot
 /// (`1..=count` of the frontend's service entries) a new flow with that hash goes to. The
@@ -240,9 +243,8 @@ pub const SCOPE_INTERNAL: u8 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct SvcValue {
-    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: the row
-    /// of the frontend's Maglev table (`XLB_MAGLEV_V1`) when flagged [`SVC_F_MAGLEV`], else
-    /// unused (0).
+    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: unused
+    /// (0).
     pub backend_id: u32,
     /// Slot 0: number of backend slots. Slot > 0: unused (0).
     pub count: u16,
@@ -295,7 +297,7 @@ pub const SVC_F_SRC_RANGES: u16 = 4;
 /// which the socket hooks use instead.
 pub const SVC_F_TWO_SCOPES: u16 = 8;
 /// Service flag (slot 0, external scope): a new flow picks its backend from the frontend's
-/// Maglev table (`XLB_MAGLEV_V1`, row `backend_id`) by its 5-tuple's [`flow_hash`], not at
+/// Maglev table (`XLB_MAGLEV_V2`, keyed by its service index) by its 5-tuple's [`flow_hash`], not at
 /// random (`--lb-algorithm maglev`; external frontends only).
 pub const SVC_F_MAGLEV: u16 = 16;
 

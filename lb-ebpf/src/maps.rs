@@ -22,13 +22,18 @@ use lb_common::{
 #[btf_map]
 pub static XLB_SVC_V2: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
 
-/// Maglev lookup tables. Written by the agent (a frontend's new table into a free row, then
-/// its service entry pointed at it: make-before-break), read here by a new flow to a
-/// frontend flagged `SVC_F_MAGLEV`. row (u32, the service entry's `backend_id`) →
-/// `MaglevRow{size, slots}`. 4 B → 32 KiB, 64 rows by default (the agent sizes it), an
-/// array: preallocated, nothing to evict.
+/// Maglev lookup tables. Written by the agent (a frontend's table before its entry is
+/// flagged `SVC_F_MAGLEV`, a new table replacing the old in one update, removed after the
+/// flag), read here by a new flow to a flagged frontend. service index (u32) →
+/// `MaglevRow{size, slots}`. 4 B → 32 KiB, 8,192 tables by default (the agent sizes it),
+/// not preallocated (memory only for the tables written), no eviction.
 #[btf_map]
-pub static XLB_MAGLEV_V1: Array<MaglevRow, { MAGLEV_MAP_CAPACITY as usize }> = Array::new();
+pub static XLB_MAGLEV_V2: HashMap<
+    u32,
+    MaglevRow,
+    { MAGLEV_MAP_CAPACITY as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 
 /// Backends. Written by the agent, read here for new flows and UDP flows. backend index
 /// (u32) → `Backend{…, generation}` (0: no backend). 4 B → 32 B, 262,144 entries, an array:

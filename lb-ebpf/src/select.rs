@@ -12,7 +12,7 @@ use lb_common::{
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_BE_V2, XLB_MAGLEV_V1, XLB_SVC_V2},
+    maps::{XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
     parse::Tuple,
     reason::Reason,
 };
@@ -146,22 +146,24 @@ pub fn choose<F: Keyed>(
     }
     let n = match hash {
         Some(h) if svc.flags & SVC_F_MAGLEV != 0 => {
-            xlb_maglev_slot(svc.backend_id, h, svc.count as u32) as u16
+            xlb_maglev_slot(svc.svc_id, h, svc.count as u32) as u16
         }
         _ => 0,
     };
     pick(f, svc, n)
 }
 
-/// The slot row `row` of the Maglev map holds for `hash`, if it is one of the frontend's
+/// The slot the Maglev table of service index `svc_id` holds for `hash`, if it is one of the frontend's
 /// `count` slots; else 0 (random choice). A global BPF function (exported by the linker,
 /// see `nat::xlb_crc32c_step`): verified once, not at each of the call sites, where its
 /// table read (a map value plus a variable offset) would multiply the verifier's
 /// speculative paths without CAP_PERFMON.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn xlb_maglev_slot(row: u32, hash: u32, count: u32) -> u32 {
-    let Some(row) = XLB_MAGLEV_V1.get(row) else {
+pub extern "C" fn xlb_maglev_slot(svc_id: u32, hash: u32, count: u32) -> u32 {
+    // SAFETY: read-only here; the agent replaces a table in one update (a hash map's
+    // element is swapped whole, never written in place).
+    let Some(row) = (unsafe { XLB_MAGLEV_V2.get(&svc_id) }) else {
         return 0;
     };
     let size = row.size;

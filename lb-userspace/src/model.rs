@@ -132,6 +132,53 @@ pub enum SessionAffinity {
 /// The default ClientIP affinity timeout (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
+/// How a frontend reached from outside the cluster picks the backend of a new flow
+/// (`--lb-algorithm`, overridden per Service by the annotation
+/// `service.cilium.io/lb-algorithm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LbAlgorithm {
+    /// At random (kube-proxy's choice).
+    #[default]
+    Random,
+    /// Maglev consistent hashing of the flow's 5-tuple: every node picks the same backend.
+    Maglev,
+}
+
+impl LbAlgorithm {
+    /// The names [`LbAlgorithm::from_str`](std::str::FromStr::from_str) accepts, for messages.
+    pub const ACCEPTED: &'static str = "random or maglev";
+
+    /// Its name, as `--lb-algorithm` and the annotation write it (`maglev`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LbAlgorithm::Random => "random",
+            LbAlgorithm::Maglev => "maglev",
+        }
+    }
+}
+
+impl std::str::FromStr for LbAlgorithm {
+    type Err = String;
+
+    /// Exactly `random` or `maglev`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "random" => Ok(LbAlgorithm::Random),
+            "maglev" => Ok(LbAlgorithm::Maglev),
+            other => Err(format!(
+                "unknown load-balancing algorithm {other:?} (accepted: {})",
+                LbAlgorithm::ACCEPTED
+            )),
+        }
+    }
+}
+
+impl fmt::Display for LbAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A Service as the datapath and emitters need it.
 #[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
 pub struct Service {
@@ -156,6 +203,9 @@ pub struct Service {
     /// `spec.healthCheckNodePort` as written (kube-proxy only uses it for LoadBalancer
     /// services with externalTrafficPolicy Local; see [`select::PortView`]).
     pub health_check_node_port: Option<u16>,
+    /// The annotation service.cilium.io/lb-algorithm, when set to a known value (else the
+    /// node's --lb-algorithm applies).
+    pub lb_algorithm: Option<LbAlgorithm>,
 }
 
 /// An endpoint of a slice with kube-proxy's conditions: compact (its address, flags and

@@ -96,6 +96,8 @@ pub struct NodeOptions {
     pub name: String,
     /// Where NodePorts are served; empty: the node interfaces' addresses.
     pub node_port_addresses: Vec<std::net::IpAddr>,
+    /// How external frontends pick backends (`--lb-algorithm`, `--maglev-*`).
+    pub lb: desired::LbSettings,
 }
 
 /// The loaded programs, their pinned maps and their node configuration.
@@ -230,6 +232,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         &node_port_addresses(&opts.node, &opts.interfaces),
         socket_lb,
     );
+    node.lb = opts.node.lb.clone();
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
     let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, &metrics);
     // Link changes wake the loop at once (a new or re-created pod veth is attached within

@@ -120,6 +120,25 @@ pub struct AgentArgs {
     /// ClientIP affinity entries (one per client and service).
     #[arg(long, env = "XLB_AFFINITY_MAP_MAX", default_value_t = lb_common::AFFINITY_MAP_CAPACITY)]
     pub affinity_map_max: u32,
+    /// How a NodePort, externalIP or LoadBalancer frontend picks the backend of a new flow:
+    /// `random` (kube-proxy's), or `maglev` (consistent hashing of the 5-tuple: every node
+    /// picks the same backend, as Cilium's loadBalancer.algorithm=maglev). A Service's
+    /// annotation service.cilium.io/lb-algorithm overrides it. ClusterIP traffic picks at
+    /// random either way.
+    #[arg(long, env = "XLB_LB_ALGORITHM", default_value = "random")]
+    pub lb_algorithm: String,
+    /// Entries of each Maglev table (a prime: 251, 509, 1021, 2039, 4093, 8191 or 16381,
+    /// Cilium's default); about 100 × a Service's largest backend count keeps every
+    /// backend's share within 1%.
+    #[arg(long, env = "XLB_MAGLEV_TABLE_SIZE", default_value_t = lb_userspace::desired::maglev::DEFAULT_TABLE_SIZE)]
+    pub maglev_table_size: u32,
+    /// The seed of the Maglev permutations: every node of the cluster must use the same.
+    #[arg(long, env = "XLB_MAGLEV_HASH_SEED", default_value = lb_userspace::desired::DEFAULT_MAGLEV_SEED)]
+    pub maglev_hash_seed: String,
+    /// Maglev tables the map holds (one per frontend using Maglev; 32 KiB each, allocated
+    /// as written). A frontend past it picks at random and is reported.
+    #[arg(long, env = "XLB_MAGLEV_MAP_MAX", default_value_t = lb_common::MAGLEV_MAP_CAPACITY)]
+    pub maglev_map_max: u32,
     /// The programs' own debug log: `debug` logs each packet's decision (reason, action,
     /// the packet as it leaves) into this log under target `xlb::bpf`; `off` costs the
     /// programs a flag test. Meant for a while, on a node under study: one line per packet.
@@ -173,6 +192,29 @@ pub enum BpfLog {
     Debug,
 }
 
+/// `--lb-algorithm`, `--maglev-table-size`, `--maglev-hash-seed`, checked.
+fn lb_settings(
+    algorithm: &str,
+    size: u32,
+    seed: String,
+) -> Result<lb_userspace::desired::LbSettings> {
+    use lb_userspace::desired::maglev::TABLE_SIZES;
+    let algorithm = algorithm
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--lb-algorithm {algorithm}: {e}"))?;
+    if !TABLE_SIZES.contains(&size) {
+        anyhow::bail!("--maglev-table-size {size}: not one of the accepted primes {TABLE_SIZES:?}");
+    }
+    if seed.is_empty() {
+        anyhow::bail!("--maglev-hash-seed: empty");
+    }
+    Ok(lb_userspace::desired::LbSettings {
+        algorithm,
+        maglev_size: size,
+        maglev_seed: seed.into(),
+    })
+}
+
 /// Runs the agent (or, with `--cleanup`, removes what it installed).
 pub fn run(args: AgentArgs) -> Result<()> {
     if args.cleanup {
@@ -212,6 +254,10 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         service_ports_max,
         backend_map_max,
         affinity_map_max,
+        lb_algorithm,
+        maglev_table_size,
+        maglev_hash_seed,
+        maglev_map_max,
         bpf_log,
         takeover_from,
         shadow,
@@ -240,7 +286,9 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         affinity: affinity_map_max,
         service_ports: service_ports_max
             .unwrap_or_else(|| lb_userspace::datapath::sizes::service_ports_for(service_map_max)),
+        maglev: maglev_map_max.max(1),
     };
+    let lb = lb_settings(&lb_algorithm, maglev_table_size, maglev_hash_seed)?;
     let hostname_override = config.hostname(hostname_override);
     let nodeport_addresses = config.node_port_addresses(nodeport_addresses);
     let min_sync = config.min_sync_or(min_sync_period_ms);
@@ -264,6 +312,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         node: NodeOptions {
             name: node_name,
             node_port_addresses: nodeport_addresses,
+            lb,
         },
         datapath: DatapathOptions {
             bpffs,

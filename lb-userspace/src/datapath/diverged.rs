@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 
 use super::sync::set_word;
-use crate::desired::{Desired, SrcRange, Touched};
+use crate::desired::{Desired, MaglevTable, SrcRange, Touched};
 
 /// The programmed state of keys that differ from the desired state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub struct Diverged {
     pub src_ranges: BTreeMap<SrcRange, bool>,
     /// Filter word → its programmed bits.
     pub filter: BTreeMap<u32, u64>,
+    /// Service index → its programmed Maglev table (`None`: none).
+    pub maglev: BTreeMap<u32, Option<MaglevTable>>,
 }
 
 /// The entry (slot 0) of a slot's frontend.
@@ -89,6 +91,12 @@ impl Diverged {
                 d.filter.insert(w, have);
             }
         }
+        for id in &touched.maglev {
+            let have = now.maglev.get(id);
+            if have != desired.maglev.get(id) {
+                d.maglev.insert(*id, have.cloned());
+            }
+        }
         d
     }
 
@@ -98,6 +106,7 @@ impl Diverged {
             && self.backends.is_empty()
             && self.src_ranges.is_empty()
             && self.filter.is_empty()
+            && self.maglev.is_empty()
     }
 
     /// Its keys, as an apply compares them.
@@ -107,6 +116,7 @@ impl Diverged {
             backends: self.backends.keys().copied().collect(),
             src_ranges: self.src_ranges.keys().copied().collect(),
             filter_words: self.filter.keys().copied().collect(),
+            maglev: self.maglev.keys().copied().collect(),
         }
     }
 
@@ -116,6 +126,7 @@ impl Diverged {
             || self.backends.keys().any(|k| t.backends.contains(k))
             || self.src_ranges.keys().any(|k| t.src_ranges.contains(k))
             || self.filter.keys().any(|k| t.filter_words.contains(k))
+            || self.maglev.keys().any(|k| t.maglev.contains(k))
     }
 
     /// Puts what it says of its keys into `now` (what is programmed, as far as the desired
@@ -148,6 +159,12 @@ impl Diverged {
         for (w, bits) in &self.filter {
             set_word(&mut now.filter, *w, *bits);
         }
+        for (id, t) in &self.maglev {
+            match t {
+                Some(t) => now.maglev.insert(*id, t.clone()),
+                None => now.maglev.remove(id),
+            };
+        }
     }
 
     /// Takes in `other` (its values win).
@@ -157,6 +174,7 @@ impl Diverged {
         self.backends.extend(other.backends);
         self.src_ranges.extend(other.src_ranges);
         self.filter.extend(other.filter);
+        self.maglev.extend(other.maglev);
     }
 
     /// Split by service index: a frontend and its name go with its index (the desired
@@ -190,6 +208,9 @@ impl Diverged {
         }
         for (r, have) in self.src_ranges {
             out.entry(r.svc_id).or_default().src_ranges.insert(r, have);
+        }
+        for (id, t) in self.maglev {
+            out.entry(id).or_default().maglev.insert(id, t);
         }
         for (b, be) in self.backends {
             let ids = users.remove(&b).unwrap_or_else(|| BTreeSet::from([0]));

@@ -8,9 +8,9 @@ use aya::maps::{
     lpm_trie::{Key, LpmTrie},
 };
 use lb_common::{
-    Backend, Counter, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_SRC_RANGE,
-    MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, NodeConfig, SrcRangeKey, SrcRangeKey6,
-    SvcKey, SvcName, SvcValue,
+    Backend, Counter, MAGLEV_ROW_SLOTS, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS,
+    MAP_CONFIG, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+    MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
@@ -18,7 +18,7 @@ use super::{
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
-use crate::desired::{Desired, SrcRange};
+use crate::desired::{Desired, MaglevTable, SrcRange};
 
 /// The maps the agent writes. A service index's counters are zeroed when its name is
 /// first written, a backend index's when the backend is written (a new index or a new
@@ -32,11 +32,13 @@ pub struct KernelMaps {
     src_ranges: LpmTrie<MapData, SrcRangeKey, u32>,
     src_ranges6: LpmTrie<MapData, SrcRangeKey6, u32>,
     filter: Array<MapData, u64>,
+    maglev: HashMap<MapData, u32, MaglevRow>,
     svc_capacity: u32,
     backend_capacity: u32,
     src_range_capacity: u32,
     src_range6_capacity: u32,
     names_capacity: u32,
+    maglev_capacity: u32,
 }
 
 /// A source range's trie key: the IPv4 trie's, or the IPv6 trie's.
@@ -167,7 +169,7 @@ impl KernelMaps {
             take(MAP_SVC_STATS)?,
             take(MAP_BACKEND_STATS)?,
             [take(MAP_SRC_RANGE)?, take(MAP_SRC_RANGE6)?],
-            take(MAP_ADDR_FILTER)?,
+            [take(MAP_ADDR_FILTER)?, take(MAP_MAGLEV)?],
         )
     }
 
@@ -183,7 +185,10 @@ impl KernelMaps {
                 open_pinned(dir, MAP_SRC_RANGE)?,
                 open_pinned(dir, MAP_SRC_RANGE6)?,
             ],
-            open_pinned(dir, MAP_ADDR_FILTER)?,
+            [
+                open_pinned(dir, MAP_ADDR_FILTER)?,
+                open_pinned(dir, MAP_MAGLEV)?,
+            ],
         )
     }
 
@@ -194,8 +199,9 @@ impl KernelMaps {
         stats: Map,
         backend_stats: Map,
         [src_ranges, src_ranges6]: [Map; 2],
-        filter: Map,
+        [filter, maglev]: [Map; 2],
     ) -> Result<Self, DatapathError> {
+        let maglev_capacity = capacity(&maglev);
         let svc_capacity = capacity(&svc);
         let svc_stats = Counters::open(stats, MAP_SVC_STATS)?;
         let backend_stats = Counters::open(backend_stats, MAP_BACKEND_STATS)?;
@@ -230,11 +236,16 @@ impl KernelMaps {
                 name: MAP_ADDR_FILTER,
                 source,
             })?,
+            maglev: HashMap::try_from(maglev).map_err(|source| DatapathError::Map {
+                name: MAP_MAGLEV,
+                source,
+            })?,
             svc_capacity,
             backend_capacity,
             src_range_capacity,
             src_range6_capacity,
             names_capacity,
+            maglev_capacity,
         })
     }
 
@@ -275,6 +286,7 @@ impl KernelMaps {
             src_ranges: self.src_range_capacity,
             src_ranges6: self.src_range6_capacity,
             services: self.names_capacity,
+            maglev: self.maglev_capacity,
         }
     }
 }
@@ -342,7 +354,45 @@ impl MapWriter for KernelMaps {
             let k = k.map_err(|e| read_err(MAP_SRC_RANGE6, e))?;
             d.src_ranges.insert(range_of(&RangeKey::V6(k)));
         }
+        for kv in self.maglev.iter() {
+            let (id, row) = kv.map_err(|e| read_err(MAP_MAGLEV, e))?;
+            let size = (row.size as usize).min(MAGLEV_ROW_SLOTS);
+            d.maglev.insert(
+                id,
+                MaglevTable {
+                    slots: row.slots[..size].into(),
+                },
+            );
+        }
         Ok(d)
+    }
+
+    fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
+        let mut row: Box<MaglevRow> = Box::new(bytemuck::Zeroable::zeroed());
+        let n = table.slots.len().min(MAGLEV_ROW_SLOTS);
+        row.size = n as u32;
+        row.slots[..n].copy_from_slice(&table.slots[..n]);
+        self.maglev.insert(id, *row, 0).map_err(|e| {
+            err(
+                MAP_MAGLEV,
+                "update",
+                format!("table of service {id}"),
+                &e,
+                self.maglev_capacity,
+            )
+        })
+    }
+
+    fn del_maglev(&mut self, id: u32) -> Result<(), WriteError> {
+        self.maglev.remove(&id).map_err(|e| {
+            err(
+                MAP_MAGLEV,
+                "delete",
+                format!("table of service {id}"),
+                &e,
+                0,
+            )
+        })
     }
 
     fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError> {

@@ -35,6 +35,8 @@ pub struct MapSizes {
     /// Service ports (frontends): the per-service arrays, names and counters, indexed by
     /// service index (`1..service_ports`).
     pub service_ports: u32,
+    /// Maglev tables (32 KiB each, allocated as they are written).
+    pub maglev: u32,
 }
 
 /// The per-service arrays' size for a service map of `services` entries when none is
@@ -54,6 +56,7 @@ impl Default for MapSizes {
             backends: BACKEND_MAP_CAPACITY,
             affinity: AFFINITY_MAP_CAPACITY,
             service_ports: SVC_NAME_MAP_CAPACITY,
+            maglev: lb_common::MAGLEV_MAP_CAPACITY,
         }
     }
 }
@@ -68,7 +71,7 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 impl MapSizes {
     /// Each sized map's name and size (max entries) on a machine with `cpus` possible CPUs:
     /// the counter arrays hold a row per CPU.
-    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 10] {
+    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 11] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
@@ -80,6 +83,7 @@ impl MapSizes {
             (MAP_AFFINITY, self.affinity),
             (MAP_SVC_NAME, self.service_ports),
             (MAP_SVC_STATS, rows::entries(self.service_ports, cpus)),
+            (lb_common::MAP_MAGLEV, self.maglev),
         ]
     }
 

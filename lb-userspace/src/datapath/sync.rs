@@ -48,6 +48,7 @@ pub fn everything(current: &Desired, desired: &Desired) -> Touched {
             .collect(),
         backends: both().flat_map(|d| d.backends.keys().copied()).collect(),
         src_ranges: both().flat_map(|d| d.src_ranges.iter().copied()).collect(),
+        maglev: both().flat_map(|d| d.maglev.keys().copied()).collect(),
         filter_words: both()
             .flat_map(|d| d.filter.iter().map(|b| b / 64))
             .collect(),
@@ -75,11 +76,15 @@ pub fn apply_touched(
     a.filter_words(|have, want| have | want);
     // 1. Backends that are new or changed; 1b. source ranges before the entries that use
     // them (a frontend flagged for ranges denies everyone until they are in).
+    // 1c. Maglev tables new or changed, before the entries flagged to read them (a table
+    // replaced is swapped whole by the kernel).
     let failed_backends = a.put_backends();
     a.put_src_ranges();
+    let failed_tables = a.put_maglev();
     // 2. The desired frontends: names, then slots, then entries, then the slots past an
-    // entry's new count trimmed. A frontend whose backend or slot failed keeps its old entry.
-    let frontends = a.frontends_to_write(failed_backends);
+    // entry's new count trimmed. A frontend whose backend, table or slot failed keeps its
+    // old entry.
+    let frontends = a.frontends_to_write(failed_backends, &failed_tables);
     a.put_names(&frontends);
     let (failed_frontends, old_counts) = a.put_slots_and_entries(&frontends);
     a.trim_slots(&frontends, &failed_frontends, &old_counts);
@@ -87,6 +92,7 @@ pub fn apply_touched(
     // updated or gone).
     a.remove_gone_frontends();
     a.remove_src_ranges();
+    a.remove_maglev();
     // 5. Address filter bits no longer wanted, once nothing that needed them is left.
     a.filter_words(|_, want| want);
     // 6. Backends no slot references any more.
@@ -164,11 +170,58 @@ impl Apply<'_> {
         }
     }
 
+    /// Maglev tables wanted and not programmed as they are; the service indices whose
+    /// write failed.
+    fn put_maglev(&mut self) -> BTreeSet<u32> {
+        let mut failed = BTreeSet::new();
+        for id in &self.touched.maglev {
+            let Some(t) = self.desired.maglev.get(id) else {
+                continue;
+            };
+            if self.now.maglev.get(id) == Some(t) {
+                continue;
+            }
+            match self.w.put_maglev(*id, t) {
+                Ok(()) => {
+                    self.now.maglev.insert(*id, t.clone());
+                    self.r.writes += 1;
+                }
+                Err(e) => {
+                    self.r.fail(Some(*id), e);
+                    failed.insert(*id);
+                }
+            }
+        }
+        failed
+    }
+
+    /// Maglev tables programmed and no longer wanted (their entries are unflagged or gone).
+    fn remove_maglev(&mut self) {
+        let gone: Vec<u32> = self
+            .touched
+            .maglev
+            .iter()
+            .filter(|id| !self.desired.maglev.contains_key(id) && self.now.maglev.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            match self.w.del_maglev(id) {
+                Ok(()) => {
+                    self.now.maglev.remove(&id);
+                    self.r.deletes += 1;
+                }
+                Err(e) => self.r.fail(Some(id), e),
+            }
+        }
+    }
+
     /// The desired entries of the touched frontends, but those with a slot naming a
-    /// backend whose write failed (that error is theirs).
+    /// backend whose write failed, or flagged for a Maglev table whose write failed (that
+    /// error is theirs).
     fn frontends_to_write(
         &mut self,
         failed_backends: BTreeMap<u32, WriteError>,
+        failed_tables: &BTreeSet<u32>,
     ) -> Vec<(SvcKey, SvcValue)> {
         let desired = self.desired;
         let mut out = Vec::new();
@@ -189,6 +242,8 @@ impl Apply<'_> {
                         .entry(v.svc_id)
                         .or_insert_with(|| e.clone());
                 }
+                None if v.flags & lb_common::SVC_F_MAGLEV != 0
+                    && failed_tables.contains(&v.svc_id) => {}
                 None => out.push((k, v)),
             }
         }

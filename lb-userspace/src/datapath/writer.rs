@@ -3,7 +3,7 @@
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 use thiserror::Error;
 
-use crate::desired::{Desired, SrcRange};
+use crate::desired::{Desired, MaglevTable, SrcRange};
 
 /// A write the kernel refused, with the map, the entry and the cause.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -32,6 +32,9 @@ pub trait MapWriter {
     fn del_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
     /// Writes word `word` of the address filters (bits `word * 64 ..`).
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError>;
+    /// Writes (or replaces, in one update) the Maglev table of service index `id`.
+    fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError>;
+    fn del_maglev(&mut self, id: u32) -> Result<(), WriteError>;
 
     /// Writes many backends (a cold sync); returns the ones that failed, by position in
     /// `list`. One by one unless the writer can batch.
@@ -155,6 +158,16 @@ impl MapWriter for MemoryMaps {
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
         self.log.push(format!("put filter word {word}"));
         super::sync::set_word(&mut self.state.filter, word, bits);
+        Ok(())
+    }
+    fn put_maglev(&mut self, id: u32, table: &MaglevTable) -> Result<(), WriteError> {
+        self.log.push(format!("put maglev {id}"));
+        self.state.maglev.insert(id, table.clone());
+        Ok(())
+    }
+    fn del_maglev(&mut self, id: u32) -> Result<(), WriteError> {
+        self.log.push(format!("del maglev {id}"));
+        self.state.maglev.remove(&id);
         Ok(())
     }
 }

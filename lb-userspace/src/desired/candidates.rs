@@ -4,7 +4,10 @@
 //! chooses, its flags, affinity and allowed source ranges.
 
 use lb_common::user::frontend_key;
-use std::net::{IpAddr, Ipv4Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+};
 
 use lb_common::{
     MAX_BACKENDS_PER_SVC, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
@@ -13,7 +16,7 @@ use lb_common::{
 
 use super::{DesiredError, NodeContext};
 use crate::model::{
-    BackendAddr, Cidr, Model, Protocol, ServicePort, ServiceRef,
+    BackendAddr, Cidr, LbAlgorithm, Model, Protocol, ServicePort, ServiceRef,
     node::{IpFamily, NodeSettings},
     select::{PortView, ports_of_service},
 };
@@ -34,6 +37,9 @@ pub struct Candidate {
     /// Reached from outside the cluster (a NodePort, externalIP or LoadBalancer IP) rather
     /// than from pods (the ClusterIP).
     pub external: bool,
+    /// The size of its Maglev table when its new flows pick by Maglev (`--lb-algorithm` or
+    /// the Service's annotation; external frontends only, not their internal scope).
+    pub(super) maglev: Option<(u32, Arc<str>)>,
 }
 
 impl Candidate {
@@ -216,6 +222,11 @@ impl Port<'_, '_> {
         let affinity_timeout_s = view.affinity_timeout().unwrap_or(0);
         let frontend = std::net::SocketAddr::new(f.ip, f.port);
         let external = f.reach != Reach::Cluster;
+        let lb = &self.node.lb;
+        let algorithm = view.service.lb_algorithm.unwrap_or(lb.algorithm);
+        let maglev = (algorithm == LbAlgorithm::Maglev
+            && matches!(f.reach, Reach::External | Reach::LoadBalancer))
+        .then(|| (lb.maglev_size, lb.maglev_seed.clone()));
         out.push(Candidate {
             key,
             object: object.clone(),
@@ -226,6 +237,7 @@ impl Port<'_, '_> {
             frontend,
             protocol: view.protocol(),
             external,
+            maglev,
         });
         if two_scopes {
             // The node's own sockets: every cluster endpoint (source ranges are checked
@@ -243,6 +255,7 @@ impl Port<'_, '_> {
                 frontend,
                 protocol: view.protocol(),
                 external,
+                maglev: None,
             });
         }
     }

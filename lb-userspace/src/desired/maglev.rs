@@ -8,6 +8,8 @@
 //! Pure functions: the agent computes a frontend's table from its endpoints, the datapath
 //! only reads `table[flow_hash % M]` (`lb_common::flow_hash`).
 
+use std::{collections::HashMap, sync::Arc};
+
 use sha2::{Digest, Sha256};
 
 /// Cilium's default table size (`maglev.tableSize`): a prime, about 100 × the backends a
@@ -70,6 +72,92 @@ pub fn table(backends: &[String], m: u32, seed: &[u8]) -> (Vec<String>, Vec<u32>
         }
     }
     (names, entry)
+}
+
+/// The Maglev table of size `m` over a frontend's backends in slot order (`backends[i]` in
+/// slot `i + 1`), in slot terms: each entry the slot its backend sits in, as the datapath
+/// reads it (`XLB_MAGLEV_V2`). A backend named twice keeps its first slot.
+pub fn slot_table(backends: &[String], m: u32, seed: &[u8]) -> Vec<u16> {
+    let (names, entries) = table(backends, m, seed);
+    let mut first: HashMap<&str, u16> = HashMap::with_capacity(backends.len());
+    for (i, b) in backends.iter().enumerate() {
+        first.entry(b.as_str()).or_insert((i + 1) as u16);
+    }
+    let slot_of: Vec<u16> = names
+        .iter()
+        .map(|n| first.get(n.as_str()).copied().unwrap_or(0))
+        .collect();
+    entries
+        .iter()
+        .map(|&e| slot_of.get(e as usize).copied().unwrap_or(0))
+        .collect()
+}
+
+/// A table's cache key: its backends in slot order and its size.
+type TableKey = (Box<[String]>, u32);
+
+/// Tables computed before, by backends (in slot order) and size: one table of the largest
+/// size takes about half a millisecond, so a full computation at 10,000 frontends would
+/// take seconds without it; frontends with the same backends (a Service's NodePorts on
+/// every node address, its externalIPs) share one. Entries not used since the last
+/// [`TableCache::sweep`] go at the next one; the cache never holds more than `limit` of them
+/// (a sweep runs early when it would).
+#[derive(Clone, Debug)]
+pub struct TableCache {
+    seed: Vec<u8>,
+    /// (backends, size) → (the table, used since the last sweep).
+    tables: HashMap<TableKey, (Arc<[u16]>, bool)>,
+    limit: usize,
+}
+
+impl Default for TableCache {
+    fn default() -> Self {
+        Self {
+            seed: Vec::new(),
+            tables: HashMap::new(),
+            limit: 4 * lb_common::MAGLEV_MAP_CAPACITY as usize,
+        }
+    }
+}
+
+impl TableCache {
+    /// The slot table of `backends` (in slot order) of size `m` under `seed`, computed
+    /// unless cached.
+    pub fn get(&mut self, backends: &[String], m: u32, seed: &[u8]) -> Arc<[u16]> {
+        if self.seed != seed {
+            self.tables.clear();
+            self.seed = seed.to_vec();
+        }
+        let key = (backends.to_vec().into_boxed_slice(), m);
+        if let Some((t, used)) = self.tables.get_mut(&key) {
+            *used = true;
+            return t.clone();
+        }
+        if self.tables.len() >= self.limit {
+            self.sweep();
+            if self.tables.len() >= self.limit {
+                self.tables.clear();
+            }
+        }
+        let t: Arc<[u16]> = slot_table(backends, m, seed).into();
+        self.tables.insert(key, (t.clone(), true));
+        t
+    }
+
+    /// Drops the tables not asked for since the last sweep (the agent sweeps after each
+    /// full computation).
+    pub fn sweep(&mut self) {
+        self.tables.retain(|_, (_, used)| std::mem::take(used));
+    }
+
+    /// How many tables it holds.
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -147,6 +235,28 @@ mod tests {
             others_moved * 100 < 16381 * 3,
             "{others_moved} entries of staying backends moved"
         );
+    }
+
+    #[test]
+    fn a_slot_table_names_each_backends_slot_and_is_cached_by_backends_and_size() {
+        let all = names(5);
+        let t = slot_table(&all, 251, b"xlb");
+        let by_name = resolved(&all, 251);
+        for (slot, name) in t.iter().zip(&by_name) {
+            assert_eq!(&all[*slot as usize - 1], name);
+        }
+        let mut cache = TableCache::default();
+        let a = cache.get(&all, 251, b"xlb");
+        assert!(Arc::ptr_eq(&a, &cache.get(&all, 251, b"xlb")));
+        assert_eq!(&*a, &t[..]);
+        let _ = cache.get(&all, 509, b"xlb");
+        assert_eq!(cache.len(), 2);
+        cache.sweep();
+        let _ = cache.get(&all, 251, b"xlb");
+        cache.sweep();
+        assert_eq!(cache.len(), 1, "the unused size went at the second sweep");
+        let _ = cache.get(&all, 251, b"other");
+        assert_eq!(cache.len(), 1, "another seed starts afresh");
     }
 
     #[test]

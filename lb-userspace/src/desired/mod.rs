@@ -16,11 +16,13 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
-    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue, user::show_frontend,
+    BACKEND_MAP_CAPACITY, Backend, MAGLEV_MAP_CAPACITY, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY,
+    SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
+    user::show_frontend,
 };
 use thiserror::Error;
 
@@ -32,9 +34,10 @@ mod touched;
 
 pub use candidates::{Candidate, service_candidates};
 pub use place::{Placed, Plan, external, placing_order, plan};
+pub use show::show_maglev;
 pub use touched::Touched;
 
-use crate::model::{Model, node::NodeSettings};
+use crate::model::{LbAlgorithm, Model, node::NodeSettings};
 
 /// The contents of the maps the agent owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,6 +52,53 @@ pub struct Desired {
     /// The set bits of the address filters (`XLB_ADDRFILT_V1`, numbered `word * 64 + bit`):
     /// every frontend's and every backend's address, and for a day those that went.
     pub filter: BTreeSet<u32>,
+    /// Service index → the Maglev table of a frontend flagged `SVC_F_MAGLEV`.
+    pub maglev: BTreeMap<u32, MaglevTable>,
+}
+
+/// A frontend's Maglev table in slot terms (`XLB_MAGLEV_V2`): entry `flow_hash % size`
+/// names the slot a new flow goes to. Shared between frontends with the same backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MaglevTable {
+    pub slots: Arc<[u16]>,
+}
+
+impl MaglevTable {
+    /// Its size `M`.
+    pub fn size(&self) -> u32 {
+        self.slots.len() as u32
+    }
+}
+
+/// How frontends reached from outside the cluster pick the backend of a new flow
+/// (`--lb-algorithm`, `--maglev-table-size`, `--maglev-hash-seed`). ClusterIP traffic
+/// always picks at random: it starts on the node its client is on, so every node agreeing
+/// buys it nothing, and the socket hooks, which serve most of it, choose before the flow
+/// has a source port to hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbSettings {
+    /// The node's algorithm; a Service's annotation `service.cilium.io/lb-algorithm`
+    /// overrides it.
+    pub algorithm: LbAlgorithm,
+    /// Maglev's table size `M` (one of `maglev::TABLE_SIZES`).
+    pub maglev_size: u32,
+    /// The seed of every backend's permutation: the same on every node, or the nodes
+    /// disagree.
+    pub maglev_seed: Arc<str>,
+}
+
+/// Cilium's default `maglev.hashSeed` is a random string set at install; xlb's default is
+/// this fixed one, so nodes agree without configuration.
+pub const DEFAULT_MAGLEV_SEED: &str = "xlb-maglev-v1";
+
+impl Default for LbSettings {
+    fn default() -> Self {
+        Self {
+            algorithm: LbAlgorithm::Random,
+            maglev_size: maglev::DEFAULT_TABLE_SIZE,
+            maglev_seed: DEFAULT_MAGLEV_SEED.into(),
+        }
+    }
 }
 
 /// The filter bits (numbered as in [`Desired::filter`]) of the addresses `d` programs:
@@ -120,6 +170,14 @@ pub enum DesiredError {
         "Service {object} has no EndpointSlice: it has no backends and new connections are refused"
     )]
     NoEndpointSlice { object: String },
+    #[error(
+        "Service {object}: map {map} is full (capacity {capacity} Maglev tables); its new flows pick a backend at random"
+    )]
+    MaglevFull {
+        object: String,
+        map: &'static str,
+        capacity: u32,
+    },
 }
 
 /// Where a computation gets its dense indices (see [`crate::reconcile::Ids`], which keeps
@@ -132,6 +190,11 @@ pub trait Indices {
     fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)>;
     /// The frontend holds an index already (it is programmed: it is placed first).
     fn has_svc(&self, key: &SvcKey) -> bool;
+    /// The Maglev table (slot terms) of `backends` (in slot order) of size `m`: computed
+    /// here; an allocator that lives across computations caches them.
+    fn maglev_table(&mut self, backends: &[String], m: u32, seed: &[u8]) -> Arc<[u16]> {
+        maglev::slot_table(backends, m, seed).into()
+    }
 }
 
 /// Capacities the desired state must fit in.
@@ -146,6 +209,8 @@ pub struct Limits {
     pub src_ranges6: u32,
     /// The per-service arrays' size (names, counters): service indices are `1..services`.
     pub services: u32,
+    /// The Maglev map's size (tables).
+    pub maglev: u32,
 }
 
 impl Default for Limits {
@@ -156,6 +221,7 @@ impl Default for Limits {
             src_ranges: SRC_RANGE_MAP_CAPACITY,
             src_ranges6: SRC_RANGE6_MAP_CAPACITY,
             services: SVC_NAME_MAP_CAPACITY,
+            maglev: MAGLEV_MAP_CAPACITY,
         }
     }
 }
@@ -183,6 +249,8 @@ pub struct NodeContext {
     /// for traffic from the node (as kube-proxy sends local-origin traffic to the cluster
     /// chain).
     pub socket_lb: bool,
+    /// How external frontends pick backends.
+    pub lb: LbSettings,
 }
 
 impl NodeContext {
@@ -194,6 +262,7 @@ impl NodeContext {
                 ..NodeSettings::default()
             },
             socket_lb,
+            lb: LbSettings::default(),
         };
         c.set_node_port_addresses(node_port_addresses);
         c

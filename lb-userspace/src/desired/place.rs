@@ -3,11 +3,11 @@
 
 use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
-    Backend, MAP_BACKEND, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS, SCOPE_EXTERNAL,
-    SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
+    SCOPE_EXTERNAL, SVC_F_MAGLEV, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
 };
 
-use super::{Desired, DesiredError, Indices, Limits, SrcRange, candidates::Candidate};
+use super::{Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, candidates::Candidate};
 
 /// One frontend's entries, backends, name and source ranges, checked to fit the desired
 /// state it was planned against.
@@ -19,6 +19,8 @@ pub struct Plan {
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
     src_ranges: Vec<SrcRange>,
+    /// Its Maglev table, by its service index.
+    maglev: Option<(u32, MaglevTable)>,
 }
 
 impl Plan {
@@ -41,6 +43,11 @@ impl Plan {
         &self.src_ranges
     }
 
+    /// The service index its Maglev table is written under, if it has one.
+    pub fn maglev_id(&self) -> Option<u32> {
+        self.maglev.as_ref().map(|(id, _)| *id)
+    }
+
     /// Adds it to `desired`; returns what it added.
     pub fn apply(self, desired: &mut Desired) -> Placed {
         let placed = Placed {
@@ -48,8 +55,10 @@ impl Plan {
             slots: self.slots,
             name: self.name.0,
             src_ranges: self.src_ranges.clone().into_boxed_slice(),
+            maglev: self.maglev_id(),
         };
         desired.services.extend(self.entries);
+        desired.maglev.extend(self.maglev);
         desired.backends.extend(self.backends);
         desired.names.insert(self.name.0, self.name.1);
         desired.src_ranges.extend(self.src_ranges);
@@ -73,6 +82,7 @@ pub fn plan(
         flags,
         affinity_timeout_s,
         src_ranges,
+        maglev,
         ..
     } = c;
     // Both scopes of a frontend are one service port: one id, one name, one counter.
@@ -104,6 +114,7 @@ pub fn plan(
                 prefix,
             })
             .collect(),
+        maglev: None,
     };
     plan.name.1 = svc_name(&object);
     let mut slot = 0u16;
@@ -136,6 +147,21 @@ pub fn plan(
         ));
     }
     plan.slots = slot;
+    let mut flags = flags;
+    if let Some((m, seed)) = maglev.filter(|_| slot > 0) {
+        if desired.maglev.len() < limits.maglev as usize {
+            let names: Vec<String> = backends.iter().map(|(b, _)| b.to_string()).collect();
+            let slots = ids.maglev_table(&names, m, seed.as_bytes());
+            plan.maglev = Some((svc_id, MaglevTable { slots }));
+            flags |= SVC_F_MAGLEV;
+        } else {
+            errors.push(DesiredError::MaglevFull {
+                object: object.clone(),
+                map: MAP_MAGLEV,
+                capacity: limits.maglev,
+            });
+        }
+    }
     plan.entries.push((
         key,
         SvcValue {
@@ -169,6 +195,8 @@ pub struct Placed {
     pub slots: u16,
     pub name: u32,
     pub src_ranges: Box<[SrcRange]>,
+    /// The service index of its Maglev table, if it has one.
+    pub maglev: Option<u32>,
 }
 
 impl Placed {

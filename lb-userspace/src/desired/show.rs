@@ -4,12 +4,35 @@
 use std::fmt::Write as _;
 
 use lb_common::{
-    BE_F_REMOTE, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE, SVC_F_SRC_RANGES,
-    SVC_F_TWO_SCOPES,
+    BE_F_REMOTE, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_MAGLEV, SVC_F_SNAT_REMOTE,
+    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
     user::{show_backend, show_frontend, svc_name_str},
 };
 
-use super::Desired;
+use sha2::{Digest, Sha256};
+
+use super::{Desired, MaglevTable};
+
+/// A Maglev table in a word: `maglev M=<size> table=<the first 8 hex digits of the SHA-256
+/// of its entries>`; two nodes with the same word have the same table.
+pub fn show_maglev(t: Option<&MaglevTable>) -> String {
+    let Some(t) = t else {
+        return "maglev MISSING".into();
+    };
+    let mut h = Sha256::new();
+    for s in t.slots.iter() {
+        h.update(s.to_le_bytes());
+    }
+    let d = h.finalize();
+    format!(
+        "maglev M={} table={:02x}{:02x}{:02x}{:02x}",
+        t.size(),
+        d[0],
+        d[1],
+        d[2],
+        d[3]
+    )
+}
 
 impl Desired {
     /// Sorted text of every entry, for golden tests and `xlb list --raw`.
@@ -45,6 +68,9 @@ impl Desired {
                 }
                 if v.affinity_timeout_s != 0 {
                     let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
+                }
+                if v.flags & SVC_F_MAGLEV != 0 {
+                    let _ = write!(extra, " {}", show_maglev(self.maglev.get(&v.svc_id)));
                 }
                 let _ = writeln!(
                     out,

@@ -16,6 +16,8 @@ pub struct Touched {
     pub src_ranges: BTreeSet<SrcRange>,
     /// Filter words (`bit / 64`) that may differ.
     pub filter_words: BTreeSet<u32>,
+    /// Maglev tables (by service index) added, changed or gone.
+    pub maglev: BTreeSet<u32>,
 }
 
 impl Touched {
@@ -24,6 +26,7 @@ impl Touched {
             && self.backends.is_empty()
             && self.src_ranges.is_empty()
             && self.filter_words.is_empty()
+            && self.maglev.is_empty()
     }
 
     /// Adds what `other` names.
@@ -32,5 +35,6 @@ impl Touched {
         self.backends.extend(other.backends);
         self.src_ranges.extend(other.src_ranges);
         self.filter_words.extend(other.filter_words);
+        self.maglev.extend(other.maglev);
     }
 }

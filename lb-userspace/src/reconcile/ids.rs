@@ -17,7 +17,9 @@ use std::{
 
 use lb_common::{Backend, SvcKey};
 
-use crate::desired::{Desired, Indices};
+use std::sync::Arc;
+
+use crate::desired::{Desired, Indices, maglev::TableCache};
 
 /// How long a freed index stays unused before it is handed out again.
 pub const QUARANTINE: Duration = Duration::from_secs(300);
@@ -108,6 +110,8 @@ pub struct Ids {
     /// …and those set for addresses that went, with when they went.
     filter_retired: BTreeMap<u32, Instant>,
     now: Instant,
+    /// Maglev tables computed before (swept at each full computation).
+    maglev: TableCache,
 }
 
 impl Default for Ids {
@@ -122,6 +126,7 @@ impl Default for Ids {
             filter_live: BTreeSet::new(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
+            maglev: TableCache::default(),
         }
     }
 }
@@ -240,6 +245,7 @@ impl Ids {
     /// Gives back the indices of what is no longer desired: those programmed before after
     /// the quarantine, those handed out in this computation (never programmed) at once.
     pub(super) fn retain(&mut self, desired: &Desired) {
+        self.maglev.sweep();
         let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
         let pool = &mut self.svc_pool;
         self.svc.retain(|k, id| {
@@ -286,6 +292,10 @@ impl Indices for Ids {
 
     fn has_svc(&self, key: &SvcKey) -> bool {
         self.svc.contains_key(key)
+    }
+
+    fn maglev_table(&mut self, backends: &[String], m: u32, seed: &[u8]) -> Arc<[u16]> {
+        self.maglev.get(backends, m, seed)
     }
 }
 

@@ -122,6 +122,7 @@ impl Incremental {
         compact(&mut d.services);
         compact(&mut d.backends);
         compact(&mut d.names);
+        compact(&mut d.maglev);
         compact(&mut self.placed);
         for p in self.placed.values_mut() {
             p.shrink_to_fit();
@@ -223,6 +224,12 @@ impl Incremental {
                 }
                 self.desired.src_ranges.remove(r);
             }
+            if let Some(id) = p.maglev {
+                if let Some(j) = &mut self.journal {
+                    j.maglev(&self.desired, id);
+                }
+                self.desired.maglev.remove(&id);
+            }
         }
         released
     }
@@ -241,6 +248,7 @@ impl Incremental {
             }
         }
         touched.src_ranges.extend(p.src_ranges.iter().copied());
+        touched.maglev.extend(p.maglev);
     }
 
     fn unref_backend(&mut self, id: u32, ids: &mut Ids, touched: &mut Touched) {

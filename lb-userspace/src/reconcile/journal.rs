@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 
-use crate::desired::{Desired, Plan, SrcRange, Touched};
+use crate::desired::{Desired, MaglevTable, Plan, SrcRange, Touched};
 
 /// The before-values of one update's changes.
 #[derive(Debug, Default)]
@@ -20,6 +20,7 @@ pub struct Journal {
     src_ranges: BTreeMap<SrcRange, bool>,
     /// Filter word → its bits before.
     filter: BTreeMap<u32, u64>,
+    maglev: BTreeMap<u32, Option<MaglevTable>>,
 }
 
 impl Journal {
@@ -35,6 +36,15 @@ impl Journal {
         for r in plan.src_ranges() {
             self.src_range(d, *r);
         }
+        if let Some(id) = plan.maglev_id() {
+            self.maglev(d, id);
+        }
+    }
+
+    pub(super) fn maglev(&mut self, d: &Desired, id: u32) {
+        self.maglev
+            .entry(id)
+            .or_insert_with(|| d.maglev.get(&id).cloned());
     }
 
     pub(super) fn service(&mut self, d: &Desired, k: SvcKey) {
@@ -124,6 +134,15 @@ impl Journal {
                 p.src_ranges.insert(*r);
             }
         }
+        for &id in &t.maglev {
+            let table = match self.maglev.get(&id) {
+                Some(t) => t.clone(),
+                None => d.maglev.get(&id).cloned(),
+            };
+            if let Some(table) = table {
+                p.maglev.insert(id, table);
+            }
+        }
         for &w in &t.filter_words {
             let bits = match self.filter.get(&w) {
                 Some(b) => *b,
@@ -156,6 +175,15 @@ impl Journal {
         for r in &t.src_ranges {
             p.src_ranges.remove(r);
         }
+        for id in &t.maglev {
+            p.maglev.remove(id);
+        }
+        p.maglev.extend(
+            now.maglev
+                .iter()
+                .filter(|(id, _)| t.maglev.contains(id))
+                .map(|(id, m)| (*id, m.clone())),
+        );
         let words: BTreeSet<u32> = t.filter_words.iter().copied().collect();
         p.filter.retain(|b| !words.contains(&(b / 64)));
         p.services.extend(now.services.iter());

@@ -3,13 +3,17 @@
 
 use super::{SourceError, objects as obj};
 use crate::model::{
-    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints, Name,
-    Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
-    intern,
+    Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints,
+    LbAlgorithm, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
+    TrafficPolicy, intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The annotation that overrides the node's `--lb-algorithm` for one Service (Cilium's
+/// name; `random` or `maglev`). The only annotation the sources keep.
+pub const LB_ALGORITHM_ANNOTATION: &str = "service.cilium.io/lb-algorithm";
 
 pub use crate::model::parse_ip;
 
@@ -106,6 +110,7 @@ pub fn service(svc: &obj::Service) -> Result<Converted<Service>, SourceError> {
             .health_check_node_port
             .and_then(|p| u16::try_from(p).ok())
             .filter(|&p| p != 0),
+        lb_algorithm: lb_algorithm(svc, &id),
         id,
     }))
 }
@@ -250,6 +255,35 @@ fn parse_source_ranges(raw: &[String], id: &ServiceRef) -> (Vec<Cidr>, Vec<Strin
         }
     }
     (ranges, refused)
+}
+
+/// The [`LB_ALGORITHM_ANNOTATION`] of a Service: none when unset, or when its value is not
+/// one xlb knows (then, with a log line, the node's `--lb-algorithm` applies).
+fn lb_algorithm(svc: &obj::Service, id: &ServiceRef) -> Option<LbAlgorithm> {
+    parse_lb_algorithm(svc, id).unwrap_or_else(|why| {
+        tracing::warn!(service = %id, "{why}");
+        None
+    })
+}
+
+/// [`lb_algorithm`]'s reading, or why the value is refused, naming the Service, the
+/// annotation, the value and the accepted values.
+fn parse_lb_algorithm(svc: &obj::Service, id: &ServiceRef) -> Result<Option<LbAlgorithm>, String> {
+    let Some(raw) = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LB_ALGORITHM_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    raw.parse().map(Some).map_err(|_| {
+        format!(
+            "Service {id}: annotation {LB_ALGORITHM_ANNOTATION} {raw:?} is not {}; ignored, \
+             the node's --lb-algorithm applies",
+            LbAlgorithm::ACCEPTED
+        )
+    })
 }
 
 fn session_affinity(spec: &obj::ServiceSpec) -> SessionAffinity {
@@ -408,6 +442,75 @@ fn endpoint(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Service read from YAML as the file source reads it, with `metadata` lines added.
+    fn yaml_service(metadata: &str) -> super::super::Snapshot {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  namespace: ns\n  name: web\n{metadata}\
+             spec:\n  clusterIP: 10.96.0.1\n  ports: [{{port: 80}}]\n"
+        );
+        super::super::file::parse("test.yaml", &yaml).expect("parses")
+    }
+
+    fn lb_algorithm_of(metadata: &str) -> Option<LbAlgorithm> {
+        let snap = yaml_service(metadata);
+        assert!(snap.errors.is_empty(), "{:?}", snap.errors);
+        let svc = snap.model.services.values().next().expect("the service");
+        svc.lb_algorithm
+    }
+
+    #[test]
+    fn the_lb_algorithm_annotation_overrides_the_node_when_it_is_known() {
+        let annotated = |v: &str| {
+            format!("  annotations:\n    x: y\n    service.cilium.io/lb-algorithm: {v}\n    z: w\n")
+        };
+        assert_eq!(
+            lb_algorithm_of(&annotated("maglev")),
+            Some(LbAlgorithm::Maglev)
+        );
+        assert_eq!(
+            lb_algorithm_of(&annotated("random")),
+            Some(LbAlgorithm::Random)
+        );
+        assert_eq!(lb_algorithm_of(&annotated("bogus")), None);
+        assert_eq!(lb_algorithm_of(&annotated("Maglev")), None);
+        assert_eq!(lb_algorithm_of(""), None);
+        assert_eq!(lb_algorithm_of("  annotations:\n    x: y\n"), None);
+        assert_eq!(lb_algorithm_of("  annotations: null\n"), None);
+    }
+
+    #[test]
+    fn an_unknown_lb_algorithm_is_named_with_its_service_and_the_accepted_values() {
+        let id = ServiceRef {
+            namespace: intern("ns"),
+            name: intern("web"),
+        };
+        let mut svc = obj::Service::default();
+        svc.metadata.annotations = Some(
+            [(LB_ALGORITHM_ANNOTATION.to_string(), "bogus".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(
+            parse_lb_algorithm(&svc, &id).expect_err("bogus"),
+            "Service ns/web: annotation service.cilium.io/lb-algorithm \"bogus\" is not random \
+             or maglev; ignored, the node's --lb-algorithm applies"
+        );
+        assert_eq!(lb_algorithm(&svc, &id), None);
+    }
+
+    #[test]
+    fn an_lb_algorithm_annotation_that_is_not_a_string_is_an_error_of_its_service() {
+        let snap = yaml_service("  annotations:\n    service.cilium.io/lb-algorithm: [maglev]\n");
+        assert!(snap.model.services.is_empty());
+        let e = snap.errors.first().expect("an error").to_string();
+        assert!(
+            e.contains("Service ns/web")
+                && e.contains("metadata.annotations")
+                && e.contains("not a string"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn source_ranges_of_both_families_parse_and_a_bad_one_is_named_and_left_out() {

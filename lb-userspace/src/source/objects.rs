@@ -7,10 +7,16 @@
 //! condition with `lastTransitionTime: null`, which the API server accepts) fail the object,
 //! and with it the watch event that carried it; these types never look at such fields.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, fmt};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::{
+    Deserialize, Deserializer,
+    de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor},
+};
+use serde_json::Value;
+
+use super::convert::LB_ALGORITHM_ANNOTATION;
 
 /// `null` read as the type's default (an absent field is too, with `#[serde(default)]`).
 fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
@@ -18,8 +24,9 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> R
 }
 
 /// The metadata the proxy reads: name, namespace, labels (an EndpointSlice's service-name
-/// label), and the resourceVersion a watch resumes from. Everything else (managed fields,
-/// annotations, owner references, timestamps) is skipped while decoding, never stored.
+/// label), the resourceVersion a watch resumes from, and of the annotations only
+/// [`LB_ALGORITHM_ANNOTATION`]. Everything else (managed fields, the other annotations,
+/// owner references, timestamps) is skipped while decoding, never stored.
 #[derive(Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct Meta {
@@ -31,6 +38,8 @@ struct Meta {
     resource_version: Option<String>,
     #[serde(deserialize_with = "nullable")]
     labels: Option<BTreeMap<String, String>>,
+    #[serde(rename = "annotations", deserialize_with = "lb_algorithm")]
+    lb_algorithm: Option<String>,
 }
 
 impl From<Meta> for ObjectMeta {
@@ -40,8 +49,130 @@ impl From<Meta> for ObjectMeta {
             namespace: m.namespace,
             resource_version: m.resource_version,
             labels: m.labels,
+            annotations: annotations(m.lb_algorithm),
             ..ObjectMeta::default()
         }
+    }
+}
+
+/// The annotations as k8s-openapi holds them: only [`LB_ALGORITHM_ANNOTATION`], when set.
+pub(crate) fn annotations(lb_algorithm: Option<String>) -> Option<BTreeMap<String, String>> {
+    lb_algorithm.map(|v| BTreeMap::from([(LB_ALGORITHM_ANNOTATION.to_string(), v)]))
+}
+
+/// `metadata.annotations` read for [`LB_ALGORITHM_ANNOTATION`] alone (a wrong type is an
+/// error, as for every field the proxy reads).
+fn lb_algorithm<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let a = KeptAnnotations::deserialize(d)?;
+    match a.error {
+        Some(e) => Err(de::Error::custom(e)),
+        None => Ok(a.lb_algorithm),
+    }
+}
+
+/// Of an object's annotations, only the value of [`LB_ALGORITHM_ANNOTATION`]: every other
+/// one is skipped while decoding (its key compared in place, its value never stored).
+///
+/// Never fails on JSON, so that the watch decoder can name an object with odd metadata
+/// instead of losing its event: what is not as the API writes it (annotations that are not
+/// a map, the value not a string) is `error`, saying why. `null` reads as none.
+#[derive(Debug, Default)]
+pub(crate) struct KeptAnnotations {
+    pub lb_algorithm: Option<String>,
+    pub error: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for KeptAnnotations {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(AnnotationsVisitor)
+    }
+}
+
+struct AnnotationsVisitor;
+
+impl AnnotationsVisitor {
+    fn not_a_map(v: impl fmt::Display) -> KeptAnnotations {
+        KeptAnnotations {
+            lb_algorithm: None,
+            error: Some(format!("not a map: {v}")),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for AnnotationsVisitor {
+    type Value = KeptAnnotations;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map of annotations")
+    }
+
+    fn visit_unit<E>(self) -> Result<KeptAnnotations, E> {
+        Ok(KeptAnnotations::default())
+    }
+
+    fn visit_none<E>(self) -> Result<KeptAnnotations, E> {
+        Ok(KeptAnnotations::default())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptAnnotations, A::Error> {
+        let mut kept = KeptAnnotations::default();
+        while let Some(IsLbAlgorithm(wanted)) = map.next_key()? {
+            if !wanted {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            match map.next_value::<Value>()? {
+                Value::String(s) => kept.lb_algorithm = Some(s),
+                Value::Null => kept.lb_algorithm = None,
+                other => {
+                    kept.error.get_or_insert_with(|| {
+                        format!("{LB_ALGORITHM_ANNOTATION}: not a string: {other}")
+                    });
+                }
+            }
+        }
+        Ok(kept)
+    }
+
+    // Anything else where the annotations should be: none, and why.
+    fn visit_str<E>(self, v: &str) -> Result<KeptAnnotations, E> {
+        Ok(Self::not_a_map(format_args!("{v:?}")))
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<KeptAnnotations, E> {
+        Ok(Self::not_a_map(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<KeptAnnotations, E> {
+        Ok(Self::not_a_map(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<KeptAnnotations, E> {
+        Ok(Self::not_a_map(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<KeptAnnotations, E> {
+        Ok(Self::not_a_map(v))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeptAnnotations, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Self::not_a_map("a list"))
+    }
+}
+
+/// An annotation's key, compared with [`LB_ALGORITHM_ANNOTATION`] where the decoder holds
+/// it (no copy).
+struct IsLbAlgorithm(bool);
+
+impl<'de> Deserialize<'de> for IsLbAlgorithm {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = IsLbAlgorithm;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an annotation key")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<IsLbAlgorithm, E> {
+                Ok(IsLbAlgorithm(v == LB_ALGORITHM_ANNOTATION))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
     }
 }
 

@@ -112,6 +112,7 @@ pub(crate) fn error_object(e: &DesiredError) -> &str {
         DesiredError::Unsupported { object, .. }
         | DesiredError::FrontendConflict { object, .. }
         | DesiredError::MapFull { object, .. }
+        | DesiredError::MaglevFull { object, .. }
         | DesiredError::TooManyBackends { object, .. }
         | DesiredError::NoEndpointSlice { object } => object,
     }

@@ -154,6 +154,17 @@ impl Checked {
                 "after `{op}`: {k:?} is limited to source ranges it does not have"
             );
         }
+        // A frontend flagged for Maglev has its table in before it is flagged.
+        for (k, v) in s
+            .services
+            .iter()
+            .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_MAGLEV != 0)
+        {
+            assert!(
+                s.maglev.contains_key(&v.svc_id),
+                "after `{op}`: {k:?} is flagged for a Maglev table it does not have"
+            );
+        }
     }
 }
 
@@ -200,6 +211,20 @@ impl MapWriter for Checked {
     fn put_filter_word(&mut self, word: u32, bits: u64) -> Result<(), WriteError> {
         self.inner.put_filter_word(word, bits)?;
         self.check("put filter word");
+        Ok(())
+    }
+    fn put_maglev(
+        &mut self,
+        id: u32,
+        table: &lb_userspace::desired::MaglevTable,
+    ) -> Result<(), WriteError> {
+        self.inner.put_maglev(id, table)?;
+        self.check("put maglev");
+        Ok(())
+    }
+    fn del_maglev(&mut self, id: u32) -> Result<(), WriteError> {
+        self.inner.del_maglev(id)?;
+        self.check("del maglev");
         Ok(())
     }
 }

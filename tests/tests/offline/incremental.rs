@@ -15,8 +15,8 @@ use lb_userspace::{
     datapath::{sync, writer::MemoryMaps},
     desired::{self, Desired, Limits, NodeContext},
     model::{
-        Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, Model, Protocol, Service, ServicePort,
-        ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
+        Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, LbAlgorithm, Model, Protocol, Service,
+        ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
     },
     reconcile::{self, Ids, Incremental, Journal},
     source::events::{self, Event},
@@ -154,6 +154,8 @@ fn service(i: u8, shape: Shape) -> Service {
         external_traffic_policy: policy(local),
         internal_traffic_policy: policy(local && affinity),
         health_check_node_port: None,
+        // Every other Service picks by Maglev on its external frontends.
+        lb_algorithm: i.is_multiple_of(2).then_some(LbAlgorithm::Maglev),
     }
 }
 
@@ -216,12 +218,22 @@ fn node(zone: bool, addresses: u8, socket_lb: bool) -> NodeContext {
         .collect();
     let mut c = NodeContext::new("node-a", &addrs, socket_lb);
     c.node.zone = zone.then(|| "z1".to_string());
+    c.lb.maglev_size = 251;
     c
 }
 
 /// One frontend as the datapath sees it, without indices: its entry (count, flags,
-/// affinity), its name, its backends in slot order (without generations), its ranges.
-type Shown = (u16, u16, u32, String, Vec<Backend>, Vec<(IpAddr, u8)>);
+/// affinity), its name, its backends in slot order (without generations), its ranges, its
+/// Maglev table.
+type Shown = (
+    u16,
+    u16,
+    u32,
+    String,
+    Vec<Backend>,
+    Vec<(IpAddr, u8)>,
+    Option<Vec<u16>>,
+);
 
 fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
     d.services
@@ -245,6 +257,12 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
                 .map(|r| (r.addr, r.prefix))
                 .collect();
             let name = lb_common::user::svc_name_str(&d.names[&v.svc_id]).to_string();
+            let maglev = (v.flags & lb_common::SVC_F_MAGLEV != 0).then(|| {
+                d.maglev
+                    .get(&v.svc_id)
+                    .map(|t| t.slots.to_vec())
+                    .unwrap_or_default()
+            });
             (
                 *k,
                 (
@@ -254,6 +272,7 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
                     name,
                     backends,
                     ranges,
+                    maglev,
                 ),
             )
         })
@@ -276,6 +295,17 @@ fn consistent(d: &Desired) {
     );
     let ids: std::collections::BTreeSet<u32> = d.services.values().map(|v| v.svc_id).collect();
     assert_eq!(ids, d.names.keys().copied().collect(), "names = ids in use");
+    let flagged: std::collections::BTreeSet<u32> = d
+        .services
+        .iter()
+        .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_MAGLEV != 0)
+        .map(|(_, v)| v.svc_id)
+        .collect();
+    assert_eq!(
+        flagged,
+        d.maglev.keys().copied().collect(),
+        "Maglev tables = frontends flagged"
+    );
     assert!(
         desired::live_filter_bits(d).is_subset(&d.filter),
         "live filter bits set"

@@ -168,8 +168,8 @@ fn random_buffers_get_an_allowed_verdict() {
     let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else {
         return;
     };
-    // Every agent map holds something: LoadBalancers with source ranges of both families, an
-    // XDP target.
+    // Every agent map holds something: LoadBalancers with source ranges of both families (the
+    // IPv4 one picking by Maglev), an XDP target.
     let yaml = base_services()
         + &xlb_tests::services::service_on_nodes(
             "lb",
@@ -182,6 +182,11 @@ fn random_buffers_get_an_allowed_verdict() {
             "  loadBalancerSourceRanges: [10.244.0.0/16, 192.0.2.0/24]\n",
             &format!("status:\n  loadBalancer:\n    ingress: [{{ip: {LB_IP}}}]\n"),
             &[(BACKENDS[0], "node1")],
+        )
+        .replacen(
+            "name: lb}",
+            "name: lb, annotations: {service.cilium.io/lb-algorithm: maglev}}",
+            1,
         )
         + "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: ns, name: lb6}\nspec:\n  type: LoadBalancer\n  ipFamilies: [IPv6]\n  clusterIP: \"fd00:10:96::20\"\n  loadBalancerSourceRanges: [\"2001:db8:1::/48\"]\n  ports: [{name: p, port: 80, protocol: TCP}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: \"2001:db8:100::20\"}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {namespace: ns, name: lb6-1, labels: {kubernetes.io/service-name: lb6}}\naddressType: IPv6\nports: [{name: p, port: 8080, protocol: TCP}]\nendpoints: [{addresses: [\"fd00:10:244::20\"], nodeName: node1}]\n";
     dp.program(&file::parse("fuzz.yaml", &yaml).expect("yaml").model)

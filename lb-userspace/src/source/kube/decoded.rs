@@ -93,7 +93,7 @@ impl<T: Kind> Decoded<T> {
 impl<'de, T: Kind> Deserialize<'de> for Decoded<T> {
     /// Never fails on a JSON object: what the proxy cannot read of it becomes
     /// [`Decoded::Undecodable`]. One pass: the fields the proxy does not read (managed
-    /// fields, annotations, most of the status) are skipped without being stored; only
+    /// fields, annotations but one, most of the status) are skipped without being stored; only
     /// the few it reads are held as JSON before they are decoded, so a wrong one can be
     /// named and the rest of the stream read on.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -143,14 +143,18 @@ impl<'de, T: Kind> Visitor<'de> for ObjectVisitor<T> {
 }
 
 /// An object's metadata as far as it can be read: name, namespace, resourceVersion (each
-/// when a string), labels (when a map of strings), everything else skipped; what could not
-/// be read, for the report.
+/// when a string), labels (when a map of strings), of the annotations only the value of
+/// [`LB_ALGORITHM_ANNOTATION`] (when a string), everything else skipped; what could not be
+/// read, for the report.
+///
+/// [`LB_ALGORITHM_ANNOTATION`]: crate::source::convert::LB_ALGORITHM_ANNOTATION
 #[derive(Default)]
 struct Meta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
     labels: Option<std::collections::BTreeMap<String, String>>,
+    lb_algorithm: Option<String>,
     error: Option<String>,
 }
 
@@ -161,6 +165,7 @@ impl Meta {
             namespace: self.namespace,
             resource_version: self.resource_version,
             labels: self.labels,
+            annotations: objects::annotations(self.lb_algorithm),
             ..ObjectMeta::default()
         }
     }
@@ -210,6 +215,14 @@ impl<'de> Visitor<'de> for MetaVisitor {
                             m.error
                                 .get_or_insert_with(|| format!("metadata.labels: {e}"));
                         }
+                    }
+                }
+                "annotations" => {
+                    let a: objects::KeptAnnotations = map.next_value()?;
+                    m.lb_algorithm = a.lb_algorithm;
+                    if let Some(e) = a.error {
+                        m.error
+                            .get_or_insert_with(|| format!("metadata.annotations: {e}"));
                     }
                 }
                 _ => {
@@ -386,6 +399,60 @@ mod tests {
             e.contains("Service ns/b") && e.contains("spec.ports"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn of_the_annotations_only_the_lb_algorithm_is_kept() {
+        let line = json!({"type": "ADDED", "object": {
+            "metadata": {"namespace": "ns", "name": "m",
+                         "annotations": {"x": "y", "service.cilium.io/lb-algorithm": "maglev",
+                                         "big": {"nested": [1, 2, null]}}},
+            "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]},
+        }})
+        .to_string();
+        let ev: WatchEvent<Service> = serde_json::from_str(&line).expect("decodes");
+        let WatchEvent::Added(Decoded::Object(svc)) = ev else {
+            panic!("{ev:?}")
+        };
+        let kept: Vec<(&str, &str)> = svc
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(kept, [("service.cilium.io/lb-algorithm", "maglev")]);
+
+        // null annotations are none; a value that is not a string names the object.
+        for (annotations, says) in [
+            (json!(null), None),
+            (json!({"service.cilium.io/lb-algorithm": null}), None),
+            (
+                json!({"service.cilium.io/lb-algorithm": 5}),
+                Some("metadata.annotations: service.cilium.io/lb-algorithm: not a string: 5"),
+            ),
+            (json!("x"), Some("metadata.annotations: not a map")),
+        ] {
+            let line = json!({"type": "ADDED", "object": {
+                "metadata": {"namespace": "ns", "name": "m", "annotations": annotations},
+                "spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 80}]},
+            }})
+            .to_string();
+            let ev: WatchEvent<Service> = serde_json::from_str(&line).expect("decodes");
+            let WatchEvent::Added(d) = ev else {
+                panic!("{ev:?}")
+            };
+            match says {
+                None => {
+                    let svc = d.object().expect("readable");
+                    assert!(svc.metadata.annotations.is_none(), "{svc:?}");
+                }
+                Some(says) => {
+                    let e = d.object().expect_err("cannot be read").to_string();
+                    assert!(e.contains("Service ns/m") && e.contains(says), "{e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! The Maglev rows: a new flow through tc to frontends whose backend comes from their
-//! Maglev table (`select::xlb_maglev_slot`: one more array read, in a global BPF function)
-//! beside random choice, in the same trial, on the same flows. The agent does not write
-//! tables yet (#24), so the bench writes them into the pinned maps as the agent will: each
-//! IPv4 TCP frontend flagged `SVC_F_MAGLEV`, its row one of the map's rows (frontend `i` →
-//! row `i % rows`), each row the table (M = 16381) of two backends, whose entries name slots
-//! 1 and 2 (every bench service has at least two). Each flow's backend is checked against
-//! the table: the case is what it claims. The frontends are restored afterwards.
+//! Maglev table (`select::xlb_maglev_slot`: one more hash lookup and a table read, in a
+//! global BPF function) beside random choice, in the same trial, on the same flows. The
+//! bench writes the tables into the pinned maps as the agent does (`XLB_MAGLEV_V2`, keyed
+//! by service index; the table before the flag): each of the first 8,192 IPv4 TCP
+//! frontends (the map's default size) flagged `SVC_F_MAGLEV` with the table (M = 16381) of
+//! two backends, whose entries name slots 1 and 2 (every bench service has at least two);
+//! both algorithms run the flows to those frontends. Each flow's backend is checked
+//! against the table: the case is what it claims. The frontends are restored afterwards.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, Map, MapData};
+use aya::maps::{HashMap, Map, MapData};
 use lb_common::{
     IPPROTO_TCP, MAGLEV_MAP_CAPACITY, MAP_MAGLEV, MAP_SVC, MaglevRow, R_NEW_FLOW, SVC_F_MAGLEV,
     SvcKey, SvcValue, flow_hash,
@@ -44,65 +45,66 @@ fn pinned(dp: &Datapath, name: &str) -> Result<Map> {
 }
 
 /// One trial: ns of a new flow with random choice (before and after), and with Maglev,
-/// over the same flows to the `services` IPv4 TCP frontends.
+/// over the same flows: those to the first `MAGLEV_MAP_CAPACITY` of the `services` IPv4 TCP
+/// frontends (the map's default size; all of them up to that scale).
 pub(super) fn trial(
     dp: &mut Datapath,
     f: &Flows,
     services: usize,
     ifindex: u32,
 ) -> Result<(f64, f64)> {
-    let (random, _) = new_flows(dp, f, ifindex)?;
+    let tables = (MAGLEV_MAP_CAPACITY as usize).min(services.max(1));
+    let flagged: std::collections::BTreeSet<Ipv4Addr> = (0..tables).map(vip).collect();
+    let flows: Vec<Vec<u8>> = f
+        .to_service
+        .iter()
+        .filter(|p| parse(p).is_some_and(|p| flagged.contains(p.dst.ip())))
+        .cloned()
+        .collect();
+    let (random, _) = new_flows(dp, &flows, ifindex)?;
     let entries = table();
-    let rows = (MAGLEV_MAP_CAPACITY as usize).min(services.max(1));
-    let mut row: MaglevRow = bytemuck::Zeroable::zeroed();
+    let mut row: Box<MaglevRow> = Box::new(bytemuck::Zeroable::zeroed());
     row.size = M;
     row.slots[..entries.len()].copy_from_slice(&entries);
-    let mut table_map: Array<MapData, MaglevRow> = Array::try_from(pinned(dp, MAP_MAGLEV)?)?;
-    for r in 0..rows {
-        table_map.set(r as u32, row, 0)?;
-    }
+    let mut table_map: HashMap<MapData, u32, MaglevRow> =
+        HashMap::try_from(pinned(dp, MAP_MAGLEV)?)?;
     let mut svc: HashMap<MapData, SvcKey, SvcValue> = HashMap::try_from(pinned(dp, MAP_SVC)?)?;
-    let mut saved = Vec::with_capacity(services);
-    for i in 0..services {
+    let mut saved = Vec::with_capacity(tables);
+    for i in 0..tables {
         let key = svc_key(vip(i), SVC_PORT, 0);
         let v = svc.get(&key, 0)?;
+        // As the agent: the table first (keyed by the frontend's service index), then the flag.
+        table_map.insert(v.svc_id, *row, 0)?;
         saved.push((key, v));
         let mut m = v;
         m.flags |= SVC_F_MAGLEV;
-        m.backend_id = (i % rows) as u32;
         svc.insert(key, m, 0)?;
     }
-    let measured = new_flows(dp, f, ifindex);
+    let measured = new_flows(dp, &flows, ifindex);
     for (key, v) in &saved {
         svc.insert(*key, *v, 0)?;
+        table_map.remove(&v.svc_id)?;
     }
     let (maglev_ns, outs) = measured?;
-    check(dp, f, &entries, &outs)?;
+    check(dp, &flows, &entries, &outs)?;
     // Random again after: the mean of the runs before and after, so neither algorithm
     // gains from running first or second (caches, the LRU map's state after clearing).
-    let (again, _) = new_flows(dp, f, ifindex)?;
+    let (again, _) = new_flows(dp, &flows, ifindex)?;
     Ok(((random + again) / 2.0, maglev_ns))
 }
 
 /// Each flow's first packet through tc, conntrack emptied first: the median ns and the
 /// packets as tc left them.
-fn new_flows(dp: &mut Datapath, f: &Flows, ifindex: u32) -> Result<(f64, Vec<Vec<u8>>)> {
+fn new_flows(dp: &mut Datapath, flows: &[Vec<u8>], ifindex: u32) -> Result<(f64, Vec<Vec<u8>>)> {
     dp.clear_ct()?;
     let tc = HOOKS[0];
-    each(
-        dp,
-        tc,
-        PROG_INGRESS,
-        &f.to_service,
-        Some(R_NEW_FLOW),
-        ifindex,
-    )
+    each(dp, tc, PROG_INGRESS, flows, Some(R_NEW_FLOW), ifindex)
 }
 
 /// Every flow reached the backend in the slot its table entry names.
-fn check(dp: &Datapath, f: &Flows, entries: &[u16], outs: &[Vec<u8>]) -> Result<()> {
+fn check(dp: &Datapath, flows: &[Vec<u8>], entries: &[u16], outs: &[Vec<u8>]) -> Result<()> {
     let probe = Probe::open(&dp.pins)?;
-    for (sent, out) in f.to_service.iter().zip(outs) {
+    for (sent, out) in flows.iter().zip(outs) {
         let (Some(s), Some(o)) = (parse(sent), parse(out)) else {
             bail!("a bench packet does not parse");
         };
