@@ -3,6 +3,7 @@
 //! or on node2 (across an underlay). Every answer says which client address the backend saw.
 
 mod health;
+mod maglev;
 mod matrix;
 mod paths;
 mod sctp;
