@@ -17,7 +17,7 @@ use crate::{
         kernel::{KernelMaps, open_pinned},
         writer::MapWriter,
     },
-    desired::Desired,
+    desired::{Desired, show_maglev},
     model::Protocol,
 };
 
@@ -30,6 +30,10 @@ pub struct ServiceRow {
     /// The clients a LoadBalancer frontend admits (its loadBalancerSourceRanges of the
     /// frontend's family, `a.b.c.d/len` or `v6/len`); empty: every client.
     pub source_ranges: Vec<String>,
+    /// How a new flow picks its backend: `random`, or for a frontend flagged
+    /// `SVC_F_MAGLEV` its table as `maglev M=<size> table=<digest>`
+    /// ([`crate::desired::show_maglev`]: nodes with the same word have the same table).
+    pub algorithm: String,
     /// Packets and bytes forwarded for this service (both directions), summed over CPUs.
     pub packets: u64,
     pub bytes: u64,
@@ -118,12 +122,18 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
         } else {
             Vec::new()
         };
+        let algorithm = if v.flags & lb_common::SVC_F_MAGLEV != 0 {
+            show_maglev(state.maglev.get(&v.svc_id))
+        } else {
+            "random".into()
+        };
         rows.push(ServiceRow {
             service: name_of(state, v.svc_id),
             frontend: show_frontend(k),
             id: v.svc_id,
             backends,
             source_ranges,
+            algorithm,
             packets: 0,
             bytes: 0,
         });
@@ -305,6 +315,7 @@ impl TableRow for ServiceRow {
         "PACKETS",
         "BYTES",
         "SOURCE RANGES",
+        "ALGORITHM",
         "BACKENDS",
     ];
     fn cells(&self) -> Vec<String> {
@@ -319,6 +330,7 @@ impl TableRow for ServiceRow {
             self.packets.to_string(),
             self.bytes.to_string(),
             ranges,
+            self.algorithm.clone(),
             self.backends.join(", "),
         ]
     }
@@ -522,5 +534,49 @@ endpoints:
         assert_eq!(of("10.0.0.1:"), ["ns/a:p", "ns/b:p"]);
         assert_eq!(of("10.0.0.2:"), ["ns/a:p"]);
         assert_eq!(rows.len(), 2);
+    }
+
+    #[test]
+    fn service_rows_show_each_frontends_algorithm() {
+        // `a` annotated maglev with an externalIP: the externalIP picks by its table, the
+        // ClusterIP (and `b`) at random.
+        let yaml = YAML.replacen(
+            "metadata: {namespace: ns, name: a}\nspec: {",
+            "metadata: {namespace: ns, name: a, annotations: {service.cilium.io/lb-algorithm: maglev}}\nspec: {externalIPs: [203.0.113.7], ",
+            1,
+        );
+        let loaded = file::parse("t.yaml", &yaml).expect("yaml");
+        let (state, errors) = compute(&loaded.model, &mut Ids::default(), Limits::default());
+        assert!(errors.is_empty(), "{errors:?}");
+        let rows = services_of(&state);
+        let of = |frontend: &str| {
+            rows.iter()
+                .find(|r| r.frontend.starts_with(frontend))
+                .unwrap_or_else(|| panic!("no row for {frontend}: {rows:?}"))
+                .algorithm
+                .clone()
+        };
+        let ext = of("203.0.113.7:80");
+        let table = state.maglev.values().next().expect("one table");
+        assert_eq!(ext, crate::desired::show_maglev(Some(table)));
+        assert!(ext.starts_with("maglev M=16381 table="), "{ext}");
+        assert_eq!(of("10.96.0.1:80"), "random");
+        assert_eq!(of("10.96.0.2:80"), "random");
+        let text = render(&rows);
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            header.join(" "),
+            "SERVICE FRONTEND PACKETS BYTES SOURCE RANGES ALGORITHM BACKENDS"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.contains("203.0.113.7:80") && l.contains(&ext)),
+            "{text}"
+        );
     }
 }

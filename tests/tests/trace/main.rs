@@ -28,6 +28,12 @@ const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const STICKY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
 const EMPTY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 12);
 const SIG: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 13);
+const EXT_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 14);
+/// `ext`'s externalIP: a Maglev frontend (the Service's annotation).
+const EXT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
+/// The agent's node name in the trace test (`ext`'s endpoints are on it: an external
+/// frontend's flows to them are not SNATed).
+const NODE: &str = "node1";
 
 /// A Service with one port `p` and its slice of ready endpoints (namespace `test`).
 fn service(
@@ -74,6 +80,30 @@ fn services() -> String {
         )
 }
 
+/// ext: web's backends (on [`NODE`]) behind a ClusterIP and the externalIP [`EXT`],
+/// annotated `service.cilium.io/lb-algorithm: maglev` (its externalIP picks by a Maglev
+/// table, its ClusterIP at random).
+fn maglev_service() -> String {
+    service(
+        "ext",
+        EXT_CLUSTER_IP,
+        "TCP",
+        80,
+        TCP_PORT,
+        &format!("  externalIPs: [\"{EXT}\"]\n"),
+        &[pod_ip(2), pod_ip(3)],
+    )
+    .replacen(
+        "name: ext}",
+        "name: ext, annotations: {service.cilium.io/lb-algorithm: maglev}}",
+        1,
+    )
+    .replace(
+        "  conditions: {ready: true}",
+        &format!("  nodeName: {NODE}\n  conditions: {{ready: true}}"),
+    )
+}
+
 /// The backend name (`backend-k`) of a pod IP in the scenario.
 fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
     s.topo
@@ -86,15 +116,20 @@ fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
 
 #[test]
 fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
-    let Some(s) = Scenario::started(
-        "trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged",
-        "xtr",
-        &services(),
-        2,
-        "10.96.0.10:80/TCP",
-    ) else {
+    if !xlb_tests::require_root("trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged") {
         return;
-    };
+    }
+    let mut s = Scenario::start_with(
+        "xtr",
+        2,
+        &(services() + &maglev_service()),
+        &["--hostname-override", NODE],
+    )
+    .expect("scenario");
+    for frontend in ["10.96.0.10:80/TCP", &format!("{EXT}:80/TCP")] {
+        s.wait_backends(frontend, 2, Duration::from_secs(30))
+            .expect("initial sync");
+    }
     let timeout = Duration::from_secs(3);
     let client_ns = &s.topo.client.ns;
 
@@ -102,7 +137,7 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     // closed flows), so the maps the traces must leave alone are not empty, and the sticky
     // service's affinity entry exists.
     let sticky = SocketAddr::from((STICKY, 80));
-    let (first, _open) = client_ns
+    let (first, open) = client_ns
         .run(move || open_request(sticky, timeout))
         .expect("netns")
         .expect("sticky answers");
@@ -119,6 +154,10 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     assert!(web.contains("ClusterIP of service test/web"), "{web}");
     assert!(web.contains("DNAT 10.96.0.10:80 -> "), "{web}");
     assert!(web.contains("new_flow +1"), "{web}");
+    assert!(
+        web.contains("algorithm  random: a new flow picks uniformly among 2 slot(s)"),
+        "{web}"
+    );
     let chosen: std::net::SocketAddrV4 = outcome(&web).parse().expect("a backend");
     assert!(
         s.backend_ips().contains(chosen.ip()) && chosen.port() == TCP_PORT,
@@ -167,6 +206,136 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     affinity_follows_the_real_flow(&s, &first.backend);
     no_endpoints_and_no_frontend(&s);
     from_the_node(&s);
+    // The kept flow closes now, settled before the next trace, not when the echo server's
+    // 30 s idle timeout would close it, in the middle of one.
+    drop(open);
+    maglev_names_the_entry_real_flows_reach(&s);
+    list_shows_each_frontends_algorithm(&s);
+}
+
+/// A TCP request from the client pod's `from` (a source port of the test's choice) to `to`:
+/// the backend that answered.
+fn tcp_request_from(from: SocketAddr, to: SocketAddr, timeout: Duration) -> Result<String, String> {
+    use std::io::{BufRead, BufReader, Write};
+    let e = |e: std::io::Error| format!("{from} -> {to}: {e}");
+    let sock =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).map_err(e)?;
+    sock.set_reuse_address(true).map_err(e)?;
+    sock.bind(&from.into()).map_err(e)?;
+    sock.connect_timeout(&to.into(), timeout).map_err(e)?;
+    let mut c: std::net::TcpStream = sock.into();
+    c.set_read_timeout(Some(timeout)).map_err(e)?;
+    c.write_all(b"hello\n").map_err(e)?;
+    let mut line = String::new();
+    BufReader::new(&c).read_line(&mut line).map_err(e)?;
+    Ok(line
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The Maglev frontend: the trace names the table entry the packet's 5-tuple hashes to
+/// (`lb_common::flow_hash`, as the program computes it) and the slot and backend it holds;
+/// the test run goes there, and a real connection from the same source port reaches it.
+fn maglev_names_the_entry_real_flows_reach(s: &Scenario) {
+    const M: u32 = 16381;
+    let timeout = Duration::from_secs(3);
+    let client = pod_ip(1);
+    let mut reached = std::collections::BTreeSet::new();
+    for port in [41001u16, 41002, 41003, 41004, 41005, 41006] {
+        let from = SocketAddr::from((client, port));
+        let text = trace(
+            s,
+            &["--from", &from.to_string(), "--to", &format!("{EXT}:80")],
+        );
+        println!("{text}");
+        assert!(
+            text.contains("is the externalIP of service test/ext"),
+            "{text}"
+        );
+        let hash = lb_common::flow_hash(
+            &[u32::from_ne_bytes(client.octets()), 0, 0, 0],
+            &[u32::from_ne_bytes(EXT.octets()), 0, 0, 0],
+            port.to_be(),
+            80u16.to_be(),
+            lb_common::IPPROTO_TCP,
+        );
+        let head = format!(
+            "algorithm  maglev: flow hash {hash:#010x} -> entry {} of M={M} -> slot ",
+            hash % M
+        );
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once(&head).map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("no line with {head:?}:\n{text}"));
+        // `S (IP:PORT)`: the slot and the backend in it.
+        let (slot, backend) = line
+            .strip_suffix(')')
+            .and_then(|l| l.split_once(" ("))
+            .unwrap_or_else(|| panic!("{line:?}"));
+        assert!(
+            text.contains(&format!("slot {slot}: {backend}/TCP (on this node)")),
+            "the endpoints step puts {backend} in slot {slot}:\n{text}"
+        );
+        assert_eq!(outcome(&text), backend, "the test run went there:\n{text}");
+        assert!(
+            text.contains(&format!(
+                "{backend}/TCP (on this node) chosen by the frontend's Maglev table"
+            )),
+            "{text}"
+        );
+        let to = SocketAddr::from((EXT, 80));
+        let real = s
+            .topo
+            .client
+            .ns
+            .run(move || tcp_request_from(from, to, timeout))
+            .expect("netns")
+            .expect("ext answers");
+        let ip: std::net::SocketAddrV4 = backend.parse().expect("a backend");
+        assert_eq!(real, backend_name(s, *ip.ip()), "{from}: {text}");
+        reached.insert(real);
+    }
+    println!("6 flows reached {reached:?}");
+}
+
+/// `xlb list services`: the Maglev frontend's table (`maglev M=…`), the ClusterIPs random.
+fn list_shows_each_frontends_algorithm(s: &Scenario) {
+    let out = s
+        .topo
+        .node
+        .command(xlb_tests::xlb_bin())
+        .args(["list", "services", "--bpffs"])
+        .arg(&s.agent.pins)
+        .output()
+        .expect("run xlb list");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    let row = |frontend: &str| {
+        text.lines()
+            .find(|l| l.contains(frontend))
+            .unwrap_or_else(|| panic!("no row for {frontend}:\n{text}"))
+            .to_string()
+    };
+    assert!(
+        text.lines().next().is_some_and(|h| h.contains("ALGORITHM")),
+        "{text}"
+    );
+    assert!(
+        row(&format!(" {EXT}:80/TCP")).contains("maglev M=16381 table="),
+        "{text}"
+    );
+    for clusterip in [EXT_CLUSTER_IP, WEB] {
+        let r = row(&format!(" {clusterip}:80/TCP"));
+        assert!(r.contains(" random "), "{r}\n{text}");
+        assert!(!r.contains("maglev"), "{r}\n{text}");
+    }
 }
 
 /// Affinity: the trace finds the real flow's entry (whose backend was `first`) and goes

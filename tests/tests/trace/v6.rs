@@ -29,6 +29,9 @@ const WEB4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const STICKY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x11);
 const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x12);
 const V4ONLY: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 13);
+const EXT6_CLUSTER_IP: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x14);
+/// `ext6`'s externalIP: a Maglev frontend (the Service's annotation).
+const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x7);
 /// The echo servers' ports (the scenario's on IPv4, the test's own on IPv6).
 const TCP: u16 = 8080;
 const UDP: u16 = 5353;
@@ -60,7 +63,18 @@ fn services() -> String {
         "spec:\n",
         "spec:\n  sessionAffinity: ClientIP\n",
         1,
-    ) + &service6_yaml("empty6", EMPTY6, 80, "TCP", TCP, &[])
+    ) + &service6_yaml("ext6", EXT6_CLUSTER_IP, 80, "TCP", TCP, &b6)
+        .replacen(
+            "spec:\n",
+            &format!("spec:\n  externalIPs: [\"{EXT6}\"]\n"),
+            1,
+        )
+        .replacen(
+            "name: ext6}",
+            "name: ext6, annotations: {service.cilium.io/lb-algorithm: maglev}}",
+            1,
+        )
+        + &service6_yaml("empty6", EMPTY6, 80, "TCP", TCP, &[])
         + &service6_yaml("emptyu6", EMPTY6, 53, "UDP", UDP, &[])
         + &xlb_tests::services::service_yaml("v4only", V4ONLY, 80, "TCP", TCP, &b4)
         + &format!(
@@ -86,6 +100,7 @@ fn dual_stack() -> (Scenario, Vec<EchoServer>) {
         (format!("{}/TCP", SocketAddr::from((WEB6, 80))), 2),
         (format!("{}/UDP", SocketAddr::from((WEB6, 53))), 2),
         (format!("{}/TCP", SocketAddr::from((STICKY6, 80))), 2),
+        (format!("{}/TCP", SocketAddr::from((EXT6, 80))), 2),
         (format!("{}/TCP", SocketAddr::from((EMPTY6, 80))), 0),
         (format!("{}/UDP", SocketAddr::from((EMPTY6, 53))), 0),
         ("10.96.0.10:80/TCP".to_string(), 2),
@@ -192,6 +207,57 @@ fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
     refused_passed_and_errors(&s);
     from_the_node(&s);
     rules_agree_with_the_datapath(&s);
+    // The kept flow closes now, settled before the next trace, not when the echo server's
+    // 30 s idle timeout would close it, in the middle of one.
+    drop(open);
+    maglev_over_ipv6(&s);
+}
+
+/// An IPv6 Maglev frontend: the trace hashes the packet's 5-tuple as the program's IPv6
+/// path does (`lb_common::flow_hash` over all four words of each address), names the entry
+/// and the slot it holds, and the test run goes to that slot's backend.
+fn maglev_over_ipv6(s: &Scenario) {
+    const M: u32 = 16381;
+    let words = |a: Ipv6Addr| {
+        let o = a.octets();
+        std::array::from_fn::<u32, 4, _>(|i| {
+            u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+        })
+    };
+    let mut slots = BTreeSet::new();
+    for port in 41001..41007u16 {
+        let from = SocketAddr::from((pod_ip6(1), port));
+        let to = SocketAddr::from((EXT6, 80));
+        let text = trace(s, &["--from", &from.to_string(), "--to", &to.to_string()]);
+        println!("{text}");
+        let hash = lb_common::flow_hash(
+            &words(pod_ip6(1)),
+            &words(EXT6),
+            port.to_be(),
+            80u16.to_be(),
+            lb_common::IPPROTO_TCP,
+        );
+        let head = format!(
+            "algorithm  maglev: flow hash {hash:#010x} -> entry {} of M={M} -> slot ",
+            hash % M
+        );
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once(&head).map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("no line with {head:?}:\n{text}"));
+        let (slot, backend) = line
+            .strip_suffix(')')
+            .and_then(|l| l.split_once(" ("))
+            .unwrap_or_else(|| panic!("{line:?}"));
+        assert!(
+            text.contains(&format!("slot {slot}: {backend}/TCP")),
+            "the endpoints step puts {backend} in slot {slot}:\n{text}"
+        );
+        assert_eq!(outcome(&text), backend, "the test run went there:\n{text}");
+        assert!(backends6(TCP).contains(backend), "{text}");
+        slots.insert(slot.to_string());
+    }
+    println!("IPv6 Maglev flows went to slots {slots:?}");
 }
 
 /// ClientIP affinity over IPv6: the trace finds the real flow's entry (its key the folded

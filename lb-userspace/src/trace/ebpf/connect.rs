@@ -3,16 +3,15 @@
 
 use lb_common::user::show_backend;
 use lb_common::{
-    FAMILY_NETNS, NodeConfig, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_SRC_RANGES,
-    SVC_F_TWO_SCOPES,
+    FAMILY_NETNS, NodeConfig, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_DROP_EMPTY, SVC_F_MAGLEV,
+    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
 };
 
 use super::{
-    Context, Frontend, affinity_before, affinity_entry, affinity_key, endpoints_step, frontend,
-    frontend_step, svc_key,
+    Context, Frontend, affinity_before, affinity_entry, affinity_key, algorithm::affinity_hit,
+    endpoints_step, frontend, frontend_step, svc_key,
 };
 use crate::{
-    datapath::clock::monotonic_coarse_ns,
     desired::Desired,
     trace::{Report, request::Resolved},
 };
@@ -140,16 +139,8 @@ fn backend_choice(
         "affinity",
         affinity_before(&f.svc, &key, live.as_ref(), state),
     );
-    let remembered = live.filter(|a| {
-        f.svc.affinity_timeout_s != 0
-            && monotonic_coarse_ns().saturating_sub(a.last_seen_ns)
-                <= f.svc.affinity_timeout_s as u64 * 1_000_000_000
-            && f.slots.iter().any(|(slot, id, b)| {
-                *slot == a.slot
-                    && *id == a.backend_id
-                    && b.is_some_and(|b| b.generation == a.backend_gen)
-            })
-    });
+    let remembered = live.filter(|a| affinity_hit(f, Some(a)));
+    r.line("algorithm", algorithm_line(state, f, remembered.is_some()));
     let choices: Vec<String> = match remembered {
         Some(a) => state
             .backends
@@ -181,6 +172,24 @@ fn backend_choice(
         ));
     }
     (choices, state_lines)
+}
+
+/// How connect() picks (`select::choose` without a hash): at random, a Maglev frontend's
+/// too (a socket has no flow to hash before it connects).
+fn algorithm_line(state: &Desired, f: &Frontend, by_affinity: bool) -> String {
+    let count = f.slots.len();
+    let mut line = if f.svc.flags & SVC_F_MAGLEV != 0 {
+        format!(
+            "random: connect() has no flow to hash yet, so it picks uniformly among {count} slot(s), not by the frontend's table ({})",
+            crate::desired::show_maglev(state.maglev.get(&f.svc.svc_id))
+        )
+    } else {
+        format!("random: connect() picks uniformly among {count} slot(s)")
+    };
+    if by_affinity {
+        line.push_str("; not consulted: the node's affinity entry decides");
+    }
+    line
 }
 
 /// The trace's outcome: the backend, or the ones it may be.

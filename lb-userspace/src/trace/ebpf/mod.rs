@@ -17,6 +17,7 @@ use lb_common::{
     SvcKey, SvcValue,
 };
 
+mod algorithm;
 mod connect;
 mod flows;
 mod tc;

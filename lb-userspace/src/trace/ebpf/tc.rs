@@ -6,8 +6,9 @@ use std::net::{IpAddr, SocketAddr};
 use lb_common::{CT_F_HAIRPIN, CT_F_SNAT, FAMILY_NETNS, FAMILY_V6, SCOPE_EXTERNAL};
 
 use super::{
-    Context, Frontend, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, affinity_before, backend_words,
-    client_key, endpoints_step,
+    Context, Frontend, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, affinity_before,
+    algorithm::{affinity_hit, algorithm},
+    backend_words, client_key, endpoints_step,
     flows::{self, Flow},
     frontend, frontend_step, reason_name, sock, svc_key,
 };
@@ -74,6 +75,8 @@ pub(super) fn trace_tc(
         },
     );
     let f = frontend(state, svc_key(req.dst, req.protocol, SCOPE_EXTERNAL, 0));
+    // The client's live affinity entry decides a new flow's backend (before any table).
+    let mut by_affinity = false;
     match &f {
         Some(f) => {
             frontend_step(&mut r, ctx, state, f, req.dst);
@@ -84,6 +87,7 @@ pub(super) fn trace_tc(
                 .get(bytemuck::bytes_of(&key))
                 .map(|(_, v)| v);
             r.line("affinity", affinity_before(&f.svc, &key, live, state));
+            by_affinity = affinity_hit(f, live);
         }
         None => r.line(
             "frontend",
@@ -94,26 +98,55 @@ pub(super) fn trace_tc(
         ),
     }
     let run = scratch.run_tc(&pkt)?;
-    explain_run(&mut r, state, &pkt, &run, f.as_ref(), tracked.is_some());
+    let prior = Prior {
+        tracked: tracked.is_some(),
+        by_affinity,
+    };
+    explain_run(&mut r, state, &pkt, &run, f.as_ref(), prior);
     Ok(r)
 }
 
-/// What the test run did: the backend chosen, the rewrites, the flow state, the verdict.
+/// What the live maps said of the packet's flow before the run.
+#[derive(Clone, Copy)]
+struct Prior {
+    /// Its tuple has a conntrack entry: no backend is chosen.
+    tracked: bool,
+    /// The client's affinity entry decides its backend.
+    by_affinity: bool,
+}
+
+/// What the test run did: how the backend was chosen (the algorithm: the Maglev table entry
+/// the packet hashed to, or random), the rewrites, the flow state, the verdict.
 fn explain_run(
     r: &mut Report,
     state: &Desired,
     input: &[u8],
     run: &Run,
     f: Option<&Frontend>,
-    tracked: bool,
+    prior: Prior,
 ) {
     let before = seen(input);
     let after = seen(&run.packet);
     let fwd = flows::forward(run);
-    if let (Some(v), Some(f)) = (fwd, f)
-        && !tracked
+    if let (Some(v), Some(f), Some(p)) = (fwd, f, before)
+        && !prior.tracked
     {
-        r.line("backend", chosen_backend(state, run, f, &v));
+        let how = algorithm(
+            state,
+            f,
+            (p.src, p.dst, p.protocol),
+            Some(v.backend_id),
+            prior.by_affinity,
+        );
+        r.line("algorithm", how.line);
+        let by = if prior.by_affinity {
+            By::Affinity
+        } else if how.by_table {
+            By::Table
+        } else {
+            By::Random
+        };
+        r.line("backend", chosen_backend(state, f, &v, by));
     }
     let rewrites = rewrites(run, before.as_ref(), after.as_ref(), fwd.as_ref());
     if !rewrites.is_empty() {
@@ -155,13 +188,21 @@ fn egress_step(run: &Run) -> String {
     }
 }
 
+/// What chose a new flow's backend.
+#[derive(Clone, Copy)]
+enum By {
+    Affinity,
+    Table,
+    Random,
+}
+
 /// The backend a new flow went to, and how it was chosen.
-fn chosen_backend(state: &Desired, run: &Run, f: &Frontend, v: &Flow) -> String {
+fn chosen_backend(state: &Desired, f: &Frontend, v: &Flow, by: By) -> String {
     let be = state.backends.get(&v.backend_id);
-    let how = if run.affinity.iter().any(|a| a.before.is_some()) {
-        "by the client's affinity entry".to_string()
-    } else {
-        format!("at random among {} slot(s)", f.slots.len())
+    let how = match by {
+        By::Affinity => "by the client's affinity entry".to_string(),
+        By::Table => "by the frontend's Maglev table".to_string(),
+        By::Random => format!("at random among {} slot(s)", f.slots.len()),
     };
     format!(
         "{} chosen {how}",
