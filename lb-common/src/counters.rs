@@ -1,4 +1,4 @@
-//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V7`.
+//! Reason codes: the index of each per-CPU counter in `XLB_STATS_V8`.
 //!
 //! Every verdict the datapath reaches bumps exactly one of these.
 
@@ -81,8 +81,18 @@ pub const R_SNAT_OUT: u32 = 25;
 /// pod reuses their ports.
 pub const R_CT_SUPERSEDED: u32 = 26;
 
-/// Number of counters (the size of `XLB_STATS_V7`).
-pub const R_COUNT: u32 = 27;
+/// tc egress on a backend's node: a client's packet that another node forwarded by direct
+/// server return (`--lb-mode dsr|hybrid`), carrying the frontend in an IPv4 option
+/// ([`crate::DSR_OPT_TYPE`]), on its way to the backend: the flow is recorded here so its
+/// replies leave this node with the frontend as source, straight to the client.
+pub const R_DSR_IN: u32 = 27;
+
+/// tc egress on the node that chose a remote backend by DSR: a packet of the flow that the
+/// backend's node learns it from (a TCP SYN, a UDP datagram) leaves with the option.
+pub const R_DSR_OUT: u32 = 28;
+
+/// Number of counters (the size of `XLB_STATS_V8`).
+pub const R_COUNT: u32 = 29;
 
 /// Human names, indexed by reason code.
 pub const REASON_NAMES: [&str; R_COUNT as usize] = [
@@ -113,4 +123,6 @@ pub const REASON_NAMES: [&str; R_COUNT as usize] = [
     "reply_in",
     "snat_out",
     "ct_superseded",
+    "dsr_in",
+    "dsr_out",
 ];

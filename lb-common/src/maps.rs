@@ -23,16 +23,17 @@ pub const MAP_CT: &str = "XLB_CT_V3";
 pub const MAP_CT_ASSURED: &str = "XLB_CTA_V1";
 /// Per-CPU counters indexed by [`crate::counters`] reason codes (V4: 23 reasons, the socket
 /// hooks' among them; V5: 24, `ct_assured_full`; V6: 26, tc egress's `reply_in` and
-/// `snat_out`; V7: 27, `ct_superseded`).
-pub const MAP_STATS: &str = "XLB_STATS_V7";
+/// `snat_out`; V7: 27, `ct_superseded`; V8: 29, `dsr_in` and `dsr_out`).
+pub const MAP_STATS: &str = "XLB_STATS_V8";
 
 /// Pins of earlier layouts that hold no state worth carrying over (counters, and the node
 /// configuration the agent writes whole at start): an agent removes them once its own
 /// programs are attached, so counters start again from 0.
-pub const RETIRED_PINS: [&str; 7] = [
+pub const RETIRED_PINS: [&str; 8] = [
     "XLB_STATS_V4",
     "XLB_STATS_V5",
     "XLB_STATS_V6",
+    "XLB_STATS_V7",
     "XLB_CFG_V2",
     "XLB_SVCSTAT_V2",
     "XLB_BESTAT_V2",
@@ -342,6 +343,20 @@ pub const CT_F_XDP_STACK: u16 = 256;
 /// delivered to the node's socket and never cross a tc egress, so tc ingress gives them
 /// both sides back (the frontend as source too).
 pub const CT_F_OUT_DNAT: u16 = 512;
+/// Conntrack flag: the flow goes by direct server return (`--lb-mode dsr|hybrid`): on the
+/// node that chose its remote backend, its packets are DNATed with the client kept as
+/// source, and those the backend's node learns the flow from (a TCP SYN, every UDP
+/// datagram) carry the frontend in an IPv4 option ([`DSR_OPT_TYPE`]); the replies never
+/// come back here. On the backend's node, the flow learnt from that option.
+pub const CT_F_DSR: u16 = 1024;
+
+/// The IPv4 option a DSR packet carries to the backend's node: RFC 4727's experimental
+/// option number 30, copied on fragmentation (`0x80 | 30`), 8 bytes: type, length, the
+/// frontend's port and address (network order). Cilium's DSR option is the same shape
+/// under its own number.
+pub const DSR_OPT_TYPE: u8 = 0x9e;
+/// The DSR option's length (the bytes it adds to a packet: its MTU cost).
+pub const DSR_OPT_LEN: u8 = 8;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;
@@ -434,6 +449,11 @@ pub const CFG_F_SOCK_HOST_ONLY: u32 = 1;
 /// Config flag: the programs log their decisions with aya-log (`xlb agent --bpf-log debug`);
 /// off, a program pays one lookup of this (inlined) array entry and a branch.
 pub const CFG_F_BPF_LOG: u32 = 2;
+/// Config flag: new TCP flows of external frontends to remote backends go by direct server
+/// return (`--lb-mode dsr|hybrid`), not SNAT.
+pub const CFG_F_DSR_TCP: u32 = 4;
+/// Config flag: new UDP flows likewise (`--lb-mode dsr`; hybrid SNATs UDP, as Cilium).
+pub const CFG_F_DSR_UDP: u32 = 8;
 
 /// `family` of an affinity key whose client is a network namespace (a socket without a
 /// bound source address: `client_be[0..2]` hold the namespace cookie). A pod's namespace

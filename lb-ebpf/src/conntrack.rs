@@ -516,6 +516,51 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
     Ok(())
 }
 
+/// The frontend (address, port) of the DSR flow a packet leaving for its backend (client →
+/// backend, translated at ingress) belongs to, from its reply entry (backend → client,
+/// which restores the frontend).
+#[inline(always)]
+pub fn dsr_frontend(t: &Tuple) -> Option<(u32, u16)> {
+    let k = Tuple::key(
+        t.daddr(),
+        t.saddr(),
+        t.dport(),
+        t.sport(),
+        t.proto,
+        CT_DIR_REPLY,
+    );
+    let ct = entry::<Tuple>(&k)?;
+    (ct.flags & lb_common::CT_F_DSR != 0).then_some((ct.saddr_be, ct.sport_be))
+}
+
+/// Records, on a backend's node, a flow another node sends here by direct server return:
+/// the scratch's `fwd` holds its packets as they arrive (client → backend), `t` the flow as
+/// the other node saw it (client → frontend). Its forward entry (never matched here: the
+/// packets arrive translated; it keeps the flow whole for the agent's conntrack GC) and its
+/// reply entry (backend → client, turned back to frontend → client at egress), written as
+/// they are: no clash check (the client's port to this backend is the client's own), no
+/// SNAT. A lean [`create`], so that its call chain fits the stack of tc ingress's frame.
+#[inline(always)]
+pub fn record_dsr(t: &Tuple, s: &mut FlowScratch) -> Result<(), Reason> {
+    let now = clock::now();
+    s.fwd.created_ns = now;
+    s.fwd.last_seen_ns = now;
+    s.reply = s.fwd;
+    s.reply.saddr_be = t.daddr_be;
+    s.reply.daddr_be = t.saddr_be;
+    s.reply.sport_be = t.dport_be;
+    s.reply.dport_be = t.sport_be;
+    s.reply_key = reply_key_of::<Tuple>(&s.fwd, t.proto);
+    s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
+    XLB_CT_V3
+        .insert(&s.reply_key, &s.reply, 0)
+        .map_err(|_| Reason(R_CT_FULL))?;
+    XLB_CT_V3
+        .insert(&s.fwd_key, &s.fwd, 0)
+        .map_err(|_| Reason(R_CT_FULL))?;
+    Ok(())
+}
+
 /// Whether the flow whose entries are `fwd` and `reply` has its source address translated
 /// (SNAT to the node, hairpin): its egress entries exist then.
 #[inline(always)]

@@ -11,6 +11,7 @@
 mod affinity;
 mod clock;
 mod conntrack;
+mod dsr;
 mod family;
 mod fib;
 mod filter;
@@ -38,8 +39,8 @@ use aya_ebpf::{
     programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{
-    R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE,
-    R_MALFORMED, R_NEW_FLOW, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT,
+    R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_DSR_IN, R_DSR_OUT, R_ESTABLISHED, R_FRAG_NEEDED,
+    R_ICMP_XLATE, R_MALFORMED, R_NEW_FLOW, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_OUT,
     SVC_F_DROP_EMPTY,
 };
 
@@ -327,6 +328,21 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return Ok(Some((TC_ACT_OK, Reason(R_REVERSE_NAT))));
     }
+    if filter::maybe_backend(t.daddr_be) {
+        // A flow another node sends here by DSR, on its way to the backend (its option makes
+        // the header longer): recorded for the backend's replies, which leave this node.
+        if t.l4_off != parse::L4_OFF {
+            return dsr_in(ctx).outcome().map(Some);
+        }
+        // A packet of a DSR flow leaving for its backend's node: the option naming its
+        // frontend on those that node learns the flow from.
+        if dsr::carries(&t)
+            && let Some((addr_be, port_be)) = conntrack::dsr_frontend(&t)
+        {
+            dsr::push(ctx, addr_be, port_be)?;
+            return Ok(Some((TC_ACT_OK, Reason(R_DSR_OUT))));
+        }
+    }
     // A request of a SNATed flow as netfilter saw it (client → backend): the SNAT source.
     if let Some(ct) = filter::maybe_backend(t.daddr_be)
         .then(|| conntrack::lookup_snat_out(&t))
@@ -355,6 +371,30 @@ fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp, s: &mut FlowScra
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
         }
         Ok(None) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        Err(r) => Err(r),
+    })
+}
+
+/// tc egress: a packet with IP options to a backend: a DSR packet's flow is recorded
+/// (`dsr::learn`), anything else passes. The packet is parsed again here, off the egress
+/// frame (the frames of a call chain add up).
+#[inline(never)]
+fn dsr_in(ctx: &TcContext) -> Carried {
+    let next = || Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS))));
+    let Ok(Parsed::Flow(mut t)) = parse::parse_ipv4(ctx, ctx.len()) else {
+        return next();
+    };
+    let Some((addr_be, port_be)) = dsr::option_of(ctx, &t) else {
+        return next();
+    };
+    // SAFETY: the only acquire on this path of the run.
+    let w = match unsafe { work::acquire() } {
+        Ok(w) => w,
+        Err(r) => return Carried::done::<i32>(Err(r)),
+    };
+    Carried::done(match dsr::learn(&mut t, addr_be, port_be, &mut w.v4) {
+        Ok(true) => Ok((TC_ACT_OK, Reason(R_DSR_IN))),
+        Ok(false) => Ok((TC_ACT_OK, Reason(R_PASS))),
         Err(r) => Err(r),
     })
 }

@@ -66,7 +66,7 @@ pub static XLB_CTA_V1: HashMap<
 /// Counters. Written here (per CPU), read by `xlb list` and metrics.
 /// reason code (u32) → `Counter{packets, bytes}`. `R_COUNT` entries, no eviction.
 #[btf_map]
-pub static XLB_STATS_V7: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
+pub static XLB_STATS_V8: PerCpuArray<Counter, { R_COUNT as usize }> = PerCpuArray::new();
 
 /// Node configuration. Written by the agent at start, read here.
 /// index 0 → `NodeConfig{SNAT port range, hairpin addresses (IPv4, IPv6), host netns cookie, flags}`.

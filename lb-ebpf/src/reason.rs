@@ -3,7 +3,7 @@
 use aya_ebpf::{btf_maps::Array, helpers::bpf_get_smp_processor_id};
 use lb_common::Counter;
 
-use crate::maps::{XLB_BE_STRIDE, XLB_BESTAT_V3, XLB_STATS_V7, XLB_SVC_STRIDE, XLB_SVCSTAT_V3};
+use crate::maps::{XLB_BE_STRIDE, XLB_BESTAT_V3, XLB_STATS_V8, XLB_SVC_STRIDE, XLB_SVCSTAT_V3};
 
 /// A reason code from `lb_common::counters`.
 #[derive(Clone, Copy)]
@@ -13,7 +13,7 @@ impl Reason {
     /// Adds one packet of `len` bytes to this reason's counter on the current CPU.
     #[inline(always)]
     pub fn count(self, len: u32) {
-        if let Some(c) = XLB_STATS_V7.get_ptr_mut(self.0) {
+        if let Some(c) = XLB_STATS_V8.get_ptr_mut(self.0) {
             // SAFETY: per-CPU slot, only this CPU writes it while the program runs.
             unsafe {
                 (*c).packets += 1;

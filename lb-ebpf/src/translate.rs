@@ -71,6 +71,11 @@ pub fn forward_tuple<P: Packet>(
             max: cfg.snat_port_max,
         });
     }
+    if crate::dsr::applies(t, svc, be) {
+        // Direct server return: the client stays the source; the backend's node answers.
+        fwd.flags = lb_common::CT_F_DSR;
+        return Ok(keep);
+    }
     if svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0 {
         let route = fib::lookup(
             ctx.raw(),

@@ -115,6 +115,10 @@ fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) 
 
 #[inline(always)]
 fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> XdpOutcome {
+    // A DSR packet that carries the frontend to the backend's node: tc adds the option.
+    if ct.flags & lb_common::CT_F_DSR != 0 && crate::dsr::carries(t) {
+        return pass(R_PASS);
+    }
     // SAFETY: the only acquire on this path of the run.
     let w = unsafe { work::acquire() }?;
     if ct.flags & CT_F_XDP_STACK == 0 {
@@ -193,6 +197,10 @@ fn try_xdp_new_flow(
     let client = Client::of(t);
     let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
     let be = &chosen.2;
+    // Direct server return: tc adds the option (room in front of the payload).
+    if crate::dsr::applies(t, svc, be) {
+        return pass(R_PASS);
+    }
     // A backend on this node is reached through a pod's veth or a local address, which take
     // no XDP frames: into the stack as tc would, with tc's MTU check and no route lookup.
     // A remote one by the route's way out: the neighbour known and the packet fitting, else

@@ -92,6 +92,8 @@ pub fn agent_args(
 /// Two nodes, the external client, echo servers on every pod, the agent on node1.
 pub struct Lab {
     pub agent: Agent,
+    /// Node2's agent, once [`Lab::direct_return`] started it.
+    pub node2_agent: Option<Agent>,
     pub ext: Pod,
     /// Node2 and its pods (kept until the lab goes).
     pub remote: RemoteNode,
@@ -103,6 +105,9 @@ pub struct Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.agent.stop();
+        if let Some(a) = &mut self.node2_agent {
+            a.stop();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -170,6 +175,7 @@ impl Lab {
         .expect("agent");
         let mut lab = Lab {
             agent,
+            node2_agent: None,
             ext,
             remote,
             _servers: servers,
@@ -184,6 +190,91 @@ impl Lab {
         // Let the interfaces get attached too.
         std::thread::sleep(Duration::from_millis(300));
         lab
+    }
+
+    /// For direct server return: node2 gets its own way to the external client (its `dr0`,
+    /// 192.0.3.2, to the client's `eth1`, 192.0.3.10: the client's replies from node2 arrive
+    /// there, never on node1's uplink) and its own agent on the lab's Service file (its pods'
+    /// veths and `ul0`, `dr0`; `extra` flags), and waits until it programs `frontend`.
+    pub fn direct_return(&mut self, frontend: &str, extra: &[&str]) {
+        let node2 = &self.remote.ns;
+        node2
+            .ip(&[
+                "link",
+                "add",
+                "dr0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth1",
+                "netns",
+                &self.ext.ns.name,
+            ])
+            .expect("veth to the client");
+        node2
+            .ip(&["addr", "add", "192.0.3.2/24", "dev", "dr0"])
+            .expect("addr");
+        node2.ip(&["link", "set", "dr0", "up"]).expect("up");
+        node2
+            .sysctl(&["net.ipv4.conf.dr0.rp_filter=0"])
+            .expect("sysctl");
+        node2
+            .ip(&["route", "add", "192.0.2.10/32", "via", "192.0.3.10"])
+            .expect("route to the client");
+        let ext = &self.ext.ns;
+        ext.ip(&["addr", "add", "192.0.3.10/24", "dev", "eth1"])
+            .expect("addr");
+        ext.ip(&["link", "set", "eth1", "up"]).expect("up");
+        ext.sysctl(&[
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.eth1.rp_filter=0",
+            "net.ipv4.conf.eth0.rp_filter=0",
+        ])
+        .expect("sysctl");
+        let snat = format!("{}-{}", SNAT_PORTS.0, SNAT_PORTS.1);
+        let svc = self.dir.join("svc.yaml");
+        let args: Vec<String> = [
+            "--source",
+            &format!("file:{}", svc.display()),
+            "--pod-interfaces",
+            "xv-n2-*",
+            "--node-interfaces",
+            "ul0,dr0",
+            "--nodeport-addresses",
+            &crate::topology::NODE2_UNDERLAY.to_string(),
+            "--hostname-override",
+            "node2",
+            "--healthz-bind-address",
+            "",
+            "--metrics-bind-address",
+            "",
+            "--snat-port-range",
+            &snat,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+        let tag = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let mut agent = Agent::start_with(
+            node2,
+            &args,
+            PathBuf::from(format!("/sys/fs/bpf/{tag}-n2")),
+            self.dir.join("agent2.log"),
+        )
+        .expect("node2's agent");
+        agent
+            .wait_for(Duration::from_secs(10), |rows| {
+                rows.iter().any(|r| r.frontend == frontend)
+            })
+            .unwrap_or_else(|e| panic!("{frontend} not programmed on node2: {e}"));
+        std::thread::sleep(Duration::from_millis(300));
+        self.node2_agent = Some(agent);
     }
 
     /// Replaces the agent's Service file with `yaml` (atomically: the agent sees the old

@@ -116,6 +116,22 @@ pub struct DatapathOptions {
     pub hairpin_address6: Option<std::net::Ipv6Addr>,
     /// The programs log their decisions into the agent's log (`--bpf-log debug`).
     pub bpf_log: bool,
+    /// How external flows reach remote backends (`--lb-mode`).
+    pub lb_mode: LbMode,
+}
+
+/// `--lb-mode`: how a flow of an external frontend (externalTrafficPolicy Cluster) reaches
+/// a backend on another node (Cilium's `loadBalancer.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LbMode {
+    /// SNAT to this node (kube-proxy's): replies come back through it.
+    #[default]
+    Snat,
+    /// Direct server return for TCP and UDP (IPv4): the client's address is kept and the
+    /// backend's node answers the client itself.
+    Dsr,
+    /// DSR for TCP, SNAT for UDP.
+    Hybrid,
 }
 
 /// The interfaces tc and XDP attach to.
@@ -173,6 +189,10 @@ impl DatapathOptions {
                 lb_common::CFG_F_BPF_LOG
             } else {
                 0
+            } | match self.lb_mode {
+                LbMode::Snat => 0,
+                LbMode::Dsr => lb_common::CFG_F_DSR_TCP | lb_common::CFG_F_DSR_UDP,
+                LbMode::Hybrid => lb_common::CFG_F_DSR_TCP,
             },
             host_netns_cookie,
             hairpin6_addr_be: self

@@ -135,6 +135,13 @@ pub struct AgentArgs {
     /// The seed of the Maglev permutations: every node of the cluster must use the same.
     #[arg(long, env = "XLB_MAGLEV_HASH_SEED", default_value = lb_userspace::desired::DEFAULT_MAGLEV_SEED)]
     pub maglev_hash_seed: String,
+    /// How a flow of a NodePort, externalIP or LoadBalancer frontend (externalTrafficPolicy
+    /// Cluster) reaches a backend on another node: `snat` (to this node, kube-proxy's),
+    /// `dsr` (direct server return, IPv4 TCP and UDP: the backend sees the client and its
+    /// node answers it directly; every node must run xlb), or `hybrid` (DSR for TCP, SNAT
+    /// for UDP), as Cilium's loadBalancer.mode.
+    #[arg(long, env = "XLB_LB_MODE", value_enum, default_value_t = lb_userspace::agent::LbMode::Snat)]
+    pub lb_mode: lb_userspace::agent::LbMode,
     /// Maglev tables the map holds (one per frontend using Maglev; 32 KiB each, allocated
     /// as written). A frontend past it picks at random and is reported.
     #[arg(long, env = "XLB_MAGLEV_MAP_MAX", default_value_t = lb_common::MAGLEV_MAP_CAPACITY)]
@@ -258,6 +265,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
         maglev_table_size,
         maglev_hash_seed,
         maglev_map_max,
+        lb_mode,
         bpf_log,
         takeover_from,
         shadow,
@@ -321,6 +329,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             hairpin_address,
             hairpin_address6,
             bpf_log: bpf_log == BpfLog::Debug,
+            lb_mode,
         },
         interfaces: InterfaceOptions {
             pod_interfaces,

@@ -2,6 +2,7 @@
 //! uplink reaches NodePort, externalIP and LoadBalancer frontends whose backends live on node1
 //! or on node2 (across an underlay). Every answer says which client address the backend saw.
 
+mod dsr;
 mod health;
 mod maglev;
 mod matrix;

@@ -7,7 +7,7 @@
 //! ports, in name order); never per backend (`xlb list backends` has those).
 //!
 //! A scrape costs what its answer costs: the sync loop's numbers are kept as they happen;
-//! the reason counters are one batched read of a per-CPU array of `R_COUNT` (27) slots; the fill of the maps
+//! the reason counters are one batched read of a per-CPU array of `R_COUNT` (29) slots; the fill of the maps
 //! the agent writes is what its last sync left, that of the conntrack tables the collector's
 //! last pass (`datapath::ct_gc`, off the request path), both cached between scrapes. Nothing
 //! on the default scrape path grows with services or backends.

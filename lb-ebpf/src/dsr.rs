@@ -1,0 +1,154 @@
+//! Direct server return for IPv4 (`--lb-mode dsr|hybrid`, as Cilium's `loadBalancer.mode`):
+//! a new flow of an external frontend (externalTrafficPolicy Cluster) to a backend on
+//! another node keeps the client as its source instead of being SNATed, and tells the
+//! backend's node the frontend in an IPv4 option after the header ([`lb_common::DSR_OPT_TYPE`],
+//! 8 bytes: the MTU cost). The backend's node records the flow from that option, so the
+//! backend's replies leave it with the frontend as source, straight to the client: they
+//! never come back through the node that chose the backend.
+//!
+//! The option rides on the packets the backend's node learns the flow from: a TCP SYN (and
+//! its retransmits) and every UDP datagram (a UDP flow has no first packet the other node
+//! could be sure to see). Other packets are DNATed only; the backend's node already has the
+//! flow. Linux ignores an IP option it does not know on a packet it receives, so the option
+//! reaches the backend as it was sent.
+
+use lb_common::{
+    BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_F_DSR, DSR_OPT_LEN, DSR_OPT_TYPE,
+    IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
+};
+
+use crate::{
+    conntrack, filter,
+    maps::FlowScratch,
+    packet::Packet,
+    parse::{ETH_HLEN, Tuple},
+    reason::Reason,
+    select::{self, Frontend},
+    translate,
+};
+
+/// TCP's SYN and ACK flags.
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+/// The IPv4 header's checksum offset.
+const IP_CSUM: usize = ETH_HLEN + 10;
+/// `BPF_ADJ_ROOM_NET`: room after the IPv4 header (its 20 fixed bytes).
+const ADJ_ROOM_NET: u32 = 0;
+
+/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: an external frontend
+/// that SNATs to remote backends, a remote backend, the protocol's DSR flag set, and an
+/// IPv4 header without options (the option goes where options would be).
+#[inline(always)]
+pub fn applies(t: &Tuple, svc: &SvcValue, be: &Backend) -> bool {
+    if svc.flags & SVC_F_SNAT_REMOTE == 0 || be.flags & BE_F_REMOTE == 0 {
+        return false;
+    }
+    if t.l4_off != ETH_HLEN + 20 {
+        return false;
+    }
+    let flags = translate::config().flags;
+    match t.proto {
+        IPPROTO_TCP => flags & CFG_F_DSR_TCP != 0,
+        IPPROTO_UDP => flags & CFG_F_DSR_UDP != 0,
+        _ => false,
+    }
+}
+
+/// A packet of a DSR flow carries the option: a TCP SYN (not a SYN-ACK), a UDP datagram.
+#[inline(always)]
+pub fn carries(t: &Tuple) -> bool {
+    match t.proto {
+        IPPROTO_TCP => t.tcp_flags & (SYN | ACK) == SYN,
+        IPPROTO_UDP => true,
+        _ => false,
+    }
+}
+
+/// Adds the option naming the frontend `addr_be:port_be` after the IPv4 header of a packet
+/// (without options) leaving for its backend's node (tc egress): 8 bytes of room after the
+/// header, the option written there, the header's length, total length and checksum made
+/// to match. (The L4 checksum does not change: its pseudo-header's length is the L4
+/// length.)
+#[inline(never)]
+pub fn push(ctx: &aya_ebpf::programs::TcContext, addr_be: u32, port_be: u16) -> Result<(), Reason> {
+    let failed = |()| Reason(R_REWRITE_FAILED);
+    let word0_old: u32 = Packet::load(ctx, ETH_HLEN).map_err(failed)?;
+    ctx.adjust_room(DSR_OPT_LEN as i32, ADJ_ROOM_NET, 0)
+        .map_err(|_| Reason(R_REWRITE_FAILED))?;
+    // Version/IHL 0x47 (28 bytes), TOS as it was, total length + 8.
+    let mut w0 = word0_old.to_ne_bytes();
+    w0[0] = 0x47;
+    let tot = u16::from_be_bytes([w0[2], w0[3]]).wrapping_add(DSR_OPT_LEN as u16);
+    w0[2..4].copy_from_slice(&tot.to_be_bytes());
+    let word0_new = u32::from_ne_bytes(w0);
+    let port = port_be.to_ne_bytes();
+    let opt0 = u32::from_ne_bytes([DSR_OPT_TYPE, DSR_OPT_LEN, port[0], port[1]]);
+    let opt1 = addr_be;
+    Packet::store(ctx, ETH_HLEN, &word0_new).map_err(failed)?;
+    Packet::store(ctx, ETH_HLEN + 20, &opt0).map_err(failed)?;
+    Packet::store(ctx, ETH_HLEN + 24, &opt1).map_err(failed)?;
+    Packet::l3_csum_replace(ctx, IP_CSUM, word0_old, word0_new).map_err(failed)?;
+    Packet::l3_csum_replace(ctx, IP_CSUM, 0, opt0).map_err(failed)?;
+    Packet::l3_csum_replace(ctx, IP_CSUM, 0, opt1).map_err(failed)?;
+    Ok(())
+}
+
+/// On the backend's node: the frontend (address and port, network order) a packet's DSR
+/// option names, if it carries one (its header is 28 bytes, the option first).
+#[inline(always)]
+pub fn option_of<P: Packet>(ctx: &P, t: &Tuple) -> Option<(u32, u16)> {
+    if t.l4_off != ETH_HLEN + 20 + DSR_OPT_LEN as usize {
+        return None;
+    }
+    let opt: [u8; 4] = ctx.load(ETH_HLEN + 20).ok()?;
+    if opt[0] != DSR_OPT_TYPE || opt[1] != DSR_OPT_LEN {
+        return None;
+    }
+    let addr: u32 = ctx.load(ETH_HLEN + 24).ok()?;
+    Some((addr, u16::from_ne_bytes([opt[2], opt[3]])))
+}
+
+/// On the backend's node: records the flow of `t` (client → backend) a DSR option names
+/// `(addr, port)` as the frontend of, unless it is recorded already, so its replies
+/// (backend → client) get the frontend as source at egress. Only for a packet to a backend
+/// address this node programs (the address filter); the frontend may be another node's
+/// (a NodePort on the address of the node that chose the backend), counted under the
+/// service it is here when it is one. `t` is left naming the frontend as destination.
+#[inline(never)]
+pub fn learn(
+    t: &mut Tuple,
+    addr_be: u32,
+    port_be: u16,
+    s: &mut FlowScratch,
+) -> Result<bool, Reason> {
+    if !filter::maybe_backend(t.daddr_be) {
+        return Ok(false);
+    }
+    let f = Frontend {
+        addr_be,
+        port_be,
+        proto: t.proto,
+        scope: lb_common::SCOPE_EXTERNAL,
+    };
+    let svc_id = select::lookup(&f).map_or(0, |svc| svc.svc_id);
+    // The flow as the node that chose the backend saw it: client → frontend (in place: a
+    // copy of the tuple would take the stack this call chain does not have).
+    let (backend_be, backend_port_be) = (t.daddr_be, t.dport_be);
+    t.daddr_be = addr_be;
+    t.dport_be = port_be;
+    if conntrack::lookup_forward(t).is_some() {
+        return Ok(true);
+    }
+    s.fwd.saddr_be = t.saddr_be;
+    s.fwd.sport_be = t.sport_be;
+    s.fwd.daddr_be = backend_be;
+    s.fwd.dport_be = backend_port_be;
+    s.fwd.backend_id = 0;
+    s.fwd.backend_gen = 0;
+    s.fwd.svc_id = svc_id;
+    s.fwd.flags = CT_F_DSR;
+    s.fwd.mtu = 0;
+    s.fwd._pad = 0;
+    conntrack::record_dsr(t, s)?;
+    Ok(true)
+}
