@@ -277,6 +277,30 @@ impl Lab {
         self.node2_agent = Some(agent);
     }
 
+    /// `xlb trace ARGS…` in node1 against its agent's pins and the lab's Service file: its
+    /// output (it must succeed).
+    pub fn trace(&self, args: &[&str]) -> String {
+        let out = self
+            .topo
+            .node
+            .command(crate::xlb_bin())
+            .arg("trace")
+            .args(args)
+            .arg("--pin-dir")
+            .arg(&self.agent.pins)
+            .arg("--source")
+            .arg(format!("file:{}", self.dir.join("svc.yaml").display()))
+            .output()
+            .expect("run xlb trace");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "xlb trace {args:?} failed: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
     /// Replaces the agent's Service file with `yaml` (atomically: the agent sees the old
     /// file or the new one).
     pub fn rewrite(&self, yaml: &str) {

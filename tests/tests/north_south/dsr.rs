@@ -133,4 +133,27 @@ fn hybrid_sends_tcp_direct_and_snats_udp() {
         IpAddr::V4(NODE1_UNDERLAY),
         "UDP SNATed to node1"
     );
+    // `xlb trace` says which way each goes.
+    let client = CLIENT_IP.to_string();
+    let tcp = lab.trace(&[
+        "--from",
+        &client,
+        "--to",
+        "192.0.2.1:30080",
+        "--proto",
+        "tcp",
+    ]);
+    assert!(
+        tcp.contains("DSR (--lb-mode)") && tcp.contains("IPv4 option naming 192.0.2.1:30080"),
+        "{tcp}"
+    );
+    let udp = lab.trace(&[
+        "--from",
+        &client,
+        "--to",
+        "192.0.2.1:30053",
+        "--proto",
+        "udp",
+    ]);
+    assert!(!udp.contains("DSR") && udp.contains("SNAT "), "{udp}");
 }

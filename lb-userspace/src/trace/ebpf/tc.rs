@@ -234,6 +234,13 @@ fn rewrites(
                 b.dst, a.dst
             ));
         }
+        if fwd.is_some_and(|v| v.flags & lb_common::CT_F_DSR != 0) {
+            rewrites.push(format!(
+                "DSR (--lb-mode): no SNAT, the backend sees the client; at tc egress toward the backend's node, a TCP SYN or UDP datagram gets the IPv4 option naming {} ({} bytes), and the backend's node answers the client directly",
+                b.dst,
+                lb_common::DSR_OPT_LEN
+            ));
+        }
         if a.src != b.src {
             let why = match fwd.map(|v| v.flags) {
                 Some(fl) if fl & CT_F_HAIRPIN != 0 => {
