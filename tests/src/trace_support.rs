@@ -62,17 +62,45 @@ pub fn trace_only(s: &Scenario, args: &[&str]) -> String {
 
 /// `xlb trace ARGS…` with the scenario's pins and source, as it ended.
 pub fn trace_command(s: &Scenario, args: &[&str]) -> std::process::Output {
-    s.topo
-        .node
-        .command(crate::xlb_bin())
+    trace_in(&s.topo.node, &s.agent.pins, &s.yaml, args)
+}
+
+/// `xlb trace ARGS…` in the node namespace `node`, against the agent's `pins` and the
+/// Service file `source`.
+pub fn trace_in(
+    node: &crate::netns::Netns,
+    pins: &Path,
+    source: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    node.command(crate::xlb_bin())
         .arg("trace")
         .args(args)
         .arg("--pin-dir")
-        .arg(&s.agent.pins)
+        .arg(pins)
         .arg("--source")
-        .arg(format!("file:{}", s.yaml.display()))
+        .arg(format!("file:{}", source.display()))
         .output()
         .expect("run xlb trace")
+}
+
+/// The slot and backend (`IP:PORT`) a trace's Maglev line names for a flow of `hash` over
+/// a table of `m` entries (`algorithm  maglev: flow hash H -> entry E of M=m -> slot S
+/// (IP:PORT)`); panics naming what is missing.
+pub fn maglev_choice(text: &str, hash: u32, m: u32) -> (String, String) {
+    let head = format!(
+        "algorithm  maglev: flow hash {hash:#010x} -> entry {} of M={m} -> slot ",
+        hash % m
+    );
+    let line = text
+        .lines()
+        .find_map(|l| l.split_once(&head).map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no line with {head:?}:\n{text}"));
+    let (slot, backend) = line
+        .strip_suffix(')')
+        .and_then(|l| l.split_once(" ("))
+        .unwrap_or_else(|| panic!("{line:?}"));
+    (slot.to_string(), backend.to_string())
 }
 
 /// The `=> OUTCOME` line of a trace.

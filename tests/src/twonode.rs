@@ -280,18 +280,12 @@ impl Lab {
     /// `xlb trace ARGS…` in node1 against its agent's pins and the lab's Service file: its
     /// output (it must succeed).
     pub fn trace(&self, args: &[&str]) -> String {
-        let out = self
-            .topo
-            .node
-            .command(crate::xlb_bin())
-            .arg("trace")
-            .args(args)
-            .arg("--pin-dir")
-            .arg(&self.agent.pins)
-            .arg("--source")
-            .arg(format!("file:{}", self.dir.join("svc.yaml").display()))
-            .output()
-            .expect("run xlb trace");
+        let out = crate::trace_support::trace_in(
+            &self.topo.node,
+            &self.agent.pins,
+            &self.dir.join("svc.yaml"),
+            args,
+        );
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),

@@ -261,19 +261,9 @@ fn maglev_names_the_entry_real_flows_reach(s: &Scenario) {
             80u16.to_be(),
             lb_common::IPPROTO_TCP,
         );
-        let head = format!(
-            "algorithm  maglev: flow hash {hash:#010x} -> entry {} of M={M} -> slot ",
-            hash % M
-        );
-        let line = text
-            .lines()
-            .find_map(|l| l.split_once(&head).map(|(_, rest)| rest))
-            .unwrap_or_else(|| panic!("no line with {head:?}:\n{text}"));
-        // `S (IP:PORT)`: the slot and the backend in it.
-        let (slot, backend) = line
-            .strip_suffix(')')
-            .and_then(|l| l.split_once(" ("))
-            .unwrap_or_else(|| panic!("{line:?}"));
+        // The slot and the backend in it.
+        let (slot, backend) = xlb_tests::trace_support::maglev_choice(&text, hash, M);
+        let (slot, backend) = (slot.as_str(), backend.as_str());
         assert!(
             text.contains(&format!("slot {slot}: {backend}/TCP (on this node)")),
             "the endpoints step puts {backend} in slot {slot}:\n{text}"
