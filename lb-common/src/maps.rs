@@ -99,8 +99,9 @@ pub const MAGLEV_MAX_SIZE: usize = 16381;
 /// Entries a row has room for: the power of two above [`MAGLEV_MAX_SIZE`], so the datapath
 /// bounds an index with a mask the verifier follows (it does not follow `hash % size`).
 pub const MAGLEV_ROW_SLOTS: usize = 16384;
-/// Default capacity of the Maglev map: tables (32 KiB each, allocated only for frontends
-/// that have one: 256 MiB when full); `--maglev-map-max` overrides it.
+/// Default capacity of the Maglev map: tables (a 32,776-byte row each, which the kernel's
+/// allocator rounds up to 64 KiB with the hash element's header: 512 MiB when full,
+/// allocated only for frontends that have one); `--maglev-map-max` overrides it.
 pub const MAGLEV_MAP_CAPACITY: u32 = 8192;
 
 /// A frontend's Maglev lookup table: entry `flow_hash % size` holds the backend slot

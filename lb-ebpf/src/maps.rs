@@ -25,7 +25,8 @@ pub static XLB_SVC_V2: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> 
 /// Maglev lookup tables. Written by the agent (a frontend's table before its entry is
 /// flagged `SVC_F_MAGLEV`, a new table replacing the old in one update, removed after the
 /// flag), read here by a new flow to a flagged frontend. service index (u32) →
-/// `MaglevRow{size, slots}`. 4 B → 32 KiB, 8,192 tables by default (the agent sizes it),
+/// `MaglevRow{size, slots}`. 4 B → 32,776 B (64 KiB in the kernel's allocator), 8,192
+/// tables by default (the agent sizes it),
 /// not preallocated (memory only for the tables written), no eviction.
 #[btf_map]
 pub static XLB_MAGLEV_V2: HashMap<

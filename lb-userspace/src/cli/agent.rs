@@ -142,8 +142,8 @@ pub struct AgentArgs {
     /// for UDP), as Cilium's loadBalancer.mode.
     #[arg(long, env = "XLB_LB_MODE", value_enum, default_value_t = lb_userspace::agent::LbMode::Snat)]
     pub lb_mode: lb_userspace::agent::LbMode,
-    /// Maglev tables the map holds (one per frontend using Maglev; 32 KiB each, allocated
-    /// as written). A frontend past it picks at random and is reported.
+    /// Maglev tables the map holds (one per frontend using Maglev; 64 KiB of kernel memory
+    /// each, allocated as written). A frontend past it picks at random and is reported.
     #[arg(long, env = "XLB_MAGLEV_MAP_MAX", default_value_t = lb_common::MAGLEV_MAP_CAPACITY)]
     pub maglev_map_max: u32,
     /// The programs' own debug log: `debug` logs each packet's decision (reason, action,

@@ -35,7 +35,7 @@ pub struct MapSizes {
     /// Service ports (frontends): the per-service arrays, names and counters, indexed by
     /// service index (`1..service_ports`).
     pub service_ports: u32,
-    /// Maglev tables (32 KiB each, allocated as they are written).
+    /// Maglev tables (64 KiB of kernel memory each, allocated as they are written).
     pub maglev: u32,
 }
 

@@ -18,7 +18,7 @@ use super::fixture::services_yaml;
 pub(super) struct AgentRun {
     pub(super) child: Child,
     xlb: std::path::PathBuf,
-    pins: std::path::PathBuf,
+    pub(super) pins: std::path::PathBuf,
     workdir: std::path::PathBuf,
     pub(super) ns: Netns,
     /// The socket hooks' cgroup (never the root cgroup); removed after the pins.
@@ -69,6 +69,25 @@ unsafe fn libc_kill(pid: i32) {
     unsafe { kill(pid, 15) };
 }
 
+/// What an agent run serves: its objects' YAML and the entries they need in the service
+/// and backend maps (the maps are sized from them).
+pub(super) struct Objects {
+    pub(super) yaml: String,
+    pub(super) service_entries: usize,
+    pub(super) backends: usize,
+}
+
+impl Objects {
+    /// `services` ClusterIP services × `endpoints` ([`services_yaml`]).
+    pub(super) fn cluster_ips(services: usize, endpoints: usize) -> Self {
+        Self {
+            yaml: services_yaml(0..services, |_| endpoints),
+            service_entries: services * (endpoints + 1),
+            backends: services * endpoints,
+        }
+    }
+}
+
 /// The agent on `services` × `endpoints` from `source` in a namespace, pin directory and
 /// cgroup of its own (`extra` flags added), its log to a file; the run (torn down when
 /// dropped), the log's path and when the agent started.
@@ -79,12 +98,27 @@ pub(super) fn start_agent(
     endpoints: usize,
     extra: &[&str],
 ) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
+    start_agent_on(
+        source,
+        xlb,
+        &Objects::cluster_ips(services, endpoints),
+        extra,
+    )
+}
+
+/// [`start_agent`] on `objects`.
+pub(super) fn start_agent_on(
+    source: Source,
+    xlb: &Path,
+    objects: &Objects,
+    extra: &[&str],
+) -> Result<(AgentRun, std::path::PathBuf, Instant)> {
     let tag = unique_tag("xlbm");
     let workdir = std::env::temp_dir().join(&tag);
     std::fs::create_dir_all(&workdir)?;
     let log = workdir.join("agent.log");
     let ns = Netns::new(&format!("{tag}-node")).map_err(anyhow::Error::msg)?;
-    let (source_args, api) = source_args(source, &ns, &workdir, services, endpoints)?;
+    let (source_args, api) = source_args(source, &ns, &workdir, &objects.yaml)?;
     let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
     let cgroup = Cgroup::new(&tag).map_err(anyhow::Error::msg)?;
     let out = std::fs::File::create(&log)?;
@@ -99,9 +133,9 @@ pub(super) fn start_agent(
         // Maps sized for the services (the per-service arrays follow the service map: a
         // quarter of its entries, at least 65,536).
         .arg("--service-map-max")
-        .arg(pow2(services * (endpoints + 1) + 64).to_string())
+        .arg(pow2(objects.service_entries + 64).to_string())
         .arg("--backend-map-max")
-        .arg(pow2(services * endpoints + 64).to_string())
+        .arg(pow2(objects.backends + 64).to_string())
         .arg("--bpffs")
         .arg(&pins)
         .arg("--cgroup-path")
@@ -126,15 +160,13 @@ pub(super) fn start_agent(
     Ok((run, log, started))
 }
 
-/// The agent's source flags for `services` × `endpoints` (and the API server serving them).
+/// The agent's source flags for the objects of `yaml` (and the API server serving them).
 fn source_args(
     source: Source,
     ns: &Netns,
     workdir: &Path,
-    services: usize,
-    endpoints: usize,
+    yaml: &str,
 ) -> Result<(Vec<String>, Option<ApiServer>)> {
-    let yaml = services_yaml(0..services, |_| endpoints);
     match source {
         Source::File => {
             let path = workdir.join("services.yaml");
@@ -148,7 +180,7 @@ fn source_args(
             let api = ApiServer::start(ns).map_err(anyhow::Error::msg)?;
             api.apply_yaml("apiVersion: v1\nkind: Node\nmetadata: {name: node1}\n")
                 .map_err(anyhow::Error::msg)?;
-            api.apply_yaml(&yaml).map_err(anyhow::Error::msg)?;
+            api.apply_yaml(yaml).map_err(anyhow::Error::msg)?;
             let kubeconfig = workdir.join("kubeconfig");
             api.write_kubeconfig(&kubeconfig)
                 .map_err(anyhow::Error::msg)?;
@@ -162,7 +194,8 @@ fn source_args(
     }
 }
 
-/// Waits (at most 120 s from `started`) for the agent's log to show a sync of `services`.
+/// Waits (at most 120 s from `started`) for the agent's log to show a sync of `services`
+/// frontends (a ClusterIP service has one).
 pub(super) fn wait_synced(
     run: &mut AgentRun,
     log: &Path,

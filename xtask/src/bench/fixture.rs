@@ -31,7 +31,10 @@ use lb_userspace::{
     reconcile::{self, Ids, Incremental},
     source::file,
 };
-use xlb_tests::{services::service_yaml, unique_tag};
+use xlb_tests::{
+    services::{service_on_nodes, service_yaml},
+    unique_tag,
+};
 
 /// The real tc program.
 pub const PROG_INGRESS: &str = "xlb_tc_ingress";
@@ -214,10 +217,14 @@ impl Datapath {
     /// Programs the maps for `model` the way the agent does (`reconcile::recompute` on the whole
     /// model, then the make-before-break `sync::apply` diff against what is programmed).
     pub fn program(&mut self, model: &Model) -> Result<SyncTiming> {
+        self.program_on(model, &NodeContext::default())
+    }
+
+    /// [`Datapath::program`] as a node `node` (its settings: `--lb-algorithm`, the NodePort
+    /// addresses).
+    pub fn program_on(&mut self, model: &Model, node: &NodeContext) -> Result<SyncTiming> {
         let t0 = Instant::now();
-        let node = NodeContext::default();
-        let (want, problems) =
-            reconcile::recompute(model, &node, &mut self.ids, self.maps.limits());
+        let (want, problems) = reconcile::recompute(model, node, &mut self.ids, self.maps.limits());
         let t1 = Instant::now();
         let (now, report) = apply(&mut self.maps, &self.current, &want);
         let t2 = Instant::now();
@@ -431,6 +438,47 @@ pub fn protocol_services_yaml(
             protocol,
             TARGET_PORT,
             &bes,
+        ));
+    }
+    y
+}
+
+/// The first externalIP of the synthetic external services (service `i`'s `j`th of `k`
+/// is `EXTERNAL_BASE + k i + j`).
+pub const EXTERNAL_BASE: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 0);
+
+/// YAML of synthetic services `range` with `externals` externalIPs each (frontends reached
+/// from outside the cluster, which `--lb-algorithm maglev` gives a Maglev table; a
+/// service's share one, having the same backends): service `i` on ClusterIP [`vip`]`(i)`,
+/// port [`SVC_PORT`], with `backends` ready endpoints of its own.
+pub fn external_services_yaml(
+    range: std::ops::Range<usize>,
+    backends: usize,
+    externals: usize,
+) -> String {
+    let mut y = String::new();
+    for i in range {
+        let ips: Vec<String> = (0..externals)
+            .map(|j| {
+                format!(
+                    "\"{}\"",
+                    addr_add(EXTERNAL_BASE, (i * externals + j) as u32)
+                )
+            })
+            .collect();
+        let endpoints: Vec<(Ipv4Addr, &str)> =
+            (0..backends).map(|k| (backend_ip(i, k), "node1")).collect();
+        y.push_str(&service_on_nodes(
+            &format!("e{i}"),
+            "ClusterIP",
+            &vip(i).to_string(),
+            "TCP",
+            SVC_PORT,
+            TARGET_PORT,
+            None,
+            &format!("  externalIPs: [{}]\n", ips.join(", ")),
+            "",
+            &endpoints,
         ));
     }
     y
