@@ -5,6 +5,8 @@
 //! answers `"<name> <peer> <sha256 hex>\n"` (for transfers through MTU and offload changes).
 //! A line `SINK` makes it read and drop everything until the client shuts its side, then
 //! answer `"<name> <peer> <bytes>\n"` (a throughput test that costs the server nothing).
+//! A line `SOURCE <len>` is a download: the server writes `len` bytes and closes (the
+//! bulk direction whose packets are replies: what direct server return changes).
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
@@ -128,6 +130,20 @@ fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
         if line.trim() == "SINK" {
             let n = std::io::copy(&mut reader, &mut std::io::sink()).unwrap_or(0);
             let _ = writer.write_all(format!("{name} {peer} {n}\n").as_bytes());
+            return;
+        }
+        if let Some(len) = line.trim().strip_prefix("SOURCE ") {
+            // A download: `len` bytes to the client, then the connection closes.
+            if let Ok(mut left) = len.parse::<u64>() {
+                let chunk = vec![0xa5u8; 256 * 1024];
+                while left > 0 {
+                    let n = chunk.len().min(left as usize);
+                    if writer.write_all(&chunk[..n]).is_err() {
+                        return;
+                    }
+                    left -= n as u64;
+                }
+            }
             return;
         }
         let answer = match line.trim().strip_prefix("SHA256 ") {

@@ -77,7 +77,15 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
             }
             "sync" => sync::run(xlb)?,
             "traffic" => traffic::run(xlb)?,
-            "northsouth" => northsouth::run()?,
+            "northsouth" => {
+                let (section, full) = northsouth::run()?;
+                if !full {
+                    println!("{}", section.body);
+                    println!("bench northsouth: fewer trials, docs/benchmarks.md left alone");
+                    continue;
+                }
+                section
+            }
             "metrics" => metrics::run(xlb)?,
             "shadow" => shadow::run()?,
             _ => memory::run(xlb)?,
