@@ -339,11 +339,12 @@ fn sctp_table(body: &mut String, scales: &[Scale]) {
 fn maglev_table(body: &mut String, scales: &[Scale]) {
     body.push_str(
         "\n**Maglev** new flow through tc (`--lb-algorithm maglev`, #24: the frontend's table \
-         row read by `select::xlb_maglev_slot`, a global BPF function, for the flow's \
-         `lb_common::flow_hash`; every IPv4 TCP frontend flagged, tables of M = 16381 entries \
-         over at most 64 rows written into the pinned maps as the agent will, each flow's \
-         backend checked against its entry; random = the same flows with random choice, in \
-         the same trial):\n\n",
+         looked up by service index in `XLB_MAGLEV_V2` and read by `select::xlb_maglev_slot`, \
+         a global BPF function, for the flow's `lb_common::flow_hash`; the first 8,192 IPv4 \
+         TCP frontends (the map's default size) flagged, each with its own table of M = 16381 \
+         entries written into the pinned maps as the agent does, and the flows to them, each \
+         flow's backend checked against its entry; random = the same flows with random \
+         choice, in the same trial):\n\n",
     );
     let headers: Vec<String> = [
         "tc services",
@@ -486,9 +487,10 @@ fn targets(body: &mut String, scales: &[Scale]) {
         "tc Maglev new flow within 1.1× of random (every scale)",
         worst <= 1.1,
         &format!("worst {worst:.2}× at {at} services"),
-        "the table row is a second array read on a new flow (32 KiB rows: at scale a cache \
-         miss of its own) behind a global function call; rows packed closer (u16 slots of \
-         the table size actually used, not the largest) would make it cheaper",
+        "a new flow pays a hash lookup of its table and a read in it (a 32 KiB row per \
+         frontend: at scale a cache miss of its own) behind a global function call; the \
+         table found from the service entry without a hash (an index in slot 0), and rows \
+         no larger than the table size in use, would make it cheaper",
     );
     target(
         body,
