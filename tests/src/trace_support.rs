@@ -50,7 +50,11 @@ fn changed(before: &RawEntries, after: &RawEntries) -> String {
 
 /// `xlb trace ARGS…` (its output; it must succeed), without the map comparison.
 pub fn trace_only(s: &Scenario, args: &[&str]) -> String {
-    let out = trace_command(s, args);
+    succeeded(trace_command(s, args), args)
+}
+
+/// The output of `xlb trace ARGS…`, which must have succeeded.
+pub fn succeeded(out: std::process::Output, args: &[&str]) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -49,6 +49,23 @@ pub fn web_node_port(endpoints: &[(std::net::Ipv4Addr, &str)]) -> String {
     )
 }
 
+/// The labs' UDP Service: `ns/dns`, ClusterIP 10.96.0.53:53/UDP → the echo port, NodePort
+/// 30053, with `endpoints` (address, node).
+pub fn dns_node_port(endpoints: &[(std::net::Ipv4Addr, &str)]) -> String {
+    crate::services::service_on_nodes(
+        "dns",
+        "NodePort",
+        "10.96.0.53",
+        "UDP",
+        53,
+        UDP_PORT,
+        Some(30053),
+        "",
+        "",
+        endpoints,
+    )
+}
+
 /// The SNAT ports the lab's agent uses.
 pub const SNAT_PORTS: (u16, u16) = (61000, 61099);
 
@@ -286,13 +303,7 @@ impl Lab {
             &self.dir.join("svc.yaml"),
             args,
         );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "xlb trace {args:?} failed: {}\n{text}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        crate::trace_support::succeeded(out, args)
     }
 
     /// Replaces the agent's Service file with `yaml` (atomically: the agent sees the old

@@ -6,31 +6,19 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use xlb_tests::suites::north_south::{CLIENT_IP, NODE_IP, TIMEOUT, remote, seen_ip, service};
+use xlb_tests::suites::north_south::{CLIENT_IP, NODE_IP, TIMEOUT, remote, seen_ip};
 use xlb_tests::{
     capture::Capture,
     client::{tcp_request, tcp_upload, udp_request},
     require_root,
-    scenario::{UDP_PORT, sock},
+    scenario::sock,
     topology::NODE1_UNDERLAY,
-    twonode::{Lab, web_node_port},
+    twonode::{Lab, dns_node_port, web_node_port},
 };
 
 /// web (NodePort 30080/TCP) and dns (NodePort 30053/UDP), each on node2's pod only.
 fn services() -> String {
-    web_node_port(&[remote()])
-        + &service(
-            "dns",
-            "NodePort",
-            "10.96.0.53",
-            "UDP",
-            53,
-            UDP_PORT,
-            30053,
-            "",
-            "",
-            &[remote()],
-        )
+    web_node_port(&[remote()]) + &dns_node_port(&[remote()])
 }
 
 /// The lab with node1's agent in `mode` and node2's agent, node2's own way to the client.

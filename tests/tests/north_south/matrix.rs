@@ -13,9 +13,9 @@ use xlb_tests::{
     capture::Capture,
     client::{tcp_request, tcp_upload, udp_request},
     require_root,
-    scenario::{TCP_PORT, UDP_PORT, sock},
+    scenario::{TCP_PORT, sock},
     topology::NODE1_UNDERLAY,
-    twonode::{Lab, web_node_port},
+    twonode::{Lab, dns_node_port, web_node_port},
 };
 
 /// One Service per frontend type and backend place: ClusterIP (from a pod), NodePort,
@@ -123,19 +123,7 @@ fn xdp_native_and_generic_forward_node_port_flows() {
         return;
     }
     for mode in ["native", "generic"] {
-        let yaml = web_node_port(&[local(), remote()])
-            + &service(
-                "dns",
-                "NodePort",
-                "10.96.0.53",
-                "UDP",
-                53,
-                UDP_PORT,
-                30053,
-                "",
-                "",
-                &[remote()],
-            );
+        let yaml = web_node_port(&[local(), remote()]) + &dns_node_port(&[remote()]);
         let lab = Lab::start_with("nsx", &yaml, 1500, "192.0.2.1:30053/UDP", &["--xdp", mode]);
         lab.enable_napi_for_redirects();
         // Complete checksums (no offload) on the way in, so XDP takes the packets itself.

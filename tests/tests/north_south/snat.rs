@@ -13,9 +13,9 @@ use xlb_tests::{
     capture::Capture,
     client::{Answer, tcp_request, udp_request},
     require_root,
-    scenario::{TCP_PORT, UDP_PORT, sock},
+    scenario::{TCP_PORT, sock},
     topology::NODE1_UNDERLAY,
-    twonode::{Lab, SNAT_PORTS, web_node_port},
+    twonode::{Lab, SNAT_PORTS, dns_node_port, web_node_port},
 };
 
 fn seen_port(a: &Answer) -> u16 {
@@ -33,19 +33,7 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
     if !require_root("cluster_policy_snats_only_flows_to_remote_backends") {
         return;
     }
-    let yaml = web_node_port(&[local(), remote()])
-        + &service(
-            "dns",
-            "NodePort",
-            "10.96.0.53",
-            "UDP",
-            53,
-            UDP_PORT,
-            30053,
-            "",
-            "",
-            &[local(), remote()],
-        );
+    let yaml = web_node_port(&[local(), remote()]) + &dns_node_port(&[local(), remote()]);
     let lab = Lab::start("nsc", &yaml, 1500, "192.0.2.1:30053/UDP");
     let capture = Capture::start(&lab.ext.ns, "eth0").expect("capture");
     let answers = lab.outside(|| {
