@@ -41,7 +41,11 @@ fn reuse_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         lb_userspace::datapath::kernel::open_pinned(&dp.pins, MAP_CT).expect("pin"),
     )
     .expect("conntrack map");
-    // Makes every entry look idle since boot.
+    // Makes every entry look idle for 20 s: past a closed flow's reuse time (10 s), short of
+    // an open TCP flow's (24 h). Not "since boot": a machine up for more than a day would
+    // see even the half-closed flow as over.
+    let idle_since =
+        lb_userspace::datapath::clock::monotonic_coarse_ns().saturating_sub(20_000_000_000);
     let age = |ct: &mut HashMap<MapData, CtKey, CtValue>| {
         let entries: Vec<(CtKey, CtValue)> = ct.iter().map(|kv| kv.expect("entry")).collect();
         assert_eq!(
@@ -51,8 +55,8 @@ fn reuse_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         );
         for (k, v) in &entries {
             let aged = CtValue {
-                last_seen_ns: 0,
-                created_ns: 0,
+                last_seen_ns: idle_since,
+                created_ns: idle_since,
                 ..*v
             };
             ct.insert(k, aged, 0).expect("age the entry");
