@@ -83,7 +83,7 @@ pub const R_CT_SUPERSEDED: u32 = 26;
 
 /// tc egress on a backend's node: a client's packet that another node forwarded by direct
 /// server return (`--lb-mode dsr|hybrid`), carrying the frontend in an IPv4 option
-/// ([`crate::DSR_OPT_TYPE`]), on its way to the backend: the flow is recorded here so its
+/// ([`crate::DSR_OPT_TYPE`]) or an IPv6 destination option ([`crate::DSR6_OPT_TYPE`]), on its way to the backend: the flow is recorded here so its
 /// replies leave this node with the frontend as source, straight to the client.
 pub const R_DSR_IN: u32 = 27;
 

@@ -347,7 +347,8 @@ pub const CT_F_OUT_DNAT: u16 = 512;
 /// Conntrack flag: the flow goes by direct server return (`--lb-mode dsr|hybrid`): on the
 /// node that chose its remote backend, its packets are DNATed with the client kept as
 /// source, and those the backend's node learns the flow from (a TCP SYN, every UDP
-/// datagram) carry the frontend in an IPv4 option ([`DSR_OPT_TYPE`]); the replies never
+/// datagram) carry the frontend in an IPv4 option ([`DSR_OPT_TYPE`]) or an IPv6
+/// destination option ([`DSR6_OPT_TYPE`]); the replies never
 /// come back here. On the backend's node, the flow learnt from that option.
 pub const CT_F_DSR: u16 = 1024;
 
@@ -358,6 +359,18 @@ pub const CT_F_DSR: u16 = 1024;
 pub const DSR_OPT_TYPE: u8 = 0x9e;
 /// The DSR option's length (the bytes it adds to a packet: its MTU cost).
 pub const DSR_OPT_LEN: u8 = 8;
+
+/// The IPv6 destination option a DSR packet carries to the backend's node: RFC 4727's
+/// experimental option type 0x1e (its top bits 00: a node that does not know it skips it;
+/// bit 2 clear: unchanged en route). In a destination-options header of its own right
+/// after the fixed header, 24 bytes ([`DSR6_HDR_LEN`]): next header, length (2: three
+/// 8-byte units), the option's type and length ([`DSR6_OPT_LEN`]), the frontend's address
+/// and port (network order), a 2-byte PadN. Cilium's IPv6 DSR option is the same shape.
+pub const DSR6_OPT_TYPE: u8 = 0x1e;
+/// The IPv6 DSR option's data length: address and port.
+pub const DSR6_OPT_LEN: u8 = 18;
+/// The IPv6 DSR header's length (the bytes it adds to a packet: its MTU cost).
+pub const DSR6_HDR_LEN: u8 = 24;
 
 /// Conntrack direction: the original tuple (client → VIP).
 pub const CT_DIR_FORWARD: u8 = 0;

@@ -217,7 +217,9 @@ pub fn supersede<T: Flow>(t: &T, xdp_here: impl FnOnce() -> bool) -> bool {
     let Some(reply) = entry::<T>(&key) else {
         return false;
     };
-    if reply.flags() & CT_F_SNAT != 0 || xdp_here() {
+    // A DSR flow learnt here (a backend's node) has this very tuple: its packets arrive
+    // from the node that chose the backend, the client's socket unchanged.
+    if reply.flags() & (CT_F_SNAT | lb_common::CT_F_DSR) != 0 || xdp_here() {
         return false;
     }
     let fwd_key = forward_key_of::<T>(reply, proto);

@@ -1,4 +1,5 @@
-//! Direct server return for IPv4 (`--lb-mode dsr|hybrid`, as Cilium's `loadBalancer.mode`):
+//! Direct server return (`--lb-mode dsr|hybrid`, as Cilium's `loadBalancer.mode`), IPv4
+//! here and IPv6 in `v6/dsr.rs`:
 //! a new flow of an external frontend (externalTrafficPolicy Cluster) to a backend on
 //! another node keeps the client as its source instead of being SNATed, and tells the
 //! backend's node the frontend in an IPv4 option after the header ([`lb_common::DSR_OPT_TYPE`],
@@ -32,22 +33,27 @@ const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
 /// The IPv4 header's checksum offset.
 const IP_CSUM: usize = ETH_HLEN + 10;
-/// `BPF_ADJ_ROOM_NET`: room after the IPv4 header (its 20 fixed bytes).
-const ADJ_ROOM_NET: u32 = 0;
+/// `BPF_ADJ_ROOM_NET`: room after the IP header (IPv4's 20 fixed bytes, IPv6's 40).
+pub(crate) const ADJ_ROOM_NET: u32 = 0;
 
 /// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: an external frontend
 /// that SNATs to remote backends, a remote backend, the protocol's DSR flag set, and an
 /// IPv4 header without options (the option goes where options would be).
 #[inline(always)]
 pub fn applies(t: &Tuple, svc: &SvcValue, be: &Backend) -> bool {
+    t.l4_off == ETH_HLEN + 20 && wanted(t.proto, svc, be)
+}
+
+/// Whether a new flow of `proto` to backend `be` of frontend `svc` goes by DSR, whatever
+/// the family: an external frontend that SNATs to remote backends, a remote backend, the
+/// protocol's DSR flag set (`--lb-mode`).
+#[inline(always)]
+pub fn wanted(proto: u8, svc: &SvcValue, be: &Backend) -> bool {
     if svc.flags & SVC_F_SNAT_REMOTE == 0 || be.flags & BE_F_REMOTE == 0 {
         return false;
     }
-    if t.l4_off != ETH_HLEN + 20 {
-        return false;
-    }
     let flags = translate::config().flags;
-    match t.proto {
+    match proto {
         IPPROTO_TCP => flags & CFG_F_DSR_TCP != 0,
         IPPROTO_UDP => flags & CFG_F_DSR_UDP != 0,
         _ => false,
@@ -57,8 +63,35 @@ pub fn applies(t: &Tuple, svc: &SvcValue, be: &Backend) -> bool {
 /// A packet of a DSR flow carries the option: a TCP SYN (not a SYN-ACK), a UDP datagram.
 #[inline(always)]
 pub fn carries(t: &Tuple) -> bool {
-    match t.proto {
-        IPPROTO_TCP => t.tcp_flags & (SYN | ACK) == SYN,
+    carries_by(t.proto, t.tcp_flags)
+}
+
+/// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
+/// option, on a DSR flow's packets that carry it (`translate::check_mtu` counts them).
+#[inline(always)]
+pub fn extra(flags: u16, t: &Tuple) -> u16 {
+    if flags & CT_F_DSR != 0 && carries(t) {
+        DSR_OPT_LEN as u16
+    } else {
+        0
+    }
+}
+
+/// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
+#[inline(always)]
+pub fn extra_new(t: &Tuple, svc: &SvcValue, be: &Backend) -> u16 {
+    if applies(t, svc, be) && carries(t) {
+        DSR_OPT_LEN as u16
+    } else {
+        0
+    }
+}
+
+/// [`carries`], by the packet's protocol and TCP flags (both families).
+#[inline(always)]
+pub fn carries_by(proto: u8, tcp_flags: u8) -> bool {
+    match proto {
+        IPPROTO_TCP => tcp_flags & (SYN | ACK) == SYN,
         IPPROTO_UDP => true,
         _ => false,
     }

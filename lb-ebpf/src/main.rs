@@ -220,10 +220,9 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     };
     if let Some(ct) = forward {
         if conntrack::continues(ct, &t) {
-            match translate::check_mtu(ctx, &t, ct.daddr_be, ct.mtu) {
-                Mtu::TooBig(mtu) => return frag_needed(ctx, &t, mtu).outcome(),
-                Mtu::Fits(len) => ct.mtu = len,
-                Mtu::Unchecked => {}
+            let mtu = established_mtu(ctx, &t, ct);
+            if mtu != 0 {
+                return frag_needed(ctx, &t, mtu).outcome();
             }
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
@@ -399,6 +398,21 @@ fn dsr_in(ctx: &TcContext) -> Carried {
     })
 }
 
+/// The route-MTU check of a tracked flow's packet (its DSR option counted, when it carries
+/// one): the MTU to answer with when it is too big, else 0 (a size that fits is remembered
+/// in the entry `ct`). Out of line: tc ingress's frame has no room for it.
+#[inline(never)]
+fn established_mtu(ctx: &TcContext, t: &Tuple, ct: &mut lb_common::CtValue) -> u16 {
+    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu, dsr::extra(ct.flags, t)) {
+        Mtu::TooBig(mtu) => mtu.max(1),
+        Mtu::Fits(len) => {
+            ct.mtu = len;
+            0
+        }
+        Mtu::Unchecked => 0,
+    }
+}
+
 /// A packet too big for its route: answered with fragmentation needed.
 #[inline(never)]
 fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Carried {
@@ -440,7 +454,13 @@ fn try_tc_new_flow(
     }
     let client = Client::of(t);
     let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
-    let fits = match translate::check_mtu(ctx, t, chosen.2.addr_be[0], 0) {
+    let fits = match translate::check_mtu(
+        ctx,
+        t,
+        chosen.2.addr_be[0],
+        0,
+        dsr::extra_new(t, svc, &chosen.2),
+    ) {
         Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,

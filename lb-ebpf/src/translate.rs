@@ -114,9 +114,11 @@ pub enum Mtu {
 
 /// Checks a packet (DF set) against the route to `daddr_be` (its MTU, as the kernel's
 /// forwarding would), unless it is no bigger than `fits`, a size already known to fit (0 =
-/// none). A GSO super-packet is checked by the size of its segments.
+/// none). A GSO super-packet is checked by the size of its segments. `extra`: bytes the
+/// packet gains on its way (a DSR option, `dsr::extra`), counted in its size and taken off
+/// the MTU a too-big packet is answered with.
 #[inline(always)]
-pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16) -> Mtu {
+pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16, extra: u16) -> Mtu {
     if !t.df {
         return Mtu::Unchecked;
     }
@@ -133,7 +135,7 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16) -> Mtu
             8
         };
         (t.l4_off - ETH_HLEN) as u32 + l4_hdr + gso
-    };
+    } + extra as u32;
     if len <= MIN_CHECKED_LEN as u32 || len <= fits as u32 || len > u16::MAX as u32 {
         return Mtu::Unchecked;
     }
@@ -149,7 +151,7 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16) -> Mtu
         return Mtu::Unchecked;
     };
     if route.too_big != 0 {
-        Mtu::TooBig(route.mtu)
+        Mtu::TooBig(route.mtu.saturating_sub(extra))
     } else {
         Mtu::Fits(len as u16)
     }

@@ -136,7 +136,7 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u
         }
     }
     // tc's steps for an established packet, the answer to a packet too big left to tc.
-    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu) {
+    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu, 0) {
         Mtu::TooBig(_) => return pass(R_PASS),
         Mtu::Fits(len) => ct.mtu = len,
         Mtu::Unchecked => {}
@@ -206,7 +206,7 @@ fn try_xdp_new_flow(
     // A remote one by the route's way out: the neighbour known and the packet fitting, else
     // tc does it all (and answers fragmentation needed).
     let (mtu, way_flags) = if be.flags & BE_F_REMOTE == 0 {
-        match translate::check_mtu(ctx, t, be.addr_be[0], 0) {
+        match translate::check_mtu(ctx, t, be.addr_be[0], 0, 0) {
             Mtu::TooBig(_) => return pass(R_PASS),
             Mtu::Fits(len) => (len, CT_F_XDP_STACK),
             Mtu::Unchecked => (0, CT_F_XDP_STACK),

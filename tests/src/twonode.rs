@@ -210,8 +210,8 @@ impl Lab {
     }
 
     /// For direct server return: node2 gets its own way to the external client (its `dr0`,
-    /// 192.0.3.2, to the client's `eth1`, 192.0.3.10: the client's replies from node2 arrive
-    /// there, never on node1's uplink) and its own agent on the lab's Service file (its pods'
+    /// 192.0.3.2, to the client's `eth1`, 192.0.3.10, and in a dual-stack lab fd00:193::2
+    /// and ::10: the client's replies from node2 arrive there, never on node1's uplink) and its own agent on the lab's Service file (its pods'
     /// veths and `ul0`, `dr0`; `extra` flags), and waits until it programs `frontend`.
     pub fn direct_return(&mut self, frontend: &str, extra: &[&str]) {
         let node2 = &self.remote.ns;
@@ -243,6 +243,24 @@ impl Lab {
         ext.ip(&["addr", "add", "192.0.3.10/24", "dev", "eth1"])
             .expect("addr");
         ext.ip(&["link", "set", "eth1", "up"]).expect("up");
+        if self.remote.pods.iter().any(|p| p.ip6.is_some()) {
+            // Dual-stack: the same way for IPv6 (fd00:193::2 on dr0, ::10 on eth1).
+            node2
+                .ip(&["addr", "add", "fd00:193::2/64", "dev", "dr0", "nodad"])
+                .expect("addr");
+            ext.ip(&["addr", "add", "fd00:193::10/64", "dev", "eth1", "nodad"])
+                .expect("addr");
+            node2
+                .ip(&[
+                    "-6",
+                    "route",
+                    "add",
+                    &format!("{CLIENT6}/128"),
+                    "via",
+                    "fd00:193::10",
+                ])
+                .expect("IPv6 route to the client");
+        }
         ext.sysctl(&[
             "net.ipv4.conf.all.rp_filter=0",
             "net.ipv4.conf.eth1.rp_filter=0",

@@ -76,19 +76,8 @@ pub struct Upload {
 /// over what it received. Must run inside the client namespace.
 pub fn tcp_upload(to: SocketAddr, len: usize, timeout: Duration) -> Result<Upload, String> {
     use sha2::Digest as _;
-    let mut data = vec![0u8; len];
-    let mut x: u32 = 0x9e37_79b9;
-    for b in &mut data {
-        // xorshift: incompressible enough, and the same every run.
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        *b = x as u8;
-    }
-    let want: String = sha2::Sha256::digest(&data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let data = pattern(len);
+    let want = hex(&sha2::Sha256::digest(&data));
     let mut s =
         TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
     s.set_read_timeout(Some(timeout))
@@ -110,6 +99,73 @@ pub fn tcp_upload(to: SocketAddr, len: usize, timeout: Duration) -> Result<Uploa
     Ok(Upload {
         answer: parse(&line, to)?,
         sha256_matches: got == want,
+    })
+}
+
+/// `len` pseudo-random bytes, the same every run (xorshift: incompressible enough).
+pub fn pattern(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    let mut x: u32 = 0x9e37_79b9;
+    for b in &mut data {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    data
+}
+
+/// The bytes a download (`SOURCE <len>`, `crate::echo`) repeats: a prime number of them, so
+/// no segment size lines up with it.
+pub const SOURCE_CHUNK: usize = 65_521;
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A bulk download's outcome: the bytes received, and whether their SHA-256 is that of
+/// what the server sent ([`SOURCE_CHUNK`] bytes of [`pattern`], repeated, cut at `len`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Download {
+    pub bytes: usize,
+    pub sha256_matches: bool,
+}
+
+/// Downloads `len` bytes over TCP (`SOURCE <len>`: the server writes them and closes) and
+/// checks their SHA-256. Must run inside the client namespace.
+pub fn tcp_download(to: SocketAddr, len: usize, timeout: Duration) -> Result<Download, String> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let chunk = pattern(SOURCE_CHUNK);
+    let mut want = sha2::Sha256::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        want.update(&chunk[..n]);
+        left -= n;
+    }
+    let mut s =
+        TcpStream::connect_timeout(&to, timeout).map_err(|e| format!("connect {to}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("SOURCE {len}\n").as_bytes())
+        .map_err(|e| format!("ask {to}: {e}"))?;
+    let mut got = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut bytes = 0;
+    loop {
+        let n = s
+            .read(&mut buf)
+            .map_err(|e| format!("download from {to} after {bytes} bytes: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        got.update(&buf[..n]);
+        bytes += n;
+    }
+    Ok(Download {
+        bytes,
+        sha256_matches: bytes == len && got.finalize() == want.finalize(),
     })
 }
 

@@ -6,7 +6,9 @@
 //! A line `SINK` makes it read and drop everything until the client shuts its side, then
 //! answer `"<name> <peer> <bytes>\n"` (a throughput test that costs the server nothing).
 //! A line `SOURCE <len>` is a download: the server writes `len` bytes and closes (the
-//! bulk direction whose packets are replies: what direct server return changes).
+//! bulk direction whose packets are replies: what direct server return changes); they are
+//! `client::pattern`'s [`crate::client::SOURCE_CHUNK`] bytes, repeated, so the client can
+//! check their SHA-256 (`client::tcp_download`).
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
@@ -135,7 +137,7 @@ fn handle_tcp(conn: TcpStream, peer: SocketAddr, name: &str) {
         if let Some(len) = line.trim().strip_prefix("SOURCE ") {
             // A download: `len` bytes to the client, then the connection closes.
             if let Ok(mut left) = len.parse::<u64>() {
-                let chunk = vec![0xa5u8; 256 * 1024];
+                let chunk = crate::client::pattern(crate::client::SOURCE_CHUNK);
                 while left > 0 {
                     let n = chunk.len().min(left as usize);
                     if writer.write_all(&chunk[..n]).is_err() {

@@ -26,7 +26,7 @@ const MIN_CHECKED_LEN: u32 = 1280;
 /// `daddr`, unless it is no bigger than `fits`, a size already known to fit (0 = none). A
 /// GSO super-packet is checked by the size of its segments.
 #[inline(always)]
-pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16) -> Mtu {
+pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16, extra: u16) -> Mtu {
     let gso = ctx.gso_size();
     let len = if gso == 0 {
         40 + t.payload_len
@@ -40,7 +40,7 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16) ->
             8
         };
         t.l4_off - ETH_HLEN as u32 + l4_hdr + gso
-    };
+    } + extra as u32;
     if len <= MIN_CHECKED_LEN || len <= fits as u32 || len > u16::MAX as u32 {
         return Mtu::Unchecked;
     }
@@ -55,7 +55,7 @@ pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16) ->
         return Mtu::Unchecked;
     };
     if route.too_big != 0 {
-        Mtu::TooBig(route.mtu)
+        Mtu::TooBig(route.mtu.saturating_sub(extra))
     } else {
         Mtu::Fits(len as u16)
     }

@@ -12,6 +12,7 @@
 //! against its own: a client outside them is dropped (`src_denied`).
 
 pub mod conntrack;
+pub mod dsr;
 pub mod fib;
 pub mod icmp;
 pub mod maps;
@@ -24,9 +25,9 @@ pub mod xdp;
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
     BE_F_REMOTE, Backend, CT_F_AFFINITY, CT_F_HAIRPIN, CT_F_SNAT, CtValue6, IPPROTO_SCTP,
-    R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_ICMP_XLATE,
-    R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT, R_SNAT_FAILED,
-    R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
+    R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_DSR_IN, R_DSR_OUT, R_ESTABLISHED, R_FRAG_NEEDED,
+    R_ICMP_XLATE, R_NEW_FLOW, R_NO_BACKEND, R_PASS, R_REJECT, R_REPLY_IN, R_REVERSE_NAT,
+    R_SNAT_FAILED, R_SNAT_OUT, R_SRC_DENIED, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_SNAT_REMOTE,
     SVC_F_SRC_RANGES, SvcValue, filter_fold,
 };
 
@@ -136,7 +137,7 @@ pub fn tc_egress(ctx: &TcContext, w: &mut Work6) -> Carried {
         Ok(Parsed6::Pass(r)) => return Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => return Carried::done::<i32>(Err(r)),
     }
-    let o = try_egress(ctx, &w.pkt);
+    let o = try_egress(ctx, w);
     let passed = matches!(o, Ok((_, Reason(R_PASS))));
     // The node's own SCTP packet to a frontend: no socket hook saw its association. Left
     // to the program's entry ([`Then::Next`]), whose frame is the smallest.
@@ -148,7 +149,8 @@ pub fn tc_egress(ctx: &TcContext, w: &mut Work6) -> Carried {
 }
 
 #[inline(always)]
-fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
+fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
+    let t = &w.pkt;
     if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
         .then(|| conntrack::lookup_reply(t))
         .flatten()
@@ -157,6 +159,21 @@ fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
         nat::apply::<_, { BOTH }>(ctx, t, ct)?;
         reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
         return pass(R_REVERSE_NAT);
+    }
+    if filter::maybe_backend(filter_fold(&t.daddr_be)) {
+        // A flow another node sends here by DSR, on its way to the backend: recorded for
+        // the backend's replies, which leave this node.
+        if t.l4_off != parse::IP6_L4_OFF as u32 {
+            return dsr_in(ctx, w).outcome();
+        }
+        // A packet of a DSR flow leaving for its backend's node: the header naming its
+        // frontend on those that node learns the flow from.
+        if dsr::carries(t)
+            && let Some(ct) = dsr::frontend_entry(t)
+        {
+            dsr::push(ctx, &ct.saddr_be, ct.sport_be)?;
+            return pass(R_DSR_OUT);
+        }
     }
     if let Some(ct) = filter::maybe_backend(filter_fold(&t.daddr_be))
         .then(|| conntrack::lookup_snat_out(t))
@@ -167,6 +184,20 @@ fn try_egress(ctx: &TcContext, t: &Tuple6) -> Outcome {
         return pass(R_SNAT_OUT);
     }
     pass(R_PASS)
+}
+
+/// tc egress: a packet with extension headers to a backend: a DSR packet's flow is recorded
+/// (`dsr::learn`), anything else passes.
+#[inline(never)]
+fn dsr_in(ctx: &TcContext, w: &mut Work6) -> Carried {
+    if !dsr::read_option(ctx, &w.pkt, &mut w.flow.reply) {
+        return Carried::done(pass(R_PASS));
+    }
+    Carried::done(match dsr::learn(&w.pkt, &mut w.flow) {
+        Ok(true) => pass(R_DSR_IN),
+        Ok(false) => pass(R_PASS),
+        Err(r) => Err(r),
+    })
 }
 
 /// An ICMPv6 message: the `PART` side translated when it is an error about a tracked flow,
@@ -227,7 +258,7 @@ fn try_tracked(
     };
     if let Some(ct) = forward {
         if continues(ct, t) {
-            match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
+            match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu, dsr::extra(ct.flags, t)) {
                 Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
                 Mtu::Fits(len) => ct.mtu = len,
                 Mtu::Unchecked => {}
@@ -363,7 +394,13 @@ fn try_start(
     reason: u32,
     s: &mut FlowScratch6,
 ) -> Result<Then<i32>, Reason> {
-    let fits = match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
+    let fits = match fib::check_mtu(
+        ctx,
+        t,
+        &s.backend.addr_be,
+        0,
+        dsr::extra_new(t, svc, &s.backend),
+    ) {
         Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
         Mtu::Fits(len) => len,
         Mtu::Unchecked => 0,
@@ -409,6 +446,10 @@ pub(super) fn record<'s, P: Packet>(
     let hairpin = eq6(&be.addr_be, &t.saddr_be);
     let snat = if hairpin {
         hairpin_source(fwd, &cfg.hairpin6_addr_be)
+    } else if dsr::applies(t, svc, be) {
+        // Direct server return: the client stays the source; the backend's node answers.
+        fwd.flags |= lb_common::CT_F_DSR;
+        false
     } else {
         svc.flags & SVC_F_SNAT_REMOTE != 0 && be.flags & BE_F_REMOTE != 0
     };

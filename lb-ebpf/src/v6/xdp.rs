@@ -168,6 +168,10 @@ fn try_established(
     s: &mut FlowScratch6,
     len: u32,
 ) -> XdpOutcome {
+    // A DSR packet that carries the frontend to the backend's node: tc adds the header.
+    if ct.flags & lb_common::CT_F_DSR != 0 && super::dsr::carries(t) {
+        return pass(R_PASS);
+    }
     if ct.flags & CT_F_XDP_STACK == 0 {
         match way(ctx, t, ct) {
             Way::Tc => return pass(R_PASS),
@@ -182,7 +186,7 @@ fn try_established(
             }
         }
     }
-    match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu) {
+    match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu, 0) {
         Mtu::TooBig(_) => return pass(R_PASS),
         Mtu::Fits(len) => ct.mtu = len,
         Mtu::Unchecked => {}
@@ -224,9 +228,13 @@ fn try_start(
     svc: &SvcValue,
     s: &mut FlowScratch6,
 ) -> Result<Then<u32>, Reason> {
+    // Direct server return: tc adds the header (room in front of the payload).
+    if super::dsr::applies(t, svc, &s.backend) {
+        return Ok(Then::Done(pass(R_PASS)));
+    }
     let len = (40 + t.payload_len) as u16;
     let (mtu, flags) = if s.backend.flags & BE_F_REMOTE == 0 {
-        match fib::check_mtu(ctx, t, &s.backend.addr_be, 0) {
+        match fib::check_mtu(ctx, t, &s.backend.addr_be, 0, 0) {
             Mtu::TooBig(_) => return Ok(Then::Done(pass(R_PASS))),
             Mtu::Fits(fits) => (fits, CT_F_XDP_STACK),
             Mtu::Unchecked => (0, CT_F_XDP_STACK),

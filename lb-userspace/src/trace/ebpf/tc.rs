@@ -235,10 +235,14 @@ fn rewrites(
             ));
         }
         if fwd.is_some_and(|v| v.flags & lb_common::CT_F_DSR != 0) {
+            let (carrier, len) = if b.dst.is_ipv6() {
+                ("IPv6 destination option", lb_common::DSR6_HDR_LEN)
+            } else {
+                ("IPv4 option", lb_common::DSR_OPT_LEN)
+            };
             rewrites.push(format!(
-                "DSR (--lb-mode): no SNAT, the backend sees the client; at tc egress toward the backend's node, a TCP SYN or UDP datagram gets the IPv4 option naming {} ({} bytes), and the backend's node answers the client directly",
-                b.dst,
-                lb_common::DSR_OPT_LEN
+                "DSR (--lb-mode): no SNAT, the backend sees the client; at tc egress toward the backend's node, a TCP SYN or UDP datagram gets the {carrier} naming {} ({len} bytes), and the backend's node answers the client directly",
+                b.dst
             ));
         }
         if a.src != b.src {

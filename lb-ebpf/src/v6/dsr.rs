@@ -1,0 +1,210 @@
+//! Direct server return for IPv6, as IPv4's (`dsr.rs`): the frontend rides to the backend's
+//! node in a destination-options header of its own, inserted right after the fixed header
+//! ([`lb_common::DSR6_OPT_TYPE`], 24 bytes: the MTU cost). Its option type's top bits tell
+//! a node that does not know it to skip it, so the backend's stack accepts the packet as
+//! sent; routers never read destination options. The L4 checksum does not change: the
+//! pseudo-header holds the upper-layer length and the final destination, neither touched.
+
+use aya_ebpf::programs::TcContext;
+use lb_common::{
+    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, DSR6_HDR_LEN, DSR6_OPT_LEN,
+    DSR6_OPT_TYPE, R_CT_FULL, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue, filter_fold,
+};
+
+use super::{
+    conntrack::{copy6, entry},
+    maps::{FlowScratch6, XLB_CT6_V1},
+    parse::{IP6_L4_OFF, Tuple6},
+};
+use crate::{
+    clock,
+    dsr::{ADJ_ROOM_NET, wanted},
+    family::Flow,
+    filter,
+    packet::Packet,
+    parse::ETH_HLEN,
+    reason::Reason,
+    select::{self, Frontend6},
+};
+
+/// The next-header value of a destination-options header.
+const NEXTHDR_DEST: u8 = 60;
+/// The fixed header's payload length, next header and hop limit (one word).
+const PLEN_OFF: usize = ETH_HLEN + 4;
+
+/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: as IPv4's, for a packet
+/// without extension headers (the DSR header goes first).
+#[inline(always)]
+pub fn applies(t: &Tuple6, svc: &SvcValue, be: &Backend) -> bool {
+    t.l4_off == IP6_L4_OFF as u32 && wanted(t.proto, svc, be)
+}
+
+/// A packet of a DSR flow carries the option (a TCP SYN, a UDP datagram).
+#[inline(always)]
+pub fn carries(t: &Tuple6) -> bool {
+    crate::dsr::carries_by(t.proto, t.tcp_flags)
+}
+
+/// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
+/// DSR header, on a DSR flow's packets that carry it (`fib::check_mtu` counts them).
+#[inline(always)]
+pub fn extra(flags: u16, t: &Tuple6) -> u16 {
+    if flags & CT_F_DSR != 0 && carries(t) {
+        DSR6_HDR_LEN as u16
+    } else {
+        0
+    }
+}
+
+/// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
+#[inline(always)]
+pub fn extra_new(t: &Tuple6, svc: &SvcValue, be: &Backend) -> u16 {
+    if applies(t, svc, be) && carries(t) {
+        DSR6_HDR_LEN as u16
+    } else {
+        0
+    }
+}
+
+/// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
+/// translated at ingress) belongs to: its source is the frontend.
+#[inline(always)]
+pub fn frontend_entry(t: &Tuple6) -> Option<&'static lb_common::CtValue6> {
+    entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags & CT_F_DSR != 0)
+}
+
+/// Inserts the DSR header naming the frontend `addr_be`:`port_be` after the fixed header of
+/// a packet without extension headers, leaving for its backend's node (tc egress): 24 bytes
+/// of room, the header written there, the fixed header's payload length and next header
+/// made to match.
+#[inline(never)]
+pub fn push(ctx: &TcContext, addr_be: &[u32; 4], port_be: u16) -> Result<(), Reason> {
+    let failed = |()| Reason(R_REWRITE_FAILED);
+    let w: [u8; 4] = Packet::load(ctx, PLEN_OFF).map_err(failed)?;
+    ctx.adjust_room(DSR6_HDR_LEN as i32, ADJ_ROOM_NET, 0)
+        .map_err(|_| Reason(R_REWRITE_FAILED))?;
+    let plen = u16::from_be_bytes([w[0], w[1]]).wrapping_add(DSR6_HDR_LEN as u16);
+    let p = plen.to_be_bytes();
+    let fixed = u32::from_ne_bytes([p[0], p[1], NEXTHDR_DEST, w[3]]);
+    // Next header (the L4 protocol), length in 8-byte units beyond the first, the option.
+    let head = u32::from_ne_bytes([w[2], DSR6_HDR_LEN / 8 - 1, DSR6_OPT_TYPE, DSR6_OPT_LEN]);
+    let port = port_be.to_ne_bytes();
+    // The port, then PadN with no data bytes: the header ends on its 8-byte boundary.
+    let tail = u32::from_ne_bytes([port[0], port[1], 1, 0]);
+    Packet::store(ctx, PLEN_OFF, &fixed).map_err(failed)?;
+    Packet::store(ctx, IP6_L4_OFF, &head).map_err(failed)?;
+    for i in 0..4 {
+        Packet::store(ctx, IP6_L4_OFF + 4 + 4 * i, &addr_be[i]).map_err(failed)?;
+    }
+    Packet::store(ctx, IP6_L4_OFF + 20, &tail).map_err(failed)
+}
+
+/// On the backend's node: whether the packet (parsed into `t`) carries the DSR header; if so
+/// the frontend it names is read into `front`'s source (its address and port), where
+/// [`learn`] takes it.
+#[inline(always)]
+pub fn read_option<P: Packet>(ctx: &P, t: &Tuple6, front: &mut lb_common::CtValue6) -> bool {
+    if t.l4_off != IP6_L4_OFF as u32 + DSR6_HDR_LEN as u32 {
+        return false;
+    }
+    let Ok(fixed) = ctx.load::<[u8; 4]>(PLEN_OFF) else {
+        return false;
+    };
+    let Ok(head) = ctx.load::<[u8; 4]>(IP6_L4_OFF) else {
+        return false;
+    };
+    if fixed[2] != NEXTHDR_DEST
+        || head[1] != DSR6_HDR_LEN / 8 - 1
+        || head[2] != DSR6_OPT_TYPE
+        || head[3] != DSR6_OPT_LEN
+    {
+        return false;
+    }
+    for i in 0..4 {
+        match ctx.load::<u32>(IP6_L4_OFF + 4 + 4 * i) {
+            Ok(a) => front.saddr_be[i] = a,
+            Err(()) => return false,
+        }
+    }
+    match ctx.load::<u16>(IP6_L4_OFF + 20) {
+        Ok(p) => front.sport_be = p,
+        Err(()) => return false,
+    }
+    true
+}
+
+/// On the backend's node: records the flow of `t` (client → backend) whose frontend
+/// [`read_option`] put in the scratch's reply entry, as IPv4's `dsr::learn`: its forward
+/// entry (client → frontend, never matched here) and its reply entry (backend → client,
+/// given the frontend as source at egress), unless recorded already. Only for a packet to a
+/// backend address this node programs.
+#[inline(never)]
+pub fn learn(t: &Tuple6, s: &mut FlowScratch6) -> Result<bool, Reason> {
+    if !filter::maybe_backend(filter_fold(&t.daddr_be)) {
+        return Ok(false);
+    }
+    s.fwd_key = <Tuple6 as Flow>::key(
+        &t.saddr_be,
+        &s.reply.saddr_be,
+        t.sport_be,
+        s.reply.sport_be,
+        t.proto,
+        CT_DIR_FORWARD,
+    );
+    if entry::<Tuple6>(&s.fwd_key).is_some() {
+        return Ok(true);
+    }
+    let f = Frontend6 {
+        addr_be: s.reply.saddr_be,
+        port_be: s.reply.sport_be,
+        proto: t.proto,
+        scope: SCOPE_EXTERNAL,
+    };
+    let svc_id = select::lookup(&f).map_or(0, |svc| svc.svc_id);
+    let now = clock::now();
+    let fwd = &mut s.fwd;
+    copy6(&mut fwd.saddr_be, &t.saddr_be);
+    copy6(&mut fwd.daddr_be, &t.daddr_be);
+    fwd.sport_be = t.sport_be;
+    fwd.dport_be = t.dport_be;
+    fwd.backend_id = 0;
+    fwd.backend_gen = 0;
+    fwd.svc_id = svc_id;
+    fwd.flags = CT_F_DSR;
+    fwd.mtu = 0;
+    fwd._pad = 0;
+    fwd.created_ns = now;
+    fwd.last_seen_ns = now;
+    let reply = &mut s.reply;
+    copy6(&mut reply.daddr_be, &t.saddr_be);
+    reply.dport_be = t.sport_be;
+    reply.backend_id = 0;
+    reply.backend_gen = 0;
+    reply.svc_id = svc_id;
+    reply.flags = CT_F_DSR;
+    reply.mtu = 0;
+    reply._pad = 0;
+    reply.created_ns = now;
+    reply.last_seen_ns = now;
+    s.reply_key = reply_key(t);
+    XLB_CT6_V1
+        .insert(&s.reply_key, &s.reply, 0)
+        .map_err(|_| Reason(R_CT_FULL))?;
+    XLB_CT6_V1
+        .insert(&s.fwd_key, &s.fwd, 0)
+        .map_err(|_| Reason(R_CT_FULL))?;
+    Ok(true)
+}
+
+/// The reply key of a DSR flow's packet `t` (client → backend): backend → client.
+#[inline(always)]
+fn reply_key(t: &Tuple6) -> CtKey6 {
+    <Tuple6 as Flow>::key(
+        &t.daddr_be,
+        &t.saddr_be,
+        t.dport_be,
+        t.sport_be,
+        t.proto,
+        CT_DIR_REPLY,
+    )
+}
