@@ -168,6 +168,24 @@ fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
             answered,
             "{node}: a datagram of the learnt MTU was answered"
         );
+        // `xlb trace` names the family's option and the frontend it carries.
+        let (carrier, bytes) = if node.is_ipv6() {
+            ("IPv6 destination option", 24)
+        } else {
+            ("IPv4 option", 8)
+        };
+        let trace = lab.trace(&[
+            "--from",
+            &client.to_string(),
+            "--to",
+            &web.to_string(),
+            "--proto",
+            "tcp",
+        ]);
+        assert!(
+            trace.contains(&format!("{carrier} naming {web} ({bytes} bytes)")),
+            "{trace}"
+        );
     }
     assert!(lab.counter("frag_needed") >= 2, "one answer per family");
 }
