@@ -79,7 +79,7 @@ fn dual_stack_services() -> String {
     )
 }
 
-/// In both families: 20 TCP requests, 20 UDP requests, SHA-256-checked uploads and
+/// In both families, node1 with XDP: 20 TCP requests, 20 UDP requests, SHA-256-checked uploads and
 /// downloads of 1 KiB to 4 MiB, from the external client to node1's NodePorts whose only
 /// backend is on node2. The backend sees the client itself, every reply arrives on the
 /// client's link to node2 from the NodePort, none on its link to node1, and each flow
@@ -89,12 +89,16 @@ fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
     if !require_root("dsr_replies_leave_the_backends_node_straight_to_the_client") {
         return;
     }
+    // node1 with XDP, complete checksums: XDP forwards the flows' other packets itself and
+    // leaves a new DSR flow and the packets that carry the option to tc.
     let mut lab = Lab::start_dual_stack(
         "nsdsr",
         &dual_stack_services(),
         &format!("[{NODE6}]:30053/UDP"),
-        &["--lb-mode", "dsr"],
+        &["--lb-mode", "dsr", "--xdp", "native"],
     );
+    lab.enable_napi_for_redirects();
+    lab.set_offload(false);
     lab.direct_return("10.0.0.2:30053/UDP", &["--lb-mode", "dsr"]);
     let mut flows = 0;
     for (node, client) in [
@@ -188,6 +192,10 @@ fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
         );
     }
     assert!(lab.counter("frag_needed") >= 2, "one answer per family");
+    assert!(
+        lab.counter("xdp_redirect") > 0,
+        "XDP forwarded the DSR flows' other packets"
+    );
 }
 
 /// A UDP socket with don't-fragment on, connected to `to`: sends a datagram of `len` bytes
