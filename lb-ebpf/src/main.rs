@@ -330,14 +330,16 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
     if filter::maybe_backend(t.daddr_be) {
         // A flow another node sends here by DSR, on its way to the backend (its option makes
         // the header longer): recorded for the backend's replies, which leave this node.
+        // (Any other packet with options goes on.)
         if t.l4_off != parse::L4_OFF {
-            return dsr_in(ctx).outcome().map(Some);
-        }
-        // A packet of a DSR flow leaving for its backend's node: the option naming its
-        // frontend on those that node learns the flow from.
-        if dsr::carries(&t)
+            if let Then::Done(o) = dsr_in(ctx).next::<i32>() {
+                return o.map(Some);
+            }
+        } else if dsr::carries(&t)
             && let Some((addr_be, port_be)) = conntrack::dsr_frontend(&t)
         {
+            // A packet of a DSR flow leaving for its backend's node: the option naming its
+            // frontend on those that node learns the flow from.
             dsr::push(ctx, addr_be, port_be)?;
             return Ok(Some((TC_ACT_OK, Reason(R_DSR_OUT))));
         }
@@ -375,11 +377,11 @@ fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp, s: &mut FlowScra
 }
 
 /// tc egress: a packet with IP options to a backend: a DSR packet's flow is recorded
-/// (`dsr::learn`), anything else passes. The packet is parsed again here, off the egress
-/// frame (the frames of a call chain add up).
+/// (`dsr::learn`); [`Then::Next`] for anything else. The packet is parsed again here, off
+/// the egress frame (the frames of a call chain add up).
 #[inline(never)]
 fn dsr_in(ctx: &TcContext) -> Carried {
-    let next = || Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS))));
+    let next = || Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
     let Ok(Parsed::Flow(mut t)) = parse::parse_ipv4(ctx, ctx.len()) else {
         return next();
     };

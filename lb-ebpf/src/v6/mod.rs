@@ -163,18 +163,21 @@ fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
     if filter::maybe_backend(filter_fold(&t.daddr_be)) {
         // A flow another node sends here by DSR, on its way to the backend: recorded for
         // the backend's replies, which leave this node.
+        // (Any other packet with extension headers goes on.)
         if t.l4_off != parse::IP6_L4_OFF as u32 {
-            return dsr_in(ctx, w).outcome();
-        }
-        // A packet of a DSR flow leaving for its backend's node: the header naming its
-        // frontend on those that node learns the flow from.
-        if dsr::carries(t)
+            if let Then::Done(o) = dsr_in(ctx, w).next::<i32>() {
+                return o;
+            }
+        } else if dsr::carries(t)
             && let Some(ct) = dsr::frontend_entry(t)
         {
+            // A packet of a DSR flow leaving for its backend's node: the header naming its
+            // frontend on those that node learns the flow from.
             dsr::push(ctx, &ct.saddr_be, ct.sport_be)?;
             return pass(R_DSR_OUT);
         }
     }
+    let t = &w.pkt;
     if let Some(ct) = filter::maybe_backend(filter_fold(&t.daddr_be))
         .then(|| conntrack::lookup_snat_out(t))
         .flatten()
@@ -187,11 +190,11 @@ fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
 }
 
 /// tc egress: a packet with extension headers to a backend: a DSR packet's flow is recorded
-/// (`dsr::learn`), anything else passes.
+/// (`dsr::learn`); [`Then::Next`] for anything else.
 #[inline(never)]
 fn dsr_in(ctx: &TcContext, w: &mut Work6) -> Carried {
     if !dsr::read_option(ctx, &w.pkt, &mut w.flow.reply) {
-        return Carried::done(pass(R_PASS));
+        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
     }
     Carried::done(match dsr::learn(&w.pkt, &mut w.flow) {
         Ok(true) => pass(R_DSR_IN),

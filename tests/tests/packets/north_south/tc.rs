@@ -406,6 +406,25 @@ fn split_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         remote,
     );
     let snat = parse(&out).expect("out").src;
+    // A later packet of it that carries IP options (which a DSR option also makes the
+    // header longer with): still SNATed at egress.
+    let ack = PacketBuilder::tcp(client, np).flags(TCP_ACK).build();
+    let r = dp.run_ingress(&ack).expect("ingress run");
+    let with_options = ipv4_with_nop_options(&r.packet);
+    let r = dp.run_egress(&with_options).expect("egress run");
+    assert_eq!(r.verdict, TC_ACT_OK, "a SNATed packet with IP options");
+    let sliced = etherparse::SlicedPacket::from_ethernet(&r.packet).expect("parses");
+    let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Tcp(tcp))) =
+        (&sliced.net, &sliced.transport)
+    else {
+        panic!("not IPv4 TCP: {sliced:?}");
+    };
+    assert_eq!(
+        (ip.header().source(), tcp.source_port()),
+        (snat.ip().octets(), snat.port()),
+        "a SNATed packet with IP options gets its flow's SNAT source at egress"
+    );
+    checksums::assert_valid(&r.packet, Udp::Computed, "SNATed packet with IP options");
     let reply = PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build();
     let seen = step(
         dp,
@@ -453,4 +472,17 @@ fn split_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         lnp,
         lclient,
     );
+}
+
+/// `frame` (Ethernet, IPv4) with four NOP options after its IP header: the header length,
+/// total length and header checksum made to match (etherparse).
+fn ipv4_with_nop_options(frame: &[u8]) -> Vec<u8> {
+    let (mut h, rest) = etherparse::Ipv4Header::from_slice(&frame[14..]).expect("IPv4 header");
+    h.options = [1u8, 1, 1, 1].into();
+    h.total_len += 4;
+    h.header_checksum = h.calc_header_checksum();
+    let mut p = frame[..14].to_vec();
+    p.extend_from_slice(&h.to_bytes());
+    p.extend_from_slice(rest);
+    p
 }
