@@ -554,13 +554,20 @@ pub fn record_dsr(t: &Tuple, s: &mut FlowScratch) -> Result<(), Reason> {
     s.reply.dport_be = t.sport_be;
     s.reply_key = reply_key_of::<Tuple>(&s.fwd, t.proto);
     s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    XLB_CT_V3
-        .insert(&s.reply_key, &s.reply, 0)
+    insert_dsr::<Tuple>(s)
+}
+
+/// Writes the two entries of a DSR flow learnt here, built in the scratch `s` (its keys and
+/// values), as they are (both families).
+#[inline(always)]
+pub fn insert_dsr<T: Flow>(s: &mut T::Scratch) -> Result<(), Reason> {
+    let p = T::parts(s);
+    T::ct()
+        .insert(&*p.reply_key, &*p.reply, 0)
         .map_err(|_| Reason(R_CT_FULL))?;
-    XLB_CT_V3
-        .insert(&s.fwd_key, &s.fwd, 0)
-        .map_err(|_| Reason(R_CT_FULL))?;
-    Ok(())
+    T::ct()
+        .insert(&*p.fwd_key, &*p.fwd, 0)
+        .map_err(|_| Reason(R_CT_FULL))
 }
 
 /// Whether the flow whose entries are `fwd` and `reply` has its source address translated

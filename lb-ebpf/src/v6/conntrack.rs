@@ -12,8 +12,8 @@ use super::{
     parse::Tuple6,
 };
 pub use crate::conntrack::{
-    Source, assure, create, entry, keep_reply, lookup_forward, lookup_reply, lookup_snat_out,
-    quoted, start_over, supersede,
+    Source, assure, create, entry, insert_dsr, keep_reply, lookup_forward, lookup_reply,
+    lookup_snat_out, quoted, start_over, supersede,
 };
 pub use crate::family::{copy6, eq6};
 

@@ -7,13 +7,13 @@
 
 use aya_ebpf::programs::TcContext;
 use lb_common::{
-    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, DSR6_HDR_LEN, DSR6_OPT_LEN,
-    DSR6_OPT_TYPE, R_CT_FULL, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue, filter_fold,
+    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, CtValue6, DSR6_HDR_LEN, DSR6_OPT_LEN,
+    DSR6_OPT_TYPE, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue, filter_fold,
 };
 
 use super::{
-    conntrack::{copy6, entry},
-    maps::{FlowScratch6, XLB_CT6_V1},
+    conntrack::{copy6, entry, insert_dsr},
+    maps::FlowScratch6,
     parse::{IP6_L4_OFF, Tuple6},
 };
 use crate::{
@@ -69,7 +69,7 @@ pub fn extra_new(t: &Tuple6, svc: &SvcValue, be: &Backend) -> u16 {
 /// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
 /// translated at ingress) belongs to: its source is the frontend.
 #[inline(always)]
-pub fn frontend_entry(t: &Tuple6) -> Option<&'static lb_common::CtValue6> {
+pub fn frontend_entry(t: &Tuple6) -> Option<&'static CtValue6> {
     entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags & CT_F_DSR != 0)
 }
 
@@ -103,7 +103,7 @@ pub fn push(ctx: &TcContext, addr_be: &[u32; 4], port_be: u16) -> Result<(), Rea
 /// the frontend it names is read into `front`'s source (its address and port), where
 /// [`learn`] takes it.
 #[inline(always)]
-pub fn read_option<P: Packet>(ctx: &P, t: &Tuple6, front: &mut lb_common::CtValue6) -> bool {
+pub fn read_option<P: Packet>(ctx: &P, t: &Tuple6, front: &mut CtValue6) -> bool {
     if t.l4_off != IP6_L4_OFF as u32 + DSR6_HDR_LEN as u32 {
         return false;
     }
@@ -167,33 +167,28 @@ pub fn learn(t: &Tuple6, s: &mut FlowScratch6) -> Result<bool, Reason> {
     copy6(&mut fwd.daddr_be, &t.daddr_be);
     fwd.sport_be = t.sport_be;
     fwd.dport_be = t.dport_be;
-    fwd.backend_id = 0;
-    fwd.backend_gen = 0;
-    fwd.svc_id = svc_id;
-    fwd.flags = CT_F_DSR;
-    fwd.mtu = 0;
-    fwd._pad = 0;
-    fwd.created_ns = now;
-    fwd.last_seen_ns = now;
+    learnt(fwd, svc_id, now);
     let reply = &mut s.reply;
     copy6(&mut reply.daddr_be, &t.saddr_be);
     reply.dport_be = t.sport_be;
-    reply.backend_id = 0;
-    reply.backend_gen = 0;
-    reply.svc_id = svc_id;
-    reply.flags = CT_F_DSR;
-    reply.mtu = 0;
-    reply._pad = 0;
-    reply.created_ns = now;
-    reply.last_seen_ns = now;
+    learnt(reply, svc_id, now);
     s.reply_key = reply_key(t);
-    XLB_CT6_V1
-        .insert(&s.reply_key, &s.reply, 0)
-        .map_err(|_| Reason(R_CT_FULL))?;
-    XLB_CT6_V1
-        .insert(&s.fwd_key, &s.fwd, 0)
-        .map_err(|_| Reason(R_CT_FULL))?;
+    insert_dsr::<Tuple6>(s)?;
     Ok(true)
+}
+
+/// The fields of a learnt DSR flow's entry besides its tuple: no backend index (the flow is
+/// another node's choice), the service index `svc_id` (0: none here), created `now`.
+#[inline(always)]
+fn learnt(v: &mut CtValue6, svc_id: u32, now: u64) {
+    v.backend_id = 0;
+    v.backend_gen = 0;
+    v.svc_id = svc_id;
+    v.flags = CT_F_DSR;
+    v.mtu = 0;
+    v._pad = 0;
+    v.created_ns = now;
+    v.last_seen_ns = now;
 }
 
 /// The reply key of a DSR flow's packet `t` (client → backend): backend → client.
