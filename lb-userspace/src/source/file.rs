@@ -24,29 +24,34 @@ pub fn parse(path: &str, text: &str) -> Result<Snapshot, SourceError> {
 /// As [`parse`], keeping only the objects present in `step` of a multi-step conformance
 /// case (see [`testconfig::present_in_step`]); `None` keeps everything.
 ///
-/// The stream is read as YAML (serde-saphyr) into plain data, then each document is decoded on its own: one whose
-/// fields have the wrong types (`port: "eighty"`, `ports: 5`) is reported by kind, namespace
-/// and name and left out, like an object with a bad value. Only text that is not YAML at all
-/// fails the whole file.
+/// The stream is read as YAML (serde-saphyr) one document at a time ([`yaml::each_document`]),
+/// each into plain data and decoded on its own before the next is read: one whose fields
+/// have the wrong types (`port: "eighty"`, `ports: 5`) is reported by kind, namespace and
+/// name and left out, like an object with a bad value. Only text that is not YAML at all
+/// fails the whole file (what was read before it is dropped).
 pub fn parse_step(path: &str, text: &str, step: Option<u32>) -> Result<Snapshot, SourceError> {
     let mut loaded = Snapshot::default();
     // Each document read as plain data first (a Kubernetes object is JSON's data model),
-    // then decoded field by field, so a bad field is an error of its object alone.
-    let docs = yaml::documents(text).map_err(|source| SourceError::Yaml {
-        path: path.to_string(),
-        source: Box::new(source),
-    })?;
-    for (index, value) in docs.into_iter().enumerate() {
+    // then decoded field by field, so a bad field is an error of its object alone; never
+    // the whole stream as plain data at once (see yaml::each_document).
+    let mut next = 0;
+    yaml::each_document(text, |value| {
+        let index = next;
+        next += 1;
         if value.is_null() {
-            continue;
+            return;
         }
         if let Some(step) = step
             && !testconfig::present_in_step(&value, step)
         {
-            continue;
+            return;
         }
         take_document(&mut loaded, &Document { path, index }, value);
-    }
+    })
+    .map_err(|source| SourceError::Yaml {
+        path: path.to_string(),
+        source: Box::new(source),
+    })?;
     Ok(loaded)
 }
 
