@@ -57,6 +57,10 @@ pub struct FlowRow {
     pub backend: String,
     /// The source the backend sees: SNAT (to the node or the hairpin address), else "-".
     pub snat: String,
+    /// Direct server return (`--lb-mode dsr|hybrid`): "sent" on the node that chose the
+    /// remote backend (the frontend rides in an IPv4 option or IPv6 destination option),
+    /// "learnt" on the backend's node (from that option: it answers the client), else "-".
+    pub dsr: String,
     pub service: String,
     pub age_seconds: u64,
     pub idle_seconds: u64,
@@ -237,10 +241,29 @@ fn flow_row(state: &Desired, k: &CtKey, v: &CtValue, now: u64, assured: bool) ->
         } else {
             "-".into()
         },
+        dsr: dsr_cell(v.flags, v.backend_gen, false),
         service: name_of(state, v.svc_id),
         age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
         idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
         assured,
+    }
+}
+
+/// The DSR cell of a flow whose forward entry has `flags` and `backend_gen`: a flow this node
+/// sends by DSR has its backend's generation; one it learnt from another node's option has
+/// none (0).
+fn dsr_cell(flags: u16, backend_gen: u32, v6: bool) -> String {
+    if flags & lb_common::CT_F_DSR == 0 {
+        "-".into()
+    } else if backend_gen == 0 {
+        "learnt".into()
+    } else if v6 {
+        format!(
+            "sent (IPv6 destination option, {} B)",
+            lb_common::DSR6_HDR_LEN
+        )
+    } else {
+        format!("sent (IPv4 option, {} B)", lb_common::DSR_OPT_LEN)
     }
 }
 
@@ -269,6 +292,7 @@ fn flow_row6(state: &Desired, k: &CtKey6, v: &CtValue6, now: u64, assured: bool)
         } else {
             "-".into()
         },
+        dsr: dsr_cell(v.flags, v.backend_gen, true),
         service: name_of(state, v.svc_id),
         age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
         idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
@@ -351,7 +375,7 @@ impl TableRow for BackendRow {
 
 impl TableRow for FlowRow {
     const HEADERS: &'static [&'static str] = &[
-        "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "SERVICE", "AGE", "ASSURED",
+        "PROTO", "CLIENT", "FRONTEND", "BACKEND", "SNAT", "DSR", "SERVICE", "AGE", "ASSURED",
     ];
     fn cells(&self) -> Vec<String> {
         vec![
@@ -360,6 +384,7 @@ impl TableRow for FlowRow {
             self.frontend.clone(),
             self.backend.clone(),
             self.snat.clone(),
+            self.dsr.clone(),
             self.service.clone(),
             format!("{}s", self.age_seconds),
             if self.assured { "yes" } else { "no" }.to_string(),

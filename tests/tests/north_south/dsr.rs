@@ -154,6 +154,24 @@ fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
         let node2_agent = lab.node2_agent.as_ref().expect("node2's agent");
         let learnt = xlb_tests::datapath::reason_counts(&node2_agent.pins)["dsr_in"];
         assert!(learnt >= flows, "{node}: node2 learnt {learnt} flows");
+        // `xlb list conntrack`: node1's flows to the NodePorts went by DSR in the family's
+        // option, node2's were learnt from it.
+        let (sent, frontend) = if node.is_ipv6() {
+            ("sent (IPv6 destination option, 24 B)", format!("[{node}]:"))
+        } else {
+            ("sent (IPv4 option, 8 B)", format!("{node}:"))
+        };
+        for (pins, want) in [(&lab.agent.pins, sent), (&node2_agent.pins, "learnt")] {
+            let rows = lb_userspace::list::conntrack(pins).expect("conntrack");
+            let to_node: Vec<_> = rows
+                .iter()
+                .filter(|r| r.frontend.starts_with(&frontend))
+                .collect();
+            assert!(
+                to_node.len() >= 20 && to_node.iter().all(|r| r.dsr == want),
+                "{node}: {want}: {to_node:?}"
+            );
+        }
         // The option counts in the path MTU: a datagram that fills the 1500-byte route
         // would not fit with it, so node1 answers with the MTU less the option, and a
         // datagram of that size is answered.
