@@ -220,13 +220,9 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     };
     if let Some(ct) = forward {
         if conntrack::continues(ct, &t) {
-            // Only a DF packet larger than the size known to fit (or a DSR flow's, which may
-            // carry the option) is checked: the common packet makes no call.
-            if t.df && (t.tot_len > ct.mtu || ct.flags & lb_common::CT_F_DSR != 0) {
-                let mtu = established_mtu(ctx, &t, ct);
-                if mtu != 0 {
-                    return frag_needed(ctx, &t, mtu).outcome();
-                }
+            let mtu = established_mtu(ctx, &t, ct);
+            if mtu != 0 {
+                return frag_needed(ctx, &t, mtu).outcome();
             }
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
