@@ -21,7 +21,7 @@ pub enum ConfigError {
         #[source]
         source: Box<serde_saphyr::Error>,
     },
-    #[error("{path}: {field}: {value:?} is not a duration (e.g. 100ms, 1s, 2m)")]
+    #[error("{path}: {field}: {value:?} is not a duration (e.g. 100ms, 1s, 2m, 24h0m0s)")]
     Duration {
         path: String,
         field: &'static str,
@@ -51,9 +51,9 @@ pub struct AgentConfig {
     pub healthz_bind_address: Option<String>,
     /// `IP:PORT` of `/metrics` ("" disables).
     pub metrics_bind_address: Option<String>,
-    /// Conntrack settings. The sizes apply; the timeouts are accepted (so a kube-proxy file
-    /// loads) and reported as unused: xlb's assured-flow collector (`datapath::ct_gc`) has
-    /// kube-proxy's defaults built in.
+    /// Conntrack settings: they size xlb's conntrack maps and, as kube-proxy does at start,
+    /// the kernel's conntrack (`datapath::sysctl`); the timeouts also drive xlb's collector
+    /// of assured flows (`datapath::ct_gc`).
     pub conntrack: Option<ConntrackConfig>,
 }
 
@@ -88,12 +88,27 @@ impl AgentConfig {
                 path: path.to_string(),
                 source: Box::new(source),
             })?;
-        if let Some(v) = &c.min_sync_period {
-            parse_duration(v).ok_or_else(|| ConfigError::Duration {
-                path: path.to_string(),
-                field: "minSyncPeriod",
-                value: v.clone(),
-            })?;
+        let ct = c.conntrack.clone().unwrap_or_default();
+        let durations = [
+            ("minSyncPeriod", &c.min_sync_period),
+            (
+                "conntrack.tcpEstablishedTimeout",
+                &ct.tcp_established_timeout,
+            ),
+            ("conntrack.tcpCloseWaitTimeout", &ct.tcp_close_wait_timeout),
+            ("conntrack.udpTimeout", &ct.udp_timeout),
+            ("conntrack.udpStreamTimeout", &ct.udp_stream_timeout),
+        ];
+        for (field, value) in durations {
+            if let Some(v) = value
+                && parse_duration(v).is_none()
+            {
+                return Err(ConfigError::Duration {
+                    path: path.to_string(),
+                    field,
+                    value: v.clone(),
+                });
+            }
         }
         Ok(c)
     }
@@ -155,48 +170,114 @@ impl AgentConfig {
         )
     }
 
-    /// Names the keys that are read but do not apply to xlb (conntrack timeouts: the
-    /// collector of assured flows uses kube-proxy's defaults).
-    pub fn unused(&self) -> Vec<&'static str> {
-        let Some(ct) = &self.conntrack else {
-            return Vec::new();
+    /// The kernel conntrack settings kube-proxy would apply at start: the table's size
+    /// (`max(maxPerCore × cpus, min)`; maxPerCore 0: left alone) and the timeouts (the
+    /// file's, else kube-proxy's defaults: TCP established 24 h, close-wait 1 h, UDP ones
+    /// left alone; 0 leaves a setting alone). Flags win over the file for the size.
+    pub fn kernel_conntrack(
+        &self,
+        max_per_core: Option<u32>,
+        min: Option<u32>,
+        cpus: u32,
+    ) -> KernelConntrack {
+        use crate::datapath::sizes::{CONNTRACK_MAX_PER_CORE, CONNTRACK_MIN};
+        let ct = self.conntrack.clone().unwrap_or_default();
+        let per_core = max_per_core
+            .or(ct.max_per_core)
+            .unwrap_or(CONNTRACK_MAX_PER_CORE);
+        let floor = min.or(ct.min).unwrap_or(CONNTRACK_MIN);
+        let secs = |v: &Option<String>, default: u64| {
+            v.as_deref()
+                .and_then(parse_duration)
+                .map_or(default, |d| d.as_secs())
         };
-        [
-            (
-                "conntrack.tcpEstablishedTimeout",
-                ct.tcp_established_timeout.is_some(),
-            ),
-            (
-                "conntrack.tcpCloseWaitTimeout",
-                ct.tcp_close_wait_timeout.is_some(),
-            ),
-            ("conntrack.tcpBeLiberal", ct.tcp_be_liberal.is_some()),
-            ("conntrack.udpTimeout", ct.udp_timeout.is_some()),
-            (
-                "conntrack.udpStreamTimeout",
-                ct.udp_stream_timeout.is_some(),
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(k, set)| set.then_some(k))
-        .collect()
+        KernelConntrack {
+            max: match per_core {
+                0 => 0,
+                n => u64::from(n)
+                    .saturating_mul(u64::from(cpus))
+                    .max(u64::from(floor)),
+            },
+            tcp_established_s: secs(&ct.tcp_established_timeout, 24 * 3600),
+            tcp_close_wait_s: secs(&ct.tcp_close_wait_timeout, 3600),
+            tcp_be_liberal: ct.tcp_be_liberal.unwrap_or(false),
+            udp_s: secs(&ct.udp_timeout, 0),
+            udp_stream_s: secs(&ct.udp_stream_timeout, 0),
+        }
     }
 }
 
-/// Parses Go-style durations of one unit: `250ms`, `1s`, `2m`, `1h`.
+/// What the agent asks of the kernel's conntrack at start, as kube-proxy's `conntrack`
+/// settings do; 0 (and `false`) leaves a setting as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelConntrack {
+    /// `net.netfilter.nf_conntrack_max` (the hash size follows: a quarter of it).
+    pub max: u64,
+    /// `nf_conntrack_tcp_timeout_established`, seconds.
+    pub tcp_established_s: u64,
+    /// `nf_conntrack_tcp_timeout_close_wait`, seconds.
+    pub tcp_close_wait_s: u64,
+    /// `nf_conntrack_tcp_be_liberal` set to 1.
+    pub tcp_be_liberal: bool,
+    /// `nf_conntrack_udp_timeout`, seconds.
+    pub udp_s: u64,
+    /// `nf_conntrack_udp_timeout_stream`, seconds.
+    pub udp_stream_s: u64,
+}
+
+/// Parses Go durations (`time.ParseDuration`, as kube-proxy's configuration writes them):
+/// one or more decimal numbers, each with a unit of ns, us (µs), ms, s, m, h: `250ms`,
+/// `1.5s`, `24h0m0s`; `0` alone is zero. No sign.
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.')?;
-    let (n, unit) = s.split_at(split);
-    let n: f64 = n.parse().ok()?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return None,
-    };
+    let mut rest = s.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut secs = 0.0f64;
+    while !rest.is_empty() {
+        let n_end = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+        let u_end = rest[n_end..]
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .map_or(rest.len(), |i| n_end + i);
+        let n: f64 = rest[..n_end].parse().ok()?;
+        let unit = match &rest[n_end..u_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        secs += n * unit;
+        rest = &rest[u_end..];
+    }
     Duration::try_from_secs_f64(secs).ok()
+}
+
+/// A duration as Go prints it (`time.Duration.String`) for whole milliseconds: `0s`,
+/// `250ms`, `1.5s`, `2m0s`, `24h0m0s`, as kube-proxy's `/configz` shows durations.
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    let secs = match frac {
+        0 => format!("{s}s"),
+        f => format!("{s}.{}s", format!("{f:03}").trim_end_matches('0')),
+    };
+    match (h, m) {
+        (0, 0) => secs,
+        (0, m) => format!("{m}m{secs}"),
+        (h, m) => format!("{h}h{m}m{secs}"),
+    }
 }
 
 #[cfg(test)]
@@ -243,5 +324,60 @@ conntrack: {tcpEstablishedTimeout: 24h0m0s, udpTimeout: 30s}
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_duration("10"), None);
+        assert_eq!(parse_duration("24h0m0s"), Some(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("0s"), Some(Duration::ZERO));
+        assert_eq!(parse_duration("1d"), None);
+        assert_eq!(parse_duration("-1s"), None);
+        assert_eq!(parse_duration(""), None);
+        for d in [
+            "0s",
+            "250ms",
+            "1.5s",
+            "30s",
+            "2m0s",
+            "1h0m0s",
+            "24h0m0s",
+            "1h2m3.25s",
+        ] {
+            let parsed = parse_duration(d).expect(d);
+            assert_eq!(go_duration(parsed), d);
+        }
+    }
+
+    #[test]
+    fn kernel_conntrack_as_kube_proxy_computes_it() {
+        let none = AgentConfig::default();
+        let k = none.kernel_conntrack(None, None, 2);
+        assert_eq!(
+            k,
+            KernelConntrack {
+                max: 131_072,
+                tcp_established_s: 86_400,
+                tcp_close_wait_s: 3_600,
+                tcp_be_liberal: false,
+                udp_s: 0,
+                udp_stream_s: 0,
+            }
+        );
+        assert_eq!(none.kernel_conntrack(None, None, 8).max, 262_144);
+        // maxPerCore 0 leaves the table's size alone, as kube-proxy.
+        assert_eq!(none.kernel_conntrack(Some(0), None, 8).max, 0);
+        let file = AgentConfig::parse(
+            "c.yaml",
+            "conntrack: {maxPerCore: 1000, min: 10, tcpEstablishedTimeout: 2h0m0s, \
+             tcpCloseWaitTimeout: 0s, tcpBeLiberal: true, udpTimeout: 45s, udpStreamTimeout: 3m}\n",
+        )
+        .expect("valid");
+        let k = file.kernel_conntrack(None, Some(5_000), 2);
+        assert_eq!(k.max, 5_000, "the flag's min wins over the file's");
+        assert_eq!(k.tcp_established_s, 7_200);
+        assert_eq!(k.tcp_close_wait_s, 0, "0 leaves the kernel's value");
+        assert!(k.tcp_be_liberal);
+        assert_eq!((k.udp_s, k.udp_stream_s), (45, 180));
+        let e = AgentConfig::parse("c.yaml", "conntrack: {udpTimeout: 30 seconds}\n")
+            .expect_err("bad duration");
+        assert!(e.to_string().contains("conntrack.udpTimeout"), "{e}");
     }
 }

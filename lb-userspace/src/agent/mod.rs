@@ -118,6 +118,9 @@ pub struct DatapathOptions {
     pub bpf_log: bool,
     /// How external flows reach remote backends (`--lb-mode`).
     pub lb_mode: LbMode,
+    /// The kernel conntrack's size and timeouts set at start, as kube-proxy sets them
+    /// (`--config`'s `conntrack`, `--conntrack-*`); they drive the assured-flow collector.
+    pub kernel_conntrack: crate::config::KernelConntrack,
 }
 
 /// `--lb-mode`: how a flow of an external frontend (externalTrafficPolicy Cluster) reaches
@@ -165,6 +168,8 @@ pub struct ServerOptions {
     /// Per-service series in `/metrics` for at most this many service ports
     /// (`--metrics-per-service`); none: node-level series only.
     pub metrics_per_service: Option<usize>,
+    /// `/proxyMode` and `/configz`, on the metrics address.
+    pub status: serve::status::Status,
 }
 
 impl DatapathOptions {
@@ -254,7 +259,10 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     );
     node.lb = opts.node.lb.clone();
     let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
-    let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, &metrics);
+    let sysctls = crate::datapath::sysctl::apply(&opts.datapath.kernel_conntrack);
+    metrics.node_sysctls(&sysctls);
+    let timeouts = crate::datapath::sysctl::collector_timeouts(&sysctls);
+    let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, timeouts, &metrics);
     // Link changes wake the loop at once (a new or re-created pod veth is attached within
     // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
@@ -605,11 +613,16 @@ impl State {
 struct CollectorGuard(Arc<AtomicBool>);
 
 impl CollectorGuard {
-    fn spawn(dir: &std::path::Path, metrics: &Arc<Metrics>) -> Self {
+    fn spawn(
+        dir: &std::path::Path,
+        timeouts: crate::datapath::ct_gc::Timeouts,
+        metrics: &Arc<Metrics>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let m = metrics.clone();
         let report = move |p: &crate::datapath::ct_gc::Pass| m.conntrack(p);
-        if let Err(e) = crate::datapath::ct_gc::spawn(dir.to_path_buf(), stop.clone(), report) {
+        let dir = dir.to_path_buf();
+        if let Err(e) = crate::datapath::ct_gc::spawn(dir, timeouts, stop.clone(), report) {
             warn!("cannot start the assured conntrack collector: {e}");
         }
         Self(stop)

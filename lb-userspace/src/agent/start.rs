@@ -101,8 +101,11 @@ pub(super) fn serve(
     }
     if let Some(addr) = opts.metrics_addr {
         let m = metrics.clone();
-        let bound = serve::spawn(addr, serve::Pool::Metrics, move |path| m.handle(path))?;
-        info!(%bound, "serving /metrics");
+        let status = opts.status.clone();
+        let bound = serve::spawn(addr, serve::Pool::Metrics, move |path| {
+            status.handle(path).or_else(|| m.handle(path))
+        })?;
+        info!(%bound, "serving /metrics, /proxyMode and /configz");
     }
     Ok(())
 }

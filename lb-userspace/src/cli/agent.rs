@@ -10,6 +10,8 @@ use lb_userspace::{
         self, AgentOptions, DatapathOptions, InterfaceOptions, NodeOptions, ServerOptions,
         SocketOptions, SourceSpec,
     },
+    config::{AgentConfig, KernelConntrack},
+    serve::status::{PROXY_MODE, Status},
     source::kube::KubeOptions,
 };
 
@@ -276,16 +278,9 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
     } = args;
     let source = source.context("--source file:PATH or --source kubernetes is required")?;
     let config = match &config {
-        Some(path) => lb_userspace::config::AgentConfig::load(path)?,
-        None => lb_userspace::config::AgentConfig::default(),
+        Some(path) => AgentConfig::load(path)?,
+        None => AgentConfig::default(),
     };
-    let unused = config.unused();
-    if !unused.is_empty() {
-        tracing::warn!(
-            "config: {} not used: xlb's conntrack is an LRU map without per-state timeouts (maxPerCore and min size it)",
-            unused.join(", ")
-        );
-    }
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
     let map_sizes = lb_userspace::datapath::sizes::MapSizes {
         conntrack: config.conntrack_entries(conntrack_max_per_core, conntrack_min, cpus),
@@ -296,6 +291,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             .unwrap_or_else(|| lb_userspace::datapath::sizes::service_ports_for(service_map_max)),
         maglev: maglev_map_max.max(1),
     };
+    let kernel_conntrack = config.kernel_conntrack(conntrack_max_per_core, conntrack_min, cpus);
     let lb = lb_settings(&lb_algorithm, maglev_table_size, maglev_hash_seed)?;
     let hostname_override = config.hostname(hostname_override);
     let nodeport_addresses = config.node_port_addresses(nodeport_addresses);
@@ -313,6 +309,20 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
     } else {
         SourceSpec::File(source_file(&source)?)
     };
+    let status = Status::new(
+        PROXY_MODE,
+        &configz(&Effective {
+            config: &config,
+            node_name: &node_name,
+            node_port_addresses: &nodeport_addresses,
+            min_sync,
+            healthz: &healthz_bind_address,
+            metrics: &metrics_bind_address,
+            conntrack: &kernel_conntrack,
+            per_core: conntrack_max_per_core,
+            min: conntrack_min,
+        }),
+    );
     let hairpin_address = optional_address(&hairpin_address, "--hairpin-address", "IPv4")?;
     let hairpin_address6 = optional_address(&hairpin_address6, "--hairpin-address6", "IPv6")?;
     Ok(AgentOptions {
@@ -330,6 +340,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             hairpin_address6,
             bpf_log: bpf_log == BpfLog::Debug,
             lb_mode,
+            kernel_conntrack,
         },
         interfaces: InterfaceOptions {
             pod_interfaces,
@@ -344,6 +355,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             healthz_addr: bind_address(&healthz_bind_address)?,
             metrics_addr: bind_address(&metrics_bind_address)?,
             metrics_per_service,
+            status,
         },
         poll: Duration::from_millis(poll_ms.max(10)),
         min_sync,
@@ -357,6 +369,49 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
                 })
             })
             .transpose()?,
+    })
+}
+
+/// What `/configz` shows: the settings in force, after flags, the file and defaults.
+struct Effective<'a> {
+    config: &'a AgentConfig,
+    node_name: &'a str,
+    node_port_addresses: &'a [std::net::IpAddr],
+    min_sync: Duration,
+    healthz: &'a str,
+    metrics: &'a str,
+    conntrack: &'a KernelConntrack,
+    per_core: Option<u32>,
+    min: Option<u32>,
+}
+
+/// The effective configuration as kube-proxy's `/configz` shows its own: a
+/// KubeProxyConfiguration under the group name, in its field names.
+fn configz(e: &Effective<'_>) -> serde_json::Value {
+    use lb_userspace::{config::go_duration, datapath::sizes};
+    let ct = e.config.conntrack.clone().unwrap_or_default();
+    let secs = |s: u64| go_duration(Duration::from_secs(s));
+    serde_json::json!({
+        "kubeproxy.config.k8s.io": {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": PROXY_MODE,
+            "hostnameOverride": e.node_name,
+            "clusterCIDR": e.config.cluster_cidr.clone().unwrap_or_default(),
+            "nodePortAddresses": e.node_port_addresses,
+            "minSyncPeriod": go_duration(e.min_sync),
+            "healthzBindAddress": e.healthz,
+            "metricsBindAddress": e.metrics,
+            "conntrack": {
+                "maxPerCore": e.per_core.or(ct.max_per_core).unwrap_or(sizes::CONNTRACK_MAX_PER_CORE),
+                "min": e.min.or(ct.min).unwrap_or(sizes::CONNTRACK_MIN),
+                "tcpEstablishedTimeout": secs(e.conntrack.tcp_established_s),
+                "tcpCloseWaitTimeout": secs(e.conntrack.tcp_close_wait_s),
+                "tcpBeLiberal": e.conntrack.tcp_be_liberal,
+                "udpTimeout": secs(e.conntrack.udp_s),
+                "udpStreamTimeout": secs(e.conntrack.udp_stream_s),
+            },
+        }
     })
 }
 

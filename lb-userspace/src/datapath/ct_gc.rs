@@ -1,14 +1,16 @@
 //! The assured conntrack table's collector. The datapath moves a flow that was answered and
 //! went on into `XLB_CTA_V1`, a hash nothing evicts (so a flood of new flows cannot push it
 //! out, as the kernel's conntrack never early-drops an assured flow); this deletes the
-//! entries of flows that are over, with kube-proxy's conntrack timeouts:
+//! entries of flows that are over, with the kernel conntrack's timeouts as the agent set
+//! them at start ([`Timeouts`], from `--config`'s `conntrack` section; see
+//! `datapath::sysctl`), so xlb's entry of a flow ends when the kernel's does:
 //!
-//! | flow | deleted when idle for |
+//! | flow | deleted when idle for (default) |
 //! |---|---|
 //! | TCP reset, or closed both ways | 10 s (the datapath's own SNAT-port reuse time) |
-//! | TCP closed one way | 1 h (`tcpCloseWaitTimeout`) |
-//! | TCP | 24 h (`tcpEstablishedTimeout`) |
-//! | UDP | 120 s (the kernel's `nf_conntrack_udp_timeout_stream`) |
+//! | TCP closed one way | `tcpCloseWaitTimeout` (1 h) |
+//! | TCP | `tcpEstablishedTimeout` (24 h) |
+//! | UDP | `udpStreamTimeout`, else the kernel's `nf_conntrack_udp_timeout_stream` (120 s) |
 //!
 //! A reply entry whose forward entry is gone (a UDP flow re-balanced, a reused TCP port)
 //! goes after 10 s idle. One pass reads every entry once (batched: `counts::entries`);
@@ -42,12 +44,28 @@ use super::{
 const SECOND: u64 = 1_000_000_000;
 /// Idle time after which a flow that is over (reset, closed both ways) is deleted.
 pub const CLOSED_NS: u64 = 10 * SECOND;
-/// A TCP flow closed one way only (kube-proxy's `tcpCloseWaitTimeout`).
-pub const HALF_CLOSED_NS: u64 = 3600 * SECOND;
-/// An open TCP flow (kube-proxy's `tcpEstablishedTimeout`).
-pub const TCP_NS: u64 = 24 * 3600 * SECOND;
-/// A UDP flow that was answered (the kernel's UDP stream timeout).
-pub const UDP_NS: u64 = 120 * SECOND;
+
+/// The idle times after which an open flow is over, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// An open TCP flow (kube-proxy's `tcpEstablishedTimeout`).
+    pub tcp_established_s: u64,
+    /// A TCP flow closed one way only (kube-proxy's `tcpCloseWaitTimeout`).
+    pub tcp_close_wait_s: u64,
+    /// A UDP flow that was answered (the kernel's UDP stream timeout).
+    pub udp_stream_s: u64,
+}
+
+impl Default for Timeouts {
+    /// kube-proxy's defaults, and the kernel's UDP stream timeout.
+    fn default() -> Self {
+        Self {
+            tcp_established_s: 24 * 3600,
+            tcp_close_wait_s: 3600,
+            udp_stream_s: 120,
+        }
+    }
+}
 
 /// How often the collector looks.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -178,27 +196,27 @@ tracked!(CtKey6, CtValue6);
 
 /// The idle time after which the flow of forward entry `fwd` and reply entry `reply` is
 /// over. A missing entry counts as neither closing nor reset.
-pub fn timeout<V: CtTimes>(proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
+pub fn timeout<V: CtTimes>(t: &Timeouts, proto: u8, fwd: &V, reply: Option<&V>) -> u64 {
     let flags = fwd.flags() | reply.map_or(0, |r| r.flags());
     let closed_both =
         fwd.flags() & CT_F_CLOSING != 0 && reply.is_some_and(|r| r.flags() & CT_F_CLOSING != 0);
     if flags & CT_F_RESET != 0 || closed_both {
         CLOSED_NS
     } else if proto == IPPROTO_UDP {
-        UDP_NS
+        t.udp_stream_s.saturating_mul(SECOND)
     } else if flags & CT_F_CLOSING != 0 {
-        HALF_CLOSED_NS
+        t.tcp_close_wait_s.saturating_mul(SECOND)
     } else {
-        TCP_NS
+        t.tcp_established_s.saturating_mul(SECOND)
     }
 }
 
 /// Whether the flow is over at `now_ns` (the datapath's clock).
-pub fn over<V: CtTimes>(proto: u8, fwd: &V, reply: Option<&V>, now_ns: u64) -> bool {
+pub fn over<V: CtTimes>(t: &Timeouts, proto: u8, fwd: &V, reply: Option<&V>, now_ns: u64) -> bool {
     let last = fwd
         .last_seen_ns()
         .max(reply.map_or(0, |r| r.last_seen_ns()));
-    now_ns.saturating_sub(last) >= timeout(proto, fwd, reply)
+    now_ns.saturating_sub(last) >= timeout(t, proto, fwd, reply)
 }
 
 /// The reply key of the flow whose forward entry is `fwd`.
@@ -216,6 +234,7 @@ pub fn forward_key<K: Tracked>(k: &K, reply: &K::Value) -> K {
 /// without their forward entry once idle.
 pub fn expired<K: Tracked>(
     entries: &std::collections::HashMap<K, K::Value>,
+    t: &Timeouts,
     now_ns: u64,
 ) -> Vec<K> {
     let mut gone = std::collections::HashSet::new();
@@ -225,7 +244,7 @@ pub fn expired<K: Tracked>(
         let rk = reply_key(k, v);
         let reply = entries.get(&rk);
         let egress = k.translated(v).then(|| k.egress_of(v));
-        if over(k.proto(), v, reply, now_ns) {
+        if over(t, k.proto(), v, reply, now_ns) {
             gone.insert(*k);
             if reply.is_some() {
                 gone.insert(rk);
@@ -256,17 +275,18 @@ pub fn expired<K: Tracked>(
 /// One pass over the pinned assured tables in `dir` (IPv4's and IPv6's; the IPv6 one may be
 /// missing, pinned by an agent before IPv6 flows were tracked): returns how many entries it
 /// deleted.
-pub fn sweep(dir: &Path) -> Result<usize, DatapathError> {
-    let p = pass(dir, false)?;
+pub fn sweep(dir: &Path, t: &Timeouts) -> Result<usize, DatapathError> {
+    let p = pass(dir, t, false)?;
     Ok((p.v4.deleted + p.v6.map_or(0, |t| t.deleted)) as usize)
 }
 
 /// [`sweep`], with how full each table is; the LRU tables are counted when `count_lru`.
-pub fn pass(dir: &Path, count_lru: bool) -> Result<Pass, DatapathError> {
-    let v4 = table_pass::<CtKey>(dir, MAP_CT_ASSURED, count_lru.then_some(MAP_CT))?;
+pub fn pass(dir: &Path, t: &Timeouts, count_lru: bool) -> Result<Pass, DatapathError> {
+    let v4 = table_pass::<CtKey>(dir, t, MAP_CT_ASSURED, count_lru.then_some(MAP_CT))?;
     let v6 = match dir.join(MAP_CT6_ASSURED).exists() {
         true => Some(table_pass::<CtKey6>(
             dir,
+            t,
             MAP_CT6_ASSURED,
             count_lru.then_some(MAP_CT6),
         )?),
@@ -278,6 +298,7 @@ pub fn pass(dir: &Path, count_lru: bool) -> Result<Pass, DatapathError> {
 /// One pass over the pinned assured table `name`, and a count of LRU table `lru`.
 fn table_pass<K: Tracked>(
     dir: &Path,
+    t: &Timeouts,
     name: &'static str,
     lru: Option<&'static str>,
 ) -> Result<TablePass, DatapathError> {
@@ -293,7 +314,7 @@ fn table_pass<K: Tracked>(
         counts::entries::<K, K::Value>(&map, name)?
             .into_iter()
             .collect();
-    let gone = expired(&entries, super::clock::monotonic_coarse_ns());
+    let gone = expired(&entries, t, super::clock::monotonic_coarse_ns());
     let mut table: HashMap<MapData, K, K::Value> = HashMap::try_from(map).map_err(err)?;
     for k in &gone {
         // Already gone (the datapath started the flow over) is fine.
@@ -319,6 +340,7 @@ fn table_pass<K: Tracked>(
 /// handing each pass to `report`.
 pub fn spawn(
     dir: PathBuf,
+    timeouts: Timeouts,
     stop: Arc<AtomicBool>,
     mut report: impl FnMut(&Pass) + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -334,7 +356,7 @@ pub fn spawn(
                     continue;
                 }
                 waited = Duration::ZERO;
-                match pass(&dir, passes.is_multiple_of(LRU_EVERY)) {
+                match pass(&dir, &timeouts, passes.is_multiple_of(LRU_EVERY)) {
                     Ok(p) => {
                         let deleted = p.v4.deleted + p.v6.map_or(0, |t| t.deleted);
                         if deleted > 0 {
@@ -393,16 +415,71 @@ mod tests {
     #[test]
     fn an_open_tcp_flow_stays_a_day_and_a_closed_one_ten_seconds() {
         let table = |f: [(CtKey, CtValue); 2]| f.into_iter().collect();
-        assert!(expired(&table(flow(NOW, 3600, 0, 0)), NOW).is_empty());
-        assert_eq!(expired(&table(flow(NOW, 24 * 3600, 0, 0)), NOW).len(), 2);
-        assert!(expired(&table(flow(NOW, 5, CT_F_CLOSING, CT_F_CLOSING)), NOW).is_empty());
+        assert!(expired(&table(flow(NOW, 3600, 0, 0)), &Timeouts::default(), NOW).is_empty());
         assert_eq!(
-            expired(&table(flow(NOW, 11, CT_F_CLOSING, CT_F_CLOSING)), NOW).len(),
+            expired(
+                &table(flow(NOW, 24 * 3600, 0, 0)),
+                &Timeouts::default(),
+                NOW
+            )
+            .len(),
             2
         );
-        assert_eq!(expired(&table(flow(NOW, 11, 0, CT_F_RESET)), NOW).len(), 2);
+        assert!(
+            expired(
+                &table(flow(NOW, 5, CT_F_CLOSING, CT_F_CLOSING)),
+                &Timeouts::default(),
+                NOW
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            expired(
+                &table(flow(NOW, 11, CT_F_CLOSING, CT_F_CLOSING)),
+                &Timeouts::default(),
+                NOW
+            )
+            .len(),
+            2
+        );
+        assert_eq!(
+            expired(
+                &table(flow(NOW, 11, 0, CT_F_RESET)),
+                &Timeouts::default(),
+                NOW
+            )
+            .len(),
+            2
+        );
         // Half closed: the other side may still stream.
-        assert!(expired(&table(flow(NOW, 600, CT_F_CLOSING, 0)), NOW).is_empty());
+        assert!(
+            expired(
+                &table(flow(NOW, 600, CT_F_CLOSING, 0)),
+                &Timeouts::default(),
+                NOW
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_configured_timeouts_decide() {
+        let table = |f: [(CtKey, CtValue); 2]| f.into_iter().collect();
+        let t = Timeouts {
+            tcp_established_s: 7_200,
+            tcp_close_wait_s: 300,
+            udp_stream_s: 30,
+        };
+        assert!(expired(&table(flow(NOW, 7_199, 0, 0)), &t, NOW).is_empty());
+        assert_eq!(expired(&table(flow(NOW, 7_200, 0, 0)), &t, NOW).len(), 2);
+        assert!(expired(&table(flow(NOW, 299, CT_F_CLOSING, 0)), &t, NOW).is_empty());
+        assert_eq!(
+            expired(&table(flow(NOW, 300, CT_F_CLOSING, 0)), &t, NOW).len(),
+            2
+        );
+        let mut udp = flow(NOW, 30, 0, 0);
+        udp.iter_mut().for_each(|(k, _)| k.proto = IPPROTO_UDP);
+        assert_eq!(expired(&table(udp), &t, NOW).len(), 2);
     }
 
     #[test]
@@ -412,8 +489,8 @@ mod tests {
             k.proto = IPPROTO_UDP;
         }
         let t: std::collections::HashMap<_, _> = f.into_iter().collect();
-        assert!(expired(&t, NOW).is_empty());
-        assert_eq!(expired(&t, NOW + SECOND).len(), 2);
+        assert!(expired(&t, &Timeouts::default(), NOW).is_empty());
+        assert_eq!(expired(&t, &Timeouts::default(), NOW + SECOND).len(), 2);
     }
 
     #[test]
@@ -429,26 +506,29 @@ mod tests {
         let t: std::collections::HashMap<_, _> =
             [(k, fwd), (rk, reply), (ok, fwd), (bk, reply)].into();
         // Idle an hour: an open TCP flow, its egress entries stay with it.
-        assert!(expired(&t, NOW).is_empty());
+        assert!(expired(&t, &Timeouts::default(), NOW).is_empty());
         // Over: all four go.
-        let mut gone = expired(&t, NOW + 24 * 3600 * SECOND);
+        let mut gone = expired(&t, &Timeouts::default(), NOW + 24 * 3600 * SECOND);
         gone.sort_by_key(|k| (k.dir, k.saddr_be, k.daddr_be));
         let mut want = vec![k, rk, ok, bk];
         want.sort_by_key(|k| (k.dir, k.saddr_be, k.daddr_be));
         assert_eq!(gone, want);
         // Left without their flow: they go once idle, as an orphaned reply entry.
         let orphans: std::collections::HashMap<_, _> = [(ok, fwd), (bk, reply)].into();
-        assert_eq!(expired(&orphans, NOW).len(), 2);
+        assert_eq!(expired(&orphans, &Timeouts::default(), NOW).len(), 2);
     }
 
     #[test]
     fn a_reply_entry_without_its_forward_entry_goes_once_idle() {
         let [_, (rk, reply)] = flow(NOW, 11, 0, 0);
         let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
-        assert_eq!(expired(&t, NOW), vec![rk]);
+        assert_eq!(expired(&t, &Timeouts::default(), NOW), vec![rk]);
         let [_, (rk, reply)] = flow(NOW, 2, 0, 0);
         let t: std::collections::HashMap<_, _> = [(rk, reply)].into_iter().collect();
-        assert!(expired(&t, NOW).is_empty(), "it may be a flow being moved");
+        assert!(
+            expired(&t, &Timeouts::default(), NOW).is_empty(),
+            "it may be a flow being moved"
+        );
     }
 
     #[test]
@@ -486,8 +566,8 @@ mod tests {
         };
         assert_eq!(forward_key(&rk, &reply), k);
         let t: std::collections::HashMap<_, _> = [(k, fwd), (rk, reply)].into_iter().collect();
-        assert!(expired(&t, NOW).is_empty());
-        let mut gone = expired(&t, NOW + SECOND);
+        assert!(expired(&t, &Timeouts::default(), NOW).is_empty());
+        let mut gone = expired(&t, &Timeouts::default(), NOW + SECOND);
         gone.sort_by_key(|k| k.dir);
         assert_eq!(gone, vec![k, rk]);
     }

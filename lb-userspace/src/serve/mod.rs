@@ -1,5 +1,6 @@
 //! The agent's HTTP endpoints: health (kube-proxy's `/healthz` and `/livez` semantics),
-//! Prometheus metrics and the per-service health-check node ports. HTTP/1.1 with keep-alive,
+//! Prometheus metrics with kube-proxy's `/proxyMode` and `/configz` beside them, and the
+//! per-service health-check node ports. HTTP/1.1 with keep-alive,
 //! served by hyper on two single-threaded tokio runtimes ([`Pool`]): one for health
 //! (`/healthz`, `/livez`, the health-check node ports), one for `/metrics`, so a scrape, a
 //! slow scraper or a busy sync never delays a probe, and threads do not grow with
@@ -14,6 +15,7 @@
 pub mod health;
 pub mod metrics;
 pub mod service_health;
+pub mod status;
 
 mod conns;
 mod server;

@@ -163,7 +163,7 @@ fn batched_reads_count_and_sum_what_was_written() {
         };
         assured.insert(key(i), v, 0).expect("insert");
     }
-    let pass = ct_gc::pass(&dp.pins, true).expect("pass");
+    let pass = ct_gc::pass(&dp.pins, &ct_gc::Timeouts::default(), true).expect("pass");
     assert_eq!(pass.v4.deleted, 10, "{pass:?}");
     assert_eq!(pass.v4.assured.entries, 5, "{pass:?}");
     assert_eq!(pass.v4.lru.map(|f| f.entries), Some(u64::from(LRU)));

@@ -77,6 +77,7 @@ struct Series {
     errors: Counter,
     reconciled: Family<ByFamily, Histogram, fn() -> Histogram>,
     deleted: Family<ByFamily, Counter>,
+    sysctls: Family<[(&'static str, &'static str); 2], Gauge>,
 }
 
 impl Series {
@@ -95,6 +96,7 @@ impl Series {
             errors: Counter::default(),
             reconciled: Family::new_with_constructor(sync_buckets as fn() -> Histogram),
             deleted: Family::default(),
+            sysctls: Family::default(),
         }
         .with_ipv4_conntrack()
     }
@@ -109,6 +111,11 @@ impl Series {
     }
 
     fn register(&self, r: &mut Registry) {
+        r.register(
+            "xlb_node_sysctl",
+            "The kernel conntrack's settings in force after the agent's start, by sysctl and what the agent did (set; kept; left: asked 0; higher: raised by another component; not-owned: the host's, and this is not its network namespace; missing: nf_conntrack not loaded; failed: the write was refused)",
+            self.sysctls.clone(),
+        );
         let p = "kubeproxy_sync_proxy_rules";
         r.register(
             format!("{p}_duration_seconds"),
@@ -302,6 +309,18 @@ impl Metrics {
             self.series.deleted.get_or_create(&label).inc_by(t.deleted);
         }
         self.shared.set_conntrack(pass, now_unix());
+    }
+
+    /// What the agent's start did to the kernel conntrack's settings.
+    pub fn node_sysctls(&self, applied: &[crate::datapath::sysctl::Applied]) {
+        for a in applied {
+            let Some(v) = a.value else { continue };
+            let labels = [("sysctl", a.knob.name), ("outcome", a.outcome.label())];
+            self.series
+                .sysctls
+                .get_or_create(&labels)
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        }
     }
 
     /// The exposition text.
