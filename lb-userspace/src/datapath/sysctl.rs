@@ -92,7 +92,7 @@ pub enum Outcome {
     Kept,
     /// Asked 0: left as it is, as kube-proxy.
     Left,
-    /// Higher than asked, set so by another component: not lowered.
+    /// Higher than asked (a size, or a timeout someone set): not lowered.
     Higher,
     /// The host's setting and this is not the initial network namespace.
     NotOwned,
@@ -134,13 +134,13 @@ pub fn decide(knob: &Knob, wanted: u64, current: u64, owned: bool) -> Option<Out
     if current == wanted {
         return Some(Outcome::Kept);
     }
-    // Never lower what someone raised: a size is only ever raised; a timeout above the
-    // kernel's default was set by someone.
-    if current > wanted && knob.kernel_default != Some(current) {
-        return Some(Outcome::Higher);
-    }
     if knob.global && !owned {
         return Some(Outcome::NotOwned);
+    }
+    // Never lower what someone raised: a size is only ever raised; a timeout that is not
+    // the kernel's default was set by someone.
+    if current > wanted && knob.kernel_default != Some(current) {
+        return Some(Outcome::Higher);
     }
     None
 }
@@ -196,7 +196,7 @@ fn apply_one(knob: Knob, wanted: u64, owned: bool, loaded: bool) -> Applied {
                 sysctl = knob.name,
                 value = current,
                 asked = wanted,
-                "left higher than asked (set so by another component)"
+                "higher than asked: not lowered"
             ),
             Outcome::NotOwned => tracing::info!(
                 sysctl = knob.name,
@@ -292,6 +292,10 @@ mod tests {
     fn the_hosts_settings_are_written_only_from_its_namespace() {
         assert_eq!(
             decide(&CT_MAX, 524_288, 262_144, false),
+            Some(Outcome::NotOwned)
+        );
+        assert_eq!(
+            decide(&CT_MAX, 131_072, 262_144, false),
             Some(Outcome::NotOwned)
         );
         assert_eq!(decide(&CT_TCP_CLOSE_WAIT, 3_600, 60, false), None);

@@ -23,8 +23,10 @@ use xlb_tests::{
     unique_tag,
 };
 
-const HEALTHZ: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10256);
-const METRICS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10249);
+pub(super) const HEALTHZ: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10256);
+pub(super) const METRICS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10249);
 
 /// The series of kube-proxy's that xlb serves, as sample names.
 const KUBE_PROXY: [&str; 13] = [
@@ -45,9 +47,9 @@ const KUBE_PROXY: [&str; 13] = [
 
 /// The agent in its namespace on `services` × `endpoints`. Field order is drop order: the
 /// agent (and its pins) first.
-struct Lab {
-    agent: Agent,
-    ns: Netns,
+pub(super) struct Lab {
+    pub(super) agent: Agent,
+    pub(super) ns: Netns,
     workdir: PathBuf,
     services: usize,
 }
@@ -78,16 +80,50 @@ fn services_yaml(services: usize, endpoints: usize) -> String {
         .collect()
 }
 
+/// How [`Lab::start_in`] starts the agent, beyond its services.
+#[derive(Default)]
+pub(super) struct Start<'a> {
+    /// A command the agent runs under (e.g. `unshare …`).
+    pub(super) wrapper: &'a [&'a str],
+    /// Flags added to the lab's own.
+    pub(super) extra: &'a [&'a str],
+    /// A `--config` file's text.
+    pub(super) config: Option<&'a str>,
+    /// Run in the lab's namespace before the agent starts.
+    pub(super) before: Option<&'a dyn Fn(&Netns)>,
+}
+
 impl Lab {
     fn start(prefix: &str, services: usize, endpoints: usize, extra: &[&str]) -> Self {
+        Self::start_in(
+            prefix,
+            services,
+            endpoints,
+            Start {
+                extra,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub(super) fn start_in(prefix: &str, services: usize, endpoints: usize, s: Start<'_>) -> Self {
         let tag = unique_tag(prefix);
         let ns = Netns::new(&tag).expect("netns");
         let workdir = std::env::temp_dir().join(&tag);
         std::fs::create_dir_all(&workdir).expect("workdir");
         let yaml = workdir.join("services.yaml");
         write_atomic(&yaml, &services_yaml(services, endpoints)).expect("yaml");
+        let mut args = Self::args(&yaml, s.extra);
+        if let Some(text) = s.config {
+            let config = workdir.join("config.yaml");
+            write_atomic(&config, text).expect("config");
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
+        if let Some(before) = s.before {
+            before(&ns);
+        }
         let pins = PathBuf::from(format!("/sys/fs/bpf/{tag}"));
-        let agent = Agent::start_with(&ns, &Self::args(&yaml, extra), pins, workdir.join("a.log"))
+        let agent = Agent::start_wrapped(&ns, s.wrapper, &args, pins, workdir.join("a.log"))
             .inspect_err(|_| {
                 let _ = std::fs::remove_dir_all(&workdir);
             })
@@ -144,13 +180,13 @@ impl Lab {
         }
     }
 
-    fn get(&self, at: SocketAddr, path: &str) -> Result<String, String> {
+    pub(super) fn get(&self, at: SocketAddr, path: &str) -> Result<String, String> {
         let path = path.to_string();
         self.ns
             .run(move || get_path(at, &path, Duration::from_secs(30)))?
     }
 
-    fn scrape(&self) -> String {
+    pub(super) fn scrape(&self) -> String {
         let r = self.get(METRICS, "/metrics").expect("scrape");
         ok_body(&r).expect("a 200").to_string()
     }
@@ -162,7 +198,7 @@ fn samples(text: &str) -> Vec<&str> {
 }
 
 /// The value of the sample `series` (name and labels as written).
-fn value(text: &str, series: &str) -> f64 {
+pub(super) fn value(text: &str, series: &str) -> f64 {
     samples(text)
         .iter()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))

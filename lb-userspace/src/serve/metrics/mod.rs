@@ -113,7 +113,7 @@ impl Series {
     fn register(&self, r: &mut Registry) {
         r.register(
             "xlb_node_sysctl",
-            "The kernel conntrack's settings in force after the agent's start, by sysctl and what the agent did (set; kept; left: asked 0; higher: raised by another component; not-owned: the host's, and this is not its network namespace; missing: nf_conntrack not loaded; failed: the write was refused)",
+            "The kernel conntrack's settings in force after the agent's start, by sysctl and what the agent did (set; kept; left: asked 0; higher: above what was asked, not lowered; not-owned: the host's, and this is not its network namespace; missing: nf_conntrack not loaded; failed: the write was refused)",
             self.sysctls.clone(),
         );
         let p = "kubeproxy_sync_proxy_rules";

@@ -1,0 +1,197 @@
+//! What kube-proxy does to the node besides its rules, done by the real agent in a network
+//! namespace of its own: the kernel conntrack's per-namespace timeouts and `tcp_be_liberal`
+//! set from `--config` (a 0 left alone, a value another component raised not lowered), the
+//! host's table size computed and reported but left alone (this is not the initial
+//! namespace), a read-only `/proc/sys` named while the agent goes on, and kube-proxy's
+//! `/proxyMode` and `/configz` on the metrics address.
+
+use xlb_tests::{http::ok_body, netns::Netns, require_root};
+
+use super::metrics::{Lab, METRICS, Start, value};
+
+const NF: &str = "/proc/sys/net/netfilter";
+
+/// A sysctl of the kernel's conntrack as `ns` sees it.
+fn sysctl(ns: &Netns, name: &str) -> u64 {
+    let out = ns
+        .command("cat")
+        .arg(format!("{NF}/{name}"))
+        .output()
+        .expect("cat");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}: {out:?}"))
+}
+
+fn set_sysctl(ns: &Netns, name: &str, value: u64) {
+    let status = ns
+        .command("sh")
+        .args(["-c", &format!("echo {value} > {NF}/{name}")])
+        .status()
+        .expect("sh");
+    assert!(status.success(), "setting {name}");
+}
+
+fn host_sysctl(name: &str) -> u64 {
+    std::fs::read_to_string(format!("{NF}/{name}"))
+        .expect(name)
+        .trim()
+        .parse()
+        .expect(name)
+}
+
+const CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+conntrack:
+  maxPerCore: 65536
+  min: 131072
+  tcpEstablishedTimeout: 2h0m0s
+  tcpCloseWaitTimeout: 0s
+  tcpBeLiberal: true
+  udpTimeout: 45s
+  udpStreamTimeout: 2m30s
+";
+
+/// The sample of `xlb_node_sysctl` for `sysctl` with `outcome`.
+fn node_sysctl(text: &str, sysctl: &str, outcome: &str) -> f64 {
+    value(
+        text,
+        &format!("xlb_node_sysctl{{sysctl=\"net.netfilter.{sysctl}\",outcome=\"{outcome}\"}}"),
+    )
+}
+
+#[test]
+fn the_kernel_conntrack_is_set_as_kube_proxy_sets_it() {
+    if !require_root("the_kernel_conntrack_is_set_as_kube_proxy_sets_it") {
+        return;
+    }
+    // Before the agent: another component raised the UDP stream timeout above what the
+    // file asks, and the close-wait timeout (which the file leaves alone) is not the
+    // kernel's default either.
+    let before = |ns: &Netns| {
+        set_sysctl(ns, "nf_conntrack_udp_timeout_stream", 600);
+        set_sysctl(ns, "nf_conntrack_tcp_timeout_close_wait", 77);
+    };
+    let host_max = host_sysctl("nf_conntrack_max");
+    let lab = Lab::start_in(
+        "xnd",
+        2,
+        2,
+        Start {
+            config: Some(CONFIG),
+            before: Some(&before),
+            ..Default::default()
+        },
+    );
+    let ns = &lab.ns;
+    assert_eq!(sysctl(ns, "nf_conntrack_tcp_timeout_established"), 7_200);
+    assert_eq!(
+        sysctl(ns, "nf_conntrack_tcp_timeout_close_wait"),
+        77,
+        "0s leaves it"
+    );
+    assert_eq!(sysctl(ns, "nf_conntrack_tcp_be_liberal"), 1);
+    assert_eq!(sysctl(ns, "nf_conntrack_udp_timeout"), 45);
+    assert_eq!(
+        sysctl(ns, "nf_conntrack_udp_timeout_stream"),
+        600,
+        "a value another component raised is not lowered"
+    );
+    // The table's size is the host's: computed as kube-proxy computes it, not written.
+    assert_eq!(host_sysctl("nf_conntrack_max"), host_max);
+    let cpus = u64::from(aya::util::nr_cpus().expect("cpus") as u32);
+    let computed = (65_536 * cpus).max(131_072);
+    let log = lab.agent.log_text();
+    let line = log
+        .lines()
+        .find(|l| {
+            l.contains("not the initial network namespace")
+                && l.contains("net.netfilter.nf_conntrack_max")
+        })
+        .unwrap_or_else(|| panic!("no line on nf_conntrack_max in:\n{log}"));
+    assert!(line.contains(&format!("computed={computed}")), "{line}");
+    assert!(
+        log.contains(
+            "sysctl=\"net.netfilter.nf_conntrack_tcp_timeout_established\" value=7200 was=432000"
+        ),
+        "{log}"
+    );
+
+    let text = lab.scrape();
+    let set = node_sysctl(&text, "nf_conntrack_tcp_timeout_established", "set");
+    assert_eq!(set, 7_200.0);
+    assert_eq!(
+        node_sysctl(&text, "nf_conntrack_tcp_timeout_close_wait", "left"),
+        77.0
+    );
+    assert_eq!(
+        node_sysctl(&text, "nf_conntrack_udp_timeout_stream", "higher"),
+        600.0
+    );
+    assert_eq!(
+        node_sysctl(&text, "nf_conntrack_max", "not-owned"),
+        host_max as f64
+    );
+
+    let mode = lab.get(METRICS, "/proxyMode").expect("/proxyMode");
+    assert_eq!(ok_body(&mode).expect("200"), "ebpf");
+    let configz = lab.get(METRICS, "/configz").expect("/configz");
+    assert!(configz.contains("application/json"), "{configz}");
+    let v: serde_json::Value = serde_json::from_str(ok_body(&configz).expect("200")).expect("JSON");
+    let c = &v["kubeproxy.config.k8s.io"];
+    assert_eq!(c["mode"], "ebpf");
+    assert_eq!(c["metricsBindAddress"], METRICS.to_string());
+    let ct = &c["conntrack"];
+    assert_eq!(ct["maxPerCore"], 65_536);
+    assert_eq!(ct["tcpEstablishedTimeout"], "2h0m0s");
+    assert_eq!(ct["tcpCloseWaitTimeout"], "0s");
+    assert_eq!(ct["tcpBeLiberal"], true);
+    assert_eq!(ct["udpStreamTimeout"], "2m30s");
+}
+
+#[test]
+fn a_read_only_proc_sys_is_named_and_the_agent_goes_on() {
+    if !require_root("a_read_only_proc_sys_is_named_and_the_agent_goes_on") {
+        return;
+    }
+    // A container without the right to write sysctls: /proc/sys mounted read-only in the
+    // agent's own mount namespace.
+    let wrapper = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\"",
+        "sh",
+    ];
+    let lab = Lab::start_in(
+        "xnr",
+        2,
+        2,
+        Start {
+            wrapper: &wrapper,
+            config: Some(CONFIG),
+            ..Default::default()
+        },
+    );
+    // It synced and serves (Lab::start_in waited for both); the settings stay the kernel's.
+    assert_eq!(
+        sysctl(&lab.ns, "nf_conntrack_tcp_timeout_established"),
+        432_000
+    );
+    let log = lab.agent.log_text();
+    assert!(
+        log.lines().any(|l| l
+            .contains("cannot write /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established")
+            && l.contains("read-only")),
+        "{log}"
+    );
+    let text = lab.scrape();
+    assert_eq!(
+        node_sysctl(&text, "nf_conntrack_tcp_timeout_established", "failed"),
+        432_000.0
+    );
+}
