@@ -1,0 +1,958 @@
+//! Reads what `nft -j list table ip kube-proxy` (or `ip6`) prints — kube-proxy's live
+//! nftables state on a node, in libnftables' JSON schema (`libnftables-json(5)`, the one
+//! kube-proxy's knftables reads) — into typed values ([`Listing`]), and renders them into
+//! an [`NftTable`] in the emitter's spelling, so that
+//! [`nftables::trace`](super::nftables::trace) follows the rules a node really has exactly
+//! as it follows the emitted ones. Nothing here reads nft's human listing.
+//!
+//! The rendering is the emitter's spelling of each typed value:
+//!
+//! * chains: `type T hook H priority P` (P the number nft lists), the default
+//!   `policy accept` dropped, a chain comment kept when nft lists one (nft 1.0.6 does not);
+//! * sets and maps: `type K` (`type K1 . K2 : verdict` for a map), `flags …` (`dynamic`
+//!   added for a set a rule updates: nft 1.0.6's JSON leaves it out), `timeout Ns`, the
+//!   comment; the default `size 65535` of dynamic sets is dropped; one [`Element`] per
+//!   entry (its comment kept, the `timeout`/`expires` of live entries dropped);
+//! * rules: matches as `ip daddr 10.96.0.10`, `ip saddr != 10.244.0.0/16`,
+//!   `meta l4proto tcp`, `ct state new`, `fib saddr type local`; `meta mark` as `mark`
+//!   with `or`/`xor`/`and` and hexadecimal masks (`mark set mark or 0x00004000`);
+//!   `numgen random mod N vmap { 0 : goto a , 1 : goto b }`; `dnat to ADDR:PORT`
+//!   (`[ADDR]:PORT` for IPv6); `update @set { ip saddr }`; the rule's comment last.
+//!   Counters are left out (the tracer has nothing to do with them).
+//!
+//! What nft normalises cannot be undone and is rendered as nft lists it, which the tracer
+//! reads as well: anonymous sets lose their order (and a one-element set its braces), host
+//! prefixes lose `/32` or `/128`. `inet` tables, flowtables, stateful objects and
+//! statements kube-proxy does not write are refused with what they are.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::nftables::{Chain, Collection, Element, NftTable};
+use crate::model::IpFamily;
+
+/// Why a listing could not be read.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ListingError {
+    /// Not nft's JSON, or an object or statement this reader does not know (serde's
+    /// message names it and where).
+    #[error("nft's JSON listing: {0}")]
+    Json(String),
+    /// No table at all.
+    #[error("the listing has no table")]
+    NoTable,
+    /// A table of another family, or a second table.
+    #[error("table {family} {name}: {reason}")]
+    Table {
+        family: String,
+        name: String,
+        reason: &'static str,
+    },
+    /// A chain, set or map listed twice.
+    #[error("{kind} {name} is listed twice")]
+    Twice { kind: &'static str, name: String },
+}
+
+/// `nft -j list …`'s output: a list of objects.
+#[derive(Debug, Deserialize)]
+pub struct Listing {
+    pub nftables: Vec<Object>,
+}
+
+/// One listed object (`{"table": {…}}`, …).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Object {
+    Metainfo(serde::de::IgnoredAny),
+    Table(TableDecl),
+    Chain(ChainDecl),
+    Set(SetDecl),
+    Map(SetDecl),
+    Rule(RuleDecl),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TableDecl {
+    pub family: String,
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChainDecl {
+    pub name: String,
+    /// `filter`, `nat` (base chains only).
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub hook: Option<String>,
+    pub prio: Option<i64>,
+    pub policy: Option<String>,
+    pub comment: Option<String>,
+}
+
+/// A set or map.
+#[derive(Debug, Deserialize)]
+pub struct SetDecl {
+    pub name: String,
+    /// The key's type, one or concatenated.
+    #[serde(rename = "type")]
+    pub key: OneOrMany,
+    /// A map's value type.
+    pub map: Option<OneOrMany>,
+    #[serde(default)]
+    pub flags: Vec<String>,
+    /// Seconds.
+    pub timeout: Option<u64>,
+    #[serde(rename = "gc-interval")]
+    pub gc_interval: Option<u64>,
+    pub size: Option<u64>,
+    pub policy: Option<String>,
+    pub comment: Option<String>,
+    /// Set elements (expressions); map entries (`[key, value]`).
+    #[serde(default)]
+    pub elem: Vec<Expr>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RuleDecl {
+    pub chain: String,
+    pub comment: Option<String>,
+    pub expr: Vec<Stmt>,
+}
+
+/// A string or a list of them (`"ipv4_addr"`, `["ipv4_addr", "inet_proto"]`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn join(&self, sep: &str) -> String {
+        match self {
+            OneOrMany::One(s) => s.clone(),
+            OneOrMany::Many(v) => v.join(sep),
+        }
+    }
+}
+
+/// A statement of a rule.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stmt {
+    Match {
+        op: String,
+        left: Expr,
+        right: Expr,
+    },
+    Vmap {
+        key: Expr,
+        data: Expr,
+    },
+    Mangle {
+        key: Expr,
+        value: Expr,
+    },
+    /// `update @set { key }` (and `add`).
+    Set {
+        op: String,
+        elem: Expr,
+        set: String,
+    },
+    Dnat(Option<Nat>),
+    Snat(Option<Nat>),
+    Masquerade(Option<Nat>),
+    Reject(Option<Reject>),
+    Counter(serde::de::IgnoredAny),
+    Jump(Target),
+    Goto(Target),
+    Accept,
+    Drop,
+    Return,
+    Continue,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Target {
+    pub target: String,
+}
+
+/// A NAT statement's arguments.
+#[derive(Debug, Deserialize)]
+pub struct Nat {
+    pub addr: Option<Expr>,
+    pub port: Option<Expr>,
+    pub flags: Option<OneOrMany>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Reject {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub expr: Option<String>,
+}
+
+/// An expression: an immediate (address, name, `@set`, number), a list, or an operation.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Expr {
+    Number(u64),
+    Text(String),
+    List(Vec<Expr>),
+    Op(Box<Op>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Payload {
+        protocol: String,
+        field: String,
+    },
+    Meta {
+        key: String,
+    },
+    Ct {
+        key: String,
+    },
+    Fib {
+        result: String,
+        flags: Vec<String>,
+    },
+    Concat(Vec<Expr>),
+    Prefix {
+        addr: Expr,
+        len: u8,
+    },
+    Range(Vec<Expr>),
+    /// An anonymous set (a vmap's: `[key, verdict]` entries).
+    Set(Vec<Expr>),
+    Numgen {
+        mode: String,
+        #[serde(rename = "mod")]
+        modulus: u64,
+        #[serde(default)]
+        offset: u64,
+    },
+    /// A set element with its options (`timeout`, `expires` are not kept).
+    Elem {
+        val: Expr,
+        comment: Option<String>,
+    },
+    #[serde(rename = "|")]
+    Or([Expr; 2]),
+    #[serde(rename = "^")]
+    Xor([Expr; 2]),
+    #[serde(rename = "&")]
+    And([Expr; 2]),
+    Jump(Target),
+    Goto(Target),
+    Accept,
+    Drop,
+    Return,
+    Continue,
+}
+
+/// The table `nft -j list table ip kube-proxy` (or `ip6`) printed, in the emitter's
+/// spelling (see the module documentation).
+pub fn parse(json: &str) -> Result<NftTable, ListingError> {
+    let listing: Listing =
+        serde_json::from_str(json).map_err(|e| ListingError::Json(e.to_string()))?;
+    table(&listing)
+}
+
+/// `nft -j list tables` as `FAMILY NAME` (`ip kube-proxy`), in the order listed.
+pub fn tables(json: &str) -> Result<Vec<String>, ListingError> {
+    let listing: Listing =
+        serde_json::from_str(json).map_err(|e| ListingError::Json(e.to_string()))?;
+    Ok(listing
+        .nftables
+        .iter()
+        .filter_map(|o| match o {
+            Object::Table(t) => Some(format!("{} {}", t.family, t.name)),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The one `ip`/`ip6` table of `listing` as an [`NftTable`].
+pub fn table(listing: &Listing) -> Result<NftTable, ListingError> {
+    let mut t = NftTable::default();
+    let mut seen: Option<&TableDecl> = None;
+    let updated = updated_sets(listing);
+    for o in &listing.nftables {
+        match o {
+            Object::Metainfo(_) => {}
+            Object::Table(d) => {
+                let refuse = |reason| ListingError::Table {
+                    family: d.family.clone(),
+                    name: d.name.clone(),
+                    reason,
+                };
+                if seen.is_some() {
+                    return Err(refuse("a second table in one listing"));
+                }
+                t.family = match d.family.as_str() {
+                    "ip" => IpFamily::V4,
+                    "ip6" => IpFamily::V6,
+                    _ => return Err(refuse("only ip and ip6 tables are read")),
+                };
+                seen = Some(d);
+            }
+            Object::Chain(c) => {
+                let chain = Chain {
+                    spec: chain_spec(c),
+                    rules: Vec::new(),
+                };
+                insert(&mut t.chains, &c.name, chain, "chain")?;
+            }
+            Object::Set(s) | Object::Map(s) => {
+                let set = collection(s, updated.contains(s.name.as_str()));
+                insert(&mut t.sets, &s.name, set, "set or map")?;
+            }
+            Object::Rule(r) => {
+                let rule = rule(r);
+                t.chains
+                    .entry(r.chain.clone())
+                    .or_default()
+                    .rules
+                    .push(rule);
+            }
+        }
+    }
+    seen.map(|_| t).ok_or(ListingError::NoTable)
+}
+
+fn insert<T>(
+    into: &mut BTreeMap<String, T>,
+    name: &str,
+    item: T,
+    kind: &'static str,
+) -> Result<(), ListingError> {
+    if into.insert(name.to_string(), item).is_some() {
+        return Err(ListingError::Twice {
+            kind,
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The sets some rule updates from the packet path (`dynamic` ones).
+fn updated_sets(listing: &Listing) -> BTreeSet<&str> {
+    listing
+        .nftables
+        .iter()
+        .filter_map(|o| match o {
+            Object::Rule(r) => Some(&r.expr),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|s| match s {
+            Stmt::Set { set, .. } => Some(set.trim_start_matches('@')),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `type filter hook prerouting priority -110 ; comment "…"` (no default policy).
+fn chain_spec(c: &ChainDecl) -> String {
+    let mut parts = Vec::new();
+    if let (Some(kind), Some(hook)) = (&c.kind, &c.hook) {
+        parts.push(format!(
+            "type {kind} hook {hook} priority {}",
+            c.prio.unwrap_or(0)
+        ));
+    }
+    if let Some(p) = c.policy.as_deref().filter(|p| *p != "accept") {
+        parts.push(format!("policy {p}"));
+    }
+    if let Some(comment) = &c.comment {
+        parts.push(format!("comment \"{comment}\""));
+    }
+    parts.join(" ; ")
+}
+
+/// A set or map as the emitter declares it, with its elements.
+fn collection(s: &SetDecl, updated: bool) -> Collection {
+    let mut ty = format!("type {}", s.key.join(" . "));
+    if let Some(v) = &s.map {
+        ty = format!("{ty} : {}", v.join(" . "));
+    }
+    let mut parts = vec![ty];
+    if let Some(size) = s.size.filter(|n| *n != 65535) {
+        parts.push(format!("size {size}"));
+    }
+    let mut flags: Vec<&str> = s.flags.iter().map(String::as_str).collect();
+    if updated && !flags.contains(&"dynamic") {
+        flags.push("dynamic");
+    }
+    // The emitter's order: dynamic first.
+    flags.sort_by_key(|f| *f != "dynamic");
+    if !flags.is_empty() {
+        parts.push(format!("flags {}", flags.join(",")));
+    }
+    if let Some(t) = s.timeout {
+        parts.push(format!("timeout {t}s"));
+    }
+    if let Some(g) = s.gc_interval {
+        parts.push(format!("gc-interval {g}s"));
+    }
+    if let Some(p) = &s.policy {
+        parts.push(format!("policy {p}"));
+    }
+    if let Some(c) = &s.comment {
+        parts.push(format!("comment \"{c}\""));
+    }
+    Collection {
+        spec: parts.join(" ; "),
+        is_map: s.map.is_some(),
+        elements: s.elem.iter().map(element).collect(),
+    }
+}
+
+/// A listed element: a key (maybe wrapped in `elem` with its comment), or a map's
+/// `[key, value]`.
+fn element(e: &Expr) -> Element {
+    let (key, value) = match e {
+        Expr::List(kv) if kv.len() == 2 => (&kv[0], Some(expr(&kv[1], false))),
+        _ => (e, None),
+    };
+    let (key, comment) = match key {
+        Expr::Op(op) => match op.as_ref() {
+            Op::Elem { val, comment } => (val, comment.clone()),
+            _ => (key, None),
+        },
+        _ => (key, None),
+    };
+    Element {
+        key: expr(key, false),
+        comment,
+        value,
+    }
+}
+
+/// A rule's statements in the emitter's spelling, its comment last.
+fn rule(r: &RuleDecl) -> String {
+    let mut words: Vec<String> = r.expr.iter().filter_map(stmt).collect();
+    if let Some(c) = &r.comment {
+        words.push(format!("comment \"{c}\""));
+    }
+    words.join(" ")
+}
+
+fn stmt(s: &Stmt) -> Option<String> {
+    Some(match s {
+        Stmt::Match { op, left, right } => {
+            let (l, r) = (expr(left, false), expr(right, false));
+            let bitwise =
+                matches!(left, Expr::Op(o) if matches!(**o, Op::Or(_) | Op::Xor(_) | Op::And(_)));
+            match op.as_str() {
+                "==" if bitwise => format!("{l} == {r}"),
+                "==" | "in" => format!("{l} {r}"),
+                op => format!("{l} {op} {r}"),
+            }
+        }
+        Stmt::Vmap { key, data } => {
+            let data = match data {
+                Expr::Op(o) => match o.as_ref() {
+                    Op::Set(arms) => braces(arms, " , "),
+                    _ => expr(data, false),
+                },
+                _ => expr(data, false),
+            };
+            format!("{} vmap {data}", expr(key, false))
+        }
+        Stmt::Mangle { key, value } => format!("{} set {}", expr(key, false), expr(value, false)),
+        Stmt::Set { op, elem, set } => format!("{op} {set} {{ {} }}", expr(elem, false)),
+        Stmt::Dnat(n) => nat("dnat", n.as_ref()),
+        Stmt::Snat(n) => nat("snat", n.as_ref()),
+        Stmt::Masquerade(n) => nat("masquerade", n.as_ref()),
+        Stmt::Reject(r) => match r {
+            Some(Reject {
+                kind: Some(kind),
+                expr: Some(e),
+            }) if !(kind.starts_with("icmp") && e == "port-unreachable") => {
+                format!("reject with {kind} {e}")
+            }
+            Some(Reject {
+                kind: Some(kind),
+                expr: None,
+            }) => format!("reject with {kind}"),
+            _ => "reject".to_string(),
+        },
+        Stmt::Counter(_) => return None,
+        Stmt::Jump(t) => format!("jump {}", t.target),
+        Stmt::Goto(t) => format!("goto {}", t.target),
+        Stmt::Accept => "accept".into(),
+        Stmt::Drop => "drop".into(),
+        Stmt::Return => "return".into(),
+        Stmt::Continue => "continue".into(),
+    })
+}
+
+/// `dnat to 10.0.0.1:80`, `dnat to [fd00::1]:80`, `masquerade fully-random`.
+fn nat(verb: &str, n: Option<&Nat>) -> String {
+    let Some(n) = n else {
+        return verb.to_string();
+    };
+    let addr = n.addr.as_ref().map(|a| expr(a, false));
+    let to = match (addr, &n.port) {
+        (Some(a), Some(p)) if a.contains(':') => format!(" to [{a}]:{}", expr(p, false)),
+        (Some(a), Some(p)) => format!(" to {a}:{}", expr(p, false)),
+        (Some(a), None) => format!(" to {a}"),
+        (None, Some(p)) => format!(" to :{}", expr(p, false)),
+        (None, None) => String::new(),
+    };
+    match &n.flags {
+        Some(f) => format!("{verb}{to} {}", f.join(",")),
+        None => format!("{verb}{to}"),
+    }
+}
+
+/// `{ a, b }` (`{ 0 : goto x , 1 : goto y }` with `sep` ` , `).
+fn braces(items: &[Expr], sep: &str) -> String {
+    let items: Vec<String> = items
+        .iter()
+        .map(|i| match i {
+            Expr::List(kv) if kv.len() == 2 => {
+                format!("{} : {}", expr(&kv[0], false), expr(&kv[1], false))
+            }
+            _ => expr(i, false),
+        })
+        .collect();
+    format!("{{ {} }}", items.join(sep))
+}
+
+/// An expression in the emitter's spelling; numbers in hexadecimal as bitwise operands.
+fn expr(e: &Expr, hex: bool) -> String {
+    match e {
+        Expr::Number(n) if hex => format!("{n:#010x}"),
+        Expr::Number(n) => n.to_string(),
+        Expr::Text(s) => s.clone(),
+        Expr::List(items) => items
+            .iter()
+            .map(|i| expr(i, hex))
+            .collect::<Vec<_>>()
+            .join(","),
+        Expr::Op(op) => match op.as_ref() {
+            Op::Payload { protocol, field } => format!("{protocol} {field}"),
+            Op::Meta { key } if key == "mark" => "mark".into(),
+            Op::Meta { key } => format!("meta {key}"),
+            Op::Ct { key } => format!("ct {key}"),
+            Op::Fib { result, flags } => format!("fib {} {result}", flags.join(" . ")),
+            Op::Concat(items) => items
+                .iter()
+                .map(|i| expr(i, false))
+                .collect::<Vec<_>>()
+                .join(" . "),
+            Op::Prefix { addr, len } => format!("{}/{len}", expr(addr, false)),
+            Op::Range(r) => r
+                .iter()
+                .map(|i| expr(i, false))
+                .collect::<Vec<_>>()
+                .join("-"),
+            Op::Set(items) => braces(items, ", "),
+            Op::Numgen {
+                mode,
+                modulus,
+                offset,
+            } => match offset {
+                0 => format!("numgen {mode} mod {modulus}"),
+                o => format!("numgen {mode} mod {modulus} offset {o}"),
+            },
+            Op::Elem { val, .. } => expr(val, hex),
+            Op::Or([l, r]) => format!("{} or {}", expr(l, true), expr(r, true)),
+            Op::Xor([l, r]) => format!("{} xor {}", expr(l, true), expr(r, true)),
+            Op::And([l, r]) => format!("{} and {}", expr(l, true), expr(r, true)),
+            Op::Jump(t) => format!("jump {}", t.target),
+            Op::Goto(t) => format!("goto {}", t.target),
+            Op::Accept => "accept".into(),
+            Op::Drop => "drop".into(),
+            Op::Return => "return".into(),
+            Op::Continue => "continue".into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::emit::WriterOptions;
+    use crate::emit::nftables::{self, Packet};
+    use crate::model::{Cidr, LocalDetector, Model, NodeSettings, Protocol};
+
+    /// The services the listings below were made from: a TCP+UDP ClusterIP with two
+    /// endpoints, a NodePort with sessionAffinity ClientIP, an externalTrafficPolicy Local
+    /// LoadBalancer with an externalIP and loadBalancerSourceRanges, a NodePort without
+    /// endpoints. Dual-stack, endpoints on node1 and node2.
+    const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: web}
+spec:
+  type: ClusterIP
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.10
+  clusterIPs: ["10.96.0.10", "fd00:96::10"]
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]
+endpoints:
+- {addresses: ["10.244.1.2"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["10.244.2.2"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: web-2, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]
+endpoints:
+- {addresses: ["fd00:244:1::2"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["fd00:244:2::2"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: np}
+spec:
+  type: NodePort
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.20
+  clusterIPs: ["10.96.0.20", "fd00:96::20"]
+  sessionAffinity: ClientIP
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: np-1, labels: {kubernetes.io/service-name: np}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.244.1.3"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["10.244.2.3"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: np-2, labels: {kubernetes.io/service-name: np}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:244:1::3"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["fd00:244:2::3"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: lb}
+spec:
+  type: LoadBalancer
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.30
+  clusterIPs: ["10.96.0.30", "fd00:96::30"]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  loadBalancerSourceRanges: ["203.0.113.0/24", "198.51.100.7/32", "2001:db8:1::/48"]
+  externalIPs: ["192.0.2.50", "2001:db8::50"]
+  ports:
+  - {name: https, port: 443, protocol: TCP, targetPort: 8443, nodePort: 30443}
+status:
+  loadBalancer:
+    ingress: [{ip: 192.0.2.100}, {ip: "2001:db8::100"}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: lb-1, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: https, port: 8443, protocol: TCP}]
+endpoints:
+- {addresses: ["10.244.1.4"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["10.244.2.4"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: ns, name: lb-2, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv6
+ports: [{name: https, port: 8443, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:244:1::4"], conditions: {ready: true}, nodeName: node1}
+- {addresses: ["fd00:244:2::4"], conditions: {ready: true}, nodeName: node2}
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: ns, name: empty}
+spec:
+  type: NodePort
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.40
+  clusterIPs: ["10.96.0.40", "fd00:96::40"]
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30090}
+"#;
+
+    /// `nft -j list table ip kube-proxy` (nft 1.0.6) after `nft -f` of
+    /// `xlb emit nftables --source file:SERVICES --ip-family ipv4 --node-name node1
+    /// --node-ip 10.0.0.5,fd00::5 --local-address 127.0.0.1,10.0.0.5,::1,fd00::5
+    /// --service-cidr 10.96.0.0/16,fd00:96::/112 --cluster-cidr 10.244.0.0/16
+    /// --nodeport-addresses 10.0.0.0/24` in a scratch network namespace, and
+    /// `nft add element` of one client (192.168.7.7) to an affinity set.
+    const LISTING_V4: &str = include_str!("testdata/nft-kube-proxy-v4.json");
+
+    /// The same for `--ip-family ipv6 --cluster-cidr fd00:244::/56` (no
+    /// nodeport-addresses: NodePorts on every local address), one client (2001:db8:7::7)
+    /// remembered with `timeout 1h`.
+    const LISTING_V6: &str = include_str!("testdata/nft-kube-proxy-v6.json");
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    fn cidr(s: &str) -> Cidr {
+        Cidr::parse_sloppy(s).expect("cidr")
+    }
+
+    fn model() -> Model {
+        let loaded = crate::source::file::parse("t.yaml", SERVICES).expect("yaml");
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        loaded.model
+    }
+
+    /// node1, as the listings were emitted for.
+    fn node(family: IpFamily) -> NodeSettings {
+        let (pods, node_ports) = match family {
+            IpFamily::V4 => ("10.244.0.0/16", vec![cidr("10.0.0.0/24")]),
+            IpFamily::V6 => ("fd00:244::/56", Vec::new()),
+        };
+        NodeSettings {
+            node_name: "node1".into(),
+            family,
+            node_ips: vec![ip("10.0.0.5"), ip("fd00::5")],
+            local_addresses: ["127.0.0.1", "10.0.0.5", "::1", "fd00::5"].map(ip).to_vec(),
+            detector: LocalDetector::ClusterCidr(cidr(pods)),
+            node_port_addresses: node_ports,
+            service_cidrs: vec![cidr("10.96.0.0/16"), cidr("fd00:96::/112")],
+            ..NodeSettings::default()
+        }
+    }
+
+    fn packet(src: &str, dst: &str, dport: u16, protocol: Protocol) -> Packet {
+        Packet {
+            src: ip(src),
+            dst: ip(dst),
+            dport,
+            protocol,
+        }
+    }
+
+    /// Every packet gets the same outputs, masquerade and number of matched rules from the
+    /// parsed listing as from the emitted table, and matches some rule.
+    fn same_traces(listing: &str, family: IpFamily, packets: &[Packet]) {
+        let node = node(family);
+        let emitted = nftables::emit(&model(), &node, &WriterOptions::default());
+        let parsed = parse(listing).expect("listing");
+        assert_eq!(parsed.family, family);
+        for pkt in packets {
+            let (want, want_masq, want_rules) = nftables::trace_rules(&emitted, &node, *pkt);
+            let (got, got_masq, got_rules) = nftables::trace_rules(&parsed, &node, *pkt);
+            assert!(!want_rules.is_empty(), "{pkt:?}: no rule to compare");
+            assert_eq!((&got, got_masq), (&want, want_masq), "{pkt:?}");
+            assert_eq!(
+                got_rules.len(),
+                want_rules.len(),
+                "{pkt:?}: {got_rules:#?} vs {want_rules:#?}"
+            );
+        }
+        same_declarations(&parsed, &emitted);
+    }
+
+    /// Same chains, sets and specs; same elements (but the clients remembered in affinity
+    /// sets); same rules but those whose anonymous set or host prefix nft respells.
+    fn same_declarations(parsed: &NftTable, emitted: &NftTable) {
+        let names = |t: &NftTable| t.chains.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(names(parsed), names(emitted));
+        for (name, want) in &emitted.chains {
+            let got = &parsed.chains[name];
+            // nft 1.0.6's JSON lists no chain comment.
+            let no_comment = got.spec.is_empty() && want.spec.starts_with("comment ");
+            assert!(
+                got.spec == want.spec || no_comment,
+                "{name}: {got:?} vs {want:?}"
+            );
+            assert_eq!(got.rules.len(), want.rules.len(), "{name}");
+            for (g, w) in got.rules.iter().zip(&want.rules) {
+                let host = w.replace("/32 ", " ").replace("/128 ", " ");
+                assert!(*g == host || w.contains(" { "), "{name}: {g:?} vs {w:?}");
+            }
+        }
+        let sets = |t: &NftTable| t.sets.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(sets(parsed), sets(emitted));
+        for (name, want) in &emitted.sets {
+            let got = &parsed.sets[name];
+            assert_eq!((&got.spec, got.is_map), (&want.spec, want.is_map), "{name}");
+            if !name.starts_with("affinity-") {
+                let sorted = |c: &Collection| {
+                    let mut e = c.elements.clone();
+                    e.sort();
+                    e.dedup();
+                    e
+                };
+                assert_eq!(sorted(got), sorted(want), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_live_ipv4_table_traces_as_the_emitted_one() {
+        use Protocol::{Tcp, Udp};
+        same_traces(
+            LISTING_V4,
+            IpFamily::V4,
+            &[
+                // ClusterIP, TCP and UDP, from a pod and from outside the cluster CIDR.
+                packet("10.244.5.5", "10.96.0.10", 80, Tcp),
+                packet("10.0.0.99", "10.96.0.10", 53, Udp),
+                // NodePort with affinity, and its ClusterIP.
+                packet("192.168.1.1", "10.0.0.5", 30080, Tcp),
+                packet("10.244.5.5", "10.96.0.20", 80, Tcp),
+                // LoadBalancer (eTP Local): allowed ranges, a /32, a stranger.
+                packet("203.0.113.9", "192.0.2.100", 443, Tcp),
+                packet("198.51.100.7", "192.0.2.100", 443, Tcp),
+                packet("8.8.8.8", "192.0.2.100", 443, Tcp),
+                // externalIP from a pod, NodePort from the node itself.
+                packet("10.244.3.3", "192.0.2.50", 443, Tcp),
+                packet("10.0.0.5", "10.0.0.5", 30443, Tcp),
+                // No endpoints, a ClusterIP's other port, an unallocated ClusterIP.
+                packet("10.244.5.5", "10.96.0.40", 80, Tcp),
+                packet("192.168.1.1", "10.0.0.5", 30090, Tcp),
+                packet("10.244.5.5", "10.96.0.10", 81, Tcp),
+                packet("10.244.5.5", "10.96.9.9", 80, Tcp),
+            ],
+        );
+    }
+
+    /// A `goto`'d chain that ends without a verdict returns to the chain that jumped to
+    /// the one holding the `goto` (nft's semantics): an allowed LoadBalancer client passes
+    /// `firewall-check` and is DNATed; a stranger is dropped.
+    #[test]
+    fn a_loadbalancer_client_in_an_allowed_range_reaches_the_endpoints() {
+        let node = node(IpFamily::V4);
+        for t in [
+            parse(LISTING_V4).expect("listing"),
+            nftables::emit(&model(), &node, &WriterOptions::default()),
+        ] {
+            let allowed = packet("203.0.113.9", "192.0.2.100", 443, Protocol::Tcp);
+            let (out, _) = nftables::trace(&t, &node, allowed);
+            assert!(!out.is_empty() && !out.contains("DROP"), "allowed: {out:?}");
+            let stranger = packet("8.8.8.8", "192.0.2.100", 443, Protocol::Tcp);
+            assert_eq!(nftables::trace(&t, &node, stranger).0, "DROP");
+        }
+    }
+
+    #[test]
+    fn a_live_ipv6_table_traces_as_the_emitted_one() {
+        use Protocol::{Tcp, Udp};
+        same_traces(
+            LISTING_V6,
+            IpFamily::V6,
+            &[
+                packet("fd00:244::55", "fd00:96::10", 80, Tcp),
+                packet("fd00::99", "fd00:96::10", 53, Udp),
+                packet("2001:db8:9::1", "fd00::5", 30080, Tcp),
+                packet("fd00:244::55", "fd00:96::20", 80, Tcp),
+                packet("2001:db8:1::9", "2001:db8::100", 443, Tcp),
+                packet("2001:db8:2::9", "2001:db8::100", 443, Tcp),
+                packet("fd00:244::33", "2001:db8::50", 443, Tcp),
+                packet("fd00::5", "fd00::5", 30443, Tcp),
+                packet("fd00:244::55", "fd00:96::40", 80, Tcp),
+                packet("2001:db8:9::1", "fd00::5", 30090, Tcp),
+                packet("fd00:244::55", "fd00:96::10", 81, Tcp),
+                packet("fd00:244::55", "fd00:96::99", 80, Tcp),
+            ],
+        );
+    }
+
+    #[test]
+    fn live_elements_and_nft_spellings_are_read_back() {
+        let t = parse(LISTING_V6).expect("listing");
+        let remembered = &t.sets["affinity-QKRAFSXZ-ns/np/tcp/http__fd00.244.1..3/8080"];
+        assert_eq!(remembered.elements[0].key, "2001:db8:7::7");
+        let no_ep = &t.sets["no-endpoint-services"].elements[0];
+        assert_eq!(no_ep.comment.as_deref(), Some("ns/empty:http"));
+        assert_eq!(no_ep.value.as_deref(), Some("goto reject-chain"));
+        assert_eq!(
+            t.chains["masquerading"].rules,
+            [
+                "mark and 0x00004000 == 0 return",
+                "mark set mark xor 0x00004000",
+                "masquerade fully-random"
+            ]
+        );
+        assert_eq!(
+            t.chains["endpoint-DKVN7GZF-ns/lb/tcp/https__fd00.244.1..4/8443"].rules[1],
+            "meta l4proto tcp dnat to [fd00:244:1::4]:8443"
+        );
+        // A counter (kube-proxy writes none) is left out; a handle is not kept.
+        let counted = r#"{"nftables": [{"table": {"family": "ip", "name": "kube-proxy", "handle": 3}},
+            {"chain": {"family": "ip", "table": "kube-proxy", "name": "x", "handle": 7}},
+            {"rule": {"family": "ip", "table": "kube-proxy", "chain": "x", "handle": 9, "expr": [
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+                {"counter": {"packets": 0, "bytes": 0}},
+                {"dnat": {"addr": "10.0.0.1", "port": 80}}]}}]}"#;
+        let t = parse(counted).expect("listing with a counter");
+        assert_eq!(
+            t.chains["x"].rules,
+            ["meta l4proto tcp dnat to 10.0.0.1:80"]
+        );
+    }
+
+    #[test]
+    fn the_tables_listed_are_named() {
+        let list = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"table": {"family": "inet", "name": "filter", "handle": 1}}, {"table": {"family": "ip", "name": "kube-proxy", "handle": 2}}]}"#;
+        assert_eq!(
+            tables(list).expect("tables"),
+            ["inet filter", "ip kube-proxy"]
+        );
+        assert!(tables("table ip kube-proxy\n").is_err());
+    }
+
+    #[test]
+    fn what_is_not_kube_proxys_table_is_refused_by_name() {
+        let err = parse("table ip kube-proxy {\n}\n").expect_err("text");
+        assert!(matches!(err, ListingError::Json(_)), "{err}");
+        assert_eq!(parse(r#"{"nftables": []}"#), Err(ListingError::NoTable));
+        let inet = r#"{"nftables": [{"table": {"family": "inet", "name": "kube-proxy"}}]}"#;
+        assert_eq!(
+            parse(inet).expect_err("inet").to_string(),
+            "table inet kube-proxy: only ip and ip6 tables are read"
+        );
+        let two = r#"{"nftables": [{"table": {"family": "ip", "name": "a"}}, {"table": {"family": "ip", "name": "b"}}]}"#;
+        assert!(matches!(parse(two), Err(ListingError::Table { .. })));
+        let flowtable = r#"{"nftables": [{"table": {"family": "ip", "name": "t"}}, {"flowtable": {"family": "ip", "name": "f"}}]}"#;
+        let err = parse(flowtable).expect_err("flowtable").to_string();
+        assert!(err.contains("flowtable"), "{err}");
+        let log = r#"{"nftables": [{"table": {"family": "ip", "name": "t"}}, {"rule": {"chain": "c", "expr": [{"log": {"prefix": "x"}}]}}]}"#;
+        let err = parse(log).expect_err("log").to_string();
+        assert!(err.contains("log"), "{err}");
+        let twice = r#"{"nftables": [{"table": {"family": "ip", "name": "t"}}, {"chain": {"name": "c"}}, {"chain": {"name": "c"}}]}"#;
+        assert_eq!(
+            parse(twice),
+            Err(ListingError::Twice {
+                kind: "chain",
+                name: "c".into()
+            })
+        );
+    }
+}
