@@ -326,49 +326,37 @@ mod tests {
         source::file,
     };
 
-    /// A ClusterIP with affinity, a NodePort and a LoadBalancer with source ranges: the
-    /// listing reads back as the emitted table.
+    /// The services `emit::nft_json`'s tests read live listings of (ClusterIP, NodePort
+    /// with affinity, LoadBalancer with source ranges, one without endpoints; dual-stack).
+    const SERVICES: &str =
+        include_str!("../../../lb-userspace/src/emit/testdata/nft-services.yaml");
+
+    /// Both families' emitted tables read back equal from their listings.
     #[test]
     fn the_emitted_table_reads_back_from_its_listing() {
-        let yaml = r#"
-apiVersion: v1
-kind: Service
-metadata: {namespace: ns, name: lb}
-spec:
-  type: LoadBalancer
-  clusterIP: 10.96.0.30
-  sessionAffinity: ClientIP
-  loadBalancerSourceRanges: ["203.0.113.0/24", "198.51.100.7/32"]
-  ports:
-  - {name: https, port: 443, protocol: TCP, targetPort: 8443, nodePort: 30443}
-status:
-  loadBalancer:
-    ingress: [{ip: 192.0.2.100}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {namespace: ns, name: lb-1, labels: {kubernetes.io/service-name: lb}}
-addressType: IPv4
-ports: [{name: https, port: 8443, protocol: TCP}]
-endpoints:
-- {addresses: ["10.244.1.4"], conditions: {ready: true}, nodeName: node1}
-- {addresses: ["10.244.2.4"], conditions: {ready: true}, nodeName: node2}
-"#;
-        let model = file::parse("t.yaml", yaml).expect("yaml").model;
-        let node = NodeSettings {
-            node_name: "node1".into(),
-            family: IpFamily::V4,
-            node_ips: vec!["10.0.0.5".parse().expect("ip")],
-            detector: LocalDetector::ClusterCidr(
-                Cidr::parse_sloppy("10.244.0.0/16").expect("cidr"),
-            ),
-            service_cidrs: vec![Cidr::parse_sloppy("10.96.0.0/16").expect("cidr")],
-            ..NodeSettings::default()
-        };
-        let t = nftables::emit(&model, &node, &WriterOptions::default());
-        assert!(t.chains.keys().any(|c| c.starts_with("firewall-")), "{t:?}");
-        assert!(t.sets.keys().any(|s| s.starts_with("affinity-")), "{t:?}");
-        let back = nft_json::parse(&super::listing(&t)).expect("listing");
-        assert_eq!(back, t);
+        let model = file::parse("t.yaml", SERVICES).expect("yaml").model;
+        for (family, pods) in [
+            (IpFamily::V4, "10.244.0.0/16"),
+            (IpFamily::V6, "fd00:244::/56"),
+        ] {
+            let node = NodeSettings {
+                node_name: "node1".into(),
+                family,
+                node_ips: vec![
+                    "10.0.0.5".parse().expect("ip"),
+                    "fd00::5".parse().expect("ip"),
+                ],
+                detector: LocalDetector::ClusterCidr(Cidr::parse_sloppy(pods).expect("cidr")),
+                service_cidrs: ["10.96.0.0/16", "fd00:96::/112"]
+                    .map(|c| Cidr::parse_sloppy(c).expect("cidr"))
+                    .to_vec(),
+                ..NodeSettings::default()
+            };
+            let t = nftables::emit(&model, &node, &WriterOptions::default());
+            assert!(t.chains.keys().any(|c| c.starts_with("firewall-")), "{t:?}");
+            assert!(t.sets.keys().any(|s| s.starts_with("affinity-")), "{t:?}");
+            let back = nft_json::parse(&super::listing(&t)).expect("listing");
+            assert_eq!(back, t, "{family:?}");
+        }
     }
 }
