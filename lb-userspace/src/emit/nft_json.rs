@@ -196,13 +196,44 @@ pub struct Reject {
 }
 
 /// An expression: an immediate (address, name, `@set`, number), a list, or an operation.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum Expr {
     Number(u64),
     Text(String),
     List(Vec<Expr>),
     Op(Box<Op>),
+}
+
+/// By the JSON value's kind (serde's `untagged` would buffer every expression first: 8×
+/// slower on a 10,000-service table).
+impl<'de> Deserialize<'de> for Expr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Kind;
+        impl<'de> serde::de::Visitor<'de> for Kind {
+            type Value = Expr;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an nft expression")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Expr, E> {
+                Ok(Expr::Number(n))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Expr, E> {
+                Ok(Expr::Text(s.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Expr, A::Error> {
+                let mut items = Vec::new();
+                while let Some(e) = seq.next_element()? {
+                    items.push(e);
+                }
+                Ok(Expr::List(items))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Expr, A::Error> {
+                let op = Op::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Expr::Op(Box::new(op)))
+            }
+        }
+        d.deserialize_any(Kind)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,17 +279,29 @@ pub enum Op {
     Xor([Expr; 2]),
     #[serde(rename = "&")]
     And([Expr; 2]),
-    /// A verdict map's value (`{"goto": {"target": …}}`).
-    #[serde(untagged)]
-    Verdict(Stmt),
+    // A verdict map's values, as in [`Stmt`] (an untagged `Stmt` variant would make serde
+    // buffer every operation).
+    Jump(Target),
+    Goto(Target),
+    Accept,
+    Drop,
+    Return,
+    Continue,
 }
 
 /// The table `nft -j list table ip kube-proxy` (or `ip6`) printed, in the emitter's
-/// spelling (see the module documentation).
+/// spelling (see the module documentation). The listed objects are read one at a time
+/// into the table (a 10,000-service listing is never held as typed values whole).
 pub fn parse(json: &str) -> Result<NftTable, ListingError> {
-    let listing: Listing =
-        serde_json::from_str(json).map_err(|e| ListingError::Json(e.to_string()))?;
-    table(&listing)
+    use serde::de::DeserializeSeed as _;
+    let mut r = Reader::default();
+    let mut de = serde_json::Deserializer::from_str(json);
+    let read = Objects(&mut r).deserialize(&mut de).and_then(|()| de.end());
+    if let Some(e) = r.error {
+        return Err(e);
+    }
+    read.map_err(|e| ListingError::Json(e.to_string()))?;
+    r.finish()
 }
 
 /// `nft -j list tables` as `FAMILY NAME` (`ip kube-proxy`), in the order listed.
@@ -275,12 +318,21 @@ pub fn tables(json: &str) -> Result<Vec<String>, ListingError> {
         .collect())
 }
 
-/// The one `ip`/`ip6` table of `listing` as an [`NftTable`].
-pub fn table(listing: &Listing) -> Result<NftTable, ListingError> {
-    let mut t = NftTable::default();
-    let mut seen: Option<&TableDecl> = None;
-    let updated = updated_sets(listing);
-    for o in &listing.nftables {
+/// The table being read, object by object.
+#[derive(Default)]
+struct Reader {
+    t: NftTable,
+    seen: bool,
+    /// Sets' declarations (without their elements), for their spec once every rule is
+    /// read (a set a rule updates is `dynamic`).
+    sets: Vec<SetDecl>,
+    updated: BTreeSet<String>,
+    /// Why reading stopped (serde's error then only says that it did).
+    error: Option<ListingError>,
+}
+
+impl Reader {
+    fn object(&mut self, o: Object) -> Result<(), ListingError> {
         match o {
             Object::Metainfo(_) => {}
             Object::Table(d) => {
@@ -289,38 +341,96 @@ pub fn table(listing: &Listing) -> Result<NftTable, ListingError> {
                     name: d.name.clone(),
                     reason,
                 };
-                if seen.is_some() {
+                if self.seen {
                     return Err(refuse("a second table in one listing"));
                 }
-                t.family = match d.family.as_str() {
+                self.t.family = match d.family.as_str() {
                     "ip" => IpFamily::V4,
                     "ip6" => IpFamily::V6,
                     _ => return Err(refuse("only ip and ip6 tables are read")),
                 };
-                seen = Some(d);
+                self.seen = true;
             }
             Object::Chain(c) => {
                 let chain = Chain {
-                    spec: chain_spec(c),
+                    spec: chain_spec(&c),
                     rules: Vec::new(),
                 };
-                insert(&mut t.chains, &c.name, chain, "chain")?;
+                insert(&mut self.t.chains, &c.name, chain, "chain")?;
             }
-            Object::Set(s) | Object::Map(s) => {
-                let set = collection(s, updated.contains(s.name.as_str()));
-                insert(&mut t.sets, &s.name, set, "set or map")?;
+            Object::Set(mut s) | Object::Map(mut s) => {
+                let set = Collection {
+                    spec: String::new(),
+                    is_map: s.map.is_some(),
+                    elements: std::mem::take(&mut s.elem).iter().map(element).collect(),
+                };
+                insert(&mut self.t.sets, &s.name, set, "set or map")?;
+                self.sets.push(s);
             }
             Object::Rule(r) => {
-                let rule = rule(r);
-                t.chains
-                    .entry(r.chain.clone())
-                    .or_default()
-                    .rules
-                    .push(rule);
+                for s in &r.expr {
+                    if let Stmt::Set { set, .. } = s {
+                        self.updated.insert(set.trim_start_matches('@').to_string());
+                    }
+                }
+                let rule = rule(&r);
+                let chain = self.t.chains.entry(r.chain).or_default();
+                chain.rules.push(rule);
             }
         }
+        Ok(())
     }
-    seen.map(|_| t).ok_or(ListingError::NoTable)
+
+    fn finish(mut self) -> Result<NftTable, ListingError> {
+        if !self.seen {
+            return Err(ListingError::NoTable);
+        }
+        for s in &self.sets {
+            if let Some(c) = self.t.sets.get_mut(&s.name) {
+                c.spec = set_spec(s, self.updated.contains(&s.name));
+            }
+        }
+        Ok(self.t)
+    }
+}
+
+/// `{"nftables": [...]}` (the map, then its array), each object handed to the reader as
+/// it is read.
+struct Objects<'r>(&'r mut Reader);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Objects<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Objects<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("nft's JSON listing ({\"nftables\": [objects]})")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "nftables" {
+                map.next_value_seed(Objects(&mut *self.0))?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        use serde::de::Error as _;
+        while let Some(o) = seq.next_element::<Object>()? {
+            if let Err(e) = self.0.object(o) {
+                let msg = e.to_string();
+                self.0.error = Some(e);
+                return Err(A::Error::custom(msg));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn insert<T>(
@@ -336,23 +446,6 @@ fn insert<T>(
         });
     }
     Ok(())
-}
-
-/// The sets some rule updates from the packet path (`dynamic` ones).
-fn updated_sets(listing: &Listing) -> BTreeSet<&str> {
-    listing
-        .nftables
-        .iter()
-        .filter_map(|o| match o {
-            Object::Rule(r) => Some(&r.expr),
-            _ => None,
-        })
-        .flatten()
-        .filter_map(|s| match s {
-            Stmt::Set { set, .. } => Some(set.trim_start_matches('@')),
-            _ => None,
-        })
-        .collect()
 }
 
 /// `type filter hook prerouting priority -110 ; comment "…"` (no default policy).
@@ -373,8 +466,8 @@ fn chain_spec(c: &ChainDecl) -> String {
     parts.join(" ; ")
 }
 
-/// A set or map as the emitter declares it, with its elements.
-fn collection(s: &SetDecl, updated: bool) -> Collection {
+/// A set's or map's declaration as the emitter writes it (`updated`: a rule updates it).
+fn set_spec(s: &SetDecl, updated: bool) -> String {
     let mut ty = format!("type {}", s.key.join(" . "));
     if let Some(v) = &s.map {
         ty = format!("{ty} : {}", v.join(" . "));
@@ -404,11 +497,7 @@ fn collection(s: &SetDecl, updated: bool) -> Collection {
     if let Some(c) = &s.comment {
         parts.push(format!("comment \"{c}\""));
     }
-    Collection {
-        spec: parts.join(" ; "),
-        is_map: s.map.is_some(),
-        elements: s.elem.iter().map(element).collect(),
-    }
+    parts.join(" ; ")
 }
 
 /// A listed element: a key (maybe wrapped in `elem` with its comment), or a map's
@@ -482,13 +571,21 @@ fn stmt(s: &Stmt) -> Option<String> {
             _ => "reject".to_string(),
         },
         Stmt::Counter(_) => return None,
-        Stmt::Jump(t) => format!("jump {}", t.target),
-        Stmt::Goto(t) => format!("goto {}", t.target),
-        Stmt::Accept => "accept".into(),
-        Stmt::Drop => "drop".into(),
-        Stmt::Return => "return".into(),
-        Stmt::Continue => "continue".into(),
+        Stmt::Jump(t) => verdict("jump", Some(t)),
+        Stmt::Goto(t) => verdict("goto", Some(t)),
+        Stmt::Accept => verdict("accept", None),
+        Stmt::Drop => verdict("drop", None),
+        Stmt::Return => verdict("return", None),
+        Stmt::Continue => verdict("continue", None),
     })
+}
+
+/// `goto CHAIN`, `drop`, ….
+fn verdict(word: &str, target: Option<&Target>) -> String {
+    match target {
+        Some(t) => format!("{word} {}", t.target),
+        None => word.to_string(),
+    }
 }
 
 /// `dnat to 10.0.0.1:80`, `dnat to [fd00::1]:80`, `masquerade fully-random`.
@@ -565,7 +662,12 @@ fn expr(e: &Expr, hex: bool) -> String {
             Op::Or([l, r]) => format!("{} or {}", expr(l, true), expr(r, true)),
             Op::Xor([l, r]) => format!("{} xor {}", expr(l, true), expr(r, true)),
             Op::And([l, r]) => format!("{} and {}", expr(l, true), expr(r, true)),
-            Op::Verdict(v) => stmt(v).unwrap_or_default(),
+            Op::Jump(t) => verdict("jump", Some(t)),
+            Op::Goto(t) => verdict("goto", Some(t)),
+            Op::Accept => verdict("accept", None),
+            Op::Drop => verdict("drop", None),
+            Op::Return => verdict("return", None),
+            Op::Continue => verdict("continue", None),
         },
     }
 }
