@@ -15,6 +15,7 @@ mod datapath;
 mod fixture;
 mod memory;
 mod metrics;
+mod nft_json;
 mod northsouth;
 mod pps;
 mod report;
