@@ -181,8 +181,8 @@ impl Agent {
     /// Stops the agent (SIGTERM) and leaves its pins in place.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            use nix::{sys::signal, unistd::Pid};
+            let _ = signal::kill(Pid::from_raw(c.id() as i32), signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {

@@ -37,8 +37,7 @@ pub const SKIP_DIR_ENV: &str = "XLB_SKIP_DIR";
 
 /// True when this process runs as root (effective uid 0).
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 /// True where a privileged test must not skip: `CI=true` or `XLB_REQUIRE_ROOT=1`.

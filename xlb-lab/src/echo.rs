@@ -207,12 +207,11 @@ fn serve_udp(
 
 /// Blocks until `listener` has a connection to accept or `ms` milliseconds pass.
 fn wait_readable(listener: &TcpListener, ms: i32) {
-    use std::os::fd::AsRawFd;
-    let mut fds = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut fds, 1, ms) };
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+    let _ = poll(
+        &mut [PollFd::new(listener.as_fd(), PollFlags::POLLIN)],
+        timeout,
+    );
 }

@@ -2,7 +2,6 @@
 
 use std::{
     fs::File,
-    os::fd::AsRawFd,
     process::{Command, Output},
     thread,
 };
@@ -123,11 +122,9 @@ impl Netns {
 /// Moves the current thread into the network namespace at `path`.
 pub fn enter(path: &str) -> Result<(), String> {
     let f = File::open(path).map_err(|e| format!("{path}: {e}"))?;
-    // SAFETY: a valid fd to a netns file; affects only the calling thread.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    if rc != 0 {
-        return Err(format!("setns {path}: {}", std::io::Error::last_os_error()));
-    }
+    // Affects only the calling thread.
+    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("setns {path}: {e}"))?;
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //! into the agent's log (target `xlb::bpf`), reason codes and actions by name.
 
 use std::{
-    os::fd::AsRawFd,
+    os::fd::AsFd,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -87,13 +87,10 @@ impl BpfLogReader {
             .name("xlb-bpf-log".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
-                    let mut pfd = libc::pollfd {
-                        fd: logger.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd; a bounded wait so the stop flag is seen.
-                    unsafe { libc::poll(&mut pfd, 1, 200) };
+                    use nix::poll::{PollFd, PollFlags, poll};
+                    // A bounded wait, so the stop flag is seen.
+                    let mut pfd = [PollFd::new(logger.as_fd(), PollFlags::POLLIN)];
+                    let _ = poll(&mut pfd, 200u16);
                     logger.flush();
                 }
             })

@@ -17,7 +17,6 @@ pub const TC_INGRESS: &str = "xlb_tc_ingress";
 pub const TC_EGRESS: &str = "xlb_tc_egress";
 /// The XDP program's name in the object.
 pub const XDP: &str = "xlb_xdp";
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 /// True when `path` (or its closest existing ancestor) is on a bpf filesystem.
 pub fn on_bpffs(path: &Path) -> bool {
@@ -27,13 +26,8 @@ pub fn on_bpffs(path: &Path) -> bool {
             return false;
         }
     }
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid C string and st a valid out-pointer.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    use nix::sys::statfs::{BPF_FS_MAGIC, statfs};
+    statfs(&p).is_ok_and(|s| s.filesystem_type() == BPF_FS_MAGIC)
 }
 
 /// Where bpffs lives by convention; mounted by the agent when it is not (as Cilium does):
@@ -51,19 +45,14 @@ fn mount_bpffs(dir: &Path) -> Result<(), DatapathError> {
         source: std::io::Error::other(reason),
     };
     std::fs::create_dir_all(root).map_err(|e| fail(format!("mkdir: {e}")))?;
-    let c = |s: &str| std::ffi::CString::new(s).map_err(|e| fail(e.to_string()));
-    let (src, target, fstype) = (c("bpf")?, c(BPFFS_ROOT)?, c("bpf")?);
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc != 0 {
+    let mounted = nix::mount::mount(
+        Some("bpf"),
+        BPFFS_ROOT,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+    if mounted.is_err() {
         return Err(DatapathError::BpffsNotMounted {
             path: dir.to_path_buf(),
         });

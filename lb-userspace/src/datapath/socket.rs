@@ -70,15 +70,8 @@ pub fn cgroup2_root() -> Option<PathBuf> {
 
 /// True when `path` is a directory on a cgroup v2 filesystem.
 pub fn is_cgroup2(path: &Path) -> bool {
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs only writes into `st`.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid C string and st a valid out-pointer.
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    rc == 0 && st.f_type as i64 == CGROUP2_SUPER_MAGIC
+    use nix::sys::statfs::{CGROUP2_SUPER_MAGIC, statfs};
+    statfs(path).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
 fn pin_path(dir: &Path, pin: &str) -> PathBuf {

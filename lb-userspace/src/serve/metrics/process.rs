@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use nix::unistd::SysconfVar;
+
 use prometheus_client::{
     collector::Collector,
     encoding::DescriptorEncoder,
@@ -30,10 +32,11 @@ fn stat_fields() -> Option<Vec<u64>> {
     )
 }
 
-fn sysconf(name: libc::c_int) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let v = unsafe { libc::sysconf(name) };
-    if v > 0 { v as f64 } else { 0.0 }
+fn sysconf(var: SysconfVar) -> f64 {
+    match nix::unistd::sysconf(var) {
+        Ok(Some(v)) if v > 0 => v as f64,
+        _ => 0.0,
+    }
 }
 
 /// Field `n` of stat(5) (1-based, as the manual numbers them; `n` ≥ 4).
@@ -48,7 +51,7 @@ impl Process {
                 .find_map(|l| l.strip_prefix("btime "))
                 .and_then(|v| v.trim().parse::<f64>().ok())
         });
-        let ticks = sysconf(libc::_SC_CLK_TCK);
+        let ticks = sysconf(SysconfVar::CLK_TCK);
         let start = match (btime, stat_fields()) {
             (Some(b), Some(f)) if ticks > 0.0 => Some(b + field(&f, 22) as f64 / ticks),
             _ => None,
@@ -62,7 +65,7 @@ impl Collector for Process {
         let Some(f) = stat_fields() else {
             return Ok(());
         };
-        let ticks = sysconf(libc::_SC_CLK_TCK).max(1.0);
+        let ticks = sysconf(SysconfVar::CLK_TCK).max(1.0);
         let cpu = (field(&f, 14) + field(&f, 15)) as f64 / ticks;
         single(
             &mut enc,
@@ -70,7 +73,7 @@ impl Collector for Process {
             "Total user and system CPU time spent in seconds",
             ConstCounter::new(cpu),
         )?;
-        let rss = field(&f, 24) as f64 * sysconf(libc::_SC_PAGESIZE);
+        let rss = field(&f, 24) as f64 * sysconf(SysconfVar::PAGE_SIZE);
         single(
             &mut enc,
             "process_resident_memory_bytes",
@@ -91,17 +94,13 @@ impl Collector for Process {
                 ConstGauge::new(dir.count() as i64),
             )?;
         }
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit writes into `limit`.
-        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {
+        use nix::sys::resource::{Resource, getrlimit};
+        if let Ok((soft, _)) = getrlimit(Resource::RLIMIT_NOFILE) {
             single(
                 &mut enc,
                 "process_max_fds",
                 "Maximum number of open file descriptors",
-                ConstGauge::new(limit.rlim_cur as f64),
+                ConstGauge::new(soft as f64),
             )?;
         }
         match self.start {
