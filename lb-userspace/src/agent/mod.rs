@@ -267,7 +267,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     // Link changes wake the loop at once (a new or re-created pod veth is attached within
     // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
     let (wake, links_watched) = feed::start(&opts.source, opts.poll);
-    let mut told = status::Told::start(&opts.source);
+    let mut told = status::Told::start(&opts.source, &opts.datapath.bpffs);
     metrics.failing(status::counts(books.statuses()));
     let mut state = State::default();
     let mut links_changed = true;
@@ -338,7 +338,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
             });
             metrics.programmed(books.programmed(), books.limits());
             metrics.failing(status::counts(books.statuses()));
-            told.tell(&synced.transitions, &state.model);
+            told.tell(&synced.transitions, books.statuses(), &state.model);
             health.synced();
             if std::mem::take(&mut state.health_changed) {
                 update_service_health(&mut service_health, &state, &node, &opts.node.name);

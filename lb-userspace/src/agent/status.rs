@@ -1,13 +1,20 @@
-//! The frontends' status told: each transition of a sync logged, and with the Kubernetes
-//! source written as an Event on its Service (`source::kube::recorder`); the file source
-//! has no API server, its status shows in the log, `xlb list services` and `/metrics`.
+//! The frontends' status told: each transition of a sync logged, the failing frontends
+//! written beside the pins for `xlb list services` (`datapath::status_file`), and with
+//! the Kubernetes source each transition an Event on its Service
+//! (`source::kube::recorder`); the file source has no API server, its status shows in the
+//! log, `xlb list services` and `/metrics`.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
 
 use tracing::{info, warn};
 
 use super::SourceSpec;
 use crate::{
+    datapath::status_file::{self, Failing},
     model::{Model, ServiceRef, Uid},
     reconcile::{Reason, Statuses, Transition},
     source::kube::recorder::{Events, Notice, PROGRAMMED},
@@ -19,11 +26,14 @@ const NOTE_MAX: usize = 1024;
 /// Where transitions go.
 pub(super) struct Told {
     events: Option<Events>,
+    /// The pin directory (its status file).
+    pins: PathBuf,
 }
 
 impl Told {
-    /// Events are written with the Kubernetes source.
-    pub(super) fn start(source: &SourceSpec) -> Self {
+    /// Events are written with the Kubernetes source; the status file of `pins` starts
+    /// empty (nothing failed yet).
+    pub(super) fn start(source: &SourceSpec, pins: &Path) -> Self {
         let events = match source {
             SourceSpec::Kubernetes(opts) => match Events::spawn(opts) {
                 Ok(e) => Some(e),
@@ -34,11 +44,46 @@ impl Told {
             },
             SourceSpec::File(_) => None,
         };
-        Self { events }
+        let told = Self {
+            events,
+            pins: pins.to_path_buf(),
+        };
+        told.write_file(&Statuses::default());
+        told
     }
 
-    /// A sync's transitions, logged and (with an API server) written as Events.
-    pub(super) fn tell(&mut self, transitions: &[Transition], model: &Model) {
+    /// The failing frontends, for `xlb list services`.
+    fn write_file(&self, statuses: &Statuses) {
+        let unix = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        };
+        let failing: Vec<Failing> = statuses
+            .failing()
+            .map(|(service, frontend, f)| Failing {
+                service: service.to_string(),
+                frontend: frontend.to_string(),
+                reason: f.reason.name().to_string(),
+                message: f.message.clone(),
+                since: unix(f.since),
+            })
+            .collect();
+        if let Err(e) = status_file::write(&self.pins, &failing) {
+            let path = status_file::path(&self.pins);
+            warn!(
+                "cannot write {}: {e}; `xlb list services` does not show the failing frontends",
+                path.display()
+            );
+        }
+    }
+
+    /// A sync's transitions, logged, in the status file and (with an API server) written
+    /// as Events; nothing when there are none.
+    pub(super) fn tell(&mut self, transitions: &[Transition], statuses: &Statuses, model: &Model) {
+        if transitions.is_empty() {
+            return;
+        }
+        self.write_file(statuses);
         for t in transitions {
             match t {
                 Transition::Failed {

@@ -88,6 +88,19 @@ impl Store {
         self.rv
     }
 
+    /// The object `kind` `key` now.
+    pub fn get(&self, kind: &str, key: &str) -> Option<&Value> {
+        self.objects.get(kind)?.get(key)
+    }
+
+    /// Every object of `kind` now, by key.
+    pub fn all(&self, kind: &str) -> Vec<Value> {
+        self.objects
+            .get(kind)
+            .map(|o| o.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Deletes `kind` `key`; false when there is no such object.
     pub fn delete(&mut self, kind: &str, key: &str) -> bool {
         let Some(prev) = self.objects.get_mut(kind).and_then(|o| o.remove(key)) else {
