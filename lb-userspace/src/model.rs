@@ -23,6 +23,16 @@ pub struct ServiceRef {
     pub name: Name,
 }
 
+impl ServiceRef {
+    /// `namespace/name`, both interned.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        ServiceRef {
+            namespace: intern(namespace),
+            name: intern(name),
+        }
+    }
+}
+
 impl fmt::Display for ServiceRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)

@@ -190,13 +190,9 @@ pub(super) fn counts(s: &Statuses) -> impl Iterator<Item = (&'static str, usize)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::intern;
 
     fn svc(name: &str) -> ServiceRef {
-        ServiceRef {
-            namespace: intern("t"),
-            name: intern(name),
-        }
+        ServiceRef::new("t", name)
     }
 
     #[test]

@@ -362,10 +362,7 @@ impl Sizes {
 fn service_of(name: &str) -> Option<ServiceRef> {
     let (namespace, rest) = name.split_once('/')?;
     let (name, _port) = rest.rsplit_once(':').unwrap_or((rest, ""));
-    Some(ServiceRef {
-        namespace: crate::model::intern(namespace),
-        name: crate::model::intern(name),
-    })
+    Some(ServiceRef::new(namespace, name))
 }
 
 #[cfg(test)]

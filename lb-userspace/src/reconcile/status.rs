@@ -218,13 +218,9 @@ impl Statuses {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::intern;
 
     fn svc(name: &str) -> ServiceRef {
-        ServiceRef {
-            namespace: intern("t"),
-            name: intern(name),
-        }
+        ServiceRef::new("t", name)
     }
 
     fn failing(entries: &[(&str, Reason, &str)]) -> BTreeMap<String, (Reason, String)> {

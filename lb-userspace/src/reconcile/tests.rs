@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{datapath::writer::MemoryMaps, model::intern, source::file};
+use crate::{datapath::writer::MemoryMaps, source::file};
 
 fn svc(name: &str, ip: &str, backends: &[&str]) -> String {
     let mut y = format!(
@@ -18,10 +18,7 @@ fn svc(name: &str, ip: &str, backends: &[&str]) -> String {
 }
 
 fn id(name: &str) -> ServiceRef {
-    ServiceRef {
-        namespace: intern("ns"),
-        name: intern(name),
-    }
+    ServiceRef::new("ns", name)
 }
 
 /// A reconciler on memory maps, and its model.

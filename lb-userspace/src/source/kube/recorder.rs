@@ -158,13 +158,9 @@ async fn write(opts: KubeOptions, mut rx: mpsc::Receiver<Notice>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::intern;
 
     fn svc(name: &str) -> ServiceRef {
-        ServiceRef {
-            namespace: intern("t"),
-            name: intern(name),
-        }
+        ServiceRef::new("t", name)
     }
 
     #[test]
