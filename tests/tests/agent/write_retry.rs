@@ -67,7 +67,9 @@ fn unfill(pins: &Path) {
 
 /// The agent's "synced" lines.
 fn syncs(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains("synced")).collect()
+    log.lines()
+        .filter(|l| l.contains(" synced services="))
+        .collect()
 }
 
 #[test]
