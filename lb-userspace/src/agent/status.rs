@@ -35,13 +35,7 @@ impl Told {
     /// empty (nothing failed yet).
     pub(super) fn start(source: &SourceSpec, pins: &Path) -> Self {
         let events = match source {
-            SourceSpec::Kubernetes(opts) => match Events::spawn(opts) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    warn!("cannot start the Event writer: {e}; failing frontends are only logged");
-                    None
-                }
-            },
+            SourceSpec::Kubernetes(opts) => Some(Events::new(opts)),
             SourceSpec::File(_) => None,
         };
         let told = Self {

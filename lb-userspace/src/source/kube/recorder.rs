@@ -6,8 +6,9 @@
 //! `Programmed` saying which frontend recovered from what. A Service that stays broken
 //! has no transition, and a healthy one none at all: nothing is written per sync.
 //!
-//! They are written as the kubelet's are, off the sync loop: on a thread of their own
-//! (a bounded queue; a full queue drops the Event, it never blocks a sync) through
+//! They are written as the kubelet's are, off the sync loop: on a thread of their own,
+//! started at the first Event (a bounded queue; a full queue drops the Event, it never
+//! blocks a sync) through
 //! kube-rs's [`Recorder`] (events.k8s.io/v1), which de-duplicates as client-go's does: the
 //! same Event again within 6 minutes patches the first one's `series` (count, last seen)
 //! instead of creating another. And as client-go's spam filter, each Service gets a burst
@@ -75,18 +76,27 @@ impl SpamFilter {
     }
 }
 
-/// Where the agent hands its Events: a queue to the writer's thread.
+/// Where the agent hands its Events: a queue to the writer's thread, started at the first
+/// Event (a cluster where every frontend programs never pays for its client).
 pub struct Events {
-    tx: mpsc::Sender<Notice>,
+    opts: KubeOptions,
+    tx: Option<mpsc::Sender<Notice>>,
     dropped: u64,
 }
 
 impl Events {
-    /// Starts the writer on a thread of its own (its own client to the API server of
-    /// `opts`), reporting as `xlb` on this node.
-    pub fn spawn(opts: &KubeOptions) -> std::io::Result<Events> {
+    /// Events for the API server of `opts`, reported as `xlb` on this node.
+    pub fn new(opts: &KubeOptions) -> Events {
+        Events {
+            opts: opts.clone(),
+            tx: None,
+            dropped: 0,
+        }
+    }
+
+    /// The writer on a thread of its own (its own client to the API server).
+    fn spawn(opts: KubeOptions) -> std::io::Result<mpsc::Sender<Notice>> {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let opts = opts.clone();
         std::thread::Builder::new()
             .name("xlb-events".into())
             .spawn(move || {
@@ -99,12 +109,25 @@ impl Events {
                 };
                 rt.block_on(write(opts, rx));
             })?;
-        Ok(Events { tx, dropped: 0 })
+        Ok(tx)
     }
 
-    /// Queues `n`; dropped (and counted in the log) when the queue is full.
+    /// Queues `n` (the writer started at the first); dropped, and counted in the log,
+    /// when the queue is full or the writer cannot start.
     pub fn tell(&mut self, n: Notice) {
-        if let Err(e) = self.tx.try_send(n) {
+        if self.tx.is_none() {
+            match Self::spawn(self.opts.clone()) {
+                Ok(tx) => self.tx = Some(tx),
+                Err(e) => {
+                    warn!("cannot start the Event writer: {e}; failing frontends are only logged")
+                }
+            }
+        }
+        let sent = match &self.tx {
+            Some(tx) => tx.try_send(n).map_err(|e| e.to_string()),
+            None => Err("no writer".to_string()),
+        };
+        if let Err(e) = sent {
             self.dropped += 1;
             if self.dropped.is_power_of_two() {
                 warn!(dropped = self.dropped, "an Event is not written: {e}");
