@@ -5,6 +5,8 @@
 use std::{net::IpAddr, path::Path, time::Duration};
 
 use serde::Deserialize;
+
+pub use crate::datapath::sysctl::KernelConntrack;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -205,24 +207,6 @@ impl AgentConfig {
             udp_stream_s: secs(&ct.udp_stream_timeout, 0),
         }
     }
-}
-
-/// What the agent asks of the kernel's conntrack at start, as kube-proxy's `conntrack`
-/// settings do; 0 (and `false`) leaves a setting as it is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelConntrack {
-    /// `net.netfilter.nf_conntrack_max` (the hash size follows: a quarter of it).
-    pub max: u64,
-    /// `nf_conntrack_tcp_timeout_established`, seconds.
-    pub tcp_established_s: u64,
-    /// `nf_conntrack_tcp_timeout_close_wait`, seconds.
-    pub tcp_close_wait_s: u64,
-    /// `nf_conntrack_tcp_be_liberal` set to 1.
-    pub tcp_be_liberal: bool,
-    /// `nf_conntrack_udp_timeout`, seconds.
-    pub udp_s: u64,
-    /// `nf_conntrack_udp_timeout_stream`, seconds.
-    pub udp_stream_s: u64,
 }
 
 /// Parses Go durations (`time.ParseDuration`, as kube-proxy's configuration writes them):

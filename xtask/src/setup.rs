@@ -21,6 +21,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ip", "iproute2"),
     ("conntrack", "conntrack"),
     ("ethtool", "ethtool"),
+    ("trafgen", "netsniff-ng"),
     ("nsenter", "util-linux"),
     ("kubectl", "kubectl"),
 ];

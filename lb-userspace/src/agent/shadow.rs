@@ -19,7 +19,7 @@ use crate::{
     datapath::netfilter::{self, LiveText},
     desired::NodeContext,
     model::IpFamily,
-    serve::{self, Response, health::Health},
+    serve::{self, health::Health},
     shadow::{
         self,
         report::{Report, ShadowMetrics, Tracker},
@@ -179,21 +179,15 @@ fn serve_shadow(
     if let Some(addr) = opts.servers.metrics_addr {
         let (m, last) = (metrics.clone(), last.clone());
         let bound = serve::spawn(addr, serve::Pool::Metrics, move |path| match path {
-            "/metrics" => Some(Response {
-                status: "200 OK",
-                content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-                headers: Vec::new(),
-                body: m.render(),
-            }),
+            "/metrics" => Some(serve::respond(
+                serve::StatusCode::OK,
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                m.render(),
+            )),
             "/shadow" => {
                 let r = last.lock().unwrap_or_else(|p| p.into_inner());
                 let body = serde_json::to_string_pretty(&*r).unwrap_or_default();
-                Some(Response {
-                    status: "200 OK",
-                    content_type: "application/json",
-                    headers: Vec::new(),
-                    body,
-                })
+                Some(serve::json(serve::StatusCode::OK, body))
             }
             _ => None,
         })?;

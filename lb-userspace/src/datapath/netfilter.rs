@@ -125,6 +125,21 @@ impl KubeProxyLeftovers {
     }
 }
 
+/// The `FAMILY NAME` of every nftables table `nft -j list tables [FAMILY]` lists (`family`
+/// narrows it), or only kube-proxy's (`family` `None`).
+fn nft_tables(family: Option<&str>) -> Result<Vec<String>, NetfilterError> {
+    let args: Vec<&str> = ["-j", "list", "tables"].into_iter().chain(family).collect();
+    let json = run("nft", &args, None)?;
+    let tables = match family {
+        None => leftovers::nft_tables(&json),
+        Some(_) => crate::emit::nft_json::tables(&json),
+    };
+    tables.map_err(|e| NetfilterError::Tool {
+        tool: format!("nft {}", args.join(" ")),
+        message: e.to_string(),
+    })
+}
+
 /// Whether `tool` can be run here.
 fn exists(tool: &str) -> bool {
     Command::new(tool)
@@ -194,7 +209,7 @@ pub fn find_kube_proxy() -> Result<KubeProxyLeftovers, NetfilterError> {
         }
     }
     if exists("nft") {
-        found.nft_tables = leftovers::nft_tables(&run("nft", &["list", "tables"], None)?);
+        found.nft_tables = nft_tables(None)?;
     }
     found.ipvs_link = crate::datapath::netif::ifindex("kube-ipvs0").is_some();
     found.ipvs_servers = std::fs::read_to_string("/proc/net/ip_vs").is_ok_and(|t| {
@@ -224,7 +239,8 @@ pub struct LiveText {
     /// The `iptables-save` (or `ip6tables-save`) flavour whose output holds kube-proxy's
     /// `KUBE-SERVICES` chain, and that output.
     pub iptables: Option<(&'static str, String)>,
-    /// `nft list table ip kube-proxy` (or `ip6`), when the table exists.
+    /// `nft -j list table ip kube-proxy` (or `ip6`, libnftables' JSON), when the table
+    /// exists.
     pub nft: Option<String>,
 }
 
@@ -250,14 +266,12 @@ pub fn read_kube_proxy_state(v6: bool) -> (LiveText, Vec<NetfilterError>) {
         } else {
             "ip kube-proxy"
         };
-        let tables = run("nft", &["list", "tables"], None)
-            .map(|t| leftovers::nft_tables(&t))
-            .unwrap_or_else(|e| {
-                errors.push(e);
-                Vec::new()
-            });
+        let tables = nft_tables(None).unwrap_or_else(|e| {
+            errors.push(e);
+            Vec::new()
+        });
         if tables.iter().any(|t| t == name) {
-            let args: Vec<&str> = ["list", "table"]
+            let args: Vec<&str> = ["-j", "list", "table"]
                 .into_iter()
                 .chain(name.split_whitespace())
                 .collect();
@@ -340,11 +354,7 @@ pub fn release_nat_hooks() -> Result<(), NetfilterError> {
     if !exists("nft") {
         return Ok(());
     }
-    let listed = run("nft", &["list", "tables", "inet"], None)?;
-    if !listed
-        .lines()
-        .any(|l| l.trim() == format!("table inet {KEEP_NAT_TABLE}"))
-    {
+    if !nft_tables(Some("inet"))?.contains(&format!("inet {KEEP_NAT_TABLE}")) {
         return Ok(());
     }
     run("nft", &["delete", "table", "inet", KEEP_NAT_TABLE], None).map(|_| ())

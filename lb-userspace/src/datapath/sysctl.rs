@@ -15,8 +15,6 @@
 
 use std::path::Path;
 
-pub use crate::config::KernelConntrack;
-
 /// `net.ipv4.ip_local_port_range`: the node's ephemeral ports.
 pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
     let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
@@ -24,6 +22,24 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
         .split_whitespace()
         .filter_map(|p| p.parse::<u16>().ok());
     Some(it.next()?..=it.next()?)
+}
+
+/// What the agent asks of the kernel's conntrack at start, as kube-proxy's `conntrack`
+/// settings do; 0 (and `false`) leaves a setting as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelConntrack {
+    /// `net.netfilter.nf_conntrack_max` (the hash size follows: a quarter of it).
+    pub max: u64,
+    /// `nf_conntrack_tcp_timeout_established`, seconds.
+    pub tcp_established_s: u64,
+    /// `nf_conntrack_tcp_timeout_close_wait`, seconds.
+    pub tcp_close_wait_s: u64,
+    /// `nf_conntrack_tcp_be_liberal` set to 1.
+    pub tcp_be_liberal: bool,
+    /// `nf_conntrack_udp_timeout`, seconds.
+    pub udp_s: u64,
+    /// `nf_conntrack_udp_timeout_stream`, seconds.
+    pub udp_stream_s: u64,
 }
 
 /// One kernel setting the agent may write.

@@ -141,20 +141,13 @@ fn jump_target(rule: &str) -> Option<&str> {
     None
 }
 
-/// The nftables tables kube-proxy's nftables mode owns (`nft list tables` lines look like
-/// `table ip kube-proxy`): both families.
-pub fn nft_tables(list: &str) -> Vec<String> {
-    list.lines()
-        .filter_map(|l| l.trim().strip_prefix("table "))
-        .filter(|t| {
-            let mut w = t.split_whitespace();
-            matches!(
-                (w.next(), w.next()),
-                (Some("ip" | "ip6"), Some("kube-proxy"))
-            )
-        })
-        .map(str::to_string)
-        .collect()
+/// The nftables tables kube-proxy's nftables mode owns, of `nft -j list tables`'s JSON:
+/// `ip kube-proxy` and `ip6 kube-proxy`.
+pub fn nft_tables(list_json: &str) -> Result<Vec<String>, super::nft_json::ListingError> {
+    Ok(super::nft_json::tables(list_json)?
+        .into_iter()
+        .filter(|t| t == "ip kube-proxy" || t == "ip6 kube-proxy")
+        .collect())
 }
 
 #[cfg(test)]
@@ -220,7 +213,10 @@ COMMIT
 
     #[test]
     fn only_the_kube_proxy_nft_tables_are_named() {
-        let list = "table inet filter\ntable ip kube-proxy\ntable ip6 kube-proxy\ntable ip nat\n";
-        assert_eq!(nft_tables(list), ["ip kube-proxy", "ip6 kube-proxy"]);
+        let list = r#"{"nftables": [{"metainfo": {"json_schema_version": 1}}, {"table": {"family": "inet", "name": "filter", "handle": 1}}, {"table": {"family": "ip", "name": "kube-proxy", "handle": 2}}, {"table": {"family": "ip6", "name": "kube-proxy", "handle": 3}}, {"table": {"family": "ip", "name": "nat", "handle": 4}}]}"#;
+        assert_eq!(
+            nft_tables(list).expect("nft -j list tables"),
+            ["ip kube-proxy", "ip6 kube-proxy"]
+        );
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! * [`iptables`]: `iptables-restore` input (filter and nat tables), full and partial syncs;
 //! * [`nftables`]: the `kube-proxy` nftables table (`nft -f` input), with a packet tracer;
-//! * [`nft_listing`]: reads `nft list table ip kube-proxy` back into that table, for tracing;
+//! * [`nft_json`]: reads `nft -j list table ip kube-proxy` (JSON) back into that table, for tracing;
 //! * [`ipvs`]: IPVS services, ipsets, `kube-ipvs0` addresses and the iptables rules ipvs needs;
 //! * [`userspace`]: the legacy userspace mode's portal rules and proxy ports;
 //! * [`plan`]: what kube-proxy decides per service port, shared by iptables and nftables;
@@ -16,7 +16,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod leftovers;
 pub mod names;
-pub mod nft_listing;
+pub mod nft_json;
 pub mod nftables;
 pub mod plan;
 pub mod restore;

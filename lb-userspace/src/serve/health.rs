@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use super::Response;
+use super::{Response, StatusCode};
 
 /// What the sync loop tells the health endpoints.
 #[derive(Debug)]
@@ -113,18 +113,8 @@ impl Health {
             format!("{{\"healthy\": {ok}, \"lastUpdated\": {last:.3}, \"message\": {why:?}}}\n")
         };
         match verdict {
-            Ok(()) => Response {
-                status: "200 OK",
-                content_type: "application/json",
-                headers: Vec::new(),
-                body: body(true, ""),
-            },
-            Err(why) => Response {
-                status: "503 Service Unavailable",
-                content_type: "application/json",
-                headers: Vec::new(),
-                body: body(false, &why),
-            },
+            Ok(()) => super::json(StatusCode::OK, body(true, "")),
+            Err(why) => super::json(StatusCode::SERVICE_UNAVAILABLE, body(false, &why)),
         }
     }
 
@@ -146,24 +136,27 @@ mod tests {
     fn healthz_follows_syncs_and_node_deletion() {
         let h = Health::new(Duration::from_millis(50));
         assert_eq!(
-            h.handle("/healthz").map(|r| r.status),
-            Some("503 Service Unavailable")
+            h.handle("/healthz").map(|r| r.status()),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
         );
         h.synced();
-        assert_eq!(h.handle("/healthz").map(|r| r.status), Some("200 OK"));
+        assert_eq!(
+            h.handle("/healthz").map(|r| r.status()),
+            Some(StatusCode::OK)
+        );
         h.queued();
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(
-            h.handle("/livez").map(|r| r.status),
-            Some("503 Service Unavailable")
+            h.handle("/livez").map(|r| r.status()),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
         );
         h.synced();
         h.set_node_deleting(true);
         assert_eq!(
-            h.handle("/healthz").map(|r| r.status),
-            Some("503 Service Unavailable")
+            h.handle("/healthz").map(|r| r.status()),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
         );
-        assert_eq!(h.handle("/livez").map(|r| r.status), Some("200 OK"));
+        assert_eq!(h.handle("/livez").map(|r| r.status()), Some(StatusCode::OK));
         assert!(h.handle("/other").is_none());
         assert_eq!(
             h.answered(),

@@ -36,24 +36,35 @@ pub struct ServeError {
     pub source: std::io::Error,
 }
 
-/// An HTTP response: status line text, content type, extra headers, body.
-pub struct Response {
-    pub status: &'static str,
-    pub content_type: &'static str,
-    /// Extra header lines, each without the line end.
-    pub headers: Vec<String>,
-    pub body: String,
+/// A handler's answer: the `http` crate's response (as hyper re-exports it) with its body
+/// as text; the server adds Content-Length.
+pub type Response = hyper::Response<String>;
+
+pub use hyper::StatusCode;
+
+/// A response of `status` with `body` of `content_type`.
+pub fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<String>,
+) -> Response {
+    let mut r = hyper::Response::new(body.into());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    r
 }
 
-impl Response {
-    pub fn text(status: &'static str, body: impl Into<String>) -> Self {
-        Self {
-            status,
-            content_type: "text/plain; charset=utf-8",
-            headers: Vec::new(),
-            body: body.into(),
-        }
-    }
+/// A plain-text response.
+pub fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    respond(status, "text/plain; charset=utf-8", body)
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, body: impl Into<String>) -> Response {
+    respond(status, "application/json", body)
 }
 
 /// What one listener allows its clients.
@@ -131,7 +142,7 @@ fn start(
     limits: Limits,
 ) -> Result<SocketAddr, ServeError> {
     let handler: server::Handler = Arc::new(move |path: &str| {
-        handler(path).unwrap_or_else(|| Response::text("404 Not Found", "not found\n"))
+        handler(path).unwrap_or_else(|| text(StatusCode::NOT_FOUND, "not found\n"))
     });
     server::start(addr, pool, handler, stop, limits).map_err(|source| ServeError { addr, source })
 }
@@ -149,11 +160,13 @@ mod tests {
 
     fn handler(path: &str) -> Option<Response> {
         assert_ne!(path, "/panic", "a handler that panics");
-        (path == "/x").then(|| Response {
-            status: "200 OK",
-            content_type: "application/json",
-            headers: vec!["X-Load-Balancing-Endpoint-Weight: 2".into()],
-            body: "{}\n".into(),
+        (path == "/x").then(|| {
+            let mut r = json(StatusCode::OK, "{}\n");
+            r.headers_mut().insert(
+                "x-load-balancing-endpoint-weight",
+                hyper::header::HeaderValue::from_static("2"),
+            );
+            r
         })
     }
 
@@ -329,7 +342,7 @@ mod tests {
         let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         let slow = spawn(any, Pool::Metrics, |_| {
             std::thread::sleep(Duration::from_millis(800));
-            Some(Response::text("200 OK", "slow\n"))
+            Some(text(StatusCode::OK, "slow\n"))
         })
         .expect("listen");
         let health = spawn(any, Pool::Health, handler).expect("listen");

@@ -22,7 +22,6 @@ use http_body_util::Full;
 use hyper::{
     StatusCode,
     body::{Body, Bytes, Frame, Incoming, SizeHint},
-    header::{CONTENT_TYPE, HeaderName, HeaderValue},
     server::conn::http1,
     service::service_fn,
 };
@@ -207,7 +206,7 @@ async fn connection(
 fn answer(handler: &Handler, path: &str) -> Response {
     std::panic::catch_unwind(AssertUnwindSafe(|| handler(path))).unwrap_or_else(|_| {
         warn!(path, "http: the handler panicked; answered 500");
-        Response::text("500 Internal Server Error", "internal error\n")
+        super::text(StatusCode::INTERNAL_SERVER_ERROR, "internal error\n")
     })
 }
 
@@ -247,46 +246,10 @@ impl Body for Tracked {
     }
 }
 
-/// `r` as hyper's response (Content-Length comes from the body).
+/// `r` with its body counted as the connection's (Content-Length comes from the body).
 fn to_http(r: Response, busy: Busy) -> hyper::Response<Tracked> {
-    let status = r.status;
-    let mut out = hyper::Response::new(Tracked {
-        body: Full::new(Bytes::from(r.body)),
+    r.map(|body| Tracked {
+        body: Full::new(Bytes::from(body)),
         _busy: busy,
-    });
-    let code = status
-        .get(..3)
-        .and_then(|c| StatusCode::from_bytes(c.as_bytes()).ok());
-    let Some(code) = code else {
-        warn!(status, "http: a handler returned a malformed status");
-        *out.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        return out;
-    };
-    *out.status_mut() = code;
-    let reason = status[3..].trim();
-    if !reason.is_empty()
-        && code.canonical_reason() != Some(reason)
-        && let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason.as_bytes())
-    {
-        out.extensions_mut().insert(phrase);
-    }
-    let headers = out.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(r.content_type));
-    for line in &r.headers {
-        match parse_header(line) {
-            Some((name, value)) => {
-                headers.append(name, value);
-            }
-            None => warn!(header = line, "http: a handler returned a malformed header"),
-        }
-    }
-    out
-}
-
-/// `Name: value` as a header.
-fn parse_header(line: &str) -> Option<(HeaderName, HeaderValue)> {
-    let (name, value) = line.split_once(':')?;
-    let name = HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
-    let value = HeaderValue::from_str(value.trim()).ok()?;
-    Some((name, value))
+    })
 }

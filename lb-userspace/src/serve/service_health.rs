@@ -16,7 +16,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use super::{Response, health::Health, spawn_until};
+use super::{Response, StatusCode, health::Health, spawn_until};
 use crate::model::{
     Model, ServiceRef,
     node::{IpFamily, NodeSettings},
@@ -84,19 +84,21 @@ pub fn response(s: &CheckedService, proxy_healthy: bool) -> Response {
         "{{\n\t\"service\": {{\n\t\t\"namespace\": {:?},\n\t\t\"name\": {:?}\n\t}},\n\t\"localEndpoints\": {},\n\t\"serviceProxyHealthy\": {}\n}}",
         s.service.namespace, s.service.name, s.local_endpoints, proxy_healthy
     );
-    Response {
-        status: if s.local_endpoints > 0 && proxy_healthy {
-            "200 OK"
-        } else {
-            "503 Service Unavailable"
-        },
-        content_type: "application/json",
-        headers: vec![
-            "X-Content-Type-Options: nosniff".into(),
-            format!("X-Load-Balancing-Endpoint-Weight: {}", s.local_endpoints),
-        ],
-        body,
-    }
+    let status = match s.local_endpoints > 0 && proxy_healthy {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut r = super::json(status, body);
+    let headers = r.headers_mut();
+    headers.insert(
+        "x-content-type-options",
+        hyper::header::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        "x-load-balancing-endpoint-weight",
+        hyper::header::HeaderValue::from(s.local_endpoints),
+    );
+    r
 }
 
 struct Server {
@@ -186,22 +188,19 @@ mod tests {
     #[test]
     fn local_endpoints_decide_the_status_as_in_kube_proxy() {
         let ok = response(&svc(2), true);
-        assert_eq!(ok.status, "200 OK");
-        assert!(ok.body.contains("\"localEndpoints\": 2"), "{}", ok.body);
-        assert!(ok.body.contains("\"namespace\": \"ns\""), "{}", ok.body);
-        assert!(
-            ok.headers
-                .contains(&"X-Load-Balancing-Endpoint-Weight: 2".to_string())
-        );
-        assert_eq!(response(&svc(0), true).status, "503 Service Unavailable");
-        assert_eq!(response(&svc(2), false).status, "503 Service Unavailable");
-        assert!(
-            response(&svc(0), true)
-                .headers
-                .contains(&"X-Load-Balancing-Endpoint-Weight: 0".to_string())
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert!(ok.body().contains("\"localEndpoints\": 2"), "{}", ok.body());
+        assert!(ok.body().contains("\"namespace\": \"ns\""), "{}", ok.body());
+        assert_eq!(ok.headers()["x-load-balancing-endpoint-weight"], "2");
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(response(&svc(0), true).status(), unavailable);
+        assert_eq!(response(&svc(2), false).status(), unavailable);
+        assert_eq!(
+            response(&svc(0), true).headers()["x-load-balancing-endpoint-weight"],
+            "0"
         );
         assert_eq!(
-            response(&svc(1), true).body,
+            response(&svc(1), true).body(),
             "{\n\t\"service\": {\n\t\t\"namespace\": \"ns\",\n\t\t\"name\": \"web\"\n\t},\n\t\"localEndpoints\": 1,\n\t\"serviceProxyHealthy\": true\n}"
         );
     }

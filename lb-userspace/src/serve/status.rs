@@ -4,7 +4,7 @@
 //! configuration as JSON, under the component's group name as kube-proxy's is). Both are
 //! made once at start: a request costs a copy.
 
-use super::Response;
+use super::{Response, StatusCode};
 
 /// What `/proxyMode` answers for xlb: kube-proxy names its modes after the kernel
 /// facility they program (iptables, ipvs, nftables); xlb's is eBPF.
@@ -30,13 +30,8 @@ impl Status {
     /// `/proxyMode` and `/configz`; `None` for any other path.
     pub fn handle(&self, path: &str) -> Option<Response> {
         match path {
-            "/proxyMode" => Some(Response::text("200 OK", self.mode)),
-            "/configz" => Some(Response {
-                status: "200 OK",
-                content_type: "application/json",
-                headers: Vec::new(),
-                body: self.configz.clone(),
-            }),
+            "/proxyMode" => Some(super::text(StatusCode::OK, self.mode)),
+            "/configz" => Some(super::json(StatusCode::OK, self.configz.clone())),
             _ => None,
         }
     }
@@ -53,10 +48,13 @@ mod tests {
             &serde_json::json!({"kubeproxy.config.k8s.io": {"mode": "ebpf"}}),
         );
         let mode = s.handle("/proxyMode").expect("served");
-        assert_eq!((mode.status, mode.body.as_str()), ("200 OK", "ebpf"));
+        assert_eq!(
+            (mode.status(), mode.body().as_str()),
+            (StatusCode::OK, "ebpf")
+        );
         let c = s.handle("/configz").expect("served");
-        assert_eq!(c.content_type, "application/json");
-        let v: serde_json::Value = serde_json::from_str(&c.body).expect("JSON");
+        assert_eq!(c.headers()["content-type"], "application/json");
+        let v: serde_json::Value = serde_json::from_str(c.body()).expect("JSON");
         assert_eq!(v["kubeproxy.config.k8s.io"]["mode"], "ebpf");
         assert!(s.handle("/metrics").is_none());
     }

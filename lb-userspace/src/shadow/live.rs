@@ -2,7 +2,7 @@
 //! (`datapath::netfilter::read_kube_proxy_state` reads it): which proxier's state is there,
 //! parsed into what the rule tracers follow, and the frontends it serves.
 //!
-//! * nftables mode: the `ip`/`ip6 kube-proxy` table (`nft list table`);
+//! * nftables mode: the `ip`/`ip6 kube-proxy` table (`nft -j list table`, JSON);
 //! * iptables mode: `iptables-save`'s `nat` and `filter` tables holding `KUBE-SERVICES`;
 //! * ipvs mode (the same, matching `KUBE-CLUSTER-IP` ipsets): the kernel's virtual servers
 //!   (`/proc/net/ip_vs`) say where a packet goes.
@@ -17,7 +17,7 @@ use crate::{
     datapath::netfilter::LiveText,
     emit::{
         leftovers::is_kube_proxy_chain,
-        nft_listing,
+        nft_json,
         nftables::NftTable,
         restore::{Tables, split_args},
         trace::understood_option,
@@ -47,7 +47,7 @@ impl Proxier {
     pub fn describe(&self) -> String {
         match self {
             Proxier::Iptables { tool, .. } => format!("iptables ({tool})"),
-            Proxier::Nftables { .. } => "nftables (nft list table)".to_string(),
+            Proxier::Nftables { .. } => "nftables (nft -j list table)".to_string(),
             Proxier::Ipvs(_) => "ipvs (/proc/net/ip_vs)".to_string(),
         }
     }
@@ -66,7 +66,7 @@ pub struct FamilyState {
 pub fn parse(family: IpFamily, text: &LiveText, ipvs: Option<&str>) -> FamilyState {
     let mut st = FamilyState::default();
     if let Some(listing) = &text.nft {
-        match nft_listing::parse(listing) {
+        match nft_json::parse(listing) {
             Ok(table) => {
                 let index = NftIndex::new(&table);
                 st.proxier = Some(Proxier::Nftables { table, index });

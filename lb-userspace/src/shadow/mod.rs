@@ -22,7 +22,7 @@ pub mod report;
 use crate::{datapath::netfilter::LiveText, desired::NodeContext, model::IpFamily, model::Model};
 
 /// One look, as `xlb agent --shadow` takes it every interval once the live text is read:
-/// each family's text (what `iptables-save` and `nft list table` printed, see
+/// each family's text (what `iptables-save` and `nft -j list table` printed, see
 /// `datapath::netfilter::read_kube_proxy_state`; `ipvs`: `/proc/net/ip_vs`) parsed
 /// ([`live::parse`]) and compared with the model's services on `node`
 /// ([`compare::compare`]). Pure: nothing on the node is read or changed.

@@ -172,19 +172,20 @@ fn cut_endpoint(node: &Netns, mode: Mode, backend: &str) {
         _ => {
             let out = run(node
                 .command("nft")
-                .args(["list", "table", "ip", "kube-proxy"]))
-            .expect("nft list");
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let mut chain = None;
-            for l in text.lines().map(str::trim) {
-                if let Some(c) = l.strip_prefix("chain ") {
-                    chain = c.split_whitespace().next().map(str::to_string);
-                }
-                if l.contains("dnat") && l.contains(backend) {
-                    break;
-                }
-            }
-            let chain = chain.expect("the endpoint's chain");
+                .args(["-j", "list", "table", "ip", "kube-proxy"]))
+            .expect("nft -j list");
+            let table = lb_userspace::emit::nft_json::parse(&String::from_utf8_lossy(&out.stdout))
+                .expect("kube-proxy's table");
+            let chain = table
+                .chains
+                .iter()
+                .find(|(_, c)| {
+                    c.rules
+                        .iter()
+                        .any(|r| r.contains(&format!("dnat to {backend}")))
+                })
+                .map(|(name, _)| name.clone())
+                .expect("the endpoint's chain");
             run(node
                 .command("nft")
                 .args(["flush", "chain", "ip", "kube-proxy", &chain]))

@@ -15,7 +15,9 @@ mod datapath;
 mod fixture;
 mod memory;
 mod metrics;
+mod nft_json;
 mod northsouth;
+mod pps;
 mod report;
 mod shadow;
 mod sync;
@@ -42,13 +44,16 @@ const ALL: [&str; 7] = [
     "shadow",
 ];
 
+/// Benches run by another one, which can also be run alone: `pps` (run by `northsouth`).
+const PARTS: [&str; 1] = ["pps"];
+
 /// The benches that need no root, no eBPF object and no `xlb` binary.
 pub const PURE: [&str; 1] = ["shadow"];
 
 /// Runs bench `name` (one of [`ALL`] or `all`); `xlb` is the release binary.
 pub fn run(xlb: &Path, name: &str) -> Result<()> {
-    if !ALL.contains(&name) && name != "all" {
-        bail!("unknown bench {name:?}: expected one of {ALL:?} or \"all\"");
+    if !ALL.contains(&name) && !PARTS.contains(&name) && name != "all" {
+        bail!("unknown bench {name:?}: expected one of {ALL:?}, {PARTS:?} or \"all\"");
     }
     if !is_root() && !PURE.contains(&name) {
         bail!("benches need root (BPF maps, BPF_PROG_TEST_RUN, network namespaces)");
@@ -77,14 +82,27 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
             }
             "sync" => sync::run(xlb)?,
             "traffic" => traffic::run(xlb)?,
-            "northsouth" => {
-                let (section, full) = northsouth::run()?;
-                if !full {
-                    println!("{}", section.body);
-                    println!("bench northsouth: fewer trials, docs/benchmarks.md left alone");
-                    continue;
+            "northsouth" | "pps" => {
+                let (trials, full) = trials(3)?;
+                let mut sections = Vec::new();
+                if bench == "northsouth" {
+                    sections.push(("northsouth", northsouth::run()?.0));
                 }
-                section
+                sections.push(("pps", pps::run(trials)?));
+                for (name, section) in sections {
+                    match full {
+                        true => report::write_section(name, &command, &section)?,
+                        false => println!("{}", section.body),
+                    }
+                }
+                match full {
+                    true => println!(
+                        "bench {bench}: {:.0} s; docs/benchmarks.md updated",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    false => println!("bench {bench}: fewer trials, docs/benchmarks.md left alone"),
+                }
+                continue;
             }
             "metrics" => metrics::run(xlb)?,
             "shadow" => shadow::run()?,
@@ -125,6 +143,18 @@ fn rerun_release(xlb: &Path, name: &str) -> Result<()> {
         bail!("{} bench {name} failed with {status}", exe.display());
     }
     Ok(())
+}
+
+/// The trials a bench runs (`XLB_BENCH_TRIALS`, else `default`) and whether the run is the
+/// full one, whose sections go to docs/benchmarks.md.
+fn trials(default: usize) -> Result<(usize, bool)> {
+    match std::env::var("XLB_BENCH_TRIALS") {
+        Ok(t) => {
+            let n: usize = t.parse().with_context(|| format!("XLB_BENCH_TRIALS={t}"))?;
+            Ok((n.max(1), n == default))
+        }
+        Err(_) => Ok((default, true)),
+    }
 }
 
 /// Median, min and max of a set of trial results.

@@ -217,24 +217,10 @@ fn one(path: &Path) -> Result<Trial> {
     })
 }
 
-/// The trials to run (`XLB_BENCH_TRIALS`, else [`TRIALS`]) and whether this is the full run
-/// (whose section goes to docs/benchmarks.md).
-fn plan() -> Result<(usize, bool)> {
-    match std::env::var("XLB_BENCH_TRIALS") {
-        Ok(t) => {
-            let n: usize = t
-                .parse()
-                .map_err(|e| anyhow!("XLB_BENCH_TRIALS={t}: {e}"))?;
-            Ok((n.max(1), n == TRIALS))
-        }
-        Err(_) => Ok((TRIALS, true)),
-    }
-}
-
 /// Runs the bench; returns its report section, and whether it is the full run (written to
 /// docs/benchmarks.md).
 pub fn run() -> Result<(Section, bool)> {
-    let (trials, full) = plan()?;
+    let (trials, full) = super::trials(TRIALS)?;
     let mut results: BTreeMap<usize, Vec<Trial>> = BTreeMap::new();
     for _ in 0..trials {
         for (i, path) in PATHS.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! kube-proxy's live rules are made with xlb's own kube-proxy emitters (`lb_userspace::emit`,
 //! what `xlb emit` writes) for a synthetic model, in the text the node's tools print: the
 //! iptables mode's restore payload as `iptables-save` output, the nftables mode's table as
-//! `nft list table ip kube-proxy` prints it (`emit::nft_listing::listing`). One look is
+//! `nft -j list table ip kube-proxy` prints it (JSON, [`super::nft_json::listing`]). One look is
 //! `lb_userspace::shadow::look` on that text: each family's text parsed, then every frontend
 //! traced through it and compared with xlb's desired answer, as the agent does every
 //! `--shadow-interval`. Nothing is read from or written to the node: no root, no namespace.
@@ -21,7 +21,7 @@ use anyhow::{Result, bail};
 use lb_userspace::{
     datapath::netfilter::LiveText,
     desired::NodeContext,
-    emit::{self, Mode, nft_listing},
+    emit::{self, Mode},
     model::{IpFamily, Model, NodeSettings},
     shadow::{self, live},
 };
@@ -89,33 +89,35 @@ fn shadow_model(n: usize) -> Result<Model> {
 }
 
 /// kube-proxy's IPv4 state for `m` in `mode`, as the node's tools would print it; and its
-/// size in lines.
+/// size in KiB.
 fn live_text(mode: Mode, m: &Model, node: &NodeSettings) -> (LiveText, usize) {
     let opts = emit::WriterOptions::default();
     let text = match mode {
         Mode::Nftables => LiveText {
             iptables: None,
-            nft: Some(nft_listing::listing(&emit::nftables::emit(m, node, &opts))),
+            nft: Some(super::nft_json::listing(&emit::nftables::emit(
+                m, node, &opts,
+            ))),
         },
         _ => LiveText {
             iptables: Some(("iptables-save", emit::render(mode, m, node, &opts))),
             nft: None,
         },
     };
-    let lines = text
+    let kib = text
         .iptables
         .as_ref()
         .map(|t| &t.1)
         .or(text.nft.as_ref())
-        .map_or(0, |t| t.lines().count());
-    (text, lines)
+        .map_or(0, |t| t.len() / 1024);
+    (text, kib)
 }
 
 /// One size and mode's results.
 struct Look {
     services: usize,
     mode: Mode,
-    lines: usize,
+    kib: usize,
     compared: usize,
     divergences: usize,
     look_s: Summary,
@@ -130,7 +132,7 @@ fn measure(services: usize, trials: usize, mode: Mode) -> Result<Look> {
         family: IpFamily::V4,
         ..node.node.clone()
     };
-    let (text, lines) = live_text(mode, &m, &settings);
+    let (text, kib) = live_text(mode, &m, &settings);
     let (mut secs, mut peak) = (Vec::new(), Vec::new());
     let (mut compared, mut divergences) = (0, 0);
     for _ in 0..trials {
@@ -154,7 +156,7 @@ fn measure(services: usize, trials: usize, mode: Mode) -> Result<Look> {
     let l = Look {
         services,
         mode,
-        lines,
+        kib,
         compared,
         divergences,
         look_s: Summary::of(&secs),
@@ -162,7 +164,7 @@ fn measure(services: usize, trials: usize, mode: Mode) -> Result<Look> {
         peak_mib: Summary::of(&peak),
     };
     println!(
-        "shadow {} {services} services ({lines} lines): look {} s (parse {:.3} s), {compared} compared, {divergences} divergent, peak +{} MiB",
+        "shadow {} {services} services ({kib} KiB): look {} s (parse {:.3} s), {compared} compared, {divergences} divergent, peak +{} MiB",
         mode.name(),
         l.look_s.show(3),
         l.parse_s,
@@ -211,8 +213,8 @@ fn render(looks: &[Look], skipped: &[String]) -> Result<Section> {
          through it and compared with xlb's answer) on IPv4 ClusterIP services with {{3..10}} endpoints each, every \
          {NODE_PORT_EVERY}th a NodePort too (frontend-origin pairs compared: one per ClusterIP, two per NodePort). \
          kube-proxy's rules are xlb's own emitters' (`xlb emit iptables`, `xlb emit nftables`) in the text \
-         the node's tools print (`iptables-save`; `nft list table ip kube-proxy`, rendered by \
-         `emit::nft_listing::listing`), fed to the look as if read live: nothing read from the node, no root. \
+         the node's tools print (`iptables-save`; `nft -j list table ip kube-proxy`, libnftables' JSON, rendered by \
+         the bench's `nft_json::listing`), fed to the look as if read live: nothing read from the node, no root. \
          Look: median [min–max] of the trials (5 at 1,000 services, 3 at 10,000, 1 at 30,000); parse: \
          the text parsed and indexed (one run), the rest of the look is tracing and comparing; per service = \
          look ÷ services; interval = look ÷ the default {INTERVAL_S:.0} s `--shadow-interval`; peak RSS = \
@@ -221,7 +223,7 @@ fn render(looks: &[Look], skipped: &[String]) -> Result<Section> {
     let headers: Vec<String> = [
         "services",
         "mode",
-        "live text (lines)",
+        "live text (KiB)",
         "compared",
         "divergent",
         "look (s)",
@@ -248,7 +250,7 @@ fn render(looks: &[Look], skipped: &[String]) -> Result<Section> {
             vec![
                 l.services.to_string(),
                 l.mode.name().to_string(),
-                l.lines.to_string(),
+                l.kib.to_string(),
                 l.compared.to_string(),
                 l.divergences.to_string(),
                 l.look_s.show(3),
@@ -270,8 +272,9 @@ fn render(looks: &[Look], skipped: &[String]) -> Result<Section> {
          `shadow::prune`'s nftables subset scanned every big map and kept every element naming the \
          packet's port (all services on port 80: every element, and every service chain) for each \
          frontend (now the maps and big sets are indexed once per look, and a subset takes the chains \
-         reachable from the base chains and only the maps they name); and `emit::nft_listing::parse` \
-         rescanned a set's whole `elements = {` block at every listed line (now each line once). \
+         reachable from the base chains and only the maps they name); and the text reader nft's listing \
+         had then rescanned a set's whole `elements = {` block at every listed line (it read each line once \
+         afterwards; the listing is now read as `nft -j` JSON with serde, `emit::nft_json`). \
          nftables at 1,000 services went from 28.8 s a look to the figure above.\n",
     );
     let series: Vec<Series> = [Mode::Iptables, Mode::Nftables]

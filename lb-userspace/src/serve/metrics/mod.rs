@@ -344,11 +344,12 @@ impl Metrics {
 
     /// `/metrics`.
     pub fn handle(&self, path: &str) -> Option<Response> {
-        (path == "/metrics").then(|| Response {
-            status: "200 OK",
-            content_type: prometheus_text::CONTENT_TYPE,
-            headers: Vec::new(),
-            body: self.render(),
+        (path == "/metrics").then(|| {
+            super::respond(
+                super::StatusCode::OK,
+                prometheus_text::CONTENT_TYPE,
+                self.render(),
+            )
         })
     }
 }

@@ -174,6 +174,9 @@ fn health_answers_are_counted_and_no_series_is_per_backend() {
     );
     assert!(!text.contains("backend"), "{text}");
     let r = m.handle("/metrics").expect("served");
-    assert_eq!(r.content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
     assert!(m.handle("/other").is_none());
 }
