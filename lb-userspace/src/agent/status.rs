@@ -23,6 +23,12 @@ use crate::{
 /// An Event's note is at most 1 kB (the API server refuses more).
 const NOTE_MAX: usize = 1024;
 
+impl Drop for Told {
+    fn drop(&mut self) {
+        self.remove_file();
+    }
+}
+
 /// Where transitions go.
 pub(super) struct Told {
     events: Option<Events>,
@@ -68,6 +74,15 @@ impl Told {
                 "cannot write {}: {e}; `xlb list services` does not show the failing frontends",
                 path.display()
             );
+        }
+    }
+
+    /// The status file goes when the agent does (an agent killed leaves it: the next one
+    /// at the pins rewrites it at start, `xlb cleanup` removes it).
+    fn remove_file(&self) {
+        if let Err(e) = status_file::remove(&self.pins) {
+            let path = status_file::path(&self.pins);
+            warn!("cannot remove {}: {e}", path.display());
         }
     }
 

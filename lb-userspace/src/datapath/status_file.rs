@@ -2,7 +2,8 @@
 //! pins, so the agent writes them to a file of its pin directory's under [`DIR`] — at
 //! start (none failing yet) and when a frontend starts failing or recovers, never per sync
 //! of healthy services. Written whole to a temporary file and renamed: a reader sees the
-//! old list or the new one. `xlb cleanup` removes it with the pins.
+//! old list or the new one. The agent removes it when it stops, `xlb cleanup` with the
+//! pins.
 
 use std::{
     io,
