@@ -56,5 +56,7 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
         }
     }
     std::fs::remove_dir(dir)?;
+    // The agent's list of failing frontends, kept beside the pins.
+    crate::datapath::status_file::remove(dir)?;
     Ok(removed)
 }

@@ -15,6 +15,7 @@ use crate::{
         DatapathError,
         clock::monotonic_coarse_ns,
         kernel::{KernelMaps, open_pinned},
+        status_file,
         writer::MapWriter,
     },
     desired::{Desired, show_maglev},
@@ -25,6 +26,10 @@ use crate::{
 pub struct ServiceRow {
     pub service: String,
     pub frontend: String,
+    /// `programmed` (it is in the maps), or for a frontend the agent failed to program
+    /// (its row then comes from the agent's status file, `frontend` is `-` and the ids
+    /// 0) `<Reason> since <time>: <message>`.
+    pub status: String,
     pub id: u32,
     pub backends: Vec<String>,
     /// The clients a LoadBalancer frontend admits (its loadBalancerSourceRanges of the
@@ -88,7 +93,7 @@ fn name_of(state: &Desired, svc_id: u32) -> String {
         .unwrap_or_else(|| format!("#{svc_id}"))
 }
 
-/// One row per frontend.
+/// One row per frontend, and one per frontend the agent failed to program.
 pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
     let maps = KernelMaps::open(dir)?;
     let state = maps.read()?;
@@ -97,7 +102,35 @@ pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
         let c = maps.service_counter(r.id);
         (r.packets, r.bytes) = (c.packets, c.bytes);
     }
+    // An unreadable status file leaves the programmed rows (their status is the maps').
+    let failing = status_file::read(dir).unwrap_or_default();
+    rows.extend(failing.into_iter().map(failing_row));
+    rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
     Ok(rows)
+}
+
+/// The row of a frontend the agent failed to program: its service port's name (the
+/// frontend's object name up to its ` (nodePort …)`-like suffix), its status.
+fn failing_row(f: status_file::Failing) -> ServiceRow {
+    let service = match f.frontend.split_once(" (") {
+        Some((port, _)) => port.to_string(),
+        None => f.frontend.clone(),
+    };
+    let since = i64::try_from(f.since)
+        .ok()
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .map_or_else(|| f.since.to_string(), |t| t.to_string());
+    ServiceRow {
+        service,
+        frontend: "-".into(),
+        status: format!("{} since {since}: {}", f.reason, f.message),
+        id: 0,
+        backends: Vec::new(),
+        source_ranges: Vec::new(),
+        algorithm: "-".into(),
+        packets: 0,
+        bytes: 0,
+    }
 }
 
 /// Rows for a state already read (counters left at zero).
@@ -134,6 +167,7 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
         rows.push(ServiceRow {
             service: name_of(state, v.svc_id),
             frontend: show_frontend(k),
+            status: "programmed".into(),
             id: v.svc_id,
             backends,
             source_ranges,
@@ -336,6 +370,7 @@ impl TableRow for ServiceRow {
     const HEADERS: &'static [&'static str] = &[
         "SERVICE",
         "FRONTEND",
+        "STATUS",
         "PACKETS",
         "BYTES",
         "SOURCE RANGES",
@@ -351,6 +386,7 @@ impl TableRow for ServiceRow {
         vec![
             self.service.clone(),
             self.frontend.clone(),
+            self.status.clone(),
             self.packets.to_string(),
             self.bytes.to_string(),
             ranges,
@@ -587,6 +623,7 @@ endpoints:
         assert!(ext.starts_with("maglev M=16381 table="), "{ext}");
         assert_eq!(of("10.96.0.1:80"), "random");
         assert_eq!(of("10.96.0.2:80"), "random");
+        assert!(rows.iter().all(|r| r.status == "programmed"), "{rows:?}");
         let text = render(&rows);
         let header: Vec<&str> = text
             .lines()
@@ -596,7 +633,7 @@ endpoints:
             .collect();
         assert_eq!(
             header.join(" "),
-            "SERVICE FRONTEND PACKETS BYTES SOURCE RANGES ALGORITHM BACKENDS"
+            "SERVICE FRONTEND STATUS PACKETS BYTES SOURCE RANGES ALGORITHM BACKENDS"
         );
         assert!(
             text.lines()

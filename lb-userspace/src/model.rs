@@ -23,6 +23,16 @@ pub struct ServiceRef {
     pub name: Name,
 }
 
+impl ServiceRef {
+    /// `namespace/name`, both interned.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        ServiceRef {
+            namespace: intern(namespace),
+            name: intern(name),
+        }
+    }
+}
+
 impl fmt::Display for ServiceRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
@@ -206,6 +216,45 @@ pub struct Service {
     /// The annotation service.cilium.io/lb-algorithm, when set to a known value (else the
     /// node's --lb-algorithm applies).
     pub lb_algorithm: Option<LbAlgorithm>,
+    /// `metadata.uid` (the API source's; the file's when written): an Event about the
+    /// Service names it, as `kubectl describe` finds events by it.
+    pub uid: Option<Uid>,
+}
+
+/// An object's `metadata.uid` (a UUID the API server assigns), in 16 bytes rather than
+/// its 36-character text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Uid(pub u128);
+
+impl Uid {
+    /// The UUID text (`8-4-4-4-12` hex digits, either case); none for anything else.
+    pub fn parse(text: &str) -> Option<Uid> {
+        let groups: Vec<&str> = text.split('-').collect();
+        let lens: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        if lens != [8, 4, 4, 4, 12]
+            || !groups
+                .iter()
+                .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return None;
+        }
+        u128::from_str_radix(&groups.concat(), 16).ok().map(Uid)
+    }
+}
+
+impl fmt::Display for Uid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = format!("{:032x}", self.0);
+        write!(
+            f,
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    }
 }
 
 /// An endpoint of a slice with kube-proxy's conditions: compact (its address, flags and
@@ -372,6 +421,22 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_uid_reads_and_shows_as_the_api_writes_it() {
+        let text = "6f1b2c3d-0a1b-4c2d-8e3f-00112233aabb";
+        let uid = super::Uid::parse(text).expect("a UUID");
+        assert_eq!(uid.to_string(), text);
+        assert_eq!(super::Uid::parse(&text.to_uppercase()), Some(uid));
+        for bad in [
+            "",
+            "web",
+            "6f1b2c3d0a1b4c2d8e3f00112233aabb",
+            "6f1b2c3d-0a1b-4c2d-8e3f-00112233aabx",
+        ] {
+            assert_eq!(super::Uid::parse(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     fn ep(ip: &str, ready: bool, serving: bool, terminating: bool) -> Endpoint {

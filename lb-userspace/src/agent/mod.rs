@@ -20,9 +20,12 @@ use tracing::{debug, error, info, warn};
 mod feed;
 mod interfaces;
 mod memory;
+mod phase;
+mod running;
 mod shadow;
 mod sockets;
 mod start;
+mod status;
 mod takeover;
 
 pub use shadow::ShadowOptions;
@@ -39,11 +42,7 @@ use crate::{
     desired::{self, Desired},
     model::{Model, ServiceRef},
     reconcile::{self, Reconciler},
-    serve::{
-        self,
-        health::Health,
-        metrics::{Metrics, MetricsOptions, Synced},
-    },
+    serve::{self, health::Health, metrics::Metrics},
     source::{
         SourceError,
         events::{self, Event, Stamped},
@@ -229,134 +228,11 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
         return shadow::run(opts, s, stop);
     }
     memory::fixed_mmap_threshold();
-    let start::Started {
-        _lock,
-        mut ebpf,
-        _bpf_log,
-        mut upgrade,
-        mut hooks,
-        mut maps,
-        mut books,
-    } = start::load(&opts.datapath, &opts.sockets)?;
-    let mut ifs = Interfaces::default();
-    let wanted = Wanted::of(&opts.interfaces);
-    let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
-    let metrics = Arc::new(Metrics::new(
-        MetricsOptions {
-            pins: opts.datapath.bpffs.clone(),
-            per_service: opts.servers.metrics_per_service,
-        },
-        Some(health.clone()),
-    ));
-    start::serve(&opts.servers, &health, &metrics)?;
-    // Deferred hooks (an upgrade) are expected to attach; if they do not, the first sync
-    // after the upgrade drops what only they would use.
-    let socket_lb = hooks.is_some() || (upgrade.is_some() && sockets::wanted(&opts.sockets));
-    let mut node = desired::NodeContext::new(
-        &opts.node.name,
-        &node_port_addresses(&opts.node, &opts.interfaces),
-        socket_lb,
-    );
-    node.lb = opts.node.lb.clone();
-    let mut service_health = serve::service_health::ServiceHealth::new(health.clone());
-    let sysctls = crate::datapath::sysctl::apply(&opts.datapath.kernel_conntrack);
-    metrics.node_sysctls(&sysctls);
-    let timeouts = crate::datapath::sysctl::collector_timeouts(&sysctls);
-    let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, timeouts, &metrics);
-    // Link changes wake the loop at once (a new or re-created pod veth is attached within
-    // milliseconds); so do source events. Nothing is polled unless a watch is unavailable.
-    let (wake, links_watched) = feed::start(&opts.source, opts.poll);
-    let mut state = State::default();
-    let mut links_changed = true;
-    let mut attached = false;
-    let mut last_sync: Option<Instant> = None;
-    let mut last_prune = Instant::now();
-    // A takeover attaches after the first sync, once kube-proxy's flows are xlb's.
-    let mut taking_over = opts.takeover_from_kube_proxy;
+    let mut agent = running::Running::start(opts)?;
     while !stop.load(Ordering::Relaxed) {
-        let deferred = upgrade.is_some() || taking_over;
-        if !deferred && (links_changed || ifs.retrying() || !links_watched) {
-            links_changed = false;
-            let mut links = KernelLinks {
-                ebpf: &mut ebpf,
-                dir: &opts.datapath.bpffs,
-            };
-            ifs.sync(&mut links, &wanted)?;
-            if !attached {
-                // Flows the previous programs began before they were replaced.
-                attached = true;
-                backfill_egress(&opts.datapath.bpffs);
-            }
-        }
-        state.prune_when_due(&mut last_prune);
-        state.retry_when_due(books.next_retry());
-        let due = state.due(last_sync, opts.min_sync);
-        if let Some(due) = due
-            && Instant::now() >= due
-        {
-            // kube-proxy's bounded-frequency sync: a change after a quiet minSyncPeriod
-            // applies at once; changes within it wait for its end and go as one sync.
-            last_sync = Some(Instant::now());
-            let since = state.dirty.take().unwrap_or_else(Instant::now);
-            let (services, endpoints) = std::mem::take(&mut state.queued);
-            let started = Instant::now();
-            let synced = state.sync(&mut books, &node, &mut maps, hooks.is_some());
-            if let Some(cgroup) = hooks.as_deref() {
-                let hooks = sockets::Attached {
-                    opts: &opts.sockets,
-                    pins: &opts.datapath.bpffs,
-                    cgroup,
-                };
-                sockets::destroy_stale_udp(hooks, &synced.gone_udp);
-            }
-            if let Some(prev) = upgrade.take() {
-                let now = books.programmed();
-                hooks = take_over(opts, prev, now, &mut ebpf, &mut ifs, &wanted)?;
-                node.socket_lb = hooks.is_some();
-            }
-            if std::mem::take(&mut taking_over) {
-                let mut links = KernelLinks {
-                    ebpf: &mut ebpf,
-                    dir: &opts.datapath.bpffs,
-                };
-                let now = books.programmed();
-                takeover::from_kube_proxy(&opts.datapath.bpffs, now, || {
-                    ifs.sync(&mut links, &wanted)
-                })?;
-            }
-            let errors = synced.errors + std::mem::take(&mut state.errors);
-            metrics.synced(&Synced {
-                took: started.elapsed(),
-                full: synced.full,
-                programming: Some(since.elapsed()),
-                services,
-                endpoints,
-                errors,
-            });
-            metrics.programmed(books.programmed(), books.limits());
-            health.synced();
-            if std::mem::take(&mut state.health_changed) {
-                update_service_health(&mut service_health, &state, &node, &opts.node.name);
-            }
-            continue;
-        }
-        // Sleep until an event, the end of minSyncPeriod when a change waits, or a look at
-        // the stop flag.
-        state.release_after_full_sync();
-        let poll = !links_watched || ifs.retrying();
-        // A waiting sync takes due retries in; without one, a retry's time wakes the loop.
-        let wake_at = due.or(books.next_retry());
-        let Some(first) = next_wake(&wake, wake_at, poll.then_some(opts.poll))? else {
-            continue;
-        };
-        for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
-            links_changed |= woken(w, opts, &mut node, &mut state, &health)?;
-        }
-        if state.dirty.is_some() {
-            health.queued();
-            metrics.queued(state.queued.0, state.queued.1);
-        }
+        agent.turn()?;
     }
+    agent.phase.take(phase::Input::Stop);
     info!(
         pins = %opts.datapath.bpffs.display(),
         "stopping; the datapath keeps forwarding from its pins (`xlb cleanup` removes them)"

@@ -235,79 +235,55 @@ pub fn run(args: AgentArgs) -> Result<()> {
 }
 
 /// The agent's options from its flags and the config file they name.
+/// The map sizes `args` and `config` ask for on `cpus` CPUs.
+fn map_sizes(
+    args: &AgentArgs,
+    config: &AgentConfig,
+    cpus: u32,
+) -> lb_userspace::datapath::sizes::MapSizes {
+    let (per_core, min) = (args.conntrack_max_per_core, args.conntrack_min);
+    lb_userspace::datapath::sizes::MapSizes {
+        conntrack: config.conntrack_entries(per_core, min, cpus),
+        services: args.service_map_max,
+        backends: args.backend_map_max,
+        affinity: args.affinity_map_max,
+        service_ports: (args.service_ports_max).unwrap_or_else(|| {
+            lb_userspace::datapath::sizes::service_ports_for(args.service_map_max)
+        }),
+        maglev: args.maglev_map_max.max(1),
+    }
+}
+
 fn options(args: AgentArgs) -> Result<AgentOptions> {
-    let AgentArgs {
-        source,
-        kubeconfig,
-        service_proxy_name,
-        hostname_override,
-        min_sync_period_ms,
-        config,
-        pod_interfaces,
-        node_interfaces,
-        nodeport_addresses,
-        bpffs,
-        poll_ms,
-        healthz_bind_address,
-        metrics_bind_address,
-        metrics_per_service,
-        snat_port_range,
-        hairpin_address,
-        hairpin_address6,
-        xdp,
-        socket_lb,
-        cgroup_path,
-        conntrack_max_per_core,
-        conntrack_min,
-        service_map_max,
-        service_ports_max,
-        backend_map_max,
-        affinity_map_max,
-        lb_algorithm,
-        maglev_table_size,
-        maglev_hash_seed,
-        maglev_map_max,
-        lb_mode,
-        bpf_log,
-        takeover_from,
-        shadow,
-        shadow_interval,
-        shadow_grace,
-        shadow_report,
-        cleanup: _,
-    } = args;
-    let source = source.context("--source file:PATH or --source kubernetes is required")?;
-    let config = match &config {
+    let source = (args.source.as_deref())
+        .context("--source file:PATH or --source kubernetes is required")?;
+    let config = match &args.config {
         Some(path) => AgentConfig::load(path)?,
         None => AgentConfig::default(),
     };
+    let (per_core, min) = (args.conntrack_max_per_core, args.conntrack_min);
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let map_sizes = lb_userspace::datapath::sizes::MapSizes {
-        conntrack: config.conntrack_entries(conntrack_max_per_core, conntrack_min, cpus),
-        services: service_map_max,
-        backends: backend_map_max,
-        affinity: affinity_map_max,
-        service_ports: service_ports_max
-            .unwrap_or_else(|| lb_userspace::datapath::sizes::service_ports_for(service_map_max)),
-        maglev: maglev_map_max.max(1),
-    };
-    let kernel_conntrack = config.kernel_conntrack(conntrack_max_per_core, conntrack_min, cpus);
-    let lb = lb_settings(&lb_algorithm, maglev_table_size, maglev_hash_seed)?;
-    let hostname_override = config.hostname(hostname_override);
-    let nodeport_addresses = config.node_port_addresses(nodeport_addresses);
-    let min_sync = config.min_sync_or(min_sync_period_ms);
-    let healthz_bind_address = config.healthz(healthz_bind_address);
-    let metrics_bind_address = config.metrics(metrics_bind_address);
-    let node_name = node_name(hostname_override);
+    let map_sizes = map_sizes(&args, &config, cpus);
+    let kernel_conntrack = config.kernel_conntrack(per_core, min, cpus);
+    let lb = lb_settings(
+        &args.lb_algorithm,
+        args.maglev_table_size,
+        args.maglev_hash_seed,
+    )?;
+    let nodeport_addresses = config.node_port_addresses(args.nodeport_addresses);
+    let min_sync = config.min_sync_or(args.min_sync_period_ms);
+    let healthz_bind_address = config.healthz(args.healthz_bind_address);
+    let metrics_bind_address = config.metrics(args.metrics_bind_address);
+    let node_name = node_name(config.hostname(args.hostname_override));
     let source = if source == "kubernetes" {
         SourceSpec::Kubernetes(KubeOptions {
-            kubeconfig,
-            service_proxy_name,
+            kubeconfig: args.kubeconfig,
+            service_proxy_name: args.service_proxy_name,
             node_name: node_name.clone(),
             min_sync,
         })
     } else {
-        SourceSpec::File(source_file(&source)?)
+        SourceSpec::File(source_file(source)?)
     };
     let status = Status::new(
         PROXY_MODE,
@@ -319,12 +295,10 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             healthz: &healthz_bind_address,
             metrics: &metrics_bind_address,
             conntrack: &kernel_conntrack,
-            per_core: conntrack_max_per_core,
-            min: conntrack_min,
+            per_core,
+            min,
         }),
     );
-    let hairpin_address = optional_address(&hairpin_address, "--hairpin-address", "IPv4")?;
-    let hairpin_address6 = optional_address(&hairpin_address6, "--hairpin-address6", "IPv6")?;
     Ok(AgentOptions {
         source,
         node: NodeOptions {
@@ -333,42 +307,45 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
             lb,
         },
         datapath: DatapathOptions {
-            bpffs,
+            bpffs: args.bpffs,
             map_sizes,
-            snat_ports: port_range(&snat_port_range)?,
-            hairpin_address,
-            hairpin_address6,
-            bpf_log: bpf_log == BpfLog::Debug,
-            lb_mode,
+            snat_ports: port_range(&args.snat_port_range)?,
+            hairpin_address: optional_address(&args.hairpin_address, "--hairpin-address", "IPv4")?,
+            hairpin_address6: optional_address(
+                &args.hairpin_address6,
+                "--hairpin-address6",
+                "IPv6",
+            )?,
+            bpf_log: args.bpf_log == BpfLog::Debug,
+            lb_mode: args.lb_mode,
             kernel_conntrack,
         },
         interfaces: InterfaceOptions {
-            pod_interfaces,
-            node_interfaces,
-            xdp,
+            pod_interfaces: args.pod_interfaces,
+            node_interfaces: args.node_interfaces,
+            xdp: args.xdp,
         },
         sockets: SocketOptions {
-            socket_lb,
-            cgroup_path,
+            socket_lb: args.socket_lb,
+            cgroup_path: args.cgroup_path,
         },
         servers: ServerOptions {
             healthz_addr: bind_address(&healthz_bind_address)?,
             metrics_addr: bind_address(&metrics_bind_address)?,
-            metrics_per_service,
+            metrics_per_service: args.metrics_per_service,
             status,
         },
-        poll: Duration::from_millis(poll_ms.max(10)),
+        poll: Duration::from_millis(args.poll_ms.max(10)),
         min_sync,
-        takeover_from_kube_proxy: takeover_from == Some(TakeoverFrom::KubeProxy),
-        shadow: shadow
-            .then(|| -> Result<agent::ShadowOptions> {
-                Ok(agent::ShadowOptions {
-                    interval: seconds(shadow_interval, "--shadow-interval")?,
-                    grace: seconds(shadow_grace, "--shadow-grace")?,
-                    report: shadow_report,
-                })
-            })
-            .transpose()?,
+        takeover_from_kube_proxy: args.takeover_from == Some(TakeoverFrom::KubeProxy),
+        shadow: match args.shadow {
+            true => Some(agent::ShadowOptions {
+                interval: seconds(args.shadow_interval, "--shadow-interval")?,
+                grace: seconds(args.shadow_grace, "--shadow-grace")?,
+                report: args.shadow_report,
+            }),
+            false => None,
+        },
     })
 }
 

@@ -19,6 +19,7 @@ pub mod scratch;
 pub mod sizes;
 pub mod socket;
 pub mod stale;
+pub mod status_file;
 pub mod sync;
 pub mod sys_bpf;
 pub mod sysctl;

@@ -4,10 +4,12 @@
 use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
     Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
-    SCOPE_EXTERNAL, SVC_F_MAGLEV, SVC_NAME_LEN, SvcKey, SvcName, SvcValue,
+    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
 };
+use std::net::IpAddr;
 
 use super::{Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, candidates::Candidate};
+use crate::model::BackendAddr;
 
 /// One frontend's entries, backends, name and source ranges, checked to fit the desired
 /// state it was planned against.
@@ -66,6 +68,60 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// A plan of frontend `key` with index `svc_id`, its name and source ranges, no slots
+    /// yet.
+    fn new(key: SvcKey, svc_id: u32, object: &str, src_ranges: &[(IpAddr, u8)]) -> Plan {
+        Plan {
+            key,
+            slots: 0,
+            entries: Vec::new(),
+            backends: Vec::new(),
+            name: (svc_id, svc_name(object)),
+            src_ranges: src_ranges
+                .iter()
+                .map(|&(addr, prefix)| SrcRange {
+                    svc_id,
+                    addr,
+                    prefix,
+                })
+                .collect(),
+            maglev: None,
+        }
+    }
+}
+
+/// A slot per backend added to `plan`, each backend with its index and generation from
+/// `ids`; how many, or none when the backend array has no index left.
+fn place_backends(
+    plan: &mut Plan,
+    backends: &[(BackendAddr, bool)],
+    ids: &mut impl Indices,
+    limits: Limits,
+) -> Option<u16> {
+    let (key, svc_id) = (plan.key, plan.name.0);
+    let mut slot = 0u16;
+    for (b, local) in backends {
+        let be = match local {
+            true => backend_value(b.ip, b.port, b.protocol),
+            false => remote_backend_value(b.ip, b.port, b.protocol),
+        };
+        let (backend_id, generation) = ids.backend_id(be, limits.backends)?;
+        let be = Backend { generation, ..be };
+        slot += 1;
+        plan.backends.push((backend_id, be));
+        plan.entries.push((
+            SvcKey { slot, ..key },
+            SvcValue {
+                backend_id,
+                svc_id,
+                ..SvcValue::default()
+            },
+        ));
+    }
+    Some(slot)
+}
+
 /// Plans one frontend: its index, its backends' indices, its slots. `None` when it does not
 /// fit `desired` within `limits` (the reason is in `errors`).
 pub fn plan(
@@ -95,57 +151,16 @@ pub fn plan(
         });
         return None;
     };
-    let mut plan = Plan {
-        key,
-        slots: 0,
-        entries: Vec::new(),
-        backends: Vec::new(),
-        name: (
-            svc_id,
-            SvcName {
-                name: [0; SVC_NAME_LEN],
-            },
-        ),
-        src_ranges: src_ranges
-            .iter()
-            .map(|&(addr, prefix)| SrcRange {
-                svc_id,
-                addr,
-                prefix,
-            })
-            .collect(),
-        maglev: None,
+    let mut plan = Plan::new(key, svc_id, &object, &src_ranges);
+    let Some(slot) = place_backends(&mut plan, &backends, ids, limits) else {
+        errors.push(DesiredError::MapFull {
+            object,
+            map: MAP_BACKEND,
+            capacity: limits.backends,
+            needed: backends.len(),
+        });
+        return None;
     };
-    plan.name.1 = svc_name(&object);
-    let mut slot = 0u16;
-    for (b, local) in &backends {
-        let ip = b.ip;
-        let be = if *local {
-            backend_value(ip, b.port, b.protocol)
-        } else {
-            remote_backend_value(ip, b.port, b.protocol)
-        };
-        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends) else {
-            errors.push(DesiredError::MapFull {
-                object,
-                map: MAP_BACKEND,
-                capacity: limits.backends,
-                needed: backends.len(),
-            });
-            return None;
-        };
-        let be = Backend { generation, ..be };
-        slot += 1;
-        plan.backends.push((backend_id, be));
-        plan.entries.push((
-            SvcKey { slot, ..key },
-            SvcValue {
-                backend_id,
-                svc_id,
-                ..SvcValue::default()
-            },
-        ));
-    }
     plan.slots = slot;
     let mut flags = flags;
     if let Some((m, seed)) = maglev.filter(|_| slot > 0) {

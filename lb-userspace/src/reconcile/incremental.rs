@@ -83,6 +83,11 @@ impl Incremental {
         self.frontends
     }
 
+    /// Each service with problems, with them.
+    pub fn problems_by_service(&self) -> impl Iterator<Item = (&ServiceRef, &[DesiredError])> {
+        self.problems.iter().map(|(id, p)| (id, p.as_slice()))
+    }
+
     /// Every problem of every service, in service order.
     pub fn problems(&self) -> impl Iterator<Item = &DesiredError> {
         self.problems.values().flatten()

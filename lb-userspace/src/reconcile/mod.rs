@@ -11,12 +11,16 @@
 //! | `incremental.rs` | [`Incremental`]: the desired state and what each service put in it |
 //! | `journal.rs` | [`Journal`]: what one update overwrote (what is programmed of what it touched) |
 //! | `retry.rs` | services whose writes failed, each retried on its own with backoff |
+//! | `status.rs` | [`Statuses`]: each failing frontend, its reason and since when; the transitions |
 //!
 //! What is programmed is not kept as a copy: after a sync without errors it is the desired
 //! state; at start it is what was pinned (until the first full sync replaces it); for a
 //! failed service it is what that service left ([`crate::datapath::diverged::Diverged`]).
 
-use std::{collections::BTreeSet, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Instant, SystemTime},
+};
 
 use tracing::{error, info, warn};
 
@@ -35,11 +39,13 @@ mod ids;
 mod incremental;
 mod journal;
 mod retry;
+mod status;
 
 pub use ids::{FILTER_RETAIN, Ids, QUARANTINE};
 pub use incremental::Incremental;
 pub use journal::Journal;
 use retry::{Retries, Taken};
+pub use status::{Failure, Reason, Status, Statuses, Transition};
 
 /// A full computation that keeps `ids`' books: [`desired::compute_on`], then the indices
 /// of what is no longer desired given back (after their quarantine) and the filter bits of
@@ -67,6 +73,10 @@ pub struct Reconciler {
     /// them otherwise: see [`retry`]).
     programmed: Option<Desired>,
     retries: Retries,
+    /// The failing frontends.
+    statuses: Statuses,
+    /// A sync made room in a map: services a full map left out are computed again.
+    room_freed: bool,
     limits: Limits,
 }
 
@@ -81,6 +91,8 @@ pub struct Synced {
     /// Connected UDP frontend–backend pairs it took out (when asked for them): their
     /// sockets are stale.
     pub gone_udp: BTreeSet<stale::Pair>,
+    /// Frontends that started failing, failed otherwise or recovered (see [`Statuses`]).
+    pub transitions: Vec<Transition>,
 }
 
 impl Reconciler {
@@ -92,8 +104,15 @@ impl Reconciler {
             ids: Ids::adopt(&programmed),
             programmed: Some(programmed),
             retries: Retries::default(),
+            statuses: Statuses::default(),
+            room_freed: false,
             limits,
         }
+    }
+
+    /// The failing frontends.
+    pub fn statuses(&self) -> &Statuses {
+        &self.statuses
     }
 
     /// What the maps hold (but for what failed services left).
@@ -116,9 +135,21 @@ impl Reconciler {
         self.programmed.is_some()
     }
 
-    /// When the next failed service's retry is due.
+    /// When the next failed service's retry is due (at once when room was made in a map
+    /// a service could not fit in).
     pub fn next_retry(&self) -> Option<Instant> {
-        self.retries.next_due()
+        match self.room_freed && self.waiting_for_room().next().is_some() {
+            true => Some(Instant::now()),
+            false => self.retries.next_due(),
+        }
+    }
+
+    /// The services a full map left out.
+    fn waiting_for_room(&self) -> impl Iterator<Item = &ServiceRef> {
+        self.statuses
+            .failing()
+            .filter(|(_, _, f)| matches!(f.reason, Reason::MapFull | Reason::MaglevMapFull))
+            .map(|(id, _, _)| id)
     }
 
     /// Programs what `changed` names of `model` on `node` (everything when `full` or
@@ -137,7 +168,22 @@ impl Reconciler {
         let started = Instant::now();
         self.ids.tick(Instant::now());
         let full = full || self.programmed.is_some();
+        // Room made in a map by the last sync: who did not fit is computed again.
+        let widened: BTreeSet<ServiceRef>;
+        let changed = match std::mem::take(&mut self.room_freed) && !full {
+            true => {
+                widened = changed
+                    .iter()
+                    .chain(self.waiting_for_room())
+                    .cloned()
+                    .collect();
+                &widened
+            }
+            false => changed,
+        };
+        let sizes = Sizes::of(self.engine.desired());
         let (touched, mut now, taken) = self.compute(model, node, full, changed);
+        self.room_freed = !full && Sizes::of(self.engine.desired()).shrank_from(&sizes);
         let retried = taken.len();
         let problems: Vec<&DesiredError> = if full {
             self.engine.problems().collect()
@@ -198,11 +244,61 @@ impl Reconciler {
             drop((touched, problems));
             self.engine.compact(&mut self.ids);
         }
+        let transitions = self.update_statuses(model, full, changed);
         Synced {
             full,
             errors,
             gone_udp,
+            transitions,
         }
+    }
+
+    /// The status of the services whose failures may have changed: those a full sync
+    /// computed with problems, or `changed` ones, and every one failing before or now;
+    /// healthy services that stay healthy cost nothing.
+    fn update_statuses(
+        &mut self,
+        model: &Model,
+        full: bool,
+        changed: &BTreeSet<ServiceRef>,
+    ) -> Vec<Transition> {
+        let mut now: BTreeMap<ServiceRef, BTreeMap<String, (Reason, String)>> = BTreeMap::new();
+        let mut ids: BTreeSet<&ServiceRef> = match full {
+            true => self
+                .engine
+                .problems_by_service()
+                .map(|(id, _)| id)
+                .collect(),
+            false => changed.iter().collect(),
+        };
+        // Waiters recomputed when a frontend freed are among these.
+        ids.extend(self.statuses.failing_services());
+        for id in ids {
+            for p in self.engine.problems_of(id) {
+                if let Some((reason, object)) = Reason::of(p) {
+                    let f = now.entry(id.clone()).or_default();
+                    f.entry(object.to_string())
+                        .or_insert_with(|| (reason, p.to_string()));
+                }
+            }
+        }
+        for (name, error) in self.retries.failing() {
+            if let Some(id) = service_of(name) {
+                let f = now.entry(id).or_default();
+                f.entry(name.to_string())
+                    .or_insert_with(|| (Reason::WriteFailed, error.to_string()));
+            }
+        }
+        let before: Vec<ServiceRef> = self.statuses.failing_services().cloned().collect();
+        for id in before {
+            now.entry(id).or_default();
+        }
+        let (at, mut out) = (SystemTime::now(), Vec::new());
+        for (id, failures) in now {
+            let exists = model.services.contains_key(&id);
+            self.statuses.update(&id, failures, exists, at, &mut out);
+        }
+        out
     }
 
     /// The desired state of what changed (of everything when `full`), and what is
@@ -239,6 +335,34 @@ impl Reconciler {
             (touched, now, taken)
         }
     }
+}
+
+/// The entries of each map of a desired state limited in size.
+#[derive(PartialEq, Eq)]
+struct Sizes([usize; 5]);
+
+impl Sizes {
+    fn of(d: &Desired) -> Self {
+        Sizes([
+            d.services.len(),
+            d.backends.len(),
+            d.names.len(),
+            d.src_ranges.len(),
+            d.maglev.len(),
+        ])
+    }
+
+    /// A map has fewer entries than in `before`.
+    fn shrank_from(&self, before: &Sizes) -> bool {
+        self.0.iter().zip(before.0).any(|(now, was)| *now < was)
+    }
+}
+
+/// The Service of a service port's name in the maps (`namespace/name:port`).
+fn service_of(name: &str) -> Option<ServiceRef> {
+    let (namespace, rest) = name.split_once('/')?;
+    let (name, _port) = rest.rsplit_once(':').unwrap_or((rest, ""));
+    Some(ServiceRef::new(namespace, name))
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ pub(super) struct Failed {
     name: String,
     /// What it left programmed where that differs from the desired state.
     diverged: Diverged,
+    /// Its last error, as logged.
+    error: String,
     /// Failed tries so far.
     tries: u32,
     next: Instant,
@@ -103,6 +105,13 @@ impl Retries {
             .values()
             .map(|f| (f.name.clone(), f.tries))
             .collect()
+    }
+
+    /// Each failing service's name (`namespace/name:port`) and last error.
+    pub(super) fn failing(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.failed
+            .values()
+            .map(|f| (f.name.as_str(), f.error.as_str()))
     }
 
     /// When the next retry is due.
@@ -193,6 +202,7 @@ impl Retries {
             );
             let failed = Failed {
                 name,
+                error,
                 diverged: d,
                 tries: tried,
                 next: now + delay,

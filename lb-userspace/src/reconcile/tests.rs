@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{datapath::writer::MemoryMaps, model::intern, source::file};
+use crate::{datapath::writer::MemoryMaps, source::file};
 
 fn svc(name: &str, ip: &str, backends: &[&str]) -> String {
     let mut y = format!(
@@ -18,10 +18,7 @@ fn svc(name: &str, ip: &str, backends: &[&str]) -> String {
 }
 
 fn id(name: &str) -> ServiceRef {
-    ServiceRef {
-        namespace: intern("ns"),
-        name: intern(name),
-    }
+    ServiceRef::new("ns", name)
 }
 
 /// A reconciler on memory maps, and its model.
@@ -54,13 +51,32 @@ impl Bench {
     }
 
     fn sync(&mut self, changed: &[&str]) -> u64 {
+        self.sync_told(changed).0
+    }
+
+    /// A sync's errors and transitions, each as `Failed|Recovered service frontend reason`.
+    fn sync_told(&mut self, changed: &[&str]) -> (u64, Vec<String>) {
         let changed = changed.iter().map(|n| id(n)).collect();
         let full = std::mem::take(&mut self.full);
         let node = NodeContext::default();
         let s = self
             .books
             .sync(&self.model, &node, &mut self.maps, full, &changed, false);
-        s.errors
+        let told = s.transitions.iter().map(|t| match t {
+            Transition::Failed {
+                service,
+                frontend,
+                reason,
+                ..
+            } => format!("Failed {service} {frontend} {reason}"),
+            Transition::Recovered {
+                service,
+                frontend,
+                reason,
+                ..
+            } => format!("Recovered {service} {frontend} {reason}"),
+        });
+        (s.errors, told.collect())
     }
 
     /// The next sync is an incremental one.
@@ -142,4 +158,73 @@ fn a_due_retry_that_still_fails_backs_off_and_the_others_still_sync() {
     assert_eq!(b.sync(&[]), 0);
     assert_eq!(b.books.retries.len(), 0);
     assert_eq!(b.maps.state, *b.books.desired());
+}
+
+#[test]
+fn a_failed_write_is_a_failing_frontend_told_once_and_its_recovery_once() {
+    let web = svc("web", "10.96.0.1", &["10.244.0.1"]);
+    let api = svc("api", "10.96.0.2", &["10.244.0.3"]);
+    let mut b = Bench::new(&web, Duration::ZERO);
+    b.maps.svc_capacity = Some(b.maps.state.services.len());
+    b.model = file::parse("t.yaml", &(web.clone() + &api))
+        .expect("yaml")
+        .model;
+    let (errors, told) = b.sync_told(&["api"]);
+    assert!(errors > 0);
+    assert_eq!(told, ["Failed ns/api ns/api:p WriteFailed"]);
+    // Retried (and failing) at every sync: nothing more to tell; web changing neither.
+    assert_eq!(b.sync_told(&[]).1, Vec::<String>::new());
+    assert_eq!(b.sync_told(&["web"]).1, Vec::<String>::new());
+    assert_eq!(b.books.statuses().counts()[&Reason::WriteFailed], 1);
+    b.maps.svc_capacity = None;
+    assert_eq!(
+        b.sync_told(&[]),
+        (0, vec!["Recovered ns/api ns/api:p WriteFailed".to_string()])
+    );
+    assert_eq!(b.sync_told(&[]).1, Vec::<String>::new());
+    assert_eq!(b.books.statuses().failing().count(), 0);
+}
+
+#[test]
+fn a_service_the_limits_leave_out_fails_until_it_fits_and_healthy_ones_are_never_told() {
+    let web = svc("web", "10.96.0.1", &["10.244.0.1"]);
+    let api = svc("api", "10.96.0.2", &["10.244.0.3"]);
+    let mut b = Bench::new(&web, Duration::ZERO);
+    // Room for web's entry and its slot, not for api's.
+    b.books.limits.svc_entries = 2;
+    b.model = file::parse("t.yaml", &(web.clone() + &api))
+        .expect("yaml")
+        .model;
+    let (_, told) = b.sync_told(&["api"]);
+    assert_eq!(told, ["Failed ns/api ns/api:p MapFull"]);
+    match b.books.statuses().status(&id("api"), "ns/api:p") {
+        Status::Failed(f) => assert!(f.message.contains("is full (capacity 2"), "{}", f.message),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        b.books.statuses().status(&id("web"), "ns/web:p"),
+        Status::Programmed
+    );
+    // The prune computes everything again: the same failure, not told again.
+    b.full = true;
+    assert_eq!(b.sync_told(&[]).1, Vec::<String>::new());
+    // web goes: the room it made is retried at once, and api is told it recovered.
+    b.model = file::parse("t.yaml", &api).expect("yaml").model;
+    assert_eq!(b.sync_told(&["web"]).1, Vec::<String>::new());
+    assert!(
+        b.books
+            .next_retry()
+            .is_some_and(|at| at <= std::time::Instant::now())
+    );
+    let (_, told) = b.sync_told(&[]);
+    assert_eq!(told, ["Recovered ns/api ns/api:p MapFull"]);
+    assert_eq!(b.books.next_retry(), None);
+    assert_eq!(b.maps.state.services, b.books.desired().services);
+    // A deleted failing Service is forgotten without a word.
+    b.books.limits.svc_entries = 0;
+    b.full = true;
+    assert_eq!(b.sync_told(&[]).1, ["Failed ns/api ns/api:p MapFull"]);
+    b.model = Model::default();
+    assert_eq!(b.sync_told(&["api"]).1, Vec::<String>::new());
+    assert_eq!(b.books.statuses().failing().count(), 0);
 }

@@ -5,7 +5,7 @@ use super::{SourceError, objects as obj};
 use crate::model::{
     Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints,
     LbAlgorithm, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
-    TrafficPolicy, intern,
+    TrafficPolicy, Uid, intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -111,6 +111,7 @@ pub fn service(svc: &obj::Service) -> Result<Converted<Service>, SourceError> {
             .and_then(|p| u16::try_from(p).ok())
             .filter(|&p| p != 0),
         lb_algorithm: lb_algorithm(svc, &id),
+        uid: svc.metadata.uid.as_deref().and_then(Uid::parse),
         id,
     }))
 }

@@ -23,7 +23,7 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> R
     Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
-/// The metadata the proxy reads: name, namespace, labels (an EndpointSlice's service-name
+/// The metadata the proxy reads: name, namespace, uid (for Events), labels (an EndpointSlice's service-name
 /// label), the resourceVersion a watch resumes from, and of the annotations only
 /// [`LB_ALGORITHM_ANNOTATION`]. Everything else (managed fields, the other annotations,
 /// owner references, timestamps) is skipped while decoding, never stored.
@@ -37,6 +37,8 @@ struct Meta {
     #[serde(deserialize_with = "nullable")]
     resource_version: Option<String>,
     #[serde(deserialize_with = "nullable")]
+    uid: Option<String>,
+    #[serde(deserialize_with = "nullable")]
     labels: Option<BTreeMap<String, String>>,
     #[serde(rename = "annotations", deserialize_with = "lb_algorithm")]
     lb_algorithm: Option<String>,
@@ -48,6 +50,7 @@ impl From<Meta> for ObjectMeta {
             name: m.name,
             namespace: m.namespace,
             resource_version: m.resource_version,
+            uid: m.uid,
             labels: m.labels,
             annotations: annotations(m.lb_algorithm),
             ..ObjectMeta::default()

@@ -19,7 +19,7 @@ use tokio::{
     sync::{mpsc, watch as signal},
 };
 
-use super::{KINDS, Kind, Mode, Served, Shared, list, status::Status, watch};
+use super::{EVENT_KIND, KINDS, Kind, Mode, Served, Shared, events, list, status::Status, watch};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -119,9 +119,14 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         .into_owned()
         .collect();
     let in_flight = InFlight::enter(&shared, &target);
-    let (response, list_rv) = route(&shared, req.method(), req.uri().path(), &query).await;
+    let method = req.method().to_string();
+    let (response, list_rv) = match events::parse_path(req.uri().path()) {
+        Some(_) => (event_request(&shared, req).await, None),
+        None => route(&shared, req.method(), req.uri().path(), &query).await,
+    };
     drop(in_flight);
     shared.record(Served {
+        method,
         target,
         status: response.status().as_u16(),
         at: arrived,
@@ -146,6 +151,49 @@ impl<'s> InFlight<'s> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.lock().in_flight.remove(&self.1);
+    }
+}
+
+/// A create (POST) or merge patch (PATCH) of an Event (see `events.rs`).
+async fn event_request(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let Some((ns, name)) = events::parse_path(&path) else {
+        return status(&Status::not_found(&path));
+    };
+    let method = req.method().clone();
+    let fault = shared.lock().faults.get(EVENT_KIND.kind).cloned();
+    if let Some(fault) = fault {
+        let verb = if method == Method::POST {
+            "create"
+        } else {
+            "patch"
+        };
+        return status(&fault.status(&EVENT_KIND, verb));
+    }
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(&Status::bad_request(format!("reading the body: {e}"))),
+    };
+    let result = shared.update(|i| match (&method, name) {
+        (&Method::POST, None) => {
+            events::create(&mut i.store, ns, &body).map(|v| (StatusCode::CREATED, v))
+        }
+        (&Method::PATCH, Some(n)) => {
+            events::patch(&mut i.store, ns, n, &content_type, &body).map(|v| (StatusCode::OK, v))
+        }
+        _ => Err(Status::method_not_allowed(method.as_str())),
+    });
+    match result {
+        Ok((code, v)) => json(code, &v),
+        Err(s) => status(&s),
     }
 }
 

@@ -8,6 +8,8 @@
 //!   the selector; BOOKMARKs; a 410 `ERROR` event only for a resourceVersion older than the
 //!   compaction point (`watch.rs`);
 //! * a history kept per change, compacted on demand (`store.rs`);
+//! * Events (events.k8s.io/v1): created and merge-patched as the real server takes them
+//!   from a recorder, with its validation (`events.rs`);
 //! * faults: a Status of 403, 429 (with `Retry-After`), 500 or 503 for every request of a
 //!   kind, lists held at a gate per kind (or only their later pages), watches cut, and the
 //!   listener down (connections refused) before or after the agent starts.
@@ -15,6 +17,7 @@
 //! It listens on 127.0.0.1 inside a network namespace (the agent's node namespace), so nothing
 //! leaves the test's namespaces. HTTP is hyper's, on a tokio runtime of its own thread.
 
+mod events;
 mod http;
 mod list;
 mod selector;
@@ -77,6 +80,16 @@ const KINDS: [Kind; 3] = [
     },
 ];
 
+/// Events: written, not watched (`events.rs`); its faults are injected as `"Event"`.
+const EVENT_KIND: Kind = Kind {
+    kind: "Event",
+    path: events::PREFIX,
+    list_kind: "EventList",
+    api_version: "events.k8s.io/v1",
+    resource: "events",
+    group: "events.k8s.io",
+};
+
 /// How often a watch that allows bookmarks gets one (the real server: about once a minute).
 const BOOKMARK_EVERY: Duration = Duration::from_secs(1);
 
@@ -118,6 +131,8 @@ pub enum Gate {
 /// One request the server answered.
 #[derive(Clone, Debug)]
 pub struct Served {
+    /// The method (GET for lists and watches, POST and PATCH for Events).
+    pub method: String,
     /// Path and query, as sent.
     pub target: String,
     /// The HTTP status (200 for a watch, whatever its stream then carried).
@@ -398,14 +413,25 @@ impl ApiServer {
         self.shared.update(|i| i.faults.remove(kind));
     }
 
-    /// Requests answered so far, as `GET target`, in the order they were answered.
+    /// Requests answered so far, as `METHOD target -> status`, in the order they were
+    /// answered.
     pub fn requests(&self) -> Vec<String> {
         self.shared
             .lock()
             .served
             .iter()
-            .map(|s| format!("GET {} -> {}", s.target, s.status))
+            .map(|s| format!("{} {} -> {}", s.method, s.target, s.status))
             .collect()
+    }
+
+    /// Object `kind` `key` (`namespace/name`) as stored now.
+    pub fn object(&self, kind: &str, key: &str) -> Option<Value> {
+        self.shared.lock().store.get(kind, key).cloned()
+    }
+
+    /// The Events written so far (events.k8s.io/v1 objects, by namespace and name).
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.lock().store.all(EVENT_KIND.kind)
     }
 
     /// What the server saw, for a failing test's message: listener, connections, requests
@@ -415,7 +441,7 @@ impl ApiServer {
         let answered: Vec<String> = i
             .served
             .iter()
-            .map(|s| format!("GET {} -> {}", s.target, s.status))
+            .map(|s| format!("{} {} -> {}", s.method, s.target, s.status))
             .collect();
         format!(
             "api server: listening {:?}, {} connections accepted, in flight {:#?}, watches (kind, rv) {:?} at rv {}, answered {answered:#?}",

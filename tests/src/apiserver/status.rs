@@ -41,6 +41,27 @@ impl Status {
         )
     }
 
+    /// 404 for a named object (`events.events.k8s.io "x" not found`).
+    pub fn not_found_named(message: String) -> Self {
+        Status::new(404, "NotFound", message)
+    }
+
+    /// 409: a create of a name that exists.
+    pub fn already_exists(message: String) -> Self {
+        Status::new(409, "AlreadyExists", message)
+    }
+
+    /// 415: a patch type the resource does not take.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Status::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {content_type})"
+            ),
+        )
+    }
+
     pub fn method_not_allowed(method: &str) -> Self {
         Status::new(
             405,

@@ -65,6 +65,14 @@ impl Store {
         let kind = obj["kind"].as_str().unwrap_or("").to_string();
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let key = key_of(&obj);
+        // The server assigns a uid at creation; a replacement keeps it.
+        if obj["metadata"]["uid"].as_str().is_none() {
+            let kept = self.objects.get(&kind).and_then(|o| o.get(&key));
+            obj["metadata"]["uid"] = match kept.map(|o| o["metadata"]["uid"].clone()) {
+                Some(uid) if uid.is_string() => uid,
+                _ => json!(format!("00000000-0000-4000-8000-{:012x}", self.rv)),
+            };
+        }
         let prev = self
             .objects
             .entry(kind.clone())
@@ -78,6 +86,19 @@ impl Store {
             object: Some(obj),
         });
         self.rv
+    }
+
+    /// The object `kind` `key` now.
+    pub fn get(&self, kind: &str, key: &str) -> Option<&Value> {
+        self.objects.get(kind)?.get(key)
+    }
+
+    /// Every object of `kind` now, by key.
+    pub fn all(&self, kind: &str) -> Vec<Value> {
+        self.objects
+            .get(kind)
+            .map(|o| o.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Deletes `kind` `key`; false when there is no such object.

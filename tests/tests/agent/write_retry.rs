@@ -2,7 +2,8 @@
 //! `--service-map-max`, the rest taken by entries another writer left) refuses a new
 //! Service's writes. That Service is reported by name with the map and its limit, and
 //! retried with backoff; a change to another Service meanwhile applies incrementally (no
-//! full sync), and once the map has room the retry programs the first one.
+//! full sync), and once the map has room the retry programs the first one. Its status
+//! (failing, then programmed) is logged once each and shows in `xlb list services`.
 
 use std::{
     net::Ipv4Addr,
@@ -66,7 +67,9 @@ fn unfill(pins: &Path) {
 
 /// The agent's "synced" lines.
 fn syncs(log: &str) -> Vec<&str> {
-    log.lines().filter(|l| l.contains("synced")).collect()
+    log.lines()
+        .filter(|l| l.contains(" synced services="))
+        .collect()
 }
 
 #[test]
@@ -104,6 +107,19 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
     assert!(
         reports[0].contains("tries=1") && reports[1].contains("tries=2"),
         "{reports:#?}"
+    );
+    // Its status, told once (no API server here: the log and `xlb list services`).
+    assert_eq!(
+        log.matches("frontend failing").count(),
+        1,
+        "told once, not at every try:\n{log}"
+    );
+    let rows = lb_userspace::list::services(&s.agent.pins).expect("rows");
+    assert!(
+        rows.iter().any(|r| r.service == "test/api:p"
+            && r.frontend == "-"
+            && r.status.starts_with("WriteFailed since ")),
+        "{rows:#?}"
     );
 
     // web loses a backend meanwhile: applied at once, incrementally, api still failing.
@@ -158,6 +174,15 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
     s.agent
         .wait_log("programmed after failed writes", 1, Duration::from_secs(2))
         .expect("its recovery is logged");
+    s.agent
+        .wait_log(
+            "frontend programmed after failing",
+            1,
+            Duration::from_secs(2),
+        )
+        .expect("its status's recovery is logged");
+    let rows = lb_userspace::list::services(&s.agent.pins).expect("rows");
+    assert!(rows.iter().all(|r| r.status == "programmed"), "{rows:#?}");
     s.topo
         .client
         .ns

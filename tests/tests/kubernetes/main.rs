@@ -6,10 +6,12 @@
 //! Service leaving the label selector (DELETED), watches from the current state, 403/429/
 //! 500/503 and an API server down at start or later, and one kind's list held while the
 //! others complete; 1,000 endpoint changes in a burst; odd objects (a null condition time,
-//! unknown fields, an undecodable field) that never fail the watch.
+//! unknown fields, an undecodable field) that never fail the watch; and the Events the
+//! agent writes on a Service whose frontend fails to program or recovers.
 
 mod burst;
 mod decode;
+mod events;
 mod faults;
 mod follow;
 mod lists;

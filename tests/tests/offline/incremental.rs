@@ -156,6 +156,7 @@ fn service(i: u8, shape: Shape) -> Service {
         health_check_node_port: None,
         // Every other Service picks by Maglev on its external frontends.
         lb_algorithm: i.is_multiple_of(2).then_some(LbAlgorithm::Maglev),
+        uid: None,
     }
 }
 

@@ -14,6 +14,7 @@
 
 mod collect;
 mod process;
+mod status;
 
 use std::{
     path::PathBuf,
@@ -207,6 +208,7 @@ pub struct Metrics {
     shared: Arc<collect::Shared>,
     /// Changes reported pending since the last sync (services, endpoint slices).
     pending: Mutex<(u64, u64)>,
+    failing: status::Failing,
 }
 
 fn now_unix() -> f64 {
@@ -223,11 +225,14 @@ impl Metrics {
         series.register(&mut registry);
         let shared = Arc::new(collect::Shared::default());
         collect::register(&mut registry, &opts, &shared, health);
+        let failing = status::Failing::default();
+        failing.register(&mut registry);
         Self {
             registry,
             series,
             shared,
             pending: Mutex::new((0, 0)),
+            failing,
         }
     }
 
@@ -294,6 +299,11 @@ impl Metrics {
             ),
             (MAP_SRC_RANGE6, fill(v6, limits.src_ranges6)),
         ]);
+    }
+
+    /// The failing frontends by reason (its name), after a sync.
+    pub fn failing(&self, counts: impl IntoIterator<Item = (&'static str, usize)>) {
+        self.failing.set(counts);
     }
 
     /// One pass of the conntrack collector: the tables' fill, what it deleted, how long.

@@ -142,7 +142,7 @@ impl<'de, T: Kind> Visitor<'de> for ObjectVisitor<T> {
     }
 }
 
-/// An object's metadata as far as it can be read: name, namespace, resourceVersion (each
+/// An object's metadata as far as it can be read: name, namespace, resourceVersion, uid (each
 /// when a string), labels (when a map of strings), of the annotations only the value of
 /// [`LB_ALGORITHM_ANNOTATION`] (when a string), everything else skipped; what could not be
 /// read, for the report.
@@ -153,6 +153,7 @@ struct Meta {
     name: Option<String>,
     namespace: Option<String>,
     resource_version: Option<String>,
+    uid: Option<String>,
     labels: Option<std::collections::BTreeMap<String, String>>,
     lb_algorithm: Option<String>,
     error: Option<String>,
@@ -164,6 +165,7 @@ impl Meta {
             name: self.name,
             namespace: self.namespace,
             resource_version: self.resource_version,
+            uid: self.uid,
             labels: self.labels,
             annotations: objects::annotations(self.lb_algorithm),
             ..ObjectMeta::default()
@@ -207,6 +209,7 @@ impl<'de> Visitor<'de> for MetaVisitor {
                 "name" => m.name = text(map.next_value()?, &mut m),
                 "namespace" => m.namespace = text(map.next_value()?, &mut m),
                 "resourceVersion" => m.resource_version = text(map.next_value()?, &mut m),
+                "uid" => m.uid = text(map.next_value()?, &mut m),
                 "labels" => {
                     let v: Value = map.next_value()?;
                     match serde_json::from_value(v) {

@@ -41,6 +41,7 @@ use tower::{buffer::BufferLayer, retry::RetryLayer};
 use tracing::warn;
 
 mod decoded;
+pub mod recorder;
 mod stores;
 
 pub use stores::{EndpointSlice, Service, ZONE_LABEL, node_deleting};

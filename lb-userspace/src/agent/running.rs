@@ -1,0 +1,259 @@
+//! The running agent: what it holds from start to stop, and one turn of its loop at a
+//! time (attach what appeared, sync when due, else sleep until woken), its phase kept by
+//! [`phase::Machine`].
+
+use std::{
+    sync::{Arc, mpsc::Receiver},
+    time::{Duration, Instant},
+};
+
+use super::{
+    AgentError, AgentOptions, CollectorGuard, State, backfill_egress,
+    feed::{self, Wake},
+    interfaces::{Interfaces, Wanted},
+    next_wake, node_port_addresses,
+    phase::{Input, Machine},
+    sockets, start, status, take_over, takeover, update_service_health, woken,
+};
+use crate::{
+    datapath::{kernel::KernelMaps, links::KernelLinks, loader::PinLock, upgrade},
+    desired,
+    reconcile::{Reconciler, Synced as SyncedBooks},
+    serve::{
+        health::Health,
+        metrics::{Metrics, MetricsOptions, Synced},
+        service_health::ServiceHealth,
+    },
+};
+
+/// What the agent holds while it runs.
+pub(super) struct Running<'o> {
+    opts: &'o AgentOptions,
+    _lock: PinLock,
+    ebpf: aya::Ebpf,
+    _bpf_log: Option<crate::datapath::bpflog::BpfLogReader>,
+    /// The previous layout's pins, taken over after the first sync.
+    upgrade: Option<upgrade::Previous>,
+    /// The socket hooks' cgroup.
+    hooks: Option<std::path::PathBuf>,
+    maps: KernelMaps,
+    books: Reconciler,
+    ifs: Interfaces,
+    wanted: Wanted<'o>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    node: desired::NodeContext,
+    service_health: ServiceHealth,
+    _collector: CollectorGuard,
+    wake: Receiver<Wake>,
+    links_watched: bool,
+    told: status::Told,
+    state: State,
+    links_changed: bool,
+    attached: bool,
+    last_sync: Option<Instant>,
+    last_prune: Instant,
+    /// A takeover attaches after the first sync, once kube-proxy's flows are xlb's.
+    taking_over: bool,
+    pub(super) phase: Machine,
+}
+
+impl<'o> Running<'o> {
+    /// Loads the datapath, serves the HTTP endpoints, starts the source.
+    pub(super) fn start(opts: &'o AgentOptions) -> Result<Self, AgentError> {
+        let mut phase = Machine::default();
+        let started = start::load(&opts.datapath, &opts.sockets)?;
+        let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
+        let metrics = Arc::new(Metrics::new(
+            MetricsOptions {
+                pins: opts.datapath.bpffs.clone(),
+                per_service: opts.servers.metrics_per_service,
+            },
+            Some(health.clone()),
+        ));
+        start::serve(&opts.servers, &health, &metrics)?;
+        // Deferred hooks (an upgrade) are expected to attach; if they do not, the first
+        // sync after the upgrade drops what only they would use.
+        let socket_lb = started.hooks.is_some()
+            || (started.upgrade.is_some() && sockets::wanted(&opts.sockets));
+        let mut node = desired::NodeContext::new(
+            &opts.node.name,
+            &node_port_addresses(&opts.node, &opts.interfaces),
+            socket_lb,
+        );
+        node.lb = opts.node.lb.clone();
+        let service_health = ServiceHealth::new(health.clone());
+        let sysctls = crate::datapath::sysctl::apply(&opts.datapath.kernel_conntrack);
+        metrics.node_sysctls(&sysctls);
+        let timeouts = crate::datapath::sysctl::collector_timeouts(&sysctls);
+        let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, timeouts, &metrics);
+        // Link changes wake the loop at once (a new or re-created pod veth is attached
+        // within milliseconds); so do source events. Nothing is polled unless a watch is
+        // unavailable.
+        let (wake, links_watched) = feed::start(&opts.source, opts.poll);
+        let told = status::Told::start(&opts.source, &opts.datapath.bpffs);
+        metrics.failing(status::counts(started.books.statuses()));
+        phase.take(Input::Loaded);
+        Ok(Self {
+            opts,
+            _lock: started._lock,
+            ebpf: started.ebpf,
+            _bpf_log: started._bpf_log,
+            upgrade: started.upgrade,
+            hooks: started.hooks,
+            maps: started.maps,
+            books: started.books,
+            ifs: Interfaces::default(),
+            wanted: Wanted::of(&opts.interfaces),
+            health,
+            metrics,
+            node,
+            service_health,
+            _collector,
+            wake,
+            links_watched,
+            told,
+            state: State::default(),
+            links_changed: true,
+            attached: false,
+            last_sync: None,
+            last_prune: Instant::now(),
+            taking_over: opts.takeover_from_kube_proxy,
+            phase,
+        })
+    }
+
+    /// One turn: interfaces attached where needed, then a sync when one is due, else a
+    /// sleep until woken.
+    pub(super) fn turn(&mut self) -> Result<(), AgentError> {
+        self.attach_when_needed()?;
+        self.state.prune_when_due(&mut self.last_prune);
+        self.state.retry_when_due(self.books.next_retry());
+        let due = self.state.due(self.last_sync, self.opts.min_sync);
+        match due {
+            // kube-proxy's bounded-frequency sync: a change after a quiet minSyncPeriod
+            // applies at once; changes within it wait for its end and go as one sync.
+            Some(at) if Instant::now() >= at => self.sync(),
+            _ => self.sleep(due),
+        }
+    }
+
+    /// Interfaces that appeared or changed attached (not while an upgrade or a takeover
+    /// defers the programs).
+    fn attach_when_needed(&mut self) -> Result<(), AgentError> {
+        let deferred = self.upgrade.is_some() || self.taking_over;
+        if deferred || !(self.links_changed || self.ifs.retrying() || !self.links_watched) {
+            return Ok(());
+        }
+        self.links_changed = false;
+        let mut links = KernelLinks {
+            ebpf: &mut self.ebpf,
+            dir: &self.opts.datapath.bpffs,
+        };
+        self.ifs.sync(&mut links, &self.wanted)?;
+        if !self.attached {
+            // Flows the previous programs began before they were replaced.
+            self.attached = true;
+            backfill_egress(&self.opts.datapath.bpffs);
+        }
+        Ok(())
+    }
+
+    /// A sync of what changed, then what the first sync unblocks (an upgrade's or a
+    /// takeover's attach), then it is recorded and told.
+    fn sync(&mut self) -> Result<(), AgentError> {
+        let opts = self.opts;
+        self.last_sync = Some(Instant::now());
+        let since = self.state.dirty.take().unwrap_or_else(Instant::now);
+        let (services, endpoints) = std::mem::take(&mut self.state.queued);
+        let started = Instant::now();
+        let udp = self.hooks.is_some();
+        let synced = self
+            .state
+            .sync(&mut self.books, &self.node, &mut self.maps, udp);
+        if let Some(cgroup) = self.hooks.as_deref() {
+            let hooks = sockets::Attached {
+                opts: &opts.sockets,
+                pins: &opts.datapath.bpffs,
+                cgroup,
+            };
+            sockets::destroy_stale_udp(hooks, &synced.gone_udp);
+        }
+        self.after_first_sync()?;
+        let errors = synced.errors + std::mem::take(&mut self.state.errors);
+        self.metrics.synced(&Synced {
+            took: started.elapsed(),
+            full: synced.full,
+            programming: Some(since.elapsed()),
+            services,
+            endpoints,
+            errors,
+        });
+        self.record(&synced, errors);
+        Ok(())
+    }
+
+    /// The upgrade's take-over and the takeover from kube-proxy, once the maps hold this
+    /// agent's first sync.
+    fn after_first_sync(&mut self) -> Result<(), AgentError> {
+        let opts = self.opts;
+        if let Some(prev) = self.upgrade.take() {
+            let now = self.books.programmed();
+            self.hooks = take_over(opts, prev, now, &mut self.ebpf, &mut self.ifs, &self.wanted)?;
+            self.node.socket_lb = self.hooks.is_some();
+        }
+        if std::mem::take(&mut self.taking_over) {
+            let mut links = KernelLinks {
+                ebpf: &mut self.ebpf,
+                dir: &opts.datapath.bpffs,
+            };
+            let now = self.books.programmed();
+            let (ifs, wanted) = (&mut self.ifs, &self.wanted);
+            takeover::from_kube_proxy(&opts.datapath.bpffs, now, || ifs.sync(&mut links, wanted))?;
+        }
+        Ok(())
+    }
+
+    /// What a sync left: the maps' fill, the failing frontends (metrics, told), health,
+    /// the phase.
+    fn record(&mut self, synced: &SyncedBooks, errors: u64) {
+        let statuses = self.books.statuses();
+        self.metrics
+            .programmed(self.books.programmed(), self.books.limits());
+        self.metrics.failing(status::counts(statuses));
+        self.told
+            .tell(&synced.transitions, statuses, &self.state.model);
+        self.phase.take(Input::Synced {
+            failing: statuses.failing().count(),
+            errors,
+        });
+        self.health.synced();
+        if std::mem::take(&mut self.state.health_changed) {
+            let (state, node) = (&self.state, &self.node);
+            update_service_health(&mut self.service_health, state, node, &self.opts.node.name);
+        }
+    }
+
+    /// Sleeps until an event, `due` (the end of minSyncPeriod when a change waits), a
+    /// retry's time, or a look at the stop flag; takes in what woke it.
+    fn sleep(&mut self, due: Option<Instant>) -> Result<(), AgentError> {
+        let opts = self.opts;
+        self.state.release_after_full_sync();
+        let poll = !self.links_watched || self.ifs.retrying();
+        // A waiting sync takes due retries in; without one, a retry's time wakes the loop.
+        let wake_at = due.or(self.books.next_retry());
+        let Some(first) = next_wake(&self.wake, wake_at, poll.then_some(opts.poll))? else {
+            return Ok(());
+        };
+        let wake = &self.wake;
+        for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
+            self.links_changed |= woken(w, opts, &mut self.node, &mut self.state, &self.health)?;
+        }
+        if self.state.dirty.is_some() {
+            self.health.queued();
+            self.metrics
+                .queued(self.state.queued.0, self.state.queued.1);
+        }
+        Ok(())
+    }
+}
