@@ -4,6 +4,7 @@
 //! from lb-common's catalogue (`maps_page`), and the source's own invariants
 //! (`source_rules`: the agent's import layers, the eBPF work area).
 
+mod crate_pages;
 mod deploy;
 mod desired;
 mod emit_golden;
