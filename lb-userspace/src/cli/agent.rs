@@ -11,6 +11,7 @@ use lb_userspace::{
         SocketOptions, SourceSpec,
     },
     config::{AgentConfig, KernelConntrack},
+    datapath::{attach::XdpSetting, socket::SocketLb},
     serve::status::{PROXY_MODE, Status},
     source::kube::KubeOptions,
 };
@@ -90,13 +91,13 @@ pub struct AgentArgs {
     pub hairpin_address6: String,
     /// XDP on the node interfaces: `native` (in the driver, generic where the driver
     /// cannot), `generic`, or `off` (tc does everything; the same behaviour, slower).
-    #[arg(long, env = "XLB_XDP", default_value = "off")]
-    pub xdp: lb_userspace::datapath::attach::XdpSetting,
+    #[arg(long, env = "XLB_XDP", value_enum, default_value_t = XdpSetting::Off)]
+    pub xdp: XdpSetting,
     /// Connect-time load balancing in cgroup socket hooks: `all` (the node's processes,
     /// hostNetwork pods and pods' sockets), `host` (only the agent's network namespace;
     /// pods are left to tc), or `off` (the node itself does not reach services).
-    #[arg(long, env = "XLB_SOCKET_LB", default_value = "all")]
-    pub socket_lb: lb_userspace::datapath::socket::SocketLb,
+    #[arg(long, env = "XLB_SOCKET_LB", value_enum, default_value_t = SocketLb::All)]
+    pub socket_lb: SocketLb,
     /// The cgroup v2 directory the socket hooks attach to: every process below it is
     /// served [default: the cgroup v2 root from the mounts, e.g. /sys/fs/cgroup].
     #[arg(long, env = "XLB_CGROUP_PATH")]
@@ -127,8 +128,8 @@ pub struct AgentArgs {
     /// picks the same backend, as Cilium's loadBalancer.algorithm=maglev). A Service's
     /// annotation service.cilium.io/lb-algorithm overrides it. ClusterIP traffic picks at
     /// random either way.
-    #[arg(long, env = "XLB_LB_ALGORITHM", default_value = "random")]
-    pub lb_algorithm: String,
+    #[arg(long, env = "XLB_LB_ALGORITHM", value_enum, default_value_t = LbAlgorithmArg::Random)]
+    pub lb_algorithm: LbAlgorithmArg,
     /// Entries of each Maglev table (a prime: 251, 509, 1021, 2039, 4093, 8191 or 16381,
     /// Cilium's default); about 100 × a Service's largest backend count keeps every
     /// backend's share within 1%.
@@ -194,6 +195,22 @@ pub enum TakeoverFrom {
     KubeProxy,
 }
 
+/// `--lb-algorithm` (the model's `LbAlgorithm`, which the Service annotation also names).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LbAlgorithmArg {
+    Random,
+    Maglev,
+}
+
+impl From<LbAlgorithmArg> for lb_userspace::model::LbAlgorithm {
+    fn from(a: LbAlgorithmArg) -> Self {
+        match a {
+            LbAlgorithmArg::Random => Self::Random,
+            LbAlgorithmArg::Maglev => Self::Maglev,
+        }
+    }
+}
+
 /// `--bpf-log`.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BpfLog {
@@ -203,14 +220,12 @@ pub enum BpfLog {
 
 /// `--lb-algorithm`, `--maglev-table-size`, `--maglev-hash-seed`, checked.
 fn lb_settings(
-    algorithm: &str,
+    algorithm: LbAlgorithmArg,
     size: u32,
     seed: String,
 ) -> Result<lb_userspace::desired::LbSettings> {
     use lb_userspace::desired::maglev::TABLE_SIZES;
-    let algorithm = algorithm
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("--lb-algorithm {algorithm}: {e}"))?;
+    let algorithm = algorithm.into();
     if !TABLE_SIZES.contains(&size) {
         anyhow::bail!("--maglev-table-size {size}: not one of the accepted primes {TABLE_SIZES:?}");
     }
@@ -266,7 +281,7 @@ fn options(args: AgentArgs) -> Result<AgentOptions> {
     let map_sizes = map_sizes(&args, &config, cpus);
     let kernel_conntrack = config.kernel_conntrack(per_core, min, cpus);
     let lb = lb_settings(
-        &args.lb_algorithm,
+        args.lb_algorithm,
         args.maglev_table_size,
         args.maglev_hash_seed,
     )?;

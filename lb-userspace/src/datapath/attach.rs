@@ -83,7 +83,7 @@ fn attach_tc(
 }
 
 /// How XDP is attached to the node interfaces (`--xdp`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpSetting {
     /// No XDP: tc does everything (the default, as Cilium's acceleration is opt-in).
     #[default]
@@ -92,18 +92,6 @@ pub enum XdpSetting {
     Native,
     /// Generic (skb) mode, whatever the driver.
     Generic,
-}
-
-impl std::str::FromStr for XdpSetting {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(Self::Off),
-            "native" => Ok(Self::Native),
-            "generic" => Ok(Self::Generic),
-            other => Err(format!("--xdp {other:?}: expected native, generic or off")),
-        }
-    }
 }
 
 /// Where the XDP link of `iface` is pinned.

@@ -19,7 +19,7 @@ use super::DatapathError;
 
 /// `--socket-lb`: which sockets the hooks translate (Cilium's `socketLB.enabled` and
 /// `socketLB.hostNamespaceOnly`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SocketLb {
     /// Every socket in the cgroup: the node's and its pods' (pods' TCP then needs no NAT).
     #[default]
@@ -28,18 +28,6 @@ pub enum SocketLb {
     Host,
     /// No socket hooks (the node's own processes do not reach services).
     Off,
-}
-
-impl std::str::FromStr for SocketLb {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "all" => Ok(Self::All),
-            "host" => Ok(Self::Host),
-            "off" => Ok(Self::Off),
-            other => Err(format!("--socket-lb {other:?}: expected all, host or off")),
-        }
-    }
 }
 
 /// The hooks: program name in the object, and the link's pin name.
