@@ -10,6 +10,7 @@ use crate::{
     maps::XLB_AFF_V2,
     parse::Tuple,
     select::{Keyed, backend, slot},
+    shared::{Shared, get, load, store},
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -76,19 +77,20 @@ pub fn lookup<F: Keyed>(f: &F, client: &Client, svc: &SvcValue) -> Option<(u32, 
     if svc.affinity_timeout_s == 0 {
         return None;
     }
-    let a = XLB_AFF_V2.get_ptr_mut(key(client, svc.svc_id))?;
-    // SAFETY: the entry stays valid for this program run; only last_seen_ns is written.
-    let a = unsafe { &mut *a };
+    // Shared with the other CPUs (only last_seen_ns is written in place): read through the
+    // pointer (`shared.rs`).
+    let a = Shared::of(XLB_AFF_V2.get_ptr_mut(key(client, svc.svc_id)))?;
     let now = clock::now();
-    if clock::since(now, a.last_seen_ns) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
+    if clock::since(now, load!(a, last_seen_ns)) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
         return None;
     }
-    if slot(f, a.slot).is_none_or(|s| s.backend_id != a.backend_id) {
+    // Each field read where it is used (kept across the lookups, they would be spilled).
+    if slot(f, get!(a, slot)).is_none_or(|s| s.backend_id != get!(a, backend_id)) {
         return None;
     }
-    let be = *backend(a.backend_id).filter(|b| b.generation == a.backend_gen)?;
-    a.last_seen_ns = now;
-    Some((a.backend_id, a.slot, be))
+    let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
+    store!(a, last_seen_ns, now);
+    Some((get!(a, backend_id), get!(a, slot), be))
 }
 
 /// Remembers the client's backend (affinity services only): index, slot, generation.
@@ -113,12 +115,10 @@ pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16, gen
 /// affinity of its client (the packet's source) alive, at most one write a second.
 #[inline(always)]
 pub fn touch(client: &Client, svc_id: u32) {
-    if let Some(a) = XLB_AFF_V2.get_ptr_mut(key(client, svc_id)) {
-        // SAFETY: as in `lookup`.
-        let a = unsafe { &mut *a };
+    if let Some(a) = Shared::of(XLB_AFF_V2.get_ptr_mut(key(client, svc_id))) {
         let now = clock::now();
-        if clock::since(now, a.last_seen_ns) > TOUCH_INTERVAL_NS {
-            a.last_seen_ns = now;
+        if clock::since(now, load!(a, last_seen_ns)) > TOUCH_INTERVAL_NS {
+            store!(a, last_seen_ns, now);
         }
     }
 }

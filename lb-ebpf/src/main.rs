@@ -26,6 +26,7 @@ mod parse;
 mod reason;
 mod reject;
 mod select;
+mod shared;
 mod sock;
 mod srcrange;
 mod translate;
@@ -44,14 +45,16 @@ use lb_common::{
     SVC_F_DROP_EMPTY,
 };
 
-use lb_common::SvcValue;
+use lb_common::{CtValue, SvcValue};
 
 use crate::{
     affinity::Client,
+    family::{Ends, View},
     maps::FlowScratch,
     parse::{Parsed, Tuple},
     reason::{Carried, Reason, Then},
     select::Frontend,
+    shared::Shared,
     translate::Mtu,
 };
 
@@ -219,31 +222,32 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         None
     };
     if let Some(ct) = forward {
-        if conntrack::continues(ct, &t) {
-            let mtu = established_mtu(ctx, &t, ct);
+        if conntrack::continues(&ct, &t) {
+            let mtu = established_mtu(ctx, &t, ct.lend());
             if mtu != 0 {
                 return frag_needed(ctx, &t, mtu).outcome();
             }
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
-            let ct = flow::keep_alive(ct, &t, &mut w.v4);
-            nat::forward_in(ctx, &t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            let ct = flow::keep_alive(ct, &t, &mut w.v4)?;
+            nat::forward_in(ctx, &t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             return pass(R_ESTABLISHED);
+        }
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
+            reason = R_BACKEND_GONE;
         }
         // Started over: a reused client port on a closed flow is simply new.
         conntrack::start_over(ct, &t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
-            reason = R_BACKEND_GONE;
-        }
     } else if let Some(ct) = filter::maybe_backend(t.saddr_be)
         .then(|| conntrack::lookup_reply(&t))
         .flatten()
     {
         // A reply from a backend of a tracked flow: the client (if the flow was SNATed) as
         // destination; the frontend as source at egress.
-        conntrack::touch(ct, &t);
-        nat::reply_in(ctx, &t, ct)?;
+        conntrack::touch(&ct, &t);
+        nat::reply_in(ctx, &t, &ct)?;
         return pass(R_REPLY_IN);
     } else if conntrack::mid_stream(&t) {
         reason = R_CT_MISS;
@@ -322,9 +326,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
         .then(|| conntrack::lookup_reply(&t))
         .flatten()
     {
-        conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::BOTH }>(ctx, &t, ct)?;
-        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        conntrack::touch(&ct, &t);
+        nat::apply::<_, { nat::BOTH }>(ctx, &t, &ct)?;
+        reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
         return Ok(Some((TC_ACT_OK, Reason(R_REVERSE_NAT))));
     }
     if filter::maybe_backend(t.daddr_be) {
@@ -349,8 +353,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
         .then(|| conntrack::lookup_snat_out(&t))
         .flatten()
     {
-        conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
+        conntrack::touch(&ct, &t);
+        nat::apply::<_, { nat::SRC }>(ctx, &t, &ct)?;
         return Ok(Some((TC_ACT_OK, Reason(R_SNAT_OUT))));
     }
     // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
@@ -368,7 +372,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
 fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp, s: &mut FlowScratch) -> Carried {
     Carried::done(match icmp::translate::<PART>(ctx, m, s) {
         Ok(Some(ct)) => {
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
         }
         Ok(None) => Ok((TC_ACT_OK, Reason(R_PASS))),
@@ -404,11 +408,11 @@ fn dsr_in(ctx: &TcContext) -> Carried {
 /// one): the MTU to answer with when it is too big, else 0 (a size that fits is remembered
 /// in the entry `ct`). Out of line: tc ingress's frame has no room for it.
 #[inline(never)]
-fn established_mtu(ctx: &TcContext, t: &Tuple, ct: &mut lb_common::CtValue) -> u16 {
-    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu, dsr::extra(ct.flags, t)) {
+fn established_mtu(ctx: &TcContext, t: &Tuple, ct: Shared<'_, CtValue>) -> u16 {
+    match translate::check_mtu(ctx, t, *ct.daddr(), ct.mtu(), dsr::extra(ct.flags(), t)) {
         Mtu::TooBig(mtu) => mtu.max(1),
         Mtu::Fits(len) => {
-            ct.mtu = len;
+            ct.set_mtu(len);
             0
         }
         Mtu::Unchecked => 0,
@@ -468,7 +472,7 @@ fn try_tc_new_flow(
         Mtu::Unchecked => 0,
     };
     let fwd = flow::record(ctx, t, svc, &client, &chosen, fits, 0, s)?;
-    nat::forward_in(ctx, t, fwd)?;
+    nat::forward_in(ctx, t, &fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))
 }

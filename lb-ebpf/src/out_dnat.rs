@@ -19,7 +19,9 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack, fib, flow,
+    conntrack,
+    family::{Ends, View},
+    fib, flow,
     maps::FlowScratch,
     nat,
     packet::Packet,
@@ -77,17 +79,18 @@ fn refuse(ctx: &TcContext) -> Carried {
 fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(t) {
-        if conntrack::continues(ct, t) {
-            let ct = flow::keep_alive(ct, t, s);
-            nat::forward_in(ctx, t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-            let backend = ct.daddr_be;
+        if conntrack::continues(&ct, t) {
+            let ct = flow::keep_alive(ct, t, s)?;
+            nat::forward_in(ctx, t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            let backend = *ct.daddr();
             return Ok(Then::Done(toward(ctx, t, backend, R_ESTABLISHED)));
         }
-        conntrack::start_over(ct, t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
             reason = R_BACKEND_GONE;
         }
+        conntrack::start_over(ct, t);
     }
     let Some(svc) = select::lookup_service(t) else {
         return Ok(Then::Done(Ok((TC_ACT_OK, Reason(R_PASS)))));
@@ -109,8 +112,8 @@ fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>
     let client = Client::of(t);
     let chosen = select::choose(&front, &client, svc, Some(select::flow_hash(t)))?;
     let fwd = flow::record(ctx, t, svc, &client, &chosen, 0, CT_F_OUT_DNAT, s)?;
-    nat::forward_in(ctx, t, fwd)?;
-    let backend = fwd.daddr_be;
+    nat::forward_in(ctx, t, &fwd)?;
+    let backend = *fwd.daddr();
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(toward(ctx, t, backend, reason)))
 }

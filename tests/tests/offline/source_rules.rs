@@ -7,6 +7,9 @@
 //! work area (`lb-ebpf/src/work.rs`) is turned into a `&mut` only at the programs' entries,
 //! no other per-CPU scratch map appears unannounced, and every raw `&mut *` dereference is
 //! one of the known, commented ones. A new one fails here until it is reviewed and counted.
+//! A map value other CPUs write or a delete frees (conntrack, affinity) is never a Rust
+//! reference: looked up only into a `Shared` (`lb-ebpf/src/shared.rs`, the rule on the
+//! crate page).
 
 use std::{
     collections::BTreeMap,
@@ -15,12 +18,11 @@ use std::{
 };
 
 /// Raw `&mut *` dereferences per file: the work area itself, the SNAT port search's
-/// callback (its context and the scratch lent to it), the shared conntrack and affinity
-/// entries, the route request scratches and XDP route caches, the socket hooks' context.
-const RAW_MUT_DEREFS: [(&str, usize); 6] = [
+/// callback (its context and the scratch lent to it), the route request scratches and XDP
+/// route caches (per CPU), the socket hooks' context. None of a shared map value.
+const RAW_MUT_DEREFS: [(&str, usize); 5] = [
     ("work.rs", 1),
-    ("conntrack.rs", 4),
-    ("affinity.rs", 2),
+    ("conntrack.rs", 2),
     ("fib.rs", 2),
     ("v6/fib.rs", 2),
     ("sock.rs", 1),
@@ -260,4 +262,108 @@ fn the_work_area_is_acquired_at_the_entries_only_and_raw_derefs_are_counted() {
             "{name}: {raw} raw `&mut *` dereferences, {allowed} known (review, then count)"
         );
     }
+}
+
+/// The maps whose values other CPUs write in place or a delete frees, as the eBPF source
+/// names them (a family's tables are `T::ct()` and `T::cta()` in the generic flow code).
+const SHARED_TABLES: [&str; 7] = [
+    "T::ct()",
+    "T::cta()",
+    "XLB_CT_V3",
+    "XLB_CTA_V1",
+    "XLB_CT6_V1",
+    "XLB_CTA6_V1",
+    "XLB_AFF_V2",
+];
+
+/// Where the call opened at `open` (the index of its `(`) closes, in `code`.
+fn closing(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The places in `code` (whitespace removed) that look a shared table's value up other
+/// than into a `Shared`: `get` (a `&V` for as long as the caller likes), or a `get_ptr_mut`
+/// whose pointer is kept (neither wrapped in `Shared::of`, nor only tested for presence,
+/// nor dropped at once).
+fn unshared_lookups(code: &str) -> Vec<String> {
+    let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut wrong = Vec::new();
+    for table in SHARED_TABLES {
+        for (i, _) in code.match_indices(&format!("{table}.get(")) {
+            wrong.push(format!("`get` on {table} at {i}"));
+        }
+        let call = format!("{table}.get_ptr_mut(");
+        for (i, _) in code.match_indices(&call) {
+            let before = &code[..i];
+            let after = closing(&code, i + call.len() - 1).map_or("", |end| &code[end + 1..]);
+            let wrapped = before.ends_with("Shared::of(");
+            let tested = after.starts_with(".is_some()") || after.starts_with(".is_none()");
+            let dropped = before.ends_with("let_=") || before.ends_with("let _ =");
+            if !(wrapped || tested || dropped) {
+                wrong.push(format!(
+                    "`get_ptr_mut` on {table} kept as a raw pointer at {i}"
+                ));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn shared_map_values_are_held_through_shared_never_as_references() {
+    let root = ebpf_src();
+    let mut files = BTreeMap::new();
+    sources(&root, &root, &mut files);
+    assert!(
+        files.contains_key("shared.rs"),
+        "lb-ebpf/src/shared.rs exists"
+    );
+    let mut wrong = Vec::new();
+    for (name, code) in &files {
+        if code.contains("&'static mut") {
+            wrong.push(format!("{name}: a `&'static mut`"));
+        }
+        // A map lookup's lifetime: what a reference to a shared entry would carry (the
+        // scratch's own values are lent with the work area's, never `'static`).
+        for value in ["CtValue", "CtValue6", "T::Value", "AffinityValue"] {
+            if code.contains(&format!("&'static {value}")) {
+                wrong.push(format!(
+                    "{name}: `&'static {value}` (a shared entry as a reference)"
+                ));
+            }
+        }
+        for w in unshared_lookups(code) {
+            wrong.push(format!("{name}: {w}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "shared map values held other than through `Shared`:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_shared_lookup_check_sees_what_it_must_refuse() {
+    assert!(unshared_lookups("Shared::of(T::cta().get_ptr_mut(k))").is_empty());
+    assert!(unshared_lookups("T::cta()\n  .get_ptr_mut(k).is_some()").is_empty());
+    assert!(unshared_lookups("let _ = T::ct().get_ptr_mut(&key_of(a, b));").is_empty());
+    assert_eq!(unshared_lookups("unsafe { T::ct().get(k) }").len(), 1);
+    assert_eq!(
+        unshared_lookups("XLB_AFF_V2.get_ptr_mut(key(c, s)).map(|p| unsafe { &mut *p })").len(),
+        1
+    );
 }
