@@ -51,7 +51,7 @@ use crate::{
     affinity::Client,
     family::{Ends, View},
     maps::FlowScratch,
-    parse::{Parsed, Tuple},
+    parse::{L3, Parsed, Tuple},
     reason::{Carried, Reason, Then},
     select::Frontend,
     shared::Shared,
@@ -85,12 +85,17 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
 /// too: egress drops nothing it does not own).
 #[classifier]
 pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
-    let outcome = match egress(&ctx).next::<i32>() {
-        Then::Done(o) => o,
-        // The node's own packet to a frontend, from this frame (the frames of a call chain
-        // add up, and the new-flow steps need theirs): see `out_dnat`.
-        Then::Next(_) => node_flow(&ctx),
-        Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+    let outcome = match parse::l3(&ctx) {
+        Ok(L3::Ipv4) => match egress(&ctx).next::<i32>() {
+            Then::Done(o) => o,
+            // The node's own packet to a frontend, from this frame (the frames of a call
+            // chain add up, and the new-flow steps need theirs): see `out_dnat`.
+            Then::Next(_) => node_flow(&ctx),
+            Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        },
+        Ok(L3::Ipv6) => egress6(&ctx),
+        Ok(L3::Other) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        Err(r) => Err(r),
     };
     let (action, reason) = match outcome {
         Ok(verdict) => verdict,
@@ -192,17 +197,21 @@ type Outcome = reason::Outcome<i32>;
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
+    match parse::l3(ctx)? {
+        L3::Ipv4 => {}
+        L3::Ipv6 => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return v6::tc(ctx, &mut w.v6).outcome();
+        }
+        L3::Other => return pass(R_PASS),
+    }
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(m) => {
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
             return icmp_error::<{ nat::DST }>(ctx, &m, &mut w.v4).outcome();
-        }
-        Parsed::Pass(Reason(parse::IPV6)) => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return v6::tc(ctx, &mut w.v6).outcome();
         }
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
@@ -288,18 +297,30 @@ fn egress(ctx: &TcContext) -> Carried {
     })
 }
 
-/// The node's own packet to a frontend: this run's one acquire of the work area.
+/// The node's own IPv4 packet to a frontend: this run's one acquire of the work area.
 #[inline(always)]
 fn node_flow(ctx: &TcContext) -> Outcome {
-    // SAFETY: the only live borrow of the work area: `egress` found no tracked flow and no
-    // ICMP error; its IPv6 path's borrow (the packet parsed there) ended when it returned,
-    // and `out_dnat` parses the packet again.
+    // SAFETY: the only acquire on this path of the run: `egress` found no tracked flow and
+    // no ICMP error, and acquired nothing.
     let w = unsafe { work::acquire() }?;
-    out_dnat::flow(ctx, w).outcome()
+    out_dnat::flow(ctx, &mut w.v4).outcome()
 }
 
-/// tc egress: the source side of a tracked flow's packet (see `xlb_tc_egress`); `None` for
-/// a packet to a frontend, which may be the node's own (`out_dnat`).
+/// tc egress for an IPv6 packet (the packet parsed into the work area, acquired once here
+/// for the run): a tracked flow's source side, else the node's own packet to a frontend.
+#[inline(always)]
+fn egress6(ctx: &TcContext) -> Outcome {
+    // SAFETY: the only acquire of this run.
+    let w = unsafe { work::acquire() }?;
+    match v6::tc_egress(ctx, &mut w.v6).next::<i32>() {
+        Then::Done(o) => o,
+        Then::Next(_) => v6::out_dnat::flow(ctx, &mut w.v6).outcome(),
+        Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+    }
+}
+
+/// tc egress: the source side of a tracked IPv4 flow's packet (see `xlb_tc_egress`);
+/// `None` for a packet to a frontend, which may be the node's own (`out_dnat`).
 #[inline(always)]
 fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
@@ -310,14 +331,6 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
             return icmp_error::<{ nat::SRC }>(ctx, &m, &mut w.v4)
                 .outcome()
                 .map(Some);
-        }
-        Parsed::Pass(Reason(parse::IPV6)) => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return match v6::tc_egress(ctx, &mut w.v6).next::<i32>() {
-                Then::Done(o) => o.map(Some),
-                _ => Ok(None),
-            };
         }
         Parsed::Pass(reason) => return Ok(Some((TC_ACT_OK, reason))),
     };

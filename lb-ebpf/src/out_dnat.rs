@@ -28,7 +28,6 @@ use crate::{
     parse::{self, Parsed, Tuple},
     reason::{self, Carried, Outcome, Reason, Then},
     select::{self, Frontend},
-    work::WorkArea,
 };
 
 /// The node's own IPv4 SCTP packet to a frontend (tc egress): its tracked flow's backend,
@@ -36,11 +35,8 @@ use crate::{
 /// again in each step: the egress path's frame keeps only the few fields it reads (and
 /// the frames of a call chain add up, 512 bytes in all).
 #[inline(never)]
-pub fn flow(ctx: &TcContext, w: &mut WorkArea) -> Carried {
-    if parse::is_ipv6(ctx) {
-        return crate::v6::out_dnat::flow(ctx, &mut w.v6);
-    }
-    match step(ctx, &mut w.v4).next::<i32>() {
+pub fn flow(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+    match step(ctx, s).next::<i32>() {
         Then::Refuse => refuse(ctx),
         Then::Done(o) => Carried::done(o),
         Then::Next(r) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
