@@ -9,8 +9,7 @@ use crate::{
     clock,
     maps::XLB_AFF_V2,
     parse::Tuple,
-    select::{Keyed, backend, slot},
-    shared::{Shared, get, load, store},
+    shared::{Shared, load, store},
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -70,10 +69,15 @@ fn key(client: &Client, svc_id: u32) -> AffinityKey {
     }
 }
 
-/// The client's remembered backend, if affinity is on, it has not expired, and the backend is
-/// still in the slot of `f` it was chosen from.
+/// The client's remembered backend, if affinity is on, it has not expired, and `still` (the
+/// caller's check of the entry against the service: `select::choose`'s, whether the backend
+/// is still in the slot it was chosen from) gives it back.
 #[inline(always)]
-pub fn lookup<F: Keyed>(f: &F, client: &Client, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
+pub fn lookup(
+    client: &Client,
+    svc: &SvcValue,
+    still: impl FnOnce(&Shared<'_, AffinityValue>) -> Option<(u32, u16, Backend)>,
+) -> Option<(u32, u16, Backend)> {
     if svc.affinity_timeout_s == 0 {
         return None;
     }
@@ -84,13 +88,9 @@ pub fn lookup<F: Keyed>(f: &F, client: &Client, svc: &SvcValue) -> Option<(u32, 
     if clock::since(now, load!(a, last_seen_ns)) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
         return None;
     }
-    // Each field read where it is used (kept across the lookups, they would be spilled).
-    if slot(f, get!(a, slot)).is_none_or(|s| s.backend_id != get!(a, backend_id)) {
-        return None;
-    }
-    let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
+    let remembered = still(&a)?;
     store!(a, last_seen_ns, now);
-    Some((get!(a, backend_id), get!(a, slot), be))
+    Some(remembered)
 }
 
 /// Remembers the client's backend (affinity services only): index, slot, generation.

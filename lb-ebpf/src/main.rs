@@ -115,7 +115,7 @@ pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
 pub fn xlb_xdp(ctx: XdpContext) -> u32 {
     // Read once: the frame's length is a helper call at XDP.
     let len = packet::Packet::len(&ctx);
-    let (action, reason) = match xdp::try_xdp(&ctx, len) {
+    let (action, reason) = match try_xdp(&ctx, len) {
         Ok(verdict) => verdict,
         Err(dropped) => (xdp::DROP, dropped),
     };
@@ -193,6 +193,20 @@ pub fn xlb_xdp_pass(_ctx: XdpContext) -> u32 {
 
 /// The tc program's outcome.
 type Outcome = reason::Outcome<i32>;
+
+/// XDP: the frame's family's flow (IPv4: `xdp.rs`, IPv6: `v6/xdp.rs`); anything else passes.
+#[inline(always)]
+fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
+    match parse::l3(ctx)? {
+        L3::Ipv4 => xdp::try_xdp(ctx, len),
+        L3::Ipv6 => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            v6::xdp::xdp(ctx, &mut w.v6, len).outcome()
+        }
+        L3::Other => Ok((xdp::PASS, Reason(R_PASS))),
+    }
+}
 
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {

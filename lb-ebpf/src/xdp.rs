@@ -35,7 +35,7 @@ use crate::{
     maps::{FlowScratch, XLB_XDPTX_V1},
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
-    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L3, L4_OFF, Parsed, Tuple},
+    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
     shared::Shared,
@@ -51,18 +51,9 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// `len`: the frame's length.
+/// An IPv4 frame (the entry read its Ethernet type); `len`: the frame's length.
 #[inline(always)]
 pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
-    match parse::l3(ctx)? {
-        L3::Ipv4 => {}
-        L3::Ipv6 => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return crate::v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
-        }
-        L3::Other => return pass(R_PASS),
-    }
     let t = match parse::parse_ipv4(ctx, len)? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),

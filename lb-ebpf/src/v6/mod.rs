@@ -47,7 +47,7 @@ use crate::{
     select::{self, Frontend6},
     shared::Shared,
     srcrange,
-    translate::{self, Mtu},
+    translate::Mtu,
     work::Work6,
 };
 
@@ -455,7 +455,7 @@ pub(super) fn record<'s, P: Packet>(
     fwd.flags |= flags;
     fwd.mtu = mtu;
     fwd._pad = 0;
-    let cfg = translate::config();
+    let cfg = crate::maps::config();
     let hairpin = eq6(&be.addr_be, &t.saddr_be);
     let snat = if hairpin {
         hairpin_source(fwd, &cfg.hairpin6_addr_be)
