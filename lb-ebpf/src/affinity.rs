@@ -22,6 +22,18 @@ pub struct Client {
     family: u8,
 }
 
+/// A parsed packet, as the client its source is (each family's tuple).
+pub trait ClientOf {
+    fn client(&self) -> Client;
+}
+
+impl ClientOf for Tuple {
+    #[inline(always)]
+    fn client(&self) -> Client {
+        Client::addr(self.saddr_be)
+    }
+}
+
 impl Client {
     /// The source of a packet.
     #[inline(always)]

@@ -6,9 +6,9 @@ use lb_common::{
 };
 
 use crate::{
-    affinity::{self, Client},
+    affinity::{self, Client, ClientOf},
     conntrack::{self, Ct},
-    family::View,
+    family::{Flow, View},
     maps::FlowScratch,
     packet::Packet,
     parse::Tuple,
@@ -24,7 +24,11 @@ use crate::{
 /// (`ct_miss` when the flow was moved and its assured entry deleted meanwhile: the flow is
 /// over).
 #[inline(always)]
-pub fn keep_alive(ct: Ct<Tuple>, t: &Tuple, s: &mut FlowScratch) -> Result<Ct<Tuple>, Reason> {
+pub fn keep_alive<T: Flow + ClientOf>(
+    ct: Ct<T>,
+    t: &T,
+    s: &mut T::Scratch,
+) -> Result<Ct<T>, Reason> {
     let ct = conntrack::assure(ct, t, s).ok_or(Reason(R_CT_MISS))?;
     if conntrack::touch(&ct, t) {
         if ct.flags() & CT_F_SNAT != 0 {
@@ -32,7 +36,7 @@ pub fn keep_alive(ct: Ct<Tuple>, t: &Tuple, s: &mut FlowScratch) -> Result<Ct<Tu
         }
         // Affinity times out in seconds at least: a refresh once a second is plenty.
         if ct.flags() & CT_F_AFFINITY != 0 {
-            affinity::touch(&Client::addr(t.saddr_be), ct.svc_id());
+            affinity::touch(&t.client(), ct.svc_id());
         }
     }
     Ok(ct)

@@ -38,9 +38,10 @@ use self::{
 };
 use crate::{
     affinity::{self, Client},
-    conntrack::{Ct, continues, mid_stream, touch},
+    conntrack::{continues, mid_stream, touch},
     family::{Ends, View},
     filter,
+    flow::keep_alive,
     nat::{BOTH, DST, SRC},
     packet::Packet,
     reason::{self, Carried, Reason, Then},
@@ -312,26 +313,6 @@ pub(super) fn frontend(t: &Tuple6) -> Frontend6 {
         proto: t.proto,
         scope: SCOPE_EXTERNAL,
     }
-}
-
-/// A packet of an established flow keeps its entries (and its client's affinity) fresh
-/// (an assured flow's entries are copied through the scratch `s`).
-#[inline(always)]
-pub(super) fn keep_alive(
-    ct: Ct<Tuple6>,
-    t: &Tuple6,
-    s: &mut FlowScratch6,
-) -> Result<Ct<Tuple6>, Reason> {
-    let ct = conntrack::assure(ct, t, s).ok_or(Reason(R_CT_MISS))?;
-    if touch(&ct, t) {
-        if ct.flags() & CT_F_SNAT != 0 {
-            conntrack::keep_reply(&ct, t);
-        }
-        if ct.flags() & CT_F_AFFINITY != 0 {
-            affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id());
-        }
-    }
-    Ok(ct)
 }
 
 /// The first packet of a flow to an IPv6 frontend: dropped when its source is outside the

@@ -8,7 +8,7 @@ use lb_common::{
 };
 
 use super::{
-    choose, fib, frontend, is_loopback, keep_alive,
+    choose, fib, frontend, is_loopback,
     maps::FlowScratch6,
     nat,
     parse::{Parsed6, Tuple6, parse6},
@@ -17,6 +17,7 @@ use super::{
 use crate::{
     conntrack::continues,
     family::{Ends, View},
+    flow::keep_alive,
     out_dnat::redirect,
     packet::Packet,
     reason::{self, Carried, Outcome, Reason, Then},

@@ -14,7 +14,7 @@ use lb_common::{
 };
 
 use super::{
-    choose, conntrack, fib, frontend, is_loopback, keep_alive,
+    choose, conntrack, fib, frontend, is_loopback,
     maps::FlowScratch6,
     nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
@@ -24,6 +24,7 @@ use crate::{
     conntrack::{Ct, continues, touch},
     family::{Ends, View},
     filter,
+    flow::keep_alive,
     maps::XLB_XDPTX_V1,
     nat::BOTH,
     packet::{Packet, at},
