@@ -9,7 +9,7 @@ use crate::{
     clock,
     maps::XLB_AFF_V2,
     parse::Tuple,
-    select::{Keyed, backend, slot},
+    shared::{Shared, load, store},
 };
 
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
@@ -20,6 +20,18 @@ const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 pub struct Client {
     words: [u32; 2],
     family: u8,
+}
+
+/// A parsed packet, as the client its source is (each family's tuple).
+pub trait ClientOf {
+    fn client(&self) -> Client;
+}
+
+impl ClientOf for Tuple {
+    #[inline(always)]
+    fn client(&self) -> Client {
+        Client::addr(self.saddr_be)
+    }
 }
 
 impl Client {
@@ -69,26 +81,28 @@ fn key(client: &Client, svc_id: u32) -> AffinityKey {
     }
 }
 
-/// The client's remembered backend, if affinity is on, it has not expired, and the backend is
-/// still in the slot of `f` it was chosen from.
+/// The client's remembered backend, if affinity is on, it has not expired, and `still` (the
+/// caller's check of the entry against the service: `select::choose`'s, whether the backend
+/// is still in the slot it was chosen from) gives it back.
 #[inline(always)]
-pub fn lookup<F: Keyed>(f: &F, client: &Client, svc: &SvcValue) -> Option<(u32, u16, Backend)> {
+pub fn lookup(
+    client: &Client,
+    svc: &SvcValue,
+    still: impl FnOnce(&Shared<'_, AffinityValue>) -> Option<(u32, u16, Backend)>,
+) -> Option<(u32, u16, Backend)> {
     if svc.affinity_timeout_s == 0 {
         return None;
     }
-    let a = XLB_AFF_V2.get_ptr_mut(key(client, svc.svc_id))?;
-    // SAFETY: the entry stays valid for this program run; only last_seen_ns is written.
-    let a = unsafe { &mut *a };
+    // Shared with the other CPUs (only last_seen_ns is written in place): read through the
+    // pointer (`shared.rs`).
+    let a = Shared::of(XLB_AFF_V2.get_ptr_mut(key(client, svc.svc_id)))?;
     let now = clock::now();
-    if clock::since(now, a.last_seen_ns) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
+    if clock::since(now, load!(a, last_seen_ns)) > svc.affinity_timeout_s as u64 * 1_000_000_000 {
         return None;
     }
-    if slot(f, a.slot).is_none_or(|s| s.backend_id != a.backend_id) {
-        return None;
-    }
-    let be = *backend(a.backend_id).filter(|b| b.generation == a.backend_gen)?;
-    a.last_seen_ns = now;
-    Some((a.backend_id, a.slot, be))
+    let remembered = still(&a)?;
+    store!(a, last_seen_ns, now);
+    Some(remembered)
 }
 
 /// Remembers the client's backend (affinity services only): index, slot, generation.
@@ -113,12 +127,10 @@ pub fn remember(client: &Client, svc: &SvcValue, backend_id: u32, slot: u16, gen
 /// affinity of its client (the packet's source) alive, at most one write a second.
 #[inline(always)]
 pub fn touch(client: &Client, svc_id: u32) {
-    if let Some(a) = XLB_AFF_V2.get_ptr_mut(key(client, svc_id)) {
-        // SAFETY: as in `lookup`.
-        let a = unsafe { &mut *a };
+    if let Some(a) = Shared::of(XLB_AFF_V2.get_ptr_mut(key(client, svc_id))) {
         let now = clock::now();
-        if clock::since(now, a.last_seen_ns) > TOUCH_INTERVAL_NS {
-            a.last_seen_ns = now;
+        if clock::since(now, load!(a, last_seen_ns)) > TOUCH_INTERVAL_NS {
+            store!(a, last_seen_ns, now);
         }
     }
 }

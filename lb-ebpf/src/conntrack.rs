@@ -6,6 +6,9 @@
 //! ([`Flow`], `family.rs`), which names its family's key, entry, tables and scratch; IPv4's
 //! parts are here, IPv6's in `v6/conntrack.rs`. Each family gets its own copy of every
 //! function (monomorphised), out of line where IPv4's was.
+//!
+//! An entry found in a table is a [`Shared`] (`shared.rs`): read and written through its
+//! pointer, never a reference; whatever deletes it takes it by value.
 
 // Map entries are passed by reference on purpose: a copy would go through the 512-byte stack.
 #![allow(clippy::needless_borrows_for_generic_args)]
@@ -23,12 +26,16 @@ use lb_common::{
 pub use crate::family::{Entry, Flow};
 use crate::{
     clock,
-    family::{Addr, Ends, Key},
+    family::{Addr, Ends, EndsMut, Key, View},
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
     parse::Tuple,
     reason::Reason,
     select::backend_is,
+    shared::Shared,
 };
+
+/// A family's conntrack entry in its table (see `shared.rs`).
+pub type Ct<T> = Shared<'static, <T as Flow>::Value>;
 
 /// A protocol with connections, whose packets say how they begin and end (`tcp_flags`):
 /// TCP, and SCTP (its chunks in TCP's terms, `parse::sctp_flags`).
@@ -62,7 +69,7 @@ pub fn quoted<T: Flow, const PART: u8>(
     isport: u16,
     idport: u16,
     proto: u8,
-) -> Option<&'static T::Value> {
+) -> Option<Ct<T>> {
     *key = T::key(idst, isrc, idport, isport, proto, CT_DIR_REPLY);
     let found = entry::<T>(key);
     if found.is_some() {
@@ -83,26 +90,17 @@ fn tuple_key<T: Flow>(t: &T, dir: u8) -> T::Key {
 }
 
 /// The entry for `k`, if its flow is tracked: assured (`XLB_CTA_V1`) or not yet
-/// (`XLB_CT_V3`).
+/// (`XLB_CT_V3`). Only `last_seen_ns`, `mtu` and `flags` are written through it
+/// (`Shared`'s volatile stores): the other CPUs may write the same fields at once.
 #[inline(always)]
-pub fn entry<T: Flow>(k: &T::Key) -> Option<&'static T::Value> {
-    // SAFETY: entries are replaced whole; a torn read only affects this packet's flow.
-    unsafe { T::cta().get(k).or_else(|| T::ct().get(k)) }
+pub fn entry<T: Flow>(k: &T::Key) -> Option<Ct<T>> {
+    Shared::of(T::cta().get_ptr_mut(k)).or_else(|| Shared::of(T::ct().get_ptr_mut(k)))
 }
 
-/// The entry for `k`, writable (only `last_seen_ns`, `mtu` and `flags` are written through
-/// it). Not yet sound in Rust's model, unlike the per-CPU work area (`work.rs`): the entry
-/// is shared with the other CPUs, which may write the same fields at once, and `'static`
-/// outlives the run (as affinity's entries, `affinity.rs`). Narrowing the lifetime alone
-/// would not help; the fix is to write those fields through raw pointers (volatile or
-/// relaxed atomic stores) and hand out only shared references.
+/// Whether `k` is in the assured table (looked up, never read).
 #[inline(always)]
-fn get_mut<T: Flow>(k: &T::Key) -> Option<&'static mut T::Value> {
-    // SAFETY: as `get`; the fields written are a flow's own.
-    T::cta()
-        .get_ptr_mut(k)
-        .or_else(|| T::ct().get_ptr_mut(k))
-        .map(|p| unsafe { &mut *p })
+fn assured_has<T: Flow>(k: &T::Key) -> bool {
+    T::cta().get_ptr_mut(k).is_some()
 }
 
 /// Forgets `k` in both tables.
@@ -115,9 +113,9 @@ fn remove<T: Flow>(k: &T::Key) {
 /// The reply entry for a packet from a backend, if its flow is tracked. The first reply
 /// marks it answered (`CT_F_REPLIED`): the client's next packet makes the flow assured.
 #[inline(always)]
-pub fn lookup_reply<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
+pub fn lookup_reply<T: Flow>(t: &T) -> Option<Ct<T>> {
     let k = tuple_key(t, CT_DIR_REPLY);
-    let ct = get_mut::<T>(&k)?;
+    let ct = entry::<T>(&k)?;
     // A SYN-ACK never belongs to a flow that has closed: the client reused its port for a
     // connection straight to the backend, which the closed flow's entry must leave alone
     // (it goes, so the connection's later packets do not match it either).
@@ -125,34 +123,37 @@ pub fn lookup_reply<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
         && t.tcp_flags() & TCP_SYN != 0
         && ct.flags() & (CT_F_CLOSING | CT_F_RESET) != 0
     {
+        ct.release();
         remove::<T>(&k);
         return None;
     }
     if ct.flags() & CT_F_REPLIED == 0 {
-        *ct.flags_mut() |= CT_F_REPLIED;
+        ct.add_flags(CT_F_REPLIED);
     }
     Some(ct)
 }
 
 /// The forward entry for a packet to a frontend, if its flow is tracked.
 #[inline(always)]
-pub fn lookup_forward<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
-    get_mut::<T>(&tuple_key(t, CT_DIR_FORWARD))
+pub fn lookup_forward<T: Flow>(t: &T) -> Option<Ct<T>> {
+    entry::<T>(&tuple_key(t, CT_DIR_FORWARD))
 }
 
 /// A flow that starts over (`ct`, its forward entry, does not go on): its assured forward
 /// entry goes, so it cannot shadow the new flow's. Only here: a new flow whose forward
-/// lookup found nothing has no assured entry to remove.
+/// lookup found nothing has no assured entry to remove. Takes the entry: it may be gone
+/// afterwards (the caller reads what it needs of it first).
 #[inline(always)]
-pub fn start_over<T: Flow>(ct: &T::Value, t: &T) {
+pub fn start_over<T: Flow>(ct: Ct<T>, t: &T) {
     if ct.flags() & CT_F_ASSURED != 0 {
+        ct.release();
         let _ = T::cta().remove(&tuple_key(t, CT_DIR_FORWARD));
     }
 }
 
 /// The reply key of the flow whose forward entry is `fwd`.
 #[inline(always)]
-fn reply_key_of<T: Flow>(fwd: &T::Value, proto: u8) -> T::Key {
+fn reply_key_of<T: Flow, E: Ends<Addr = T::Addr>>(fwd: &E, proto: u8) -> T::Key {
     T::key(
         fwd.daddr(),
         fwd.saddr(),
@@ -165,7 +166,7 @@ fn reply_key_of<T: Flow>(fwd: &T::Value, proto: u8) -> T::Key {
 
 /// The forward key of the flow whose reply entry is `reply`.
 #[inline(always)]
-fn forward_key_of<T: Flow>(reply: &T::Value, proto: u8) -> T::Key {
+fn forward_key_of<T: Flow>(reply: &Ct<T>, proto: u8) -> T::Key {
     T::key(
         reply.daddr(),
         reply.saddr(),
@@ -180,7 +181,7 @@ fn forward_key_of<T: Flow>(reply: &T::Value, proto: u8) -> T::Key {
 /// if it is still that flow's: it translates to this reply tuple (the client may have
 /// reused its port for a newer flow, which keeps its entry).
 #[inline(always)]
-fn forward_of<T: Flow>(key: &T::Key, fwd_key: &T::Key) -> Option<&'static T::Value> {
+fn forward_of<T: Flow>(key: &T::Key, fwd_key: &T::Key) -> Option<Ct<T>> {
     entry::<T>(fwd_key).filter(|f| {
         f.saddr().same(key.daddr())
             && f.sport() == key.dport()
@@ -222,7 +223,8 @@ pub fn supersede<T: Flow>(t: &T, xdp_here: impl FnOnce() -> bool) -> bool {
     if reply.flags() & (CT_F_SNAT | lb_common::CT_F_DSR) != 0 || xdp_here() {
         return false;
     }
-    let fwd_key = forward_key_of::<T>(reply, proto);
+    let fwd_key = forward_key_of::<T>(&reply, proto);
+    reply.release();
     if forward_of::<T>(&key, &fwd_key).is_some() {
         remove::<T>(&fwd_key);
     }
@@ -233,50 +235,55 @@ pub fn supersede<T: Flow>(t: &T, xdp_here: impl FnOnce() -> bool) -> bool {
 /// Makes the flow of `t` (forward entry `ct`, not yet assured) assured once its backend has
 /// answered and the client goes on (any packet but a SYN): both entries move from the LRU
 /// table to the assured one, reply first (a reply always finds its entry), where no flood
-/// of new flows can evict them. Returns the forward entry now in use: the assured copy, or
-/// `ct` while the flow is not answered yet or the assured table is full (`ct_assured_full`).
-/// The copies and keys are built in `s`.
+/// of new flows can evict them.
+/// Returns the forward entry now in use: the assured copy, or
+/// `ct` while the flow is not answered yet or the assured table is full (`ct_assured_full`);
+/// `None` when the flow was moved and its assured entry is gone already (another CPU, or
+/// the agent, deleted it meanwhile). The copies and keys are built in `s`.
 #[inline(always)]
-pub fn assure<T: Flow>(
-    ct: &'static mut T::Value,
-    t: &T,
-    s: &mut T::Scratch,
-) -> &'static mut T::Value {
+pub fn assure<T: Flow>(ct: Ct<T>, t: &T, s: &mut T::Scratch) -> Option<Ct<T>> {
     if ct.flags() & CT_F_ASSURED != 0
         || (connected(t.proto()) && t.tcp_flags() & (TCP_SYN | TCP_ACK) == TCP_SYN)
     {
-        return ct;
+        return Some(ct);
     }
-    match promote(ct, t, s) {
-        Some(assured) => assured,
-        None => ct,
+    if !promote(&ct, t, s) {
+        return Some(ct);
     }
+    // Moved: `ct`'s entry is deleted, never read again.
+    ct.release();
+    Shared::of(T::cta().get_ptr_mut(&*T::parts(s).fwd_key))
 }
 
-/// The move itself (out of line: rare, and its keys stay off the caller's frame).
+/// The move itself (out of line: rare, and its keys stay off the caller's frame). Returns
+/// whether it moved the flow: then `ct`'s entry is deleted (the caller drops it) and the
+/// scratch's forward key is the assured entry's.
 #[inline(never)]
-fn promote<T: Flow>(ct: &T::Value, t: &T, s: &mut T::Scratch) -> Option<&'static mut T::Value> {
+fn promote<T: Flow>(ct: &Ct<T>, t: &T, s: &mut T::Scratch) -> bool {
     let p = T::parts(s);
-    *p.reply_key = reply_key_of::<T>(ct, t.proto());
-    // SAFETY: as `get`.
-    let reply = unsafe { T::ct().get(&*p.reply_key) }?;
+    *p.reply_key = reply_key_of::<T, _>(ct, t.proto());
+    let Some(reply) = Shared::of(T::ct().get_ptr_mut(&*p.reply_key)) else {
+        return false;
+    };
     if reply.flags() & CT_F_REPLIED == 0 {
-        return None;
+        return false;
     }
-    p.reply.copy_from(reply);
+    p.reply.copy_from(&reply);
+    reply.release();
     *p.reply.flags_mut() |= CT_F_ASSURED;
     p.fwd.copy_from(ct);
     *p.fwd.flags_mut() |= CT_F_ASSURED;
     *p.fwd_key = tuple_key(t, CT_DIR_FORWARD);
     if T::cta().insert(&*p.reply_key, &*p.reply, 0).is_err() {
         Reason(R_CT_ASSURED_FULL).count(0);
-        return None;
+        return false;
     }
     if T::cta().insert(&*p.fwd_key, &*p.fwd, 0).is_err() {
         let _ = T::cta().remove(&*p.reply_key);
         Reason(R_CT_ASSURED_FULL).count(0);
-        return None;
+        return false;
     }
+    // From here `ct`'s entry is deleted: it is not read again.
     let _ = T::ct().remove(&*p.fwd_key);
     let _ = T::ct().remove(&*p.reply_key);
     // A SNATed flow's egress entries move too (built from the copies in the scratch, which
@@ -286,23 +293,21 @@ fn promote<T: Flow>(ct: &T::Value, t: &T, s: &mut T::Scratch) -> Option<&'static
     }
     let p = T::parts(s);
     *p.fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    T::cta()
-        .get_ptr_mut(&*p.fwd_key)
-        .map(|p| unsafe { &mut *p })
+    true
 }
 
 /// Refreshes `last_seen_ns` for a packet of `t` (at most once a second, to keep writes off
 /// the hot path; returns whether it did), and records a TCP FIN or RST in its direction.
 #[inline(always)]
-pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
+pub fn touch<F: Flow>(ct: &Ct<F>, t: &F) -> bool {
     let now = clock::now();
     let mut refreshed = false;
-    if clock::since(now, *ct.last_seen()) > TOUCH_INTERVAL_NS {
-        *ct.last_seen() = now;
+    if clock::since(now, ct.last_seen_ns()) > TOUCH_INTERVAL_NS {
+        ct.set_last_seen(now);
         // Forget the fitting packet size and XDP's way out once a second: a route that
         // shrank or moved is seen again.
-        *ct.mtu() = 0;
-        *ct.flags_mut() &= !CT_F_XDP_STACK;
+        ct.set_mtu(0);
+        ct.set_flags(ct.flags() & !CT_F_XDP_STACK);
         refreshed = true;
     }
     let flags = t.tcp_flags();
@@ -314,8 +319,8 @@ pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
         0
     };
     if seen != 0 && ct.flags() & seen == 0 {
-        *ct.flags_mut() |= seen;
-        *ct.last_seen() = now;
+        ct.add_flags(seen);
+        ct.set_last_seen(now);
     }
     refreshed
 }
@@ -326,7 +331,7 @@ pub fn touch<E: Entry, F: Flow>(ct: &mut E, t: &F) -> bool {
 /// connection (SYN without ACK) on a tuple whose flow is closing or whose backend is gone
 /// starts over: the client reused its port (as conntrack reopens a TIME_WAIT connection).
 #[inline(always)]
-pub fn continues<E: Entry, F: Flow>(ct: &E, t: &F) -> bool {
+pub fn continues<F: Flow>(ct: &Ct<F>, t: &F) -> bool {
     if connected(t.proto()) {
         if t.tcp_flags() & (TCP_SYN | TCP_ACK) != TCP_SYN {
             return true;
@@ -350,12 +355,12 @@ pub fn mid_stream<F: Flow>(t: &F) -> bool {
 /// used, so LRU eviction never takes it before its forward entry (its port would go to a
 /// new flow while this one still uses it).
 #[inline(always)]
-pub fn keep_reply<T: Flow>(ct: &T::Value, t: &T) {
+pub fn keep_reply<T: Flow>(ct: &Ct<T>, t: &T) {
     if ct.flags() & CT_F_ASSURED != 0 {
         return;
     }
-    // SAFETY: only looked up (which marks it used).
-    let _ = unsafe { T::ct().get(&reply_key_of::<T>(ct, t.proto())) };
+    // Only looked up (which marks it used), never read.
+    let _ = T::ct().get_ptr_mut(&reply_key_of::<T, _>(ct, t.proto()));
 }
 
 pub(crate) const TCP_FIN: u8 = 0x01;
@@ -376,20 +381,20 @@ pub(crate) const REUSE_TCP_NS: u64 = 24 * 3600 * 1_000_000_000;
 /// after the claim): this runs inside the `bpf_loop` callback, whose frame counts toward the
 /// 512 bytes.
 #[inline(always)]
-fn reclaim<T: Flow>(key: &T::Key, old: &T::Value, fwd_key: &mut T::Key) -> bool {
+fn reclaim<T: Flow>(key: &T::Key, old: &Ct<T>, fwd_key: &mut T::Key) -> bool {
     *fwd_key = forward_key_of::<T>(old, key.proto());
     let fwd = forward_of::<T>(key, fwd_key);
     let mut last = old.last_seen_ns();
     let mut flags = old.flags();
-    if let Some(f) = fwd {
+    if let Some(f) = &fwd {
         if f.last_seen_ns() > last {
             last = f.last_seen_ns();
         }
         flags |= f.flags();
     }
     // Over: reset, or closed both ways (a half-closed flow may still stream the other way).
-    let closed_both =
-        old.flags() & CT_F_CLOSING != 0 && fwd.is_some_and(|f| f.flags() & CT_F_CLOSING != 0);
+    let closed_both = old.flags() & CT_F_CLOSING != 0
+        && fwd.as_ref().is_some_and(|f| f.flags() & CT_F_CLOSING != 0);
     let idle = if flags & CT_F_RESET != 0 || closed_both {
         REUSE_CLOSING_NS
     } else if key.proto() == IPPROTO_UDP {
@@ -400,7 +405,8 @@ fn reclaim<T: Flow>(key: &T::Key, old: &T::Value, fwd_key: &mut T::Key) -> bool 
     if clock::since(clock::now(), last) < idle {
         return false;
     }
-    if fwd.is_some() {
+    if let Some(f) = fwd {
+        f.release();
         remove::<T>(&*fwd_key);
     }
     true
@@ -412,10 +418,7 @@ fn reclaim<T: Flow>(key: &T::Key, old: &T::Value, fwd_key: &mut T::Key) -> bool 
 /// `spare`: the scratch's forward key, free until `create` sets it (`reclaim` builds in it).
 #[inline(always)]
 fn claim<T: Flow>(key: &T::Key, value: &T::Value, spare: &mut T::Key) -> bool {
-    // SAFETY: only compared with None.
-    if unsafe { T::cta().get(key) }.is_none()
-        && T::ct().insert(key, value, BPF_NOEXIST as u64).is_ok()
-    {
+    if !assured_has::<T>(key) && T::ct().insert(key, value, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
     let Some(old) = entry::<T>(key) else {
@@ -429,9 +432,10 @@ fn claim<T: Flow>(key: &T::Key, value: &T::Value, spare: &mut T::Key) -> bool {
     let mut client = 0u32;
     // SAFETY: a local.
     unsafe { core::ptr::write_volatile(&mut client, old.daddr().fold()) };
-    if !reclaim::<T>(key, old, spare) {
+    if !reclaim::<T>(key, &old, spare) {
         return false;
     }
+    old.release();
     // Still the entry judged over (another CPU may have reclaimed it meanwhile)? Then it
     // goes, and of two CPUs inserting with BPF_NOEXIST only one wins. A window of a few
     // instructions between this check and the delete remains.
@@ -443,6 +447,7 @@ fn claim<T: Flow>(key: &T::Key, value: &T::Value, spare: &mut T::Key) -> bool {
     if now.created_ns() != created || now.daddr().fold() != client || now.dport() != port {
         return false;
     }
+    now.release();
     remove::<T>(key);
     T::ct().insert(key, value, BPF_NOEXIST as u64).is_ok()
 }
@@ -469,9 +474,9 @@ pub struct Source {
 pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Reason> {
     let p = T::parts(s);
     let now = clock::now();
-    *p.fwd.created() = now;
-    *p.fwd.last_seen() = now;
-    p.reply.copy_from(p.fwd);
+    *p.fwd.created_mut() = now;
+    *p.fwd.last_seen_mut() = now;
+    p.reply.copy_from_local(p.fwd);
     // XDP's way out is the forward direction's; the reply's is found by its first packet.
     *p.reply.flags_mut() &= !CT_F_XDP_STACK;
     let (saddr, daddr, sport, dport) = p.reply.ends_mut();
@@ -479,7 +484,7 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
     daddr.set(t.saddr());
     *sport = t.dport();
     *dport = t.sport();
-    *p.reply_key = reply_key_of::<T>(p.fwd, t.proto());
+    *p.reply_key = reply_key_of::<T, _>(p.fwd, t.proto());
     if !src.snat {
         if !claim::<T>(p.reply_key, p.reply, p.fwd_key) && !replace_own::<T>(p.reply_key, p.reply) {
             // The reply tuple is another live flow's (one client port to two frontends with
@@ -532,7 +537,7 @@ pub fn dsr_frontend(t: &Tuple) -> Option<(u32, u16)> {
         CT_DIR_REPLY,
     );
     let ct = entry::<Tuple>(&k)?;
-    (ct.flags & lb_common::CT_F_DSR != 0).then_some((ct.saddr_be, ct.sport_be))
+    (ct.flags() & lb_common::CT_F_DSR != 0).then_some((*ct.saddr(), ct.sport()))
 }
 
 /// Records, on a backend's node, a flow another node sends here by direct server return:
@@ -552,7 +557,7 @@ pub fn record_dsr(t: &Tuple, s: &mut FlowScratch) -> Result<(), Reason> {
     s.reply.daddr_be = t.saddr_be;
     s.reply.sport_be = t.dport_be;
     s.reply.dport_be = t.sport_be;
-    s.reply_key = reply_key_of::<Tuple>(&s.fwd, t.proto);
+    s.reply_key = reply_key_of::<Tuple, _>(&s.fwd, t.proto);
     s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
     insert_dsr::<Tuple>(s)
 }
@@ -600,8 +605,8 @@ fn remap_if_taken<T: Flow>(proto: u8, s: &mut T::Scratch) {
     if taken {
         *p.fwd.flags_mut() |= CT_F_PORT_IN;
         *p.reply.flags_mut() |= CT_F_PORT_IN;
-        if let Some(r) = get_mut::<T>(&*p.reply_key) {
-            *r.flags_mut() |= CT_F_PORT_IN;
+        if let Some(r) = entry::<T>(&*p.reply_key) {
+            r.add_flags(CT_F_PORT_IN);
         }
     }
 }
@@ -669,8 +674,8 @@ fn egress_entries<T: Flow>(proto: u8, assured: u16, s: &mut T::Scratch) -> Resul
 /// The egress entry of a SNATed flow's request as netfilter saw it (client → backend, after
 /// tc ingress's DNAT): the SNAT source it leaves with.
 #[inline(always)]
-pub fn lookup_snat_out<T: Flow>(t: &T) -> Option<&'static mut T::Value> {
-    get_mut::<T>(&tuple_key(t, CT_DIR_SNAT_OUT))
+pub fn lookup_snat_out<T: Flow>(t: &T) -> Option<Ct<T>> {
+    entry::<T>(&tuple_key(t, CT_DIR_SNAT_OUT))
 }
 
 /// Replaces the reply entry at `key` when it is the previous flow of this very tuple (the
@@ -690,6 +695,7 @@ fn replace_own<T: Flow>(key: &T::Key, value: &T::Value) -> bool {
     {
         return false;
     }
+    old.release();
     let _ = T::cta().remove(key);
     T::ct().insert(key, value, 0).is_ok()
 }

@@ -20,12 +20,11 @@ use lb_common::{
 
 use crate::{
     conntrack, filter,
-    maps::FlowScratch,
+    maps::{self, FlowScratch},
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
     select::{self, Frontend},
-    translate,
 };
 
 /// TCP's SYN and ACK flags.
@@ -52,7 +51,7 @@ pub fn wanted(proto: u8, svc: &SvcValue, be: &Backend) -> bool {
     if svc.flags & SVC_F_SNAT_REMOTE == 0 || be.flags & BE_F_REMOTE == 0 {
         return false;
     }
-    let flags = translate::config().flags;
+    let flags = maps::config().flags;
     match proto {
         IPPROTO_TCP => flags & CFG_F_DSR_TCP != 0,
         IPPROTO_UDP => flags & CFG_F_DSR_UDP != 0,

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use lb_common::{CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6};
 
-use crate::{parse::Tuple, v6::parse::Tuple6};
+use crate::{parse::Tuple, shared::Shared, v6::parse::Tuple6};
 
 /// An address: compared and copied word by word (an array comparison may become a `bcmp`
 /// call, which BPF does not have; an array copy between two map values a `memmove`, whose
@@ -70,14 +70,17 @@ pub fn copy6(dst: &mut [u32; 4], src: &[u32; 4]) {
 }
 
 /// The 4-tuple a conntrack key, a conntrack entry and a parsed packet share (fields
-/// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each).
+/// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each), read.
 pub trait Ends {
     type Addr: Addr;
     fn saddr(&self) -> &Self::Addr;
     fn daddr(&self) -> &Self::Addr;
     fn sport(&self) -> u16;
     fn dport(&self) -> u16;
-    /// The four fields, writable.
+}
+
+/// The four fields of a value of this run's own (a key, the scratch's entries), writable.
+pub trait EndsMut: Ends {
     fn ends_mut(&mut self) -> (&mut Self::Addr, &mut Self::Addr, &mut u16, &mut u16);
 }
 
@@ -101,6 +104,8 @@ macro_rules! ends {
             fn dport(&self) -> u16 {
                 self.dport_be
             }
+        }
+        impl EndsMut for $t {
             #[inline(always)]
             fn ends_mut(&mut self) -> (&mut $a, &mut $a, &mut u16, &mut u16) {
                 (
@@ -120,37 +125,58 @@ ends!(CtKey6, [u32; 4]);
 ends!(CtValue6, [u32; 4]);
 ends!(Tuple6, [u32; 4]);
 
-/// What the flow steps read and write of a conntrack entry beyond its tuple: the fields
-/// both layouts share.
-pub trait Entry: Ends {
+/// What the flow steps read of a conntrack entry beyond its tuple (the fields both layouts
+/// share): of a value of the run's own, or of a map value through its [`Shared`] pointer.
+pub trait View: Ends {
     fn flags(&self) -> u16;
-    fn flags_mut(&mut self) -> &mut u16;
-    fn last_seen(&mut self) -> &mut u64;
+    fn mtu(&self) -> u16;
     fn last_seen_ns(&self) -> u64;
     fn created_ns(&self) -> u64;
-    fn created(&mut self) -> &mut u64;
-    fn mtu(&mut self) -> &mut u16;
     /// The backend's index and generation.
     fn backend(&self) -> (u32, u32);
-    /// `*self = *src`, field by field (a struct copy between two map values compiles to a
-    /// `memmove` whose overlap check subtracts pointers).
-    fn copy_from(&mut self, src: &Self);
+    fn svc_id(&self) -> u32;
+}
+
+/// A conntrack entry's layout: its fields in a value of the run's own (the scratch's),
+/// writable, and the places of its fields in a shared one ([`Entry::at`]).
+pub trait Entry: View + EndsMut + Sized {
+    fn flags_mut(&mut self) -> &mut u16;
+    fn last_seen_mut(&mut self) -> &mut u64;
+    fn created_mut(&mut self) -> &mut u64;
+    /// `*self = *src`, field by field (a struct copy from a map value compiles to a
+    /// `memmove` whose overlap check subtracts pointers), each read through the pointer.
+    fn copy_from(&mut self, src: &Shared<'_, Self>);
+    /// `*self = *src` for two values of the run's own, field by field (as `copy_from`).
+    fn copy_from_local(&mut self, src: &Self);
+    /// The places of the fields of the value `p` points to (no reference to it is made).
+    fn at(p: *mut Self) -> Places<Self::Addr>;
+}
+
+/// The places of a shared conntrack entry's fields ([`Entry::at`]).
+pub struct Places<A> {
+    pub saddr: *const A,
+    pub daddr: *const A,
+    pub sport: *const u16,
+    pub dport: *const u16,
+    pub flags: *mut u16,
+    pub mtu: *mut u16,
+    pub last_seen: *mut u64,
+    pub created: *const u64,
+    pub backend_id: *const u32,
+    pub backend_gen: *const u32,
+    pub svc_id: *const u32,
 }
 
 macro_rules! entry {
     ($t:ty) => {
-        impl Entry for $t {
+        impl View for $t {
             #[inline(always)]
             fn flags(&self) -> u16 {
                 self.flags
             }
             #[inline(always)]
-            fn flags_mut(&mut self) -> &mut u16 {
-                &mut self.flags
-            }
-            #[inline(always)]
-            fn last_seen(&mut self) -> &mut u64 {
-                &mut self.last_seen_ns
+            fn mtu(&self) -> u16 {
+                self.mtu
             }
             #[inline(always)]
             fn last_seen_ns(&self) -> u64 {
@@ -161,19 +187,43 @@ macro_rules! entry {
                 self.created_ns
             }
             #[inline(always)]
-            fn created(&mut self) -> &mut u64 {
-                &mut self.created_ns
-            }
-            #[inline(always)]
-            fn mtu(&mut self) -> &mut u16 {
-                &mut self.mtu
-            }
-            #[inline(always)]
             fn backend(&self) -> (u32, u32) {
                 (self.backend_id, self.backend_gen)
             }
             #[inline(always)]
-            fn copy_from(&mut self, src: &Self) {
+            fn svc_id(&self) -> u32 {
+                self.svc_id
+            }
+        }
+        impl Entry for $t {
+            #[inline(always)]
+            fn flags_mut(&mut self) -> &mut u16 {
+                &mut self.flags
+            }
+            #[inline(always)]
+            fn last_seen_mut(&mut self) -> &mut u64 {
+                &mut self.last_seen_ns
+            }
+            #[inline(always)]
+            fn created_mut(&mut self) -> &mut u64 {
+                &mut self.created_ns
+            }
+            #[inline(always)]
+            fn copy_from(&mut self, src: &Shared<'_, Self>) {
+                self.saddr_be.set(src.saddr());
+                self.daddr_be.set(src.daddr());
+                self.sport_be = src.sport();
+                self.dport_be = src.dport();
+                (self.backend_id, self.backend_gen) = src.backend();
+                self.svc_id = src.svc_id();
+                self.flags = src.flags();
+                self.mtu = src.mtu();
+                self._pad = 0;
+                self.created_ns = src.created_ns();
+                self.last_seen_ns = src.last_seen_ns();
+            }
+            #[inline(always)]
+            fn copy_from_local(&mut self, src: &Self) {
                 self.saddr_be.set(&src.saddr_be);
                 self.daddr_be.set(&src.daddr_be);
                 self.sport_be = src.sport_be;
@@ -187,14 +237,121 @@ macro_rules! entry {
                 self.created_ns = src.created_ns;
                 self.last_seen_ns = src.last_seen_ns;
             }
+            #[inline(always)]
+            fn at(p: *mut Self) -> Places<Self::Addr> {
+                // SAFETY: only the fields' addresses are computed, of the value `p` points
+                // to (a live one: a Shared's).
+                unsafe {
+                    Places {
+                        saddr: &raw const (*p).saddr_be,
+                        daddr: &raw const (*p).daddr_be,
+                        sport: &raw const (*p).sport_be,
+                        dport: &raw const (*p).dport_be,
+                        flags: &raw mut (*p).flags,
+                        mtu: &raw mut (*p).mtu,
+                        last_seen: &raw mut (*p).last_seen_ns,
+                        created: &raw const (*p).created_ns,
+                        backend_id: &raw const (*p).backend_id,
+                        backend_gen: &raw const (*p).backend_gen,
+                        svc_id: &raw const (*p).svc_id,
+                    }
+                }
+            }
         }
     };
 }
 entry!(CtValue);
 entry!(CtValue6);
 
+/// A shared entry's tuple: never written in place (an entry is replaced whole), so lent for
+/// as long as the `Shared` is borrowed (see `shared.rs`).
+impl<V: Entry> Ends for Shared<'_, V> {
+    type Addr = V::Addr;
+    #[inline(always)]
+    fn saddr(&self) -> &V::Addr {
+        // SAFETY: a Shared points to a live value; the field is never written in place.
+        unsafe { &*V::at(self.as_ptr()).saddr }
+    }
+    #[inline(always)]
+    fn daddr(&self) -> &V::Addr {
+        // SAFETY: as `saddr`.
+        unsafe { &*V::at(self.as_ptr()).daddr }
+    }
+    #[inline(always)]
+    fn sport(&self) -> u16 {
+        // SAFETY: as `saddr`.
+        unsafe { V::at(self.as_ptr()).sport.read() }
+    }
+    #[inline(always)]
+    fn dport(&self) -> u16 {
+        // SAFETY: as `saddr`.
+        unsafe { V::at(self.as_ptr()).dport.read() }
+    }
+}
+
+/// A shared entry's other fields: those written in place (`flags`, `mtu`, `last_seen_ns`)
+/// read volatile, into a local.
+impl<V: Entry> View for Shared<'_, V> {
+    #[inline(always)]
+    fn flags(&self) -> u16 {
+        // SAFETY: a Shared points to a live value; one volatile load.
+        unsafe { V::at(self.as_ptr()).flags.read_volatile() }
+    }
+    #[inline(always)]
+    fn mtu(&self) -> u16 {
+        // SAFETY: as `flags`.
+        unsafe { V::at(self.as_ptr()).mtu.read_volatile() }
+    }
+    #[inline(always)]
+    fn last_seen_ns(&self) -> u64 {
+        // SAFETY: as `flags`.
+        unsafe { V::at(self.as_ptr()).last_seen.read_volatile() }
+    }
+    #[inline(always)]
+    fn created_ns(&self) -> u64 {
+        // SAFETY: a Shared points to a live value; the field is never written in place.
+        unsafe { V::at(self.as_ptr()).created.read() }
+    }
+    #[inline(always)]
+    fn backend(&self) -> (u32, u32) {
+        let at = V::at(self.as_ptr());
+        // SAFETY: as `created_ns`.
+        unsafe { (at.backend_id.read(), at.backend_gen.read()) }
+    }
+    #[inline(always)]
+    fn svc_id(&self) -> u32 {
+        // SAFETY: as `created_ns`.
+        unsafe { V::at(self.as_ptr()).svc_id.read() }
+    }
+}
+
+/// The writes into a shared entry: its fields written in place, each one volatile store.
+impl<V: Entry> Shared<'_, V> {
+    #[inline(always)]
+    pub fn set_flags(&self, flags: u16) {
+        // SAFETY: a Shared points to a live value; one volatile store.
+        unsafe { V::at(self.as_ptr()).flags.write_volatile(flags) }
+    }
+    /// Sets `bits` in `flags` (read, or-ed, written: a concurrent writer's bits may be lost,
+    /// as with the plain `|=` before; each CPU sets only bits of what it saw).
+    #[inline(always)]
+    pub fn add_flags(&self, bits: u16) {
+        self.set_flags(self.flags() | bits);
+    }
+    #[inline(always)]
+    pub fn set_mtu(&self, mtu: u16) {
+        // SAFETY: as `set_flags`.
+        unsafe { V::at(self.as_ptr()).mtu.write_volatile(mtu) }
+    }
+    #[inline(always)]
+    pub fn set_last_seen(&self, ns: u64) {
+        // SAFETY: as `set_flags`.
+        unsafe { V::at(self.as_ptr()).last_seen.write_volatile(ns) }
+    }
+}
+
 /// A conntrack key's fields beyond its tuple.
-pub trait Key: Ends {
+pub trait Key: EndsMut {
     fn proto(&self) -> u8;
     /// `CT_DIR_FORWARD` or `CT_DIR_REPLY`.
     fn dir_mut(&mut self) -> &mut u8;

@@ -2,40 +2,44 @@
 //! one (source ranges) and recording it once its backend and route are settled.
 
 use lb_common::{
-    Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue,
+    Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue, R_CT_MISS, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue,
 };
 
 use crate::{
-    affinity::{self, Client},
-    conntrack,
+    affinity::{self, Client, ClientOf},
+    conntrack::{self, Ct},
+    family::{Flow, View},
     maps::FlowScratch,
     packet::Packet,
     parse::Tuple,
     reason::Reason,
+    shared::Shared,
     srcrange, translate,
 };
 
 /// A packet of an established flow keeps its entries (and its client's affinity, when its
 /// service has affinity) fresh: from what the entry holds, without the service map. An
 /// answered flow that goes on becomes assured (out of reach of LRU eviction; its entries
-/// are copied through the scratch `s`). Returns the forward entry to rewrite with.
+/// are copied through the scratch `s`). Returns the forward entry to rewrite with
+/// (`ct_miss` when the flow was moved and its assured entry deleted meanwhile: the flow is
+/// over).
 #[inline(always)]
-pub fn keep_alive(
-    ct: &'static mut CtValue,
-    t: &Tuple,
-    s: &mut FlowScratch,
-) -> &'static mut CtValue {
-    let ct = conntrack::assure(ct, t, s);
-    if conntrack::touch(ct, t) {
-        if ct.flags & CT_F_SNAT != 0 {
-            conntrack::keep_reply(ct, t);
+pub fn keep_alive<T: Flow + ClientOf>(
+    ct: Ct<T>,
+    t: &T,
+    s: &mut T::Scratch,
+) -> Result<Ct<T>, Reason> {
+    let ct = conntrack::assure(ct, t, s).ok_or(Reason(R_CT_MISS))?;
+    if conntrack::touch(&ct, t) {
+        if ct.flags() & CT_F_SNAT != 0 {
+            conntrack::keep_reply(&ct, t);
         }
         // Affinity times out in seconds at least: a refresh once a second is plenty.
-        if ct.flags & CT_F_AFFINITY != 0 {
-            affinity::touch(&Client::addr(t.saddr_be), ct.svc_id);
+        if ct.flags() & CT_F_AFFINITY != 0 {
+            affinity::touch(&t.client(), ct.svc_id());
         }
     }
-    ct
+    Ok(ct)
 }
 
 /// loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks new
@@ -65,7 +69,7 @@ pub fn record<'s, P: Packet>(
     mtu: u16,
     flags: u16,
     s: &'s mut FlowScratch,
-) -> Result<&'s CtValue, Reason> {
+) -> Result<Shared<'s, CtValue>, Reason> {
     let (backend_id, slot, be) = chosen;
     let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut s.fwd)?;
     s.fwd.mtu = mtu;
@@ -75,5 +79,5 @@ pub fn record<'s, P: Packet>(
     }
     affinity::remember(client, svc, *backend_id, *slot, be.generation);
     conntrack::create(t, &source, s)?;
-    Ok(&s.fwd)
+    Ok(Shared::local(&mut s.fwd))
 }

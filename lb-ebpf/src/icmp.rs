@@ -7,10 +7,11 @@
 //! flow as it saw it.
 
 use aya_ebpf::programs::TcContext;
-use lb_common::{CtValue, IPPROTO_SCTP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{IPPROTO_SCTP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use crate::{
-    conntrack,
+    conntrack::{self, Ct},
+    family::Ends,
     maps::FlowScratch,
     nat::{DST, SRC},
     parse::{ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Icmp, Tuple},
@@ -52,7 +53,7 @@ pub fn translate<const PART: u8>(
     ctx: &TcContext,
     m: &Icmp,
     s: &mut FlowScratch,
-) -> Result<Option<&'static CtValue>, Reason> {
+) -> Result<Option<Ct<Tuple>>, Reason> {
     let icmp_type: u8 = ctx.load(m.l4_off).map_err(failed)?;
     if icmp_type != ICMP_DEST_UNREACH && icmp_type != ICMP_TIME_EXCEEDED {
         return Ok(None);
@@ -85,12 +86,12 @@ pub fn translate<const PART: u8>(
     s.quote_new = s.quote_old;
     let n = &mut s.quote_new;
     if PART & DST != 0 {
-        n[12..16].copy_from_slice(&v.daddr_be.to_ne_bytes());
-        n[20..22].copy_from_slice(&v.dport_be.to_ne_bytes());
+        n[12..16].copy_from_slice(&v.daddr().to_ne_bytes());
+        n[20..22].copy_from_slice(&v.dport().to_ne_bytes());
     }
     if PART & SRC != 0 {
-        n[16..20].copy_from_slice(&v.saddr_be.to_ne_bytes());
-        n[22..24].copy_from_slice(&v.sport_be.to_ne_bytes());
+        n[16..20].copy_from_slice(&v.saddr().to_ne_bytes());
+        n[22..24].copy_from_slice(&v.sport().to_ne_bytes());
     }
     n[10] = 0;
     n[11] = 0;
@@ -112,9 +113,9 @@ pub fn translate<const PART: u8>(
 
     // Outer: to the flow's peer; from the frontend (or SNAT address) where the error came
     // from the translated end itself, as Linux's conntrack does.
-    let out_dst = v.daddr_be;
+    let out_dst = *v.daddr();
     let out_src = if m.saddr_be == idst {
-        v.saddr_be
+        *v.saddr()
     } else {
         m.saddr_be
     };

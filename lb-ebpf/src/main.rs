@@ -26,6 +26,7 @@ mod parse;
 mod reason;
 mod reject;
 mod select;
+mod shared;
 mod sock;
 mod srcrange;
 mod translate;
@@ -44,14 +45,16 @@ use lb_common::{
     SVC_F_DROP_EMPTY,
 };
 
-use lb_common::SvcValue;
+use lb_common::{CtValue, SvcValue};
 
 use crate::{
     affinity::Client,
+    family::{Ends, View},
     maps::FlowScratch,
-    parse::{Parsed, Tuple},
+    parse::{L3, Parsed, Tuple},
     reason::{Carried, Reason, Then},
     select::Frontend,
+    shared::Shared,
     translate::Mtu,
 };
 
@@ -82,12 +85,17 @@ pub fn xlb_tc_ingress(ctx: TcContext) -> i32 {
 /// too: egress drops nothing it does not own).
 #[classifier]
 pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
-    let outcome = match egress(&ctx).next::<i32>() {
-        Then::Done(o) => o,
-        // The node's own packet to a frontend, from this frame (the frames of a call chain
-        // add up, and the new-flow steps need theirs): see `out_dnat`.
-        Then::Next(_) => node_flow(&ctx),
-        Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+    let outcome = match parse::l3(&ctx) {
+        Ok(L3::Ipv4) => match egress(&ctx).next::<i32>() {
+            Then::Done(o) => o,
+            // The node's own packet to a frontend, from this frame (the frames of a call
+            // chain add up, and the new-flow steps need theirs): see `out_dnat`.
+            Then::Next(_) => node_flow(&ctx),
+            Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        },
+        Ok(L3::Ipv6) => egress6(&ctx),
+        Ok(L3::Other) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        Err(r) => Err(r),
     };
     let (action, reason) = match outcome {
         Ok(verdict) => verdict,
@@ -107,7 +115,7 @@ pub fn xlb_tc_egress(ctx: TcContext) -> i32 {
 pub fn xlb_xdp(ctx: XdpContext) -> u32 {
     // Read once: the frame's length is a helper call at XDP.
     let len = packet::Packet::len(&ctx);
-    let (action, reason) = match xdp::try_xdp(&ctx, len) {
+    let (action, reason) = match try_xdp(&ctx, len) {
         Ok(verdict) => verdict,
         Err(dropped) => (xdp::DROP, dropped),
     };
@@ -186,20 +194,38 @@ pub fn xlb_xdp_pass(_ctx: XdpContext) -> u32 {
 /// The tc program's outcome.
 type Outcome = reason::Outcome<i32>;
 
+/// XDP: the frame's family's flow (IPv4: `xdp.rs`, IPv6: `v6/xdp.rs`); anything else passes.
+#[inline(always)]
+fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
+    match parse::l3(ctx)? {
+        L3::Ipv4 => xdp::try_xdp(ctx, len),
+        L3::Ipv6 => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            v6::xdp::xdp(ctx, &mut w.v6, len).outcome()
+        }
+        L3::Other => Ok((xdp::PASS, Reason(R_PASS))),
+    }
+}
+
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     let pass = |reason: u32| Ok((TC_ACT_OK, Reason(reason)));
+    match parse::l3(ctx)? {
+        L3::Ipv4 => {}
+        L3::Ipv6 => {
+            // SAFETY: the only acquire on this path of the run.
+            let w = unsafe { work::acquire() }?;
+            return v6::tc(ctx, &mut w.v6).outcome();
+        }
+        L3::Other => return pass(R_PASS),
+    }
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(m) => {
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
             return icmp_error::<{ nat::DST }>(ctx, &m, &mut w.v4).outcome();
-        }
-        Parsed::Pass(Reason(parse::IPV6)) => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return v6::tc(ctx, &mut w.v6).outcome();
         }
         Parsed::Pass(reason) => return Ok((TC_ACT_OK, reason)),
     };
@@ -219,31 +245,32 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
         None
     };
     if let Some(ct) = forward {
-        if conntrack::continues(ct, &t) {
-            let mtu = established_mtu(ctx, &t, ct);
+        if conntrack::continues(&ct, &t) {
+            let mtu = established_mtu(ctx, &t, ct.lend());
             if mtu != 0 {
                 return frag_needed(ctx, &t, mtu).outcome();
             }
             // SAFETY: the only acquire on this path of the run.
             let w = unsafe { work::acquire() }?;
-            let ct = flow::keep_alive(ct, &t, &mut w.v4);
-            nat::forward_in(ctx, &t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            let ct = flow::keep_alive(ct, &t, &mut w.v4)?;
+            nat::forward_in(ctx, &t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             return pass(R_ESTABLISHED);
+        }
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
+            reason = R_BACKEND_GONE;
         }
         // Started over: a reused client port on a closed flow is simply new.
         conntrack::start_over(ct, &t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
-            reason = R_BACKEND_GONE;
-        }
     } else if let Some(ct) = filter::maybe_backend(t.saddr_be)
         .then(|| conntrack::lookup_reply(&t))
         .flatten()
     {
         // A reply from a backend of a tracked flow: the client (if the flow was SNATed) as
         // destination; the frontend as source at egress.
-        conntrack::touch(ct, &t);
-        nat::reply_in(ctx, &t, ct)?;
+        conntrack::touch(&ct, &t);
+        nat::reply_in(ctx, &t, &ct)?;
         return pass(R_REPLY_IN);
     } else if conntrack::mid_stream(&t) {
         reason = R_CT_MISS;
@@ -284,18 +311,30 @@ fn egress(ctx: &TcContext) -> Carried {
     })
 }
 
-/// The node's own packet to a frontend: this run's one acquire of the work area.
+/// The node's own IPv4 packet to a frontend: this run's one acquire of the work area.
 #[inline(always)]
 fn node_flow(ctx: &TcContext) -> Outcome {
-    // SAFETY: the only live borrow of the work area: `egress` found no tracked flow and no
-    // ICMP error; its IPv6 path's borrow (the packet parsed there) ended when it returned,
-    // and `out_dnat` parses the packet again.
+    // SAFETY: the only acquire on this path of the run: `egress` found no tracked flow and
+    // no ICMP error, and acquired nothing.
     let w = unsafe { work::acquire() }?;
-    out_dnat::flow(ctx, w).outcome()
+    out_dnat::flow(ctx, &mut w.v4).outcome()
 }
 
-/// tc egress: the source side of a tracked flow's packet (see `xlb_tc_egress`); `None` for
-/// a packet to a frontend, which may be the node's own (`out_dnat`).
+/// tc egress for an IPv6 packet (the packet parsed into the work area, acquired once here
+/// for the run): a tracked flow's source side, else the node's own packet to a frontend.
+#[inline(always)]
+fn egress6(ctx: &TcContext) -> Outcome {
+    // SAFETY: the only acquire of this run.
+    let w = unsafe { work::acquire() }?;
+    match v6::tc_egress(ctx, &mut w.v6).next::<i32>() {
+        Then::Done(o) => o,
+        Then::Next(_) => v6::out_dnat::flow(ctx, &mut w.v6).outcome(),
+        Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
+    }
+}
+
+/// tc egress: the source side of a tracked IPv4 flow's packet (see `xlb_tc_egress`);
+/// `None` for a packet to a frontend, which may be the node's own (`out_dnat`).
 #[inline(always)]
 fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
     let t = match parse::parse_ipv4(ctx, ctx.len())? {
@@ -307,14 +346,6 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
                 .outcome()
                 .map(Some);
         }
-        Parsed::Pass(Reason(parse::IPV6)) => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return match v6::tc_egress(ctx, &mut w.v6).next::<i32>() {
-                Then::Done(o) => o.map(Some),
-                _ => Ok(None),
-            };
-        }
         Parsed::Pass(reason) => return Ok(Some((TC_ACT_OK, reason))),
     };
     // A reply as netfilter saw it (backend → client): the frontend as source.
@@ -322,9 +353,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
         .then(|| conntrack::lookup_reply(&t))
         .flatten()
     {
-        conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::BOTH }>(ctx, &t, ct)?;
-        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        conntrack::touch(&ct, &t);
+        nat::apply::<_, { nat::BOTH }>(ctx, &t, &ct)?;
+        reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
         return Ok(Some((TC_ACT_OK, Reason(R_REVERSE_NAT))));
     }
     if filter::maybe_backend(t.daddr_be) {
@@ -349,8 +380,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
         .then(|| conntrack::lookup_snat_out(&t))
         .flatten()
     {
-        conntrack::touch(ct, &t);
-        nat::apply::<_, { nat::SRC }>(ctx, &t, ct)?;
+        conntrack::touch(&ct, &t);
+        nat::apply::<_, { nat::SRC }>(ctx, &t, &ct)?;
         return Ok(Some((TC_ACT_OK, Reason(R_SNAT_OUT))));
     }
     // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
@@ -368,7 +399,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<Option<(i32, Reason)>, Reason> {
 fn icmp_error<const PART: u8>(ctx: &TcContext, m: &parse::Icmp, s: &mut FlowScratch) -> Carried {
     Carried::done(match icmp::translate::<PART>(ctx, m, s) {
         Ok(Some(ct)) => {
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             Ok((TC_ACT_OK, Reason(R_ICMP_XLATE)))
         }
         Ok(None) => Ok((TC_ACT_OK, Reason(R_PASS))),
@@ -404,11 +435,11 @@ fn dsr_in(ctx: &TcContext) -> Carried {
 /// one): the MTU to answer with when it is too big, else 0 (a size that fits is remembered
 /// in the entry `ct`). Out of line: tc ingress's frame has no room for it.
 #[inline(never)]
-fn established_mtu(ctx: &TcContext, t: &Tuple, ct: &mut lb_common::CtValue) -> u16 {
-    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu, dsr::extra(ct.flags, t)) {
+fn established_mtu(ctx: &TcContext, t: &Tuple, ct: Shared<'_, CtValue>) -> u16 {
+    match translate::check_mtu(ctx, t, *ct.daddr(), ct.mtu(), dsr::extra(ct.flags(), t)) {
         Mtu::TooBig(mtu) => mtu.max(1),
         Mtu::Fits(len) => {
-            ct.mtu = len;
+            ct.set_mtu(len);
             0
         }
         Mtu::Unchecked => 0,
@@ -468,7 +499,7 @@ fn try_tc_new_flow(
         Mtu::Unchecked => 0,
     };
     let fwd = flow::record(ctx, t, svc, &client, &chosen, fits, 0, s)?;
-    nat::forward_in(ctx, t, fwd)?;
+    nat::forward_in(ctx, t, &fwd)?;
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(Ok((TC_ACT_OK, Reason(reason)))))
 }

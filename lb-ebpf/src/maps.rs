@@ -192,3 +192,9 @@ pub static XLB_SOCK_V1: LruHashMap<SockKey, SockValue, { SOCK_MAP_CAPACITY as us
 /// array.
 #[btf_map]
 pub static XLB_ADDRFILT_V1: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::new();
+
+/// The node's configuration (`XLB_CFG_V3`), zero until the agent writes it.
+#[inline(always)]
+pub(crate) fn config() -> NodeConfig {
+    XLB_CFG_V3.get(0).copied().unwrap_or_default()
+}

@@ -6,13 +6,14 @@ use lb_common::{
 };
 
 use crate::{
-    family::Ends,
+    family::{Ends, View},
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, ld16, ld32, st16, st32},
     parse::{
         DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF,
         Tuple,
     },
     reason::Reason,
+    shared::Shared,
 };
 
 /// The destination address: rewritten at tc ingress, before routing, as netfilter's DNAT
@@ -37,8 +38,8 @@ pub const BOTH: u8 = DST | SRC;
 /// tc ingress (and XDP into the stack) on a packet of a tracked flow toward its backend:
 /// the destination side, and the client port when it is remapped at ingress.
 #[inline(always)]
-pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
-    if to.flags & CT_F_PORT_IN != 0 {
+pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &Shared<'_, CtValue>) -> Result<(), Reason> {
+    if to.flags() & CT_F_PORT_IN != 0 {
         apply::<P, { DST | SPORT }>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)
@@ -49,11 +50,11 @@ pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Rea
 /// the flow was SNATed), but the client port as netfilter knows it when it was remapped at
 /// ingress (restored at egress).
 #[inline(always)]
-pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
-    if to.flags & CT_F_OUT_DNAT != 0 {
+pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &Shared<'_, CtValue>) -> Result<(), Reason> {
+    if to.flags() & CT_F_OUT_DNAT != 0 {
         // The node's own flow (DNATed at egress): its reply crosses no egress.
         apply::<P, BOTH>(ctx, t, to)
-    } else if to.flags & CT_F_PORT_IN != 0 {
+    } else if to.flags() & CT_F_PORT_IN != 0 {
         apply::<P, DADDR>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)
@@ -64,14 +65,18 @@ pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reaso
 /// conntrack entry holds: destination (DNAT to the backend, or back to the client) and
 /// source (SNAT, or the frontend of a reply).
 #[inline(always)]
-pub fn apply<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+pub fn apply<P: Packet, const PART: u8>(
+    ctx: &P,
+    t: &Tuple,
+    to: &Shared<'_, CtValue>,
+) -> Result<(), Reason> {
     if t.direct {
         let r = if t.proto == IPPROTO_TCP {
-            in_place::<P, DIRECT_TCP, { L4_OFF + 16 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT_TCP, { L4_OFF + 16 }, PART>(ctx, t, to.lend())
         } else if t.proto == IPPROTO_SCTP {
-            in_place::<P, DIRECT_SCTP, { L4_OFF + 8 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT_SCTP, { L4_OFF + 8 }, PART>(ctx, t, to.lend())
         } else {
-            in_place::<P, DIRECT_UDP, { L4_OFF + 6 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT_UDP, { L4_OFF + 6 }, PART>(ctx, t, to.lend())
         };
         return if r == 0 { Ok(()) } else { Err(Reason(r)) };
     }
@@ -88,9 +93,9 @@ pub fn apply<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Res
 fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple,
-    to: &CtValue,
+    to: Shared<'_, CtValue>,
 ) -> u32 {
-    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to) {
+    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to.lend()) {
         Ok(()) => 0,
         Err(r) => r.0,
     }
@@ -100,10 +105,10 @@ fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
 fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple,
-    to: &CtValue,
+    to: Shared<'_, CtValue>,
 ) -> Result<(), Reason> {
     let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
-    let (saddr, daddr) = (to.saddr_be, to.daddr_be);
+    let (saddr, daddr) = (*to.saddr(), *to.daddr());
     let mut addr = 0;
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
@@ -121,7 +126,7 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
         }
     }
     // SAFETY: as above, the L4 header's ports are within the N bytes.
-    let port = unsafe { ports_in_place::<_, _, PART>(p, L4_OFF, t, to) };
+    let port = unsafe { ports_in_place::<_, _, PART>(p, L4_OFF, t, &to) };
     if N == DIRECT_SCTP {
         // No pseudo-header: only the ports are covered (N bytes hold them and the checksum).
         // SAFETY: as above.
@@ -214,7 +219,11 @@ pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends, const PART: u8>(
 
 /// Any packet (IP options, headers not in place), through the store and checksum helpers.
 #[inline(always)]
-fn with_helpers<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> Result<(), Reason> {
+fn with_helpers<P: Packet, const PART: u8>(
+    ctx: &P,
+    t: &Tuple,
+    to: &Shared<'_, CtValue>,
+) -> Result<(), Reason> {
     let pick = |bit: u8, from: u32, to: u32| if PART & bit != 0 { to } else { from };
     let pick16 = |bit: u8, from: u16, to: u16| if PART & bit != 0 { to } else { from };
     rewrite(
@@ -222,25 +231,25 @@ fn with_helpers<P: Packet, const PART: u8>(ctx: &P, t: &Tuple, to: &CtValue) -> 
         t,
         IP_DST_OFF,
         t.daddr_be,
-        pick(DADDR, t.daddr_be, to.daddr_be),
+        pick(DADDR, t.daddr_be, *to.daddr()),
         t.l4_off + 2,
         t.dport_be,
-        pick16(DPORT, t.dport_be, to.dport_be),
+        pick16(DPORT, t.dport_be, to.dport()),
     )?;
     rewrite(
         ctx,
         t,
         IP_SRC_OFF,
         t.saddr_be,
-        pick(SADDR, t.saddr_be, to.saddr_be),
+        pick(SADDR, t.saddr_be, *to.saddr()),
         t.l4_off,
         t.sport_be,
-        pick16(SPORT, t.sport_be, to.sport_be),
+        pick16(SPORT, t.sport_be, to.sport()),
     )?;
     if t.proto == IPPROTO_SCTP {
         let ports = (
-            pick16(SPORT, t.sport_be, to.sport_be),
-            pick16(DPORT, t.dport_be, to.dport_be),
+            pick16(SPORT, t.sport_be, to.sport()),
+            pick16(DPORT, t.dport_be, to.dport()),
         );
         let len = t.tot_len as u32 - (t.l4_off - ETH_HLEN) as u32;
         let (old, new) = (

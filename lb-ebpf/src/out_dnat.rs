@@ -19,14 +19,15 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack, fib, flow,
+    conntrack,
+    family::{Ends, View},
+    fib, flow,
     maps::FlowScratch,
     nat,
     packet::Packet,
     parse::{self, Parsed, Tuple},
     reason::{self, Carried, Outcome, Reason, Then},
     select::{self, Frontend},
-    work::WorkArea,
 };
 
 /// The node's own IPv4 SCTP packet to a frontend (tc egress): its tracked flow's backend,
@@ -34,11 +35,8 @@ use crate::{
 /// again in each step: the egress path's frame keeps only the few fields it reads (and
 /// the frames of a call chain add up, 512 bytes in all).
 #[inline(never)]
-pub fn flow(ctx: &TcContext, w: &mut WorkArea) -> Carried {
-    if parse::is_ipv6(ctx) {
-        return crate::v6::out_dnat::flow(ctx, &mut w.v6);
-    }
-    match step(ctx, &mut w.v4).next::<i32>() {
+pub fn flow(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+    match step(ctx, s).next::<i32>() {
         Then::Refuse => refuse(ctx),
         Then::Done(o) => Carried::done(o),
         Then::Next(r) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
@@ -77,17 +75,18 @@ fn refuse(ctx: &TcContext) -> Carried {
 fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(t) {
-        if conntrack::continues(ct, t) {
-            let ct = flow::keep_alive(ct, t, s);
-            nat::forward_in(ctx, t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-            let backend = ct.daddr_be;
+        if conntrack::continues(&ct, t) {
+            let ct = flow::keep_alive(ct, t, s)?;
+            nat::forward_in(ctx, t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            let backend = *ct.daddr();
             return Ok(Then::Done(toward(ctx, t, backend, R_ESTABLISHED)));
         }
-        conntrack::start_over(ct, t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
             reason = R_BACKEND_GONE;
         }
+        conntrack::start_over(ct, t);
     }
     let Some(svc) = select::lookup_service(t) else {
         return Ok(Then::Done(Ok((TC_ACT_OK, Reason(R_PASS)))));
@@ -109,8 +108,8 @@ fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>
     let client = Client::of(t);
     let chosen = select::choose(&front, &client, svc, Some(select::flow_hash(t)))?;
     let fwd = flow::record(ctx, t, svc, &client, &chosen, 0, CT_F_OUT_DNAT, s)?;
-    nat::forward_in(ctx, t, fwd)?;
-    let backend = fwd.daddr_be;
+    nat::forward_in(ctx, t, &fwd)?;
+    let backend = *fwd.daddr();
     reason::count_service(svc.svc_id, chosen.0, ctx.len());
     Ok(Then::Done(toward(ctx, t, backend, reason)))
 }

@@ -1,5 +1,6 @@
-//! Packet parsing: Ethernet → IPv4 → TCP/UDP ports, with every length checked (IPv6 is
-//! only recognised here and parsed by `v6::parse`).
+//! Packet parsing: the Ethernet type, read once at each program's entry ([`l3`]), which
+//! dispatches to IPv4 (here: → TCP/UDP ports, with every length checked) or IPv6
+//! (`v6::parse`).
 //!
 //! A packet without IP options whose headers are linear is read in place ([`parse_direct`]);
 //! anything else through the load helper ([`parse_loaded`]), with the same checks in the
@@ -74,26 +75,32 @@ pub enum Parsed {
     Icmp(Icmp),
 }
 
-/// The "reason" of a [`Parsed::Pass`] that is an IPv6 packet, for the IPv6 path (`v6`):
-/// no counter has this index. (Not a variant of its own: with a fourth variant LLVM merges
-/// the variants' payloads into one stack read that is uninitialised on the pass paths, which
-/// the verifier refuses without CAP_PERFMON.)
-pub const IPV6: u32 = u32::MAX;
-
-/// Anything but IPv4: IPv6 goes to its own path, the rest passes.
-#[inline(always)]
-fn not_ipv4(ethertype_be: u16) -> Parsed {
-    Parsed::Pass(Reason(if ethertype_be == ETH_P_IPV6_BE {
-        IPV6
-    } else {
-        R_PASS
-    }))
+/// A frame's network layer, by its Ethernet type: each program's entry reads it once and
+/// runs the flow of that family (or passes the frame).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum L3 {
+    Ipv4,
+    Ipv6,
+    /// Anything else: passed untouched.
+    Other,
 }
 
-/// Whether the frame is IPv6 (its Ethernet type).
+/// The frame's [`L3`]: in place when the Ethernet header is (always, but for a frame
+/// shorter than it), else through the load helper; a frame without an Ethernet type is
+/// malformed.
 #[inline(always)]
-pub fn is_ipv6<P: Packet>(ctx: &P) -> bool {
-    ctx.load::<u16>(12) == Ok(ETH_P_IPV6_BE)
+pub fn l3<P: Packet>(ctx: &P) -> Result<L3, Reason> {
+    let ethertype = match at::<_, [u8; ETH_HLEN]>(ctx, 0) {
+        Some(h) => rd16(h as *const u8, 12),
+        None => ctx.load::<u16>(12).map_err(malformed)?,
+    };
+    Ok(if ethertype == ETH_P_IP_BE {
+        L3::Ipv4
+    } else if ethertype == ETH_P_IPV6_BE {
+        L3::Ipv6
+    } else {
+        L3::Other
+    })
 }
 
 const IPPROTO_ICMP: u8 = 1;
@@ -132,8 +139,9 @@ pub fn sctp_flags(chunk: u8) -> u8 {
     }
 }
 
-/// Parses an IPv4 TCP/UDP/SCTP/ICMP packet. Non-IPv4, other protocols and fragments pass; a truncated
-/// or inconsistent IPv4/L4 header is an error (the kernel's ip_rcv would drop it too).
+/// Parses an IPv4 TCP/UDP/SCTP/ICMP packet (the frame's [`l3`] said IPv4). Other protocols
+/// and fragments pass; a truncated or inconsistent IPv4/L4 header is an error (the
+/// kernel's ip_rcv would drop it too).
 #[inline(always)]
 pub fn parse_ipv4<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
     match parse_direct(ctx, len)? {
@@ -165,10 +173,6 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
         return Ok(None);
     };
     let h = h as *const u8;
-    let ethertype = rd16(h, 12);
-    if ethertype != ETH_P_IP_BE {
-        return Ok(Some(not_ipv4(ethertype)));
-    }
     // SAFETY: within the L4_OFF bytes checked above.
     let vihl = unsafe { *h.add(ETH_HLEN) };
     if vihl != 0x45 {
@@ -263,10 +267,6 @@ pub(crate) fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Op
 #[inline(always)]
 fn parse_loaded<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
     let len = len as usize;
-    let ethertype: u16 = ctx.load(12).map_err(malformed)?;
-    if ethertype != ETH_P_IP_BE {
-        return Ok(not_ipv4(ethertype));
-    }
     let vihl: u8 = ctx.load(ETH_HLEN).map_err(malformed)?;
     let ihl = ((vihl & 0x0f) as usize) * 4;
     if vihl >> 4 != 4 || ihl < 20 {

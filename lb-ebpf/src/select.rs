@@ -6,8 +6,8 @@
 
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
-    Backend, FAMILY_V4, FAMILY_V6, MAGLEV_ROW_SLOTS, R_NO_BACKEND, R_STALE_SLOT, SCOPE_EXTERNAL,
-    SVC_F_MAGLEV, SvcKey, SvcValue,
+    AffinityValue, Backend, FAMILY_V4, FAMILY_V6, MAGLEV_ROW_SLOTS, R_NO_BACKEND, R_STALE_SLOT,
+    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcValue,
 };
 
 use crate::{
@@ -15,6 +15,7 @@ use crate::{
     maps::{XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
     parse::Tuple,
     reason::Reason,
+    shared::{Shared, get},
 };
 
 /// A frontend as the service map keys it.
@@ -141,7 +142,16 @@ pub fn choose<F: Keyed>(
     svc: &SvcValue,
     hash: Option<u32>,
 ) -> Result<(u32, u16, Backend), Reason> {
-    if let Some(remembered) = affinity::lookup(f, client, svc) {
+    // Each field of the entry read where it is used (kept across the lookups, they would be
+    // spilled).
+    let still = |a: &Shared<'_, AffinityValue>| {
+        if slot(f, get!(a, slot)).is_none_or(|s| s.backend_id != get!(a, backend_id)) {
+            return None;
+        }
+        let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
+        Some((get!(a, backend_id), get!(a, slot), be))
+    };
+    if let Some(remembered) = affinity::lookup(client, svc, still) {
         return Ok(remembered);
     }
     let n = match hash {

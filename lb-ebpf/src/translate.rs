@@ -3,14 +3,13 @@
 //! external frontend; the hairpin address when the client is its own backend).
 
 use lb_common::{
-    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, IPPROTO_SCTP, IPPROTO_TCP, NodeConfig,
+    BE_F_REMOTE, Backend, CT_F_HAIRPIN, CT_F_SNAT, CtValue, IPPROTO_SCTP, IPPROTO_TCP,
     R_SNAT_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
     conntrack::Source,
-    fib,
-    maps::XLB_CFG_V3,
+    fib, maps,
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
@@ -18,11 +17,6 @@ use crate::{
 
 /// Packets up to this size are not checked against the route MTU (no IPv4 link is smaller).
 const MIN_CHECKED_LEN: u16 = 576;
-
-#[inline(always)]
-pub(crate) fn config() -> NodeConfig {
-    XLB_CFG_V3.get(0).copied().unwrap_or_default()
-}
 
 /// Writes the forward tuple of a new flow from `t` to backend `be` into `fwd` (a SNATed
 /// flow's source: the SNAT address, its port chosen by `conntrack::create`), and returns
@@ -49,7 +43,7 @@ pub fn forward_tuple<P: Packet>(
     fwd.mtu = 0;
     fwd._pad = 0;
     // created_ns and last_seen_ns are set by `conntrack::create`.
-    let cfg = config();
+    let cfg = maps::config();
     // The source is kept, unless its reply tuple clashes with another flow's (then only the
     // port is remapped, from the SNAT range).
     let keep = Source {

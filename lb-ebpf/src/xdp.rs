@@ -29,13 +29,16 @@ use lb_common::{
 
 use crate::{
     affinity::Client,
-    conntrack, fib, filter, flow,
+    conntrack::{self, Ct},
+    family::{Ends, View},
+    fib, filter, flow,
     maps::{FlowScratch, XLB_XDPTX_V1},
     nat,
     packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
     reason::{self, Carried, Reason},
     select::{self, Frontend},
+    shared::Shared,
     translate::{self, Mtu},
     work,
 };
@@ -48,17 +51,12 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// `len`: the frame's length.
+/// An IPv4 frame (the entry read its Ethernet type); `len`: the frame's length.
 #[inline(always)]
 pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
     let t = match parse::parse_ipv4(ctx, len)? {
         Parsed::Flow(t) => t,
         Parsed::Icmp(_) => return pass(R_PASS),
-        Parsed::Pass(Reason(parse::IPV6)) => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            return crate::v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
-        }
         Parsed::Pass(r) => return Ok((XDP_PASS, r)),
     };
     if t.proto == IPPROTO_SCTP {
@@ -86,14 +84,14 @@ pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
         return pass(R_PASS);
     }
     if let Some(ct) = forward {
-        if !conntrack::continues(ct, &t) {
+        if !conntrack::continues(&ct, &t) {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
             return pass(R_PASS);
         }
         return established(ctx, &t, ct, len).outcome();
     }
     if let Some(ct) = reply {
-        conntrack::touch(ct, &t);
+        conntrack::touch(&ct, &t);
         return reply_of(ctx, &t, ct, len).outcome();
     }
     let Some(svc) = select::lookup_service(&t) else {
@@ -109,41 +107,41 @@ pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
 /// gives (remembered in the entry when that is the stack). Out of line: its frame stays off
 /// the entry's.
 #[inline(never)]
-fn established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> Carried {
+fn established(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> Carried {
     Carried::done(try_established(ctx, t, ct, len))
 }
 
 #[inline(always)]
-fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> XdpOutcome {
+fn try_established(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpOutcome {
     // A DSR packet that carries the frontend to the backend's node: tc adds the option.
-    if ct.flags & lb_common::CT_F_DSR != 0 && crate::dsr::carries(t) {
+    if ct.flags() & lb_common::CT_F_DSR != 0 && crate::dsr::carries(t) {
         return pass(R_PASS);
     }
     // SAFETY: the only acquire on this path of the run.
     let w = unsafe { work::acquire() }?;
-    if ct.flags & CT_F_XDP_STACK == 0 {
-        match way(ctx, t, ct) {
+    if ct.flags() & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
-                let ct = flow::keep_alive(ct, t, &mut w.v4);
-                return redirect(ctx, t, ct, &hop, R_ESTABLISHED, len);
+                let ct = flow::keep_alive(ct, t, &mut w.v4)?;
+                return redirect(ctx, t, &ct, &hop, R_ESTABLISHED, len);
             }
             Way::Stack => {
-                ct.flags |= CT_F_XDP_STACK;
+                ct.add_flags(CT_F_XDP_STACK);
                 // The route lookup has just checked this size.
-                ct.mtu = ct.mtu.max(t.tot_len);
+                ct.set_mtu(ct.mtu().max(t.tot_len));
             }
         }
     }
     // tc's steps for an established packet, the answer to a packet too big left to tc.
-    match translate::check_mtu(ctx, t, ct.daddr_be, ct.mtu, 0) {
+    match translate::check_mtu(ctx, t, *ct.daddr(), ct.mtu(), 0) {
         Mtu::TooBig(_) => return pass(R_PASS),
-        Mtu::Fits(len) => ct.mtu = len,
+        Mtu::Fits(len) => ct.set_mtu(len),
         Mtu::Unchecked => {}
     }
-    let ct = flow::keep_alive(ct, t, &mut w.v4);
-    nat::forward_in(ctx, t, ct)?;
-    reason::count_service(ct.svc_id, ct.backend_id, len);
+    let ct = flow::keep_alive(ct, t, &mut w.v4)?;
+    nat::forward_in(ctx, t, &ct)?;
+    reason::count_service(ct.svc_id(), ct.backend().0, len);
     pass(R_ESTABLISHED)
 }
 
@@ -151,20 +149,20 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u
 /// destination side translated into the stack (tc egress restores the source), or both
 /// sides redirected. Out of line, as [`established`].
 #[inline(never)]
-fn reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> Carried {
+fn reply_of(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> Carried {
     Carried::done(try_reply_of(ctx, t, ct, len))
 }
 
 #[inline(always)]
-fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: &'static mut CtValue, len: u32) -> XdpOutcome {
-    if ct.flags & CT_F_XDP_STACK == 0 {
-        match way(ctx, t, ct) {
+fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpOutcome {
+    if ct.flags() & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
-            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT, len),
-            Way::Stack => ct.flags |= CT_F_XDP_STACK,
+            Way::Redirect(hop) => return redirect(ctx, t, &ct, &hop, R_REVERSE_NAT, len),
+            Way::Stack => ct.add_flags(CT_F_XDP_STACK),
         }
     }
-    nat::reply_in(ctx, t, ct)?;
+    nat::reply_in(ctx, t, &ct)?;
     pass(R_REPLY_IN)
 }
 
@@ -230,14 +228,14 @@ fn try_xdp_new_flow(
     let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags, s)?;
     if way_flags == 0 {
         // Redirected: the hop of the translated packet (its source may be the SNAT address).
-        match way(ctx, t, fwd) {
-            Way::Redirect(hop) => return redirect(ctx, t, fwd, &hop, R_NEW_FLOW, len),
+        match way(ctx, t, &fwd) {
+            Way::Redirect(hop) => return redirect(ctx, t, &fwd, &hop, R_NEW_FLOW, len),
             Way::Tc => return pass(R_PASS),
             Way::Stack => {}
         }
     }
-    nat::forward_in(ctx, t, fwd)?;
-    reason::count_service(fwd.svc_id, fwd.backend_id, len);
+    nat::forward_in(ctx, t, &fwd)?;
+    reason::count_service(fwd.svc_id(), fwd.backend().0, len);
     pass(R_NEW_FLOW)
 }
 
@@ -293,13 +291,13 @@ pub(crate) fn send_out(ifindex: u32, reason: u32) -> XdpOutcome {
 
 /// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
 #[inline(always)]
-fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
+fn way(ctx: &XdpContext, t: &Tuple, v: &Shared<'_, CtValue>) -> Way {
     let Some(hop) = fib::hop(
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
         t.proto,
-        v.saddr_be,
-        v.daddr_be,
+        *v.saddr(),
+        *v.daddr(),
         t.tot_len,
     ) else {
         return Way::Tc;
@@ -313,7 +311,7 @@ fn way(ctx: &XdpContext, t: &Tuple, v: &CtValue) -> Way {
 fn redirect(
     ctx: &XdpContext,
     t: &Tuple,
-    v: &CtValue,
+    v: &Shared<'_, CtValue>,
     hop: &Hop,
     reason: u32,
     len: u32,
@@ -324,7 +322,7 @@ fn redirect(
         return pass(R_PASS);
     }
     nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, len);
+    reason::count_service(v.svc_id(), v.backend().0, len);
     forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
 }

@@ -6,6 +6,7 @@ mod demo;
 mod docs_trace;
 mod image;
 mod setup;
+mod verifier;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -63,6 +64,13 @@ enum Command {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
+    /// Each eBPF program's translated size and verifier processed-instruction count, as a
+    /// markdown table (the object just built, or `--object`).
+    Verifier {
+        /// An eBPF object to read instead of building one.
+        #[arg(long)]
+        object: Option<std::path::PathBuf>,
+    },
     /// Every test tier: unit, golden, packet (TestRun) and real traffic.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -105,6 +113,16 @@ fn main() -> Result<()> {
             setup::run()?;
             let xlb = build::all(true)?;
             image::run(&xlb, &tag, out)
+        }
+        Command::Verifier { object } => {
+            let object = match object {
+                Some(o) => o,
+                None => {
+                    setup::run()?;
+                    build::ebpf()?
+                }
+            };
+            verifier::run(&object)
         }
         Command::Test { args } => {
             setup::run()?;

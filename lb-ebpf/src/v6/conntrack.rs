@@ -11,11 +11,19 @@ use super::{
     maps::{FlowScratch6, XLB_CT6_V1, XLB_CTA6_V1},
     parse::Tuple6,
 };
+use crate::affinity::{Client, ClientOf};
 pub use crate::conntrack::{
-    Source, assure, create, entry, insert_dsr, keep_reply, lookup_forward, lookup_reply,
-    lookup_snat_out, quoted, start_over, supersede,
+    Source, create, entry, insert_dsr, lookup_forward, lookup_reply, lookup_snat_out, quoted,
+    start_over, supersede,
 };
 pub use crate::family::{copy6, eq6};
+
+impl ClientOf for Tuple6 {
+    #[inline(always)]
+    fn client(&self) -> Client {
+        Client::addr6(self.saddr_be)
+    }
+}
 
 // IPv6: `XLB_CT6_V1` and `XLB_CTA6_V1`, its scratch `FlowScratch6` (`work::WorkArea::v6`).
 crate::family::flow!(

@@ -18,8 +18,9 @@ use super::{
 };
 use crate::{
     clock,
+    conntrack::Ct,
     dsr::{ADJ_ROOM_NET, wanted},
-    family::Flow,
+    family::{Flow, View},
     filter,
     packet::Packet,
     parse::ETH_HLEN,
@@ -69,8 +70,8 @@ pub fn extra_new(t: &Tuple6, svc: &SvcValue, be: &Backend) -> u16 {
 /// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
 /// translated at ingress) belongs to: its source is the frontend.
 #[inline(always)]
-pub fn frontend_entry(t: &Tuple6) -> Option<&'static CtValue6> {
-    entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags & CT_F_DSR != 0)
+pub fn frontend_entry(t: &Tuple6) -> Option<Ct<Tuple6>> {
+    entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags() & CT_F_DSR != 0)
 }
 
 /// Inserts the DSR header naming the frontend `addr_be`:`port_be` after the fixed header of

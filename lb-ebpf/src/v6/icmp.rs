@@ -4,7 +4,7 @@
 //! refusals and path-MTU discovery work through an IPv6 service, as `icmp.rs` for IPv4.
 
 use aya_ebpf::{helpers::bpf_csum_diff, programs::TcContext};
-use lb_common::{CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
+use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::{self, eq6},
@@ -14,6 +14,8 @@ use super::{
     reject::QUOTE,
 };
 use crate::{
+    conntrack::Ct,
+    family::Ends,
     nat::{DST, SRC},
     packet::{Packet, csum_add, csum_apply},
     reason::Reason,
@@ -55,7 +57,7 @@ pub fn translate<const PART: u8>(
     ctx: &TcContext,
     t: &Tuple6,
     s: &mut FlowScratch6,
-) -> Result<Option<&'static CtValue6>, Reason> {
+) -> Result<Option<Ct<Tuple6>>, Reason> {
     if t.icmp_type < ICMPV6_DEST_UNREACH || t.icmp_type > ICMPV6_TIME_EXCEED {
         return Ok(None);
     }
@@ -83,12 +85,12 @@ pub fn translate<const PART: u8>(
     s.quote_new = s.quote_old;
     let n = &mut s.quote_new;
     if PART & DST != 0 {
-        put(n, 8, &v.daddr_be);
-        n[40..42].copy_from_slice(&v.dport_be.to_ne_bytes());
+        put(n, 8, v.daddr());
+        n[40..42].copy_from_slice(&v.dport().to_ne_bytes());
     }
     if PART & SRC != 0 {
-        put(n, 24, &v.saddr_be);
-        n[42..44].copy_from_slice(&v.sport_be.to_ne_bytes());
+        put(n, 24, v.saddr());
+        n[42..44].copy_from_slice(&v.sport().to_ne_bytes());
     }
     if proto == IPPROTO_UDP {
         quoted_udp_checksum(s)?;
@@ -97,9 +99,9 @@ pub fn translate<const PART: u8>(
     // Outer: to the flow's peer; from the frontend where the error came from the translated
     // end itself, as Linux's conntrack does.
     let from_end = PART & SRC != 0 && eq6(&t.saddr_be, &idst);
-    let out_src = if from_end { &v.saddr_be } else { &t.saddr_be };
+    let out_src = if from_end { v.saddr() } else { &t.saddr_be };
     let out_dst = if PART & DST != 0 {
-        &v.daddr_be
+        v.daddr()
     } else {
         &t.daddr_be
     };
@@ -108,10 +110,10 @@ pub fn translate<const PART: u8>(
         .map_err(failed)?;
     ctx.store(inner_off, &s.quote_new, 0).map_err(failed)?;
     if from_end {
-        ctx.store(IP6_SRC_OFF, &v.saddr_be, 0).map_err(failed)?;
+        ctx.store(IP6_SRC_OFF, v.saddr(), 0).map_err(failed)?;
     }
     if PART & DST != 0 {
-        ctx.store(IP6_DST_OFF, &v.daddr_be, 0).map_err(failed)?;
+        ctx.store(IP6_DST_OFF, v.daddr(), 0).map_err(failed)?;
     }
     Ok(Some(v))
 }

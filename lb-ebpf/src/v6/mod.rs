@@ -39,13 +39,16 @@ use self::{
 use crate::{
     affinity::{self, Client},
     conntrack::{continues, mid_stream, touch},
+    family::{Ends, View},
     filter,
+    flow::keep_alive,
     nat::{BOTH, DST, SRC},
     packet::Packet,
     reason::{self, Carried, Reason, Then},
     select::{self, Frontend6},
+    shared::Shared,
     srcrange,
-    translate::{self, Mtu},
+    translate::Mtu,
     work::Work6,
 };
 
@@ -113,14 +116,21 @@ fn supersede(ctx: &TcContext, t: &Tuple6) -> Carried {
 
 /// Rewrites the first packet of the flow just recorded (the scratch's forward tuple).
 #[inline(never)]
-fn rewrite(ctx: &TcContext, w: &Work6, svc_id: u32, reason: u32) -> Carried {
-    Carried::done(try_rewrite(ctx, &w.pkt, svc_id, reason, &w.flow))
+fn rewrite(ctx: &TcContext, w: &mut Work6, svc_id: u32, reason: u32) -> Carried {
+    Carried::done(try_rewrite(ctx, &w.pkt, svc_id, reason, &mut w.flow))
 }
 
 #[inline(always)]
-fn try_rewrite(ctx: &TcContext, t: &Tuple6, svc_id: u32, reason: u32, s: &FlowScratch6) -> Outcome {
-    nat::forward_in(ctx, t, &s.fwd)?;
-    reason::count_service(svc_id, s.fwd.backend_id, ctx.len());
+fn try_rewrite(
+    ctx: &TcContext,
+    t: &Tuple6,
+    svc_id: u32,
+    reason: u32,
+    s: &mut FlowScratch6,
+) -> Outcome {
+    let backend_id = s.fwd.backend_id;
+    nat::forward_in(ctx, t, &Shared::local(&mut s.fwd))?;
+    reason::count_service(svc_id, backend_id, ctx.len());
     pass(reason)
 }
 
@@ -155,9 +165,9 @@ fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
         .then(|| conntrack::lookup_reply(t))
         .flatten()
     {
-        touch(ct, t);
-        nat::apply::<_, { BOTH }>(ctx, t, ct)?;
-        reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+        touch(&ct, t);
+        nat::apply::<_, { BOTH }>(ctx, t, &ct)?;
+        reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
         return pass(R_REVERSE_NAT);
     }
     if filter::maybe_backend(filter_fold(&t.daddr_be)) {
@@ -173,7 +183,7 @@ fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
         {
             // A packet of a DSR flow leaving for its backend's node: the header naming its
             // frontend on those that node learns the flow from.
-            dsr::push(ctx, &ct.saddr_be, ct.sport_be)?;
+            dsr::push(ctx, ct.saddr(), ct.sport())?;
             return pass(R_DSR_OUT);
         }
     }
@@ -182,8 +192,8 @@ fn try_egress(ctx: &TcContext, w: &mut Work6) -> Outcome {
         .then(|| conntrack::lookup_snat_out(t))
         .flatten()
     {
-        touch(ct, t);
-        nat::apply::<_, { SRC }>(ctx, t, ct)?;
+        touch(&ct, t);
+        nat::apply::<_, { SRC }>(ctx, t, &ct)?;
         return pass(R_SNAT_OUT);
     }
     pass(R_PASS)
@@ -209,7 +219,7 @@ fn dsr_in(ctx: &TcContext, w: &mut Work6) -> Carried {
 fn icmp_error<const PART: u8>(ctx: &TcContext, w: &mut Work6) -> Carried {
     Carried::done(match icmp::translate::<PART>(ctx, &w.pkt, &mut w.flow) {
         Ok(Some(ct)) => {
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             pass(R_ICMP_XLATE)
         }
         Ok(None) => pass(R_PASS),
@@ -260,27 +270,28 @@ fn try_tracked(
         None
     };
     if let Some(ct) = forward {
-        if continues(ct, t) {
-            match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu, dsr::extra(ct.flags, t)) {
+        if continues(&ct, t) {
+            match fib::check_mtu(ctx, t, ct.daddr(), ct.mtu(), dsr::extra(ct.flags(), t)) {
                 Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
-                Mtu::Fits(len) => ct.mtu = len,
+                Mtu::Fits(len) => ct.set_mtu(len),
                 Mtu::Unchecked => {}
             }
-            let ct = keep_alive(ct, t, s);
-            nat::forward_in(ctx, t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
+            let ct = keep_alive(ct, t, s)?;
+            nat::forward_in(ctx, t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
-        conntrack::start_over(ct, t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
             reason = R_BACKEND_GONE;
         }
+        conntrack::start_over(ct, t);
     } else if let Some(ct) = filter::maybe_backend(filter_fold(&t.saddr_be))
         .then(|| conntrack::lookup_reply(t))
         .flatten()
     {
-        touch(ct, t);
-        nat::reply_in(ctx, t, ct)?;
+        touch(&ct, t);
+        nat::reply_in(ctx, t, &ct)?;
         return Ok(Then::Done(pass(R_REPLY_IN)));
     } else if mid_stream(t) {
         reason = R_CT_MISS;
@@ -302,26 +313,6 @@ pub(super) fn frontend(t: &Tuple6) -> Frontend6 {
         proto: t.proto,
         scope: SCOPE_EXTERNAL,
     }
-}
-
-/// A packet of an established flow keeps its entries (and its client's affinity) fresh
-/// (an assured flow's entries are copied through the scratch `s`).
-#[inline(always)]
-pub(super) fn keep_alive(
-    ct: &'static mut CtValue6,
-    t: &Tuple6,
-    s: &mut FlowScratch6,
-) -> &'static mut CtValue6 {
-    let ct = conntrack::assure(ct, t, s);
-    if touch(ct, t) {
-        if ct.flags & CT_F_SNAT != 0 {
-            conntrack::keep_reply(ct, t);
-        }
-        if ct.flags & CT_F_AFFINITY != 0 {
-            affinity::touch(&Client::addr6(t.saddr_be), ct.svc_id);
-        }
-    }
-    ct
 }
 
 /// The first packet of a flow to an IPv6 frontend: dropped when its source is outside the
@@ -427,7 +418,7 @@ pub(super) fn record<'s, P: Packet>(
     mtu: u16,
     flags: u16,
     s: &'s mut FlowScratch6,
-) -> Result<&'s CtValue6, Reason> {
+) -> Result<Shared<'s, CtValue6>, Reason> {
     let be = &s.backend;
     let fwd = &mut s.fwd;
     copy6(&mut fwd.saddr_be, &t.saddr_be);
@@ -445,7 +436,7 @@ pub(super) fn record<'s, P: Packet>(
     fwd.flags |= flags;
     fwd.mtu = mtu;
     fwd._pad = 0;
-    let cfg = translate::config();
+    let cfg = crate::maps::config();
     let hairpin = eq6(&be.addr_be, &t.saddr_be);
     let snat = if hairpin {
         hairpin_source(fwd, &cfg.hairpin6_addr_be)
@@ -488,7 +479,7 @@ pub(super) fn record<'s, P: Packet>(
         max: cfg.snat_port_max,
     };
     conntrack::create(t, &src, s)?;
-    Ok(&s.fwd)
+    Ok(Shared::local(&mut s.fwd))
 }
 
 /// A client that is its own backend (hairpin): its flow is SNATed to the IPv6 hairpin

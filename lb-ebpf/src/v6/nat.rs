@@ -11,12 +11,14 @@ use super::{
     parse::{DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
+    family::{Ends, View},
     nat::{
         BOTH, DADDR, DPORT, DST, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
         sctp_csum_with_helpers,
     },
     packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
     reason::Reason,
+    shared::Shared,
 };
 
 /// The partial-sum change of an IPv6 address going `from` → `to`.
@@ -36,8 +38,8 @@ fn failed<E>(_: E) -> Reason {
 
 /// As IPv4's `nat::forward_in`.
 #[inline(always)]
-pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
-    if to.flags & CT_F_PORT_IN != 0 {
+pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &Shared<'_, CtValue6>) -> Result<(), Reason> {
+    if to.flags() & CT_F_PORT_IN != 0 {
         apply::<P, { DST | SPORT }>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)
@@ -46,11 +48,11 @@ pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Re
 
 /// As IPv4's `nat::reply_in`.
 #[inline(always)]
-pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
-    if to.flags & CT_F_OUT_DNAT != 0 {
+pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &Shared<'_, CtValue6>) -> Result<(), Reason> {
+    if to.flags() & CT_F_OUT_DNAT != 0 {
         // The node's own flow (DNATed at egress): its reply crosses no egress.
         apply::<P, BOTH>(ctx, t, to)
-    } else if to.flags & CT_F_PORT_IN != 0 {
+    } else if to.flags() & CT_F_PORT_IN != 0 {
         apply::<P, DADDR>(ctx, t, to)
     } else {
         apply::<P, DST>(ctx, t, to)
@@ -62,14 +64,18 @@ pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reas
 /// store and checksum helpers (the L4 header sits behind extension headers, at a variable
 /// offset).
 #[inline(always)]
-pub fn apply<P: L4Sum, const PART: u8>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Result<(), Reason> {
+pub fn apply<P: L4Sum, const PART: u8>(
+    ctx: &P,
+    t: &Tuple6,
+    to: &Shared<'_, CtValue6>,
+) -> Result<(), Reason> {
     if t.direct != 0 {
         let r = if t.proto == IPPROTO_TCP {
-            in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT6_TCP, { IP6_L4_OFF + 16 }, PART>(ctx, t, to.lend())
         } else if t.proto == IPPROTO_SCTP {
-            in_place::<P, DIRECT6_SCTP, { IP6_L4_OFF + 8 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT6_SCTP, { IP6_L4_OFF + 8 }, PART>(ctx, t, to.lend())
         } else {
-            in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }, PART>(ctx, t, to)
+            in_place::<P, DIRECT6_UDP, { IP6_L4_OFF + 6 }, PART>(ctx, t, to.lend())
         };
         return if r == 0 { Ok(()) } else { Err(Reason(r)) };
     }
@@ -84,9 +90,9 @@ pub fn apply<P: L4Sum, const PART: u8>(ctx: &P, t: &Tuple6, to: &CtValue6) -> Re
 fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple6,
-    to: &CtValue6,
+    to: Shared<'_, CtValue6>,
 ) -> u32 {
-    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to) {
+    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to.lend()) {
         Ok(()) => 0,
         Err(r) => r.0,
     }
@@ -96,28 +102,28 @@ fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
 fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
     ctx: &P,
     t: &Tuple6,
-    to: &CtValue6,
+    to: Shared<'_, CtValue6>,
 ) -> Result<(), Reason> {
     let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
     let mut addr = 0;
     // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
     // is below N.
     unsafe {
-        if PART & SADDR != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
-            addr = diff16(&t.saddr_be, &to.saddr_be);
+        if PART & SADDR != 0 && !eq6(&t.saddr_be, to.saddr()) {
+            addr = diff16(&t.saddr_be, to.saddr());
             for i in 0..4 {
-                st32(p, IP6_SRC_OFF + 4 * i, to.saddr_be[i]);
+                st32(p, IP6_SRC_OFF + 4 * i, to.saddr()[i]);
             }
         }
-        if PART & DADDR != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
-            addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
+        if PART & DADDR != 0 && !eq6(&t.daddr_be, to.daddr()) {
+            addr = csum_add(addr, diff16(&t.daddr_be, to.daddr()));
             for i in 0..4 {
-                st32(p, IP6_DST_OFF + 4 * i, to.daddr_be[i]);
+                st32(p, IP6_DST_OFF + 4 * i, to.daddr()[i]);
             }
         }
     }
     // SAFETY: as above.
-    let port = unsafe { ports_in_place::<_, _, PART>(p, IP6_L4_OFF, t, to) };
+    let port = unsafe { ports_in_place::<_, _, PART>(p, IP6_L4_OFF, t, &to) };
     if N == DIRECT6_SCTP {
         // SAFETY: as above (N bytes hold the ports and the checksum).
         unsafe { sctp_csum_in_place(p, IP6_L4_OFF, CSUM, t, t.payload_len) };
@@ -133,37 +139,37 @@ fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
 fn with_helpers<P: L4Sum, const PART: u8>(
     ctx: &P,
     t: &Tuple6,
-    to: &CtValue6,
+    to: &Shared<'_, CtValue6>,
 ) -> Result<(), Reason> {
     let mut addr = 0;
-    if PART & SADDR != 0 && !eq6(&t.saddr_be, &to.saddr_be) {
-        addr = diff16(&t.saddr_be, &to.saddr_be);
-        ctx.store(IP6_SRC_OFF, &to.saddr_be).map_err(failed)?;
+    if PART & SADDR != 0 && !eq6(&t.saddr_be, to.saddr()) {
+        addr = diff16(&t.saddr_be, to.saddr());
+        ctx.store(IP6_SRC_OFF, to.saddr()).map_err(failed)?;
     }
-    if PART & DADDR != 0 && !eq6(&t.daddr_be, &to.daddr_be) {
-        addr = csum_add(addr, diff16(&t.daddr_be, &to.daddr_be));
-        ctx.store(IP6_DST_OFF, &to.daddr_be).map_err(failed)?;
+    if PART & DADDR != 0 && !eq6(&t.daddr_be, to.daddr()) {
+        addr = csum_add(addr, diff16(&t.daddr_be, to.daddr()));
+        ctx.store(IP6_DST_OFF, to.daddr()).map_err(failed)?;
     }
     let mut port = 0;
-    if PART & SPORT != 0 && to.sport_be != t.sport_be {
-        port = diff2(t.sport_be, to.sport_be);
-        ctx.store(t.l4_off as usize, &to.sport_be).map_err(failed)?;
+    if PART & SPORT != 0 && to.sport() != t.sport_be {
+        port = diff2(t.sport_be, to.sport());
+        ctx.store(t.l4_off as usize, &to.sport()).map_err(failed)?;
     }
-    if PART & DPORT != 0 && to.dport_be != t.dport_be {
-        port = csum_add(port, diff2(t.dport_be, to.dport_be));
-        ctx.store(t.l4_off as usize + 2, &to.dport_be)
+    if PART & DPORT != 0 && to.dport() != t.dport_be {
+        port = csum_add(port, diff2(t.dport_be, to.dport()));
+        ctx.store(t.l4_off as usize + 2, &to.dport())
             .map_err(failed)?;
     }
     if t.proto == IPPROTO_SCTP {
         // No pseudo-header: the ports only, through CRC32c (behind extension headers).
         let now = (
             if PART & SPORT != 0 {
-                to.sport_be
+                to.sport()
             } else {
                 t.sport_be
             },
             if PART & DPORT != 0 {
-                to.dport_be
+                to.dport()
             } else {
                 t.dport_be
             },

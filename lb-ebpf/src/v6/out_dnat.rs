@@ -8,7 +8,7 @@ use lb_common::{
 };
 
 use super::{
-    choose, fib, frontend, is_loopback, keep_alive,
+    choose, fib, frontend, is_loopback,
     maps::FlowScratch6,
     nat,
     parse::{Parsed6, Tuple6, parse6},
@@ -16,6 +16,8 @@ use super::{
 };
 use crate::{
     conntrack::continues,
+    family::{Ends, View},
+    flow::keep_alive,
     out_dnat::redirect,
     packet::Packet,
     reason::{self, Carried, Outcome, Reason, Then},
@@ -74,17 +76,17 @@ fn tracked(ctx: &TcContext, w: &mut Work6) -> Carried {
 fn try_tracked(ctx: &TcContext, t: &Tuple6, s: &mut FlowScratch6) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = super::conntrack::lookup_forward(t) {
-        if continues(ct, t) {
-            let ct = keep_alive(ct, t, s);
-            nat::forward_in(ctx, t, ct)?;
-            reason::count_service(ct.svc_id, ct.backend_id, ctx.len());
-            let backend = ct.daddr_be;
-            return Ok(Then::Done(toward(ctx, t, &backend, R_ESTABLISHED)));
+        if continues(&ct, t) {
+            let ct = keep_alive(ct, t, s)?;
+            nat::forward_in(ctx, t, &ct)?;
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            return Ok(Then::Done(toward(ctx, t, ct.daddr(), R_ESTABLISHED)));
         }
-        super::conntrack::start_over(ct, t);
-        if !select::backend_is(ct.backend_id, ct.backend_gen) {
+        let (id, generation) = ct.backend();
+        if !select::backend_is(id, generation) {
             reason = R_BACKEND_GONE;
         }
+        super::conntrack::start_over(ct, t);
     }
     Ok(Then::Next(Reason(reason)))
 }
@@ -99,10 +101,9 @@ fn start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried
 #[inline(always)]
 fn try_start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Outcome<i32> {
     let fwd = record(ctx, &w.pkt, svc, 0, CT_F_OUT_DNAT, &mut w.flow)?;
-    nat::forward_in(ctx, &w.pkt, fwd)?;
-    reason::count_service(fwd.svc_id, fwd.backend_id, ctx.len());
-    let backend = fwd.daddr_be;
-    toward(ctx, &w.pkt, &backend, reason)
+    nat::forward_in(ctx, &w.pkt, &fwd)?;
+    reason::count_service(fwd.svc_id(), fwd.backend().0, ctx.len());
+    toward(ctx, &w.pkt, fwd.daddr(), reason)
 }
 
 /// Redirects the translated packet toward `backend` (the route from here); no route:

@@ -14,21 +14,24 @@ use lb_common::{
 };
 
 use super::{
-    choose, conntrack, fib, frontend, is_loopback, keep_alive,
+    choose, conntrack, fib, frontend, is_loopback,
     maps::FlowScratch6,
     nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
     record,
 };
 use crate::{
-    conntrack::{continues, touch},
+    conntrack::{Ct, continues, touch},
+    family::{Ends, View},
     filter,
+    flow::keep_alive,
     maps::XLB_XDPTX_V1,
     nat::BOTH,
     packet::{Packet, at},
     parse::ETH_HLEN,
     reason::{self, Carried, Reason, Then},
     select,
+    shared::Shared,
     translate::Mtu,
     work::Work6,
     xdp::{Hop, Way, csum_at, send_out, write_macs},
@@ -94,13 +97,18 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
 /// Sends the first packet of the flow just recorded on (the scratch's forward tuple): into
 /// the stack when its entry says so, else by its route.
 #[inline(never)]
-fn send_new(ctx: &XdpContext, w: &Work6, len: u32) -> Carried {
-    Carried::done(try_send_new(ctx, &w.pkt, &w.flow.fwd, len))
+fn send_new(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
+    Carried::done(try_send_new(
+        ctx,
+        &w.pkt,
+        &Shared::local(&mut w.flow.fwd),
+        len,
+    ))
 }
 
 #[inline(always)]
-fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, len: u32) -> XdpOutcome {
-    if v.flags & CT_F_XDP_STACK == 0 {
+fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &Shared<'_, CtValue6>, len: u32) -> XdpOutcome {
+    if v.flags() & CT_F_XDP_STACK == 0 {
         match way(ctx, t, v) {
             Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW, len),
             Way::Tc => return pass(R_PASS),
@@ -108,7 +116,7 @@ fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &CtValue6, len: u32) -> XdpOutc
         }
     }
     nat::forward_in(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, len);
+    reason::count_service(v.svc_id(), v.backend().0, len);
     pass(R_NEW_FLOW)
 }
 
@@ -142,7 +150,7 @@ fn try_tracked(
         return Ok(Then::Done(pass(R_PASS)));
     }
     if let Some(ct) = forward {
-        if !continues(ct, t) {
+        if !continues(&ct, t) {
             // Re-balanced or started over: tc does it.
             return Ok(Then::Done(pass(R_PASS)));
         }
@@ -150,7 +158,7 @@ fn try_tracked(
     }
     Ok(Then::Done(match reply {
         Some(ct) => {
-            touch(ct, t);
+            touch(&ct, t);
             try_reply_of(ctx, t, ct, len)
         }
         None => pass(R_PASS),
@@ -164,51 +172,51 @@ fn try_tracked(
 fn try_established(
     ctx: &XdpContext,
     t: &Tuple6,
-    ct: &'static mut CtValue6,
+    ct: Ct<Tuple6>,
     s: &mut FlowScratch6,
     len: u32,
 ) -> XdpOutcome {
     // A DSR packet that carries the frontend to the backend's node: tc adds the header.
-    if ct.flags & lb_common::CT_F_DSR != 0 && super::dsr::carries(t) {
+    if ct.flags() & lb_common::CT_F_DSR != 0 && super::dsr::carries(t) {
         return pass(R_PASS);
     }
-    if ct.flags & CT_F_XDP_STACK == 0 {
-        match way(ctx, t, ct) {
+    if ct.flags() & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
-                let ct = keep_alive(ct, t, s);
-                return redirect(ctx, t, ct, &hop, R_ESTABLISHED, len);
+                let ct = keep_alive(ct, t, s)?;
+                return redirect(ctx, t, &ct, &hop, R_ESTABLISHED, len);
             }
             Way::Stack => {
-                ct.flags |= CT_F_XDP_STACK;
+                ct.add_flags(CT_F_XDP_STACK);
                 // The route lookup has just checked this size.
-                ct.mtu = ct.mtu.max((40 + t.payload_len) as u16);
+                ct.set_mtu(ct.mtu().max((40 + t.payload_len) as u16));
             }
         }
     }
-    match fib::check_mtu(ctx, t, &ct.daddr_be, ct.mtu, 0) {
+    match fib::check_mtu(ctx, t, ct.daddr(), ct.mtu(), 0) {
         Mtu::TooBig(_) => return pass(R_PASS),
-        Mtu::Fits(len) => ct.mtu = len,
+        Mtu::Fits(len) => ct.set_mtu(len),
         Mtu::Unchecked => {}
     }
-    let ct = keep_alive(ct, t, s);
-    nat::forward_in(ctx, t, ct)?;
-    reason::count_service(ct.svc_id, ct.backend_id, len);
+    let ct = keep_alive(ct, t, s)?;
+    nat::forward_in(ctx, t, &ct)?;
+    reason::count_service(ct.svc_id(), ct.backend().0, len);
     pass(R_ESTABLISHED)
 }
 
 /// A backend's reply of a tracked flow (already touched), as IPv4's `xdp::reply_of`; inline
 /// in [`tracked`] too.
 #[inline(always)]
-fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: &'static mut CtValue6, len: u32) -> XdpOutcome {
-    if ct.flags & CT_F_XDP_STACK == 0 {
-        match way(ctx, t, ct) {
+fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: Ct<Tuple6>, len: u32) -> XdpOutcome {
+    if ct.flags() & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
-            Way::Redirect(hop) => return redirect(ctx, t, ct, &hop, R_REVERSE_NAT, len),
-            Way::Stack => ct.flags |= CT_F_XDP_STACK,
+            Way::Redirect(hop) => return redirect(ctx, t, &ct, &hop, R_REVERSE_NAT, len),
+            Way::Stack => ct.add_flags(CT_F_XDP_STACK),
         }
     }
-    nat::reply_in(ctx, t, ct)?;
+    nat::reply_in(ctx, t, &ct)?;
     pass(R_REPLY_IN)
 }
 
@@ -261,13 +269,13 @@ fn try_start(
 
 /// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
 #[inline(always)]
-fn way(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> Way {
+fn way(ctx: &XdpContext, t: &Tuple6, v: &Shared<'_, CtValue6>) -> Way {
     let Some(hop) = fib::hop(
         ctx.raw(),
         Packet::ingress_ifindex(ctx),
         t.proto,
-        &v.saddr_be,
-        &v.daddr_be,
+        v.saddr(),
+        v.daddr(),
         (40 + t.payload_len) as u16,
     ) else {
         return Way::Tc;
@@ -281,7 +289,7 @@ fn way(ctx: &XdpContext, t: &Tuple6, v: &CtValue6) -> Way {
 fn redirect(
     ctx: &XdpContext,
     t: &Tuple6,
-    v: &CtValue6,
+    v: &Shared<'_, CtValue6>,
     hop: &Hop,
     reason: u32,
     len: u32,
@@ -292,7 +300,7 @@ fn redirect(
         return pass(R_PASS);
     }
     nat::apply::<_, { BOTH }>(ctx, t, v)?;
-    reason::count_service(v.svc_id, v.backend_id, len);
+    reason::count_service(v.svc_id(), v.backend().0, len);
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
 }

@@ -7,20 +7,23 @@
 //! work area (`lb-ebpf/src/work.rs`) is turned into a `&mut` only at the programs' entries,
 //! no other per-CPU scratch map appears unannounced, and every raw `&mut *` dereference is
 //! one of the known, commented ones. A new one fails here until it is reviewed and counted.
+//! lb-ebpf's modules import in no circle, and no IPv4 leaf imports an IPv6 one.
+//! A map value other CPUs write or a delete frees (conntrack, affinity) is never a Rust
+//! reference: looked up only into a `Shared` (`lb-ebpf/src/shared.rs`, the rule on the
+//! crate page).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
 };
 
 /// Raw `&mut *` dereferences per file: the work area itself, the SNAT port search's
-/// callback (its context and the scratch lent to it), the shared conntrack and affinity
-/// entries, the route request scratches and XDP route caches, the socket hooks' context.
-const RAW_MUT_DEREFS: [(&str, usize); 6] = [
+/// callback (its context and the scratch lent to it), the route request scratches and XDP
+/// route caches (per CPU), the socket hooks' context. None of a shared map value.
+const RAW_MUT_DEREFS: [(&str, usize); 5] = [
     ("work.rs", 1),
-    ("conntrack.rs", 4),
-    ("affinity.rs", 2),
+    ("conntrack.rs", 2),
     ("fib.rs", 2),
     ("v6/fib.rs", 2),
     ("sock.rs", 1),
@@ -260,4 +263,292 @@ fn the_work_area_is_acquired_at_the_entries_only_and_raw_derefs_are_counted() {
             "{name}: {raw} raw `&mut *` dereferences, {allowed} known (review, then count)"
         );
     }
+}
+
+/// The maps whose values other CPUs write in place or a delete frees, as the eBPF source
+/// names them (a family's tables are `T::ct()` and `T::cta()` in the generic flow code).
+const SHARED_TABLES: [&str; 7] = [
+    "T::ct()",
+    "T::cta()",
+    "XLB_CT_V3",
+    "XLB_CTA_V1",
+    "XLB_CT6_V1",
+    "XLB_CTA6_V1",
+    "XLB_AFF_V2",
+];
+
+/// Where the call opened at `open` (the index of its `(`) closes, in `code`.
+fn closing(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The places in `code` (whitespace removed) that look a shared table's value up other
+/// than into a `Shared`: `get` (a `&V` for as long as the caller likes), or a `get_ptr_mut`
+/// whose pointer is kept (neither wrapped in `Shared::of`, nor only tested for presence,
+/// nor dropped at once).
+fn unshared_lookups(code: &str) -> Vec<String> {
+    let code: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    let mut wrong = Vec::new();
+    for table in SHARED_TABLES {
+        for (i, _) in code.match_indices(&format!("{table}.get(")) {
+            wrong.push(format!("`get` on {table} at {i}"));
+        }
+        let call = format!("{table}.get_ptr_mut(");
+        for (i, _) in code.match_indices(&call) {
+            let before = &code[..i];
+            let after = closing(&code, i + call.len() - 1).map_or("", |end| &code[end + 1..]);
+            let wrapped = before.ends_with("Shared::of(");
+            let tested = after.starts_with(".is_some()") || after.starts_with(".is_none()");
+            let dropped = before.ends_with("let_=") || before.ends_with("let _ =");
+            if !(wrapped || tested || dropped) {
+                wrong.push(format!(
+                    "`get_ptr_mut` on {table} kept as a raw pointer at {i}"
+                ));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn shared_map_values_are_held_through_shared_never_as_references() {
+    let root = ebpf_src();
+    let mut files = BTreeMap::new();
+    sources(&root, &root, &mut files);
+    assert!(
+        files.contains_key("shared.rs"),
+        "lb-ebpf/src/shared.rs exists"
+    );
+    let mut wrong = Vec::new();
+    for (name, code) in &files {
+        if code.contains("&'static mut") {
+            wrong.push(format!("{name}: a `&'static mut`"));
+        }
+        // A map lookup's lifetime: what a reference to a shared entry would carry (the
+        // scratch's own values are lent with the work area's, never `'static`).
+        for value in ["CtValue", "CtValue6", "T::Value", "AffinityValue"] {
+            if code.contains(&format!("&'static {value}")) {
+                wrong.push(format!(
+                    "{name}: `&'static {value}` (a shared entry as a reference)"
+                ));
+            }
+        }
+        for w in unshared_lookups(code) {
+            wrong.push(format!("{name}: {w}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "shared map values held other than through `Shared`:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_shared_lookup_check_sees_what_it_must_refuse() {
+    assert!(unshared_lookups("Shared::of(T::cta().get_ptr_mut(k))").is_empty());
+    assert!(unshared_lookups("T::cta()\n  .get_ptr_mut(k).is_some()").is_empty());
+    assert!(unshared_lookups("let _ = T::ct().get_ptr_mut(&key_of(a, b));").is_empty());
+    assert_eq!(unshared_lookups("unsafe { T::ct().get(k) }").len(), 1);
+    assert_eq!(
+        unshared_lookups("XLB_AFF_V2.get_ptr_mut(key(c, s)).map(|p| unsafe { &mut *p })").len(),
+        1
+    );
+}
+
+/// The full paths a `use` tree names, from `rest` (the text after `prefix`), its groups
+/// expanded (`{a::{b, c}, d}` → `a::b`, `a::c`, `d`).
+fn use_paths(prefix: &str, rest: &str) -> Vec<String> {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let path: String = rest.chars().take_while(|c| ident(*c)).collect();
+    let Some(group) = rest[path.len()..].strip_prefix('{') else {
+        return vec![format!("{prefix}{path}")];
+    };
+    let prefix = format!("{prefix}{path}");
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (j, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.extend(use_paths(&prefix, group[start..j].trim_start()));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.extend(use_paths(&prefix, group[start..j].trim_start()));
+                start = j + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The lb-ebpf modules `code` (of module `me`: `xdp`, `v6::xdp`, `v6` for `v6/mod.rs`)
+/// names through `crate::` paths (and `super::` in `v6/`), each resolved to the longest
+/// module it names (`crate::v6::xdp::xdp` → `v6::xdp`, `crate::{nat::BOTH, v6::{maps::X}}`
+/// → `nat`, `v6::maps`).
+fn ebpf_imports(me: &str, code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let resolve = |path: &str| -> Option<String> {
+        let segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+        (1..=segs.len().min(2))
+            .rev()
+            .map(|n| segs[..n].join("::"))
+            .find(|m| known.contains(m))
+    };
+    for (prefix, base) in [("crate::", ""), ("super::", "v6::")] {
+        if prefix == "super::" && !me.starts_with("v6::") {
+            continue;
+        }
+        for (i, _) in code.match_indices(prefix) {
+            if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            for full in use_paths(base, &code[i + prefix.len()..]) {
+                if let Some(m) = resolve(&full).or_else(|| resolve(base)) {
+                    out.insert(m);
+                }
+            }
+        }
+    }
+    out.remove(me);
+    out
+}
+
+/// lb-ebpf's modules and what each imports.
+fn ebpf_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let root = ebpf_src();
+    let mut files = BTreeMap::new();
+    sources(&root, &root, &mut files);
+    let module = |file: &str| {
+        let m = file.trim_end_matches(".rs").replace('/', "::");
+        m.strip_suffix("::mod").map_or(m.clone(), str::to_string)
+    };
+    let known: BTreeSet<String> = files.keys().map(|f| module(f)).collect();
+    files
+        .iter()
+        .map(|(f, code)| {
+            let me = module(f);
+            let imports = ebpf_imports(&me, code, &known);
+            (me, imports)
+        })
+        .collect()
+}
+
+/// The import circles of `graph`: its strongly connected components of more than one
+/// module (Kosaraju).
+fn circles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    fn visit<'a>(
+        v: &'a str,
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        seen: &mut BTreeSet<&'a str>,
+        out: &mut Vec<&'a str>,
+    ) {
+        if !seen.insert(v) {
+            return;
+        }
+        for w in g.get(v).into_iter().flatten() {
+            visit(w, g, seen, out);
+        }
+        out.push(v);
+    }
+    let mut reversed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (a, bs) in graph {
+        for b in bs {
+            reversed.entry(b.clone()).or_default().insert(a.clone());
+        }
+    }
+    let (mut seen, mut order) = (BTreeSet::new(), Vec::new());
+    for v in graph.keys() {
+        visit(v, graph, &mut seen, &mut order);
+    }
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for v in order.into_iter().rev() {
+        if assigned.contains(v) {
+            continue;
+        }
+        let mut comp = Vec::new();
+        visit(v, &reversed, &mut assigned, &mut comp);
+        if comp.len() > 1 {
+            out.push(comp.into_iter().map(str::to_string).collect());
+        }
+    }
+    out
+}
+
+#[test]
+fn ebpf_modules_import_in_no_circle_and_ipv4_leaves_never_import_ipv6() {
+    let graph = ebpf_graph();
+    assert!(
+        graph.len() > 30,
+        "lb-ebpf's modules are read: {:?}",
+        graph.keys()
+    );
+    assert!(
+        graph["xdp"].contains("nat"),
+        "the import parser sees `crate::{{…}}` groups"
+    );
+    assert!(
+        graph["v6::xdp"].contains("v6"),
+        "the import parser sees `super::` paths"
+    );
+    let found = circles(&graph);
+    assert!(found.is_empty(), "import circles in lb-ebpf: {found:?}");
+    // Only the program entries (which dispatch by the Ethernet type), the work area (each
+    // family's part) and the family module (each family's types) name the IPv6 leaves.
+    for (module, imports) in &graph {
+        if module.starts_with("v6") || ["main", "work", "family"].contains(&module.as_str()) {
+            continue;
+        }
+        let v6: Vec<&String> = imports.iter().filter(|m| m.starts_with("v6")).collect();
+        assert!(v6.is_empty(), "{module} imports IPv6 modules {v6:?}");
+    }
+}
+
+#[test]
+fn the_circle_finder_sees_a_circle() {
+    let g: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
+        .iter()
+        .map(|(a, b)| (a.to_string(), BTreeSet::from([b.to_string()])))
+        .collect();
+    let found = circles(&g);
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0],
+        BTreeSet::from(["a".into(), "b".into(), "c".into()])
+    );
+}
+
+#[test]
+fn the_ebpf_import_parser_expands_nested_groups() {
+    assert_eq!(
+        use_paths("", "{a::{b, c::D}, d};"),
+        ["a::b", "a::c::D", "d"]
+    );
+    let known: BTreeSet<String> = ["xdp", "v6", "v6::maps", "nat"].map(String::from).into();
+    let got = ebpf_imports(
+        "v6::xdp",
+        "use super::{maps::X, nat};\nuse crate::{nat::BOTH, xdp::{Hop, Way}};",
+        &known,
+    );
+    assert_eq!(
+        got,
+        ["nat", "v6", "v6::maps", "xdp"].map(String::from).into()
+    );
 }
