@@ -140,7 +140,7 @@ fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
     // A real IPv6 flow kept open (the collector deletes closed ones): the IPv6 conntrack
     // tables and the sticky service's affinity entry the traces must leave alone.
     let sticky = SocketAddr::from((STICKY6, 80));
-    let (first, open) = client_ns
+    let (first, mut open) = client_ns
         .run(move || open_request(sticky, timeout))
         .expect("netns")
         .expect("sticky6 answers");
@@ -201,15 +201,24 @@ fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
         .expect("netns")
         .expect("dns answers over IPv6");
 
+    // The kept flow asked again between the steps, so the echo server's 30 s idle timeout
+    // never closes it in the middle of a trace, however slow the machine.
+    let mut keep = move || {
+        xlb_tests::client::ask_tcp(&mut open).expect("the kept flow answers");
+        open.local_addr().expect("the open flow's port").port()
+    };
+    keep();
     affinity_follows_the_real_flow(&s, &first.backend);
-    let port = open.local_addr().expect("the open flow's port").port();
+    let port = keep();
     tracked_flow(&s, port, &first.backend);
+    keep();
     refused_passed_and_errors(&s);
+    keep();
     from_the_node(&s);
+    keep();
     rules_agree_with_the_datapath(&s);
-    // The kept flow closes now, settled before the next trace, not when the echo server's
-    // 30 s idle timeout would close it, in the middle of one.
-    drop(open);
+    // The kept flow closes now, settled before the next trace.
+    drop(keep);
     maglev_over_ipv6(&s);
 }
 
