@@ -137,7 +137,7 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
     // closed flows), so the maps the traces must leave alone are not empty, and the sticky
     // service's affinity entry exists.
     let sticky = SocketAddr::from((STICKY, 80));
-    let (first, open) = client_ns
+    let (first, mut open) = client_ns
         .run(move || open_request(sticky, timeout))
         .expect("netns")
         .expect("sticky answers");
@@ -203,12 +203,19 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
         .expect("netns")
         .expect("sig answers");
 
+    // The kept flow asked again between the steps, so the echo server's 30 s idle timeout
+    // never closes it in the middle of a trace, however slow the machine.
+    let mut keep = move || {
+        xlb_tests::client::ask_tcp(&mut open).expect("the kept flow answers");
+    };
+    keep();
     affinity_follows_the_real_flow(&s, &first.backend);
+    keep();
     no_endpoints_and_no_frontend(&s);
+    keep();
     from_the_node(&s);
-    // The kept flow closes now, settled before the next trace, not when the echo server's
-    // 30 s idle timeout would close it, in the middle of one.
-    drop(open);
+    // The kept flow closes now, settled before the next trace.
+    drop(keep);
     maglev_names_the_entry_real_flows_reach(&s);
     list_shows_each_frontends_algorithm(&s);
 }
