@@ -179,13 +179,13 @@ fn trafgen(lab: &Lab, config: &Path, secs: f64) -> Result<Duration> {
         .arg(config)
         .output()
         .context("trafgen (Debian's netsniff-ng: cargo xtask setup installs it)")?;
-    // 124: stopped by the timeout, as meant.
-    if !out.status.success() && out.status.code() != Some(124) {
-        bail!(
-            "trafgen failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    // 124: stopped by the timeout, as meant. A full veth ring can make trafgen's last flush
+    // fail and end it early: the rates come from the interfaces' counters over the time it
+    // ran, so that run still counts.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let early = stderr.contains("Flushing TX_RING failed");
+    if !out.status.success() && out.status.code() != Some(124) && !early {
+        bail!("trafgen failed ({}): {}", out.status, stderr.trim());
     }
     Ok(t.elapsed())
 }
