@@ -64,40 +64,67 @@ pub fn apply_touched(
     desired: &Desired,
     touched: &Touched,
 ) -> SyncReport {
-    let mut a = Apply {
+    Apply {
         w,
         now,
         desired,
         touched,
         r: SyncReport::default(),
-    };
-    // 0. Address filter bits that are new, before anything that needs them (a frontend
-    // whose bit is clear is invisible to the datapath).
-    a.filter_words(|have, want| have | want);
-    // 1. Backends that are new or changed; 1b. source ranges before the entries that use
-    // them (a frontend flagged for ranges denies everyone until they are in).
-    // 1c. Maglev tables new or changed, before the entries flagged to read them (a table
-    // replaced is swapped whole by the kernel).
-    let failed_backends = a.put_backends();
-    a.put_src_ranges();
-    let failed_tables = a.put_maglev();
-    // 2. The desired frontends: names, then slots, then entries, then the slots past an
-    // entry's new count trimmed. A frontend whose backend, table or slot failed keeps its
-    // old entry.
-    let frontends = a.frontends_to_write(failed_backends, &failed_tables);
-    a.put_names(&frontends);
-    let (failed_frontends, old_counts) = a.put_slots_and_entries(&frontends);
-    a.trim_slots(&frontends, &failed_frontends, &old_counts);
-    // 3. Services no longer desired; 4. source ranges no longer desired (their entries are
-    // updated or gone).
-    a.remove_gone_frontends();
-    a.remove_src_ranges();
-    a.remove_maglev();
-    // 5. Address filter bits no longer wanted, once nothing that needed them is left.
-    a.filter_words(|_, want| want);
-    // 6. Backends no slot references any more.
-    a.remove_unused_backends();
-    a.r
+        record: true,
+    }
+    .run()
+}
+
+/// A first sync into maps that hold nothing: [`apply_touched`] from an empty state in the
+/// same order, but what is written is not recorded (nothing to compare it with, no copy of
+/// the maps made: at 10,000 × 10 that copy was 8 MiB and a tenth of the sync). After
+/// errors what is programmed is for the caller to read back ([`MapWriter::read`]).
+pub fn apply_fresh(w: &mut dyn MapWriter, desired: &Desired, touched: &Touched) -> SyncReport {
+    let mut empty = Desired::default();
+    Apply {
+        w,
+        now: &mut empty,
+        desired,
+        touched,
+        r: SyncReport::default(),
+        record: false,
+    }
+    .run()
+}
+
+impl Apply<'_> {
+    fn run(mut self) -> SyncReport {
+        // 0. Address filter bits that are new, before anything that needs them (a frontend
+        // whose bit is clear is invisible to the datapath).
+        self.filter_words(|have, want| have | want);
+        // 1. Backends that are new or changed; 1b. source ranges before the entries that use
+        // them (a frontend flagged for ranges denies everyone until they are in).
+        // 1c. Maglev tables new or changed, before the entries flagged to read them (a table
+        // replaced is swapped whole by the kernel).
+        let failed_backends = self.put_backends();
+        self.put_src_ranges();
+        let failed_tables = self.put_maglev();
+        // 2. The desired frontends: names, then slots, then entries, then the slots past an
+        // entry's new count trimmed. A frontend whose backend, table or slot failed keeps its
+        // old entry.
+        let frontends = self.frontends_to_write(failed_backends, &failed_tables);
+        self.put_names(&frontends);
+        let (failed_frontends, old_counts) = self.put_slots_and_entries(&frontends);
+        self.trim_slots(&frontends, &failed_frontends, &old_counts);
+        // 3. Services no longer desired; 4. source ranges no longer desired (their entries are
+        // updated or gone).
+        self.remove_gone_frontends();
+        self.remove_src_ranges();
+        self.remove_maglev();
+        // 5. Address filter bits no longer wanted, once nothing that needed them is left
+        // (none when the maps held nothing).
+        if self.record {
+            self.filter_words(|_, want| want);
+        }
+        // 6. Backends no slot references any more.
+        self.remove_unused_backends();
+        self.r
+    }
 }
 
 /// One [`apply_touched`]: the writer, what is programmed, what is wanted, what to compare,
@@ -108,6 +135,8 @@ struct Apply<'a> {
     desired: &'a Desired,
     touched: &'a Touched,
     r: SyncReport,
+    /// Successful writes are recorded in `now` (not for [`apply_fresh`]).
+    record: bool,
 }
 
 impl Apply<'_> {
@@ -117,7 +146,7 @@ impl Apply<'_> {
             let have = word_of(&self.now.filter, word);
             let to = bits(have, word_of(&self.desired.filter, word));
             if to != have {
-                write_filter(self.w, self.now, &mut self.r, word, to);
+                write_filter(self.w, self.now, &mut self.r, word, to, self.record);
             }
         }
     }
@@ -142,7 +171,7 @@ impl Apply<'_> {
                 (backends[i].0, e)
             })
             .collect();
-        for (id, be) in &backends {
+        for (id, be) in backends.iter().filter(|_| self.record) {
             if !failed_backends.contains_key(id) {
                 self.now.backends.insert(*id, *be);
             }
@@ -162,7 +191,9 @@ impl Apply<'_> {
         for range in &new_ranges {
             match self.w.put_src_range(range) {
                 Ok(()) => {
-                    self.now.src_ranges.insert(*range);
+                    if self.record {
+                        self.now.src_ranges.insert(*range);
+                    }
                     self.r.writes += 1;
                 }
                 Err(e) => self.r.fail(Some(range.svc_id), e),
@@ -183,7 +214,9 @@ impl Apply<'_> {
             }
             match self.w.put_maglev(*id, t) {
                 Ok(()) => {
-                    self.now.maglev.insert(*id, t.clone());
+                    if self.record {
+                        self.now.maglev.insert(*id, t.clone());
+                    }
                     self.r.writes += 1;
                 }
                 Err(e) => {
@@ -270,7 +303,7 @@ impl Apply<'_> {
         for (i, e) in failed {
             self.r.fail(Some(names[i].0), e);
         }
-        for (i, (id, name, _)) in names.iter().enumerate() {
+        for (i, (id, name, _)) in names.iter().enumerate().filter(|_| self.record) {
             if !failed_names.contains(&i) {
                 self.now.names.insert(*id, *name);
             }
@@ -308,7 +341,10 @@ impl Apply<'_> {
                 Ok(()) => (writes.len() - start, None),
                 Err((i, e)) => (i, Some(e)),
             };
-            for (k, v) in &writes[start..start + written] {
+            for (k, v) in writes[start..start + written]
+                .iter()
+                .filter(|_| self.record)
+            {
                 self.now.services.insert(*k, *v);
             }
             self.r.writes += written;
@@ -457,10 +493,13 @@ fn write_filter(
     r: &mut SyncReport,
     word: u32,
     bits: u64,
+    record: bool,
 ) {
     match w.put_filter_word(word, bits) {
         Ok(()) => {
-            set_word(&mut now.filter, word, bits);
+            if record {
+                set_word(&mut now.filter, word, bits);
+            }
             r.writes += 1;
         }
         Err(e) => r.errors.push(e),

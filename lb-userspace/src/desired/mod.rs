@@ -56,6 +56,18 @@ pub struct Desired {
     pub maglev: BTreeMap<u32, MaglevTable>,
 }
 
+impl Desired {
+    /// Nothing in any map.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+            && self.backends.is_empty()
+            && self.names.is_empty()
+            && self.src_ranges.is_empty()
+            && self.filter.is_empty()
+            && self.maglev.is_empty()
+    }
+}
+
 /// A frontend's Maglev table in slot terms (`XLB_MAGLEV_V2`): entry `flow_hash % size`
 /// names the slot a new flow goes to. Shared between frontends with the same backends.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@ use crate::{
     datapath::{
         diverged::Diverged,
         stale,
-        sync::{self, apply_touched},
+        sync::{self, apply_fresh, apply_touched},
         writer::MapWriter,
     },
     desired::{self, Desired, DesiredError, Limits, NodeContext, Touched},
@@ -200,7 +200,20 @@ impl Reconciler {
             }
         }
         let udp_before = udp.then(|| stale::udp_pairs(&now, &touched.frontends));
-        let report = apply_touched(maps, &mut now, self.engine.desired(), &touched);
+        let report = if full && now.is_empty() {
+            // Into maps that hold nothing: no compare, no copy; after an error what is
+            // programmed is read back.
+            let report = apply_fresh(maps, self.engine.desired(), &touched);
+            if !report.errors.is_empty() {
+                now = maps.read().unwrap_or_else(|e| {
+                    warn!("reading back the maps after a failed first sync: {e}");
+                    Desired::default()
+                });
+            }
+            report
+        } else {
+            apply_touched(maps, &mut now, self.engine.desired(), &touched)
+        };
         for e in &report.errors {
             error!("{e}");
         }

@@ -86,6 +86,57 @@ impl Bench {
 }
 
 #[test]
+fn a_first_sync_into_empty_maps_records_no_copy_and_one_that_fails_reads_back_what_it_wrote() {
+    let web = svc("web", "10.96.0.1", &["10.244.0.1", "10.244.0.2"]);
+    let api = svc("api", "10.96.0.2", &["10.244.0.3", "10.244.0.4"]);
+    let ok = Bench::new(&web, Duration::from_secs(3600));
+    assert_eq!(ok.maps.state, *ok.books.desired(), "everything written");
+    assert!(
+        ok.incremental(),
+        "nothing is kept apart from the desired state"
+    );
+    // The same first sync with room for one frontend and its slots only: the other one is
+    // refused, retried alone once there is room, and only it is written then.
+    let mut books = Reconciler::adopt(Desired::default(), Limits::default());
+    books.retries = Retries::with_backoff(Duration::from_secs(3600));
+    let mut b = Bench {
+        model: file::parse("t.yaml", &(web.clone() + &api))
+            .expect("yaml")
+            .model,
+        books,
+        maps: MemoryMaps {
+            svc_capacity: Some(3),
+            ..MemoryMaps::default()
+        },
+        full: false,
+    };
+    assert!(b.sync(&[]) > 0, "the full map refuses a frontend");
+    assert_eq!(b.maps.state.services.len(), 3);
+    assert_eq!(
+        b.books.retries.len(),
+        1,
+        "the refused service is kept for its retry"
+    );
+    assert!(
+        b.incremental(),
+        "what was written is read back, no full sync follows"
+    );
+    b.maps.svc_capacity = None;
+    b.books.retries.make_due();
+    b.maps.log.clear();
+    assert_eq!(b.sync(&[]), 0);
+    assert_eq!(b.books.retries.len(), 0);
+    assert_eq!(b.maps.state, *b.books.desired());
+    let svc_writes = b
+        .maps
+        .log
+        .iter()
+        .filter(|l| l.starts_with("put svc"))
+        .count();
+    assert_eq!(svc_writes, 3, "only the refused frontend: {:?}", b.maps.log);
+}
+
+#[test]
 fn a_service_a_full_map_refuses_is_retried_alone_while_the_others_sync_incrementally() {
     let web = |b: &str| svc("web", "10.96.0.1", &["10.244.0.1", b]);
     let api = svc("api", "10.96.0.2", &["10.244.0.3", "10.244.0.4"]);

@@ -272,7 +272,10 @@ impl Datapath {
             (touched, now)
         };
         let t1 = Instant::now();
-        let report = sync::apply_touched(&mut self.maps, &mut now, self.engine.desired(), &touched);
+        let report = match full && now.is_empty() {
+            true => sync::apply_fresh(&mut self.maps, self.engine.desired(), &touched),
+            false => sync::apply_touched(&mut self.maps, &mut now, self.engine.desired(), &touched),
+        };
         let t2 = Instant::now();
         drop(now);
         if let Some(e) = report.errors.first() {
