@@ -255,10 +255,13 @@ impl Ids {
             }
             keep
         });
-        let live: BTreeSet<Backend> = desired.backends.values().map(identity).collect();
+        // Live: its index holds it in the desired state (no set of every backend made).
         let pool = &mut self.backend_pool;
         self.backend.retain(|b, (id, _)| {
-            let keep = live.contains(b);
+            let keep = desired
+                .backends
+                .get(id)
+                .is_some_and(|d| identity(d) == *b);
             if !keep {
                 pool.give_back(*id, !fresh.contains(&(true, *id)), now);
             }
