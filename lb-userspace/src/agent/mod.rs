@@ -366,17 +366,20 @@ impl State {
     }
 
     /// Syncs what changed (everything after a node change, as the prune, at start) into
-    /// `maps` through `books`; with `udp`, the connected UDP pairs that went are returned.
+    /// `maps` through `books`, finding the connected UDP pairs that went when `udp` asks.
     fn sync(
         &mut self,
         books: &mut Reconciler,
         node: &desired::NodeContext,
         maps: &mut dyn MapWriter,
-        udp: bool,
+        udp: reconcile::GoneUdp,
     ) -> reconcile::Synced {
-        let full = std::mem::take(&mut self.full);
         let changed = std::mem::take(&mut self.changed);
-        let synced = books.sync(&self.model, node, maps, full, &changed, udp);
+        let scope = match std::mem::take(&mut self.full) {
+            true => reconcile::Scope::Everything,
+            false => reconcile::Scope::Changed(&changed),
+        };
+        let synced = books.sync(&self.model, node, maps, scope, udp);
         self.health_changed |= synced.full;
         // A full sync's freed memory goes back to the kernel before the loop sleeps.
         self.trim |= synced.full;

@@ -18,7 +18,7 @@ use super::{
 use crate::{
     datapath::{kernel::KernelMaps, links::KernelLinks, loader::PinLock, upgrade},
     desired,
-    reconcile::{Reconciler, Synced as SyncedBooks},
+    reconcile::{GoneUdp, Reconciler, Synced as SyncedBooks},
     serve::{
         health::Health,
         metrics::{Metrics, MetricsOptions, Synced},
@@ -167,7 +167,10 @@ impl<'o> Running<'o> {
         let since = self.state.dirty.take().unwrap_or_else(Instant::now);
         let (services, endpoints) = std::mem::take(&mut self.state.queued);
         let started = Instant::now();
-        let udp = self.hooks.is_some();
+        let udp = match self.hooks.is_some() {
+            true => GoneUdp::Find,
+            false => GoneUdp::Ignore,
+        };
         let synced = self
             .state
             .sync(&mut self.books, &self.node, &mut self.maps, udp);

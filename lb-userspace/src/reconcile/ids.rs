@@ -258,10 +258,7 @@ impl Ids {
         // Live: its index holds it in the desired state (no set of every backend made).
         let pool = &mut self.backend_pool;
         self.backend.retain(|b, (id, _)| {
-            let keep = desired
-                .backends
-                .get(id)
-                .is_some_and(|d| identity(d) == *b);
+            let keep = desired.backends.get(id).is_some_and(|d| identity(d) == *b);
             if !keep {
                 pool.give_back(*id, !fresh.contains(&(true, *id)), now);
             }

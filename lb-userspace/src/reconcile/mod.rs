@@ -80,6 +80,24 @@ pub struct Reconciler {
     limits: Limits,
 }
 
+/// What a sync recomputes.
+#[derive(Clone, Copy, Debug)]
+pub enum Scope<'a> {
+    /// Everything, diffed against what is programmed (at start, after a node change, as
+    /// the prune).
+    Everything,
+    /// These services (and what they unblock).
+    Changed(&'a BTreeSet<ServiceRef>),
+}
+
+/// Whether a sync finds the connected UDP pairs it took out (their sockets are destroyed
+/// when the socket hooks are attached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoneUdp {
+    Find,
+    Ignore,
+}
+
 /// What one sync did.
 #[derive(Debug, Default)]
 pub struct Synced {
@@ -152,22 +170,25 @@ impl Reconciler {
             .map(|(id, _, _)| id)
     }
 
-    /// Programs what `changed` names of `model` on `node` (everything when `full` or
+    /// Programs `scope` of `model` on `node` (everything as well when
     /// [`Reconciler::needs_full`]) into `maps`: the problems logged, failed writes kept per
-    /// service for their retry, and with `udp` the connected UDP pairs that went returned.
+    /// service for their retry, and the connected UDP pairs that went returned when asked.
     /// After a full sync the B-trees are rebuilt full.
     pub fn sync(
         &mut self,
         model: &Model,
         node: &NodeContext,
         maps: &mut dyn MapWriter,
-        full: bool,
-        changed: &BTreeSet<ServiceRef>,
-        udp: bool,
+        scope: Scope,
+        udp: GoneUdp,
     ) -> Synced {
         let started = Instant::now();
         self.ids.tick(Instant::now());
-        let full = full || self.programmed.is_some();
+        let none = BTreeSet::new();
+        let (full, changed) = match scope {
+            Scope::Everything => (true, &none),
+            Scope::Changed(changed) => (self.programmed.is_some(), changed),
+        };
         // Room made in a map by the last sync: who did not fit is computed again.
         let widened: BTreeSet<ServiceRef>;
         let changed = match std::mem::take(&mut self.room_freed) && !full {
@@ -199,7 +220,7 @@ impl Reconciler {
                 _ => warn!("{p}"),
             }
         }
-        let udp_before = udp.then(|| stale::udp_pairs(&now, &touched.frontends));
+        let udp_before = (udp == GoneUdp::Find).then(|| stale::udp_pairs(&now, &touched.frontends));
         let report = if full && now.is_empty() {
             // Into maps that hold nothing: no compare, no copy; after an error what is
             // programmed is read back.

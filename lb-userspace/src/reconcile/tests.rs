@@ -59,9 +59,13 @@ impl Bench {
         let changed = changed.iter().map(|n| id(n)).collect();
         let full = std::mem::take(&mut self.full);
         let node = NodeContext::default();
+        let scope = match full {
+            true => Scope::Everything,
+            false => Scope::Changed(&changed),
+        };
         let s = self
             .books
-            .sync(&self.model, &node, &mut self.maps, full, &changed, false);
+            .sync(&self.model, &node, &mut self.maps, scope, GoneUdp::Ignore);
         let told = s.transitions.iter().map(|t| match t {
             Transition::Failed {
                 service,
