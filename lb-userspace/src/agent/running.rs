@@ -82,6 +82,13 @@ impl<'o> Running<'o> {
             socket_lb,
         );
         node.lb = opts.node.lb.clone();
+        node.ipv6_off = crate::datapath::sysctl::ipv6_off();
+        if let Some(why) = node.ipv6_off {
+            tracing::warn!(
+                why,
+                "the node has IPv6 turned off: IPv6 frontends are not programmed"
+            );
+        }
         let service_health = ServiceHealth::new(health.clone());
         let sysctls = crate::datapath::sysctl::apply(&opts.datapath.kernel_conntrack);
         metrics.node_sysctls(&sysctls);

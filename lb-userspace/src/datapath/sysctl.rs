@@ -24,6 +24,18 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
     Some(it.next()?..=it.next()?)
 }
 
+/// Why this network namespace has no IPv6, if it has none: the kernel was booted without
+/// it (`ipv6.disable=1`: no `/proc/sys/net/ipv6`), or `net.ipv6.conf.all.disable_ipv6` is 1.
+pub fn ipv6_off() -> Option<&'static str> {
+    if !Path::new("/proc/sys/net/ipv6").exists() {
+        return Some("the kernel runs without IPv6");
+    }
+    match read("/proc/sys/net/ipv6/conf/all/disable_ipv6") {
+        Ok(1) => Some("net.ipv6.conf.all.disable_ipv6 = 1"),
+        _ => None,
+    }
+}
+
 /// What the agent asks of the kernel's conntrack at start, as kube-proxy's `conntrack`
 /// settings do; 0 (and `false`) leaves a setting as it is.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

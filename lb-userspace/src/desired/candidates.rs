@@ -121,6 +121,13 @@ pub fn service_candidates(
         ports_of_service(model, id, &settings)
     });
     for view in views {
+        if let (true, Some(why)) = (view.cluster_ip.is_ipv6(), node.ipv6_off) {
+            errors.push(DesiredError::NoIpv6 {
+                object: object_name(&view.service.id.to_string(), view.port),
+                why,
+            });
+            continue;
+        }
         let port = Port {
             view: &view,
             family: if view.cluster_ip.is_ipv6() {

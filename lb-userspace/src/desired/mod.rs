@@ -190,6 +190,25 @@ pub enum DesiredError {
         map: &'static str,
         capacity: u32,
     },
+    #[error(
+        "Service {object}: the node has IPv6 turned off ({why}); its IPv6 frontends are skipped"
+    )]
+    NoIpv6 { object: String, why: &'static str },
+}
+
+impl DesiredError {
+    /// The object it names (`namespace/name:port`, with the frontend when it is one).
+    pub fn object(&self) -> &str {
+        match self {
+            DesiredError::Unsupported { object, .. }
+            | DesiredError::FrontendConflict { object, .. }
+            | DesiredError::MapFull { object, .. }
+            | DesiredError::MaglevFull { object, .. }
+            | DesiredError::TooManyBackends { object, .. }
+            | DesiredError::NoIpv6 { object, .. }
+            | DesiredError::NoEndpointSlice { object } => object,
+        }
+    }
 }
 
 /// Where a computation gets its dense indices (see [`crate::reconcile::Ids`], which keeps
@@ -263,6 +282,9 @@ pub struct NodeContext {
     pub socket_lb: bool,
     /// How external frontends pick backends.
     pub lb: LbSettings,
+    /// The node has IPv6 turned off, and why (`disable_ipv6`, or no IPv6 in the kernel):
+    /// IPv6 frontends are not programmed, and say so ([`DesiredError::NoIpv6`]).
+    pub ipv6_off: Option<&'static str>,
 }
 
 impl NodeContext {
@@ -275,6 +297,7 @@ impl NodeContext {
             },
             socket_lb,
             lb: LbSettings::default(),
+            ipv6_off: None,
         };
         c.set_node_port_addresses(node_port_addresses);
         c

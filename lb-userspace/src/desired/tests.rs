@@ -340,3 +340,36 @@ fn a_full_ipv6_range_trie_refuses_the_frontend_and_keeps_the_ipv4_one() {
     assert_eq!(ranges_of(&d, LB4), Some(vec!["10.0.0.0/8".into()]));
     assert!(d.src_ranges.iter().all(|r| r.addr.is_ipv4()));
 }
+
+#[test]
+fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_names_each_ipv6_port() {
+    let loaded = crate::source::file::parse("t.yaml", &dual_stack_lb("[]")).expect("yaml");
+    let mut node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    node.ipv6_off = Some("net.ipv6.conf.all.disable_ipv6 = 1");
+    let (d, errors) = compute_on(&loaded.model, &node, &mut Ids::default(), Limits::default());
+    assert_eq!(
+        errors,
+        [DesiredError::NoIpv6 {
+            object: "ns/web:p".into(),
+            why: "net.ipv6.conf.all.disable_ipv6 = 1",
+        }]
+    );
+    assert_eq!(
+        errors[0].to_string(),
+        "Service ns/web:p: the node has IPv6 turned off (net.ipv6.conf.all.disable_ipv6 = 1); its IPv6 frontends are skipped"
+    );
+    assert!(
+        d.services.keys().all(|k| k.family != FAMILY_V6),
+        "{}",
+        d.dump()
+    );
+    assert!(
+        d.services
+            .contains_key(&frontend_key(LB4, 80, Protocol::Tcp))
+    );
+    assert!(d.services.contains_key(&frontend_key(
+        Ipv4Addr::new(10, 96, 0, 1),
+        80,
+        Protocol::Tcp
+    )));
+}

@@ -34,16 +34,19 @@ pub enum Reason {
     Unsupported,
     /// The kernel refused its writes: retried with backoff.
     WriteFailed,
+    /// The node lacks the frontend's address family (IPv6 turned off): not programmed.
+    FamilyMissing,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::MapFull,
         Reason::MaglevMapFull,
         Reason::FrontendConflict,
         Reason::TooManyBackends,
         Reason::Unsupported,
         Reason::WriteFailed,
+        Reason::FamilyMissing,
     ];
 
     /// Its name (PascalCase, as Event reasons are written).
@@ -55,6 +58,7 @@ impl Reason {
             Reason::TooManyBackends => "TooManyBackends",
             Reason::Unsupported => "Unsupported",
             Reason::WriteFailed => "WriteFailed",
+            Reason::FamilyMissing => "FamilyMissing",
         }
     }
 
@@ -69,6 +73,7 @@ impl Reason {
             }
             DesiredError::TooManyBackends { object, .. } => Some((Reason::TooManyBackends, object)),
             DesiredError::Unsupported { object, .. } => Some((Reason::Unsupported, object)),
+            DesiredError::NoIpv6 { object, .. } => Some((Reason::FamilyMissing, object)),
             DesiredError::NoEndpointSlice { .. } => None,
         }
     }

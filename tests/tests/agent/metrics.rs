@@ -50,7 +50,7 @@ const KUBE_PROXY: [&str; 13] = [
 pub(super) struct Lab {
     pub(super) agent: Agent,
     pub(super) ns: Netns,
-    workdir: PathBuf,
+    pub(super) workdir: PathBuf,
     services: usize,
 }
 

@@ -195,3 +195,74 @@ fn a_read_only_proc_sys_is_named_and_the_agent_goes_on() {
         432_000.0
     );
 }
+
+#[test]
+fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one() {
+    if !require_root("a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one")
+    {
+        return;
+    }
+    let off = |ns: &Netns| {
+        let status = ns
+            .command("sh")
+            .args(["-c", "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6"])
+            .status()
+            .expect("sh");
+        assert!(status.success(), "turning IPv6 off");
+    };
+    let lab = Lab::start_in(
+        "xn6",
+        1,
+        2,
+        Start {
+            before: Some(&off),
+            ..Default::default()
+        },
+    );
+    let log = lab.agent.log_text();
+    assert!(
+        log.contains("the node has IPv6 turned off")
+            && log.contains("net.ipv6.conf.all.disable_ipv6 = 1"),
+        "{log}"
+    );
+    let dual = xlb_tests::services::dual_stack_service_yaml(
+        "dual",
+        (
+            std::net::Ipv4Addr::new(10, 96, 7, 1),
+            "fd00::7:1".parse().expect("ip"),
+        ),
+        (80, "TCP", 8080),
+        &[std::net::Ipv4Addr::new(10, 128, 7, 1)],
+        &["fd00:128::7:1".parse().expect("ip")],
+    );
+    let yaml = lab.workdir.join("services.yaml");
+    let before = std::fs::read_to_string(&yaml).expect("services");
+    xlb_tests::services::write_atomic(&yaml, &(before + &dual)).expect("yaml");
+    lab.agent
+        .wait_log("frontend failing", 1, std::time::Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}\n{}", lab.agent.log_text()));
+    let rows = lb_userspace::list::services(&lab.agent.pins).expect("rows");
+    let dual_rows: Vec<_> = rows.iter().filter(|r| r.service == "test/dual:p").collect();
+    assert!(
+        dual_rows
+            .iter()
+            .any(|r| r.frontend == "10.96.7.1:80/TCP" && r.status == "programmed"),
+        "the IPv4 ClusterIP is programmed: {dual_rows:#?}"
+    );
+    assert!(
+        dual_rows.iter().any(|r| r.frontend == "-"
+            && r.status.starts_with("FamilyMissing since ")
+            && r.status.contains("IPv6 turned off")),
+        "the IPv6 side is reported: {dual_rows:#?}"
+    );
+    assert!(
+        !rows.iter().any(|r| r.frontend.contains("fd00::7:1")),
+        "nothing IPv6 is programmed: {rows:#?}"
+    );
+    let text = lab.scrape();
+    assert_eq!(
+        value(&text, "xlb_frontends_failing{reason=\"FamilyMissing\"}"),
+        1.0,
+        "{text}"
+    );
+}

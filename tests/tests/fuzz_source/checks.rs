@@ -107,17 +107,6 @@ pub(crate) fn claims(model: &Model) -> BTreeMap<SvcKey, Vec<String>> {
     out
 }
 
-pub(crate) fn error_object(e: &DesiredError) -> &str {
-    match e {
-        DesiredError::Unsupported { object, .. }
-        | DesiredError::FrontendConflict { object, .. }
-        | DesiredError::MapFull { object, .. }
-        | DesiredError::MaglevFull { object, .. }
-        | DesiredError::TooManyBackends { object, .. }
-        | DesiredError::NoEndpointSlice { object } => object,
-    }
-}
-
 /// Each claimed frontend has one owner, programmed or refused for a full map by name; every
 /// other claimant is told whose it is.
 pub(crate) fn check_frontends(
@@ -158,7 +147,7 @@ pub(crate) fn check_desired_errors(
     errors: &[DesiredError],
 ) -> Result<(), TestCaseError> {
     for e in errors {
-        let object = error_object(e);
+        let object = e.object();
         let named = model.services.keys().any(|id| {
             let id = id.to_string();
             object == id || object.starts_with(&format!("{id}:"))
