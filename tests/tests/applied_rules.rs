@@ -49,7 +49,7 @@ fn frontends(v6: bool) -> [SocketAddr; 2] {
 /// A lab with three backend pods and `mode` installed for the two demo-like services; with
 /// `dual`, the services and the pods are dual-stack (each family's endpoints in its slice).
 fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
-    if !require_root(prefix) {
+    if !require_root() {
         return None;
     }
     let tag = unique_tag(prefix);
@@ -281,7 +281,7 @@ fn emit_dual(mode: &str) -> String {
 /// IPv6 half.
 #[test]
 fn emit_dual_prints_both_proxiers_and_each_loads() {
-    if !require_root("emit_dual_prints_both_proxiers_and_each_loads") {
+    if !require_root() {
         return;
     }
     let ns = xlb_tests::netns::Netns::new(&unique_tag("x6e")).expect("netns");

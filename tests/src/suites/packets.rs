@@ -18,8 +18,8 @@ pub const BACKENDS: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 244, 4, 2),
 ];
 
-pub fn setup(test: &str) -> Option<LoadedDatapath> {
-    if !require_root(test) {
+pub fn setup() -> Option<LoadedDatapath> {
+    if !require_root() {
         return None;
     }
     let mut dp = LoadedDatapath::load(&unique_tag("xlbp")).expect("load the eBPF object");

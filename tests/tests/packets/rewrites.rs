@@ -166,7 +166,7 @@ fn the_independent_checksum_check_rejects_every_wrong_sum() {
 
 #[test]
 fn rewrites_follow_the_table() {
-    let Some(mut dp) = setup("rewrites_follow_the_table") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let vip80 = SocketAddrV4::new(VIP, 80);
@@ -311,7 +311,7 @@ fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
 
 #[test]
 fn new_flows_spread_over_all_backends() {
-    let Some(mut dp) = setup("new_flows_spread_over_all_backends") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let mut seen = std::collections::BTreeMap::new();
@@ -371,7 +371,7 @@ fn without_ip_options(frame: &[u8]) -> Vec<u8> {
 /// through the load/store and checksum helpers, with the same result.
 #[test]
 fn packets_with_ip_options_are_translated_through_the_helpers() {
-    let Some(mut dp) = setup("packets_with_ip_options_are_translated_through_the_helpers") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let vip80 = SocketAddrV4::new(VIP, 80);

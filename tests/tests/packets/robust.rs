@@ -21,7 +21,7 @@ fn kernel_refuses(buf: &[u8]) -> bool {
 
 #[test]
 fn truncated_packets_are_never_rewritten() {
-    let Some(mut dp) = setup("truncated_packets_are_never_rewritten") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let tcp = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
@@ -56,7 +56,7 @@ fn truncated_packets_are_never_rewritten() {
 
 #[test]
 fn malformed_headers_are_dropped_untouched() {
-    let Some(mut dp) = setup("malformed_headers_are_dropped_untouched") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let good = PacketBuilder::tcp(CLIENT, SocketAddrV4::new(VIP, 80)).build();
@@ -165,7 +165,7 @@ fn may_be_service(buf: &[u8]) -> bool {
 /// after, byte by byte).
 #[test]
 fn random_buffers_get_an_allowed_verdict() {
-    let Some(mut dp) = setup("random_buffers_get_an_allowed_verdict") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     // Every agent map holds something: LoadBalancers with source ranges of both families (the

@@ -18,7 +18,7 @@ use xlb_tests::{datapath::LoadedDatapath, services::service_yaml};
 
 #[test]
 fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
-    let Some(mut dp) = setup("a_removed_backend_keeps_tcp_flows_and_rebalances_udp") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -89,7 +89,7 @@ fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
 /// The refusal a client gets from a service without endpoints, byte by byte.
 #[test]
 fn services_without_endpoints_refuse_like_kube_proxy() {
-    let Some(mut dp) = setup("services_without_endpoints_refuse_like_kube_proxy") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let empty = SocketAddrV4::new(EMPTY_VIP, 80);
@@ -185,8 +185,7 @@ fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
 
 #[test]
 fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
-    let Some(mut dp) = setup("client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -251,7 +250,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
 /// and its packets still count toward the service.
 #[test]
 fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
-    let Some(mut dp) = setup("an_established_tcp_flow_needs_only_its_conntrack_entry") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -330,8 +329,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     use lb_common::{Counter, MAP_BACKEND_STATS, MAP_SVC_STATS};
     use lb_userspace::datapath::{kernel::open_pinned, rows};
 
-    let Some(mut dp) = setup("counters_land_in_the_running_cpus_row_and_readers_sum_the_rows")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let cpus = rows::cpus().expect("cpus") as usize;
@@ -390,9 +388,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
 /// back from the frontend and the socket (connected to the backend) refuse them.
 #[test]
 fn a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
-    let Some(mut dp) =
-        setup("a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let translated = |dp: &mut LoadedDatapath, pkt: &[u8]| {

@@ -116,7 +116,7 @@ fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
 
 #[test]
 fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
-    if !xlb_tests::require_root("trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged") {
+    if !xlb_tests::require_root() {
         return;
     }
     let mut s = Scenario::start_with(
@@ -506,7 +506,7 @@ fn modes_agree_with_compare(case: &str) {
 
 #[test]
 fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
-    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_kube_proxys_overall_case") {
+    if !xlb_tests::require_root() {
         return;
     }
     modes_agree_with_compare("iptables-01-overall");
@@ -514,7 +514,7 @@ fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
 
 #[test]
 fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
-    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_a_service_without_endpoints") {
+    if !xlb_tests::require_root() {
         return;
     }
     modes_agree_with_compare("iptables-30-flows-no-endpoints-reject");
@@ -522,7 +522,7 @@ fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
 
 #[test]
 fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
-    if !xlb_tests::require_root("bpf_log_debug_puts_the_programs_decisions_in_the_agent_log") {
+    if !xlb_tests::require_root() {
         return;
     }
     let mut s =
@@ -565,13 +565,7 @@ fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
 
 #[test]
 fn bpf_log_is_off_by_default() {
-    let Some(s) = Scenario::started(
-        "bpf_log_is_off_by_default",
-        "xto",
-        &services(),
-        2,
-        "10.96.0.10:80/TCP",
-    ) else {
+    let Some(s) = Scenario::started("xto", &services(), 2, "10.96.0.10:80/TCP") else {
         return;
     };
     let to = SocketAddr::from((WEB, 80));

@@ -130,7 +130,7 @@ fn backends6(port: u16) -> BTreeSet<String> {
 
 #[test]
 fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
-    if !require_root("ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged") {
+    if !require_root() {
         return;
     }
     let (s, _servers) = dual_stack();

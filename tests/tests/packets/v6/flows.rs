@@ -6,8 +6,7 @@ use super::*;
 
 #[test]
 fn ipv6_service_flows_are_translated_both_ways_with_valid_checksums() {
-    let Some(mut dp) = setup("ipv6_service_flows_are_translated_both_ways_with_valid_checksums")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = sa(VIP6, 80);
@@ -104,9 +103,7 @@ fn flow_both_ways(
 /// on a translated flow's tuple ends that flow, and the backend's answer is left alone.
 #[test]
 fn an_ipv6_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
-    let Some(mut dp) =
-        setup("an_ipv6_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     for (what, udp, port) in [("UDP", true, 40500), ("TCP", false, 40501)] {
@@ -182,7 +179,7 @@ fn spread_and_listed(dp: &mut LoadedDatapath, web: SocketAddrV6) {
 
 #[test]
 fn ipv6_packets_not_for_a_service_pass_untouched() {
-    let Some(mut dp) = setup("ipv6_packets_not_for_a_service_pass_untouched") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = sa(VIP6, 80);
@@ -255,7 +252,7 @@ fn ipv6_packets_not_for_a_service_pass_untouched() {
 
 #[test]
 fn malformed_and_truncated_ipv6_is_never_rewritten() {
-    let Some(mut dp) = setup("malformed_and_truncated_ipv6_is_never_rewritten") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let good = Frame6::tcp(client(40200), sa(VIP6, 80), TCP_SYN, b"").build();
@@ -322,7 +319,7 @@ fn may_be_service(buf: &[u8]) -> bool {
 /// verdict and keeps its length; what cannot be service traffic comes out byte-identical.
 #[test]
 fn random_ipv6_buffers_get_an_allowed_verdict() {
-    let Some(mut dp) = setup("random_ipv6_buffers_get_an_allowed_verdict") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let mut rng = StdRng::seed_from_u64(0x6d6);

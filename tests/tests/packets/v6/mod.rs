@@ -53,8 +53,8 @@ fn client(port: u16) -> SocketAddrV6 {
     sa(*CLIENT6.ip(), port)
 }
 
-fn setup(test: &str) -> Option<LoadedDatapath> {
-    if !require_root(test) {
+fn setup() -> Option<LoadedDatapath> {
+    if !require_root() {
         return None;
     }
     Some(loaded(&unique_tag("xlp6")))

@@ -9,7 +9,7 @@ fn quoted(frame: &[u8]) -> Vec<u8> {
 
 #[test]
 fn ipv6_services_without_endpoints_refuse_like_kube_proxy() {
-    let Some(mut dp) = setup("ipv6_services_without_endpoints_refuse_like_kube_proxy") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let c = client(40500);
@@ -55,8 +55,7 @@ fn ipv6_services_without_endpoints_refuse_like_kube_proxy() {
 
 #[test]
 fn icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner() {
-    let Some(mut dp) = setup("icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let c = client(40400);
@@ -127,7 +126,7 @@ fn icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner() {
 /// the frontend, quoting it as the client sent it; one that fits is translated.
 #[test]
 fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
-    if !require_root("packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend") {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xlp6m");
