@@ -98,59 +98,6 @@ fn flow_both_ways(
     );
 }
 
-/// As IPv4's `a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port`
-/// (`packets/state.rs`): a UDP packet or TCP SYN from the client straight to the backend
-/// on a translated flow's tuple ends that flow, and the backend's answer is left alone.
-#[test]
-fn an_ipv6_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
-    let Some(mut dp) = setup() else {
-        return;
-    };
-    for (what, udp, port) in [("UDP", true, 40500), ("TCP", false, 40501)] {
-        let c = client(port);
-        let frame = |from, to, flags| {
-            if udp {
-                Frame6::udp(from, to, b"q")
-            } else {
-                Frame6::tcp(from, to, flags, b"")
-            }
-        };
-        let (frontend, be_port) = if udp {
-            (sa(VIP6, 53), 5353)
-        } else {
-            (sa(VIP6, 80), 8080)
-        };
-        let backend = expect_dnat(&mut dp, &frame(c, frontend, TCP_SYN).build(), be_port, what);
-        let answer = dp
-            .run(&frame(backend, c, TCP_SYN | TCP_ACK).build())
-            .expect("run");
-        assert_eq!(
-            seen6(&answer.packet, what).src,
-            frontend,
-            "{what}: translated"
-        );
-        let before = reason_counts(&dp.pins)["ct_superseded"];
-        let direct = frame(c, backend, TCP_SYN).build();
-        let r = dp.run(&direct).expect("run");
-        assert_eq!(
-            (r.verdict, &r.packet),
-            (TC_ACT_OK, &direct),
-            "{what}: untouched"
-        );
-        assert_eq!(
-            reason_counts(&dp.pins)["ct_superseded"],
-            before + 1,
-            "{what}"
-        );
-        let answer = frame(backend, c, TCP_SYN | TCP_ACK).build();
-        assert_eq!(
-            dp.run(&answer).expect("run").packet,
-            answer,
-            "{what}: the backend's answer is left as it is"
-        );
-    }
-}
-
 /// New flows to `web` spread over its three backends, and `xlb list conntrack` shows them.
 fn spread_and_listed(dp: &mut LoadedDatapath, web: SocketAddrV6) {
     let mut chosen = std::collections::BTreeSet::new();

@@ -1,0 +1,155 @@
+//! The packet tables both families share: each case is one body run over IPv4 and IPv6
+//! ([`FAMILIES`]), each family on a datapath of its own with its table's services.
+
+use std::net::SocketAddr;
+
+use lb_userspace::packet::{TCP_ACK, TCP_SYN};
+use xlb_tests::datapath::{LoadedDatapath, reason_counts};
+use xlb_tests::suites::packets::{
+    FAMILIES, Family, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, frame, seen, seen_icmp,
+};
+
+const TCP_RST: u8 = 0x04;
+
+/// The refusal a client gets from a service without endpoints, byte by byte, in both
+/// families.
+#[test]
+fn services_without_endpoints_refuse_like_kube_proxy() {
+    for f in FAMILIES {
+        let Some(mut dp) = f.setup() else {
+            return;
+        };
+        refusals(&f, &mut dp);
+    }
+}
+
+fn refusals(f: &Family, dp: &mut LoadedDatapath) {
+    let name = f.name();
+    let at = f.l4_at();
+    let c = f.client(40500);
+    let empty = SocketAddr::new(f.empty, 80);
+    let before = reason_counts(&dp.pins)["reject"];
+
+    // SYN with payload: RST|ACK from the frontend acknowledging seq + payload + SYN, and
+    // nothing else in the frame.
+    let mut syn = frame(false, c, empty, TCP_SYN, b"early");
+    syn[at + 4..at + 8].copy_from_slice(&7000u32.to_be_bytes());
+    let r = dp.run(&syn).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "{name}: a SYN is answered");
+    assert_eq!(r.packet.len(), at + 20, "{name}: Ethernet + IP + TCP");
+    assert_eq!(
+        &r.packet[0..6],
+        &syn[6..12],
+        "{name}: back to the sender's MAC"
+    );
+    let rst = seen(&r.packet, &format!("{name}: RST|ACK to a SYN"));
+    assert_eq!((rst.src, rst.dst), (empty, c), "{name}: from the frontend");
+    assert_eq!(r.packet[at + 13], TCP_RST | TCP_ACK, "{name}: RST|ACK");
+    assert_eq!(
+        &r.packet[at + 8..at + 12],
+        &(7000u32 + 5 + 1).to_be_bytes(),
+        "{name}: acknowledges the SYN and its payload"
+    );
+
+    // A segment with ACK set: RST whose sequence is that acknowledgment, no ACK flag.
+    let mut ack = frame(false, c, empty, TCP_ACK, b"data");
+    ack[at + 8..at + 12].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+    let r = dp.run(&ack).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "{name}: an ACK is answered");
+    seen(&r.packet, &format!("{name}: RST to an ACK"));
+    assert_eq!(r.packet[at + 13], TCP_RST, "{name}: RST alone");
+    assert_eq!(
+        &r.packet[at + 4..at + 8],
+        &0xdead_beefu32.to_be_bytes(),
+        "{name}: its sequence is the ACK's"
+    );
+
+    // UDP: port unreachable from the frontend, quoting the datagram's IP header + 8 bytes.
+    let udp = frame(true, c, SocketAddr::new(f.empty, 53), 0, b"query payload");
+    let r = dp.run(&udp).expect("run");
+    assert_eq!(r.verdict, TC_ACT_REDIRECT, "{name}: a datagram is answered");
+    let quoted = &udp[14..at + 8];
+    assert_eq!(r.packet.len(), at + 8 + quoted.len(), "{name}: length");
+    let (src, dst, kind, quote) = seen_icmp(&r.packet, &format!("{name}: port unreachable"));
+    assert_eq!((src, dst), (f.empty, f.client), "{name}: from the frontend");
+    assert_eq!(kind, f.port_unreachable, "{name}: port unreachable");
+    assert_eq!(quote, quoted, "{name}: quotes the datagram as sent");
+    assert_eq!(reason_counts(&dp.pins)["reject"], before + 3, "{name}");
+
+    // A RST is never answered.
+    let rst_in = frame(false, c, empty, TCP_RST, b"");
+    let r = dp.run(&rst_in).expect("run");
+    assert_eq!(
+        (r.verdict, &r.packet),
+        (TC_ACT_SHOT, &rst_in),
+        "{name}: a RST is dropped untouched"
+    );
+    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    assert!(
+        flows.is_empty(),
+        "{name}: a refusal keeps no flow: {flows:?}"
+    );
+}
+
+/// After a takeover (kube-proxy's flows adopted) or when a pod's process moves into the
+/// socket hooks' cgroup, a client's socket talks to a backend itself on a port an earlier
+/// translated flow used: that flow's entries must go, or the backend's answers would come
+/// back from the frontend and the socket (connected to the backend) refuse them. In both
+/// families, over UDP and TCP.
+#[test]
+fn a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
+    for f in FAMILIES {
+        let Some(mut dp) = f.setup() else {
+            return;
+        };
+        client_talks_to_the_backend(&f, &mut dp);
+    }
+}
+
+fn client_talks_to_the_backend(f: &Family, dp: &mut LoadedDatapath) {
+    let translated = |dp: &mut LoadedDatapath, pkt: &[u8], what: &str| {
+        let r = dp.run(pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+        seen(&r.packet, what)
+    };
+    let cases = [("UDP", 53, true), ("TCP", 80, false)];
+    for (i, (proto, port, udp)) in cases.into_iter().enumerate() {
+        let what = format!("{} {proto}", f.name());
+        let what = what.as_str();
+        let frontend = SocketAddr::new(f.vip, port);
+        let client = f.client(45000 + i as u16);
+        let build = |from, to, flags| frame(udp, from, to, flags, b"q");
+        // A translated flow, answered: its replies come from the frontend.
+        let backend = translated(dp, &build(client, frontend, TCP_SYN), what).dst;
+        let answer = translated(dp, &build(backend, client, TCP_SYN | TCP_ACK), what);
+        assert_eq!(answer.src, frontend, "{what}: the translated flow's answer");
+        let before = reason_counts(&dp.pins)["ct_superseded"];
+        // A packet that cannot begin a flow, straight to the backend, leaves it alone.
+        if !udp {
+            let ack = build(client, backend, TCP_ACK);
+            assert_eq!(dp.run(&ack).expect("run").packet, ack, "{what}");
+            let answer = translated(dp, &build(backend, client, TCP_ACK), what);
+            assert_eq!(answer.src, frontend, "{what}: an ACK ends nothing");
+        }
+        // The client's new socket, translated at connect, sends to the backend itself.
+        let direct = build(client, backend, TCP_SYN);
+        let r = dp.run(&direct).expect("run");
+        assert_eq!(
+            (r.verdict, &r.packet),
+            (TC_ACT_OK, &direct),
+            "{what}: passed untouched"
+        );
+        let counts = reason_counts(&dp.pins);
+        assert_eq!(counts["ct_superseded"], before + 1, "{what}: {counts:?}");
+        // Its answer reaches the socket as the backend sent it.
+        let answer = build(backend, client, TCP_SYN | TCP_ACK);
+        assert_eq!(
+            dp.run(&answer).expect("run").packet,
+            answer,
+            "{what}: the backend's answer is no longer the frontend's"
+        );
+        // And the client's next packet to the frontend is a new flow.
+        let again = translated(dp, &build(client, frontend, TCP_SYN), what);
+        assert!(f.backends.contains(&again.dst.ip()), "{what}: {again:?}");
+    }
+}
