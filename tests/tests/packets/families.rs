@@ -1,7 +1,7 @@
 //! The packet tables both families share: each case is one body run over IPv4 and IPv6
 //! ([`FAMILIES`]), each family on a datapath of its own with its table's services.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use lb_userspace::packet::{TCP_ACK, TCP_SYN};
 use xlb_tests::datapath::{LoadedDatapath, reason_counts};
@@ -152,4 +152,68 @@ fn client_talks_to_the_backend(f: &Family, dp: &mut LoadedDatapath) {
         let again = translated(dp, &build(client, frontend, TCP_SYN), what);
         assert!(f.backends.contains(&again.dst.ip()), "{what}: {again:?}");
     }
+}
+
+/// Packets that are no service's pass untouched in both families, each counted as `pass`
+/// by tc ingress and again by tc egress, and no flow is created.
+#[test]
+fn packets_not_for_a_service_pass_untouched() {
+    for f in FAMILIES {
+        let Some(mut dp) = f.setup() else {
+            return;
+        };
+        not_for_a_service(&f, &mut dp);
+    }
+}
+
+fn not_for_a_service(f: &Family, dp: &mut LoadedDatapath) {
+    let stranger = match f.vip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)),
+    };
+    // (what, UDP, destination)
+    let rows = [
+        (
+            "TCP to an address that is no frontend",
+            false,
+            (stranger, 80),
+        ),
+        (
+            "TCP to a backend's own address",
+            false,
+            (f.backends[0], 8080),
+        ),
+        (
+            "TCP to the frontend's address on a port that is not a service's",
+            false,
+            (f.vip, 81),
+        ),
+        ("UDP to the TCP service's port", true, (f.vip, 80)),
+    ];
+    let before = reason_counts(&dp.pins);
+    for (i, (what, udp, to)) in rows.into_iter().enumerate() {
+        let what = format!("{}: {what}", f.name());
+        let pkt = frame(udp, f.client(40100 + i as u16), to.into(), TCP_SYN, b"");
+        let counted = reason_counts(&dp.pins)["pass"];
+        let r = dp.run(&pkt).expect("run");
+        assert_eq!(
+            (r.verdict, &r.packet),
+            (TC_ACT_OK, &pkt),
+            "{what}: passed untouched"
+        );
+        assert_eq!(
+            reason_counts(&dp.pins)["pass"],
+            counted + 2,
+            "{what}: counted as pass at ingress and at egress"
+        );
+    }
+    let after = reason_counts(&dp.pins);
+    assert_eq!(
+        after["new_flow"],
+        before["new_flow"],
+        "{}: no flow",
+        f.name()
+    );
+    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    assert!(flows.is_empty(), "{}: {flows:?}", f.name());
 }
