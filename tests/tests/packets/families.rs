@@ -11,16 +11,22 @@ use xlb_tests::suites::packets::{
 
 const TCP_RST: u8 = 0x04;
 
-/// The refusal a client gets from a service without endpoints, byte by byte, in both
-/// families.
-#[test]
-fn services_without_endpoints_refuse_like_kube_proxy() {
+/// Runs `case` over each family, on a datapath of its own with that family's services
+/// (nothing, after the notice, without root).
+fn in_both_families(case: fn(&Family, &mut LoadedDatapath)) {
     for f in FAMILIES {
         let Some(mut dp) = f.setup() else {
             return;
         };
-        refusals(&f, &mut dp);
+        case(&f, &mut dp);
     }
+}
+
+/// The refusal a client gets from a service without endpoints, byte by byte, in both
+/// families.
+#[test]
+fn services_without_endpoints_refuse_like_kube_proxy() {
+    in_both_families(refusals);
 }
 
 fn refusals(f: &Family, dp: &mut LoadedDatapath) {
@@ -98,12 +104,7 @@ fn refusals(f: &Family, dp: &mut LoadedDatapath) {
 /// families, over UDP and TCP.
 #[test]
 fn a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
-    for f in FAMILIES {
-        let Some(mut dp) = f.setup() else {
-            return;
-        };
-        client_talks_to_the_backend(&f, &mut dp);
-    }
+    in_both_families(client_talks_to_the_backend);
 }
 
 fn client_talks_to_the_backend(f: &Family, dp: &mut LoadedDatapath) {
@@ -158,12 +159,7 @@ fn client_talks_to_the_backend(f: &Family, dp: &mut LoadedDatapath) {
 /// by tc ingress and again by tc egress, and no flow is created.
 #[test]
 fn packets_not_for_a_service_pass_untouched() {
-    for f in FAMILIES {
-        let Some(mut dp) = f.setup() else {
-            return;
-        };
-        not_for_a_service(&f, &mut dp);
-    }
+    in_both_families(not_for_a_service);
 }
 
 fn not_for_a_service(f: &Family, dp: &mut LoadedDatapath) {
