@@ -1,7 +1,8 @@
 //! `xlb trace` over IPv4 (IPv6: `v6.rs`): its verdicts are the datapath's real ones (the same packets sent for real
 //! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
 //! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
-//! traffic on the conformance inputs.
+//! traffic on the conformance inputs. The steps both families take (ClientIP affinity, the
+//! node's connect hook, a Maglev entry) are one body each here, which both scenarios run.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
