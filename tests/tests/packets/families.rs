@@ -213,3 +213,67 @@ fn not_for_a_service(f: &Family, dp: &mut LoadedDatapath) {
     let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
     assert!(flows.is_empty(), "{}: {flows:?}", f.name());
 }
+
+/// A service's flows are translated both ways in both families: the first packet DNATed to
+/// a backend on the target port (the client's address kept, checksums valid), the backend's
+/// reply from the frontend again, the flow's next packet to the same backend, each counted.
+#[test]
+fn service_flows_are_translated_both_ways_with_valid_checksums() {
+    in_both_families(flows_both_ways);
+}
+
+fn flows_both_ways(f: &Family, dp: &mut LoadedDatapath) {
+    // (what, UDP, frontend port, backend port, payload)
+    let rows: [(&str, bool, u16, u16, &[u8]); 3] = [
+        ("TCP SYN", false, 80, 8080, b""),
+        ("UDP", true, 53, 5353, b"query"),
+        (
+            "TCP with a payload of odd length",
+            false,
+            80,
+            8080,
+            b"GET /x",
+        ),
+    ];
+    for (i, (what, udp, port, target, payload)) in rows.into_iter().enumerate() {
+        let what = format!("{}: {what}", f.name());
+        let c = f.client(40001 + i as u16);
+        let frontend = SocketAddr::new(f.vip, port);
+        let before = reason_counts(&dp.pins);
+        let first = frame(udp, c, frontend, TCP_SYN, payload);
+        let r = dp.run(&first).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+        assert_eq!(r.packet.len(), first.len(), "{what}: length");
+        let out = seen(&r.packet, &what);
+        assert!(
+            f.backends.contains(&out.dst.ip()) && out.dst.port() == target,
+            "{what}: {} is no backend on {target}",
+            out.dst
+        );
+        assert_eq!(out.src, c, "{what}: the client's address is kept");
+        let after = reason_counts(&dp.pins);
+        assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
+        // The backend's reply: the frontend as its source again, the client kept.
+        let reply = frame(udp, out.dst, c, TCP_SYN | TCP_ACK, b"answer");
+        let r = dp.run(&reply).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{what}: reply");
+        let back = seen(&r.packet, &format!("{what}: reply"));
+        assert_eq!((back.src, back.dst), (frontend, c), "{what}: the reply");
+        assert_eq!(
+            reason_counts(&dp.pins)["reverse_nat"],
+            after["reverse_nat"] + 1,
+            "{what}: reply counted"
+        );
+        // The flow's next packet goes to the same backend, from its entry.
+        let next = frame(udp, c, frontend, TCP_ACK, b"more");
+        let r = dp.run(&next).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{what}: next");
+        let again = seen(&r.packet, &format!("{what}: next"));
+        assert_eq!(again.dst, out.dst, "{what}: the flow keeps its backend");
+        assert_eq!(
+            reason_counts(&dp.pins)["established"],
+            after["established"] + 1,
+            "{what}: next counted"
+        );
+    }
+}
