@@ -277,3 +277,40 @@ fn flows_both_ways(f: &Family, dp: &mut LoadedDatapath) {
         );
     }
 }
+
+/// 300 new flows to web spread over its three backends in both families (each gets at
+/// least 45), every rewrite with valid checksums, and `xlb list conntrack` shows them.
+#[test]
+fn new_flows_spread_over_all_backends_and_are_listed() {
+    in_both_families(spread_and_listed);
+}
+
+fn spread_and_listed(f: &Family, dp: &mut LoadedDatapath) {
+    let web = SocketAddr::new(f.vip, 80);
+    let mut seen_by = std::collections::BTreeMap::new();
+    for port in 20000..20300u16 {
+        let pkt = frame(false, f.client(port), web, TCP_SYN, b"");
+        let r = dp.run(&pkt).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{}", f.name());
+        let out = seen(&r.packet, &format!("{}: new flow", f.name()));
+        *seen_by.entry(out.dst.ip()).or_insert(0) += 1;
+    }
+    for b in f.backends {
+        let n = seen_by.get(&b).copied().unwrap_or(0);
+        assert!(
+            n >= 45,
+            "{}: backend {b} got {n} of 300: {seen_by:?}",
+            f.name()
+        );
+    }
+    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let web = web.to_string();
+    let listed = flows.iter().filter(|r| r.frontend == web).count();
+    assert!(listed >= 300, "{}: xlb list conntrack: {flows:?}", f.name());
+    let first = f.client(20000).to_string();
+    assert!(
+        flows.iter().any(|r| r.client == first),
+        "{}: {first} listed: {flows:?}",
+        f.name()
+    );
+}

@@ -1,5 +1,5 @@
-//! Packet tables through BPF_PROG_TEST_RUN: the rewrites and their checksums, the spread of
-//! new flows, packets with IP options.
+//! Packet tables through BPF_PROG_TEST_RUN: the rewrites and their checksums, packets with IP
+//! options (the spread of new flows: packets/families.rs).
 
 use std::net::SocketAddrV4;
 
@@ -279,30 +279,6 @@ fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
         udp_zero.udp_checksum_zero,
         "a zero UDP checksum must stay zero"
     );
-}
-
-#[test]
-fn new_flows_spread_over_all_backends() {
-    let Some(mut dp) = setup() else {
-        return;
-    };
-    let mut seen = std::collections::BTreeMap::new();
-    for port in 20000..20300u16 {
-        let pkt = PacketBuilder::tcp(
-            SocketAddrV4::new(*CLIENT.ip(), port),
-            SocketAddrV4::new(VIP, 80),
-        )
-        .build();
-        let r = dp.run(&pkt).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK);
-        let p = parse(&r.packet).expect("parses");
-        checksums::assert_valid(&r.packet, Udp::Computed, "new flow");
-        *seen.entry(*p.dst.ip()).or_insert(0) += 1;
-    }
-    for b in BACKENDS {
-        let n = seen.get(&b).copied().unwrap_or(0);
-        assert!(n >= 45, "backend {b} got {n} of 300 new flows: {seen:?}");
-    }
 }
 
 /// `frame` with 4 bytes of IP options (NOP, NOP, NOP, EOL) after its IPv4 header: IHL 6,
