@@ -314,3 +314,55 @@ fn spread_and_listed(f: &Family, dp: &mut LoadedDatapath) {
         f.name()
     );
 }
+
+/// A TCP SYN and a UDP datagram cut at every length in both families: what the kernel
+/// runs (from a whole Ethernet and IP header on) is malformed, dropped untouched, and no
+/// flow is created.
+#[test]
+fn truncated_packets_are_never_rewritten() {
+    in_both_families(truncated);
+}
+
+fn truncated(f: &Family, dp: &mut LoadedDatapath) {
+    let name = f.name();
+    let tcp = frame(
+        false,
+        f.client(40200),
+        SocketAddr::new(f.vip, 80),
+        TCP_SYN,
+        b"",
+    );
+    let udp = frame(
+        true,
+        f.client(40201),
+        SocketAddr::new(f.vip, 53),
+        0,
+        &[7; 30],
+    );
+    let mut ran = 0;
+    for pkt in [&tcp, &udp] {
+        for len in 0..pkt.len() {
+            let cut = &pkt[..len];
+            match dp.run(cut) {
+                // BPF_PROG_TEST_RUN refuses frames shorter than Ethernet and the IP header.
+                Err(e) => assert!(len < f.l4_at(), "{name}: len {len}: refused: {e}"),
+                Ok(r) => {
+                    ran += 1;
+                    assert!(len >= f.l4_at(), "{name}: len {len}: the kernel ran it");
+                    // The IP header's length now exceeds the frame: malformed, dropped.
+                    assert_eq!(r.verdict, TC_ACT_SHOT, "{name}: len {len}: malformed");
+                    assert_eq!(r.packet, cut, "{name}: len {len}: rewritten");
+                }
+            }
+        }
+    }
+    assert!(
+        ran >= 40,
+        "{name}: only {ran} cut frames reached the program"
+    );
+    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    assert!(
+        flows.is_empty(),
+        "{name}: no flow from a cut packet: {flows:?}"
+    );
+}

@@ -183,7 +183,8 @@ fn malformed_and_truncated_ipv6_is_never_rewritten() {
         .with_ext(Ext::options(NEXTHDR_DEST))
         .build();
     let mut ran = 0;
-    for pkt in [&good, &with_opts, &udp] {
+    // A plain TCP SYN and UDP datagram cut short: packets/families.rs.
+    for pkt in [&with_opts, &udp] {
         for len in 0..pkt.len() {
             let cut = &pkt[..len];
             match dp.run(cut) {
