@@ -19,7 +19,7 @@ use crate::{
         writer::MapWriter,
     },
     desired::{Desired, show_maglev},
-    model::Protocol,
+    model::{IpFamily, Protocol},
 };
 
 #[derive(Debug, Serialize)]
@@ -275,7 +275,7 @@ fn flow_row(state: &Desired, k: &CtKey, v: &CtValue, now: u64, assured: bool) ->
         } else {
             "-".into()
         },
-        dsr: dsr_cell(v.flags, v.backend_gen, false),
+        dsr: dsr_cell(v.flags, v.backend_gen, IpFamily::V4),
         service: name_of(state, v.svc_id),
         age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
         idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,
@@ -286,18 +286,19 @@ fn flow_row(state: &Desired, k: &CtKey, v: &CtValue, now: u64, assured: bool) ->
 /// The DSR cell of a flow whose forward entry has `flags` and `backend_gen`: a flow this node
 /// sends by DSR has its backend's generation; one it learnt from another node's option has
 /// none (0).
-fn dsr_cell(flags: u16, backend_gen: u32, v6: bool) -> String {
+fn dsr_cell(flags: u16, backend_gen: u32, family: IpFamily) -> String {
     if flags & lb_common::CT_F_DSR == 0 {
         "-".into()
     } else if backend_gen == 0 {
         "learnt".into()
-    } else if v6 {
-        format!(
-            "sent (IPv6 destination option, {} B)",
-            lb_common::DSR6_HDR_LEN
-        )
     } else {
-        format!("sent (IPv4 option, {} B)", lb_common::DSR_OPT_LEN)
+        match family {
+            IpFamily::V4 => format!("sent (IPv4 option, {} B)", lb_common::DSR_OPT_LEN),
+            IpFamily::V6 => format!(
+                "sent (IPv6 destination option, {} B)",
+                lb_common::DSR6_HDR_LEN
+            ),
+        }
     }
 }
 
@@ -326,7 +327,7 @@ fn flow_row6(state: &Desired, k: &CtKey6, v: &CtValue6, now: u64, assured: bool)
         } else {
             "-".into()
         },
-        dsr: dsr_cell(v.flags, v.backend_gen, true),
+        dsr: dsr_cell(v.flags, v.backend_gen, IpFamily::V6),
         service: name_of(state, v.svc_id),
         age_seconds: now.saturating_sub(v.created_ns) / 1_000_000_000,
         idle_seconds: now.saturating_sub(v.last_seen_ns) / 1_000_000_000,

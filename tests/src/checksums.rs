@@ -1,7 +1,8 @@
-//! Checksums checked by an independent implementation (etherparse), not by the project's own
-//! builder and parser (`lb_userspace::packet`), which both compute them the same way and so
-//! could agree on a wrong sum. Each computes what the header should carry and compares it
-//! with what the frame carries.
+//! One assertion over a whole frame's checksums, by etherparse's full computation (independent
+//! of the datapath's incremental updates): the IPv4 header's, the TCP, UDP or ICMP one, an ICMP
+//! error's quoted header, and the rule that a UDP checksum of 0 stays 0. The frames'
+//! builder and parser (`lb_userspace::packet`) use etherparse too; this is the check a packet
+//! test makes of an output frame of any of those kinds in one call.
 
 use etherparse::{Ipv4HeaderSlice, NetSlice, SlicedPacket, TransportSlice};
 

@@ -48,13 +48,26 @@ pub fn root_required() -> bool {
     set("CI", &["true", "1"]) || set("XLB_REQUIRE_ROOT", &["1", "true"])
 }
 
+/// The running test's name: the name libtest gives the thread it runs a test on (the test's
+/// path in its binary, `module::test_name`). A thread the test spawned has no such name: it
+/// is "a thread of <process>", so a test that asks from its own threads captures the name
+/// first.
+pub fn test_name() -> String {
+    match std::thread::current().name() {
+        Some(name) if name != "main" => name.to_string(),
+        _ => format!("a thread of {}", std::process::id()),
+    }
+}
+
 /// True when running as root. Otherwise: under `CI=true` or `XLB_REQUIRE_ROOT=1` it panics
 /// (a privileged test that cannot run fails); elsewhere it prints a loud notice naming the
-/// test, leaves a skip marker for `cargo xtask test` to count, and returns false.
-pub fn require_root(test: &str) -> bool {
+/// running test ([`test_name`]), leaves a skip marker for `cargo xtask test` to count, and
+/// returns false.
+pub fn require_root() -> bool {
     if is_root() {
         return true;
     }
+    let test = test_name();
     assert!(
         !root_required(),
         "{test} needs root (BPF, network namespaces) and must not skip here (CI=true or XLB_REQUIRE_ROOT=1): run it as root"
@@ -62,15 +75,17 @@ pub fn require_root(test: &str) -> bool {
     eprintln!(
         "\n!!!!! SKIPPED {test}: needs root (BPF, network namespaces). CI runs as root; run `sudo -E cargo xtask test` locally. !!!!!\n"
     );
-    if let Err(e) = mark_skipped(test) {
+    if let Err(e) = mark_skipped(&test) {
         eprintln!("!!!!! cannot record the skip of {test}: {e} !!!!!");
     }
     false
 }
 
-/// A test that cannot run here for want of a tool (not of root): prints a loud notice naming
-/// the test and `why`, and leaves a skip marker for `cargo xtask test` to count.
-pub fn skip(test: &str, why: &str) {
+/// The running test cannot run here for want of a tool (not of root): prints a loud notice
+/// naming it ([`test_name`]) and `why`, and leaves a skip marker for `cargo xtask test` to
+/// count.
+pub fn skip(why: &str) {
+    let test = test_name();
     eprintln!("\n!!!!! SKIPPED {test}: {why} !!!!!\n");
     if let Err(e) = mark_skipped(&format!("{test} ({why})")) {
         eprintln!("!!!!! cannot record the skip of {test}: {e} !!!!!");
@@ -114,6 +129,8 @@ fn mark_skipped_in(dir: &std::path::Path, test: &str) -> std::io::Result<()> {
                 '-'
             }
         })
+        // The file's name stays far below NAME_MAX (255); the file holds the whole name.
+        .take(120)
         .collect();
     let path = dir.join(format!("{}-{safe}", unique_tag("skip")));
     std::fs::OpenOptions::new()
@@ -147,6 +164,16 @@ pub fn xlb_bin() -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_test_name_is_the_running_tests_path() {
+        assert_eq!(
+            test_name(),
+            "tests::the_test_name_is_the_running_tests_path"
+        );
+        let spawned = std::thread::spawn(test_name).join().expect("thread");
+        assert_eq!(spawned, format!("a thread of {}", std::process::id()));
+    }
 
     #[test]
     fn every_skip_leaves_its_own_marker_naming_the_test() {

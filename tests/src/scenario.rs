@@ -70,16 +70,10 @@ impl Scenario {
         })
     }
 
-    /// For a privileged test named `test`: [`Scenario::start`] and a wait until `frontend`
+    /// For a privileged test: [`Scenario::start`] and a wait until `frontend`
     /// (`ip:port/PROTO`) has its `backends` programmed; `None` (skipped) without root.
-    pub fn started(
-        test: &str,
-        prefix: &str,
-        yaml: &str,
-        backends: usize,
-        frontend: &str,
-    ) -> Option<Self> {
-        if !crate::require_root(test) {
+    pub fn started(prefix: &str, yaml: &str, backends: usize, frontend: &str) -> Option<Self> {
+        if !crate::require_root() {
             return None;
         }
         let mut s = Self::start(prefix, backends, yaml).expect("scenario");

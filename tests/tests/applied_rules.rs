@@ -15,7 +15,10 @@ use std::{
 
 use lb_userspace::{
     emit::Mode,
-    model::{Protocol, node::NodeSettings},
+    model::{
+        Protocol,
+        node::{IpFamily, NodeSettings},
+    },
     source::file,
 };
 use xlb_lab::{
@@ -38,18 +41,17 @@ const WEB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
 const DNS6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x53);
 
 /// The two demo-like services' frontends of one family: web (TCP) and dns (UDP).
-fn frontends(v6: bool) -> [SocketAddr; 2] {
-    if v6 {
-        [SocketAddr::from((WEB6, 80)), SocketAddr::from((DNS6, 53))]
-    } else {
-        [SocketAddr::from((WEB, 80)), SocketAddr::from((DNS, 53))]
+fn frontends(family: IpFamily) -> [SocketAddr; 2] {
+    match family {
+        IpFamily::V4 => [SocketAddr::from((WEB, 80)), SocketAddr::from((DNS, 53))],
+        IpFamily::V6 => [SocketAddr::from((WEB6, 80)), SocketAddr::from((DNS6, 53))],
     }
 }
 
 /// A lab with three backend pods and `mode` installed for the two demo-like services; with
 /// `dual`, the services and the pods are dual-stack (each family's endpoints in its slice).
 fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
-    if !require_root(prefix) {
+    if !require_root() {
         return None;
     }
     let tag = unique_tag(prefix);
@@ -86,9 +88,9 @@ fn setup(prefix: &str, mode: Impl, dual: bool) -> Option<Installed> {
             )
         })
         .collect();
-    let mut frontends = frontends(false).to_vec();
+    let mut frontends = frontends(IpFamily::V4).to_vec();
     if dual {
-        frontends.extend(self::frontends(true));
+        frontends.extend(self::frontends(IpFamily::V6));
     }
     let lab = install(&LabSpec {
         mode: Some(mode),
@@ -156,7 +158,7 @@ fn requests(
 fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
     let client_ip = topo.client.ip;
     let capture = Capture::start(&topo.client.ns, "eth0").expect("capture");
-    let answers = requests(topo, frontends(false));
+    let answers = requests(topo, frontends(IpFamily::V4));
     capture.finish().expect("capture").assert_inbound_only_from(
         &[sock(WEB, 80), sock(DNS, 53)],
         120,
@@ -171,9 +173,9 @@ fn check_traffic_seen(topo: &Topology, what: &str, proxied: bool) {
 fn check_traffic6(topo: &Topology, what: &str) {
     let client6 = topo.client.ip6.expect("a dual-stack client");
     let capture = Capture::start(&topo.client.ns, "eth0").expect("capture");
-    let answers = requests(topo, frontends(true));
+    let answers = requests(topo, frontends(IpFamily::V6));
     capture.finish().expect("capture").assert_inbound_only_from(
-        &frontends(true),
+        &frontends(IpFamily::V6),
         120,
         &format!("{what}: replies at the client pod"),
     );
@@ -281,7 +283,7 @@ fn emit_dual(mode: &str) -> String {
 /// IPv6 half.
 #[test]
 fn emit_dual_prints_both_proxiers_and_each_loads() {
-    if !require_root("emit_dual_prints_both_proxiers_and_each_loads") {
+    if !require_root() {
         return;
     }
     let ns = xlb_tests::netns::Netns::new(&unique_tag("x6e")).expect("netns");

@@ -108,7 +108,7 @@ fn case(name: &str) -> PathBuf {
 
 #[test]
 fn modes_agree_on_the_demo_services() {
-    if !require_root("modes_agree_on_the_demo_services") {
+    if !require_root() {
         return;
     }
     check(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-services.yaml"));
@@ -116,7 +116,7 @@ fn modes_agree_on_the_demo_services() {
 
 #[test]
 fn modes_agree_on_kube_proxys_overall_case() {
-    if !require_root("modes_agree_on_kube_proxys_overall_case") {
+    if !require_root() {
         return;
     }
     check(case("iptables-01-overall"));
@@ -124,7 +124,7 @@ fn modes_agree_on_kube_proxys_overall_case() {
 
 #[test]
 fn modes_agree_on_refusing_a_service_without_endpoints() {
-    if !require_root("modes_agree_on_refusing_a_service_without_endpoints") {
+    if !require_root() {
         return;
     }
     check(case("iptables-30-flows-no-endpoints-reject"));
@@ -132,7 +132,7 @@ fn modes_agree_on_refusing_a_service_without_endpoints() {
 
 #[test]
 fn the_four_origins_agree_on_cluster_ip_and_node_port_services() {
-    if !require_root("the_four_origins_agree_on_cluster_ip_and_node_port_services") {
+    if !require_root() {
         return;
     }
     let report = check(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-origins.yaml"));
@@ -188,7 +188,7 @@ fn the_four_origins_agree_on_cluster_ip_and_node_port_services() {
 /// pod and from the node.
 #[test]
 fn modes_agree_over_both_families_on_dual_stack_services() {
-    if !require_root("modes_agree_over_both_families_on_dual_stack_services") {
+    if !require_root() {
         return;
     }
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-dual-stack.yaml");
@@ -228,7 +228,7 @@ fn modes_agree_over_both_families_on_dual_stack_services() {
 /// userspace mode has no SCTP.)
 #[test]
 fn modes_agree_on_sctp_services_from_the_pod_and_the_node() {
-    if !require_root("modes_agree_on_sctp_services_from_the_pod_and_the_node") {
+    if !require_root() {
         return;
     }
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compare-sctp.yaml");

@@ -136,8 +136,7 @@ fn flood(s: &Scenario, mut during: impl FnMut(&AtomicBool)) -> (usize, usize) {
 
 #[test]
 fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
-    const NAME: &str = "a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone";
-    if !require_root(NAME) {
+    if !require_root() {
         return;
     }
     let backends: Vec<Ipv4Addr> = (2..6).map(pod_ip).collect();
@@ -188,8 +187,9 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
         "each answered flood connection was a new flow"
     );
     eprintln!(
-        "{NAME}: {rounds} rounds of the long flows during the flood; flood {answered} answered, \
+        "{}: {rounds} rounds of the long flows during the flood; flood {answered} answered, \
          {failed} failed; ct_assured_full +{}, ct_miss +{}",
+        xlb_tests::test_name(),
         delta("ct_assured_full"),
         delta("ct_miss")
     );

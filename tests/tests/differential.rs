@@ -259,7 +259,7 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn generated_services_agree_between_xlb_and_kube_proxys_rules() {
-    if !require_root("generated_services_agree_between_xlb_and_kube_proxys_rules") {
+    if !require_root() {
         return;
     }
     let started = Instant::now();

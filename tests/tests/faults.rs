@@ -20,18 +20,13 @@ fn web(backends: &[Ipv4Addr]) -> String {
     service_yaml("web", WEB, 80, "TCP", TCP_PORT, backends)
 }
 
-fn started(test: &str, prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
-    Scenario::started(test, prefix, yaml, backends, "10.96.0.10:80/TCP")
+fn started(prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
+    Scenario::started(prefix, yaml, backends, "10.96.0.10:80/TCP")
 }
 
 #[test]
 fn a_second_agent_on_the_same_pins_refuses() {
-    let Some(s) = started(
-        "a_second_agent_on_the_same_pins_refuses",
-        "xfl",
-        &web(&[pod_ip(2)]),
-        1,
-    ) else {
+    let Some(s) = started("xfl", &web(&[pod_ip(2)]), 1) else {
         return;
     };
     let args = vec![
@@ -72,12 +67,7 @@ fn a_second_agent_on_the_same_pins_refuses() {
 
 #[test]
 fn a_recreated_pod_interface_is_attached_again_within_100_ms() {
-    let Some(s) = started(
-        "a_recreated_pod_interface_is_attached_again_within_100_ms",
-        "xfr",
-        &web(&[pod_ip(2)]),
-        1,
-    ) else {
+    let Some(s) = started("xfr", &web(&[pod_ip(2)]), 1) else {
         return;
     };
     let pod = &s.topo.backends[0];
@@ -109,12 +99,7 @@ fn a_recreated_pod_interface_is_attached_again_within_100_ms() {
 
 #[test]
 fn a_service_without_an_endpoint_slice_is_not_a_sync_error() {
-    let Some(s) = started(
-        "a_service_without_an_endpoint_slice_is_not_a_sync_error",
-        "xfe",
-        &web(&[pod_ip(2)]),
-        1,
-    ) else {
+    let Some(s) = started("xfe", &web(&[pod_ip(2)]), 1) else {
         return;
     };
     let lonely = "---\napiVersion: v1\nkind: Service\nmetadata: {namespace: test, name: lonely}\nspec:\n  clusterIP: 10.96.0.99\n  ports: [{name: p, port: 80, protocol: TCP}]\n";
@@ -134,7 +119,7 @@ fn a_service_without_an_endpoint_slice_is_not_a_sync_error() {
 
 #[test]
 fn user_errors_are_one_line_without_a_backtrace() {
-    if !require_root("user_errors_are_one_line_without_a_backtrace") {
+    if !require_root() {
         return;
     }
     let out = std::process::Command::new(xlb_tests::xlb_bin())
@@ -159,7 +144,7 @@ fn user_errors_are_one_line_without_a_backtrace() {
 
 #[test]
 fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
-    if !require_root("the_agent_mounts_bpffs_itself_under_ip_netns_exec") {
+    if !require_root() {
         return;
     }
     let tag = xlb_tests::unique_tag("xfm");
@@ -332,12 +317,7 @@ fn kill_mid_sync(s: &mut Scenario) -> (usize, Instant) {
 
 #[test]
 fn an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service() {
-    let Some(mut s) = started(
-        "an_agent_killed_in_the_middle_of_a_sync_converges_without_dropping_a_working_service",
-        "xfk",
-        &web(&[pod_ip(2)]),
-        1,
-    ) else {
+    let Some(mut s) = started("xfk", &web(&[pod_ip(2)]), 1) else {
         return;
     };
     let big = with_fillers(web(&[pod_ip(2)]));

@@ -37,19 +37,14 @@ fn spread(lines: &[Line]) -> BTreeMap<String, usize> {
     m
 }
 
-fn started(test: &str, prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
-    Scenario::started(test, prefix, yaml, backends, "10.96.0.10:80/TCP")
+fn started(prefix: &str, yaml: &str, backends: usize) -> Option<Scenario> {
+    Scenario::started(prefix, yaml, backends, "10.96.0.10:80/TCP")
 }
 
 #[test]
 fn the_node_itself_reaches_a_cluster_ip_over_tcp_and_udp() {
     let all = backends(3);
-    let Some(s) = started(
-        "the_node_itself_reaches_a_cluster_ip_over_tcp_and_udp",
-        "xs",
-        &yaml(&all, &all),
-        3,
-    ) else {
+    let Some(s) = started("xs", &yaml(&all, &all), 3) else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
@@ -110,12 +105,7 @@ fn all_ok(what: &str, lines: &[Line], s: &Scenario) {
 #[test]
 fn pod_sockets_are_translated_at_connect_and_need_no_packet_nat() {
     let all = backends(3);
-    let Some(s) = started(
-        "pod_sockets_are_translated_at_connect_and_need_no_packet_nat",
-        "xsp",
-        &yaml(&all, &all),
-        3,
-    ) else {
+    let Some(s) = started("xsp", &yaml(&all, &all), 3) else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
@@ -151,12 +141,7 @@ fn pod_sockets_are_translated_at_connect_and_need_no_packet_nat() {
 #[test]
 fn socket_lb_host_leaves_pods_to_tc_and_off_removes_the_hooks() {
     let all = backends(2);
-    let Some(mut s) = started(
-        "socket_lb_host_leaves_pods_to_tc_and_off_removes_the_hooks",
-        "xsh",
-        &yaml(&all, &all),
-        2,
-    ) else {
+    let Some(mut s) = started("xsh", &yaml(&all, &all), 2) else {
         return;
     };
     let restart = |s: &mut Scenario, mode: &str, log: &str| {
@@ -258,8 +243,8 @@ fn external_yaml(eps: &[Ipv4Addr]) -> String {
     )
 }
 
-fn external_scenario(test: &str, prefix: &str) -> Option<Scenario> {
-    if !require_root(test) {
+fn external_scenario(prefix: &str) -> Option<Scenario> {
+    if !require_root() {
         return None;
     }
     let all = backends(3);
@@ -286,10 +271,7 @@ fn external_scenario(test: &str, prefix: &str) -> Option<Scenario> {
 
 #[test]
 fn the_node_reaches_node_ports_on_its_address_and_loopback_and_external_ips() {
-    let Some(s) = external_scenario(
-        "the_node_reaches_node_ports_on_its_address_and_loopback_and_external_ips",
-        "xsn",
-    ) else {
+    let Some(s) = external_scenario("xsn") else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
@@ -327,8 +309,7 @@ fn the_node_reaches_node_ports_on_its_address_and_loopback_and_external_ips() {
 
 #[test]
 fn client_ip_affinity_holds_for_the_node_and_for_a_pod() {
-    let Some(s) = external_scenario("client_ip_affinity_holds_for_the_node_and_for_a_pod", "xsa")
-    else {
+    let Some(s) = external_scenario("xsa") else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
@@ -342,12 +323,7 @@ fn client_ip_affinity_holds_for_the_node_and_for_a_pod() {
 
 #[test]
 fn a_frontend_without_endpoints_refuses_connect_and_send_at_once() {
-    let Some(s) = started(
-        "a_frontend_without_endpoints_refuses_connect_and_send_at_once",
-        "xsr",
-        &yaml(&[], &[]),
-        0,
-    ) else {
+    let Some(s) = started("xsr", &yaml(&[], &[]), 0) else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
@@ -375,12 +351,7 @@ fn a_frontend_without_endpoints_refuses_connect_and_send_at_once() {
 #[test]
 fn a_connected_udp_socket_leaves_a_removed_backend_within_a_second() {
     let all = backends(3);
-    let Some(s) = started(
-        "a_connected_udp_socket_leaves_a_removed_backend_within_a_second",
-        "xsu",
-        &yaml(&all, &all),
-        3,
-    ) else {
+    let Some(s) = started("xsu", &yaml(&all, &all), 3) else {
         return;
     };
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
@@ -444,12 +415,7 @@ fn a_connected_udp_socket_leaves_a_removed_backend_within_a_second() {
 #[test]
 fn host_connections_survive_an_agent_sigkill_and_restart() {
     let all = backends(2);
-    let Some(mut s) = started(
-        "host_connections_survive_an_agent_sigkill_and_restart",
-        "xsk",
-        &yaml(&all, &all),
-        2,
-    ) else {
+    let Some(mut s) = started("xsk", &yaml(&all, &all), 2) else {
         return;
     };
     let cg = s.agent.cgroup.take().expect("cgroup");

@@ -21,6 +21,8 @@ use netlink_packet_netfilter::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 use thiserror::Error;
 
+use crate::model::IpFamily;
+
 #[derive(Debug, Error)]
 pub enum KernelCtError {
     #[error("ctnetlink: {0}")]
@@ -77,11 +79,10 @@ impl KernelFlow {
     }
 }
 
-fn family(v6: bool) -> NetfilterProtoFamily {
-    if v6 {
-        NetfilterProtoFamily::IPv6
-    } else {
-        NetfilterProtoFamily::IPv4
+fn proto_family(family: IpFamily) -> NetfilterProtoFamily {
+    match family {
+        IpFamily::V4 => NetfilterProtoFamily::IPv4,
+        IpFamily::V6 => NetfilterProtoFamily::IPv6,
     }
 }
 
@@ -89,7 +90,7 @@ fn family(v6: bool) -> NetfilterProtoFamily {
 /// dump's end or the kernel's acknowledgement.
 fn request(
     flags: u16,
-    v6: bool,
+    family: IpFamily,
     message: ConntrackMessage,
 ) -> Result<Vec<ConntrackMessage>, KernelCtError> {
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
@@ -100,7 +101,7 @@ fn request(
     let mut packet = NetlinkMessage::new(
         header,
         NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(family(v6), 0, 0),
+            NetfilterHeader::new(proto_family(family), 0, 0),
             message,
         )),
     );
@@ -143,11 +144,13 @@ fn request(
     }
 }
 
-/// Every TCP and UDP flow of one family in this namespace's conntrack table.
+/// Every TCP and UDP flow of one family (IPv6 when `v6`) in this namespace's conntrack
+/// table.
 pub fn dump(v6: bool) -> Result<Vec<KernelFlow>, KernelCtError> {
+    let family = if v6 { IpFamily::V6 } else { IpFamily::V4 };
     let answers = request(
         NLM_F_REQUEST | NLM_F_DUMP,
-        v6,
+        family,
         ConntrackMessage::Get(Vec::new()),
     )?;
     Ok(answers.iter().filter_map(flow_of).collect())
@@ -159,7 +162,11 @@ pub fn delete(flow: &KernelFlow) -> Result<(), KernelCtError> {
     let message = ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(tuple(
         flow.proto, &flow.orig,
     ))]);
-    match request(NLM_F_REQUEST | NLM_F_ACK, flow.orig.src.is_ipv6(), message) {
+    match request(
+        NLM_F_REQUEST | NLM_F_ACK,
+        IpFamily::of(flow.orig.src),
+        message,
+    ) {
         Ok(_) => Ok(()),
         Err(KernelCtError::Kernel(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(e),
@@ -262,7 +269,7 @@ pub fn create(flow: &NatFlow) -> Result<(), KernelCtError> {
     }
     request(
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-        o.src.is_ipv6(),
+        IpFamily::of(o.src),
         ConntrackMessage::New(attrs),
     )
     .map(|_| ())

@@ -41,8 +41,8 @@ pub fn spread(answers: &[Answer]) -> BTreeMap<String, usize> {
 
 /// The usual start: the root check, `n` backend pods behind the web and dns services, and the
 /// agent synced on web. `None` (after a loud notice) where the test cannot run.
-pub fn synced(test: &str, prefix: &str, n: u8) -> Option<Scenario> {
-    if !require_root(test) {
+pub fn synced(prefix: &str, n: u8) -> Option<Scenario> {
+    if !require_root() {
         return None;
     }
     let all = backends(n);

@@ -11,7 +11,7 @@ fn every_map_of_the_object_matches_lb_common() {
         ALL_MAPS,
         "MAP_DEFS and ALL_MAPS list the same maps in the same order"
     );
-    if !require_root("every_map_of_the_object_matches_lb_common") {
+    if !require_root() {
         return;
     }
     let dp = LoadedDatapath::load(&unique_tag("xmd")).expect("load");
@@ -46,7 +46,7 @@ fn every_map_of_the_object_matches_lb_common() {
 /// moves every backend lands on top (make-before-break, batched again).
 #[test]
 fn a_batched_cold_sync_reads_back_exactly() {
-    if !require_root("a_batched_cold_sync_reads_back_exactly") {
+    if !require_root() {
         return;
     }
     let yaml = |n: usize, first: u8| -> String {
@@ -127,7 +127,7 @@ fn batched_reads_count_and_sum_what_was_written() {
     };
     use lb_userspace::datapath::{counts, ct_gc, kernel::open_pinned};
 
-    if !require_root("batched_reads_count_and_sum_what_was_written") {
+    if !require_root() {
         return;
     }
     let dp = LoadedDatapath::load(&unique_tag("xbr")).expect("load");

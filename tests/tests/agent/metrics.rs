@@ -221,7 +221,7 @@ fn assert_no_backend_series(text: &str) {
 
 #[test]
 fn metrics_are_node_level_by_default_and_per_service_only_when_asked() {
-    if !require_root("metrics_are_node_level_by_default_and_per_service_only_when_asked") {
+    if !require_root() {
         return;
     }
     let mut lab = Lab::start("xmd", 3, 2, &[]);
@@ -278,12 +278,11 @@ fn metrics_are_node_level_by_default_and_per_service_only_when_asked() {
 
 #[test]
 fn promtool_finds_the_metrics_clean() {
-    if !require_root("promtool_finds_the_metrics_clean") {
+    if !require_root() {
         return;
     }
     let Some(promtool) = xlb_tests::promtool() else {
         xlb_tests::skip(
-            "promtool_finds_the_metrics_clean",
             "no promtool: `cargo xtask setup` extracts it from Debian's prometheus package, which this machine's apt does not offer",
         );
         return;
@@ -319,7 +318,7 @@ fn promtool_finds_the_metrics_clean() {
 
 #[test]
 fn health_is_answered_while_scrapes_run_at_thousands_of_services() {
-    if !require_root("health_is_answered_while_scrapes_run_at_thousands_of_services") {
+    if !require_root() {
         return;
     }
     const SERVICES: usize = 3000;

@@ -74,8 +74,7 @@ fn syncs(log: &str) -> Vec<&str> {
 
 #[test]
 fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally() {
-    if !require_root("a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally")
-    {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();

@@ -141,8 +141,7 @@ fn dual_stack(prefix: &str, extra: &[&str]) -> (Scenario, Ipv6Addr, Vec<EchoServ
 
 #[test]
 fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
-    const NAME: &str = "a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod";
-    if !require_root(NAME) {
+    if !require_root() {
         return;
     }
     let (s, client6, _servers) = dual_stack("xv6", &[]);
@@ -188,8 +187,7 @@ fn a_dual_stack_service_is_reached_over_ipv6_from_the_node_and_from_a_pod() {
 /// own address, the socket sees the frontend, `xlb list conntrack` shows the flows.
 #[test]
 fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
-    const NAME: &str = "a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc";
-    if !require_root(NAME) {
+    if !require_root() {
         return;
     }
     let (s, client6, _servers) = dual_stack("xv6t", &["--socket-lb", "host"]);
@@ -293,7 +291,7 @@ fn load_balancer6(
 /// the one whose ranges do not fails at once with EHOSTUNREACH, counted `src_denied`.
 #[test]
 fn ipv6_source_ranges_apply_to_sockets_at_connect() {
-    if !require_root("ipv6_source_ranges_apply_to_sockets_at_connect") {
+    if !require_root() {
         return;
     }
     let (mut s, _client6, _servers) = dual_stack("xv6r", &[]);
@@ -344,8 +342,7 @@ fn ipv6_source_ranges_apply_to_sockets_at_connect() {
 /// the frontend.
 #[test]
 fn a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6() {
-    const NAME: &str = "a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6";
-    if !require_root(NAME) {
+    if !require_root() {
         return;
     }
     let (s, _client6, _servers) = dual_stack("xv6h", &["--socket-lb", "host"]);

@@ -152,7 +152,7 @@ impl Lab {
 
 #[test]
 fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
-    if !require_root("an_external_client_reaches_an_ipv6_node_port_with_checked_uploads") {
+    if !require_root() {
         return;
     }
     let lab = Lab::build();
@@ -207,7 +207,7 @@ fn an_external_client_reaches_an_ipv6_node_port_with_checked_uploads() {
 /// ignores the ranges, as in kube-proxy.
 #[test]
 fn ipv6_source_ranges_admit_only_listed_external_clients() {
-    if !require_root("ipv6_source_ranges_admit_only_listed_external_clients") {
+    if !require_root() {
         return;
     }
     let lab = Lab::build();
@@ -249,7 +249,7 @@ fn ipv6_source_ranges_admit_only_listed_external_clients() {
 /// stops being one within a second.
 #[test]
 fn an_ipv6_address_added_after_start_is_a_node_port_address_within_a_second() {
-    if !require_root("an_ipv6_address_added_after_start_is_a_node_port_address_within_a_second") {
+    if !require_root() {
         return;
     }
     let mut lab = Lab::build();

@@ -137,7 +137,7 @@ fn check_seen(what: &str, backend: &str, seen_client: &str) -> String {
 
 #[test]
 fn ipv6_node_port_flows_to_a_remote_backend_are_snated_to_node1() {
-    if !require_root("ipv6_node_port_flows_to_a_remote_backend_are_snated_to_node1") {
+    if !require_root() {
         return;
     }
     let lab = build();

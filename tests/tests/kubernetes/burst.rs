@@ -29,7 +29,7 @@ fn web_slice(ips: &[Ipv4Addr]) -> serde_json::Value {
 /// first.
 #[test]
 fn a_burst_of_1000_endpoint_changes_converges_with_few_syncs() {
-    if !require_root("a_burst_of_1000_endpoint_changes_converges_with_few_syncs") {
+    if !require_root() {
         return;
     }
     const CHANGES: usize = 1000;

@@ -50,7 +50,7 @@ fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
 
 #[test]
 fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
-    if !require_root("odd_services_never_fail_the_watch_and_the_others_keep_syncing") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();

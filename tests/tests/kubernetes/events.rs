@@ -57,9 +57,7 @@ fn api_programmed(c: &Cluster) -> bool {
 #[test]
 fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_and_so_is_its_recovery()
  {
-    if !require_root(
-        "a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_and_so_is_its_recovery",
-    ) {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();

@@ -47,7 +47,7 @@ fn logged_failures(c: &Cluster, what: &str) -> usize {
 
 #[test]
 fn the_agent_waits_for_an_api_server_down_at_start() {
-    if !require_root("the_agent_waits_for_an_api_server_down_at_start") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -150,7 +150,7 @@ fn through_fault(c: &mut Cluster, fault: Fault, b: &[Ipv4Addr], window: Duration
 
 #[test]
 fn api_errors_never_change_a_working_datapath() {
-    if !require_root("api_errors_never_change_a_working_datapath") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -167,7 +167,7 @@ fn api_errors_never_change_a_working_datapath() {
 
 #[test]
 fn an_unavailable_or_down_api_server_never_changes_a_working_datapath() {
-    if !require_root("an_unavailable_or_down_api_server_never_changes_a_working_datapath") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();

@@ -15,7 +15,7 @@ use xlb_tests::{
 
 #[test]
 fn the_agent_follows_the_api_server() {
-    if !require_root("the_agent_follows_the_api_server") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -105,7 +105,7 @@ fn the_agent_follows_the_api_server() {
 
 #[test]
 fn service_proxy_name_and_headless_labels_select_services() {
-    if !require_root("service_proxy_name_and_headless_labels_select_services") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();
@@ -159,7 +159,7 @@ fn service_proxy_name_and_headless_labels_select_services() {
 
 #[test]
 fn internal_traffic_policy_local_and_client_ip_affinity() {
-    if !require_root("internal_traffic_policy_local_and_client_ip_affinity") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -300,7 +300,7 @@ fn topology_hints_keep_to_the_zone(c: &mut Cluster, zoned: Ipv4Addr) {
 
 #[test]
 fn a_service_labelled_headless_leaves_the_datapath() {
-    if !require_root("a_service_labelled_headless_leaves_the_datapath") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();

@@ -15,7 +15,7 @@ use xlb_tests::{
 
 #[test]
 fn a_watch_from_the_compaction_point_is_served() {
-    if !require_root("a_watch_from_the_compaction_point_is_served") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -77,7 +77,7 @@ fn frontend_of(i: usize, port: u16) -> String {
 
 #[test]
 fn lists_are_paged_at_one_resource_version() {
-    if !require_root("lists_are_paged_at_one_resource_version") {
+    if !require_root() {
         return;
     }
     const MANY: usize = 1200;
@@ -165,7 +165,7 @@ fn lists_are_paged_at_one_resource_version() {
 
 #[test]
 fn no_service_is_programmed_before_its_endpoint_slices_are_listed() {
-    if !require_root("no_service_is_programmed_before_its_endpoint_slices_are_listed") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
@@ -322,7 +322,7 @@ fn initial_watches(addr: std::net::SocketAddr) -> Result<InitialWatches, String>
 
 #[test]
 fn watches_without_a_resource_version_start_from_the_current_state() {
-    if !require_root("watches_without_a_resource_version_start_from_the_current_state") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();

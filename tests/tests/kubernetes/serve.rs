@@ -44,7 +44,7 @@ fn try_http_get(c: &Cluster, port: u16, path: &str) -> Result<(u16, String), Str
 
 #[test]
 fn health_and_metrics_follow_kube_proxy() {
-    if !require_root("health_and_metrics_follow_kube_proxy") {
+    if !require_root() {
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();

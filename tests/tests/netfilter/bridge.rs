@@ -164,8 +164,7 @@ fn agent_args(yaml: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn a_pod_reaches_a_node_port_answered_by_a_bridged_local_backend() {
-    let test = "a_pod_reaches_a_node_port_answered_by_a_bridged_local_backend";
-    if !require_root(test) {
+    if !require_root() {
         return;
     }
     let lab = BridgeLab::build("nfb");
@@ -210,8 +209,7 @@ fn a_pod_reaches_a_node_port_answered_by_a_bridged_local_backend() {
 /// serve the same requests in the same lab.
 #[test]
 fn control_the_bridged_node_port_is_served_under_kube_proxy() {
-    let test = "control_the_bridged_node_port_is_served_under_kube_proxy";
-    if !require_root(test) {
+    if !require_root() {
         return;
     }
     let lab = BridgeLab::build("nfbc");

@@ -77,8 +77,8 @@ fn agrees(flow: &Open, entries: &[Entry]) -> Result<(), String> {
 
 /// Every TCP path of `family` that leaves node1's pods or uplink for a backend, kept open
 /// until the node's conntrack holds each as kube-proxy's would (waiting up to 5 s).
-fn tracked(test: &str, prefix: &str, family: &Frontends, backends: [IpAddr; 2]) {
-    let Some(lab) = lab(test, prefix, &[]) else {
+fn tracked(prefix: &str, family: &Frontends, backends: [IpAddr; 2]) {
+    let Some(lab) = lab(prefix, &[]) else {
         return;
     };
     wait_served(&lab, &paths(family));
@@ -132,14 +132,12 @@ fn tracked(test: &str, prefix: &str, family: &Frontends, backends: [IpAddr; 2]) 
 
 #[test]
 fn conntrack_holds_ipv4_flows_served_by_tc_as_established_to_the_backend() {
-    let test = "conntrack_holds_ipv4_flows_served_by_tc_as_established_to_the_backend";
     let backends = [pod_ip(2).into(), remote_pod_ip(1).into()];
-    tracked(test, "nft4", &V4, backends);
+    tracked("nft4", &V4, backends);
 }
 
 #[test]
 fn conntrack_holds_ipv6_flows_served_by_tc_as_established_to_the_backend() {
-    let test = "conntrack_holds_ipv6_flows_served_by_tc_as_established_to_the_backend";
     let backends = [pod_ip6(2).into(), remote_pod_ip6(1).into()];
-    tracked(test, "nft6", &V6, backends);
+    tracked("nft6", &V6, backends);
 }

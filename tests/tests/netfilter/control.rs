@@ -51,8 +51,8 @@ pub fn kube_proxy_instead(lab: &mut Lab) {
     .expect("kube-proxy's iptables rules");
 }
 
-fn control(test: &str, prefix: &str, firewall: Firewall) {
-    let Some(mut lab) = lab(test, prefix, &[]) else {
+fn control(prefix: &str, firewall: Firewall) {
+    let Some(mut lab) = lab(prefix, &[]) else {
         return;
     };
     kube_proxy_instead(&mut lab);
@@ -74,18 +74,15 @@ fn control(test: &str, prefix: &str, firewall: Firewall) {
 
 #[test]
 fn control_the_checks_hold_under_kube_proxy_with_kube_forward() {
-    let test = "control_the_checks_hold_under_kube_proxy_with_kube_forward";
-    control(test, "nfck", Firewall::KubeForward);
+    control("nfck", Firewall::KubeForward);
 }
 
 #[test]
 fn control_the_checks_hold_under_kube_proxy_with_an_nft_firewall() {
-    let test = "control_the_checks_hold_under_kube_proxy_with_an_nft_firewall";
-    control(test, "nfcn", Firewall::NftInet);
+    control("nfcn", Firewall::NftInet);
 }
 
 #[test]
 fn control_the_checks_hold_under_kube_proxy_with_calico_like_chains() {
-    let test = "control_the_checks_hold_under_kube_proxy_with_calico_like_chains";
-    control(test, "nfcc", Firewall::CalicoLike);
+    control("nfcc", Firewall::CalicoLike);
 }

@@ -27,8 +27,8 @@ fn guarded(lab: &Lab) -> Vec<String> {
 }
 
 /// Every path of `family`'s frontends served with `firewall` on node1, each counted.
-fn served_through(test: &str, prefix: &str, firewall: Firewall, family: &Frontends) {
-    let Some(lab) = lab(test, prefix, &[]) else {
+fn served_through(prefix: &str, firewall: Firewall, family: &Frontends) {
+    let Some(lab) = lab(prefix, &[]) else {
         return;
     };
     wait_served(&lab, &paths(family));
@@ -84,36 +84,30 @@ pub fn check_paths(lab: &Lab, firewall: Firewall, family: &Frontends) -> (usize,
 
 #[test]
 fn kube_forward_invalid_drop_serves_every_ipv4_path() {
-    let test = "kube_forward_invalid_drop_serves_every_ipv4_path";
-    served_through(test, "nfk4", Firewall::KubeForward, &V4);
+    served_through("nfk4", Firewall::KubeForward, &V4);
 }
 
 #[test]
 fn kube_forward_invalid_drop_serves_every_ipv6_path() {
-    let test = "kube_forward_invalid_drop_serves_every_ipv6_path";
-    served_through(test, "nfk6", Firewall::KubeForward, &V6);
+    served_through("nfk6", Firewall::KubeForward, &V6);
 }
 
 #[test]
 fn nft_inet_firewall_serves_every_ipv4_path() {
-    let test = "nft_inet_firewall_serves_every_ipv4_path";
-    served_through(test, "nfn4", Firewall::NftInet, &V4);
+    served_through("nfn4", Firewall::NftInet, &V4);
 }
 
 #[test]
 fn nft_inet_firewall_serves_every_ipv6_path() {
-    let test = "nft_inet_firewall_serves_every_ipv6_path";
-    served_through(test, "nfn6", Firewall::NftInet, &V6);
+    served_through("nfn6", Firewall::NftInet, &V6);
 }
 
 #[test]
 fn calico_like_interface_chains_serve_every_ipv4_path() {
-    let test = "calico_like_interface_chains_serve_every_ipv4_path";
-    served_through(test, "nfc4", Firewall::CalicoLike, &V4);
+    served_through("nfc4", Firewall::CalicoLike, &V4);
 }
 
 #[test]
 fn calico_like_interface_chains_serve_every_ipv6_path() {
-    let test = "calico_like_interface_chains_serve_every_ipv6_path";
-    served_through(test, "nfc6", Firewall::CalicoLike, &V6);
+    served_through("nfc6", Firewall::CalicoLike, &V6);
 }

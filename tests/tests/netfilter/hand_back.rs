@@ -22,18 +22,12 @@ use crate::migration::{
 
 #[test]
 fn xlbs_connections_go_on_through_kube_proxys_iptables_rules_after_a_hand_back() {
-    hand_back(
-        "xlbs_connections_go_on_through_kube_proxys_iptables_rules_after_a_hand_back",
-        Mode::Iptables,
-    );
+    hand_back(Mode::Iptables);
 }
 
 #[test]
 fn xlbs_connections_go_on_through_kube_proxys_nftables_rules_after_a_hand_back() {
-    hand_back(
-        "xlbs_connections_go_on_through_kube_proxys_nftables_rules_after_a_hand_back",
-        Mode::Nftables,
-    );
+    hand_back(Mode::Nftables);
 }
 
 /// `xlb cleanup --hand-back` in the lab's node: its output.
@@ -61,8 +55,8 @@ fn agent(m: &MigrationLab, tag: &str) -> (Agent, PathBuf) {
     (agent, pins)
 }
 
-fn hand_back(name: &str, mode: Mode) {
-    if !require_root(name) {
+fn hand_back(mode: Mode) {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xhb");
@@ -127,8 +121,7 @@ fn hand_back(name: &str, mode: Mode) {
 
 #[test]
 fn a_hand_back_without_flows_says_so_and_removes_xlb() {
-    let name = "a_hand_back_without_flows_says_so_and_removes_xlb";
-    if !require_root(name) {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xhn");

@@ -80,8 +80,7 @@ fn cleanup(node: &Netns) -> String {
 
 #[test]
 fn cleanup_removes_exactly_kube_proxys_rules_of_every_mode_and_family() {
-    const NAME: &str = "cleanup_removes_exactly_kube_proxys_rules_of_every_mode_and_family";
-    if !require_root(NAME) {
+    if !require_root() {
         return;
     }
     let node = Netns::new(&unique_tag("kpc")).expect("netns");

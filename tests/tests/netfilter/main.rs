@@ -135,8 +135,8 @@ pub fn services() -> String {
 
 /// The dual-stack two-node lab with [`services`] programmed (`extra`: more agent flags);
 /// `None` (a loud skip) without root.
-pub fn lab(test: &str, prefix: &str, extra: &[&str]) -> Option<Lab> {
-    if !require_root(test) {
+pub fn lab(prefix: &str, extra: &[&str]) -> Option<Lab> {
+    if !require_root() {
         return None;
     }
     let last = format!("[{NODE6}]:30054/UDP");

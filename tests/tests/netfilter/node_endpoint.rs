@@ -70,8 +70,8 @@ fn failures(lab: &Lab, family: &Frontends) -> Vec<String> {
 
 /// The `host` Service of `family` served to the client pod, before and after kube-proxy's
 /// INVALID-dropping rules; with `control`, by kube-proxy's own rules instead of xlb.
-fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends, control: bool) {
-    let Some(mut lab) = lab(test, prefix, &["--socket-lb", "host"]) else {
+fn node_endpoint_served(prefix: &str, family: &Frontends, control: bool) {
+    let Some(mut lab) = lab(prefix, &["--socket-lb", "host"]) else {
         return;
     };
     if control {
@@ -114,19 +114,16 @@ fn node_endpoint_served(test: &str, prefix: &str, family: &Frontends, control: b
 
 #[test]
 fn a_pod_served_by_tc_reaches_an_ipv4_service_on_the_node_itself() {
-    let test = "a_pod_served_by_tc_reaches_an_ipv4_service_on_the_node_itself";
-    node_endpoint_served(test, "nfh4", &V4, false);
+    node_endpoint_served("nfh4", &V4, false);
 }
 
 #[test]
 fn a_pod_served_by_tc_reaches_an_ipv6_service_on_the_node_itself() {
-    let test = "a_pod_served_by_tc_reaches_an_ipv6_service_on_the_node_itself";
-    node_endpoint_served(test, "nfh6", &V6, false);
+    node_endpoint_served("nfh6", &V6, false);
 }
 
 #[test]
 fn control_a_pod_reaches_the_services_on_the_node_itself_under_kube_proxy() {
-    let test = "control_a_pod_reaches_the_services_on_the_node_itself_under_kube_proxy";
-    node_endpoint_served(test, "nfhc4", &V4, true);
-    node_endpoint_served(test, "nfhc6", &V6, true);
+    node_endpoint_served("nfhc4", &V4, true);
+    node_endpoint_served("nfhc6", &V6, true);
 }

@@ -120,9 +120,8 @@ fn policy_applies(lab: &Lab, family: &Frontends, refusals: bool) {
 
 #[test]
 fn a_forward_rule_on_a_backend_address_blocks_what_xlb_sends_it() {
-    let test = "a_forward_rule_on_a_backend_address_blocks_what_xlb_sends_it";
     for (prefix, family) in [("nfp4", &V4), ("nfp6", &V6)] {
-        let Some(lab) = lab(test, prefix, &[]) else {
+        let Some(lab) = lab(prefix, &[]) else {
             return;
         };
         policy_applies(&lab, family, false);
@@ -131,9 +130,8 @@ fn a_forward_rule_on_a_backend_address_blocks_what_xlb_sends_it() {
 
 #[test]
 fn a_policy_rejection_reaches_the_client_as_a_refusal() {
-    let test = "a_policy_rejection_reaches_the_client_as_a_refusal";
     for (prefix, family) in [("nfr4", &V4), ("nfr6", &V6)] {
-        let Some(lab) = lab(test, prefix, &[]) else {
+        let Some(lab) = lab(prefix, &[]) else {
             return;
         };
         policy_applies(&lab, family, true);
@@ -142,9 +140,8 @@ fn a_policy_rejection_reaches_the_client_as_a_refusal() {
 
 #[test]
 fn control_a_policy_rejection_is_a_refusal_under_kube_proxy() {
-    let test = "control_a_policy_rejection_is_a_refusal_under_kube_proxy";
     for (prefix, family) in [("nfrc4", &V4), ("nfrc6", &V6)] {
-        let Some(mut lab) = lab(test, prefix, &[]) else {
+        let Some(mut lab) = lab(prefix, &[]) else {
             return;
         };
         crate::control::kube_proxy_instead(&mut lab);

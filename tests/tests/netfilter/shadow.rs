@@ -233,22 +233,16 @@ fn programs_of(pid: u32) -> usize {
 
 #[test]
 fn shadow_agrees_with_kube_proxys_iptables_rules_and_reports_a_cut_endpoint() {
-    shadow(
-        "shadow_agrees_with_kube_proxys_iptables_rules_and_reports_a_cut_endpoint",
-        Mode::Iptables,
-    );
+    shadow(Mode::Iptables);
 }
 
 #[test]
 fn shadow_agrees_with_kube_proxys_nftables_rules_and_reports_a_cut_endpoint() {
-    shadow(
-        "shadow_agrees_with_kube_proxys_nftables_rules_and_reports_a_cut_endpoint",
-        Mode::Nftables,
-    );
+    shadow(Mode::Nftables);
 }
 
-fn shadow(name: &str, mode: Mode) {
-    if !require_root(name) {
+fn shadow(mode: Mode) {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xsh");

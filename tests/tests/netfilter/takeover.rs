@@ -66,38 +66,22 @@ fn sticky_backend(results: &[(&'static str, Outcome)], family: usize) -> String 
 
 #[test]
 fn kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover() {
-    takeover(
-        "kube_proxys_iptables_connections_go_on_through_xlb_after_a_takeover",
-        Mode::Iptables,
-        false,
-    );
+    takeover(Mode::Iptables, false);
 }
 
 #[test]
 fn kube_proxys_nftables_connections_go_on_through_xlb_after_a_takeover() {
-    takeover(
-        "kube_proxys_nftables_connections_go_on_through_xlb_after_a_takeover",
-        Mode::Nftables,
-        false,
-    );
+    takeover(Mode::Nftables, false);
 }
 
 #[test]
 fn a_takeover_from_iptables_killed_midway_completes_when_the_agent_starts_again() {
-    takeover(
-        "a_takeover_from_iptables_killed_midway_completes_when_the_agent_starts_again",
-        Mode::Iptables,
-        true,
-    );
+    takeover(Mode::Iptables, true);
 }
 
 #[test]
 fn a_takeover_from_nftables_killed_midway_completes_when_the_agent_starts_again() {
-    takeover(
-        "a_takeover_from_nftables_killed_midway_completes_when_the_agent_starts_again",
-        Mode::Nftables,
-        true,
-    );
+    takeover(Mode::Nftables, true);
 }
 
 /// kube-proxy's rules are still there: (iptables-save, nft list tables) of `node`.
@@ -146,8 +130,8 @@ fn kill_mid_takeover(agent: &Agent, node: &xlb_lab::netns::Netns) {
 
 /// kube-proxy in `mode` serves the flows; xlb takes over (with `kill`, the first agent is
 /// killed in the middle and a second one completes it).
-fn takeover(name: &str, mode: Mode, kill: bool) {
-    if !require_root(name) {
+fn takeover(mode: Mode, kill: bool) {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xto");

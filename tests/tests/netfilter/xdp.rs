@@ -21,8 +21,8 @@ fn counters(lab: &xlb_tests::twonode::Lab) -> Counters {
         })
 }
 
-fn xdp_under_firewalls(test: &str, prefix: &str, mode: &str) {
-    let Some(lab) = lab(test, prefix, &["--xdp", mode]) else {
+fn xdp_under_firewalls(prefix: &str, mode: &str) {
+    let Some(lab) = lab(prefix, &["--xdp", mode]) else {
         return;
     };
     lab.enable_napi_for_redirects();
@@ -78,12 +78,10 @@ fn xdp_under_firewalls(test: &str, prefix: &str, mode: &str) {
 
 #[test]
 fn xdp_native_flows_are_served_under_the_firewalls() {
-    let test = "xdp_native_flows_are_served_under_the_firewalls";
-    xdp_under_firewalls(test, "nfxn", "native");
+    xdp_under_firewalls("nfxn", "native");
 }
 
 #[test]
 fn xdp_generic_flows_are_served_under_the_firewalls() {
-    let test = "xdp_generic_flows_are_served_under_the_firewalls";
-    xdp_under_firewalls(test, "nfxg", "generic");
+    xdp_under_firewalls("nfxg", "generic");
 }

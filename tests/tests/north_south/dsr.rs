@@ -86,7 +86,7 @@ fn dual_stack_services() -> String {
 /// went by the option (node1 added it, node2 learnt the flow from it).
 #[test]
 fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
-    if !require_root("dsr_replies_leave_the_backends_node_straight_to_the_client") {
+    if !require_root() {
         return;
     }
     // node1 with XDP, complete checksums: XDP forwards the flows' other packets itself and
@@ -303,7 +303,7 @@ fn pmtu_probe(to: SocketAddr, len: usize) -> Result<(usize, bool), String> {
 
 #[test]
 fn hybrid_sends_tcp_direct_and_snats_udp() {
-    if !require_root("hybrid_sends_tcp_direct_and_snats_udp") {
+    if !require_root() {
         return;
     }
     let lab = lab("nshyb", "hybrid");

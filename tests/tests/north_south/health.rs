@@ -55,9 +55,7 @@ fn probe(lab: &Lab) -> String {
 
 #[test]
 fn serving_terminating_local_endpoints_fail_the_health_check_but_keep_their_traffic() {
-    if !require_root(
-        "serving_terminating_local_endpoints_fail_the_health_check_but_keep_their_traffic",
-    ) {
+    if !require_root() {
         return;
     }
     let lab = Lab::start("nsh", &yaml(false), 1500, "192.0.2.1:30080/TCP");

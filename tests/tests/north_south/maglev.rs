@@ -310,7 +310,7 @@ fn ask(c: &mut TcpStream) -> Result<String, String> {
 
 #[test]
 fn both_nodes_send_a_flow_to_the_same_backend_and_a_removal_moves_only_its_own() {
-    if !require_root("both_nodes_send_a_flow_to_the_same_backend") {
+    if !require_root() {
         return;
     }
     let all: Vec<u8> = (1..=10).collect();

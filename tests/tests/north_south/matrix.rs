@@ -74,7 +74,7 @@ fn matrix_frontends(i: u8) -> [(&'static str, SocketAddr, bool); 4] {
 /// and with XDP.
 #[test]
 fn checksum_offload_on_or_off_changes_nothing() {
-    if !require_root("checksum_offload_on_or_off_changes_nothing") {
+    if !require_root() {
         return;
     }
     for xdp in ["off", "native"] {
@@ -119,7 +119,7 @@ fn checksum_offload_on_or_off_changes_nothing() {
 /// client addresses as tc.
 #[test]
 fn xdp_native_and_generic_forward_node_port_flows() {
-    if !require_root("xdp_native_and_generic_forward_node_port_flows") {
+    if !require_root() {
         return;
     }
     for mode in ["native", "generic"] {
@@ -171,7 +171,7 @@ fn xdp_native_and_generic_forward_node_port_flows() {
 /// unreachable from the frontend), as kube-proxy's REJECT does.
 #[test]
 fn node_ports_and_load_balancer_ips_without_endpoints_refuse_at_once() {
-    if !require_root("node_ports_and_load_balancer_ips_without_endpoints_refuse_at_once") {
+    if !require_root() {
         return;
     }
     let empty = |name: &str, vip: &str, proto: &str, np: u16, lb: &str| {

@@ -21,7 +21,7 @@ use xlb_tests::{
 /// kube-proxy.
 #[test]
 fn source_ranges_admit_only_listed_clients_on_load_balancer_ips() {
-    if !require_root("source_ranges_admit_only_listed_clients_on_load_balancer_ips") {
+    if !require_root() {
         return;
     }
     let lb = |name: &str, ip: &str, vip: &str, np: u16, range: &str| {
@@ -71,7 +71,7 @@ fn source_ranges_admit_only_listed_clients_on_load_balancer_ips() {
 /// (it would drop a packet from its own address), and gets its answer from the ClusterIP.
 #[test]
 fn a_pod_reaches_itself_through_its_service() {
-    if !require_root("a_pod_reaches_itself_through_its_service") {
+    if !require_root() {
         return;
     }
     let yaml = service(
@@ -130,7 +130,7 @@ fn a_pod_reaches_itself_through_its_service() {
 /// frontend, for a remote (SNATed) backend and for a local one.
 #[test]
 fn icmp_errors_from_backends_reach_the_client_translated() {
-    if !require_root("icmp_errors_from_backends_reach_the_client_translated") {
+    if !require_root() {
         return;
     }
     // Port 9 has no listener on the backends.
@@ -182,7 +182,7 @@ fn icmp_errors_from_backends_reach_the_client_translated() {
 /// only completes if the client learns the path MTU from an ICMP message about its own flow.
 #[test]
 fn path_mtu_discovery_works_through_a_node_port() {
-    if !require_root("path_mtu_discovery_works_through_a_node_port") {
+    if !require_root() {
         return;
     }
     let yaml = web_node_port(&[remote()]);

@@ -72,8 +72,7 @@ fn sctp_lab(prefix: &str) -> (Lab, Vec<SctpServer>) {
 
 #[test]
 fn external_sctp_associations_reach_local_and_remote_backends_in_both_families() {
-    if !require_root("external_sctp_associations_reach_local_and_remote_backends_in_both_families")
-    {
+    if !require_root() {
         return;
     }
     let (lab, servers) = sctp_lab("nss");
@@ -133,9 +132,7 @@ fn external_sctp_associations_reach_local_and_remote_backends_in_both_families()
 /// a packet left untranslated is lost there.
 #[test]
 fn the_nodes_own_sctp_associations_reach_local_and_remote_backends_in_both_families() {
-    if !require_root(
-        "the_nodes_own_sctp_associations_reach_local_and_remote_backends_in_both_families",
-    ) {
+    if !require_root() {
         return;
     }
     let (lab, servers) = sctp_lab("nso");

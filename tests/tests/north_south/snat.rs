@@ -30,7 +30,7 @@ fn seen_port(a: &Answer) -> u16 {
 /// the client. The client always sees the NodePort address.
 #[test]
 fn cluster_policy_snats_only_flows_to_remote_backends() {
-    if !require_root("cluster_policy_snats_only_flows_to_remote_backends") {
+    if !require_root() {
         return;
     }
     let yaml = web_node_port(&[local(), remote()]) + &dns_node_port(&[local(), remote()]);
@@ -94,7 +94,7 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
 /// the range is small, and every connection stays open while the next ones are made.
 #[test]
 fn snat_ports_never_collide_and_a_full_range_is_refused_cleanly() {
-    if !require_root("snat_ports_never_collide_and_a_full_range_is_refused_cleanly") {
+    if !require_root() {
         return;
     }
     let yaml = web_node_port(&[remote()]);
@@ -161,9 +161,7 @@ fn snat_ports_never_collide_and_a_full_range_is_refused_cleanly() {
 /// without a local endpoint drops (no refusal); the health-check node port says which.
 #[test]
 fn local_policy_keeps_the_client_address_and_health_checks_tell_the_load_balancer() {
-    if !require_root(
-        "local_policy_keeps_the_client_address_and_health_checks_tell_the_load_balancer",
-    ) {
+    if !require_root() {
         return;
     }
     let local_spec =

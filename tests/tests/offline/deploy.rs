@@ -478,10 +478,7 @@ fn xlb_agent(docs: &[serde_json::Value]) -> (Vec<String>, Vec<String>, Option<se
 #[test]
 fn the_migration_overlays_build_into_their_steps() {
     let Some(base) = kustomize(".") else {
-        xlb_tests::skip(
-            "the_migration_overlays_build_into_their_steps",
-            "kubectl is not installed (apt-get install kubectl, or any kubectl 1.14+)",
-        );
+        xlb_tests::skip("kubectl is not installed (apt-get install kubectl, or any kubectl 1.14+)");
         return;
     };
     let kinds: BTreeSet<&str> = base.iter().map(kind).collect();

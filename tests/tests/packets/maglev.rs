@@ -108,8 +108,7 @@ fn clients() -> Vec<SocketAddrV4> {
 
 #[test]
 fn maglev_frontends_send_each_flow_to_the_backend_its_table_holds() {
-    let test = "maglev_frontends_send_each_flow";
-    if !require_root(test) {
+    if !require_root() {
         return;
     }
     let mut reversed = backends();

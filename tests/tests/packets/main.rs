@@ -8,6 +8,7 @@
 
 use xlb_tests::checksums;
 
+mod families;
 mod maglev;
 mod north_south;
 mod rewrites;

@@ -164,8 +164,8 @@ fn seen(frame: &[u8], what: &str) -> Seen {
 
 /// The packet tables' services, an SCTP Service on three backends and one on none in each
 /// family; SCTP is served (no error for it).
-fn with_sctp(test: &str) -> Option<LoadedDatapath> {
-    let mut dp = setup(test)?;
+fn with_sctp() -> Option<LoadedDatapath> {
+    let mut dp = setup()?;
     let yaml = base_services()
         + &service_yaml("sig", VIP, SIG_PORT, "SCTP", SIG_TARGET, &BACKENDS)
         + &service_yaml("sig-empty", EMPTY_VIP, SIG_PORT, "SCTP", SIG_TARGET, &[])
@@ -193,7 +193,7 @@ fn through(dp: &mut LoadedDatapath, pkt: &[u8], what: &str) -> Seen {
 
 #[test]
 fn sctp_associations_are_translated_both_ways_with_their_checksums_right() {
-    let Some(mut dp) = with_sctp("sctp_associations_are_translated_both_ways") else {
+    let Some(mut dp) = with_sctp() else {
         return;
     };
     for (i, fam) in families().iter().enumerate() {
@@ -287,7 +287,7 @@ fn sctp_associations_are_translated_both_ways_with_their_checksums_right() {
 
 #[test]
 fn sctp_without_endpoints_is_refused_and_other_ports_pass_untouched() {
-    let Some(mut dp) = with_sctp("sctp_without_endpoints_is_refused") else {
+    let Some(mut dp) = with_sctp() else {
         return;
     };
     for fam in families() {
@@ -347,7 +347,7 @@ fn sctp_without_endpoints_is_refused_and_other_ports_pass_untouched() {
 /// are the ports and the verification tag; its CRC32c lies beyond them.
 #[test]
 fn icmp_errors_quoting_an_sctp_flow_are_translated_both_ways() {
-    let Some(mut dp) = with_sctp("icmp_errors_quoting_an_sctp_flow") else {
+    let Some(mut dp) = with_sctp() else {
         return;
     };
     for fam in families() {

@@ -6,19 +6,16 @@ use std::{
     time::Duration,
 };
 
-use crate::checksums::{self, Udp};
 use lb_userspace::{
-    packet::{PacketBuilder, TCP_ACK, TCP_SYN, parse},
+    packet::{PacketBuilder, TCP_ACK, parse},
     source::file,
 };
-use xlb_tests::suites::packets::{
-    BACKENDS, CLIENT, EMPTY_VIP, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, VIP, setup,
-};
+use xlb_tests::suites::packets::{BACKENDS, CLIENT, TC_ACT_OK, VIP, setup};
 use xlb_tests::{datapath::LoadedDatapath, services::service_yaml};
 
 #[test]
 fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
-    let Some(mut dp) = setup("a_removed_backend_keeps_tcp_flows_and_rebalances_udp") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -86,82 +83,6 @@ fn a_removed_backend_keeps_tcp_flows_and_rebalances_udp() {
     assert_eq!(counts["backend_gone"], 1, "{counts:?}");
 }
 
-/// The refusal a client gets from a service without endpoints, byte by byte.
-#[test]
-fn services_without_endpoints_refuse_like_kube_proxy() {
-    let Some(mut dp) = setup("services_without_endpoints_refuse_like_kube_proxy") else {
-        return;
-    };
-    let empty = SocketAddrV4::new(EMPTY_VIP, 80);
-    let sum_ok = |bytes: &[u8], pseudo: u32| lb_userspace::packet::checksum(bytes, pseudo) == 0;
-
-    // SYN with options and payload: RST|ACK acknowledging seq + payload + SYN, options gone.
-    let mut syn = PacketBuilder::tcp(CLIENT, empty).payload(b"early").build();
-    syn[38..42].copy_from_slice(&7000u32.to_be_bytes());
-    let r = dp.run(&syn).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT);
-    assert_eq!(r.packet.len(), 54, "Ethernet + IPv4 + TCP, nothing else");
-    assert_eq!(&r.packet[0..6], &syn[6..12], "back to the sender's MAC");
-    let p = parse(&r.packet).expect("parses");
-    assert_eq!((p.src, p.dst), (empty, CLIENT));
-    assert!(p.ip_checksum_ok && p.l4_checksum_ok);
-    checksums::assert_valid(&r.packet, Udp::Computed, "RST|ACK to a SYN");
-    assert_eq!(r.packet[47], 0x14, "RST|ACK");
-    assert_eq!(
-        u32::from_be_bytes([r.packet[42], r.packet[43], r.packet[44], r.packet[45]]),
-        7000 + 5 + 1
-    );
-
-    // A segment with ACK set: RST whose seq is that ack, no ACK flag.
-    let mut ack = PacketBuilder::tcp(CLIENT, empty).flags(TCP_ACK).build();
-    ack[42..46].copy_from_slice(&0xdead_beefu32.to_be_bytes());
-    let r = dp.run(&ack).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT);
-    assert_eq!(r.packet[47], 0x04, "RST alone");
-    checksums::assert_valid(&r.packet, Udp::Computed, "RST to an ACK");
-    assert_eq!(&r.packet[38..42], &0xdead_beefu32.to_be_bytes());
-
-    // A RST is never answered.
-    let rst = PacketBuilder::tcp(CLIENT, empty).flags(0x04).build();
-    assert_eq!(dp.run(&rst).expect("run").verdict, TC_ACT_SHOT);
-
-    // UDP: ICMP port unreachable from the frontend, quoting the datagram's IP header + 8 bytes.
-    let dns = service_yaml("none", EMPTY_VIP, 53, "UDP", 5353, &[]);
-    let mut model = file::parse("t.yaml", &dns).expect("yaml").model;
-    let base = file::parse(
-        "t.yaml",
-        &(service_yaml("empty", EMPTY_VIP, 80, "TCP", 8080, &[])),
-    )
-    .expect("yaml")
-    .model;
-    model.services.extend(base.services);
-    model.slices.extend(base.slices);
-    dp.program(&model).expect("program");
-    let udp = PacketBuilder::udp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 53))
-        .payload(b"query payload")
-        .build();
-    let r = dp.run(&udp).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT);
-    let o = &r.packet;
-    assert_eq!(o.len(), 14 + 20 + 8 + 28);
-    assert_eq!(o[23], 1, "ICMP");
-    assert_eq!(&o[26..30], &EMPTY_VIP.octets(), "from the frontend");
-    assert_eq!(&o[30..34], &CLIENT.ip().octets(), "to the client");
-    assert!(sum_ok(&o[14..34], 0), "IPv4 checksum");
-    assert_eq!(
-        (o[34], o[35]),
-        (3, 3),
-        "destination unreachable / port unreachable"
-    );
-    assert!(sum_ok(&o[34..], 0), "ICMP checksum");
-    checksums::assert_valid(o, Udp::Computed, "ICMP port unreachable");
-    assert_eq!(
-        &o[42..70],
-        &udp[14..42],
-        "the quoted IP header and UDP header"
-    );
-}
-
 /// Sets sessionAffinity ClientIP with `timeout_s` (0 = off) on the frontend VIP:80/TCP.
 fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
     use lb_userspace::datapath::writer::MapWriter;
@@ -185,8 +106,7 @@ fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
 
 #[test]
 fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
-    let Some(mut dp) = setup("client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -251,7 +171,7 @@ fn client_ip_affinity_keeps_a_client_on_its_backend_until_it_expires() {
 /// and its packets still count toward the service.
 #[test]
 fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
-    let Some(mut dp) = setup("an_established_tcp_flow_needs_only_its_conntrack_entry") else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let web = SocketAddrV4::new(VIP, 80);
@@ -330,8 +250,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     use lb_common::{Counter, MAP_BACKEND_STATS, MAP_SVC_STATS};
     use lb_userspace::datapath::{kernel::open_pinned, rows};
 
-    let Some(mut dp) = setup("counters_land_in_the_running_cpus_row_and_readers_sum_the_rows")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let cpus = rows::cpus().expect("cpus") as usize;
@@ -382,68 +301,4 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
     assert_eq!(maps.service_counter(svc_id).packets, 3);
     assert_eq!(maps.backend_counter(backend_id).packets, 3);
-}
-
-/// After a takeover (kube-proxy's flows adopted) or when a pod's process moves into the
-/// socket hooks' cgroup, a client's socket talks to a backend itself on a port an earlier
-/// translated flow used: that flow's entries must go, or the backend's answers would come
-/// back from the frontend and the socket (connected to the backend) refuse them.
-#[test]
-fn a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port() {
-    let Some(mut dp) =
-        setup("a_client_talking_to_the_backend_itself_ends_the_translated_flow_on_its_port")
-    else {
-        return;
-    };
-    let translated = |dp: &mut LoadedDatapath, pkt: &[u8]| {
-        let r = dp.run(pkt).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK);
-        parse(&r.packet).expect("parses")
-    };
-    let cases = [
-        ("UDP", SocketAddrV4::new(VIP, 53), true),
-        ("TCP", SocketAddrV4::new(VIP, 80), false),
-    ];
-    for (i, (what, frontend, udp)) in cases.into_iter().enumerate() {
-        let client = SocketAddrV4::new(*CLIENT.ip(), 45000 + i as u16);
-        let build = |from: SocketAddrV4, to: SocketAddrV4, flags: u8| {
-            if udp {
-                PacketBuilder::udp(from, to).payload(b"q").build()
-            } else {
-                PacketBuilder::tcp(from, to).flags(flags).build()
-            }
-        };
-        // A translated flow, answered: its replies come from the frontend.
-        let backend = translated(&mut dp, &build(client, frontend, TCP_SYN)).dst;
-        let answer = translated(&mut dp, &build(backend, client, TCP_SYN | TCP_ACK));
-        assert_eq!(answer.src, frontend, "{what}: the translated flow's answer");
-        let before = xlb_tests::datapath::reason_counts(&dp.pins)["ct_superseded"];
-        // A packet that cannot begin a flow, straight to the backend, leaves it alone.
-        if !udp {
-            let ack = PacketBuilder::tcp(client, backend).flags(TCP_ACK).build();
-            assert_eq!(dp.run(&ack).expect("run").packet, ack);
-            let answer = translated(&mut dp, &build(backend, client, TCP_ACK));
-            assert_eq!(answer.src, frontend, "{what}: an ACK ends nothing");
-        }
-        // The client's new socket, translated at connect, sends to the backend itself.
-        let direct = build(client, backend, TCP_SYN);
-        let r = dp.run(&direct).expect("run");
-        assert_eq!(
-            (r.verdict, &r.packet),
-            (TC_ACT_OK, &direct),
-            "{what}: passed untouched"
-        );
-        let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-        assert_eq!(counts["ct_superseded"], before + 1, "{what}: {counts:?}");
-        // Its answer reaches the socket as the backend sent it.
-        let answer = build(backend, client, TCP_SYN | TCP_ACK);
-        assert_eq!(
-            dp.run(&answer).expect("run").packet,
-            answer,
-            "{what}: the backend's answer is no longer the frontend's"
-        );
-        // And the client's next packet to the frontend is a new flow.
-        let again = translated(&mut dp, &build(client, frontend, TCP_SYN));
-        assert!(BACKENDS.contains(again.dst.ip()), "{what}: {again:?}");
-    }
 }

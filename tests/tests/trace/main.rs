@@ -1,10 +1,11 @@
 //! `xlb trace` over IPv4 (IPv6: `v6.rs`): its verdicts are the datapath's real ones (the same packets sent for real
 //! from the lab's client pod), it leaves the live flow and affinity maps byte-identical, and
 //! each kube-proxy mode's rule trace agrees with what `xlb compare` saw that mode do with real
-//! traffic on the conformance inputs.
+//! traffic on the conformance inputs. The steps both families take (ClientIP affinity, the
+//! node's connect hook, a Maglev entry) are one body each here, which both scenarios run.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     time::Duration,
 };
@@ -104,19 +105,19 @@ fn maglev_service() -> String {
     )
 }
 
-/// The backend name (`backend-k`) of a pod IP in the scenario.
-fn backend_name(s: &Scenario, ip: Ipv4Addr) -> String {
+/// The backend pod (`backend-k`) at an address of either family.
+fn backend_name(s: &Scenario, ip: IpAddr) -> String {
     s.topo
         .backends
         .iter()
-        .find(|p| p.ip == ip)
+        .find(|p| IpAddr::V4(p.ip) == ip || p.ip6.map(IpAddr::V6) == Some(ip))
         .map(|p| p.name.clone())
         .unwrap_or_else(|| format!("no backend at {ip}"))
 }
 
 #[test]
 fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
-    if !xlb_tests::require_root("trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged") {
+    if !xlb_tests::require_root() {
         return;
     }
     let mut s = Scenario::start_with(
@@ -209,14 +210,24 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
         xlb_tests::client::ask_tcp(&mut open).expect("the kept flow answers");
     };
     keep();
-    affinity_follows_the_real_flow(&s, &first.backend);
+    affinity_follows_the_real_flow(&s, &first.backend, "svc/test/sticky", sticky);
     keep();
     no_endpoints_and_no_frontend(&s);
     keep();
-    from_the_node(&s);
+    let backends = [pod_ip(2), pod_ip(3)].map(|ip| format!("{ip}:{TCP_PORT}"));
+    from_the_node(&s, "connect4", &backends, "svc/test/empty");
     // The kept flow closes now, settled before the next trace.
     drop(keep);
-    maglev_names_the_entry_real_flows_reach(&s);
+    let ext = SocketAddr::from((EXT, 80));
+    let reached = maglev_names_the_entry(
+        &s,
+        pod_ip(1).into(),
+        ext,
+        "test/ext",
+        " (on this node)",
+        true,
+    );
+    println!("6 flows reached {reached:?}");
     list_shows_each_frontends_algorithm(&s);
 }
 
@@ -225,8 +236,12 @@ fn trace_verdicts_match_real_packets_and_leave_flow_maps_unchanged() {
 fn tcp_request_from(from: SocketAddr, to: SocketAddr, timeout: Duration) -> Result<String, String> {
     use std::io::{BufRead, BufReader, Write};
     let e = |e: std::io::Error| format!("{from} -> {to}: {e}");
-    let sock =
-        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).map_err(e)?;
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(from),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(e)?;
     sock.set_reuse_address(true).map_err(e)?;
     sock.bind(&from.into()).map_err(e)?;
     sock.connect_timeout(&to.into(), timeout).map_err(e)?;
@@ -242,59 +257,83 @@ fn tcp_request_from(from: SocketAddr, to: SocketAddr, timeout: Duration) -> Resu
         .to_string())
 }
 
-/// The Maglev frontend: the trace names the table entry the packet's 5-tuple hashes to
-/// (`lb_common::flow_hash`, as the program computes it) and the slot and backend it holds;
-/// the test run goes there, and a real connection from the same source port reaches it.
-fn maglev_names_the_entry_real_flows_reach(s: &Scenario) {
+/// A Maglev frontend `ext` (Service `svc`) from the client pod's address `client`, in
+/// either family: for six source ports the trace names the table entry the packet's 5-tuple
+/// hashes to (`lb_common::flow_hash` over the addresses' words, as the program computes it)
+/// and the slot and backend it holds (`locality` after the backend, as the trace prints it),
+/// and the test run goes there; with `real`, a real
+/// connection from the same source port reaches that backend. The backends that answered
+/// (`real`) or the slots the flows went to.
+fn maglev_names_the_entry(
+    s: &Scenario,
+    client: IpAddr,
+    ext: SocketAddr,
+    svc: &str,
+    locality: &str,
+    real: bool,
+) -> std::collections::BTreeSet<String> {
     const M: u32 = 16381;
     let timeout = Duration::from_secs(3);
-    let client = pod_ip(1);
+    let words = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            std::array::from_fn(|i| {
+                u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+            })
+        }
+    };
     let mut reached = std::collections::BTreeSet::new();
     for port in [41001u16, 41002, 41003, 41004, 41005, 41006] {
-        let from = SocketAddr::from((client, port));
-        let text = trace(
-            s,
-            &["--from", &from.to_string(), "--to", &format!("{EXT}:80")],
-        );
+        let from = SocketAddr::new(client, port);
+        let text = trace(s, &["--from", &from.to_string(), "--to", &ext.to_string()]);
         println!("{text}");
         assert!(
-            text.contains("is the externalIP of service test/ext"),
+            text.contains(&format!("is the externalIP of service {svc}")),
             "{text}"
         );
         let hash = lb_common::flow_hash(
-            &[u32::from_ne_bytes(client.octets()), 0, 0, 0],
-            &[u32::from_ne_bytes(EXT.octets()), 0, 0, 0],
+            &words(client),
+            &words(ext.ip()),
             port.to_be(),
-            80u16.to_be(),
+            ext.port().to_be(),
             lb_common::IPPROTO_TCP,
         );
         // The slot and the backend in it.
         let (slot, backend) = xlb_tests::trace_support::maglev_choice(&text, hash, M);
         let (slot, backend) = (slot.as_str(), backend.as_str());
         assert!(
-            text.contains(&format!("slot {slot}: {backend}/TCP (on this node)")),
+            text.contains(&format!("slot {slot}: {backend}/TCP{locality}")),
             "the endpoints step puts {backend} in slot {slot}:\n{text}"
         );
         assert_eq!(outcome(&text), backend, "the test run went there:\n{text}");
         assert!(
-            text.contains(&format!(
-                "{backend}/TCP (on this node) chosen by the frontend's Maglev table"
-            )),
+            text.lines()
+                .any(|l| l.contains(&format!("{backend}/TCP{locality}"))
+                    && l.contains("chosen by the frontend's Maglev table")),
             "{text}"
         );
-        let to = SocketAddr::from((EXT, 80));
-        let real = s
+        let to: SocketAddr = backend.parse().expect("a backend");
+        let name = backend_name(s, to.ip());
+        assert!(
+            name.starts_with("backend-") && to.port() == TCP_PORT,
+            "{backend}: {text}"
+        );
+        if !real {
+            reached.insert(slot.to_string());
+            continue;
+        }
+        let answered = s
             .topo
             .client
             .ns
-            .run(move || tcp_request_from(from, to, timeout))
+            .run(move || tcp_request_from(from, ext, timeout))
             .expect("netns")
-            .expect("ext answers");
-        let ip: std::net::SocketAddrV4 = backend.parse().expect("a backend");
-        assert_eq!(real, backend_name(s, *ip.ip()), "{from}: {text}");
-        reached.insert(real);
+            .unwrap_or_else(|e| panic!("{ext} answers: {e}"));
+        assert_eq!(answered, name, "{from}: {text}");
+        reached.insert(answered);
     }
-    println!("6 flows reached {reached:?}");
+    reached
 }
 
 /// `xlb list services`: the Maglev frontend's table (`maglev M=…`), the ClusterIPs random.
@@ -335,19 +374,19 @@ fn list_shows_each_frontends_algorithm(s: &Scenario) {
     }
 }
 
-/// Affinity: the trace finds the real flow's entry (whose backend was `first`) and goes
-/// where the real packet goes.
-fn affinity_follows_the_real_flow(s: &Scenario, first: &str) {
-    let timeout = Duration::from_secs(3);
-    let client_ns = &s.topo.client.ns;
-    let sticky = SocketAddr::from((STICKY, 80));
-    let st = trace(s, &["--from", "pod/test/client", "--to", "svc/test/sticky"]);
+/// ClientIP affinity in either family: the trace of the client pod to `svc` finds the real
+/// flow's entry (whose backend was `first`) and goes where the real packet to `sticky` goes.
+fn affinity_follows_the_real_flow(s: &Scenario, first: &str, svc: &str, sticky: SocketAddr) {
+    let st = trace(s, &["--from", "pod/test/client", "--to", svc]);
     println!("{st}");
     assert!(st.contains("ClientIP (10800 s): hit"), "{st}");
-    let chosen: std::net::SocketAddrV4 = outcome(&st).parse().expect("a backend");
-    assert_eq!(backend_name(s, *chosen.ip()), first, "{st}");
-    let again = client_ns
-        .run(move || client::tcp_request(sticky, timeout))
+    let chosen: SocketAddr = outcome(&st).parse().expect("a backend");
+    assert_eq!(backend_name(s, chosen.ip()), first, "{st}");
+    let again = s
+        .topo
+        .client
+        .ns
+        .run(move || client::tcp_request(sticky, Duration::from_secs(3)))
         .expect("netns")
         .expect("sticky answers");
     assert_eq!(again.backend, first);
@@ -375,16 +414,22 @@ fn no_endpoints_and_no_frontend(s: &Scenario) {
     assert_eq!(outcome(&none), "passed", "{none}");
 }
 
-/// From the node: the connect4 decision, computed from the maps and said so.
-fn from_the_node(s: &Scenario) {
+/// From the node, in either family: the connect4 or connect6 (`hook`) decision, computed
+/// from the maps and said so: one of `backends`; `empty` (a frontend without endpoints)
+/// refused.
+fn from_the_node(s: &Scenario, hook: &str, backends: &[String], empty: &str) {
     let node = trace(s, &["--from", "node", "--to", "svc/test/web"]);
     assert!(node.contains("cannot test-run cgroup sock_addr"), "{node}");
-    assert_eq!(
-        outcome(&node),
-        format!("one of {}:{TCP_PORT}, {}:{TCP_PORT}", pod_ip(2), pod_ip(3)),
+    assert!(
+        node.contains(&format!("{hook} hook (xlb_{hook})")),
         "{node}"
     );
-    let node_empty = trace(s, &["--from", "node", "--to", "svc/test/empty"]);
+    assert_eq!(
+        outcome(&node),
+        format!("one of {}", backends.join(", ")),
+        "{node}"
+    );
+    let node_empty = trace(s, &["--from", "node", "--to", empty]);
     assert_eq!(outcome(&node_empty), "refused", "{node_empty}");
 }
 
@@ -506,7 +551,7 @@ fn modes_agree_with_compare(case: &str) {
 
 #[test]
 fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
-    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_kube_proxys_overall_case") {
+    if !xlb_tests::require_root() {
         return;
     }
     modes_agree_with_compare("iptables-01-overall");
@@ -514,7 +559,7 @@ fn rule_traces_agree_with_compare_on_kube_proxys_overall_case() {
 
 #[test]
 fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
-    if !xlb_tests::require_root("rule_traces_agree_with_compare_on_a_service_without_endpoints") {
+    if !xlb_tests::require_root() {
         return;
     }
     modes_agree_with_compare("iptables-30-flows-no-endpoints-reject");
@@ -522,7 +567,7 @@ fn rule_traces_agree_with_compare_on_a_service_without_endpoints() {
 
 #[test]
 fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
-    if !xlb_tests::require_root("bpf_log_debug_puts_the_programs_decisions_in_the_agent_log") {
+    if !xlb_tests::require_root() {
         return;
     }
     let mut s =
@@ -565,13 +610,7 @@ fn bpf_log_debug_puts_the_programs_decisions_in_the_agent_log() {
 
 #[test]
 fn bpf_log_is_off_by_default() {
-    let Some(s) = Scenario::started(
-        "bpf_log_is_off_by_default",
-        "xto",
-        &services(),
-        2,
-        "10.96.0.10:80/TCP",
-    ) else {
+    let Some(s) = Scenario::started("xto", &services(), 2, "10.96.0.10:80/TCP") else {
         return;
     };
     let to = SocketAddr::from((WEB, 80));

@@ -22,6 +22,7 @@ use xlb_tests::{
 
 use xlb_tests::trace_support as support;
 
+use super::{affinity_follows_the_real_flow, backend_name, from_the_node, maglev_names_the_entry};
 use support::{flow_maps6, open_request, outcome, trace, trace_command, trace_only};
 
 const WEB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
@@ -111,16 +112,6 @@ fn dual_stack() -> (Scenario, Vec<EchoServer>) {
     (s, servers)
 }
 
-/// The backend pod (`backend-k`) at an address.
-fn backend_name(s: &Scenario, ip: IpAddr) -> String {
-    s.topo
-        .backends
-        .iter()
-        .find(|p| IpAddr::V4(p.ip) == ip || p.ip6.map(IpAddr::V6) == Some(ip))
-        .map(|p| p.name.clone())
-        .unwrap_or_else(|| format!("no backend at {ip}"))
-}
-
 /// `[v6]:port` of each IPv6 backend.
 fn backends6(port: u16) -> BTreeSet<String> {
     (2..4)
@@ -130,7 +121,7 @@ fn backends6(port: u16) -> BTreeSet<String> {
 
 #[test]
 fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
-    if !require_root("ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged") {
+    if !require_root() {
         return;
     }
     let (s, _servers) = dual_stack();
@@ -208,78 +199,21 @@ fn ipv6_traces_match_real_ipv6_packets_and_leave_flow_maps_unchanged() {
         open.local_addr().expect("the open flow's port").port()
     };
     keep();
-    affinity_follows_the_real_flow(&s, &first.backend);
+    affinity_follows_the_real_flow(&s, &first.backend, "svc/test/sticky6", sticky);
     let port = keep();
     tracked_flow(&s, port, &first.backend);
     keep();
     refused_passed_and_errors(&s);
     keep();
-    from_the_node(&s);
+    let backends: Vec<String> = backends6(TCP).into_iter().collect();
+    from_the_node(&s, "connect6", &backends, "[fd00:10:96::12]:80");
     keep();
     rules_agree_with_the_datapath(&s);
     // The kept flow closes now, settled before the next trace.
     drop(keep);
-    maglev_over_ipv6(&s);
-}
-
-/// An IPv6 Maglev frontend: the trace hashes the packet's 5-tuple as the program's IPv6
-/// path does (`lb_common::flow_hash` over all four words of each address), names the entry
-/// and the slot it holds, and the test run goes to that slot's backend.
-fn maglev_over_ipv6(s: &Scenario) {
-    const M: u32 = 16381;
-    let words = |a: Ipv6Addr| {
-        let o = a.octets();
-        std::array::from_fn::<u32, 4, _>(|i| {
-            u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
-        })
-    };
-    let mut slots = BTreeSet::new();
-    for port in 41001..41007u16 {
-        let from = SocketAddr::from((pod_ip6(1), port));
-        let to = SocketAddr::from((EXT6, 80));
-        let text = trace(s, &["--from", &from.to_string(), "--to", &to.to_string()]);
-        println!("{text}");
-        let hash = lb_common::flow_hash(
-            &words(pod_ip6(1)),
-            &words(EXT6),
-            port.to_be(),
-            80u16.to_be(),
-            lb_common::IPPROTO_TCP,
-        );
-        // The slot and the backend in it.
-        let (slot, backend) = xlb_tests::trace_support::maglev_choice(&text, hash, M);
-        let (slot, backend) = (slot.as_str(), backend.as_str());
-        assert!(
-            text.contains(&format!("slot {slot}: {backend}/TCP")),
-            "the endpoints step puts {backend} in slot {slot}:\n{text}"
-        );
-        assert_eq!(outcome(&text), backend, "the test run went there:\n{text}");
-        assert!(backends6(TCP).contains(backend), "{text}");
-        slots.insert(slot.to_string());
-    }
+    let ext = SocketAddr::from((EXT6, 80));
+    let slots = maglev_names_the_entry(&s, pod_ip6(1).into(), ext, "test/ext6", "", false);
     println!("IPv6 Maglev flows went to slots {slots:?}");
-}
-
-/// ClientIP affinity over IPv6: the trace finds the real flow's entry (its key the folded
-/// IPv6 address) and goes where the real packet goes.
-fn affinity_follows_the_real_flow(s: &Scenario, first: &str) {
-    let st = trace(
-        s,
-        &["--from", "pod/test/client", "--to", "svc/test/sticky6"],
-    );
-    println!("{st}");
-    assert!(st.contains("ClientIP (10800 s): hit"), "{st}");
-    let chosen: SocketAddr = outcome(&st).parse().expect("a backend");
-    assert_eq!(backend_name(s, chosen.ip()), first, "{st}");
-    let sticky = SocketAddr::from((STICKY6, 80));
-    let again = s
-        .topo
-        .client
-        .ns
-        .run(move || client::tcp_request(sticky, Duration::from_secs(3)))
-        .expect("netns")
-        .expect("sticky6 answers");
-    assert_eq!(again.backend, first);
 }
 
 /// The open real flow's own tuple: the trace meets its live IPv6 conntrack entry (copied
@@ -365,20 +299,6 @@ fn refused_passed_and_errors(s: &Scenario) {
         err.contains("service test/v4only has no IPv6 ClusterIP"),
         "{err}"
     );
-}
-
-/// From the node: the connect6 decision, computed from the maps.
-fn from_the_node(s: &Scenario) {
-    let node = trace(s, &["--from", "node", "--to", "svc/test/web"]);
-    assert!(node.contains("connect6 hook (xlb_connect6)"), "{node}");
-    let want: Vec<String> = backends6(TCP).into_iter().collect();
-    assert_eq!(
-        outcome(&node),
-        format!("one of {}", want.join(", ")),
-        "{node}"
-    );
-    let empty = trace(s, &["--from", "node", "--to", "[fd00:10:96::12]:80"]);
-    assert_eq!(outcome(&empty), "refused", "{empty}");
 }
 
 /// Each kube-proxy mode's IPv6 rules (ip6tables, `ip6 kube-proxy`, IPVS IPv6): every IPv6

@@ -20,7 +20,7 @@ use xlb_tests::{
 
 #[test]
 fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
-    if !require_root("yaml_edits_take_effect_within_a_second_without_failed_requests") {
+    if !require_root() {
         return;
     }
     let all = backends(3);
@@ -93,11 +93,7 @@ fn yaml_edits_take_effect_within_a_second_without_failed_requests() {
 
 #[test]
 fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
-    let Some(mut s) = synced(
-        "pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it",
-        "xr",
-        3,
-    ) else {
+    let Some(mut s) = synced("xr", 3) else {
         return;
     };
     let burst = |s: &Scenario| {
@@ -152,7 +148,7 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
 
 #[test]
 fn cleanup_removes_every_pin_and_the_datapath() {
-    let Some(mut s) = synced("cleanup_removes_every_pin_and_the_datapath", "xc", 2) else {
+    let Some(mut s) = synced("xc", 2) else {
         return;
     };
     s.agent.stop();
@@ -186,7 +182,7 @@ fn cleanup_removes_every_pin_and_the_datapath() {
 
 #[test]
 fn a_pod_interface_that_appears_later_is_attached() {
-    if !require_root("a_pod_interface_that_appears_later_is_attached") {
+    if !require_root() {
         return;
     }
     let all = backends(3);
@@ -256,7 +252,7 @@ fn a_pod_interface_that_appears_later_is_attached() {
 
 #[test]
 fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
-    let Some(mut s) = synced("the_agent_needs_only_cap_bpf_and_cap_net_admin", "xp", 2) else {
+    let Some(mut s) = synced("xp", 2) else {
         return;
     };
     // The scenario's own agent is replaced by one whose capabilities are cut down to the two
@@ -334,11 +330,7 @@ fn the_agent_needs_only_cap_bpf_and_cap_net_admin() {
 
 #[test]
 fn a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named() {
-    let Some(mut s) = synced(
-        "a_kube_proxy_style_config_file_is_read_and_unknown_keys_are_named",
-        "xg",
-        2,
-    ) else {
+    let Some(mut s) = synced("xg", 2) else {
         return;
     };
     s.agent.stop();

@@ -46,11 +46,7 @@ fn request_from_port(
 /// out (`snat_failed`, connects time out): see `cargo xtask bench traffic`'s tc row.
 #[test]
 fn a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port() {
-    let Some(s) = synced(
-        "a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port",
-        "xtw",
-        1,
-    ) else {
+    let Some(s) = synced("xtw", 1) else {
         return;
     };
     s.topo
@@ -85,11 +81,7 @@ fn a_reused_tuple_through_a_cluster_ip_keeps_the_clients_port() {
 /// the ClusterIP, and the handshake never completes.
 #[test]
 fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
-    let Some(s) = synced(
-        "a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone",
-        "xtd",
-        1,
-    ) else {
+    let Some(s) = synced("xtd", 1) else {
         return;
     };
     let client = s.topo.client.ip;
@@ -113,11 +105,7 @@ fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
 /// copied their entries over, replaced the programs and removed the previous pins.
 #[test]
 fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
-    let Some(mut s) = synced(
-        "a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them",
-        "xu",
-        3,
-    ) else {
+    let Some(mut s) = synced("xu", 3) else {
         return;
     };
     s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))

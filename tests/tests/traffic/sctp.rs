@@ -28,12 +28,7 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A scenario with `n` backends serving SCTP on `TARGET`, the web Service beside the SCTP
 /// ones (`affinity`: the SCTP Service's `sessionAffinity: ClientIP`).
-fn sctp_scenario(
-    test: &str,
-    prefix: &str,
-    n: u8,
-    affinity: bool,
-) -> Option<(Scenario, Vec<SctpServer>)> {
+fn sctp_scenario(prefix: &str, n: u8, affinity: bool) -> Option<(Scenario, Vec<SctpServer>)> {
     let all = backends(n);
     let mut sig = service_yaml("sig", SIG, PORT, "SCTP", TARGET, &all);
     if affinity {
@@ -45,7 +40,7 @@ fn sctp_scenario(
     }
     let none = service_yaml("none", NONE, PORT, "SCTP", TARGET, &[]);
     let text = yaml(&all, &all) + &sig + &none;
-    let s = Scenario::started(test, prefix, &text, n.into(), &format!("{WEB}:80/TCP"))?;
+    let s = Scenario::started(prefix, &text, n.into(), &format!("{WEB}:80/TCP"))?;
     let mut s = s;
     s.wait_backends(
         &format!("{SIG}:{PORT}/SCTP"),
@@ -67,12 +62,7 @@ fn sctp_scenario(
 #[test]
 fn sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address_and_right_checksums()
  {
-    let Some((s, servers)) = sctp_scenario(
-        "sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address_and_right_checksums",
-        "xsa",
-        3,
-        false,
-    ) else {
+    let Some((s, servers)) = sctp_scenario("xsa", 3, false) else {
         return;
     };
     let client = s.topo.client.ip;
@@ -102,12 +92,7 @@ fn sctp_associations_to_a_cluster_ip_reach_every_backend_with_the_client_address
 
 #[test]
 fn an_sctp_service_without_endpoints_refuses_with_icmp_port_unreachable() {
-    let Some((s, _servers)) = sctp_scenario(
-        "an_sctp_service_without_endpoints_refuses_with_icmp_port_unreachable",
-        "xsn",
-        1,
-        false,
-    ) else {
+    let Some((s, _servers)) = sctp_scenario("xsn", 1, false) else {
         return;
     };
     s.topo
@@ -120,12 +105,7 @@ fn an_sctp_service_without_endpoints_refuses_with_icmp_port_unreachable() {
 
 #[test]
 fn sctp_client_ip_affinity_keeps_a_client_on_one_backend() {
-    let Some((s, servers)) = sctp_scenario(
-        "sctp_client_ip_affinity_keeps_a_client_on_one_backend",
-        "xsf",
-        3,
-        true,
-    ) else {
+    let Some((s, servers)) = sctp_scenario("xsf", 3, true) else {
         return;
     };
     let answers = s
@@ -150,12 +130,7 @@ fn sctp_client_ip_affinity_keeps_a_client_on_one_backend() {
 
 #[test]
 fn an_sctp_association_lives_across_an_agent_restart() {
-    let Some((mut s, servers)) = sctp_scenario(
-        "an_sctp_association_lives_across_an_agent_restart",
-        "xsr",
-        3,
-        false,
-    ) else {
+    let Some((mut s, servers)) = sctp_scenario("xsr", 3, false) else {
         return;
     };
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -212,12 +187,7 @@ fn an_sctp_association_lives_across_an_agent_restart() {
 /// refused into the node's own stack.
 #[test]
 fn the_nodes_own_sctp_associations_to_a_cluster_ip_reach_the_backends() {
-    let Some((s, servers)) = sctp_scenario(
-        "the_nodes_own_sctp_associations_to_a_cluster_ip_reach_the_backends",
-        "xso",
-        3,
-        false,
-    ) else {
+    let Some((s, servers)) = sctp_scenario("xso", 3, false) else {
         return;
     };
     let gw = s.topo.add_external_client("xv-gw").expect("gateway");

@@ -25,7 +25,7 @@ fn on_node(yaml: &str, node: &str) -> String {
 
 #[test]
 fn clusterip_spreads_tcp_and_udp_over_three_backends() {
-    let Some(mut s) = synced("clusterip_spreads_tcp_and_udp_over_three_backends", "xt", 3) else {
+    let Some(mut s) = synced("xt", 3) else {
         return;
     };
     s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
@@ -110,7 +110,7 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
 
 #[test]
 fn a_bad_service_is_named_and_the_good_ones_work() {
-    if !require_root("a_bad_service_is_named_and_the_good_ones_work") {
+    if !require_root() {
         return;
     }
     let all = backends(2);
@@ -155,7 +155,7 @@ fn a_bad_service_is_named_and_the_good_ones_work() {
 
 #[test]
 fn a_service_without_endpoints_refuses_at_once() {
-    if !require_root("a_service_without_endpoints_refuses_at_once") {
+    if !require_root() {
         return;
     }
     let s_yaml = yaml(&[], &[]);
@@ -196,7 +196,7 @@ fn a_service_without_endpoints_refuses_at_once() {
 
 #[test]
 fn node_port_reaches_local_backends_from_an_external_client() {
-    if !require_root("node_port_reaches_local_backends_from_an_external_client") {
+    if !require_root() {
         return;
     }
     let yaml = node_port_yaml();

@@ -13,7 +13,7 @@ use xlb_tests::{datapath::LoadedDatapath, require_root};
 /// second flow is refused, then takes the port, and the old flow's forward entry is gone.
 #[test]
 fn a_finished_flow_gives_its_snat_port_back() {
-    if !require_root("a_finished_flow_gives_its_snat_port_back") {
+    if !require_root() {
         return;
     }
     on_node1("xpr", SNAT_MIN, reuse_table);

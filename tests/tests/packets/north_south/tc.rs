@@ -112,7 +112,7 @@ fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
 
 #[test]
 fn north_south_rewrites_follow_the_table() {
-    if !require_root("north_south_rewrites_follow_the_table") {
+    if !require_root() {
         return;
     }
     on_node1("xpn", SNAT_MAX, run_table);
@@ -342,7 +342,7 @@ fn error_cases(udp_snat: SocketAddrV4) -> Vec<Case> {
 /// what the node's netfilter sees, client → backend and backend → client.
 #[test]
 fn ingress_rewrites_destinations_and_egress_sources() {
-    if !require_root("ingress_rewrites_destinations_and_egress_sources") {
+    if !require_root() {
         return;
     }
     on_node1("xps", SNAT_MAX, split_table);

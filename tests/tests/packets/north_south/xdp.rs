@@ -20,7 +20,7 @@ const XDP_REDIRECT: u32 = 4;
 /// (translation, redirect with the next hop's MAC) and what it leaves to tc untouched.
 #[test]
 fn xdp_rewrites_follow_the_table() {
-    if !require_root("xdp_rewrites_follow_the_table") {
+    if !require_root() {
         return;
     }
     on_node1("xpx", SNAT_MAX, run_xdp_table);

@@ -46,7 +46,7 @@ fn loaded(tag: &str, hairpin: Ipv6Addr) -> LoadedDatapath {
 
 #[test]
 fn a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address() {
-    if !require_root("a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address") {
+    if !require_root() {
         return;
     }
     let mut dp = loaded(&unique_tag("xlp6h"), HAIRPIN6);
@@ -103,7 +103,7 @@ fn a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address() {
 
 #[test]
 fn without_an_ipv6_hairpin_address_a_pod_reaching_itself_keeps_its_source() {
-    if !require_root("without_an_ipv6_hairpin_address_a_pod_reaching_itself_keeps_its_source") {
+    if !require_root() {
         return;
     }
     let mut dp = loaded(&unique_tag("xlp6k"), Ipv6Addr::UNSPECIFIED);

@@ -23,27 +23,11 @@ use frame6::{
 use xlb_tests::{
     datapath::{LoadedDatapath, reason_counts},
     require_root,
-    services::service6_yaml,
+    suites::packets::{
+        BACKENDS6, CLIENT6, EMPTY6, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, VIP6, services6,
+    },
     unique_tag,
 };
-
-const TC_ACT_OK: u32 = 0;
-const TC_ACT_SHOT: u32 = 2;
-const TC_ACT_REDIRECT: u32 = 7;
-
-const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x10);
-const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x99);
-const CLIENT6: SocketAddrV6 = SocketAddrV6::new(
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2),
-    40000,
-    0,
-    0,
-);
-const BACKENDS6: [Ipv6Addr; 3] = [
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2),
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 2),
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 4, 0, 0, 0, 2),
-];
 
 fn sa(ip: Ipv6Addr, port: u16) -> SocketAddrV6 {
     SocketAddrV6::new(ip, port, 0, 0)
@@ -53,8 +37,8 @@ fn client(port: u16) -> SocketAddrV6 {
     sa(*CLIENT6.ip(), port)
 }
 
-fn setup(test: &str) -> Option<LoadedDatapath> {
-    if !require_root(test) {
+fn setup() -> Option<LoadedDatapath> {
+    if !require_root() {
         return None;
     }
     Some(loaded(&unique_tag("xlp6")))
@@ -63,11 +47,7 @@ fn setup(test: &str) -> Option<LoadedDatapath> {
 /// The datapath loaded under pins named `tag`, with the table's services.
 fn loaded(tag: &str) -> LoadedDatapath {
     let mut dp = LoadedDatapath::load(tag).expect("load the eBPF object");
-    let yaml = service6_yaml("web6", VIP6, 80, "TCP", 8080, &BACKENDS6)
-        + &service6_yaml("dns6", VIP6, 53, "UDP", 5353, &BACKENDS6)
-        + &service6_yaml("empty6", EMPTY6, 80, "TCP", 8080, &[])
-        + &service6_yaml("emptyu6", EMPTY6, 53, "UDP", 5353, &[]);
-    let loaded = lb_userspace::source::file::parse("packets6.yaml", &yaml).expect("yaml");
+    let loaded = lb_userspace::source::file::parse("packets6.yaml", &services6()).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     dp.program(&loaded.model).expect("program maps");
     dp

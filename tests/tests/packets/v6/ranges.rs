@@ -177,7 +177,7 @@ fn check(
 
 #[test]
 fn ipv6_source_ranges_admit_listed_clients_and_drop_the_rest_per_family() {
-    if !require_root("ipv6_source_ranges_admit_listed_clients_and_drop_the_rest_per_family") {
+    if !require_root() {
         return;
     }
     let mut dp = loaded(&unique_tag("xlp6r"));
@@ -354,7 +354,7 @@ const XDP_PASS: u32 = 2;
 /// of its own (its loopback as the ingress interface).
 #[test]
 fn xdp_drops_ipv6_clients_outside_the_source_ranges() {
-    if !require_root("xdp_drops_ipv6_clients_outside_the_source_ranges") {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xlp6rx");

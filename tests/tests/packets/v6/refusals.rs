@@ -8,55 +8,8 @@ fn quoted(frame: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn ipv6_services_without_endpoints_refuse_like_kube_proxy() {
-    let Some(mut dp) = setup("ipv6_services_without_endpoints_refuse_like_kube_proxy") else {
-        return;
-    };
-    let c = client(40500);
-    let syn = Frame6::tcp(c, sa(EMPTY6, 80), TCP_SYN, b"").build();
-    let before = reason_counts(&dp.pins)["reject"];
-    let r = dp.run(&syn).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT, "a SYN is answered");
-    let rst = seen6(&r.packet, "RST");
-    assert_eq!((rst.src, rst.dst), (sa(EMPTY6, 80), c), "from the frontend");
-    assert_eq!(rst.tcp_flags, 0x14, "RST|ACK");
-    assert_eq!(
-        &r.packet[62..66],
-        &1001u32.to_be_bytes(),
-        "acknowledges the SYN"
-    );
-    assert_eq!(r.packet.len(), 14 + 40 + 20);
-    let ack = Frame6::tcp(c, sa(EMPTY6, 80), TCP_ACK, b"data").build();
-    let r = dp.run(&ack).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT);
-    let rst = seen6(&r.packet, "RST to an ACK");
-    assert_eq!(rst.tcp_flags, 0x04, "RST");
-    assert_eq!(
-        &r.packet[58..62],
-        &1u32.to_be_bytes(),
-        "its sequence is the ACK's"
-    );
-    let udp = Frame6::udp(c, sa(EMPTY6, 53), b"query").build();
-    let r = dp.run(&udp).expect("run");
-    assert_eq!(r.verdict, TC_ACT_REDIRECT, "a datagram is answered");
-    let m = seen_icmp6(&r.packet, "port unreachable");
-    assert_eq!((m.src, m.dst), (EMPTY6, *c.ip()));
-    assert_eq!((m.kind, m.code), (1, 4), "destination unreachable, port");
-    assert_eq!(m.body, quoted(&udp), "quotes the datagram as sent");
-    assert_eq!(reason_counts(&dp.pins)["reject"], before + 3);
-    let rst_in = Frame6::tcp(c, sa(EMPTY6, 80), 0x04, b"").build();
-    expect_untouched(&mut dp, &rst_in, TC_ACT_SHOT, "a RST is never answered");
-    assert!(
-        lb_userspace::list::conntrack(&dp.pins)
-            .expect("ct")
-            .is_empty()
-    );
-}
-
-#[test]
 fn icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner() {
-    let Some(mut dp) = setup("icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner")
-    else {
+    let Some(mut dp) = setup() else {
         return;
     };
     let c = client(40400);
@@ -127,7 +80,7 @@ fn icmpv6_errors_about_tracked_flows_are_translated_outer_and_inner() {
 /// the frontend, quoting it as the client sent it; one that fits is translated.
 #[test]
 fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
-    if !require_root("packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend") {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xlp6m");

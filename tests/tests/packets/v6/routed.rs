@@ -81,7 +81,7 @@ const XDP_REDIRECT: u32 = 4;
 /// endpoints, a checksum still partial) passes untouched.
 #[test]
 fn xdp_translates_and_redirects_ipv6_flows() {
-    if !require_root("xdp_translates_and_redirects_ipv6_flows") {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xlp6x");
@@ -181,9 +181,7 @@ fn xdp_translates_and_redirects_ipv6_flows() {
 /// back from the externalIP to the client. In a namespace routing the pods and the client.
 #[test]
 fn ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node() {
-    if !require_root(
-        "ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node",
-    ) {
+    if !require_root() {
         return;
     }
     let tag = unique_tag("xlp6s");
