@@ -198,8 +198,7 @@ fn a_read_only_proc_sys_is_named_and_the_agent_goes_on() {
 
 #[test]
 fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one() {
-    if !require_root("a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one")
-    {
+    if !require_root() {
         return;
     }
     let off = |ns: &Netns| {
