@@ -110,7 +110,7 @@ fn look(
     let texts: Vec<(IpFamily, LiveText)> = [IpFamily::V4, IpFamily::V6]
         .into_iter()
         .map(|f| {
-            let (text, errors) = netfilter::read_kube_proxy_state(f == IpFamily::V6);
+            let (text, errors) = netfilter::read_kube_proxy_state(f);
             read_errors.extend(errors.into_iter().map(|e| e.to_string()));
             (f, text)
         })

@@ -36,6 +36,7 @@ use crate::{
     },
     desired::Desired,
     migrate::adopt::{self, Entries, Skip},
+    model::IpFamily,
 };
 
 /// What one pass over the kernel's table did.
@@ -59,8 +60,8 @@ fn adopt_flows(
     known: &BTreeSet<(u8, Ends)>,
 ) -> Result<Pass, AgentError> {
     let mut flows = Vec::new();
-    for v6 in [false, true] {
-        flows.extend(kernel_ct::dump(v6).map_err(|e| {
+    for family in [IpFamily::V4, IpFamily::V6] {
+        flows.extend(kernel_ct::dump(family).map_err(|e| {
             AgentError::Takeover(format!("cannot read the kernel's conntrack: {e}"))
         })?);
     }
@@ -178,8 +179,8 @@ fn release_nat_hooks_when_ended(flows: BTreeSet<(u8, Ends)>) {
             loop {
                 std::thread::sleep(NODE_FLOWS_LOOK);
                 let mut left = 0;
-                for v6 in [false, true] {
-                    match kernel_ct::dump(v6) {
+                for family in [IpFamily::V4, IpFamily::V6] {
+                    match kernel_ct::dump(family) {
                         Ok(live) => {
                             left += live
                                 .iter()

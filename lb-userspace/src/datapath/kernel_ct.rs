@@ -144,10 +144,8 @@ fn request(
     }
 }
 
-/// Every TCP and UDP flow of one family (IPv6 when `v6`) in this namespace's conntrack
-/// table.
-pub fn dump(v6: bool) -> Result<Vec<KernelFlow>, KernelCtError> {
-    let family = if v6 { IpFamily::V6 } else { IpFamily::V4 };
+/// Every TCP and UDP flow of `family` in this namespace's conntrack table.
+pub fn dump(family: IpFamily) -> Result<Vec<KernelFlow>, KernelCtError> {
     let answers = request(
         NLM_F_REQUEST | NLM_F_DUMP,
         family,

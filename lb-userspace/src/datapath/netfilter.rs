@@ -13,7 +13,10 @@ use std::{
 
 use thiserror::Error;
 
-use crate::emit::leftovers::{self, TableLeftovers};
+use crate::{
+    emit::leftovers::{self, TableLeftovers},
+    model::IpFamily,
+};
 
 /// A tool that failed, named with what it said.
 #[derive(Debug, Error)]
@@ -244,10 +247,11 @@ pub struct LiveText {
     pub nft: Option<String>,
 }
 
-/// Reads kube-proxy's live state of the IPv4 (`v6` false) or IPv6 family: the saved rules
+/// Reads kube-proxy's live state of `family`: the saved rules
 /// of the first flavour that has kube-proxy's chains, and its nftables table. A tool that
 /// fails is named in the errors; the rest is still read.
-pub fn read_kube_proxy_state(v6: bool) -> (LiveText, Vec<NetfilterError>) {
+pub fn read_kube_proxy_state(family: IpFamily) -> (LiveText, Vec<NetfilterError>) {
+    let v6 = family == IpFamily::V6;
     let mut live = LiveText::default();
     let mut errors = Vec::new();
     for f in flavours(&FLAVOURS[usize::from(v6)]) {
