@@ -2,7 +2,7 @@
 //!
 //! * **cold full sync**: N services × M endpoints from an empty set of maps to programmed,
 //!   through the agent's own path (`reconcile::Incremental::full` on the model, then
-//!   `sync::apply_touched` with `KernelMaps`, its writes batched), with the peak RSS that sync adds (VmHWM reset through
+//!   `sync::apply_fresh` with `KernelMaps`, its writes batched), with the peak RSS that sync adds (VmHWM reset through
 //!   `/proc/self/clear_refs` before, read after). The model is parsed from YAML beforehand
 //!   (the source's work, reported apart).
 //! * **kube-proxy, same services**: `iptables-restore` of a kube-proxy-shaped ruleset and
