@@ -523,23 +523,6 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
     Ok(())
 }
 
-/// The frontend (address, port) of the DSR flow a packet leaving for its backend (client →
-/// backend, translated at ingress) belongs to, from its reply entry (backend → client,
-/// which restores the frontend).
-#[inline(always)]
-pub fn dsr_frontend(t: &Tuple) -> Option<(u32, u16)> {
-    let k = Tuple::key(
-        t.daddr(),
-        t.saddr(),
-        t.dport(),
-        t.sport(),
-        t.proto,
-        CT_DIR_REPLY,
-    );
-    let ct = entry::<Tuple>(&k)?;
-    (ct.flags() & lb_common::CT_F_DSR != 0).then_some((*ct.saddr(), ct.sport()))
-}
-
 /// Records, on a backend's node, a flow another node sends here by direct server return:
 /// the scratch's `fwd` holds its packets as they arrive (client → backend), `t` the flow as
 /// the other node saw it (client → frontend). Its forward entry (never matched here: the

@@ -14,12 +14,14 @@
 //! reaches the backend as it was sent.
 
 use lb_common::{
-    BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_F_DSR, DSR_OPT_LEN, DSR_OPT_TYPE,
-    IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
+    BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_DIR_REPLY, CT_F_DSR, DSR_OPT_LEN,
+    DSR_OPT_TYPE, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
-    conntrack, filter,
+    conntrack::{self, Ct},
+    family::{Family, View},
+    filter,
     maps::{self, FlowScratch},
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
@@ -35,12 +37,11 @@ const IP_CSUM: usize = ETH_HLEN + 10;
 /// `BPF_ADJ_ROOM_NET`: room after the IP header (IPv4's 20 fixed bytes, IPv6's 40).
 pub(crate) const ADJ_ROOM_NET: u32 = 0;
 
-/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: an external frontend
-/// that SNATs to remote backends, a remote backend, the protocol's DSR flag set, and an
-/// IPv4 header without options (the option goes where options would be).
+/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: [`wanted`], and a
+/// header without IP options or IPv6 extension headers (the option goes first).
 #[inline(always)]
-pub fn applies(t: &Tuple, svc: &SvcValue, be: &Backend) -> bool {
-    t.l4_off == ETH_HLEN + 20 && wanted(t.proto, svc, be)
+pub fn applies<F: Family>(t: &F, svc: &SvcValue, be: &Backend) -> bool {
+    t.plain() && wanted(t.proto(), svc, be)
 }
 
 /// Whether a new flow of `proto` to backend `be` of frontend `svc` goes by DSR, whatever
@@ -61,16 +62,16 @@ pub fn wanted(proto: u8, svc: &SvcValue, be: &Backend) -> bool {
 
 /// A packet of a DSR flow carries the option: a TCP SYN (not a SYN-ACK), a UDP datagram.
 #[inline(always)]
-pub fn carries(t: &Tuple) -> bool {
-    carries_by(t.proto, t.tcp_flags)
+pub fn carries<F: Family>(t: &F) -> bool {
+    carries_by(t.proto(), t.tcp_flags())
 }
 
 /// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
-/// option, on a DSR flow's packets that carry it (`translate::check_mtu` counts them).
+/// option, on a DSR flow's packets that carry it (the MTU check counts them).
 #[inline(always)]
-pub fn extra(flags: u16, t: &Tuple) -> u16 {
+pub fn extra<F: Family>(flags: u16, t: &F) -> u16 {
     if flags & CT_F_DSR != 0 && carries(t) {
-        DSR_OPT_LEN as u16
+        F::DSR_LEN
     } else {
         0
     }
@@ -78,12 +79,27 @@ pub fn extra(flags: u16, t: &Tuple) -> u16 {
 
 /// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
 #[inline(always)]
-pub fn extra_new(t: &Tuple, svc: &SvcValue, be: &Backend) -> u16 {
+pub fn extra_new<F: Family>(t: &F, svc: &SvcValue, be: &Backend) -> u16 {
     if applies(t, svc, be) && carries(t) {
-        DSR_OPT_LEN as u16
+        F::DSR_LEN
     } else {
         0
     }
+}
+
+/// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
+/// translated at ingress) belongs to: its source is the frontend.
+#[inline(always)]
+pub fn frontend_entry<F: Family>(t: &F) -> Option<Ct<F>> {
+    let k = F::key(
+        t.daddr(),
+        t.saddr(),
+        t.dport(),
+        t.sport(),
+        t.proto(),
+        CT_DIR_REPLY,
+    );
+    conntrack::entry::<F>(&k).filter(|ct| ct.flags() & CT_F_DSR != 0)
 }
 
 /// [`carries`], by the packet's protocol and TCP flags (both families).

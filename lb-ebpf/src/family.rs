@@ -5,13 +5,23 @@
 //! `conntrack.rs`, IPv6's `Tuple6` in `v6/conntrack.rs`). Everything here is
 //! `#[inline(always)]`: generic code compiles to what the family's own code was.
 
+use aya_ebpf::programs::TcContext;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{HashMap, LruHashMap},
 };
-use lb_common::{CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6};
+use lb_common::{Backend, CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6, NodeConfig};
 
-use crate::{parse::Tuple, shared::Shared, v6::parse::Tuple6};
+use crate::{
+    affinity::ClientOf,
+    maps::Chosen,
+    packet::{L4Sum, Packet},
+    parse::Tuple,
+    reason::{Carried, Reason},
+    select::Keyed,
+    shared::Shared,
+    v6::parse::Tuple6,
+};
 
 /// An address: compared and copied word by word (an array comparison may become a `bcmp`
 /// call, which BPF does not have; an array copy between two map values a `memmove`, whose
@@ -61,13 +71,7 @@ pub fn eq6(a: &[u32; 4], b: &[u32; 4]) -> bool {
 }
 
 /// `*dst = *src` word by word, volatile (see [`Addr`]).
-#[inline(always)]
-pub fn copy6(dst: &mut [u32; 4], src: &[u32; 4]) {
-    for i in 0..4 {
-        // SAFETY: both indices are in bounds.
-        unsafe { core::ptr::write_volatile(&mut dst[i], core::ptr::read_volatile(&src[i])) };
-    }
-}
+pub use crate::maps::copy_words as copy6;
 
 /// The 4-tuple a conntrack key, a conntrack entry and a parsed packet share (fields
 /// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each), read.
@@ -143,6 +147,10 @@ pub trait Entry: View + EndsMut + Sized {
     fn flags_mut(&mut self) -> &mut u16;
     fn last_seen_mut(&mut self) -> &mut u64;
     fn created_mut(&mut self) -> &mut u64;
+    fn mtu_mut(&mut self) -> &mut u16;
+    /// A new forward entry's fields beyond its tuple and times: its backend (index and
+    /// generation) and service index, no flags, no MTU.
+    fn start(&mut self, backend_id: u32, backend_gen: u32, svc_id: u32);
     /// `*self = *src`, field by field (a struct copy from a map value compiles to a
     /// `memmove` whose overlap check subtracts pointers), each read through the pointer.
     fn copy_from(&mut self, src: &Shared<'_, Self>);
@@ -207,6 +215,19 @@ macro_rules! entry {
             #[inline(always)]
             fn created_mut(&mut self) -> &mut u64 {
                 &mut self.created_ns
+            }
+            #[inline(always)]
+            fn mtu_mut(&mut self) -> &mut u16 {
+                &mut self.mtu
+            }
+            #[inline(always)]
+            fn start(&mut self, backend_id: u32, backend_gen: u32, svc_id: u32) {
+                self.backend_id = backend_id;
+                self.backend_gen = backend_gen;
+                self.svc_id = svc_id;
+                self.flags = 0;
+                self.mtu = 0;
+                self._pad = 0;
             }
             #[inline(always)]
             fn copy_from(&mut self, src: &Shared<'_, Self>) {
@@ -380,12 +401,14 @@ pub type CtTable<K, V> = LruHashMap<K, V, { CT_MAP_CAPACITY as usize }>;
 pub type CtaTable<K, V> =
     HashMap<K, V, { CT_MAP_CAPACITY as usize }, { BPF_F_NO_PREALLOC as usize }>;
 
-/// The scratch fields a new flow's entries are built in (`FlowScratch`, `FlowScratch6`).
+/// The scratch fields a new flow's entries are built in (`FlowScratch`, `FlowScratch6`),
+/// and the backend it goes to (chosen by one step, recorded by the next).
 pub struct Parts<'a, K, V> {
     pub fwd: &'a mut V,
     pub reply: &'a mut V,
     pub fwd_key: &'a mut K,
     pub reply_key: &'a mut K,
+    pub chosen: &'a mut Chosen,
 }
 
 /// A family, as its parsed packet's tuple knows it: what the packet says (protocol, TCP
@@ -443,6 +466,7 @@ macro_rules! flow {
                     reply: &mut s.reply,
                     fwd_key: &mut s.fwd_key,
                     reply_key: &mut s.reply_key,
+                    chosen: &mut s.chosen,
                 }
             }
             #[inline(always)]
@@ -468,3 +492,75 @@ macro_rules! flow {
     };
 }
 pub(crate) use flow;
+
+/// What the route-MTU check says about a packet about to be translated toward a backend.
+pub enum Mtu {
+    /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
+    Unchecked,
+    /// It fits: this size is worth remembering in the flow's entry.
+    Fits(u16),
+    /// It does not fit: answer fragmentation needed with this MTU before translating it.
+    TooBig(u16),
+}
+
+/// An address family, as the one flow of each hook asks it (implemented by the parsed
+/// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
+/// between the families is here: which word the address filters hash, a loopback frontend,
+/// the service-map frontend, the source-range trie, the route lookups (MTU check, SNAT
+/// source), the DSR option's size, the header rewrite and the answers built in its header
+/// (refusal, fragmentation needed / Packet Too Big). Every step that uses it is generic
+/// over it and monomorphised per family.
+pub trait Family: Flow + ClientOf + Sized + 'static {
+    /// The frontend as the service map keys it.
+    type Front: Keyed;
+    /// Bytes the DSR option adds to a packet that carries it.
+    const DSR_LEN: u16;
+    /// The word the address filters hash for `a` (`filter::maybe_*`).
+    fn filter_word(a: &Self::Addr) -> u32;
+    /// `a` is unset (all zero).
+    fn is_zero(a: &Self::Addr) -> bool;
+    /// A loopback frontend: those exist for the node's own sockets only.
+    fn is_loopback(a: &Self::Addr) -> bool;
+    /// The frontend the packet is sent to, in `scope`.
+    fn frontend(&self, scope: u8) -> Self::Front;
+    /// The Maglev hash of the packet's flow.
+    fn flow_hash(&self) -> u32;
+    /// The backend's address in this family.
+    fn backend_addr(be: &Backend) -> &Self::Addr;
+    /// Whether the client falls in the source ranges of service index `svc_id`.
+    fn src_allowed(&self, svc_id: u32) -> bool;
+    /// The family's hairpin address (all zero: hairpin off).
+    fn hairpin(cfg: &NodeConfig) -> Self::Addr;
+    /// A packet without IP options or extension headers (where a DSR option may go).
+    fn plain(&self) -> bool;
+    /// The route-MTU check of the packet toward `daddr` (see `translate::check_mtu`).
+    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, fits: u16, extra: u16) -> Mtu;
+    /// The node's source address on the route toward `daddr` (`None`: no route, or no
+    /// address).
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr>;
+    /// Rewrites the `PART` of the packet's tuple into `to`'s (`nat::apply`).
+    fn apply<P: L4Sum, const PART: u8>(
+        &self,
+        ctx: &P,
+        to: &Shared<'_, Self::Value>,
+    ) -> Result<(), Reason>;
+    /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
+    /// where the family needs room; `back`: see `reject::refuse`.
+    fn refuse(&self, ctx: &TcContext, s: &mut Self::Scratch, back: u64) -> Result<i32, Reason>;
+    /// Answers the packet with fragmentation needed / Packet Too Big (`mtu`).
+    fn too_big(&self, ctx: &TcContext, s: &mut Self::Scratch, mtu: u16) -> Result<i32, Reason>;
+    /// An ICMP message as the family's parse leaves it.
+    type Icmp;
+    /// The `PART` side of an ICMP error about a tracked flow translated, outer header and
+    /// quote (worked on in the scratch); the flow's entry, or `None` for any other message.
+    fn translate_icmp<const PART: u8>(
+        ctx: &TcContext,
+        m: &Self::Icmp,
+        s: &mut Self::Scratch,
+    ) -> Result<Option<Shared<'static, Self::Value>>, Reason>;
+    /// tc egress, a packet with IP options or extension headers to a backend: the DSR flow
+    /// its option names learnt (out of line), [`crate::reason::Then::Next`] for any other.
+    fn dsr_in(&self, ctx: &TcContext, s: &mut Self::Scratch) -> Carried;
+    /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
+    fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
+}

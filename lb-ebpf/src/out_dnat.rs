@@ -37,7 +37,7 @@ use crate::{
 #[inline(never)]
 pub fn flow(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
     match step(ctx, s).next::<i32>() {
-        Then::Refuse => refuse(ctx),
+        Then::Refuse => refuse(ctx, s),
         Then::Done(o) => Carried::done(o),
         Then::Next(r) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Then::FragNeeded(_) => Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS)))),
@@ -64,11 +64,11 @@ fn step(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
 
 /// The refusal, in a frame of its own: into the node's stack.
 #[inline(never)]
-fn refuse(ctx: &TcContext) -> Carried {
+fn refuse(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
     let Some(t) = parsed(ctx) else {
         return Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS))));
     };
-    crate::refuse(ctx, &t, BPF_F_INGRESS as u64)
+    crate::ingress::refuse(ctx, &t, s, BPF_F_INGRESS as u64)
 }
 
 #[inline(always)]
@@ -105,12 +105,12 @@ fn try_flow(ctx: &TcContext, t: &Tuple, s: &mut FlowScratch) -> Result<Then<i32>
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
         return Ok(Then::Refuse);
     }
-    let client = Client::of(t);
-    let chosen = select::choose(&front, &client, svc, Some(select::flow_hash(t)))?;
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, 0, CT_F_OUT_DNAT, s)?;
+    let chosen = select::choose(&front, &Client::of(t), svc, Some(select::flow_hash(t)))?;
+    s.chosen.set(&chosen);
+    let fwd = flow::record(ctx, t, svc, 0, CT_F_OUT_DNAT, s)?;
     nat::forward_in(ctx, t, &fwd)?;
     let backend = *fwd.daddr();
-    reason::count_service(svc.svc_id, chosen.0, ctx.len());
+    reason::count_service(svc.svc_id, chosen.id, ctx.len());
     Ok(Then::Done(toward(ctx, t, backend, reason)))
 }
 

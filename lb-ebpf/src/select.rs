@@ -12,7 +12,7 @@ use lb_common::{
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
+    maps::{Chosen, XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
     parse::Tuple,
     reason::Reason,
     shared::{Shared, get},
@@ -134,14 +134,14 @@ pub fn slot<F: Keyed>(f: &F, slot: u16) -> Option<&'static SvcValue> {
 /// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else
 /// the one the frontend's Maglev table gives the flow's `hash` (a frontend flagged
 /// `SVC_F_MAGLEV`; `None`: a socket's connect, which has no flow yet), else one picked at
-/// random. Its id, its slot and the backend.
+/// random.
 #[inline(always)]
 pub fn choose<F: Keyed>(
     f: &F,
     client: &Client,
     svc: &SvcValue,
     hash: Option<u32>,
-) -> Result<(u32, u16, Backend), Reason> {
+) -> Result<Chosen, Reason> {
     // Each field of the entry read where it is used (kept across the lookups, they would be
     // spilled).
     let still = |a: &Shared<'_, AffinityValue>| {
@@ -149,7 +149,12 @@ pub fn choose<F: Keyed>(
             return None;
         }
         let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
-        Some((get!(a, backend_id), get!(a, slot), be))
+        Some(Chosen {
+            id: get!(a, backend_id),
+            slot: get!(a, slot),
+            _pad: 0,
+            backend: be,
+        })
     };
     if let Some(remembered) = affinity::lookup(client, svc, still) {
         return Ok(remembered);
@@ -189,9 +194,9 @@ pub extern "C" fn xlb_maglev_slot(svc_id: u32, hash: u32, count: u32) -> u32 {
 
 /// The backend in slot `n` (1..=count, the Maglev table's choice), or when `n` is 0 one
 /// picked uniformly at random among the service's slots (kube-proxy's iptables mode picks
-/// at random too): its id, its slot and the backend.
+/// at random too).
 #[inline(always)]
-pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<(u32, u16, Backend), Reason> {
+pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
@@ -204,7 +209,12 @@ pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<(u32, u16, Backen
     };
     let entry = slot(f, n).ok_or(Reason(R_STALE_SLOT))?;
     let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
-    Ok((entry.backend_id, n, *be))
+    Ok(Chosen {
+        id: entry.backend_id,
+        slot: n,
+        _pad: 0,
+        backend: *be,
+    })
 }
 
 /// The Maglev hash of an IPv4 flow (`lb_common::flow_hash`, its addresses in word 0).

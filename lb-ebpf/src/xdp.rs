@@ -30,7 +30,7 @@ use lb_common::{
 use crate::{
     affinity::Client,
     conntrack::{self, Ct},
-    family::{Ends, View},
+    family::{Ends, Mtu, View},
     fib, filter, flow,
     maps::{FlowScratch, XLB_XDPTX_V1},
     nat,
@@ -39,8 +39,7 @@ use crate::{
     reason::{self, Carried, Reason},
     select::{self, Frontend},
     shared::Shared,
-    translate::{self, Mtu},
-    work,
+    translate, work,
 };
 
 /// The XDP program's outcome.
@@ -192,9 +191,14 @@ fn try_xdp_new_flow(
         // Refused or dropped by tc, which can build the answer.
         return pass(R_PASS);
     }
-    let client = Client::of(t);
-    let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
-    let be = &chosen.2;
+    let chosen = select::choose(
+        &Frontend::of(t),
+        &Client::of(t),
+        svc,
+        Some(select::flow_hash(t)),
+    )?;
+    s.chosen.set(&chosen);
+    let be = &chosen.backend;
     // Direct server return: tc adds the option (room in front of the payload).
     if crate::dsr::applies(t, svc, be) {
         return pass(R_PASS);
@@ -225,7 +229,7 @@ fn try_xdp_new_flow(
             None => return pass(R_PASS),
         }
     };
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags, s)?;
+    let fwd = flow::record(ctx, t, svc, mtu, way_flags, s)?;
     if way_flags == 0 {
         // Redirected: the hop of the translated packet (its source may be the SNAT address).
         match way(ctx, t, &fwd) {

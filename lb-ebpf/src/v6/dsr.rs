@@ -7,8 +7,8 @@
 
 use aya_ebpf::programs::TcContext;
 use lb_common::{
-    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, CtValue6, DSR6_HDR_LEN, DSR6_OPT_LEN,
-    DSR6_OPT_TYPE, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue, filter_fold,
+    CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, CtValue6, DSR6_HDR_LEN, DSR6_OPT_LEN,
+    DSR6_OPT_TYPE, R_REWRITE_FAILED, SCOPE_EXTERNAL, filter_fold,
 };
 
 use super::{
@@ -18,9 +18,8 @@ use super::{
 };
 use crate::{
     clock,
-    conntrack::Ct,
-    dsr::{ADJ_ROOM_NET, wanted},
-    family::{Flow, View},
+    dsr::ADJ_ROOM_NET,
+    family::Flow,
     filter,
     packet::Packet,
     parse::ETH_HLEN,
@@ -32,47 +31,6 @@ use crate::{
 const NEXTHDR_DEST: u8 = 60;
 /// The fixed header's payload length, next header and hop limit (one word).
 const PLEN_OFF: usize = ETH_HLEN + 4;
-
-/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: as IPv4's, for a packet
-/// without extension headers (the DSR header goes first).
-#[inline(always)]
-pub fn applies(t: &Tuple6, svc: &SvcValue, be: &Backend) -> bool {
-    t.l4_off == IP6_L4_OFF as u32 && wanted(t.proto, svc, be)
-}
-
-/// A packet of a DSR flow carries the option (a TCP SYN, a UDP datagram).
-#[inline(always)]
-pub fn carries(t: &Tuple6) -> bool {
-    crate::dsr::carries_by(t.proto, t.tcp_flags)
-}
-
-/// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
-/// DSR header, on a DSR flow's packets that carry it (`fib::check_mtu` counts them).
-#[inline(always)]
-pub fn extra(flags: u16, t: &Tuple6) -> u16 {
-    if flags & CT_F_DSR != 0 && carries(t) {
-        DSR6_HDR_LEN as u16
-    } else {
-        0
-    }
-}
-
-/// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
-#[inline(always)]
-pub fn extra_new(t: &Tuple6, svc: &SvcValue, be: &Backend) -> u16 {
-    if applies(t, svc, be) && carries(t) {
-        DSR6_HDR_LEN as u16
-    } else {
-        0
-    }
-}
-
-/// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
-/// translated at ingress) belongs to: its source is the frontend.
-#[inline(always)]
-pub fn frontend_entry(t: &Tuple6) -> Option<Ct<Tuple6>> {
-    entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags() & CT_F_DSR != 0)
-}
 
 /// Inserts the DSR header naming the frontend `addr_be`:`port_be` after the fixed header of
 /// a packet without extension headers, leaving for its backend's node (tc egress): 24 bytes

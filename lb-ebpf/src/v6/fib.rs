@@ -12,10 +12,10 @@ use super::{
     parse::Tuple6,
 };
 use crate::{
+    family::Mtu,
     fib::{copy_mac, opts, request, run},
     packet::Packet,
     parse::ETH_HLEN,
-    translate::Mtu,
 };
 
 const AF_INET6: u8 = 10;

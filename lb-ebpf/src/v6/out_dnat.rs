@@ -8,16 +8,15 @@ use lb_common::{
 };
 
 use super::{
-    choose, fib, frontend, is_loopback,
+    fib,
     maps::FlowScratch6,
-    nat,
     parse::{Parsed6, Tuple6, parse6},
-    record, refuse,
 };
 use crate::{
     conntrack::continues,
-    family::{Ends, View},
-    flow::keep_alive,
+    family::{Ends, Family, View},
+    flow::{self, keep_alive},
+    ingress,
     out_dnat::redirect,
     packet::Packet,
     reason::{self, Carried, Outcome, Reason, Then},
@@ -40,10 +39,10 @@ pub fn flow(ctx: &TcContext, w: &mut Work6) -> Carried {
         Then::Done(o) => return Carried::done(o),
         Then::Refuse | Then::FragNeeded(_) => return Carried::done::<i32>(Ok((0, Reason(R_PASS)))),
     };
-    if is_loopback(&w.pkt.daddr_be) {
+    if Tuple6::is_loopback(&w.pkt.daddr_be) {
         return Carried::done::<i32>(Ok((0, Reason(R_PASS))));
     }
-    let mut front = frontend(&w.pkt);
+    let mut front = w.pkt.frontend(SCOPE_EXTERNAL);
     let Some(mut svc) = select::lookup(&front) else {
         return Carried::done::<i32>(Ok((0, Reason(R_PASS))));
     };
@@ -56,10 +55,10 @@ pub fn flow(ctx: &TcContext, w: &mut Work6) -> Carried {
             scope = SCOPE_INTERNAL;
         }
     }
-    match choose(w, svc, reason, scope).next::<i32>() {
+    match ingress::choose(&w.pkt, svc, reason, scope, &mut w.flow).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
-        Then::Refuse => return refuse(ctx, w, BPF_F_INGRESS as u64),
+        Then::Refuse => return ingress::refuse(ctx, &w.pkt, &mut w.flow, BPF_F_INGRESS as u64),
         Then::FragNeeded(_) => return Carried::done::<i32>(Ok((0, Reason(R_PASS)))),
     }
     start(ctx, w, svc, reason)
@@ -78,7 +77,7 @@ fn try_tracked(ctx: &TcContext, t: &Tuple6, s: &mut FlowScratch6) -> Result<Then
     if let Some(ct) = super::conntrack::lookup_forward(t) {
         if continues(&ct, t) {
             let ct = keep_alive(ct, t, s)?;
-            nat::forward_in(ctx, t, &ct)?;
+            crate::nat::forward_in(ctx, t, &ct)?;
             reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             return Ok(Then::Done(toward(ctx, t, ct.daddr(), R_ESTABLISHED)));
         }
@@ -100,8 +99,8 @@ fn start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Carried
 
 #[inline(always)]
 fn try_start(ctx: &TcContext, w: &mut Work6, svc: &SvcValue, reason: u32) -> Outcome<i32> {
-    let fwd = record(ctx, &w.pkt, svc, 0, CT_F_OUT_DNAT, &mut w.flow)?;
-    nat::forward_in(ctx, &w.pkt, &fwd)?;
+    let fwd = flow::record(ctx, &w.pkt, svc, 0, CT_F_OUT_DNAT, &mut w.flow)?;
+    crate::nat::forward_in(ctx, &w.pkt, &fwd)?;
     reason::count_service(fwd.svc_id(), fwd.backend().0, ctx.len());
     toward(ctx, &w.pkt, fwd.daddr(), reason)
 }

@@ -14,17 +14,16 @@ use lb_common::{
 };
 
 use super::{
-    choose, conntrack, fib, frontend, is_loopback,
+    conntrack, fib,
     maps::FlowScratch6,
-    nat,
     parse::{self, IP6_L4_OFF, Parsed6, Tuple6},
-    record,
 };
 use crate::{
     conntrack::{Ct, continues, touch},
-    family::{Ends, View},
+    family::{Ends, Family, Mtu, View},
     filter,
-    flow::keep_alive,
+    flow::{self, keep_alive},
+    ingress,
     maps::XLB_XDPTX_V1,
     nat::BOTH,
     packet::{Packet, at},
@@ -32,7 +31,6 @@ use crate::{
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
-    translate::Mtu,
     work::Work6,
     xdp::{Hop, Way, csum_at, send_out, write_macs},
 };
@@ -67,10 +65,10 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Then::Refuse | Then::FragNeeded(_) => return Carried::done(pass(R_PASS)),
     }
     let t = &w.pkt;
-    if is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
+    if Tuple6::is_loopback(&t.daddr_be) || !filter::maybe_frontend(filter_fold(&t.daddr_be)) {
         return Carried::done(pass(R_PASS));
     }
-    let Some(svc) = select::lookup(&frontend(t)) else {
+    let Some(svc) = select::lookup(&t.frontend(SCOPE_EXTERNAL)) else {
         return Carried::done(pass(R_PASS));
     };
     if svc.count == 0 {
@@ -82,7 +80,7 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Ok(true) => return Carried::done(pass(R_PASS)),
         Err(r) => return Carried::done::<u32>(Err(r)),
     }
-    match choose(w, svc, R_NEW_FLOW, SCOPE_EXTERNAL).next::<i32>() {
+    match ingress::choose(&w.pkt, svc, R_NEW_FLOW, SCOPE_EXTERNAL, &mut w.flow).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(Err(r)) => return Carried::done::<u32>(Err(r)),
         _ => return Carried::done(pass(R_PASS)),
@@ -115,7 +113,7 @@ fn try_send_new(ctx: &XdpContext, t: &Tuple6, v: &Shared<'_, CtValue6>, len: u32
             Way::Stack => {}
         }
     }
-    nat::forward_in(ctx, t, v)?;
+    crate::nat::forward_in(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
     pass(R_NEW_FLOW)
 }
@@ -177,7 +175,7 @@ fn try_established(
     len: u32,
 ) -> XdpOutcome {
     // A DSR packet that carries the frontend to the backend's node: tc adds the header.
-    if ct.flags() & lb_common::CT_F_DSR != 0 && super::dsr::carries(t) {
+    if ct.flags() & lb_common::CT_F_DSR != 0 && crate::dsr::carries(t) {
         return pass(R_PASS);
     }
     if ct.flags() & CT_F_XDP_STACK == 0 {
@@ -200,7 +198,7 @@ fn try_established(
         Mtu::Unchecked => {}
     }
     let ct = keep_alive(ct, t, s)?;
-    nat::forward_in(ctx, t, &ct)?;
+    crate::nat::forward_in(ctx, t, &ct)?;
     reason::count_service(ct.svc_id(), ct.backend().0, len);
     pass(R_ESTABLISHED)
 }
@@ -216,7 +214,7 @@ fn try_reply_of(ctx: &XdpContext, t: &Tuple6, ct: Ct<Tuple6>, len: u32) -> XdpOu
             Way::Stack => ct.add_flags(CT_F_XDP_STACK),
         }
     }
-    nat::reply_in(ctx, t, &ct)?;
+    crate::nat::reply_in(ctx, t, &ct)?;
     pass(R_REPLY_IN)
 }
 
@@ -237,12 +235,12 @@ fn try_start(
     s: &mut FlowScratch6,
 ) -> Result<Then<u32>, Reason> {
     // Direct server return: tc adds the header (room in front of the payload).
-    if super::dsr::applies(t, svc, &s.backend) {
+    if crate::dsr::applies(t, svc, &s.chosen.backend) {
         return Ok(Then::Done(pass(R_PASS)));
     }
     let len = (40 + t.payload_len) as u16;
-    let (mtu, flags) = if s.backend.flags & BE_F_REMOTE == 0 {
-        match fib::check_mtu(ctx, t, &s.backend.addr_be, 0, 0) {
+    let (mtu, flags) = if s.chosen.backend.flags & BE_F_REMOTE == 0 {
+        match fib::check_mtu(ctx, t, &s.chosen.backend.addr_be, 0, 0) {
             Mtu::TooBig(_) => return Ok(Then::Done(pass(R_PASS))),
             Mtu::Fits(fits) => (fits, CT_F_XDP_STACK),
             Mtu::Unchecked => (0, CT_F_XDP_STACK),
@@ -253,7 +251,7 @@ fn try_start(
             Packet::ingress_ifindex(ctx),
             t.proto,
             &t.saddr_be,
-            &s.backend.addr_be,
+            &s.chosen.backend.addr_be,
             len,
         ) {
             Some(hop) if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() => {
@@ -263,7 +261,7 @@ fn try_start(
             None => return Ok(Then::Done(pass(R_PASS))),
         }
     };
-    record(ctx, t, svc, mtu, flags, s)?;
+    flow::record(ctx, t, svc, mtu, flags, s)?;
     Ok(Then::Next(Reason(R_NEW_FLOW)))
 }
 
@@ -299,7 +297,7 @@ fn redirect(
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    nat::apply::<_, { BOTH }>(ctx, t, v)?;
+    super::nat::apply::<_, { BOTH }>(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
     forward_l2(ctx, t, hop_limit, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)

@@ -1,0 +1,143 @@
+//! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
+//! modules beside this one. Nothing here knows IPv4.
+
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_DSR_IN, R_PASS, filter_fold};
+
+use super::{
+    dsr, fib, icmp,
+    maps::FlowScratch6,
+    nat,
+    parse::{IP6_L4_OFF, Tuple6},
+    reject,
+};
+use crate::{
+    conntrack::Ct,
+    family::{Family, Mtu},
+    packet::{L4Sum, Packet},
+    reason::{Carried, Reason, Then},
+    select::Frontend6,
+    shared::Shared,
+    srcrange,
+};
+
+impl Family for Tuple6 {
+    type Front = Frontend6;
+    const DSR_LEN: u16 = DSR6_HDR_LEN as u16;
+    /// The address's four words folded (`lb_common::filter_fold`, as the agent sets the
+    /// bits), so the addresses of one /32 do not share a bit.
+    #[inline(always)]
+    fn filter_word(a: &[u32; 4]) -> u32 {
+        filter_fold(a)
+    }
+    #[inline(always)]
+    fn is_zero(a: &[u32; 4]) -> bool {
+        a[0] | a[1] | a[2] | a[3] == 0
+    }
+    /// ::1.
+    #[inline(always)]
+    fn is_loopback(a: &[u32; 4]) -> bool {
+        a[0] | a[1] | a[2] == 0 && a[3] == 1u32.to_be()
+    }
+    #[inline(always)]
+    fn frontend(&self, scope: u8) -> Frontend6 {
+        Frontend6 {
+            addr_be: self.daddr_be,
+            port_be: self.dport_be,
+            proto: self.proto,
+            scope,
+        }
+    }
+    #[inline(always)]
+    fn flow_hash(&self) -> u32 {
+        lb_common::flow_hash(
+            &self.saddr_be,
+            &self.daddr_be,
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
+    }
+    #[inline(always)]
+    fn backend_addr(be: &Backend) -> &[u32; 4] {
+        &be.addr_be
+    }
+    #[inline(always)]
+    fn src_allowed(&self, svc_id: u32) -> bool {
+        srcrange::allowed6(svc_id, &self.saddr_be)
+    }
+    #[inline(always)]
+    fn hairpin(cfg: &NodeConfig) -> [u32; 4] {
+        cfg.hairpin6_addr_be
+    }
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.l4_off == IP6_L4_OFF as u32
+    }
+    #[inline(always)]
+    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], fits: u16, extra: u16) -> Mtu {
+        fib::check_mtu(ctx, self, daddr, fits, extra)
+    }
+    #[inline(always)]
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &[u32; 4]) -> Option<[u32; 4]> {
+        let route = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            &self.saddr_be,
+            daddr,
+            0,
+        )?;
+        let src = route.src_be;
+        (!Self::is_zero(&src)).then_some(src)
+    }
+    #[inline(always)]
+    fn apply<P: L4Sum, const PART: u8>(
+        &self,
+        ctx: &P,
+        to: &Shared<'_, CtValue6>,
+    ) -> Result<(), Reason> {
+        nat::apply::<P, PART>(ctx, self, to)
+    }
+    #[inline(always)]
+    fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch6, back: u64) -> Result<i32, Reason> {
+        reject::refuse(ctx, self, &mut s.quote_old, back)
+    }
+    #[inline(always)]
+    fn too_big(&self, ctx: &TcContext, s: &mut FlowScratch6, mtu: u16) -> Result<i32, Reason> {
+        reject::too_big(ctx, self, mtu, &mut s.quote_old)
+    }
+    /// The parse leaves an ICMPv6 message in the tuple (its type, where it starts).
+    type Icmp = Tuple6;
+    #[inline(always)]
+    fn translate_icmp<const PART: u8>(
+        ctx: &TcContext,
+        m: &Tuple6,
+        s: &mut FlowScratch6,
+    ) -> Result<Option<Ct<Tuple6>>, Reason> {
+        icmp::translate::<PART>(ctx, m, s)
+    }
+    #[inline(always)]
+    fn dsr_in(&self, ctx: &TcContext, s: &mut FlowScratch6) -> Carried {
+        dsr_in(ctx, self, s)
+    }
+    #[inline(always)]
+    fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
+        dsr::push(ctx, addr, port_be)
+    }
+}
+
+/// tc egress: a packet with extension headers to a backend: a DSR packet's flow is recorded
+/// (`dsr::learn`, the frontend read into the scratch's reply entry); [`Then::Next`] for
+/// anything else.
+#[inline(never)]
+fn dsr_in(ctx: &TcContext, t: &Tuple6, s: &mut FlowScratch6) -> Carried {
+    if !dsr::read_option(ctx, t, &mut s.reply) {
+        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
+    }
+    Carried::done(match dsr::learn(t, s) {
+        Ok(true) => Ok((TC_ACT_OK, Reason(R_DSR_IN))),
+        Ok(false) => Ok((TC_ACT_OK, Reason(R_PASS))),
+        Err(r) => Err(r),
+    })
+}
