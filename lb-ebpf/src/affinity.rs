@@ -33,12 +33,6 @@ impl ClientOf for Tuple {
 }
 
 impl Client {
-    /// The source of a packet.
-    #[inline(always)]
-    pub fn of(t: &Tuple) -> Self {
-        Self::addr(t.saddr_be)
-    }
-
     /// An IPv4 address (network order).
     #[inline(always)]
     pub fn addr(addr_be: u32) -> Self {

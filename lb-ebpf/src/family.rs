@@ -5,18 +5,22 @@
 //! `conntrack.rs`, IPv6's `Tuple6` in `v6/conntrack.rs`). Everything here is
 //! `#[inline(always)]`: generic code compiles to what the family's own code was.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{HashMap, LruHashMap},
 };
-use lb_common::{Backend, CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6, NodeConfig};
+use lb_common::{
+    Backend, CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6, IPPROTO_SCTP, IPPROTO_TCP,
+    NodeConfig,
+};
 
 use crate::{
     affinity::ClientOf,
+    fib::Way,
     maps::Chosen,
     packet::{L4Sum, Packet},
-    parse::Tuple,
+    parse::{ETH_HLEN, Tuple},
     reason::{Carried, Reason},
     select::Keyed,
     shared::Shared,
@@ -533,8 +537,51 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn hairpin(cfg: &NodeConfig) -> Self::Addr;
     /// A packet without IP options or extension headers (where a DSR option may go).
     fn plain(&self) -> bool;
-    /// The route-MTU check of the packet toward `daddr` (see `translate::check_mtu`).
-    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, fits: u16, extra: u16) -> Mtu;
+    /// Packets up to this size are not checked against the route MTU (IPv4: 576, no link
+    /// is smaller; IPv6: 1280, its minimum link MTU).
+    const MIN_CHECKED: u32;
+    /// The packet must be answered, not fragmented, when too big for its route (IPv4: DF
+    /// set; IPv6: always, no router fragments it).
+    fn df(&self) -> bool;
+    /// Offset of the L4 header.
+    fn l4_off(&self) -> usize;
+    /// The route toward `daddr` for a packet of `len` bytes: its MTU and whether the packet
+    /// is too big for it (`None`: no route here, the stack decides).
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)>;
+
+    /// Checks the packet against the route to `daddr` (its MTU, as the kernel's forwarding
+    /// would), unless it is no bigger than `fits`, a size already known to fit (0 = none). A
+    /// GSO super-packet is checked by the size of its segments. `extra`: bytes the packet
+    /// gains on its way (a DSR option, `dsr::extra`), counted in its size and taken off the
+    /// MTU a too-big packet is answered with.
+    #[inline(always)]
+    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, fits: u16, extra: u16) -> Mtu {
+        if !self.df() {
+            return Mtu::Unchecked;
+        }
+        let gso = ctx.gso_size();
+        let len = if gso == 0 {
+            self.ip_len() as u32
+        } else {
+            let l4_hdr = if self.proto() == IPPROTO_TCP {
+                ctx.load::<u8>(self.l4_off() + 12)
+                    .map_or(20, |d| ((d >> 4) as u32) * 4)
+            } else if self.proto() == IPPROTO_SCTP {
+                12
+            } else {
+                8
+            };
+            (self.l4_off() - ETH_HLEN) as u32 + l4_hdr + gso
+        } + extra as u32;
+        if len <= Self::MIN_CHECKED || len <= fits as u32 || len > u16::MAX as u32 {
+            return Mtu::Unchecked;
+        }
+        match self.route_mtu(ctx, daddr, len as u16) {
+            None => Mtu::Unchecked,
+            Some((mtu, true)) => Mtu::TooBig(mtu.saturating_sub(extra)),
+            Some((_, false)) => Mtu::Fits(len as u16),
+        }
+    }
     /// The node's source address on the route toward `daddr` (`None`: no route, or no
     /// address).
     fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr>;
@@ -563,4 +610,27 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn dsr_in(&self, ctx: &TcContext, s: &mut Self::Scratch) -> Carried;
     /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
     fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
+    /// The interface the route toward `daddr` leaves by (`None`: no route).
+    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32>;
+    /// The IP packet's length, its header included (IPv4's total length; IPv6's 40 bytes
+    /// and its payload length): what a route's MTU is checked against.
+    fn ip_len(&self) -> u16;
+    /// XDP: the way out of a packet `saddr → daddr` of `len` bytes, by its route (cached
+    /// per CPU).
+    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way;
+    /// XDP: the TTL (hop limit) of the packet.
+    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason>;
+    /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
+    /// `hop_limit`, the frame given the next hop's MACs.
+    fn forward_l2(
+        &self,
+        ctx: &XdpContext,
+        hop_limit: u8,
+        smac: &[u8; 6],
+        dmac: &[u8; 6],
+    ) -> Result<(), Reason>;
+    /// XDP: whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds
+    /// the folded pseudo-header sum for offload to complete; XDP cannot see that state, so
+    /// such a packet goes the tc way).
+    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason>;
 }

@@ -178,18 +178,20 @@ pub fn xlb_xdp_pass(_ctx: XdpContext) -> u32 {
 /// The tc program's outcome.
 type Outcome = reason::Outcome<i32>;
 
-/// XDP: the frame's family's flow (IPv4: `xdp.rs`, IPv6: `v6/xdp.rs`); anything else passes.
+/// XDP: the frame's family's leaf parses it (`v4::xdp`, `v6::xdp::xdp`), then XDP's one
+/// flow (`xdp.rs`) runs, monomorphised for the family; anything else passes.
 #[inline(always)]
 fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
-    match parse::l3(ctx)? {
-        L3::Ipv4 => xdp::try_xdp(ctx, len),
-        L3::Ipv6 => {
-            // SAFETY: the only acquire on this path of the run.
-            let w = unsafe { work::acquire() }?;
-            v6::xdp::xdp(ctx, &mut w.v6, len).outcome()
-        }
-        L3::Other => Ok((xdp::PASS, Reason(R_PASS))),
+    let l3 = parse::l3(ctx)?;
+    if l3 == L3::Other {
+        return Ok((xdp::PASS, Reason(R_PASS)));
     }
+    // SAFETY: the only acquire of this run.
+    let w = unsafe { work::acquire() }?;
+    if l3 == L3::Ipv6 {
+        return v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
+    }
+    v4::xdp(ctx, &mut w.v4, len).outcome()
 }
 
 /// tc ingress: the frame's family's leaf parses the packet (`v4::tc`, `v6::tc`), then the
@@ -222,8 +224,8 @@ fn try_tc_egress(ctx: &TcContext, l3: L3) -> Outcome {
     };
     match then {
         Then::Done(o) => o,
-        Then::Next(_) if l3 == L3::Ipv6 => v6::out_dnat::flow(ctx, &mut w.v6).outcome(),
-        Then::Next(_) => out_dnat::flow(ctx, &mut w.v4).outcome(),
+        Then::Next(_) if l3 == L3::Ipv6 => v6::node(ctx, &mut w.v6).outcome(),
+        Then::Next(_) => v4::node(ctx, &mut w.v4).outcome(),
         Then::Refuse | Then::FragNeeded(_) => Ok((TC_ACT_OK, Reason(R_PASS))),
     }
 }

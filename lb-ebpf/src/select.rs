@@ -93,15 +93,6 @@ pub fn is_loopback(addr_be: u32) -> bool {
     addr_be.to_ne_bytes()[0] == 127
 }
 
-/// The service entry (slot 0) for the packet's destination, if it is a frontend.
-#[inline(always)]
-pub fn lookup_service(t: &Tuple) -> Option<&'static SvcValue> {
-    if is_loopback(t.daddr_be) {
-        return None;
-    }
-    lookup(&Frontend::of(t))
-}
-
 /// The service entry (slot 0) of `f`, if it is a frontend.
 #[inline(always)]
 pub fn lookup<F: Keyed>(f: &F) -> Option<&'static SvcValue> {

@@ -2,23 +2,16 @@
 //! the backend's replies back through this node (SNAT to the node for a remote backend of an
 //! external frontend; the hairpin address when the client is its own backend).
 
-use lb_common::{
-    BE_F_REMOTE, CT_F_HAIRPIN, CT_F_SNAT, IPPROTO_SCTP, IPPROTO_TCP, R_SNAT_FAILED,
-    SVC_F_SNAT_REMOTE, SvcValue,
-};
+use lb_common::{BE_F_REMOTE, CT_F_HAIRPIN, CT_F_SNAT, R_SNAT_FAILED, SVC_F_SNAT_REMOTE, SvcValue};
 
 use crate::{
     conntrack::Source,
-    family::{Addr, EndsMut, Entry, Family, Mtu},
-    fib, maps,
+    family::{Addr, EndsMut, Entry, Family},
+    maps,
     maps::Chosen,
     packet::Packet,
-    parse::{ETH_HLEN, Tuple},
     reason::Reason,
 };
-
-/// Packets up to this size are not checked against the route MTU (no IPv4 link is smaller).
-const MIN_CHECKED_LEN: u16 = 576;
 
 /// Writes the forward tuple of a new flow from `t` to the backend `c` into `fwd` (a SNATed
 /// flow's source: the SNAT address, its port chosen by `conntrack::create`), and returns
@@ -89,49 +82,4 @@ pub fn forward_tuple<F: Family, P: Packet>(
         });
     }
     Ok(keep)
-}
-
-/// Checks a packet (DF set) against the route to `daddr_be` (its MTU, as the kernel's
-/// forwarding would), unless it is no bigger than `fits`, a size already known to fit (0 =
-/// none). A GSO super-packet is checked by the size of its segments. `extra`: bytes the
-/// packet gains on its way (a DSR option, `dsr::extra`), counted in its size and taken off
-/// the MTU a too-big packet is answered with.
-#[inline(always)]
-pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple, daddr_be: u32, fits: u16, extra: u16) -> Mtu {
-    if !t.df {
-        return Mtu::Unchecked;
-    }
-    let gso = ctx.gso_size();
-    let len = if gso == 0 {
-        t.tot_len as u32
-    } else {
-        let l4_hdr = if t.proto == IPPROTO_TCP {
-            ctx.load::<u8>(t.l4_off + 12)
-                .map_or(20, |d| ((d >> 4) as u32) * 4)
-        } else if t.proto == IPPROTO_SCTP {
-            12
-        } else {
-            8
-        };
-        (t.l4_off - ETH_HLEN) as u32 + l4_hdr + gso
-    } + extra as u32;
-    if len <= MIN_CHECKED_LEN as u32 || len <= fits as u32 || len > u16::MAX as u32 {
-        return Mtu::Unchecked;
-    }
-    let Some(route) = fib::lookup(
-        ctx.raw(),
-        ctx.ingress_ifindex(),
-        t.proto,
-        t.saddr_be,
-        daddr_be,
-        len as u16,
-        false,
-    ) else {
-        return Mtu::Unchecked;
-    };
-    if route.too_big != 0 {
-        Mtu::TooBig(route.mtu.saturating_sub(extra))
-    } else {
-        Mtu::Fits(len as u16)
-    }
 }

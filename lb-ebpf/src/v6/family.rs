@@ -1,19 +1,23 @@
 //! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
 //! modules beside this one. Nothing here knows IPv4.
 
-use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use aya_ebpf::{
+    bindings::TC_ACT_OK,
+    programs::{TcContext, XdpContext},
+};
 use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_DSR_IN, R_PASS, filter_fold};
 
 use super::{
     dsr, fib, icmp,
     maps::FlowScratch6,
     nat,
-    parse::{IP6_L4_OFF, Tuple6},
-    reject,
+    parse::{IP6_HLEN, IP6_L4_OFF, Tuple6},
+    reject, xdp,
 };
 use crate::{
     conntrack::Ct,
-    family::{Family, Mtu},
+    family::Family,
+    fib::Way,
     packet::{L4Sum, Packet},
     reason::{Carried, Reason, Then},
     select::Frontend6,
@@ -74,9 +78,26 @@ impl Family for Tuple6 {
     fn plain(&self) -> bool {
         self.l4_off == IP6_L4_OFF as u32
     }
+    const MIN_CHECKED: u32 = 1280;
     #[inline(always)]
-    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], fits: u16, extra: u16) -> Mtu {
-        fib::check_mtu(ctx, self, daddr, fits, extra)
+    fn df(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn l4_off(&self) -> usize {
+        self.l4_off as usize
+    }
+    #[inline(always)]
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], len: u16) -> Option<(u16, bool)> {
+        let r = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            &self.saddr_be,
+            daddr,
+            len,
+        )?;
+        Some((r.mtu, r.too_big != 0))
     }
     #[inline(always)]
     fn route_src<P: Packet>(&self, ctx: &P, daddr: &[u32; 4]) -> Option<[u32; 4]> {
@@ -124,6 +145,48 @@ impl Family for Tuple6 {
     #[inline(always)]
     fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
         dsr::push(ctx, addr, port_be)
+    }
+    #[inline(always)]
+    fn route_out(&self, ctx: &TcContext, daddr: &[u32; 4]) -> Option<u32> {
+        let here = Packet::ingress_ifindex(ctx);
+        fib::lookup(ctx.raw(), here, self.proto, &self.saddr_be, daddr, 0).map(|r| r.ifindex)
+    }
+    /// The fixed header's 40 bytes and the payload (extension headers and L4).
+    #[inline(always)]
+    fn ip_len(&self) -> u16 {
+        (IP6_HLEN + self.payload_len) as u16
+    }
+    #[inline(always)]
+    fn hop(&self, ctx: &XdpContext, saddr: &[u32; 4], daddr: &[u32; 4], len: u16) -> Way {
+        match fib::hop(
+            ctx.raw(),
+            Packet::ingress_ifindex(ctx),
+            self.proto,
+            saddr,
+            daddr,
+            len,
+        ) {
+            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
+    #[inline(always)]
+    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
+        xdp::read_hop_limit(ctx, self)
+    }
+    #[inline(always)]
+    fn forward_l2(
+        &self,
+        ctx: &XdpContext,
+        hop_limit: u8,
+        smac: &[u8; 6],
+        dmac: &[u8; 6],
+    ) -> Result<(), Reason> {
+        xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
+    }
+    #[inline(always)]
+    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
+        xdp::checksum_partial(ctx, self)
     }
 }
 

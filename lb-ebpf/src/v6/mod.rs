@@ -15,14 +15,21 @@ pub mod fib;
 pub mod icmp;
 pub mod maps;
 pub mod nat;
-pub mod out_dnat;
 pub mod parse;
 pub mod reject;
 pub mod xdp;
 
 use self::parse::{Parsed6, Tuple6};
-use crate::{egress, ingress, nat::DST, reason::Carried, work::Work6};
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use lb_common::{IPPROTO_SCTP, R_PASS};
+
+use crate::{
+    egress, ingress,
+    nat::DST,
+    out_dnat,
+    reason::{Carried, Reason},
+    work::Work6,
+};
 
 /// tc ingress and egress for an IPv6 packet (the Ethernet type said IPv6): parsed into the
 /// run's IPv6 work area `w`, then the hook's one flow (`ingress.rs`, `egress.rs`), or the
@@ -36,5 +43,18 @@ pub fn tc<const PART: u8>(ctx: &TcContext, w: &mut Work6) -> Carried {
         Ok(Parsed6::Icmp) => egress::icmp_error::<Tuple6, PART>(ctx, &w.pkt, &mut w.flow),
         Ok(Parsed6::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => Carried::done::<i32>(Err(r)),
+    }
+}
+
+/// tc egress: the node's own IPv6 packet to a frontend the egress flow left, parsed again
+/// into the work area (the egress flow's frame is gone): an SCTP one goes to `out_dnat`,
+/// anything else passes.
+#[inline(never)]
+pub fn node(ctx: &TcContext, w: &mut Work6) -> Carried {
+    match parse::parse6(ctx, &mut w.pkt) {
+        Ok(Parsed6::Flow) if w.pkt.proto == IPPROTO_SCTP => {
+            out_dnat::flow(ctx, &w.pkt, &mut w.flow)
+        }
+        _ => Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS)))),
     }
 }
