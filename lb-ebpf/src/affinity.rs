@@ -6,7 +6,6 @@ use lb_common::{AffinityKey, AffinityValue, FAMILY_NETNS, FAMILY_V4, FAMILY_V6, 
 use crate::{
     clock,
     maps::{Chosen, XLB_AFF_V2},
-    parse::Tuple,
     shared::{Shared, load, store},
 };
 
@@ -23,13 +22,6 @@ pub struct Client {
 /// A parsed packet, as the client its source is (each family's tuple).
 pub trait ClientOf {
     fn client(&self) -> Client;
-}
-
-impl ClientOf for Tuple {
-    #[inline(always)]
-    fn client(&self) -> Client {
-        Client::addr(self.saddr_be)
-    }
 }
 
 impl Client {

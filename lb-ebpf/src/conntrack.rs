@@ -518,30 +518,6 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
     Ok(())
 }
 
-/// Records, on a backend's node, a flow another node sends here by direct server return:
-/// the scratch's `fwd` holds its packets as they arrive (client → backend), `t` the flow as
-/// the other node saw it (client → frontend). Its forward entry (never matched here: the
-/// packets arrive translated; it keeps the flow whole for the agent's conntrack GC) and its
-/// reply entry (backend → client, turned back to frontend → client at egress), written as
-/// they are: no clash check (the client's port to this backend is the client's own), no
-/// SNAT. A lean [`create`], so that its call chain fits the stack of tc ingress's frame.
-#[inline(always)]
-pub fn record_dsr<T: Flow>(t: &T, s: &mut T::Scratch) -> Result<(), Reason> {
-    let p = T::parts(s);
-    let now = clock::now();
-    *p.fwd.created_mut() = now;
-    *p.fwd.last_seen_mut() = now;
-    p.reply.copy_from_local(p.fwd);
-    let (saddr, daddr, sport, dport) = p.reply.ends_mut();
-    saddr.set(t.daddr());
-    daddr.set(t.saddr());
-    *sport = t.dport();
-    *dport = t.sport();
-    *p.reply_key = reply_key_of::<T, _>(p.fwd, t.proto());
-    *p.fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    insert_dsr::<T>(s)
-}
-
 /// Writes the two entries of a DSR flow learnt here, built in the scratch `s` (its keys and
 /// values), as they are (both families).
 #[inline(always)]

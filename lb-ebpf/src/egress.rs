@@ -14,7 +14,7 @@
 //! kube-proxy (MASQUERADE in POSTROUTING).
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use lb_common::{R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
+use lb_common::{R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
 
 use crate::{
     conntrack::{self, touch},
@@ -57,7 +57,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         // the header longer): recorded for the backend's replies, which leave this node.
         // (Any other packet with options goes on.)
         if !t.plain() {
-            if let Then::Done(o) = t.dsr_in(ctx, s).next::<i32>() {
+            if let Then::Done(o) = dsr_in(ctx, t, s).next::<i32>() {
                 return Ok(Then::Done(o));
             }
         } else if dsr::carries(t)
@@ -85,6 +85,20 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         return Ok(Then::Next(Reason(R_PASS)));
     }
     Ok(Then::Done(pass(R_PASS)))
+}
+
+/// tc egress: a packet with IP options or extension headers to a backend: a DSR packet's
+/// flow is recorded (`dsr::learn`); [`Then::Next`] for anything else.
+#[inline(never)]
+fn dsr_in<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
+    if !t.dsr_option(ctx, s) {
+        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
+    }
+    Carried::done(match dsr::learn(t, s) {
+        Ok(true) => pass(R_DSR_IN),
+        Ok(false) => pass(R_PASS),
+        Err(r) => Err(r),
+    })
 }
 
 /// An ICMP or ICMPv6 message `m` at tc ingress (`PART` = `nat::DST`) or egress (`nat::SRC`):

@@ -21,7 +21,7 @@ use crate::{
     maps::Chosen,
     packet::{L4Sum, Packet},
     parse::{ETH_HLEN, Tuple},
-    reason::{Carried, Reason},
+    reason::Reason,
     select::Keyed,
     shared::Shared,
     v6::parse::Tuple6,
@@ -525,8 +525,13 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn is_zero(a: &Self::Addr) -> bool;
     /// A loopback frontend: those exist for the node's own sockets only.
     fn is_loopback(a: &Self::Addr) -> bool;
+    /// The frontend `addr`:`port_be` of protocol `proto`, in `scope`.
+    fn front(addr: &Self::Addr, port_be: u16, proto: u8, scope: u8) -> Self::Front;
     /// The frontend the packet is sent to, in `scope`.
-    fn frontend(&self, scope: u8) -> Self::Front;
+    #[inline(always)]
+    fn frontend(&self, scope: u8) -> Self::Front {
+        Self::front(self.daddr(), self.dport(), self.proto(), scope)
+    }
     /// The Maglev hash of the packet's flow.
     fn flow_hash(&self) -> u32;
     /// The backend's address in this family.
@@ -605,9 +610,10 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
         m: &Self::Icmp,
         s: &mut Self::Scratch,
     ) -> Result<Option<Shared<'static, Self::Value>>, Reason>;
-    /// tc egress, a packet with IP options or extension headers to a backend: the DSR flow
-    /// its option names learnt (out of line), [`crate::reason::Then::Next`] for any other.
-    fn dsr_in(&self, ctx: &TcContext, s: &mut Self::Scratch) -> Carried;
+    /// tc egress, a packet with IP options or extension headers to a backend: whether it
+    /// carries a DSR option, its frontend then read into the scratch's reply entry (its
+    /// source address and port) for `dsr::learn`.
+    fn dsr_option(&self, ctx: &TcContext, s: &mut Self::Scratch) -> bool;
     /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
     fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
     /// The interface the route toward `daddr` leaves by (`None`: no route).

@@ -7,13 +7,12 @@
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
     AffinityValue, Backend, FAMILY_V4, FAMILY_V6, MAGLEV_ROW_SLOTS, R_NO_BACKEND, R_STALE_SLOT,
-    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcValue,
+    SVC_F_MAGLEV, SvcKey, SvcValue,
 };
 
 use crate::{
     affinity::{self, Client},
     maps::{Chosen, XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
-    parse::Tuple,
     reason::Reason,
     shared::{Shared, get},
 };
@@ -26,19 +25,6 @@ pub struct Frontend {
     pub proto: u8,
     /// `SCOPE_EXTERNAL` or `SCOPE_INTERNAL`.
     pub scope: u8,
-}
-
-impl Frontend {
-    /// The frontend a packet is sent to (packets always see the external scope).
-    #[inline(always)]
-    pub fn of(t: &Tuple) -> Self {
-        Self {
-            addr_be: t.daddr_be,
-            port_be: t.dport_be,
-            proto: t.proto,
-            scope: SCOPE_EXTERNAL,
-        }
-    }
 }
 
 /// A frontend's service-map key for one slot: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`])
@@ -206,16 +192,4 @@ pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
         _pad: 0,
         backend: *be,
     })
-}
-
-/// The Maglev hash of an IPv4 flow (`lb_common::flow_hash`, its addresses in word 0).
-#[inline(always)]
-pub fn flow_hash(t: &Tuple) -> u32 {
-    lb_common::flow_hash(
-        &[t.saddr_be, 0, 0, 0],
-        &[t.daddr_be, 0, 0, 0],
-        t.sport_be,
-        t.dport_be,
-        t.proto,
-    )
 }

@@ -7,11 +7,12 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_DSR_IN,
-    R_MALFORMED, R_PASS, SCOPE_EXTERNAL,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_MALFORMED,
+    R_PASS,
 };
 
 use crate::{
+    affinity::{Client, ClientOf},
     conntrack::Ct,
     dsr, egress,
     family::Family,
@@ -21,7 +22,7 @@ use crate::{
     nat, out_dnat,
     packet::{L4Sum, Packet, at, csum_apply, csum_replace, diff2, ld16, st16},
     parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple},
-    reason::{Carried, Reason, Then},
+    reason::{Carried, Reason},
     reject,
     select::{self, Frontend},
     shared::Shared,
@@ -31,6 +32,13 @@ use crate::{
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
 crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
+
+impl ClientOf for Tuple {
+    #[inline(always)]
+    fn client(&self) -> Client {
+        Client::addr(self.saddr_be)
+    }
+}
 
 impl Family for Tuple {
     type Front = Frontend;
@@ -48,16 +56,24 @@ impl Family for Tuple {
         select::is_loopback(*a)
     }
     #[inline(always)]
-    fn frontend(&self, scope: u8) -> Frontend {
-        let mut f = Frontend::of(self);
-        if scope != SCOPE_EXTERNAL {
-            f.scope = scope;
+    fn front(addr: &u32, port_be: u16, proto: u8, scope: u8) -> Frontend {
+        Frontend {
+            addr_be: *addr,
+            port_be,
+            proto,
+            scope,
         }
-        f
     }
     #[inline(always)]
+    /// `lb_common::flow_hash`, the addresses in word 0.
     fn flow_hash(&self) -> u32 {
-        select::flow_hash(self)
+        lb_common::flow_hash(
+            &[self.saddr_be, 0, 0, 0],
+            &[self.daddr_be, 0, 0, 0],
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
     }
     #[inline(always)]
     fn backend_addr(be: &Backend) -> &u32 {
@@ -136,8 +152,13 @@ impl Family for Tuple {
         icmp::translate::<PART>(ctx, m, s)
     }
     #[inline(always)]
-    fn dsr_in(&self, ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-        dsr_in(ctx, s)
+    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch) -> bool {
+        let Some((addr_be, port_be)) = dsr::option_of(ctx, self) else {
+            return false;
+        };
+        s.reply.saddr_be = addr_be;
+        s.reply.sport_be = port_be;
+        true
     }
     #[inline(always)]
     fn dsr_push(ctx: &TcContext, addr: &u32, port_be: u16) -> Result<(), Reason> {
@@ -184,26 +205,6 @@ impl Family for Tuple {
     fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
         checksum_partial(ctx, self)
     }
-}
-
-/// tc egress: a packet with IP options to a backend: a DSR packet's flow is recorded
-/// (`dsr::learn`); [`Then::Next`] for anything else. The packet is parsed again here, off
-/// the egress frame (the frames of a call chain add up), into a tuple `dsr::learn` may
-/// turn to the frontend in place.
-#[inline(never)]
-fn dsr_in(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-    let next = || Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
-    let Ok(Parsed::Flow(mut t)) = parse::parse_ipv4(ctx, ctx.len()) else {
-        return next();
-    };
-    let Some((addr_be, port_be)) = dsr::option_of(ctx, &t) else {
-        return next();
-    };
-    Carried::done(match dsr::learn(&mut t, addr_be, port_be, s) {
-        Ok(true) => Ok((TC_ACT_OK, Reason(R_DSR_IN))),
-        Ok(false) => Ok((TC_ACT_OK, Reason(R_PASS))),
-        Err(r) => Err(r),
-    })
 }
 
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's

@@ -12,7 +12,7 @@ use super::{
     parse::Tuple6,
 };
 use crate::affinity::{Client, ClientOf};
-pub use crate::conntrack::{entry, insert_dsr, quoted};
+pub use crate::conntrack::quoted;
 pub use crate::family::{copy6, eq6};
 
 impl ClientOf for Tuple6 {

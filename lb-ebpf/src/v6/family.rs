@@ -1,11 +1,8 @@
 //! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
 //! modules beside this one. Nothing here knows IPv4.
 
-use aya_ebpf::{
-    bindings::TC_ACT_OK,
-    programs::{TcContext, XdpContext},
-};
-use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_DSR_IN, R_PASS, filter_fold};
+use aya_ebpf::programs::{TcContext, XdpContext};
+use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, filter_fold};
 
 use super::{
     dsr, fib, icmp,
@@ -19,7 +16,7 @@ use crate::{
     family::Family,
     fib::Way,
     packet::{L4Sum, Packet},
-    reason::{Carried, Reason, Then},
+    reason::Reason,
     select::Frontend6,
     shared::Shared,
     srcrange,
@@ -44,11 +41,11 @@ impl Family for Tuple6 {
         a[0] | a[1] | a[2] == 0 && a[3] == 1u32.to_be()
     }
     #[inline(always)]
-    fn frontend(&self, scope: u8) -> Frontend6 {
+    fn front(addr: &[u32; 4], port_be: u16, proto: u8, scope: u8) -> Frontend6 {
         Frontend6 {
-            addr_be: self.daddr_be,
-            port_be: self.dport_be,
-            proto: self.proto,
+            addr_be: *addr,
+            port_be,
+            proto,
             scope,
         }
     }
@@ -139,8 +136,8 @@ impl Family for Tuple6 {
         icmp::translate::<PART>(ctx, m, s)
     }
     #[inline(always)]
-    fn dsr_in(&self, ctx: &TcContext, s: &mut FlowScratch6) -> Carried {
-        dsr_in(ctx, self, s)
+    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch6) -> bool {
+        dsr::read_option(ctx, self, &mut s.reply)
     }
     #[inline(always)]
     fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
@@ -188,19 +185,4 @@ impl Family for Tuple6 {
     fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
         xdp::checksum_partial(ctx, self)
     }
-}
-
-/// tc egress: a packet with extension headers to a backend: a DSR packet's flow is recorded
-/// (`dsr::learn`, the frontend read into the scratch's reply entry); [`Then::Next`] for
-/// anything else.
-#[inline(never)]
-fn dsr_in(ctx: &TcContext, t: &Tuple6, s: &mut FlowScratch6) -> Carried {
-    if !dsr::read_option(ctx, t, &mut s.reply) {
-        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
-    }
-    Carried::done(match dsr::learn(t, s) {
-        Ok(true) => Ok((TC_ACT_OK, Reason(R_DSR_IN))),
-        Ok(false) => Ok((TC_ACT_OK, Reason(R_PASS))),
-        Err(r) => Err(r),
-    })
 }
