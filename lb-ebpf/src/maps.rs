@@ -98,7 +98,7 @@ pub static XLB_SRCRNG6_V1: LpmTrie<SrcRangeKey6, u32, { SRC_RANGE6_MAP_CAPACITY 
 pub static XLB_XDPTX_V1: DevMapHash<{ XDP_TX_MAP_CAPACITY as usize }> = DevMapHash::new();
 
 /// Where a new flow's conntrack entries are built (the stack is only 512 bytes): the IPv4
-/// part of the per-CPU work area (`work::WorkArea`, 184 B). Kernel-only: never pinned, never
+/// part of the per-CPU work area (`work::WorkArea`, 224 B). Kernel-only: never pinned, never
 /// read by the agent.
 #[derive(Clone, Copy)]
 #[repr(C)]
