@@ -1,14 +1,11 @@
 //! Session affinity (sessionAffinity: ClientIP): a client keeps the backend of its previous
 //! connection to a service until `affinity_timeout_s` passes since its last packet.
 
-use lb_common::{
-    AffinityKey, AffinityValue, Backend, FAMILY_NETNS, FAMILY_V4, FAMILY_V6, SvcValue,
-};
+use lb_common::{AffinityKey, AffinityValue, FAMILY_NETNS, FAMILY_V4, FAMILY_V6, SvcValue};
 
 use crate::{
     clock,
-    maps::XLB_AFF_V2,
-    parse::Tuple,
+    maps::{Chosen, XLB_AFF_V2},
     shared::{Shared, load, store},
 };
 
@@ -27,20 +24,7 @@ pub trait ClientOf {
     fn client(&self) -> Client;
 }
 
-impl ClientOf for Tuple {
-    #[inline(always)]
-    fn client(&self) -> Client {
-        Client::addr(self.saddr_be)
-    }
-}
-
 impl Client {
-    /// The source of a packet.
-    #[inline(always)]
-    pub fn of(t: &Tuple) -> Self {
-        Self::addr(t.saddr_be)
-    }
-
     /// An IPv4 address (network order).
     #[inline(always)]
     pub fn addr(addr_be: u32) -> Self {
@@ -88,8 +72,8 @@ fn key(client: &Client, svc_id: u32) -> AffinityKey {
 pub fn lookup(
     client: &Client,
     svc: &SvcValue,
-    still: impl FnOnce(&Shared<'_, AffinityValue>) -> Option<(u32, u16, Backend)>,
-) -> Option<(u32, u16, Backend)> {
+    still: impl FnOnce(&Shared<'_, AffinityValue>) -> Option<Chosen>,
+) -> Option<Chosen> {
     if svc.affinity_timeout_s == 0 {
         return None;
     }

@@ -4,7 +4,7 @@
 //!
 //! One implementation for both families: the steps are generic over the packet's tuple
 //! ([`Flow`], `family.rs`), which names its family's key, entry, tables and scratch; IPv4's
-//! parts are here, IPv6's in `v6/conntrack.rs`. Each family gets its own copy of every
+//! parts are named in `v4.rs`, IPv6's in `v6/conntrack.rs`. Each family gets its own copy of every
 //! function (monomorphised), out of line where IPv4's was.
 //!
 //! An entry found in a table is a [`Shared`] (`shared.rs`): read and written through its
@@ -19,16 +19,14 @@ use aya_ebpf::{
 };
 use lb_common::{
     CT_DIR_FORWARD, CT_DIR_REPLY, CT_DIR_SNAT_OUT, CT_F_ASSURED, CT_F_CLOSING, CT_F_PORT_IN,
-    CT_F_REPLIED, CT_F_RESET, CT_F_SNAT, CT_F_XDP_STACK, CtKey, CtValue, IPPROTO_SCTP, IPPROTO_TCP,
-    IPPROTO_UDP, R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
+    CT_F_REPLIED, CT_F_RESET, CT_F_SNAT, CT_F_XDP_STACK, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+    R_CT_ASSURED_FULL, R_CT_FULL, R_SNAT_FAILED,
 };
 
 pub use crate::family::{Entry, Flow};
 use crate::{
     clock,
     family::{Addr, Ends, EndsMut, Key, View},
-    maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
-    parse::Tuple,
     reason::Reason,
     select::backend_is,
     shared::Shared,
@@ -50,9 +48,6 @@ pub(crate) const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 /// port; a full range shows as `snat_failed`, never as a collision. `bpf_loop` keeps the
 /// verifier's cost independent of it.
 pub(crate) const SNAT_TRIES: u32 = 1024;
-
-// IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
-crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
 
 /// The entry of the other way of the flow a quoted packet (an ICMP error's quote, `isrc`
 /// → `idst`, ports `isport` → `idport`) went one way of, as its peer sees the tuple: a
@@ -521,45 +516,6 @@ pub fn create<T: Flow>(t: &T, src: &Source, s: &mut T::Scratch) -> Result<(), Re
         egress_entries::<T>(t.proto(), 0, s)?;
     }
     Ok(())
-}
-
-/// The frontend (address, port) of the DSR flow a packet leaving for its backend (client →
-/// backend, translated at ingress) belongs to, from its reply entry (backend → client,
-/// which restores the frontend).
-#[inline(always)]
-pub fn dsr_frontend(t: &Tuple) -> Option<(u32, u16)> {
-    let k = Tuple::key(
-        t.daddr(),
-        t.saddr(),
-        t.dport(),
-        t.sport(),
-        t.proto,
-        CT_DIR_REPLY,
-    );
-    let ct = entry::<Tuple>(&k)?;
-    (ct.flags() & lb_common::CT_F_DSR != 0).then_some((*ct.saddr(), ct.sport()))
-}
-
-/// Records, on a backend's node, a flow another node sends here by direct server return:
-/// the scratch's `fwd` holds its packets as they arrive (client → backend), `t` the flow as
-/// the other node saw it (client → frontend). Its forward entry (never matched here: the
-/// packets arrive translated; it keeps the flow whole for the agent's conntrack GC) and its
-/// reply entry (backend → client, turned back to frontend → client at egress), written as
-/// they are: no clash check (the client's port to this backend is the client's own), no
-/// SNAT. A lean [`create`], so that its call chain fits the stack of tc ingress's frame.
-#[inline(always)]
-pub fn record_dsr(t: &Tuple, s: &mut FlowScratch) -> Result<(), Reason> {
-    let now = clock::now();
-    s.fwd.created_ns = now;
-    s.fwd.last_seen_ns = now;
-    s.reply = s.fwd;
-    s.reply.saddr_be = t.daddr_be;
-    s.reply.daddr_be = t.saddr_be;
-    s.reply.sport_be = t.dport_be;
-    s.reply.dport_be = t.sport_be;
-    s.reply_key = reply_key_of::<Tuple, _>(&s.fwd, t.proto);
-    s.fwd_key = tuple_key(t, CT_DIR_FORWARD);
-    insert_dsr::<Tuple>(s)
 }
 
 /// Writes the two entries of a DSR flow learnt here, built in the scratch `s` (its keys and

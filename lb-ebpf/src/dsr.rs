@@ -14,17 +14,21 @@
 //! reaches the backend as it was sent.
 
 use lb_common::{
-    BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_F_DSR, DSR_OPT_LEN, DSR_OPT_TYPE,
-    IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SVC_F_SNAT_REMOTE, SvcValue,
+    BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR,
+    DSR_OPT_LEN, DSR_OPT_TYPE, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SCOPE_EXTERNAL,
+    SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
-    conntrack, filter,
-    maps::{self, FlowScratch},
+    clock,
+    conntrack::{self, Ct},
+    family::{Addr, Ends, EndsMut, Entry, Family, View},
+    filter,
+    maps::{self},
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
-    select::{self, Frontend},
+    select::{self},
 };
 
 /// TCP's SYN and ACK flags.
@@ -35,12 +39,11 @@ const IP_CSUM: usize = ETH_HLEN + 10;
 /// `BPF_ADJ_ROOM_NET`: room after the IP header (IPv4's 20 fixed bytes, IPv6's 40).
 pub(crate) const ADJ_ROOM_NET: u32 = 0;
 
-/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: an external frontend
-/// that SNATs to remote backends, a remote backend, the protocol's DSR flag set, and an
-/// IPv4 header without options (the option goes where options would be).
+/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: [`wanted`], and a
+/// header without IP options or IPv6 extension headers (the option goes first).
 #[inline(always)]
-pub fn applies(t: &Tuple, svc: &SvcValue, be: &Backend) -> bool {
-    t.l4_off == ETH_HLEN + 20 && wanted(t.proto, svc, be)
+pub fn applies<F: Family>(t: &F, svc: &SvcValue, be: &Backend) -> bool {
+    t.plain() && wanted(t.proto(), svc, be)
 }
 
 /// Whether a new flow of `proto` to backend `be` of frontend `svc` goes by DSR, whatever
@@ -61,16 +64,16 @@ pub fn wanted(proto: u8, svc: &SvcValue, be: &Backend) -> bool {
 
 /// A packet of a DSR flow carries the option: a TCP SYN (not a SYN-ACK), a UDP datagram.
 #[inline(always)]
-pub fn carries(t: &Tuple) -> bool {
-    carries_by(t.proto, t.tcp_flags)
+pub fn carries<F: Family>(t: &F) -> bool {
+    carries_by(t.proto(), t.tcp_flags())
 }
 
 /// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
-/// option, on a DSR flow's packets that carry it (`translate::check_mtu` counts them).
+/// option, on a DSR flow's packets that carry it (the MTU check counts them).
 #[inline(always)]
-pub fn extra(flags: u16, t: &Tuple) -> u16 {
+pub fn extra<F: Family>(flags: u16, t: &F) -> u16 {
     if flags & CT_F_DSR != 0 && carries(t) {
-        DSR_OPT_LEN as u16
+        F::DSR_LEN
     } else {
         0
     }
@@ -78,12 +81,27 @@ pub fn extra(flags: u16, t: &Tuple) -> u16 {
 
 /// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
 #[inline(always)]
-pub fn extra_new(t: &Tuple, svc: &SvcValue, be: &Backend) -> u16 {
+pub fn extra_new<F: Family>(t: &F, svc: &SvcValue, be: &Backend) -> u16 {
     if applies(t, svc, be) && carries(t) {
-        DSR_OPT_LEN as u16
+        F::DSR_LEN
     } else {
         0
     }
+}
+
+/// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
+/// translated at ingress) belongs to: its source is the frontend.
+#[inline(always)]
+pub fn frontend_entry<F: Family>(t: &F) -> Option<Ct<F>> {
+    let k = F::key(
+        t.daddr(),
+        t.saddr(),
+        t.dport(),
+        t.sport(),
+        t.proto(),
+        CT_DIR_REPLY,
+    );
+    conntrack::entry::<F>(&k).filter(|ct| ct.flags() & CT_F_DSR != 0)
 }
 
 /// [`carries`], by the packet's protocol and TCP flags (both families).
@@ -140,47 +158,64 @@ pub fn option_of<P: Packet>(ctx: &P, t: &Tuple) -> Option<(u32, u16)> {
     Some((addr, u16::from_ne_bytes([opt[2], opt[3]])))
 }
 
-/// On the backend's node: records the flow of `t` (client → backend) a DSR option names
-/// `(addr, port)` as the frontend of, unless it is recorded already, so its replies
-/// (backend → client) get the frontend as source at egress. Only for a packet to a backend
-/// address this node programs (the address filter); the frontend may be another node's
-/// (a NodePort on the address of the node that chose the backend), counted under the
-/// service it is here when it is one. `t` is left naming the frontend as destination.
+/// On the backend's node: records the flow of `t` (client → backend) whose frontend the
+/// family's leaf read from its DSR option into the scratch's reply entry (its source
+/// address and port), unless it is recorded already, so its replies (backend → client) get
+/// the frontend as source at egress: its forward entry (client → frontend, never matched
+/// here: the packets arrive translated; it keeps the flow whole for the agent's conntrack
+/// GC) and its reply entry, written as they are (no clash check: the client's port to this
+/// backend is the client's own; no SNAT). Only for a packet to a backend address this node
+/// programs (the address filter); the frontend may be another node's (a NodePort on the
+/// address of the node that chose the backend), counted under the service it is here when
+/// it is one. Both families.
 #[inline(never)]
-pub fn learn(
-    t: &mut Tuple,
-    addr_be: u32,
-    port_be: u16,
-    s: &mut FlowScratch,
-) -> Result<bool, Reason> {
-    if !filter::maybe_backend(t.daddr_be) {
+pub fn learn<F: Family>(t: &F, s: &mut F::Scratch) -> Result<bool, Reason> {
+    if !filter::maybe_backend(F::filter_word(t.daddr())) {
         return Ok(false);
     }
-    let f = Frontend {
-        addr_be,
-        port_be,
-        proto: t.proto,
-        scope: lb_common::SCOPE_EXTERNAL,
-    };
-    let svc_id = select::lookup(&f).map_or(0, |svc| svc.svc_id);
-    // The flow as the node that chose the backend saw it: client → frontend (in place: a
-    // copy of the tuple would take the stack this call chain does not have).
-    let (backend_be, backend_port_be) = (t.daddr_be, t.dport_be);
-    t.daddr_be = addr_be;
-    t.dport_be = port_be;
-    if conntrack::lookup_forward(t).is_some() {
+    let p = F::parts(s);
+    *p.fwd_key = F::key(
+        t.saddr(),
+        p.reply.saddr(),
+        t.sport(),
+        p.reply.sport(),
+        t.proto(),
+        CT_DIR_FORWARD,
+    );
+    if conntrack::entry::<F>(p.fwd_key).is_some() {
         return Ok(true);
     }
-    s.fwd.saddr_be = t.saddr_be;
-    s.fwd.sport_be = t.sport_be;
-    s.fwd.daddr_be = backend_be;
-    s.fwd.dport_be = backend_port_be;
-    s.fwd.backend_id = 0;
-    s.fwd.backend_gen = 0;
-    s.fwd.svc_id = svc_id;
-    s.fwd.flags = CT_F_DSR;
-    s.fwd.mtu = 0;
-    s.fwd._pad = 0;
-    conntrack::record_dsr(t, s)?;
+    let front = F::front(p.reply.saddr(), p.reply.sport(), t.proto(), SCOPE_EXTERNAL);
+    let svc_id = select::lookup(&front).map_or(0, |svc| svc.svc_id);
+    let now = clock::now();
+    let (saddr, daddr, sport, dport) = p.fwd.ends_mut();
+    saddr.set(t.saddr());
+    daddr.set(t.daddr());
+    *sport = t.sport();
+    *dport = t.dport();
+    learnt::<F>(p.fwd, svc_id, now);
+    let (_, daddr, _, dport) = p.reply.ends_mut();
+    daddr.set(t.saddr());
+    *dport = t.sport();
+    learnt::<F>(p.reply, svc_id, now);
+    *p.reply_key = F::key(
+        t.daddr(),
+        t.saddr(),
+        t.dport(),
+        t.sport(),
+        t.proto(),
+        CT_DIR_REPLY,
+    );
+    conntrack::insert_dsr::<F>(s)?;
     Ok(true)
+}
+
+/// The fields of a learnt DSR flow's entry besides its tuple: no backend index (the flow is
+/// another node's choice), the service index `svc_id` (0: none here), created `now`.
+#[inline(always)]
+fn learnt<F: Family>(v: &mut F::Value, svc_id: u32, now: u64) {
+    v.start(0, 0, svc_id);
+    *v.flags_mut() = CT_F_DSR;
+    *v.created_mut() = now;
+    *v.last_seen_mut() = now;
 }

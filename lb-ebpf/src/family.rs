@@ -5,13 +5,27 @@
 //! `conntrack.rs`, IPv6's `Tuple6` in `v6/conntrack.rs`). Everything here is
 //! `#[inline(always)]`: generic code compiles to what the family's own code was.
 
+use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{HashMap, LruHashMap},
 };
-use lb_common::{CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6};
+use lb_common::{
+    Backend, CT_MAP_CAPACITY, CtKey, CtKey6, CtValue, CtValue6, IPPROTO_SCTP, IPPROTO_TCP,
+    NodeConfig,
+};
 
-use crate::{parse::Tuple, shared::Shared, v6::parse::Tuple6};
+use crate::{
+    affinity::ClientOf,
+    fib::Way,
+    maps::Chosen,
+    packet::{L4Sum, Packet},
+    parse::{ETH_HLEN, Tuple},
+    reason::Reason,
+    select::Keyed,
+    shared::Shared,
+    v6::parse::Tuple6,
+};
 
 /// An address: compared and copied word by word (an array comparison may become a `bcmp`
 /// call, which BPF does not have; an array copy between two map values a `memmove`, whose
@@ -61,13 +75,7 @@ pub fn eq6(a: &[u32; 4], b: &[u32; 4]) -> bool {
 }
 
 /// `*dst = *src` word by word, volatile (see [`Addr`]).
-#[inline(always)]
-pub fn copy6(dst: &mut [u32; 4], src: &[u32; 4]) {
-    for i in 0..4 {
-        // SAFETY: both indices are in bounds.
-        unsafe { core::ptr::write_volatile(&mut dst[i], core::ptr::read_volatile(&src[i])) };
-    }
-}
+pub use crate::maps::copy_words as copy6;
 
 /// The 4-tuple a conntrack key, a conntrack entry and a parsed packet share (fields
 /// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each), read.
@@ -143,6 +151,10 @@ pub trait Entry: View + EndsMut + Sized {
     fn flags_mut(&mut self) -> &mut u16;
     fn last_seen_mut(&mut self) -> &mut u64;
     fn created_mut(&mut self) -> &mut u64;
+    fn mtu_mut(&mut self) -> &mut u16;
+    /// A new forward entry's fields beyond its tuple and times: its backend (index and
+    /// generation) and service index, no flags, no MTU.
+    fn start(&mut self, backend_id: u32, backend_gen: u32, svc_id: u32);
     /// `*self = *src`, field by field (a struct copy from a map value compiles to a
     /// `memmove` whose overlap check subtracts pointers), each read through the pointer.
     fn copy_from(&mut self, src: &Shared<'_, Self>);
@@ -207,6 +219,19 @@ macro_rules! entry {
             #[inline(always)]
             fn created_mut(&mut self) -> &mut u64 {
                 &mut self.created_ns
+            }
+            #[inline(always)]
+            fn mtu_mut(&mut self) -> &mut u16 {
+                &mut self.mtu
+            }
+            #[inline(always)]
+            fn start(&mut self, backend_id: u32, backend_gen: u32, svc_id: u32) {
+                self.backend_id = backend_id;
+                self.backend_gen = backend_gen;
+                self.svc_id = svc_id;
+                self.flags = 0;
+                self.mtu = 0;
+                self._pad = 0;
             }
             #[inline(always)]
             fn copy_from(&mut self, src: &Shared<'_, Self>) {
@@ -380,12 +405,14 @@ pub type CtTable<K, V> = LruHashMap<K, V, { CT_MAP_CAPACITY as usize }>;
 pub type CtaTable<K, V> =
     HashMap<K, V, { CT_MAP_CAPACITY as usize }, { BPF_F_NO_PREALLOC as usize }>;
 
-/// The scratch fields a new flow's entries are built in (`FlowScratch`, `FlowScratch6`).
+/// The scratch fields a new flow's entries are built in (`FlowScratch`, `FlowScratch6`),
+/// and the backend it goes to (chosen by one step, recorded by the next).
 pub struct Parts<'a, K, V> {
     pub fwd: &'a mut V,
     pub reply: &'a mut V,
     pub fwd_key: &'a mut K,
     pub reply_key: &'a mut K,
+    pub chosen: &'a mut Chosen,
 }
 
 /// A family, as its parsed packet's tuple knows it: what the packet says (protocol, TCP
@@ -443,6 +470,7 @@ macro_rules! flow {
                     reply: &mut s.reply,
                     fwd_key: &mut s.fwd_key,
                     reply_key: &mut s.reply_key,
+                    chosen: &mut s.chosen,
                 }
             }
             #[inline(always)]
@@ -468,3 +496,147 @@ macro_rules! flow {
     };
 }
 pub(crate) use flow;
+
+/// What the route-MTU check says about a packet about to be translated toward a backend.
+pub enum Mtu {
+    /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
+    Unchecked,
+    /// It fits: this size is worth remembering in the flow's entry.
+    Fits(u16),
+    /// It does not fit: answer fragmentation needed with this MTU before translating it.
+    TooBig(u16),
+}
+
+/// An address family, as the one flow of each hook asks it (implemented by the parsed
+/// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
+/// between the families is here: which word the address filters hash, a loopback frontend,
+/// the service-map frontend, the source-range trie, the route lookups (MTU check, SNAT
+/// source), the DSR option's size, the header rewrite and the answers built in its header
+/// (refusal, fragmentation needed / Packet Too Big). Every step that uses it is generic
+/// over it and monomorphised per family.
+pub trait Family: Flow + ClientOf + Sized + 'static {
+    /// The frontend as the service map keys it.
+    type Front: Keyed;
+    /// Bytes the DSR option adds to a packet that carries it.
+    const DSR_LEN: u16;
+    /// The word the address filters hash for `a` (`filter::maybe_*`).
+    fn filter_word(a: &Self::Addr) -> u32;
+    /// `a` is unset (all zero).
+    fn is_zero(a: &Self::Addr) -> bool;
+    /// A loopback frontend: those exist for the node's own sockets only.
+    fn is_loopback(a: &Self::Addr) -> bool;
+    /// The frontend `addr`:`port_be` of protocol `proto`, in `scope`.
+    fn front(addr: &Self::Addr, port_be: u16, proto: u8, scope: u8) -> Self::Front;
+    /// The frontend the packet is sent to, in `scope`.
+    #[inline(always)]
+    fn frontend(&self, scope: u8) -> Self::Front {
+        Self::front(self.daddr(), self.dport(), self.proto(), scope)
+    }
+    /// The Maglev hash of the packet's flow.
+    fn flow_hash(&self) -> u32;
+    /// The backend's address in this family.
+    fn backend_addr(be: &Backend) -> &Self::Addr;
+    /// Whether the client falls in the source ranges of service index `svc_id`.
+    fn src_allowed(&self, svc_id: u32) -> bool;
+    /// The family's hairpin address (all zero: hairpin off).
+    fn hairpin(cfg: &NodeConfig) -> Self::Addr;
+    /// A packet without IP options or extension headers (where a DSR option may go).
+    fn plain(&self) -> bool;
+    /// Packets up to this size are not checked against the route MTU (IPv4: 576, no link
+    /// is smaller; IPv6: 1280, its minimum link MTU).
+    const MIN_CHECKED: u32;
+    /// The packet must be answered, not fragmented, when too big for its route (IPv4: DF
+    /// set; IPv6: always, no router fragments it).
+    fn df(&self) -> bool;
+    /// Offset of the L4 header.
+    fn l4_off(&self) -> usize;
+    /// The route toward `daddr` for a packet of `len` bytes: its MTU and whether the packet
+    /// is too big for it (`None`: no route here, the stack decides).
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)>;
+
+    /// Checks the packet against the route to `daddr` (its MTU, as the kernel's forwarding
+    /// would), unless it is no bigger than `fits`, a size already known to fit (0 = none). A
+    /// GSO super-packet is checked by the size of its segments. `extra`: bytes the packet
+    /// gains on its way (a DSR option, `dsr::extra`), counted in its size and taken off the
+    /// MTU a too-big packet is answered with.
+    #[inline(always)]
+    fn check_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, fits: u16, extra: u16) -> Mtu {
+        if !self.df() {
+            return Mtu::Unchecked;
+        }
+        let gso = ctx.gso_size();
+        let len = if gso == 0 {
+            self.ip_len() as u32
+        } else {
+            let l4_hdr = if self.proto() == IPPROTO_TCP {
+                ctx.load::<u8>(self.l4_off() + 12)
+                    .map_or(20, |d| ((d >> 4) as u32) * 4)
+            } else if self.proto() == IPPROTO_SCTP {
+                12
+            } else {
+                8
+            };
+            (self.l4_off() - ETH_HLEN) as u32 + l4_hdr + gso
+        } + extra as u32;
+        if len <= Self::MIN_CHECKED || len <= fits as u32 || len > u16::MAX as u32 {
+            return Mtu::Unchecked;
+        }
+        match self.route_mtu(ctx, daddr, len as u16) {
+            None => Mtu::Unchecked,
+            Some((mtu, true)) => Mtu::TooBig(mtu.saturating_sub(extra)),
+            Some((_, false)) => Mtu::Fits(len as u16),
+        }
+    }
+    /// The node's source address on the route toward `daddr` (`None`: no route, or no
+    /// address).
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr>;
+    /// Rewrites the `PART` of the packet's tuple into `to`'s (`nat::apply`).
+    fn apply<P: L4Sum, const PART: u8>(
+        &self,
+        ctx: &P,
+        to: &Shared<'_, Self::Value>,
+    ) -> Result<(), Reason>;
+    /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
+    /// where the family needs room; `back`: see `reject::refuse`.
+    fn refuse(&self, ctx: &TcContext, s: &mut Self::Scratch, back: u64) -> Result<i32, Reason>;
+    /// Answers the packet with fragmentation needed / Packet Too Big (`mtu`).
+    fn too_big(&self, ctx: &TcContext, s: &mut Self::Scratch, mtu: u16) -> Result<i32, Reason>;
+    /// An ICMP message as the family's parse leaves it.
+    type Icmp;
+    /// The `PART` side of an ICMP error about a tracked flow translated, outer header and
+    /// quote (worked on in the scratch); the flow's entry, or `None` for any other message.
+    fn translate_icmp<const PART: u8>(
+        ctx: &TcContext,
+        m: &Self::Icmp,
+        s: &mut Self::Scratch,
+    ) -> Result<Option<Shared<'static, Self::Value>>, Reason>;
+    /// tc egress, a packet with IP options or extension headers to a backend: whether it
+    /// carries a DSR option, its frontend then read into the scratch's reply entry (its
+    /// source address and port) for `dsr::learn`.
+    fn dsr_option(&self, ctx: &TcContext, s: &mut Self::Scratch) -> bool;
+    /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
+    fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
+    /// The interface the route toward `daddr` leaves by (`None`: no route).
+    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32>;
+    /// The IP packet's length, its header included (IPv4's total length; IPv6's 40 bytes
+    /// and its payload length): what a route's MTU is checked against.
+    fn ip_len(&self) -> u16;
+    /// XDP: the way out of a packet `saddr → daddr` of `len` bytes, by its route (cached
+    /// per CPU).
+    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way;
+    /// XDP: the TTL (hop limit) of the packet.
+    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason>;
+    /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
+    /// `hop_limit`, the frame given the next hop's MACs.
+    fn forward_l2(
+        &self,
+        ctx: &XdpContext,
+        hop_limit: u8,
+        smac: &[u8; 6],
+        dmac: &[u8; 6],
+    ) -> Result<(), Reason>;
+    /// XDP: whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds
+    /// the folded pseudo-header sum for offload to complete; XDP cannot see that state, so
+    /// such a packet goes the tc way).
+    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason>;
+}

@@ -270,3 +270,36 @@ pub(crate) fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
         unsafe { core::ptr::write_volatile(&mut dst[i], core::ptr::read_volatile(&src[i])) };
     }
 }
+
+/// The next hop of a packet XDP sends out itself (either family).
+pub(crate) struct Hop {
+    pub ifindex: u32,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+}
+
+/// How a packet translated to `v` leaves (either family).
+pub(crate) enum Way {
+    /// Untouched to tc: the route is not ready (no neighbour yet) or too small.
+    Tc,
+    /// Into the stack translated as tc ingress would: its way out takes no XDP frames.
+    Stack,
+    /// Redirected out of an interface that takes XDP frames.
+    Redirect(Hop),
+}
+
+impl Way {
+    /// The way out by a route's egress interface and next hop: redirected when the
+    /// interface takes XDP frames, else into the stack.
+    #[inline(always)]
+    pub(crate) fn out(ifindex: u32, smac: &[u8; 6], dmac: &[u8; 6]) -> Way {
+        if crate::maps::XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
+            return Way::Stack;
+        }
+        Way::Redirect(Hop {
+            ifindex,
+            smac: *smac,
+            dmac: *dmac,
+        })
+    }
+}

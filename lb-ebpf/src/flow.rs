@@ -1,20 +1,16 @@
 //! The steps tc and XDP share for a flow: keeping an established one fresh, admitting a new
 //! one (source ranges) and recording it once its backend and route are settled.
 
-use lb_common::{
-    Backend, CT_F_AFFINITY, CT_F_SNAT, CtValue, R_CT_MISS, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue,
-};
+use lb_common::{CT_F_AFFINITY, CT_F_SNAT, R_CT_MISS, R_SRC_DENIED, SVC_F_SRC_RANGES, SvcValue};
 
 use crate::{
-    affinity::{self, Client, ClientOf},
+    affinity::{self, ClientOf},
     conntrack::{self, Ct},
-    family::{Flow, View},
-    maps::FlowScratch,
+    family::{Entry, Family, Flow, View},
     packet::Packet,
-    parse::Tuple,
     reason::Reason,
     shared::Shared,
-    srcrange, translate,
+    translate,
 };
 
 /// A packet of an established flow keeps its entries (and its client's affinity, when its
@@ -45,39 +41,36 @@ pub fn keep_alive<T: Flow + ClientOf>(
 /// loadBalancerSourceRanges: a client outside them never gets a flow (kube-proxy checks new
 /// connections only).
 #[inline(always)]
-pub fn admitted(t: &Tuple, svc: &SvcValue) -> Result<(), Reason> {
-    if svc.flags & SVC_F_SRC_RANGES != 0 && !srcrange::allowed(svc.svc_id, t.saddr_be) {
+pub fn admitted<F: Family>(t: &F, svc: &SvcValue) -> Result<(), Reason> {
+    if svc.flags & SVC_F_SRC_RANGES != 0 && !t.src_allowed(svc.svc_id) {
         return Err(Reason(R_SRC_DENIED));
     }
     Ok(())
 }
 
-/// The backend a new flow goes to: its id, its slot and the backend.
-pub type Chosen = (u32, u16, Backend);
-
-/// Records a new flow of `t` to the chosen backend: its source translation, the client's
-/// affinity, its conntrack entries (`mtu`: the size known to fit its route, 0 for none;
-/// `flags`: more `CT_F_*` flags for the forward entry), built in the scratch `s`. Returns
-/// the forward tuple its packets are rewritten to (in `s`).
+/// Records a new flow of `t` to the backend the scratch `s` holds (`Parts::chosen`): its
+/// source translation, the client's affinity, its conntrack entries (`mtu`: the size known
+/// to fit its route, 0 for none; `flags`: more `CT_F_*` flags for the forward entry), built
+/// in `s`. Returns the forward tuple its packets are rewritten to (in `s`).
 #[inline(always)]
-pub fn record<'s, P: Packet>(
+pub fn record<'s, F: Family, P: Packet>(
     ctx: &P,
-    t: &Tuple,
+    t: &F,
     svc: &SvcValue,
-    client: &Client,
-    chosen: &Chosen,
     mtu: u16,
     flags: u16,
-    s: &'s mut FlowScratch,
-) -> Result<Shared<'s, CtValue>, Reason> {
-    let (backend_id, slot, be) = chosen;
-    let source = translate::forward_tuple(ctx, t, svc, *backend_id, be, &mut s.fwd)?;
-    s.fwd.mtu = mtu;
-    s.fwd.flags |= flags;
+    s: &'s mut F::Scratch,
+) -> Result<Shared<'s, F::Value>, Reason> {
+    let p = F::parts(s);
+    let source = translate::forward_tuple(ctx, t, svc, p.chosen, p.fwd)?;
+    *p.fwd.mtu_mut() = mtu;
+    let mut more = flags;
     if svc.affinity_timeout_s != 0 {
-        s.fwd.flags |= CT_F_AFFINITY;
+        more |= CT_F_AFFINITY;
     }
-    affinity::remember(client, svc, *backend_id, *slot, be.generation);
+    *p.fwd.flags_mut() |= more;
+    let c = &*p.chosen;
+    affinity::remember(&t.client(), svc, c.id, c.slot, c.backend.generation);
     conntrack::create(t, &source, s)?;
-    Ok(Shared::local(&mut s.fwd))
+    Ok(Shared::local(F::parts(s).fwd))
 }

@@ -98,7 +98,7 @@ pub static XLB_SRCRNG6_V1: LpmTrie<SrcRangeKey6, u32, { SRC_RANGE6_MAP_CAPACITY 
 pub static XLB_XDPTX_V1: DevMapHash<{ XDP_TX_MAP_CAPACITY as usize }> = DevMapHash::new();
 
 /// Where a new flow's conntrack entries are built (the stack is only 512 bytes): the IPv4
-/// part of the per-CPU work area (`work::WorkArea`, 184 B). Kernel-only: never pinned, never
+/// part of the per-CPU work area (`work::WorkArea`, 224 B). Kernel-only: never pinned, never
 /// read by the agent.
 #[derive(Clone, Copy)]
 #[repr(C)]
@@ -110,6 +110,50 @@ pub struct FlowScratch {
     /// An ICMP error's quoted header as received and as translated.
     pub quote_old: [u8; 28],
     pub quote_new: [u8; 28],
+    /// A new flow's backend (chosen by one step, recorded by the next).
+    pub chosen: Chosen,
+}
+
+/// The backend a new flow (or a socket) goes to: its index, the frontend's slot it was
+/// chosen from, and the backend.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Chosen {
+    pub id: u32,
+    pub slot: u16,
+    pub _pad: u16,
+    pub backend: Backend,
+}
+
+impl Chosen {
+    /// `*self = *from` field by field (`self` may be map memory, the work area: a struct
+    /// copy there may become a `memmove`).
+    #[inline(always)]
+    pub fn set(&mut self, from: &Chosen) {
+        self.id = from.id;
+        self.slot = from.slot;
+        self._pad = 0;
+        let (d, s) = (&mut self.backend, &from.backend);
+        copy_words(&mut d.addr_be, &s.addr_be);
+        d.port_be = s.port_be;
+        d.proto = s.proto;
+        d.family = s.family;
+        d.flags = s.flags;
+        d._pad0 = 0;
+        d._pad1 = 0;
+        d.generation = s.generation;
+        d._pad2 = 0;
+    }
+}
+
+/// `*dst = *src` word by word, volatile (either may be map memory: an array copy could
+/// become a `memmove`).
+#[inline(always)]
+pub fn copy_words(dst: &mut [u32; 4], src: &[u32; 4]) {
+    for i in 0..4 {
+        // SAFETY: both indices are in bounds.
+        unsafe { core::ptr::write_volatile(&mut dst[i], core::ptr::read_volatile(&src[i])) };
+    }
 }
 
 /// The trie key for a client of a frontend (full length: the most specific match).

@@ -6,8 +6,8 @@ use lb_common::{
 };
 
 use crate::{
-    family::{Ends, View},
-    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, ld16, ld32, st16, st32},
+    family::{Ends, Family, View},
+    packet::{L4Sum, Packet, at, csum_add, csum_apply, diff2, diff4, ld16, ld32, st16, st32},
     parse::{
         DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF,
         Tuple,
@@ -36,13 +36,18 @@ pub const SRC: u8 = SADDR | SPORT;
 pub const BOTH: u8 = DST | SRC;
 
 /// tc ingress (and XDP into the stack) on a packet of a tracked flow toward its backend:
-/// the destination side, and the client port when it is remapped at ingress.
+/// the destination side, and the client port when it is remapped at ingress (both
+/// families: the rewrite itself is the family's, [`Family::apply`]).
 #[inline(always)]
-pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &Shared<'_, CtValue>) -> Result<(), Reason> {
+pub fn forward_in<F: Family, P: L4Sum>(
+    ctx: &P,
+    t: &F,
+    to: &Shared<'_, F::Value>,
+) -> Result<(), Reason> {
     if to.flags() & CT_F_PORT_IN != 0 {
-        apply::<P, { DST | SPORT }>(ctx, t, to)
+        t.apply::<P, { DST | SPORT }>(ctx, to)
     } else {
-        apply::<P, DST>(ctx, t, to)
+        t.apply::<P, DST>(ctx, to)
     }
 }
 
@@ -50,14 +55,18 @@ pub fn forward_in<P: Packet>(ctx: &P, t: &Tuple, to: &Shared<'_, CtValue>) -> Re
 /// the flow was SNATed), but the client port as netfilter knows it when it was remapped at
 /// ingress (restored at egress).
 #[inline(always)]
-pub fn reply_in<P: Packet>(ctx: &P, t: &Tuple, to: &Shared<'_, CtValue>) -> Result<(), Reason> {
+pub fn reply_in<F: Family, P: L4Sum>(
+    ctx: &P,
+    t: &F,
+    to: &Shared<'_, F::Value>,
+) -> Result<(), Reason> {
     if to.flags() & CT_F_OUT_DNAT != 0 {
         // The node's own flow (DNATed at egress): its reply crosses no egress.
-        apply::<P, BOTH>(ctx, t, to)
+        t.apply::<P, BOTH>(ctx, to)
     } else if to.flags() & CT_F_PORT_IN != 0 {
-        apply::<P, DADDR>(ctx, t, to)
+        t.apply::<P, DADDR>(ctx, to)
     } else {
-        apply::<P, DST>(ctx, t, to)
+        t.apply::<P, DST>(ctx, to)
     }
 }
 

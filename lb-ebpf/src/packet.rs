@@ -371,3 +371,34 @@ impl Packet for XdpContext {
         0
     }
 }
+
+/// The L4 checksum update at a variable offset (behind extension headers), per hook.
+pub trait L4Sum: Packet {
+    /// Applies `addr` (pseudo-header words) and `port` (L4 header words) diffs to the
+    /// checksum at `off`; `udp`: a 0 checksum stays 0 and a computed 0 is sent as 0xffff.
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()>;
+}
+
+impl L4Sum for TcContext {
+    #[inline(always)]
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
+        self.l4_csum_diff(off, addr, port, udp)
+    }
+}
+
+impl L4Sum for XdpContext {
+    /// Through the load and store helpers: XDP's own `l4_csum_diff` reads in place, at
+    /// constant offsets only.
+    #[inline(always)]
+    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
+        let old: u16 = self.load(off)?;
+        if udp && old == 0 {
+            return Ok(());
+        }
+        let mut new = csum_apply(old, csum_add(addr, port));
+        if udp && new == 0 {
+            new = 0xffff;
+        }
+        self.store(off, &new)
+    }
+}

@@ -7,13 +7,12 @@
 use aya_ebpf::helpers::bpf_get_prandom_u32;
 use lb_common::{
     AffinityValue, Backend, FAMILY_V4, FAMILY_V6, MAGLEV_ROW_SLOTS, R_NO_BACKEND, R_STALE_SLOT,
-    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcValue,
+    SVC_F_MAGLEV, SvcKey, SvcValue,
 };
 
 use crate::{
     affinity::{self, Client},
-    maps::{XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
-    parse::Tuple,
+    maps::{Chosen, XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
     reason::Reason,
     shared::{Shared, get},
 };
@@ -26,19 +25,6 @@ pub struct Frontend {
     pub proto: u8,
     /// `SCOPE_EXTERNAL` or `SCOPE_INTERNAL`.
     pub scope: u8,
-}
-
-impl Frontend {
-    /// The frontend a packet is sent to (packets always see the external scope).
-    #[inline(always)]
-    pub fn of(t: &Tuple) -> Self {
-        Self {
-            addr_be: t.daddr_be,
-            port_be: t.dport_be,
-            proto: t.proto,
-            scope: SCOPE_EXTERNAL,
-        }
-    }
 }
 
 /// A frontend's service-map key for one slot: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`])
@@ -93,15 +79,6 @@ pub fn is_loopback(addr_be: u32) -> bool {
     addr_be.to_ne_bytes()[0] == 127
 }
 
-/// The service entry (slot 0) for the packet's destination, if it is a frontend.
-#[inline(always)]
-pub fn lookup_service(t: &Tuple) -> Option<&'static SvcValue> {
-    if is_loopback(t.daddr_be) {
-        return None;
-    }
-    lookup(&Frontend::of(t))
-}
-
 /// The service entry (slot 0) of `f`, if it is a frontend.
 #[inline(always)]
 pub fn lookup<F: Keyed>(f: &F) -> Option<&'static SvcValue> {
@@ -134,14 +111,14 @@ pub fn slot<F: Keyed>(f: &F, slot: u16) -> Option<&'static SvcValue> {
 /// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else
 /// the one the frontend's Maglev table gives the flow's `hash` (a frontend flagged
 /// `SVC_F_MAGLEV`; `None`: a socket's connect, which has no flow yet), else one picked at
-/// random. Its id, its slot and the backend.
+/// random.
 #[inline(always)]
 pub fn choose<F: Keyed>(
     f: &F,
     client: &Client,
     svc: &SvcValue,
     hash: Option<u32>,
-) -> Result<(u32, u16, Backend), Reason> {
+) -> Result<Chosen, Reason> {
     // Each field of the entry read where it is used (kept across the lookups, they would be
     // spilled).
     let still = |a: &Shared<'_, AffinityValue>| {
@@ -149,7 +126,12 @@ pub fn choose<F: Keyed>(
             return None;
         }
         let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
-        Some((get!(a, backend_id), get!(a, slot), be))
+        Some(Chosen {
+            id: get!(a, backend_id),
+            slot: get!(a, slot),
+            _pad: 0,
+            backend: be,
+        })
     };
     if let Some(remembered) = affinity::lookup(client, svc, still) {
         return Ok(remembered);
@@ -189,9 +171,9 @@ pub extern "C" fn xlb_maglev_slot(svc_id: u32, hash: u32, count: u32) -> u32 {
 
 /// The backend in slot `n` (1..=count, the Maglev table's choice), or when `n` is 0 one
 /// picked uniformly at random among the service's slots (kube-proxy's iptables mode picks
-/// at random too): its id, its slot and the backend.
+/// at random too).
 #[inline(always)]
-pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<(u32, u16, Backend), Reason> {
+pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
@@ -204,17 +186,10 @@ pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<(u32, u16, Backen
     };
     let entry = slot(f, n).ok_or(Reason(R_STALE_SLOT))?;
     let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
-    Ok((entry.backend_id, n, *be))
-}
-
-/// The Maglev hash of an IPv4 flow (`lb_common::flow_hash`, its addresses in word 0).
-#[inline(always)]
-pub fn flow_hash(t: &Tuple) -> u32 {
-    lb_common::flow_hash(
-        &[t.saddr_be, 0, 0, 0],
-        &[t.daddr_be, 0, 0, 0],
-        t.sport_be,
-        t.dport_be,
-        t.proto,
-    )
+    Ok(Chosen {
+        id: entry.backend_id,
+        slot: n,
+        _pad: 0,
+        backend: *be,
+    })
 }

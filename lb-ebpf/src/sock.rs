@@ -301,7 +301,12 @@ fn try_forward<F: Family>(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason
     let (backend_id, be) = if sendmsg {
         sticky::<F>(&f, &client, svc, cookie, proto)?
     } else {
-        let (id, slot, be) = select::choose(&f, &client, svc, None)?;
+        let crate::maps::Chosen {
+            id,
+            slot,
+            backend: be,
+            ..
+        } = select::choose(&f, &client, svc, None)?;
         affinity::remember(&client, svc, id, slot, be.generation);
         (id, be)
     };
@@ -346,7 +351,12 @@ fn sticky<F: Family>(
     {
         return Ok((v.id, *be));
     }
-    let (id, slot, be) = select::choose(f, client, svc, None)?;
+    let crate::maps::Chosen {
+        id,
+        slot,
+        backend: be,
+        ..
+    } = select::choose(f, client, svc, None)?;
     affinity::remember(client, svc, id, slot, be.generation);
     let v = SockValue {
         addr_be: be.addr_be,

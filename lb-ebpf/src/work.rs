@@ -33,8 +33,12 @@ pub struct Work6 {
     pub flow: FlowScratch6,
 }
 
+const _: () = assert!(core::mem::size_of::<FlowScratch>() == 224);
+const _: () = assert!(core::mem::size_of::<FlowScratch6>() == 360);
+const _: () = assert!(core::mem::size_of::<WorkArea>() == 640);
+
 /// The work area, per CPU. Written and read here only, within one program run: nothing is
-/// carried from one run to the next. index 0 → `WorkArea` (600 B). 1 entry, not pinned.
+/// carried from one run to the next. index 0 → `WorkArea` (640 B). 1 entry, not pinned.
 #[btf_map]
 static XLB_WORK: PerCpuArray<WorkArea, 1> = PerCpuArray::new();
 

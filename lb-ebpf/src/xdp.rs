@@ -1,4 +1,5 @@
-//! XDP on the node's external interfaces: NodePort, LoadBalancer and externalIP traffic (new
+//! XDP's one flow, for both families (the entry parses the frame with its family's leaf and
+//! runs [`flow`] monomorphised for it), on the node's external interfaces: NodePort, LoadBalancer and externalIP traffic (new
 //! and established flows) and the replies of SNATed flows are translated before the kernel
 //! allocates an skb, then sent out with `bpf_fib_lookup` + redirect when the egress
 //! interface takes XDP frames (both sides translated: such a flow enters and leaves by node
@@ -23,24 +24,23 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BE_F_REMOTE, CT_F_XDP_STACK, CtValue, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED,
-    R_NEW_FLOW, R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SvcValue,
+    BE_F_REMOTE, CT_F_XDP_STACK, IPPROTO_SCTP, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
+    R_REVERSE_NAT, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
 };
 
 use crate::{
-    affinity::Client,
-    conntrack::{self, Ct},
-    family::{Ends, View},
-    fib, filter, flow,
-    maps::{FlowScratch, XLB_XDPTX_V1},
-    nat,
-    packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
-    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, L4_OFF, Parsed, Tuple},
-    reason::{self, Carried, Reason},
-    select::{self, Frontend},
+    conntrack::{self, Ct, continues, touch},
+    dsr,
+    family::{Ends, Family, Mtu, View},
+    fib::{Hop, Way},
+    filter,
+    flow::{self, keep_alive},
+    maps::XLB_XDPTX_V1,
+    nat::{self, BOTH},
+    packet::{at, ld16, st16, st32},
+    reason::{self, Carried, Reason, Then},
+    select,
     shared::Shared,
-    translate::{self, Mtu},
-    work,
 };
 
 /// The XDP program's outcome.
@@ -51,95 +51,136 @@ fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
 }
 
-/// An IPv4 frame (the entry read its Ethernet type); `len`: the frame's length.
+/// A frame's parsed TCP or UDP packet `t` (its family's leaf parsed it; `s`: the family's
+/// part of the run's work area; `len`: the frame's length). The same order as tc: the
+/// address filters, a tracked flow from its entry alone, then replies, then the service
+/// map for a new flow. Each step is out of line, called from here.
 #[inline(always)]
-pub fn try_xdp(ctx: &XdpContext, len: u32) -> XdpOutcome {
-    let t = match parse::parse_ipv4(ctx, len)? {
-        Parsed::Flow(t) => t,
-        Parsed::Icmp(_) => return pass(R_PASS),
-        Parsed::Pass(r) => return Ok((XDP_PASS, r)),
-    };
-    if t.proto == IPPROTO_SCTP {
+pub fn flow<F: Family>(ctx: &XdpContext, t: &F, s: &mut F::Scratch, len: u32) -> Carried {
+    if t.proto() == IPPROTO_SCTP {
         // Left to tc, whose rewrite keeps SCTP's checksum (XDP's redirect and its
         // checksum steps are TCP's and UDP's).
-        return pass(R_PASS);
+        return Carried::done(pass(R_PASS));
     }
-    // The same order as tc: the address filters, a tracked flow from its entry alone, then
-    // replies, then the service map for a new flow.
-    let frontend = filter::maybe_frontend(t.daddr_be);
-    let forward = if frontend {
-        conntrack::lookup_forward(&t)
+    let front = filter::maybe_frontend(F::filter_word(t.daddr()));
+    match tracked(ctx, t, front, s, len).next::<u32>() {
+        Then::Next(_) => {}
+        Then::Done(o) => return Carried::done(o),
+        Then::Refuse | Then::FragNeeded(_) => return Carried::done(pass(R_PASS)),
+    }
+    if !front || F::is_loopback(t.daddr()) {
+        return Carried::done(pass(R_PASS));
+    }
+    let Some(svc) = select::lookup(&t.frontend(SCOPE_EXTERNAL)) else {
+        return Carried::done(pass(R_PASS));
+    };
+    match t.checksum_partial(ctx) {
+        Ok(false) => {}
+        Ok(true) => return Carried::done(pass(R_PASS)),
+        Err(r) => return Carried::done::<u32>(Err(r)),
+    }
+    match choose(t, svc, s).next::<u32>() {
+        Then::Next(_) => {}
+        Then::Done(o) => return Carried::done(o),
+        Then::Refuse | Then::FragNeeded(_) => return Carried::done(pass(R_PASS)),
+    }
+    match start(ctx, t, svc, s).next::<u32>() {
+        Then::Next(_) => send_new(ctx, t, s, len),
+        Then::Done(o) => Carried::done(o),
+        Then::Refuse | Then::FragNeeded(_) => Carried::done(pass(R_PASS)),
+    }
+}
+
+/// A packet of a tracked flow or a reply of one; else [`Then::Next`]. `front`: the
+/// destination may be a frontend (its address filter bit).
+#[inline(never)]
+fn tracked<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    front: bool,
+    s: &mut F::Scratch,
+    len: u32,
+) -> Carried {
+    Carried::then(try_tracked(ctx, t, front, s, len))
+}
+
+#[inline(always)]
+fn try_tracked<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    front: bool,
+    s: &mut F::Scratch,
+    len: u32,
+) -> Result<Then<u32>, Reason> {
+    let forward = if front {
+        conntrack::lookup_forward(t)
     } else {
         None
     };
-    let reply = if forward.is_none() && filter::maybe_backend(t.saddr_be) {
-        conntrack::lookup_reply(&t)
+    let reply = if forward.is_none() && filter::maybe_backend(F::filter_word(t.saddr())) {
+        conntrack::lookup_reply(t)
     } else {
         None
     };
-    if !frontend && reply.is_none() {
-        return pass(R_PASS);
+    if forward.is_none() && reply.is_none() {
+        return Ok(Then::Next(Reason(R_NEW_FLOW)));
     }
-    if checksum_partial(ctx, &t)? {
-        return pass(R_PASS);
+    if t.checksum_partial(ctx)? {
+        return Ok(Then::Done(pass(R_PASS)));
     }
     if let Some(ct) = forward {
-        if !conntrack::continues(&ct, &t) {
+        if !continues(&ct, t) {
             // Re-balanced (UDP to a removed backend) or started over (a reused TCP port) by tc.
-            return pass(R_PASS);
+            return Ok(Then::Done(pass(R_PASS)));
         }
-        return established(ctx, &t, ct, len).outcome();
+        return Ok(Then::Done(established(ctx, t, ct, s, len)));
     }
-    if let Some(ct) = reply {
-        conntrack::touch(&ct, &t);
-        return reply_of(ctx, &t, ct, len).outcome();
-    }
-    let Some(svc) = select::lookup_service(&t) else {
-        return pass(R_PASS);
-    };
-    // SAFETY: the only acquire on this path of the run.
-    let w = unsafe { work::acquire() }?;
-    xdp_new_flow(ctx, &t, svc, &mut w.v4, len).outcome()
+    Ok(Then::Done(match reply {
+        Some(ct) => {
+            touch(&ct, t);
+            reply_of(ctx, t, ct, len)
+        }
+        None => pass(R_PASS),
+    }))
 }
 
 /// A packet of a tracked flow to its backend: into the stack as tc would send it when the
 /// entry says its way out takes no XDP frames (no route lookup), else by the way its route
-/// gives (remembered in the entry when that is the stack). Out of line: its frame stays off
-/// the entry's.
-#[inline(never)]
-fn established(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> Carried {
-    Carried::done(try_established(ctx, t, ct, len))
-}
-
+/// gives (remembered in the entry when that is the stack). Inline in [`tracked`]: a frame
+/// of its own would make the call chain too deep for the 512 bytes.
 #[inline(always)]
-fn try_established(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpOutcome {
+fn established<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    ct: Ct<F>,
+    s: &mut F::Scratch,
+    len: u32,
+) -> XdpOutcome {
     // A DSR packet that carries the frontend to the backend's node: tc adds the option.
-    if ct.flags() & lb_common::CT_F_DSR != 0 && crate::dsr::carries(t) {
+    if ct.flags() & lb_common::CT_F_DSR != 0 && dsr::carries(t) {
         return pass(R_PASS);
     }
-    // SAFETY: the only acquire on this path of the run.
-    let w = unsafe { work::acquire() }?;
     if ct.flags() & CT_F_XDP_STACK == 0 {
         match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => {
-                let ct = flow::keep_alive(ct, t, &mut w.v4)?;
+                let ct = keep_alive(ct, t, s)?;
                 return redirect(ctx, t, &ct, &hop, R_ESTABLISHED, len);
             }
             Way::Stack => {
                 ct.add_flags(CT_F_XDP_STACK);
                 // The route lookup has just checked this size.
-                ct.set_mtu(ct.mtu().max(t.tot_len));
+                ct.set_mtu(ct.mtu().max(t.ip_len()));
             }
         }
     }
     // tc's steps for an established packet, the answer to a packet too big left to tc.
-    match translate::check_mtu(ctx, t, *ct.daddr(), ct.mtu(), 0) {
+    match t.check_mtu(ctx, ct.daddr(), ct.mtu(), 0) {
         Mtu::TooBig(_) => return pass(R_PASS),
         Mtu::Fits(len) => ct.set_mtu(len),
         Mtu::Unchecked => {}
     }
-    let ct = flow::keep_alive(ct, t, &mut w.v4)?;
+    let ct = keep_alive(ct, t, s)?;
     nat::forward_in(ctx, t, &ct)?;
     reason::count_service(ct.svc_id(), ct.backend().0, len);
     pass(R_ESTABLISHED)
@@ -147,14 +188,9 @@ fn try_established(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpO
 
 /// A backend's reply of a tracked flow (already touched): as [`established`], its
 /// destination side translated into the stack (tc egress restores the source), or both
-/// sides redirected. Out of line, as [`established`].
-#[inline(never)]
-fn reply_of(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> Carried {
-    Carried::done(try_reply_of(ctx, t, ct, len))
-}
-
+/// sides redirected. Inline in [`tracked`] too.
 #[inline(always)]
-fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpOutcome {
+fn reply_of<F: Family>(ctx: &XdpContext, t: &F, ct: Ct<F>, len: u32) -> XdpOutcome {
     if ct.flags() & CT_F_XDP_STACK == 0 {
         match way(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
@@ -166,94 +202,121 @@ fn try_reply_of(ctx: &XdpContext, t: &Tuple, ct: Ct<Tuple>, len: u32) -> XdpOutc
     pass(R_REPLY_IN)
 }
 
-/// A new flow: chosen, recorded (in the scratch `s`) and translated here when its route is
-/// ready, else left to tc.
+/// A new flow's backend, into the scratch (`Parts::chosen`): dropped when its source is
+/// outside the frontend's source ranges; left to tc when the frontend has no endpoints (tc
+/// builds the refusal).
 #[inline(never)]
-fn xdp_new_flow(
-    ctx: &XdpContext,
-    t: &Tuple,
-    svc: &SvcValue,
-    s: &mut FlowScratch,
-    len: u32,
-) -> Carried {
-    Carried::done(try_xdp_new_flow(ctx, t, svc, s, len))
+fn choose<F: Family>(t: &F, svc: &SvcValue, s: &mut F::Scratch) -> Carried {
+    Carried::then(try_choose(t, svc, s))
 }
 
 #[inline(always)]
-fn try_xdp_new_flow(
-    ctx: &XdpContext,
-    t: &Tuple,
-    svc: &SvcValue,
-    s: &mut FlowScratch,
-    len: u32,
-) -> XdpOutcome {
+fn try_choose<F: Family>(t: &F, svc: &SvcValue, s: &mut F::Scratch) -> Result<Then<u32>, Reason> {
     flow::admitted(t, svc)?;
     if svc.count == 0 {
-        // Refused or dropped by tc, which can build the answer.
-        return pass(R_PASS);
+        return Ok(Then::Done(pass(R_PASS)));
     }
-    let client = Client::of(t);
-    let chosen = select::choose(&Frontend::of(t), &client, svc, Some(select::flow_hash(t)))?;
-    let be = &chosen.2;
-    // Direct server return: tc adds the option (room in front of the payload).
-    if crate::dsr::applies(t, svc, be) {
-        return pass(R_PASS);
+    let c = select::choose(
+        &t.frontend(SCOPE_EXTERNAL),
+        &t.client(),
+        svc,
+        Some(t.flow_hash()),
+    )?;
+    F::parts(s).chosen.set(&c);
+    Ok(Then::Next(Reason(R_NEW_FLOW)))
+}
+
+/// A new flow to the backend [`choose`] put in the scratch: to a backend on this node into
+/// the stack (a pod's veth takes no XDP frames; tc's MTU check, no route lookup); to a
+/// remote one by its route when that is ready (the neighbour known, the packet fits).
+/// Recorded ([`Then::Next`]: [`send_new`] sends it on); else left to tc (and a DSR flow:
+/// tc adds the option, with room in front of the payload).
+#[inline(never)]
+fn start<F: Family>(ctx: &XdpContext, t: &F, svc: &SvcValue, s: &mut F::Scratch) -> Carried {
+    Carried::then(try_start(ctx, t, svc, s))
+}
+
+#[inline(always)]
+fn try_start<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    svc: &SvcValue,
+    s: &mut F::Scratch,
+) -> Result<Then<u32>, Reason> {
+    let be = &F::parts(s).chosen.backend;
+    if dsr::applies(t, svc, be) {
+        return Ok(Then::Done(pass(R_PASS)));
     }
-    // A backend on this node is reached through a pod's veth or a local address, which take
-    // no XDP frames: into the stack as tc would, with tc's MTU check and no route lookup.
-    // A remote one by the route's way out: the neighbour known and the packet fitting, else
-    // tc does it all (and answers fragmentation needed).
-    let (mtu, way_flags) = if be.flags & BE_F_REMOTE == 0 {
-        match translate::check_mtu(ctx, t, be.addr_be[0], 0, 0) {
-            Mtu::TooBig(_) => return pass(R_PASS),
-            Mtu::Fits(len) => (len, CT_F_XDP_STACK),
+    let (mtu, flags) = if be.flags & BE_F_REMOTE == 0 {
+        match t.check_mtu(ctx, F::backend_addr(be), 0, 0) {
+            Mtu::TooBig(_) => return Ok(Then::Done(pass(R_PASS))),
+            Mtu::Fits(fits) => (fits, CT_F_XDP_STACK),
             Mtu::Unchecked => (0, CT_F_XDP_STACK),
         }
     } else {
-        match fib::hop(
-            ctx.raw(),
-            Packet::ingress_ifindex(ctx),
-            t.proto,
-            t.saddr_be,
-            be.addr_be[0],
-            t.tot_len,
-        ) {
-            Some(hop) if XLB_XDPTX_V1.get_ifindex(hop.out_ifindex).is_none() => {
-                (t.tot_len, CT_F_XDP_STACK)
-            }
-            Some(_) => (t.tot_len, 0),
-            None => return pass(R_PASS),
+        let len = t.ip_len();
+        match t.hop(ctx, t.saddr(), F::backend_addr(be), len) {
+            Way::Stack => (len, CT_F_XDP_STACK),
+            Way::Redirect(_) => (len, 0),
+            Way::Tc => return Ok(Then::Done(pass(R_PASS))),
         }
     };
-    let fwd = flow::record(ctx, t, svc, &client, &chosen, mtu, way_flags, s)?;
-    if way_flags == 0 {
-        // Redirected: the hop of the translated packet (its source may be the SNAT address).
-        match way(ctx, t, &fwd) {
-            Way::Redirect(hop) => return redirect(ctx, t, &fwd, &hop, R_NEW_FLOW, len),
+    flow::record(ctx, t, svc, mtu, flags, s)?;
+    Ok(Then::Next(Reason(R_NEW_FLOW)))
+}
+
+/// Sends the first packet of the flow just recorded on (the scratch's forward tuple): into
+/// the stack when its entry says so, else by its route (its source may be the SNAT address).
+#[inline(never)]
+fn send_new<F: Family>(ctx: &XdpContext, t: &F, s: &mut F::Scratch, len: u32) -> Carried {
+    Carried::done(try_send_new(ctx, t, &Shared::local(F::parts(s).fwd), len))
+}
+
+#[inline(always)]
+fn try_send_new<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    v: &Shared<'_, F::Value>,
+    len: u32,
+) -> XdpOutcome {
+    if v.flags() & CT_F_XDP_STACK == 0 {
+        match way(ctx, t, v) {
+            Way::Redirect(hop) => return redirect(ctx, t, v, &hop, R_NEW_FLOW, len),
             Way::Tc => return pass(R_PASS),
             Way::Stack => {}
         }
     }
-    nat::forward_in(ctx, t, &fwd)?;
-    reason::count_service(fwd.svc_id(), fwd.backend().0, len);
+    nat::forward_in(ctx, t, v)?;
+    reason::count_service(v.svc_id(), v.backend().0, len);
     pass(R_NEW_FLOW)
 }
 
-/// The next hop of a packet XDP sends out itself (either family).
-pub(crate) struct Hop {
-    pub ifindex: u32,
-    pub smac: [u8; 6],
-    pub dmac: [u8; 6],
+/// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
+#[inline(always)]
+fn way<F: Family>(ctx: &XdpContext, t: &F, v: &Shared<'_, F::Value>) -> Way {
+    t.hop(ctx, v.saddr(), v.daddr(), t.ip_len())
 }
 
-/// How a packet translated to `v` leaves (either family).
-pub(crate) enum Way {
-    /// Untouched to tc: the route is not ready (no neighbour yet) or too small.
-    Tc,
-    /// Into the stack translated as tc ingress would: its way out takes no XDP frames.
-    Stack,
-    /// Redirected out of an interface that takes XDP frames.
-    Redirect(Hop),
+/// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the
+/// TTL (hop limit) down by one and the next hop's MACs, out of `hop`'s interface.
+#[inline(always)]
+fn redirect<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    v: &Shared<'_, F::Value>,
+    hop: &Hop,
+    reason: u32,
+    len: u32,
+) -> XdpOutcome {
+    let ttl = t.hop_limit(ctx)?;
+    if ttl <= 1 {
+        // The kernel answers time exceeded; XDP must not forward it.
+        return pass(R_PASS);
+    }
+    t.apply::<_, BOTH>(ctx, v)?;
+    reason::count_service(v.svc_id(), v.backend().0, len);
+    t.forward_l2(ctx, ttl, &hop.smac, &hop.dmac)?;
+    send_out(hop.ifindex, reason)
 }
 
 /// Whether XDP is attached to interface `ifindex` (the agent lists every such interface in
@@ -261,22 +324,6 @@ pub(crate) enum Way {
 #[inline(always)]
 pub(crate) fn runs_on(ifindex: u32) -> bool {
     XLB_XDPTX_V1.get_ifindex(ifindex).is_some()
-}
-
-impl Way {
-    /// The way out by a route's egress interface and next hop: redirected when the
-    /// interface takes XDP frames, else into the stack.
-    #[inline(always)]
-    pub(crate) fn out(ifindex: u32, smac: &[u8; 6], dmac: &[u8; 6]) -> Way {
-        if XLB_XDPTX_V1.get_ifindex(ifindex).is_none() {
-            return Way::Stack;
-        }
-        Way::Redirect(Hop {
-            ifindex,
-            smac: *smac,
-            dmac: *dmac,
-        })
-    }
 }
 
 /// Redirects the frame, ready to go, out of `ifindex`; passed (counted as `reason`) if the
@@ -287,94 +334,6 @@ pub(crate) fn send_out(ifindex: u32, reason: u32) -> XdpOutcome {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
-}
-
-/// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
-#[inline(always)]
-fn way(ctx: &XdpContext, t: &Tuple, v: &Shared<'_, CtValue>) -> Way {
-    let Some(hop) = fib::hop(
-        ctx.raw(),
-        Packet::ingress_ifindex(ctx),
-        t.proto,
-        *v.saddr(),
-        *v.daddr(),
-        t.tot_len,
-    ) else {
-        return Way::Tc;
-    };
-    Way::out(hop.out_ifindex, &hop.smac, &hop.dmac)
-}
-
-/// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the
-/// TTL down by one and the next hop's MACs, out of `hop`'s interface.
-#[inline(always)]
-fn redirect(
-    ctx: &XdpContext,
-    t: &Tuple,
-    v: &Shared<'_, CtValue>,
-    hop: &Hop,
-    reason: u32,
-    len: u32,
-) -> XdpOutcome {
-    let ttl = read_ttl(ctx, t)?;
-    if ttl <= 1 {
-        // The kernel answers time exceeded; XDP must not forward it.
-        return pass(R_PASS);
-    }
-    nat::apply::<_, { nat::BOTH }>(ctx, t, v)?;
-    reason::count_service(v.svc_id(), v.backend().0, len);
-    forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
-    send_out(hop.ifindex, reason)
-}
-
-/// The IPv4 TTL.
-#[inline(always)]
-fn read_ttl(ctx: &XdpContext, t: &Tuple) -> Result<u8, Reason> {
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        // SAFETY: `at` checked the bytes.
-        return Ok(unsafe { *(p as *const u8).add(IP_TTL_OFF) });
-    }
-    ctx.load(IP_TTL_OFF).map_err(|_| Reason(R_MALFORMED))
-}
-
-/// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
-/// frame gets the next hop's MAC addresses.
-#[inline(always)]
-fn forward_l2(
-    ctx: &XdpContext,
-    t: &Tuple,
-    ttl: u8,
-    smac: &[u8; 6],
-    dmac: &[u8; 6],
-) -> Result<(), Reason> {
-    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
-    // The 16-bit word [TTL, protocol], as it sits in the packet.
-    let old = u16::from_ne_bytes([ttl, t.proto]);
-    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        let p = p as *mut u8;
-        // SAFETY: every offset below is within the L4_OFF bytes `at` checked.
-        unsafe {
-            st16(
-                p,
-                IP_CSUM_OFF,
-                csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
-            );
-            st16(p, IP_TTL_OFF, new);
-            write_macs(p, smac, dmac);
-        }
-        return Ok(());
-    }
-    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
-    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
-        .map_err(fail)?;
-    ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
-    ctx.store(0, dmac).map_err(fail)?;
-    ctx.store(6, smac).map_err(fail)
 }
 
 /// Writes the next hop's MAC addresses into the Ethernet header at `p`.
@@ -400,22 +359,6 @@ pub(crate) unsafe fn write_macs(p: *mut u8, smac: &[u8; 6], dmac: &[u8; 6]) {
     }
 }
 
-/// The L4 checksum field as it sits in the packet.
-#[inline(always)]
-fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
-    if t.direct {
-        let v = if t.proto == IPPROTO_UDP {
-            csum_at::<{ L4_OFF + 6 }>(ctx)
-        } else {
-            csum_at::<{ L4_OFF + 16 }>(ctx)
-        };
-        if v <= u16::MAX as u32 {
-            return Ok(v as u16);
-        }
-    }
-    ctx.load(t.csum_off).map_err(|_| Reason(R_MALFORMED))
-}
-
 /// The 16-bit field at `OFF` read in place, or `u32::MAX` when it is not in place. Out of
 /// line, one per offset (see `nat::in_place`).
 #[inline(never)]
@@ -425,24 +368,6 @@ pub(crate) fn csum_at<const OFF: usize>(ctx: &XdpContext) -> u32 {
         Some(p) => unsafe { ld16(p as *const u8, 0) as u32 },
         None => u32::MAX,
     }
-}
-
-/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
-/// pseudo-header sum for offload to complete). A complete checksum equals that value by
-/// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
-#[inline(always)]
-fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
-    let csum = read_l4_csum(ctx, t)?;
-    if t.proto == IPPROTO_UDP && csum == 0 {
-        return Ok(false);
-    }
-    let l4_len = (t.tot_len as u32).saturating_sub((t.l4_off - ETH_HLEN) as u32);
-    let s = u32::from_be(t.saddr_be);
-    let d = u32::from_be(t.daddr_be);
-    let mut sum = (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + t.proto as u32 + l4_len;
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    Ok(u16::from_be(csum) == sum as u16)
 }
 
 /// The XDP entry's verdict for a dropped packet.

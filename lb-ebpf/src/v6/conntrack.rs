@@ -12,10 +12,7 @@ use super::{
     parse::Tuple6,
 };
 use crate::affinity::{Client, ClientOf};
-pub use crate::conntrack::{
-    Source, create, entry, insert_dsr, lookup_forward, lookup_reply, lookup_snat_out, quoted,
-    start_over, supersede,
-};
+pub use crate::conntrack::quoted;
 pub use crate::family::{copy6, eq6};
 
 impl ClientOf for Tuple6 {

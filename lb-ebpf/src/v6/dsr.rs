@@ -6,73 +6,15 @@
 //! pseudo-header holds the upper-layer length and the final destination, neither touched.
 
 use aya_ebpf::programs::TcContext;
-use lb_common::{
-    Backend, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR, CtKey6, CtValue6, DSR6_HDR_LEN, DSR6_OPT_LEN,
-    DSR6_OPT_TYPE, R_REWRITE_FAILED, SCOPE_EXTERNAL, SvcValue, filter_fold,
-};
+use lb_common::{CtValue6, DSR6_HDR_LEN, DSR6_OPT_LEN, DSR6_OPT_TYPE, R_REWRITE_FAILED};
 
-use super::{
-    conntrack::{copy6, entry, insert_dsr},
-    maps::FlowScratch6,
-    parse::{IP6_L4_OFF, Tuple6},
-};
-use crate::{
-    clock,
-    conntrack::Ct,
-    dsr::{ADJ_ROOM_NET, wanted},
-    family::{Flow, View},
-    filter,
-    packet::Packet,
-    parse::ETH_HLEN,
-    reason::Reason,
-    select::{self, Frontend6},
-};
+use super::parse::{IP6_L4_OFF, Tuple6};
+use crate::{dsr::ADJ_ROOM_NET, packet::Packet, parse::ETH_HLEN, reason::Reason};
 
 /// The next-header value of a destination-options header.
 const NEXTHDR_DEST: u8 = 60;
 /// The fixed header's payload length, next header and hop limit (one word).
 const PLEN_OFF: usize = ETH_HLEN + 4;
-
-/// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: as IPv4's, for a packet
-/// without extension headers (the DSR header goes first).
-#[inline(always)]
-pub fn applies(t: &Tuple6, svc: &SvcValue, be: &Backend) -> bool {
-    t.l4_off == IP6_L4_OFF as u32 && wanted(t.proto, svc, be)
-}
-
-/// A packet of a DSR flow carries the option (a TCP SYN, a UDP datagram).
-#[inline(always)]
-pub fn carries(t: &Tuple6) -> bool {
-    crate::dsr::carries_by(t.proto, t.tcp_flags)
-}
-
-/// The bytes a packet of the flow whose forward entry has `flags` gains at tc egress: the
-/// DSR header, on a DSR flow's packets that carry it (`fib::check_mtu` counts them).
-#[inline(always)]
-pub fn extra(flags: u16, t: &Tuple6) -> u16 {
-    if flags & CT_F_DSR != 0 && carries(t) {
-        DSR6_HDR_LEN as u16
-    } else {
-        0
-    }
-}
-
-/// [`extra`] for the first packet of a new flow of `t` to backend `be` of `svc`.
-#[inline(always)]
-pub fn extra_new(t: &Tuple6, svc: &SvcValue, be: &Backend) -> u16 {
-    if applies(t, svc, be) && carries(t) {
-        DSR6_HDR_LEN as u16
-    } else {
-        0
-    }
-}
-
-/// The reply entry of the DSR flow a packet leaving for its backend (client → backend,
-/// translated at ingress) belongs to: its source is the frontend.
-#[inline(always)]
-pub fn frontend_entry(t: &Tuple6) -> Option<Ct<Tuple6>> {
-    entry::<Tuple6>(&reply_key(t)).filter(|ct| ct.flags() & CT_F_DSR != 0)
-}
 
 /// Inserts the DSR header naming the frontend `addr_be`:`port_be` after the fixed header of
 /// a packet without extension headers, leaving for its backend's node (tc egress): 24 bytes
@@ -132,75 +74,4 @@ pub fn read_option<P: Packet>(ctx: &P, t: &Tuple6, front: &mut CtValue6) -> bool
         Err(()) => return false,
     }
     true
-}
-
-/// On the backend's node: records the flow of `t` (client → backend) whose frontend
-/// [`read_option`] put in the scratch's reply entry, as IPv4's `dsr::learn`: its forward
-/// entry (client → frontend, never matched here) and its reply entry (backend → client,
-/// given the frontend as source at egress), unless recorded already. Only for a packet to a
-/// backend address this node programs.
-#[inline(never)]
-pub fn learn(t: &Tuple6, s: &mut FlowScratch6) -> Result<bool, Reason> {
-    if !filter::maybe_backend(filter_fold(&t.daddr_be)) {
-        return Ok(false);
-    }
-    s.fwd_key = <Tuple6 as Flow>::key(
-        &t.saddr_be,
-        &s.reply.saddr_be,
-        t.sport_be,
-        s.reply.sport_be,
-        t.proto,
-        CT_DIR_FORWARD,
-    );
-    if entry::<Tuple6>(&s.fwd_key).is_some() {
-        return Ok(true);
-    }
-    let f = Frontend6 {
-        addr_be: s.reply.saddr_be,
-        port_be: s.reply.sport_be,
-        proto: t.proto,
-        scope: SCOPE_EXTERNAL,
-    };
-    let svc_id = select::lookup(&f).map_or(0, |svc| svc.svc_id);
-    let now = clock::now();
-    let fwd = &mut s.fwd;
-    copy6(&mut fwd.saddr_be, &t.saddr_be);
-    copy6(&mut fwd.daddr_be, &t.daddr_be);
-    fwd.sport_be = t.sport_be;
-    fwd.dport_be = t.dport_be;
-    learnt(fwd, svc_id, now);
-    let reply = &mut s.reply;
-    copy6(&mut reply.daddr_be, &t.saddr_be);
-    reply.dport_be = t.sport_be;
-    learnt(reply, svc_id, now);
-    s.reply_key = reply_key(t);
-    insert_dsr::<Tuple6>(s)?;
-    Ok(true)
-}
-
-/// The fields of a learnt DSR flow's entry besides its tuple: no backend index (the flow is
-/// another node's choice), the service index `svc_id` (0: none here), created `now`.
-#[inline(always)]
-fn learnt(v: &mut CtValue6, svc_id: u32, now: u64) {
-    v.backend_id = 0;
-    v.backend_gen = 0;
-    v.svc_id = svc_id;
-    v.flags = CT_F_DSR;
-    v.mtu = 0;
-    v._pad = 0;
-    v.created_ns = now;
-    v.last_seen_ns = now;
-}
-
-/// The reply key of a DSR flow's packet `t` (client → backend): backend → client.
-#[inline(always)]
-fn reply_key(t: &Tuple6) -> CtKey6 {
-    <Tuple6 as Flow>::key(
-        &t.daddr_be,
-        &t.saddr_be,
-        t.dport_be,
-        t.sport_be,
-        t.proto,
-        CT_DIR_REPLY,
-    )
 }

@@ -5,61 +5,12 @@ use core::ffi::c_void;
 
 use aya_ebpf::{bindings::bpf_fib_lookup, btf_maps::PerCpuArray, macros::btf_map};
 
-use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, filter_fold};
+use lb_common::filter_fold;
 
-use super::{
-    conntrack::{copy6, eq6},
-    parse::Tuple6,
-};
-use crate::{
-    fib::{copy_mac, opts, request, run},
-    packet::Packet,
-    parse::ETH_HLEN,
-    translate::Mtu,
-};
+use super::conntrack::{copy6, eq6};
+use crate::fib::{copy_mac, opts, request, run};
 
 const AF_INET6: u8 = 10;
-/// Packets up to this size are not checked against the route MTU (IPv6's minimum link MTU).
-const MIN_CHECKED_LEN: u32 = 1280;
-
-/// Checks a packet (IPv6: every packet; no router fragments it) against the route to
-/// `daddr`, unless it is no bigger than `fits`, a size already known to fit (0 = none). A
-/// GSO super-packet is checked by the size of its segments.
-#[inline(always)]
-pub fn check_mtu<P: Packet>(ctx: &P, t: &Tuple6, daddr: &[u32; 4], fits: u16, extra: u16) -> Mtu {
-    let gso = ctx.gso_size();
-    let len = if gso == 0 {
-        40 + t.payload_len
-    } else {
-        let l4_hdr = if t.proto == IPPROTO_TCP {
-            ctx.load::<u8>(t.l4_off as usize + 12)
-                .map_or(20, |d| ((d >> 4) as u32) * 4)
-        } else if t.proto == IPPROTO_SCTP {
-            12
-        } else {
-            8
-        };
-        t.l4_off - ETH_HLEN as u32 + l4_hdr + gso
-    } + extra as u32;
-    if len <= MIN_CHECKED_LEN || len <= fits as u32 || len > u16::MAX as u32 {
-        return Mtu::Unchecked;
-    }
-    let Some(route) = lookup(
-        ctx.raw(),
-        ctx.ingress_ifindex(),
-        t.proto,
-        &t.saddr_be,
-        daddr,
-        len as u16,
-    ) else {
-        return Mtu::Unchecked;
-    };
-    if route.too_big != 0 {
-        Mtu::TooBig(route.mtu.saturating_sub(extra))
-    } else {
-        Mtu::Fits(len as u16)
-    }
-}
 
 /// Where an IPv6 packet goes.
 #[derive(Clone, Copy)]

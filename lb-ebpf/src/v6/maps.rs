@@ -5,7 +5,9 @@ use aya_ebpf::{
     btf_maps::{HashMap, LruHashMap},
     macros::btf_map,
 };
-use lb_common::{Backend, CT_MAP_CAPACITY, CtKey6, CtValue6};
+use lb_common::{CT_MAP_CAPACITY, CtKey6, CtValue6};
+
+use crate::maps::Chosen;
 
 /// IPv6 conntrack. Written here (two entries per flow), read by `xlb list conntrack`.
 /// `CtKey6{IPv6 5-tuple, dir}` → `CtValue6{rewritten tuple, backend index and generation,
@@ -40,9 +42,6 @@ pub struct FlowScratch6 {
     /// as translated.
     pub quote_old: [u8; 48],
     pub quote_new: [u8; 48],
-    /// A new flow's backend: its index, its slot and the backend (chosen by one step,
-    /// recorded by the next).
-    pub backend_id: u32,
-    pub slot: u32,
-    pub backend: Backend,
+    /// A new flow's backend (chosen by one step, recorded by the next).
+    pub chosen: Chosen,
 }

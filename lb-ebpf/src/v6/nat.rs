@@ -1,22 +1,19 @@
 //! IPv6 address and port rewrites: no IP header checksum, the L4 checksum updated for the
 //! pseudo-header's addresses and the ports (one combined diff each, as IPv4's rewrites).
 
-use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{
-    CT_F_OUT_DNAT, CT_F_PORT_IN, CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
-};
+use lb_common::{CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
     conntrack::eq6,
     parse::{DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
 };
 use crate::{
-    family::{Ends, View},
+    family::Ends,
     nat::{
-        BOTH, DADDR, DPORT, DST, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
+        DADDR, DPORT, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
         sctp_csum_with_helpers,
     },
-    packet::{Packet, at, csum_add, csum_apply, diff2, diff4, st32},
+    packet::{L4Sum, Packet, at, csum_add, diff2, diff4, st32},
     reason::Reason,
     shared::Shared,
 };
@@ -34,29 +31,6 @@ pub fn diff16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
 #[inline(always)]
 fn failed<E>(_: E) -> Reason {
     Reason(R_REWRITE_FAILED)
-}
-
-/// As IPv4's `nat::forward_in`.
-#[inline(always)]
-pub fn forward_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &Shared<'_, CtValue6>) -> Result<(), Reason> {
-    if to.flags() & CT_F_PORT_IN != 0 {
-        apply::<P, { DST | SPORT }>(ctx, t, to)
-    } else {
-        apply::<P, DST>(ctx, t, to)
-    }
-}
-
-/// As IPv4's `nat::reply_in`.
-#[inline(always)]
-pub fn reply_in<P: L4Sum>(ctx: &P, t: &Tuple6, to: &Shared<'_, CtValue6>) -> Result<(), Reason> {
-    if to.flags() & CT_F_OUT_DNAT != 0 {
-        // The node's own flow (DNATed at egress): its reply crosses no egress.
-        apply::<P, BOTH>(ctx, t, to)
-    } else if to.flags() & CT_F_PORT_IN != 0 {
-        apply::<P, DADDR>(ctx, t, to)
-    } else {
-        apply::<P, DST>(ctx, t, to)
-    }
 }
 
 /// Rewrites the packet's tuple into the one a conntrack entry holds (as IPv4's
@@ -180,35 +154,4 @@ fn with_helpers<P: L4Sum, const PART: u8>(
     }
     ctx.l4_sum(t.csum_off as usize, addr, port, t.proto == IPPROTO_UDP)
         .map_err(failed)
-}
-
-/// The L4 checksum update at a variable offset (behind extension headers), per hook.
-pub trait L4Sum: Packet {
-    /// Applies `addr` (pseudo-header words) and `port` (L4 header words) diffs to the
-    /// checksum at `off`; `udp`: a 0 checksum stays 0 and a computed 0 is sent as 0xffff.
-    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()>;
-}
-
-impl L4Sum for TcContext {
-    #[inline(always)]
-    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
-        self.l4_csum_diff(off, addr, port, udp)
-    }
-}
-
-impl L4Sum for XdpContext {
-    /// Through the load and store helpers: XDP's own `l4_csum_diff` reads in place, at
-    /// constant offsets only.
-    #[inline(always)]
-    fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
-        let old: u16 = self.load(off)?;
-        if udp && old == 0 {
-            return Ok(());
-        }
-        let mut new = csum_apply(old, csum_add(addr, port));
-        if udp && new == 0 {
-            new = 0xffff;
-        }
-        self.store(off, &new)
-    }
 }

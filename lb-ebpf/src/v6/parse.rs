@@ -24,6 +24,10 @@ pub struct Ip6Hdr {
 }
 const _: () = assert!(core::mem::size_of::<Ip6Hdr>() == 40);
 
+/// The fixed header's length: an IPv6 packet is this and its payload length
+/// (`Family::ip_len`).
+pub const IP6_HLEN: u32 = 40;
+
 /// Offsets of the IPv6 source and destination addresses, and of the L4 header of a packet
 /// without extension headers.
 pub const IP6_SRC_OFF: usize = ETH_HLEN + 8;

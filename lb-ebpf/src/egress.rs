@@ -1,0 +1,120 @@
+//! tc egress's one flow, for both families (`xlb_tc_egress` parses the packet with its
+//! family's leaf and runs [`flow`] monomorphised for it), after routing and netfilter:
+//!
+//! ```text
+//! reply of a tracked flow (backend → client) ──▶ frontend as source ──▶ REVERSE_NAT
+//! to a backend, with options / extension headers ▶ a DSR flow learnt ──▶ DSR_IN
+//! to a backend, a DSR flow's packet ─────────────▶ the option pushed ──▶ DSR_OUT
+//! request of a SNATed flow (client → backend) ────▶ SNAT source ───────▶ SNAT_OUT
+//! to a frontend ─────────────────────────────────▶ the node's own flow (`out_dnat`)
+//! anything else ──────────────────────────────────────────────────────▶ PASS
+//! ```
+//!
+//! So every netfilter hook of the node sees a flow as client ⇄ backend, as it would under
+//! kube-proxy (MASQUERADE in POSTROUTING).
+
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use lb_common::{R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
+
+use crate::{
+    conntrack::{self, touch},
+    dsr,
+    family::{Ends, Family, View},
+    filter,
+    nat::{BOTH, SRC},
+    reason::{self, Carried, Reason, Then},
+};
+
+type Outcome = reason::Outcome<i32>;
+
+#[inline(always)]
+fn pass(reason: u32) -> Outcome {
+    Ok((TC_ACT_OK, Reason(reason)))
+}
+
+/// A parsed TCP, UDP or SCTP packet `t` at tc egress (`s`: its family's part of the run's
+/// work area): its verdict, or [`Then::Next`] for a packet to a frontend, which may be the
+/// node's own (`out_dnat`, run by the entry from a frame of its own).
+#[inline(always)]
+pub fn flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
+    Carried::then(try_flow(ctx, t, s))
+}
+
+#[inline(always)]
+fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<Then<i32>, Reason> {
+    // A reply as netfilter saw it (backend → client): the frontend as source.
+    if let Some(ct) = filter::maybe_backend(F::filter_word(t.saddr()))
+        .then(|| conntrack::lookup_reply(t))
+        .flatten()
+    {
+        touch(&ct, t);
+        t.apply::<_, BOTH>(ctx, &ct)?;
+        reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+        return Ok(Then::Done(pass(R_REVERSE_NAT)));
+    }
+    if filter::maybe_backend(F::filter_word(t.daddr())) {
+        // A flow another node sends here by DSR, on its way to the backend (its option makes
+        // the header longer): recorded for the backend's replies, which leave this node.
+        // (Any other packet with options goes on.)
+        if !t.plain() {
+            if let Then::Done(o) = dsr_in(ctx, t, s).next::<i32>() {
+                return Ok(Then::Done(o));
+            }
+        } else if dsr::carries(t)
+            && let Some(ct) = dsr::frontend_entry(t)
+        {
+            // A packet of a DSR flow leaving for its backend's node: the option naming its
+            // frontend on those that node learns the flow from.
+            F::dsr_push(ctx, ct.saddr(), ct.sport())?;
+            return Ok(Then::Done(pass(R_DSR_OUT)));
+        }
+    }
+    // A request of a SNATed flow as netfilter saw it (client → backend): the SNAT source.
+    if let Some(ct) = filter::maybe_backend(F::filter_word(t.daddr()))
+        .then(|| conntrack::lookup_snat_out(t))
+        .flatten()
+    {
+        touch(&ct, t);
+        t.apply::<_, SRC>(ctx, &ct)?;
+        return Ok(Then::Done(pass(R_SNAT_OUT)));
+    }
+    // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
+    // (`out_dnat` checks the protocol: read here, LLVM packs the tuple's fields on ways out
+    // where some were never read, which the verifier refuses.)
+    if filter::maybe_frontend(F::filter_word(t.daddr())) {
+        return Ok(Then::Next(Reason(R_PASS)));
+    }
+    Ok(Then::Done(pass(R_PASS)))
+}
+
+/// tc egress: a packet with IP options or extension headers to a backend: a DSR packet's
+/// flow is recorded (`dsr::learn`); [`Then::Next`] for anything else.
+#[inline(never)]
+fn dsr_in<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
+    if !t.dsr_option(ctx, s) {
+        return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
+    }
+    Carried::done(match dsr::learn(t, s) {
+        Ok(true) => pass(R_DSR_IN),
+        Ok(false) => pass(R_PASS),
+        Err(r) => Err(r),
+    })
+}
+
+/// An ICMP or ICMPv6 message `m` at tc ingress (`PART` = `nat::DST`) or egress (`nat::SRC`):
+/// that side translated when it is an error about a tracked flow, else passed.
+#[inline(never)]
+pub fn icmp_error<F: Family, const PART: u8>(
+    ctx: &TcContext,
+    m: &F::Icmp,
+    s: &mut F::Scratch,
+) -> Carried {
+    Carried::done(match F::translate_icmp::<PART>(ctx, m, s) {
+        Ok(Some(ct)) => {
+            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            pass(R_ICMP_XLATE)
+        }
+        Ok(None) => pass(R_PASS),
+        Err(r) => Err(r),
+    })
+}

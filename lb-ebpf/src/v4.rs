@@ -1,0 +1,329 @@
+//! IPv4's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv4
+//! modules (`parse.rs`'s tuple, `nat.rs`'s rewrite, `fib.rs` and `translate.rs`'s route
+//! lookups, `reject.rs`'s answers, `dsr.rs`'s option). Nothing here knows IPv6.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
+    programs::{TcContext, XdpContext},
+};
+use lb_common::{
+    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_MALFORMED,
+    R_PASS,
+};
+
+use crate::{
+    affinity::{Client, ClientOf},
+    conntrack::Ct,
+    dsr, egress,
+    family::Family,
+    fib::{self, Way},
+    icmp, ingress,
+    maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
+    nat, out_dnat,
+    packet::{L4Sum, Packet, at, csum_apply, csum_replace, diff2, ld16, st16},
+    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple},
+    reason::{Carried, Reason},
+    reject,
+    select::{self, Frontend},
+    shared::Shared,
+    srcrange,
+    xdp::{self, csum_at, write_macs},
+};
+
+// IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
+crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
+
+impl ClientOf for Tuple {
+    #[inline(always)]
+    fn client(&self) -> Client {
+        Client::addr(self.saddr_be)
+    }
+}
+
+impl Family for Tuple {
+    type Front = Frontend;
+    const DSR_LEN: u16 = DSR_OPT_LEN as u16;
+    #[inline(always)]
+    fn filter_word(a: &u32) -> u32 {
+        *a
+    }
+    #[inline(always)]
+    fn is_zero(a: &u32) -> bool {
+        *a == 0
+    }
+    #[inline(always)]
+    fn is_loopback(a: &u32) -> bool {
+        select::is_loopback(*a)
+    }
+    #[inline(always)]
+    fn front(addr: &u32, port_be: u16, proto: u8, scope: u8) -> Frontend {
+        Frontend {
+            addr_be: *addr,
+            port_be,
+            proto,
+            scope,
+        }
+    }
+    #[inline(always)]
+    /// `lb_common::flow_hash`, the addresses in word 0.
+    fn flow_hash(&self) -> u32 {
+        lb_common::flow_hash(
+            &[self.saddr_be, 0, 0, 0],
+            &[self.daddr_be, 0, 0, 0],
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
+    }
+    #[inline(always)]
+    fn backend_addr(be: &Backend) -> &u32 {
+        &be.addr_be[0]
+    }
+    #[inline(always)]
+    fn src_allowed(&self, svc_id: u32) -> bool {
+        srcrange::allowed(svc_id, self.saddr_be)
+    }
+    #[inline(always)]
+    fn hairpin(cfg: &NodeConfig) -> u32 {
+        cfg.hairpin_addr_be
+    }
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.l4_off == L4_OFF
+    }
+    const MIN_CHECKED: u32 = 576;
+    #[inline(always)]
+    fn df(&self) -> bool {
+        self.df
+    }
+    #[inline(always)]
+    fn l4_off(&self) -> usize {
+        self.l4_off
+    }
+    #[inline(always)]
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &u32, len: u16) -> Option<(u16, bool)> {
+        let r = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            self.saddr_be,
+            *daddr,
+            len,
+            false,
+        )?;
+        Some((r.mtu, r.too_big != 0))
+    }
+    #[inline(always)]
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &u32) -> Option<u32> {
+        let route = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            self.saddr_be,
+            *daddr,
+            0,
+            false,
+        )?;
+        (route.src_be != 0).then_some(route.src_be)
+    }
+    #[inline(always)]
+    fn apply<P: L4Sum, const PART: u8>(
+        &self,
+        ctx: &P,
+        to: &Shared<'_, lb_common::CtValue>,
+    ) -> Result<(), Reason> {
+        nat::apply::<P, PART>(ctx, self, to)
+    }
+    #[inline(always)]
+    fn refuse(&self, ctx: &TcContext, _: &mut FlowScratch, back: u64) -> Result<i32, Reason> {
+        reject::refuse(ctx, self, back)
+    }
+    #[inline(always)]
+    fn too_big(&self, ctx: &TcContext, _: &mut FlowScratch, mtu: u16) -> Result<i32, Reason> {
+        reject::frag_needed(ctx, self, mtu)
+    }
+    type Icmp = Icmp;
+    #[inline(always)]
+    fn translate_icmp<const PART: u8>(
+        ctx: &TcContext,
+        m: &Icmp,
+        s: &mut FlowScratch,
+    ) -> Result<Option<Ct<Tuple>>, Reason> {
+        icmp::translate::<PART>(ctx, m, s)
+    }
+    #[inline(always)]
+    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch) -> bool {
+        let Some((addr_be, port_be)) = dsr::option_of(ctx, self) else {
+            return false;
+        };
+        s.reply.saddr_be = addr_be;
+        s.reply.sport_be = port_be;
+        true
+    }
+    #[inline(always)]
+    fn dsr_push(ctx: &TcContext, addr: &u32, port_be: u16) -> Result<(), Reason> {
+        dsr::push(ctx, *addr, port_be)
+    }
+    #[inline(always)]
+    fn route_out(&self, ctx: &TcContext, daddr: &u32) -> Option<u32> {
+        let here = Packet::ingress_ifindex(ctx);
+        fib::lookup(ctx.raw(), here, self.proto, self.saddr_be, *daddr, 0, false).map(|r| r.ifindex)
+    }
+    #[inline(always)]
+    fn ip_len(&self) -> u16 {
+        self.tot_len
+    }
+    #[inline(always)]
+    fn hop(&self, ctx: &XdpContext, saddr: &u32, daddr: &u32, len: u16) -> Way {
+        match fib::hop(
+            ctx.raw(),
+            Packet::ingress_ifindex(ctx),
+            self.proto,
+            *saddr,
+            *daddr,
+            len,
+        ) {
+            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
+    #[inline(always)]
+    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
+        read_ttl(ctx, self)
+    }
+    #[inline(always)]
+    fn forward_l2(
+        &self,
+        ctx: &XdpContext,
+        ttl: u8,
+        smac: &[u8; 6],
+        dmac: &[u8; 6],
+    ) -> Result<(), Reason> {
+        forward_l2(ctx, self, ttl, smac, dmac)
+    }
+    #[inline(always)]
+    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
+        checksum_partial(ctx, self)
+    }
+}
+
+/// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
+/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it).
+#[inline(never)]
+pub fn xdp(ctx: &XdpContext, s: &mut FlowScratch, len: u32) -> Carried {
+    match parse::parse_ipv4(ctx, len) {
+        Ok(Parsed::Flow(t)) => xdp::flow(ctx, &t, s, len),
+        Ok(Parsed::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
+        Ok(Parsed::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
+        Err(r) => Carried::done::<u32>(Err(r)),
+    }
+}
+
+/// tc egress: the node's own IPv4 packet to a frontend the egress flow left, parsed again
+/// (its frame is gone): an SCTP one goes to `out_dnat`, anything else passes.
+#[inline(never)]
+pub fn node(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+    match parse::parse_ipv4(ctx, ctx.len()) {
+        Ok(Parsed::Flow(t)) if t.proto == IPPROTO_SCTP => out_dnat::flow(ctx, &t, s),
+        _ => Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS)))),
+    }
+}
+
+/// tc ingress and egress for an IPv4 packet: parsed here (its tuple on this frame), then
+/// the hook's one flow, or the ICMP step. `PART`: `nat::DST` at ingress, `nat::SRC` at
+/// egress. Out of line: its frame (the tuple's) is gone when the entry goes on to the
+/// node's own flow (`out_dnat`).
+#[inline(never)]
+pub fn tc<const PART: u8>(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+    match parse::parse_ipv4(ctx, ctx.len()) {
+        Ok(Parsed::Flow(t)) if PART == nat::DST => ingress::flow(ctx, &t, s),
+        Ok(Parsed::Flow(t)) => egress::flow(ctx, &t, s),
+        Ok(Parsed::Icmp(m)) => egress::icmp_error::<Tuple, PART>(ctx, &m, s),
+        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => Carried::done::<i32>(Err(r)),
+    }
+}
+
+/// The IPv4 TTL.
+#[inline(always)]
+fn read_ttl(ctx: &XdpContext, t: &Tuple) -> Result<u8, Reason> {
+    if t.direct
+        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
+    {
+        // SAFETY: `at` checked the bytes.
+        return Ok(unsafe { *(p as *const u8).add(IP_TTL_OFF) });
+    }
+    ctx.load(IP_TTL_OFF).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
+/// frame gets the next hop's MAC addresses.
+#[inline(always)]
+fn forward_l2(
+    ctx: &XdpContext,
+    t: &Tuple,
+    ttl: u8,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+) -> Result<(), Reason> {
+    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
+    // The 16-bit word [TTL, protocol], as it sits in the packet.
+    let old = u16::from_ne_bytes([ttl, t.proto]);
+    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
+    if t.direct
+        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
+    {
+        let p = p as *mut u8;
+        // SAFETY: every offset below is within the L4_OFF bytes `at` checked.
+        unsafe {
+            st16(
+                p,
+                IP_CSUM_OFF,
+                csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
+            );
+            st16(p, IP_TTL_OFF, new);
+            write_macs(p, smac, dmac);
+        }
+        return Ok(());
+    }
+    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
+    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
+        .map_err(fail)?;
+    ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
+    ctx.store(0, dmac).map_err(fail)?;
+    ctx.store(6, smac).map_err(fail)
+}
+
+/// The L4 checksum field as it sits in the packet.
+#[inline(always)]
+fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
+    if t.direct {
+        let v = if t.proto == IPPROTO_UDP {
+            csum_at::<{ L4_OFF + 6 }>(ctx)
+        } else {
+            csum_at::<{ L4_OFF + 16 }>(ctx)
+        };
+        if v <= u16::MAX as u32 {
+            return Ok(v as u16);
+        }
+    }
+    ctx.load(t.csum_off).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
+/// pseudo-header sum for offload to complete). A complete checksum equals that value by
+/// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
+#[inline(always)]
+fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
+    let csum = read_l4_csum(ctx, t)?;
+    if t.proto == IPPROTO_UDP && csum == 0 {
+        return Ok(false);
+    }
+    let l4_len = (t.tot_len as u32).saturating_sub((t.l4_off - ETH_HLEN) as u32);
+    let s = u32::from_be(t.saddr_be);
+    let d = u32::from_be(t.daddr_be);
+    let mut sum = (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + t.proto as u32 + l4_len;
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    Ok(u16::from_be(csum) == sum as u16)
+}

@@ -1,0 +1,188 @@
+//! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
+//! modules beside this one. Nothing here knows IPv4.
+
+use aya_ebpf::programs::{TcContext, XdpContext};
+use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, filter_fold};
+
+use super::{
+    dsr, fib, icmp,
+    maps::FlowScratch6,
+    nat,
+    parse::{IP6_HLEN, IP6_L4_OFF, Tuple6},
+    reject, xdp,
+};
+use crate::{
+    conntrack::Ct,
+    family::Family,
+    fib::Way,
+    packet::{L4Sum, Packet},
+    reason::Reason,
+    select::Frontend6,
+    shared::Shared,
+    srcrange,
+};
+
+impl Family for Tuple6 {
+    type Front = Frontend6;
+    const DSR_LEN: u16 = DSR6_HDR_LEN as u16;
+    /// The address's four words folded (`lb_common::filter_fold`, as the agent sets the
+    /// bits), so the addresses of one /32 do not share a bit.
+    #[inline(always)]
+    fn filter_word(a: &[u32; 4]) -> u32 {
+        filter_fold(a)
+    }
+    #[inline(always)]
+    fn is_zero(a: &[u32; 4]) -> bool {
+        a[0] | a[1] | a[2] | a[3] == 0
+    }
+    /// ::1.
+    #[inline(always)]
+    fn is_loopback(a: &[u32; 4]) -> bool {
+        a[0] | a[1] | a[2] == 0 && a[3] == 1u32.to_be()
+    }
+    #[inline(always)]
+    fn front(addr: &[u32; 4], port_be: u16, proto: u8, scope: u8) -> Frontend6 {
+        Frontend6 {
+            addr_be: *addr,
+            port_be,
+            proto,
+            scope,
+        }
+    }
+    #[inline(always)]
+    fn flow_hash(&self) -> u32 {
+        lb_common::flow_hash(
+            &self.saddr_be,
+            &self.daddr_be,
+            self.sport_be,
+            self.dport_be,
+            self.proto,
+        )
+    }
+    #[inline(always)]
+    fn backend_addr(be: &Backend) -> &[u32; 4] {
+        &be.addr_be
+    }
+    #[inline(always)]
+    fn src_allowed(&self, svc_id: u32) -> bool {
+        srcrange::allowed6(svc_id, &self.saddr_be)
+    }
+    #[inline(always)]
+    fn hairpin(cfg: &NodeConfig) -> [u32; 4] {
+        cfg.hairpin6_addr_be
+    }
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.l4_off == IP6_L4_OFF as u32
+    }
+    const MIN_CHECKED: u32 = 1280;
+    #[inline(always)]
+    fn df(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn l4_off(&self) -> usize {
+        self.l4_off as usize
+    }
+    #[inline(always)]
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], len: u16) -> Option<(u16, bool)> {
+        let r = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            &self.saddr_be,
+            daddr,
+            len,
+        )?;
+        Some((r.mtu, r.too_big != 0))
+    }
+    #[inline(always)]
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &[u32; 4]) -> Option<[u32; 4]> {
+        let route = fib::lookup(
+            ctx.raw(),
+            ctx.ingress_ifindex(),
+            self.proto,
+            &self.saddr_be,
+            daddr,
+            0,
+        )?;
+        let src = route.src_be;
+        (!Self::is_zero(&src)).then_some(src)
+    }
+    #[inline(always)]
+    fn apply<P: L4Sum, const PART: u8>(
+        &self,
+        ctx: &P,
+        to: &Shared<'_, CtValue6>,
+    ) -> Result<(), Reason> {
+        nat::apply::<P, PART>(ctx, self, to)
+    }
+    #[inline(always)]
+    fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch6, back: u64) -> Result<i32, Reason> {
+        reject::refuse(ctx, self, &mut s.quote_old, back)
+    }
+    #[inline(always)]
+    fn too_big(&self, ctx: &TcContext, s: &mut FlowScratch6, mtu: u16) -> Result<i32, Reason> {
+        reject::too_big(ctx, self, mtu, &mut s.quote_old)
+    }
+    /// The parse leaves an ICMPv6 message in the tuple (its type, where it starts).
+    type Icmp = Tuple6;
+    #[inline(always)]
+    fn translate_icmp<const PART: u8>(
+        ctx: &TcContext,
+        m: &Tuple6,
+        s: &mut FlowScratch6,
+    ) -> Result<Option<Ct<Tuple6>>, Reason> {
+        icmp::translate::<PART>(ctx, m, s)
+    }
+    #[inline(always)]
+    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch6) -> bool {
+        dsr::read_option(ctx, self, &mut s.reply)
+    }
+    #[inline(always)]
+    fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
+        dsr::push(ctx, addr, port_be)
+    }
+    #[inline(always)]
+    fn route_out(&self, ctx: &TcContext, daddr: &[u32; 4]) -> Option<u32> {
+        let here = Packet::ingress_ifindex(ctx);
+        fib::lookup(ctx.raw(), here, self.proto, &self.saddr_be, daddr, 0).map(|r| r.ifindex)
+    }
+    /// The fixed header's 40 bytes and the payload (extension headers and L4).
+    #[inline(always)]
+    fn ip_len(&self) -> u16 {
+        (IP6_HLEN + self.payload_len) as u16
+    }
+    #[inline(always)]
+    fn hop(&self, ctx: &XdpContext, saddr: &[u32; 4], daddr: &[u32; 4], len: u16) -> Way {
+        match fib::hop(
+            ctx.raw(),
+            Packet::ingress_ifindex(ctx),
+            self.proto,
+            saddr,
+            daddr,
+            len,
+        ) {
+            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
+    #[inline(always)]
+    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
+        xdp::read_hop_limit(ctx, self)
+    }
+    #[inline(always)]
+    fn forward_l2(
+        &self,
+        ctx: &XdpContext,
+        hop_limit: u8,
+        smac: &[u8; 6],
+        dmac: &[u8; 6],
+    ) -> Result<(), Reason> {
+        xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
+    }
+    #[inline(always)]
+    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
+        xdp::checksum_partial(ctx, self)
+    }
+}
