@@ -134,7 +134,10 @@ impl Datapath {
         loader::ensure_pin_dir(&pins).map_err(|e| anyhow!("{e}"))?;
         // From here on a failure must still remove the pins.
         let mut guard = PinGuard(Some(pins.clone()));
-        let object = crate::build::ebpf_object();
+        // Another build of lb-ebpf (`XLB_BENCH_OBJECT`), to hold two builds side by side.
+        let object = std::env::var_os("XLB_BENCH_OBJECT")
+            .map(PathBuf::from)
+            .unwrap_or_else(crate::build::ebpf_object);
         let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, pins.join(m))).collect();
         let cpus = rows::cpus().map_err(|e| anyhow!("{e}"))?;
         let strides = Strides {

@@ -38,7 +38,8 @@
 //! random choice on the same flows in the same trial.
 //!
 //! `XLB_BENCH_SCALES=1,10000` (and `XLB_BENCH_TRIALS=N`) runs a quick subset and leaves
-//! `docs/benchmarks.md` alone.
+//! `docs/benchmarks.md` alone; `XLB_BENCH_OBJECT=PATH` loads another build of lb-ebpf (two
+//! builds compared by alternating runs of the quick subset).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
