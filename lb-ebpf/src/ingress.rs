@@ -51,6 +51,10 @@ pub fn flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
     // Read once: the tracked-flow step and the new-flow step both ask it. Most packets that
     // have nothing to do with a service are known so from two bits, without a hash lookup.
     let front = filter::maybe_frontend(F::filter_word(t.daddr()));
+    if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
+        // Neither to a frontend nor from a backend: no flow of ours (no call out of line).
+        return supersede(ctx, t);
+    }
     let reason = match tracked(ctx, t, front, s).next::<i32>() {
         Then::Next(r) => r.0,
         Then::Done(o) => return Carried::done(o),
