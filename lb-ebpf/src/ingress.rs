@@ -35,6 +35,7 @@ use crate::{
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
+    work::Work,
 };
 
 type Outcome = reason::Outcome<i32>;
@@ -44,17 +45,22 @@ fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
 }
 
-/// A parsed TCP, UDP or SCTP packet `t` at tc ingress; `s`: its family's part of the run's
-/// work area.
+/// A parsed TCP, UDP or SCTP packet `t` at tc ingress; `work`: its family's part of the
+/// run's work area, taken only once the address filters say the packet may be ours.
 #[inline(always)]
-pub fn flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
+pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratch>) -> Carried {
     // Read once: the tracked-flow step and the new-flow step both ask it. Most packets that
     // have nothing to do with a service are known so from two bits, without a hash lookup.
     let front = filter::maybe_frontend(F::filter_word(t.daddr()));
     if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
-        // Neither to a frontend nor from a backend: no flow of ours (no call out of line).
+        // Neither to a frontend nor from a backend: no flow of ours (no call out of line,
+        // no work area).
         return supersede(ctx, t);
     }
+    let s = match work() {
+        Ok(s) => s,
+        Err(r) => return Carried::done::<i32>(Err(r)),
+    };
     let reason = match tracked(ctx, t, front, s).next::<i32>() {
         Then::Next(r) => r.0,
         Then::Done(o) => return Carried::done(o),

@@ -186,12 +186,14 @@ fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
     if l3 == L3::Other {
         return Ok((xdp::PASS, Reason(R_PASS)));
     }
-    // SAFETY: the only acquire of this run.
-    let w = unsafe { work::acquire() }?;
     if l3 == L3::Ipv6 {
+        // SAFETY: the only acquire of this run.
+        let w = unsafe { work::acquire() }?;
         return v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
     }
-    v4::xdp(ctx, &mut w.v4, len).outcome()
+    // SAFETY: the only acquire of this run (a closure called at most once), taken only once
+    // the address filters say the frame may be a service's.
+    v4::xdp(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4), len).outcome()
 }
 
 /// tc ingress: the frame's family's leaf parses the packet (`v4::tc`, `v6::tc`), then the
@@ -202,12 +204,14 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     if l3 == L3::Other {
         return Ok((TC_ACT_OK, Reason(R_PASS)));
     }
-    // SAFETY: the only acquire of this run.
-    let w = unsafe { work::acquire() }?;
     if l3 == L3::Ipv6 {
+        // SAFETY: the only acquire of this run.
+        let w = unsafe { work::acquire() }?;
         return v6::tc::<{ nat::DST }>(ctx, &mut w.v6).outcome();
     }
-    v4::tc::<{ nat::DST }>(ctx, &mut w.v4).outcome()
+    // SAFETY: the only acquire of this run (a closure called at most once), taken only once
+    // the address filters say the packet may be a service's.
+    v4::tc::<{ nat::DST }>(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4)).outcome()
 }
 
 /// tc egress: the family's leaf parses the packet, then the one flow (`egress.rs`); a packet
@@ -220,7 +224,7 @@ fn try_tc_egress(ctx: &TcContext, l3: L3) -> Outcome {
     let then = if l3 == L3::Ipv6 {
         v6::tc::<{ nat::SRC }>(ctx, &mut w.v6).next::<i32>()
     } else {
-        v4::tc::<{ nat::SRC }>(ctx, &mut w.v4).next::<i32>()
+        v4::tc::<{ nat::SRC }>(ctx, || Ok(&mut w.v4)).next::<i32>()
     };
     match then {
         Then::Done(o) => o,

@@ -27,6 +27,7 @@ use crate::{
     select::{self, Frontend},
     shared::Shared,
     srcrange,
+    work::Work,
     xdp::{self, csum_at, write_macs},
 };
 
@@ -210,9 +211,9 @@ impl Family for Tuple {
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
 /// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it).
 #[inline(never)]
-pub fn xdp(ctx: &XdpContext, s: &mut FlowScratch, len: u32) -> Carried {
+pub fn xdp<'a>(ctx: &XdpContext, work: impl Work<'a, FlowScratch>, len: u32) -> Carried {
     match parse::parse_ipv4(ctx, len) {
-        Ok(Parsed::Flow(t)) => xdp::flow(ctx, &t, s, len),
+        Ok(Parsed::Flow(t)) => xdp::flow(ctx, &t, work, len),
         Ok(Parsed::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
         Ok(Parsed::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => Carried::done::<u32>(Err(r)),
@@ -234,11 +235,17 @@ pub fn node(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
 /// egress. Out of line: its frame (the tuple's) is gone when the entry goes on to the
 /// node's own flow (`out_dnat`).
 #[inline(never)]
-pub fn tc<const PART: u8>(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+pub fn tc<'a, const PART: u8>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
     match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) if PART == nat::DST => ingress::flow(ctx, &t, s),
-        Ok(Parsed::Flow(t)) => egress::flow(ctx, &t, s),
-        Ok(Parsed::Icmp(m)) => egress::icmp_error::<Tuple, PART>(ctx, &m, s),
+        Ok(Parsed::Flow(t)) if PART == nat::DST => ingress::flow(ctx, &t, work),
+        Ok(Parsed::Flow(t)) => match work() {
+            Ok(s) => egress::flow(ctx, &t, s),
+            Err(r) => Carried::done::<i32>(Err(r)),
+        },
+        Ok(Parsed::Icmp(m)) => match work() {
+            Ok(s) => egress::icmp_error::<Tuple, PART>(ctx, &m, s),
+            Err(r) => Carried::done::<i32>(Err(r)),
+        },
         Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => Carried::done::<i32>(Err(r)),
     }

@@ -37,6 +37,13 @@ const _: () = assert!(core::mem::size_of::<FlowScratch>() == 224);
 const _: () = assert!(core::mem::size_of::<FlowScratch6>() == 360);
 const _: () = assert!(core::mem::size_of::<WorkArea>() == 640);
 
+/// A family's part of the work area, not yet taken: a step calls it once, when it knows the
+/// packet may be a service's (the entry's closure over [`acquire`], or one lending a part
+/// the entry already holds), so a packet that is no service's never touches the slot.
+pub trait Work<'a, S: 'a>: FnOnce() -> Result<&'a mut S, Reason> {}
+
+impl<'a, S: 'a, W: FnOnce() -> Result<&'a mut S, Reason>> Work<'a, S> for W {}
+
 /// The work area, per CPU. Written and read here only, within one program run: nothing is
 /// carried from one run to the next. index 0 → `WorkArea` (640 B). 1 entry, not pinned.
 #[btf_map]

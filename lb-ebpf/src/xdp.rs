@@ -41,6 +41,7 @@ use crate::{
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
+    work::Work,
 };
 
 /// The XDP program's outcome.
@@ -56,13 +57,27 @@ fn pass(reason: u32) -> XdpOutcome {
 /// address filters, a tracked flow from its entry alone, then replies, then the service
 /// map for a new flow. Each step is out of line, called from here.
 #[inline(always)]
-pub fn flow<F: Family>(ctx: &XdpContext, t: &F, s: &mut F::Scratch, len: u32) -> Carried {
+pub fn flow<'a, F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    work: impl Work<'a, F::Scratch>,
+    len: u32,
+) -> Carried {
     if t.proto() == IPPROTO_SCTP {
         // Left to tc, whose rewrite keeps SCTP's checksum (XDP's redirect and its
         // checksum steps are TCP's and UDP's).
         return Carried::done(pass(R_PASS));
     }
     let front = filter::maybe_frontend(F::filter_word(t.daddr()));
+    if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
+        // Neither to a frontend nor from a backend: no flow of ours (no call out of line,
+        // no work area).
+        return Carried::done(pass(R_PASS));
+    }
+    let s = match work() {
+        Ok(s) => s,
+        Err(r) => return Carried::done::<u32>(Err(r)),
+    };
     match tracked(ctx, t, front, s, len).next::<u32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),

@@ -38,7 +38,7 @@ use crate::{
 #[inline(never)]
 pub fn tc<const PART: u8>(ctx: &TcContext, w: &mut Work6) -> Carried {
     match parse::parse6(ctx, &mut w.pkt) {
-        Ok(Parsed6::Flow) if PART == DST => ingress::flow(ctx, &w.pkt, &mut w.flow),
+        Ok(Parsed6::Flow) if PART == DST => ingress::flow(ctx, &w.pkt, || Ok(&mut w.flow)),
         Ok(Parsed6::Flow) => egress::flow(ctx, &w.pkt, &mut w.flow),
         Ok(Parsed6::Icmp) => egress::icmp_error::<Tuple6, PART>(ctx, &w.pkt, &mut w.flow),
         Ok(Parsed6::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),

@@ -22,7 +22,7 @@ const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 #[inline(never)]
 pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
     match parse::parse6(ctx, &mut w.pkt) {
-        Ok(Parsed6::Flow) => xdp::flow(ctx, &w.pkt, &mut w.flow, len),
+        Ok(Parsed6::Flow) => xdp::flow(ctx, &w.pkt, || Ok(&mut w.flow), len),
         Ok(Parsed6::Icmp) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
         Ok(Parsed6::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => Carried::done::<u32>(Err(r)),

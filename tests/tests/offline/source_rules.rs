@@ -591,7 +591,8 @@ fn each_hook_is_one_generic_flow_and_the_family_leaves_are_apart() {
     for hook in ["ingress", "egress", "xdp", "out_dnat"] {
         let code = &files[&format!("{hook}.rs")];
         assert!(
-            code.contains("pub fn flow<F: Family>("),
+            code.contains("pub fn flow<F: Family>(")
+                || code.contains("pub fn flow<'a, F: Family>("),
             "{hook}.rs: the hook's one flow is `pub fn flow<F: Family>`"
         );
     }
