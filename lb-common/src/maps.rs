@@ -157,21 +157,112 @@ pub const fn flow_hash(
 }
 
 /// Address filters, written by the agent, read by the datapath before any hash lookup: one
-/// bit per hashed IPv4 address ([`filter_bit`]), words `0..FILTER_WORDS` for destinations
-/// that may be frontends, `FILTER_WORDS..2 * FILTER_WORDS` for sources that may be backends
-/// (whose packets may be replies). A clear bit means "certainly not": the packet needs no
-/// conntrack or service lookup on that side.
+/// bit per hashed address ([`FilterSize::bit`]), words `0..words` for destinations that may
+/// be frontends, `words..2 * words` for sources that may be backends (whose packets may be
+/// replies). A clear bit means "certainly not": the packet needs no conntrack or service
+/// lookup on that side. Sized at load time ([`FilterSize`]).
 pub const MAP_ADDR_FILTER: &str = "XLB_ADDRFILT_V1";
-/// log2 of the bits of each filter.
+/// log2 of the bits of each filter at the default map capacities (and the least any
+/// capacity gets).
 pub const FILTER_BITS_LOG2: u32 = 20;
-/// 64-bit words of each filter (2^20 bits: 128 KiB).
+/// The most bits a filter takes: 2^27 (16 MiB).
+pub const FILTER_BITS_LOG2_MAX: u32 = 27;
+/// 64-bit words of each filter at the default size (2^20 bits: 128 KiB).
 pub const FILTER_WORDS: u32 = 1 << (FILTER_BITS_LOG2 - 6);
+/// The load-time global (a `u32`) holding the filters' log2 bits ([`FilterSize::log2`]),
+/// set by every loader that sizes [`MAP_ADDR_FILTER`]; 0 (not set): the default size.
+pub const GLOBAL_FILTER_LOG2: &str = "XLB_FILTER_LOG2";
 
-/// The bit of IPv4 address `addr_be` (network order) in a filter: a multiplicative hash of
-/// the address, so neighbouring addresses spread.
-#[inline(always)]
-pub const fn filter_bit(addr_be: u32) -> u32 {
-    u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - FILTER_BITS_LOG2)
+/// The size of each address filter: 2^`log2` bits. Chosen at load time from the map
+/// capacities, four bits per address the maps can hold (at least the default, 2^20), so a
+/// filter is at most a quarter set when the maps are full and a non-service packet falls
+/// into a conntrack lookup at most one time in five, whatever the scale. The datapath
+/// reads it from [`GLOBAL_FILTER_LOG2`], the agent from the map's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FilterSize {
+    log2: u32,
+}
+
+impl Default for FilterSize {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl FilterSize {
+    /// The size at the default capacities (and of a map no loader sized).
+    pub const DEFAULT: Self = Self {
+        log2: FILTER_BITS_LOG2,
+    };
+
+    /// A filter of 2^`log2` bits, kept within `FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX`
+    /// (0, a global no loader set, is the default).
+    #[inline(always)]
+    pub const fn from_log2(log2: u32) -> Self {
+        let log2 = if log2 < FILTER_BITS_LOG2 {
+            FILTER_BITS_LOG2
+        } else if log2 > FILTER_BITS_LOG2_MAX {
+            FILTER_BITS_LOG2_MAX
+        } else {
+            log2
+        };
+        Self { log2 }
+    }
+
+    /// Four bits per address for maps that hold up to `addresses` of them (the larger of
+    /// the backend capacity and the frontend capacity).
+    pub const fn for_addresses(addresses: u32) -> Self {
+        let mut log2 = 0;
+        while log2 < 32 && (1u64 << log2) < addresses as u64 {
+            log2 += 1;
+        }
+        Self::from_log2(log2 + 2)
+    }
+
+    /// The size of a filter map of `entries` words (both filters).
+    pub const fn from_entries(entries: u32) -> Self {
+        let mut log2 = 6;
+        while log2 < 32 && (2u64 << (log2 - 6)) < entries as u64 {
+            log2 += 1;
+        }
+        Self::from_log2(log2)
+    }
+
+    /// log2 of each filter's bits.
+    #[inline(always)]
+    pub const fn log2(self) -> u32 {
+        self.log2
+    }
+
+    /// 64-bit words of each filter.
+    #[inline(always)]
+    pub const fn words(self) -> u32 {
+        1 << (self.log2 - 6)
+    }
+
+    /// Entries of the filter map (both filters).
+    pub const fn entries(self) -> u32 {
+        2 * self.words()
+    }
+
+    /// The number of the second filter's first bit (the backends' filter).
+    #[inline(always)]
+    pub const fn backend_base(self) -> u32 {
+        self.words() * 64
+    }
+
+    /// The bit of IPv4 address `addr_be` (network order) in a filter: a multiplicative hash
+    /// of the address, so neighbouring addresses spread.
+    #[inline(always)]
+    pub const fn bit(self, addr_be: u32) -> u32 {
+        u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - self.log2)
+    }
+
+    /// The filter bit of an address of either family ([`filter_fold`], then [`Self::bit`]).
+    #[inline(always)]
+    pub const fn bit_of(self, addr_be: &[u32; 4]) -> u32 {
+        self.bit(filter_fold(addr_be))
+    }
 }
 
 /// The word an address of either family is filtered by, from its `addr_be` words (network
@@ -187,12 +278,6 @@ pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
         ^ u32::from_be(addr_be[2]).wrapping_mul(0xc2b2_ae35)
         ^ u32::from_be(addr_be[3]).wrapping_mul(0x27d4_eb2f);
     h.to_be()
-}
-
-/// The filter bit of an address of either family ([`filter_fold`], then [`filter_bit`]).
-#[inline(always)]
-pub const fn filter_bit_of(addr_be: &[u32; 4]) -> u32 {
-    filter_bit(filter_fold(addr_be))
 }
 
 /// Default capacities; the agent may override them at load time.
@@ -620,7 +705,7 @@ mod tests {
 
     #[test]
     fn ipv6_addresses_of_one_prefix_get_bits_of_their_own_and_ipv4_keeps_its_bit() {
-        let bits: [u32; 4] = [1, 2, 3, 0x10].map(|i| filter_bit_of(&v6(i)));
+        let bits: [u32; 4] = [1, 2, 3, 0x10].map(|i| FilterSize::DEFAULT.bit_of(&v6(i)));
         for (i, a) in bits.iter().enumerate() {
             assert!(bits[i + 1..].iter().all(|b| b != a), "{bits:?}");
         }
@@ -636,6 +721,28 @@ mod tests {
             assert!(!clients.contains(&prefix(0x128, m)), "backend {m}");
         }
         let v4 = u32::from_ne_bytes([10, 96, 0, 10]);
-        assert_eq!(filter_bit_of(&[v4, 0, 0, 0]), filter_bit(v4));
+        let f = FilterSize::DEFAULT;
+        assert_eq!(f.bit_of(&[v4, 0, 0, 0]), f.bit(v4));
+    }
+
+    #[test]
+    fn filters_are_sized_four_bits_an_address() {
+        // The default capacities keep the default size (pinned filters keep theirs).
+        assert_eq!(
+            FilterSize::for_addresses(BACKEND_MAP_CAPACITY),
+            FilterSize::DEFAULT
+        );
+        assert_eq!(FilterSize::for_addresses(1 << 21).log2(), 23);
+        assert_eq!(FilterSize::for_addresses((1 << 21) + 1).log2(), 24);
+        assert_eq!(
+            FilterSize::for_addresses(u32::MAX).log2(),
+            FILTER_BITS_LOG2_MAX
+        );
+        for log2 in FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX {
+            let f = FilterSize::from_log2(log2);
+            assert_eq!(FilterSize::from_entries(f.entries()), f);
+            assert!(f.bit(u32::MAX) < f.backend_base());
+        }
+        assert_eq!(FilterSize::from_log2(0), FilterSize::DEFAULT);
     }
 }

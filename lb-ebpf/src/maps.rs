@@ -231,11 +231,16 @@ pub static XLB_SOCK_V1: LruHashMap<SockKey, SockValue, { SOCK_MAP_CAPACITY as us
 
 /// Address filters. Written by the agent (bits set before the entries that need them,
 /// cleared a day after their last address went), read here before any hash lookup.
-/// word index (u32) → 64 bits: `0..FILTER_WORDS` destinations that may be frontends,
-/// `FILTER_WORDS..` sources that may be backends. 4 B → 8 B, 32,768 entries (256 KiB), an
-/// array.
+/// word index (u32) → 64 bits: `0..words` destinations that may be frontends, `words..`
+/// sources that may be backends. 4 B → 8 B, an array sized by the loader with
+/// [`XLB_FILTER_LOG2`] (32,768 entries, 256 KiB, at the default capacities).
 #[btf_map]
 pub static XLB_ADDRFILT_V1: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::new();
+
+/// log2 of each address filter's bits (`GLOBAL_FILTER_LOG2`), set by the loader that sizes
+/// [`XLB_ADDRFILT_V1`]; 0 (not set): the default size.
+#[unsafe(no_mangle)]
+pub static XLB_FILTER_LOG2: Global<u32> = Global::new(0);
 
 /// The node's configuration (`XLB_CFG_V3`), zero until the agent writes it.
 #[inline(always)]

@@ -39,6 +39,7 @@ pub struct KernelMaps {
     src_range6_capacity: u32,
     names_capacity: u32,
     maglev_capacity: u32,
+    filter_size: lb_common::FilterSize,
 }
 
 /// A source range's trie key: the IPv4 trie's, or the IPv6 trie's.
@@ -202,6 +203,7 @@ impl KernelMaps {
         [filter, maglev]: [Map; 2],
     ) -> Result<Self, DatapathError> {
         let maglev_capacity = capacity(&maglev);
+        let filter_size = lb_common::FilterSize::from_entries(capacity(&filter));
         let svc_capacity = capacity(&svc);
         let svc_stats = Counters::open(stats, MAP_SVC_STATS)?;
         let backend_stats = Counters::open(backend_stats, MAP_BACKEND_STATS)?;
@@ -246,6 +248,7 @@ impl KernelMaps {
             src_range6_capacity,
             names_capacity,
             maglev_capacity,
+            filter_size,
         })
     }
 
@@ -260,11 +263,11 @@ impl KernelMaps {
     }
 
     /// The set bits of the address filters (numbered as in `Desired::filter`). Not part of
-    /// [`MapWriter::read`]: it is a read per word (32,768 of them), which only the agent's
+    /// [`MapWriter::read`]: it is a read per word (32,768 of them at the default size), which only the agent's
     /// start needs (it keeps the bits of addresses an earlier agent programmed).
     pub fn read_filter(&self) -> Result<std::collections::BTreeSet<u32>, WriteError> {
         let mut bits = std::collections::BTreeSet::new();
-        for word in 0..2 * lb_common::FILTER_WORDS {
+        for word in 0..self.filter_size.entries() {
             let w = self
                 .filter
                 .get(&word, 0)
@@ -287,6 +290,7 @@ impl KernelMaps {
             src_ranges6: self.src_range6_capacity,
             services: self.names_capacity,
             maglev: self.maglev_capacity,
+            filter: self.filter_size,
         }
     }
 }

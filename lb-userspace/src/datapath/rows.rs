@@ -10,7 +10,7 @@ use aya::{
     EbpfLoader,
     maps::{Array, Map, MapData, MapError},
 };
-use lb_common::{Counter, GLOBAL_BACKEND_STRIDE, GLOBAL_SVC_STRIDE};
+use lb_common::{Counter, GLOBAL_BACKEND_STRIDE, GLOBAL_FILTER_LOG2, GLOBAL_SVC_STRIDE};
 
 use super::{DatapathError, batch};
 
@@ -47,10 +47,15 @@ pub fn entries(stride: u32, cpus: u32) -> u32 {
     stride.saturating_mul(cpus)
 }
 
-/// The strides of the service and of the backend counter arrays, as the programs get them.
+/// The strides of the service and of the backend counter arrays, and the address filters'
+/// size, as the programs get them (load-time globals).
 pub struct Strides {
     pub svc: u32,
     pub backend: u32,
+    /// log2 of each address filter's bits (`lb_common::FilterSize`), the filter map sized to
+    /// match; 0: not set (an object of a build before sized filters, which has no such global
+    /// and reads the default size).
+    pub filter_log2: u32,
 }
 
 impl Strides {
@@ -58,6 +63,9 @@ impl Strides {
     pub fn set<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
         loader.override_global(GLOBAL_SVC_STRIDE, &self.svc, true);
         loader.override_global(GLOBAL_BACKEND_STRIDE, &self.backend, true);
+        if self.filter_log2 != 0 {
+            loader.override_global(GLOBAL_FILTER_LOG2, &self.filter_log2, true);
+        }
     }
 }
 

@@ -174,9 +174,14 @@ impl Scratch {
                 .unwrap_or_default();
             size / cpus.max(1)
         };
+        let filter_entries = sizes
+            .iter()
+            .find(|(n, _)| *n == MAP_ADDR_FILTER)
+            .map_or(0, |(_, size)| *size);
         let strides = Strides {
             svc: stride(MAP_SVC_STATS),
             backend: stride(MAP_BACKEND_STATS),
+            filter_log2: lb_common::FilterSize::from_entries(filter_entries).log2(),
         };
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use lb_common::{
-    AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
-    SVC_NAME_MAP_CAPACITY,
+    AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, FilterSize, MAP_ADDR_FILTER, MAP_AFFINITY,
+    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC,
+    MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
 };
 
 use super::{
@@ -71,7 +71,7 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 impl MapSizes {
     /// Each sized map's name and size (max entries) on a machine with `cpus` possible CPUs:
     /// the counter arrays hold a row per CPU.
-    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 11] {
+    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 12] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
@@ -84,7 +84,14 @@ impl MapSizes {
             (MAP_SVC_NAME, self.service_ports),
             (MAP_SVC_STATS, rows::entries(self.service_ports, cpus)),
             (lb_common::MAP_MAGLEV, self.maglev),
+            (MAP_ADDR_FILTER, self.filter().entries()),
         ]
+    }
+
+    /// The address filters' size: four bits per address the backend map and the per-service
+    /// arrays can hold (the default capacities keep the default, 2^20 bits each).
+    pub fn filter(&self) -> FilterSize {
+        FilterSize::for_addresses(self.backends.max(self.service_ports))
     }
 
     /// The strides of the counter arrays (their indices per CPU).
@@ -92,6 +99,7 @@ impl MapSizes {
         Strides {
             svc: self.service_ports,
             backend: self.backends,
+            filter_log2: self.filter().log2(),
         }
     }
 

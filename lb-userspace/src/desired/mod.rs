@@ -20,9 +20,9 @@ use std::{
 };
 
 use lb_common::{
-    BACKEND_MAP_CAPACITY, Backend, MAGLEV_MAP_CAPACITY, SCOPE_EXTERNAL, SRC_RANGE_MAP_CAPACITY,
-    SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue,
-    user::show_frontend,
+    BACKEND_MAP_CAPACITY, Backend, FilterSize, MAGLEV_MAP_CAPACITY, SCOPE_EXTERNAL,
+    SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
+    SvcKey, SvcName, SvcValue, user::show_frontend,
 };
 use thiserror::Error;
 
@@ -113,20 +113,20 @@ impl Default for LbSettings {
     }
 }
 
-/// The filter bits (numbered as in [`Desired::filter`]) of the addresses `d` programs:
-/// frontends in the first filter, backends in the second.
-pub fn live_filter_bits(d: &Desired) -> BTreeSet<u32> {
-    let backend_base = lb_common::FILTER_WORDS * 64;
+/// The filter bits (numbered as in [`Desired::filter`]) of the addresses `d` programs, in
+/// filters of `size`: frontends in the first filter, backends in the second.
+pub fn live_filter_bits(d: &Desired, size: FilterSize) -> BTreeSet<u32> {
     d.services
         .keys()
         .filter(|k| k.slot == 0)
-        .map(|k| lb_common::filter_bit_of(&k.addr_be))
-        .chain(
-            d.backends
-                .values()
-                .map(|b| backend_base + lb_common::filter_bit_of(&b.addr_be)),
-        )
+        .map(|k| size.bit_of(&k.addr_be))
+        .chain(d.backends.values().map(|b| backend_filter_bit(size, b)))
         .collect()
+}
+
+/// A backend's bit (numbered as in [`Desired::filter`]) in the second filter of `size`.
+pub fn backend_filter_bit(size: FilterSize, be: &Backend) -> u32 {
+    size.backend_base() + size.bit_of(&be.addr_be)
 }
 
 /// One allowed source range of a frontend: an entry of the IPv4 source-range trie
@@ -242,6 +242,8 @@ pub struct Limits {
     pub services: u32,
     /// The Maglev map's size (tables).
     pub maglev: u32,
+    /// The address filters' size (how [`Desired::filter`]'s bits are numbered).
+    pub filter: FilterSize,
 }
 
 impl Default for Limits {
@@ -253,6 +255,7 @@ impl Default for Limits {
             src_ranges6: SRC_RANGE6_MAP_CAPACITY,
             services: SVC_NAME_MAP_CAPACITY,
             maglev: MAGLEV_MAP_CAPACITY,
+            filter: FilterSize::DEFAULT,
         }
     }
 }
@@ -369,7 +372,7 @@ pub fn compute_on(
             p.apply(&mut desired);
         }
     }
-    desired.filter = live_filter_bits(&desired);
+    desired.filter = live_filter_bits(&desired, limits.filter);
     (desired, errors)
 }
 

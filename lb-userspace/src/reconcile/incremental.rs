@@ -14,13 +14,13 @@
 use lb_common::user::show_frontend;
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SCOPE_EXTERNAL, SvcKey};
+use lb_common::{Backend, FilterSize, SCOPE_EXTERNAL, SvcKey};
 
 use super::{Ids, Journal};
 use crate::{
     desired::{
-        Candidate, Desired, DesiredError, Limits, NodeContext, Placed, Touched, external,
-        live_filter_bits, placing_order, plan, service_candidates,
+        Candidate, Desired, DesiredError, Limits, NodeContext, Placed, Touched, backend_filter_bit,
+        external, live_filter_bits, placing_order, plan, service_candidates,
     },
     model::{Model, ServiceRef},
 };
@@ -45,6 +45,8 @@ pub struct Incremental {
     backend_refs: Vec<u32>,
     /// Filter bit → frontends and backends with an address in it.
     filter_refs: BTreeMap<u32, usize>,
+    /// The address filters' size (from the limits of the last full computation).
+    filter: FilterSize,
     /// Frontend entries placed (slot 0, either scope).
     frontends: usize,
     /// What the last [`Incremental::update`] changed, as it was before (none after a full
@@ -96,7 +98,10 @@ impl Incremental {
     /// Recomputes everything, as [`super::recompute`] does (the same result): at start, on
     /// a node change, as the prune.
     pub fn full(&mut self, model: &Model, node: &NodeContext, ids: &mut Ids, limits: Limits) {
-        *self = Incremental::default();
+        *self = Incremental {
+            filter: limits.filter,
+            ..Incremental::default()
+        };
         let mut candidates = Vec::new();
         for id in model.services.keys() {
             let mut errors = Vec::new();
@@ -113,8 +118,8 @@ impl Incremental {
             self.offer(id, c, ids, limits);
         }
         ids.retain(&self.desired);
-        self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired));
-        self.filter_refs = count_filter_bits(&self.desired);
+        self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired, self.filter));
+        self.filter_refs = count_filter_bits(&self.desired, self.filter);
     }
 
     /// Rebuilds the large maps (and `ids`') from their sorted entries: a B-tree filled one
@@ -210,7 +215,7 @@ impl Incremental {
                     continue;
                 };
                 if k.slot == 0 {
-                    self.unref_filter(lb_common::filter_bit_of(&k.addr_be), ids, touched);
+                    self.unref_filter(self.filter.bit_of(&k.addr_be), ids, touched);
                     if k.scope == SCOPE_EXTERNAL {
                         self.owners.remove(&k);
                         released.push(k);
@@ -266,7 +271,7 @@ impl Incremental {
                 j.backend(&self.desired, id);
             }
             if let Some(be) = self.desired.backends.remove(&id) {
-                let bit = backend_filter_bit(&be);
+                let bit = backend_filter_bit(self.filter, &be);
                 self.unref_filter(bit, ids, touched);
             }
         }
@@ -318,7 +323,7 @@ impl Incremental {
             touched.frontends.insert(key);
             return;
         };
-        self.ref_filter(lb_common::filter_bit_of(&p.key.addr_be), ids, touched);
+        self.ref_filter(self.filter.bit_of(&p.key.addr_be), ids, touched);
         let backends: Vec<u32> = p.backends(&self.desired).collect();
         for b in backends {
             let n = backend_ref(&mut self.backend_refs, b);
@@ -326,7 +331,7 @@ impl Incremental {
             if *n == 1
                 && let Some(be) = self.desired.backends.get(&b).copied()
             {
-                self.ref_filter(backend_filter_bit(&be), ids, touched);
+                self.ref_filter(backend_filter_bit(self.filter, &be), ids, touched);
             }
         }
     }
@@ -401,21 +406,14 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
     *m = std::mem::take(m).into_iter().collect();
 }
 
-/// A backend's bit in the second address filter.
-fn backend_filter_bit(be: &Backend) -> u32 {
-    lb_common::FILTER_WORDS * 64 + lb_common::filter_bit_of(&be.addr_be)
-}
-
 /// How many frontends and backends of `d` have an address in each filter bit.
-fn count_filter_bits(d: &Desired) -> BTreeMap<u32, usize> {
+fn count_filter_bits(d: &Desired, size: FilterSize) -> BTreeMap<u32, usize> {
     let mut refs = BTreeMap::new();
     for k in d.services.keys().filter(|k| k.slot == 0) {
-        *refs
-            .entry(lb_common::filter_bit_of(&k.addr_be))
-            .or_default() += 1;
+        *refs.entry(size.bit_of(&k.addr_be)).or_default() += 1;
     }
     for be in d.backends.values() {
-        *refs.entry(backend_filter_bit(be)).or_default() += 1;
+        *refs.entry(backend_filter_bit(size, be)).or_default() += 1;
     }
     refs
 }

@@ -137,7 +137,7 @@ impl Checked {
         }
         // Every frontend and every backend programmed has its address filter bit set (a clear
         // bit hides it from the datapath).
-        let live = lb_userspace::desired::live_filter_bits(s);
+        let live = lb_userspace::desired::live_filter_bits(s, lb_common::FilterSize::DEFAULT);
         assert!(
             live.is_subset(&s.filter),
             "after `{op}`: filter bits {:?} missing",

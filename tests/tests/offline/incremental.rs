@@ -308,7 +308,7 @@ fn consistent(d: &Desired) {
         "Maglev tables = frontends flagged"
     );
     assert!(
-        desired::live_filter_bits(d).is_subset(&d.filter),
+        desired::live_filter_bits(d, lb_common::FilterSize::DEFAULT).is_subset(&d.filter),
         "live filter bits set"
     );
 }

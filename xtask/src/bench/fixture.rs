@@ -15,9 +15,10 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
-    ALL_MAPS, BACKEND_MAP_CAPACITY, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6,
-    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS,
-    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue,
+    ALL_MAPS, BACKEND_MAP_CAPACITY, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, FilterSize,
+    GLOBAL_FILTER_LOG2, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED,
+    MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+    SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
@@ -140,9 +141,22 @@ impl Datapath {
             .unwrap_or_else(crate::build::ebpf_object);
         let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, pins.join(m))).collect();
         let cpus = rows::cpus().map_err(|e| anyhow!("{e}"))?;
+        let svc_stride = caps.per_service.unwrap_or(SVC_NAME_MAP_CAPACITY);
+        let backend_stride = caps.backends.unwrap_or(BACKEND_MAP_CAPACITY);
+        // Sized as the agent sizes it; an object of a build before sized filters (no such
+        // global) reads the default size.
+        let sized = std::fs::read(&object)
+            .with_context(|| format!("reading {}", object.display()))?
+            .windows(GLOBAL_FILTER_LOG2.len())
+            .any(|w| w == GLOBAL_FILTER_LOG2.as_bytes());
+        let filter = match sized {
+            true => FilterSize::for_addresses(svc_stride.max(backend_stride)),
+            false => FilterSize::DEFAULT,
+        };
         let strides = Strides {
-            svc: caps.per_service.unwrap_or(SVC_NAME_MAP_CAPACITY),
-            backend: caps.backends.unwrap_or(BACKEND_MAP_CAPACITY),
+            svc: svc_stride,
+            backend: backend_stride,
+            filter_log2: if sized { filter.log2() } else { 0 },
         };
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {
@@ -160,6 +174,7 @@ impl Datapath {
             ),
             (MAP_CT, caps.ct),
             (MAP_CT_ASSURED, caps.ct),
+            (MAP_ADDR_FILTER, Some(filter.entries())),
         ];
         for (name, size) in sizes {
             if let Some(size) = size {
