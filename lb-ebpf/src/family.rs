@@ -17,7 +17,7 @@ use lb_common::{
 
 use crate::{
     affinity::ClientOf,
-    fib::Way,
+    fib::{self, Route, RouteAddr, Way},
     maps::Chosen,
     packet::{L4Sum, Packet},
     parse::{ETH_HLEN, Tuple},
@@ -27,55 +27,7 @@ use crate::{
     v6::parse::Tuple6,
 };
 
-/// An address: compared and copied word by word (an array comparison may become a `bcmp`
-/// call, which BPF does not have; an array copy between two map values a `memmove`, whose
-/// pointer subtraction the verifier refuses without CAP_PERFMON).
-pub trait Addr: Copy {
-    fn same(&self, other: &Self) -> bool;
-    fn set(&mut self, from: &Self);
-    /// One word of it (the address itself for IPv4, its words xor-ed for IPv6): what a
-    /// check that needs only to tell entries apart keeps on the 512-byte stack.
-    fn fold(&self) -> u32;
-}
-
-impl Addr for u32 {
-    #[inline(always)]
-    fn same(&self, other: &Self) -> bool {
-        *self == *other
-    }
-    #[inline(always)]
-    fn fold(&self) -> u32 {
-        *self
-    }
-    #[inline(always)]
-    fn set(&mut self, from: &Self) {
-        *self = *from;
-    }
-}
-
-impl Addr for [u32; 4] {
-    #[inline(always)]
-    fn same(&self, other: &Self) -> bool {
-        eq6(self, other)
-    }
-    #[inline(always)]
-    fn fold(&self) -> u32 {
-        self[0] ^ self[1] ^ self[2] ^ self[3]
-    }
-    #[inline(always)]
-    fn set(&mut self, from: &Self) {
-        copy6(self, from)
-    }
-}
-
-/// Whether two IPv6 addresses are equal, word by word.
-#[inline(always)]
-pub fn eq6(a: &[u32; 4], b: &[u32; 4]) -> bool {
-    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
-}
-
-/// `*dst = *src` word by word, volatile (see [`Addr`]).
-pub use crate::maps::copy_words as copy6;
+pub use crate::addr::Addr;
 
 /// The 4-tuple a conntrack key, a conntrack entry and a parsed packet share (fields
 /// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each), read.
@@ -514,7 +466,7 @@ pub enum Mtu {
 /// source), the DSR option's size, the header rewrite and the answers built in its header
 /// (refusal, fragmentation needed / Packet Too Big). Every step that uses it is generic
 /// over it and monomorphised per family.
-pub trait Family: Flow + ClientOf + Sized + 'static {
+pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The frontend as the service map keys it.
     type Front: Keyed;
     /// Bytes the DSR option adds to a packet that carries it.
@@ -552,7 +504,26 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn l4_off(&self) -> usize;
     /// The route toward `daddr` for a packet of `len` bytes: its MTU and whether the packet
     /// is too big for it (`None`: no route here, the stack decides).
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)>;
+    #[inline(always)]
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)> {
+        let r = self.route(ctx, daddr, len)?;
+        Some((r.mtu, r.too_big != 0))
+    }
+    /// The route from the packet's source toward `daddr` entering here, `len` checked
+    /// against its MTU (0: not checked), the neighbour not resolved.
+    #[inline(always)]
+    fn route<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<Route<Self::Addr>> {
+        let here = ctx.ingress_ifindex();
+        fib::lookup(
+            ctx.raw(),
+            here,
+            self.proto(),
+            self.saddr(),
+            daddr,
+            len,
+            false,
+        )
+    }
 
     /// Checks the packet against the route to `daddr` (its MTU, as the kernel's forwarding
     /// would), unless it is no bigger than `fits`, a size already known to fit (0 = none). A
@@ -589,7 +560,11 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     }
     /// The node's source address on the route toward `daddr` (`None`: no route, or no
     /// address).
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr>;
+    #[inline(always)]
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr> {
+        let src = self.route(ctx, daddr, 0)?.src_be;
+        (!Self::is_zero(&src)).then_some(src)
+    }
     /// Rewrites the `PART` of the packet's tuple into `to`'s (`nat::apply`).
     fn apply<P: L4Sum, const PART: u8>(
         &self,
@@ -617,13 +592,23 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
     fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
     /// The interface the route toward `daddr` leaves by (`None`: no route).
-    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32>;
+    #[inline(always)]
+    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32> {
+        self.route(ctx, daddr, 0).map(|r| r.ifindex)
+    }
     /// The IP packet's length, its header included (IPv4's total length; IPv6's 40 bytes
     /// and its payload length): what a route's MTU is checked against.
     fn ip_len(&self) -> u16;
     /// XDP: the way out of a packet `saddr → daddr` of `len` bytes, by its route (cached
     /// per CPU).
-    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way;
+    #[inline(always)]
+    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way {
+        let here = Packet::ingress_ifindex(ctx);
+        match fib::hop(ctx.raw(), here, self.proto(), saddr, daddr, len) {
+            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
     /// XDP: the TTL (hop limit) of the packet.
     fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason>;
     /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from

@@ -16,7 +16,6 @@ use crate::{
     conntrack::Ct,
     dsr, egress,
     family::Family,
-    fib::{self, Way},
     icmp, ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
     nat, out_dnat,
@@ -101,32 +100,6 @@ impl Family for Tuple {
         self.l4_off
     }
     #[inline(always)]
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &u32, len: u16) -> Option<(u16, bool)> {
-        let r = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            self.saddr_be,
-            *daddr,
-            len,
-            false,
-        )?;
-        Some((r.mtu, r.too_big != 0))
-    }
-    #[inline(always)]
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &u32) -> Option<u32> {
-        let route = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            self.saddr_be,
-            *daddr,
-            0,
-            false,
-        )?;
-        (route.src_be != 0).then_some(route.src_be)
-    }
-    #[inline(always)]
     fn apply<P: L4Sum, const PART: u8>(
         &self,
         ctx: &P,
@@ -165,27 +138,8 @@ impl Family for Tuple {
         dsr::push(ctx, *addr, port_be)
     }
     #[inline(always)]
-    fn route_out(&self, ctx: &TcContext, daddr: &u32) -> Option<u32> {
-        let here = Packet::ingress_ifindex(ctx);
-        fib::lookup(ctx.raw(), here, self.proto, self.saddr_be, *daddr, 0, false).map(|r| r.ifindex)
-    }
-    #[inline(always)]
     fn ip_len(&self) -> u16 {
         self.tot_len
-    }
-    #[inline(always)]
-    fn hop(&self, ctx: &XdpContext, saddr: &u32, daddr: &u32, len: u16) -> Way {
-        match fib::hop(
-            ctx.raw(),
-            Packet::ingress_ifindex(ctx),
-            self.proto,
-            *saddr,
-            *daddr,
-            len,
-        ) {
-            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
-            None => Way::Tc,
-        }
     }
     #[inline(always)]
     fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {

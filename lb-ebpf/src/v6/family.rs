@@ -5,21 +5,15 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, filter_fold};
 
 use super::{
-    dsr, fib, icmp,
+    dsr, icmp,
     maps::FlowScratch6,
     nat,
     parse::{IP6_HLEN, IP6_L4_OFF, Tuple6},
     reject, xdp,
 };
 use crate::{
-    conntrack::Ct,
-    family::Family,
-    fib::Way,
-    packet::{L4Sum, Packet},
-    reason::Reason,
-    select::Frontend6,
-    shared::Shared,
-    srcrange,
+    conntrack::Ct, family::Family, packet::L4Sum, reason::Reason, select::Frontend6,
+    shared::Shared, srcrange,
 };
 
 impl Family for Tuple6 {
@@ -85,31 +79,6 @@ impl Family for Tuple6 {
         self.l4_off as usize
     }
     #[inline(always)]
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], len: u16) -> Option<(u16, bool)> {
-        let r = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            &self.saddr_be,
-            daddr,
-            len,
-        )?;
-        Some((r.mtu, r.too_big != 0))
-    }
-    #[inline(always)]
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &[u32; 4]) -> Option<[u32; 4]> {
-        let route = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            &self.saddr_be,
-            daddr,
-            0,
-        )?;
-        let src = route.src_be;
-        (!Self::is_zero(&src)).then_some(src)
-    }
-    #[inline(always)]
     fn apply<P: L4Sum, const PART: u8>(
         &self,
         ctx: &P,
@@ -143,29 +112,10 @@ impl Family for Tuple6 {
     fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
         dsr::push(ctx, addr, port_be)
     }
-    #[inline(always)]
-    fn route_out(&self, ctx: &TcContext, daddr: &[u32; 4]) -> Option<u32> {
-        let here = Packet::ingress_ifindex(ctx);
-        fib::lookup(ctx.raw(), here, self.proto, &self.saddr_be, daddr, 0).map(|r| r.ifindex)
-    }
     /// The fixed header's 40 bytes and the payload (extension headers and L4).
     #[inline(always)]
     fn ip_len(&self) -> u16 {
         (IP6_HLEN + self.payload_len) as u16
-    }
-    #[inline(always)]
-    fn hop(&self, ctx: &XdpContext, saddr: &[u32; 4], daddr: &[u32; 4], len: u16) -> Way {
-        match fib::hop(
-            ctx.raw(),
-            Packet::ingress_ifindex(ctx),
-            self.proto,
-            saddr,
-            daddr,
-            len,
-        ) {
-            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
-            None => Way::Tc,
-        }
     }
     #[inline(always)]
     fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {

@@ -7,14 +7,14 @@ use aya_ebpf::{helpers::bpf_csum_diff, programs::TcContext};
 use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
-    conntrack::{self, eq6},
     maps::FlowScratch6,
     nat::diff16,
     parse::{IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
     reject::QUOTE,
 };
 use crate::{
-    conntrack::Ct,
+    addr::eq6,
+    conntrack::{self, Ct},
     family::Ends,
     nat::{DST, SRC},
     packet::{Packet, csum_add, csum_apply},

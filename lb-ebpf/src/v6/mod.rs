@@ -11,7 +11,7 @@
 pub mod conntrack;
 pub mod dsr;
 mod family;
-pub mod fib;
+
 pub mod icmp;
 pub mod maps;
 pub mod nat;

@@ -3,11 +3,11 @@
 
 use lb_common::{CtValue6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
-use super::{
-    conntrack::eq6,
-    parse::{DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
+use super::parse::{
+    DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6,
 };
 use crate::{
+    addr::eq6,
     family::Ends,
     nat::{
         DADDR, DPORT, SADDR, SPORT, ports_in_place, ports_word, sctp_csum_in_place,
