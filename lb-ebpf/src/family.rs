@@ -19,7 +19,7 @@ use crate::{
     affinity::ClientOf,
     fib::{self, Route, RouteAddr, Way},
     maps::Chosen,
-    packet::{L4Sum, Packet},
+    packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
     select::Keyed,
@@ -565,12 +565,38 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
         let src = self.route(ctx, daddr, 0)?.src_be;
         (!Self::is_zero(&src)).then_some(src)
     }
-    /// Rewrites the `PART` of the packet's tuple into `to`'s (`nat::apply`).
-    fn apply<P: L4Sum, const PART: u8>(
+    /// The bytes the direct rewrite needs in place (`[u8; N]`): Ethernet, the IP header
+    /// without options or extension headers, and TCP's first 20 bytes (ports, flags,
+    /// checksum), UDP's 8, SCTP's 16.
+    type DirectTcp;
+    type DirectUdp;
+    type DirectSctp;
+    /// Offset of the L4 header of a packet without IP options or extension headers.
+    const L4_OFF: usize;
+    /// The headers are in place at the fixed offsets (`l4_off == L4_OFF`, the bytes up to
+    /// `DirectTcp`/`DirectUdp` linear): rewritten directly, not through helpers.
+    fn direct(&self) -> bool;
+    /// Offset of the L4 checksum.
+    fn csum_off(&self) -> usize;
+    /// The L4 length, its header included.
+    fn l4_len(&self) -> u32;
+    /// Writes `to`'s addresses of the `PART` side(s) where they differ from the packet's
+    /// (`nat::rewrite`'s direct path); returns their change to the L4 pseudo-header's sum
+    /// (IPv4: its header checksum updated too).
+    ///
+    /// # Safety
+    /// `p` is the packet's start, checked against data_end for the IP header.
+    unsafe fn addrs_in_place<const PART: u8>(
+        &self,
+        p: *mut u8,
+        to: &Shared<'_, Self::Value>,
+    ) -> u32;
+    /// As [`Family::addrs_in_place`], through the store (and checksum) helpers.
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, Self::Value>,
-    ) -> Result<(), Reason>;
+    ) -> Result<u32, Reason>;
     /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
     /// where the family needs room; `back`: see `reject::refuse`.
     fn refuse(&self, ctx: &TcContext, s: &mut Self::Scratch, back: u64) -> Result<i32, Reason>;

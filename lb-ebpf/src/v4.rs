@@ -8,19 +8,23 @@ use aya_ebpf::{
 };
 use lb_common::{
     Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_MALFORMED,
-    R_PASS,
+    R_PASS, R_REWRITE_FAILED,
 };
 
 use crate::{
     affinity::{Client, ClientOf},
     conntrack::Ct,
     dsr, egress,
-    family::Family,
+    family::{Ends, Family},
     icmp, ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
-    nat, out_dnat,
-    packet::{L4Sum, Packet, at, csum_apply, csum_replace, diff2, ld16, st16},
-    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple},
+    nat::{self, DADDR, SADDR},
+    out_dnat,
+    packet::{Packet, at, csum_add, csum_apply, csum_replace, diff2, diff4, ld16, st16, st32},
+    parse::{
+        self, DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF,
+        IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple,
+    },
     reason::{Carried, Reason},
     reject,
     select::{self, Frontend},
@@ -99,13 +103,65 @@ impl Family for Tuple {
     fn l4_off(&self) -> usize {
         self.l4_off
     }
+    type DirectTcp = [u8; DIRECT_TCP];
+    type DirectUdp = [u8; DIRECT_UDP];
+    type DirectSctp = [u8; DIRECT_SCTP];
+    const L4_OFF: usize = L4_OFF;
     #[inline(always)]
-    fn apply<P: L4Sum, const PART: u8>(
+    fn direct(&self) -> bool {
+        self.direct
+    }
+    #[inline(always)]
+    fn csum_off(&self) -> usize {
+        self.csum_off
+    }
+    #[inline(always)]
+    fn l4_len(&self) -> u32 {
+        self.tot_len as u32 - (self.l4_off - ETH_HLEN) as u32
+    }
+    /// The header checksum updated with them.
+    #[inline(always)]
+    unsafe fn addrs_in_place<const PART: u8>(&self, p: *mut u8, to: &Shared<'_, CtValue>) -> u32 {
+        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let mut addr = 0;
+        // SAFETY (every access): the caller checked the header's bytes.
+        unsafe {
+            if PART & SADDR != 0 && saddr != self.saddr_be {
+                addr = diff4(self.saddr_be, saddr);
+                st32(p, IP_SRC_OFF, saddr);
+            }
+            if PART & DADDR != 0 && daddr != self.daddr_be {
+                addr = csum_add(addr, diff4(self.daddr_be, daddr));
+                st32(p, IP_DST_OFF, daddr);
+            }
+            if addr != 0 {
+                st16(p, IP_CSUM_OFF, csum_apply(ld16(p, IP_CSUM_OFF), addr));
+            }
+        }
+        addr
+    }
+    #[inline(always)]
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
-        to: &Shared<'_, lb_common::CtValue>,
-    ) -> Result<(), Reason> {
-        nat::apply::<P, PART>(ctx, self, to)
+        to: &Shared<'_, CtValue>,
+    ) -> Result<u32, Reason> {
+        let failed = |_| Reason(R_REWRITE_FAILED);
+        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let mut addr = 0;
+        if PART & DADDR != 0 && daddr != self.daddr_be {
+            addr = diff4(self.daddr_be, daddr);
+            ctx.l3_csum_replace(IP_CSUM_OFF, self.daddr_be, daddr)
+                .map_err(failed)?;
+            ctx.store(IP_DST_OFF, &daddr).map_err(failed)?;
+        }
+        if PART & SADDR != 0 && saddr != self.saddr_be {
+            addr = csum_add(addr, diff4(self.saddr_be, saddr));
+            ctx.l3_csum_replace(IP_CSUM_OFF, self.saddr_be, saddr)
+                .map_err(failed)?;
+            ctx.store(IP_SRC_OFF, &saddr).map_err(failed)?;
+        }
+        Ok(addr)
     }
     #[inline(always)]
     fn refuse(&self, ctx: &TcContext, _: &mut FlowScratch, back: u64) -> Result<i32, Reason> {

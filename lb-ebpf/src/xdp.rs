@@ -313,7 +313,7 @@ fn redirect<F: Family>(
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    t.apply::<_, BOTH>(ctx, v)?;
+    nat::rewrite::<F, _, BOTH>(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
     t.forward_l2(ctx, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)

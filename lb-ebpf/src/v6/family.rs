@@ -2,18 +2,28 @@
 //! modules beside this one. Nothing here knows IPv4.
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, filter_fold};
+use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_REWRITE_FAILED, filter_fold};
 
 use super::{
-    dsr, icmp,
+    dsr,
+    icmp::{self, diff16},
     maps::FlowScratch6,
-    nat,
-    parse::{IP6_HLEN, IP6_L4_OFF, Tuple6},
+    parse::{
+        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF, IP6_SRC_OFF,
+        Tuple6,
+    },
     reject, xdp,
 };
 use crate::{
-    conntrack::Ct, family::Family, packet::L4Sum, reason::Reason, select::Frontend6,
-    shared::Shared, srcrange,
+    addr::eq6,
+    conntrack::Ct,
+    family::{Ends, Family},
+    nat::{DADDR, SADDR},
+    packet::{Packet, csum_add, st32},
+    reason::Reason,
+    select::Frontend6,
+    shared::Shared,
+    srcrange,
 };
 
 impl Family for Tuple6 {
@@ -78,13 +88,61 @@ impl Family for Tuple6 {
     fn l4_off(&self) -> usize {
         self.l4_off as usize
     }
+    type DirectTcp = [u8; DIRECT6_TCP];
+    type DirectUdp = [u8; DIRECT6_UDP];
+    type DirectSctp = [u8; DIRECT6_SCTP];
+    const L4_OFF: usize = IP6_L4_OFF;
     #[inline(always)]
-    fn apply<P: L4Sum, const PART: u8>(
+    fn direct(&self) -> bool {
+        self.direct != 0
+    }
+    #[inline(always)]
+    fn csum_off(&self) -> usize {
+        self.csum_off as usize
+    }
+    /// The payload but its extension headers.
+    #[inline(always)]
+    fn l4_len(&self) -> u32 {
+        self.payload_len - (self.l4_off - IP6_L4_OFF as u32)
+    }
+    /// No header checksum.
+    #[inline(always)]
+    unsafe fn addrs_in_place<const PART: u8>(&self, p: *mut u8, to: &Shared<'_, CtValue6>) -> u32 {
+        let mut addr = 0;
+        // SAFETY (every access): the caller checked the header's bytes.
+        unsafe {
+            if PART & SADDR != 0 && !eq6(&self.saddr_be, to.saddr()) {
+                addr = diff16(&self.saddr_be, to.saddr());
+                for i in 0..4 {
+                    st32(p, IP6_SRC_OFF + 4 * i, to.saddr()[i]);
+                }
+            }
+            if PART & DADDR != 0 && !eq6(&self.daddr_be, to.daddr()) {
+                addr = csum_add(addr, diff16(&self.daddr_be, to.daddr()));
+                for i in 0..4 {
+                    st32(p, IP6_DST_OFF + 4 * i, to.daddr()[i]);
+                }
+            }
+        }
+        addr
+    }
+    #[inline(always)]
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, CtValue6>,
-    ) -> Result<(), Reason> {
-        nat::apply::<P, PART>(ctx, self, to)
+    ) -> Result<u32, Reason> {
+        let failed = |_| Reason(R_REWRITE_FAILED);
+        let mut addr = 0;
+        if PART & SADDR != 0 && !eq6(&self.saddr_be, to.saddr()) {
+            addr = diff16(&self.saddr_be, to.saddr());
+            ctx.store(IP6_SRC_OFF, to.saddr()).map_err(failed)?;
+        }
+        if PART & DADDR != 0 && !eq6(&self.daddr_be, to.daddr()) {
+            addr = csum_add(addr, diff16(&self.daddr_be, to.daddr()));
+            ctx.store(IP6_DST_OFF, to.daddr()).map_err(failed)?;
+        }
+        Ok(addr)
     }
     #[inline(always)]
     fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch6, back: u64) -> Result<i32, Reason> {

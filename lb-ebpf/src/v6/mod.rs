@@ -14,7 +14,6 @@ mod family;
 
 pub mod icmp;
 pub mod maps;
-pub mod nat;
 pub mod parse;
 pub mod reject;
 pub mod xdp;
