@@ -11,6 +11,11 @@ pub trait Addr: Copy {
     /// One word of it (the address itself for IPv4, its words xor-ed for IPv6): what a
     /// check that needs only to tell entries apart keeps on the 512-byte stack.
     fn fold(&self) -> u32;
+    /// Unset (all zero).
+    fn is_zero(&self) -> bool;
+    /// Its four words (IPv4's in word 0, the rest zero), as `lb_common::flow_hash` takes
+    /// an address.
+    fn words(&self) -> [u32; 4];
 }
 
 impl Addr for u32 {
@@ -26,6 +31,14 @@ impl Addr for u32 {
     fn set(&mut self, from: &Self) {
         *self = *from;
     }
+    #[inline(always)]
+    fn is_zero(&self) -> bool {
+        *self == 0
+    }
+    #[inline(always)]
+    fn words(&self) -> [u32; 4] {
+        [*self, 0, 0, 0]
+    }
 }
 
 impl Addr for [u32; 4] {
@@ -40,6 +53,14 @@ impl Addr for [u32; 4] {
     #[inline(always)]
     fn set(&mut self, from: &Self) {
         copy6(self, from)
+    }
+    #[inline(always)]
+    fn is_zero(&self) -> bool {
+        self[0] | self[1] | self[2] | self[3] == 0
+    }
+    #[inline(always)]
+    fn words(&self) -> [u32; 4] {
+        *self
     }
 }
 

@@ -462,10 +462,11 @@ pub enum Mtu {
 /// An address family, as the one flow of each hook asks it (implemented by the parsed
 /// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
 /// between the families is here: which word the address filters hash, a loopback frontend,
-/// the service-map frontend, the source-range trie, the route lookups (MTU check, SNAT
-/// source), the DSR option's size, the header rewrite and the answers built in its header
-/// (refusal, fragmentation needed / Packet Too Big). Every step that uses it is generic
-/// over it and monomorphised per family.
+/// the service-map frontend, the source-range trie, the header's offsets, its addresses'
+/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, and the answers
+/// built in its header (refusal, fragmentation needed / Packet Too Big). The route lookups
+/// (`fib.rs`, generic over the address) and the defaults here are written once. Every step
+/// that uses it is generic over it and monomorphised per family.
 pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The frontend as the service map keys it.
     type Front: Keyed;
@@ -474,7 +475,10 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The word the address filters hash for `a` (`filter::maybe_*`).
     fn filter_word(a: &Self::Addr) -> u32;
     /// `a` is unset (all zero).
-    fn is_zero(a: &Self::Addr) -> bool;
+    #[inline(always)]
+    fn is_zero(a: &Self::Addr) -> bool {
+        a.is_zero()
+    }
     /// A loopback frontend: those exist for the node's own sockets only.
     fn is_loopback(a: &Self::Addr) -> bool;
     /// The frontend `addr`:`port_be` of protocol `proto`, in `scope`.
@@ -484,8 +488,13 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     fn frontend(&self, scope: u8) -> Self::Front {
         Self::front(self.daddr(), self.dport(), self.proto(), scope)
     }
-    /// The Maglev hash of the packet's flow.
-    fn flow_hash(&self) -> u32;
+    /// The Maglev hash of the packet's flow (`lb_common::flow_hash`, IPv4's addresses in
+    /// word 0).
+    #[inline(always)]
+    fn flow_hash(&self) -> u32 {
+        let (s, d) = (self.saddr().words(), self.daddr().words());
+        lb_common::flow_hash(&s, &d, self.sport(), self.dport(), self.proto())
+    }
     /// The backend's address in this family.
     fn backend_addr(be: &Backend) -> &Self::Addr;
     /// Whether the client falls in the source ranges of service index `svc_id`.
@@ -493,7 +502,10 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The family's hairpin address (all zero: hairpin off).
     fn hairpin(cfg: &NodeConfig) -> Self::Addr;
     /// A packet without IP options or extension headers (where a DSR option may go).
-    fn plain(&self) -> bool;
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.l4_off() == Self::L4_OFF
+    }
     /// Packets up to this size are not checked against the route MTU (IPv4: 576, no link
     /// is smaller; IPv6: 1280, its minimum link MTU).
     const MIN_CHECKED: u32;
@@ -635,8 +647,10 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
             None => Way::Tc,
         }
     }
-    /// XDP: the TTL (hop limit) of the packet.
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason>;
+    /// The IP header of a packet without options or extension headers (`[u8; L4_OFF]`).
+    type Hdr;
+    /// Offset of the TTL (hop limit).
+    const TTL_OFF: usize;
     /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
     /// `hop_limit`, the frame given the next hop's MACs.
     fn forward_l2(
@@ -646,8 +660,7 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
         smac: &[u8; 6],
         dmac: &[u8; 6],
     ) -> Result<(), Reason>;
-    /// XDP: whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds
-    /// the folded pseudo-header sum for offload to complete; XDP cannot see that state, so
-    /// such a packet goes the tc way).
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason>;
+    /// The L4 pseudo-header's one's-complement sum, unfolded: the addresses, the protocol
+    /// and the L4 length (XDP's partial-checksum test, `xdp::checksum_partial`).
+    fn pseudo_sum(&self) -> u32;
 }

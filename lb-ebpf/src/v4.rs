@@ -7,8 +7,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_MALFORMED,
-    R_PASS, R_REWRITE_FAILED,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_PASS, R_REWRITE_FAILED,
 };
 
 use crate::{
@@ -30,7 +29,7 @@ use crate::{
     select::{self, Frontend},
     shared::Shared,
     srcrange,
-    xdp::{self, csum_at, write_macs},
+    xdp::{self, write_macs},
 };
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
@@ -51,10 +50,6 @@ impl Family for Tuple {
         *a
     }
     #[inline(always)]
-    fn is_zero(a: &u32) -> bool {
-        *a == 0
-    }
-    #[inline(always)]
     fn is_loopback(a: &u32) -> bool {
         select::is_loopback(*a)
     }
@@ -68,17 +63,6 @@ impl Family for Tuple {
         }
     }
     #[inline(always)]
-    /// `lb_common::flow_hash`, the addresses in word 0.
-    fn flow_hash(&self) -> u32 {
-        lb_common::flow_hash(
-            &[self.saddr_be, 0, 0, 0],
-            &[self.daddr_be, 0, 0, 0],
-            self.sport_be,
-            self.dport_be,
-            self.proto,
-        )
-    }
-    #[inline(always)]
     fn backend_addr(be: &Backend) -> &u32 {
         &be.addr_be[0]
     }
@@ -89,10 +73,6 @@ impl Family for Tuple {
     #[inline(always)]
     fn hairpin(cfg: &NodeConfig) -> u32 {
         cfg.hairpin_addr_be
-    }
-    #[inline(always)]
-    fn plain(&self) -> bool {
-        self.l4_off == L4_OFF
     }
     const MIN_CHECKED: u32 = 576;
     #[inline(always)]
@@ -197,10 +177,8 @@ impl Family for Tuple {
     fn ip_len(&self) -> u16 {
         self.tot_len
     }
-    #[inline(always)]
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
-        read_ttl(ctx, self)
-    }
+    type Hdr = [u8; L4_OFF];
+    const TTL_OFF: usize = IP_TTL_OFF;
     #[inline(always)]
     fn forward_l2(
         &self,
@@ -212,8 +190,10 @@ impl Family for Tuple {
         forward_l2(ctx, self, ttl, smac, dmac)
     }
     #[inline(always)]
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
-        checksum_partial(ctx, self)
+    fn pseudo_sum(&self) -> u32 {
+        let s = u32::from_be(self.saddr_be);
+        let d = u32::from_be(self.daddr_be);
+        (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + self.proto as u32 + self.l4_len()
     }
 }
 
@@ -254,18 +234,6 @@ pub fn tc<const PART: u8>(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
     }
 }
 
-/// The IPv4 TTL.
-#[inline(always)]
-fn read_ttl(ctx: &XdpContext, t: &Tuple) -> Result<u8, Reason> {
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        // SAFETY: `at` checked the bytes.
-        return Ok(unsafe { *(p as *const u8).add(IP_TTL_OFF) });
-    }
-    ctx.load(IP_TTL_OFF).map_err(|_| Reason(R_MALFORMED))
-}
-
 /// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
 /// frame gets the next hop's MAC addresses.
 #[inline(always)]
@@ -302,38 +270,4 @@ fn forward_l2(
     ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
     ctx.store(0, dmac).map_err(fail)?;
     ctx.store(6, smac).map_err(fail)
-}
-
-/// The L4 checksum field as it sits in the packet.
-#[inline(always)]
-fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
-    if t.direct {
-        let v = if t.proto == IPPROTO_UDP {
-            csum_at::<{ L4_OFF + 6 }>(ctx)
-        } else {
-            csum_at::<{ L4_OFF + 16 }>(ctx)
-        };
-        if v <= u16::MAX as u32 {
-            return Ok(v as u16);
-        }
-    }
-    ctx.load(t.csum_off).map_err(|_| Reason(R_MALFORMED))
-}
-
-/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
-/// pseudo-header sum for offload to complete). A complete checksum equals that value by
-/// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
-#[inline(always)]
-fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
-    let csum = read_l4_csum(ctx, t)?;
-    if t.proto == IPPROTO_UDP && csum == 0 {
-        return Ok(false);
-    }
-    let l4_len = (t.tot_len as u32).saturating_sub((t.l4_off - ETH_HLEN) as u32);
-    let s = u32::from_be(t.saddr_be);
-    let d = u32::from_be(t.daddr_be);
-    let mut sum = (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + t.proto as u32 + l4_len;
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    Ok(u16::from_be(csum) == sum as u16)
 }

@@ -35,10 +35,6 @@ impl Family for Tuple6 {
     fn filter_word(a: &[u32; 4]) -> u32 {
         filter_fold(a)
     }
-    #[inline(always)]
-    fn is_zero(a: &[u32; 4]) -> bool {
-        a[0] | a[1] | a[2] | a[3] == 0
-    }
     /// ::1.
     #[inline(always)]
     fn is_loopback(a: &[u32; 4]) -> bool {
@@ -54,16 +50,6 @@ impl Family for Tuple6 {
         }
     }
     #[inline(always)]
-    fn flow_hash(&self) -> u32 {
-        lb_common::flow_hash(
-            &self.saddr_be,
-            &self.daddr_be,
-            self.sport_be,
-            self.dport_be,
-            self.proto,
-        )
-    }
-    #[inline(always)]
     fn backend_addr(be: &Backend) -> &[u32; 4] {
         &be.addr_be
     }
@@ -74,10 +60,6 @@ impl Family for Tuple6 {
     #[inline(always)]
     fn hairpin(cfg: &NodeConfig) -> [u32; 4] {
         cfg.hairpin6_addr_be
-    }
-    #[inline(always)]
-    fn plain(&self) -> bool {
-        self.l4_off == IP6_L4_OFF as u32
     }
     const MIN_CHECKED: u32 = 1280;
     #[inline(always)]
@@ -175,10 +157,8 @@ impl Family for Tuple6 {
     fn ip_len(&self) -> u16 {
         (IP6_HLEN + self.payload_len) as u16
     }
-    #[inline(always)]
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
-        xdp::read_hop_limit(ctx, self)
-    }
+    type Hdr = [u8; IP6_L4_OFF];
+    const TTL_OFF: usize = xdp::HOP_LIMIT_OFF;
     #[inline(always)]
     fn forward_l2(
         &self,
@@ -190,7 +170,7 @@ impl Family for Tuple6 {
         xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
     }
     #[inline(always)]
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
-        xdp::checksum_partial(ctx, self)
+    fn pseudo_sum(&self) -> u32 {
+        reject::pseudo(&self.saddr_be, &self.daddr_be, self.l4_len(), self.proto)
     }
 }
