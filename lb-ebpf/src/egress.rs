@@ -21,7 +21,7 @@ use crate::{
     dsr,
     family::{Ends, Family, View},
     filter,
-    nat::{BOTH, SRC},
+    nat::{self, BOTH, SRC},
     reason::{self, Carried, Reason, Then},
 };
 
@@ -48,7 +48,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         .flatten()
     {
         touch(&ct, t);
-        t.apply::<_, BOTH>(ctx, &ct)?;
+        nat::rewrite::<F, _, BOTH>(ctx, t, &ct)?;
         reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
         return Ok(Then::Done(pass(R_REVERSE_NAT)));
     }
@@ -75,7 +75,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         .flatten()
     {
         touch(&ct, t);
-        t.apply::<_, SRC>(ctx, &ct)?;
+        nat::rewrite::<F, _, SRC>(ctx, t, &ct)?;
         return Ok(Then::Done(pass(R_SNAT_OUT)));
     }
     // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.

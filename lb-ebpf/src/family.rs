@@ -17,9 +17,9 @@ use lb_common::{
 
 use crate::{
     affinity::ClientOf,
-    fib::Way,
+    fib::{self, Route, RouteAddr, Way},
     maps::Chosen,
-    packet::{L4Sum, Packet},
+    packet::Packet,
     parse::{ETH_HLEN, Tuple},
     reason::Reason,
     select::Keyed,
@@ -27,55 +27,7 @@ use crate::{
     v6::parse::Tuple6,
 };
 
-/// An address: compared and copied word by word (an array comparison may become a `bcmp`
-/// call, which BPF does not have; an array copy between two map values a `memmove`, whose
-/// pointer subtraction the verifier refuses without CAP_PERFMON).
-pub trait Addr: Copy {
-    fn same(&self, other: &Self) -> bool;
-    fn set(&mut self, from: &Self);
-    /// One word of it (the address itself for IPv4, its words xor-ed for IPv6): what a
-    /// check that needs only to tell entries apart keeps on the 512-byte stack.
-    fn fold(&self) -> u32;
-}
-
-impl Addr for u32 {
-    #[inline(always)]
-    fn same(&self, other: &Self) -> bool {
-        *self == *other
-    }
-    #[inline(always)]
-    fn fold(&self) -> u32 {
-        *self
-    }
-    #[inline(always)]
-    fn set(&mut self, from: &Self) {
-        *self = *from;
-    }
-}
-
-impl Addr for [u32; 4] {
-    #[inline(always)]
-    fn same(&self, other: &Self) -> bool {
-        eq6(self, other)
-    }
-    #[inline(always)]
-    fn fold(&self) -> u32 {
-        self[0] ^ self[1] ^ self[2] ^ self[3]
-    }
-    #[inline(always)]
-    fn set(&mut self, from: &Self) {
-        copy6(self, from)
-    }
-}
-
-/// Whether two IPv6 addresses are equal, word by word.
-#[inline(always)]
-pub fn eq6(a: &[u32; 4], b: &[u32; 4]) -> bool {
-    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
-}
-
-/// `*dst = *src` word by word, volatile (see [`Addr`]).
-pub use crate::maps::copy_words as copy6;
+pub use crate::addr::Addr;
 
 /// The 4-tuple a conntrack key, a conntrack entry and a parsed packet share (fields
 /// `saddr_be`, `daddr_be`, `sport_be`, `dport_be` in each), read.
@@ -510,11 +462,12 @@ pub enum Mtu {
 /// An address family, as the one flow of each hook asks it (implemented by the parsed
 /// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
 /// between the families is here: which word the address filters hash, a loopback frontend,
-/// the service-map frontend, the source-range trie, the route lookups (MTU check, SNAT
-/// source), the DSR option's size, the header rewrite and the answers built in its header
-/// (refusal, fragmentation needed / Packet Too Big). Every step that uses it is generic
-/// over it and monomorphised per family.
-pub trait Family: Flow + ClientOf + Sized + 'static {
+/// the service-map frontend, the source-range trie, the header's offsets, its addresses'
+/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, and the answers
+/// built in its header (refusal, fragmentation needed / Packet Too Big). The route lookups
+/// (`fib.rs`, generic over the address) and the defaults here are written once. Every step
+/// that uses it is generic over it and monomorphised per family.
+pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The frontend as the service map keys it.
     type Front: Keyed;
     /// Bytes the DSR option adds to a packet that carries it.
@@ -522,7 +475,10 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     /// The word the address filters hash for `a` (`filter::maybe_*`).
     fn filter_word(a: &Self::Addr) -> u32;
     /// `a` is unset (all zero).
-    fn is_zero(a: &Self::Addr) -> bool;
+    #[inline(always)]
+    fn is_zero(a: &Self::Addr) -> bool {
+        a.is_zero()
+    }
     /// A loopback frontend: those exist for the node's own sockets only.
     fn is_loopback(a: &Self::Addr) -> bool;
     /// The frontend `addr`:`port_be` of protocol `proto`, in `scope`.
@@ -532,8 +488,13 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn frontend(&self, scope: u8) -> Self::Front {
         Self::front(self.daddr(), self.dport(), self.proto(), scope)
     }
-    /// The Maglev hash of the packet's flow.
-    fn flow_hash(&self) -> u32;
+    /// The Maglev hash of the packet's flow (`lb_common::flow_hash`, IPv4's addresses in
+    /// word 0).
+    #[inline(always)]
+    fn flow_hash(&self) -> u32 {
+        let (s, d) = (self.saddr().words(), self.daddr().words());
+        lb_common::flow_hash(&s, &d, self.sport(), self.dport(), self.proto())
+    }
     /// The backend's address in this family.
     fn backend_addr(be: &Backend) -> &Self::Addr;
     /// Whether the client falls in the source ranges of service index `svc_id`.
@@ -541,7 +502,10 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     /// The family's hairpin address (all zero: hairpin off).
     fn hairpin(cfg: &NodeConfig) -> Self::Addr;
     /// A packet without IP options or extension headers (where a DSR option may go).
-    fn plain(&self) -> bool;
+    #[inline(always)]
+    fn plain(&self) -> bool {
+        self.l4_off() == Self::L4_OFF
+    }
     /// Packets up to this size are not checked against the route MTU (IPv4: 576, no link
     /// is smaller; IPv6: 1280, its minimum link MTU).
     const MIN_CHECKED: u32;
@@ -552,7 +516,26 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     fn l4_off(&self) -> usize;
     /// The route toward `daddr` for a packet of `len` bytes: its MTU and whether the packet
     /// is too big for it (`None`: no route here, the stack decides).
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)>;
+    #[inline(always)]
+    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<(u16, bool)> {
+        let r = self.route(ctx, daddr, len)?;
+        Some((r.mtu, r.too_big != 0))
+    }
+    /// The route from the packet's source toward `daddr` entering here, `len` checked
+    /// against its MTU (0: not checked), the neighbour not resolved.
+    #[inline(always)]
+    fn route<P: Packet>(&self, ctx: &P, daddr: &Self::Addr, len: u16) -> Option<Route<Self::Addr>> {
+        let here = ctx.ingress_ifindex();
+        fib::lookup(
+            ctx.raw(),
+            here,
+            self.proto(),
+            self.saddr(),
+            daddr,
+            len,
+            false,
+        )
+    }
 
     /// Checks the packet against the route to `daddr` (its MTU, as the kernel's forwarding
     /// would), unless it is no bigger than `fits`, a size already known to fit (0 = none). A
@@ -589,13 +572,43 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     }
     /// The node's source address on the route toward `daddr` (`None`: no route, or no
     /// address).
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr>;
-    /// Rewrites the `PART` of the packet's tuple into `to`'s (`nat::apply`).
-    fn apply<P: L4Sum, const PART: u8>(
+    #[inline(always)]
+    fn route_src<P: Packet>(&self, ctx: &P, daddr: &Self::Addr) -> Option<Self::Addr> {
+        let src = self.route(ctx, daddr, 0)?.src_be;
+        (!Self::is_zero(&src)).then_some(src)
+    }
+    /// The bytes the direct rewrite needs in place (`[u8; N]`): Ethernet, the IP header
+    /// without options or extension headers, and TCP's first 20 bytes (ports, flags,
+    /// checksum), UDP's 8, SCTP's 16.
+    type DirectTcp;
+    type DirectUdp;
+    type DirectSctp;
+    /// Offset of the L4 header of a packet without IP options or extension headers.
+    const L4_OFF: usize;
+    /// The headers are in place at the fixed offsets (`l4_off == L4_OFF`, the bytes up to
+    /// `DirectTcp`/`DirectUdp` linear): rewritten directly, not through helpers.
+    fn direct(&self) -> bool;
+    /// Offset of the L4 checksum.
+    fn csum_off(&self) -> usize;
+    /// The L4 length, its header included.
+    fn l4_len(&self) -> u32;
+    /// Writes `to`'s addresses of the `PART` side(s) where they differ from the packet's
+    /// (`nat::rewrite`'s direct path); returns their change to the L4 pseudo-header's sum
+    /// (IPv4: its header checksum updated too).
+    ///
+    /// # Safety
+    /// `p` is the packet's start, checked against data_end for the IP header.
+    unsafe fn addrs_in_place<const PART: u8>(
+        &self,
+        p: *mut u8,
+        to: &Shared<'_, Self::Value>,
+    ) -> u32;
+    /// As [`Family::addrs_in_place`], through the store (and checksum) helpers.
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, Self::Value>,
-    ) -> Result<(), Reason>;
+    ) -> Result<u32, Reason>;
     /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
     /// where the family needs room; `back`: see `reject::refuse`.
     fn refuse(&self, ctx: &TcContext, s: &mut Self::Scratch, back: u64) -> Result<i32, Reason>;
@@ -617,15 +630,27 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
     /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
     fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
     /// The interface the route toward `daddr` leaves by (`None`: no route).
-    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32>;
+    #[inline(always)]
+    fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32> {
+        self.route(ctx, daddr, 0).map(|r| r.ifindex)
+    }
     /// The IP packet's length, its header included (IPv4's total length; IPv6's 40 bytes
     /// and its payload length): what a route's MTU is checked against.
     fn ip_len(&self) -> u16;
     /// XDP: the way out of a packet `saddr → daddr` of `len` bytes, by its route (cached
     /// per CPU).
-    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way;
-    /// XDP: the TTL (hop limit) of the packet.
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason>;
+    #[inline(always)]
+    fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way {
+        let here = Packet::ingress_ifindex(ctx);
+        match fib::hop(ctx.raw(), here, self.proto(), saddr, daddr, len) {
+            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
+    /// The IP header of a packet without options or extension headers (`[u8; L4_OFF]`).
+    type Hdr;
+    /// Offset of the TTL (hop limit).
+    const TTL_OFF: usize;
     /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
     /// `hop_limit`, the frame given the next hop's MACs.
     fn forward_l2(
@@ -635,8 +660,7 @@ pub trait Family: Flow + ClientOf + Sized + 'static {
         smac: &[u8; 6],
         dmac: &[u8; 6],
     ) -> Result<(), Reason>;
-    /// XDP: whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds
-    /// the folded pseudo-header sum for offload to complete; XDP cannot see that state, so
-    /// such a packet goes the tc way).
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason>;
+    /// The L4 pseudo-header's one's-complement sum, unfolded: the addresses, the protocol
+    /// and the L4 length (XDP's partial-checksum test, `xdp::checksum_partial`).
+    fn pseudo_sum(&self) -> u32;
 }

@@ -1,5 +1,6 @@
-//! Route lookups through `bpf_fib_lookup`: the egress interface and MTU for a translated
-//! packet, the node's source address toward a backend (SNAT), and next-hop MACs (XDP).
+//! Route lookups through `bpf_fib_lookup`, both families (generic over the address,
+//! [`RouteAddr`]): the egress interface and MTU for a translated packet, the node's source
+//! address toward a backend (SNAT), and next-hop MACs (XDP, with a per-CPU route cache).
 
 use core::ffi::c_void;
 
@@ -12,125 +13,224 @@ use aya_ebpf::{
     helpers::bpf_fib_lookup as fib_lookup,
     macros::btf_map,
 };
+use lb_common::filter_fold;
 
-const AF_INET: u8 = 2;
+use crate::addr::Addr;
+
+/// What a route lookup needs of an address of either family (IPv4's `u32`, IPv6's
+/// `[u32; 4]`): its `bpf_fib_lookup` family, its words in a request, its route scratch and
+/// XDP route cache (per CPU, one pair per family).
+pub trait RouteAddr: Addr + 'static {
+    /// `AF_INET`, `AF_INET6`.
+    const AF: u8;
+    /// A lookup with the neighbour (XDP's hop) asks for the source address too. IPv4: yes;
+    /// IPv6: no (its source selection walks the interface's addresses, a large part of an
+    /// IPv6 lookup, and a hop never uses it).
+    const SRC_WITH_NEIGH: bool;
+    /// Writes the address into a request's 16-byte address union at `p` (IPv4: word 0, the
+    /// rest zero), word by word, volatile: merged, the words may become a `memset` or
+    /// `memcpy` the verifier refuses without CAP_PERFMON.
+    ///
+    /// # Safety
+    /// `p` points to four writable words.
+    unsafe fn put(&self, p: *mut u32);
+    /// The address the kernel filled into a request's address union at `p`.
+    ///
+    /// # Safety
+    /// `p` points to four readable words.
+    unsafe fn get(p: *const u32) -> Self;
+    /// The word the route cache's slot is hashed from (IPv6: `lb_common::filter_fold`).
+    fn slot_word(&self) -> u32;
+    /// This CPU's route request scratch of the family.
+    fn scratch() -> Option<*mut RouteScratchOf<Self>>;
+    /// This CPU's XDP route cache slot `i` of the family.
+    fn cache(i: u32) -> Option<*mut CachedRouteOf<Self>>;
+}
+
+impl RouteAddr for u32 {
+    const AF: u8 = 2;
+    const SRC_WITH_NEIGH: bool = true;
+    #[inline(always)]
+    unsafe fn put(&self, p: *mut u32) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            core::ptr::write_volatile(p, *self);
+            for i in 1..4 {
+                core::ptr::write_volatile(p.add(i), 0);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn get(p: *const u32) -> u32 {
+        // SAFETY: the caller's promise.
+        unsafe { p.read() }
+    }
+    #[inline(always)]
+    fn slot_word(&self) -> u32 {
+        *self
+    }
+    #[inline(always)]
+    fn scratch() -> Option<*mut RouteScratch> {
+        XLB_ROUTE.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn cache(i: u32) -> Option<*mut CachedRoute> {
+        XLB_XDPRT.get_ptr_mut(i)
+    }
+}
+
+impl RouteAddr for [u32; 4] {
+    const AF: u8 = 10;
+    const SRC_WITH_NEIGH: bool = false;
+    #[inline(always)]
+    unsafe fn put(&self, p: *mut u32) {
+        for (i, w) in self.iter().enumerate() {
+            // SAFETY: the caller's promise.
+            unsafe { core::ptr::write_volatile(p.add(i), *w) };
+        }
+    }
+    #[inline(always)]
+    unsafe fn get(p: *const u32) -> [u32; 4] {
+        // SAFETY: the caller's promise.
+        unsafe { core::array::from_fn(|i| core::ptr::read_volatile(p.add(i))) }
+    }
+    #[inline(always)]
+    fn slot_word(&self) -> u32 {
+        filter_fold(self)
+    }
+    #[inline(always)]
+    fn scratch() -> Option<*mut RouteScratch6> {
+        XLB_ROUTE6.get_ptr_mut(0)
+    }
+    #[inline(always)]
+    fn cache(i: u32) -> Option<*mut CachedRoute6> {
+        XLB_XDPRT6.get_ptr_mut(i)
+    }
+}
 
 /// Where a packet goes.
 #[derive(Clone, Copy)]
 #[repr(C)]
-pub struct Route {
+pub struct Route<A> {
+    /// The node's source address for this route (network order); asked for unless IPv6's
+    /// lookup with the neighbour ([`RouteAddr::SRC_WITH_NEIGH`]).
+    pub src_be: A,
     pub ifindex: u32,
-    /// The node's source address for this route (network order).
-    pub src_be: u32,
-    /// The egress MTU (tc, `tot_len` 0: the egress device's).
+    /// The egress MTU (tc, no length: the egress device's).
     pub mtu: u16,
     /// 1: the packet does not fit, bigger than `mtu` (as the kernel measures it).
     pub too_big: u8,
     pub _pad: u8,
+    /// The next hop's MAC addresses (asked for with the neighbour: XDP).
     pub smac: [u8; 6],
     pub dmac: [u8; 6],
 }
 
 /// A lookup's request and result, per CPU.
 #[repr(C)]
-pub struct RouteScratch {
+pub struct RouteScratchOf<A> {
     req: bpf_fib_lookup,
-    route: Route,
+    route: Route<A>,
 }
+pub type RouteScratch = RouteScratchOf<u32>;
+pub type RouteScratch6 = RouteScratchOf<[u32; 4]>;
 
-/// The last route looked up, per CPU (kept off the 512-byte stack; building the request in
-/// place also avoids a zeroing loop the verifier refuses without CAP_PERFMON). Written and
-/// read here only: a reference to it lives only within `lookup_into`, and the route leaves
-/// it as a copy. index 0 → `RouteScratch` (88 B). 1 entry, not pinned.
+/// The last IPv4 route looked up, per CPU (kept off the 512-byte stack; building the
+/// request in place also avoids a zeroing loop the verifier refuses without CAP_PERFMON).
+/// Written and read here only: a reference to it lives only within `lookup_into`, and the
+/// route leaves it as a copy (or is read by `remember` right after). index 0 →
+/// `RouteScratch` (88 B). 1 entry, not pinned.
 #[btf_map]
 static XLB_ROUTE: PerCpuArray<RouteScratch, 1> = PerCpuArray::new();
 
-/// Looks up the route for `saddr_be → daddr_be` entering on `ifindex`. With `tot_len` (the
-/// IPv4 total length) the kernel checks it against the route's MTU; with 0 a tc lookup checks
+/// The last IPv6 route looked up, per CPU, as [`XLB_ROUTE`]. index 0 → `RouteScratch6`
+/// (100 B). 1 entry, not pinned.
+#[btf_map]
+static XLB_ROUTE6: PerCpuArray<RouteScratch6, 1> = PerCpuArray::new();
+
+/// The route for `saddr → daddr` entering on `ifindex`. With `len` (the IP packet's length,
+/// header included) the kernel checks it against the route's MTU; with 0 a tc lookup checks
 /// the skb against the egress device. `neigh`: also resolve the next hop's MAC (for a
 /// redirect), else skip the neighbour table. `None`: not forwardable (no route, a local
 /// address, no neighbour yet): the kernel's stack decides. The route is a copy (the caller
 /// reads the fields it needs; inlined, only those are loaded).
 #[inline(always)]
-pub fn lookup(
+pub fn lookup<A: RouteAddr>(
     ctx: *mut c_void,
     ifindex: u32,
     proto: u8,
-    saddr_be: u32,
-    daddr_be: u32,
-    tot_len: u16,
+    saddr: &A,
+    daddr: &A,
+    len: u16,
     neigh: bool,
-) -> Option<Route> {
-    if lookup_into(
-        ctx,
-        ifindex,
-        saddr_be,
-        daddr_be,
-        opts(tot_len, proto, neigh),
-    ) != 0
-    {
+) -> Option<Route<A>> {
+    if lookup_into(ctx, ifindex, saddr, daddr, opts(len, proto, neigh)) != 0 {
         return None;
     }
-    let p = XLB_ROUTE.get_ptr(0)?;
+    let p = A::scratch()?;
     // SAFETY: this CPU's slot, written just now by `lookup_into`, whose reference to it
     // ended with the call: read through the pointer, no reference made.
     Some(unsafe { core::ptr::addr_of!((*p).route).read() })
 }
 
 /// Out of line (its 64-byte request stays in its own frame): 0 and the scratch route filled
-/// when the packet can be forwarded (or is too big), else -1. `opts`: tot_len << 16 |
-/// proto << 8 | neigh.
+/// when the packet can be forwarded (or is too big), else -1. `opts`: len << 16 | proto << 8
+/// | neigh.
 #[inline(never)]
-fn lookup_into(ctx: *mut c_void, ifindex: u32, saddr_be: u32, daddr_be: u32, opts: u64) -> i64 {
-    let Some(scratch) = XLB_ROUTE.get_ptr_mut(0) else {
+fn lookup_into<A: RouteAddr>(
+    ctx: *mut c_void,
+    ifindex: u32,
+    saddr: &A,
+    daddr: &A,
+    opts: u64,
+) -> i64 {
+    let Some(scratch) = A::scratch() else {
         return -1;
     };
     // SAFETY: this CPU's slot; nothing else runs on it while the program does.
     let scratch = unsafe { &mut *scratch };
     let p = &mut scratch.req;
-    let flags = request(p, AF_INET, ifindex, opts);
-    // Word by word, volatile: LLVM would merge the zeros into a `memset` byte loop, whose
-    // pointer arithmetic the verifier refuses without CAP_PERFMON.
+    let mut flags = request(p, A::AF, ifindex, opts);
+    if opts & 1 != 0 && !A::SRC_WITH_NEIGH {
+        flags = 0;
+    }
     // SAFETY: both unions are 16 bytes of plain words in this CPU's slot.
     unsafe {
-        let src = p.__bindgen_anon_3.ipv6_src.as_mut_ptr();
-        let dst = p.__bindgen_anon_4.ipv6_dst.as_mut_ptr();
-        core::ptr::write_volatile(src, saddr_be);
-        core::ptr::write_volatile(dst, daddr_be);
-        for i in 1..4 {
-            core::ptr::write_volatile(src.add(i), 0);
-            core::ptr::write_volatile(dst.add(i), 0);
-        }
+        saddr.put(p.__bindgen_anon_3.ipv6_src.as_mut_ptr());
+        daddr.put(p.__bindgen_anon_4.ipv6_dst.as_mut_ptr());
     }
     let Some(too_big) = run(ctx, p, flags) else {
         return -1;
     };
     let out = &mut scratch.route;
     let p = &scratch.req;
-    out.ifindex = p.ifindex;
     // SAFETY: on success and on FRAG_NEEDED the kernel has filled the source (asked for by
     // the flags, set before the MTU check) and the MTU.
-    out.src_be = unsafe { p.__bindgen_anon_3.ipv4_src };
-    out.mtu = unsafe { p.__bindgen_anon_1.mtu_result };
+    unsafe {
+        out.src_be
+            .set(&A::get(p.__bindgen_anon_3.ipv6_src.as_ptr()));
+        out.mtu = p.__bindgen_anon_1.mtu_result;
+    }
+    out.ifindex = p.ifindex;
     out.too_big = too_big as u8;
-    out.smac = p.smac;
-    out.dmac = p.dmac;
+    out._pad = 0;
+    copy_mac(&mut out.smac, &p.smac);
+    copy_mac(&mut out.dmac, &p.dmac);
     0
 }
 
 /// A lookup's options in one argument (the out-of-line lookups take five at most): `len`
 /// (the packet's length to check, 0: none) << 16 | `proto` << 8 | `neigh`.
 #[inline(always)]
-pub(crate) fn opts(len: u16, proto: u8, neigh: bool) -> u64 {
+fn opts(len: u16, proto: u8, neigh: bool) -> u64 {
     ((len as u64) << 16) | ((proto as u64) << 8) | neigh as u64
 }
 
 /// Writes every field of request `p` but the addresses (the slot holds the previous
 /// lookup) for a lookup of `family`; `opts`: len << 16 | proto << 8 | neigh. Returns the
 /// lookup's flags: the source address asked for, the neighbour skipped unless `neigh`.
-/// Both families' requests (IPv6's `v6/fib.rs` too).
 #[inline(always)]
-pub(crate) fn request(p: &mut bpf_fib_lookup, family: u8, ifindex: u32, opts: u64) -> u32 {
+fn request(p: &mut bpf_fib_lookup, family: u8, ifindex: u32, opts: u64) -> u32 {
     p.family = family;
     p.l4_protocol = (opts >> 8) as u8;
     p.sport = 0;
@@ -150,7 +250,7 @@ pub(crate) fn request(p: &mut bpf_fib_lookup, family: u8, ifindex: u32, opts: u6
 /// Runs the lookup `p`: whether the packet is too big for the route, `None` when it cannot
 /// be forwarded (no route, a local address, no neighbour yet).
 #[inline(always)]
-pub(crate) fn run(ctx: *mut c_void, p: &mut bpf_fib_lookup, flags: u32) -> Option<bool> {
+fn run(ctx: *mut c_void, p: &mut bpf_fib_lookup, flags: u32) -> Option<bool> {
     // SAFETY: `p` is a valid request of the size passed.
     let rc = unsafe { fib_lookup(ctx, p, core::mem::size_of::<bpf_fib_lookup>() as i32, flags) };
     let too_big = rc == BPF_FIB_LKUP_RET_FRAG_NEEDED as i64;
@@ -162,12 +262,12 @@ pub(crate) fn run(ctx: *mut c_void, p: &mut bpf_fib_lookup, flags: u32) -> Optio
 
 /// One slot of the XDP route cache: a complete route (neighbour known) for `saddr_be →
 /// daddr_be` entering on `in_ifindex`, looked up at `stamp_ns`, known to fit packets up to
-/// `fits` bytes (IPv4 total length).
+/// `fits` bytes (the IP packet, header included).
 #[derive(Clone, Copy)]
 #[repr(C)]
-pub struct CachedRoute {
-    pub saddr_be: u32,
-    pub daddr_be: u32,
+pub struct CachedRouteOf<A> {
+    pub saddr_be: A,
+    pub daddr_be: A,
     pub in_ifindex: u32,
     pub out_ifindex: u32,
     pub stamp_ns: u64,
@@ -176,86 +276,102 @@ pub struct CachedRoute {
     pub dmac: [u8; 6],
     pub _pad: [u8; 2],
 }
+pub type CachedRoute = CachedRouteOf<u32>;
+pub type CachedRoute6 = CachedRouteOf<[u32; 4]>;
 const _: () = assert!(core::mem::size_of::<CachedRoute>() == 40);
+const _: () = assert!(core::mem::size_of::<CachedRoute6>() == 64);
 
 /// Slots of the route cache per CPU (direct-mapped).
 const ROUTE_CACHE_SLOTS: u32 = 256;
 /// How long a cached route is trusted: a changed route or neighbour is seen within this.
-pub(crate) const ROUTE_CACHE_NS: u64 = 1_000_000_000;
+const ROUTE_CACHE_NS: u64 = 1_000_000_000;
 
-/// XDP's route cache, per CPU, direct-mapped by (source, destination, ingress interface):
-/// a packet of a flow whose route was looked up less than a second ago skips
+/// XDP's IPv4 route cache, per CPU, direct-mapped by (source, destination, ingress
+/// interface): a packet of a flow whose route was looked up less than a second ago skips
 /// `bpf_fib_lookup` (about 130 ns of an XDP forward). Keyed by the source too, so source
 /// policy routing (CNIs with per-pod rules) is honoured. Written and read by XDP only.
 /// slot → `CachedRoute` (40 B). 256 entries per CPU, overwritten on collision; not pinned.
 #[btf_map]
 static XLB_XDPRT: PerCpuArray<CachedRoute, { ROUTE_CACHE_SLOTS as usize }> = PerCpuArray::new();
 
+/// XDP's IPv6 route cache, as [`XLB_XDPRT`] (an IPv6 lookup costs more than an IPv4 one).
+/// slot → `CachedRoute6` (64 B). 256 entries per CPU, overwritten on collision; not pinned.
+#[btf_map]
+static XLB_XDPRT6: PerCpuArray<CachedRoute6, { ROUTE_CACHE_SLOTS as usize }> = PerCpuArray::new();
+
 #[inline(always)]
-fn route_slot(saddr_be: u32, daddr_be: u32, ifindex: u32) -> u32 {
-    (saddr_be ^ daddr_be.rotate_left(16) ^ ifindex).wrapping_mul(0x9e37_79b1) >> 24
+fn route_slot<A: RouteAddr>(saddr: &A, daddr: &A, ifindex: u32) -> u32 {
+    (saddr.slot_word() ^ daddr.slot_word().rotate_left(16) ^ ifindex).wrapping_mul(0x9e37_79b1)
+        >> 24
 }
 
-/// The hop for a translated packet `saddr_be → daddr_be` of IPv4 total length `tot_len`
-/// entering on `ifindex`, when XDP can send it itself (route complete, the packet fits):
-/// from the cache, else from `bpf_fib_lookup` (then cached). `None`: leave it to the stack.
-/// The route lives in this CPU's cache slot until the next call.
+/// The hop for a translated packet `saddr → daddr` of `len` bytes (the IP packet, header
+/// included) entering on `ifindex`, when XDP can send it itself (route complete, the packet
+/// fits): from the cache, else from `bpf_fib_lookup` (then cached). `None`: leave it to the
+/// stack. The route lives in this CPU's cache slot until the next call. The cache's steps
+/// are leaves of their own, so the call chain is no deeper than a plain lookup's (the
+/// 512-byte stack).
 #[inline(always)]
-pub fn hop(
+pub fn hop<A: RouteAddr>(
     ctx: *mut c_void,
     ifindex: u32,
     proto: u8,
-    saddr_be: u32,
-    daddr_be: u32,
-    tot_len: u16,
-) -> Option<&'static CachedRoute> {
-    hop_from(
-        ctx,
-        ifindex,
-        saddr_be,
-        daddr_be,
-        ((tot_len as u32) << 8) | proto as u32,
-    )
-}
-
-/// Out of line (its frame stays off the callers'); `opts`: tot_len << 8 | proto.
-#[inline(never)]
-fn hop_from(
-    ctx: *mut c_void,
-    ifindex: u32,
-    saddr_be: u32,
-    daddr_be: u32,
-    opts: u32,
-) -> Option<&'static CachedRoute> {
-    let (tot_len, proto) = ((opts >> 8) as u16, opts as u8);
-    let c = XLB_XDPRT.get_ptr_mut(route_slot(saddr_be, daddr_be, ifindex))?;
-    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
-    let c = unsafe { &mut *c };
-    if c.saddr_be == saddr_be
-        && c.daddr_be == daddr_be
-        && c.in_ifindex == ifindex
-        && tot_len <= c.fits
-        && crate::clock::since(crate::clock::now(), c.stamp_ns) < ROUTE_CACHE_NS
-    {
+    saddr: &A,
+    daddr: &A,
+    len: u16,
+) -> Option<&'static CachedRouteOf<A>> {
+    if let Some(c) = cached(ifindex, saddr, daddr, len) {
         return Some(c);
     }
-    // The slot is claimed before the lookup (stale until it succeeds), so that only the
-    // slot stays live across the call: the frame stays small (the 512-byte stack).
-    c.saddr_be = saddr_be;
-    c.daddr_be = daddr_be;
-    c.in_ifindex = ifindex;
-    c.fits = tot_len;
-    c.stamp_ns = 0;
-    match lookup(ctx, ifindex, proto, saddr_be, daddr_be, tot_len, true) {
-        Some(r) if r.too_big == 0 => {
-            c.out_ifindex = r.ifindex;
-            copy_mac(&mut c.smac, &r.smac);
-            copy_mac(&mut c.dmac, &r.dmac);
-            c.stamp_ns = crate::clock::now();
-            Some(c)
-        }
+    match lookup(ctx, ifindex, proto, saddr, daddr, len, true) {
+        Some(r) if r.too_big == 0 => remember(ifindex, saddr, daddr, len),
         _ => None,
     }
+}
+
+/// The cached route for `saddr → daddr` entering on `ifindex`, when it is fresh and known
+/// to fit `len` bytes.
+#[inline(never)]
+fn cached<A: RouteAddr>(
+    ifindex: u32,
+    saddr: &A,
+    daddr: &A,
+    len: u16,
+) -> Option<&'static CachedRouteOf<A>> {
+    let c = A::cache(route_slot(saddr, daddr, ifindex))?;
+    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
+    let c = unsafe { &*c };
+    (c.saddr_be.same(saddr)
+        && c.daddr_be.same(daddr)
+        && c.in_ifindex == ifindex
+        && len <= c.fits
+        && crate::clock::since(crate::clock::now(), c.stamp_ns) < ROUTE_CACHE_NS)
+        .then_some(c)
+}
+
+/// Caches the route just looked up (this CPU's route scratch) for `saddr → daddr` entering
+/// on `ifindex`, fitting `len` bytes; returns its cache slot.
+#[inline(never)]
+fn remember<A: RouteAddr>(
+    ifindex: u32,
+    saddr: &A,
+    daddr: &A,
+    len: u16,
+) -> Option<&'static CachedRouteOf<A>> {
+    let r = A::scratch()?;
+    let c = A::cache(route_slot(saddr, daddr, ifindex))?;
+    // SAFETY: this CPU's slots; nothing else runs on it while the program does.
+    let (r, c) = unsafe { (&(*r).route, &mut *c) };
+    c.saddr_be.set(saddr);
+    c.daddr_be.set(daddr);
+    c.in_ifindex = ifindex;
+    c.out_ifindex = r.ifindex;
+    c.fits = len;
+    copy_mac(&mut c.smac, &r.smac);
+    copy_mac(&mut c.dmac, &r.dmac);
+    c._pad = [0; 2];
+    c.stamp_ns = crate::clock::now();
+    Some(c)
 }
 
 /// Copies a MAC address between two map values byte by byte: a plain array assignment
@@ -263,7 +379,7 @@ fn hop_from(
 /// which the verifier refuses without CAP_PERFMON (the agent runs with CAP_BPF and
 /// CAP_NET_ADMIN only).
 #[inline(always)]
-pub(crate) fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
+fn copy_mac(dst: &mut [u8; 6], src: &[u8; 6]) {
     for i in 0..6 {
         // SAFETY: both indices are in bounds; volatile keeps LLVM from turning the loop back
         // into a memmove.

@@ -8,6 +8,7 @@
 #![no_std]
 #![no_main]
 
+mod addr;
 mod affinity;
 mod clock;
 mod conntrack;

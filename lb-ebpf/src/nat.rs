@@ -1,17 +1,13 @@
-//! Address and port rewrites with incremental IPv4 and L4 checksum updates.
+//! Address and port rewrites with incremental checksum updates, both families (generic over
+//! `Family`; the addresses and IPv4's header checksum are the family's leaf's).
 
 use lb_common::{
-    CT_F_OUT_DNAT, CT_F_PORT_IN, CtValue, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED,
-    crc32c,
+    CT_F_OUT_DNAT, CT_F_PORT_IN, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, crc32c,
 };
 
 use crate::{
     family::{Ends, Family, View},
-    packet::{L4Sum, Packet, at, csum_add, csum_apply, diff2, diff4, ld16, ld32, st16, st32},
-    parse::{
-        DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_OFF,
-        Tuple,
-    },
+    packet::{L4Sum, Packet, at, csum_add, diff2, ld16, ld32, st16, st32},
     reason::Reason,
     shared::Shared,
 };
@@ -45,9 +41,9 @@ pub fn forward_in<F: Family, P: L4Sum>(
     to: &Shared<'_, F::Value>,
 ) -> Result<(), Reason> {
     if to.flags() & CT_F_PORT_IN != 0 {
-        t.apply::<P, { DST | SPORT }>(ctx, to)
+        rewrite::<F, P, { DST | SPORT }>(ctx, t, to)
     } else {
-        t.apply::<P, DST>(ctx, to)
+        rewrite::<F, P, DST>(ctx, t, to)
     }
 }
 
@@ -62,87 +58,77 @@ pub fn reply_in<F: Family, P: L4Sum>(
 ) -> Result<(), Reason> {
     if to.flags() & CT_F_OUT_DNAT != 0 {
         // The node's own flow (DNATed at egress): its reply crosses no egress.
-        t.apply::<P, BOTH>(ctx, to)
+        rewrite::<F, P, BOTH>(ctx, t, to)
     } else if to.flags() & CT_F_PORT_IN != 0 {
-        t.apply::<P, DADDR>(ctx, to)
+        rewrite::<F, P, DADDR>(ctx, t, to)
     } else {
-        t.apply::<P, DST>(ctx, to)
+        rewrite::<F, P, DST>(ctx, t, to)
     }
 }
 
 /// Rewrites the `PART` ([`DST`], [`SRC`] or [`BOTH`]) of the packet's tuple into the one a
 /// conntrack entry holds: destination (DNAT to the backend, or back to the client) and
-/// source (SNAT, or the frontend of a reply).
+/// source (SNAT, or the frontend of a reply). Both families: in place for the common packet
+/// ([`Family::direct`]), else through the store and checksum helpers (IP options or
+/// extension headers: the L4 header at a variable offset); the addresses are the family's
+/// ([`Family::addrs_in_place`], [`Family::addrs_with_helpers`]).
 #[inline(always)]
-pub fn apply<P: Packet, const PART: u8>(
+pub fn rewrite<F: Family, P: L4Sum, const PART: u8>(
     ctx: &P,
-    t: &Tuple,
-    to: &Shared<'_, CtValue>,
+    t: &F,
+    to: &Shared<'_, F::Value>,
 ) -> Result<(), Reason> {
-    if t.direct {
-        let r = if t.proto == IPPROTO_TCP {
-            in_place::<P, DIRECT_TCP, { L4_OFF + 16 }, PART>(ctx, t, to.lend())
-        } else if t.proto == IPPROTO_SCTP {
-            in_place::<P, DIRECT_SCTP, { L4_OFF + 8 }, PART>(ctx, t, to.lend())
+    if t.direct() {
+        let r = if t.proto() == IPPROTO_TCP {
+            in_place::<F, P, F::DirectTcp, 16, PART>(ctx, t, to.lend())
+        } else if t.proto() == IPPROTO_SCTP {
+            in_place::<F, P, F::DirectSctp, 8, PART>(ctx, t, to.lend())
         } else {
-            in_place::<P, DIRECT_UDP, { L4_OFF + 6 }, PART>(ctx, t, to.lend())
+            in_place::<F, P, F::DirectUdp, 6, PART>(ctx, t, to.lend())
         };
         return if r == 0 { Ok(()) } else { Err(Reason(r)) };
     }
-    with_helpers::<P, PART>(ctx, t, to)
+    with_helpers::<F, P, PART>(ctx, t, to)
 }
 
-/// The direct path: addresses, ports and the IPv4 checksum written in place, the L4
-/// checksum updated once per kind of field ([`Packet::l4_csum_diff`]). `N`: the bytes that
-/// must be in place; `CSUM`: the L4 checksum's offset. Returns 0, or the reason it failed.
+/// The direct path: addresses, ports (and IPv4's header checksum) written in place, the L4
+/// checksum updated once per kind of field ([`Packet::l4_csum_diff`]). `H`: the bytes that
+/// must be in place (`[u8; N]`); `CSUM`: the L4 checksum's offset in the L4 header (8:
+/// SCTP's). Returns 0, or the reason it failed.
 ///
 /// One function per protocol, out of line: inlined, LLVM merges the TCP and UDP accesses
 /// into one at a register offset, which the verifier refuses without CAP_PERFMON.
 #[inline(never)]
-fn in_place<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
+fn in_place<F: Family, P: Packet, H, const CSUM: usize, const PART: u8>(
     ctx: &P,
-    t: &Tuple,
-    to: Shared<'_, CtValue>,
+    t: &F,
+    to: Shared<'_, F::Value>,
 ) -> u32 {
-    match in_place_inner::<P, N, CSUM, PART>(ctx, t, to.lend()) {
+    match in_place_inner::<F, P, H, CSUM, PART>(ctx, t, to.lend()) {
         Ok(()) => 0,
         Err(r) => r.0,
     }
 }
 
 #[inline(always)]
-fn in_place_inner<P: Packet, const N: usize, const CSUM: usize, const PART: u8>(
+fn in_place_inner<F: Family, P: Packet, H, const CSUM: usize, const PART: u8>(
     ctx: &P,
-    t: &Tuple,
-    to: Shared<'_, CtValue>,
+    t: &F,
+    to: Shared<'_, F::Value>,
 ) -> Result<(), Reason> {
-    let p = at::<_, [u8; N]>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
-    let (saddr, daddr) = (*to.saddr(), *to.daddr());
-    let mut addr = 0;
-    // SAFETY (every access below): `at` checked N bytes against data_end, and every offset
-    // is below N.
-    unsafe {
-        if PART & SADDR != 0 && saddr != t.saddr_be {
-            addr = diff4(t.saddr_be, saddr);
-            st32(p, IP_SRC_OFF, saddr);
-        }
-        if PART & DADDR != 0 && daddr != t.daddr_be {
-            addr = csum_add(addr, diff4(t.daddr_be, daddr));
-            st32(p, IP_DST_OFF, daddr);
-        }
-        if addr != 0 {
-            st16(p, IP_CSUM_OFF, csum_apply(ld16(p, IP_CSUM_OFF), addr));
-        }
-    }
-    // SAFETY: as above, the L4 header's ports are within the N bytes.
-    let port = unsafe { ports_in_place::<_, _, PART>(p, L4_OFF, t, &to) };
-    if N == DIRECT_SCTP {
-        // No pseudo-header: only the ports are covered (N bytes hold them and the checksum).
+    let p = at::<_, H>(ctx, 0).ok_or(Reason(R_REWRITE_FAILED))? as *mut u8;
+    // SAFETY (both): `at` checked the bytes of `H` against data_end: the IP header and the
+    // L4 header's ports and checksum.
+    let addr = unsafe { t.addrs_in_place::<PART>(p, &to) };
+    let port = unsafe { ports_in_place::<_, _, PART>(p, F::L4_OFF, t, &to) };
+    if CSUM == 8 {
+        // SCTP: no pseudo-header, only the ports are covered (`H` holds them and the
+        // checksum).
         // SAFETY: as above.
-        unsafe { sctp_csum_in_place(p, L4_OFF, CSUM, t, t.tot_len as u32 - 20) };
+        unsafe { sctp_csum_in_place(p, F::L4_OFF, F::L4_OFF + CSUM, t, t.l4_len()) };
         return Ok(());
     }
-    ctx.l4_csum_diff(CSUM, addr, port, t.proto == IPPROTO_UDP)
+    ctx.l4_csum_diff(F::L4_OFF + CSUM, addr, port, t.proto() == IPPROTO_UDP)
         .map_err(|_| Reason(R_REWRITE_FAILED))
 }
 
@@ -226,48 +212,42 @@ pub(crate) unsafe fn ports_in_place<T: Ends, E: Ends, const PART: u8>(
     port
 }
 
-/// Any packet (IP options, headers not in place), through the store and checksum helpers.
+/// Any packet (IP options, extension headers, headers not in place), through the store and
+/// checksum helpers: the addresses (the family's), the ports, then the L4 checksum at once
+/// (SCTP's CRC32c for the ports alone).
 #[inline(always)]
-fn with_helpers<P: Packet, const PART: u8>(
+fn with_helpers<F: Family, P: L4Sum, const PART: u8>(
     ctx: &P,
-    t: &Tuple,
-    to: &Shared<'_, CtValue>,
+    t: &F,
+    to: &Shared<'_, F::Value>,
 ) -> Result<(), Reason> {
-    let pick = |bit: u8, from: u32, to: u32| if PART & bit != 0 { to } else { from };
-    let pick16 = |bit: u8, from: u16, to: u16| if PART & bit != 0 { to } else { from };
-    rewrite(
-        ctx,
-        t,
-        IP_DST_OFF,
-        t.daddr_be,
-        pick(DADDR, t.daddr_be, *to.daddr()),
-        t.l4_off + 2,
-        t.dport_be,
-        pick16(DPORT, t.dport_be, to.dport()),
-    )?;
-    rewrite(
-        ctx,
-        t,
-        IP_SRC_OFF,
-        t.saddr_be,
-        pick(SADDR, t.saddr_be, *to.saddr()),
-        t.l4_off,
-        t.sport_be,
-        pick16(SPORT, t.sport_be, to.sport()),
-    )?;
-    if t.proto == IPPROTO_SCTP {
-        let ports = (
-            pick16(SPORT, t.sport_be, to.sport()),
-            pick16(DPORT, t.dport_be, to.dport()),
-        );
-        let len = t.tot_len as u32 - (t.l4_off - ETH_HLEN) as u32;
-        let (old, new) = (
-            ports_word(t.sport_be, t.dport_be),
-            ports_word(ports.0, ports.1),
-        );
-        sctp_csum_with_helpers(ctx, t.csum_off, len, old, new)?;
+    let failed = |_| Reason(R_REWRITE_FAILED);
+    let addr = t.addrs_with_helpers::<P, PART>(ctx, to)?;
+    let sport = if PART & SPORT != 0 {
+        to.sport()
+    } else {
+        t.sport()
+    };
+    let dport = if PART & DPORT != 0 {
+        to.dport()
+    } else {
+        t.dport()
+    };
+    let mut port = 0;
+    if sport != t.sport() {
+        port = diff2(t.sport(), sport);
+        ctx.store(t.l4_off(), &sport).map_err(failed)?;
     }
-    Ok(())
+    if dport != t.dport() {
+        port = csum_add(port, diff2(t.dport(), dport));
+        ctx.store(t.l4_off() + 2, &dport).map_err(failed)?;
+    }
+    if t.proto() == IPPROTO_SCTP {
+        let (old, new) = (ports_word(t.sport(), t.dport()), ports_word(sport, dport));
+        return sctp_csum_with_helpers(ctx, t.csum_off(), t.l4_len(), old, new);
+    }
+    ctx.l4_sum(t.csum_off(), addr, port, t.proto() == IPPROTO_UDP)
+        .map_err(failed)
 }
 
 /// [`sctp_csum_in_place`] through the load and store helpers, both families' (IPv6's
@@ -308,39 +288,4 @@ fn sctp_csum_out_of_line<P: Packet>(ctx: &P, csum: usize, len: u32, old: u32, ne
 #[inline(always)]
 pub(crate) fn ports_word(sport: u16, dport: u16) -> u32 {
     u32::from_ne_bytes(ports_bytes(sport, dport))
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn rewrite<P: Packet>(
-    ctx: &P,
-    t: &Tuple,
-    addr_off: usize,
-    old_addr: u32,
-    new_addr: u32,
-    port_off: usize,
-    old_port: u16,
-    new_port: u16,
-) -> Result<(), Reason> {
-    let failed = |_| Reason(R_REWRITE_FAILED);
-    let udp = t.proto == IPPROTO_UDP;
-    // SCTP's checksum covers no address, and its ports through CRC32c (the caller's).
-    let inet = t.proto != IPPROTO_SCTP;
-    if old_addr != new_addr {
-        if inet {
-            ctx.l4_csum_replace(t.csum_off, old_addr, new_addr, 4, true, udp)
-                .map_err(failed)?;
-        }
-        ctx.l3_csum_replace(IP_CSUM_OFF, old_addr, new_addr)
-            .map_err(failed)?;
-        ctx.store(addr_off, &new_addr).map_err(failed)?;
-    }
-    if old_port != new_port {
-        if inet {
-            ctx.l4_csum_replace(t.csum_off, old_port as u32, new_port as u32, 2, false, udp)
-                .map_err(failed)?;
-        }
-        ctx.store(port_off, &new_port).map_err(failed)?;
-    }
-    Ok(())
 }

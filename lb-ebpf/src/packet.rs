@@ -46,17 +46,6 @@ pub trait Packet {
     fn store<T>(&self, off: usize, v: &T) -> Result<(), ()>;
     /// The IPv4 header checksum at `csum_off` after a 4-byte field went `from` → `to`.
     fn l3_csum_replace(&self, csum_off: usize, from: u32, to: u32) -> Result<(), ()>;
-    /// The L4 checksum at `csum_off` after a field of `size` (2 or 4) bytes went `from` →
-    /// `to`; `pseudo`: the field is part of the pseudo header; `udp`: a 0 checksum stays 0.
-    fn l4_csum_replace(
-        &self,
-        csum_off: usize,
-        from: u32,
-        to: u32,
-        size: u8,
-        pseudo: bool,
-        udp: bool,
-    ) -> Result<(), ()>;
     /// The context pointer, for helpers such as `bpf_fib_lookup`.
     fn raw(&self) -> *mut c_void;
     fn ingress_ifindex(&self) -> u32;
@@ -125,25 +114,6 @@ impl Packet for TcContext {
     #[inline(always)]
     fn l3_csum_replace(&self, csum_off: usize, from: u32, to: u32) -> Result<(), ()> {
         TcContext::l3_csum_replace(self, csum_off, from as u64, to as u64, 4).map_err(|_| ())
-    }
-    #[inline(always)]
-    fn l4_csum_replace(
-        &self,
-        csum_off: usize,
-        from: u32,
-        to: u32,
-        size: u8,
-        pseudo: bool,
-        udp: bool,
-    ) -> Result<(), ()> {
-        let mut flags = size as u64;
-        if pseudo {
-            flags |= BPF_F_PSEUDO_HDR as u64;
-        }
-        if udp {
-            flags |= BPF_F_MARK_MANGLED_0 as u64;
-        }
-        TcContext::l4_csum_replace(self, csum_off, from as u64, to as u64, flags).map_err(|_| ())
     }
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
@@ -337,26 +307,6 @@ impl Packet for XdpContext {
     fn l3_csum_replace(&self, csum_off: usize, from: u32, to: u32) -> Result<(), ()> {
         let old: u16 = self.load(csum_off)?;
         self.store(csum_off, &csum_replace(old, from, to, 4))
-    }
-    #[inline(always)]
-    fn l4_csum_replace(
-        &self,
-        csum_off: usize,
-        from: u32,
-        to: u32,
-        size: u8,
-        _pseudo: bool,
-        udp: bool,
-    ) -> Result<(), ()> {
-        let old: u16 = self.load(csum_off)?;
-        if udp && old == 0 {
-            return Ok(());
-        }
-        let mut new = csum_replace(old, from, to, size);
-        if udp && new == 0 {
-            new = 0xffff;
-        }
-        self.store(csum_off, &new)
     }
     #[inline(always)]
     fn raw(&self) -> *mut c_void {

@@ -213,34 +213,18 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
         })));
     }
     // The L4 header is within the packet (tot_len says so): bring it in place if it is not.
-    // UDP's 8 bytes first, then TCP's 20 on the TCP path only: the bounds checks stay two
-    // constant ones (merged into one at a register offset, the verifier would refuse them
-    // without CAP_PERFMON).
-    let Some(p) = l4_in_place::<_, { DIRECT_UDP }>(ctx, need) else {
+    let Some((sport_be, dport_be, tcp_flags)) =
+        l4_direct::<_, [u8; DIRECT_UDP], [u8; DIRECT_TCP], [u8; DIRECT_SCTP]>(
+            ctx, proto, L4_OFF, need,
+        )
+    else {
         return Ok(None);
     };
-    let mut p = p;
-    let mut tcp_flags = 0;
-    if proto == IPPROTO_TCP {
-        let Some(q) = l4_in_place::<_, { DIRECT_TCP }>(ctx, need) else {
-            return Ok(None);
-        };
-        // SAFETY: DIRECT_TCP bytes are in place.
-        tcp_flags = unsafe { *q.add(L4_OFF + 13) };
-        p = q;
-    } else if proto == IPPROTO_SCTP {
-        let Some(q) = l4_in_place::<_, { DIRECT_SCTP }>(ctx, need) else {
-            return Ok(None);
-        };
-        // SAFETY: DIRECT_SCTP bytes are in place.
-        tcp_flags = sctp_flags(unsafe { *q.add(L4_OFF + 12) });
-        p = q;
-    }
     Ok(Some(Parsed::Flow(Tuple {
         saddr_be,
         daddr_be,
-        sport_be: rd16(p, L4_OFF),
-        dport_be: rd16(p, L4_OFF + 2),
+        sport_be,
+        dport_be,
         proto,
         l4_off: L4_OFF,
         csum_off: L4_OFF + csum_rel,
@@ -251,16 +235,46 @@ fn parse_direct<P: Packet>(ctx: &P, len: u32) -> Result<Option<Parsed>, Reason> 
     })))
 }
 
-/// The first `N` bytes in place, pulled into the linear area first if the hook can.
+/// The direct parse's L4 step, both families (IPv6's `v6/parse.rs` too): the L4 header at
+/// `l4` brought in place (pulled into the linear area if the hook can; `need`: the bytes
+/// the protocol needs), its ports and TCP flags (SCTP's first chunk in TCP's terms). `U`,
+/// `T`, `S`: the bytes up to the end of UDP's, TCP's and SCTP's header (`[u8; N]`), UDP's
+/// first and the others' on their paths only, so the bounds checks stay two constant ones
+/// (merged into one at a register offset, the verifier would refuse them without
+/// CAP_PERFMON). `None`: not in place even after a pull.
 #[inline(always)]
-pub(crate) fn l4_in_place<P: Packet, const N: usize>(ctx: &P, need: usize) -> Option<*const u8> {
-    if let Some(p) = at::<_, [u8; N]>(ctx, 0) {
+pub(crate) fn l4_direct<P: Packet, U, T, S>(
+    ctx: &P,
+    proto: u8,
+    l4: usize,
+    need: usize,
+) -> Option<(u16, u16, u8)> {
+    let mut p = l4_in_place::<_, U>(ctx, need)?;
+    let mut tcp_flags = 0;
+    if proto == IPPROTO_TCP {
+        let q = l4_in_place::<_, T>(ctx, need)?;
+        // SAFETY: TCP's header is in place.
+        tcp_flags = unsafe { *q.add(l4 + 13) };
+        p = q;
+    } else if proto == IPPROTO_SCTP {
+        let q = l4_in_place::<_, S>(ctx, need)?;
+        // SAFETY: SCTP's common header and its first chunk's header are in place.
+        tcp_flags = sctp_flags(unsafe { *q.add(l4 + 12) });
+        p = q;
+    }
+    Some((rd16(p, l4), rd16(p, l4 + 2), tcp_flags))
+}
+
+/// The bytes of `H` in place, pulled into the linear area first if the hook can.
+#[inline(always)]
+fn l4_in_place<P: Packet, H>(ctx: &P, need: usize) -> Option<*const u8> {
+    if let Some(p) = at::<_, H>(ctx, 0) {
         return Some(p as *const u8);
     }
     if !ctx.pull(need as u32) {
         return None;
     }
-    at::<_, [u8; N]>(ctx, 0).map(|p| p as *const u8)
+    at::<_, H>(ctx, 0).map(|p| p as *const u8)
 }
 
 /// Any IPv4 packet, through the load helper.

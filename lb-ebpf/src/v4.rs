@@ -7,28 +7,30 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, IPPROTO_UDP, NodeConfig, R_MALFORMED,
-    R_PASS,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_PASS, R_REWRITE_FAILED,
 };
 
 use crate::{
     affinity::{Client, ClientOf},
     conntrack::Ct,
     dsr, egress,
-    family::Family,
-    fib::{self, Way},
+    family::{Ends, Family},
     icmp, ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
-    nat, out_dnat,
-    packet::{L4Sum, Packet, at, csum_apply, csum_replace, diff2, ld16, st16},
-    parse::{self, ETH_HLEN, IP_CSUM_OFF, IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple},
+    nat::{self, DADDR, SADDR},
+    out_dnat,
+    packet::{Packet, at, csum_add, csum_apply, csum_replace, diff2, diff4, ld16, st16, st32},
+    parse::{
+        self, DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF,
+        IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple,
+    },
     reason::{Carried, Reason},
     reject,
     select::{self, Frontend},
     shared::Shared,
     srcrange,
     work::Work,
-    xdp::{self, csum_at, write_macs},
+    xdp::{self, write_macs},
 };
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
@@ -49,10 +51,6 @@ impl Family for Tuple {
         *a
     }
     #[inline(always)]
-    fn is_zero(a: &u32) -> bool {
-        *a == 0
-    }
-    #[inline(always)]
     fn is_loopback(a: &u32) -> bool {
         select::is_loopback(*a)
     }
@@ -66,17 +64,6 @@ impl Family for Tuple {
         }
     }
     #[inline(always)]
-    /// `lb_common::flow_hash`, the addresses in word 0.
-    fn flow_hash(&self) -> u32 {
-        lb_common::flow_hash(
-            &[self.saddr_be, 0, 0, 0],
-            &[self.daddr_be, 0, 0, 0],
-            self.sport_be,
-            self.dport_be,
-            self.proto,
-        )
-    }
-    #[inline(always)]
     fn backend_addr(be: &Backend) -> &u32 {
         &be.addr_be[0]
     }
@@ -88,10 +75,6 @@ impl Family for Tuple {
     fn hairpin(cfg: &NodeConfig) -> u32 {
         cfg.hairpin_addr_be
     }
-    #[inline(always)]
-    fn plain(&self) -> bool {
-        self.l4_off == L4_OFF
-    }
     const MIN_CHECKED: u32 = 576;
     #[inline(always)]
     fn df(&self) -> bool {
@@ -101,39 +84,65 @@ impl Family for Tuple {
     fn l4_off(&self) -> usize {
         self.l4_off
     }
+    type DirectTcp = [u8; DIRECT_TCP];
+    type DirectUdp = [u8; DIRECT_UDP];
+    type DirectSctp = [u8; DIRECT_SCTP];
+    const L4_OFF: usize = L4_OFF;
     #[inline(always)]
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &u32, len: u16) -> Option<(u16, bool)> {
-        let r = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            self.saddr_be,
-            *daddr,
-            len,
-            false,
-        )?;
-        Some((r.mtu, r.too_big != 0))
+    fn direct(&self) -> bool {
+        self.direct
     }
     #[inline(always)]
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &u32) -> Option<u32> {
-        let route = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            self.saddr_be,
-            *daddr,
-            0,
-            false,
-        )?;
-        (route.src_be != 0).then_some(route.src_be)
+    fn csum_off(&self) -> usize {
+        self.csum_off
     }
     #[inline(always)]
-    fn apply<P: L4Sum, const PART: u8>(
+    fn l4_len(&self) -> u32 {
+        self.tot_len as u32 - (self.l4_off - ETH_HLEN) as u32
+    }
+    /// The header checksum updated with them.
+    #[inline(always)]
+    unsafe fn addrs_in_place<const PART: u8>(&self, p: *mut u8, to: &Shared<'_, CtValue>) -> u32 {
+        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let mut addr = 0;
+        // SAFETY (every access): the caller checked the header's bytes.
+        unsafe {
+            if PART & SADDR != 0 && saddr != self.saddr_be {
+                addr = diff4(self.saddr_be, saddr);
+                st32(p, IP_SRC_OFF, saddr);
+            }
+            if PART & DADDR != 0 && daddr != self.daddr_be {
+                addr = csum_add(addr, diff4(self.daddr_be, daddr));
+                st32(p, IP_DST_OFF, daddr);
+            }
+            if addr != 0 {
+                st16(p, IP_CSUM_OFF, csum_apply(ld16(p, IP_CSUM_OFF), addr));
+            }
+        }
+        addr
+    }
+    #[inline(always)]
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
-        to: &Shared<'_, lb_common::CtValue>,
-    ) -> Result<(), Reason> {
-        nat::apply::<P, PART>(ctx, self, to)
+        to: &Shared<'_, CtValue>,
+    ) -> Result<u32, Reason> {
+        let failed = |_| Reason(R_REWRITE_FAILED);
+        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let mut addr = 0;
+        if PART & DADDR != 0 && daddr != self.daddr_be {
+            addr = diff4(self.daddr_be, daddr);
+            ctx.l3_csum_replace(IP_CSUM_OFF, self.daddr_be, daddr)
+                .map_err(failed)?;
+            ctx.store(IP_DST_OFF, &daddr).map_err(failed)?;
+        }
+        if PART & SADDR != 0 && saddr != self.saddr_be {
+            addr = csum_add(addr, diff4(self.saddr_be, saddr));
+            ctx.l3_csum_replace(IP_CSUM_OFF, self.saddr_be, saddr)
+                .map_err(failed)?;
+            ctx.store(IP_SRC_OFF, &saddr).map_err(failed)?;
+        }
+        Ok(addr)
     }
     #[inline(always)]
     fn refuse(&self, ctx: &TcContext, _: &mut FlowScratch, back: u64) -> Result<i32, Reason> {
@@ -166,32 +175,11 @@ impl Family for Tuple {
         dsr::push(ctx, *addr, port_be)
     }
     #[inline(always)]
-    fn route_out(&self, ctx: &TcContext, daddr: &u32) -> Option<u32> {
-        let here = Packet::ingress_ifindex(ctx);
-        fib::lookup(ctx.raw(), here, self.proto, self.saddr_be, *daddr, 0, false).map(|r| r.ifindex)
-    }
-    #[inline(always)]
     fn ip_len(&self) -> u16 {
         self.tot_len
     }
-    #[inline(always)]
-    fn hop(&self, ctx: &XdpContext, saddr: &u32, daddr: &u32, len: u16) -> Way {
-        match fib::hop(
-            ctx.raw(),
-            Packet::ingress_ifindex(ctx),
-            self.proto,
-            *saddr,
-            *daddr,
-            len,
-        ) {
-            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
-            None => Way::Tc,
-        }
-    }
-    #[inline(always)]
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
-        read_ttl(ctx, self)
-    }
+    type Hdr = [u8; L4_OFF];
+    const TTL_OFF: usize = IP_TTL_OFF;
     #[inline(always)]
     fn forward_l2(
         &self,
@@ -203,8 +191,10 @@ impl Family for Tuple {
         forward_l2(ctx, self, ttl, smac, dmac)
     }
     #[inline(always)]
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
-        checksum_partial(ctx, self)
+    fn pseudo_sum(&self) -> u32 {
+        let s = u32::from_be(self.saddr_be);
+        let d = u32::from_be(self.daddr_be);
+        (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + self.proto as u32 + self.l4_len()
     }
 }
 
@@ -251,18 +241,6 @@ pub fn tc<'a, const PART: u8>(ctx: &TcContext, work: impl Work<'a, FlowScratch>)
     }
 }
 
-/// The IPv4 TTL.
-#[inline(always)]
-fn read_ttl(ctx: &XdpContext, t: &Tuple) -> Result<u8, Reason> {
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        // SAFETY: `at` checked the bytes.
-        return Ok(unsafe { *(p as *const u8).add(IP_TTL_OFF) });
-    }
-    ctx.load(IP_TTL_OFF).map_err(|_| Reason(R_MALFORMED))
-}
-
 /// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
 /// frame gets the next hop's MAC addresses.
 #[inline(always)]
@@ -299,38 +277,4 @@ fn forward_l2(
     ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
     ctx.store(0, dmac).map_err(fail)?;
     ctx.store(6, smac).map_err(fail)
-}
-
-/// The L4 checksum field as it sits in the packet.
-#[inline(always)]
-fn read_l4_csum(ctx: &XdpContext, t: &Tuple) -> Result<u16, Reason> {
-    if t.direct {
-        let v = if t.proto == IPPROTO_UDP {
-            csum_at::<{ L4_OFF + 6 }>(ctx)
-        } else {
-            csum_at::<{ L4_OFF + 16 }>(ctx)
-        };
-        if v <= u16::MAX as u32 {
-            return Ok(v as u16);
-        }
-    }
-    ctx.load(t.csum_off).map_err(|_| Reason(R_MALFORMED))
-}
-
-/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
-/// pseudo-header sum for offload to complete). A complete checksum equals that value by
-/// chance 1 in 65,536 times; such a packet simply goes the tc way, which is always correct.
-#[inline(always)]
-fn checksum_partial(ctx: &XdpContext, t: &Tuple) -> Result<bool, Reason> {
-    let csum = read_l4_csum(ctx, t)?;
-    if t.proto == IPPROTO_UDP && csum == 0 {
-        return Ok(false);
-    }
-    let l4_len = (t.tot_len as u32).saturating_sub((t.l4_off - ETH_HLEN) as u32);
-    let s = u32::from_be(t.saddr_be);
-    let d = u32::from_be(t.daddr_be);
-    let mut sum = (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + t.proto as u32 + l4_len;
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    Ok(u16::from_be(csum) == sum as u16)
 }

@@ -24,8 +24,8 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BE_F_REMOTE, CT_F_XDP_STACK, IPPROTO_SCTP, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REPLY_IN,
-    R_REVERSE_NAT, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
+    BE_F_REMOTE, CT_F_XDP_STACK, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
+    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
 };
 
 use crate::{
@@ -37,7 +37,7 @@ use crate::{
     flow::{self, keep_alive},
     maps::XLB_XDPTX_V1,
     nat::{self, BOTH},
-    packet::{at, ld16, st16, st32},
+    packet::{Packet, at, ld16, st16, st32},
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
@@ -89,7 +89,7 @@ pub fn flow<'a, F: Family>(
     let Some(svc) = select::lookup(&t.frontend(SCOPE_EXTERNAL)) else {
         return Carried::done(pass(R_PASS));
     };
-    match t.checksum_partial(ctx) {
+    match checksum_partial(ctx, t) {
         Ok(false) => {}
         Ok(true) => return Carried::done(pass(R_PASS)),
         Err(r) => return Carried::done::<u32>(Err(r)),
@@ -140,7 +140,7 @@ fn try_tracked<F: Family>(
     if forward.is_none() && reply.is_none() {
         return Ok(Then::Next(Reason(R_NEW_FLOW)));
     }
-    if t.checksum_partial(ctx)? {
+    if checksum_partial(ctx, t)? {
         return Ok(Then::Done(pass(R_PASS)));
     }
     if let Some(ct) = forward {
@@ -323,12 +323,12 @@ fn redirect<F: Family>(
     reason: u32,
     len: u32,
 ) -> XdpOutcome {
-    let ttl = t.hop_limit(ctx)?;
+    let ttl = hop_limit(ctx, t)?;
     if ttl <= 1 {
         // The kernel answers time exceeded; XDP must not forward it.
         return pass(R_PASS);
     }
-    t.apply::<_, BOTH>(ctx, v)?;
+    nat::rewrite::<F, _, BOTH>(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
     t.forward_l2(ctx, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
@@ -374,13 +374,58 @@ pub(crate) unsafe fn write_macs(p: *mut u8, smac: &[u8; 6], dmac: &[u8; 6]) {
     }
 }
 
-/// The 16-bit field at `OFF` read in place, or `u32::MAX` when it is not in place. Out of
-/// line, one per offset (see `nat::in_place`).
+/// The TTL (hop limit): in place for the common packet, else through the load helper.
+#[inline(always)]
+fn hop_limit<F: Family>(ctx: &XdpContext, t: &F) -> Result<u8, Reason> {
+    if t.direct()
+        && let Some(p) = at::<_, F::Hdr>(ctx, 0)
+    {
+        // SAFETY: `at` checked the header's bytes.
+        return Ok(unsafe { *(p as *const u8).add(F::TTL_OFF) });
+    }
+    ctx.load(F::TTL_OFF).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// The L4 checksum field as it sits in the packet (in place for the common packet).
+#[inline(always)]
+fn read_l4_csum<F: Family>(ctx: &XdpContext, t: &F) -> Result<u16, Reason> {
+    if t.direct() {
+        let v = if t.proto() == IPPROTO_UDP {
+            csum_at::<F, F::DirectUdp, 6>(ctx)
+        } else {
+            csum_at::<F, F::DirectTcp, 16>(ctx)
+        };
+        if v <= u16::MAX as u32 {
+            return Ok(v as u16);
+        }
+    }
+    ctx.load(t.csum_off()).map_err(|_| Reason(R_MALFORMED))
+}
+
+/// Whether the L4 checksum is still partial (`CHECKSUM_PARTIAL`: the field holds the folded
+/// pseudo-header sum for offload to complete; XDP cannot see that state). A complete
+/// checksum equals that value by chance 1 in 65,536 times; such a packet simply goes the tc
+/// way, which is always correct.
+#[inline(always)]
+fn checksum_partial<F: Family>(ctx: &XdpContext, t: &F) -> Result<bool, Reason> {
+    let csum = read_l4_csum(ctx, t)?;
+    if t.proto() == IPPROTO_UDP && csum == 0 {
+        return Ok(false);
+    }
+    let mut sum = t.pseudo_sum();
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    Ok(u16::from_be(csum) == sum as u16)
+}
+
+/// The 16-bit field at `REL` into the L4 header of a packet whose `H` (`[u8; N]`: up to the
+/// L4 checksum) is in place, or `u32::MAX` when it is not in place. Out of line, one per
+/// offset (see `nat::in_place`).
 #[inline(never)]
-pub(crate) fn csum_at<const OFF: usize>(ctx: &XdpContext) -> u32 {
-    match at::<_, u16>(ctx, OFF) {
-        // SAFETY: `at` checked the two bytes.
-        Some(p) => unsafe { ld16(p as *const u8, 0) as u32 },
+fn csum_at<F: Family, H, const REL: usize>(ctx: &XdpContext) -> u32 {
+    match at::<_, H>(ctx, 0) {
+        // SAFETY: `at` checked the bytes, the field's among them.
+        Some(p) => unsafe { ld16(p as *const u8, F::L4_OFF + REL) as u32 },
         None => u32::MAX,
     }
 }

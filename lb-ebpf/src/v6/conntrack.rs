@@ -12,8 +12,6 @@ use super::{
     parse::Tuple6,
 };
 use crate::affinity::{Client, ClientOf};
-pub use crate::conntrack::quoted;
-pub use crate::family::{copy6, eq6};
 
 impl ClientOf for Tuple6 {
     #[inline(always)]

@@ -2,20 +2,24 @@
 //! modules beside this one. Nothing here knows IPv4.
 
 use aya_ebpf::programs::{TcContext, XdpContext};
-use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, filter_fold};
+use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_REWRITE_FAILED, filter_fold};
 
 use super::{
-    dsr, fib, icmp,
+    dsr,
+    icmp::{self, diff16},
     maps::FlowScratch6,
-    nat,
-    parse::{IP6_HLEN, IP6_L4_OFF, Tuple6},
+    parse::{
+        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF, IP6_SRC_OFF,
+        Tuple6,
+    },
     reject, xdp,
 };
 use crate::{
+    addr::eq6,
     conntrack::Ct,
-    family::Family,
-    fib::Way,
-    packet::{L4Sum, Packet},
+    family::{Ends, Family},
+    nat::{DADDR, SADDR},
+    packet::{Packet, csum_add, st32},
     reason::Reason,
     select::Frontend6,
     shared::Shared,
@@ -30,10 +34,6 @@ impl Family for Tuple6 {
     #[inline(always)]
     fn filter_word(a: &[u32; 4]) -> u32 {
         filter_fold(a)
-    }
-    #[inline(always)]
-    fn is_zero(a: &[u32; 4]) -> bool {
-        a[0] | a[1] | a[2] | a[3] == 0
     }
     /// ::1.
     #[inline(always)]
@@ -50,16 +50,6 @@ impl Family for Tuple6 {
         }
     }
     #[inline(always)]
-    fn flow_hash(&self) -> u32 {
-        lb_common::flow_hash(
-            &self.saddr_be,
-            &self.daddr_be,
-            self.sport_be,
-            self.dport_be,
-            self.proto,
-        )
-    }
-    #[inline(always)]
     fn backend_addr(be: &Backend) -> &[u32; 4] {
         &be.addr_be
     }
@@ -71,10 +61,6 @@ impl Family for Tuple6 {
     fn hairpin(cfg: &NodeConfig) -> [u32; 4] {
         cfg.hairpin6_addr_be
     }
-    #[inline(always)]
-    fn plain(&self) -> bool {
-        self.l4_off == IP6_L4_OFF as u32
-    }
     const MIN_CHECKED: u32 = 1280;
     #[inline(always)]
     fn df(&self) -> bool {
@@ -84,38 +70,61 @@ impl Family for Tuple6 {
     fn l4_off(&self) -> usize {
         self.l4_off as usize
     }
+    type DirectTcp = [u8; DIRECT6_TCP];
+    type DirectUdp = [u8; DIRECT6_UDP];
+    type DirectSctp = [u8; DIRECT6_SCTP];
+    const L4_OFF: usize = IP6_L4_OFF;
     #[inline(always)]
-    fn route_mtu<P: Packet>(&self, ctx: &P, daddr: &[u32; 4], len: u16) -> Option<(u16, bool)> {
-        let r = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            &self.saddr_be,
-            daddr,
-            len,
-        )?;
-        Some((r.mtu, r.too_big != 0))
+    fn direct(&self) -> bool {
+        self.direct != 0
     }
     #[inline(always)]
-    fn route_src<P: Packet>(&self, ctx: &P, daddr: &[u32; 4]) -> Option<[u32; 4]> {
-        let route = fib::lookup(
-            ctx.raw(),
-            ctx.ingress_ifindex(),
-            self.proto,
-            &self.saddr_be,
-            daddr,
-            0,
-        )?;
-        let src = route.src_be;
-        (!Self::is_zero(&src)).then_some(src)
+    fn csum_off(&self) -> usize {
+        self.csum_off as usize
+    }
+    /// The payload but its extension headers.
+    #[inline(always)]
+    fn l4_len(&self) -> u32 {
+        self.payload_len - (self.l4_off - IP6_L4_OFF as u32)
+    }
+    /// No header checksum.
+    #[inline(always)]
+    unsafe fn addrs_in_place<const PART: u8>(&self, p: *mut u8, to: &Shared<'_, CtValue6>) -> u32 {
+        let mut addr = 0;
+        // SAFETY (every access): the caller checked the header's bytes.
+        unsafe {
+            if PART & SADDR != 0 && !eq6(&self.saddr_be, to.saddr()) {
+                addr = diff16(&self.saddr_be, to.saddr());
+                for i in 0..4 {
+                    st32(p, IP6_SRC_OFF + 4 * i, to.saddr()[i]);
+                }
+            }
+            if PART & DADDR != 0 && !eq6(&self.daddr_be, to.daddr()) {
+                addr = csum_add(addr, diff16(&self.daddr_be, to.daddr()));
+                for i in 0..4 {
+                    st32(p, IP6_DST_OFF + 4 * i, to.daddr()[i]);
+                }
+            }
+        }
+        addr
     }
     #[inline(always)]
-    fn apply<P: L4Sum, const PART: u8>(
+    fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, CtValue6>,
-    ) -> Result<(), Reason> {
-        nat::apply::<P, PART>(ctx, self, to)
+    ) -> Result<u32, Reason> {
+        let failed = |_| Reason(R_REWRITE_FAILED);
+        let mut addr = 0;
+        if PART & SADDR != 0 && !eq6(&self.saddr_be, to.saddr()) {
+            addr = diff16(&self.saddr_be, to.saddr());
+            ctx.store(IP6_SRC_OFF, to.saddr()).map_err(failed)?;
+        }
+        if PART & DADDR != 0 && !eq6(&self.daddr_be, to.daddr()) {
+            addr = csum_add(addr, diff16(&self.daddr_be, to.daddr()));
+            ctx.store(IP6_DST_OFF, to.daddr()).map_err(failed)?;
+        }
+        Ok(addr)
     }
     #[inline(always)]
     fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch6, back: u64) -> Result<i32, Reason> {
@@ -143,34 +152,13 @@ impl Family for Tuple6 {
     fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
         dsr::push(ctx, addr, port_be)
     }
-    #[inline(always)]
-    fn route_out(&self, ctx: &TcContext, daddr: &[u32; 4]) -> Option<u32> {
-        let here = Packet::ingress_ifindex(ctx);
-        fib::lookup(ctx.raw(), here, self.proto, &self.saddr_be, daddr, 0).map(|r| r.ifindex)
-    }
     /// The fixed header's 40 bytes and the payload (extension headers and L4).
     #[inline(always)]
     fn ip_len(&self) -> u16 {
         (IP6_HLEN + self.payload_len) as u16
     }
-    #[inline(always)]
-    fn hop(&self, ctx: &XdpContext, saddr: &[u32; 4], daddr: &[u32; 4], len: u16) -> Way {
-        match fib::hop(
-            ctx.raw(),
-            Packet::ingress_ifindex(ctx),
-            self.proto,
-            saddr,
-            daddr,
-            len,
-        ) {
-            Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
-            None => Way::Tc,
-        }
-    }
-    #[inline(always)]
-    fn hop_limit(&self, ctx: &XdpContext) -> Result<u8, Reason> {
-        xdp::read_hop_limit(ctx, self)
-    }
+    type Hdr = [u8; IP6_L4_OFF];
+    const TTL_OFF: usize = xdp::HOP_LIMIT_OFF;
     #[inline(always)]
     fn forward_l2(
         &self,
@@ -182,7 +170,7 @@ impl Family for Tuple6 {
         xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
     }
     #[inline(always)]
-    fn checksum_partial(&self, ctx: &XdpContext) -> Result<bool, Reason> {
-        xdp::checksum_partial(ctx, self)
+    fn pseudo_sum(&self) -> u32 {
+        reject::pseudo(&self.saddr_be, &self.daddr_be, self.l4_len(), self.proto)
     }
 }

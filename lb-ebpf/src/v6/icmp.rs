@@ -7,17 +7,16 @@ use aya_ebpf::{helpers::bpf_csum_diff, programs::TcContext};
 use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED};
 
 use super::{
-    conntrack::{self, eq6},
     maps::FlowScratch6,
-    nat::diff16,
     parse::{IP6_DST_OFF, IP6_L4_OFF, IP6_SRC_OFF, Tuple6},
     reject::QUOTE,
 };
 use crate::{
-    conntrack::Ct,
+    addr::eq6,
+    conntrack::{self, Ct},
     family::Ends,
     nat::{DST, SRC},
-    packet::{Packet, csum_add, csum_apply},
+    packet::{Packet, csum_add, csum_apply, diff4},
     reason::Reason,
     reject::{load_quote, quote_diff},
 };
@@ -151,4 +150,14 @@ fn quoted_udp_checksum(s: &mut FlowScratch6) -> Result<(), Reason> {
     s.quote_new[46] = u[0];
     s.quote_new[47] = u[1];
     Ok(())
+}
+
+/// The partial-sum change of an IPv6 address going `from` → `to`.
+#[inline(always)]
+pub(super) fn diff16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
+    let mut d = 0;
+    for i in 0..4 {
+        d = csum_add(d, diff4(from[i], to[i]));
+    }
+    d
 }

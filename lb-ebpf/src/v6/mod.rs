@@ -1,8 +1,9 @@
-//! IPv6's leaves: the header parse (`parse.rs`), the rewrite and its checksums (`nat.rs`),
-//! ICMPv6 quoting (`icmp.rs`, `reject.rs`), the route lookups (`fib.rs`), the DSR header
-//! (`dsr.rs`), the tables and scratch (`maps.rs`, `conntrack.rs`), and what the one flow of
-//! each hook asks of the family (`family.rs`). The flows themselves are the families' one
-//! (`ingress.rs` at tc ingress); what remains here is IPv6's side of tc egress and XDP.
+//! IPv6's leaves: the header parse (`parse.rs`), ICMPv6 quoting (`icmp.rs`, `reject.rs`),
+//! the DSR header (`dsr.rs`), the tables and scratch (`maps.rs`, `conntrack.rs`), XDP's
+//! layer-2 forward (`xdp.rs`), and what the one flow of each hook asks of the family
+//! (`family.rs`: the addresses' rewrite, offsets, pseudo-header sum). The flows, the
+//! rewrite (`nat.rs`) and the route lookups (`fib.rs`) are the families' one; what remains
+//! here is IPv6's parse dispatch of tc.
 //!
 //! The address filters are read with an address's four words folded
 //! (`lb_common::filter_fold`, as the agent sets them), so the addresses of one /32 do not
@@ -11,10 +12,9 @@
 pub mod conntrack;
 pub mod dsr;
 mod family;
-pub mod fib;
+
 pub mod icmp;
 pub mod maps;
-pub mod nat;
 pub mod parse;
 pub mod reject;
 pub mod xdp;

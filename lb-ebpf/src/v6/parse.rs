@@ -7,7 +7,7 @@ use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED,
 
 use crate::{
     packet::{Packet, at, ld16, ld32},
-    parse::{ETH_HLEN, l4_in_place, sctp_flags},
+    parse::{ETH_HLEN, l4_direct, sctp_flags},
     reason::Reason,
 };
 
@@ -138,32 +138,15 @@ fn parse_direct<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Option<Parsed6>, R
             t.daddr_be[i] = ld32(h, IP6_DST_OFF + 4 * i);
         }
     }
-    // UDP's 8 bytes first, then TCP's 20 on the TCP path only (two constant bounds checks,
-    // as IPv4's direct parse). A pull invalidates `h`: it is not used below.
-    let Some(mut p) = l4_in_place::<_, { DIRECT6_UDP }>(ctx, need) else {
+    // A pull invalidates `h`: it is not used below.
+    let Some((sport, dport, tcp_flags)) =
+        l4_direct::<_, [u8; DIRECT6_UDP], [u8; DIRECT6_TCP], [u8; DIRECT6_SCTP]>(
+            ctx, next, IP6_L4_OFF, need,
+        )
+    else {
         return Ok(None);
     };
-    t.tcp_flags = 0;
-    if next == IPPROTO_TCP {
-        let Some(q) = l4_in_place::<_, { DIRECT6_TCP }>(ctx, need) else {
-            return Ok(None);
-        };
-        // SAFETY: DIRECT6_TCP bytes are in place.
-        t.tcp_flags = unsafe { *q.add(IP6_L4_OFF + 13) };
-        p = q;
-    } else if next == IPPROTO_SCTP {
-        let Some(q) = l4_in_place::<_, { DIRECT6_SCTP }>(ctx, need) else {
-            return Ok(None);
-        };
-        // SAFETY: DIRECT6_SCTP bytes are in place.
-        t.tcp_flags = sctp_flags(unsafe { *q.add(IP6_L4_OFF + 12) });
-        p = q;
-    }
-    // SAFETY: DIRECT6_UDP bytes at least are in place.
-    unsafe {
-        t.sport_be = ld16(p, IP6_L4_OFF);
-        t.dport_be = ld16(p, IP6_L4_OFF + 2);
-    }
+    (t.sport_be, t.dport_be, t.tcp_flags) = (sport, dport, tcp_flags);
     t.proto = next;
     t.icmp_type = 0;
     t.direct = 1;

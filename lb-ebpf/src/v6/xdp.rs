@@ -3,7 +3,7 @@
 //! asks of the family ([`crate::family::Family`], `family.rs` here).
 
 use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
-use lb_common::{IPPROTO_UDP, R_MALFORMED, R_PASS, R_REWRITE_FAILED};
+use lb_common::{R_PASS, R_REWRITE_FAILED};
 
 use super::parse::{self, IP6_L4_OFF, Parsed6, Tuple6};
 use crate::{
@@ -11,11 +11,11 @@ use crate::{
     parse::ETH_HLEN,
     reason::{Carried, Reason},
     work::Work6,
-    xdp::{self, csum_at, write_macs},
+    xdp::{self, write_macs},
 };
 
 /// Offset of the hop limit in the fixed header.
-const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
+pub(super) const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 
 /// An IPv6 frame of `len` bytes at XDP: parsed into the run's IPv6 work area `w`, then
 /// XDP's one flow; anything but TCP, UDP and SCTP passes (ICMPv6: tc translates it).
@@ -27,18 +27,6 @@ pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
         Ok(Parsed6::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => Carried::done::<u32>(Err(r)),
     }
-}
-
-/// The hop limit: in place for the common packet, else through the load helper.
-#[inline(always)]
-pub(super) fn read_hop_limit(ctx: &XdpContext, t: &Tuple6) -> Result<u8, Reason> {
-    if t.direct != 0
-        && let Some(p) = at::<_, [u8; IP6_L4_OFF]>(ctx, 0)
-    {
-        // SAFETY: `at` checked the bytes.
-        return Ok(unsafe { *(p as *const u8).add(HOP_LIMIT_OFF) });
-    }
-    ctx.load(HOP_LIMIT_OFF).map_err(|_| Reason(R_MALFORMED))
 }
 
 /// Forwarded here, not by the kernel: the hop limit goes down by one (no IPv6 header
@@ -66,36 +54,4 @@ pub(super) fn forward_l2(
     ctx.store(HOP_LIMIT_OFF, &(hop_limit - 1)).map_err(fail)?;
     ctx.store(0, dmac).map_err(fail)?;
     ctx.store(6, smac).map_err(fail)
-}
-
-/// The L4 checksum field as it sits in the packet (in place for the common packet).
-#[inline(always)]
-fn read_l4_csum(ctx: &XdpContext, t: &Tuple6) -> Result<u16, Reason> {
-    if t.direct != 0 {
-        let v = if t.proto == IPPROTO_UDP {
-            csum_at::<{ IP6_L4_OFF + 6 }>(ctx)
-        } else {
-            csum_at::<{ IP6_L4_OFF + 16 }>(ctx)
-        };
-        if v <= u16::MAX as u32 {
-            return Ok(v as u16);
-        }
-    }
-    ctx.load(t.csum_off as usize)
-        .map_err(|_| Reason(R_MALFORMED))
-}
-
-/// Whether the L4 checksum is still partial (the field holds the folded pseudo-header sum
-/// for offload to complete), as IPv4's check.
-#[inline(always)]
-pub(super) fn checksum_partial(ctx: &XdpContext, t: &Tuple6) -> Result<bool, Reason> {
-    let csum = read_l4_csum(ctx, t)?;
-    if t.proto == IPPROTO_UDP && csum == 0 {
-        return Ok(false);
-    }
-    let l4_len = t.payload_len - (t.l4_off - IP6_L4_OFF as u32);
-    let mut sum = super::reject::pseudo(&t.saddr_be, &t.daddr_be, l4_len, t.proto);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    Ok(u16::from_be(csum) == sum as u16)
 }
