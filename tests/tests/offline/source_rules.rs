@@ -828,3 +828,19 @@ fn the_function_length_check_sees_braces_of_code_only() {
         code_only(code)
     );
 }
+
+#[test]
+fn only_the_sys_module_calls_bpf_directly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lb-userspace/src");
+    let mut files = BTreeMap::new();
+    sources(&root, &root, &mut files);
+    let direct: Vec<&String> = files
+        .iter()
+        .filter(|(name, code)| name.as_str() != "datapath/sys_bpf.rs" && code.contains("SYS_bpf"))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        direct.is_empty(),
+        "raw bpf(2) outside datapath/sys_bpf.rs (add a method to its `Bpf` trait, and to the fake): {direct:?}"
+    );
+}
