@@ -102,6 +102,8 @@ fn data_of(map: &Map) -> Option<&MapData> {
         | Map::LruHashMap(d)
         | Map::Array(d)
         | Map::PerCpuArray(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
         | Map::LpmTrie(d)
         | Map::DevMapHash(d) => Some(d),
         _ => None,
