@@ -1,7 +1,7 @@
 //! `xlb list`: reads the pinned maps and shows them in Kubernetes terms.
 
 use lb_common::user::{show_backend, show_frontend, svc_name_str};
-use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+use std::{fmt::Write as _, net::Ipv4Addr};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
 use lb_common::{
@@ -12,10 +12,7 @@ use serde::Serialize;
 
 use crate::{
     datapath::{
-        DatapathError,
-        clock::monotonic_coarse_ns,
-        kernel::{KernelMaps, open_pinned},
-        status_file,
+        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, pins::Pins, status_file,
         writer::MapWriter,
     },
     desired::{Desired, show_maglev},
@@ -80,8 +77,8 @@ pub struct CounterRow {
     pub bytes: u64,
 }
 
-fn read_state(dir: &Path) -> Result<Desired, DatapathError> {
-    let maps = KernelMaps::open(dir)?;
+fn read_state(pins: &Pins) -> Result<Desired, DatapathError> {
+    let maps = KernelMaps::open(pins)?;
     Ok(maps.read()?)
 }
 
@@ -94,8 +91,8 @@ fn name_of(state: &Desired, svc_id: u32) -> String {
 }
 
 /// One row per frontend, and one per frontend the agent failed to program.
-pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
-    let maps = KernelMaps::open(dir)?;
+pub fn services(pins: &Pins) -> Result<Vec<ServiceRow>, DatapathError> {
+    let maps = KernelMaps::open(pins)?;
     let state = maps.read()?;
     let mut rows = services_of(&state);
     for r in &mut rows {
@@ -103,7 +100,7 @@ pub fn services(dir: &Path) -> Result<Vec<ServiceRow>, DatapathError> {
         (r.packets, r.bytes) = (c.packets, c.bytes);
     }
     // An unreadable status file leaves the programmed rows (their status is the maps').
-    let failing = status_file::read(dir).unwrap_or_default();
+    let failing = status_file::read(pins.dir()).unwrap_or_default();
     rows.extend(failing.into_iter().map(failing_row));
     rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
     Ok(rows)
@@ -181,8 +178,8 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
 }
 
 /// One row per backend, with the services that use it.
-pub fn backends(dir: &Path) -> Result<Vec<BackendRow>, DatapathError> {
-    let maps = KernelMaps::open(dir)?;
+pub fn backends(pins: &Pins) -> Result<Vec<BackendRow>, DatapathError> {
+    let maps = KernelMaps::open(pins)?;
     let state = maps.read()?;
     let mut rows = backends_of(&state);
     for r in &mut rows {
@@ -229,12 +226,12 @@ fn sock(addr_be: u32, port_be: u16) -> String {
 }
 
 /// Tracked flows (forward entries), oldest first: the assured table's and the LRU table's.
-pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
-    let state = read_state(dir)?;
+pub fn conntrack(pins: &Pins) -> Result<Vec<FlowRow>, DatapathError> {
+    let state = read_state(pins)?;
     let now = monotonic_coarse_ns();
     let mut rows = Vec::new();
     for (name, assured) in [(MAP_CT_ASSURED, true), (MAP_CT, false)] {
-        let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(open_pinned(dir, name)?)
+        let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(pins.map(name)?)
             .map_err(|source| DatapathError::Map { name, source })?;
         for kv in ct.iter() {
             let (k, v) = kv.map_err(|source| DatapathError::Map { name, source })?;
@@ -246,10 +243,10 @@ pub fn conntrack(dir: &Path) -> Result<Vec<FlowRow>, DatapathError> {
     }
     // IPv6 flows: their own tables (missing under the pins of an agent from before them).
     for (name, assured) in [(MAP_CT6_ASSURED, true), (MAP_CT6, false)] {
-        if !dir.join(name).exists() {
+        if !pins.has(name) {
             continue;
         }
-        let ct: HashMap<MapData, CtKey6, CtValue6> = HashMap::try_from(open_pinned(dir, name)?)
+        let ct: HashMap<MapData, CtKey6, CtValue6> = HashMap::try_from(pins.map(name)?)
             .map_err(|source| DatapathError::Map { name, source })?;
         for kv in ct.iter() {
             let (k, v) = kv.map_err(|source| DatapathError::Map { name, source })?;
@@ -336,8 +333,8 @@ fn flow_row6(state: &Desired, k: &CtKey6, v: &CtValue6, now: u64, assured: bool)
 }
 
 /// Datapath counters summed over CPUs, one row per reason.
-pub fn counters(dir: &Path) -> Result<Vec<CounterRow>, DatapathError> {
-    let map = open_pinned(dir, MAP_STATS)?;
+pub fn counters(pins: &Pins) -> Result<Vec<CounterRow>, DatapathError> {
+    let map = pins.map(MAP_STATS)?;
     let stats: PerCpuArray<MapData, Counter> =
         PerCpuArray::try_from(map).map_err(|source| DatapathError::Map {
             name: MAP_STATS,
@@ -484,13 +481,13 @@ pub struct MapUsage {
 
 /// Entries and capacity of every hash map xlb pins, and of the backend array (its entries:
 /// the backends the slots name; the counter arrays have one slot per index, in use or not).
-pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
+pub fn map_usage(pins: &Pins) -> Result<Vec<MapUsage>, DatapathError> {
     use lb_common::{MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
     fn usage<K: aya::Pod, V: aya::Pod>(
-        dir: &Path,
+        pins: &Pins,
         name: &'static str,
     ) -> Result<MapUsage, DatapathError> {
-        let map = open_pinned(dir, name)?;
+        let map = pins.map(name)?;
         let err = |source| DatapathError::Map { name, source };
         let capacity = match &map {
             aya::maps::Map::HashMap(d) | aya::maps::Map::LruHashMap(d) => {
@@ -505,28 +502,31 @@ pub fn map_usage(dir: &Path) -> Result<Vec<MapUsage>, DatapathError> {
             capacity,
         })
     }
-    let maps = KernelMaps::open(dir)?;
+    let maps = KernelMaps::open(pins)?;
     let backends = MapUsage {
         map: MAP_BACKEND,
         entries: maps.read()?.backends.len() as u64,
         capacity: maps.limits().backends,
     };
     Ok(vec![
-        usage::<SvcKey, SvcValue>(dir, MAP_SVC)?,
+        usage::<SvcKey, SvcValue>(pins, MAP_SVC)?,
         backends,
-        usage::<CtKey, CtValue>(dir, MAP_CT)?,
-        usage::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?,
-        usage::<CtKey6, CtValue6>(dir, MAP_CT6)?,
-        usage::<CtKey6, CtValue6>(dir, MAP_CT6_ASSURED)?,
-        usage::<u32, SvcName>(dir, MAP_SVC_NAME)?,
-        src_range_usage::<lb_common::SrcRangeKey>(dir, lb_common::MAP_SRC_RANGE)?,
-        src_range_usage::<lb_common::SrcRangeKey6>(dir, lb_common::MAP_SRC_RANGE6)?,
+        usage::<CtKey, CtValue>(pins, MAP_CT)?,
+        usage::<CtKey, CtValue>(pins, MAP_CT_ASSURED)?,
+        usage::<CtKey6, CtValue6>(pins, MAP_CT6)?,
+        usage::<CtKey6, CtValue6>(pins, MAP_CT6_ASSURED)?,
+        usage::<u32, SvcName>(pins, MAP_SVC_NAME)?,
+        src_range_usage::<lb_common::SrcRangeKey>(pins, lb_common::MAP_SRC_RANGE)?,
+        src_range_usage::<lb_common::SrcRangeKey6>(pins, lb_common::MAP_SRC_RANGE6)?,
     ])
 }
 
 /// Entries and capacity of a source-range trie (IPv4's or IPv6's).
-fn src_range_usage<K: aya::Pod>(dir: &Path, name: &'static str) -> Result<MapUsage, DatapathError> {
-    let map = open_pinned(dir, name)?;
+fn src_range_usage<K: aya::Pod>(
+    pins: &Pins,
+    name: &'static str,
+) -> Result<MapUsage, DatapathError> {
+    let map = pins.map(name)?;
     let capacity = match &map {
         aya::maps::Map::LpmTrie(d) => d.info().map(|i| i.max_entries()).unwrap_or(0),
         _ => 0,

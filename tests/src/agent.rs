@@ -163,7 +163,7 @@ impl Agent {
             {
                 return Err(format!("agent exited with {status}:\n{}", self.log_text()));
             }
-            if let Ok(rows) = lb_userspace::list::services(&self.pins)
+            if let Ok(rows) = lb_userspace::list::services(&crate::pins(&self.pins))
                 && pred(&rows)
             {
                 return Ok(start.elapsed());

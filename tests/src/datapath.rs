@@ -177,7 +177,7 @@ impl LoadedDatapath {
 
 /// The datapath's packet counters under `pins`, by reason name (every reason present).
 pub fn reason_counts(pins: &std::path::Path) -> std::collections::BTreeMap<&'static str, u64> {
-    lb_userspace::list::counters(pins)
+    lb_userspace::list::counters(&crate::pins(pins))
         .expect("read the counters map")
         .iter()
         .map(|c| (c.reason, c.packets))
@@ -186,7 +186,8 @@ pub fn reason_counts(pins: &std::path::Path) -> std::collections::BTreeMap<&'sta
 
 /// Packets counted for every service port together (the per-service counters summed).
 pub fn service_packets(pins: &std::path::Path) -> u64 {
-    let map = lb_userspace::datapath::kernel::open_pinned(pins, lb_common::MAP_SVC_STATS)
+    let map = crate::pins(pins)
+        .map(lb_common::MAP_SVC_STATS)
         .expect("open the service counters");
     let mut packets = 0;
     lb_userspace::datapath::rows::sums(&map, lb_common::MAP_SVC_STATS, |_, c| packets += c.packets)

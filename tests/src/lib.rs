@@ -161,6 +161,12 @@ pub fn xlb_bin() -> std::path::PathBuf {
     );
 }
 
+/// The maps pinned in `dir`, opened as `xlb list` opens them (a map not pinned there is an
+/// error only when it is read).
+pub fn pins(dir: &std::path::Path) -> lb_userspace::datapath::pins::Pins {
+    lb_userspace::datapath::pins::Pins::open(dir).expect("open the pinned maps")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,16 +65,16 @@ fn hash<K: aya::Pod, V: aya::Pod>(m: MapData) -> Result<HashMap<MapData, K, V>, 
 /// the previous layout's are pinned in their place holding the same services, backends and
 /// flows under the previous layout's ids. Returns the conntrack entries written.
 pub fn downgrade(dir: &Path) -> Result<usize, String> {
-    let state = KernelMaps::open(dir)
+    let pins = crate::pins(dir);
+    let state = KernelMaps::open(&pins)
         .and_then(|m| Ok(m.read()?))
         .map_err(|e| e.to_string())?;
     // The previous layout had one conntrack table: the assured one's flows go into it too.
     let mut flows: Vec<(CtKey, CtValue)> = Vec::new();
     for name in [MAP_CT, MAP_CT_ASSURED] {
-        let ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
-            lb_userspace::datapath::kernel::open_pinned(dir, name).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| e.to_string())?;
+        let ct: HashMap<MapData, CtKey, CtValue> =
+            HashMap::try_from(pins.map(name).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
         flows.extend(ct.iter().filter_map(Result::ok));
     }
     for name in [

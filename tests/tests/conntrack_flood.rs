@@ -85,7 +85,7 @@ impl Long {
             .iter()
             .map(|c| c.local_addr().expect("local address").to_string())
             .collect();
-        lb_userspace::list::conntrack(&s.agent.pins)
+        lb_userspace::list::conntrack(&xlb_tests::pins(&s.agent.pins))
             .expect("list conntrack")
             .into_iter()
             .filter(|r| r.assured && locals.contains(&r.client))
@@ -197,7 +197,8 @@ fn a_flood_of_new_flows_at_ten_times_conntrack_leaves_long_lived_flows_alone() {
     // the long ones: the assured table does not fill for good.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let rows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+        let rows =
+            lb_userspace::list::conntrack(&xlb_tests::pins(&s.agent.pins)).expect("list conntrack");
         let assured_rows = rows.iter().filter(|r| r.assured).count();
         if assured_rows == LONG_FLOWS {
             break;

@@ -206,7 +206,7 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
 fn web_programmed(pins: &std::path::Path) -> bool {
     use aya::maps::{HashMap, MapData};
     use lb_common::{MAP_SVC, SvcKey, SvcValue};
-    let Ok(map) = lb_userspace::datapath::kernel::open_pinned(pins, MAP_SVC) else {
+    let Ok(map) = xlb_tests::pins(pins).map(MAP_SVC) else {
         return false;
     };
     let Ok(svc) = HashMap::<MapData, SvcKey, SvcValue>::try_from(map) else {
@@ -285,7 +285,8 @@ fn kill_mid_sync(s: &mut Scenario) -> (usize, Instant) {
         )
     };
     let svc_map = || {
-        lb_userspace::datapath::kernel::open_pinned(&s.agent.pins, lb_common::MAP_SVC)
+        xlb_tests::pins(&s.agent.pins)
+            .map(lb_common::MAP_SVC)
             .ok()
             .and_then(|m| HashMap::<MapData, SvcKey, SvcValue>::try_from(m).ok())
     };
@@ -309,7 +310,8 @@ fn kill_mid_sync(s: &mut Scenario) -> (usize, Instant) {
     }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let programmed = lb_userspace::list::services(&s.agent.pins).map_or(0, |r| r.len());
+    let programmed =
+        lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).map_or(0, |r| r.len());
     // SAFETY: as above; a stopped process dies of SIGKILL.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     (programmed, Instant::now())

@@ -36,7 +36,7 @@ use memory::release_free_memory;
 
 use crate::{
     datapath::{
-        DatapathError, attach, links::KernelLinks, netif, socket::SocketLb, upgrade,
+        DatapathError, attach, links::KernelLinks, netif, pins::Pins, socket::SocketLb, upgrade,
         writer::MapWriter,
     },
     desired::{self, Desired},
@@ -493,15 +493,15 @@ struct CollectorGuard(Arc<AtomicBool>);
 
 impl CollectorGuard {
     fn spawn(
-        dir: &std::path::Path,
+        pins: &Pins,
         timeouts: crate::datapath::ct_gc::Timeouts,
         metrics: &Arc<Metrics>,
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let m = metrics.clone();
         let report = move |p: &crate::datapath::ct_gc::Pass| m.conntrack(p);
-        let dir = dir.to_path_buf();
-        if let Err(e) = crate::datapath::ct_gc::spawn(dir, timeouts, stop.clone(), report) {
+        let pins = pins.clone();
+        if let Err(e) = crate::datapath::ct_gc::spawn(pins, timeouts, stop.clone(), report) {
             warn!("cannot start the assured conntrack collector: {e}");
         }
         Self(stop)
@@ -520,6 +520,7 @@ impl Drop for CollectorGuard {
 /// cgroup, as [`sockets::sync_socket_hooks`] does.
 fn take_over(
     opts: &AgentOptions,
+    pins: &Pins,
     prev: upgrade::Previous,
     current: &Desired,
     ebpf: &mut aya::Ebpf,
@@ -527,13 +528,13 @@ fn take_over(
     wanted: &Wanted<'_>,
 ) -> Result<Option<PathBuf>, AgentError> {
     let before = prev.copy(current, false)?;
-    let hooks = sockets::sync_socket_hooks(&opts.sockets, &opts.datapath.bpffs, ebpf);
+    let hooks = sockets::sync_socket_hooks(&opts.sockets, pins, ebpf);
     let mut links = KernelLinks {
         ebpf,
-        dir: &opts.datapath.bpffs,
+        dir: pins.dir(),
     };
     ifs.sync(&mut links, wanted)?;
-    backfill_egress(&opts.datapath.bpffs);
+    backfill_egress(pins);
     let meanwhile = prev.copy(current, true)?;
     let removed = prev.finish();
     info!(
@@ -549,8 +550,8 @@ fn take_over(
 
 /// Adds the egress entries SNATed flows of an earlier datapath lack (see
 /// `datapath::ct_egress`), logging what it did.
-pub(super) fn backfill_egress(dir: &std::path::Path) {
-    match crate::datapath::ct_egress::backfill(dir) {
+pub(super) fn backfill_egress(pins: &Pins) {
+    match crate::datapath::ct_egress::backfill(pins) {
         Ok(0) => {}
         Ok(n) => info!(
             entries = n,

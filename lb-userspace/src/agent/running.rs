@@ -16,7 +16,7 @@ use super::{
     sockets, start, status, take_over, takeover, update_service_health, woken,
 };
 use crate::{
-    datapath::{kernel::KernelMaps, links::KernelLinks, loader::PinLock, upgrade},
+    datapath::{kernel::KernelMaps, links::KernelLinks, loader::PinLock, pins::Pins, upgrade},
     desired,
     reconcile::{GoneUdp, Reconciler, Synced as SyncedBooks},
     serve::{
@@ -37,6 +37,7 @@ pub(super) struct Running<'o> {
     /// The socket hooks' cgroup.
     hooks: Option<std::path::PathBuf>,
     maps: KernelMaps,
+    pins: Pins,
     books: Reconciler,
     ifs: Interfaces,
     wanted: Wanted<'o>,
@@ -66,7 +67,7 @@ impl<'o> Running<'o> {
         let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
         let metrics = Arc::new(Metrics::new(
             MetricsOptions {
-                pins: opts.datapath.bpffs.clone(),
+                pins: started.pins.clone(),
                 per_service: opts.servers.metrics_per_service,
             },
             Some(health.clone()),
@@ -93,12 +94,12 @@ impl<'o> Running<'o> {
         let sysctls = crate::datapath::sysctl::apply(&opts.datapath.kernel_conntrack);
         metrics.node_sysctls(&sysctls);
         let timeouts = crate::datapath::sysctl::collector_timeouts(&sysctls);
-        let _collector = CollectorGuard::spawn(&opts.datapath.bpffs, timeouts, &metrics);
+        let _collector = CollectorGuard::spawn(&started.pins, timeouts, &metrics);
         // Link changes wake the loop at once (a new or re-created pod veth is attached
         // within milliseconds); so do source events. Nothing is polled unless a watch is
         // unavailable.
         let (wake, links_watched) = feed::start(&opts.source, opts.poll);
-        let told = status::Told::start(&opts.source, &opts.datapath.bpffs);
+        let told = status::Told::start(&opts.source, started.pins.dir());
         metrics.failing(status::counts(started.books.statuses()));
         phase.take(Input::Loaded);
         Ok(Self {
@@ -109,6 +110,7 @@ impl<'o> Running<'o> {
             upgrade: started.upgrade,
             hooks: started.hooks,
             maps: started.maps,
+            pins: started.pins,
             books: started.books,
             ifs: Interfaces::default(),
             wanted: Wanted::of(&opts.interfaces),
@@ -155,13 +157,13 @@ impl<'o> Running<'o> {
         self.links_changed = false;
         let mut links = KernelLinks {
             ebpf: &mut self.ebpf,
-            dir: &self.opts.datapath.bpffs,
+            dir: self.pins.dir(),
         };
         self.ifs.sync(&mut links, &self.wanted)?;
         if !self.attached {
             // Flows the previous programs began before they were replaced.
             self.attached = true;
-            backfill_egress(&self.opts.datapath.bpffs);
+            backfill_egress(&self.pins);
         }
         Ok(())
     }
@@ -184,7 +186,7 @@ impl<'o> Running<'o> {
         if let Some(cgroup) = self.hooks.as_deref() {
             let hooks = sockets::Attached {
                 opts: &opts.sockets,
-                pins: &opts.datapath.bpffs,
+                pins: &self.pins,
                 cgroup,
             };
             sockets::destroy_stale_udp(hooks, &synced.gone_udp);
@@ -209,17 +211,18 @@ impl<'o> Running<'o> {
         let opts = self.opts;
         if let Some(prev) = self.upgrade.take() {
             let now = self.books.programmed();
-            self.hooks = take_over(opts, prev, now, &mut self.ebpf, &mut self.ifs, &self.wanted)?;
+            let (ebpf, ifs) = (&mut self.ebpf, &mut self.ifs);
+            self.hooks = take_over(opts, &self.pins, prev, now, ebpf, ifs, &self.wanted)?;
             self.node.socket_lb = self.hooks.is_some();
         }
         if std::mem::take(&mut self.taking_over) {
             let mut links = KernelLinks {
                 ebpf: &mut self.ebpf,
-                dir: &opts.datapath.bpffs,
+                dir: self.pins.dir(),
             };
             let now = self.books.programmed();
             let (ifs, wanted) = (&mut self.ifs, &self.wanted);
-            takeover::from_kube_proxy(&opts.datapath.bpffs, now, || ifs.sync(&mut links, wanted))?;
+            takeover::from_kube_proxy(&self.pins, now, || ifs.sync(&mut links, wanted))?;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use tracing::{debug, error, info, warn};
 
 use super::SocketOptions;
 use crate::datapath::{
+    pins::Pins,
     socket::{self, SocketLb},
     stale,
 };
@@ -25,11 +26,12 @@ pub(super) fn wanted(opts: &SocketOptions) -> bool {
 /// goes on with the tc path alone.
 pub(super) fn sync_socket_hooks(
     opts: &SocketOptions,
-    pins: &Path,
+    pins: &Pins,
     ebpf: &mut aya::Ebpf,
 ) -> Option<PathBuf> {
+    // The hooks' links are pinned beside the maps.
     if opts.socket_lb == SocketLb::Off {
-        if socket::detach(pins) > 0 {
+        if socket::detach(pins.dir()) > 0 {
             info!("--socket-lb off: removed the socket hooks an earlier agent attached");
         }
         return None;
@@ -40,7 +42,7 @@ pub(super) fn sync_socket_hooks(
         );
         return None;
     };
-    match socket::attach(ebpf, pins, &cgroup) {
+    match socket::attach(ebpf, pins.dir(), &cgroup) {
         Ok(()) => {
             info!(cgroup = %cgroup.display(), mode = ?opts.socket_lb, "attached the socket hooks (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6; pinned)");
             Some(cgroup)
@@ -56,7 +58,7 @@ pub(super) fn sync_socket_hooks(
 #[derive(Clone, Copy)]
 pub(super) struct Attached<'a> {
     pub opts: &'a SocketOptions,
-    pub pins: &'a Path,
+    pub pins: &'a Pins,
     pub cgroup: &'a Path,
 }
 

@@ -13,6 +13,7 @@ use crate::{
         bpflog::BpfLogReader,
         kernel::{KernelMaps, write_config},
         loader::{self, PinLock},
+        pins::Pins,
         socket, sysctl, upgrade,
         writer::MapWriter,
     },
@@ -32,6 +33,9 @@ pub(super) struct Started {
     /// The cgroup the socket hooks are attached to (none: off, or deferred by an upgrade).
     pub(super) hooks: Option<PathBuf>,
     pub(super) maps: KernelMaps,
+    /// The pinned maps, opened once: the collector, the metrics, the upgrade and the
+    /// takeover read and write through them.
+    pub(super) pins: Pins,
     /// The books on the maps, adopting what was pinned.
     pub(super) books: Reconciler,
 }
@@ -40,8 +44,9 @@ pub(super) struct Started {
 pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<Started, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
+    let pins = Pins::open(&opts.bpffs)?;
     // Before this agent's programs replace an earlier one's (see `datapath::ct_egress`).
-    super::backfill_egress(&opts.bpffs);
+    super::backfill_egress(&pins);
     check_snat_ports(&opts.snat_ports);
     let cookie = socket::netns_cookie().map_err(|e| DatapathError::Socket {
         cgroup: PathBuf::from("/proc/self/ns/net"),
@@ -56,9 +61,9 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
     // The previous layout's pins: its programs keep forwarding from them until this agent
     // has programmed its own maps and copied their flows over; only then are this agent's
     // programs attached (see `datapath::upgrade`).
-    let upgrade = upgrade::Previous::find(&opts.bpffs)?;
+    let upgrade = upgrade::Previous::find(&pins)?;
     let hooks = match upgrade {
-        None => sockets::sync_socket_hooks(sockets, &opts.bpffs, &mut ebpf),
+        None => sockets::sync_socket_hooks(sockets, &pins, &mut ebpf),
         Some(_) => {
             info!(
                 pins = %opts.bpffs.display(),
@@ -84,6 +89,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         upgrade,
         hooks,
         maps,
+        pins,
         books: Reconciler::adopt(current, limits),
     })
 }

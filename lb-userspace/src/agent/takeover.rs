@@ -22,7 +22,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    path::Path,
 };
 
 use tracing::{info, warn};
@@ -32,7 +31,9 @@ use crate::{
     datapath::{
         DatapathError, clock,
         kernel_ct::{self, Ends, KernelFlow},
-        netfilter, netif, upgrade,
+        netfilter, netif,
+        pins::Pins,
+        upgrade,
     },
     desired::Desired,
     migrate::adopt::{self, Entries, Skip},
@@ -51,10 +52,10 @@ struct Pass {
     skipped: BTreeMap<Skip, usize>,
 }
 
-/// Adopts the kernel's flows to frontends of `current` into the pinned maps under `dir`,
+/// Adopts the kernel's flows to frontends of `current` into the pinned maps of `pins`,
 /// but those of `known` (adopted by an earlier pass).
 fn adopt_flows(
-    dir: &Path,
+    pins: &Pins,
     current: &Desired,
     local: &BTreeSet<IpAddr>,
     known: &BTreeSet<(u8, Ends)>,
@@ -92,26 +93,26 @@ fn adopt_flows(
             Err(why) => *pass.skipped.entry(why).or_default() += 1,
         }
     }
-    pass.entries = upgrade::adopt_assured(dir, &v4_items, &v6_items)?;
-    pass.affinity = upgrade::adopt_affinity(dir, &affinity)?;
+    pass.entries = upgrade::adopt_assured(pins, &v4_items, &v6_items)?;
+    pass.affinity = upgrade::adopt_affinity(pins, &affinity)?;
     Ok(pass)
 }
 
 /// The takeover (see the module doc); `attach` attaches xlb's programs.
 pub(super) fn from_kube_proxy(
-    dir: &Path,
+    pins: &Pins,
     current: &Desired,
     attach: impl FnOnce() -> Result<(), DatapathError>,
 ) -> Result<(), AgentError> {
     let local = netif::local_addresses();
-    let before = adopt_flows(dir, current, &local, &BTreeSet::new())?;
+    let before = adopt_flows(pins, current, &local, &BTreeSet::new())?;
     attach()?;
     info!(
         flows = before.adopted.len(),
         "takeover: kube-proxy's flows adopted, xlb attached; next, the flows begun meanwhile and kube-proxy's rules"
     );
     let known = before.adopted.iter().map(|f| (f.proto, f.orig)).collect();
-    let meanwhile = adopt_flows(dir, current, &local, &known)?;
+    let meanwhile = adopt_flows(pins, current, &local, &known)?;
     let mut deleted = 0;
     for f in before.adopted.iter().chain(&meanwhile.adopted) {
         match kernel_ct::delete(f) {

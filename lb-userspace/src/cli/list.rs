@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::ValueEnum;
-use lb_userspace::{DEFAULT_BPFFS_DIR, cleanup as clean, list};
+use lb_userspace::{DEFAULT_BPFFS_DIR, cleanup as clean, datapath::pins::Pins, list};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum ListWhat {
@@ -79,8 +79,9 @@ fn hand_back(bpffs: &Path) -> Result<Option<lb_userspace::datapath::netfilter::U
         );
         return Ok(None);
     }
-    let mut done = hand_back::hand_back(bpffs)
-        .with_context(|| format!("handing back xlb's flows under {}", bpffs.display()))?;
+    let context = || format!("handing back xlb's flows under {}", bpffs.display());
+    let pins = Pins::open(bpffs).with_context(context)?;
+    let mut done = hand_back::hand_back(&pins).with_context(context)?;
     let total: usize = done.flows.values().sum();
     if done.already > 0 {
         println!("{} flows were handed back already", done.already);
@@ -164,13 +165,13 @@ fn show<T: list::TableRow + serde::Serialize>(rows: &[T], output: Output) -> Res
 }
 
 pub fn run(args: ListArgs) -> Result<()> {
-    let bpffs = &args.bpffs;
-    let ctx = || format!("reading pinned maps in {}", bpffs.display());
+    let ctx = || format!("reading pinned maps in {}", args.bpffs.display());
+    let pins = &Pins::open(&args.bpffs).with_context(ctx)?;
     let output = args.output;
     match args.what {
-        ListWhat::Services => show(&list::services(bpffs).with_context(ctx)?, output),
-        ListWhat::Backends => show(&list::backends(bpffs).with_context(ctx)?, output),
-        ListWhat::Conntrack => show(&list::conntrack(bpffs).with_context(ctx)?, output),
-        ListWhat::Counters => show(&list::counters(bpffs).with_context(ctx)?, output),
+        ListWhat::Services => show(&list::services(pins).with_context(ctx)?, output),
+        ListWhat::Backends => show(&list::backends(pins).with_context(ctx)?, output),
+        ListWhat::Conntrack => show(&list::conntrack(pins).with_context(ctx)?, output),
+        ListWhat::Counters => show(&list::counters(pins).with_context(ctx)?, output),
     }
 }

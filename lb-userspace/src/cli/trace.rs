@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use lb_userspace::{
     DEFAULT_BPFFS_DIR, EBPF_OBJECT,
+    datapath::pins::Pins,
     emit::{Mode as EmitMode, WriterOptions},
     model::{IpFamily, NodeSettings, Protocol},
     source::file,
@@ -103,17 +104,19 @@ fn load_source(spec: Option<&str>) -> Result<TraceInput> {
 }
 
 fn datapath(args: &TraceArgs, source: &Source, node: &str, req: &Resolved) -> Result<Report> {
-    let ctx = ebpf::Context {
-        pins: &args.pin_dir,
-        source,
-        node_name: node,
-    };
-    ebpf::trace(EBPF_OBJECT, &ctx, req).with_context(|| {
+    let context = || {
         format!(
             "tracing through the datapath pinned in {}",
             args.pin_dir.display()
         )
-    })
+    };
+    let pins = Pins::open(&args.pin_dir).with_context(context)?;
+    let ctx = ebpf::Context {
+        pins: &pins,
+        source,
+        node_name: node,
+    };
+    ebpf::trace(EBPF_OBJECT, &ctx, req).with_context(context)
 }
 
 fn rule_mode(

@@ -3,12 +3,12 @@
 //! syscall per chunk of about a MiB, not one or two per entry); one by one where the kernel
 //! has no batch lookups (before 5.6). A count walks at most the map's capacity.
 
-use std::{os::fd::AsFd, path::Path};
+use std::os::fd::AsFd;
 
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::Counter;
 
-use super::{DatapathError, batch, kernel::open_pinned};
+use super::{DatapathError, batch, pins::Pins};
 
 /// Bytes a batched read moves per syscall (and holds at once).
 const CHUNK_BYTES: usize = 1 << 20;
@@ -92,14 +92,14 @@ pub fn counter_sums(
     }
 }
 
-/// Entries and capacity of hash map `name` in `dir` (keys `K`, values `V`), counted with
+/// Entries and capacity of hash map `name` of `pins` (keys `K`, values `V`), counted with
 /// batched lookups; where the kernel has none, by walking its keys, at most its capacity
 /// of them (a walk restarts when the key it stands on is deleted).
 pub fn count<K: aya::Pod, V: aya::Pod>(
-    dir: &Path,
+    pins: &Pins,
     name: &'static str,
 ) -> Result<Fill, DatapathError> {
-    let map = open_pinned(dir, name)?;
+    let map = pins.map(name)?;
     let d = data(&map, name)?;
     let info = d.info().map_err(|e| map_err(name, e))?;
     let capacity = info.max_entries();

@@ -6,23 +6,23 @@
 //! them, before its programs replace the previous ones and once more right after (for flows
 //! the previous programs began meanwhile), so no flow breaks on the upgrade.
 
-use std::{collections::HashMap as Entries, path::Path};
+use std::collections::HashMap as Entries;
 
 use aya::maps::{HashMap, MapData};
 use lb_common::{CT_DIR_FORWARD, CtKey, CtKey6, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED};
 
-use super::{DatapathError, ct_gc::Tracked, kernel::open_pinned};
+use super::{DatapathError, ct_gc::Tracked, pins::Pins};
 
-/// Adds the missing egress entries of SNATed flows in every conntrack table pinned in `dir`;
+/// Adds the missing egress entries of SNATed flows in every conntrack table of `pins`;
 /// returns how many it wrote.
-pub fn backfill(dir: &Path) -> Result<usize, DatapathError> {
+pub fn backfill(pins: &Pins) -> Result<usize, DatapathError> {
     let mut n = 0;
     for name in [MAP_CT, MAP_CT_ASSURED] {
-        n += table::<CtKey>(dir, name)?;
+        n += table::<CtKey>(pins, name)?;
     }
     for name in [MAP_CT6, MAP_CT6_ASSURED] {
-        if dir.join(name).exists() {
-            n += table::<CtKey6>(dir, name)?;
+        if pins.has(name) {
+            n += table::<CtKey6>(pins, name)?;
         }
     }
     Ok(n)
@@ -51,10 +51,9 @@ pub fn missing<K: Tracked>(entries: &Entries<K, K::Value>) -> Vec<(K, K::Value)>
 }
 
 /// [`backfill`] of one pinned table (a hash or an LRU hash of the same key and value).
-fn table<K: Tracked>(dir: &Path, name: &'static str) -> Result<usize, DatapathError> {
+fn table<K: Tracked>(pins: &Pins, name: &'static str) -> Result<usize, DatapathError> {
     let err = |source| DatapathError::Map { name, source };
-    let mut map: HashMap<MapData, K, K::Value> =
-        HashMap::try_from(open_pinned(dir, name)?).map_err(err)?;
+    let mut map: HashMap<MapData, K, K::Value> = HashMap::try_from(pins.map(name)?).map_err(err)?;
     // Bounded by the table's size, as the collector's pass.
     let mut entries = Entries::new();
     for kv in map.iter() {

@@ -19,7 +19,6 @@
 //! counted every [`LRU_EVERY`] passes), for the metrics.
 
 use std::{
-    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -38,7 +37,7 @@ use tracing::{debug, warn};
 use super::{
     DatapathError,
     counts::{self, Fill},
-    kernel::open_pinned,
+    pins::Pins,
 };
 
 const SECOND: u64 = 1_000_000_000;
@@ -272,20 +271,20 @@ pub fn expired<K: Tracked>(
     gone.into_iter().collect()
 }
 
-/// One pass over the pinned assured tables in `dir` (IPv4's and IPv6's; the IPv6 one may be
+/// One pass over the pinned assured tables of `pins` (IPv4's and IPv6's; the IPv6 one may be
 /// missing, pinned by an agent before IPv6 flows were tracked): returns how many entries it
 /// deleted.
-pub fn sweep(dir: &Path, t: &Timeouts) -> Result<usize, DatapathError> {
-    let p = pass(dir, t, false)?;
+pub fn sweep(pins: &Pins, t: &Timeouts) -> Result<usize, DatapathError> {
+    let p = pass(pins, t, false)?;
     Ok((p.v4.deleted + p.v6.map_or(0, |t| t.deleted)) as usize)
 }
 
 /// [`sweep`], with how full each table is; the LRU tables are counted when `count_lru`.
-pub fn pass(dir: &Path, t: &Timeouts, count_lru: bool) -> Result<Pass, DatapathError> {
-    let v4 = table_pass::<CtKey>(dir, t, MAP_CT_ASSURED, count_lru.then_some(MAP_CT))?;
-    let v6 = match dir.join(MAP_CT6_ASSURED).exists() {
+pub fn pass(pins: &Pins, t: &Timeouts, count_lru: bool) -> Result<Pass, DatapathError> {
+    let v4 = table_pass::<CtKey>(pins, t, MAP_CT_ASSURED, count_lru.then_some(MAP_CT))?;
+    let v6 = match pins.has(MAP_CT6_ASSURED) {
         true => Some(table_pass::<CtKey6>(
-            dir,
+            pins,
             t,
             MAP_CT6_ASSURED,
             count_lru.then_some(MAP_CT6),
@@ -297,14 +296,14 @@ pub fn pass(dir: &Path, t: &Timeouts, count_lru: bool) -> Result<Pass, DatapathE
 
 /// One pass over the pinned assured table `name`, and a count of LRU table `lru`.
 fn table_pass<K: Tracked>(
-    dir: &Path,
+    pins: &Pins,
     t: &Timeouts,
     name: &'static str,
     lru: Option<&'static str>,
 ) -> Result<TablePass, DatapathError> {
     let started = Instant::now();
     let err = |source| DatapathError::Map { name, source };
-    let map = open_pinned(dir, name)?;
+    let map = pins.map(name)?;
     let capacity = match &map {
         aya::maps::Map::HashMap(d) => d.info().map_or(0, |i| i.max_entries()),
         _ => 0,
@@ -322,7 +321,7 @@ fn table_pass<K: Tracked>(
     }
     let took = started.elapsed();
     let lru = match lru {
-        Some(lru) => Some(counts::count::<K, K::Value>(dir, lru)?),
+        Some(lru) => Some(counts::count::<K, K::Value>(pins, lru)?),
         None => None,
     };
     Ok(TablePass {
@@ -339,7 +338,7 @@ fn table_pass<K: Tracked>(
 /// Runs [`pass`] at once and then every [`INTERVAL`] on a thread of its own until `stop`,
 /// handing each pass to `report`.
 pub fn spawn(
-    dir: PathBuf,
+    pins: Pins,
     timeouts: Timeouts,
     stop: Arc<AtomicBool>,
     mut report: impl FnMut(&Pass) + Send + 'static,
@@ -356,7 +355,7 @@ pub fn spawn(
                     continue;
                 }
                 waited = Duration::ZERO;
-                match pass(&dir, &timeouts, passes.is_multiple_of(LRU_EVERY)) {
+                match pass(&pins, &timeouts, passes.is_multiple_of(LRU_EVERY)) {
                     Ok(p) => {
                         let deleted = p.v4.deleted + p.v6.map_or(0, |t| t.deleted);
                         if deleted > 0 {

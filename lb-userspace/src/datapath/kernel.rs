@@ -1,7 +1,7 @@
 //! `MapWriter` over the kernel's maps (owned by a loaded object, or opened from pins).
 
 use lb_common::user::show_frontend;
-use std::{net::IpAddr, os::fd::AsFd, path::Path};
+use std::{net::IpAddr, os::fd::AsFd};
 
 use aya::maps::{
     Array, HashMap, Map, MapData, MapError,
@@ -15,6 +15,7 @@ use lb_common::{
 
 use super::{
     DatapathError, batch,
+    pins::Pins,
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
@@ -137,13 +138,6 @@ impl Counters {
     }
 }
 
-/// Opens a pinned map by name from `dir`.
-pub fn open_pinned(dir: &Path, name: &'static str) -> Result<Map, DatapathError> {
-    let data =
-        MapData::from_pin(dir.join(name)).map_err(|source| DatapathError::Map { name, source })?;
-    Map::from_map_data(data).map_err(|source| DatapathError::Map { name, source })
-}
-
 fn capacity(map: &Map) -> u32 {
     let data = match map {
         Map::HashMap(d)
@@ -174,22 +168,16 @@ impl KernelMaps {
         )
     }
 
-    /// Opens the pinned maps in `dir`.
-    pub fn open(dir: &Path) -> Result<Self, DatapathError> {
+    /// The maps as opened in `pins`.
+    pub fn open(pins: &Pins) -> Result<Self, DatapathError> {
         Self::from_maps(
-            open_pinned(dir, MAP_SVC)?,
-            open_pinned(dir, MAP_BACKEND)?,
-            open_pinned(dir, MAP_SVC_NAME)?,
-            open_pinned(dir, MAP_SVC_STATS)?,
-            open_pinned(dir, MAP_BACKEND_STATS)?,
-            [
-                open_pinned(dir, MAP_SRC_RANGE)?,
-                open_pinned(dir, MAP_SRC_RANGE6)?,
-            ],
-            [
-                open_pinned(dir, MAP_ADDR_FILTER)?,
-                open_pinned(dir, MAP_MAGLEV)?,
-            ],
+            pins.map(MAP_SVC)?,
+            pins.map(MAP_BACKEND)?,
+            pins.map(MAP_SVC_NAME)?,
+            pins.map(MAP_SVC_STATS)?,
+            pins.map(MAP_BACKEND_STATS)?,
+            [pins.map(MAP_SRC_RANGE)?, pins.map(MAP_SRC_RANGE6)?],
+            [pins.map(MAP_ADDR_FILTER)?, pins.map(MAP_MAGLEV)?],
         )
     }
 

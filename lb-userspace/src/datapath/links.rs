@@ -10,7 +10,7 @@ use aya::{
 use lb_common::MAP_XDP_TX;
 
 use super::netif;
-use super::sys_bpf::bpf;
+use super::sys_bpf::{Bpf, Kernel};
 use super::{
     DatapathError,
     attach::{self, XdpSetting},
@@ -92,13 +92,6 @@ impl Links for KernelLinks<'_> {
     }
 }
 
-/// `enum bpf_cmd`'s BPF_OBJ_GET.
-const BPF_OBJ_GET: libc::c_long = 7;
-/// `enum bpf_cmd`'s BPF_LINK_DETACH (kernel 5.9+).
-const BPF_LINK_DETACH: libc::c_long = 34;
-/// `enum bpf_cmd`'s BPF_LINK_GET_NEXT_ID.
-const BPF_LINK_GET_NEXT_ID: libc::c_long = 31;
-
 /// Detaches the link pinned at `path` from its hook and removes the pin; `Ok(false)` when
 /// there was no pin. The detach is synchronous (`BPF_LINK_DETACH`): when this returns, no
 /// packet or socket call meets the program any more. Merely unpinning is not: the kernel
@@ -112,58 +105,13 @@ pub fn detach_pinned(path: &Path) -> std::io::Result<bool> {
     if !path.exists() {
         return Ok(false);
     }
-    let fd = obj_get(path)?;
-    let detached = link_detach(fd.as_fd()).is_ok();
+    let fd = Kernel.obj_get(path)?;
+    let detached = Kernel.link_detach(fd.as_fd()).is_ok();
     let id = if detached { None } else { pinned_link_id(path) };
     std::fs::remove_file(path)?;
     drop(fd);
     wait_released(&Vec::from_iter(id));
     Ok(true)
-}
-
-/// The object pinned at `path` (`BPF_OBJ_GET`).
-fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
-    /// `union bpf_attr`'s `BPF_OBJ_*` members.
-    #[repr(C)]
-    struct Attr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        /// Zero: the kernel refuses a nonzero byte past the fields it knows.
-        _pad: u32,
-    }
-    let name = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut attr = Attr {
-        pathname: name.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: 0,
-        path_fd: 0,
-        _pad: 0,
-    };
-    // SAFETY: the name `attr` points at outlives the call; the kernel only reads it and
-    // returns a new file descriptor.
-    let r = unsafe { bpf(BPF_OBJ_GET, &mut attr) }
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    // SAFETY: the kernel returned a new descriptor that nothing else owns.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r as i32) })
-}
-
-/// `BPF_LINK_DETACH` on the link `fd`.
-fn link_detach(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    /// `union bpf_attr`'s `link_detach` member.
-    #[repr(C)]
-    struct Attr {
-        link_fd: u32,
-    }
-    let mut attr = Attr {
-        link_fd: fd.as_raw_fd() as u32,
-    };
-    // SAFETY: `attr` holds no pointer.
-    unsafe { bpf(BPF_LINK_DETACH, &mut attr) }.map(|_| ())
 }
 
 /// The kernel id of the link pinned at `path`.
@@ -176,27 +124,11 @@ fn pinned_link_id(path: &Path) -> Option<u32> {
 /// The ids of the kernel's links, whether or not a reference can still be taken (a link
 /// whose last reference went keeps its id until it is released).
 fn link_ids() -> Vec<u32> {
-    /// `union bpf_attr`'s `start_id`/`next_id` members.
-    #[repr(C)]
-    struct Attr {
-        start_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
     let mut ids = Vec::new();
-    let mut attr = Attr {
-        start_id: 0,
-        next_id: 0,
-        open_flags: 0,
-    };
-    loop {
-        // SAFETY: `attr` holds no pointer; the kernel writes `next_id`.
-        if unsafe { bpf(BPF_LINK_GET_NEXT_ID, &mut attr) }.is_err() {
-            return ids;
-        }
-        ids.push(attr.next_id);
-        attr.start_id = attr.next_id;
+    while let Ok(id) = Kernel.link_next_id(ids.last().copied().unwrap_or(0)) {
+        ids.push(id);
     }
+    ids
 }
 
 /// Waits (up to 2 s) until the kernel has released the links `ids` (their ids are gone):

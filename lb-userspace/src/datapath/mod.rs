@@ -14,6 +14,7 @@ pub mod links;
 pub mod loader;
 pub mod netfilter;
 pub mod netif;
+pub mod pins;
 pub mod rows;
 pub mod scratch;
 pub mod sizes;
@@ -65,6 +66,11 @@ pub enum DatapathError {
         #[source]
         source: aya::programs::ProgramError,
     },
+    #[error(
+        "map {name} is not pinned in {dir}: no xlb agent of this version has run with this pin directory (--bpffs)",
+        dir = dir.display()
+    )]
+    NotPinned { name: &'static str, dir: PathBuf },
     #[error("map {name} is missing from the object or the pin directory")]
     MapMissing { name: &'static str },
     #[error("map {name}: {source}")]

@@ -6,10 +6,7 @@
 //! traced packet meets the same state a real one would, and whatever the program writes
 //! stays in the copies.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -24,9 +21,8 @@ use lb_common::{
 };
 
 use super::{
-    DatapathError,
-    kernel::open_pinned,
-    loader,
+    DatapathError, loader,
+    pins::Pins,
     rows::{self, Strides},
 };
 
@@ -110,19 +106,18 @@ fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError 
     move |source| DatapathError::Map { name, source }
 }
 
-/// `max_entries` of the map pinned as `name` in `dir`.
-fn pinned_size(dir: &Path, name: &'static str) -> Result<u32, DatapathError> {
-    let data = MapData::from_pin(dir.join(name)).map_err(map_err(name))?;
-    Ok(data.info().map_err(map_err(name))?.max_entries())
+/// `max_entries` of the map pinned as `name`.
+fn pinned_size(pins: &Pins, name: &'static str) -> Result<u32, DatapathError> {
+    let info = pins.data(name)?.info().map_err(map_err(name))?;
+    Ok(info.max_entries())
 }
 
 /// Every entry of a pinned hash map.
 fn read_pinned<K: Pod, V: Pod>(
-    dir: &Path,
+    pins: &Pins,
     name: &'static str,
 ) -> Result<Entries<K, V>, DatapathError> {
-    let map: HashMap<MapData, K, V> =
-        HashMap::try_from(open_pinned(dir, name)?).map_err(map_err(name))?;
+    let map: HashMap<MapData, K, V> = HashMap::try_from(pins.map(name)?).map_err(map_err(name))?;
     let mut out = Entries::new();
     for kv in map.iter() {
         let (k, v) = kv.map_err(map_err(name))?;
@@ -148,22 +143,25 @@ fn copy<K: Pod, V: Pod>(
 }
 
 impl Scratch {
-    /// Loads `object` again beside the agent whose pins are in `dir` (see the module docs)
+    /// Loads `object` again beside the agent whose maps `pins` holds (see the module docs)
     /// and copies its conntrack and affinity entries into the instance's own maps.
-    pub fn load(object: &[u8], dir: &Path) -> Result<Self, DatapathError> {
+    pub fn load(object: &[u8], pins: &Pins) -> Result<Self, DatapathError> {
         if object.is_empty() {
             return Err(DatapathError::ObjectMissing);
         }
-        let paths: Vec<(&'static str, PathBuf)> =
-            SHARED_MAPS.iter().map(|m| (*m, dir.join(m))).collect();
-        for (name, path) in &paths {
-            if !path.exists() {
+        for name in SHARED_MAPS {
+            if !pins.has(name) {
                 return Err(DatapathError::MapMissing { name });
             }
         }
+        // The loader reuses the shared maps by their pins' paths.
+        let paths: Vec<(&'static str, PathBuf)> = SHARED_MAPS
+            .iter()
+            .map(|m| (*m, pins.dir().join(m)))
+            .collect();
         let mut sizes = Vec::new();
         for name in SHARED_MAPS.iter().chain(WRITTEN_MAPS.iter()) {
-            sizes.push((*name, pinned_size(dir, name)?));
+            sizes.push((*name, pinned_size(pins, name)?));
         }
         let cpus = rows::cpus()?;
         let stride = |name| {
@@ -204,11 +202,11 @@ impl Scratch {
                 name: loader::TC_EGRESS,
                 source,
             })?;
-        let ct_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT)?;
-        let cta_before = read_pinned::<CtKey, CtValue>(dir, MAP_CT_ASSURED)?;
-        let ct6_before = read_pinned::<CtKey6, CtValue6>(dir, MAP_CT6)?;
-        let cta6_before = read_pinned::<CtKey6, CtValue6>(dir, MAP_CT6_ASSURED)?;
-        let aff_before = read_pinned::<AffinityKey, AffinityValue>(dir, MAP_AFFINITY)?;
+        let ct_before = read_pinned::<CtKey, CtValue>(pins, MAP_CT)?;
+        let cta_before = read_pinned::<CtKey, CtValue>(pins, MAP_CT_ASSURED)?;
+        let ct6_before = read_pinned::<CtKey6, CtValue6>(pins, MAP_CT6)?;
+        let cta6_before = read_pinned::<CtKey6, CtValue6>(pins, MAP_CT6_ASSURED)?;
+        let aff_before = read_pinned::<AffinityKey, AffinityValue>(pins, MAP_AFFINITY)?;
         let mut s = Self {
             ebpf,
             ct_before,

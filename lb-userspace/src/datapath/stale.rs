@@ -26,7 +26,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
-use super::{DatapathError, kernel::open_pinned};
+use super::{DatapathError, pins::Pins};
 use crate::desired::Desired;
 
 /// Most network namespaces searched for one removal (a node runs a few hundred pods).
@@ -72,10 +72,10 @@ pub fn removed_udp(before: &Desired, after: &Desired) -> BTreeSet<Pair> {
 }
 
 /// The cookies of UDP sockets the hooks sent through one of `gone`, from the pinned socket
-/// map under `dir`; their entries are removed.
-pub fn cookies(dir: &Path, gone: &BTreeSet<Pair>) -> Result<BTreeSet<u64>, DatapathError> {
-    let mut map: HashMap<_, SockKey, SockValue> = HashMap::try_from(open_pinned(dir, MAP_SOCK)?)
-        .map_err(|source| DatapathError::Map {
+/// map of `pins`; their entries are removed.
+pub fn cookies(pins: &Pins, gone: &BTreeSet<Pair>) -> Result<BTreeSet<u64>, DatapathError> {
+    let mut map: HashMap<_, SockKey, SockValue> =
+        HashMap::try_from(pins.map(MAP_SOCK)?).map_err(|source| DatapathError::Map {
             name: MAP_SOCK,
             source,
         })?;

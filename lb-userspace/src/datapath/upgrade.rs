@@ -20,10 +20,7 @@
 //! 3, and whose next packet the new program saw before step 4, is picked up mid-stream
 //! (`ct_miss`), as after an eviction.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+use std::{collections::BTreeMap, path::Path};
 
 use aya::maps::{HashMap, MapData, MapError};
 use lb_common::{
@@ -31,13 +28,15 @@ use lb_common::{
     MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
 };
 
-use super::{DatapathError, kernel::open_pinned};
+use super::{DatapathError, pins::Pins};
 use crate::desired::Desired;
 
 /// The previous layout's pins in a directory, and what its ids meant.
 #[derive(Debug)]
 pub struct Previous {
-    dir: PathBuf,
+    /// This layout's maps (the previous one's are read by their pins' paths: the handle
+    /// holds only this layout's, which outlive the previous ones).
+    pins: Pins,
     /// `XLB_BE_V1` backend id → the backend (generation 0).
     backends: BTreeMap<u32, Backend>,
     /// `XLB_SVC_V1` service id → its frontend (slot 0, external scope).
@@ -196,31 +195,34 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> DatapathError {
     move |source| DatapathError::Map { name, source }
 }
 
-/// Every entry of the pinned hash map `name` under `dir` (none when it is not pinned).
+/// Every entry of the previous layout's hash map `name` pinned under `dir` (none when it is
+/// not pinned).
 fn entries<K: aya::Pod, V: aya::Pod>(
     dir: &Path,
     name: &'static str,
 ) -> Result<Vec<(K, V)>, DatapathError> {
-    if !dir.join(name).exists() {
+    let path = dir.join(name);
+    if !path.exists() {
         return Ok(Vec::new());
     }
-    let map: HashMap<MapData, K, V> =
-        HashMap::try_from(open_pinned(dir, name)?).map_err(map_err(name))?;
+    let data = MapData::from_pin(path).map_err(map_err(name))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(map_err(name))?;
+    let map: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(map_err(name))?;
     // An entry evicted or deleted while we iterate is simply not copied.
     Ok(map.iter().filter_map(Result::ok).collect())
 }
 
-/// Inserts `items` into the pinned map `name`; with `only_new`, keeps what is there already.
-/// Returns (written, already there).
+/// Inserts `items` into the map `name` of `pins`; with `only_new`, keeps what is there
+/// already. Returns (written, already there).
 fn insert_all<K: aya::Pod, V: aya::Pod>(
-    dir: &Path,
+    pins: &Pins,
     name: &'static str,
     items: &[(K, V)],
     only_new: bool,
 ) -> Result<(usize, usize), DatapathError> {
     const BPF_NOEXIST: u64 = 1;
     let mut map: HashMap<MapData, K, V> =
-        HashMap::try_from(open_pinned(dir, name)?).map_err(map_err(name))?;
+        HashMap::try_from(pins.map(name)?).map_err(map_err(name))?;
     let (mut written, mut kept) = (0, 0);
     for (k, v) in items {
         match map.insert(k, v, if only_new { BPF_NOEXIST } else { 0 }) {
@@ -237,38 +239,39 @@ fn insert_all<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Adds the conntrack entries of flows another proxy began (a takeover from kube-proxy) to
-/// the assured table under `dir`, keeping any entry already there (a rerun, or a flow xlb
+/// the assured table of `pins`, keeping any entry already there (a rerun, or a flow xlb
 /// itself began meanwhile). Returns how many were written.
 pub fn adopt_assured(
-    dir: &Path,
+    pins: &Pins,
     v4: &[(CtKey, CtValue)],
     v6: &[(lb_common::CtKey6, lb_common::CtValue6)],
 ) -> Result<usize, DatapathError> {
     let mut written = 0;
     if !v4.is_empty() {
-        written += insert_all(dir, lb_common::MAP_CT_ASSURED, v4, true)?.0;
+        written += insert_all(pins, lb_common::MAP_CT_ASSURED, v4, true)?.0;
     }
     if !v6.is_empty() {
-        written += insert_all(dir, lb_common::MAP_CT6_ASSURED, v6, true)?.0;
+        written += insert_all(pins, lb_common::MAP_CT6_ASSURED, v6, true)?.0;
     }
     Ok(written)
 }
 
-/// Adds the affinity entries of adopted flows (a takeover) to the affinity map under
-/// `dir`, keeping any entry already there. Returns how many were written.
+/// Adds the affinity entries of adopted flows (a takeover) to the affinity map of `pins`,
+/// keeping any entry already there. Returns how many were written.
 pub fn adopt_affinity(
-    dir: &Path,
+    pins: &Pins,
     items: &[(AffinityKey, lb_common::AffinityValue)],
 ) -> Result<usize, DatapathError> {
     if items.is_empty() {
         return Ok(0);
     }
-    Ok(insert_all(dir, lb_common::MAP_AFFINITY, items, true)?.0)
+    Ok(insert_all(pins, lb_common::MAP_AFFINITY, items, true)?.0)
 }
 
 impl Previous {
-    /// The previous layout's pins under `dir`, if any are there.
-    pub fn find(dir: &Path) -> Result<Option<Self>, DatapathError> {
+    /// The previous layout's pins beside this layout's `pins`, if any are there.
+    pub fn find(pins: &Pins) -> Result<Option<Self>, DatapathError> {
+        let dir = pins.dir();
         if !prev::REPLACED.iter().any(|m| dir.join(m).exists()) {
             return Ok(None);
         }
@@ -282,7 +285,7 @@ impl Previous {
             .map(|(k, v)| (v.svc_id, k))
             .collect();
         Ok(Some(Self {
-            dir: dir.to_path_buf(),
+            pins: pins.clone(),
             backends,
             services,
         }))
@@ -293,22 +296,23 @@ impl Previous {
     pub fn copy(&self, current: &Desired, only_new: bool) -> Result<Copied, DatapathError> {
         let m = Mapping::new(self.backends.clone(), self.services.clone(), current);
         let mut c = Copied::default();
-        let old_ct = entries::<prev::CtKey, prev::CtValue>(&self.dir, prev::MAP_CT)?;
+        let old_ct = entries::<prev::CtKey, prev::CtValue>(self.pins.dir(), prev::MAP_CT)?;
         let ct: Vec<(CtKey, CtValue)> = old_ct
             .iter()
             .filter_map(|(k, v)| convert_ct(k, v, &m))
             .collect();
         c.skipped += old_ct.len() - ct.len();
-        let (written, kept) = insert_all(&self.dir, MAP_CT, &ct, only_new)?;
+        let (written, kept) = insert_all(&self.pins, MAP_CT, &ct, only_new)?;
         c.conntrack = written;
         c.skipped += kept;
-        let old_aff = entries::<AffinityKey, prev::AffinityValue>(&self.dir, prev::MAP_AFFINITY)?;
+        let old_aff =
+            entries::<AffinityKey, prev::AffinityValue>(self.pins.dir(), prev::MAP_AFFINITY)?;
         let aff: Vec<(AffinityKey, AffinityValue)> = old_aff
             .iter()
             .filter_map(|(k, v)| convert_affinity(k, v, &m))
             .collect();
         c.skipped += old_aff.len() - aff.len();
-        let (written, kept) = insert_all(&self.dir, MAP_AFFINITY, &aff, only_new)?;
+        let (written, kept) = insert_all(&self.pins, MAP_AFFINITY, &aff, only_new)?;
         c.affinity = written;
         c.skipped += kept;
         Ok(c)
@@ -318,7 +322,7 @@ impl Previous {
     pub fn finish(self) -> usize {
         prev::REPLACED
             .iter()
-            .filter(|m| std::fs::remove_file(self.dir.join(m)).is_ok())
+            .filter(|m| std::fs::remove_file(self.pins.dir().join(m)).is_ok())
             .count()
     }
 }

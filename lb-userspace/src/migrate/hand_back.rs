@@ -14,7 +14,6 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    path::Path,
 };
 
 use aya::maps::{HashMap, MapData};
@@ -25,9 +24,9 @@ use lb_common::{
 
 use crate::datapath::{
     DatapathError,
-    kernel::open_pinned,
     kernel_ct::{self, Ends, KernelCtError, KernelFlow, NatFlow},
     netfilter::{NetfilterError, SeenTuple, Untracked},
+    pins::Pins,
 };
 
 /// One of xlb's forward conntrack entries, either family: the client's tuple and the one
@@ -158,19 +157,19 @@ pub struct HandedBack {
     pub first_error: Option<String>,
 }
 
-/// The forward entries of the pinned conntrack tables `names` (assured first) under `dir`,
+/// The forward entries of the pinned conntrack tables `names` (assured first) of `pins`,
 /// without duplicates; tables missing under older pins are skipped.
 fn forward_entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod>(
-    dir: &Path,
+    pins: &Pins,
     names: [&'static str; 2],
     forward: impl Fn(&K, &V) -> Option<Forward>,
 ) -> Result<Vec<Forward>, DatapathError> {
     let mut out = BTreeMap::new();
     for name in names {
-        if !dir.join(name).exists() {
+        if !pins.has(name) {
             continue;
         }
-        let ct: HashMap<MapData, K, V> = HashMap::try_from(open_pinned(dir, name)?)
+        let ct: HashMap<MapData, K, V> = HashMap::try_from(pins.map(name)?)
             .map_err(|source| DatapathError::Map { name, source })?;
         for kv in ct.iter() {
             let (k, v) = kv.map_err(|source| DatapathError::Map { name, source })?;
@@ -182,13 +181,13 @@ fn forward_entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod>(
     Ok(out.into_values().collect())
 }
 
-/// Writes every flow of xlb's conntrack under `dir` into the kernel's table with its NAT
+/// Writes every flow of xlb's conntrack in `pins` into the kernel's table with its NAT
 /// (see the module doc). xlb's programs stay attached: detaching is the caller's next step.
-pub fn hand_back(dir: &Path) -> Result<HandedBack, HandBackError> {
+pub fn hand_back(pins: &Pins) -> Result<HandedBack, HandBackError> {
     let mut done = HandedBack::default();
-    let mut forward = forward_entries(dir, [MAP_CT_ASSURED, MAP_CT], Forward::of_v4)?;
+    let mut forward = forward_entries(pins, [MAP_CT_ASSURED, MAP_CT], Forward::of_v4)?;
     forward.extend(forward_entries(
-        dir,
+        pins,
         [MAP_CT6_ASSURED, MAP_CT6],
         Forward::of_v6,
     )?);

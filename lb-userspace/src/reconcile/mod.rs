@@ -47,6 +47,57 @@ pub use journal::Journal;
 use retry::{Retries, Taken};
 pub use status::{Failure, Reason, Status, Statuses, Transition};
 
+/// The problems of what a sync computed (every service's after a full one, else the
+/// `changed` ones'), logged: a Service without an EndpointSlice as information.
+fn logged_problems<'e>(
+    engine: &'e Incremental,
+    full: bool,
+    changed: &BTreeSet<ServiceRef>,
+) -> Vec<&'e DesiredError> {
+    let problems: Vec<&DesiredError> = match full {
+        true => engine.problems().collect(),
+        false => changed
+            .iter()
+            .flat_map(|id| engine.problems_of(id))
+            .collect(),
+    };
+    for p in &problems {
+        match p {
+            DesiredError::NoEndpointSlice { .. } => info!("{p}"),
+            _ => warn!("{p}"),
+        }
+    }
+    problems
+}
+
+/// Writes what `touched` names of `desired` into `maps`, which hold `now` (updated to
+/// what they hold after), the errors logged. A full sync into maps that hold nothing
+/// compares and copies nothing; after an error there, what is programmed is read back.
+fn apply(
+    maps: &mut dyn MapWriter,
+    now: &mut Desired,
+    desired: &Desired,
+    touched: &Touched,
+    full: bool,
+) -> sync::SyncReport {
+    let report = if full && now.is_empty() {
+        let report = apply_fresh(maps, desired, touched);
+        if !report.errors.is_empty() {
+            *now = maps.read().unwrap_or_else(|e| {
+                warn!("reading back the maps after a failed first sync: {e}");
+                Desired::default()
+            });
+        }
+        report
+    } else {
+        apply_touched(maps, now, desired, touched)
+    };
+    for e in &report.errors {
+        error!("{e}");
+    }
+    report
+}
+
 /// A full computation that keeps `ids`' books: [`desired::compute_on`], then the indices
 /// of what is no longer desired given back (after their quarantine) and the filter bits of
 /// addresses that went kept for [`FILTER_RETAIN`]. [`Incremental::full`] gives the same.
@@ -206,38 +257,9 @@ impl Reconciler {
         let (touched, mut now, taken) = self.compute(model, node, full, changed);
         self.room_freed = !full && Sizes::of(self.engine.desired()).shrank_from(&sizes);
         let retried = taken.len();
-        let problems: Vec<&DesiredError> = if full {
-            self.engine.problems().collect()
-        } else {
-            changed
-                .iter()
-                .flat_map(|id| self.engine.problems_of(id))
-                .collect()
-        };
-        for p in &problems {
-            match p {
-                DesiredError::NoEndpointSlice { .. } => info!("{p}"),
-                _ => warn!("{p}"),
-            }
-        }
+        let problems = logged_problems(&self.engine, full, changed);
         let udp_before = (udp == GoneUdp::Find).then(|| stale::udp_pairs(&now, &touched.frontends));
-        let report = if full && now.is_empty() {
-            // Into maps that hold nothing: no compare, no copy; after an error what is
-            // programmed is read back.
-            let report = apply_fresh(maps, self.engine.desired(), &touched);
-            if !report.errors.is_empty() {
-                now = maps.read().unwrap_or_else(|e| {
-                    warn!("reading back the maps after a failed first sync: {e}");
-                    Desired::default()
-                });
-            }
-            report
-        } else {
-            apply_touched(maps, &mut now, self.engine.desired(), &touched)
-        };
-        for e in &report.errors {
-            error!("{e}");
-        }
+        let report = apply(maps, &mut now, self.engine.desired(), &touched, full);
         let gone_udp = match udp_before {
             Some(before) => {
                 let after = stale::udp_pairs(&now, &touched.frontends);

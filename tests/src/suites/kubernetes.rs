@@ -137,7 +137,7 @@ impl Cluster {
     }
 
     pub fn backends_of(&self) -> Vec<String> {
-        lb_userspace::list::services(&self.agent.pins)
+        lb_userspace::list::services(&crate::pins(&self.agent.pins))
             .unwrap_or_default()
             .into_iter()
             .find(|r| r.frontend == FRONTEND)

@@ -125,12 +125,13 @@ fn batched_reads_count_and_sum_what_was_written() {
     use lb_common::{
         CT_DIR_FORWARD, Counter, CtKey, CtValue, IPPROTO_UDP, MAP_CT, MAP_CT_ASSURED, MAP_STATS,
     };
-    use lb_userspace::datapath::{counts, ct_gc, kernel::open_pinned};
+    use lb_userspace::datapath::{counts, ct_gc};
 
     if !require_root() {
         return;
     }
     let dp = LoadedDatapath::load(&unique_tag("xbr")).expect("load");
+    let pins = xlb_tests::pins(&dp.pins);
     let key = |i: u32| CtKey {
         saddr_be: i,
         daddr_be: 7,
@@ -143,18 +144,18 @@ fn batched_reads_count_and_sum_what_was_written() {
     // More than one batch of a MiB (16-byte keys, 48-byte values: 16,384 a batch).
     const LRU: u32 = 20_000;
     let mut lru: HashMap<MapData, CtKey, CtValue> =
-        HashMap::try_from(open_pinned(&dp.pins, MAP_CT).expect("ct")).expect("ct map");
+        HashMap::try_from(pins.map(MAP_CT).expect("ct")).expect("ct map");
     for i in 0..LRU {
         lru.insert(key(i), CtValue::default(), 0).expect("insert");
     }
-    let fill = counts::count::<CtKey, CtValue>(&dp.pins, MAP_CT).expect("count");
+    let fill = counts::count::<CtKey, CtValue>(&pins, MAP_CT).expect("count");
     assert_eq!(fill.entries, u64::from(LRU));
     assert!(fill.capacity >= LRU, "{fill:?}");
 
     // The assured table: 10 flows idle for 3 minutes (UDP: over after 2), 5 just seen.
     let now = lb_userspace::datapath::clock::monotonic_coarse_ns();
     let mut assured: HashMap<MapData, CtKey, CtValue> =
-        HashMap::try_from(open_pinned(&dp.pins, MAP_CT_ASSURED).expect("cta")).expect("cta map");
+        HashMap::try_from(pins.map(MAP_CT_ASSURED).expect("cta")).expect("cta map");
     for i in 0..15u32 {
         let idle = if i < 10 { 180_000_000_000 } else { 0 };
         let v = CtValue {
@@ -163,7 +164,7 @@ fn batched_reads_count_and_sum_what_was_written() {
         };
         assured.insert(key(i), v, 0).expect("insert");
     }
-    let pass = ct_gc::pass(&dp.pins, &ct_gc::Timeouts::default(), true).expect("pass");
+    let pass = ct_gc::pass(&pins, &ct_gc::Timeouts::default(), true).expect("pass");
     assert_eq!(pass.v4.deleted, 10, "{pass:?}");
     assert_eq!(pass.v4.assured.entries, 5, "{pass:?}");
     assert_eq!(pass.v4.lru.map(|f| f.entries), Some(u64::from(LRU)));
@@ -171,7 +172,7 @@ fn batched_reads_count_and_sum_what_was_written() {
 
     // Per-CPU counters: slot 3 holds packets 1, 2, … on each CPU.
     let cpus = aya::util::nr_cpus().expect("cpus");
-    let mut stats_map = open_pinned(&dp.pins, MAP_STATS).expect("stats");
+    let mut stats_map = pins.map(MAP_STATS).expect("stats");
     {
         let mut stats: PerCpuArray<&mut MapData, Counter> =
             PerCpuArray::try_from(&mut stats_map).expect("per-CPU array");

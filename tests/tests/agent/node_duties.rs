@@ -240,7 +240,7 @@ fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one()
     lab.agent
         .wait_log("frontend failing", 1, std::time::Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{e}\n{}", lab.agent.log_text()));
-    let rows = lb_userspace::list::services(&lab.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&lab.agent.pins)).expect("rows");
     let dual_rows: Vec<_> = rows.iter().filter(|r| r.service == "test/dual:p").collect();
     assert!(
         dual_rows

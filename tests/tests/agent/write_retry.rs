@@ -113,7 +113,7 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
         1,
         "told once, not at every try:\n{log}"
     );
-    let rows = lb_userspace::list::services(&s.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("rows");
     assert!(
         rows.iter().any(|r| r.service == "test/api:p"
             && r.frontend == "-"
@@ -154,7 +154,7 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
         "web's change is a sync of its own: {all:#?}"
     );
     assert!(
-        !lb_userspace::list::services(&s.agent.pins)
+        !lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins))
             .expect("rows")
             .iter()
             .any(|r| r.frontend == "10.96.0.11:80/TCP"),
@@ -180,7 +180,7 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
             Duration::from_secs(2),
         )
         .expect("its status's recovery is logged");
-    let rows = lb_userspace::list::services(&s.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("rows");
     assert!(rows.iter().all(|r| r.status == "programmed"), "{rows:#?}");
     s.topo
         .client

@@ -222,7 +222,8 @@ fn a_pod_reaches_a_dual_stack_service_over_ipv6_through_tc() {
     assert!(delta("new_flow") >= tuples.len() as u64, "{after:?}");
     assert!(delta("reverse_nat") >= 60, "{after:?}");
     assert!(delta("established") >= 30, "{after:?}");
-    let flows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+    let flows =
+        lb_userspace::list::conntrack(&xlb_tests::pins(&s.agent.pins)).expect("list conntrack");
     let v6 = flows
         .iter()
         .filter(|f| f.client.starts_with(&format!("[{client6}]:")))

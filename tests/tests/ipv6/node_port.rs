@@ -213,7 +213,7 @@ fn ipv6_source_ranges_admit_only_listed_external_clients() {
     let lab = Lab::build();
     let (ext, agent) = (&lab.ext, &lab.agent);
     let denied = |pins: &std::path::Path| {
-        lb_userspace::list::counters(pins)
+        lb_userspace::list::counters(&xlb_tests::pins(pins))
             .expect("counters")
             .iter()
             .find(|c| c.reason == "src_denied")
@@ -257,7 +257,7 @@ fn an_ipv6_address_added_after_start_is_a_node_port_address_within_a_second() {
     let frontend = format!("[{added6}]:30080/TCP");
     let cidr = format!("{added6}/64");
     assert!(
-        !lb_userspace::list::services(&lab.agent.pins)
+        !lb_userspace::list::services(&xlb_tests::pins(&lab.agent.pins))
             .expect("rows")
             .iter()
             .any(|r| r.frontend == frontend),

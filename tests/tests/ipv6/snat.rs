@@ -170,7 +170,8 @@ fn ipv6_node_port_flows_to_a_remote_backend_are_snated_to_node1() {
         *reached.entry(b).or_default() += 1;
     }
     assert_eq!(reached.len(), 2, "both nodes' backends: {reached:?}");
-    let flows = lb_userspace::list::conntrack(&agent.pins).expect("list conntrack");
+    let flows =
+        lb_userspace::list::conntrack(&xlb_tests::pins(&agent.pins)).expect("list conntrack");
     let snat = format!("[{NODE1_UNDERLAY6}]:");
     assert!(
         flows.iter().any(|f| f.snat.starts_with(&snat)),

@@ -144,7 +144,7 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
                 && l.contains("spec.ports[0].port")),
         "the undecodable Service is named with its field:\n{log}"
     );
-    let rows = lb_userspace::list::services(&c.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).expect("rows");
     assert!(
         !rows.iter().any(|r| r.frontend == format!("{bad}:80/TCP")),
         "the undecodable Service is skipped: {rows:?}"

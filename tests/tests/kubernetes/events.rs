@@ -48,7 +48,7 @@ fn wait_events(c: &Cluster, name: &str, what: &str, pred: impl Fn(&[Value]) -> b
 }
 
 fn api_programmed(c: &Cluster) -> bool {
-    lb_userspace::list::services(&c.agent.pins)
+    lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins))
         .unwrap_or_default()
         .iter()
         .any(|r| r.frontend == API_FRONTEND)
@@ -99,7 +99,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
     assert!(events_on(&c, "web").is_empty(), "web is healthy: no Event");
     assert!(!api_programmed(&c));
     // `xlb list services` shows api's frontend failing, web's programmed.
-    let rows = lb_userspace::list::services(&c.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).expect("rows");
     let status: Vec<(&str, &str, &str)> = rows
         .iter()
         .map(|r| (r.service.as_str(), r.frontend.as_str(), r.status.as_str()))
@@ -142,7 +142,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
             ("Normal".into(), "Programmed".into(), 1)
         ]
     );
-    let rows = lb_userspace::list::services(&c.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).expect("rows");
     assert!(
         rows.iter().all(|r| r.status == "programmed"),
         "api is programmed: {rows:#?}"

@@ -87,7 +87,7 @@ fn the_agent_waits_for_an_api_server_down_at_start() {
         c.agent.log_text()
     );
     assert!(
-        lb_userspace::list::services(&c.agent.pins)
+        lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins))
             .expect("rows")
             .is_empty(),
         "Services were programmed without their EndpointSlices"

@@ -25,7 +25,7 @@ fn the_agent_follows_the_api_server() {
 
     // Lists are held: the agent must not write a single service.
     std::thread::sleep(Duration::from_millis(1500));
-    let rows = lb_userspace::list::services(&c.agent.pins).unwrap_or_default();
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).unwrap_or_default();
     assert!(
         rows.is_empty(),
         "services were written before the initial lists completed: {rows:?}"
@@ -133,7 +133,7 @@ fn service_proxy_name_and_headless_labels_select_services() {
         .expect("svc");
     c.wait_backends(2);
     std::thread::sleep(Duration::from_millis(300));
-    let fronts: Vec<String> = lb_userspace::list::services(&c.agent.pins)
+    let fronts: Vec<String> = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins))
         .expect("read")
         .into_iter()
         .map(|r| r.frontend)

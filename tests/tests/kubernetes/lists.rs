@@ -133,7 +133,7 @@ fn lists_are_paged_at_one_resource_version() {
     moved["endpoints"][0]["addresses"][0] = serde_json::json!(pod_ip(3).to_string());
     c.api.apply(moved);
     c.api.compact();
-    let rows = lb_userspace::list::services(&c.agent.pins).expect("rows");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).expect("rows");
     assert_eq!(
         rows.len(),
         MANY,
@@ -192,7 +192,7 @@ fn no_service_is_programmed_before_its_endpoint_slices_are_listed() {
         services_listed,
     );
     std::thread::sleep(Duration::from_millis(1000));
-    let rows = lb_userspace::list::services(&c.agent.pins).unwrap_or_default();
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&c.agent.pins)).unwrap_or_default();
     assert!(
         rows.is_empty(),
         "Services were programmed before the EndpointSlice list completed: {rows:?}"

@@ -162,7 +162,7 @@ fn dsr_replies_leave_the_backends_node_straight_to_the_client() {
             ("sent (IPv4 option, 8 B)", format!("{node}:"))
         };
         for (pins, want) in [(&lab.agent.pins, sent), (&node2_agent.pins, "learnt")] {
-            let rows = lb_userspace::list::conntrack(pins).expect("conntrack");
+            let rows = lb_userspace::list::conntrack(&xlb_tests::pins(pins)).expect("conntrack");
             let to_node: Vec<_> = rows
                 .iter()
                 .filter(|r| r.frontend.starts_with(&frontend))

@@ -81,7 +81,8 @@ fn cluster_policy_snats_only_flows_to_remote_backends() {
         "both backends over both protocols: {reached:?}"
     );
     // Conntrack shows the SNAT of the remote flows.
-    let flows = lb_userspace::list::conntrack(&lab.agent.pins).expect("conntrack");
+    let flows =
+        lb_userspace::list::conntrack(&xlb_tests::pins(&lab.agent.pins)).expect("conntrack");
     assert!(
         flows
             .iter()

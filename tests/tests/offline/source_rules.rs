@@ -650,3 +650,197 @@ fn the_ebpf_import_parser_expands_nested_groups() {
         ["nat", "v6", "v6::maps", "xdp"].map(String::from).into()
     );
 }
+
+/// The longest a function of `lb-userspace` may be, in lines from its `fn` line to its
+/// closing brace (comments and blank lines inside count; test code too).
+const FN_MAX_LINES: usize = 100;
+
+/// `code` with its comments, string and character literals blanked (each newline kept, so
+/// line numbers hold): what is left of the braces is the code's.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    // The bytes of `b[from..to]` as blanks, but for the newlines.
+    let blank = |out: &mut String, from: usize, to: usize| {
+        out.extend(b[from..to].iter().filter(|&&c| c == b'\n').map(|_| '\n'));
+    };
+    while i < b.len() {
+        let rest = &text[i..];
+        let after_ident = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if rest.starts_with("//") {
+            i += rest.find('\n').unwrap_or(rest.len());
+        } else if rest.starts_with("/*") {
+            let end = rest.find("*/").map_or(rest.len(), |e| e + 2);
+            blank(&mut out, i, i + end);
+            i += end;
+        } else if !after_ident
+            && let Some(hashes) = rest
+                .strip_prefix("br")
+                .or_else(|| rest.strip_prefix('r'))
+                .map(|r| r.len() - r.trim_start_matches('#').len())
+                .filter(|&h| {
+                    rest[rest.len() - rest.trim_start_matches(['b', 'r', '#']).len()..]
+                        .starts_with('"')
+                        && h < 8
+                })
+        {
+            let open = rest.find('"').unwrap_or(0) + 1;
+            let close = format!("\"{}", "#".repeat(hashes));
+            let end = rest[open..]
+                .find(&close)
+                .map_or(rest.len(), |e| open + e + close.len());
+            out.push_str("\"\"");
+            blank(&mut out, i, i + end);
+            i += end;
+        } else if b[i] == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            blank(&mut out, i, (j + 1).min(b.len()));
+            i = j + 1;
+        } else if b[i] == b'\'' {
+            // A character literal ('x', '\n', '\u{7b}'), or a lifetime (left as it is).
+            let len = match (b.get(i + 1), rest[1..].find('\'')) {
+                (Some(b'\\'), Some(e)) => e + 2,
+                (Some(_), _) => {
+                    let c = rest[1..].chars().next().map_or(1, char::len_utf8);
+                    if rest[1 + c..].starts_with('\'') {
+                        c + 2
+                    } else {
+                        1
+                    }
+                }
+                _ => 1,
+            };
+            out.push_str(if len > 1 { "' '" } else { "'" });
+            i += len;
+        } else {
+            let c = rest.chars().next().unwrap_or(' ');
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// Each function with a body in `code` (as [`code_only`] leaves it): its name, its first
+/// line (1-based) and its length in lines, from the `fn` line to the closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(found) = code[at..].find("fn ") {
+        let start = at + found;
+        at = start + 3;
+        if start > 0 && (b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_') {
+            continue;
+        }
+        let name: String = code[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body's `{` (a `;` first: a declaration without one), past the signature's
+        // brackets.
+        let mut depth = 0i32;
+        let mut body = None;
+        for (k, c) in code[at..].char_indices() {
+            match c {
+                '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                '{' if depth == 0 => {
+                    body = Some(at + k);
+                    break;
+                }
+                ';' if depth == 0 => break,
+                _ => {}
+            }
+        }
+        let Some(open) = body else { continue };
+        let mut depth = 0usize;
+        let mut close = code.len();
+        for (k, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = open + k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let first = code[..start].matches('\n').count() + 1;
+        let last = code[..close].matches('\n').count() + 1;
+        out.push((name, first, last - first + 1));
+    }
+    out
+}
+
+#[test]
+fn no_function_of_the_agent_crate_is_over_100_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lb-userspace/src");
+    let mut paths = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).expect("read a source directory") {
+            let path = entry.expect("dir entry").path();
+            match path.is_dir() {
+                true => dirs.push(path),
+                false if path.extension().is_some_and(|e| e == "rs") => paths.push(path),
+                false => {}
+            }
+        }
+    }
+    assert!(paths.len() > 50, "lb-userspace's sources are read");
+    let mut long = Vec::new();
+    for path in &paths {
+        let text = fs::read_to_string(path).expect("read a source file");
+        for (name, line, len) in function_lengths(&code_only(&text)) {
+            if len > FN_MAX_LINES {
+                let rel = path.strip_prefix(&root).expect("under src").display();
+                long.push(format!("{rel}:{line}: fn {name} is {len} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {FN_MAX_LINES} lines (split them into steps that read in one sitting):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_length_check_sees_braces_of_code_only() {
+    let code = "fn a() {\n    let s = \"}}}\";\n    let c = '}';\n    // }\n    /* }\n */\n    let r = r#\"}\"#;\n}\n\nfn b<'x>(v: &'x [u8; 2]) -> u8 where u8: Copy { v[0] }\ntrait T { fn c(&self); }\n";
+    let got = function_lengths(&code_only(code));
+    assert_eq!(
+        got,
+        [("a".to_string(), 1, 8), ("b".to_string(), 10, 1)],
+        "{}",
+        code_only(code)
+    );
+}
+
+#[test]
+fn only_the_sys_module_calls_bpf_directly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lb-userspace/src");
+    let mut files = BTreeMap::new();
+    sources(&root, &root, &mut files);
+    let direct: Vec<&String> = files
+        .iter()
+        .filter(|(name, code)| name.as_str() != "datapath/sys_bpf.rs" && code.contains("SYS_bpf"))
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        direct.is_empty(),
+        "raw bpf(2) outside datapath/sys_bpf.rs (add a method to its `Bpf` trait, and to the fake): {direct:?}"
+    );
+}

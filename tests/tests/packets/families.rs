@@ -90,7 +90,7 @@ fn refusals(f: &Family, dp: &mut LoadedDatapath) {
         (TC_ACT_SHOT, &rst_in),
         "{name}: a RST is dropped untouched"
     );
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(
         flows.is_empty(),
         "{name}: a refusal keeps no flow: {flows:?}"
@@ -210,7 +210,7 @@ fn not_for_a_service(f: &Family, dp: &mut LoadedDatapath) {
         "{}: no flow",
         f.name()
     );
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(flows.is_empty(), "{}: {flows:?}", f.name());
 }
 
@@ -303,7 +303,7 @@ fn spread_and_listed(f: &Family, dp: &mut LoadedDatapath) {
             f.name()
         );
     }
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     let web = web.to_string();
     let listed = flows.iter().filter(|r| r.frontend == web).count();
     assert!(listed >= 300, "{}: xlb list conntrack: {flows:?}", f.name());
@@ -360,7 +360,7 @@ fn truncated(f: &Family, dp: &mut LoadedDatapath) {
         ran >= 40,
         "{name}: only {ran} cut frames reached the program"
     );
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(
         flows.is_empty(),
         "{name}: no flow from a cut packet: {flows:?}"

@@ -266,7 +266,7 @@ fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
     // At egress, every packet ingress passed on that has no source to restore: the 3 new
     // flows and the 2 established packets (packets for no service: packets/families.rs).
     assert_eq!(counts["pass"], 5, "{counts:?}");
-    let web = lb_userspace::list::services(&dp.pins).expect("services");
+    let web = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
     let web = web
         .iter()
         .find(|r| r.frontend == "10.96.0.10:80/TCP")

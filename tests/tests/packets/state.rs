@@ -179,7 +179,7 @@ fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
         .run(&PacketBuilder::tcp(CLIENT, web).build())
         .expect("run");
     let backend = parse(&r.packet).expect("parses").dst;
-    let before = lb_userspace::list::services(&dp.pins).expect("services");
+    let before = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
     let id = before
         .iter()
         .find(|r| r.frontend == "10.96.0.10:80/TCP")
@@ -212,7 +212,8 @@ fn an_established_tcp_flow_needs_only_its_conntrack_entry() {
         "a new flow to a removed service passes untouched"
     );
     // The flow's packets were counted under its service index (the counter array slot).
-    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    let maps =
+        lb_userspace::datapath::kernel::KernelMaps::open(&xlb_tests::pins(&dp.pins)).expect("maps");
     assert_eq!(
         maps.service_counter(id).packets,
         3,
@@ -248,7 +249,7 @@ fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> Option<T> {
 fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     use aya::maps::{Array, MapData};
     use lb_common::{Counter, MAP_BACKEND_STATS, MAP_SVC_STATS};
-    use lb_userspace::datapath::{kernel::open_pinned, rows};
+    use lb_userspace::datapath::rows;
 
     let Some(mut dp) = setup() else {
         return;
@@ -267,13 +268,14 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     for _ in 0..2 {
         on_cpu(1, || dp.run(&ack).expect("run")).expect("pin to CPU 1");
     }
-    let svc_id = lb_userspace::list::services(&dp.pins)
+    let pins = xlb_tests::pins(&dp.pins);
+    let svc_id = lb_userspace::list::services(&pins)
         .expect("services")
         .iter()
         .find(|r| r.frontend == "10.96.0.10:80/TCP")
         .expect("web")
         .id;
-    let backend_id = lb_userspace::list::backends(&dp.pins)
+    let backend_id = lb_userspace::list::backends(&pins)
         .expect("backends")
         .iter()
         .find(|b| b.backend.starts_with(&format!("{backend}/")))
@@ -281,7 +283,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
         .id;
     for (name, id) in [(MAP_SVC_STATS, svc_id), (MAP_BACKEND_STATS, backend_id)] {
         let array: Array<MapData, Counter> =
-            Array::try_from(open_pinned(&dp.pins, name).expect("open")).expect("an array");
+            Array::try_from(pins.map(name).expect("open")).expect("an array");
         let stride = array.len() / cpus as u32;
         let packets = |cpu: u32| array.get(&(cpu * stride + id), 0).expect("read").packets;
         assert_eq!(
@@ -290,7 +292,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
             "{name}: index {id} in CPU 0's and CPU 1's rows (stride {stride})"
         );
         let mut summed = Counter::default();
-        rows::sums(&open_pinned(&dp.pins, name).expect("open"), name, |i, c| {
+        rows::sums(pins.get(name).expect("open"), name, |i, c| {
             if i == id {
                 summed = c;
             }
@@ -298,7 +300,7 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
         .expect("sums");
         assert_eq!(summed.packets, 3, "{name}: the readers' sum of the rows");
     }
-    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&dp.pins).expect("maps");
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&pins).expect("maps");
     assert_eq!(maps.service_counter(svc_id).packets, 3);
     assert_eq!(maps.backend_counter(backend_id).packets, 3);
 }

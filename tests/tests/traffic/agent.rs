@@ -113,7 +113,7 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
     burst(&s).expect("traffic with the agent down: links and maps are pinned");
 
     // A new agent on the same pins adopts them: ids are kept and nothing is rewritten.
-    let before = lb_userspace::list::services(&s.agent.pins).expect("read pins");
+    let before = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("read pins");
     let log = s.workdir.join("agent2.log");
     s.agent.restart(log).expect("restart");
     let stable = s.wait_backends("10.96.0.10:80/TCP", 3, Duration::from_secs(30));
@@ -132,7 +132,7 @@ fn pinned_datapath_outlives_the_agent_and_a_new_agent_adopts_it() {
         text.contains("writes=0"),
         "restart rewrote maps that were already right: {text}"
     );
-    let after = lb_userspace::list::services(&s.agent.pins).expect("read pins");
+    let after = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("read pins");
     let ids = |rows: &[lb_userspace::list::ServiceRow]| {
         rows.iter()
             .map(|r| (r.frontend.clone(), r.id))

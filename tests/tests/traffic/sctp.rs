@@ -153,7 +153,8 @@ fn an_sctp_association_lives_across_an_agent_restart() {
         .recv_timeout(Duration::from_secs(10))
         .expect("first request");
     // `xlb list conntrack` shows the open association as an SCTP flow to the frontend.
-    let flows = lb_userspace::list::conntrack(&s.agent.pins).expect("list conntrack");
+    let flows =
+        lb_userspace::list::conntrack(&xlb_tests::pins(&s.agent.pins)).expect("list conntrack");
     let frontend = format!("{SIG}:{PORT}");
     assert!(
         flows

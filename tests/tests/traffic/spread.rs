@@ -83,7 +83,8 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
     }
 
     // The counters saw it: per backend, per service (both directions) and per reason.
-    let per_backend = lb_userspace::list::backends(&s.agent.pins).expect("read pins");
+    let per_backend =
+        lb_userspace::list::backends(&xlb_tests::pins(&s.agent.pins)).expect("read pins");
     assert_eq!(per_backend.len(), 6);
     for b in &per_backend {
         assert!(
@@ -93,7 +94,7 @@ fn clusterip_spreads_tcp_and_udp_over_three_backends() {
             b.packets
         );
     }
-    let rows = lb_userspace::list::services(&s.agent.pins).expect("read pins");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("read pins");
     for r in &rows {
         assert!(
             r.packets >= 600,
@@ -138,7 +139,7 @@ fn a_bad_service_is_named_and_the_good_ones_work() {
         .expect("fixed service programmed");
     write_atomic(&s.yaml, "kind: [this is not yaml").expect("write");
     std::thread::sleep(Duration::from_millis(500));
-    let rows = lb_userspace::list::services(&s.agent.pins).expect("read");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&s.agent.pins)).expect("read");
     assert_eq!(
         rows.len(),
         2,

@@ -87,7 +87,8 @@ impl Installed {
     /// xlb's datapath counters, in xlb's labs.
     pub fn counters(&self) -> Option<Counts> {
         let pins = self.pins.as_ref()?;
-        let rows = lb_userspace::list::counters(&pins.0).ok()?;
+        let opened = lb_userspace::datapath::pins::Pins::open(&pins.0).ok()?;
+        let rows = lb_userspace::list::counters(&opened).ok()?;
         Some(rows.iter().map(|r| (r.reason, r.packets)).collect())
     }
 
@@ -412,7 +413,12 @@ fn start_agent(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
     lab.pins = Some(Pins(pins.clone()));
     let want = spec.frontends.len().min(1);
     let deadline = Instant::now() + Duration::from_secs(15);
-    while lb_userspace::list::services(&pins).map_or(0, |r| r.len()) < want {
+    let programmed = || {
+        lb_userspace::datapath::pins::Pins::open(&pins)
+            .and_then(|p| lb_userspace::list::services(&p))
+            .map_or(0, |r| r.len())
+    };
+    while programmed() < want {
         if Instant::now() > deadline {
             return Err(format!(
                 "agent never programmed the maps:\n{}",

@@ -5,7 +5,6 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
 };
 
@@ -28,7 +27,7 @@ use crate::{
         DatapathError,
         counts::{self, Fill},
         ct_gc,
-        kernel::open_pinned,
+        pins::Pins,
         rows,
     },
     serve::health::Health,
@@ -128,20 +127,18 @@ pub(super) fn register(
     }
 }
 
-/// A pinned map opened on first use and kept; opened again after a failed read.
+/// One map of the agent's pins, read on each scrape.
 #[derive(Debug)]
 struct Pinned {
-    pins: PathBuf,
+    pins: Pins,
     name: &'static str,
-    map: Mutex<Option<Map>>,
 }
 
 impl Pinned {
-    fn new(pins: &Path, name: &'static str) -> Self {
+    fn new(pins: &Pins, name: &'static str) -> Self {
         Self {
-            pins: pins.to_path_buf(),
+            pins: pins.clone(),
             name,
-            map: Mutex::new(None),
         }
     }
 
@@ -149,16 +146,7 @@ impl Pinned {
         &self,
         f: impl FnOnce(&Map) -> Result<T, DatapathError>,
     ) -> Result<T, DatapathError> {
-        let mut m = lock(&self.map);
-        let map = match m.take() {
-            Some(map) => map,
-            None => open_pinned(&self.pins, self.name)?,
-        };
-        let r = f(&map);
-        if r.is_ok() {
-            *m = Some(map);
-        }
-        r
+        f(self.pins.get(self.name)?)
     }
 }
 
@@ -167,7 +155,7 @@ impl Pinned {
 struct Reasons(Pinned);
 
 impl Reasons {
-    fn new(pins: &Path) -> Self {
+    fn new(pins: &Pins) -> Self {
         Self(Pinned::new(pins, MAP_STATS))
     }
 
@@ -342,7 +330,7 @@ fn service_port(name: &str) -> (&str, &str) {
 type ServiceRows = (Vec<((String, String), Counter)>, usize);
 
 impl PerService {
-    fn new(pins: &Path, limit: usize) -> Self {
+    fn new(pins: &Pins, limit: usize) -> Self {
         Self {
             names: Pinned::new(pins, MAP_SVC_NAME),
             stats: Pinned::new(pins, MAP_SVC_STATS),

@@ -17,7 +17,6 @@ mod process;
 mod status;
 
 use std::{
-    path::PathBuf,
     sync::{Arc, Mutex, atomic::AtomicU64},
     time::{Duration, SystemTime},
 };
@@ -35,15 +34,15 @@ use prometheus_client::{
 
 use super::{Response, health::Health};
 use crate::{
-    datapath::{counts::Fill, ct_gc},
+    datapath::{counts::Fill, ct_gc, pins::Pins},
     desired::{Desired, Limits},
 };
 
 /// What the metrics show.
 #[derive(Clone, Debug)]
 pub struct MetricsOptions {
-    /// The pin directory (the datapath's counters are read from there).
-    pub pins: PathBuf,
+    /// The agent's pins (the datapath's counters are read from there).
+    pub pins: Pins,
     /// Per-service series for at most this many service ports (`--metrics-per-service`).
     pub per_service: Option<usize>,
 }

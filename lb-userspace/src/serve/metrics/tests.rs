@@ -1,4 +1,4 @@
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use lb_common::{MAP_BACKEND, MAP_CT, MAP_CT_ASSURED, MAP_SVC};
 
@@ -9,7 +9,7 @@ use crate::datapath::ct_gc::TablePass;
 fn metrics(per_service: Option<usize>) -> Metrics {
     Metrics::new(
         MetricsOptions {
-            pins: PathBuf::from("/nonexistent/xlb-test-pins"),
+            pins: Pins::open(Path::new("/nonexistent/xlb-test-pins")).expect("no pins"),
             per_service,
         },
         Some(Arc::new(Health::new(Duration::from_secs(10)))),
@@ -155,7 +155,7 @@ fn health_answers_are_counted_and_no_series_is_per_backend() {
     let health = Arc::new(Health::new(Duration::from_secs(10)));
     let m = Metrics::new(
         MetricsOptions {
-            pins: PathBuf::from("/nonexistent/xlb-test-pins"),
+            pins: Pins::open(Path::new("/nonexistent/xlb-test-pins")).expect("no pins"),
             per_service: Some(10),
         },
         Some(health.clone()),

@@ -8,7 +8,6 @@ use lb_common::user::{frontend_key, show_backend, svc_name_str, words_addr};
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
-    path::Path,
 };
 
 use lb_common::{
@@ -28,9 +27,7 @@ use super::{
 };
 use crate::{
     datapath::{
-        DatapathError,
-        clock::monotonic_coarse_ns,
-        kernel::{KernelMaps, open_pinned},
+        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, pins::Pins,
         writer::MapWriter,
     },
     desired::Desired,
@@ -43,7 +40,7 @@ const TC_ACT_REDIRECT: i32 = 7;
 
 /// What the trace knows besides the maps.
 pub struct Context<'a> {
-    pub pins: &'a Path,
+    pub pins: &'a Pins,
     pub source: &'a Source,
     /// This node's name (which endpoints are local).
     pub node_name: &'a str,
@@ -261,15 +258,15 @@ fn affinity_before(
     }
 }
 
-fn open_state(pins: &Path) -> Result<(Desired, NodeConfig), DatapathError> {
+fn open_state(pins: &Pins) -> Result<(Desired, NodeConfig), DatapathError> {
     let state = KernelMaps::open(pins)?.read()?;
-    let cfg: aya::maps::Array<aya::maps::MapData, NodeConfig> = aya::maps::Array::try_from(
-        open_pinned(pins, lb_common::MAP_CONFIG)?,
-    )
-    .map_err(|source| DatapathError::Map {
-        name: lb_common::MAP_CONFIG,
-        source,
-    })?;
+    let cfg: aya::maps::Array<aya::maps::MapData, NodeConfig> =
+        aya::maps::Array::try_from(pins.map(lb_common::MAP_CONFIG)?).map_err(|source| {
+            DatapathError::Map {
+                name: lb_common::MAP_CONFIG,
+                source,
+            }
+        })?;
     let cfg = cfg.get(&0, 0).map_err(|source| DatapathError::Map {
         name: lb_common::MAP_CONFIG,
         source,
@@ -291,8 +288,8 @@ fn reason_name(r: u32) -> &'static str {
     REASON_NAMES.get(r as usize).copied().unwrap_or("unknown")
 }
 
-fn affinity_entry(pins: &Path, key: &AffinityKey) -> Option<AffinityValue> {
-    let map = open_pinned(pins, lb_common::MAP_AFFINITY).ok()?;
+fn affinity_entry(pins: &Pins, key: &AffinityKey) -> Option<AffinityValue> {
+    let map = pins.map(lb_common::MAP_AFFINITY).ok()?;
     let aff: aya::maps::HashMap<aya::maps::MapData, AffinityKey, AffinityValue> =
         aya::maps::HashMap::try_from(map).ok()?;
     aff.get(key, 0).ok()

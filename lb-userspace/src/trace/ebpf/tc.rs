@@ -59,7 +59,7 @@ pub(super) fn trace_tc(
                 Protocol::Tcp => "TCP SYN",
             },
             req.dst,
-            ctx.pins.display(),
+            ctx.pins.dir().display(),
             scratch.conntrack_len(),
             scratch.affinity_before().len()
         ),

@@ -37,10 +37,9 @@ fn reuse_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         r.verdict, TC_ACT_SHOT,
         "a live flow holds its port: the second flow is refused"
     );
-    let mut ct: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(
-        lb_userspace::datapath::kernel::open_pinned(&dp.pins, MAP_CT).expect("pin"),
-    )
-    .expect("conntrack map");
+    let mut ct: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(xlb_tests::pins(&dp.pins).map(MAP_CT).expect("pin"))
+            .expect("conntrack map");
     // Makes every entry look idle for 20 s: past a closed flow's reuse time (10 s), short of
     // an open TCP flow's (24 h). Not "since boot": a machine up for more than a day would
     // see even the half-closed flow as over.

@@ -34,7 +34,7 @@ fn ipv6_flows_behind_extension_headers_are_translated_both_ways() {
     for (what, frame, port, frontend) in &cases {
         flow_both_ways(&mut dp, what, frame, *port, *frontend);
     }
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(
         flows
             .iter()
@@ -147,7 +147,7 @@ fn ipv6_packets_not_for_a_service_pass_untouched() {
     }
     let after = reason_counts(&dp.pins);
     assert_eq!(after["new_flow"], before["new_flow"], "no flow was created");
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(flows.is_empty(), "{flows:?}");
 }
 
@@ -202,7 +202,7 @@ fn malformed_and_truncated_ipv6_is_never_rewritten() {
         }
     }
     assert!(ran > 40, "{ran}");
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("list conntrack");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     assert!(flows.is_empty(), "no flow from a broken packet: {flows:?}");
 }
 

@@ -80,7 +80,7 @@ fn a_pod_reaching_itself_over_ipv6_is_snated_to_the_hairpin_address() {
         .run(&Frame6::tcp(pod, frontend, TCP_ACK, b"x").build())
         .expect("run");
     assert_eq!(seen6(&r.packet, "established").src, out.src);
-    let flows = lb_userspace::list::conntrack(&dp.pins).expect("ct");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("ct");
     let snat = format!("[{HAIRPIN6}]:{}", out.src.port());
     assert!(flows.iter().any(|f| f.snat == snat), "{flows:?}");
 

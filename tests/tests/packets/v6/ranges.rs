@@ -320,7 +320,7 @@ fn family_cases() -> Vec<Case> {
 
 /// `xlb list services`: each LoadBalancer frontend with the ranges of its family.
 fn listed(dp: &LoadedDatapath) {
-    let rows = lb_userspace::list::services(&dp.pins).expect("list services");
+    let rows = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("list services");
     let ranges = |frontend: String| {
         rows.iter()
             .find(|r| r.frontend == frontend)
@@ -335,7 +335,7 @@ fn listed(dp: &LoadedDatapath) {
     assert_eq!(ranges(format!("{LB4}:80/TCP")), ["10.0.0.0/8"]);
     assert!(ranges(format!("[{LB6_V4ONLY}]:80/TCP")).is_empty());
     assert!(ranges(format!("[{CLUSTER6}]:80/TCP")).is_empty());
-    let usage = lb_userspace::list::map_usage(&dp.pins).expect("usage");
+    let usage = lb_userspace::list::map_usage(&xlb_tests::pins(&dp.pins)).expect("usage");
     let six = usage
         .iter()
         .find(|u| u.map == lb_common::MAP_SRC_RANGE6)

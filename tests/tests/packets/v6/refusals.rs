@@ -98,7 +98,7 @@ fn packets_too_big_for_the_route_get_packet_too_big_from_the_ipv6_frontend() {
         assert_eq!(m.body, quoted(&big_syn));
         assert_eq!(reason_counts(&dp.pins)["frag_needed"], 1);
         assert!(
-            lb_userspace::list::conntrack(&dp.pins)
+            lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins))
                 .expect("ct")
                 .is_empty()
         );

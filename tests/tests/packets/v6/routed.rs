@@ -225,7 +225,7 @@ fn ipv6_flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node
         let ack = Frame6::tcp(client, frontend, TCP_ACK, b"x").build();
         let r = dp.run(&ack).expect("run");
         assert_eq!(seen6(&r.packet, "established").src, out.src);
-        let flows = lb_userspace::list::conntrack(&dp.pins).expect("ct");
+        let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("ct");
         assert!(
             flows.iter().any(|f| f.snat == format!("[{node6}]:{}", out.src.port())),
             "{flows:?}"
