@@ -53,8 +53,11 @@ pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratc
     // have nothing to do with a service are known so from two bits, without a hash lookup.
     let front = filter::maybe_frontend(F::filter_word(t.daddr()));
     if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
-        // Neither to a frontend nor from a backend: no flow of ours (no call out of line,
-        // no work area).
+        // Neither to a frontend nor from a backend: no flow of ours (no work area, and no
+        // call out of line unless it may be to a backend).
+        if !filter::maybe_backend(F::filter_word(t.daddr())) {
+            return Carried::done(pass(R_PASS));
+        }
         return supersede(ctx, t);
     }
     let s = match work() {

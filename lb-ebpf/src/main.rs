@@ -197,7 +197,7 @@ fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
     v4::xdp(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4), len).outcome()
 }
 
-/// tc ingress: the frame's family's leaf parses the packet (`v4::tc`, `v6::tc`), then the
+/// tc ingress: the frame's family's leaf parses the packet (`v4::tc_in`, `v6::tc`), then the
 /// one flow (`ingress.rs`) runs, monomorphised for the family.
 #[inline(always)]
 fn try_tc_ingress(ctx: &TcContext) -> Outcome {
@@ -212,7 +212,7 @@ fn try_tc_ingress(ctx: &TcContext) -> Outcome {
     }
     // SAFETY: the only acquire of this run (a closure called at most once), taken only once
     // the address filters say the packet may be a service's.
-    v4::tc::<{ nat::DST }>(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4)).outcome()
+    v4::tc_in(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4)).outcome()
 }
 
 /// tc egress: the family's leaf parses the packet, then the one flow (`egress.rs`); a packet
@@ -225,7 +225,7 @@ fn try_tc_egress(ctx: &TcContext, l3: L3) -> Outcome {
     let then = if l3 == L3::Ipv6 {
         v6::tc::<{ nat::SRC }>(ctx, &mut w.v6).next::<i32>()
     } else {
-        v4::tc::<{ nat::SRC }>(ctx, || Ok(&mut w.v4)).next::<i32>()
+        v4::tc_out(ctx, &mut w.v4).next::<i32>()
     };
     match then {
         Then::Done(o) => o,

@@ -199,7 +199,8 @@ impl Family for Tuple {
 }
 
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
-/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it).
+/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it). Out of line:
+/// inline, the entry's frame and the deepest step's go over 512 bytes.
 #[inline(never)]
 pub fn xdp<'a>(ctx: &XdpContext, work: impl Work<'a, FlowScratch>, len: u32) -> Carried {
     match parse::parse_ipv4(ctx, len) {
@@ -220,22 +221,30 @@ pub fn node(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
     }
 }
 
-/// tc ingress and egress for an IPv4 packet: parsed here (its tuple on this frame), then
-/// the hook's one flow, or the ICMP step. `PART`: `nat::DST` at ingress, `nat::SRC` at
-/// egress. Out of line: its frame (the tuple's) is gone when the entry goes on to the
-/// node's own flow (`out_dnat`).
-#[inline(never)]
-pub fn tc<'a, const PART: u8>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
+/// tc ingress for an IPv4 packet: parsed here, then the hook's one flow, or the ICMP step.
+/// Inline in the entry: a packet that is no service's passes with no call at all (the
+/// flow's steps are out of line, so their frames do not add to this one).
+#[inline(always)]
+pub fn tc_in<'a>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
     match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) if PART == nat::DST => ingress::flow(ctx, &t, work),
-        Ok(Parsed::Flow(t)) => match work() {
-            Ok(s) => egress::flow(ctx, &t, s),
-            Err(r) => Carried::done::<i32>(Err(r)),
-        },
+        Ok(Parsed::Flow(t)) => ingress::flow(ctx, &t, work),
         Ok(Parsed::Icmp(m)) => match work() {
-            Ok(s) => egress::icmp_error::<Tuple, PART>(ctx, &m, s),
+            Ok(s) => egress::icmp_error::<Tuple, { nat::DST }>(ctx, &m, s),
             Err(r) => Carried::done::<i32>(Err(r)),
         },
+        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => Carried::done::<i32>(Err(r)),
+    }
+}
+
+/// tc egress for an IPv4 packet: parsed here (its tuple on this frame), then the hook's one
+/// flow, or the ICMP step. Out of line: its frame (the tuple's) is gone when the entry goes
+/// on to the node's own flow (`out_dnat`).
+#[inline(never)]
+pub fn tc_out(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
+    match parse::parse_ipv4(ctx, ctx.len()) {
+        Ok(Parsed::Flow(t)) => egress::flow(ctx, &t, s),
+        Ok(Parsed::Icmp(m)) => egress::icmp_error::<Tuple, { nat::SRC }>(ctx, &m, s),
         Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
         Err(r) => Carried::done::<i32>(Err(r)),
     }
