@@ -266,6 +266,7 @@ fn map_sizes(
             lb_userspace::datapath::sizes::service_ports_for(args.service_map_max)
         }),
         maglev: args.maglev_map_max.max(1),
+        filter: None,
     }
 }
 

@@ -37,6 +37,9 @@ pub struct MapSizes {
     pub service_ports: u32,
     /// Maglev tables (64 KiB of kernel memory each, allocated as they are written).
     pub maglev: u32,
+    /// The address filters' size when one is already pinned (it is kept: the agent
+    /// rewrites the filters whole, any size works); `None`: sized from the capacities.
+    pub filter: Option<FilterSize>,
 }
 
 /// The per-service arrays' size for a service map of `services` entries when none is
@@ -57,6 +60,7 @@ impl Default for MapSizes {
             affinity: AFFINITY_MAP_CAPACITY,
             service_ports: SVC_NAME_MAP_CAPACITY,
             maglev: lb_common::MAGLEV_MAP_CAPACITY,
+            filter: None,
         }
     }
 }
@@ -88,10 +92,43 @@ impl MapSizes {
         ]
     }
 
-    /// The address filters' size: four bits per address the backend map and the per-service
-    /// arrays can hold (the default capacities keep the default, 2^20 bits each).
+    /// The address filters' size: a pinned filter's, else four bits per address the backend
+    /// map and the per-service arrays can hold (the default capacities keep the default,
+    /// 2^20 bits each).
     pub fn filter(&self) -> FilterSize {
-        FilterSize::for_addresses(self.backends.max(self.service_ports))
+        self.filter
+            .unwrap_or_else(|| FilterSize::for_addresses(self.backends.max(self.service_ports)))
+    }
+
+    /// These sizes with the address filters' kept as pinned under `dir`, if they are: a
+    /// filter pinned by an earlier build (whose filters had one size) or with other
+    /// capacities keeps its size rather than refusing the start; new pins get theirs.
+    pub fn keeping_pinned_filter(self, dir: &Path) -> Result<Self, DatapathError> {
+        let path = dir.join(MAP_ADDR_FILTER);
+        if !path.exists() {
+            return Ok(self);
+        }
+        let entries = aya::maps::MapData::from_pin(&path)
+            .and_then(|m| m.info())
+            .map_err(|source| DatapathError::Map {
+                name: MAP_ADDR_FILTER,
+                source,
+            })?
+            .max_entries();
+        let pinned = FilterSize::from_entries(entries);
+        let wanted = self.filter();
+        if pinned != wanted {
+            tracing::info!(
+                map = MAP_ADDR_FILTER,
+                pinned_bits_log2 = pinned.log2(),
+                sized_bits_log2 = wanted.log2(),
+                "the pinned address filters keep their size (removing the pins, `xlb cleanup`, sizes them anew)"
+            );
+        }
+        Ok(Self {
+            filter: Some(pinned),
+            ..self
+        })
     }
 
     /// The strides of the counter arrays (their indices per CPU).

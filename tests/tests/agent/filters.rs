@@ -56,3 +56,69 @@ fn filters_sized_for_a_larger_backend_map_pass_service_flows_and_their_replies()
         "{answers:?}"
     );
 }
+
+#[test]
+fn a_filter_pinned_at_another_size_keeps_it_and_still_passes_service_flows() {
+    if !require_root() {
+        return;
+    }
+    let b: Vec<Ipv4Addr> = (2..=3).map(pod_ip).collect();
+    let yaml = service_yaml("web", WEB, 80, "TCP", TCP_PORT, &b);
+    let mut s = Scenario::start("xg", 2, &yaml).expect("scenario");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("web programmed: {e}\n{}", s.agent.log_text()));
+    // As an earlier build left it: only the filters pinned (at the one size it had), every
+    // other map and link gone, then an agent whose capacities ask for larger filters.
+    s.agent.stop();
+    let pins = s.agent.pins.clone();
+    let _ = std::fs::remove_dir_all(pins.join("links"));
+    for name in lb_common::ALL_MAPS
+        .iter()
+        .filter(|n| **n != MAP_ADDR_FILTER)
+    {
+        let _ = std::fs::remove_file(pins.join(name));
+    }
+    let args: Vec<String> = [
+        "--source",
+        &format!("file:{}", s.yaml.display()),
+        "--pod-interfaces",
+        "xv-*",
+        "--backend-map-max",
+        "1048576",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    s.agent
+        .restart_with(&args, s.workdir.join("agent2.log"))
+        .expect("restart");
+    s.wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("web programmed again: {e}\n{}", s.agent.log_text()));
+    s.agent
+        .wait_log(
+            "pinned address filters keep their size",
+            1,
+            Duration::from_secs(1),
+        )
+        .expect("said so");
+    let entries = MapData::from_pin(pins.join(MAP_ADDR_FILTER))
+        .and_then(|m| m.info())
+        .expect("the pinned filter map")
+        .max_entries();
+    assert_eq!(entries, FilterSize::DEFAULT.entries(), "kept at its size");
+    let answers = s
+        .topo
+        .client
+        .ns
+        .run(|| {
+            (0..10)
+                .map(|_| tcp_request(sock(WEB, 80), Duration::from_secs(2)).map(|a| a.backend))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .expect("client")
+        .unwrap_or_else(|e| panic!("web answers: {e}\n{}", s.agent.log_text()));
+    assert!(
+        answers.iter().all(|a| a.starts_with("backend-")),
+        "{answers:?}"
+    );
+}
