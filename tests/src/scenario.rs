@@ -104,6 +104,24 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// `n` TCP requests from the client pod to `to`, one connection each (2 s apiece): the
+    /// name of the backend that answered each, or the first error (with the agent's log).
+    pub fn ask_tcp(&self, to: SocketAddr, n: usize) -> Result<Vec<String>, String> {
+        self.topo
+            .client
+            .ns
+            .run(move || {
+                (0..n)
+                    .map(|_| {
+                        crate::client::tcp_request(to, Duration::from_secs(2)).map(|a| a.backend)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })?
+            .map_err(|e| format!("{e}\n{}", self.agent.log_text()))
+    }
+}
+
 impl Drop for Scenario {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.workdir);

@@ -7,7 +7,6 @@ use std::{net::Ipv4Addr, time::Duration};
 use aya::maps::MapData;
 use lb_common::{FilterSize, MAP_ADDR_FILTER};
 use xlb_tests::{
-    client::tcp_request,
     require_root,
     scenario::{Scenario, TCP_PORT, sock},
     services::service_yaml,
@@ -40,16 +39,8 @@ fn filters_sized_for_a_larger_backend_map_pass_service_flows_and_their_replies()
     // A new flow to the frontend (its filter bit), the backend's reply (the backend filter's
     // bit) and each next packet: ten requests, each answered by a backend.
     let answers = s
-        .topo
-        .client
-        .ns
-        .run(|| {
-            (0..10)
-                .map(|_| tcp_request(sock(WEB, 80), Duration::from_secs(2)).map(|a| a.backend))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .expect("client")
-        .unwrap_or_else(|e| panic!("web answers: {e}\n{}", s.agent.log_text()));
+        .ask_tcp(sock(WEB, 80), 10)
+        .unwrap_or_else(|e| panic!("web answers: {e}"));
     assert_eq!(answers.len(), 10);
     assert!(
         answers.iter().all(|a| a.starts_with("backend-")),
@@ -107,16 +98,8 @@ fn a_filter_pinned_at_another_size_keeps_it_and_still_passes_service_flows() {
         .max_entries();
     assert_eq!(entries, FilterSize::DEFAULT.entries(), "kept at its size");
     let answers = s
-        .topo
-        .client
-        .ns
-        .run(|| {
-            (0..10)
-                .map(|_| tcp_request(sock(WEB, 80), Duration::from_secs(2)).map(|a| a.backend))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .expect("client")
-        .unwrap_or_else(|e| panic!("web answers: {e}\n{}", s.agent.log_text()));
+        .ask_tcp(sock(WEB, 80), 10)
+        .unwrap_or_else(|e| panic!("web answers: {e}"));
     assert!(
         answers.iter().all(|a| a.starts_with("backend-")),
         "{answers:?}"

@@ -128,17 +128,7 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
         .wait_backends("10.96.0.10:80/TCP", 2, Duration::from_secs(2))
         .unwrap_or_else(|e| panic!("web's change: {e}\n{}", s.agent.log_text()));
     eprintln!("web's change applied in {took:?} while api fails");
-    let answers: Vec<String> = s
-        .topo
-        .client
-        .ns
-        .run(|| {
-            (0..10)
-                .map(|_| tcp_request(sock(WEB, 80), Duration::from_secs(2)).map(|a| a.backend))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .expect("client")
-        .expect("web answers");
+    let answers = s.ask_tcp(sock(WEB, 80), 10).expect("web answers");
     assert!(
         answers.iter().all(|a| a != "backend-3"),
         "the removed backend got traffic: {answers:?}"
