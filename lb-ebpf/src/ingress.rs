@@ -25,7 +25,7 @@ use lb_common::{
 };
 
 use crate::{
-    conntrack::{self, continues, mid_stream, touch},
+    conntrack::{self, Ct, continues, mid_stream, touch},
     dsr,
     family::{Ends, Family, Mtu, View},
     filter,
@@ -52,9 +52,14 @@ pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratc
     // Read once: the tracked-flow step and the new-flow step both ask it. Most packets that
     // have nothing to do with a service are known so from two bits, without a hash lookup.
     let front = filter::maybe_frontend(F::filter_word(t.daddr()));
-    if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
-        // Neither to a frontend nor from a backend: no flow of ours (no work area, and no
-        // call out of line unless it may be to a backend).
+    if !front {
+        // Not to a frontend: a reply of a tracked flow, or no flow of ours. Neither takes the
+        // work area; a packet from no backend and to none makes no call out of line.
+        if filter::maybe_backend(F::filter_word(t.saddr()))
+            && let Some(ct) = conntrack::lookup_reply(t)
+        {
+            return reply(ctx, t, &ct);
+        }
         if !filter::maybe_backend(F::filter_word(t.daddr())) {
             return Carried::done(pass(R_PASS));
         }
@@ -64,15 +69,12 @@ pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratc
         Ok(s) => s,
         Err(r) => return Carried::done::<i32>(Err(r)),
     };
-    let reason = match tracked(ctx, t, front, s).next::<i32>() {
+    let reason = match tracked(ctx, t, s).next::<i32>() {
         Then::Next(r) => r.0,
         Then::Done(o) => return Carried::done(o),
         Then::FragNeeded(mtu) => return too_big(ctx, t, s, mtu),
         Then::Refuse => return Carried::done::<i32>(Err(Reason(R_NO_BACKEND))),
     };
-    if !front {
-        return supersede(ctx, t);
-    }
     if F::is_loopback(t.daddr()) {
         return Carried::done(pass(R_PASS));
     }
@@ -93,33 +95,27 @@ pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratc
     }
 }
 
-/// A packet of a tracked flow (to its backend) or a reply of one (back from the frontend);
-/// else [`Then::Next`] with the reason a new flow of it is counted under. `front`: the
-/// destination may be a frontend (its address filter bit).
+/// A packet to a frontend (its address filter bit says it may be): of a tracked flow (to its
+/// backend) or a reply of one (a client that is itself a frontend address); else
+/// [`Then::Next`] with the reason a new flow of it is counted under.
 ///
 /// As with kube-proxy's conntrack: a TCP connection stays on a backend even after it left
 /// the service (graceful termination), while a UDP flow whose backend was removed is
 /// re-balanced (kube-proxy flushes those). The entry holds the rewrite, the counters'
 /// indices and whether the service has affinity: no service lookup.
 #[inline(never)]
-fn tracked<F: Family>(ctx: &TcContext, t: &F, front: bool, s: &mut F::Scratch) -> Carried {
-    Carried::then(try_tracked(ctx, t, front, s))
+fn tracked<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
+    Carried::then(try_tracked(ctx, t, s))
 }
 
 #[inline(always)]
 fn try_tracked<F: Family>(
     ctx: &TcContext,
     t: &F,
-    front: bool,
     s: &mut F::Scratch,
 ) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
-    let forward = if front {
-        conntrack::lookup_forward(t)
-    } else {
-        None
-    };
-    if let Some(ct) = forward {
+    if let Some(ct) = conntrack::lookup_forward(t) {
         if continues(&ct, t) {
             match t.check_mtu(ctx, ct.daddr(), ct.mtu(), dsr::extra(ct.flags(), t)) {
                 Mtu::TooBig(mtu) => return Ok(Then::FragNeeded(mtu)),
@@ -150,6 +146,15 @@ fn try_tracked<F: Family>(
         reason = R_CT_MISS;
     }
     Ok(Then::Next(Reason(reason)))
+}
+
+/// A reply from a backend of a tracked flow (its entry `ct`): the client (if the flow was
+/// SNATed) as destination; the frontend as source at egress. Out of line: its rewrite's
+/// frame on the entry's goes over 512 bytes with the new-flow steps.
+#[inline(never)]
+fn reply<F: Family>(ctx: &TcContext, t: &F, ct: &Ct<F>) -> Carried {
+    touch(ct, t);
+    Carried::done(nat::reply_in(ctx, t, ct).map(|()| (TC_ACT_OK, Reason(R_REPLY_IN))))
 }
 
 /// A packet to no frontend: passed, after it ended the translated flow whose reply tuple it
