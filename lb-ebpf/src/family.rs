@@ -614,6 +614,18 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     fn refuse(&self, ctx: &TcContext, s: &mut Self::Scratch, back: u64) -> Result<i32, Reason>;
     /// Answers the packet with fragmentation needed / Packet Too Big (`mtu`).
     fn too_big(&self, ctx: &TcContext, s: &mut Self::Scratch, mtu: u16) -> Result<i32, Reason>;
+    /// ICMP's protocol number (ICMPv6's), and the type and code of port unreachable and of
+    /// fragmentation needed / Packet Too Big: the answers of `reject.rs`.
+    const ICMP_PROTO: u8;
+    const PORT_UNREACH: (u8, u8);
+    const TOO_BIG: (u8, u8);
+    /// The unfolded sum an answer's checksum of `len` bytes of `proto` starts from: its
+    /// pseudo-header (the packet's addresses: swapped, the same sum), or 0 where the family
+    /// has none (IPv4's ICMP).
+    fn answer_sum(&self, proto: u8, len: u32) -> u32;
+    /// Writes the IP header of an answer (`reject.rs`) from the packet's destination to its
+    /// source, for `payload` bytes of `proto`, the packet already resized to it.
+    fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason>;
     /// An ICMP message as the family's parse leaves it.
     type Icmp;
     /// The `PART` side of an ICMP error about a tracked flow translated, outer header and

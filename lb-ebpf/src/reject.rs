@@ -1,11 +1,13 @@
-//! Refusing a connection to a service without endpoints, as kube-proxy's REJECT does: a TCP
-//! segment is answered with a RST, a UDP datagram with ICMP port unreachable. The packet is
-//! rewritten in place into the answer and sent back out of the interface it came in on.
+//! Answers built in place of the packet and sent back out of the interface it came in on,
+//! one code for both families: refusing a connection to a service without endpoints, as
+//! kube-proxy's REJECT does (a TCP segment answered with a RST, anything else with ICMP /
+//! ICMPv6 port unreachable), and fragmentation needed / Packet Too Big for a packet too big
+//! for the route to its backend (path-MTU discovery through the service).
 //!
-//! Shared with IPv6 (`v6/reject.rs`, `v6/icmp.rs`, `icmp.rs`): the RST's numbers
-//! ([`rst_for`]), the Ethernet reply and the send-back, the one's-complement sums, loading a
-//! quote into the scratch and its checksum diff. The headers and their checksums are each
-//! family's (IPv4's header checksum; IPv6's pseudo-header of four-word addresses).
+//! Each family's leaf gives what differs ([`Family`]): the ICMP protocol, types and codes,
+//! the IP header of the answer, the sum its checksums start from (the pseudo-header; none
+//! for IPv4's ICMP). Also used by the ICMP translation (`icmp.rs`, `v6/icmp.rs`): the
+//! one's-complement sums, loading a quote into the scratch and its checksum diff.
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
@@ -14,17 +16,7 @@ use aya_ebpf::{
 };
 use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
 
-use crate::{
-    parse::{ETH_HLEN, Tuple},
-    reason::Reason,
-};
-
-const IPPROTO_ICMP: u8 = 1;
-/// Destination unreachable codes.
-const ICMP_PORT_UNREACH: u8 = 3;
-const ICMP_FRAG_NEEDED: u8 = 4;
-/// Original IP header + 8 bytes of its payload, quoted in the ICMP error.
-const QUOTE: usize = 28;
+use crate::{family::Family, parse::ETH_HLEN, reason::Reason};
 
 #[inline(always)]
 fn failed<E>(_: E) -> Reason {
@@ -122,20 +114,6 @@ pub(crate) fn rst_for(tcp: &[u8; 20], l4_len: u32) -> Result<([u8; 4], [u8; 4], 
     })
 }
 
-/// An IPv4 header (no options) from `src` to `dst` with a valid checksum.
-#[inline(always)]
-fn ip_header(src: [u8; 4], dst: [u8; 4], proto: u8, total: u16) -> [u8; 20] {
-    let t = total.to_be_bytes();
-    let mut h = [
-        0x45, 0, t[0], t[1], 0, 0, 0x40, 0, 64, proto, 0, 0, src[0], src[1], src[2], src[3],
-        dst[0], dst[1], dst[2], dst[3],
-    ];
-    let c = fold(sum16(&h, 0));
-    h[10] = c[0];
-    h[11] = c[1];
-    h
-}
-
 /// The Ethernet header of the answer: addresses swapped.
 #[inline(always)]
 pub(crate) fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
@@ -145,40 +123,43 @@ pub(crate) fn eth_reply(ctx: &TcContext) -> Result<[u8; 14], Reason> {
     ])
 }
 
-/// Rewrites the packet into the refusal and redirects it back; returns the tc action.
-/// `back`: the redirect's flags: 0 at tc ingress (back out of the interface it came in
-/// on), `BPF_F_INGRESS` at tc egress (into the node's stack: the node's own packet).
+/// Rewrites the packet into the refusal and redirects it back; returns the tc action: a TCP
+/// segment answered with a RST, anything else with port unreachable quoting the packet's
+/// first `Q` bytes (loaded into `quote`, the scratch's: off the stack). `back`: the
+/// redirect's flags: 0 at tc ingress (back out of the interface it came in on),
+/// `BPF_F_INGRESS` at tc egress (into the node's stack: the node's own packet).
 #[inline(always)]
-pub fn refuse(ctx: &TcContext, t: &Tuple, back: u64) -> Result<i32, Reason> {
-    if t.l4_off != ETH_HLEN + 20 {
-        // IP options: too rare to answer; drop, as a timeout would.
-        return Err(Reason(R_NO_BACKEND));
-    }
-    let eth = eth_reply(ctx)?;
-    let ip: [u8; 20] = ctx.load(ETH_HLEN).map_err(failed)?;
-    let client = [ip[12], ip[13], ip[14], ip[15]];
-    let vip = [ip[16], ip[17], ip[18], ip[19]];
-    if t.proto == IPPROTO_TCP {
-        tcp_rst(ctx, t, &eth, &ip, client, vip)?;
+pub fn refuse<F: Family, const Q: usize>(
+    ctx: &TcContext,
+    t: &F,
+    quote: &mut [u8; Q],
+    back: u64,
+) -> Result<i32, Reason> {
+    if t.proto() == IPPROTO_TCP {
+        tcp_rst(ctx, t)?;
     } else {
-        icmp_unreachable(ctx, &eth, client, vip, ICMP_PORT_UNREACH, 0)?;
+        icmp_error(ctx, t, F::PORT_UNREACH, 0, quote)?;
     }
     send_back(ctx, back)
 }
 
-/// Answers a packet too big for its route (DF set) with ICMP fragmentation needed, from the
-/// frontend the client addressed, quoting the packet as the client sent it: the client's
-/// path-MTU discovery sees the service, not the translated flow. Returns the tc action.
+/// Answers a packet too big for its route with fragmentation needed / Packet Too Big
+/// (`mtu`) from the frontend the client addressed, quoting the packet as the client sent it
+/// (built in `quote`): the client's path-MTU discovery sees the service, not the translated
+/// flow. Returns the tc action.
 #[inline(always)]
-pub fn frag_needed(ctx: &TcContext, t: &Tuple, mtu: u16) -> Result<i32, Reason> {
-    if t.l4_off != ETH_HLEN + 20 {
+pub fn too_big<F: Family, const Q: usize>(
+    ctx: &TcContext,
+    t: &F,
+    mtu: u16,
+    quote: &mut [u8; Q],
+) -> Result<i32, Reason> {
+    if !t.plain() {
+        // IP options or extension headers: the quote would not reach the ports; dropped, as
+        // a router without an answer would.
         return Err(Reason(R_FRAG_NEEDED));
     }
-    let eth = eth_reply(ctx)?;
-    let ip: [u8; 20] = ctx.load(ETH_HLEN).map_err(failed)?;
-    let client = [ip[12], ip[13], ip[14], ip[15]];
-    let vip = [ip[16], ip[17], ip[18], ip[19]];
-    icmp_unreachable(ctx, &eth, client, vip, ICMP_FRAG_NEEDED, mtu)?;
+    icmp_error(ctx, t, F::TOO_BIG, mtu as u32, quote)?;
     send_back(ctx, 0)
 }
 
@@ -196,65 +177,80 @@ pub(crate) fn send_back(ctx: &TcContext, flags: u64) -> Result<i32, Reason> {
     Ok(action as i32)
 }
 
+/// Resizes the packet to the answer's `payload` bytes of `proto` and writes its Ethernet
+/// (addresses swapped) and IP headers (from the frontend to the client).
 #[inline(always)]
-fn tcp_rst(
-    ctx: &TcContext,
-    t: &Tuple,
-    eth: &[u8; 14],
-    ip: &[u8; 20],
-    client: [u8; 4],
-    vip: [u8; 4],
-) -> Result<(), Reason> {
-    let tcp: [u8; 20] = ctx.load(t.l4_off).map_err(failed)?;
-    let total = u16::from_be_bytes([ip[2], ip[3]]) as u32;
-    let (seq, ack, out_flags) = rst_for(&tcp, total.saturating_sub(20))?;
-    let mut rst = [
-        tcp[2], tcp[3], tcp[0], tcp[1], seq[0], seq[1], seq[2], seq[3], ack[0], ack[1], ack[2],
-        ack[3], 0x50, out_flags, 0, 0, 0, 0, 0, 0,
-    ];
-    let pseudo = sum16(&vip, sum16(&client, 0)) + IPPROTO_TCP as u32 + 20;
-    let c = fold(sum16(&rst, pseudo));
-    rst[16] = c[0];
-    rst[17] = c[1];
-    let len = (ETH_HLEN + 40) as u32;
+fn headers<F: Family>(ctx: &TcContext, t: &F, proto: u8, payload: u16) -> Result<(), Reason> {
+    let eth = eth_reply(ctx)?;
+    let len = (F::L4_OFF + payload as usize) as u32;
     // SAFETY: helper on our own skb; packet pointers are not used afterwards.
     if unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) } != 0 {
         return Err(Reason(R_REWRITE_FAILED));
     }
-    ctx.store(0, eth, 0).map_err(failed)?;
-    ctx.store(ETH_HLEN, &ip_header(vip, client, IPPROTO_TCP, 40), 0)
-        .map_err(failed)?;
-    ctx.store(ETH_HLEN + 20, &rst, 0).map_err(failed)
+    ctx.store(0, &eth, 0).map_err(failed)?;
+    t.answer_header(ctx, proto, payload)
 }
 
 #[inline(always)]
-fn icmp_unreachable(
-    ctx: &TcContext,
-    eth: &[u8; 14],
-    client: [u8; 4],
-    vip: [u8; 4],
-    code: u8,
-    mtu: u16,
-) -> Result<(), Reason> {
-    let quote: [u8; QUOTE] = ctx.load(ETH_HLEN).map_err(failed)?;
-    // Type 3 (destination unreachable); the next-hop MTU for code 4 (fragmentation needed).
-    let m = mtu.to_be_bytes();
-    let mut icmp = [3u8, code, 0, 0, 0, 0, m[0], m[1]];
-    let c = fold(sum16(&quote, sum16(&icmp, 0)));
-    icmp[2] = c[0];
-    icmp[3] = c[1];
-    let len = (ETH_HLEN + 20 + 8 + QUOTE) as u32;
-    // SAFETY: helper on our own skb; packet pointers are not used afterwards.
-    if unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) } != 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
-    ctx.store(0, eth, 0).map_err(failed)?;
-    ctx.store(
-        ETH_HLEN,
-        &ip_header(vip, client, IPPROTO_ICMP, (20 + 8 + QUOTE) as u16),
+fn tcp_rst<F: Family>(ctx: &TcContext, t: &F) -> Result<(), Reason> {
+    let tcp: [u8; 20] = ctx.load(t.l4_off()).map_err(failed)?;
+    let (seq, ack, out_flags) = rst_for(&tcp, t.l4_len())?;
+    // Words, written volatile: as bytes, the trailing zeros merge into a `memset` byte loop
+    // the verifier refuses without CAP_PERFMON.
+    let mut rst = [0u32; 5];
+    let words = [
+        u32::from_ne_bytes([tcp[2], tcp[3], tcp[0], tcp[1]]),
+        u32::from_ne_bytes(seq),
+        u32::from_ne_bytes(ack),
+        u32::from_ne_bytes([0x50, out_flags, 0, 0]),
         0,
-    )
-    .map_err(failed)?;
-    ctx.store(ETH_HLEN + 20, &icmp, 0).map_err(failed)?;
-    ctx.store(ETH_HLEN + 28, &quote, 0).map_err(failed)
+    ];
+    for i in 0..5 {
+        // SAFETY: in bounds.
+        unsafe { core::ptr::write_volatile(&mut rst[i], words[i]) };
+    }
+    // SAFETY: five u32 are twenty bytes.
+    let bytes = unsafe { &*(rst.as_ptr() as *const [u8; 20]) };
+    let c = fold(sum16(bytes, t.answer_sum(IPPROTO_TCP, 20)));
+    // SAFETY: in bounds.
+    unsafe { core::ptr::write_volatile(&mut rst[4], u32::from_ne_bytes([c[0], c[1], 0, 0])) };
+    headers(ctx, t, IPPROTO_TCP, 20)?;
+    ctx.store(F::L4_OFF, &rst, 0).map_err(failed)
+}
+
+/// An ICMP error of `kind` (type, code; `rest`: the word after the checksum) quoting the
+/// packet's first `Q` bytes (loaded into `quote`).
+#[inline(always)]
+fn icmp_error<F: Family, const Q: usize>(
+    ctx: &TcContext,
+    t: &F,
+    kind: (u8, u8),
+    rest: u32,
+    quote: &mut [u8; Q],
+) -> Result<(), Reason> {
+    if !t.plain() {
+        return Err(Reason(R_NO_BACKEND));
+    }
+    load_quote(ctx, ETH_HLEN, quote)?;
+    let (kind, code) = kind;
+    // Two words, written volatile: as bytes, the zeros of a code 0 and a small MTU merge
+    // into a `memset` byte loop the verifier refuses without CAP_PERFMON.
+    let mut icmp = [0u32; 2];
+    // SAFETY: both indices are in bounds.
+    unsafe {
+        core::ptr::write_volatile(&mut icmp[0], u32::from_ne_bytes([kind, code, 0, 0]));
+        core::ptr::write_volatile(&mut icmp[1], rest.to_be());
+    }
+    let len = (8 + Q) as u32;
+    let sum = t.answer_sum(F::ICMP_PROTO, len);
+    // SAFETY: two u32 are eight bytes.
+    let bytes = unsafe { &*(icmp.as_ptr() as *const [u8; 8]) };
+    let c = fold(sum16(quote, sum16(bytes, sum)));
+    // SAFETY: as above.
+    unsafe {
+        core::ptr::write_volatile(&mut icmp[0], u32::from_ne_bytes([kind, code, c[0], c[1]]))
+    };
+    headers(ctx, t, F::ICMP_PROTO, len as u16)?;
+    ctx.store(F::L4_OFF, &icmp, 0).map_err(failed)?;
+    ctx.store(F::L4_OFF + 8, quote, 0).map_err(failed)
 }

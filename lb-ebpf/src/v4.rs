@@ -7,7 +7,8 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_PASS, R_REWRITE_FAILED,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_NO_BACKEND, R_PASS,
+    R_REWRITE_FAILED,
 };
 
 use crate::{
@@ -144,13 +145,48 @@ impl Family for Tuple {
         }
         Ok(addr)
     }
+    /// A packet with IP options is not answered: dropped, as a timeout would.
     #[inline(always)]
-    fn refuse(&self, ctx: &TcContext, _: &mut FlowScratch, back: u64) -> Result<i32, Reason> {
-        reject::refuse(ctx, self, back)
+    fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch, back: u64) -> Result<i32, Reason> {
+        if !self.plain() {
+            return Err(Reason(R_NO_BACKEND));
+        }
+        reject::refuse(ctx, self, &mut s.quote_old, back)
     }
     #[inline(always)]
-    fn too_big(&self, ctx: &TcContext, _: &mut FlowScratch, mtu: u16) -> Result<i32, Reason> {
-        reject::frag_needed(ctx, self, mtu)
+    fn too_big(&self, ctx: &TcContext, s: &mut FlowScratch, mtu: u16) -> Result<i32, Reason> {
+        reject::too_big(ctx, self, mtu, &mut s.quote_old)
+    }
+    const ICMP_PROTO: u8 = 1;
+    /// Destination unreachable (3): port unreachable (3), fragmentation needed (4).
+    const PORT_UNREACH: (u8, u8) = (3, 3);
+    const TOO_BIG: (u8, u8) = (3, 4);
+    /// ICMP's checksum has no pseudo-header.
+    #[inline(always)]
+    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
+        if proto == Self::ICMP_PROTO {
+            return 0;
+        }
+        reject::sum16(
+            &self.daddr_be.to_ne_bytes(),
+            reject::sum16(&self.saddr_be.to_ne_bytes(), 0),
+        ) + proto as u32
+            + len
+    }
+    /// No options; don't fragment; TTL 64; its header checksum.
+    #[inline(always)]
+    fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
+        let (src, dst) = (self.daddr_be.to_ne_bytes(), self.saddr_be.to_ne_bytes());
+        let t = (20 + payload).to_be_bytes();
+        let mut h = [
+            0x45, 0, t[0], t[1], 0, 0, 0x40, 0, 64, proto, 0, 0, src[0], src[1], src[2], src[3],
+            dst[0], dst[1], dst[2], dst[3],
+        ];
+        let c = reject::fold(reject::sum16(&h, 0));
+        h[10] = c[0];
+        h[11] = c[1];
+        ctx.store(ETH_HLEN, &h, 0)
+            .map_err(|_| Reason(R_REWRITE_FAILED))
     }
     type Icmp = Icmp;
     #[inline(always)]

@@ -10,7 +10,7 @@ use super::{
     maps::FlowScratch6,
     parse::{
         DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF, IP6_SRC_OFF,
-        Tuple6,
+        IPPROTO_ICMPV6, Tuple6,
     },
     reject, xdp,
 };
@@ -128,11 +128,23 @@ impl Family for Tuple6 {
     }
     #[inline(always)]
     fn refuse(&self, ctx: &TcContext, s: &mut FlowScratch6, back: u64) -> Result<i32, Reason> {
-        reject::refuse(ctx, self, &mut s.quote_old, back)
+        crate::reject::refuse(ctx, self, &mut s.quote_old, back)
     }
     #[inline(always)]
     fn too_big(&self, ctx: &TcContext, s: &mut FlowScratch6, mtu: u16) -> Result<i32, Reason> {
-        reject::too_big(ctx, self, mtu, &mut s.quote_old)
+        crate::reject::too_big(ctx, self, mtu, &mut s.quote_old)
+    }
+    const ICMP_PROTO: u8 = IPPROTO_ICMPV6;
+    /// Destination unreachable (1): port unreachable (4); Packet Too Big (2, code 0).
+    const PORT_UNREACH: (u8, u8) = (1, 4);
+    const TOO_BIG: (u8, u8) = (2, 0);
+    #[inline(always)]
+    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
+        reject::pseudo(&self.daddr_be, &self.saddr_be, len, proto)
+    }
+    #[inline(always)]
+    fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
+        reject::header(ctx, self, proto, payload)
     }
     /// The parse leaves an ICMPv6 message in the tuple (its type, where it starts).
     type Icmp = Tuple6;
