@@ -84,6 +84,13 @@ fn tuple_key<T: Flow>(t: &T, dir: u8) -> T::Key {
     T::key(t.saddr(), t.daddr(), t.sport(), t.dport(), t.proto(), dir)
 }
 
+/// The key of the packet's 5-tuple turned around (destination as source) in direction `dir`:
+/// a DSR packet leaving for its backend names its flow's reply entry so.
+#[inline(always)]
+pub fn reversed_key<T: Flow>(t: &T, dir: u8) -> T::Key {
+    T::key(t.daddr(), t.saddr(), t.dport(), t.sport(), t.proto(), dir)
+}
+
 /// The entry for `k`, if its flow is tracked: assured (`XLB_CTA_V1`) or not yet
 /// (`XLB_CT_V3`). Only `last_seen_ns`, `mtu` and `flags` are written through it
 /// (`Shared`'s volatile stores): the other CPUs may write the same fields at once.

@@ -93,14 +93,7 @@ pub fn extra_new<F: Family>(t: &F, svc: &SvcValue, be: &Backend) -> u16 {
 /// translated at ingress) belongs to: its source is the frontend.
 #[inline(always)]
 pub fn frontend_entry<F: Family>(t: &F) -> Option<Ct<F>> {
-    let k = F::key(
-        t.daddr(),
-        t.saddr(),
-        t.dport(),
-        t.sport(),
-        t.proto(),
-        CT_DIR_REPLY,
-    );
+    let k = conntrack::reversed_key(t, CT_DIR_REPLY);
     conntrack::entry::<F>(&k).filter(|ct| ct.flags() & CT_F_DSR != 0)
 }
 
@@ -198,14 +191,7 @@ pub fn learn<F: Family>(t: &F, s: &mut F::Scratch) -> Result<bool, Reason> {
     daddr.set(t.saddr());
     *dport = t.sport();
     learnt::<F>(p.reply, svc_id, now);
-    *p.reply_key = F::key(
-        t.daddr(),
-        t.saddr(),
-        t.dport(),
-        t.sport(),
-        t.proto(),
-        CT_DIR_REPLY,
-    );
+    *p.reply_key = conntrack::reversed_key(t, CT_DIR_REPLY);
     conntrack::insert_dsr::<F>(s)?;
     Ok(true)
 }
