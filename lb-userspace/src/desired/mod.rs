@@ -171,6 +171,17 @@ pub enum DesiredError {
         needed: usize,
     },
     #[error(
+        "Service {object}: map {map} is full (capacity {capacity}, {needed} more entries needed for all {count} backends); programmed with the first {kept}"
+    )]
+    MapFullPartly {
+        object: String,
+        map: &'static str,
+        capacity: u32,
+        needed: usize,
+        count: usize,
+        kept: u16,
+    },
+    #[error(
         "Service {object}: {count} backends exceed the limit of {limit} per service port; the first {limit} are used"
     )]
     TooManyBackends {
@@ -203,6 +214,7 @@ impl DesiredError {
             DesiredError::Unsupported { object, .. }
             | DesiredError::FrontendConflict { object, .. }
             | DesiredError::MapFull { object, .. }
+            | DesiredError::MapFullPartly { object, .. }
             | DesiredError::MaglevFull { object, .. }
             | DesiredError::TooManyBackends { object, .. }
             | DesiredError::NoIpv6 { object, .. }

@@ -161,11 +161,22 @@ pub fn plan(
         });
         return None;
     };
+    let slot = fit(
+        desired,
+        &mut plan,
+        slot,
+        limits,
+        (&object, backends.len()),
+        errors,
+    )?;
     plan.slots = slot;
     let mut flags = flags;
     if let Some((m, seed)) = maglev.filter(|_| slot > 0) {
         if desired.maglev.len() < limits.maglev as usize {
-            let names: Vec<String> = backends.iter().map(|(b, _)| b.to_string()).collect();
+            let names: Vec<String> = backends[..slot as usize]
+                .iter()
+                .map(|(b, _)| b.to_string())
+                .collect();
             let slots = ids.maglev_table(&names, m, seed.as_bytes());
             plan.maglev = Some((svc_id, MaglevTable { slots }));
             flags |= SVC_F_MAGLEV;
@@ -250,6 +261,99 @@ pub fn external(key: SvcKey) -> SvcKey {
         scope: SCOPE_EXTERNAL,
         ..key
     }
+}
+
+/// The slots of `plan` (`slots` planned for `object`'s `count` backends) that fit beside
+/// `desired`: all, or the first ones that fit (named in `errors`: a scale-up past a full map
+/// keeps the frontend serving rather than taking it out); `None` when not one does.
+fn fit(
+    desired: &Desired,
+    plan: &mut Plan,
+    slots: u16,
+    limits: Limits,
+    (object, count): (&str, usize),
+    errors: &mut Vec<DesiredError>,
+) -> Option<u16> {
+    let Err(Short {
+        map,
+        capacity,
+        needed,
+        keep,
+    }) = fitting_slots(desired, plan, slots, limits)
+    else {
+        return Some(slots);
+    };
+    let object = object.to_string();
+    if keep == 0 {
+        errors.push(DesiredError::MapFull {
+            object,
+            map,
+            capacity,
+            needed,
+        });
+        return None;
+    }
+    errors.push(DesiredError::MapFullPartly {
+        object,
+        map,
+        capacity,
+        needed,
+        count,
+        kept: keep,
+    });
+    plan.backends.truncate(keep as usize);
+    plan.entries.truncate(keep as usize);
+    Some(keep)
+}
+
+/// A frontend whose backends do not all fit: the map short of room, its capacity, the
+/// entries the whole frontend needs, and how many of its first backends fit (0: none).
+struct Short {
+    map: &'static str,
+    capacity: u32,
+    needed: usize,
+    keep: u16,
+}
+
+/// Whether `plan`'s `slots` backend slots and its entry (not yet in it) fit the service map
+/// and the backend array beside `desired`; else how many of its first backends do.
+fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> Result<(), Short> {
+    let svc_free = (limits.svc_entries as usize).saturating_sub(desired.services.len() + 1);
+    let be_free = (limits.backends as usize).saturating_sub(desired.backends.len());
+    let mut new = 0;
+    let be_fit = plan
+        .backends
+        .iter()
+        .take_while(|(id, _)| {
+            new += usize::from(!desired.backends.contains_key(id));
+            new <= be_free
+        })
+        .count();
+    let all = slots as usize;
+    if all <= svc_free && be_fit == all {
+        return Ok(());
+    }
+    let keep = all.min(svc_free).min(be_fit) as u16;
+    Err(if all > svc_free {
+        Short {
+            map: MAP_SVC,
+            capacity: limits.svc_entries,
+            needed: all + 1,
+            keep,
+        }
+    } else {
+        let needed = plan
+            .backends
+            .iter()
+            .filter(|(id, _)| !desired.backends.contains_key(id))
+            .count();
+        Short {
+            map: MAP_BACKEND,
+            capacity: limits.backends,
+            needed,
+            keep,
+        }
+    })
 }
 
 /// The map (name, capacity, entries needed) that has no room for `plan` in `desired`, if

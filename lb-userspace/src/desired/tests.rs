@@ -373,3 +373,57 @@ fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_names_each_ipv6_port()
         Protocol::Tcp
     )));
 }
+
+/// A Service whose backends outgrow a full service map (a scale-up) keeps serving with the
+/// first ones that fit, named in a MapFull problem; with no room for a single slot it is
+/// left out, as before.
+#[test]
+fn a_frontend_whose_backends_outgrow_the_service_map_keeps_the_first_that_fit() {
+    let loaded = file::parse(
+        "t.yaml",
+        &yaml(
+            "  clusterIP: 10.96.0.10\n  ports: [{name: p, port: 80, protocol: TCP}]",
+            Some(&[("10.1.0.1", NODE), ("10.1.0.2", NODE), ("10.1.0.3", NODE)]),
+        ),
+    )
+    .expect("yaml");
+    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    let at = |svc_entries| {
+        let limits = Limits {
+            svc_entries,
+            ..Limits::default()
+        };
+        compute_on(&loaded.model, &node, &mut Ids::default(), limits)
+    };
+    let (d, errors) = at(3);
+    assert_eq!(
+        errors,
+        [DesiredError::MapFullPartly {
+            object: "ns/web:p".into(),
+            map: lb_common::MAP_SVC,
+            capacity: 3,
+            needed: 4,
+            count: 3,
+            kept: 2,
+        }]
+    );
+    assert_eq!(entry(&d, Ipv4Addr::new(10, 96, 0, 10), 80).count, 2);
+    let addrs: Vec<String> = d
+        .backends
+        .values()
+        .map(|b| words_addr(b.addr_be, b.family).to_string())
+        .collect();
+    assert_eq!(
+        addrs,
+        ["10.1.0.1", "10.1.0.2"],
+        "the first two, in the slice's order"
+    );
+    assert_eq!(d.services.len(), 3);
+
+    let (d, errors) = at(1);
+    assert!(d.services.is_empty(), "{:?}", d.services);
+    assert!(
+        matches!(&errors[..], [DesiredError::MapFull { needed: 4, .. }]),
+        "{errors:?}"
+    );
+}

@@ -66,7 +66,9 @@ impl Reason {
     /// a failure (a Service without an EndpointSlice: kube-proxy does not count it either).
     pub fn of(e: &DesiredError) -> Option<(Reason, &str)> {
         match e {
-            DesiredError::MapFull { object, .. } => Some((Reason::MapFull, object)),
+            DesiredError::MapFull { object, .. } | DesiredError::MapFullPartly { object, .. } => {
+                Some((Reason::MapFull, object))
+            }
             DesiredError::MaglevFull { object, .. } => Some((Reason::MaglevMapFull, object)),
             DesiredError::FrontendConflict { object, .. } => {
                 Some((Reason::FrontendConflict, object))
