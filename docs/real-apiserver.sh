@@ -1,0 +1,83 @@
+#!/bin/bash
+# One check of xlb's Events against a real kube-apiserver v1.28.0 (+ etcd), all inside a
+# network namespace of its own; the agent's socket hooks in a cgroup of its own.
+# Usage: KUBE_APISERVER=path/to/kube-apiserver XLB=path/to/xlb [WORK=dir] docs/real-apiserver.sh
+# (as root; etcd, curl, jq, openssl and python3-yaml on PATH). Prints what it sees; read it.
+set -u
+: "${KUBE_APISERVER:?path of a kube-apiserver binary}" "${XLB:?path of the xlb binary}"
+RBAC=$(dirname "$0")/../deploy/base/rbac.yaml
+K=${WORK:-/tmp/xlb-real-apiserver}; R=$K/run; NS=xkreal$$; CG=/sys/fs/cgroup/unified/xkreal$$; PINS=/sys/fs/bpf/xkreal$$
+rm -rf $R && mkdir -p $R/etcd $R/certs
+cleanup() {
+  [ -n "${AGENT:-}" ] && kill $AGENT 2>/dev/null; sleep 1
+  [ -n "${APISERVER:-}" ] && kill $APISERVER 2>/dev/null
+  [ -n "${ETCD:-}" ] && kill $ETCD 2>/dev/null
+  sleep 2; ip netns pids $NS 2>/dev/null | xargs -r kill -9
+  ip netns del $NS 2>/dev/null; rm -rf $PINS; rmdir $CG 2>/dev/null; true
+}
+trap cleanup EXIT
+ip netns add $NS && ip -n $NS link set lo up && ip -n $NS link add xkd0 type veth peer name xkd1 && ip -n $NS link set xkd1 up \
+  && ip -n $NS addr add 10.0.0.1/24 dev xkd0 && ip -n $NS link set xkd0 up
+mkdir -p $CG
+X="nsenter --net=/run/netns/$NS"
+openssl genrsa -out $R/sa.key 2048 2>/dev/null
+ADMIN=admintoken$$; XLBT=xlbtoken$$
+printf '%s,admin,admin,system:masters\n%s,system:serviceaccount:kube-system:xlb,xlb-uid,system:serviceaccounts\n' $ADMIN $XLBT > $R/tokens.csv
+$X etcd --data-dir $R/etcd --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2380 > $R/etcd.log 2>&1 & ETCD=$!
+sleep 3
+$X $KUBE_APISERVER --etcd-servers http://127.0.0.1:2379 --bind-address 10.0.0.1 --advertise-address 10.0.0.1 \
+  --secure-port 6443 --cert-dir $R/certs --token-auth-file $R/tokens.csv --authorization-mode RBAC \
+  --service-account-issuer https://kubernetes.default.svc --service-account-key-file $R/sa.key \
+  --service-account-signing-key-file $R/sa.key --service-cluster-ip-range 10.96.0.0/16 > $R/apiserver.log 2>&1 & APISERVER=$!
+API=https://10.0.0.1:6443
+k() { $X curl -sk -H "Authorization: Bearer $ADMIN" "$@"; }
+for i in $(seq 60); do [ "$(k $API/readyz)" = ok ] && break; sleep 1; done
+echo "readyz: $(k $API/readyz)"; k $API/version | jq -c '{gitVersion}'
+apply() { # kind-path name json
+  k -X POST -H 'Content-Type: application/yaml' --data-binary @"$2" "$API$1" | jq -c '{kind, name: .metadata.name, reason, message}'; }
+$X true
+# RBAC exactly as deploy/base/rbac.yaml (ServiceAccount, ClusterRole, ClusterRoleBinding).
+python3 - "$K" "$RBAC" <<'PY'
+import sys, yaml, json, os
+docs = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+for i, d in enumerate(docs): json.dump(d, open(f"{sys.argv[1]}/run/rbac{i}.json", "w"))
+PY
+apply /api/v1/namespaces/kube-system/serviceaccounts $R/rbac0.json
+apply /apis/rbac.authorization.k8s.io/v1/clusterroles $R/rbac1.json
+apply /apis/rbac.authorization.k8s.io/v1/clusterrolebindings $R/rbac2.json
+echo '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"test"}}' > $R/ns.json; apply /api/v1/namespaces $R/ns.json
+echo '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node1"}}' > $R/node.json; apply /api/v1/nodes $R/node.json
+svc() { echo "{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{\"name\":\"$1\",\"namespace\":\"test\"},\"spec\":{\"clusterIP\":\"$2\",\"ports\":[{\"name\":\"http\",\"port\":80,\"protocol\":\"TCP\"}]}}" > $R/svc-$1.json; apply /api/v1/namespaces/test/services $R/svc-$1.json; }
+eps() { echo "{\"apiVersion\":\"discovery.k8s.io/v1\",\"kind\":\"EndpointSlice\",\"metadata\":{\"name\":\"$1-a\",\"namespace\":\"test\",\"labels\":{\"kubernetes.io/service-name\":\"$1\"}},\"addressType\":\"IPv4\",\"ports\":[{\"name\":\"http\",\"port\":8080,\"protocol\":\"TCP\"}],\"endpoints\":[{\"addresses\":[\"10.244.1.2\"],\"conditions\":{\"ready\":true}},{\"addresses\":[\"10.244.1.3\"],\"conditions\":{\"ready\":true}}]}" > $R/eps-$1.json; apply /apis/discovery.k8s.io/v1/namespaces/test/endpointslices $R/eps-$1.json; }
+cat > $R/kubeconfig <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: real, cluster: {server: "$API", insecure-skip-tls-verify: true}}]
+users: [{name: xlb, user: {token: "$XLBT"}}]
+contexts: [{name: real, context: {cluster: real, user: xlb}}]
+current-context: real
+KC
+svc web 10.96.0.10; eps web
+$X $XLB agent --source kubernetes --kubeconfig $R/kubeconfig --hostname-override node1 --pod-interfaces 'xkp-*' \
+  --node-interfaces xkd0 --service-map-max 6 --bpffs $PINS --cgroup-path $CG > $R/agent.log 2>&1 & AGENT=$!
+events() { k "$API/apis/events.k8s.io/v1/namespaces/test/events" | jq -c '.items | sort_by(.eventTime)[] | {type, reason, note, regarding: .regarding.name, uid: (.regarding.uid != null), series: .series.count, reportingController, reportingInstance, action}'; }
+sleep 8; echo "== services in the API"; k $API/api/v1/services | jq -c '.items[] | {ns: .metadata.namespace, name: .metadata.name, ip: .spec.clusterIP}'; echo "== list after web"; $X $XLB list services --bpffs $PINS 2>&1 | head
+svc api 10.96.0.11; eps api
+sleep 8; echo "== events after api (map full expected)"; events
+echo "== list"; $X $XLB list services --bpffs $PINS 2>&1 | head
+echo "== kubectl-style view (core/v1 events)"; k "$API/api/v1/namespaces/test/events" | jq -c '.items[] | {type, reason, message, count, obj: .involvedObject.name, source}'
+# A change to api's endpoints while it still fails (a third endpoint: it needs 4 entries now): no second Event.
+sed 's/api-a/api-b/; s/10.244.1.2/10.244.1.4/; s/,{"addresses":\["10.244.1.3"\],"conditions":{"ready":true}}//' $R/eps-api.json > $R/eps-api-b.json
+apply /apis/discovery.k8s.io/v1/namespaces/test/endpointslices $R/eps-api-b.json
+sleep 8; echo "== events after a change while failing (still one)"; events
+k -X DELETE "$API/api/v1/namespaces/test/services/web" | jq -c .status
+sleep 8; echo "== events after web deleted (recovered expected)"; events
+echo "== list"; $X $XLB list services --bpffs $PINS 2>&1 | head
+# Failing the same way again within the de-duplication window: the first Event's series (count 2).
+sed 's/api-b/api-c/; s/10.244.1.4/10.244.1.5/' $R/eps-api-b.json > $R/eps-api-c.json
+apply /apis/discovery.k8s.io/v1/namespaces/test/endpointslices $R/eps-api-c.json
+sleep 8; echo "== events after api fails again (series 2 expected)"; events
+echo "== list (api keeps the 3 backends that fit)"; $X $XLB list services --bpffs $PINS 2>&1 | head
+echo "== agent log (events)"; grep -i -E "event|mapfull|full" $R/agent.log | head -20
+echo "== apiserver audit of denials"; grep -i forbidden $R/apiserver.log | head -5
