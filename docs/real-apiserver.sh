@@ -2,6 +2,8 @@
 # Checks by hand against a real kube-apiserver v1.28.0 (+ etcd), all inside a network
 # namespace of its own (the agent's socket hooks in a cgroup of its own):
 #   events      the agent's Events on a Service a full map leaves out (RBAC as deploy/)
+#   scale       N Services (default 10,000) × 2 endpoints: the agent's start to its first
+#               sync and its RSS, then kube-proxy's first sync, each alone
 #   kube-proxy  kube-proxy v1.28.0's live iptables rules beside `xlb emit iptables` of the
 #               same objects (docs/real-apiserver-services.yaml), and `xlb agent --shadow`
 # Usage: KUBE_APISERVER=path XLB=path [KUBE_PROXY=path] [WORK=dir] docs/real-apiserver.sh CHECK
@@ -84,6 +86,55 @@ echo "== list (api keeps the 3 backends that fit)"; $X $XLB list services --bpff
 echo "== agent log (events)"; grep -i -E "event|mapfull|full" $R/agent.log | head -20
 echo "== apiserver audit of denials"; grep -i forbidden $R/apiserver.log | head -5
 }
+check_scale() { # N Services × 2 endpoints (N=${N:-10000}): the agent, then kube-proxy, each alone
+  : "${KUBE_PROXY:?path of a kube-proxy binary}"
+  local n=${N:-10000}
+  kubeconfig admin $ADMIN
+  echo '{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"test"}}' > $R/ns.json; apply /api/v1/namespaces $R/ns.json
+  echo '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node1"}}' > $R/node.json; apply /api/v1/nodes $R/node.json
+  local t0=$(date +%s.%N)
+  $X python3 - "$n" "$ADMIN" <<'PY2'
+import sys, json, ssl, http.client
+n, token = int(sys.argv[1]), sys.argv[2]
+ctx = ssl._create_unverified_context()
+c = http.client.HTTPSConnection("10.0.0.1", 6443, context=ctx)
+h = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+def post(path, obj):
+    c.request("POST", path, json.dumps(obj), h)
+    r = c.getresponse(); body = r.read()
+    if r.status >= 300: sys.exit(f"{path}: {r.status} {body[:200]}")
+for i in range(n):
+    name = f"s{i}"
+    post("/api/v1/namespaces/test/services", {"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "test"},
+        "spec": {"ports": [{"name": "p", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+    a = f"10.{64 + i // 32768}.{(i // 128) % 256}.{(i % 128) * 2}"
+    b = a.rsplit(".", 1)[0] + "." + str(int(a.rsplit(".", 1)[1]) + 1)
+    post("/apis/discovery.k8s.io/v1/namespaces/test/endpointslices", {"apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice", "metadata": {"name": name + "-a", "namespace": "test",
+        "labels": {"kubernetes.io/service-name": name}}, "addressType": "IPv4",
+        "ports": [{"name": "p", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [a], "conditions": {"ready": True}}, {"addresses": [b], "conditions": {"ready": True}}]})
+PY2
+  echo "created $n Services and their slices in $(echo "$(date +%s.%N) - $t0" | bc) s"
+  # The agent alone: from start to its first full sync, and its RSS once settled.
+  t0=$(date +%s.%N)
+  $X $XLB agent --source kubernetes --kubeconfig $R/kubeconfig --hostname-override node1 --pod-interfaces 'xkp-*' \
+    --node-interfaces xkd0 --bpffs $PINS --cgroup-path $CG > $R/agent.log 2>&1 & AGENT=$!
+  for i in $(seq 600); do grep -q "synced services=" $R/agent.log && break; sleep 0.1; done
+  echo "xlb agent: start -> first sync $(echo "$(date +%s.%N) - $t0" | bc) s (polled every 0.1 s)"
+  grep -m1 "synced services=" $R/agent.log | sed 's/^[^ ]* *//'
+  sleep 5; echo "xlb agent VmRSS: $(grep VmRSS /proc/$AGENT/status)"
+  kill $AGENT; wait $AGENT 2>/dev/null; AGENT=
+  $X $XLB cleanup --bpffs $PINS --cgroup-path $CG > /dev/null 2>&1
+  # kube-proxy alone (iptables mode): its first full sync as it logs it.
+  $X $KUBE_PROXY --kubeconfig $R/kubeconfig --hostname-override node1 --proxy-mode iptables --cluster-cidr 10.244.0.0/16 \
+    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
+    --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 --v 2 > $R/kube-proxy.log 2>&1 & PROXY=$!
+  for i in $(seq 1200); do grep -qs "SyncProxyRules complete" $R/kube-proxy.log && break; sleep 0.5; done
+  echo "kube-proxy:"; grep -E "SyncProxyRules complete|Syncing iptables rules|Reloading service iptables" $R/kube-proxy.log | head -4
+  sleep 3; echo "kube-proxy VmRSS: $(grep VmRSS /proc/$PROXY/status)"
+}
 check_kube_proxy() {
   : "${KUBE_PROXY:?path of a kube-proxy binary}"
 kubeconfig admin $ADMIN
@@ -138,5 +189,6 @@ echo "== xlb shadow report"; $X $XLB shadow report --file $R/shadow.json 2>&1 | 
 case $CHECK in
   events) check_events;;
   kube-proxy) check_kube_proxy;;
+  scale) check_scale;;
   *) echo "unknown check $CHECK" >&2; exit 2;;
 esac
