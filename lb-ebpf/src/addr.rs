@@ -16,6 +16,26 @@ pub trait Addr: Copy {
     /// Its four words (IPv4's in word 0, the rest zero), as `lb_common::flow_hash` takes
     /// an address.
     fn words(&self) -> [u32; 4];
+    /// The address at byte `at` of `b` (a quote), as it sits in the packet.
+    fn read(b: &[u8], at: usize) -> Self;
+    /// Writes it at byte `at` of `b`, byte by byte.
+    fn write(&self, b: &mut [u8], at: usize);
+}
+
+/// The word at byte `at` of `b`, as it sits in the packet.
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Writes `w` at byte `at` of `b`, byte by byte.
+#[inline(always)]
+fn put(b: &mut [u8], at: usize, w: u32) {
+    let x = w.to_ne_bytes();
+    b[at] = x[0];
+    b[at + 1] = x[1];
+    b[at + 2] = x[2];
+    b[at + 3] = x[3];
 }
 
 impl Addr for u32 {
@@ -39,6 +59,14 @@ impl Addr for u32 {
     fn words(&self) -> [u32; 4] {
         [*self, 0, 0, 0]
     }
+    #[inline(always)]
+    fn read(b: &[u8], at: usize) -> Self {
+        word(b, at)
+    }
+    #[inline(always)]
+    fn write(&self, b: &mut [u8], at: usize) {
+        put(b, at, *self)
+    }
 }
 
 impl Addr for [u32; 4] {
@@ -61,6 +89,21 @@ impl Addr for [u32; 4] {
     #[inline(always)]
     fn words(&self) -> [u32; 4] {
         *self
+    }
+    #[inline(always)]
+    fn read(b: &[u8], at: usize) -> Self {
+        [
+            word(b, at),
+            word(b, at + 4),
+            word(b, at + 8),
+            word(b, at + 12),
+        ]
+    }
+    #[inline(always)]
+    fn write(&self, b: &mut [u8], at: usize) {
+        for (i, w) in self.iter().enumerate() {
+            put(b, at + 4 * i, *w);
+        }
     }
 }
 

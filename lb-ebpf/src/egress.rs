@@ -20,7 +20,7 @@ use crate::{
     conntrack::{self, touch},
     dsr,
     family::{Ends, Family, View},
-    filter,
+    filter, icmp,
     nat::{self, BOTH, SRC},
     reason::{self, Carried, Reason, Then},
 };
@@ -109,7 +109,7 @@ pub fn icmp_error<F: Family, const PART: u8>(
     m: &F::Icmp,
     s: &mut F::Scratch,
 ) -> Carried {
-    Carried::done(match F::translate_icmp::<PART>(ctx, m, s) {
+    Carried::done(match icmp::translate::<F, PART>(ctx, m, s) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             pass(R_ICMP_XLATE)

@@ -21,6 +21,7 @@ use crate::{
     maps::Chosen,
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
+    quote::Quote,
     reason::Reason,
     select::Keyed,
     shared::Shared,
@@ -374,6 +375,8 @@ pub trait Flow: Ends {
     type Value: Entry<Addr = Self::Addr> + 'static;
     /// The family's flow scratch (a field of `work::WorkArea`).
     type Scratch: 'static;
+    /// The quote of an ICMP error about the family's packet (`quote.rs`).
+    type Quote: Quote;
     fn proto(&self) -> u8;
     fn tcp_flags(&self) -> u8;
     /// The LRU table and the assured table.
@@ -381,6 +384,8 @@ pub trait Flow: Ends {
     fn cta() -> &'static CtaTable<Self::Key, Self::Value>;
     /// The conntrack fields of the scratch.
     fn parts(s: &mut Self::Scratch) -> Parts<'_, Self::Key, Self::Value>;
+    /// The scratch's quote as received, as translated, and the key it is looked up by.
+    fn quotes(s: &mut Self::Scratch) -> (&mut Self::Quote, &mut Self::Quote, &mut Self::Key);
     fn key(
         saddr: &Self::Addr,
         daddr: &Self::Addr,
@@ -392,13 +397,15 @@ pub trait Flow: Ends {
 }
 
 /// Implements [`Flow`] for a family's tuple `$tuple`: its key and entry types, its LRU and
-/// assured tables, its flow scratch type `$scratch`; the field names are both families'.
+/// assured tables, its flow scratch type `$scratch` and the quote type `$quote` in it; the
+/// field names are both families'.
 macro_rules! flow {
-    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $ct:expr, $cta:expr) => {
+    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $quote:ty, $ct:expr, $cta:expr) => {
         impl $crate::family::Flow for $tuple {
             type Key = $key;
             type Value = $value;
             type Scratch = $scratch;
+            type Quote = $quote;
             #[inline(always)]
             fn proto(&self) -> u8 {
                 self.proto
@@ -426,6 +433,10 @@ macro_rules! flow {
                 }
             }
             #[inline(always)]
+            fn quotes(s: &mut $scratch) -> (&mut $quote, &mut $quote, &mut $key) {
+                (&mut s.quote_old, &mut s.quote_new, &mut s.fwd_key)
+            }
+            #[inline(always)]
             fn key(
                 s: &Self::Addr,
                 d: &Self::Addr,
@@ -449,6 +460,21 @@ macro_rules! flow {
 }
 pub(crate) use flow;
 
+/// An ICMP message as a family's parse leaves it (IPv4's `parse::Icmp`, IPv6's tuple): what
+/// the ICMP translation (`icmp.rs`) reads of it.
+pub trait Message {
+    type Addr: Addr;
+    /// Its source and destination addresses.
+    fn addrs(&self) -> (&Self::Addr, &Self::Addr);
+    /// Offset of the ICMP header.
+    fn icmp_off(&self) -> usize;
+    /// Where the IP packet ends: its Ethernet and IP headers and its payload.
+    fn end(&self) -> usize;
+    /// An error that quotes the packet it is about (destination unreachable, fragmentation
+    /// needed / Packet Too Big, time exceeded).
+    fn quotes_packet(&self, ctx: &TcContext) -> Result<bool, Reason>;
+}
+
 /// What the route-MTU check says about a packet about to be translated toward a backend.
 pub enum Mtu {
     /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
@@ -463,8 +489,9 @@ pub enum Mtu {
 /// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
 /// between the families is here: which word the address filters hash, a loopback frontend,
 /// the service-map frontend, the source-range trie, the header's offsets, its addresses'
-/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, and the answers
-/// built in its header (refusal, fragmentation needed / Packet Too Big). The route lookups
+/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, the answers
+/// built in its header (refusal, fragmentation needed / Packet Too Big), and the layout of
+/// the packet an ICMP error quotes. The route lookups
 /// (`fib.rs`, generic over the address) and the defaults here are written once. Every step
 /// that uses it is generic over it and monomorphised per family.
 pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
@@ -604,10 +631,21 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
         to: &Shared<'_, Self::Value>,
     ) -> u32;
     /// As [`Family::addrs_in_place`], through the store (and checksum) helpers.
+    #[inline(always)]
     fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, Self::Value>,
+    ) -> Result<u32, Reason> {
+        Self::readdress::<P, PART>(ctx, (self.saddr(), self.daddr()), (to.saddr(), to.daddr()))
+    }
+    /// Writes the addresses `to` (source, destination) of the `PART` side(s) where they
+    /// differ from `from`, the packet's, through the store (and checksum) helpers; returns
+    /// their change to the L4 pseudo-header's sum (IPv4: its header checksum updated too).
+    fn readdress<P: Packet, const PART: u8>(
+        ctx: &P,
+        from: (&Self::Addr, &Self::Addr),
+        to: (&Self::Addr, &Self::Addr),
     ) -> Result<u32, Reason>;
     /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
     /// where the family needs room; `back`: see `reject::refuse`.
@@ -626,15 +664,22 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// Writes the IP header of an answer (`reject.rs`) from the packet's destination to its
     /// source, for `payload` bytes of `proto`, the packet already resized to it.
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason>;
-    /// An ICMP message as the family's parse leaves it.
-    type Icmp;
-    /// The `PART` side of an ICMP error about a tracked flow translated, outer header and
-    /// quote (worked on in the scratch); the flow's entry, or `None` for any other message.
-    fn translate_icmp<const PART: u8>(
-        ctx: &TcContext,
-        m: &Self::Icmp,
-        s: &mut Self::Scratch,
-    ) -> Result<Option<Shared<'static, Self::Value>>, Reason>;
+    /// An ICMP message as the family's parse leaves it (`icmp.rs` translates it).
+    type Icmp: Message<Addr = Self::Addr>;
+    /// ICMP's checksum covers the pseudo-header (ICMPv6's does, IPv4's ICMP's does not).
+    const ICMP_PSEUDO: bool;
+    /// Offsets in a quote ([`Flow::Quote`]) of the quoted protocol, source and destination
+    /// addresses, and L4 header (its ports, then UDP's length and checksum).
+    const Q_PROTO: usize;
+    const Q_SRC: usize;
+    const Q_DST: usize;
+    const Q_L4: usize;
+    /// The quote holds a header of the family without options or extension headers (its
+    /// ports at `Q_L4`).
+    fn quote_plain(q: &Self::Quote) -> bool;
+    /// The quoted header's own checksum made right after its addresses changed (IPv4's;
+    /// IPv6's header has none).
+    fn quote_header_sum(q: &mut Self::Quote);
     /// tc egress, a packet with IP options or extension headers to a backend: whether it
     /// carries a DSR option, its frontend then read into the scratch's reply entry (its
     /// source address and port) for `dsr::learn`.

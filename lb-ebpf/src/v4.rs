@@ -13,10 +13,9 @@ use lb_common::{
 
 use crate::{
     affinity::{Client, ClientOf},
-    conntrack::Ct,
     dsr, egress,
-    family::{Ends, Family},
-    icmp, ingress,
+    family::{Ends, Family, Message},
+    ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
     nat::{self, DADDR, SADDR},
     out_dnat,
@@ -35,7 +34,15 @@ use crate::{
 };
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
-crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
+crate::family::flow!(
+    Tuple,
+    CtKey,
+    CtValue,
+    FlowScratch,
+    [u8; 28],
+    XLB_CT_V3,
+    XLB_CTA_V1
+);
 
 impl ClientOf for Tuple {
     #[inline(always)]
@@ -123,23 +130,23 @@ impl Family for Tuple {
         addr
     }
     #[inline(always)]
-    fn addrs_with_helpers<P: Packet, const PART: u8>(
-        &self,
+    fn readdress<P: Packet, const PART: u8>(
         ctx: &P,
-        to: &Shared<'_, CtValue>,
+        (saddr_be, daddr_be): (&u32, &u32),
+        (saddr, daddr): (&u32, &u32),
     ) -> Result<u32, Reason> {
         let failed = |_| Reason(R_REWRITE_FAILED);
-        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let (saddr, daddr) = (*saddr, *daddr);
         let mut addr = 0;
-        if PART & DADDR != 0 && daddr != self.daddr_be {
-            addr = diff4(self.daddr_be, daddr);
-            ctx.l3_csum_replace(IP_CSUM_OFF, self.daddr_be, daddr)
+        if PART & DADDR != 0 && daddr != *daddr_be {
+            addr = diff4(*daddr_be, daddr);
+            ctx.l3_csum_replace(IP_CSUM_OFF, *daddr_be, daddr)
                 .map_err(failed)?;
             ctx.store(IP_DST_OFF, &daddr).map_err(failed)?;
         }
-        if PART & SADDR != 0 && saddr != self.saddr_be {
-            addr = csum_add(addr, diff4(self.saddr_be, saddr));
-            ctx.l3_csum_replace(IP_CSUM_OFF, self.saddr_be, saddr)
+        if PART & SADDR != 0 && saddr != *saddr_be {
+            addr = csum_add(addr, diff4(*saddr_be, saddr));
+            ctx.l3_csum_replace(IP_CSUM_OFF, *saddr_be, saddr)
                 .map_err(failed)?;
             ctx.store(IP_SRC_OFF, &saddr).map_err(failed)?;
         }
@@ -189,13 +196,25 @@ impl Family for Tuple {
             .map_err(|_| Reason(R_REWRITE_FAILED))
     }
     type Icmp = Icmp;
+    /// ICMP's checksum covers its message only.
+    const ICMP_PSEUDO: bool = false;
+    /// The quoted IPv4 header (no options) and the first 8 bytes of its L4 header.
+    const Q_PROTO: usize = 9;
+    const Q_SRC: usize = 12;
+    const Q_DST: usize = 16;
+    const Q_L4: usize = 20;
+    /// IPv4, a 20-byte header.
     #[inline(always)]
-    fn translate_icmp<const PART: u8>(
-        ctx: &TcContext,
-        m: &Icmp,
-        s: &mut FlowScratch,
-    ) -> Result<Option<Ct<Tuple>>, Reason> {
-        icmp::translate::<PART>(ctx, m, s)
+    fn quote_plain(q: &[u8; 28]) -> bool {
+        q[0] == 0x45
+    }
+    #[inline(always)]
+    fn quote_header_sum(q: &mut [u8; 28]) {
+        q[10] = 0;
+        q[11] = 0;
+        let c = reject::fold(reject::sum16(&q[..20], 0));
+        q[10] = c[0];
+        q[11] = c[1];
     }
     #[inline(always)]
     fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch) -> bool {
@@ -231,6 +250,31 @@ impl Family for Tuple {
         let s = u32::from_be(self.saddr_be);
         let d = u32::from_be(self.daddr_be);
         (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + self.proto as u32 + self.l4_len()
+    }
+}
+
+impl Message for Icmp {
+    type Addr = u32;
+    #[inline(always)]
+    fn addrs(&self) -> (&u32, &u32) {
+        (&self.saddr_be, &self.daddr_be)
+    }
+    #[inline(always)]
+    fn icmp_off(&self) -> usize {
+        self.l4_off
+    }
+    #[inline(always)]
+    fn end(&self) -> usize {
+        ETH_HLEN + self.tot_len as usize
+    }
+    /// Destination unreachable (3, fragmentation needed among its codes), time exceeded
+    /// (11).
+    #[inline(always)]
+    fn quotes_packet(&self, ctx: &TcContext) -> Result<bool, Reason> {
+        let t: u8 = ctx
+            .load(self.l4_off)
+            .map_err(|_| Reason(R_REWRITE_FAILED))?;
+        Ok(t == 3 || t == 11)
     }
 }
 

@@ -1,7 +1,7 @@
-//! IPv6's leaves: the header parse (`parse.rs`), ICMPv6 quoting (`icmp.rs`, `reject.rs`),
+//! IPv6's leaves: the header parse (`parse.rs`), ICMPv6's answers' header (`reject.rs`),
 //! the DSR header (`dsr.rs`), the tables and scratch (`maps.rs`, `conntrack.rs`), XDP's
 //! layer-2 forward (`xdp.rs`), and what the one flow of each hook asks of the family
-//! (`family.rs`: the addresses' rewrite, offsets, pseudo-header sum). The flows, the
+//! (`family.rs`: the addresses' rewrite, offsets, pseudo-header sum, the quote's layout). The flows, the
 //! rewrite (`nat.rs`) and the route lookups (`fib.rs`) are the families' one; what remains
 //! here is IPv6's parse dispatch of tc.
 //!
@@ -13,7 +13,6 @@ pub mod conntrack;
 pub mod dsr;
 mod family;
 
-pub mod icmp;
 pub mod maps;
 pub mod parse;
 pub mod reject;

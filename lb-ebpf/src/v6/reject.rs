@@ -8,10 +8,6 @@ use lb_common::R_REWRITE_FAILED;
 use super::parse::{IP6_DST_OFF, IP6_SRC_OFF, Tuple6};
 use crate::{parse::ETH_HLEN, reason::Reason};
 
-/// The quoted packet: its IPv6 header and the first 8 bytes of its L4 header (what the
-/// client's stack needs to find the socket).
-pub const QUOTE: usize = 48;
-
 /// One's-complement sum of an address's 16-bit words (network order words).
 #[inline(always)]
 pub fn sum_addr(a: &[u32; 4], mut sum: u32) -> u32 {
