@@ -65,7 +65,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         {
             // A packet of a DSR flow leaving for its backend's node: the option naming its
             // frontend on those that node learns the flow from.
-            F::dsr_push(ctx, ct.saddr(), ct.sport())?;
+            dsr::push::<F>(ctx, ct.saddr(), ct.sport())?;
             return Ok(Then::Done(pass(R_DSR_OUT)));
         }
     }
@@ -91,7 +91,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
 /// flow is recorded (`dsr::learn`); [`Then::Next`] for anything else.
 #[inline(never)]
 fn dsr_in<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
-    if !t.dsr_option(ctx, s) {
+    if !dsr::read(ctx, t, s) {
         return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
     }
     Carried::done(match dsr::learn(t, s) {

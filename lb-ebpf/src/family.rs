@@ -680,12 +680,21 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The quoted header's own checksum made right after its addresses changed (IPv4's;
     /// IPv6's header has none).
     fn quote_header_sum(q: &mut Self::Quote);
-    /// tc egress, a packet with IP options or extension headers to a backend: whether it
-    /// carries a DSR option, its frontend then read into the scratch's reply entry (its
-    /// source address and port) for `dsr::learn`.
-    fn dsr_option(&self, ctx: &TcContext, s: &mut Self::Scratch) -> bool;
-    /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
-    fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
+    /// DSR (`dsr.rs`): offset of the header word that says whether an option follows the
+    /// header (IPv4's version and header length, TOS and total length; IPv6's payload
+    /// length, next header and hop limit).
+    const DSR_WORD_OFF: usize;
+    /// Offset of the IP header's checksum (IPv4's; `None`: IPv6's header has none).
+    const HDR_CSUM_OFF: Option<usize>;
+    /// The DSR option as it sits right after a header without options or extension headers
+    /// (`DSR_LEN` bytes), in words.
+    type DsrOpt: Copy + AsRef<[u32]>;
+    /// The header word `w` (at `DSR_WORD_OFF`) with the option after the header, and the
+    /// option naming the frontend `addr`:`port_be`.
+    fn dsr_build(w: u32, addr: &Self::Addr, port_be: u16) -> (u32, Self::DsrOpt);
+    /// The frontend (address, port) the option `opt` names, if it is xlb's and the header
+    /// word `w` says it follows the header.
+    fn dsr_parse(w: u32, opt: &Self::DsrOpt) -> Option<(Self::Addr, u16)>;
     /// The interface the route toward `daddr` leaves by (`None`: no route).
     #[inline(always)]
     fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32> {

@@ -1,19 +1,20 @@
-//! IPv4's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv4
-//! modules (`parse.rs`'s tuple, `nat.rs`'s rewrite, `fib.rs` and `translate.rs`'s route
-//! lookups, `reject.rs`'s answers, `dsr.rs`'s option). Nothing here knows IPv6.
+//! IPv4's leaf of the one flow: what [`Family`] asks of the family (the header's addresses
+//! and checksum, the quote of an ICMP error, the DSR option's bytes), here or from
+//! `parse.rs`'s tuple; the one flows (`nat.rs`'s rewrite, `fib.rs`'s route lookups,
+//! `reject.rs`'s answers, `icmp.rs`, `dsr.rs`) use it. Nothing here knows IPv6.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_NO_BACKEND, R_PASS,
-    R_REWRITE_FAILED,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, DSR_OPT_TYPE, IPPROTO_SCTP, NodeConfig, R_NO_BACKEND,
+    R_PASS, R_REWRITE_FAILED,
 };
 
 use crate::{
     affinity::{Client, ClientOf},
-    dsr, egress,
+    egress,
     family::{Ends, Family, Message},
     ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
@@ -216,18 +217,28 @@ impl Family for Tuple {
         q[10] = c[0];
         q[11] = c[1];
     }
+    const DSR_WORD_OFF: usize = ETH_HLEN;
+    const HDR_CSUM_OFF: Option<usize> = Some(IP_CSUM_OFF);
+    /// An IP option: its type, length and the port, then the address.
+    type DsrOpt = [u32; 2];
+    /// Version/IHL 0x47 (28 bytes), TOS as it was, total length + 8.
     #[inline(always)]
-    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch) -> bool {
-        let Some((addr_be, port_be)) = dsr::option_of(ctx, self) else {
-            return false;
-        };
-        s.reply.saddr_be = addr_be;
-        s.reply.sport_be = port_be;
-        true
+    fn dsr_build(w: u32, addr: &u32, port_be: u16) -> (u32, [u32; 2]) {
+        let mut w0 = w.to_ne_bytes();
+        w0[0] = 0x47;
+        let tot = u16::from_be_bytes([w0[2], w0[3]]).wrapping_add(DSR_OPT_LEN as u16);
+        w0[2..4].copy_from_slice(&tot.to_be_bytes());
+        let port = port_be.to_ne_bytes();
+        let opt0 = u32::from_ne_bytes([DSR_OPT_TYPE, DSR_OPT_LEN, port[0], port[1]]);
+        (u32::from_ne_bytes(w0), [opt0, *addr])
     }
     #[inline(always)]
-    fn dsr_push(ctx: &TcContext, addr: &u32, port_be: u16) -> Result<(), Reason> {
-        dsr::push(ctx, *addr, port_be)
+    fn dsr_parse(w: u32, opt: &[u32; 2]) -> Option<(u32, u16)> {
+        let o = opt[0].to_ne_bytes();
+        if w.to_ne_bytes()[0] != 0x47 || o[0] != DSR_OPT_TYPE || o[1] != DSR_OPT_LEN {
+            return None;
+        }
+        Some((opt[1], u16::from_ne_bytes([o[2], o[3]])))
     }
     #[inline(always)]
     fn ip_len(&self) -> u16 {

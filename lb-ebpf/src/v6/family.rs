@@ -160,13 +160,17 @@ impl Family for Tuple6 {
     /// No header checksum.
     #[inline(always)]
     fn quote_header_sum(_: &mut [u8; 48]) {}
+    const DSR_WORD_OFF: usize = dsr::PLEN_OFF;
+    const HDR_CSUM_OFF: Option<usize> = None;
+    /// A destination-options header of its own (`v6/dsr.rs`).
+    type DsrOpt = [u32; 6];
     #[inline(always)]
-    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch6) -> bool {
-        dsr::read_option(ctx, self, &mut s.reply)
+    fn dsr_build(w: u32, addr: &[u32; 4], port_be: u16) -> (u32, [u32; 6]) {
+        dsr::build(w, addr, port_be)
     }
     #[inline(always)]
-    fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
-        dsr::push(ctx, addr, port_be)
+    fn dsr_parse(w: u32, opt: &[u32; 6]) -> Option<([u32; 4], u16)> {
+        dsr::parse(w, opt)
     }
     /// The fixed header's 40 bytes and the payload (extension headers and L4).
     #[inline(always)]
