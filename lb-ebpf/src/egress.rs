@@ -13,6 +13,8 @@
 //! So every netfilter hook of the node sees a flow as client ⇄ backend, as it would under
 //! kube-proxy (MASQUERADE in POSTROUTING).
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
 
@@ -22,6 +24,7 @@ use crate::{
     family::{Ends, Family, View},
     filter, icmp,
     nat::{self, BOTH, SRC},
+    parse::Frame,
     reason::{self, Carried, Reason, Then},
 };
 
@@ -30,6 +33,23 @@ type Outcome = reason::Outcome<i32>;
 #[inline(always)]
 fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
+}
+
+/// tc egress for a frame its family's leaf parsed (`v4::tc_out`, `v6::tc`): the one flow,
+/// or the ICMP step (the source side); anything else passes (a malformed frame is the
+/// entry's to pass).
+#[inline(always)]
+pub fn frame<F: Family>(
+    ctx: &TcContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    s: &mut F::Scratch,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), s),
+        Ok(Frame::Icmp(m)) => icmp_error::<F, SRC>(ctx, m.borrow(), s),
+        Ok(Frame::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => Carried::done::<i32>(Err(r)),
+    }
 }
 
 /// A parsed TCP, UDP or SCTP packet `t` at tc egress (`s`: its family's part of the run's

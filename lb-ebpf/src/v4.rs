@@ -3,13 +3,9 @@
 //! `parse.rs`'s tuple; the one flows (`nat.rs`'s rewrite, `fib.rs`'s route lookups,
 //! `reject.rs`'s answers, `icmp.rs`, `dsr.rs`) use it. Nothing here knows IPv6.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
-    programs::{TcContext, XdpContext},
-};
+use aya_ebpf::programs::{TcContext, XdpContext};
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, DSR_OPT_TYPE, IPPROTO_SCTP, NodeConfig, R_NO_BACKEND,
-    R_PASS, R_REWRITE_FAILED,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, DSR_OPT_TYPE, NodeConfig, R_NO_BACKEND, R_REWRITE_FAILED,
 };
 
 use crate::{
@@ -18,12 +14,12 @@ use crate::{
     family::{Ends, Family, Message},
     ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
-    nat::{self, DADDR, SADDR},
+    nat::{DADDR, SADDR},
     out_dnat,
     packet::{Packet, at, csum_add, csum_apply, csum_replace, diff2, diff4, ld16, st16, st32},
     parse::{
         self, DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF,
-        IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple,
+        IP_TTL_OFF, Icmp, L4_OFF, Tuple,
     },
     reason::{Carried, Reason},
     reject,
@@ -290,55 +286,34 @@ impl Message for Icmp {
 }
 
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
-/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it). Out of line:
-/// inline, the entry's frame and the deepest step's go over 512 bytes.
+/// dispatch. Out of line: inline, the entry's frame and the deepest step's go over 512
+/// bytes.
 #[inline(never)]
 pub fn xdp<'a>(ctx: &XdpContext, work: impl Work<'a, FlowScratch>, len: u32) -> Carried {
-    match parse::parse_ipv4(ctx, len) {
-        Ok(Parsed::Flow(t)) => xdp::flow(ctx, &t, work, len),
-        Ok(Parsed::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
-        Ok(Parsed::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
-        Err(r) => Carried::done::<u32>(Err(r)),
-    }
+    xdp::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, len), work, len)
 }
 
 /// tc egress: the node's own IPv4 packet to a frontend the egress flow left, parsed again
-/// (its frame is gone): an SCTP one goes to `out_dnat`, anything else passes.
+/// (its frame is gone), then `out_dnat`'s dispatch.
 #[inline(never)]
 pub fn node(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) if t.proto == IPPROTO_SCTP => out_dnat::flow(ctx, &t, s),
-        _ => Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS)))),
-    }
+    out_dnat::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), s)
 }
 
-/// tc ingress for an IPv4 packet: parsed here, then the hook's one flow, or the ICMP step.
-/// Inline in the entry: a packet that is no service's passes with no call at all (the
-/// flow's steps are out of line, so their frames do not add to this one).
+/// tc ingress for an IPv4 packet: parsed here, then the hook's dispatch. Inline in the
+/// entry: a packet that is no service's passes with no call at all (the flow's steps are
+/// out of line, so their frames do not add to this one).
 #[inline(always)]
 pub fn tc_in<'a>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) => ingress::flow(ctx, &t, work),
-        Ok(Parsed::Icmp(m)) => match work() {
-            Ok(s) => egress::icmp_error::<Tuple, { nat::DST }>(ctx, &m, s),
-            Err(r) => Carried::done::<i32>(Err(r)),
-        },
-        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
-        Err(r) => Carried::done::<i32>(Err(r)),
-    }
+    ingress::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), work)
 }
 
-/// tc egress for an IPv4 packet: parsed here (its tuple on this frame), then the hook's one
-/// flow, or the ICMP step. Out of line: its frame (the tuple's) is gone when the entry goes
-/// on to the node's own flow (`out_dnat`).
+/// tc egress for an IPv4 packet: parsed here (its tuple on this frame), then the hook's
+/// dispatch. Out of line: its frame (the tuple's) is gone when the entry goes on to the
+/// node's own flow (`out_dnat`).
 #[inline(never)]
 pub fn tc_out(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) => egress::flow(ctx, &t, s),
-        Ok(Parsed::Icmp(m)) => egress::icmp_error::<Tuple, { nat::SRC }>(ctx, &m, s),
-        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
-        Err(r) => Carried::done::<i32>(Err(r)),
-    }
+    egress::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), s)
 }
 
 /// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the

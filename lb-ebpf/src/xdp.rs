@@ -19,6 +19,8 @@
 //! (`CHECKSUM_PARTIAL` from a local veth peer: XDP cannot see that state, tc's helpers keep
 //! it right).
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT},
     programs::XdpContext,
@@ -38,6 +40,7 @@ use crate::{
     maps::XLB_XDPTX_V1,
     nat::{self, BOTH},
     packet::{Packet, at, ld16, st16, st32},
+    parse::Frame,
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
@@ -50,6 +53,24 @@ pub type XdpOutcome = reason::Outcome<u32>;
 #[inline(always)]
 fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
+}
+
+/// XDP for a frame of `len` bytes its family's leaf parsed (`v4::xdp`, `v6::xdp::xdp`): the
+/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it), a malformed
+/// frame is dropped.
+#[inline(always)]
+pub fn frame<'a, F: Family>(
+    ctx: &XdpContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    work: impl Work<'a, F::Scratch>,
+    len: u32,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), work, len),
+        Ok(Frame::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
+        Ok(Frame::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
+        Err(r) => Carried::done::<u32>(Err(r)),
+    }
 }
 
 /// A frame's parsed TCP or UDP packet `t` (its family's leaf parsed it; `s`: the family's

@@ -2,10 +2,10 @@
 //! (`xdp.rs`); the hop limit, the layer-2 forward and the partial-checksum test that flow
 //! asks of the family ([`crate::family::Family`], `family.rs` here).
 
-use aya_ebpf::{bindings::xdp_action::XDP_PASS, programs::XdpContext};
-use lb_common::{R_PASS, R_REWRITE_FAILED};
+use aya_ebpf::programs::XdpContext;
+use lb_common::R_REWRITE_FAILED;
 
-use super::parse::{self, IP6_L4_OFF, Parsed6, Tuple6};
+use super::parse::{self, IP6_L4_OFF, Tuple6};
 use crate::{
     packet::{Packet, at},
     parse::ETH_HLEN,
@@ -18,15 +18,11 @@ use crate::{
 pub(super) const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 
 /// An IPv6 frame of `len` bytes at XDP: parsed into the run's IPv6 work area `w`, then
-/// XDP's one flow; anything but TCP, UDP and SCTP passes (ICMPv6: tc translates it).
+/// XDP's dispatch (`xdp::frame`).
 #[inline(never)]
 pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
-    match parse::parse6(ctx, &mut w.pkt) {
-        Ok(Parsed6::Flow) => xdp::flow(ctx, &w.pkt, || Ok(&mut w.flow), len),
-        Ok(Parsed6::Icmp) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
-        Ok(Parsed6::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
-        Err(r) => Carried::done::<u32>(Err(r)),
-    }
+    let f = parse::parse6(ctx, &mut w.pkt).map(|p| p.of(&w.pkt));
+    xdp::frame::<Tuple6>(ctx, f, || Ok(&mut w.flow), len)
 }
 
 /// Forwarded here, not by the kernel: the hop limit goes down by one (no IPv6 header
