@@ -715,17 +715,8 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     }
     /// The IP header of a packet without options or extension headers (`[u8; L4_OFF]`).
     type Hdr;
-    /// Offset of the TTL (hop limit).
+    /// Offset of the TTL (hop limit; IPv4's the first byte of a 16-bit word of the header).
     const TTL_OFF: usize;
-    /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
-    /// `hop_limit`, the frame given the next hop's MACs.
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        hop_limit: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason>;
     /// The L4 pseudo-header's one's-complement sum, unfolded: the addresses, the protocol
     /// and the L4 length (XDP's partial-checksum test, `xdp::checksum_partial`).
     fn pseudo_sum(&self) -> u32;

@@ -16,7 +16,7 @@ use crate::{
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
     nat::{DADDR, SADDR},
     out_dnat,
-    packet::{Packet, at, csum_add, csum_apply, csum_replace, diff2, diff4, ld16, st16, st32},
+    packet::{Packet, csum_add, csum_apply, diff4, ld16, st16, st32},
     parse::{
         self, DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF,
         IP_TTL_OFF, Icmp, L4_OFF, Tuple,
@@ -27,7 +27,7 @@ use crate::{
     shared::Shared,
     srcrange,
     work::Work,
-    xdp::{self, write_macs},
+    xdp,
 };
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
@@ -243,16 +243,6 @@ impl Family for Tuple {
     type Hdr = [u8; L4_OFF];
     const TTL_OFF: usize = IP_TTL_OFF;
     #[inline(always)]
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        ttl: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason> {
-        forward_l2(ctx, self, ttl, smac, dmac)
-    }
-    #[inline(always)]
     fn pseudo_sum(&self) -> u32 {
         let s = u32::from_be(self.saddr_be);
         let d = u32::from_be(self.daddr_be);
@@ -314,42 +304,4 @@ pub fn tc_in<'a>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
 #[inline(never)]
 pub fn tc_out(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
     egress::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), s)
-}
-
-/// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
-/// frame gets the next hop's MAC addresses.
-#[inline(always)]
-fn forward_l2(
-    ctx: &XdpContext,
-    t: &Tuple,
-    ttl: u8,
-    smac: &[u8; 6],
-    dmac: &[u8; 6],
-) -> Result<(), Reason> {
-    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
-    // The 16-bit word [TTL, protocol], as it sits in the packet.
-    let old = u16::from_ne_bytes([ttl, t.proto]);
-    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        let p = p as *mut u8;
-        // SAFETY: every offset below is within the L4_OFF bytes `at` checked.
-        unsafe {
-            st16(
-                p,
-                IP_CSUM_OFF,
-                csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
-            );
-            st16(p, IP_TTL_OFF, new);
-            write_macs(p, smac, dmac);
-        }
-        return Ok(());
-    }
-    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
-    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
-        .map_err(fail)?;
-    ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
-    ctx.store(0, dmac).map_err(fail)?;
-    ctx.store(6, smac).map_err(fail)
 }

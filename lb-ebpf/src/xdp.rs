@@ -27,7 +27,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     BE_F_REMOTE, CT_F_XDP_STACK, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
-    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
+    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
 };
 
 use crate::{
@@ -39,7 +39,7 @@ use crate::{
     flow::{self, keep_alive},
     maps::XLB_XDPTX_V1,
     nat::{self, BOTH},
-    packet::{Packet, at, ld16, st16, st32},
+    packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
     parse::Frame,
     reason::{self, Carried, Reason, Then},
     select,
@@ -351,7 +351,7 @@ fn redirect<F: Family>(
     }
     nat::rewrite::<F, _, BOTH>(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
-    t.forward_l2(ctx, ttl, &hop.smac, &hop.dmac)?;
+    forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
 }
 
@@ -370,6 +370,46 @@ pub(crate) fn send_out(ifindex: u32, reason: u32) -> XdpOutcome {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
+}
+
+/// Forwarded here, not by the kernel: the TTL (hop limit) goes down by one from `ttl`, as
+/// ip_forward does (IPv4's header checksum with it), and the frame gets the next hop's MAC
+/// addresses; in place for the common packet.
+#[inline(always)]
+fn forward_l2<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    ttl: u8,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+) -> Result<(), Reason> {
+    let fail = |_| Reason(R_REWRITE_FAILED);
+    // The TTL's 16-bit word of the header, as it sits in the packet (the other byte's value
+    // does not change the sum's change).
+    let old = u16::from_ne_bytes([ttl, 0]);
+    let new = u16::from_ne_bytes([ttl - 1, 0]);
+    if t.direct()
+        && let Some(p) = at::<_, F::Hdr>(ctx, 0)
+    {
+        let p = p as *mut u8;
+        // SAFETY: every offset below is within the header `at` checked.
+        unsafe {
+            if let Some(c) = F::HDR_CSUM_OFF {
+                st16(p, c, csum_apply(ld16(p, c), diff2(old, new)));
+            }
+            *p.add(F::TTL_OFF) = ttl - 1;
+            write_macs(p, smac, dmac);
+        }
+        return Ok(());
+    }
+    if let Some(c) = F::HDR_CSUM_OFF {
+        let csum: u16 = ctx.load(c).map_err(fail)?;
+        ctx.store(c, &csum_replace(csum, old as u32, new as u32, 2))
+            .map_err(fail)?;
+    }
+    ctx.store(F::TTL_OFF, &(ttl - 1)).map_err(fail)?;
+    ctx.store(0, dmac).map_err(fail)?;
+    ctx.store(6, smac).map_err(fail)
 }
 
 /// Writes the next hop's MAC addresses into the Ethernet header at `p`.

@@ -1,17 +1,17 @@
 //! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
 //! modules beside this one. Nothing here knows IPv4.
 
-use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::programs::TcContext;
 use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_REWRITE_FAILED, filter_fold};
 
 use super::{
     dsr,
     maps::FlowScratch6,
     parse::{
-        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF, IP6_SRC_OFF,
-        IPPROTO_ICMPV6, Tuple6,
+        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, HOP_LIMIT_OFF, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF,
+        IP6_SRC_OFF, IPPROTO_ICMPV6, Tuple6,
     },
-    reject, xdp,
+    reject,
 };
 use crate::{
     addr::eq6,
@@ -178,17 +178,7 @@ impl Family for Tuple6 {
         (IP6_HLEN + self.payload_len) as u16
     }
     type Hdr = [u8; IP6_L4_OFF];
-    const TTL_OFF: usize = xdp::HOP_LIMIT_OFF;
-    #[inline(always)]
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        hop_limit: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason> {
-        xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
-    }
+    const TTL_OFF: usize = HOP_LIMIT_OFF;
     #[inline(always)]
     fn pseudo_sum(&self) -> u32 {
         reject::pseudo(&self.saddr_be, &self.daddr_be, self.l4_len(), self.proto)

@@ -33,6 +33,8 @@ pub const IP6_HLEN: u32 = 40;
 pub const IP6_SRC_OFF: usize = ETH_HLEN + 8;
 pub const IP6_DST_OFF: usize = ETH_HLEN + 24;
 pub const IP6_L4_OFF: usize = ETH_HLEN + 40;
+/// Offset of the hop limit.
+pub const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 /// Bytes the direct path needs in place: Ethernet, the fixed header with TCP or UDP right
 /// behind it, TCP's first 20 bytes (ports, flags, checksum) or UDP's 8.
 pub const DIRECT6_TCP: usize = IP6_L4_OFF + 20;
