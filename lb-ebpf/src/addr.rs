@@ -20,6 +20,16 @@ pub trait Addr: Copy {
     fn read(b: &[u8], at: usize) -> Self;
     /// Writes it at byte `at` of `b`, byte by byte.
     fn write(&self, b: &mut [u8], at: usize);
+    /// The one's-complement sum of its 16-bit words (network order), unfolded: its part of
+    /// a pseudo-header's sum.
+    fn sum16(&self) -> u32;
+}
+
+/// The one's-complement sum of a word's two 16-bit halves (network order).
+#[inline(always)]
+fn halves(w: u32) -> u32 {
+    let w = u32::from_be(w);
+    (w >> 16) + (w & 0xffff)
 }
 
 /// The word at byte `at` of `b`, as it sits in the packet.
@@ -67,6 +77,10 @@ impl Addr for u32 {
     fn write(&self, b: &mut [u8], at: usize) {
         put(b, at, *self)
     }
+    #[inline(always)]
+    fn sum16(&self) -> u32 {
+        halves(*self)
+    }
 }
 
 impl Addr for [u32; 4] {
@@ -104,6 +118,15 @@ impl Addr for [u32; 4] {
         for (i, w) in self.iter().enumerate() {
             put(b, at + 4 * i, *w);
         }
+    }
+    #[inline(always)]
+    fn sum16(&self) -> u32 {
+        let mut sum = 0;
+        for w in self {
+            let b = w.to_ne_bytes();
+            sum += (((b[0] as u32) << 8) | b[1] as u32) + (((b[2] as u32) << 8) | b[3] as u32);
+        }
+        sum
     }
 }
 

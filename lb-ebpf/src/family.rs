@@ -489,7 +489,7 @@ pub enum Mtu {
 /// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
 /// between the families is here: which word the address filters hash, a loopback frontend,
 /// the service-map frontend, the source-range trie, the header's offsets, its addresses'
-/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, the answers
+/// rewrite (IPv4's header checksum), the DSR option, the answers
 /// built in its header (refusal, fragmentation needed / Packet Too Big), and the layout of
 /// the packet an ICMP error quotes. The route lookups
 /// (`fib.rs`, generic over the address) and the defaults here are written once. Every step
@@ -660,7 +660,13 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The unfolded sum an answer's checksum of `len` bytes of `proto` starts from: its
     /// pseudo-header (the packet's addresses: swapped, the same sum), or 0 where the family
     /// has none (IPv4's ICMP).
-    fn answer_sum(&self, proto: u8, len: u32) -> u32;
+    #[inline(always)]
+    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
+        if proto == Self::ICMP_PROTO && !Self::ICMP_PSEUDO {
+            return 0;
+        }
+        self.daddr().sum16() + self.saddr().sum16() + len + proto as u32
+    }
     /// Writes the IP header of an answer (`reject.rs`) from the packet's destination to its
     /// source, for `payload` bytes of `proto`, the packet already resized to it.
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason>;
@@ -719,5 +725,8 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     const TTL_OFF: usize;
     /// The L4 pseudo-header's one's-complement sum, unfolded: the addresses, the protocol
     /// and the L4 length (XDP's partial-checksum test, `xdp::checksum_partial`).
-    fn pseudo_sum(&self) -> u32;
+    #[inline(always)]
+    fn pseudo_sum(&self) -> u32 {
+        self.saddr().sum16() + self.daddr().sum16() + self.proto() as u32 + self.l4_len()
+    }
 }

@@ -165,18 +165,6 @@ impl Family for Tuple {
     /// Destination unreachable (3): port unreachable (3), fragmentation needed (4).
     const PORT_UNREACH: (u8, u8) = (3, 3);
     const TOO_BIG: (u8, u8) = (3, 4);
-    /// ICMP's checksum has no pseudo-header.
-    #[inline(always)]
-    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
-        if proto == Self::ICMP_PROTO {
-            return 0;
-        }
-        reject::sum16(
-            &self.daddr_be.to_ne_bytes(),
-            reject::sum16(&self.saddr_be.to_ne_bytes(), 0),
-        ) + proto as u32
-            + len
-    }
     /// No options; don't fragment; TTL 64; its header checksum.
     #[inline(always)]
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
@@ -242,12 +230,6 @@ impl Family for Tuple {
     }
     type Hdr = [u8; L4_OFF];
     const TTL_OFF: usize = IP_TTL_OFF;
-    #[inline(always)]
-    fn pseudo_sum(&self) -> u32 {
-        let s = u32::from_be(self.saddr_be);
-        let d = u32::from_be(self.daddr_be);
-        (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + self.proto as u32 + self.l4_len()
-    }
 }
 
 impl Message for Icmp {

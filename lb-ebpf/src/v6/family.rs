@@ -137,10 +137,6 @@ impl Family for Tuple6 {
     const PORT_UNREACH: (u8, u8) = (1, 4);
     const TOO_BIG: (u8, u8) = (2, 0);
     #[inline(always)]
-    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
-        reject::pseudo(&self.daddr_be, &self.saddr_be, len, proto)
-    }
-    #[inline(always)]
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
         reject::header(ctx, self, proto, payload)
     }
@@ -179,10 +175,6 @@ impl Family for Tuple6 {
     }
     type Hdr = [u8; IP6_L4_OFF];
     const TTL_OFF: usize = HOP_LIMIT_OFF;
-    #[inline(always)]
-    fn pseudo_sum(&self) -> u32 {
-        reject::pseudo(&self.saddr_be, &self.daddr_be, self.l4_len(), self.proto)
-    }
 }
 
 impl Message for Tuple6 {

@@ -1,7 +1,7 @@
 //! IPv6's leaves: the header parse (`parse.rs`), ICMPv6's answers' header (`reject.rs`),
 //! the DSR header (`dsr.rs`), the tables and scratch (`maps.rs`, `conntrack.rs`), XDP's
 //! parse (`xdp.rs`), and what the one flow of each hook asks of the family
-//! (`family.rs`: the addresses' rewrite, offsets, pseudo-header sum, the quote's layout).
+//! (`family.rs`: the addresses' rewrite, offsets, the quote's layout).
 //! The flows, their dispatch of a parsed frame, the rewrite (`nat.rs`) and the route
 //! lookups (`fib.rs`) are the families' one; what remains here is IPv6's parse of tc into
 //! the work area, handed to the hook's dispatch.

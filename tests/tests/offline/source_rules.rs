@@ -604,7 +604,7 @@ fn each_hook_is_one_generic_flow_and_the_family_leaves_are_apart() {
 /// IPv6's leaves (`lb-ebpf/src/v6/`), in lines of code (comments and blank lines apart): a
 /// ratchet, lowered as more of what they hold becomes the families' one code (the aim of
 /// issue 40: under 800).
-const V6_LINES_AT_MOST: usize = 526;
+const V6_LINES_AT_MOST: usize = 506;
 
 #[test]
 fn ipv6_leaves_do_not_grow_back() {
