@@ -28,8 +28,7 @@ use lb_common::{
 
 use crate::{
     conntrack::{self, Ct, continues, mid_stream, touch},
-    dsr,
-    egress,
+    dsr, egress,
     family::{Ends, Family, Mtu, View},
     filter,
     flow::{self, keep_alive},
