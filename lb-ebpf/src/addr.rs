@@ -16,6 +16,36 @@ pub trait Addr: Copy {
     /// Its four words (IPv4's in word 0, the rest zero), as `lb_common::flow_hash` takes
     /// an address.
     fn words(&self) -> [u32; 4];
+    /// The address at byte `at` of `b` (a quote), as it sits in the packet.
+    fn read(b: &[u8], at: usize) -> Self;
+    /// Writes it at byte `at` of `b`, byte by byte.
+    fn write(&self, b: &mut [u8], at: usize);
+    /// The one's-complement sum of its 16-bit words (network order), unfolded: its part of
+    /// a pseudo-header's sum.
+    fn sum16(&self) -> u32;
+}
+
+/// The one's-complement sum of a word's two 16-bit halves (network order).
+#[inline(always)]
+fn halves(w: u32) -> u32 {
+    let w = u32::from_be(w);
+    (w >> 16) + (w & 0xffff)
+}
+
+/// The word at byte `at` of `b`, as it sits in the packet.
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Writes `w` at byte `at` of `b`, byte by byte.
+#[inline(always)]
+fn put(b: &mut [u8], at: usize, w: u32) {
+    let x = w.to_ne_bytes();
+    b[at] = x[0];
+    b[at + 1] = x[1];
+    b[at + 2] = x[2];
+    b[at + 3] = x[3];
 }
 
 impl Addr for u32 {
@@ -39,6 +69,18 @@ impl Addr for u32 {
     fn words(&self) -> [u32; 4] {
         [*self, 0, 0, 0]
     }
+    #[inline(always)]
+    fn read(b: &[u8], at: usize) -> Self {
+        word(b, at)
+    }
+    #[inline(always)]
+    fn write(&self, b: &mut [u8], at: usize) {
+        put(b, at, *self)
+    }
+    #[inline(always)]
+    fn sum16(&self) -> u32 {
+        halves(*self)
+    }
 }
 
 impl Addr for [u32; 4] {
@@ -61,6 +103,30 @@ impl Addr for [u32; 4] {
     #[inline(always)]
     fn words(&self) -> [u32; 4] {
         *self
+    }
+    #[inline(always)]
+    fn read(b: &[u8], at: usize) -> Self {
+        [
+            word(b, at),
+            word(b, at + 4),
+            word(b, at + 8),
+            word(b, at + 12),
+        ]
+    }
+    #[inline(always)]
+    fn write(&self, b: &mut [u8], at: usize) {
+        for (i, w) in self.iter().enumerate() {
+            put(b, at + 4 * i, *w);
+        }
+    }
+    #[inline(always)]
+    fn sum16(&self) -> u32 {
+        let mut sum = 0;
+        for w in self {
+            let b = w.to_ne_bytes();
+            sum += (((b[0] as u32) << 8) | b[1] as u32) + (((b[2] as u32) << 8) | b[3] as u32);
+        }
+        sum
     }
 }
 

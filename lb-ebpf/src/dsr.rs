@@ -1,22 +1,25 @@
-//! Direct server return (`--lb-mode dsr|hybrid`, as Cilium's `loadBalancer.mode`), IPv4
-//! here and IPv6 in `v6/dsr.rs`:
-//! a new flow of an external frontend (externalTrafficPolicy Cluster) to a backend on
-//! another node keeps the client as its source instead of being SNATed, and tells the
-//! backend's node the frontend in an IPv4 option after the header ([`lb_common::DSR_OPT_TYPE`],
-//! 8 bytes: the MTU cost). The backend's node records the flow from that option, so the
-//! backend's replies leave it with the frontend as source, straight to the client: they
-//! never come back through the node that chose the backend.
+//! Direct server return (`--lb-mode dsr|hybrid`, as Cilium's `loadBalancer.mode`), one
+//! code for both families: a new flow of an external frontend (externalTrafficPolicy
+//! Cluster) to a backend on another node keeps the client as its source instead of being
+//! SNATed, and tells the backend's node the frontend in an option right after the header
+//! (IPv4: an IP option, [`lb_common::DSR_OPT_TYPE`], 8 bytes; IPv6: a destination-options
+//! header, `v6/dsr.rs`, 24 bytes: the MTU cost). The backend's node records the flow from
+//! that option, so the backend's replies leave it with the frontend as source, straight
+//! to the client: they never come back through the node that chose the backend. Each
+//! family's leaf gives the option's bytes and the header word that announces it
+//! ([`Family::dsr_build`], [`Family::dsr_parse`]); where it goes, the room made for it, its
+//! checksum (IPv4's header's) and the learning are here.
 //!
 //! The option rides on the packets the backend's node learns the flow from: a TCP SYN (and
 //! its retransmits) and every UDP datagram (a UDP flow has no first packet the other node
 //! could be sure to see). Other packets are DNATed only; the backend's node already has the
-//! flow. Linux ignores an IP option it does not know on a packet it receives, so the option
-//! reaches the backend as it was sent.
+//! flow. Linux ignores an IP option it does not know on a packet it receives (and skips an
+//! IPv6 option whose type says so), so the option reaches the backend as it was sent.
 
+use aya_ebpf::programs::TcContext;
 use lb_common::{
     BE_F_REMOTE, Backend, CFG_F_DSR_TCP, CFG_F_DSR_UDP, CT_DIR_FORWARD, CT_DIR_REPLY, CT_F_DSR,
-    DSR_OPT_LEN, DSR_OPT_TYPE, IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SCOPE_EXTERNAL,
-    SVC_F_SNAT_REMOTE, SvcValue,
+    IPPROTO_TCP, IPPROTO_UDP, R_REWRITE_FAILED, SCOPE_EXTERNAL, SVC_F_SNAT_REMOTE, SvcValue,
 };
 
 use crate::{
@@ -26,7 +29,6 @@ use crate::{
     filter,
     maps::{self},
     packet::Packet,
-    parse::{ETH_HLEN, Tuple},
     reason::Reason,
     select::{self},
 };
@@ -34,10 +36,8 @@ use crate::{
 /// TCP's SYN and ACK flags.
 const SYN: u8 = 0x02;
 const ACK: u8 = 0x10;
-/// The IPv4 header's checksum offset.
-const IP_CSUM: usize = ETH_HLEN + 10;
 /// `BPF_ADJ_ROOM_NET`: room after the IP header (IPv4's 20 fixed bytes, IPv6's 40).
-pub(crate) const ADJ_ROOM_NET: u32 = 0;
+const ADJ_ROOM_NET: u32 = 0;
 
 /// A new flow of `t` to backend `be` of frontend `svc` goes by DSR: [`wanted`], and a
 /// header without IP options or IPv6 extension headers (the option goes first).
@@ -107,48 +107,50 @@ pub fn carries_by(proto: u8, tcp_flags: u8) -> bool {
     }
 }
 
-/// Adds the option naming the frontend `addr_be:port_be` after the IPv4 header of a packet
-/// (without options) leaving for its backend's node (tc egress): 8 bytes of room after the
-/// header, the option written there, the header's length, total length and checksum made
-/// to match. (The L4 checksum does not change: its pseudo-header's length is the L4
-/// length.)
+/// Adds the option naming the frontend `addr`:`port_be` after the header (without options
+/// or extension headers) of a packet leaving for its backend's node (tc egress): `DSR_LEN`
+/// bytes of room after the header, the option written there, the header's lengths (and
+/// IPv4's checksum) made to match. (The L4 checksum does not change: its pseudo-header
+/// holds the L4 length and the addresses, neither touched.)
 #[inline(never)]
-pub fn push(ctx: &aya_ebpf::programs::TcContext, addr_be: u32, port_be: u16) -> Result<(), Reason> {
+pub fn push<F: Family>(ctx: &TcContext, addr: &F::Addr, port_be: u16) -> Result<(), Reason> {
     let failed = |()| Reason(R_REWRITE_FAILED);
-    let word0_old: u32 = Packet::load(ctx, ETH_HLEN).map_err(failed)?;
-    ctx.adjust_room(DSR_OPT_LEN as i32, ADJ_ROOM_NET, 0)
+    let old: u32 = Packet::load(ctx, F::DSR_WORD_OFF).map_err(failed)?;
+    ctx.adjust_room(F::DSR_LEN as i32, ADJ_ROOM_NET, 0)
         .map_err(|_| Reason(R_REWRITE_FAILED))?;
-    // Version/IHL 0x47 (28 bytes), TOS as it was, total length + 8.
-    let mut w0 = word0_old.to_ne_bytes();
-    w0[0] = 0x47;
-    let tot = u16::from_be_bytes([w0[2], w0[3]]).wrapping_add(DSR_OPT_LEN as u16);
-    w0[2..4].copy_from_slice(&tot.to_be_bytes());
-    let word0_new = u32::from_ne_bytes(w0);
-    let port = port_be.to_ne_bytes();
-    let opt0 = u32::from_ne_bytes([DSR_OPT_TYPE, DSR_OPT_LEN, port[0], port[1]]);
-    let opt1 = addr_be;
-    Packet::store(ctx, ETH_HLEN, &word0_new).map_err(failed)?;
-    Packet::store(ctx, ETH_HLEN + 20, &opt0).map_err(failed)?;
-    Packet::store(ctx, ETH_HLEN + 24, &opt1).map_err(failed)?;
-    Packet::l3_csum_replace(ctx, IP_CSUM, word0_old, word0_new).map_err(failed)?;
-    Packet::l3_csum_replace(ctx, IP_CSUM, 0, opt0).map_err(failed)?;
-    Packet::l3_csum_replace(ctx, IP_CSUM, 0, opt1).map_err(failed)?;
+    let (new, opt) = F::dsr_build(old, addr, port_be);
+    Packet::store(ctx, F::DSR_WORD_OFF, &new).map_err(failed)?;
+    Packet::store(ctx, F::L4_OFF, &opt).map_err(failed)?;
+    if let Some(csum) = F::HDR_CSUM_OFF {
+        Packet::l3_csum_replace(ctx, csum, old, new).map_err(failed)?;
+        for w in opt.as_ref() {
+            Packet::l3_csum_replace(ctx, csum, 0, *w).map_err(failed)?;
+        }
+    }
     Ok(())
 }
 
-/// On the backend's node: the frontend (address and port, network order) a packet's DSR
-/// option names, if it carries one (its header is 28 bytes, the option first).
+/// On the backend's node, a packet `t` whose header is followed by an option or extension
+/// header: whether that is the DSR option alone; if so the frontend it names is read into
+/// the scratch's reply entry (its source address and port), where [`learn`] takes it.
 #[inline(always)]
-pub fn option_of<P: Packet>(ctx: &P, t: &Tuple) -> Option<(u32, u16)> {
-    if t.l4_off != ETH_HLEN + 20 + DSR_OPT_LEN as usize {
-        return None;
+pub fn read<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> bool {
+    if t.l4_off() != F::L4_OFF + F::DSR_LEN as usize {
+        return false;
     }
-    let opt: [u8; 4] = ctx.load(ETH_HLEN + 20).ok()?;
-    if opt[0] != DSR_OPT_TYPE || opt[1] != DSR_OPT_LEN {
-        return None;
-    }
-    let addr: u32 = ctx.load(ETH_HLEN + 24).ok()?;
-    Some((addr, u16::from_ne_bytes([opt[2], opt[3]])))
+    let (Ok(w), Ok(opt)) = (
+        Packet::load::<u32>(ctx, F::DSR_WORD_OFF),
+        Packet::load::<F::DsrOpt>(ctx, F::L4_OFF),
+    ) else {
+        return false;
+    };
+    let Some((addr, port_be)) = F::dsr_parse(w, &opt) else {
+        return false;
+    };
+    let (saddr, _, sport, _) = F::parts(s).reply.ends_mut();
+    saddr.set(&addr);
+    *sport = port_be;
+    true
 }
 
 /// On the backend's node: records the flow of `t` (client → backend) whose frontend the

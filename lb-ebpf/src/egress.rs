@@ -13,6 +13,8 @@
 //! So every netfilter hook of the node sees a flow as client ⇄ backend, as it would under
 //! kube-proxy (MASQUERADE in POSTROUTING).
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
 
@@ -20,8 +22,9 @@ use crate::{
     conntrack::{self, touch},
     dsr,
     family::{Ends, Family, View},
-    filter,
+    filter, icmp,
     nat::{self, BOTH, SRC},
+    parse::Frame,
     reason::{self, Carried, Reason, Then},
 };
 
@@ -30,6 +33,23 @@ type Outcome = reason::Outcome<i32>;
 #[inline(always)]
 fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
+}
+
+/// tc egress for a frame its family's leaf parsed (`v4::tc_out`, `v6::tc`): the one flow,
+/// or the ICMP step (the source side); anything else passes (a malformed frame is the
+/// entry's to pass).
+#[inline(always)]
+pub fn frame<F: Family>(
+    ctx: &TcContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    s: &mut F::Scratch,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), s),
+        Ok(Frame::Icmp(m)) => icmp_error::<F, SRC>(ctx, m.borrow(), s),
+        Ok(Frame::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => Carried::done::<i32>(Err(r)),
+    }
 }
 
 /// A parsed TCP, UDP or SCTP packet `t` at tc egress (`s`: its family's part of the run's
@@ -65,7 +85,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         {
             // A packet of a DSR flow leaving for its backend's node: the option naming its
             // frontend on those that node learns the flow from.
-            F::dsr_push(ctx, ct.saddr(), ct.sport())?;
+            dsr::push::<F>(ctx, ct.saddr(), ct.sport())?;
             return Ok(Then::Done(pass(R_DSR_OUT)));
         }
     }
@@ -91,7 +111,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
 /// flow is recorded (`dsr::learn`); [`Then::Next`] for anything else.
 #[inline(never)]
 fn dsr_in<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
-    if !t.dsr_option(ctx, s) {
+    if !dsr::read(ctx, t, s) {
         return Carried::then::<i32>(Ok(Then::Next(Reason(R_PASS))));
     }
     Carried::done(match dsr::learn(t, s) {
@@ -109,7 +129,7 @@ pub fn icmp_error<F: Family, const PART: u8>(
     m: &F::Icmp,
     s: &mut F::Scratch,
 ) -> Carried {
-    Carried::done(match F::translate_icmp::<PART>(ctx, m, s) {
+    Carried::done(match icmp::translate::<F, PART>(ctx, m, s) {
         Ok(Some(ct)) => {
             reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
             pass(R_ICMP_XLATE)

@@ -21,6 +21,7 @@ use crate::{
     maps::Chosen,
     packet::Packet,
     parse::{ETH_HLEN, Tuple},
+    quote::Quote,
     reason::Reason,
     select::Keyed,
     shared::Shared,
@@ -374,6 +375,8 @@ pub trait Flow: Ends {
     type Value: Entry<Addr = Self::Addr> + 'static;
     /// The family's flow scratch (a field of `work::WorkArea`).
     type Scratch: 'static;
+    /// The quote of an ICMP error about the family's packet (`quote.rs`).
+    type Quote: Quote;
     fn proto(&self) -> u8;
     fn tcp_flags(&self) -> u8;
     /// The LRU table and the assured table.
@@ -381,6 +384,8 @@ pub trait Flow: Ends {
     fn cta() -> &'static CtaTable<Self::Key, Self::Value>;
     /// The conntrack fields of the scratch.
     fn parts(s: &mut Self::Scratch) -> Parts<'_, Self::Key, Self::Value>;
+    /// The scratch's quote as received, as translated, and the key it is looked up by.
+    fn quotes(s: &mut Self::Scratch) -> (&mut Self::Quote, &mut Self::Quote, &mut Self::Key);
     fn key(
         saddr: &Self::Addr,
         daddr: &Self::Addr,
@@ -392,13 +397,15 @@ pub trait Flow: Ends {
 }
 
 /// Implements [`Flow`] for a family's tuple `$tuple`: its key and entry types, its LRU and
-/// assured tables, its flow scratch type `$scratch`; the field names are both families'.
+/// assured tables, its flow scratch type `$scratch` and the quote type `$quote` in it; the
+/// field names are both families'.
 macro_rules! flow {
-    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $ct:expr, $cta:expr) => {
+    ($tuple:ty, $key:ident, $value:ty, $scratch:ty, $quote:ty, $ct:expr, $cta:expr) => {
         impl $crate::family::Flow for $tuple {
             type Key = $key;
             type Value = $value;
             type Scratch = $scratch;
+            type Quote = $quote;
             #[inline(always)]
             fn proto(&self) -> u8 {
                 self.proto
@@ -426,6 +433,10 @@ macro_rules! flow {
                 }
             }
             #[inline(always)]
+            fn quotes(s: &mut $scratch) -> (&mut $quote, &mut $quote, &mut $key) {
+                (&mut s.quote_old, &mut s.quote_new, &mut s.fwd_key)
+            }
+            #[inline(always)]
             fn key(
                 s: &Self::Addr,
                 d: &Self::Addr,
@@ -449,6 +460,21 @@ macro_rules! flow {
 }
 pub(crate) use flow;
 
+/// An ICMP message as a family's parse leaves it (IPv4's `parse::Icmp`, IPv6's tuple): what
+/// the ICMP translation (`icmp.rs`) reads of it.
+pub trait Message {
+    type Addr: Addr;
+    /// Its source and destination addresses.
+    fn addrs(&self) -> (&Self::Addr, &Self::Addr);
+    /// Offset of the ICMP header.
+    fn icmp_off(&self) -> usize;
+    /// Where the IP packet ends: its Ethernet and IP headers and its payload.
+    fn end(&self) -> usize;
+    /// An error that quotes the packet it is about (destination unreachable, fragmentation
+    /// needed / Packet Too Big, time exceeded).
+    fn quotes_packet(&self, ctx: &TcContext) -> Result<bool, Reason>;
+}
+
 /// What the route-MTU check says about a packet about to be translated toward a backend.
 pub enum Mtu {
     /// Not checked: small, no DF, a GSO super-packet, it fits the cached MTU, or no route.
@@ -463,8 +489,9 @@ pub enum Mtu {
 /// packet's tuple: IPv4's in `v4.rs`, IPv6's in `v6/family.rs`). Only what truly differs
 /// between the families is here: which word the address filters hash, a loopback frontend,
 /// the service-map frontend, the source-range trie, the header's offsets, its addresses'
-/// rewrite (IPv4's header checksum), its pseudo-header sum, the DSR option, and the answers
-/// built in its header (refusal, fragmentation needed / Packet Too Big). The route lookups
+/// rewrite (IPv4's header checksum), the DSR option, the answers
+/// built in its header (refusal, fragmentation needed / Packet Too Big), and the layout of
+/// the packet an ICMP error quotes. The route lookups
 /// (`fib.rs`, generic over the address) and the defaults here are written once. Every step
 /// that uses it is generic over it and monomorphised per family.
 pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
@@ -604,10 +631,21 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
         to: &Shared<'_, Self::Value>,
     ) -> u32;
     /// As [`Family::addrs_in_place`], through the store (and checksum) helpers.
+    #[inline(always)]
     fn addrs_with_helpers<P: Packet, const PART: u8>(
         &self,
         ctx: &P,
         to: &Shared<'_, Self::Value>,
+    ) -> Result<u32, Reason> {
+        Self::readdress::<P, PART>(ctx, (self.saddr(), self.daddr()), (to.saddr(), to.daddr()))
+    }
+    /// Writes the addresses `to` (source, destination) of the `PART` side(s) where they
+    /// differ from `from`, the packet's, through the store (and checksum) helpers; returns
+    /// their change to the L4 pseudo-header's sum (IPv4: its header checksum updated too).
+    fn readdress<P: Packet, const PART: u8>(
+        ctx: &P,
+        from: (&Self::Addr, &Self::Addr),
+        to: (&Self::Addr, &Self::Addr),
     ) -> Result<u32, Reason>;
     /// Answers the packet with a refusal (TCP RST, port unreachable), built in the scratch
     /// where the family needs room; `back`: see `reject::refuse`.
@@ -622,25 +660,47 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// The unfolded sum an answer's checksum of `len` bytes of `proto` starts from: its
     /// pseudo-header (the packet's addresses: swapped, the same sum), or 0 where the family
     /// has none (IPv4's ICMP).
-    fn answer_sum(&self, proto: u8, len: u32) -> u32;
+    #[inline(always)]
+    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
+        if proto == Self::ICMP_PROTO && !Self::ICMP_PSEUDO {
+            return 0;
+        }
+        self.daddr().sum16() + self.saddr().sum16() + len + proto as u32
+    }
     /// Writes the IP header of an answer (`reject.rs`) from the packet's destination to its
     /// source, for `payload` bytes of `proto`, the packet already resized to it.
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason>;
-    /// An ICMP message as the family's parse leaves it.
-    type Icmp;
-    /// The `PART` side of an ICMP error about a tracked flow translated, outer header and
-    /// quote (worked on in the scratch); the flow's entry, or `None` for any other message.
-    fn translate_icmp<const PART: u8>(
-        ctx: &TcContext,
-        m: &Self::Icmp,
-        s: &mut Self::Scratch,
-    ) -> Result<Option<Shared<'static, Self::Value>>, Reason>;
-    /// tc egress, a packet with IP options or extension headers to a backend: whether it
-    /// carries a DSR option, its frontend then read into the scratch's reply entry (its
-    /// source address and port) for `dsr::learn`.
-    fn dsr_option(&self, ctx: &TcContext, s: &mut Self::Scratch) -> bool;
-    /// Adds the DSR option naming the frontend `addr`:`port_be` to the packet.
-    fn dsr_push(ctx: &TcContext, addr: &Self::Addr, port_be: u16) -> Result<(), Reason>;
+    /// An ICMP message as the family's parse leaves it (`icmp.rs` translates it).
+    type Icmp: Message<Addr = Self::Addr>;
+    /// ICMP's checksum covers the pseudo-header (ICMPv6's does, IPv4's ICMP's does not).
+    const ICMP_PSEUDO: bool;
+    /// Offsets in a quote ([`Flow::Quote`]) of the quoted protocol, source and destination
+    /// addresses, and L4 header (its ports, then UDP's length and checksum).
+    const Q_PROTO: usize;
+    const Q_SRC: usize;
+    const Q_DST: usize;
+    const Q_L4: usize;
+    /// The quote holds a header of the family without options or extension headers (its
+    /// ports at `Q_L4`).
+    fn quote_plain(q: &Self::Quote) -> bool;
+    /// The quoted header's own checksum made right after its addresses changed (IPv4's;
+    /// IPv6's header has none).
+    fn quote_header_sum(q: &mut Self::Quote);
+    /// DSR (`dsr.rs`): offset of the header word that says whether an option follows the
+    /// header (IPv4's version and header length, TOS and total length; IPv6's payload
+    /// length, next header and hop limit).
+    const DSR_WORD_OFF: usize;
+    /// Offset of the IP header's checksum (IPv4's; `None`: IPv6's header has none).
+    const HDR_CSUM_OFF: Option<usize>;
+    /// The DSR option as it sits right after a header without options or extension headers
+    /// (`DSR_LEN` bytes), in words.
+    type DsrOpt: Copy + AsRef<[u32]>;
+    /// The header word `w` (at `DSR_WORD_OFF`) with the option after the header, and the
+    /// option naming the frontend `addr`:`port_be`.
+    fn dsr_build(w: u32, addr: &Self::Addr, port_be: u16) -> (u32, Self::DsrOpt);
+    /// The frontend (address, port) the option `opt` names, if it is xlb's and the header
+    /// word `w` says it follows the header.
+    fn dsr_parse(w: u32, opt: &Self::DsrOpt) -> Option<(Self::Addr, u16)>;
     /// The interface the route toward `daddr` leaves by (`None`: no route).
     #[inline(always)]
     fn route_out(&self, ctx: &TcContext, daddr: &Self::Addr) -> Option<u32> {
@@ -661,18 +721,12 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     }
     /// The IP header of a packet without options or extension headers (`[u8; L4_OFF]`).
     type Hdr;
-    /// Offset of the TTL (hop limit).
+    /// Offset of the TTL (hop limit; IPv4's the first byte of a 16-bit word of the header).
     const TTL_OFF: usize;
-    /// XDP: forwarded here, not by the kernel: the TTL (hop limit) down by one from
-    /// `hop_limit`, the frame given the next hop's MACs.
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        hop_limit: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason>;
     /// The L4 pseudo-header's one's-complement sum, unfolded: the addresses, the protocol
     /// and the L4 length (XDP's partial-checksum test, `xdp::checksum_partial`).
-    fn pseudo_sum(&self) -> u32;
+    #[inline(always)]
+    fn pseudo_sum(&self) -> u32 {
+        self.saddr().sum16() + self.daddr().sum16() + self.proto() as u32 + self.l4_len()
+    }
 }

@@ -18,6 +18,8 @@
 //! ([`Carried`]). Only destinations are rewritten here, before routing and netfilter (as
 //! kube-proxy's DNAT in PREROUTING): sources are tc egress's.
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use lb_common::{
     R_BACKEND_GONE, R_CT_MISS, R_CT_SUPERSEDED, R_ESTABLISHED, R_FRAG_NEEDED, R_NEW_FLOW,
@@ -26,12 +28,13 @@ use lb_common::{
 
 use crate::{
     conntrack::{self, Ct, continues, mid_stream, touch},
-    dsr,
+    dsr, egress,
     family::{Ends, Family, Mtu, View},
     filter,
     flow::{self, keep_alive},
-    nat,
+    nat::{self, DST},
     packet::Packet,
+    parse::Frame,
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
@@ -43,6 +46,26 @@ type Outcome = reason::Outcome<i32>;
 #[inline(always)]
 fn pass(reason: u32) -> Outcome {
     Ok((TC_ACT_OK, Reason(reason)))
+}
+
+/// tc ingress for a frame its family's leaf parsed (`v4::tc_in`, `v6::tc`): the one flow,
+/// or the ICMP step (the destination side); a malformed frame is dropped, anything else
+/// passes.
+#[inline(always)]
+pub fn frame<'a, F: Family>(
+    ctx: &TcContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    work: impl Work<'a, F::Scratch>,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), work),
+        Ok(Frame::Icmp(m)) => match work() {
+            Ok(s) => egress::icmp_error::<F, DST>(ctx, m.borrow(), s),
+            Err(r) => Carried::done::<i32>(Err(r)),
+        },
+        Ok(Frame::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
+        Err(r) => Carried::done::<i32>(Err(r)),
+    }
 }
 
 /// A parsed TCP, UDP or SCTP packet `t` at tc ingress; `work`: its family's part of the

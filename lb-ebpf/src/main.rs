@@ -26,6 +26,7 @@ mod nat;
 mod out_dnat;
 mod packet;
 mod parse;
+mod quote;
 mod reason;
 mod reject;
 mod select;

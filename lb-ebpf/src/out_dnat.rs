@@ -12,14 +12,16 @@
 //! ([`crate::reason::Then::Next`]); the family's leaf parses the packet again (`v4::node`,
 //! `v6::node`): the egress flow's frame is gone.
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{
     bindings::{BPF_F_INGRESS, TC_ACT_OK, TC_ACT_REDIRECT},
     helpers::bpf_redirect_neigh,
     programs::TcContext,
 };
 use lb_common::{
-    CT_F_OUT_DNAT, R_BACKEND_GONE, R_ESTABLISHED, R_NEW_FLOW, R_PASS, R_REWRITE_FAILED,
-    SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_TWO_SCOPES, SvcValue,
+    CT_F_OUT_DNAT, IPPROTO_SCTP, R_BACKEND_GONE, R_ESTABLISHED, R_NEW_FLOW, R_PASS,
+    R_REWRITE_FAILED, SCOPE_EXTERNAL, SCOPE_INTERNAL, SVC_F_TWO_SCOPES, SvcValue,
 };
 
 use crate::{
@@ -27,6 +29,7 @@ use crate::{
     family::{Ends, Family, View},
     flow::{self, keep_alive},
     ingress, nat,
+    parse::Frame,
     reason::{self, Carried, Outcome, Reason, Then},
     select,
 };
@@ -34,6 +37,21 @@ use crate::{
 #[inline(always)]
 fn pass() -> Carried {
     Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS))))
+}
+
+/// tc egress: the node's own packet to a frontend the egress flow left, parsed again by its
+/// family's leaf (`v4::node`, `v6::node`): an SCTP one goes to [`flow`], anything else
+/// passes.
+#[inline(always)]
+pub fn frame<F: Family>(
+    ctx: &TcContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    s: &mut F::Scratch,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) if t.borrow().proto() == IPPROTO_SCTP => flow(ctx, t.borrow(), s),
+        _ => pass(),
+    }
 }
 
 /// The node's own SCTP packet `t` to a frontend (`s`: its family's part of the work area):

@@ -66,13 +66,31 @@ pub struct Icmp {
     pub tot_len: u16,
 }
 
-pub enum Parsed {
+/// A frame as its family's leaf parsed it (`T`: its TCP, UDP or SCTP tuple, `M`: its ICMP
+/// message, each the family's own or a reference to it), as each hook's dispatch takes it
+/// (`ingress::frame`, `egress::frame`, `out_dnat::frame`, `xdp::frame`).
+pub enum Frame<T, M> {
     /// Not for us: pass untouched, counted under this reason.
     Pass(Reason),
-    /// A TCP or UDP packet with a complete header.
-    Flow(Tuple),
+    /// A TCP, UDP or SCTP packet with a complete header.
+    Flow(T),
     /// An ICMP message (errors about translated flows are translated too).
-    Icmp(Icmp),
+    Icmp(M),
+}
+
+/// An IPv4 frame, parsed.
+pub type Parsed = Frame<Tuple, Icmp>;
+
+impl Frame<(), ()> {
+    /// The frame of a family whose parse leaves the tuple (or the ICMP message) in `t`.
+    #[inline(always)]
+    pub fn of<T>(self, t: &T) -> Frame<&T, &T> {
+        match self {
+            Frame::Pass(r) => Frame::Pass(r),
+            Frame::Flow(()) => Frame::Flow(t),
+            Frame::Icmp(()) => Frame::Icmp(t),
+        }
+    }
 }
 
 /// A frame's network layer, by its Ethernet type: each program's entry reads it once and

@@ -6,17 +6,16 @@
 //!
 //! Each family's leaf gives what differs ([`Family`]): the ICMP protocol, types and codes,
 //! the IP header of the answer, the sum its checksums start from (the pseudo-header; none
-//! for IPv4's ICMP). Also used by the ICMP translation (`icmp.rs`, `v6/icmp.rs`): the
-//! one's-complement sums, loading a quote into the scratch and its checksum diff.
+//! for IPv4's ICMP). The one's-complement sums here are also IPv4's header checksums'.
 
 use aya_ebpf::{
     bindings::TC_ACT_REDIRECT,
-    helpers::{bpf_csum_diff, bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
+    helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
 use lb_common::{IPPROTO_TCP, R_FRAG_NEEDED, R_NO_BACKEND, R_REWRITE_FAILED};
 
-use crate::{family::Family, parse::ETH_HLEN, reason::Reason};
+use crate::{family::Family, parse::ETH_HLEN, quote::Quote, reason::Reason};
 
 #[inline(always)]
 fn failed<E>(_: E) -> Reason {
@@ -40,52 +39,6 @@ pub fn fold(mut sum: u32) -> [u8; 2] {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     (!(sum as u16)).to_be_bytes()
-}
-
-/// Copies `N` bytes of the packet from `off` into `buf` (a quote, worked on in the per-CPU
-/// scratch: the stack is too small for it).
-#[inline(always)]
-pub(crate) fn load_quote<const N: usize>(
-    ctx: &TcContext,
-    off: usize,
-    buf: &mut [u8; N],
-) -> Result<(), Reason> {
-    // SAFETY: the destination is N bytes of this CPU's scratch.
-    let rc = unsafe {
-        bpf_skb_load_bytes(
-            ctx.skb.skb as *const core::ffi::c_void,
-            off as u32,
-            buf.as_mut_ptr() as *mut core::ffi::c_void,
-            N as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
-    Ok(())
-}
-
-/// The checksum diff of a quote going `old` → `new`, by the helper (a loop over a map value
-/// at a variable index is refused without CAP_PERFMON).
-#[inline(always)]
-pub(crate) fn quote_diff<const N: usize>(
-    old: &mut [u8; N],
-    new: &mut [u8; N],
-) -> Result<u32, Reason> {
-    // SAFETY: both buffers are N bytes, 4-aligned in the scratch map value.
-    let diff = unsafe {
-        bpf_csum_diff(
-            old.as_mut_ptr() as *mut u32,
-            N as u32,
-            new.as_mut_ptr() as *mut u32,
-            N as u32,
-            0,
-        )
-    };
-    if diff < 0 {
-        return Err(Reason(R_REWRITE_FAILED));
-    }
-    Ok(diff as u32)
 }
 
 /// The RST answering a TCP segment (`tcp`: its header; `l4_len`: its length, header
@@ -231,7 +184,7 @@ fn icmp_error<F: Family, const Q: usize>(
     if !t.plain() {
         return Err(Reason(R_NO_BACKEND));
     }
-    load_quote(ctx, ETH_HLEN, quote)?;
+    quote.load(ctx, ETH_HLEN)?;
     let (kind, code) = kind;
     // Two words, written volatile: as bytes, the zeros of a code 0 and a small MTU merge
     // into a `memset` byte loop the verifier refuses without CAP_PERFMON.

@@ -1,29 +1,25 @@
-//! IPv4's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv4
-//! modules (`parse.rs`'s tuple, `nat.rs`'s rewrite, `fib.rs` and `translate.rs`'s route
-//! lookups, `reject.rs`'s answers, `dsr.rs`'s option). Nothing here knows IPv6.
+//! IPv4's leaf of the one flow: what [`Family`] asks of the family (the header's addresses
+//! and checksum, the quote of an ICMP error, the DSR option's bytes), here or from
+//! `parse.rs`'s tuple; the one flows (`nat.rs`'s rewrite, `fib.rs`'s route lookups,
+//! `reject.rs`'s answers, `icmp.rs`, `dsr.rs`) use it. Nothing here knows IPv6.
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
-    programs::{TcContext, XdpContext},
-};
+use aya_ebpf::programs::{TcContext, XdpContext};
 use lb_common::{
-    Backend, CtKey, CtValue, DSR_OPT_LEN, IPPROTO_SCTP, NodeConfig, R_NO_BACKEND, R_PASS,
-    R_REWRITE_FAILED,
+    Backend, CtKey, CtValue, DSR_OPT_LEN, DSR_OPT_TYPE, NodeConfig, R_NO_BACKEND, R_REWRITE_FAILED,
 };
 
 use crate::{
     affinity::{Client, ClientOf},
-    conntrack::Ct,
-    dsr, egress,
-    family::{Ends, Family},
-    icmp, ingress,
+    egress,
+    family::{Ends, Family, Message},
+    ingress,
     maps::{FlowScratch, XLB_CT_V3, XLB_CTA_V1},
-    nat::{self, DADDR, SADDR},
+    nat::{DADDR, SADDR},
     out_dnat,
-    packet::{Packet, at, csum_add, csum_apply, csum_replace, diff2, diff4, ld16, st16, st32},
+    packet::{Packet, csum_add, csum_apply, diff4, ld16, st16, st32},
     parse::{
         self, DIRECT_SCTP, DIRECT_TCP, DIRECT_UDP, ETH_HLEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF,
-        IP_TTL_OFF, Icmp, L4_OFF, Parsed, Tuple,
+        IP_TTL_OFF, Icmp, L4_OFF, Tuple,
     },
     reason::{Carried, Reason},
     reject,
@@ -31,11 +27,19 @@ use crate::{
     shared::Shared,
     srcrange,
     work::Work,
-    xdp::{self, write_macs},
+    xdp,
 };
 
 // IPv4: `XLB_CT_V3` and `XLB_CTA_V1`, its scratch `FlowScratch` (`work::WorkArea::v4`).
-crate::family::flow!(Tuple, CtKey, CtValue, FlowScratch, XLB_CT_V3, XLB_CTA_V1);
+crate::family::flow!(
+    Tuple,
+    CtKey,
+    CtValue,
+    FlowScratch,
+    [u8; 28],
+    XLB_CT_V3,
+    XLB_CTA_V1
+);
 
 impl ClientOf for Tuple {
     #[inline(always)]
@@ -123,23 +127,23 @@ impl Family for Tuple {
         addr
     }
     #[inline(always)]
-    fn addrs_with_helpers<P: Packet, const PART: u8>(
-        &self,
+    fn readdress<P: Packet, const PART: u8>(
         ctx: &P,
-        to: &Shared<'_, CtValue>,
+        (saddr_be, daddr_be): (&u32, &u32),
+        (saddr, daddr): (&u32, &u32),
     ) -> Result<u32, Reason> {
         let failed = |_| Reason(R_REWRITE_FAILED);
-        let (saddr, daddr) = (*to.saddr(), *to.daddr());
+        let (saddr, daddr) = (*saddr, *daddr);
         let mut addr = 0;
-        if PART & DADDR != 0 && daddr != self.daddr_be {
-            addr = diff4(self.daddr_be, daddr);
-            ctx.l3_csum_replace(IP_CSUM_OFF, self.daddr_be, daddr)
+        if PART & DADDR != 0 && daddr != *daddr_be {
+            addr = diff4(*daddr_be, daddr);
+            ctx.l3_csum_replace(IP_CSUM_OFF, *daddr_be, daddr)
                 .map_err(failed)?;
             ctx.store(IP_DST_OFF, &daddr).map_err(failed)?;
         }
-        if PART & SADDR != 0 && saddr != self.saddr_be {
-            addr = csum_add(addr, diff4(self.saddr_be, saddr));
-            ctx.l3_csum_replace(IP_CSUM_OFF, self.saddr_be, saddr)
+        if PART & SADDR != 0 && saddr != *saddr_be {
+            addr = csum_add(addr, diff4(*saddr_be, saddr));
+            ctx.l3_csum_replace(IP_CSUM_OFF, *saddr_be, saddr)
                 .map_err(failed)?;
             ctx.store(IP_SRC_OFF, &saddr).map_err(failed)?;
         }
@@ -161,18 +165,6 @@ impl Family for Tuple {
     /// Destination unreachable (3): port unreachable (3), fragmentation needed (4).
     const PORT_UNREACH: (u8, u8) = (3, 3);
     const TOO_BIG: (u8, u8) = (3, 4);
-    /// ICMP's checksum has no pseudo-header.
-    #[inline(always)]
-    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
-        if proto == Self::ICMP_PROTO {
-            return 0;
-        }
-        reject::sum16(
-            &self.daddr_be.to_ne_bytes(),
-            reject::sum16(&self.saddr_be.to_ne_bytes(), 0),
-        ) + proto as u32
-            + len
-    }
     /// No options; don't fragment; TTL 64; its header checksum.
     #[inline(always)]
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
@@ -189,26 +181,48 @@ impl Family for Tuple {
             .map_err(|_| Reason(R_REWRITE_FAILED))
     }
     type Icmp = Icmp;
+    /// ICMP's checksum covers its message only.
+    const ICMP_PSEUDO: bool = false;
+    /// The quoted IPv4 header (no options) and the first 8 bytes of its L4 header.
+    const Q_PROTO: usize = 9;
+    const Q_SRC: usize = 12;
+    const Q_DST: usize = 16;
+    const Q_L4: usize = 20;
+    /// IPv4, a 20-byte header.
     #[inline(always)]
-    fn translate_icmp<const PART: u8>(
-        ctx: &TcContext,
-        m: &Icmp,
-        s: &mut FlowScratch,
-    ) -> Result<Option<Ct<Tuple>>, Reason> {
-        icmp::translate::<PART>(ctx, m, s)
+    fn quote_plain(q: &[u8; 28]) -> bool {
+        q[0] == 0x45
     }
     #[inline(always)]
-    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch) -> bool {
-        let Some((addr_be, port_be)) = dsr::option_of(ctx, self) else {
-            return false;
-        };
-        s.reply.saddr_be = addr_be;
-        s.reply.sport_be = port_be;
-        true
+    fn quote_header_sum(q: &mut [u8; 28]) {
+        q[10] = 0;
+        q[11] = 0;
+        let c = reject::fold(reject::sum16(&q[..20], 0));
+        q[10] = c[0];
+        q[11] = c[1];
+    }
+    const DSR_WORD_OFF: usize = ETH_HLEN;
+    const HDR_CSUM_OFF: Option<usize> = Some(IP_CSUM_OFF);
+    /// An IP option: its type, length and the port, then the address.
+    type DsrOpt = [u32; 2];
+    /// Version/IHL 0x47 (28 bytes), TOS as it was, total length + 8.
+    #[inline(always)]
+    fn dsr_build(w: u32, addr: &u32, port_be: u16) -> (u32, [u32; 2]) {
+        let mut w0 = w.to_ne_bytes();
+        w0[0] = 0x47;
+        let tot = u16::from_be_bytes([w0[2], w0[3]]).wrapping_add(DSR_OPT_LEN as u16);
+        w0[2..4].copy_from_slice(&tot.to_be_bytes());
+        let port = port_be.to_ne_bytes();
+        let opt0 = u32::from_ne_bytes([DSR_OPT_TYPE, DSR_OPT_LEN, port[0], port[1]]);
+        (u32::from_ne_bytes(w0), [opt0, *addr])
     }
     #[inline(always)]
-    fn dsr_push(ctx: &TcContext, addr: &u32, port_be: u16) -> Result<(), Reason> {
-        dsr::push(ctx, *addr, port_be)
+    fn dsr_parse(w: u32, opt: &[u32; 2]) -> Option<(u32, u16)> {
+        let o = opt[0].to_ne_bytes();
+        if w.to_ne_bytes()[0] != 0x47 || o[0] != DSR_OPT_TYPE || o[1] != DSR_OPT_LEN {
+            return None;
+        }
+        Some((opt[1], u16::from_ne_bytes([o[2], o[3]])))
     }
     #[inline(always)]
     fn ip_len(&self) -> u16 {
@@ -216,110 +230,60 @@ impl Family for Tuple {
     }
     type Hdr = [u8; L4_OFF];
     const TTL_OFF: usize = IP_TTL_OFF;
+}
+
+impl Message for Icmp {
+    type Addr = u32;
     #[inline(always)]
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        ttl: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason> {
-        forward_l2(ctx, self, ttl, smac, dmac)
+    fn addrs(&self) -> (&u32, &u32) {
+        (&self.saddr_be, &self.daddr_be)
     }
     #[inline(always)]
-    fn pseudo_sum(&self) -> u32 {
-        let s = u32::from_be(self.saddr_be);
-        let d = u32::from_be(self.daddr_be);
-        (s >> 16) + (s & 0xffff) + (d >> 16) + (d & 0xffff) + self.proto as u32 + self.l4_len()
+    fn icmp_off(&self) -> usize {
+        self.l4_off
+    }
+    #[inline(always)]
+    fn end(&self) -> usize {
+        ETH_HLEN + self.tot_len as usize
+    }
+    /// Destination unreachable (3, fragmentation needed among its codes), time exceeded
+    /// (11).
+    #[inline(always)]
+    fn quotes_packet(&self, ctx: &TcContext) -> Result<bool, Reason> {
+        let t: u8 = ctx
+            .load(self.l4_off)
+            .map_err(|_| Reason(R_REWRITE_FAILED))?;
+        Ok(t == 3 || t == 11)
     }
 }
 
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
-/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it). Out of line:
-/// inline, the entry's frame and the deepest step's go over 512 bytes.
+/// dispatch. Out of line: inline, the entry's frame and the deepest step's go over 512
+/// bytes.
 #[inline(never)]
 pub fn xdp<'a>(ctx: &XdpContext, work: impl Work<'a, FlowScratch>, len: u32) -> Carried {
-    match parse::parse_ipv4(ctx, len) {
-        Ok(Parsed::Flow(t)) => xdp::flow(ctx, &t, work, len),
-        Ok(Parsed::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
-        Ok(Parsed::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
-        Err(r) => Carried::done::<u32>(Err(r)),
-    }
+    xdp::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, len), work, len)
 }
 
 /// tc egress: the node's own IPv4 packet to a frontend the egress flow left, parsed again
-/// (its frame is gone): an SCTP one goes to `out_dnat`, anything else passes.
+/// (its frame is gone), then `out_dnat`'s dispatch.
 #[inline(never)]
 pub fn node(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) if t.proto == IPPROTO_SCTP => out_dnat::flow(ctx, &t, s),
-        _ => Carried::done::<i32>(Ok((TC_ACT_OK, Reason(R_PASS)))),
-    }
+    out_dnat::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), s)
 }
 
-/// tc ingress for an IPv4 packet: parsed here, then the hook's one flow, or the ICMP step.
-/// Inline in the entry: a packet that is no service's passes with no call at all (the
-/// flow's steps are out of line, so their frames do not add to this one).
+/// tc ingress for an IPv4 packet: parsed here, then the hook's dispatch. Inline in the
+/// entry: a packet that is no service's passes with no call at all (the flow's steps are
+/// out of line, so their frames do not add to this one).
 #[inline(always)]
 pub fn tc_in<'a>(ctx: &TcContext, work: impl Work<'a, FlowScratch>) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) => ingress::flow(ctx, &t, work),
-        Ok(Parsed::Icmp(m)) => match work() {
-            Ok(s) => egress::icmp_error::<Tuple, { nat::DST }>(ctx, &m, s),
-            Err(r) => Carried::done::<i32>(Err(r)),
-        },
-        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
-        Err(r) => Carried::done::<i32>(Err(r)),
-    }
+    ingress::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), work)
 }
 
-/// tc egress for an IPv4 packet: parsed here (its tuple on this frame), then the hook's one
-/// flow, or the ICMP step. Out of line: its frame (the tuple's) is gone when the entry goes
-/// on to the node's own flow (`out_dnat`).
+/// tc egress for an IPv4 packet: parsed here (its tuple on this frame), then the hook's
+/// dispatch. Out of line: its frame (the tuple's) is gone when the entry goes on to the
+/// node's own flow (`out_dnat`).
 #[inline(never)]
 pub fn tc_out(ctx: &TcContext, s: &mut FlowScratch) -> Carried {
-    match parse::parse_ipv4(ctx, ctx.len()) {
-        Ok(Parsed::Flow(t)) => egress::flow(ctx, &t, s),
-        Ok(Parsed::Icmp(m)) => egress::icmp_error::<Tuple, { nat::SRC }>(ctx, &m, s),
-        Ok(Parsed::Pass(r)) => Carried::done::<i32>(Ok((TC_ACT_OK, r))),
-        Err(r) => Carried::done::<i32>(Err(r)),
-    }
-}
-
-/// Forwarded here, not by the kernel: the TTL goes down by one, as ip_forward does, and the
-/// frame gets the next hop's MAC addresses.
-#[inline(always)]
-fn forward_l2(
-    ctx: &XdpContext,
-    t: &Tuple,
-    ttl: u8,
-    smac: &[u8; 6],
-    dmac: &[u8; 6],
-) -> Result<(), Reason> {
-    let fail = |_| Reason(lb_common::R_REWRITE_FAILED);
-    // The 16-bit word [TTL, protocol], as it sits in the packet.
-    let old = u16::from_ne_bytes([ttl, t.proto]);
-    let new = u16::from_ne_bytes([ttl - 1, t.proto]);
-    if t.direct
-        && let Some(p) = at::<_, [u8; L4_OFF]>(ctx, 0)
-    {
-        let p = p as *mut u8;
-        // SAFETY: every offset below is within the L4_OFF bytes `at` checked.
-        unsafe {
-            st16(
-                p,
-                IP_CSUM_OFF,
-                csum_apply(ld16(p, IP_CSUM_OFF), diff2(old, new)),
-            );
-            st16(p, IP_TTL_OFF, new);
-            write_macs(p, smac, dmac);
-        }
-        return Ok(());
-    }
-    let csum: u16 = ctx.load(IP_CSUM_OFF).map_err(fail)?;
-    ctx.store(IP_CSUM_OFF, &csum_replace(csum, old as u32, new as u32, 2))
-        .map_err(fail)?;
-    ctx.store(IP_TTL_OFF, &new).map_err(fail)?;
-    ctx.store(0, dmac).map_err(fail)?;
-    ctx.store(6, smac).map_err(fail)
+    egress::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, ctx.len()), s)
 }

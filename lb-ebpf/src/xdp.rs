@@ -19,13 +19,15 @@
 //! (`CHECKSUM_PARTIAL` from a local veth peer: XDP cannot see that state, tc's helpers keep
 //! it right).
 
+use core::borrow::Borrow;
+
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS, XDP_REDIRECT},
     programs::XdpContext,
 };
 use lb_common::{
     BE_F_REMOTE, CT_F_XDP_STACK, IPPROTO_SCTP, IPPROTO_UDP, R_ESTABLISHED, R_MALFORMED, R_NEW_FLOW,
-    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
+    R_PASS, R_REPLY_IN, R_REVERSE_NAT, R_REWRITE_FAILED, R_XDP_REDIRECT, SCOPE_EXTERNAL, SvcValue,
 };
 
 use crate::{
@@ -37,7 +39,8 @@ use crate::{
     flow::{self, keep_alive},
     maps::XLB_XDPTX_V1,
     nat::{self, BOTH},
-    packet::{Packet, at, ld16, st16, st32},
+    packet::{Packet, at, csum_apply, csum_replace, diff2, ld16, st16, st32},
+    parse::Frame,
     reason::{self, Carried, Reason, Then},
     select,
     shared::Shared,
@@ -50,6 +53,24 @@ pub type XdpOutcome = reason::Outcome<u32>;
 #[inline(always)]
 fn pass(reason: u32) -> XdpOutcome {
     Ok((XDP_PASS, Reason(reason)))
+}
+
+/// XDP for a frame of `len` bytes its family's leaf parsed (`v4::xdp`, `v6::xdp::xdp`): the
+/// one flow; anything but TCP, UDP and SCTP passes (ICMP: tc translates it), a malformed
+/// frame is dropped.
+#[inline(always)]
+pub fn frame<'a, F: Family>(
+    ctx: &XdpContext,
+    f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
+    work: impl Work<'a, F::Scratch>,
+    len: u32,
+) -> Carried {
+    match f {
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), work, len),
+        Ok(Frame::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
+        Ok(Frame::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
+        Err(r) => Carried::done::<u32>(Err(r)),
+    }
 }
 
 /// A frame's parsed TCP or UDP packet `t` (its family's leaf parsed it; `s`: the family's
@@ -330,7 +351,7 @@ fn redirect<F: Family>(
     }
     nat::rewrite::<F, _, BOTH>(ctx, t, v)?;
     reason::count_service(v.svc_id(), v.backend().0, len);
-    t.forward_l2(ctx, ttl, &hop.smac, &hop.dmac)?;
+    forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
 }
 
@@ -349,6 +370,46 @@ pub(crate) fn send_out(ifindex: u32, reason: u32) -> XdpOutcome {
         Ok(action) if action == XDP_REDIRECT => Ok((XDP_REDIRECT, Reason(R_XDP_REDIRECT))),
         _ => pass(reason),
     }
+}
+
+/// Forwarded here, not by the kernel: the TTL (hop limit) goes down by one from `ttl`, as
+/// ip_forward does (IPv4's header checksum with it), and the frame gets the next hop's MAC
+/// addresses; in place for the common packet.
+#[inline(always)]
+fn forward_l2<F: Family>(
+    ctx: &XdpContext,
+    t: &F,
+    ttl: u8,
+    smac: &[u8; 6],
+    dmac: &[u8; 6],
+) -> Result<(), Reason> {
+    let fail = |_| Reason(R_REWRITE_FAILED);
+    // The TTL's 16-bit word of the header, as it sits in the packet (the other byte's value
+    // does not change the sum's change).
+    let old = u16::from_ne_bytes([ttl, 0]);
+    let new = u16::from_ne_bytes([ttl - 1, 0]);
+    if t.direct()
+        && let Some(p) = at::<_, F::Hdr>(ctx, 0)
+    {
+        let p = p as *mut u8;
+        // SAFETY: every offset below is within the header `at` checked.
+        unsafe {
+            if let Some(c) = F::HDR_CSUM_OFF {
+                st16(p, c, csum_apply(ld16(p, c), diff2(old, new)));
+            }
+            *p.add(F::TTL_OFF) = ttl - 1;
+            write_macs(p, smac, dmac);
+        }
+        return Ok(());
+    }
+    if let Some(c) = F::HDR_CSUM_OFF {
+        let csum: u16 = ctx.load(c).map_err(fail)?;
+        ctx.store(c, &csum_replace(csum, old as u32, new as u32, 2))
+            .map_err(fail)?;
+    }
+    ctx.store(F::TTL_OFF, &(ttl - 1)).map_err(fail)?;
+    ctx.store(0, dmac).map_err(fail)?;
+    ctx.store(6, smac).map_err(fail)
 }
 
 /// Writes the next hop's MAC addresses into the Ethernet header at `p`.

@@ -26,6 +26,7 @@ crate::family::flow!(
     CtKey6,
     CtValue6,
     FlowScratch6,
+    [u8; 48],
     XLB_CT6_V1,
     XLB_CTA6_V1
 );

@@ -1,25 +1,23 @@
 //! IPv6's leaf of the one flow: what [`Family`] asks of the family, answered by the IPv6
 //! modules beside this one. Nothing here knows IPv4.
 
-use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::programs::TcContext;
 use lb_common::{Backend, CtValue6, DSR6_HDR_LEN, NodeConfig, R_REWRITE_FAILED, filter_fold};
 
 use super::{
     dsr,
-    icmp::{self, diff16},
     maps::FlowScratch6,
     parse::{
-        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF, IP6_SRC_OFF,
-        IPPROTO_ICMPV6, Tuple6,
+        DIRECT6_SCTP, DIRECT6_TCP, DIRECT6_UDP, HOP_LIMIT_OFF, IP6_DST_OFF, IP6_HLEN, IP6_L4_OFF,
+        IP6_SRC_OFF, IPPROTO_ICMPV6, Tuple6,
     },
-    reject, xdp,
+    reject,
 };
 use crate::{
     addr::eq6,
-    conntrack::Ct,
-    family::{Ends, Family},
+    family::{Ends, Family, Message},
     nat::{DADDR, SADDR},
-    packet::{Packet, csum_add, st32},
+    packet::{Packet, csum_add, diff4, st32},
     reason::Reason,
     select::Frontend6,
     shared::Shared,
@@ -109,20 +107,20 @@ impl Family for Tuple6 {
         addr
     }
     #[inline(always)]
-    fn addrs_with_helpers<P: Packet, const PART: u8>(
-        &self,
+    fn readdress<P: Packet, const PART: u8>(
         ctx: &P,
-        to: &Shared<'_, CtValue6>,
+        (saddr_be, daddr_be): (&[u32; 4], &[u32; 4]),
+        (saddr, daddr): (&[u32; 4], &[u32; 4]),
     ) -> Result<u32, Reason> {
         let failed = |_| Reason(R_REWRITE_FAILED);
         let mut addr = 0;
-        if PART & SADDR != 0 && !eq6(&self.saddr_be, to.saddr()) {
-            addr = diff16(&self.saddr_be, to.saddr());
-            ctx.store(IP6_SRC_OFF, to.saddr()).map_err(failed)?;
+        if PART & SADDR != 0 && !eq6(saddr_be, saddr) {
+            addr = diff16(saddr_be, saddr);
+            ctx.store(IP6_SRC_OFF, saddr).map_err(failed)?;
         }
-        if PART & DADDR != 0 && !eq6(&self.daddr_be, to.daddr()) {
-            addr = csum_add(addr, diff16(&self.daddr_be, to.daddr()));
-            ctx.store(IP6_DST_OFF, to.daddr()).map_err(failed)?;
+        if PART & DADDR != 0 && !eq6(daddr_be, daddr) {
+            addr = csum_add(addr, diff16(daddr_be, daddr));
+            ctx.store(IP6_DST_OFF, daddr).map_err(failed)?;
         }
         Ok(addr)
     }
@@ -139,30 +137,36 @@ impl Family for Tuple6 {
     const PORT_UNREACH: (u8, u8) = (1, 4);
     const TOO_BIG: (u8, u8) = (2, 0);
     #[inline(always)]
-    fn answer_sum(&self, proto: u8, len: u32) -> u32 {
-        reject::pseudo(&self.daddr_be, &self.saddr_be, len, proto)
-    }
-    #[inline(always)]
     fn answer_header(&self, ctx: &TcContext, proto: u8, payload: u16) -> Result<(), Reason> {
         reject::header(ctx, self, proto, payload)
     }
     /// The parse leaves an ICMPv6 message in the tuple (its type, where it starts).
     type Icmp = Tuple6;
+    const ICMP_PSEUDO: bool = true;
+    /// The quoted fixed header and the first 8 bytes of its L4 header (a quote with
+    /// extension headers is left alone: its ports are further in).
+    const Q_PROTO: usize = 6;
+    const Q_SRC: usize = 8;
+    const Q_DST: usize = 24;
+    const Q_L4: usize = 40;
     #[inline(always)]
-    fn translate_icmp<const PART: u8>(
-        ctx: &TcContext,
-        m: &Tuple6,
-        s: &mut FlowScratch6,
-    ) -> Result<Option<Ct<Tuple6>>, Reason> {
-        icmp::translate::<PART>(ctx, m, s)
+    fn quote_plain(q: &[u8; 48]) -> bool {
+        q[0] >> 4 == 6
+    }
+    /// No header checksum.
+    #[inline(always)]
+    fn quote_header_sum(_: &mut [u8; 48]) {}
+    const DSR_WORD_OFF: usize = dsr::PLEN_OFF;
+    const HDR_CSUM_OFF: Option<usize> = None;
+    /// A destination-options header of its own (`v6/dsr.rs`).
+    type DsrOpt = [u32; 6];
+    #[inline(always)]
+    fn dsr_build(w: u32, addr: &[u32; 4], port_be: u16) -> (u32, [u32; 6]) {
+        dsr::build(w, addr, port_be)
     }
     #[inline(always)]
-    fn dsr_option(&self, ctx: &TcContext, s: &mut FlowScratch6) -> bool {
-        dsr::read_option(ctx, self, &mut s.reply)
-    }
-    #[inline(always)]
-    fn dsr_push(ctx: &TcContext, addr: &[u32; 4], port_be: u16) -> Result<(), Reason> {
-        dsr::push(ctx, addr, port_be)
+    fn dsr_parse(w: u32, opt: &[u32; 6]) -> Option<([u32; 4], u16)> {
+        dsr::parse(w, opt)
     }
     /// The fixed header's 40 bytes and the payload (extension headers and L4).
     #[inline(always)]
@@ -170,19 +174,36 @@ impl Family for Tuple6 {
         (IP6_HLEN + self.payload_len) as u16
     }
     type Hdr = [u8; IP6_L4_OFF];
-    const TTL_OFF: usize = xdp::HOP_LIMIT_OFF;
+    const TTL_OFF: usize = HOP_LIMIT_OFF;
+}
+
+impl Message for Tuple6 {
+    type Addr = [u32; 4];
     #[inline(always)]
-    fn forward_l2(
-        &self,
-        ctx: &XdpContext,
-        hop_limit: u8,
-        smac: &[u8; 6],
-        dmac: &[u8; 6],
-    ) -> Result<(), Reason> {
-        xdp::forward_l2(ctx, self, hop_limit, smac, dmac)
+    fn addrs(&self) -> (&[u32; 4], &[u32; 4]) {
+        (&self.saddr_be, &self.daddr_be)
     }
     #[inline(always)]
-    fn pseudo_sum(&self) -> u32 {
-        reject::pseudo(&self.saddr_be, &self.daddr_be, self.l4_len(), self.proto)
+    fn icmp_off(&self) -> usize {
+        self.l4_off as usize
     }
+    #[inline(always)]
+    fn end(&self) -> usize {
+        IP6_L4_OFF + self.payload_len as usize
+    }
+    /// Destination unreachable (1), Packet Too Big (2), time exceeded (3).
+    #[inline(always)]
+    fn quotes_packet(&self, _: &TcContext) -> Result<bool, Reason> {
+        Ok((1..=3).contains(&self.icmp_type))
+    }
+}
+
+/// The partial-sum change of an IPv6 address going `from` → `to`.
+#[inline(always)]
+fn diff16(from: &[u32; 4], to: &[u32; 4]) -> u32 {
+    let mut d = 0;
+    for i in 0..4 {
+        d = csum_add(d, diff4(from[i], to[i]));
+    }
+    d
 }

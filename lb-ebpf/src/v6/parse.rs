@@ -7,7 +7,7 @@ use lb_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, R_FRAGMENT, R_MALFORMED,
 
 use crate::{
     packet::{Packet, at, ld16, ld32},
-    parse::{ETH_HLEN, l4_direct, sctp_flags},
+    parse::{ETH_HLEN, Frame, l4_direct, sctp_flags},
     reason::Reason,
 };
 
@@ -33,6 +33,8 @@ pub const IP6_HLEN: u32 = 40;
 pub const IP6_SRC_OFF: usize = ETH_HLEN + 8;
 pub const IP6_DST_OFF: usize = ETH_HLEN + 24;
 pub const IP6_L4_OFF: usize = ETH_HLEN + 40;
+/// Offset of the hop limit.
+pub const HOP_LIMIT_OFF: usize = ETH_HLEN + 7;
 /// Bytes the direct path needs in place: Ethernet, the fixed header with TCP or UDP right
 /// behind it, TCP's first 20 bytes (ports, flags, checksum) or UDP's 8.
 pub const DIRECT6_TCP: usize = IP6_L4_OFF + 20;
@@ -74,16 +76,9 @@ pub struct Tuple6 {
     pub csum_off: u32,
 }
 
-/// What the packet is; its tuple is in the `Tuple6` the parser filled.
-#[derive(Clone, Copy)]
-pub enum Parsed6 {
-    /// Not for us: pass untouched, counted under this reason.
-    Pass(Reason),
-    /// TCP or UDP.
-    Flow,
-    /// ICMPv6.
-    Icmp,
-}
+/// What the packet is (TCP, UDP or SCTP; ICMPv6; or passed); its tuple is in the `Tuple6`
+/// the parser filled ([`Frame::of`]).
+pub type Parsed6 = Frame<(), ()>;
 
 #[inline(always)]
 fn malformed<E>(_: E) -> Reason {
@@ -153,7 +148,7 @@ fn parse_direct<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Option<Parsed6>, R
     t.payload_len = payload_len as u32;
     t.l4_off = IP6_L4_OFF as u32;
     t.csum_off = (IP6_L4_OFF + csum_rel) as u32;
-    Ok(Some(Parsed6::Flow))
+    Ok(Some(Parsed6::Flow(())))
 }
 
 /// Any IPv6 packet, through the load helper.
@@ -208,13 +203,13 @@ fn parse_loaded<P: Packet>(ctx: &P, t: &mut Tuple6) -> Result<Parsed6, Reason> {
         t.sport_be = 0;
         t.dport_be = 0;
         t.tcp_flags = 0;
-        return Ok(Parsed6::Icmp);
+        return Ok(Parsed6::Icmp(()));
     }
     t.icmp_type = 0;
     t.sport_be = u16::from_ne_bytes([l4[0], l4[1]]);
     t.dport_be = u16::from_ne_bytes([l4[2], l4[3]]);
     t.tcp_flags = l4[13];
-    Ok(Parsed6::Flow)
+    Ok(Parsed6::Flow(()))
 }
 
 /// Walks the extension headers from `next` (the fixed header's next header): the upper

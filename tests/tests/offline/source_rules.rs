@@ -524,7 +524,7 @@ fn ebpf_modules_import_in_no_circle_and_ipv4_leaves_never_import_ipv6() {
 }
 
 /// The hooks' one flows, generic over `family::Family`, and the steps they share.
-const GENERIC_FLOWS: [&str; 7] = [
+const GENERIC_FLOWS: [&str; 11] = [
     "ingress",
     "egress",
     "xdp",
@@ -532,6 +532,10 @@ const GENERIC_FLOWS: [&str; 7] = [
     "flow",
     "translate",
     "conntrack",
+    "icmp",
+    "reject",
+    "quote",
+    "dsr",
 ];
 
 /// What only a family's leaf may name: its parsed tuple, its entries and scratch, its
@@ -600,7 +604,7 @@ fn each_hook_is_one_generic_flow_and_the_family_leaves_are_apart() {
 /// IPv6's leaves (`lb-ebpf/src/v6/`), in lines of code (comments and blank lines apart): a
 /// ratchet, lowered as more of what they hold becomes the families' one code (the aim of
 /// issue 40: under 800).
-const V6_LINES_AT_MOST: usize = 710;
+const V6_LINES_AT_MOST: usize = 506;
 
 #[test]
 fn ipv6_leaves_do_not_grow_back() {
