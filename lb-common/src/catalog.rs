@@ -134,7 +134,7 @@ pub const MAP_DEFS: [MapDef; 18] = [
         size_of::<CtKey>(),
         size_of::<CtValue>(),
     )
-    .doc(r#" (new flows)"#, r#"`CtKey{saddr_be, daddr_be, sport_be, dport_be, proto, dir}` (IPv4; IPv6 flows are in `XLB_CT6_V1`) → `CtValue{saddr_be, daddr_be, sport_be, dport_be, backend_id, backend_gen, svc_id, flags, mtu, created_ns, last_seen_ns}`, the tuple the packet is rewritten to and the indices its counters and checks need; two entries per flow (forward: client→frontend, reply: backend→client or SNAT address; a SNATed flow's reply key holds its port); `CT_F_AFFINITY` marks a flow whose packets refresh their client's affinity"#, r#"datapath"#, r#"262,144, LRU eviction"#),
+    .doc(r#" (new flows)"#, r#"`CtKey{saddr_be, daddr_be, sport_be, dport_be, proto, dir}` (IPv4; IPv6 flows are in `XLB_CT6_V1`) → `CtValue{saddr_be, daddr_be, sport_be, dport_be, backend_id, backend_gen, svc_id, flags, mtu, pending, created_ns, last_seen_ns}`, the tuple the packet is rewritten to and the indices its counters and checks need (`pending`: an assured entry's packets and bytes not yet in the counter rows); two entries per flow (forward: client→frontend, reply: backend→client or SNAT address; a SNATed flow's reply key holds its port); `CT_F_AFFINITY` marks a flow whose packets refresh their client's affinity"#, r#"datapath"#, r#"262,144, LRU eviction"#),
     def(
         MAP_CT_ASSURED,
         kind::HASH,

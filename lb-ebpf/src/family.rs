@@ -183,7 +183,7 @@ macro_rules! entry {
                 self.svc_id = svc_id;
                 self.flags = 0;
                 self.mtu = 0;
-                self._pad = 0;
+                self.pending = 0;
             }
             #[inline(always)]
             fn copy_from(&mut self, src: &Shared<'_, Self>) {
@@ -195,7 +195,7 @@ macro_rules! entry {
                 self.svc_id = src.svc_id();
                 self.flags = src.flags();
                 self.mtu = src.mtu();
-                self._pad = 0;
+                self.pending = 0;
                 self.created_ns = src.created_ns();
                 self.last_seen_ns = src.last_seen_ns();
             }
@@ -210,7 +210,7 @@ macro_rules! entry {
                 self.svc_id = src.svc_id;
                 self.flags = src.flags;
                 self.mtu = src.mtu;
-                self._pad = 0;
+                self.pending = 0;
                 self.created_ns = src.created_ns;
                 self.last_seen_ns = src.last_seen_ns;
             }
