@@ -125,6 +125,7 @@ pub struct Places<A> {
     pub flags: *mut u16,
     pub mtu: *mut u16,
     pub last_seen: *mut u64,
+    pub pending: *mut u32,
     pub created: *const u64,
     pub backend_id: *const u32,
     pub backend_gen: *const u32,
@@ -227,6 +228,7 @@ macro_rules! entry {
                         flags: &raw mut (*p).flags,
                         mtu: &raw mut (*p).mtu,
                         last_seen: &raw mut (*p).last_seen_ns,
+                        pending: &raw mut (*p).pending,
                         created: &raw const (*p).created_ns,
                         backend_id: &raw const (*p).backend_id,
                         backend_gen: &raw const (*p).backend_gen,
@@ -324,6 +326,26 @@ impl<V: Entry> Shared<'_, V> {
     pub fn set_last_seen(&self, ns: u64) {
         // SAFETY: as `set_flags`.
         unsafe { V::at(self.as_ptr()).last_seen.write_volatile(ns) }
+    }
+    /// The pending counts (`CtValue::pending`), one volatile load.
+    #[inline(always)]
+    pub fn pending(&self) -> u32 {
+        // SAFETY: as `flags`.
+        unsafe { V::at(self.as_ptr()).pending.read_volatile() }
+    }
+    /// Adds `n` to the pending counts (wrapping: a flush adds what it read, negated), one
+    /// atomic add: every CPU may add at once, and none loses another's.
+    #[inline(always)]
+    pub fn add_pending(&self, n: u32) {
+        // SAFETY: a Shared points to a live value; the field is only ever written by atomic
+        // adds (and whole-value inserts). The result is unused: a plain atomic add (BPF's
+        // `lock xadd`), which every BPF CPU version has.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                V::at(self.as_ptr()).pending,
+                n,
+            );
+        }
     }
 }
 
