@@ -373,7 +373,11 @@ pub fn flush<V: Entry>(ct: &Shared<'_, V>) {
 
 /// Takes `pending` (what was read) out of the entry's pending counts (an atomic add of its
 /// negation: what another CPU added meanwhile stays) and adds it, with `packets` more of
-/// `bytes`, to the rows.
+/// `bytes`, to the rows. Not exact when two CPUs settle one entry in the same few
+/// nanoseconds (one flow's packets in one direction on two CPUs at once, at its refresh):
+/// both add what they read, and the entry is left with its negation, which the next settle
+/// adds as up to 255 packets and 16 MiB. An atomic exchange would make it exact; this
+/// object's BPF CPU (`generic`, no ALU32) has no 32-bit one.
 #[inline(always)]
 fn settle<V: Entry>(ct: &Shared<'_, V>, pending: u32, packets: u32, bytes: u32) {
     if pending != 0 {

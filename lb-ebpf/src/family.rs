@@ -196,6 +196,7 @@ macro_rules! entry {
                 self.svc_id = src.svc_id();
                 self.flags = src.flags();
                 self.mtu = src.mtu();
+                // Only an assured entry has pending counts, and `promote` copies LRU ones.
                 self.pending = 0;
                 self.created_ns = src.created_ns();
                 self.last_seen_ns = src.last_seen_ns();
