@@ -134,7 +134,7 @@ pub const MAP_DEFS: [MapDef; 18] = [
         size_of::<CtKey>(),
         size_of::<CtValue>(),
     )
-    .doc(r#" (new flows)"#, r#"`CtKey{saddr_be, daddr_be, sport_be, dport_be, proto, dir}` (IPv4; IPv6 flows are in `XLB_CT6_V1`) → `CtValue{saddr_be, daddr_be, sport_be, dport_be, backend_id, backend_gen, svc_id, flags, mtu, created_ns, last_seen_ns}`, the tuple the packet is rewritten to and the indices its counters and checks need; two entries per flow (forward: client→frontend, reply: backend→client or SNAT address; a SNATed flow's reply key holds its port); `CT_F_AFFINITY` marks a flow whose packets refresh their client's affinity"#, r#"datapath"#, r#"262,144, LRU eviction"#),
+    .doc(r#" (new flows)"#, r#"`CtKey{saddr_be, daddr_be, sport_be, dport_be, proto, dir}` (IPv4; IPv6 flows are in `XLB_CT6_V1`) → `CtValue{saddr_be, daddr_be, sport_be, dport_be, backend_id, backend_gen, svc_id, flags, mtu, pending, created_ns, last_seen_ns}`, the tuple the packet is rewritten to and the indices its counters and checks need (`pending`: an assured entry's packets and bytes not yet in the counter rows); two entries per flow (forward: client→frontend, reply: backend→client or SNAT address; a SNATed flow's reply key holds its port); `CT_F_AFFINITY` marks a flow whose packets refresh their client's affinity"#, r#"datapath"#, r#"262,144, LRU eviction"#),
     def(
         MAP_CT_ASSURED,
         kind::HASH,
@@ -162,14 +162,14 @@ pub const MAP_DEFS: [MapDef; 18] = [
         size_of::<u32>(),
         size_of::<Counter>(),
     )
-    .doc(r#", a row per CPU"#, r#"`cpu × XLB_SVC_STRIDE + service index` → `Counter{packets, bytes}` forwarded for the service, both directions (V3 as `XLB_BESTAT_V3`)"#, r#"datapath adds to its CPU's row; the agent zeroes an index in every row when it hands it out"#, r#"the names map's size per possible CPU, preallocated"#),
+    .doc(r#", a row per CPU"#, r#"`cpu × XLB_SVC_STRIDE + service index` → `Counter{packets, bytes}` forwarded for the service, both directions (V3 as `XLB_BESTAT_V3`)"#, r#"datapath adds to its CPU's row (an assured flow's packets about once a second, from its conntrack entries' `pending`); the agent zeroes an index in every row when it hands it out"#, r#"the names map's size per possible CPU, preallocated"#),
     def(
         MAP_BACKEND_STATS,
         kind::ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     )
-    .doc(r#", a row per CPU"#, r#"`cpu × XLB_BE_STRIDE + backend index` → `Counter{packets, bytes}` to and from the backend (V3: CPU-major plain array; an agent removes a pinned per-CPU `XLB_BESTAT_V2`, so these counters restart on that upgrade)"#, r#"datapath adds to its CPU's row; the agent zeroes an index in every row when it hands it out"#, r#"the backend array's size (262,144) per possible CPU, preallocated"#),
+    .doc(r#", a row per CPU"#, r#"`cpu × XLB_BE_STRIDE + backend index` → `Counter{packets, bytes}` to and from the backend (V3: CPU-major plain array; an agent removes a pinned per-CPU `XLB_BESTAT_V2`, so these counters restart on that upgrade)"#, r#"datapath adds to its CPU's row (an assured flow's packets about once a second, from its conntrack entries' `pending`); the agent zeroes an index in every row when it hands it out"#, r#"the backend array's size (262,144) per possible CPU, preallocated"#),
     def(
         MAP_AFFINITY,
         kind::LRU_HASH,

@@ -511,13 +511,37 @@ pub struct CtValue {
     /// Forward entries: the largest packet known to fit the route toward the backend (0 =
     /// none yet), so packets up to it skip the route lookup; forgotten once a second.
     pub mtu: u16,
-    pub _pad: u32,
+    /// Assured entries: the packets and bytes of this direction not yet added to the
+    /// service's and backend's counter rows ([`CT_PENDING_PACKET`]), added by the datapath
+    /// (atomically: every CPU may) and moved to the rows by the packet that refreshes the
+    /// entry (at most once a second), one past [`CT_PENDING_FULL`], the flow's FIN or RST,
+    /// or a delete by the datapath. 0 in every other entry (counted straight into the
+    /// rows), and in the entries of an agent before these counts (the field was padding:
+    /// the layout, and so the map names, are unchanged).
+    pub pending: u32,
     /// `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE) at creation.
     pub created_ns: u64,
     /// The same clock at a recent packet (refreshed at most once a second).
     pub last_seen_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<CtValue>() == 48);
+
+/// One packet in a conntrack entry's `pending` counts: packets from this bit up (8 bits),
+/// bytes below it (24 bits).
+pub const CT_PENDING_PACKET: u32 = 1 << 24;
+/// The bytes of a conntrack entry's `pending` counts.
+pub const CT_PENDING_BYTES: u32 = CT_PENDING_PACKET - 1;
+/// Pending counts at or past half of either part's range (128 packets, 8 MiB): the next
+/// packet moves them to the rows, so neither part overflows into the other (a packet adds
+/// less than 1 MiB, `CT_PENDING_MAX_LEN`).
+pub const CT_PENDING_FULL: u32 = 0x8080_0000;
+/// The largest packet (bytes) added to pending counts; a larger one is counted straight.
+pub const CT_PENDING_MAX_LEN: u32 = 1 << 20;
+
+/// The (packets, bytes) of a conntrack entry's `pending` counts.
+pub const fn ct_pending(pending: u32) -> (u32, u32) {
+    (pending >> 24, pending & CT_PENDING_BYTES)
+}
 
 /// Value of the node configuration map (one entry, index 0).
 #[repr(C)]

@@ -68,7 +68,8 @@ pub struct CtValue6 {
     /// Forward entries: the largest packet (IPv6 header and payload) known to fit the route
     /// toward the backend; 0 = none yet.
     pub mtu: u16,
-    pub _pad: u32,
+    /// As [`crate::CtValue`]'s: counts not yet in the rows.
+    pub pending: u32,
     pub created_ns: u64,
     pub last_seen_ns: u64,
 }

@@ -69,7 +69,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
     {
         touch(&ct, t);
         nat::rewrite::<F, _, BOTH>(ctx, t, &ct)?;
-        reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+        conntrack::count(&ct, ctx.len());
         return Ok(Then::Done(pass(R_REVERSE_NAT)));
     }
     if filter::maybe_backend(F::filter_word(t.daddr())) {

@@ -126,6 +126,7 @@ pub struct Places<A> {
     pub flags: *mut u16,
     pub mtu: *mut u16,
     pub last_seen: *mut u64,
+    pub pending: *mut u32,
     pub created: *const u64,
     pub backend_id: *const u32,
     pub backend_gen: *const u32,
@@ -184,7 +185,7 @@ macro_rules! entry {
                 self.svc_id = svc_id;
                 self.flags = 0;
                 self.mtu = 0;
-                self._pad = 0;
+                self.pending = 0;
             }
             #[inline(always)]
             fn copy_from(&mut self, src: &Shared<'_, Self>) {
@@ -196,7 +197,8 @@ macro_rules! entry {
                 self.svc_id = src.svc_id();
                 self.flags = src.flags();
                 self.mtu = src.mtu();
-                self._pad = 0;
+                // Only an assured entry has pending counts, and `promote` copies LRU ones.
+                self.pending = 0;
                 self.created_ns = src.created_ns();
                 self.last_seen_ns = src.last_seen_ns();
             }
@@ -211,7 +213,7 @@ macro_rules! entry {
                 self.svc_id = src.svc_id;
                 self.flags = src.flags;
                 self.mtu = src.mtu;
-                self._pad = 0;
+                self.pending = 0;
                 self.created_ns = src.created_ns;
                 self.last_seen_ns = src.last_seen_ns;
             }
@@ -228,6 +230,7 @@ macro_rules! entry {
                         flags: &raw mut (*p).flags,
                         mtu: &raw mut (*p).mtu,
                         last_seen: &raw mut (*p).last_seen_ns,
+                        pending: &raw mut (*p).pending,
                         created: &raw const (*p).created_ns,
                         backend_id: &raw const (*p).backend_id,
                         backend_gen: &raw const (*p).backend_gen,
@@ -325,6 +328,26 @@ impl<V: Entry> Shared<'_, V> {
     pub fn set_last_seen(&self, ns: u64) {
         // SAFETY: as `set_flags`.
         unsafe { V::at(self.as_ptr()).last_seen.write_volatile(ns) }
+    }
+    /// The pending counts (`CtValue::pending`), one volatile load.
+    #[inline(always)]
+    pub fn pending(&self) -> u32 {
+        // SAFETY: as `flags`.
+        unsafe { V::at(self.as_ptr()).pending.read_volatile() }
+    }
+    /// Adds `n` to the pending counts (wrapping: a flush adds what it read, negated), one
+    /// atomic add: every CPU may add at once, and none loses another's.
+    #[inline(always)]
+    pub fn add_pending(&self, n: u32) {
+        // SAFETY: a Shared points to a live value; the field is only ever written by atomic
+        // adds (and whole-value inserts). The result is unused: a plain atomic add (BPF's
+        // `lock xadd`), which every BPF CPU version has.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                V::at(self.as_ptr()).pending,
+                n,
+            );
+        }
     }
 }
 

@@ -147,7 +147,7 @@ fn try_tracked<F: Family>(
             }
             let ct = keep_alive(ct, t, s)?;
             nat::forward_in(ctx, t, &ct)?;
-            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            conntrack::count(&ct, ctx.len());
             return Ok(Then::Done(pass(R_ESTABLISHED)));
         }
         let (id, generation) = ct.backend();

@@ -7,6 +7,10 @@
 //! hands it down.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the only atomic add this target has (no `AtomicU32`), for the pending
+// counts a conntrack entry accumulates (`conntrack::count`).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod addr;
 mod affinity;

@@ -101,7 +101,7 @@ fn try_tracked<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<
         if continues(&ct, t) {
             let ct = keep_alive(ct, t, s)?;
             nat::forward_in(ctx, t, &ct)?;
-            reason::count_service(ct.svc_id(), ct.backend().0, ctx.len());
+            conntrack::count(&ct, ctx.len());
             return Ok(Then::Done(toward(ctx, t, ct.daddr(), R_ESTABLISHED)));
         }
         let (id, generation) = ct.backend();

@@ -28,23 +28,38 @@ impl Reason {
 /// of each: a computed address apiece, no hash lookup and no per-CPU pointer table.
 #[inline(always)]
 pub fn count_service(svc_id: u32, backend_id: u32, len: u32) {
-    // SAFETY: a helper without arguments.
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    add(&XLB_BESTAT_V3, XLB_BE_STRIDE.load(), cpu, backend_id, len);
-    add(&XLB_SVCSTAT_V3, XLB_SVC_STRIDE.load(), cpu, svc_id, len);
+    add_service(svc_id, backend_id, 1, len);
 }
 
-/// Adds a packet to index `id` of CPU `cpu`'s row (`stride` indices) of `rows`.
+/// Adds `packets` packets of `bytes` bytes in all to the counters of service index `svc_id`
+/// and backend index `backend_id`, in the current CPU's rows (as [`count_service`]; a
+/// conntrack entry's pending counts, `conntrack::count`).
 #[inline(always)]
-fn add<const N: usize>(rows: &Array<Counter, N>, stride: u32, cpu: u32, id: u32, len: u32) {
+pub fn add_service(svc_id: u32, backend_id: u32, packets: u32, bytes: u32) {
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    add(&XLB_BESTAT_V3, XLB_BE_STRIDE.load(), cpu, backend_id, packets, bytes);
+    add(&XLB_SVCSTAT_V3, XLB_SVC_STRIDE.load(), cpu, svc_id, packets, bytes);
+}
+
+/// Adds `packets` of `bytes` to index `id` of CPU `cpu`'s row (`stride` indices) of `rows`.
+#[inline(always)]
+fn add<const N: usize>(
+    rows: &Array<Counter, N>,
+    stride: u32,
+    cpu: u32,
+    id: u32,
+    packets: u32,
+    bytes: u32,
+) {
     if id >= stride {
         return;
     }
     if let Some(c) = rows.get_ptr_mut(cpu.wrapping_mul(stride).wrapping_add(id)) {
         // SAFETY: this CPU's row, which only this CPU writes while the program runs.
         unsafe {
-            (*c).packets += 1;
-            (*c).bytes += len as u64;
+            (*c).packets += packets as u64;
+            (*c).bytes += bytes as u64;
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   out a `&V` for as long as the caller likes, and never `&*` / `&mut *` of the pointer);
 //! - a field written in place (a conntrack entry's `flags`, `mtu` and `last_seen_ns`, an
 //!   affinity entry's `last_seen_ns`) is read and written through the pointer, volatile: a
-//!   copy in a local, never a reference, whatever another CPU writes meanwhile;
+//!   copy in a local, never a reference, whatever another CPU writes meanwhile; a conntrack
+//!   entry's `pending` counts are read so and written only by atomic adds;
 //! - the other fields are never written in place (a value is replaced whole, by an insert):
 //!   they are read through the pointer too, and a tuple field may be lent (`&`) for as long as
 //!   the `Shared` is borrowed;

@@ -218,7 +218,7 @@ fn established<F: Family>(
     }
     let ct = keep_alive(ct, t, s)?;
     nat::forward_in(ctx, t, &ct)?;
-    reason::count_service(ct.svc_id(), ct.backend().0, len);
+    conntrack::count(&ct, len);
     pass(R_ESTABLISHED)
 }
 
@@ -350,7 +350,8 @@ fn redirect<F: Family>(
         return pass(R_PASS);
     }
     nat::rewrite::<F, _, BOTH>(ctx, t, v)?;
-    reason::count_service(v.svc_id(), v.backend().0, len);
+    // A new flow's scratch value is not assured: counted straight.
+    conntrack::count(v, len);
     forward_l2(ctx, t, ttl, &hop.smac, &hop.dmac)?;
     send_out(hop.ifindex, reason)
 }

@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use crate::{
     datapath::{
-        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, pins::Pins, status_file,
-        writer::MapWriter,
+        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, pending::Pending,
+        pins::Pins, status_file, writer::MapWriter,
     },
     desired::{Desired, show_maglev},
     model::{IpFamily, Protocol},
@@ -94,10 +94,11 @@ fn name_of(state: &Desired, svc_id: u32) -> String {
 pub fn services(pins: &Pins) -> Result<Vec<ServiceRow>, DatapathError> {
     let maps = KernelMaps::open(pins)?;
     let state = maps.read()?;
+    let pending = Pending::read(pins)?;
     let mut rows = services_of(&state);
     for r in &mut rows {
-        let c = maps.service_counter(r.id);
-        (r.packets, r.bytes) = (c.packets, c.bytes);
+        let (c, p) = (maps.service_counter(r.id), pending.service(r.id));
+        (r.packets, r.bytes) = (c.packets + p.packets, c.bytes + p.bytes);
     }
     // An unreadable status file leaves the programmed rows (their status is the maps').
     let failing = status_file::read(pins.dir()).unwrap_or_default();
@@ -181,10 +182,11 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
 pub fn backends(pins: &Pins) -> Result<Vec<BackendRow>, DatapathError> {
     let maps = KernelMaps::open(pins)?;
     let state = maps.read()?;
+    let pending = Pending::read(pins)?;
     let mut rows = backends_of(&state);
     for r in &mut rows {
-        let c = maps.backend_counter(r.id);
-        (r.packets, r.bytes) = (c.packets, c.bytes);
+        let (c, p) = (maps.backend_counter(r.id), pending.backend(r.id));
+        (r.packets, r.bytes) = (c.packets + p.packets, c.bytes + p.bytes);
     }
     Ok(rows)
 }

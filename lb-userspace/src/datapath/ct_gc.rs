@@ -13,7 +13,11 @@
 //! | UDP | `udpStreamTimeout`, else the kernel's `nf_conntrack_udp_timeout_stream` (120 s) |
 //!
 //! A reply entry whose forward entry is gone (a UDP flow re-balanced, a reused TCP port)
-//! goes after 10 s idle. One pass reads every entry once (batched: `counts::entries`);
+//! goes after 10 s idle. An entry deleted here takes its pending counts with it
+//! (`CtValue::pending`, `datapath::pending`): the packets of its flow's last second or so
+//! (at most 127, or 8 MiB) that no refresh, FIN or RST moved to the counter rows, which
+//! the service's and backend's counters never get (a UDP flow, a TCP flow that went idle
+//! without closing). One pass reads every entry once (batched: `counts::entries`);
 //! deletions are collected, so the pass never restarts its walk. Each pass also reports how
 //! full the conntrack tables are (the assured ones from the pass itself, the LRU ones
 //! counted every [`LRU_EVERY`] passes), for the metrics.

@@ -240,12 +240,13 @@ impl KernelMaps {
         })
     }
 
-    /// A service index's counters summed over CPUs.
+    /// A service index's counters summed over CPUs: the rows, without the counts assured
+    /// flows hold yet (up to a second's, `datapath::pending`, which `xlb list` adds).
     pub fn service_counter(&self, svc_id: u32) -> Counter {
         self.svc_stats.sum(svc_id)
     }
 
-    /// A backend index's counters summed over CPUs.
+    /// A backend index's counters summed over CPUs: the rows, as `service_counter`.
     pub fn backend_counter(&self, backend_id: u32) -> Counter {
         self.backend_stats.sum(backend_id)
     }

@@ -14,6 +14,7 @@ pub mod links;
 pub mod loader;
 pub mod netfilter;
 pub mod netif;
+pub mod pending;
 pub mod pins;
 pub mod rows;
 pub mod scratch;

@@ -157,7 +157,7 @@ pub fn convert_ct(k: &prev::CtKey, v: &prev::CtValue, m: &Mapping) -> Option<(Ct
             svc_id,
             flags,
             mtu: v.mtu,
-            _pad: 0,
+            pending: 0,
             // CLOCK_MONOTONIC then, CLOCK_MONOTONIC_COARSE now: the same clock, read a tick
             // apart at most (every comparison saturates).
             created_ns: v.created_ns,

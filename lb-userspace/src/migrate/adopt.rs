@@ -69,7 +69,7 @@ fn narrow((k, v): (CtKey6, CtValue6)) -> (CtKey, CtValue) {
             svc_id: v.svc_id,
             flags: v.flags,
             mtu: v.mtu,
-            _pad: 0,
+            pending: 0,
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
         },

@@ -304,3 +304,98 @@ fn counters_land_in_the_running_cpus_row_and_readers_sum_the_rows() {
     assert_eq!(maps.service_counter(svc_id).packets, 3);
     assert_eq!(maps.backend_counter(backend_id).packets, 3);
 }
+
+/// An assured flow's packets wait in its conntrack entries (`CtValue::pending`) instead of
+/// going to the counter rows one by one: `xlb list` adds them to the rows (the rows alone,
+/// `KernelMaps::service_counter`, lag behind), and they reach the rows on the entry's
+/// refresh (its first packet a second on), and with the flow's FIN.
+#[test]
+fn an_assured_flows_counts_wait_in_its_entries_until_a_refresh_or_its_fin() {
+    use lb_userspace::{datapath::kernel::KernelMaps, list};
+
+    const FIN: u8 = 0x01;
+    let Some(mut dp) = setup() else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let syn = PacketBuilder::tcp(CLIENT, web).build();
+    let r = dp.run(&syn).expect("run");
+    let backend = parse(&r.packet).expect("parses").dst;
+    let pins = xlb_tests::pins(&dp.pins);
+    let svc_id = list::services(&pins)
+        .expect("services")
+        .iter()
+        .find(|r| r.frontend == "10.96.0.10:80/TCP")
+        .expect("web")
+        .id;
+    let backend_id = list::backends(&pins)
+        .expect("backends")
+        .iter()
+        .find(|b| b.backend.starts_with(&format!("{backend}/")))
+        .expect("the chosen backend")
+        .id;
+    let mut sent = (1u64, syn.len() as u64);
+    let mut send = |dp: &mut LoadedDatapath, packet: Vec<u8>| {
+        let r = dp.run(&packet).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK);
+        sent = (sent.0 + 1, sent.1 + packet.len() as u64);
+        sent
+    };
+    // (rows, rows and pending as `xlb list` shows them), for the service and its backend.
+    let counts = || {
+        let maps = KernelMaps::open(&pins).expect("maps");
+        let svc = list::services(&pins).expect("services");
+        let svc = svc.iter().find(|r| r.id == svc_id).expect("web");
+        let be = list::backends(&pins).expect("backends");
+        let be = be.iter().find(|b| b.id == backend_id).expect("backend");
+        let (s, b) = (
+            maps.service_counter(svc_id),
+            maps.backend_counter(backend_id),
+        );
+        assert_eq!(
+            ((s.packets, s.bytes), (svc.packets, svc.bytes)),
+            ((b.packets, b.bytes), (be.packets, be.bytes)),
+            "the backend's counts are the service's (one backend)"
+        );
+        ((s.packets, s.bytes), (svc.packets, svc.bytes))
+    };
+    let data = |flags| {
+        PacketBuilder::tcp(CLIENT, web)
+            .flags(flags)
+            .payload(b"request")
+            .build()
+    };
+    let answer = |flags| {
+        PacketBuilder::tcp(backend, CLIENT)
+            .flags(flags)
+            .payload(b"answer")
+            .build()
+    };
+    // Not assured yet: the SYN and the first answer go straight to the rows.
+    let straight = send(&mut dp, answer(0x12));
+    assert_eq!(counts(), (straight, straight));
+    // Assured by the client's next packet: these wait in the entries, both ways.
+    send(&mut dp, data(TCP_ACK));
+    send(&mut dp, data(TCP_ACK));
+    let all = send(&mut dp, answer(TCP_ACK));
+    assert_eq!(
+        counts(),
+        (straight, all),
+        "the rows have the flow's first two packets; `xlb list` all of them"
+    );
+    // A second on, the forward entry's next packet moves its pending counts to the rows
+    // (and waits itself); the reply entry's wait on.
+    std::thread::sleep(Duration::from_millis(1100));
+    let before_refresh = all;
+    let all = send(&mut dp, data(TCP_ACK));
+    let answer_len = answer(TCP_ACK).len() as u64;
+    assert_eq!(
+        counts(),
+        ((before_refresh.0 - 1, before_refresh.1 - answer_len), all),
+        "refreshed: the forward entry's counts are in the rows, the answer's and this packet's wait"
+    );
+    // The FIN of each way moves its entry's counts (and itself) to the rows.
+    send(&mut dp, data(TCP_ACK | FIN));
+    let all = send(&mut dp, answer(TCP_ACK | FIN));
+    assert_eq!(counts(), (all, all), "nothing waits after both FINs");
+}

@@ -358,6 +358,9 @@ impl PerService {
             row_of.extend(ids.into_iter().map(|id| (id, rows.len())));
             rows.push((key, Counter::default()));
         }
+        // The rows alone: an assured flow's last second or so waits in its conntrack entries
+        // (`datapath::pending`, which `xlb list` adds) and may go with them, and a counter
+        // must never go down.
         self.stats.with(|m| {
             rows::sums(m, MAP_SVC_STATS, |id, c| {
                 if let Some(row) = row_of.get(&id).and_then(|&i| rows.get_mut(i)) {
