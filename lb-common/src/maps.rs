@@ -538,8 +538,17 @@ pub const CT_PENDING_FULL: u32 = 0x8080_0000;
 /// The largest packet (bytes) added to pending counts; a larger one is counted straight.
 pub const CT_PENDING_MAX_LEN: u32 = 1 << 20;
 
-/// The (packets, bytes) of a conntrack entry's `pending` counts.
+/// A packet part of pending counts no sequence of packets leaves (they move to the rows at
+/// 128 packets): what two CPUs' flushes of one entry at the same moment leave (each takes
+/// what it read out, the entry holds the negation), worth nothing.
+pub const CT_PENDING_NEGATED: u32 = 0xC0;
+
+/// The (packets, bytes) of a conntrack entry's `pending` counts; none for the negation two
+/// simultaneous flushes leave ([`CT_PENDING_NEGATED`]).
 pub const fn ct_pending(pending: u32) -> (u32, u32) {
+    if pending >> 24 >= CT_PENDING_NEGATED {
+        return (0, 0);
+    }
     (pending >> 24, pending & CT_PENDING_BYTES)
 }
 

@@ -376,8 +376,10 @@ pub fn flush<V: Entry>(ct: &Shared<'_, V>) {
 /// `bytes`, to the rows. Not exact when two CPUs settle one entry in the same few
 /// nanoseconds (one flow's packets in one direction on two CPUs at once, at its refresh):
 /// both add what they read, and the entry is left with its negation, which the next settle
-/// adds as up to 255 packets and 16 MiB. An atomic exchange would make it exact; this
-/// object's BPF CPU (`generic`, no ALU32) has no 32-bit one.
+/// takes out without counting when it reads as one ([`lb_common::CT_PENDING_NEGATED`]: a
+/// negation of up to about 64 packets does; a larger one counts up to 191 packets and
+/// 16 MiB). An atomic exchange would make it exact; this object's BPF CPU (`generic`, no
+/// ALU32) has no 32-bit one.
 #[inline(always)]
 fn settle<V: Entry>(ct: &Shared<'_, V>, pending: u32, packets: u32, bytes: u32) {
     if pending != 0 {

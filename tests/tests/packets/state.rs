@@ -399,3 +399,63 @@ fn an_assured_flows_counts_wait_in_its_entries_until_a_refresh_or_its_fin() {
     let all = send(&mut dp, answer(TCP_ACK | FIN));
     assert_eq!(counts(), (all, all), "nothing waits after both FINs");
 }
+
+/// What two CPUs' flushes of one entry at the same moment leave in its pending counts (the
+/// negation of what both took out) is taken out at the entry's next refresh without being
+/// counted: the rows do not jump by hundreds of packets.
+#[test]
+fn a_negated_pending_count_is_cleared_without_counting() {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{CT_DIR_FORWARD, CtKey, CtValue, MAP_CT_ASSURED};
+    use lb_userspace::datapath::kernel::KernelMaps;
+
+    let Some(mut dp) = setup() else {
+        return;
+    };
+    let web = SocketAddrV4::new(VIP, 80);
+    let syn = PacketBuilder::tcp(CLIENT, web).build();
+    let backend = parse(&dp.run(&syn).expect("run").packet)
+        .expect("parses")
+        .dst;
+    let answer = PacketBuilder::tcp(backend, CLIENT).flags(0x12).build();
+    let ack = PacketBuilder::tcp(CLIENT, web).flags(TCP_ACK).build();
+    for p in [&answer, &ack] {
+        assert_eq!(dp.run(p).expect("run").verdict, TC_ACT_OK);
+    }
+    let pins = xlb_tests::pins(&dp.pins);
+    let mut assured: HashMap<MapData, CtKey, CtValue> =
+        HashMap::try_from(pins.map(MAP_CT_ASSURED).expect("open")).expect("a hash");
+    let (key, mut value) = assured
+        .iter()
+        .map(|e| e.expect("entry"))
+        .find(|(k, _)| k.dir == CT_DIR_FORWARD)
+        .expect("the assured forward entry");
+    // Three packets of 60 B taken out twice: 0 - 3 packets - 180 B.
+    value.pending = 0u32.wrapping_sub(3 * lb_common::CT_PENDING_PACKET + 180);
+    value.last_seen_ns = 0;
+    assured.insert(key, value, 0).expect("write");
+    let svc_id = value.svc_id;
+    let before = KernelMaps::open(&pins)
+        .expect("maps")
+        .service_counter(svc_id);
+    // The refresh: the pending counts leave the entry; this packet waits in it.
+    assert_eq!(dp.run(&ack).expect("run").verdict, TC_ACT_OK);
+    let after = KernelMaps::open(&pins)
+        .expect("maps")
+        .service_counter(svc_id);
+    assert_eq!(
+        (after.packets, after.bytes),
+        (before.packets, before.bytes),
+        "the negation is not counted"
+    );
+    let (_, v) = assured
+        .iter()
+        .map(|e| e.expect("entry"))
+        .find(|(k, _)| *k == key)
+        .expect("still there");
+    assert_eq!(
+        lb_common::ct_pending(v.pending),
+        (1, ack.len() as u32),
+        "only the last packet waits"
+    );
+}
