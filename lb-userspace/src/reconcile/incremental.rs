@@ -130,8 +130,8 @@ impl Incremental {
         ids.compact();
         let d = &mut self.desired;
         compact(&mut d.services);
-        compact(&mut d.backends);
-        compact(&mut d.names);
+        d.backends.shrink_to_fit();
+        d.names.shrink_to_fit();
         compact(&mut d.maglev);
         compact(&mut self.placed);
         for p in self.placed.values_mut() {
