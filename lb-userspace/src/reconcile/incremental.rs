@@ -122,12 +122,12 @@ impl Incremental {
         self.filter_refs = count_filter_bits(&self.desired, self.filter);
     }
 
-    /// Rebuilds the large maps (and `ids`') from their sorted entries: a B-tree filled one
+    /// Rebuilds the B-trees from their sorted entries (the arrays give back their room past
+    /// the highest index): a B-tree filled one
     /// insert at a time has its nodes about half empty, one built from sorted entries full
     /// (the same contents in about half the memory; later inserts split nodes as before).
     /// The agent does it after a full sync is applied, off the sync's path.
-    pub fn compact(&mut self, ids: &mut Ids) {
-        ids.compact();
+    pub fn compact(&mut self) {
         let d = &mut self.desired;
         compact(&mut d.services);
         d.backends.shrink_to_fit();
