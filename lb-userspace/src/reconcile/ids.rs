@@ -11,10 +11,11 @@
 //! programmed (its service did not fit) is free again at once.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::{Duration, Instant},
 };
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use lb_common::{Backend, SvcKey};
 
 use std::sync::Arc;

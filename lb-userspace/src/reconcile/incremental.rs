@@ -14,6 +14,7 @@
 use lb_common::user::show_frontend;
 use std::collections::{BTreeMap, BTreeSet};
 
+use foldhash::{HashMap, HashMapExt};
 use lb_common::{Backend, FilterSize, SCOPE_EXTERNAL, SvcKey};
 
 use super::{Ids, Journal};
@@ -43,8 +44,9 @@ pub struct Incremental {
     waiting: BTreeMap<SvcKey, BTreeSet<ServiceRef>>,
     /// Backend index → slots naming it (dense: indices are small and reused).
     backend_refs: Vec<u32>,
-    /// Filter bit → frontends and backends with an address in it.
-    filter_refs: BTreeMap<u32, usize>,
+    /// Filter bit → frontends and backends with an address in it (a hash map: one
+    /// allocation, looked up and never walked).
+    filter_refs: HashMap<u32, u32>,
     /// The address filters' size (from the limits of the last full computation).
     filter: FilterSize,
     /// Frontend entries placed (slot 0, either scope).
@@ -140,7 +142,6 @@ impl Incremental {
         compact(&mut self.problems);
         compact(&mut self.owners);
         self.backend_refs.shrink_to_fit();
-        compact(&mut self.filter_refs);
     }
 
     /// Recomputes the services in `changed` (and those waiting on a frontend one of them
@@ -407,8 +408,8 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
 }
 
 /// How many frontends and backends of `d` have an address in each filter bit.
-fn count_filter_bits(d: &Desired, size: FilterSize) -> BTreeMap<u32, usize> {
-    let mut refs = BTreeMap::new();
+fn count_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
+    let mut refs = HashMap::new();
     for k in d.services.keys().filter(|k| k.slot == 0) {
         *refs.entry(size.bit_of(&k.addr_be)).or_default() += 1;
     }
