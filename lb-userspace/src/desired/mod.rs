@@ -350,7 +350,7 @@ pub fn compute_on(
     // Already-programmed frontends first, then new ones, each group in model order (IPv4,
     // then IPv6: one pass per family): a full map or a clashing frontend never takes the
     // place of something that works.
-    candidates.sort_by_key(|c| placing_order(ids, c));
+    candidates.sort_by_cached_key(|c| placing_order(ids, c));
     let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
     let mut desired = Desired::default();
     for c in candidates {

@@ -114,8 +114,9 @@ impl Incremental {
                 self.problems.insert(id.clone(), errors);
             }
         }
-        // Already-programmed frontends first, then new ones, each group in model order.
-        candidates.sort_by_key(|(_, c)| placing_order(ids, c));
+        // Already-programmed frontends first, then new ones, each group in model order (each
+        // key looked up once: a candidate is large, the sort moves indices).
+        candidates.sort_by_cached_key(|(_, c)| placing_order(ids, c));
         for (id, c) in candidates {
             self.offer(id, c, ids, limits);
         }
