@@ -2,14 +2,13 @@
 //! indexed by it rather than a B-tree: one allocation (mapped on its own when large, so it
 //! leaves no holes in the heap when it grows or goes), a lookup or an insert without a
 //! walk, entries in index order as a `BTreeMap<u32, V>`'s are (its API, so the desired
-//! state reads the same).
+//! state reads the same). A sparse map (a journal's few entries, a stray high index) stays
+//! a B-tree: the array covers indices only while at least half of them are held.
 
-use std::{fmt, ops::Index};
+use std::{collections::BTreeMap, fmt, ops::Index};
 
-/// Indices from this one up are kept in a B-tree beside the array (no index the agent hands
-/// out reaches it: the maps' capacities are far below; a map read back or a test may hold
-/// any), so one stray index never makes the array huge.
-const ARRAY_LIMIT: u32 = 1 << 22;
+/// Entries the B-tree holds before they may move into the array.
+const ABSORB_MIN: usize = 32;
 
 /// Index → value, in index order.
 #[derive(Clone)]
@@ -17,8 +16,8 @@ pub struct Dense<V> {
     /// Entry `i` holds index `i` (with its index, so iterators hand out `&u32` as a
     /// B-tree's do).
     array: Vec<Option<(u32, V)>>,
-    /// Indices of [`ARRAY_LIMIT`] and above.
-    spill: std::collections::BTreeMap<u32, V>,
+    /// Indices from `array.len()` up (so the array's entries come first in index order).
+    spill: BTreeMap<u32, V>,
     len: usize,
 }
 
@@ -26,7 +25,7 @@ impl<V> Default for Dense<V> {
     fn default() -> Self {
         Self {
             array: Vec::new(),
-            spill: std::collections::BTreeMap::new(),
+            spill: BTreeMap::new(),
             len: 0,
         }
     }
@@ -51,8 +50,8 @@ impl<V> Dense<V> {
     }
 
     pub fn get(&self, id: &u32) -> Option<&V> {
-        match *id < ARRAY_LIMIT {
-            true => self.array.get(*id as usize)?.as_ref().map(|(_, v)| v),
+        match (*id as usize) < self.array.len() {
+            true => self.array[*id as usize].as_ref().map(|(_, v)| v),
             false => self.spill.get(id),
         }
     }
@@ -63,30 +62,42 @@ impl<V> Dense<V> {
 
     /// Sets `id` to `v`; returns what it held.
     pub fn insert(&mut self, id: u32, v: V) -> Option<V> {
-        let old = match id < ARRAY_LIMIT {
-            true => {
-                let i = id as usize;
-                if self.array.len() <= i {
-                    self.array.resize_with(i + 1, || None);
-                }
-                self.array[i].replace((id, v)).map(|(_, v)| v)
-            }
+        let old = match (id as usize) < self.array.len() {
+            true => self.array[id as usize].replace((id, v)).map(|(_, v)| v),
             false => self.spill.insert(id, v),
         };
         if old.is_none() {
             self.len += 1;
+            self.absorb();
         }
         old
     }
 
+    /// Moves the B-tree's entries into the array when it has enough of them and the array
+    /// grown to hold them would be at least half full (each move at least an eighth of
+    /// the array's length: amortized, an insert moves an entry a constant number of times).
+    fn absorb(&mut self) {
+        let enough = ABSORB_MIN.max(self.array.len() / 8);
+        if self.spill.len() < enough {
+            return;
+        }
+        let Some((&last, _)) = self.spill.last_key_value() else {
+            return;
+        };
+        let size = last as usize + 1;
+        if size > 2 * self.len {
+            return;
+        }
+        self.array.resize_with(size, || None);
+        for (k, v) in std::mem::take(&mut self.spill) {
+            self.array[k as usize] = Some((k, v));
+        }
+    }
+
     /// Takes `id` out; returns what it held.
     pub fn remove(&mut self, id: &u32) -> Option<V> {
-        let old = match *id < ARRAY_LIMIT {
-            true => self
-                .array
-                .get_mut(*id as usize)
-                .and_then(Option::take)
-                .map(|(_, v)| v),
+        let old = match (*id as usize) < self.array.len() {
+            true => self.array[*id as usize].take().map(|(_, v)| v),
             false => self.spill.remove(id),
         };
         if old.is_some() {
@@ -230,5 +241,27 @@ mod tests {
         d.shrink_to_fit();
         assert_eq!(d.array.len(), 0);
         assert_eq!(format!("{:?}", Dense::from([(1, 'a')])), "{1: 'a'}");
+    }
+
+    #[test]
+    fn an_array_only_while_dense() {
+        // A few high indices (a journal's): no array.
+        let sparse: Dense<u32> = (0..40).map(|i| (100_000 + i * 1000, i)).collect();
+        assert_eq!(sparse.array.len(), 0);
+        assert_eq!(sparse.len(), 40);
+        // Indices from 1 up: an array, in order, with a stray index kept beside it.
+        let mut d: Dense<u32> = (1..=1000).map(|i| (i, i * 2)).collect();
+        d.insert(u32::MAX, 7);
+        assert!(
+            d.array.len() >= 900 && d.array.len() <= 1001,
+            "{}",
+            d.array.len()
+        );
+        assert_eq!(d.len(), 1001);
+        assert_eq!(d.get(&500), Some(&1000));
+        assert_eq!(d.get(&u32::MAX), Some(&7));
+        let keys: Vec<u32> = d.keys().copied().collect();
+        let want: Vec<u32> = (1..=1000).chain([u32::MAX]).collect();
+        assert_eq!(keys, want);
     }
 }
