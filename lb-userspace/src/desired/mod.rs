@@ -9,6 +9,7 @@
 //! | `mod.rs` | [`Desired`], [`compute_on`], the node it is computed for, the errors, the limits |
 //! | `candidates.rs` | a service's frontends on this node, each with its endpoints |
 //! | `place.rs` | one frontend planned (indices, slots) and checked against the limits |
+//! | `dense.rs` | [`Dense`]: index → value as an array (backends, names) |
 //! | `touched.rs` | [`Touched`]: the keys of a desired state one change names |
 //! | `maglev.rs` | Maglev's lookup table of a frontend's backends (consistent hashing) |
 //! | `show.rs` | the text dump of a desired state (golden tests) |
@@ -27,12 +28,14 @@ use lb_common::{
 use thiserror::Error;
 
 mod candidates;
+mod dense;
 pub mod maglev;
 mod place;
 mod show;
 mod touched;
 
 pub use candidates::{Candidate, service_candidates};
+pub use dense::Dense;
 pub use place::{Placed, Plan, external, placing_order, plan};
 pub use show::show_maglev;
 pub use touched::Touched;
@@ -45,8 +48,9 @@ pub struct Desired {
     /// Service entries (slot 0) and backend slots.
     pub services: BTreeMap<SvcKey, SvcValue>,
     /// Backend index → backend (with its generation).
-    pub backends: BTreeMap<u32, Backend>,
-    pub names: BTreeMap<u32, SvcName>,
+    pub backends: Dense<Backend>,
+    /// Service index → its name.
+    pub names: Dense<SvcName>,
     /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
     pub src_ranges: BTreeSet<SrcRange>,
     /// The set bits of the address filters (`XLB_ADDRFILT_V1`, numbered `word * 64 + bit`):
@@ -358,7 +362,7 @@ pub fn compute_on(
     // Already-programmed frontends first, then new ones, each group in model order (IPv4,
     // then IPv6: one pass per family): a full map or a clashing frontend never takes the
     // place of something that works.
-    candidates.sort_by_key(|c| placing_order(ids, c));
+    candidates.sort_by_cached_key(|c| placing_order(ids, c));
     let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
     let mut desired = Desired::default();
     for c in candidates {

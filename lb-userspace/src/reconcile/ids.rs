@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use lb_common::{Backend, SvcKey};
 
 use std::sync::Arc;
@@ -93,18 +94,20 @@ impl Pool {
     }
 }
 
-/// Indices handed out to frontends and backends.
+/// Indices handed out to frontends and backends. The frontend and backend indices are hash
+/// maps (a lookup without a walk, one allocation each); what is given back goes back to
+/// its pool in key order, so indices are handed out as deterministically as before.
 #[derive(Clone, Debug)]
 pub struct Ids {
-    svc: BTreeMap<SvcKey, u32>,
+    svc: HashMap<SvcKey, u32>,
     /// Backend (generation 0) → (index, generation).
-    backend: BTreeMap<Backend, (u32, u32)>,
+    backend: HashMap<Backend, (u32, u32)>,
     svc_pool: Pool,
     backend_pool: Pool,
     /// The last generation handed out.
     generation: u32,
     /// Handed out since the last [`Ids::retain`]: (is a backend, index).
-    fresh: BTreeSet<(bool, u32)>,
+    fresh: HashSet<(bool, u32)>,
     /// Address filter bits of the last computation's addresses…
     filter_live: BTreeSet<u32>,
     /// …and those set for addresses that went, with when they went.
@@ -117,12 +120,12 @@ pub struct Ids {
 impl Default for Ids {
     fn default() -> Self {
         Self {
-            svc: BTreeMap::new(),
-            backend: BTreeMap::new(),
+            svc: HashMap::new(),
+            backend: HashMap::new(),
             svc_pool: Pool::default(),
             backend_pool: Pool::default(),
             generation: 0,
-            fresh: BTreeSet::new(),
+            fresh: HashSet::new(),
             filter_live: BTreeSet::new(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
@@ -236,34 +239,38 @@ impl Ids {
         self.now = now;
     }
 
-    /// Rebuilds the index maps from their sorted entries (see `Incremental::compact`).
-    pub(super) fn compact(&mut self) {
-        super::incremental::compact(&mut self.svc);
-        super::incremental::compact(&mut self.backend);
-    }
-
     /// Gives back the indices of what is no longer desired: those programmed before after
     /// the quarantine, those handed out in this computation (never programmed) at once.
     pub(super) fn retain(&mut self, desired: &Desired) {
         self.maglev.sweep();
         let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
-        let pool = &mut self.svc_pool;
+        let mut gone = Vec::new();
         self.svc.retain(|k, id| {
             let keep = desired.services.contains_key(k);
             if !keep {
-                pool.give_back(*id, !fresh.contains(&(false, *id)), now);
+                gone.push((*k, *id));
             }
             keep
         });
+        gone.sort_unstable();
+        for (_, id) in gone {
+            let programmed = !fresh.contains(&(false, id));
+            self.svc_pool.give_back(id, programmed, now);
+        }
         // Live: its index holds it in the desired state (no set of every backend made).
-        let pool = &mut self.backend_pool;
+        let mut gone = Vec::new();
         self.backend.retain(|b, (id, _)| {
             let keep = desired.backends.get(id).is_some_and(|d| identity(d) == *b);
             if !keep {
-                pool.give_back(*id, !fresh.contains(&(true, *id)), now);
+                gone.push((*b, *id));
             }
             keep
         });
+        gone.sort_unstable();
+        for (_, id) in gone {
+            let programmed = !fresh.contains(&(true, id));
+            self.backend_pool.give_back(id, programmed, now);
+        }
     }
 }
 

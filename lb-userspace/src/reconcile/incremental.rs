@@ -14,6 +14,7 @@
 use lb_common::user::show_frontend;
 use std::collections::{BTreeMap, BTreeSet};
 
+use foldhash::{HashMap, HashMapExt};
 use lb_common::{Backend, FilterSize, SCOPE_EXTERNAL, SvcKey};
 
 use super::{Ids, Journal};
@@ -43,8 +44,9 @@ pub struct Incremental {
     waiting: BTreeMap<SvcKey, BTreeSet<ServiceRef>>,
     /// Backend index → slots naming it (dense: indices are small and reused).
     backend_refs: Vec<u32>,
-    /// Filter bit → frontends and backends with an address in it.
-    filter_refs: BTreeMap<u32, usize>,
+    /// Filter bit → frontends and backends with an address in it (a hash map: one
+    /// allocation, looked up and never walked).
+    filter_refs: HashMap<u32, u32>,
     /// The address filters' size (from the limits of the last full computation).
     filter: FilterSize,
     /// Frontend entries placed (slot 0, either scope).
@@ -112,8 +114,9 @@ impl Incremental {
                 self.problems.insert(id.clone(), errors);
             }
         }
-        // Already-programmed frontends first, then new ones, each group in model order.
-        candidates.sort_by_key(|(_, c)| placing_order(ids, c));
+        // Already-programmed frontends first, then new ones, each group in model order (each
+        // key looked up once: a candidate is large, the sort moves indices).
+        candidates.sort_by_cached_key(|(_, c)| placing_order(ids, c));
         for (id, c) in candidates {
             self.offer(id, c, ids, limits);
         }
@@ -122,16 +125,16 @@ impl Incremental {
         self.filter_refs = count_filter_bits(&self.desired, self.filter);
     }
 
-    /// Rebuilds the large maps (and `ids`') from their sorted entries: a B-tree filled one
+    /// Rebuilds the B-trees from their sorted entries (the arrays give back their room past
+    /// the highest index): a B-tree filled one
     /// insert at a time has its nodes about half empty, one built from sorted entries full
     /// (the same contents in about half the memory; later inserts split nodes as before).
     /// The agent does it after a full sync is applied, off the sync's path.
-    pub fn compact(&mut self, ids: &mut Ids) {
-        ids.compact();
+    pub fn compact(&mut self) {
         let d = &mut self.desired;
         compact(&mut d.services);
-        compact(&mut d.backends);
-        compact(&mut d.names);
+        d.backends.shrink_to_fit();
+        d.names.shrink_to_fit();
         compact(&mut d.maglev);
         compact(&mut self.placed);
         for p in self.placed.values_mut() {
@@ -140,7 +143,6 @@ impl Incremental {
         compact(&mut self.problems);
         compact(&mut self.owners);
         self.backend_refs.shrink_to_fit();
-        compact(&mut self.filter_refs);
     }
 
     /// Recomputes the services in `changed` (and those waiting on a frontend one of them
@@ -407,8 +409,8 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
 }
 
 /// How many frontends and backends of `d` have an address in each filter bit.
-fn count_filter_bits(d: &Desired, size: FilterSize) -> BTreeMap<u32, usize> {
-    let mut refs = BTreeMap::new();
+fn count_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
+    let mut refs = HashMap::new();
     for k in d.services.keys().filter(|k| k.slot == 0) {
         *refs.entry(size.bit_of(&k.addr_be)).or_default() += 1;
     }

@@ -298,7 +298,7 @@ impl Reconciler {
             // The sync's temporaries first (a full one's touched sets are as large as the
             // maps), then the B-trees rebuilt full.
             drop((touched, problems));
-            self.engine.compact(&mut self.ids);
+            self.engine.compact();
         }
         let transitions = self.update_statuses(model, full, changed);
         Synced {

@@ -80,7 +80,10 @@ pub fn run(xlb: &Path, name: &str) -> Result<()> {
                 }
                 section
             }
-            "sync" => sync::run(xlb)?,
+            "sync" => match sync::run(xlb)? {
+                Some(section) => section,
+                None => continue,
+            },
             "traffic" => traffic::run(xlb)?,
             "northsouth" | "pps" => {
                 let (trials, full) = trials(3)?;

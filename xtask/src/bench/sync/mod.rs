@@ -91,8 +91,52 @@ pub(super) struct AgentIdle {
     pub(super) attach_s: f64,
 }
 
-/// Runs the bench; returns its report section.
-pub fn run(xlb: &std::path::Path) -> Result<Section> {
+/// The sizes `XLB_BENCH_SCALES` names (`10000x10,100000x2`): a quick look at the cold syncs
+/// and the agent's RSS of those sizes only, printed; `None` when unset (the full run).
+fn quick_scales() -> Result<Option<Vec<(usize, usize)>>> {
+    let Ok(list) = std::env::var("XLB_BENCH_SCALES") else {
+        return Ok(None);
+    };
+    let scale = |s: &str| -> Option<(usize, usize)> {
+        let (n, e) = s.trim().split_once('x')?;
+        Some((n.parse().ok()?, e.parse().ok()?))
+    };
+    list.split(',')
+        .map(|s| scale(s).ok_or_else(|| anyhow::anyhow!("XLB_BENCH_SCALES={list}: expected SxE,…")))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// [`run`] for `scales` only: their cold syncs and the agent's RSS and time to its first
+/// sync (no veths, no idle time); docs/benchmarks.md is left alone.
+fn quick(xlb: &std::path::Path, scales: &[(usize, usize)]) -> Result<()> {
+    for &(s, e) in scales {
+        cold::cold(s, e)?;
+        let m = super::memory::agent_run(
+            super::agent::Source::File,
+            xlb,
+            s,
+            e,
+            std::time::Duration::ZERO,
+            0,
+        )?;
+        println!(
+            "agent {s} × {e}: RSS {:.1} MiB, VmHWM {:.1} MiB, synced in {:.2} s",
+            m.rss_kb as f64 / 1024.0,
+            m.hwm_kb as f64 / 1024.0,
+            m.synced_s
+        );
+    }
+    println!("bench sync: the sizes XLB_BENCH_SCALES names only, docs/benchmarks.md left alone");
+    Ok(())
+}
+
+/// Runs the bench; returns its report section (none for a quick look at some sizes).
+pub fn run(xlb: &std::path::Path) -> Result<Option<Section>> {
+    if let Some(scales) = quick_scales()? {
+        quick(xlb, &scales)?;
+        return Ok(None);
+    }
     let mut colds = Vec::new();
     for (s, e) in COLD {
         colds.push(cold::cold(s, e)?);
@@ -133,5 +177,5 @@ pub fn run(xlb: &std::path::Path) -> Result<Section> {
         );
         agents.push(a);
     }
-    render::render(&colds, &ipt, &nft, &changes, &partial, &agents)
+    render::render(&colds, &ipt, &nft, &changes, &partial, &agents).map(Some)
 }

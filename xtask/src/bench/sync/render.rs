@@ -318,15 +318,24 @@ fn cold_targets(colds: &[Cold], ipt: &[Rules], ipt_10k: f64) -> String {
     });
     let cold_10k = cold_median(colds, 10_000, 10).unwrap_or(f64::NAN);
     let cold_100k = cold_median(colds, 100_000, 2).unwrap_or(f64::NAN);
+    let apply_10k = colds
+        .iter()
+        .find(|c| c.services == 10_000 && c.endpoints == 10)
+        .map_or(f64::NAN, |c| c.apply_s.median);
     format!(
         "* cold sync 10,000 × 10 ≤ 0.2 s: **{}** ({cold_10k:.2} s); 100,000 × 2 ≤ 1.5 s: **{}** ({cold_100k:.2} s). \
          The writes are batched (`BPF_MAP_UPDATE_BATCH`), the model is compact (interned names, one \
          address per endpoint), and a first sync into empty maps writes without comparing or \
          recording a copy (`sync::apply_fresh`: at 10,000 × 10 it took the sync from 0.94 s to about \
-         0.6 s and its peak from 57 to 44 MiB); what would close it: the compute's B-trees (the desired \
-         state, the indices and the per-service bookkeeping are ordered maps filled one entry at a \
-         time, a cache miss per level, then rebuilt full) as dense arrays indexed by service and \
-         backend index, and the candidates' per-frontend object-name strings made once per service.\n\
+         0.6 s and its peak from 57 to 44 MiB); the desired backends and names are arrays indexed by \
+         backend and service index (`desired::Dense`), the indices and the filter bits' reference \
+         counts hash maps (foldhash), the candidates sorted by a key looked up once. What would close \
+         it: the apply alone takes {apply_10k:.2} s at 10,000 × 10 (a kernel write per service-map \
+         entry, batched), so fewer writes (a frontend's slots as an array indexed from its service \
+         entry, the memory section's lever); and the compute's one large B-tree left, the 110,000 \
+         service-map entries (`Desired::services`, a 24 B key per slot), as a frontend's entry with \
+         its slots' backend indices in a small vector, and the candidates' per-frontend object-name \
+         strings made once per service.\n\
          * full sync at 10,000 services ≥ 100× faster than iptables-restore of the same services: **{}** \
          ({speedup:.0}× against the extrapolated {ipt_10k:.1} s; measured side by side at {} services: {:.0}×).\n",
         verdict(cold_10k <= 0.2),
@@ -358,16 +367,20 @@ fn agent_targets(colds: &[Cold], agents: &[AgentIdle]) -> String {
          (interned names, one address per endpoint, boxed slices and hints: 64 B an endpoint), one \
          programmed copy (an update's journal instead of a copy of the maps), a placed frontend kept as \
          its key and slot count, dense backend reference counts, B-trees rebuilt full, a fixed mmap \
-         threshold and malloc_trim after a full sync. Where it goes (the agent logs its heap after each \
-         full sync; 10,000 × 10): about 41 MiB of live heap (model 17: the endpoints 6.4, per service \
-         about 1 KiB of B-tree nodes, boxes and names; desired state 10: B-tree entries for 110,000 \
-         service entries and 100,000 backends; indices 5; bookkeeping 4; the file source's digest, the \
-         runtimes and the loaded object the rest), about 16 MiB of free heap glibc cannot give back \
-         (holes left among live blocks by the parse and the full sync's temporaries) and a ~10 MiB \
-         baseline (binary, runtimes). What would close it: the desired state and the indices as dense \
-         arrays indexed by service and backend index (one backend value instead of two B-tree copies), \
-         a service's slices in a small vector instead of a B-tree each, and the parse's and full sync's \
-         temporaries in an arena of their own so that they leave no holes.\n\
+         threshold and malloc_trim after a full sync; the desired backends and names as arrays indexed \
+         by backend and service index and the indices and filter reference counts as hash maps (each \
+         one allocation, mapped on its own: nothing to rebuild after a full sync, no holes left). \
+         Where it goes (`Incremental::full` then its rebuild on the parsed model outside the agent, \
+         glibc's mallinfo2; 10,000 × 10): about 39 MiB of live heap (model 19; desired state 10: the \
+         110,000 service-map entries' B-tree about 5, the backends' array 4, the names 1.4; indices \
+         6, hash maps keyed by the whole backend; bookkeeping 4), 4.5–7 MiB of free heap left among \
+         live blocks (12.6 before the arrays in the same profile) and the agent's ~10 MiB baseline \
+         (binary, runtimes, the file source's digest). What would close it: the service-map entries \
+         as a frontend's entry and its slots' backend indices in a small vector (4 B a slot instead of \
+         a 40 B B-tree entry), the backend index as a hash table of indices into the desired backends' \
+         array (one copy of each backend instead of two), and the model (19 MiB; per service about \
+         1 KiB of B-tree nodes, boxes and names; a service's slices in a small vector instead of a \
+         B-tree each) with the parse's temporaries in an arena of their own.\n\
          * an idle agent under 0.1% of a core: **{}** (at most {idle_max:.3}%; nothing is polled: the \
          file is watched with inotify, interfaces with rtnetlink, the loop wakes only for events, a \
          look at the stop flag every 0.5 s and the prune every 60 s; the HTTP servers no longer tick \
