@@ -1,5 +1,5 @@
-//! Packet tables through BPF_PROG_TEST_RUN: the rewrites and their checksums, packets with IP
-//! options (the spread of new flows: packets/families.rs).
+//! Packet tables through BPF_PROG_TEST_RUN: the rewrites and their checksums (in both
+//! families, behind optional headers, the spread of new flows: packets/flows.rs).
 
 use std::net::SocketAddrV4;
 
@@ -264,7 +264,7 @@ fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
     assert_eq!(counts["reject"], 1, "{counts:?}");
     assert_eq!(counts["no_backend"], 1, "{counts:?}");
     // At egress, every packet ingress passed on that has no source to restore: the 3 new
-    // flows and the 2 established packets (packets for no service: packets/families.rs).
+    // flows and the 2 established packets (packets for no service: packets/robust.rs).
     assert_eq!(counts["pass"], 5, "{counts:?}");
     let web = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
     let web = web
@@ -279,75 +279,4 @@ fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
         udp_zero.udp_checksum_zero,
         "a zero UDP checksum must stay zero"
     );
-}
-
-/// `frame` with 4 bytes of IP options (NOP, NOP, NOP, EOL) after its IPv4 header: IHL 6,
-/// total length and IPv4 checksum adjusted (the L4 checksum does not cover options).
-fn with_ip_options(frame: &[u8]) -> Vec<u8> {
-    let mut p = frame[..34].to_vec();
-    p.extend_from_slice(&[1, 1, 1, 0]);
-    p.extend_from_slice(&frame[34..]);
-    p[14] = 0x46;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24..26].copy_from_slice(&[0, 0]);
-    let c = lb_userspace::packet::checksum(&p[14..38], 0);
-    p[24..26].copy_from_slice(&c.to_be_bytes());
-    p
-}
-
-/// The frame with its IP options taken out again (for `parse`, which reads IHL 5 only).
-fn without_ip_options(frame: &[u8]) -> Vec<u8> {
-    assert_eq!(frame[14], 0x46, "options kept");
-    assert_eq!(
-        lb_userspace::packet::checksum(&frame[14..38], 0),
-        0,
-        "IPv4 checksum over the header with its options"
-    );
-    let mut p = frame[..34].to_vec();
-    p.extend_from_slice(&frame[38..]);
-    p[14] = 0x45;
-    let tot = u16::from_be_bytes([p[16], p[17]]) - 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24..26].copy_from_slice(&[0, 0]);
-    let c = lb_userspace::packet::checksum(&p[14..34], 0);
-    p[24..26].copy_from_slice(&c.to_be_bytes());
-    p
-}
-
-/// Packets with IP options cannot be read at the fixed offsets of the direct path: they go
-/// through the load/store and checksum helpers, with the same result.
-#[test]
-fn packets_with_ip_options_are_translated_through_the_helpers() {
-    let Some(mut dp) = setup() else {
-        return;
-    };
-    let vip80 = SocketAddrV4::new(VIP, 80);
-    let vip53 = SocketAddrV4::new(VIP, 53);
-    let run = |dp: &mut LoadedDatapath, frame: &[u8]| {
-        let r = dp.run(&with_ip_options(frame)).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK);
-        parse(&without_ip_options(&r.packet)).expect("parses")
-    };
-    let syn = run(&mut dp, &PacketBuilder::tcp(CLIENT, vip80).build());
-    assert!(BACKENDS.contains(syn.dst.ip()) && syn.dst.port() == 8080);
-    assert!(syn.l4_checksum_ok, "TCP checksum after DNAT");
-    let reply = run(
-        &mut dp,
-        &PacketBuilder::tcp(syn.dst, CLIENT)
-            .flags(TCP_ACK)
-            .payload(b"hi")
-            .build(),
-    );
-    assert_eq!((reply.src, reply.dst), (vip80, CLIENT));
-    assert!(reply.l4_checksum_ok, "TCP checksum after reverse NAT");
-    let udp = run(
-        &mut dp,
-        &PacketBuilder::udp(CLIENT, vip53).payload(b"odd").build(),
-    );
-    assert!(BACKENDS.contains(udp.dst.ip()) && udp.dst.port() == 5353);
-    assert!(udp.l4_checksum_ok && !udp.udp_checksum_zero, "UDP checksum");
-    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-    assert_eq!(counts["new_flow"], 2, "{counts:?}");
-    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
 }

@@ -1,0 +1,195 @@
+//! Hairpin in both families through BPF_PROG_TEST_RUN on the loaded tc program: a pod
+//! reaching itself through its own Service is SNATed to the family's hairpin address (it
+//! would take a packet from its own address for one it sent itself), and its reply to that
+//! address comes back from the ClusterIP. Without a hairpin address the source is kept.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use lb_userspace::{
+    model::IpFamily,
+    packet::{TCP_ACK, TCP_SYN},
+};
+use xlb_tests::{
+    datapath::{LoadedDatapath, reason_counts},
+    require_root,
+    services::{service_yaml, service6_yaml},
+    suites::packets::{FAMILIES, Family, TC_ACT_OK, frame, seen},
+    unique_tag,
+};
+
+const SNAT_PORTS: std::ops::RangeInclusive<u16> = 40000..=40100;
+
+/// One family's hairpin table: the Service, a second one on the same endpoint, the pod
+/// (that endpoint), another pod, the hairpin address.
+struct Hairpin {
+    vip: IpAddr,
+    vip_b: IpAddr,
+    pod: IpAddr,
+    other: IpAddr,
+    hairpin: IpAddr,
+}
+
+fn table(f: &Family) -> Hairpin {
+    match f.family {
+        IpFamily::V4 => Hairpin {
+            vip: Ipv4Addr::new(10, 96, 0, 40).into(),
+            vip_b: Ipv4Addr::new(10, 96, 0, 41).into(),
+            pod: Ipv4Addr::new(10, 244, 2, 2).into(),
+            other: Ipv4Addr::new(10, 244, 3, 2).into(),
+            hairpin: Ipv4Addr::new(169, 254, 42, 1).into(),
+        },
+        IpFamily::V6 => Hairpin {
+            vip: Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x40).into(),
+            vip_b: Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x41).into(),
+            pod: Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2).into(),
+            other: Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 2).into(),
+            hairpin: Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a, 0, 0, 0, 0, 1).into(),
+        },
+    }
+}
+
+/// The datapath with `self` and `again` on the one endpoint `t.pod`, with `hairpin` (or
+/// none) as the family's hairpin address.
+fn loaded(tag: &str, t: &Hairpin, hairpin: Option<IpAddr>) -> LoadedDatapath {
+    let mut dp = LoadedDatapath::load(tag).expect("load the eBPF object");
+    let mut cfg = lb_common::NodeConfig {
+        snat_port_min: *SNAT_PORTS.start(),
+        snat_port_max: *SNAT_PORTS.end(),
+        ..Default::default()
+    };
+    match hairpin {
+        Some(IpAddr::V4(a)) => cfg.hairpin_addr_be = u32::from_ne_bytes(a.octets()),
+        Some(IpAddr::V6(a)) => cfg.hairpin6_addr_be = bytemuck::cast(a.octets()),
+        None => {}
+    }
+    dp.configure(&cfg).expect("config");
+    let yaml = match (t.vip, t.vip_b, t.pod) {
+        (IpAddr::V4(v), IpAddr::V4(b), IpAddr::V4(p)) => {
+            service_yaml("self", v, 80, "TCP", 8080, &[p])
+                + &service_yaml("again", b, 80, "TCP", 8080, &[p])
+        }
+        (IpAddr::V6(v), IpAddr::V6(b), IpAddr::V6(p)) => {
+            service6_yaml("self", v, 80, "TCP", 8080, &[p])
+                + &service6_yaml("again", b, 80, "TCP", 8080, &[p])
+        }
+        _ => panic!("one family"),
+    };
+    let loaded = lb_userspace::source::file::parse("hairpin.yaml", &yaml).expect("yaml");
+    assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+    dp.program(&loaded.model).expect("program maps");
+    dp
+}
+
+#[test]
+fn a_pod_reaching_itself_is_snated_to_the_hairpin_address() {
+    if !require_root() {
+        return;
+    }
+    for f in FAMILIES {
+        let t = table(&f);
+        let tag = unique_tag(&format!("xlph{}", f.name().to_ascii_lowercase()));
+        let mut dp = loaded(&tag, &t, Some(t.hairpin));
+        reaches_itself(&f, &t, &mut dp);
+    }
+}
+
+fn reaches_itself(f: &Family, t: &Hairpin, dp: &mut LoadedDatapath) {
+    let pod = SocketAddr::new(t.pod, 41000);
+    let frontend = SocketAddr::new(t.vip, 80);
+    let what = f.row("hairpin SYN");
+    let r = dp
+        .run(&frame(false, pod, frontend, TCP_SYN, b""))
+        .expect("run");
+    assert_eq!(
+        r.verdict,
+        TC_ACT_OK,
+        "{what}: {:?}",
+        reason_counts(&dp.pins)
+    );
+    let out = seen(&r.packet, &what);
+    assert_eq!(
+        out.dst,
+        SocketAddr::new(t.pod, 8080),
+        "{what}: DNAT to the pod itself"
+    );
+    assert_eq!(
+        out.src,
+        SocketAddr::new(t.hairpin, 41000),
+        "{what}: SNAT to the hairpin address, the client's port kept (its reply tuple is free)"
+    );
+
+    // The pod's answer to the hairpin address comes back from the ClusterIP.
+    let what = f.row("hairpin reply");
+    let reply = frame(false, out.dst, out.src, TCP_SYN | TCP_ACK, b"");
+    let r = dp.run(&reply).expect("run");
+    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+    let back = seen(&r.packet, &what);
+    assert_eq!(
+        (back.src, back.dst),
+        (frontend, pod),
+        "{what}: back from the ClusterIP"
+    );
+
+    // The flow keeps its translation; `xlb list` shows it SNATed to the hairpin address.
+    let what = f.row("established");
+    let r = dp
+        .run(&frame(false, pod, frontend, TCP_ACK, b"x"))
+        .expect("run");
+    assert_eq!(seen(&r.packet, &what).src, out.src, "{what}");
+    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("ct");
+    let snat = out.src.to_string();
+    assert!(flows.iter().any(|r| r.snat == snat), "{what}: {flows:?}");
+
+    // The same pod port to a second Service on itself: that reply tuple is taken, so the
+    // port comes from the SNAT range.
+    let what = f.row("second hairpin flow");
+    let r = dp
+        .run(&frame(
+            false,
+            pod,
+            SocketAddr::new(t.vip_b, 80),
+            TCP_SYN,
+            b"",
+        ))
+        .expect("run");
+    let again = seen(&r.packet, &what);
+    assert_eq!(again.src.ip(), t.hairpin, "{what}");
+    assert!(SNAT_PORTS.contains(&again.src.port()), "{what}: {again:?}");
+
+    // Another client of the Service keeps its own address.
+    let what = f.row("another client");
+    let other = SocketAddr::new(t.other, 41000);
+    let r = dp
+        .run(&frame(false, other, frontend, TCP_SYN, b""))
+        .expect("run");
+    assert_eq!(seen(&r.packet, &what).src, other, "{what}");
+}
+
+#[test]
+fn without_a_hairpin_address_a_pod_reaching_itself_keeps_its_source() {
+    if !require_root() {
+        return;
+    }
+    for f in FAMILIES {
+        let t = table(&f);
+        let tag = unique_tag(&format!("xlpk{}", f.name().to_ascii_lowercase()));
+        let mut dp = loaded(&tag, &t, None);
+        let pod = SocketAddr::new(t.pod, 41000);
+        let what = f.row("SYN");
+        let r = dp
+            .run(&frame(false, pod, SocketAddr::new(t.vip, 80), TCP_SYN, b""))
+            .expect("run");
+        assert_eq!(
+            r.verdict,
+            TC_ACT_OK,
+            "{what}: {:?}",
+            reason_counts(&dp.pins)
+        );
+        let out = seen(&r.packet, &what);
+        assert_eq!(
+            (out.src, out.dst),
+            (pod, SocketAddr::new(t.pod, 8080)),
+            "{what}"
+        );
+    }
+}
