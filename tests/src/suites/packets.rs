@@ -13,7 +13,7 @@ use crate::{
 };
 use lb_userspace::{
     model::IpFamily,
-    packet::{PacketBuilder, parse_icmp},
+    packet::{PacketBuilder, TCP_ACK, TCP_SYN, parse_icmp},
     source::file,
     trace::frame::Seen,
 };
@@ -358,6 +358,9 @@ impl Family {
     /// checksum; the datapath reads such a header through its slow path (IPv4) or its
     /// extension header walk (IPv6).
     pub fn with_options(&self, frame: &[u8], exts: &[u8]) -> Vec<u8> {
+        if exts.is_empty() {
+            return frame.to_vec();
+        }
         let (head, l4) = frame.split_at(self.l4_at());
         let mut out = head.to_vec();
         match self.family {
@@ -480,6 +483,55 @@ impl Family {
             IpFamily::V4 => v4(Ipv4Addr::LOCALHOST),
             IpFamily::V6 => v6(Ipv6Addr::LOCALHOST),
         }
+    }
+
+    /// Runs `pkt` (`what` names the row): passed on (TC_ACT_OK), every checksum valid;
+    /// what it says.
+    pub fn through(&self, dp: &mut LoadedDatapath, pkt: &[u8], what: &str) -> Seen {
+        let r = dp.run(pkt).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            r.verdict,
+            TC_ACT_OK,
+            "{what}: {:?}",
+            crate::datapath::reason_counts(&dp.pins)
+        );
+        seen(&r.packet, what)
+    }
+
+    /// A TCP flow from `client` to `frontend` whose source is translated (hairpin, SNAT to
+    /// the node): its SYN DNATed to `backend` with a new source, the reply to that source
+    /// back from the frontend to the client, the next packet with the same source, and
+    /// `xlb list conntrack` naming it. The new source.
+    pub fn snated_flow(
+        &self,
+        dp: &mut LoadedDatapath,
+        client: SocketAddr,
+        frontend: SocketAddr,
+        backend: SocketAddr,
+    ) -> SocketAddr {
+        let what = self.row("SNATed SYN");
+        let syn = frame(false, client, frontend, TCP_SYN, b"");
+        let out = self.through(dp, &syn, &what);
+        assert_eq!(out.dst, backend, "{what}: DNAT");
+        assert_ne!(out.src, client, "{what}: the source translated");
+        let what = self.row("its reply");
+        let reply = frame(false, out.dst, out.src, TCP_SYN | TCP_ACK, b"");
+        let back = self.through(dp, &reply, &what);
+        assert_eq!(
+            (back.src, back.dst),
+            (frontend, client),
+            "{what}: back from the frontend"
+        );
+        let what = self.row("established");
+        let ack = frame(false, client, frontend, TCP_ACK, b"x");
+        assert_eq!(self.through(dp, &ack, &what).src, out.src, "{what}");
+        let flows = lb_userspace::list::conntrack(&crate::pins(&dp.pins)).expect("ct");
+        let snat = out.src.to_string();
+        assert!(
+            flows.iter().any(|r| r.snat == snat),
+            "{what}: listed SNATed to {snat}: {flows:?}"
+        );
+        out.src
     }
 
     /// `what`, prefixed with this family's name: how a row names itself in a failure.

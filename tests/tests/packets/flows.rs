@@ -18,59 +18,82 @@ fn service_flows_are_translated_both_ways_with_valid_checksums() {
 }
 
 fn flows_both_ways(f: &Family, dp: &mut LoadedDatapath) {
-    // (what, UDP, frontend port, backend port, payload)
-    let rows: [(&str, bool, u16, u16, &[u8]); 3] = [
-        ("TCP SYN", false, 80, 8080, b""),
-        ("UDP", true, 53, 5353, b"query"),
-        (
-            "TCP with a payload of odd length",
-            false,
-            80,
-            8080,
-            b"GET /x",
-        ),
+    let rows = [
+        Flow::new("TCP SYN", false, b"", &[]),
+        Flow::new("UDP", true, b"query", &[]),
+        Flow::new("TCP with a payload of odd length", false, b"GET /x", &[]),
     ];
-    for (i, (what, udp, port, target, payload)) in rows.into_iter().enumerate() {
-        let what = format!("{}: {what}", f.name());
-        let c = f.client(40001 + i as u16);
-        let frontend = SocketAddr::new(f.vip, port);
-        let before = reason_counts(&dp.pins);
-        let first = frame(udp, c, frontend, TCP_SYN, payload);
-        let r = dp.run(&first).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK, "{what}");
-        assert_eq!(r.packet.len(), first.len(), "{what}: length");
-        let out = seen(&r.packet, &what);
-        assert!(
-            f.backends.contains(&out.dst.ip()) && out.dst.port() == target,
-            "{what}: {} is no backend on {target}",
-            out.dst
-        );
-        assert_eq!(out.src, c, "{what}: the client's address is kept");
-        let after = reason_counts(&dp.pins);
-        assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
-        // The backend's reply: the frontend as its source again, the client kept.
-        let reply = frame(udp, out.dst, c, TCP_SYN | TCP_ACK, b"answer");
-        let r = dp.run(&reply).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK, "{what}: reply");
-        let back = seen(&r.packet, &format!("{what}: reply"));
-        assert_eq!((back.src, back.dst), (frontend, c), "{what}: the reply");
-        assert_eq!(
-            reason_counts(&dp.pins)["reverse_nat"],
-            after["reverse_nat"] + 1,
-            "{what}: reply counted"
-        );
-        // The flow's next packet goes to the same backend, from its entry.
-        let next = frame(udp, c, frontend, TCP_ACK, b"more");
-        let r = dp.run(&next).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK, "{what}: next");
-        let again = seen(&r.packet, &format!("{what}: next"));
-        assert_eq!(again.dst, out.dst, "{what}: the flow keeps its backend");
-        assert_eq!(
-            reason_counts(&dp.pins)["established"],
-            after["established"] + 1,
-            "{what}: next counted"
-        );
+    for (i, row) in rows.iter().enumerate() {
+        both_ways(f, dp, row, f.client(40001 + i as u16));
     }
+}
+
+/// A row of the flow tables: TCP to the frontend's port 80 (backends' 8080) or UDP to 53
+/// (5353), the first packet's payload, its optional headers (IPv6 extension header types;
+/// IPv4 four option bytes for each), which every packet of the flow carries.
+struct Flow {
+    what: &'static str,
+    udp: bool,
+    payload: &'static [u8],
+    exts: &'static [u8],
+}
+
+impl Flow {
+    const fn new(
+        what: &'static str,
+        udp: bool,
+        payload: &'static [u8],
+        exts: &'static [u8],
+    ) -> Self {
+        Self {
+            what,
+            udp,
+            payload,
+            exts,
+        }
+    }
+}
+
+/// One row from `c`: the first packet DNATed to a backend on the target port (the client's
+/// address kept, checksums valid), the backend's reply from the frontend again, the flow's
+/// next packet to the same backend, each counted; the optional headers kept throughout.
+fn both_ways(f: &Family, dp: &mut LoadedDatapath, row: &Flow, c: SocketAddr) {
+    let what = f.row(row.what);
+    let (port, target) = if row.udp { (53, 5353) } else { (80, 8080) };
+    let frontend = SocketAddr::new(f.vip, port);
+    let exts = row.exts;
+    let with = |from, to, flags, payload: &[u8]| {
+        f.with_options(&frame(row.udp, from, to, flags, payload), exts)
+    };
+    let before = reason_counts(&dp.pins);
+    let first = with(c, frontend, TCP_SYN, row.payload);
+    let out = kept_options(f, dp, &first, exts, &what);
+    assert!(
+        f.backends.contains(&out.dst.ip()) && out.dst.port() == target,
+        "{what}: {} is no backend on {target}",
+        out.dst
+    );
+    assert_eq!(out.src, c, "{what}: the client's address is kept");
+    let after = reason_counts(&dp.pins);
+    assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
+    // The backend's reply: the frontend as its source again, the client kept.
+    let reply = with(out.dst, c, TCP_SYN | TCP_ACK, b"answer");
+    let back = kept_options(f, dp, &reply, exts, &format!("{what}: reply"));
+    assert_eq!((back.src, back.dst), (frontend, c), "{what}: the reply");
+    assert_eq!(
+        reason_counts(&dp.pins)["reverse_nat"],
+        after["reverse_nat"] + 1,
+        "{what}: reply counted"
+    );
+    // The flow's next packet goes to the same backend, from its entry.
+    let next = with(c, frontend, TCP_ACK, b"more");
+    let again = kept_options(f, dp, &next, exts, &format!("{what}: next"));
+    assert_eq!(again.dst, out.dst, "{what}: the flow keeps its backend");
+    assert_eq!(
+        reason_counts(&dp.pins)["established"],
+        after["established"] + 1,
+        "{what}: next counted"
+    );
 }
 
 /// Flows whose every packet carries optional headers after the fixed IP header (IPv4
@@ -83,57 +106,22 @@ fn flows_behind_optional_headers_are_translated_both_ways() {
 }
 
 fn behind_options(f: &Family, dp: &mut LoadedDatapath) {
-    // (what, UDP, frontend port, backend port, the optional headers: IPv6 extension header
-    // types, IPv4 four option bytes for each)
-    let rows: [(&str, bool, u16, u16, &[u8]); 2] = [
-        (
+    let rows = [
+        Flow::new(
             "TCP behind hop-by-hop, destination options and routing headers",
             false,
-            80,
-            8080,
+            b"odd",
             &[NEXTHDR_HOP, NEXTHDR_DEST, NEXTHDR_ROUTING],
         ),
-        (
+        Flow::new(
             "UDP behind a destination options header",
             true,
-            53,
-            5353,
+            b"odd",
             &[NEXTHDR_DEST],
         ),
     ];
-    for (i, (what, udp, port, target, exts)) in rows.into_iter().enumerate() {
-        let what = f.row(what);
-        let c = f.client(40003 + i as u16);
-        let frontend = SocketAddr::new(f.vip, port);
-        let with = |from, to, flags, payload: &[u8]| {
-            f.with_options(&frame(udp, from, to, flags, payload), exts)
-        };
-        let before = reason_counts(&dp.pins);
-        let out = kept_options(f, dp, &with(c, frontend, TCP_SYN, b"odd"), exts, &what);
-        assert!(
-            f.backends.contains(&out.dst.ip()) && out.dst.port() == target,
-            "{what}: {} is no backend on {target}",
-            out.dst
-        );
-        assert_eq!(out.src, c, "{what}: the client's address is kept");
-        let after = reason_counts(&dp.pins);
-        assert_eq!(after["new_flow"], before["new_flow"] + 1, "{what}: counted");
-        let reply = with(out.dst, c, TCP_SYN | TCP_ACK, b"answer");
-        let back = kept_options(f, dp, &reply, exts, &format!("{what}: reply"));
-        assert_eq!((back.src, back.dst), (frontend, c), "{what}: the reply");
-        assert_eq!(
-            reason_counts(&dp.pins)["reverse_nat"],
-            after["reverse_nat"] + 1,
-            "{what}: reply counted"
-        );
-        let next = with(c, frontend, TCP_ACK, b"more");
-        let again = kept_options(f, dp, &next, exts, &format!("{what}: next"));
-        assert_eq!(again.dst, out.dst, "{what}: the flow keeps its backend");
-        assert_eq!(
-            reason_counts(&dp.pins)["established"],
-            after["established"] + 1,
-            "{what}: next counted"
-        );
+    for (i, row) in rows.iter().enumerate() {
+        both_ways(f, dp, row, f.client(40003 + i as u16));
     }
     let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("list conntrack");
     let (client, frontend) = (f.client(40003).to_string(), SocketAddr::new(f.vip, 80));

@@ -5,15 +5,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use lb_userspace::{
-    model::IpFamily,
-    packet::{TCP_ACK, TCP_SYN},
-};
+use lb_userspace::{model::IpFamily, packet::TCP_SYN};
 use xlb_tests::{
-    datapath::{LoadedDatapath, reason_counts},
+    datapath::LoadedDatapath,
     require_root,
     services::{service_yaml, service6_yaml},
-    suites::packets::{FAMILIES, Family, TC_ACT_OK, frame, seen},
+    suites::packets::{FAMILIES, Family, frame},
     unique_tag,
 };
 
@@ -96,73 +93,30 @@ fn a_pod_reaching_itself_is_snated_to_the_hairpin_address() {
 fn reaches_itself(f: &Family, t: &Hairpin, dp: &mut LoadedDatapath) {
     let pod = SocketAddr::new(t.pod, 41000);
     let frontend = SocketAddr::new(t.vip, 80);
-    let what = f.row("hairpin SYN");
-    let r = dp
-        .run(&frame(false, pod, frontend, TCP_SYN, b""))
-        .expect("run");
+    // DNAT to the pod itself; SNAT to the hairpin address, the client's port kept (its
+    // reply tuple is free); the pod's answer to the hairpin address back from the
+    // ClusterIP; `xlb list` shows the flow SNATed.
+    let src = f.snated_flow(dp, pod, frontend, SocketAddr::new(t.pod, 8080));
     assert_eq!(
-        r.verdict,
-        TC_ACT_OK,
-        "{what}: {:?}",
-        reason_counts(&dp.pins)
-    );
-    let out = seen(&r.packet, &what);
-    assert_eq!(
-        out.dst,
-        SocketAddr::new(t.pod, 8080),
-        "{what}: DNAT to the pod itself"
-    );
-    assert_eq!(
-        out.src,
+        src,
         SocketAddr::new(t.hairpin, 41000),
-        "{what}: SNAT to the hairpin address, the client's port kept (its reply tuple is free)"
+        "{}",
+        f.row("SNAT to the hairpin address, the port kept")
     );
-
-    // The pod's answer to the hairpin address comes back from the ClusterIP.
-    let what = f.row("hairpin reply");
-    let reply = frame(false, out.dst, out.src, TCP_SYN | TCP_ACK, b"");
-    let r = dp.run(&reply).expect("run");
-    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
-    let back = seen(&r.packet, &what);
-    assert_eq!(
-        (back.src, back.dst),
-        (frontend, pod),
-        "{what}: back from the ClusterIP"
-    );
-
-    // The flow keeps its translation; `xlb list` shows it SNATed to the hairpin address.
-    let what = f.row("established");
-    let r = dp
-        .run(&frame(false, pod, frontend, TCP_ACK, b"x"))
-        .expect("run");
-    assert_eq!(seen(&r.packet, &what).src, out.src, "{what}");
-    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("ct");
-    let snat = out.src.to_string();
-    assert!(flows.iter().any(|r| r.snat == snat), "{what}: {flows:?}");
 
     // The same pod port to a second Service on itself: that reply tuple is taken, so the
     // port comes from the SNAT range.
     let what = f.row("second hairpin flow");
-    let r = dp
-        .run(&frame(
-            false,
-            pod,
-            SocketAddr::new(t.vip_b, 80),
-            TCP_SYN,
-            b"",
-        ))
-        .expect("run");
-    let again = seen(&r.packet, &what);
+    let syn = frame(false, pod, SocketAddr::new(t.vip_b, 80), TCP_SYN, b"");
+    let again = f.through(dp, &syn, &what);
     assert_eq!(again.src.ip(), t.hairpin, "{what}");
     assert!(SNAT_PORTS.contains(&again.src.port()), "{what}: {again:?}");
 
     // Another client of the Service keeps its own address.
     let what = f.row("another client");
     let other = SocketAddr::new(t.other, 41000);
-    let r = dp
-        .run(&frame(false, other, frontend, TCP_SYN, b""))
-        .expect("run");
-    assert_eq!(seen(&r.packet, &what).src, other, "{what}");
+    let syn = frame(false, other, frontend, TCP_SYN, b"");
+    assert_eq!(f.through(dp, &syn, &what).src, other, "{what}");
 }
 
 #[test]
@@ -176,16 +130,8 @@ fn without_a_hairpin_address_a_pod_reaching_itself_keeps_its_source() {
         let mut dp = loaded(&tag, &t, None);
         let pod = SocketAddr::new(t.pod, 41000);
         let what = f.row("SYN");
-        let r = dp
-            .run(&frame(false, pod, SocketAddr::new(t.vip, 80), TCP_SYN, b""))
-            .expect("run");
-        assert_eq!(
-            r.verdict,
-            TC_ACT_OK,
-            "{what}: {:?}",
-            reason_counts(&dp.pins)
-        );
-        let out = seen(&r.packet, &what);
+        let syn = frame(false, pod, SocketAddr::new(t.vip, 80), TCP_SYN, b"");
+        let out = f.through(&mut dp, &syn, &what);
         assert_eq!(
             (out.src, out.dst),
             (pod, SocketAddr::new(t.pod, 8080)),

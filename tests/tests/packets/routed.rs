@@ -11,7 +11,7 @@ use lb_userspace::{
 use xlb_tests::{
     datapath::{LoadedDatapath, reason_counts},
     require_root,
-    suites::packets::{FAMILIES, Family, TC_ACT_OK, frame, seen},
+    suites::packets::{FAMILIES, Family, frame, seen},
     unique_tag,
 };
 
@@ -210,63 +210,29 @@ fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
         &lb_userspace::desired::NodeContext::new("node1", &[], false),
     )
     .expect("program");
+    let dp = &mut dp;
     let node = f.routed_node().0;
     let client = SocketAddr::new(t.clients[0], 5555);
     let frontend = SocketAddr::new(t.ext, 80);
-    let what = f.row("SNATed");
-    let r = dp
-        .run(&frame(false, client, frontend, TCP_SYN, b""))
-        .expect("run");
+    // DNAT to the remote backend, SNAT to the node's address toward it (a port of the
+    // range), the reply back from the externalIP, `xlb list` showing it.
+    let src = f.snated_flow(dp, client, frontend, SocketAddr::new(t.remote, 8080));
+    let what = f.row("SNAT to the node");
     assert_eq!(
-        r.verdict,
-        TC_ACT_OK,
-        "{what}: {:?}",
-        reason_counts(&dp.pins)
-    );
-    let out = seen(&r.packet, &what);
-    assert_eq!(
-        out.dst,
-        SocketAddr::new(t.remote, 8080),
-        "{what}: DNAT to the remote backend"
-    );
-    assert_eq!(
-        out.src.ip(),
+        src.ip(),
         node,
-        "{what}: SNAT to the node's address toward it"
+        "{what}: the node's address toward the backend"
     );
-    assert!((40000..=40100).contains(&out.src.port()), "{what}: {out:?}");
-    let what = f.row("reply");
-    let reply = frame(false, out.dst, out.src, TCP_SYN | TCP_ACK, b"");
-    let r = dp.run(&reply).expect("run");
-    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
-    let back = seen(&r.packet, &what);
-    assert_eq!(
-        (back.src, back.dst),
-        (frontend, client),
-        "{what}: back from the externalIP"
-    );
-    // The next packet keeps its SNAT tuple.
-    let what = f.row("established");
-    let r = dp
-        .run(&frame(false, client, frontend, TCP_ACK, b"x"))
-        .expect("run");
-    assert_eq!(seen(&r.packet, &what).src, out.src, "{what}");
-    let flows = lb_userspace::list::conntrack(&xlb_tests::pins(&dp.pins)).expect("ct");
-    assert!(
-        flows.iter().any(|r| r.snat == out.src.to_string()),
-        "{what}: {flows:?}"
-    );
+    assert!((40000..=40100).contains(&src.port()), "{what}: {src}");
     // A second client on the same port gets another SNAT port.
     let what = f.row("second flow");
     let other = SocketAddr::new(t.clients[1], 5555);
-    let r = dp
-        .run(&frame(false, other, frontend, TCP_SYN, b""))
-        .expect("run");
-    let second = seen(&r.packet, &what).src;
+    let syn = frame(false, other, frontend, TCP_SYN, b"");
+    let second = f.through(dp, &syn, &what).src;
     assert_eq!(second.ip(), node, "{what}");
     assert_ne!(
         second.port(),
-        out.src.port(),
+        src.port(),
         "{what}: two flows never share a reply tuple"
     );
 }
