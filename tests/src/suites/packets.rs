@@ -1,5 +1,8 @@
-//! Helpers shared by the `packets` test files: the IPv4 table's addresses and services, and
-//! the fixture of the tables both families share ([`Family`], [`FAMILIES`]).
+//! Helpers shared by the `packets` test files: each family's addresses and services, and
+//! the fixture through which a table's rows are written once and run in both families
+//! ([`Family`], [`FAMILIES`], [`in_both_families`]): the family's packets (TCP, UDP,
+//! ICMP errors, optional headers, fragments) built and read back with every checksum
+//! checked by etherparse.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
@@ -71,6 +74,40 @@ pub fn services6() -> String {
         + &service6_yaml("dns6", VIP6, 53, "UDP", 5353, &BACKENDS6)
         + &service6_yaml("empty6", EMPTY6, 80, "TCP", 8080, &[])
         + &service6_yaml("emptyu6", EMPTY6, 53, "UDP", 5353, &[])
+}
+
+/// A ClusterIP Service `name` (`vip`:`port` → `target`) and its slice with `backends`
+/// ready, of the family of `vip`.
+pub fn service_of(
+    name: &str,
+    vip: IpAddr,
+    port: u16,
+    proto: &str,
+    target: u16,
+    backends: &[IpAddr],
+) -> String {
+    match vip {
+        IpAddr::V4(v) => {
+            let b: Vec<Ipv4Addr> = backends
+                .iter()
+                .map(|b| match b {
+                    IpAddr::V4(a) => *a,
+                    IpAddr::V6(_) => panic!("{name}: backend {b} is not of the family of {vip}"),
+                })
+                .collect();
+            service_yaml(name, v, port, proto, target, &b)
+        }
+        IpAddr::V6(v) => {
+            let b: Vec<Ipv6Addr> = backends
+                .iter()
+                .map(|b| match b {
+                    IpAddr::V6(a) => *a,
+                    IpAddr::V4(_) => panic!("{name}: backend {b} is not of the family of {vip}"),
+                })
+                .collect();
+            service6_yaml(name, v, port, proto, target, &b)
+        }
+    }
 }
 
 /// One family's fixture for the tables both families share: the frontends with and without
@@ -532,6 +569,27 @@ impl Family {
             "{what}: listed SNATed to {snat}: {flows:?}"
         );
         out.src
+    }
+
+    /// `a` as the map types hold an address: network-order words, IPv4 in the first.
+    pub fn words(a: IpAddr) -> [u32; 4] {
+        match a {
+            IpAddr::V4(a) => [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+            IpAddr::V6(a) => bytemuck::cast(a.octets()),
+        }
+    }
+
+    /// The `i`-th of more clients of this family (10.244.9.i, fd00:10:244:9::i).
+    pub fn other_client(&self, i: u8) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::new(10, 244, 9, i)),
+            IpFamily::V6 => v6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, u16::from(i))),
+        }
+    }
+
+    /// How `xlb list services` names the frontend `ip`:`port`/TCP.
+    pub fn tcp_frontend(ip: IpAddr, port: u16) -> String {
+        format!("{}/TCP", SocketAddr::new(ip, port))
     }
 
     /// `what`, prefixed with this family's name: how a row names itself in a failure.

@@ -3,9 +3,9 @@
 //!
 //! One binary, a module per topic. Most run each case in both families from one body
 //! (`xlb_tests::suites::packets::Family` gives a family's addresses and builds its
-//! packets): `flows`, `rewrites`, `refusals`, `robust`, `hairpin`, `routed` (XDP and SNAT
-//! in a routed namespace), `sctp`; a case that runs in one family says why. IPv4 alone:
-//! `state`, `maglev`, `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
+//! packets): `flows`, `rewrites`, `refusals`, `robust`, `state`, `hairpin`, `routed` (XDP
+//! and SNAT in a routed namespace), `sctp`; a case that runs in one family says why. IPv4
+//! alone: `maglev`, `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
 //! `ranges` (loadBalancerSourceRanges of each family on a dual-stack Service).
 
 use xlb_tests::checksums;
