@@ -15,7 +15,7 @@ use xlb_tests::{
     client,
     echo::EchoServer,
     scenario::{Scenario, TCP_PORT, UDP_PORT},
-    services::{service_yaml, service6_yaml},
+    services::{service_of, service_yaml},
     topology::{pod_ip, pod_ip6},
     trace_support::{flow_maps, open_request, outcome, trace, trace_command, trace_only},
 };
@@ -117,29 +117,11 @@ fn service(
     extra: &str,
     eps: &[IpAddr],
 ) -> String {
-    let y = match ip {
-        IpAddr::V4(ip) => {
-            let eps: Vec<Ipv4Addr> = eps
-                .iter()
-                .filter_map(|e| match e {
-                    IpAddr::V4(a) => Some(*a),
-                    IpAddr::V6(_) => None,
-                })
-                .collect();
-            service_yaml(name, ip, port, proto, target, &eps)
-        }
-        IpAddr::V6(ip) => {
-            let eps: Vec<Ipv6Addr> = eps
-                .iter()
-                .filter_map(|e| match e {
-                    IpAddr::V6(a) => Some(*a),
-                    IpAddr::V4(_) => None,
-                })
-                .collect();
-            service6_yaml(name, ip, port, proto, target, &eps)
-        }
-    };
-    y.replacen("spec:\n", &format!("spec:\n{extra}"), 1)
+    service_of(name, ip, port, proto, target, eps).replacen(
+        "spec:\n",
+        &format!("spec:\n{extra}"),
+        1,
+    )
 }
 
 /// The Services both labs have, in the lab's family: sticky (ClientIP affinity), empty
