@@ -390,6 +390,11 @@ fn services_by_name(s: &Scenario, lab: &Lab) {
     ] {
         assert!(text.contains(&want), "{what}: {want:?} in\n{text}");
     }
+    assert_eq!(
+        text.contains("IPv6 TCP SYN"),
+        lab.is_v6(),
+        "{what}: the packet's family\n{text}"
+    );
     assert!(
         lab.backends(TCP_PORT).contains(&outcome(&text)),
         "{what}: {text}"
