@@ -17,6 +17,7 @@ use xlb_tests::{
 
 const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;
+const SNAT_MIN: u16 = 40000;
 
 /// The XDP program on a node interface, in both families, in a namespace whose route to the
 /// pods goes through `dum0` to a known neighbour: a new flow and a reply are translated and
@@ -188,7 +189,9 @@ fn flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node() {
     }
 }
 
-fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
+/// The datapath under pins `tag` with `t`'s externalIP Service, programmed as node1's
+/// agent would (its endpoint on node2), SNAT ports 40000 to `snat_max`.
+fn external_dp(f: &Family, t: &External, tag: &str, snat_max: u16) -> LoadedDatapath {
     let family = f.name();
     let yaml = format!(
         "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: test, name: ext}}\nspec:\n  ipFamilyPolicy: SingleStack\n  ipFamilies: [{family}]\n  clusterIP: \"{c}\"\n  clusterIPs: [\"{c}\"]\n  externalIPs: [\"{ext}\"]\n  ports:\n  - {{name: p, port: 80, protocol: TCP, targetPort: 8080}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: test\n  name: ext-1\n  labels: {{kubernetes.io/service-name: ext}}\naddressType: {family}\nports:\n- {{name: p, port: 8080, protocol: TCP}}\nendpoints:\n- addresses: [\"{remote}\"]\n  conditions: {{ready: true}}\n  nodeName: node2\n",
@@ -198,8 +201,8 @@ fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
     );
     let mut dp = LoadedDatapath::load(tag).expect("load");
     dp.configure(&lb_common::NodeConfig {
-        snat_port_min: 40000,
-        snat_port_max: 40100,
+        snat_port_min: SNAT_MIN,
+        snat_port_max: snat_max,
         ..Default::default()
     })
     .expect("config");
@@ -210,6 +213,11 @@ fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
         &lb_userspace::desired::NodeContext::new("node1", &[], false),
     )
     .expect("program");
+    dp
+}
+
+fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
+    let mut dp = external_dp(f, t, tag, 40100);
     let dp = &mut dp;
     let node = f.routed_node().0;
     let client = SocketAddr::new(t.clients[0], 5555);
@@ -234,5 +242,125 @@ fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
         second.port(),
         src.port(),
         "{what}: two flows never share a reply tuple"
+    );
+}
+
+/// A SNAT port is held while its flow lives and goes to a new flow once the old one is
+/// over (here: closing both ways and idle, its timestamps aged through the map), in both
+/// families: with a one-port range, the second flow is refused, then takes the port, and
+/// the old flow's forward entry is gone.
+#[test]
+fn a_finished_flow_gives_its_snat_port_back() {
+    if !require_root() {
+        return;
+    }
+    for f in FAMILIES {
+        let tag = unique_tag(&format!("xlpr{}", f.name().to_ascii_lowercase()));
+        let t = external(&f);
+        let ns = f.routed_ns(&tag, &[t.prefix], false, None);
+        ns.run(move || snat_reuse(&f, &t, &tag))
+            .expect("namespace thread");
+    }
+}
+
+/// Every entry of the family's conntrack table made to look idle for 20 s (past a closed
+/// flow's reuse time, 10 s, short of an open TCP flow's, 24 h; not "since boot": a machine
+/// up for more than a day would see even a half-closed flow as over); each entry's
+/// (direction, source port, flags) before.
+fn aged(f: &Family, dp: &LoadedDatapath) -> Vec<(u8, u16, u16)> {
+    use aya::maps::{HashMap, MapData};
+    use lb_common::{CtKey, CtKey6, CtValue, CtValue6, MAP_CT, MAP_CT6};
+    let idle_since =
+        lb_userspace::datapath::clock::monotonic_coarse_ns().saturating_sub(20_000_000_000);
+    let pins = xlb_tests::pins(&dp.pins);
+    macro_rules! age {
+        ($map:expr, $k:ty, $v:ty) => {{
+            let mut ct: HashMap<MapData, $k, $v> =
+                HashMap::try_from(pins.map($map).expect("pin")).expect("conntrack map");
+            let entries: Vec<($k, $v)> = ct.iter().map(|kv| kv.expect("entry")).collect();
+            for (k, v) in &entries {
+                let mut aged = *v;
+                aged.last_seen_ns = idle_since;
+                aged.created_ns = idle_since;
+                ct.insert(k, aged, 0).expect("age the entry");
+            }
+            entries
+                .iter()
+                .map(|(k, v)| (k.dir, u16::from_be(k.sport_be), v.flags))
+                .collect()
+        }};
+    }
+    match f.family {
+        IpFamily::V4 => age!(MAP_CT, CtKey, CtValue),
+        IpFamily::V6 => age!(MAP_CT6, CtKey6, CtValue6),
+    }
+}
+
+fn snat_reuse(f: &Family, t: &External, tag: &str) {
+    use lb_common::CT_F_CLOSING;
+    const TC_ACT_SHOT: u32 = 2;
+    let mut dp = external_dp(f, t, tag, SNAT_MIN);
+    let dp = &mut dp;
+    let frontend = SocketAddr::new(t.ext, 80);
+    let (first, second) = (
+        SocketAddr::new(t.clients[0], 7001),
+        SocketAddr::new(t.clients[0], 7002),
+    );
+    let snat = SocketAddr::new(f.routed_node().0, SNAT_MIN);
+    let what = f.row("the first flow takes the only port");
+    let out = f.through(dp, &frame(false, first, frontend, TCP_SYN, b""), &what);
+    assert_eq!(out.src, snat, "{what}");
+    let refused = |dp: &mut LoadedDatapath, what: &str| {
+        let r = dp
+            .run(&frame(false, second, frontend, TCP_SYN, b""))
+            .expect("run");
+        assert_eq!(r.verdict, TC_ACT_SHOT, "{}", f.row(what));
+    };
+    refused(dp, "a live flow holds its port: the second flow is refused");
+    let four = |entries: &[(u8, u16, u16)]| {
+        assert_eq!(
+            entries.len(),
+            4,
+            "{}: one SNATed flow, four entries (forward, reply and the two egress ones): {entries:?}",
+            f.name()
+        );
+    };
+    // Half-closed (the client's FIN only) and idle: the backend may still be sending, so the
+    // port stays with the flow.
+    f.through(
+        dp,
+        &frame(false, first, frontend, 0x11, b""),
+        &f.row("the client's FIN"),
+    );
+    four(&aged(f, dp));
+    refused(dp, "a half-closed flow keeps its port");
+    // The backend's FIN closes the other way: over, once idle.
+    let backend = SocketAddr::new(t.remote, 8080);
+    f.through(
+        dp,
+        &frame(false, backend, snat, 0x11, b""),
+        &f.row("the backend's FIN"),
+    );
+    let entries = aged(f, dp);
+    four(&entries);
+    for e in &entries {
+        assert!(
+            e.2 & CT_F_CLOSING != 0,
+            "{}: each direction's FIN marked its entry closing: {e:?}",
+            f.name()
+        );
+    }
+    let what = f.row("the finished flow's port is free again");
+    let out = f.through(dp, &frame(false, second, frontend, TCP_SYN, b""), &what);
+    assert_eq!(out.src, snat, "{what}");
+    let firsts = aged(f, dp)
+        .iter()
+        .filter(|(dir, sport, _)| *dir == 0 && *sport == first.port())
+        .count();
+    assert_eq!(
+        firsts,
+        0,
+        "{}",
+        f.row("the old flow's forward entry was removed")
     );
 }
