@@ -290,7 +290,7 @@ fn counted(f: &Family, dp: &LoadedDatapath, zero_rows: u64) {
     // flows and the established packets (packets for no service: packets/robust.rs).
     assert_eq!(counts["pass"], 3 + 2 * zero_rows, "{what}: {counts:?}");
     let services = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
-    let web = format!("{}/TCP", SocketAddr::new(f.vip, 80));
+    let web = Family::tcp_frontend(f.vip, 80);
     let web = services
         .iter()
         .find(|r| r.frontend == web)
