@@ -170,6 +170,21 @@ fn external(f: &Family) -> External {
     }
 }
 
+/// Runs `table` for each family (nothing, after the notice, without root) in a namespace
+/// of its own routing the pods and the external clients of [`external`], with the pin tag.
+fn in_external_ns(prefix: &str, table: fn(&Family, &External, &str)) {
+    if !require_root() {
+        return;
+    }
+    for f in FAMILIES {
+        let tag = unique_tag(&format!("{prefix}{}", f.name().to_ascii_lowercase()));
+        let t = external(&f);
+        let ns = f.routed_ns(&tag, &[t.prefix], false, None);
+        ns.run(move || table(&f, &t, &tag))
+            .expect("namespace thread");
+    }
+}
+
 /// An externalIP (externalTrafficPolicy Cluster) whose endpoint is on another node, in both
 /// families: a client's flow is SNATed to the node's address toward the backend (the
 /// route's source) with a port of the SNAT range, and the backend's reply to that address
@@ -177,16 +192,7 @@ fn external(f: &Family) -> External {
 /// client.
 #[test]
 fn flows_to_a_remote_backend_of_an_external_frontend_are_snated_to_the_node() {
-    if !require_root() {
-        return;
-    }
-    for f in FAMILIES {
-        let tag = unique_tag(&format!("xlps{}", f.name().to_ascii_lowercase()));
-        let t = external(&f);
-        let ns = f.routed_ns(&tag, &[t.prefix], false, None);
-        ns.run(move || snat_to_the_node(&f, &t, &tag))
-            .expect("namespace thread");
-    }
+    in_external_ns("xlps", snat_to_the_node);
 }
 
 /// The datapath under pins `tag` with `t`'s externalIP Service, programmed as node1's
@@ -251,16 +257,7 @@ fn snat_to_the_node(f: &Family, t: &External, tag: &str) {
 /// the old flow's forward entry is gone.
 #[test]
 fn a_finished_flow_gives_its_snat_port_back() {
-    if !require_root() {
-        return;
-    }
-    for f in FAMILIES {
-        let tag = unique_tag(&format!("xlpr{}", f.name().to_ascii_lowercase()));
-        let t = external(&f);
-        let ns = f.routed_ns(&tag, &[t.prefix], false, None);
-        ns.run(move || snat_reuse(&f, &t, &tag))
-            .expect("namespace thread");
-    }
+    in_external_ns("xlpr", snat_reuse);
 }
 
 /// Every entry of the family's conntrack table made to look idle for 20 s (past a closed
