@@ -13,6 +13,7 @@ pub mod capture;
 pub mod checksums;
 pub mod datapath;
 pub mod frame6;
+pub mod frames;
 pub mod http;
 pub mod netfilter;
 pub mod prev_layout;

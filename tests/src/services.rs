@@ -1,6 +1,6 @@
 //! Service YAML for tests: ClusterIPs in front of pods of the [`crate::topology`].
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// A Service with one port and an EndpointSlice listing `backends` (all ready
 ///), as Kubernetes YAML.
@@ -182,4 +182,38 @@ pub fn dual_stack_service_on_nodes(
         }
     }
     y
+}
+
+/// A ClusterIP Service `name` (`vip`:`port` → `target`) and its slice with `backends`
+/// ready, of the family of `vip`.
+pub fn service_of(
+    name: &str,
+    vip: IpAddr,
+    port: u16,
+    proto: &str,
+    target: u16,
+    backends: &[IpAddr],
+) -> String {
+    match vip {
+        IpAddr::V4(v) => {
+            let b: Vec<Ipv4Addr> = backends
+                .iter()
+                .map(|b| match b {
+                    IpAddr::V4(a) => *a,
+                    IpAddr::V6(_) => panic!("{name}: backend {b} is not of the family of {vip}"),
+                })
+                .collect();
+            service_yaml(name, v, port, proto, target, &b)
+        }
+        IpAddr::V6(v) => {
+            let b: Vec<Ipv6Addr> = backends
+                .iter()
+                .map(|b| match b {
+                    IpAddr::V6(a) => *a,
+                    IpAddr::V4(_) => panic!("{name}: backend {b} is not of the family of {vip}"),
+                })
+                .collect();
+            service6_yaml(name, v, port, proto, target, &b)
+        }
+    }
 }

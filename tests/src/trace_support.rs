@@ -1,5 +1,5 @@
 //! `xlb trace` run against a scenario's agent, and the live flow maps it must leave alone
-//! (shared by trace/main.rs and trace/v6.rs).
+//! (shared by the trace/ test files).
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 
@@ -139,13 +139,6 @@ pub fn flow_maps(pins: &Path) -> (RawEntries, RawEntries) {
         ct,
         dump_pinned(pins, lb_common::MAP_AFFINITY).expect("dump affinity"),
     )
-}
-
-/// The IPv6 conntrack entries alone (both tables).
-pub fn flow_maps6(pins: &Path) -> RawEntries {
-    let mut ct = dump_pinned(pins, lb_common::MAP_CT6).expect("dump IPv6 conntrack");
-    ct.extend(dump_pinned(pins, lb_common::MAP_CT6_ASSURED).expect("dump IPv6 assured"));
-    ct
 }
 
 /// The flow maps once the real traffic before them has settled (two dumps 300 ms apart

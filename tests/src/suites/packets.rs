@@ -1,22 +1,27 @@
-//! Helpers shared by the `packets` test files: the IPv4 table's addresses and services, and
-//! the fixture of the tables both families share ([`Family`], [`FAMILIES`]).
+//! Helpers shared by the `packets` test files: each family's addresses and services, and
+//! the fixture through which a table's rows are written once and run in both families
+//! ([`Family`], [`FAMILIES`], [`in_both_families`]); the family's frames are built and
+//! read in `crate::frames`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::{
-    checksums::{self, Udp},
     datapath::LoadedDatapath,
-    frame6::{Frame6, seen_icmp6, seen6},
     require_root,
     services::{service_yaml, service6_yaml},
     unique_tag,
 };
 use lb_userspace::{
     model::IpFamily,
-    packet::{PacketBuilder, parse_icmp},
+    packet::{TCP_ACK, TCP_SYN},
     source::file,
     trace::frame::Seen,
 };
+
+/// The frames the tables build and read, with the family's own (`crate::frames`).
+pub use crate::frames::{IcmpError, SeenIcmp, frame, icmp, seen, seen_icmp};
+/// The Service YAML of either family.
+pub use crate::services::service_of;
 
 pub const TC_ACT_OK: u32 = 0;
 pub const TC_ACT_SHOT: u32 = 2;
@@ -122,18 +127,93 @@ impl Family {
         if !require_root() {
             return None;
         }
+        let tag = unique_tag(&format!("xlbf{}", self.name().to_ascii_lowercase()));
+        Some(self.setup_tagged(&tag))
+    }
+
+    /// [`Family::setup`] under pins named `tag` (the caller has checked for root).
+    pub fn setup_tagged(&self, tag: &str) -> LoadedDatapath {
         let yaml = match self.family {
             IpFamily::V4 => {
                 base_services() + &service_yaml("emptyu", EMPTY_VIP, 53, "UDP", 5353, &[])
             }
             IpFamily::V6 => services6(),
         };
-        let tag = unique_tag(&format!("xlbf{}", self.name().to_ascii_lowercase()));
-        let mut dp = LoadedDatapath::load(&tag).expect("load the eBPF object");
+        let mut dp = LoadedDatapath::load(tag).expect("load the eBPF object");
         let loaded = file::parse("families.yaml", &yaml).expect("yaml");
         assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
         dp.program(&loaded.model).expect("program maps");
-        Some(dp)
+        dp
+    }
+
+    /// The node's address in [`Family::routed_ns`] (on `dum0`) and the next hop behind it.
+    pub fn routed_node(&self) -> (IpAddr, IpAddr) {
+        match self.family {
+            IpFamily::V4 => (
+                v4(Ipv4Addr::new(10, 245, 0, 1)),
+                v4(Ipv4Addr::new(10, 245, 0, 2)),
+            ),
+            IpFamily::V6 => (
+                v6(Ipv6Addr::new(0xfd00, 0x10, 0x245, 0, 0, 0, 0, 1)),
+                v6(Ipv6Addr::new(0xfd00, 0x10, 0x245, 0, 0, 0, 0, 2)),
+            ),
+        }
+    }
+
+    /// A namespace that routes this family's pods (`10.244.0.0/16`, `fd00:10:244::/48`) and
+    /// `more` prefixes via the next hop of [`Family::routed_node`], on `dum0` (a veth, the
+    /// node's address on it, forwarding on); with `neighbour`, dum0 has the MAC
+    /// `02:00:00:00:00:01` and the next hop is a permanent neighbour at `02:00:00:00:00:02`
+    /// (XDP's route lookups then resolve); with `mtu`, the veth has that MTU.
+    pub fn routed_ns(
+        &self,
+        tag: &str,
+        more: &[&str],
+        neighbour: bool,
+        mtu: Option<&str>,
+    ) -> crate::netns::Netns {
+        let ns = crate::netns::Netns::new(&format!("{tag}-n")).expect("netns");
+        let (v, forwarding, pods, node) = match self.family {
+            IpFamily::V4 => ("-4", "net.ipv4.ip_forward=1", "10.244.0.0/16", "24"),
+            IpFamily::V6 => (
+                "-6",
+                "net.ipv6.conf.all.forwarding=1",
+                "fd00:10:244::/48",
+                "64",
+            ),
+        };
+        ns.sysctl(&[forwarding]).expect("sysctl");
+        let (addr, hop) = self.routed_node();
+        let (addr, hop) = (format!("{addr}/{node}"), hop.to_string());
+        let mut cmds: Vec<Vec<&str>> = vec![vec![
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum1",
+        ]];
+        if let Some(mtu) = mtu {
+            cmds.push(vec!["link", "set", "dum0", "mtu", mtu]);
+        }
+        if neighbour {
+            cmds.push(vec!["link", "set", "dum0", "address", "02:00:00:00:00:01"]);
+        }
+        cmds.push(vec!["link", "set", "dum1", "up"]);
+        cmds.push(vec!["link", "set", "dum0", "up"]);
+        cmds.push(vec!["link", "set", "lo", "up"]);
+        let mut add = vec![v, "addr", "add", &addr, "dev", "dum0"];
+        if self.family == IpFamily::V6 {
+            add.push("nodad");
+        }
+        cmds.push(add);
+        for p in std::iter::once(&pods).chain(more) {
+            cmds.push(vec![v, "route", "add", p, "via", &hop, "dev", "dum0"]);
+        }
+        if neighbour {
+            let mac = "02:00:00:00:00:02";
+            let n = [v, "neigh", "add", &hop, "lladdr", mac, "dev", "dum0"];
+            cmds.push(n.into_iter().chain(["nud", "permanent"]).collect());
+        }
+        for args in &cmds {
+            ns.ip(args).unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+        }
+        ns
     }
 
     /// `IPv4` or `IPv6`, for messages.
@@ -156,45 +236,107 @@ impl Family {
     }
 }
 
-/// A TCP segment with `flags` (or, `udp`, a UDP datagram) from `src` to `dst` of one family,
-/// in Ethernet, its checksums computed: IPv4 by [`PacketBuilder`], IPv6 by [`Frame6`].
-pub fn frame(udp: bool, src: SocketAddr, dst: SocketAddr, flags: u8, payload: &[u8]) -> Vec<u8> {
-    match (src, dst) {
-        (SocketAddr::V4(s), SocketAddr::V4(d)) if udp => {
-            PacketBuilder::udp(s, d).payload(payload).build()
+/// Runs `case` over each family, on a datapath of its own with that family's services
+/// ([`Family::setup`]; nothing, after the notice, without root).
+pub fn in_both_families(case: fn(&Family, &mut LoadedDatapath)) {
+    for f in FAMILIES {
+        let Some(mut dp) = f.setup() else {
+            return;
+        };
+        case(&f, &mut dp);
+    }
+}
+
+impl Family {
+    /// An address of this family that no table uses: no frontend, backend or client
+    /// (documentation ranges: 203.0.113.0/24, 2001:db8::/32).
+    pub fn stranger(&self, n: u8) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::new(203, 0, 113, n)),
+            IpFamily::V6 => v6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n))),
         }
-        (SocketAddr::V4(s), SocketAddr::V4(d)) => PacketBuilder::tcp(s, d)
-            .flags(flags)
-            .payload(payload)
-            .build(),
-        (SocketAddr::V6(s), SocketAddr::V6(d)) if udp => Frame6::udp(s, d, payload).build(),
-        (SocketAddr::V6(s), SocketAddr::V6(d)) => Frame6::tcp(s, d, flags, payload).build(),
-        _ => panic!("{src} and {dst} are of two families"),
     }
-}
 
-/// The addresses of a TCP or UDP frame of either family, every checksum checked by
-/// etherparse; panics naming `what` when one is wrong or the frame does not read.
-pub fn seen(frame: &[u8], what: &str) -> Seen {
-    if frame.get(12..14) == Some(&[0x08, 0x00]) {
-        checksums::assert_valid(frame, Udp::Computed, what);
-    } else {
-        seen6(frame, what);
+    /// This family's loopback address.
+    pub fn loopback(&self) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::LOCALHOST),
+            IpFamily::V6 => v6(Ipv6Addr::LOCALHOST),
+        }
     }
-    lb_userspace::trace::frame::seen(frame).unwrap_or_else(|| panic!("{what}: no TCP or UDP"))
-}
 
-/// An ICMP or ICMPv6 error frame of either family, its checksums (the quoted IPv4
-/// header's too) checked: source, destination, type, code and the quote.
-pub fn seen_icmp(frame: &[u8], what: &str) -> (IpAddr, IpAddr, (u8, u8), Vec<u8>) {
-    if frame.get(12..14) == Some(&[0x08, 0x00]) {
-        checksums::assert_valid(frame, Udp::Computed, what);
-        let p = parse_icmp(frame).unwrap_or_else(|| panic!("{what}: no ICMP error"));
-        assert!(p.checksums_ok, "{what}: checksums");
-        let quote = frame[42..].to_vec();
-        (p.src.into(), p.dst.into(), (p.typ, p.code), quote)
-    } else {
-        let m = seen_icmp6(frame, what);
-        (m.src.into(), m.dst.into(), (m.kind, m.code), m.body)
+    /// Runs `pkt` (`what` names the row): passed on (TC_ACT_OK), every checksum valid;
+    /// what it says.
+    pub fn through(&self, dp: &mut LoadedDatapath, pkt: &[u8], what: &str) -> Seen {
+        let r = dp.run(pkt).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            r.verdict,
+            TC_ACT_OK,
+            "{what}: {:?}",
+            crate::datapath::reason_counts(&dp.pins)
+        );
+        seen(&r.packet, what)
+    }
+
+    /// A TCP flow from `client` to `frontend` whose source is translated (hairpin, SNAT to
+    /// the node): its SYN DNATed to `backend` with a new source, the reply to that source
+    /// back from the frontend to the client, the next packet with the same source, and
+    /// `xlb list conntrack` naming it. The new source.
+    pub fn snated_flow(
+        &self,
+        dp: &mut LoadedDatapath,
+        client: SocketAddr,
+        frontend: SocketAddr,
+        backend: SocketAddr,
+    ) -> SocketAddr {
+        let what = self.row("SNATed SYN");
+        let syn = frame(false, client, frontend, TCP_SYN, b"");
+        let out = self.through(dp, &syn, &what);
+        assert_eq!(out.dst, backend, "{what}: DNAT");
+        assert_ne!(out.src, client, "{what}: the source translated");
+        let what = self.row("its reply");
+        let reply = frame(false, out.dst, out.src, TCP_SYN | TCP_ACK, b"");
+        let back = self.through(dp, &reply, &what);
+        assert_eq!(
+            (back.src, back.dst),
+            (frontend, client),
+            "{what}: back from the frontend"
+        );
+        let what = self.row("established");
+        let ack = frame(false, client, frontend, TCP_ACK, b"x");
+        assert_eq!(self.through(dp, &ack, &what).src, out.src, "{what}");
+        let flows = lb_userspace::list::conntrack(&crate::pins(&dp.pins)).expect("ct");
+        let snat = out.src.to_string();
+        assert!(
+            flows.iter().any(|r| r.snat == snat),
+            "{what}: listed SNATed to {snat}: {flows:?}"
+        );
+        out.src
+    }
+
+    /// `a` as the map types hold an address: network-order words, IPv4 in the first.
+    pub fn words(a: IpAddr) -> [u32; 4] {
+        match a {
+            IpAddr::V4(a) => [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+            IpAddr::V6(a) => bytemuck::cast(a.octets()),
+        }
+    }
+
+    /// The `i`-th of more clients of this family (10.244.9.i, fd00:10:244:9::i).
+    pub fn other_client(&self, i: u8) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::new(10, 244, 9, i)),
+            IpFamily::V6 => v6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, u16::from(i))),
+        }
+    }
+
+    /// How `xlb list services` names the frontend `ip`:`port`/TCP.
+    pub fn tcp_frontend(ip: IpAddr, port: u16) -> String {
+        format!("{}/TCP", SocketAddr::new(ip, port))
+    }
+
+    /// `what`, prefixed with this family's name: how a row names itself in a failure.
+    pub fn row(&self, what: &str) -> String {
+        format!("{}: {what}", self.name())
     }
 }

@@ -72,9 +72,9 @@ pub fn services() -> String {
 }
 
 /// Loads the datapath in a namespace of its own (see the module comment), programs it as
-/// node1's agent would (SNAT ports `SNAT_MIN..=snat_max`, the hairpin address) and runs
+/// node1's agent would (SNAT ports `SNAT_MIN..=SNAT_MAX`, the hairpin address) and runs
 /// `table` on it there, with the index of `dum0`.
-pub fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)) {
+pub fn on_node1(prefix: &str, table: fn(&mut LoadedDatapath, u32)) {
     let tag = unique_tag(prefix);
     let ns = Netns::new(&format!("{tag}-node")).expect("netns");
     ns.sysctl(&["net.ipv4.ip_forward=1"]).expect("sysctl");
@@ -110,7 +110,7 @@ pub fn on_node1(prefix: &str, snat_max: u16, table: fn(&mut LoadedDatapath, u32)
         let mut dp = LoadedDatapath::load(&tag).expect("load");
         dp.configure(&NodeConfig {
             snat_port_min: SNAT_MIN,
-            snat_port_max: snat_max,
+            snat_port_max: SNAT_MAX,
             hairpin_addr_be: u32::from_ne_bytes(HAIRPIN.octets()),
             ..NodeConfig::default()
         })

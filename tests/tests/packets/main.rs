@@ -1,18 +1,23 @@
 //! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
 //! table of cases, Katran-style.
-
 //!
-//! One binary, a module per topic: `rewrites`, `robust`, `state` (IPv4 east-west), `v6`
-//! (the same over IPv6), `north_south` (NodePort, SNAT, hairpin, XDP, in a routed
-//! namespace).
+//! One binary, a module per topic. Most run each case in both families from one body
+//! (`xlb_tests::suites::packets::Family` gives a family's addresses and builds its
+//! packets): `flows`, `rewrites`, `refusals`, `robust`, `state`, `hairpin`, `routed` (XDP
+//! and SNAT in a routed namespace), `sctp`; a case that runs in one family says why. IPv4
+//! alone: `maglev`, `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
+//! `ranges` (loadBalancerSourceRanges of each family on a dual-stack Service).
 
 use xlb_tests::checksums;
 
-mod families;
+mod flows;
+mod hairpin;
 mod maglev;
 mod north_south;
+mod ranges;
+mod refusals;
 mod rewrites;
 mod robust;
+mod routed;
 mod sctp;
 mod state;
-mod v6;

@@ -1,103 +1,83 @@
-//! Packet tables through BPF_PROG_TEST_RUN: the rewrites and their checksums, packets with IP
-//! options (the spread of new flows: packets/families.rs).
+//! Packet tables through BPF_PROG_TEST_RUN: the rewrites, their verdicts, counters and
+//! checksums, in both families (behind optional headers, the spread of new flows:
+//! packets/flows.rs); the independent checksum check itself.
 
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::checksums::{self, Udp};
-use lb_userspace::packet::{PacketBuilder, TCP_ACK, parse};
-use xlb_tests::datapath::LoadedDatapath;
+use lb_userspace::{
+    model::IpFamily,
+    packet::{PacketBuilder, TCP_ACK, TCP_SYN, parse},
+};
+use xlb_tests::datapath::{LoadedDatapath, reason_counts};
+use xlb_tests::frame6::Frame6;
 use xlb_tests::suites::packets::{
-    BACKENDS, CLIENT, EMPTY_VIP, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, VIP, setup,
+    BACKENDS, CLIENT, CLIENT6, Family, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, VIP, VIP6, frame,
+    in_both_families, seen, seen_icmp,
 };
 
-/// What a case expects of the program.
+/// What a row expects of the program.
 #[derive(Debug)]
 enum Expect {
-    /// TC_ACT_SHOT.
+    /// TC_ACT_SHOT, untouched.
     Drop,
     /// TC_ACT_REDIRECT back to the sender: a TCP RST from the frontend.
     Refused,
-    /// TC_ACT_OK, destination rewritten to one of the backends on `port`, checksums valid.
+    /// TC_ACT_OK, destination rewritten to one of the backends on `port`, the source kept.
     Dnat { port: u16 },
-    /// TC_ACT_OK, source rewritten to `from`, checksums valid.
-    ReverseNat { from: SocketAddrV4 },
+    /// TC_ACT_OK, source rewritten to `from`, the destination kept.
+    ReverseNat { from: SocketAddr },
 }
 
-struct Case {
+struct Row {
     desc: &'static str,
     packet: Vec<u8>,
     expect: Expect,
 }
 
-fn check(dp: &mut LoadedDatapath, case: &Case) -> Option<SocketAddrV4> {
+/// Runs a row (its failure names `f` and the row); every output's checksums checked by
+/// etherparse. The rewritten address (the backend, or the reply's new source).
+fn check(f: &Family, dp: &mut LoadedDatapath, row: &Row) -> Option<SocketAddr> {
+    let what = f.row(row.desc);
     let r = dp
-        .run(&case.packet)
-        .unwrap_or_else(|e| panic!("{}: test run: {e}", case.desc));
-    let out = parse(&r.packet);
-    match case.expect {
+        .run(&row.packet)
+        .unwrap_or_else(|e| panic!("{what}: test run: {e}"));
+    let input = seen(&row.packet, &format!("{what}: input"));
+    match row.expect {
         Expect::Drop => {
-            assert_eq!(r.verdict, TC_ACT_SHOT, "{}", case.desc);
+            assert_eq!((r.verdict, &r.packet), (TC_ACT_SHOT, &row.packet), "{what}");
             None
         }
         Expect::Refused => {
-            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{}", case.desc);
-            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
-            let input = parse(&case.packet).expect("input parses");
+            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{what}");
+            let p = seen(&r.packet, &what);
             assert_eq!(
                 (p.src, p.dst),
                 (input.dst, input.src),
-                "{}: RST goes back",
-                case.desc
+                "{what}: RST goes back"
             );
-            assert!(
-                p.ip_checksum_ok && p.l4_checksum_ok,
-                "{}: checksums",
-                case.desc
-            );
-            checksums::assert_valid(&r.packet, Udp::Computed, case.desc);
-            assert_eq!(r.packet[47] & 0x04, 0x04, "{}: RST flag", case.desc);
+            assert_eq!(r.packet[f.l4_at() + 13] & 0x04, 0x04, "{what}: RST flag");
             None
         }
         Expect::Dnat { port } => {
-            assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
-            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
-            let input = parse(&case.packet).expect("input parses");
+            assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+            let p = seen(&r.packet, &what);
             assert!(
-                BACKENDS.contains(p.dst.ip()),
-                "{}: dst {} is not a backend",
-                case.desc,
+                f.backends.contains(&p.dst.ip()),
+                "{what}: dst {} is not a backend",
                 p.dst
             );
-            assert_eq!(p.dst.port(), port, "{}", case.desc);
-            assert_eq!(p.src, input.src, "{}: source must be kept", case.desc);
-            assert!(p.ip_checksum_ok, "{}: IPv4 checksum", case.desc);
-            assert!(p.l4_checksum_ok, "{}: L4 checksum", case.desc);
-            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
+            assert_eq!(p.dst.port(), port, "{what}");
+            assert_eq!(p.src, input.src, "{what}: source must be kept");
             Some(p.dst)
         }
         Expect::ReverseNat { from } => {
-            assert_eq!(r.verdict, TC_ACT_OK, "{}", case.desc);
-            let p = out.unwrap_or_else(|| panic!("{}: output does not parse", case.desc));
-            let input = parse(&case.packet).expect("input parses");
-            assert_eq!(p.src, from, "{}", case.desc);
-            assert_eq!(p.dst, input.dst, "{}: destination must be kept", case.desc);
-            assert!(
-                p.ip_checksum_ok && p.l4_checksum_ok,
-                "{}: checksums",
-                case.desc
-            );
-            checksums::assert_valid(&r.packet, udp_mode(&input), case.desc);
+            assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+            let p = seen(&r.packet, &what);
+            assert_eq!(p.src, from, "{what}");
+            assert_eq!(p.dst, input.dst, "{what}: destination must be kept");
             Some(p.src)
         }
-    }
-}
-
-/// The UDP checksum a rewrite of `input` must carry: none when the input had none.
-fn udp_mode(input: &lb_userspace::packet::Parsed) -> Udp {
-    if input.udp_checksum_zero {
-        Udp::None
-    } else {
-        Udp::Computed
     }
 }
 
@@ -157,197 +137,166 @@ fn the_independent_checksum_check_rejects_every_wrong_sum() {
     }
 }
 
+/// The same check over IPv6 (no root needed): a TCP, UDP and ICMPv6 frame as built pass,
+/// each with its checksum off by one bit fails, and so does a UDP checksum of 0 (which
+/// IPv6 does not allow).
+#[test]
+fn the_independent_checksum_check_rejects_every_wrong_ipv6_sum() {
+    let sa = |p: u16| SocketAddrV6::new(VIP6, p, 0, 0);
+    let tcp = Frame6::tcp(CLIENT6, sa(80), TCP_SYN, b"GET /").build();
+    let udp = Frame6::udp(CLIENT6, sa(53), b"query").build();
+    let icmp = Frame6::icmp(VIP6, *CLIENT6.ip(), 1, 4, [0; 4], &udp[14..62]).build();
+    seen(&tcp, "TCP as built");
+    seen(&udp, "UDP as built");
+    seen_icmp(&icmp, "ICMPv6 as built");
+    let flip = |frame: &[u8], at: usize| {
+        let mut f = frame.to_vec();
+        f[at] ^= 0x01;
+        f
+    };
+    let mut zero = udp.clone();
+    zero[60..62].copy_from_slice(&[0, 0]);
+    for (what, frame, icmp) in [
+        ("TCP", flip(&tcp, 71), false),
+        ("UDP", flip(&udp, 61), false),
+        ("UDP checksum 0", zero, false),
+        ("ICMPv6", flip(&icmp, 57), true),
+    ] {
+        let caught = std::panic::catch_unwind(|| {
+            if icmp {
+                seen_icmp(&frame, what);
+            } else {
+                seen(&frame, what);
+            }
+        });
+        assert!(caught.is_err(), "{what}: a wrong checksum went unnoticed");
+    }
+}
+
+/// New flows, their later packets and replies, a service without backends, in both
+/// families: each row's verdict and rewrite, and each verdict's reason counter and the web
+/// service's packet counter.
 #[test]
 fn rewrites_follow_the_table() {
-    let Some(mut dp) = setup() else {
-        return;
-    };
-    let vip80 = SocketAddrV4::new(VIP, 80);
-    let vip53 = SocketAddrV4::new(VIP, 53);
+    in_both_families(rewrites);
+}
 
-    // New flows: DNAT to a backend with valid checksums.
-    let syn = PacketBuilder::tcp(CLIENT, vip80).build();
-    let chosen = check(
-        &mut dp,
-        &Case {
+fn rewrites(f: &Family, dp: &mut LoadedDatapath) {
+    let (vip80, vip53) = (SocketAddr::new(f.vip, 80), SocketAddr::new(f.vip, 53));
+    let c = f.client(40000);
+    let first = [
+        Row {
             desc: "TCP SYN to ClusterIP → DNAT",
-            packet: syn.clone(),
+            packet: frame(false, c, vip80, TCP_SYN, b""),
             expect: Expect::Dnat { port: 8080 },
         },
-    )
-    .expect("backend");
-    let udp = PacketBuilder::udp(CLIENT, vip53).payload(b"query").build();
-    let udp_backend = check(
-        &mut dp,
-        &Case {
+        Row {
             desc: "UDP to ClusterIP → DNAT",
-            packet: udp,
+            packet: frame(true, c, vip53, 0, b"query"),
             expect: Expect::Dnat { port: 5353 },
         },
-    )
-    .expect("backend");
-
-    let table = later_packets(chosen, udp_backend);
-    for case in &table {
-        let got = check(&mut dp, case);
-        if case.desc.starts_with("later packet") {
-            assert_eq!(got, Some(chosen), "{}", case.desc);
+    ];
+    let chosen = check(f, dp, &first[0]).expect("backend");
+    let udp_backend = check(f, dp, &first[1]).expect("backend");
+    for row in later_packets(f, chosen, udp_backend) {
+        let got = check(f, dp, &row);
+        if row.desc.starts_with("later packet") {
+            assert_eq!(got, Some(chosen), "{}", f.row(row.desc));
         }
     }
-    let udp_zero = parse(&dp.run(&table[3].packet).expect("run").packet).expect("parses");
-
-    counted(&dp, udp_zero);
+    let zero_rows = u64::from(f.family == IpFamily::V4);
+    if zero_rows == 1 {
+        udp_without_checksum(dp);
+    }
+    counted(f, dp, zero_rows);
 }
 
 /// After the first TCP and UDP packets (to `chosen` and `udp_backend`): later packets,
 /// replies, a service without backends.
-fn later_packets(chosen: SocketAddrV4, udp_backend: SocketAddrV4) -> Vec<Case> {
-    let vip80 = SocketAddrV4::new(VIP, 80);
-    let vip53 = SocketAddrV4::new(VIP, 53);
+fn later_packets(f: &Family, chosen: SocketAddr, udp_backend: SocketAddr) -> Vec<Row> {
+    let (vip80, vip53) = (SocketAddr::new(f.vip, 80), SocketAddr::new(f.vip, 53));
+    let (c, empty) = (f.client(40000), SocketAddr::new(f.empty, 80));
     vec![
-        Case {
+        Row {
             desc: "later packet of the TCP flow keeps its backend",
-            packet: PacketBuilder::tcp(CLIENT, vip80)
-                .flags(TCP_ACK)
-                .payload(b"GET /")
-                .build(),
+            packet: frame(false, c, vip80, TCP_ACK, b"GET /"),
             expect: Expect::Dnat { port: 8080 },
         },
-        Case {
+        Row {
             desc: "reply from the backend → source is the ClusterIP again",
-            packet: PacketBuilder::tcp(chosen, CLIENT)
-                .flags(TCP_ACK)
-                .payload(b"200 OK")
-                .build(),
+            packet: frame(false, chosen, c, TCP_ACK, b"200 OK"),
             expect: Expect::ReverseNat { from: vip80 },
         },
-        Case {
+        Row {
             desc: "UDP reply → source is the ClusterIP again",
-            packet: PacketBuilder::udp(udp_backend, CLIENT)
-                .payload(b"answer")
-                .build(),
+            packet: frame(true, udp_backend, c, 0, b"answer"),
             expect: Expect::ReverseNat { from: vip53 },
         },
-        Case {
-            desc: "UDP without checksum: rewritten, checksum stays 0",
-            packet: PacketBuilder::udp(SocketAddrV4::new(*CLIENT.ip(), 40001), vip53)
-                .without_udp_checksum()
-                .build(),
-            expect: Expect::Dnat { port: 5353 },
-        },
-        Case {
+        Row {
             desc: "service without backends → refused (RST back to the client)",
-            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80)).build(),
+            packet: frame(false, c, empty, TCP_SYN, b""),
             expect: Expect::Refused,
         },
-        Case {
+        Row {
             desc: "a RST to a service without backends is not answered → dropped",
-            packet: PacketBuilder::tcp(CLIENT, SocketAddrV4::new(EMPTY_VIP, 80))
-                .flags(0x04)
-                .build(),
+            packet: frame(false, c, empty, 0x04, b""),
             expect: Expect::Drop,
         },
     ]
 }
 
+/// IPv4 only (IPv6 has no UDP checksum of 0, RFC 8200 §8.1): a datagram without checksum is
+/// DNATed and its checksum stays 0, as a new flow and again as an established one.
+fn udp_without_checksum(dp: &mut LoadedDatapath) {
+    let packet = PacketBuilder::udp(
+        SocketAddrV4::new(*CLIENT.ip(), 40001),
+        SocketAddrV4::new(VIP, 53),
+    )
+    .without_udp_checksum()
+    .build();
+    for what in ["new", "established"] {
+        let what = format!("IPv4: UDP without checksum, {what}: rewritten, checksum stays 0");
+        let r = dp.run(&packet).expect("run");
+        assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+        let p = parse(&r.packet).unwrap_or_else(|| panic!("{what}: output does not parse"));
+        assert!(
+            BACKENDS.contains(p.dst.ip()) && p.dst.port() == 5353,
+            "{what}: {p:?}"
+        );
+        assert!(
+            p.udp_checksum_zero,
+            "{what}: a zero UDP checksum must stay zero"
+        );
+        checksums::assert_valid(&r.packet, Udp::None, &what);
+    }
+}
+
 /// Every verdict of [`rewrites_follow_the_table`] bumped its reason's counter, and the web
-/// service's packet counter.
-fn counted(dp: &LoadedDatapath, udp_zero: lb_userspace::packet::Parsed) {
-    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-    assert_eq!(counts["new_flow"], 3, "{counts:?}");
-    assert_eq!(counts["established"], 2, "{counts:?}");
+/// service's packet counter (`zero_rows`: 1 with the IPv4 rows of a UDP datagram without
+/// checksum, a new flow and an established packet more).
+fn counted(f: &Family, dp: &LoadedDatapath, zero_rows: u64) {
+    let counts = reason_counts(&dp.pins);
+    let what = f.name();
+    assert_eq!(counts["new_flow"], 2 + zero_rows, "{what}: {counts:?}");
+    assert_eq!(counts["established"], 1 + zero_rows, "{what}: {counts:?}");
     // Each reply twice: its destination side at ingress (nothing to restore: not SNATed),
     // its source at egress.
-    assert_eq!(counts["reply_in"], 2, "{counts:?}");
-    assert_eq!(counts["reverse_nat"], 2, "{counts:?}");
-    assert_eq!(counts["snat_out"], 0, "{counts:?}");
-    assert_eq!(counts["reject"], 1, "{counts:?}");
-    assert_eq!(counts["no_backend"], 1, "{counts:?}");
-    // At egress, every packet ingress passed on that has no source to restore: the 3 new
-    // flows and the 2 established packets (packets for no service: packets/families.rs).
-    assert_eq!(counts["pass"], 5, "{counts:?}");
-    let web = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
-    let web = web
+    assert_eq!(counts["reply_in"], 2, "{what}: {counts:?}");
+    assert_eq!(counts["reverse_nat"], 2, "{what}: {counts:?}");
+    assert_eq!(counts["snat_out"], 0, "{what}: {counts:?}");
+    assert_eq!(counts["reject"], 1, "{what}: {counts:?}");
+    assert_eq!(counts["no_backend"], 1, "{what}: {counts:?}");
+    // At egress, every packet ingress passed on that has no source to restore: the new
+    // flows and the established packets (packets for no service: packets/robust.rs).
+    assert_eq!(counts["pass"], 3 + 2 * zero_rows, "{what}: {counts:?}");
+    let services = lb_userspace::list::services(&xlb_tests::pins(&dp.pins)).expect("services");
+    let web = Family::tcp_frontend(f.vip, 80);
+    let web = services
         .iter()
-        .find(|r| r.frontend == "10.96.0.10:80/TCP")
-        .expect("web");
+        .find(|r| r.frontend == web)
+        .unwrap_or_else(|| panic!("{what}: {web} listed"));
     assert_eq!(
         web.packets, 3,
-        "SYN, later packet and reply of the web flow"
+        "{what}: SYN, later packet and reply of the web flow"
     );
-    assert!(
-        udp_zero.udp_checksum_zero,
-        "a zero UDP checksum must stay zero"
-    );
-}
-
-/// `frame` with 4 bytes of IP options (NOP, NOP, NOP, EOL) after its IPv4 header: IHL 6,
-/// total length and IPv4 checksum adjusted (the L4 checksum does not cover options).
-fn with_ip_options(frame: &[u8]) -> Vec<u8> {
-    let mut p = frame[..34].to_vec();
-    p.extend_from_slice(&[1, 1, 1, 0]);
-    p.extend_from_slice(&frame[34..]);
-    p[14] = 0x46;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24..26].copy_from_slice(&[0, 0]);
-    let c = lb_userspace::packet::checksum(&p[14..38], 0);
-    p[24..26].copy_from_slice(&c.to_be_bytes());
-    p
-}
-
-/// The frame with its IP options taken out again (for `parse`, which reads IHL 5 only).
-fn without_ip_options(frame: &[u8]) -> Vec<u8> {
-    assert_eq!(frame[14], 0x46, "options kept");
-    assert_eq!(
-        lb_userspace::packet::checksum(&frame[14..38], 0),
-        0,
-        "IPv4 checksum over the header with its options"
-    );
-    let mut p = frame[..34].to_vec();
-    p.extend_from_slice(&frame[38..]);
-    p[14] = 0x45;
-    let tot = u16::from_be_bytes([p[16], p[17]]) - 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24..26].copy_from_slice(&[0, 0]);
-    let c = lb_userspace::packet::checksum(&p[14..34], 0);
-    p[24..26].copy_from_slice(&c.to_be_bytes());
-    p
-}
-
-/// Packets with IP options cannot be read at the fixed offsets of the direct path: they go
-/// through the load/store and checksum helpers, with the same result.
-#[test]
-fn packets_with_ip_options_are_translated_through_the_helpers() {
-    let Some(mut dp) = setup() else {
-        return;
-    };
-    let vip80 = SocketAddrV4::new(VIP, 80);
-    let vip53 = SocketAddrV4::new(VIP, 53);
-    let run = |dp: &mut LoadedDatapath, frame: &[u8]| {
-        let r = dp.run(&with_ip_options(frame)).expect("run");
-        assert_eq!(r.verdict, TC_ACT_OK);
-        parse(&without_ip_options(&r.packet)).expect("parses")
-    };
-    let syn = run(&mut dp, &PacketBuilder::tcp(CLIENT, vip80).build());
-    assert!(BACKENDS.contains(syn.dst.ip()) && syn.dst.port() == 8080);
-    assert!(syn.l4_checksum_ok, "TCP checksum after DNAT");
-    let reply = run(
-        &mut dp,
-        &PacketBuilder::tcp(syn.dst, CLIENT)
-            .flags(TCP_ACK)
-            .payload(b"hi")
-            .build(),
-    );
-    assert_eq!((reply.src, reply.dst), (vip80, CLIENT));
-    assert!(reply.l4_checksum_ok, "TCP checksum after reverse NAT");
-    let udp = run(
-        &mut dp,
-        &PacketBuilder::udp(CLIENT, vip53).payload(b"odd").build(),
-    );
-    assert!(BACKENDS.contains(udp.dst.ip()) && udp.dst.port() == 5353);
-    assert!(udp.l4_checksum_ok && !udp.udp_checksum_zero, "UDP checksum");
-    let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-    assert_eq!(counts["new_flow"], 2, "{counts:?}");
-    assert_eq!(counts["reverse_nat"], 1, "{counts:?}");
 }

@@ -3,27 +3,19 @@
 //! but no address) checked by an independent implementation (the `crc32c` crate); refusal
 //! without endpoints as kube-proxy's REJECT.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use etherparse::{IpNumber, Ipv4Header, Ipv6Header, SlicedPacket};
 use lb_userspace::source::file;
 use xlb_tests::datapath::{LoadedDatapath, reason_counts};
 use xlb_tests::services::{service_yaml, service6_yaml};
 use xlb_tests::suites::packets::{
-    BACKENDS, CLIENT, EMPTY_VIP, TC_ACT_OK, TC_ACT_REDIRECT, VIP, base_services, setup,
+    BACKENDS, BACKENDS6, EMPTY_VIP, EMPTY6, FAMILIES, IcmpError, TC_ACT_OK, TC_ACT_REDIRECT, VIP,
+    VIP6, base_services, seen_icmp, services6, setup,
 };
 
 const SIG_PORT: u16 = 38412;
 const SIG_TARGET: u16 = 9999;
-
-const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x38);
-const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, 0x39);
-const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
-const BACKENDS6: [Ipv6Addr; 3] = [
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 2),
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 2),
-    Ipv6Addr::new(0xfd00, 0x10, 0x244, 4, 0, 0, 0, 2),
-];
 
 const DATA: u8 = 0;
 const INIT: u8 = 1;
@@ -34,34 +26,6 @@ const SHUTDOWN_ACK: u8 = 8;
 const COOKIE_ECHO: u8 = 10;
 const COOKIE_ACK: u8 = 11;
 const SHUTDOWN_COMPLETE: u8 = 14;
-
-/// One family's addresses in the table.
-struct Family {
-    name: &'static str,
-    vip: IpAddr,
-    empty: IpAddr,
-    client: IpAddr,
-    backends: Vec<IpAddr>,
-}
-
-fn families() -> [Family; 2] {
-    [
-        Family {
-            name: "IPv4",
-            vip: VIP.into(),
-            empty: EMPTY_VIP.into(),
-            client: (*CLIENT.ip()).into(),
-            backends: BACKENDS.iter().map(|b| (*b).into()).collect(),
-        },
-        Family {
-            name: "IPv6",
-            vip: VIP6.into(),
-            empty: EMPTY6.into(),
-            client: CLIENT6.into(),
-            backends: BACKENDS6.iter().map(|b| (*b).into()).collect(),
-        },
-    ]
-}
 
 /// An SCTP packet with one chunk of `kind` (a body of `body` bytes) in Ethernet and IP,
 /// its checksum computed.
@@ -162,11 +126,13 @@ fn seen(frame: &[u8], what: &str) -> Seen {
     }
 }
 
-/// The packet tables' services, an SCTP Service on three backends and one on none in each
-/// family; SCTP is served (no error for it).
+/// The packet tables' services of both families, and in each family an SCTP Service on the
+/// frontend's address with three backends and one on the empty frontend's with none; SCTP
+/// is served (no error for it).
 fn with_sctp() -> Option<LoadedDatapath> {
     let mut dp = setup()?;
     let yaml = base_services()
+        + &services6()
         + &service_yaml("sig", VIP, SIG_PORT, "SCTP", SIG_TARGET, &BACKENDS)
         + &service_yaml("sig-empty", EMPTY_VIP, SIG_PORT, "SCTP", SIG_TARGET, &[])
         + &service6_yaml("sig6", VIP6, SIG_PORT, "SCTP", SIG_TARGET, &BACKENDS6)
@@ -196,8 +162,8 @@ fn sctp_associations_are_translated_both_ways_with_their_checksums_right() {
     let Some(mut dp) = with_sctp() else {
         return;
     };
-    for (i, fam) in families().iter().enumerate() {
-        let name = fam.name;
+    for (i, fam) in FAMILIES.iter().enumerate() {
+        let name = fam.name();
         let sig = SocketAddr::new(fam.vip, SIG_PORT);
         let client = SocketAddr::new(fam.client, 47000);
         let before = reason_counts(&dp.pins);
@@ -290,45 +256,20 @@ fn sctp_without_endpoints_is_refused_and_other_ports_pass_untouched() {
     let Some(mut dp) = with_sctp() else {
         return;
     };
-    for fam in families() {
-        let name = fam.name;
+    for fam in FAMILIES {
+        let name = fam.name();
         let client = SocketAddr::new(fam.client, 47200);
         // As kube-proxy's REJECT: ICMP port unreachable from the frontend.
         let init = frame(client, SocketAddr::new(fam.empty, SIG_PORT), 0, INIT, 16);
         let r = dp.run_ingress(&init).expect("run");
         assert_eq!(r.verdict, TC_ACT_REDIRECT, "{name}: refused");
-        let sliced = SlicedPacket::from_ethernet(&r.packet).expect("parses");
-        let (src, dst, icmp): (IpAddr, IpAddr, &[u8]) = match sliced.net.expect("ip") {
-            etherparse::NetSlice::Ipv4(v4) => {
-                assert_eq!(v4.header().protocol(), IpNumber::ICMP);
-                let icmp = v4.payload().payload;
-                (
-                    v4.header().source_addr().into(),
-                    v4.header().destination_addr().into(),
-                    icmp,
-                )
-            }
-            etherparse::NetSlice::Ipv6(v6) => {
-                assert_eq!(v6.header().next_header(), IpNumber::IPV6_ICMP);
-                let icmp = v6.payload().payload;
-                (
-                    v6.header().source_addr().into(),
-                    v6.header().destination_addr().into(),
-                    icmp,
-                )
-            }
-            other => panic!("{other:?}"),
-        };
-        assert_eq!((src, dst), (fam.empty, fam.client), "{name}");
-        let unreachable = if fam.vip.is_ipv4() { (3, 3) } else { (1, 4) };
-        assert_eq!((icmp[0], icmp[1]), unreachable, "{name}: port unreachable");
+        let m = seen_icmp(&r.packet, &format!("{name}: refused"));
+        assert_eq!((m.src, m.dst), (fam.empty, fam.client), "{name}");
+        assert_eq!(m.kind, fam.port_unreachable, "{name}: port unreachable");
+        assert_eq!(m.quote, fam.quote(&init), "{name}: quotes the INIT as sent");
 
         // An SCTP port the service does not have, and an address no service has.
-        let elsewhere = if fam.vip.is_ipv4() {
-            IpAddr::V4(Ipv4Addr::new(10, 244, 9, 9))
-        } else {
-            IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, 9))
-        };
+        let elsewhere = fam.stranger(9);
         for to in [
             SocketAddr::new(fam.vip, SIG_PORT + 1),
             SocketAddr::new(elsewhere, SIG_PORT),
@@ -350,8 +291,8 @@ fn icmp_errors_quoting_an_sctp_flow_are_translated_both_ways() {
     let Some(mut dp) = with_sctp() else {
         return;
     };
-    for fam in families() {
-        let name = fam.name;
+    for fam in FAMILIES {
+        let name = fam.name();
         let client = SocketAddr::new(fam.client, 47300);
         let vip = SocketAddr::new(fam.vip, SIG_PORT);
         let init = frame(client, vip, 0, INIT, 16);
@@ -364,49 +305,18 @@ fn icmp_errors_quoting_an_sctp_flow_are_translated_both_ways() {
             sent.dst
         );
         let backend = sent.dst.ip();
-        let error = match (backend, fam.client) {
-            (IpAddr::V4(b), IpAddr::V4(c)) => {
-                lb_userspace::trace::packet::icmp_error(b, c, 3, 3, 0, &r.packet[14..42])
-            }
-            (IpAddr::V6(b), IpAddr::V6(c)) => {
-                xlb_tests::frame6::Frame6::icmp(b, c, 1, 4, [0; 4], &r.packet[14..62]).build()
-            }
-            _ => panic!("{name}: mixed families"),
-        };
+        let quote = fam.quote(&r.packet);
+        let error = fam.icmp_error(backend, fam.client, IcmpError::PortUnreachable, quote);
         let before = reason_counts(&dp.pins)["icmp_xlate"];
         let out = dp.run(&error).expect("run");
         assert_eq!(out.verdict, TC_ACT_OK, "{name}: ICMP error");
-        let (src, dst, inner_src, inner_dst) = match (fam.client, fam.vip) {
-            (IpAddr::V4(_), IpAddr::V4(_)) => {
-                let p = lb_userspace::trace::packet::parse_icmp(&out.packet)
-                    .unwrap_or_else(|| panic!("{name}: no ICMP error"));
-                assert!(p.checksums_ok, "{name}: checksums {p:?}");
-                (
-                    IpAddr::V4(p.src),
-                    IpAddr::V4(p.dst),
-                    SocketAddr::V4(p.inner_src),
-                    SocketAddr::V4(p.inner_dst),
-                )
-            }
-            _ => {
-                let m = xlb_tests::frame6::seen_icmp6(&out.packet, name);
-                let b = &m.body;
-                let addr = |o: usize| {
-                    let mut a = [0u8; 16];
-                    a.copy_from_slice(&b[o..o + 16]);
-                    IpAddr::V6(Ipv6Addr::from(a))
-                };
-                let port = |o: usize| u16::from_be_bytes([b[o], b[o + 1]]);
-                (
-                    IpAddr::V6(m.src),
-                    IpAddr::V6(m.dst),
-                    SocketAddr::new(addr(8), port(40)),
-                    SocketAddr::new(addr(24), port(42)),
-                )
-            }
-        };
-        assert_eq!((src, dst), (fam.vip, fam.client), "{name}: outer");
-        assert_eq!((inner_src, inner_dst), (client, vip), "{name}: quote");
+        let m = seen_icmp(&out.packet, &format!("{name}: ICMP error"));
+        assert_eq!((m.src, m.dst), (fam.vip, fam.client), "{name}: outer");
+        assert_eq!(
+            m.quote,
+            fam.quote(&init),
+            "{name}: quotes the INIT as the client sent it"
+        );
         // Each hook translates its side (ingress the destination's, egress the source's).
         assert_eq!(
             reason_counts(&dp.pins)["icmp_xlate"],

@@ -7,6 +7,5 @@
 //! node1's underlay `10.0.0.1/24` on a veth (peer in the same namespace) with MTU 1280, and node2's pods
 //! (10.245.0.0/16) behind `10.0.0.2`.
 
-mod snat_reuse;
 mod tc;
 mod xdp;

@@ -115,7 +115,7 @@ fn north_south_rewrites_follow_the_table() {
     if !require_root() {
         return;
     }
-    on_node1("xpn", SNAT_MAX, run_table);
+    on_node1("xpn", run_table);
 }
 
 fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
@@ -345,7 +345,7 @@ fn ingress_rewrites_destinations_and_egress_sources() {
     if !require_root() {
         return;
     }
-    on_node1("xps", SNAT_MAX, split_table);
+    on_node1("xps", split_table);
 }
 
 /// One step of [`split_table`]: `hook` run on `packet` must leave `src` → `dst` (a `src`

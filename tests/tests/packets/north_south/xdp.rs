@@ -23,7 +23,7 @@ fn xdp_rewrites_follow_the_table() {
     if !require_root() {
         return;
     }
-    on_node1("xpx", SNAT_MAX, run_xdp_table);
+    on_node1("xpx", run_xdp_table);
 }
 
 fn run_xdp_table(dp: &mut LoadedDatapath, ifindex: u32) {

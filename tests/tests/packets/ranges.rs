@@ -9,13 +9,13 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
 
-use super::frame6::{Frame6, TCP_SYN, seen6};
-use super::{TC_ACT_OK, TC_ACT_SHOT};
 use lb_userspace::{
     desired::{self, Limits, NodeContext},
     packet::PacketBuilder,
     reconcile::Ids,
 };
+use xlb_tests::frame6::{Frame6, TCP_SYN, seen6};
+use xlb_tests::suites::packets::{TC_ACT_OK, TC_ACT_SHOT};
 use xlb_tests::{
     datapath::{LoadedDatapath, reason_counts},
     require_root, unique_tag,
