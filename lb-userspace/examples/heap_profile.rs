@@ -69,7 +69,9 @@ fn main() -> anyhow::Result<()> {
     let loaded = file::parse("services.yaml", &text)?;
     drop(text);
     s.step("model parsed (text dropped)");
-    let model = loaded.model;
+    let mut model = loaded.model;
+    model.compact();
+    s.step("model compacted (as the agent takes it)");
     let digest = Digest::of(&model);
     s.step("file source's digest");
     let node = NodeContext::new("node1", &[], false);

@@ -434,6 +434,7 @@ impl State {
                     self.ready = true;
                     self.full = true;
                     self.model = loaded.model;
+                    self.model.compact();
                     self.queued.0 += self.model.services.len() as u64;
                     self.queued.1 += self
                         .model
