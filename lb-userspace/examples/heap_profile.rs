@@ -85,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     engine.full(&model, &node, &mut ids, limits);
     s.step("Incremental::full");
     engine.compact();
+    ids.compact();
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
     s.step("compacted, trimmed (steady state)");

@@ -230,9 +230,23 @@ pub struct Service {
 }
 
 /// An object's `metadata.uid` (a UUID the API server assigns), in 16 bytes rather than
-/// its 36-character text.
+/// its 36-character text (two halves, high first: a `u128` would align the Service to 16
+/// bytes and its `Option` take 32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Uid(pub u128);
+pub struct Uid([u64; 2]);
+
+impl From<u128> for Uid {
+    fn from(v: u128) -> Self {
+        Uid([(v >> 64) as u64, v as u64])
+    }
+}
+
+impl Uid {
+    /// Its 128 bits.
+    pub fn value(self) -> u128 {
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
+}
 
 impl Uid {
     /// The UUID text (`8-4-4-4-12` hex digits, either case); none for anything else.
@@ -246,13 +260,15 @@ impl Uid {
         {
             return None;
         }
-        u128::from_str_radix(&groups.concat(), 16).ok().map(Uid)
+        u128::from_str_radix(&groups.concat(), 16)
+            .ok()
+            .map(Uid::from)
     }
 }
 
 impl fmt::Display for Uid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let h = format!("{:032x}", self.0);
+        let h = format!("{:032x}", self.value());
         write!(
             f,
             "{}-{}-{}-{}-{}",

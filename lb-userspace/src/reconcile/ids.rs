@@ -203,6 +203,21 @@ impl BackendIndex {
         Some(id)
     }
 
+    /// Gives back the array's room past the highest index handed out.
+    fn shrink_to_fit(&mut self) {
+        let used = self
+            .by_index
+            .iter()
+            .rposition(|b| b.generation != 0)
+            .map_or(0, |i| i + 1);
+        self.by_index.truncate(used);
+        self.by_index.shrink_to_fit();
+        let (by_index, hasher) = (&self.by_index, &self.hasher);
+        self.table.shrink_to_fit(|id| {
+            std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]))
+        });
+    }
+
     /// Keeps the indices `keep` says to (given the backend, with its generation, and its
     /// index); returns the others, in backend order.
     fn retain(&mut self, mut keep: impl FnMut(&Backend, u32) -> bool) -> Vec<(Backend, u32)> {
@@ -310,6 +325,13 @@ impl Ids {
         } else if self.filter_live.remove(&bit) {
             self.filter_retired.insert(bit, self.now);
         }
+    }
+
+    /// Gives back the room the backend index grew past what it holds (the agent does it
+    /// after a full sync, as [`crate::reconcile::Incremental::compact`]).
+    pub fn compact(&mut self) {
+        self.backend.shrink_to_fit();
+        self.svc.shrink_to_fit();
     }
 
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
