@@ -227,7 +227,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     if let Some(s) = &opts.shadow {
         return shadow::run(opts, s, stop);
     }
-    memory::fixed_mmap_threshold();
+    memory::heap_settings();
     let mut agent = running::Running::start(opts)?;
     while !stop.load(Ordering::Relaxed) {
         agent.turn()?;
