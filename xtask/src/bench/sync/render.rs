@@ -371,19 +371,18 @@ fn agent_targets(colds: &[Cold], agents: &[AgentIdle]) -> String {
          malloc_trim after a full sync; the desired backends and names as arrays indexed by backend and \
          service index, the backend index as an array by index and a hash table of 4 B indices, the \
          frontend index and the filter reference counts as hash maps; the embedded eBPF object's pages \
-         dropped once it is loaded. Where it goes (`lb-userspace/examples/heap_profile.rs`: the bench's \
+         dropped once it is loaded; one malloc arena for every thread. Where it goes (`lb-userspace/examples/heap_profile.rs`: the bench's \
          services parsed as the file source parses them, `Incremental::full`, each part dropped in turn, \
          glibc's mallinfo2; 10,000 × 10): 30.8 MiB of live heap (model 9.9, 18.3 before; the file \
          source's digest 1.1; desired state 10.6: the 110,000 service-map entries' B-tree about 5, the \
          backends' array 4, the names 1.4; indices 4.8, 6.3 before: the backend array 3.2; bookkeeping \
-         3.6), 5.4 MiB of free heap among live blocks; in the agent 12 MiB of file-backed pages (8.3 the \
-         binary's code) and about 11 MiB above the live heap that glibc holds free (the file source \
-         thread's heap, where the parse runs, 13.6 MiB resident for 10.6 of model and digest). What \
-         would close it (about 16 MiB): the service-map entries as a frontend's entry and its slots' \
+         3.6), 5.4 MiB of free heap among live blocks; in the agent 10.6 MiB of file-backed pages (7.1 the \
+         binary's code) and 6.7 MiB that glibc holds free among live blocks. What would close it \
+         (about 10 MiB): the service-map entries as a frontend's entry and its slots' \
          backend indices in a small vector (4 B a slot instead of a 40 B B-tree entry: about 4 MiB), the \
          backend index looking backends up in the desired backends' array (one copy: 3 MiB; a full \
-         computation must then keep the state it replaces until it is done), the parse and the model in \
-         an arena of their own (so the ~10 MiB glibc holds free among live blocks goes), the per-service \
+         computation must then keep the state it replaces until it is done), the parse's temporaries in \
+         an arena of their own (so the ~6 MiB glibc holds free among live blocks goes), the per-service \
          bookkeeping (3.6 MiB: placed frontends, the owners' object-name strings) as arrays by service \
          index, and the model's Service (a 232 B B-tree entry, five vectors mostly empty) smaller. At \
          100,000 × 2 the same profile: live 153.8 MiB (model 74.8, bookkeeping 29.3, desired state 22.9, \
