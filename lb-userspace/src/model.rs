@@ -414,7 +414,7 @@ impl Model {
 
     /// Rebuilds the B-trees from their sorted entries: filled one insert at a time (a parse,
     /// a list: names come in no order) their nodes are a quarter to a half empty, built from
-    /// sorted entries full (at 10,000 services about 1.5 MiB less).
+    /// sorted entries full (at 10,000 × 10 about 2.5 MiB less).
     pub fn compact(&mut self) {
         self.services = std::mem::take(&mut self.services).into_iter().collect();
         self.slices = std::mem::take(&mut self.slices).into_iter().collect();
