@@ -9,12 +9,20 @@ pub mod name;
 pub mod node;
 pub mod proxy;
 pub mod select;
+pub mod slices;
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
 
 pub use cidr::{Cidr, parse_ip};
+use name::Interner;
 pub use name::{Name, intern};
 pub use node::{IpFamily, LocalDetector, NodeSettings};
+pub use slices::Slices;
 
 /// `namespace/name` of a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -222,9 +230,23 @@ pub struct Service {
 }
 
 /// An object's `metadata.uid` (a UUID the API server assigns), in 16 bytes rather than
-/// its 36-character text.
+/// its 36-character text (two halves, high first: a `u128` would align the Service to 16
+/// bytes and its `Option` take 32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Uid(pub u128);
+pub struct Uid([u64; 2]);
+
+impl From<u128> for Uid {
+    fn from(v: u128) -> Self {
+        Uid([(v >> 64) as u64, v as u64])
+    }
+}
+
+impl Uid {
+    /// Its 128 bits.
+    pub fn value(self) -> u128 {
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
+}
 
 impl Uid {
     /// The UUID text (`8-4-4-4-12` hex digits, either case); none for anything else.
@@ -238,13 +260,15 @@ impl Uid {
         {
             return None;
         }
-        u128::from_str_radix(&groups.concat(), 16).ok().map(Uid)
+        u128::from_str_radix(&groups.concat(), 16)
+            .ok()
+            .map(Uid::from)
     }
 }
 
 impl fmt::Display for Uid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let h = format!("{:032x}", self.0);
+        let h = format!("{:032x}", self.value());
         write!(
             f,
             "{}-{}-{}-{}-{}",
@@ -257,8 +281,8 @@ impl fmt::Display for Uid {
     }
 }
 
-/// An endpoint of a slice with kube-proxy's conditions: compact (its address, flags and
-/// shared names; no string of its own).
+/// An endpoint of a slice with kube-proxy's conditions: compact (32 bytes: its address,
+/// flags and a shared topology; no string or allocation of its own).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// The first of its addresses of the slice's family (the one kube-proxy uses).
@@ -266,10 +290,32 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
+    /// Its node, zone and hints, one copy shared by every endpoint with the same ones (a
+    /// node's endpoints); none when none is set.
+    pub topology: Option<Arc<Topology>>,
+}
+
+/// Where an endpoint runs (`nodeName`, `zone`) and its `hints`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Topology {
     pub node_name: Option<Name>,
     pub zone: Option<Name>,
-    /// Its topology hints; boxed, as most endpoints have none (8 bytes instead of 48).
-    pub hints: Option<Box<Hints>>,
+    pub hints: Hints,
+}
+
+/// The shared topologies (as names are shared: [`intern`]).
+static TOPOLOGIES: Mutex<Option<Interner<Topology>>> = Mutex::new(None);
+
+impl Topology {
+    /// The one shared copy of this topology; none when nothing is set.
+    pub fn shared(self) -> Option<Arc<Topology>> {
+        if self == Topology::default() {
+            return None;
+        }
+        let mut guard = TOPOLOGIES.lock().unwrap_or_else(|e| e.into_inner());
+        let table = guard.get_or_insert_with(Interner::new);
+        Some(table.get(&self, || Arc::new(self.clone())))
+    }
 }
 
 /// An endpoint's `hints`.
@@ -281,22 +327,25 @@ pub struct Hints {
     pub nodes: Vec<Name>,
 }
 
-impl Hints {
-    /// The hints to keep: none when both lists are empty.
-    pub fn boxed(zones: Vec<Name>, nodes: Vec<Name>) -> Option<Box<Hints>> {
-        (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(Hints { zones, nodes }))
-    }
-}
-
 impl Endpoint {
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&Name> {
+        self.topology.as_ref().and_then(|t| t.node_name.as_ref())
+    }
+
+    /// `zone`.
+    pub fn zone(&self) -> Option<&Name> {
+        self.topology.as_ref().and_then(|t| t.zone.as_ref())
+    }
+
     /// `hints.forZones[].name`.
     pub fn zone_hints(&self) -> &[Name] {
-        self.hints.as_ref().map_or(&[], |h| &h.zones)
+        self.topology.as_ref().map_or(&[], |t| &t.hints.zones)
     }
 
     /// `hints.forNodes[].name`.
     pub fn node_hints(&self) -> &[Name] {
-        self.hints.as_ref().map_or(&[], |h| &h.nodes)
+        self.topology.as_ref().map_or(&[], |t| &t.hints.nodes)
     }
 }
 
@@ -307,12 +356,12 @@ impl Default for Endpoint {
             ready: false,
             serving: false,
             terminating: false,
-            node_name: None,
-            zone: None,
-            hints: None,
+            topology: None,
         }
     }
 }
+
+const _: () = assert!(std::mem::size_of::<Endpoint>() == 32);
 
 /// A named port of an EndpointSlice.
 #[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
@@ -353,9 +402,8 @@ impl fmt::Display for BackendAddr {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
     pub services: BTreeMap<ServiceRef, Service>,
-    /// Slices by service, then by slice name.
-    /// (Boxed: a service has one or a few slices, and a B-tree node holds room for 11.)
-    pub slices: BTreeMap<ServiceRef, BTreeMap<Name, Box<EndpointSlice>>>,
+    /// Slices by service, each service's by slice name.
+    pub slices: BTreeMap<ServiceRef, Slices>,
 }
 
 impl Model {
@@ -364,12 +412,20 @@ impl Model {
         self.services.insert(svc.id.clone(), svc);
     }
 
+    /// Rebuilds the B-trees from their sorted entries: filled one insert at a time (a parse,
+    /// a list: names come in no order) their nodes are a quarter to a half empty, built from
+    /// sorted entries full (at 10,000 × 10 about 2.5 MiB less).
+    pub fn compact(&mut self) {
+        self.services = std::mem::take(&mut self.services).into_iter().collect();
+        self.slices = std::mem::take(&mut self.slices).into_iter().collect();
+    }
+
     /// Adds or replaces a slice.
     pub fn upsert_slice(&mut self, slice: EndpointSlice) {
         self.slices
             .entry(slice.service.clone())
             .or_default()
-            .insert(slice.name.clone(), Box::new(slice));
+            .insert(slice);
     }
 
     /// The backends that new connections to `port` of `svc` may use, deduplicated and in
@@ -445,8 +501,6 @@ mod tests {
             ready,
             serving,
             terminating,
-            node_name: None,
-            zone: None,
             ..Default::default()
         }
     }

@@ -227,7 +227,7 @@ pub fn run(opts: &AgentOptions, stop: &AtomicBool) -> Result<(), AgentError> {
     if let Some(s) = &opts.shadow {
         return shadow::run(opts, s, stop);
     }
-    memory::fixed_mmap_threshold();
+    memory::heap_settings();
     let mut agent = running::Running::start(opts)?;
     while !stop.load(Ordering::Relaxed) {
         agent.turn()?;
@@ -434,6 +434,7 @@ impl State {
                     self.ready = true;
                     self.full = true;
                     self.model = loaded.model;
+                    self.model.compact();
                     self.queued.0 += self.model.services.len() as u64;
                     self.queued.1 += self
                         .model

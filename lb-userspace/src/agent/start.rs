@@ -44,6 +44,7 @@ pub(super) struct Started {
 pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<Started, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
+    super::memory::drop_object_pages(EBPF_OBJECT);
     let pins = Pins::open(&opts.bpffs)?;
     // Before this agent's programs replace an earlier one's (see `datapath::ct_egress`).
     super::backfill_egress(&pins);

@@ -223,7 +223,7 @@ mod tests {
                 lasted: Duration::from_secs(95),
             },
         ];
-        let uid = Uid(7);
+        let uid = Uid::from(7);
         let n = notices(&t, |s| (s.name.as_ref() == "web").then_some(uid));
         let shown: Vec<(&str, bool, &str, &str, Option<Uid>)> = n
             .iter()

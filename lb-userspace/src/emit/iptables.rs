@@ -24,7 +24,7 @@ use super::{
     rules::{self, Jump, Payload, Table, comment, commented, dest_match, with_target},
 };
 use crate::model::{
-    EndpointSlice, IpFamily, Model, NodeSettings, Service, ServiceRef,
+    IpFamily, Model, NodeSettings, Service, ServiceRef, Slices,
     select::{self, EndpointView, PortView},
 };
 
@@ -710,10 +710,7 @@ pub fn emit(model: &Model, node: &NodeSettings, opts: &WriterOptions) -> Payload
 }
 
 /// What kube-proxy remembers of a service between syncs, to tell whether it changed.
-type Snapshot = (
-    Option<Service>,
-    Option<BTreeMap<crate::model::Name, Box<EndpointSlice>>>,
-);
+type Snapshot = (Option<Service>, Option<Slices>);
 
 /// Options of one [`IptablesProxier::sync`].
 #[derive(Clone, Copy, Debug, Default)]

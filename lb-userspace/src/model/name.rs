@@ -5,38 +5,59 @@
 
 use std::{
     collections::HashSet,
+    hash::Hash,
     sync::{Arc, Mutex},
 };
 
 /// A shared, immutable name (compares, orders and hashes as its text).
 pub type Name = Arc<str>;
 
-struct Table {
-    names: HashSet<Arc<str>>,
+/// Shared copies of values: [`Interner::get`] hands out the one copy of a value; copies
+/// nothing else holds any more are dropped when the table has doubled since the last sweep,
+/// so it never outgrows what is held.
+pub(crate) struct Interner<T: ?Sized> {
+    held: HashSet<Arc<T>>,
     /// The table's size after the last sweep.
     swept: usize,
 }
 
-static TABLE: Mutex<Option<Table>> = Mutex::new(None);
+impl<T: ?Sized + Hash + Eq> Interner<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            held: HashSet::new(),
+            swept: 0,
+        }
+    }
+
+    /// The shared copy of `v` (`make` makes one when there is none).
+    pub(crate) fn get(&mut self, v: &T, make: impl FnOnce() -> Arc<T>) -> Arc<T> {
+        if let Some(n) = self.held.get(v) {
+            return n.clone();
+        }
+        if self.held.len() >= 2 * self.swept.max(1024) {
+            // Only the table holds these.
+            self.held.retain(|n| Arc::strong_count(n) > 1);
+            self.swept = self.held.len();
+        }
+        let n = make();
+        self.held.insert(n.clone());
+        n
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.held.len()
+    }
+}
+
+static TABLE: Mutex<Option<Interner<str>>> = Mutex::new(None);
 
 /// The shared copy of `s`.
 pub fn intern(s: &str) -> Name {
     let mut guard = TABLE.lock().unwrap_or_else(|e| e.into_inner());
-    let t = guard.get_or_insert_with(|| Table {
-        names: HashSet::new(),
-        swept: 0,
-    });
-    if let Some(n) = t.names.get(s) {
-        return n.clone();
-    }
-    if t.names.len() >= 2 * t.swept.max(1024) {
-        // Only the table holds these.
-        t.names.retain(|n| Arc::strong_count(n) > 1);
-        t.swept = t.names.len();
-    }
-    let n: Name = Arc::from(s);
-    t.names.insert(n.clone());
-    n
+    guard
+        .get_or_insert_with(Interner::new)
+        .get(s, || Arc::from(s))
 }
 
 #[cfg(test)]
@@ -58,7 +79,7 @@ mod tests {
         }
         let len = TABLE
             .lock()
-            .map(|t| t.as_ref().map_or(0, |t| t.names.len()))
+            .map(|t| t.as_ref().map_or(0, |t| t.len()))
             .unwrap_or(usize::MAX);
         assert!(len < 6000, "{len}");
     }

@@ -76,7 +76,7 @@ pub fn port_endpoints(
                 ready: ep.ready,
                 serving: ep.serving,
                 terminating: ep.terminating,
-                local: matches!((node_name, ep.node_name.as_deref()), (Some(n), Some(e)) if !n.is_empty() && n == e),
+                local: matches!((node_name, ep.node_name().map(|n| &**n)), (Some(n), Some(e)) if !n.is_empty() && n == e),
                 zone_hints: ep.zone_hints().to_vec(),
                 node_hints: ep.node_hints().to_vec(),
             };

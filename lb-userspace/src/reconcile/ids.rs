@@ -16,6 +16,7 @@ use std::{
 };
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use hashbrown::HashTable;
 use lb_common::{Backend, SvcKey};
 
 use std::sync::Arc;
@@ -100,8 +101,7 @@ impl Pool {
 #[derive(Clone, Debug)]
 pub struct Ids {
     svc: HashMap<SvcKey, u32>,
-    /// Backend (generation 0) → (index, generation).
-    backend: HashMap<Backend, (u32, u32)>,
+    backend: BackendIndex,
     svc_pool: Pool,
     backend_pool: Pool,
     /// The last generation handed out.
@@ -121,7 +121,7 @@ impl Default for Ids {
     fn default() -> Self {
         Self {
             svc: HashMap::new(),
-            backend: HashMap::new(),
+            backend: BackendIndex::default(),
             svc_pool: Pool::default(),
             backend_pool: Pool::default(),
             generation: 0,
@@ -142,6 +142,101 @@ fn identity(be: &Backend) -> Backend {
     }
 }
 
+/// The backend indices handed out: an array indexed by backend index (its backend and
+/// generation, 32 bytes) and a hash table of indices (4 bytes each) to find a backend's,
+/// instead of a hash map keyed by the whole backend (40 bytes and its slack per entry).
+#[derive(Clone, Debug, Default)]
+struct BackendIndex {
+    /// Index → its backend, with the generation it was handed out with (0: none).
+    by_index: Vec<Backend>,
+    /// The indices handed out, hashed by their backend (without its generation).
+    table: HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl BackendIndex {
+    fn hash(&self, be: &Backend) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, identity(be))
+    }
+
+    fn at(&self, id: u32) -> Option<&Backend> {
+        self.by_index.get(id as usize).filter(|b| b.generation != 0)
+    }
+
+    /// The index and generation of `be` (its generation ignored).
+    fn get(&self, be: &Backend) -> Option<(u32, u32)> {
+        let be = identity(be);
+        let at = |id: &u32| self.at(*id).is_some_and(|b| identity(b) == be);
+        let id = *self.table.find(self.hash(&be), at)?;
+        self.at(id).map(|b| (id, b.generation))
+    }
+
+    /// Hands `id` with `generation` (not 0) to `be`, which holds no index.
+    fn insert(&mut self, be: &Backend, id: u32, generation: u32) {
+        let i = id as usize;
+        if self.by_index.len() <= i {
+            self.by_index.resize(i + 1, Backend::default());
+        }
+        self.by_index[i] = Backend {
+            generation,
+            ..identity(be)
+        };
+        let hash = self.hash(be);
+        let (by_index, hasher) = (&self.by_index, &self.hasher);
+        let rehash =
+            |id: &u32| std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]));
+        self.table.insert_unique(hash, id, rehash);
+    }
+
+    /// Takes `be`'s index back; returns it.
+    fn remove(&mut self, be: &Backend) -> Option<u32> {
+        let be = identity(be);
+        let hash = self.hash(&be);
+        let by_index = &self.by_index;
+        let at = |id: &u32| {
+            by_index
+                .get(*id as usize)
+                .is_some_and(|b| b.generation != 0 && identity(b) == be)
+        };
+        let (id, _) = self.table.find_entry(hash, at).ok()?.remove();
+        self.by_index[id as usize] = Backend::default();
+        Some(id)
+    }
+
+    /// Gives back the array's room past the highest index handed out.
+    fn shrink_to_fit(&mut self) {
+        let used = self
+            .by_index
+            .iter()
+            .rposition(|b| b.generation != 0)
+            .map_or(0, |i| i + 1);
+        self.by_index.truncate(used);
+        self.by_index.shrink_to_fit();
+        let (by_index, hasher) = (&self.by_index, &self.hasher);
+        self.table.shrink_to_fit(|id| {
+            std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]))
+        });
+    }
+
+    /// Keeps the indices `keep` says to (given the backend, with its generation, and its
+    /// index); returns the others, in backend order.
+    fn retain(&mut self, mut keep: impl FnMut(&Backend, u32) -> bool) -> Vec<(Backend, u32)> {
+        let mut gone = Vec::new();
+        let by_index = &mut self.by_index;
+        self.table.retain(|id| {
+            let be = by_index[*id as usize];
+            let kept = keep(&be, *id);
+            if !kept {
+                gone.push((identity(&be), *id));
+                by_index[*id as usize] = Backend::default();
+            }
+            kept
+        });
+        gone.sort_unstable();
+        gone
+    }
+}
+
 impl Ids {
     /// Takes over the indices of what is already programmed (a restarted agent adopts its
     /// pins). Indices below the highest one in use but free are in quarantine from now: a
@@ -159,7 +254,7 @@ impl Ids {
         }
         let mut be_used = BTreeSet::new();
         for (id, be) in &current.backends {
-            ids.backend.insert(identity(be), (*id, be.generation));
+            ids.backend.insert(be, *id, be.generation);
             ids.generation = ids.generation.max(be.generation);
             be_used.insert(*id);
         }
@@ -208,8 +303,7 @@ impl Ids {
             }
         }
         for be in backends {
-            let be = identity(&be);
-            if let Some(&(id, generation)) = self.backend.get(&be)
+            if let Some((id, generation)) = self.backend.get(&be)
                 && desired
                     .backends
                     .get(&id)
@@ -231,6 +325,13 @@ impl Ids {
         } else if self.filter_live.remove(&bit) {
             self.filter_retired.insert(bit, self.now);
         }
+    }
+
+    /// Gives back the room the backend index grew past what it holds (the agent does it
+    /// after a full sync, as [`crate::reconcile::Incremental::compact`]).
+    pub fn compact(&mut self) {
+        self.backend.shrink_to_fit();
+        self.svc.shrink_to_fit();
     }
 
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
@@ -258,15 +359,12 @@ impl Ids {
             self.svc_pool.give_back(id, programmed, now);
         }
         // Live: its index holds it in the desired state (no set of every backend made).
-        let mut gone = Vec::new();
-        self.backend.retain(|b, (id, _)| {
-            let keep = desired.backends.get(id).is_some_and(|d| identity(d) == *b);
-            if !keep {
-                gone.push((*b, *id));
-            }
-            keep
+        let gone = self.backend.retain(|b, id| {
+            desired
+                .backends
+                .get(&id)
+                .is_some_and(|d| identity(d) == identity(b))
         });
-        gone.sort_unstable();
         for (_, id) in gone {
             let programmed = !fresh.contains(&(true, id));
             self.backend_pool.give_back(id, programmed, now);
@@ -286,14 +384,13 @@ impl Indices for Ids {
     }
 
     fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)> {
-        let be = identity(&be);
         if let Some(v) = self.backend.get(&be) {
-            return Some(*v);
+            return Some(v);
         }
         let id = self.backend_pool.take(self.now, capacity)?;
         self.generation = self.generation.wrapping_add(1).max(1);
         self.fresh.insert((true, id));
-        self.backend.insert(be, (id, self.generation));
+        self.backend.insert(&be, id, self.generation);
         Some((id, self.generation))
     }
 

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use foldhash::{HashMap, HashMapExt};
 use lb_common::{Backend, FilterSize, SCOPE_EXTERNAL, SvcKey};
+use smallvec::SmallVec;
 
 use super::{Ids, Journal};
 use crate::{
@@ -33,8 +34,8 @@ type Owner = (ServiceRef, String);
 #[derive(Debug, Default)]
 pub struct Incremental {
     desired: Desired,
-    /// Per service: the frontends it placed.
-    placed: BTreeMap<ServiceRef, Vec<Placed>>,
+    /// Per service: the frontends it placed (a service's first inline: most have one).
+    placed: BTreeMap<ServiceRef, SmallVec<[Placed; 1]>>,
     /// Per service: what it could not (fully) program, from its last computation (services
     /// without problems have no entry).
     problems: BTreeMap<ServiceRef, Vec<DesiredError>>,
@@ -314,7 +315,7 @@ impl Incremental {
         errors: &mut Vec<DesiredError>,
         touched: &mut Touched,
     ) {
-        let before = self.placed.get(id).map_or(0, Vec::len);
+        let before = self.placed.get(id).map_or(0, |v| v.len());
         let key = c.key;
         if let Some(e) = self.offer_inner(id, c, ids, limits, errors) {
             errors.push(e);
@@ -341,7 +342,7 @@ impl Incremental {
     /// A candidate of a full computation (problems go to the service's list).
     fn offer(&mut self, id: &ServiceRef, c: Candidate, ids: &mut Ids, limits: Limits) {
         let mut errors = Vec::new();
-        let before = self.placed.get(id).map_or(0, Vec::len);
+        let before = self.placed.get(id).map_or(0, |v| v.len());
         if let Some(e) = self.offer_inner(id, c, ids, limits, &mut errors) {
             errors.push(e);
         }

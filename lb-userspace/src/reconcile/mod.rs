@@ -299,6 +299,7 @@ impl Reconciler {
             // maps), then the B-trees rebuilt full.
             drop((touched, problems));
             self.engine.compact();
+            self.ids.compact();
         }
         let transitions = self.update_statuses(model, full, changed);
         Synced {

@@ -5,7 +5,7 @@ use super::{SourceError, objects as obj};
 use crate::model::{
     Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints,
     LbAlgorithm, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
-    TrafficPolicy, Uid, intern,
+    Topology, TrafficPolicy, Uid, intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -423,20 +423,25 @@ fn endpoint(
         ready: cond.ready.unwrap_or(true),
         serving: cond.serving.unwrap_or(true),
         terminating: cond.terminating.unwrap_or(false),
-        node_name: ep.node_name.as_deref().map(intern),
-        zone: ep.zone.as_deref().map(intern),
-        hints: Hints::boxed(
-            ep.hints
-                .iter()
-                .flat_map(|h| h.for_zones.iter().flatten())
-                .map(|z| intern(&z.name))
-                .collect(),
-            ep.hints
-                .iter()
-                .flat_map(|h| h.for_nodes.iter().flatten())
-                .map(|n| intern(&n.name))
-                .collect(),
-        ),
+        topology: Topology {
+            node_name: ep.node_name.as_deref().map(intern),
+            zone: ep.zone.as_deref().map(intern),
+            hints: Hints {
+                zones: ep
+                    .hints
+                    .iter()
+                    .flat_map(|h| h.for_zones.iter().flatten())
+                    .map(|z| intern(&z.name))
+                    .collect(),
+                nodes: ep
+                    .hints
+                    .iter()
+                    .flat_map(|h| h.for_nodes.iter().flatten())
+                    .map(|n| intern(&n.name))
+                    .collect(),
+            },
+        }
+        .shared(),
     }))
 }
 

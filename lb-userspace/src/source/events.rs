@@ -9,10 +9,7 @@ use std::{
 };
 
 use super::{Snapshot, SourceError};
-use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef};
-
-/// A service's slices by name, as the model holds them.
-type Slices = BTreeMap<Name, Box<EndpointSlice>>;
+use crate::model::{EndpointSlice, Model, Name, Service, ServiceRef, Slices};
 
 /// One change a source saw.
 #[derive(Debug)]
@@ -90,8 +87,8 @@ pub fn apply(model: &mut Model, event: Event) -> Option<ServiceRef> {
             let changed = match slice {
                 Some(s) => {
                     let slices = model.slices.entry(service.clone()).or_default();
-                    slices.get(&name) != Some(&s) && {
-                        slices.insert(name, s);
+                    slices.get(&name) != Some(&*s) && {
+                        slices.insert(*s);
                         true
                     }
                 }
@@ -141,14 +138,14 @@ pub fn diff(old: &Model, new: &Model) -> Vec<Event> {
                 out.push(Event::Slice {
                     service: svc.clone(),
                     name: name.clone(),
-                    slice: Some(s.clone()),
+                    slice: Some(Box::new(s.clone())),
                 });
             }
         }
     }
     for (svc, slices) in &old.slices {
         let after = new.slices.get(svc).unwrap_or(&none);
-        for name in slices.keys().filter(|n| !after.contains_key(*n)) {
+        for name in slices.keys().filter(|n| !after.contains_key(n)) {
             out.push(Event::Slice {
                 service: svc.clone(),
                 name: name.clone(),
@@ -233,7 +230,7 @@ impl Digest {
                     out.push(Event::Slice {
                         service: svc.clone(),
                         name: name.clone(),
-                        slice: Some(s.clone()),
+                        slice: Some(Box::new(s.clone())),
                     });
                 }
                 slices.insert(key, h);

@@ -16,7 +16,7 @@ use lb_userspace::{
     desired::{self, Desired, Limits, NodeContext},
     model::{
         Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, LbAlgorithm, Model, Protocol, Service,
-        ServicePort, ServiceRef, ServiceType, SessionAffinity, TrafficPolicy,
+        ServicePort, ServiceRef, ServiceType, SessionAffinity, Topology, TrafficPolicy,
     },
     reconcile::{self, Ids, Incremental, Journal},
     source::events::{self, Event},
@@ -198,12 +198,15 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
                 ready: flags & 1 != 0,
                 serving: flags & 2 != 0,
                 terminating: flags & 4 != 0,
-                node_name: Some(if ip % 2 == 0 { "node-a" } else { "node-b" }.into()),
-                zone: Some("z1".into()),
-                hints: Hints::boxed(
-                    if hint { vec!["z1".into()] } else { Vec::new() },
-                    Vec::new(),
-                ),
+                topology: Topology {
+                    node_name: Some(if ip % 2 == 0 { "node-a" } else { "node-b" }.into()),
+                    zone: Some("z1".into()),
+                    hints: Hints {
+                        zones: if hint { vec!["z1".into()] } else { Vec::new() },
+                        nodes: Vec::new(),
+                    },
+                }
+                .shared(),
             })
             .collect(),
     }

@@ -49,15 +49,16 @@ pub(super) fn change(services: usize, endpoints: usize, changes: usize) -> Resul
         let Some((service, slices)) = part.slices.into_iter().next() else {
             bail!("no slice for s{i}");
         };
-        let Some((name, slice)) = slices.into_iter().next() else {
+        let Some(slice) = slices.into_iter().next() else {
             bail!("no slice for s{i}");
         };
+        let name = slice.name.clone();
         // The source's event (a converted EndpointSlice, as the watcher sends it): from here
         // to visible in the maps.
         let event = events::Stamped::now(events::Event::Slice {
             service,
             name,
-            slice: Some(slice),
+            slice: Some(Box::new(slice)),
         });
         let t0 = event.since;
         let changed = events::apply(&mut m, event.event);

@@ -363,24 +363,31 @@ fn agent_targets(colds: &[Cold], agents: &[AgentIdle]) -> String {
     format!(
         "* agent RSS at 10,000 × 10 ≤ 40 MiB: **{}** ({rss_10k:.0} MiB; 100,000 × 2: {rss_100k:.0} MiB, \
          its per-service arrays sized from the service map; its cold sync adds {cold_100k_mib:.0} MiB to \
-         the bench process; the API source's row is in the memory section). Done: the compact model \
-         (interned names, one address per endpoint, boxed slices and hints: 64 B an endpoint), one \
-         programmed copy (an update's journal instead of a copy of the maps), a placed frontend kept as \
-         its key and slot count, dense backend reference counts, B-trees rebuilt full, a fixed mmap \
-         threshold and malloc_trim after a full sync; the desired backends and names as arrays indexed \
-         by backend and service index and the indices and filter reference counts as hash maps (each \
-         one allocation, mapped on its own: nothing to rebuild after a full sync, no holes left). \
-         Where it goes (`Incremental::full` then its rebuild on the parsed model outside the agent, \
-         glibc's mallinfo2; 10,000 × 10): about 39 MiB of live heap (model 19; desired state 10: the \
-         110,000 service-map entries' B-tree about 5, the backends' array 4, the names 1.4; indices \
-         6, hash maps keyed by the whole backend; bookkeeping 4), 4.5–7 MiB of free heap left among \
-         live blocks (12.6 before the arrays in the same profile) and the agent's ~10 MiB baseline \
-         (binary, runtimes, the file source's digest). What would close it: the service-map entries \
-         as a frontend's entry and its slots' backend indices in a small vector (4 B a slot instead of \
-         a 40 B B-tree entry), the backend index as a hash table of indices into the desired backends' \
-         array (one copy of each backend instead of two), and the model (19 MiB; per service about \
-         1 KiB of B-tree nodes, boxes and names; a service's slices in a small vector instead of a \
-         B-tree each) with the parse's temporaries in an arena of their own.\n\
+         the bench process; the API source's row is in the memory section). Done: the compact model (interned names; an endpoint in 32 B, its node, zone and hints one \
+         shared copy; a service's slices in a small vector, the first inline; its B-trees rebuilt full \
+         when the agent takes a source's first state), one programmed copy (an update's journal instead \
+         of a copy of the maps), a placed frontend kept as its key and slot count (a service's first \
+         inline), dense backend reference counts, B-trees rebuilt full, a fixed mmap threshold and \
+         malloc_trim after a full sync; the desired backends and names as arrays indexed by backend and \
+         service index, the backend index as an array by index and a hash table of 4 B indices, the \
+         frontend index and the filter reference counts as hash maps; the embedded eBPF object's pages \
+         dropped once it is loaded; one malloc arena for every thread. Where it goes (`lb-userspace/examples/heap_profile.rs`: the bench's \
+         services parsed as the file source parses them, `Incremental::full`, each part dropped in turn, \
+         glibc's mallinfo2; 10,000 × 10): 30.8 MiB of live heap (model 9.9, 18.3 before; the file \
+         source's digest 1.1; desired state 10.6: the 110,000 service-map entries' B-tree about 5, the \
+         backends' array 4, the names 1.4; indices 4.8, 6.3 before: the backend array 3.2; bookkeeping \
+         3.6), 5.4 MiB of free heap among live blocks; in the agent 10.6 MiB of file-backed pages (7.1 the \
+         binary's code) and 6.7 MiB that glibc holds free among live blocks. What would close it \
+         (about 10 MiB): the service-map entries as a frontend's entry and its slots' \
+         backend indices in a small vector (4 B a slot instead of a 40 B B-tree entry: about 4 MiB), the \
+         backend index looking backends up in the desired backends' array (one copy: 3 MiB; a full \
+         computation must then keep the state it replaces until it is done), the parse's temporaries in \
+         an arena of their own (so the ~6 MiB glibc holds free among live blocks goes), the per-service \
+         bookkeeping (3.6 MiB: placed frontends, the owners' object-name strings) as arrays by service \
+         index, and the model's Service (a 232 B B-tree entry, five vectors mostly empty) smaller. At \
+         100,000 × 2 the same profile: live 153.8 MiB (model 74.8, bookkeeping 29.3, desired state 22.9, \
+         digest 11.4, indices 10.1) and 23.3 free: the 150 MiB target needs the per-service state \
+         (model, bookkeeping, digest: about 1.2 KiB a service) halved.\n\
          * an idle agent under 0.1% of a core: **{}** (at most {idle_max:.3}%; nothing is polled: the \
          file is watched with inotify, interfaces with rtnetlink, the loop wakes only for events, a \
          look at the stop flag every 0.5 s and the prune every 60 s; the HTTP servers no longer tick \
