@@ -92,13 +92,13 @@ impl Plan {
 }
 
 /// A slot per backend added to `plan`, each backend with its index and generation from
-/// `ids`; how many, or none when the backend array has no index left.
+/// `ids`, in order until the backend array has no index left; how many.
 fn place_backends(
     plan: &mut Plan,
     backends: &[(BackendAddr, bool)],
     ids: &mut impl Indices,
     limits: Limits,
-) -> Option<u16> {
+) -> u16 {
     let (key, svc_id) = (plan.key, plan.name.0);
     let mut slot = 0u16;
     for (b, local) in backends {
@@ -106,7 +106,9 @@ fn place_backends(
             true => backend_value(b.ip, b.port, b.protocol),
             false => remote_backend_value(b.ip, b.port, b.protocol),
         };
-        let (backend_id, generation) = ids.backend_id(be, limits.backends)?;
+        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends) else {
+            break;
+        };
         let be = Backend { generation, ..be };
         slot += 1;
         plan.backends.push((backend_id, be));
@@ -119,7 +121,7 @@ fn place_backends(
             },
         ));
     }
-    Some(slot)
+    slot
 }
 
 /// Plans one frontend: its index, its backends' indices, its slots. `None` when it does not
@@ -152,23 +154,26 @@ pub fn plan(
         return None;
     };
     let mut plan = Plan::new(key, svc_id, &object, &src_ranges);
-    let Some(slot) = place_backends(&mut plan, &backends, ids, limits) else {
-        errors.push(DesiredError::MapFull {
-            object,
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed: backends.len(),
-        });
-        return None;
+    let placed = place_backends(&mut plan, &backends, ids, limits);
+    let slot = match short_of_indices(&object, placed, backends.len(), limits) {
+        Some(e @ DesiredError::MapFull { .. }) => {
+            errors.push(e);
+            return None;
+        }
+        short => {
+            let slot = fit(
+                desired,
+                &mut plan,
+                placed,
+                limits,
+                (&object, backends.len()),
+                errors,
+            )?;
+            // `fit` named its own trim; else the index shortage is the frontend's problem.
+            errors.extend(short.filter(|_| slot == placed));
+            slot
+        }
     };
-    let slot = fit(
-        desired,
-        &mut plan,
-        slot,
-        limits,
-        (&object, backends.len()),
-        errors,
-    )?;
     plan.slots = slot;
     let mut flags = flags;
     if let Some((m, seed)) = maglev.filter(|_| slot > 0) {
@@ -198,7 +203,8 @@ pub fn plan(
             ..SvcValue::default()
         },
     ));
-    match room(desired, &plan, limits) {
+    // `fit` made sure of the service map and the backend array.
+    match src_ranges_full(desired, &plan.src_ranges, limits) {
         None => Some(plan),
         Some((map, capacity, needed)) => {
             errors.push(DesiredError::MapFull {
@@ -210,6 +216,38 @@ pub fn plan(
             None
         }
     }
+}
+
+/// The problem of a frontend that got backend indices for only `placed` of its `count`
+/// backends (the backend array has no index left): left out when it got none, else
+/// programmed with the first `placed`.
+fn short_of_indices(
+    object: &str,
+    placed: u16,
+    count: usize,
+    limits: Limits,
+) -> Option<DesiredError> {
+    if placed as usize == count {
+        return None;
+    }
+    let (object, map, capacity) = (object.to_string(), MAP_BACKEND, limits.backends);
+    let needed = count - placed as usize;
+    Some(match placed {
+        0 => DesiredError::MapFull {
+            object,
+            map,
+            capacity,
+            needed,
+        },
+        kept => DesiredError::MapFullPartly {
+            object,
+            map,
+            capacity,
+            needed,
+            count,
+            kept,
+        },
+    })
 }
 
 /// What one placed frontend added to the desired state: its entry's key and slot count
@@ -354,24 +392,6 @@ fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> 
             keep,
         }
     })
-}
-
-/// The map (name, capacity, entries needed) that has no room for `plan` in `desired`, if
-/// one has none.
-fn room(desired: &Desired, plan: &Plan, limits: Limits) -> Option<(&'static str, u32, usize)> {
-    let svc_needed = plan.entries.len();
-    if desired.services.len() + svc_needed > limits.svc_entries as usize {
-        return Some((MAP_SVC, limits.svc_entries, svc_needed));
-    }
-    let new_backends = plan
-        .backends
-        .iter()
-        .filter(|(id, _)| !desired.backends.contains_key(id))
-        .count();
-    if desired.backends.len() + new_backends > limits.backends as usize {
-        return Some((MAP_BACKEND, limits.backends, new_backends));
-    }
-    src_ranges_full(desired, &plan.src_ranges, limits)
 }
 
 /// The source-range trie (name, capacity, ranges needed) that has no room for `new`, if

@@ -427,3 +427,38 @@ fn a_frontend_whose_backends_outgrow_the_service_map_keeps_the_first_that_fit() 
         "{errors:?}"
     );
 }
+
+/// A frontend whose backends get indices only in part (the backend array has no index left
+/// for the rest) serves with the first that got one, named in a MapFullPartly problem,
+/// rather than being left out whole.
+#[test]
+fn a_frontend_short_of_backend_indices_keeps_the_first_that_got_one() {
+    let loaded = file::parse(
+        "t.yaml",
+        &yaml(
+            "  clusterIP: 10.96.0.10\n  ports: [{name: p, port: 80, protocol: TCP}]",
+            Some(&[("10.1.0.1", NODE), ("10.1.0.2", NODE), ("10.1.0.3", NODE)]),
+        ),
+    )
+    .expect("yaml");
+    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    // Backend indices 1..3: two of them.
+    let limits = Limits {
+        backends: 3,
+        ..Limits::default()
+    };
+    let (d, errors) = compute_on(&loaded.model, &node, &mut Ids::default(), limits);
+    assert_eq!(
+        errors,
+        [DesiredError::MapFullPartly {
+            object: "ns/web:p".into(),
+            map: lb_common::MAP_BACKEND,
+            capacity: 3,
+            needed: 1,
+            count: 3,
+            kept: 2,
+        }]
+    );
+    let key = frontend_key(Ipv4Addr::new(10, 96, 0, 10), 80, Protocol::Tcp);
+    assert_eq!(slot_ips(&d, key), ["10.1.0.1", "10.1.0.2"]);
+}
