@@ -10,6 +10,7 @@
 //! | `ids.rs` | [`Ids`]: the dense indices, their quarantine, the filter bits of addresses that went |
 //! | `incremental.rs` | [`Incremental`]: the desired state and what each service put in it |
 //! | `journal.rs` | [`Journal`]: what one update overwrote (what is programmed of what it touched) |
+//! | `slots.rs` | [`slots::Slots`]: each frontend's range of the slot array (a buddy allocator), their quarantine |
 //! | `retry.rs` | services whose writes failed, each retried on its own with backoff |
 //! | `status.rs` | [`Statuses`]: each failing frontend, its reason and since when; the transitions |
 //!
@@ -39,6 +40,7 @@ mod ids;
 mod incremental;
 mod journal;
 mod retry;
+pub mod slots;
 mod status;
 
 pub use ids::{FILTER_RETAIN, Ids, QUARANTINE};
