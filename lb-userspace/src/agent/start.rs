@@ -77,7 +77,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
     current.filter = maps.read_filter().map_err(DatapathError::from)?;
     info!(
         pins = %opts.bpffs.display(),
-        services = current.services.keys().filter(|k| k.slot == 0).count(),
+        services = current.services.len(),
         backends = current.backends.len(),
         "loaded; adopted what was pinned"
     );

@@ -25,7 +25,7 @@ use std::{collections::BTreeMap, path::Path};
 use aya::maps::{HashMap, MapData, MapError};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, CT_F_AFFINITY, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY,
-    MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
+    MAP_CT, SCOPE_EXTERNAL, SvcKey, prev,
 };
 
 use super::{DatapathError, pins::Pins};
@@ -101,7 +101,7 @@ impl Mapping {
             services: current
                 .services
                 .iter()
-                .filter(|(k, _)| k.slot == 0 && k.scope == SCOPE_EXTERNAL)
+                .filter(|(k, _)| k.scope == SCOPE_EXTERNAL)
                 .map(|(k, v)| (*k, (v.svc_id, v.affinity_timeout_s != 0)))
                 .collect(),
         }
@@ -279,10 +279,10 @@ impl Previous {
             .into_iter()
             .map(|(id, b)| (id, from_prev(&b)))
             .collect();
-        let services = entries::<SvcKey, SvcValue>(dir, prev::MAP_SVC)?
+        let services = entries::<prev::SvcKey, prev::SvcValue>(dir, prev::MAP_SVC)?
             .into_iter()
             .filter(|(k, _)| k.slot == 0 && k.scope == SCOPE_EXTERNAL)
-            .map(|(k, v)| (v.svc_id, k))
+            .map(|(k, v)| (v.svc_id, prev::frontend(&k)))
             .collect();
         Ok(Some(Self {
             pins: pins.clone(),
@@ -349,12 +349,15 @@ mod tests {
         let mut current = Desired::default();
         current.services.insert(
             web,
-            SvcValue {
-                svc_id: 3,
-                count: 1,
-                affinity_timeout_s: 60,
-                ..SvcValue::default()
-            },
+            crate::desired::SvcEntry::new(
+                lb_common::SvcValue {
+                    svc_id: 3,
+                    count: 1,
+                    affinity_timeout_s: 60,
+                    ..Default::default()
+                },
+                [5],
+            ),
         );
         current.backends.insert(
             5,

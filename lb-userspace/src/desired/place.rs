@@ -1,14 +1,16 @@
-//! Placing a frontend: its service index, its backends' indices and generations, its slots;
-//! planned, checked against the room every map it needs has, then applied.
+//! Placing a frontend: its service index, its backends' indices and generations, its slot
+//! range and slots; planned, checked against the room every map it needs has, then applied.
 
 use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
-    Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
-    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
+    Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC,
+    MAP_SVC_STATS, SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
 };
 use std::net::IpAddr;
 
-use super::{Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, candidates::Candidate};
+use super::{
+    Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, SvcEntry, candidates::Candidate,
+};
 use crate::model::BackendAddr;
 
 /// One frontend's entries, backends, name and source ranges, checked to fit the desired
@@ -16,8 +18,9 @@ use crate::model::BackendAddr;
 #[derive(Debug)]
 pub struct Plan {
     key: SvcKey,
-    slots: u16,
-    entries: Vec<(SvcKey, SvcValue)>,
+    /// Its entry (written last) and slots.
+    entry: SvcEntry,
+    /// Its backends, slot by slot.
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
     src_ranges: Vec<SrcRange>,
@@ -26,9 +29,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The service map keys it writes.
-    pub fn service_keys(&self) -> impl Iterator<Item = SvcKey> + '_ {
-        self.entries.iter().map(|(k, _)| *k)
+    /// The frontend it writes.
+    pub fn key(&self) -> SvcKey {
+        self.key
     }
 
     /// The backend indices it writes.
@@ -54,12 +57,12 @@ impl Plan {
     pub fn apply(self, desired: &mut Desired) -> Placed {
         let placed = Placed {
             key: self.key,
-            slots: self.slots,
+            slots: self.entry.count,
             name: self.name.0,
             src_ranges: self.src_ranges.clone().into_boxed_slice(),
             maglev: self.maglev_id(),
         };
-        desired.services.extend(self.entries);
+        desired.services.insert(self.key, self.entry);
         desired.maglev.extend(self.maglev);
         desired.backends.extend(self.backends);
         desired.names.insert(self.name.0, self.name.1);
@@ -74,8 +77,7 @@ impl Plan {
     fn new(key: SvcKey, svc_id: u32, object: &str, src_ranges: &[(IpAddr, u8)]) -> Plan {
         Plan {
             key,
-            slots: 0,
-            entries: Vec::new(),
+            entry: SvcEntry::default(),
             backends: Vec::new(),
             name: (svc_id, svc_name(object)),
             src_ranges: src_ranges
@@ -99,7 +101,6 @@ fn place_backends(
     ids: &mut impl Indices,
     limits: Limits,
 ) -> u16 {
-    let (key, svc_id) = (plan.key, plan.name.0);
     let mut slot = 0u16;
     for (b, local) in backends {
         let be = match local {
@@ -112,14 +113,6 @@ fn place_backends(
         let be = Backend { generation, ..be };
         slot += 1;
         plan.backends.push((backend_id, be));
-        plan.entries.push((
-            SvcKey { slot, ..key },
-            SvcValue {
-                backend_id,
-                svc_id,
-                ..SvcValue::default()
-            },
-        ));
     }
     slot
 }
@@ -164,7 +157,7 @@ pub fn plan(
             let slot = fit(
                 desired,
                 &mut plan,
-                placed,
+                (placed, ids),
                 limits,
                 (&object, backends.len()),
                 errors,
@@ -174,7 +167,6 @@ pub fn plan(
             slot
         }
     };
-    plan.slots = slot;
     let mut flags = flags;
     if let Some((m, seed)) = maglev.filter(|_| slot > 0) {
         if desired.maglev.len() < limits.maglev as usize {
@@ -193,17 +185,15 @@ pub fn plan(
             });
         }
     }
-    plan.entries.push((
-        key,
-        SvcValue {
-            count: slot,
-            svc_id,
-            flags,
-            affinity_timeout_s,
-            ..SvcValue::default()
-        },
-    ));
-    // `fit` made sure of the service map and the backend array.
+    plan.entry.value = SvcValue {
+        count: slot,
+        svc_id,
+        flags,
+        affinity_timeout_s,
+        ..plan.entry.value
+    };
+    plan.entry.slots = plan.backends.iter().map(|(id, _)| *id).collect();
+    // `fit` made sure of the service map, the slot array and the backend array.
     match src_ranges_full(desired, &plan.src_ranges, limits) {
         None => Some(plan),
         Some((map, capacity, needed)) => {
@@ -251,8 +241,8 @@ fn short_of_indices(
 }
 
 /// What one placed frontend added to the desired state: its entry's key and slot count
-/// (the slot keys and their backend indices follow from them and the desired state), its
-/// name's index and its source ranges.
+/// (its slots' backend indices are in the desired state), its name's index and its source
+/// ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placed {
     pub key: SvcKey,
@@ -264,23 +254,13 @@ pub struct Placed {
 }
 
 impl Placed {
-    /// Its service map keys: slots, then the entry.
-    pub fn entries(&self) -> impl Iterator<Item = SvcKey> + use<> {
-        let key = self.key;
-        (1..=self.slots)
-            .map(move |slot| SvcKey { slot, ..key })
-            .chain(std::iter::once(key))
-    }
-
     /// The backend index of each slot, as `desired` has them (while this frontend is in it).
     pub fn backends<'a>(&self, desired: &'a Desired) -> impl Iterator<Item = u32> + 'a {
-        let key = self.key;
-        (1..=self.slots).filter_map(move |slot| {
-            desired
-                .services
-                .get(&SvcKey { slot, ..key })
-                .map(|v| v.backend_id)
-        })
+        desired
+            .services
+            .get(&self.key)
+            .into_iter()
+            .flat_map(|e| e.slots.iter().copied())
     }
 }
 
@@ -301,46 +281,63 @@ pub fn external(key: SvcKey) -> SvcKey {
     }
 }
 
-/// The slots of `plan` (`slots` planned for `object`'s `count` backends) that fit beside
-/// `desired`: all, or the first ones that fit (named in `errors`: a scale-up past a full map
-/// keeps the frontend serving rather than taking it out); `None` when not one does.
+/// The slots of `plan` (the `placed` of `object`'s `count` backends that got an index) that
+/// fit beside `desired`, in the slot range `ids` gives it: all, or the first ones that fit
+/// (named in `errors`: a scale-up past a full map keeps the frontend serving rather than
+/// taking it out); `None` when not one does, or the service map has no room for its entry.
 fn fit(
     desired: &Desired,
     plan: &mut Plan,
-    slots: u16,
+    (placed, ids): (u16, &mut impl Indices),
     limits: Limits,
     (object, count): (&str, usize),
     errors: &mut Vec<DesiredError>,
 ) -> Option<u16> {
-    let Err(Short {
+    let mut short = fitting_slots(desired, plan, placed, limits).err();
+    let keep = short.as_ref().map_or(placed, |s| s.keep);
+    let full = |map, capacity, needed| DesiredError::MapFull {
+        object: object.to_string(),
+        map,
+        capacity,
+        needed,
+    };
+    if let Some(s) = short.as_ref().filter(|s| s.keep == 0) {
+        errors.push(full(s.map, s.capacity, s.needed));
+        return None;
+    }
+    let Some((base, room)) = ids.slot_range(plan.key, keep, limits.slots) else {
+        errors.push(full(MAP_SLOT, limits.slots, keep as usize));
+        return None;
+    };
+    let keep = if room < keep {
+        short = Some(Short {
+            map: MAP_SLOT,
+            capacity: limits.slots,
+            needed: count,
+            keep: room,
+        });
+        room
+    } else {
+        keep
+    };
+    plan.entry.value.slot_base = base;
+    if let Some(Short {
         map,
         capacity,
         needed,
         keep,
-    }) = fitting_slots(desired, plan, slots, limits)
-    else {
-        return Some(slots);
-    };
-    let object = object.to_string();
-    if keep == 0 {
-        errors.push(DesiredError::MapFull {
-            object,
+    }) = short
+    {
+        errors.push(DesiredError::MapFullPartly {
+            object: object.to_string(),
             map,
             capacity,
             needed,
+            count,
+            kept: keep,
         });
-        return None;
+        plan.backends.truncate(keep as usize);
     }
-    errors.push(DesiredError::MapFullPartly {
-        object,
-        map,
-        capacity,
-        needed,
-        count,
-        kept: keep,
-    });
-    plan.backends.truncate(keep as usize);
-    plan.entries.truncate(keep as usize);
     Some(keep)
 }
 
@@ -353,10 +350,18 @@ struct Short {
     keep: u16,
 }
 
-/// Whether `plan`'s `slots` backend slots and its entry (not yet in it) fit the service map
-/// and the backend array beside `desired`; else how many of its first backends do.
+/// Whether `plan`'s entry and its `slots` backends fit the service map and the backend
+/// array beside `desired`; else how many of its first backends do (0 when the entry does
+/// not).
 fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> Result<(), Short> {
-    let svc_free = (limits.svc_entries as usize).saturating_sub(desired.services.len() + 1);
+    if desired.services.len() >= limits.svc_entries as usize {
+        return Err(Short {
+            map: MAP_SVC,
+            capacity: limits.svc_entries,
+            needed: 1,
+            keep: 0,
+        });
+    }
     let be_free = (limits.backends as usize).saturating_sub(desired.backends.len());
     let mut new = 0;
     let be_fit = plan
@@ -367,30 +372,19 @@ fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> 
             new <= be_free
         })
         .count();
-    let all = slots as usize;
-    if all <= svc_free && be_fit == all {
+    if be_fit == slots as usize {
         return Ok(());
     }
-    let keep = all.min(svc_free).min(be_fit) as u16;
-    Err(if all > svc_free {
-        Short {
-            map: MAP_SVC,
-            capacity: limits.svc_entries,
-            needed: all + 1,
-            keep,
-        }
-    } else {
-        let needed = plan
-            .backends
-            .iter()
-            .filter(|(id, _)| !desired.backends.contains_key(id))
-            .count();
-        Short {
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed,
-            keep,
-        }
+    let needed = plan
+        .backends
+        .iter()
+        .filter(|(id, _)| !desired.backends.contains_key(id))
+        .count();
+    Err(Short {
+        map: MAP_BACKEND,
+        capacity: limits.backends,
+        needed,
+        keep: be_fit as u16,
     })
 }
 

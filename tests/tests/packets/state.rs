@@ -91,11 +91,9 @@ fn set_affinity(dp: &mut LoadedDatapath, timeout_s: u32) {
         .services
         .iter()
         .find(|(k, _)| {
-            k.slot == 0
-                && u16::from_be(k.port_be) == 80
-                && k.addr_be[0] == u32::from_ne_bytes(VIP.octets())
+            u16::from_be(k.port_be) == 80 && k.addr_be[0] == u32::from_ne_bytes(VIP.octets())
         })
-        .map(|(k, v)| (*k, *v))
+        .map(|(k, v)| (*k, v.value))
         .expect("web entry");
     let v = lb_common::SvcValue {
         affinity_timeout_s: timeout_s,

@@ -55,11 +55,10 @@ fn backend_addr(b: &Backend) -> SocketAddr {
     sock(b.addr_be, b.family, b.port_be)
 }
 
-/// The service-map key of frontend `dst` (either family) in `scope`, slot `slot`.
-fn svc_key(dst: SocketAddr, proto: Protocol, scope: u8, slot: u16) -> SvcKey {
+/// The service-map key of frontend `dst` (either family) in `scope`.
+fn svc_key(dst: SocketAddr, proto: Protocol, scope: u8) -> SvcKey {
     SvcKey {
         scope,
-        slot,
         ..frontend_key(dst.ip(), dst.port(), proto)
     }
 }
@@ -72,17 +71,18 @@ struct Frontend {
 }
 
 fn frontend(state: &Desired, key: SvcKey) -> Option<Frontend> {
-    let svc = *state.services.get(&key)?;
-    let slots = (1..=svc.count)
+    let entry = state.services.get(&key)?;
+    let slots = (1..=entry.count)
         .map(|slot| {
-            let id = state
-                .services
-                .get(&SvcKey { slot, ..key })
-                .map_or(0, |v| v.backend_id);
+            let id = entry.slot(slot).unwrap_or(0);
             (slot, id, state.backends.get(&id).copied())
         })
         .collect();
-    Some(Frontend { key, svc, slots })
+    Some(Frontend {
+        key,
+        svc: entry.value,
+        slots,
+    })
 }
 
 fn flag_words(flags: u16) -> Vec<&'static str> {
