@@ -82,6 +82,18 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         "loaded; adopted what was pinned"
     );
     let limits = maps.limits();
+    // The layout before slot ranges: its indices, so every flow keeps its service and backend.
+    let books = match upgrade::slotted_indices(&pins)?.filter(|_| current.services.is_empty()) {
+        Some(indices) => {
+            info!(
+                services = indices.services.len(),
+                backends = indices.backends.len(),
+                "adopted the indices of the service map before slot ranges"
+            );
+            Reconciler::adopt_slotted(indices, current, limits)
+        }
+        None => Reconciler::adopt(current, limits),
+    };
     Ok(Started {
         _lock,
         ebpf,
@@ -90,7 +102,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         hooks,
         maps,
         pins,
-        books: Reconciler::adopt(current, limits),
+        books,
     })
 }
 

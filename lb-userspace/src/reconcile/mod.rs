@@ -181,6 +181,19 @@ impl Reconciler {
         }
     }
 
+    /// Books for maps of this layout that hold no frontend yet beside the layout before slot
+    /// ranges (`datapath::upgrade::slotted_indices`): the indices adopted from `indices`
+    /// (each frontend's service index, each backend's index and generation), so the first
+    /// sync keeps every flow's; `programmed` what this layout's maps hold, with the backends
+    /// both layouts share.
+    pub fn adopt_slotted(mut indices: Desired, mut programmed: Desired, limits: Limits) -> Self {
+        programmed.backends = indices.backends.clone();
+        indices.filter = programmed.filter.clone();
+        let mut books = Self::adopt(programmed, limits);
+        books.ids = Ids::adopt(&indices);
+        books
+    }
+
     /// The failing frontends.
     pub fn statuses(&self) -> &Statuses {
         &self.statuses
