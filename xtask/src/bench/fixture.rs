@@ -75,6 +75,8 @@ pub fn backend_ip(i: usize, k: usize) -> Ipv4Addr {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Capacities {
     pub svc: Option<u32>,
+    /// The slot array (every frontend's range, a power of two each).
+    pub slots: Option<u32>,
     pub backends: Option<u32>,
     /// The name and per-service counter maps (one entry per service port each).
     pub per_service: Option<u32>,
@@ -82,11 +84,13 @@ pub struct Capacities {
 }
 
 impl Capacities {
-    /// Room for `services` service ports with `slots` backend slots and backends in total.
+    /// Room for `services` service ports with `slots` backend slots and backends in total
+    /// (a frontend's range is at most twice its slots).
     pub fn for_services(services: usize, slots: usize) -> Self {
         let pow2 = |n: usize| (n.max(1024) as u32).next_power_of_two();
         Self {
-            svc: Some(pow2(services + slots + 64)),
+            svc: Some(pow2(services + 64)),
+            slots: Some(pow2(2 * slots + 64).max(lb_common::SLOT_MAP_CAPACITY)),
             backends: Some(pow2(slots + 64)),
             per_service: Some(pow2(services + 64)),
             ct: None,
@@ -165,6 +169,7 @@ impl Datapath {
         strides.set(&mut l);
         let sizes = [
             (MAP_SVC, caps.svc),
+            (MAP_SLOT, caps.slots),
             (MAP_BACKEND, caps.backends),
             (MAP_SVC_NAME, caps.per_service),
             (MAP_SVC_STATS, Some(rows::entries(strides.svc, cpus))),
