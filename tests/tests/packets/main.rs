@@ -2,7 +2,8 @@
 //! table of cases, Katran-style.
 
 //!
-//! One binary, a module per topic: `rewrites`, `robust`, `state` (IPv4 east-west), `v6`
+//! One binary, a module per topic: `rewrites`, `robust`, `state` (IPv4 east-west), `slots`
+//! (slot ranges that move, and the slot array's end), `v6`
 //! (the same over IPv6), `north_south` (NodePort, SNAT, hairpin, XDP, in a routed
 //! namespace).
 
@@ -14,5 +15,6 @@ mod north_south;
 mod rewrites;
 mod robust;
 mod sctp;
+mod slots;
 mod state;
 mod v6;
