@@ -146,6 +146,13 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddr) 
     let mut lines: Vec<String> = Vec::new();
     if f.slots.is_empty() {
         lines.push("none left: the frontend has no backends".into());
+    } else {
+        let (base, n) = (f.svc.slot_base, f.slots.len() as u32);
+        lines.push(format!(
+            "{n} slots: {}[{base}..{}]",
+            lb_common::MAP_SLOT,
+            base + n
+        ));
     }
     let mut kept = BTreeSet::new();
     for (slot, id, be) in &f.slots {
