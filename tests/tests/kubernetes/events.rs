@@ -61,8 +61,8 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
-    // web takes 3 of the 4 entries (its ClusterIP and 2 backend slots); api needs 3.
-    let mut c = start("xev", false, &["--service-map-max", "4"]);
+    // web takes the one entry (its ClusterIP); api needs one too.
+    let mut c = start("xev", false, &["--service-map-max", "1"]);
     c.api
         .apply_yaml(&service("web", xlb_tests::suites::kubernetes::WEB, ""))
         .expect("web");
@@ -93,7 +93,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
     assert!(
         note.contains("test/api:http")
             && note.contains(lb_common::MAP_SVC)
-            && note.contains("is full (capacity 4"),
+            && note.contains("is full (capacity 1"),
         "the note names the frontend, the map and its capacity: {note}"
     );
     assert!(events_on(&c, "web").is_empty(), "web is healthy: no Event");
@@ -106,7 +106,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         .collect();
     assert!(
         matches!(status.as_slice(), [("test/api:http", "-", failing), ("test/web:http", "10.96.0.10:80/TCP", "programmed")]
-            if failing.starts_with("MapFull since 20") && failing.contains("is full (capacity 4")),
+            if failing.starts_with("MapFull since 20") && failing.contains("is full (capacity 1")),
         "{status:#?}"
     );
 
@@ -124,7 +124,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         [("Warning".into(), "MapFull".into(), 1)]
     );
 
-    // web goes: api fits (1 + 3 slots) and is programmed at once; told so.
+    // web goes: api fits and is programmed at once; told so.
     c.api.delete("Service", "test/web");
     c.agent
         .wait_for(WAIT, |rows| rows.iter().any(|r| r.frontend == API_FRONTEND))
