@@ -36,7 +36,7 @@ pub const MAX_NAMESPACES: usize = 4096;
 pub type Pair = ((u32, u16), (u32, u16));
 
 /// The UDP (frontend, backend) pairs `before` programs and `after` no longer does.
-/// The (frontend, backend) pairs of the UDP slots of `frontends` (slot-0 keys) in `d`: what
+/// The (frontend, backend) pairs of the UDP slots of `frontends` (entry keys) in `d`: what
 /// an incremental sync compares before and after.
 pub fn udp_pairs(d: &Desired, frontends: &BTreeSet<lb_common::SvcKey>) -> BTreeSet<Pair> {
     frontends
