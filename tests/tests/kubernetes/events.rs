@@ -2,9 +2,9 @@
 //! describe service` shows them: the service map is full (`--service-map-max`), so api's
 //! ClusterIP is left out: a Warning `MapFull` naming the map and its capacity, on api (its
 //! uid too). It stays failing through a change: no second Event. Room made (web deleted),
-//! api is programmed and a Normal `Programmed` Event says what recovered. Failing the same
-//! way again within the de-duplication window is the first Event's series (count 2), not
-//! a second Event. `xlb list services` shows the failing frontend meanwhile.
+//! api is programmed and a Normal `Programmed` Event says what recovered. Failing with the
+//! same reason again within the de-duplication window (a full slot array this time, at
+//! `--slot-map-max`) is the first Event's series (count 2), not a second Event. `xlb list services` shows the failing frontend meanwhile.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -61,8 +61,13 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
-    // web takes the one entry (its ClusterIP); api needs one too.
-    let mut c = start("xev", false, &["--service-map-max", "1"]);
+    // web takes the one entry (its ClusterIP); api needs one too. Eight slots: web's range
+    // of two, then (web gone, its range in quarantine) api's range of four.
+    let mut c = start(
+        "xev",
+        false,
+        &["--service-map-max", "1", "--slot-map-max", "8"],
+    );
     c.api
         .apply_yaml(&service("web", xlb_tests::suites::kubernetes::WEB, ""))
         .expect("web");
@@ -153,9 +158,13 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         "the Event says what recovered from what: {note}"
     );
 
-    // The same failure again within the window: the first Event's series, not a new one.
+    // The same failure again within the window: the first Event's series, not a new one
+    // (five backends want a range of eight: the slot array has none, api keeps its four).
     c.api
-        .apply_yaml(&slice("api", &ready(&[b[0], b[1], b[2], pod_ip(5)])))
+        .apply_yaml(&slice(
+            "api",
+            &ready(&[b[0], b[1], b[2], pod_ip(5), pod_ip(6)]),
+        ))
         .expect("api's slice");
     let events = wait_events(&c, "api", "the MapFull Event's series", |e| {
         shown(e).iter().any(|(_, r, n)| r == "MapFull" && *n == 2)
