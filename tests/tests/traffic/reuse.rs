@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xlb_tests::suites::traffic::{DNS, TIMEOUT, WEB, synced};
+use xlb_tests::suites::traffic::{DNS, TIMEOUT, WEB, backends, synced, yaml};
 use xlb_tests::{
     client::tcp_request,
     scenario::{Scenario, TCP_PORT, sock},
@@ -166,11 +166,20 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
     };
     s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
         .expect("dns programmed");
+    // web's first backend leaves and comes back: it holds another index and generation than
+    // an agent starting afresh would give it, so only adopted indices keep its flows.
+    let all = backends(3);
+    for (web, n) in [(&all[1..], 2), (&all[..], 3)] {
+        xlb_tests::services::write_atomic(&s.yaml, &yaml(web, &all)).expect("yaml");
+        s.wait_backends("10.96.0.10:80/TCP", n, Duration::from_secs(30))
+            .expect("web's backends");
+    }
     const N: usize = 6;
     let (mut tcp, udp, first) = open_flows(&s, N);
     assert_spread(&first);
 
     // The layout before slot ranges, as its agent leaves it; its programs keep forwarding.
+    let indices_before = backend_indices(&s);
     s.agent.stop();
     let frontends =
         xlb_tests::prev_layout::downgrade_slots(&s.agent.pins).expect("per-slot layout");
@@ -189,6 +198,11 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         "XLB_SVC_V2 still pinned: {text}"
     );
     assert_eq!(
+        backend_indices(&s),
+        indices_before,
+        "every backend keeps its index and generation"
+    );
+    assert_eq!(
         ask_all(&mut tcp, &udp, "after the upgrade"),
         first,
         "every flow keeps its backend"
@@ -199,6 +213,21 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         "no flow was picked up mid-stream or lost its backend"
     );
     assert_new_flows_served(&s);
+}
+
+/// Each programmed backend's address and port with its index and generation.
+fn backend_indices(s: &Scenario) -> Vec<(String, u32, u32)> {
+    use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
+    let state = KernelMaps::open(&xlb_tests::pins(&s.agent.pins))
+        .and_then(|m| Ok(m.read()?))
+        .expect("read the maps");
+    let mut v: Vec<(String, u32, u32)> = state
+        .backends
+        .iter()
+        .map(|(id, b)| (lb_common::user::show_backend(b), *id, b.generation))
+        .collect();
+    v.sort();
+    v
 }
 
 /// The flows went to more than one backend.
