@@ -7,8 +7,9 @@ use core::mem::size_of;
 use crate::maps::*;
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 18] = [
+pub const ALL_MAPS: [&str; 19] = [
     MAP_SVC,
+    MAP_SLOT,
     MAP_BACKEND,
     MAP_CT,
     MAP_CT_ASSURED,
@@ -113,14 +114,16 @@ pub const fn kind_name(kind: u32) -> &'static str {
 }
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 18] = [
+pub const MAP_DEFS: [MapDef; 19] = [
     def(
         MAP_SVC,
         kind::HASH,
         size_of::<SvcKey>(),
         size_of::<SvcValue>(),
     )
-    .doc(r#""#, r#"`SvcKey{addr_be, port_be, slot, proto, family, scope}` (scope 1: the internal entries of a two-scope frontend, socket hooks only) → `SvcValue{backend_id, count, flags, svc_id, affinity_timeout_s}`. Slot 0 is the service entry (`count` backends, the service's dense index `svc_id`); slots 1..=count hold backend indices (V2: indices into `XLB_BE_V2`, V1 held hash ids)"#, r#"agent"#, r#"262,144"#),
+    .doc(r#""#, r#"`SvcKey{addr_be, port_be, proto, family, scope}` (scope 1: the internal entry of a two-scope frontend, socket hooks only) → `SvcValue{slot_base, count, flags, svc_id, affinity_timeout_s}`: a frontend's entry, its `count` backends in slots `slot_base..slot_base + count` of `XLB_SLOT_V1`, the service's dense index `svc_id`. (V3: frontends only; V2 held an entry per backend slot, V1 hash ids)"#, r#"agent"#, r#"262,144 (`--service-map-max`)"#),
+    def(MAP_SLOT, kind::ARRAY, size_of::<u32>(), size_of::<u32>())
+    .doc(r#""#, r#"slot → backend index (into `XLB_BE_V2`): a frontend's slot `n` (`1..=count`) is element `slot_base + n - 1`. Each frontend owns a power-of-two range aligned to its size (`reconcile::slots`, a buddy allocator); a frontend that outgrows its range gets a new one, written before its entry flips to it, and the old range is reused only after 5 minutes"#, r#"agent"#, r#"1,048,576 (`--slot-map-max`), preallocated"#),
     def(
         MAP_BACKEND,
         kind::ARRAY,
@@ -236,5 +239,5 @@ pub const MAP_DEFS: [MapDef; 18] = [
         size_of::<u32>(),
         size_of::<MaglevRow>(),
     )
-    .doc(r#", not preallocated"#, r#"service index → `MaglevRow{size, slots[16384]}`: an external frontend's Maglev table (`--lb-algorithm maglev`, #24): entry `flow_hash % size` holds the backend slot a new flow goes to, for a frontend whose slot-0 `SvcValue` is flagged `SVC_F_MAGLEV`. Read by `select::xlb_maglev_slot` (a global BPF function). (V1, an array of rows named by slot 0's `backend_id`, is retired.)"#, r#"agent (a table before its entry is flagged, replaced whole in one update, removed after the flag)"#, r#"8,192 tables (`--maglev-map-max`), 64 KiB each in the kernel's allocator (measured), memory only for the tables written"#),
+    .doc(r#", not preallocated"#, r#"service index → `MaglevRow{size, slots[16384]}`: an external frontend's Maglev table (`--lb-algorithm maglev`, #24): entry `flow_hash % size` holds the backend slot a new flow goes to, for a frontend whose `SvcValue` is flagged `SVC_F_MAGLEV`. Read by `select::xlb_maglev_slot` (a global BPF function). (V1, an array of rows named by slot 0's `backend_id`, is retired.)"#, r#"agent (a table before its entry is flagged, replaced whole in one update, removed after the flag)"#, r#"8,192 tables (`--maglev-map-max`), 64 KiB each in the kernel's allocator (measured), memory only for the tables written"#),
 ];

@@ -4,8 +4,14 @@ use bytemuck::{Pod, Zeroable};
 
 /// Service map: written by the agent, read by the datapath.
 /// (V2: a slot's `backend_id` is an index into the backend array `XLB_BE_V2`, `svc_id` a
-/// dense index into the per-service arrays.)
-pub const MAP_SVC: &str = "XLB_SVC_V2";
+/// dense index into the per-service arrays. V3: frontends only, each entry naming the base
+/// of its range in the slot array [`MAP_SLOT`]; V2's per-slot entries are gone.)
+pub const MAP_SVC: &str = "XLB_SVC_V3";
+/// Slot array: written by the agent, read by the datapath. Slot `n` (`1..=count`) of a
+/// frontend whose entry has `slot_base` is element `slot_base + n - 1`, a backend index
+/// (into [`MAP_BACKEND`]). Each frontend's range is a power of two of elements aligned to
+/// its size (the agent's `reconcile::slots`); elements outside a live range are never read.
+pub const MAP_SLOT: &str = "XLB_SLOT_V1";
 /// Backend map: written by the agent, read by the datapath.
 /// (V2: an array indexed by backend index, each entry with its generation.)
 pub const MAP_BACKEND: &str = "XLB_BE_V2";
@@ -280,7 +286,8 @@ pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
     h.to_be()
 }
 
-/// Default capacities; the agent may override them at load time.
+/// Default capacities; the agent may override them at load time. (V3: frontends only, one
+/// entry each.)
 pub const SVC_MAP_CAPACITY: u32 = 262_144;
 /// Default backend map capacity (backend indices `1..capacity`; 0 names no backend).
 pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
@@ -289,13 +296,15 @@ pub const CT_MAP_CAPACITY: u32 = 262_144;
 /// Default name and per-service counter map capacity (one per frontend; service indices
 /// `1..capacity`).
 pub const SVC_NAME_MAP_CAPACITY: u32 = 65_536;
-/// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC).
+/// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC): the largest
+/// slot range (a power of two).
 pub const MAX_BACKENDS_PER_SVC: u16 = 4096;
+/// Default slot array capacity (backend slots of all frontends, 4 B each: 4 MiB);
+/// `--slot-map-max` overrides it.
+pub const SLOT_MAP_CAPACITY: u32 = 1_048_576;
 
-/// Key of the service map: a frontend (VIP, port, protocol) and a slot.
-///
-/// Slot 0 holds the service entry ([`SvcValue::count`] = number of backend slots);
-/// slots `1..=count` hold one backend id each.
+/// Key of the service map: a frontend (VIP, port, protocol, scope). (V3: V2's `slot` field
+/// is gone, the key keeps its size.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
 pub struct SvcKey {
@@ -303,17 +312,17 @@ pub struct SvcKey {
     pub addr_be: [u32; 4],
     /// Frontend port, network order.
     pub port_be: u16,
-    /// 0 = service entry, 1..=count = backend slot.
-    pub slot: u16,
     /// `IPPROTO_TCP` or `IPPROTO_UDP`.
     pub proto: u8,
     /// `FAMILY_V4` or `FAMILY_V6`.
     pub family: u8,
     /// `SCOPE_EXTERNAL` (0: every frontend has one) or `SCOPE_INTERNAL` (a second entry set
-    /// for traffic from the node and its pods, see [`SVC_F_TWO_SCOPES`]). This byte was
-    /// padding (always 0) before scopes existed, so V1 maps read the same.
+    /// for traffic from the node and its pods, see [`SVC_F_TWO_SCOPES`]).
     pub scope: u8,
-    pub _pad: u8,
+    pub _pad0: u8,
+    /// (Two fields, not a `[u8; 3]`: the datapath zeroes them with two stores, where an
+    /// array becomes a byte loop the verifier refuses without CAP_PERFMON.)
+    pub _pad1: u16,
 }
 const _: () = assert!(core::mem::size_of::<SvcKey>() == 24);
 
@@ -326,22 +335,21 @@ pub const SCOPE_EXTERNAL: u8 = 0;
 /// local-origin traffic to the cluster chain.
 pub const SCOPE_INTERNAL: u8 = 1;
 
-/// Value of the service map.
+/// Value of the service map: a frontend's entry.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct SvcValue {
-    /// Slot > 0: the index of the backend in that slot (into `XLB_BE_V2`). Slot 0: unused
-    /// (0).
-    pub backend_id: u32,
-    /// Slot 0: number of backend slots. Slot > 0: unused (0).
+    /// Where its slots start in the slot array ([`MAP_SLOT`]): slot `n` (`1..=count`) is
+    /// element `slot_base + n - 1` (0 when it has none).
+    pub slot_base: u32,
+    /// Number of backend slots.
     pub count: u16,
-    /// Slot 0: `SVC_F_*` flags.
+    /// `SVC_F_*` flags.
     pub flags: u16,
     /// The service port's dense index (names map, per-service counter array, affinity and
     /// source-range keys, conntrack entries).
     pub svc_id: u32,
-    /// Slot 0: sessionAffinity ClientIP timeout in seconds (0 = no affinity). This was
-    /// padding (always 0) before affinity existed, so V1 maps read the same.
+    /// sessionAffinity ClientIP timeout in seconds (0 = no affinity).
     pub affinity_timeout_s: u32,
 }
 const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
@@ -370,20 +378,20 @@ pub struct Backend {
 }
 const _: () = assert!(core::mem::size_of::<Backend>() == 32);
 
-/// Service flag (slot 0): with no backends, drop instead of refusing (kube-proxy drops when
+/// Service flag: with no backends, drop instead of refusing (kube-proxy drops when
 /// a Local traffic policy has no local endpoint).
 pub const SVC_F_DROP_EMPTY: u16 = 1;
 
-/// Service flag (slot 0): an external frontend (NodePort, externalIP, LoadBalancer) with
+/// Service flag: an external frontend (NodePort, externalIP, LoadBalancer) with
 /// externalTrafficPolicy Cluster: flows to a remote backend are SNATed to the node.
 pub const SVC_F_SNAT_REMOTE: u16 = 2;
-/// Service flag (slot 0): the frontend has loadBalancerSourceRanges; a client outside
+/// Service flag: the frontend has loadBalancerSourceRanges; a client outside
 /// them (per `XLB_SRCRNG_V2`, or `XLB_SRCRNG6_V1` for an IPv6 frontend) is dropped.
 pub const SVC_F_SRC_RANGES: u16 = 4;
-/// Service flag (slot 0, external scope): the frontend also has `SCOPE_INTERNAL` entries,
+/// Service flag (external scope): the frontend also has `SCOPE_INTERNAL` entries,
 /// which the socket hooks use instead.
 pub const SVC_F_TWO_SCOPES: u16 = 8;
-/// Service flag (slot 0, external scope): a new flow picks its backend from the frontend's
+/// Service flag (external scope): a new flow picks its backend from the frontend's
 /// Maglev table (`XLB_MAGLEV_V2`, keyed by its service index) by its 5-tuple's [`flow_hash`], not at
 /// random (`--lb-algorithm maglev`; external frontends only).
 pub const SVC_F_MAGLEV: u16 = 16;
@@ -722,6 +730,8 @@ mod pod {
     unsafe impl aya::Pod for super::prev::CtValue {}
     unsafe impl aya::Pod for super::prev::AffinityValue {}
     unsafe impl aya::Pod for super::prev::Backend {}
+    unsafe impl aya::Pod for super::prev::SvcKey {}
+    unsafe impl aya::Pod for super::prev::SvcValue {}
 }
 
 #[cfg(test)]

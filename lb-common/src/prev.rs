@@ -23,6 +23,52 @@ pub const REPLACED: [&str; 7] = [
     "XLB_SRCRNG_V1",
 ];
 
+/// The service map of the layout before slot ranges (an entry per backend slot): an agent
+/// that finds it pinned reads the frontends, their backend indices and service indices
+/// from it, programs its own maps beside it, and removes it once its programs are attached
+/// (`XLB_BE_V2`, conntrack and affinity carry over as they are).
+pub const MAP_SVC_V2: &str = "XLB_SVC_V2";
+
+/// `XLB_SVC_V2`'s key (and `XLB_SVC_V1`'s): a frontend and a slot (0: its entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]
+pub struct SvcKey {
+    pub addr_be: [u32; 4],
+    pub port_be: u16,
+    pub slot: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub scope: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<SvcKey>() == 24);
+
+/// The frontend of a key of `XLB_SVC_V2` (or `XLB_SVC_V1`), in this layout's key.
+pub fn frontend(k: &SvcKey) -> crate::SvcKey {
+    crate::SvcKey {
+        addr_be: k.addr_be,
+        port_be: k.port_be,
+        proto: k.proto,
+        family: k.family,
+        scope: k.scope,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
+/// `XLB_SVC_V2`'s value (and `XLB_SVC_V1`'s): slot 0 the entry (`count`, `flags`, `svc_id`,
+/// `affinity_timeout_s`), slots `1..=count` a `backend_id` each.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct SvcValue {
+    pub backend_id: u32,
+    pub count: u16,
+    pub flags: u16,
+    pub svc_id: u32,
+    pub affinity_timeout_s: u32,
+}
+const _: () = assert!(core::mem::size_of::<SvcValue>() == 16);
+
 /// `XLB_CT_V2`'s key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]

@@ -60,17 +60,17 @@ pub fn affinity_key(svc_id: u32, client: IpAddr) -> crate::AffinityKey {
     }
 }
 
-/// The key of a frontend's service entry (slot 0, external scope) for IP protocol `proto`.
+/// The key of a frontend's service entry (external scope) for IP protocol `proto`.
 pub fn frontend_key(ip: impl Into<IpAddr>, port: u16, proto: impl Into<u8>) -> SvcKey {
     let (addr_be, family) = addr_words(ip.into());
     SvcKey {
         addr_be,
         port_be: port.to_be(),
-        slot: 0,
         proto: proto.into(),
         family,
         scope: SCOPE_EXTERNAL,
-        _pad: 0,
+        _pad0: 0,
+        _pad1: 0,
     }
 }
 
@@ -183,7 +183,7 @@ mod tests {
         let k = frontend_key(Ipv4Addr::new(10, 96, 0, 10), 80, IPPROTO_TCP);
         assert_eq!(k.addr_be[0].to_ne_bytes(), [10, 96, 0, 10]);
         assert_eq!(k.port_be.to_ne_bytes(), [0, 80]);
-        assert_eq!((k.slot, k.scope), (0, SCOPE_EXTERNAL));
+        assert_eq!(k.scope, SCOPE_EXTERNAL);
         let b = remote_backend_value(Ipv4Addr::new(10, 244, 1, 2), 8080, IPPROTO_UDP);
         assert_eq!(b.flags, BE_F_REMOTE);
         assert_eq!(u16::from_be(b.port_be), 8080);

@@ -104,7 +104,7 @@ pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratc
     let Some(svc) = select::lookup(&t.frontend(SCOPE_EXTERNAL)) else {
         return Carried::done(pass(R_PASS));
     };
-    match choose(t, svc, reason, SCOPE_EXTERNAL, s).next::<i32>() {
+    match choose(t, svc, reason, s).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
         Then::Refuse => return refuse(ctx, t, s, 0),
@@ -192,7 +192,7 @@ fn supersede<F: Family>(ctx: &TcContext, t: &F) -> Carried {
     Carried::done(pass(R_PASS))
 }
 
-/// The first packet of a flow to a frontend (in `scope`): dropped when its source is outside
+/// The first packet of a flow to a frontend (its entry `svc`, of either scope): dropped when its source is outside
 /// the frontend's source ranges, refused when there are no endpoints (kube-proxy's REJECT,
 /// unless the service must drop), else its backend (into the scratch, `Parts::chosen`) and
 /// [`Then::Next`]. Also the node's own flows' step at tc egress (`out_dnat`).
@@ -201,10 +201,9 @@ pub fn choose<F: Family>(
     t: &F,
     svc: &SvcValue,
     reason: u32,
-    scope: u8,
     s: &mut F::Scratch,
 ) -> Carried {
-    Carried::then::<i32>(try_choose(t, svc, reason, scope, s))
+    Carried::then::<i32>(try_choose(t, svc, reason, s))
 }
 
 #[inline(always)]
@@ -212,14 +211,13 @@ fn try_choose<F: Family>(
     t: &F,
     svc: &SvcValue,
     reason: u32,
-    scope: u8,
     s: &mut F::Scratch,
 ) -> Result<Then<i32>, Reason> {
     flow::admitted(t, svc)?;
     if svc.count == 0 && svc.flags & SVC_F_DROP_EMPTY == 0 {
         return Ok(Then::Refuse);
     }
-    let c = select::choose(&t.frontend(scope), &t.client(), svc, Some(t.flow_hash()))?;
+    let c = select::choose(&t.client(), svc, Some(t.flow_hash()))?;
     F::parts(s).chosen.set(&c);
     Ok(Then::Next(Reason(reason)))
 }

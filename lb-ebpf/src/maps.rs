@@ -10,17 +10,24 @@ use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, MAGLEV_MAP_CAPACITY, MaglevRow,
     NodeConfig, R_COUNT, SOCK_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
-    SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey,
+    SLOT_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey,
     SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
-/// Services. Written by the agent (make-before-break), read here for packets that match no
-/// flow (new flows) and by the socket hooks.
-/// `SvcKey{vip, port, proto, slot}` → `SvcValue`: slot 0 = service entry with the backend
-/// count, the service index and flags; slots 1..=count = backend indices. 24 B → 16 B,
-/// 262,144 entries, no eviction.
+/// Services. Written by the agent (make-before-break: a frontend's slots before its entry),
+/// read here for packets that match no flow (new flows) and by the socket hooks.
+/// `SvcKey{vip, port, proto, family, scope}` → `SvcValue{slot_base, count, flags, svc
+/// index, affinity timeout}`: frontends only. 24 B → 16 B, 262,144 entries (the agent sizes
+/// it), no eviction.
 #[btf_map]
-pub static XLB_SVC_V2: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
+pub static XLB_SVC_V3: HashMap<SvcKey, SvcValue, { SVC_MAP_CAPACITY as usize }> = HashMap::new();
+
+/// Backend slots. Written by the agent (a frontend's range before the entry that names it;
+/// a range it left is reused only after a quarantine), read here by new flows: slot `n` of
+/// a frontend is element `slot_base + n - 1`. slot (u32) → backend index (u32). 4 B → 4 B,
+/// 1,048,576 entries (the agent sizes it), an array: preallocated, nothing to evict.
+#[btf_map]
+pub static XLB_SLOT_V1: Array<u32, { SLOT_MAP_CAPACITY as usize }> = Array::new();
 
 /// Maglev lookup tables. Written by the agent (a frontend's table before its entry is
 /// flagged `SVC_F_MAGLEV`, a new table replacing the old in one update, removed after the

@@ -71,14 +71,12 @@ pub fn flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
     let Some(mut svc) = select::lookup(&t.frontend(SCOPE_EXTERNAL)) else {
         return pass();
     };
-    let mut scope = SCOPE_EXTERNAL;
     if svc.flags & SVC_F_TWO_SCOPES != 0
         && let Some(inner) = select::lookup(&t.frontend(SCOPE_INTERNAL))
     {
         svc = inner;
-        scope = SCOPE_INTERNAL;
     }
-    match ingress::choose(t, svc, reason, scope, s).next::<i32>() {
+    match ingress::choose(t, svc, reason, s).next::<i32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
         Then::Refuse => return ingress::refuse(ctx, t, s, BPF_F_INGRESS as u64),

@@ -12,7 +12,7 @@ use lb_common::{
 
 use crate::{
     affinity::{self, Client},
-    maps::{Chosen, XLB_BE_V2, XLB_MAGLEV_V2, XLB_SVC_V2},
+    maps::{Chosen, XLB_BE_V2, XLB_MAGLEV_V2, XLB_SLOT_V1, XLB_SVC_V3},
     reason::Reason,
     shared::{Shared, get},
 };
@@ -27,23 +27,23 @@ pub struct Frontend {
     pub scope: u8,
 }
 
-/// A frontend's service-map key for one slot: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`])
-/// frontends share the map, the lookups and the backend choice.
+/// A frontend's service-map key: IPv4 ([`Frontend`]) and IPv6 ([`Frontend6`]) frontends
+/// share the map, the lookups and the backend choice.
 pub trait Keyed {
-    fn key(&self, slot: u16) -> SvcKey;
+    fn key(&self) -> SvcKey;
 }
 
 impl Keyed for Frontend {
     #[inline(always)]
-    fn key(&self, slot: u16) -> SvcKey {
+    fn key(&self) -> SvcKey {
         SvcKey {
             addr_be: [self.addr_be, 0, 0, 0],
             port_be: self.port_be,
-            slot,
             proto: self.proto,
             family: FAMILY_V4,
             scope: self.scope,
-            _pad: 0,
+            _pad0: 0,
+            _pad1: 0,
         }
     }
 }
@@ -59,15 +59,15 @@ pub struct Frontend6 {
 
 impl Keyed for Frontend6 {
     #[inline(always)]
-    fn key(&self, slot: u16) -> SvcKey {
+    fn key(&self) -> SvcKey {
         SvcKey {
             addr_be: self.addr_be,
             port_be: self.port_be,
-            slot,
             proto: self.proto,
             family: FAMILY_V6,
             scope: self.scope,
-            _pad: 0,
+            _pad0: 0,
+            _pad1: 0,
         }
     }
 }
@@ -79,11 +79,11 @@ pub fn is_loopback(addr_be: u32) -> bool {
     addr_be.to_ne_bytes()[0] == 127
 }
 
-/// The service entry (slot 0) of `f`, if it is a frontend.
+/// The service entry of `f`, if it is a frontend.
 #[inline(always)]
 pub fn lookup<F: Keyed>(f: &F) -> Option<&'static SvcValue> {
     // SAFETY: the agent replaces values whole; the datapath never writes this map.
-    unsafe { XLB_SVC_V2.get(f.key(0)) }
+    unsafe { XLB_SVC_V3.get(f.key()) }
 }
 
 /// The backend at index `id`, if the index holds one.
@@ -101,20 +101,24 @@ pub fn backend_is(id: u32, generation: u32) -> bool {
             .is_some_and(|b| b.generation == generation)
 }
 
-/// The entry of backend slot `slot` of frontend `f`.
+/// The backend index in slot `n` (`1..=count`) of the frontend whose entry is `svc`: element
+/// `slot_base + n - 1` of the slot array (the array's lookup bounds the index; a slot past
+/// the entry's count is none of the frontend's).
 #[inline(always)]
-pub fn slot<F: Keyed>(f: &F, slot: u16) -> Option<&'static SvcValue> {
-    // SAFETY: read-only here.
-    unsafe { XLB_SVC_V2.get(f.key(slot)) }
+pub fn slot(svc: &SvcValue, n: u16) -> Option<u32> {
+    if n == 0 || n > svc.count {
+        return None;
+    }
+    let i = svc.slot_base.wrapping_add(n as u32 - 1);
+    XLB_SLOT_V1.get(i).copied()
 }
 
-/// The backend `client` gets from `f`: the one it is bound to by ClientIP affinity, else
+/// The backend `client` gets from the frontend whose entry is `svc`: the one it is bound to by ClientIP affinity, else
 /// the one the frontend's Maglev table gives the flow's `hash` (a frontend flagged
 /// `SVC_F_MAGLEV`; `None`: a socket's connect, which has no flow yet), else one picked at
 /// random.
 #[inline(always)]
-pub fn choose<F: Keyed>(
-    f: &F,
+pub fn choose(
     client: &Client,
     svc: &SvcValue,
     hash: Option<u32>,
@@ -122,7 +126,7 @@ pub fn choose<F: Keyed>(
     // Each field of the entry read where it is used (kept across the lookups, they would be
     // spilled).
     let still = |a: &Shared<'_, AffinityValue>| {
-        if slot(f, get!(a, slot)).is_none_or(|s| s.backend_id != get!(a, backend_id)) {
+        if slot(svc, get!(a, slot)) != Some(get!(a, backend_id)) {
             return None;
         }
         let be = *backend(get!(a, backend_id)).filter(|b| b.generation == get!(a, backend_gen))?;
@@ -142,7 +146,7 @@ pub fn choose<F: Keyed>(
         }
         _ => 0,
     };
-    pick(f, svc, n)
+    pick(svc, n)
 }
 
 /// The slot the Maglev table of service index `svc_id` holds for `hash`, if it is one of the frontend's
@@ -173,7 +177,7 @@ pub extern "C" fn xlb_maglev_slot(svc_id: u32, hash: u32, count: u32) -> u32 {
 /// picked uniformly at random among the service's slots (kube-proxy's iptables mode picks
 /// at random too).
 #[inline(always)]
-pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
+pub fn pick(svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
     let count = svc.count as u32;
     if count == 0 {
         return Err(Reason(R_NO_BACKEND));
@@ -184,10 +188,10 @@ pub fn pick<F: Keyed>(f: &F, svc: &SvcValue, n: u16) -> Result<Chosen, Reason> {
         // SAFETY: helper without side effects.
         ((unsafe { bpf_get_prandom_u32() } % count) + 1) as u16
     };
-    let entry = slot(f, n).ok_or(Reason(R_STALE_SLOT))?;
-    let be = backend(entry.backend_id).ok_or(Reason(R_STALE_SLOT))?;
+    let id = slot(svc, n).ok_or(Reason(R_STALE_SLOT))?;
+    let be = backend(id).ok_or(Reason(R_STALE_SLOT))?;
     Ok(Chosen {
-        id: entry.backend_id,
+        id,
         slot: n,
         _pad: 0,
         backend: *be,

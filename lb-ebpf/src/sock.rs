@@ -306,7 +306,7 @@ fn try_forward<F: Family>(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason
             slot,
             backend: be,
             ..
-        } = select::choose(&f, &client, svc, None)?;
+        } = select::choose(&client, svc, None)?;
         affinity::remember(&client, svc, id, slot, be.generation);
         (id, be)
     };
@@ -344,7 +344,7 @@ fn sticky<F: Family>(
     // backend holds another address).
     // SAFETY: the value is copied out at once; entries are replaced whole.
     if let Some(v) = unsafe { XLB_SOCK_V1.get(&k) }
-        && select::slot(f, v.slot).is_some_and(|s| s.backend_id == v.id)
+        && select::slot(svc, v.slot) == Some(v.id)
         && let Some(be) = select::backend(v.id)
         && be.addr_be == v.addr_be
         && be.port_be == v.port_be
@@ -356,7 +356,7 @@ fn sticky<F: Family>(
         slot,
         backend: be,
         ..
-    } = select::choose(f, client, svc, None)?;
+    } = select::choose(client, svc, None)?;
     affinity::remember(client, svc, id, slot, be.generation);
     let v = SockValue {
         addr_be: be.addr_be,

@@ -252,12 +252,7 @@ fn try_choose<F: Family>(t: &F, svc: &SvcValue, s: &mut F::Scratch) -> Result<Th
     if svc.count == 0 {
         return Ok(Then::Done(pass(R_PASS)));
     }
-    let c = select::choose(
-        &t.frontend(SCOPE_EXTERNAL),
-        &t.client(),
-        svc,
-        Some(t.flow_hash()),
-    )?;
+    let c = select::choose(&t.client(), svc, Some(t.flow_hash()))?;
     F::parts(s).chosen.set(&c);
     Ok(Then::Next(Reason(R_NEW_FLOW)))
 }

@@ -142,13 +142,14 @@ pub fn services_of(state: &Desired) -> Vec<ServiceRow> {
             .push(format!("{}/{}", r.addr, r.prefix));
     }
     let mut rows = Vec::new();
-    for (k, v) in state.services.iter().filter(|(k, _)| k.slot == 0) {
-        let backends = (1..=v.count)
-            .filter_map(|slot| state.services.get(&lb_common::SvcKey { slot, ..*k }))
-            .map(|s| {
+    for (k, v) in &state.services {
+        let backends = v
+            .slots
+            .iter()
+            .map(|id| {
                 state
                     .backends
-                    .get(&s.backend_id)
+                    .get(id)
                     .map_or("MISSING".into(), show_backend)
             })
             .collect();
@@ -196,8 +197,10 @@ pub fn backends(pins: &Pins) -> Result<Vec<BackendRow>, DatapathError> {
 pub fn backends_of(state: &Desired) -> Vec<BackendRow> {
     let mut by_backend: std::collections::HashMap<u32, Vec<u32>> =
         std::collections::HashMap::with_capacity(state.backends.len());
-    for (_, v) in state.services.iter().filter(|(k, _)| k.slot > 0) {
-        by_backend.entry(v.backend_id).or_default().push(v.svc_id);
+    for v in state.services.values() {
+        for id in v.slots.iter() {
+            by_backend.entry(*id).or_default().push(v.svc_id);
+        }
     }
     state
         .backends
@@ -481,10 +484,11 @@ pub struct MapUsage {
     pub capacity: u32,
 }
 
-/// Entries and capacity of every hash map xlb pins, and of the backend array (its entries:
-/// the backends the slots name; the counter arrays have one slot per index, in use or not).
+/// Entries and capacity of every hash map xlb pins, and of the slot and backend arrays
+/// (their entries: the slots the service entries read, the backends the slots name; the
+/// counter arrays have one slot per index, in use or not).
 pub fn map_usage(pins: &Pins) -> Result<Vec<MapUsage>, DatapathError> {
-    use lb_common::{MAP_BACKEND, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
+    use lb_common::{MAP_BACKEND, MAP_SLOT, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
     fn usage<K: aya::Pod, V: aya::Pod>(
         pins: &Pins,
         name: &'static str,
@@ -505,13 +509,21 @@ pub fn map_usage(pins: &Pins) -> Result<Vec<MapUsage>, DatapathError> {
         })
     }
     let maps = KernelMaps::open(pins)?;
+    let state = maps.read()?;
     let backends = MapUsage {
         map: MAP_BACKEND,
-        entries: maps.read()?.backends.len() as u64,
+        entries: state.backends.len() as u64,
         capacity: maps.limits().backends,
+    };
+    // Slots the entries read (a frontend's range may hold more).
+    let slots = MapUsage {
+        map: MAP_SLOT,
+        entries: state.services.values().map(|v| u64::from(v.count)).sum(),
+        capacity: maps.limits().slots,
     };
     Ok(vec![
         usage::<SvcKey, SvcValue>(pins, MAP_SVC)?,
+        slots,
         backends,
         usage::<CtKey, CtValue>(pins, MAP_CT)?,
         usage::<CtKey, CtValue>(pins, MAP_CT_ASSURED)?,

@@ -13,8 +13,8 @@ use aya_obj::{
 };
 use lb_common::{
     AffinityKey, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, SvcKey, SvcValue,
-    kind, prev,
+    MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SLOT, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, kind,
+    prev,
 };
 use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
 
@@ -79,6 +79,7 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
     }
     for name in [
         MAP_SVC,
+        MAP_SLOT,
         MAP_BACKEND,
         MAP_CT,
         MAP_CT_ASSURED,
@@ -101,29 +102,82 @@ pub fn downgrade(dir: &Path) -> Result<usize, String> {
 
 /// The previous layout's service map, with the previous layout's ids.
 fn write_services(dir: &Path, state: &lb_userspace::desired::Desired) -> Result<(), String> {
-    let svc = create(
+    write_slotted(
         dir,
         prev::MAP_SVC,
+        state,
+        (SVC_ID_OFFSET, BACKEND_ID_OFFSET),
+    )
+}
+
+/// A service map of the layouts before slot ranges (an entry per frontend at slot 0, an
+/// entry per backend slot) pinned under `dir` as `name`, holding `state`'s frontends with
+/// their ids plus `offsets` (service, backend).
+fn write_slotted(
+    dir: &Path,
+    name: &str,
+    state: &lb_userspace::desired::Desired,
+    (svc_off, be_off): (u32, u32),
+) -> Result<(), String> {
+    let svc = create(
+        dir,
+        name,
         kind::HASH,
-        std::mem::size_of::<SvcKey>(),
-        std::mem::size_of::<SvcValue>(),
+        std::mem::size_of::<prev::SvcKey>(),
+        std::mem::size_of::<prev::SvcValue>(),
         65_536,
         0,
     )?;
-    let mut svc: HashMap<MapData, SvcKey, SvcValue> = hash(svc)?;
+    let mut svc: HashMap<MapData, prev::SvcKey, prev::SvcValue> = hash(svc)?;
     for (k, v) in &state.services {
-        let old = SvcValue {
-            svc_id: v.svc_id + SVC_ID_OFFSET,
-            backend_id: if k.slot > 0 {
-                v.backend_id + BACKEND_ID_OFFSET
-            } else {
-                0
-            },
-            ..*v
+        let key = prev::SvcKey {
+            addr_be: k.addr_be,
+            port_be: k.port_be,
+            slot: 0,
+            proto: k.proto,
+            family: k.family,
+            scope: k.scope,
+            _pad: 0,
         };
-        svc.insert(k, old, 0).map_err(|e| e.to_string())?;
+        let entry = prev::SvcValue {
+            backend_id: 0,
+            count: v.count,
+            flags: v.flags,
+            svc_id: v.svc_id + svc_off,
+            affinity_timeout_s: v.affinity_timeout_s,
+        };
+        for (i, id) in v.slots.iter().enumerate() {
+            let slot = prev::SvcKey {
+                slot: i as u16 + 1,
+                ..key
+            };
+            let value = prev::SvcValue {
+                backend_id: id + be_off,
+                svc_id: entry.svc_id,
+                ..prev::SvcValue::default()
+            };
+            svc.insert(slot, value, 0).map_err(|e| e.to_string())?;
+        }
+        svc.insert(key, entry, 0).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// Rewrites the pins under `dir` (this layout's, left by a stopped agent) into the layout
+/// before slot ranges: the service map and the slot array are unpinned (the attached
+/// programs keep them) and `XLB_SVC_V2` is pinned holding the same frontends, service and
+/// backend indices (the backend array, conntrack and affinity are that layout's as they
+/// are). Returns the frontends written.
+pub fn downgrade_slots(dir: &Path) -> Result<usize, String> {
+    let pins = crate::pins(dir);
+    let state = KernelMaps::open(&pins)
+        .and_then(|m| Ok(m.read()?))
+        .map_err(|e| e.to_string())?;
+    for name in [MAP_SVC, MAP_SLOT] {
+        std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
+    }
+    write_slotted(dir, prev::MAP_SVC_V2, &state, (0, 0))?;
+    Ok(state.services.len())
 }
 
 /// The previous layout's backend map (a hash, no slots).

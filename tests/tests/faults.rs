@@ -202,18 +202,24 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
     assert!(seen.contains("synced"), "{seen}");
 }
 
-/// Whether the web frontend's entry and its first slot are in the pinned service map.
+/// Whether the web frontend's entry is in the pinned service map and its first slot names
+/// a backend.
 fn web_programmed(pins: &std::path::Path) -> bool {
-    use aya::maps::{HashMap, MapData};
-    use lb_common::{MAP_SVC, SvcKey, SvcValue};
-    let Ok(map) = xlb_tests::pins(pins).map(MAP_SVC) else {
+    use aya::maps::{Array, HashMap, MapData};
+    use lb_common::{MAP_SLOT, MAP_SVC, SvcKey, SvcValue};
+    let pins = xlb_tests::pins(pins);
+    let (Ok(map), Ok(slots)) = (pins.map(MAP_SVC), pins.map(MAP_SLOT)) else {
         return false;
     };
-    let Ok(svc) = HashMap::<MapData, SvcKey, SvcValue>::try_from(map) else {
+    let (Ok(svc), Ok(slots)) = (
+        HashMap::<MapData, SvcKey, SvcValue>::try_from(map),
+        Array::<MapData, u32>::try_from(slots),
+    ) else {
         return false;
     };
     let key = lb_common::user::frontend_key(WEB, 80, lb_userspace::model::Protocol::Tcp);
-    svc.get(&key, 0).is_ok_and(|v| v.count == 1) && svc.get(&SvcKey { slot: 1, ..key }, 0).is_ok()
+    svc.get(&key, 0)
+        .is_ok_and(|v| v.count == 1 && slots.get(&v.slot_base, 0).is_ok_and(|id| id != 0))
 }
 
 /// Fillers in the mid-sync kill test, and endpoints per filler: enough slots that writing
@@ -269,27 +275,20 @@ fn watch_web(
     (stop, watcher)
 }
 
-/// Freezes the agent (SIGSTOP) once some of the fillers are written (the first filler's
-/// first slot: slots go in before any entry names them), then SIGKILLs it: (how many
-/// frontends it had programmed, when it was killed). Frozen, the count is exact: the kill
-/// lands where the count says.
+/// Freezes the agent (SIGSTOP) once some of the fillers are written (slots of the slot
+/// array past web's, which is the first range: slots go in before any entry names them),
+/// then SIGKILLs it: (how many frontends it had programmed, when it was killed). Frozen,
+/// the count is exact: the kill lands where the count says.
 fn kill_mid_sync(s: &mut Scenario) -> (usize, Instant) {
-    use aya::maps::{HashMap, MapData};
-    use lb_common::{SvcKey, SvcValue};
-    let first_slot = SvcKey {
-        slot: 1,
-        ..lb_common::user::frontend_key(
-            Ipv4Addr::new(10, 100, 0, 0),
-            80,
-            lb_userspace::model::Protocol::Tcp,
-        )
-    };
-    let svc_map = || {
+    use aya::maps::{Array, MapData};
+    let slot_array = || {
         xlb_tests::pins(&s.agent.pins)
-            .map(lb_common::MAP_SVC)
+            .map(lb_common::MAP_SLOT)
             .ok()
-            .and_then(|m| HashMap::<MapData, SvcKey, SvcValue>::try_from(m).ok())
+            .and_then(|m| Array::<MapData, u32>::try_from(m).ok())
     };
+    let fillers_begun =
+        |a: &Array<MapData, u32>| (1..64).any(|i| a.get(&i, 0).is_ok_and(|id| id != 0));
     let pid = s.agent.pid().expect("agent") as i32;
     // Reading thousands of services takes a debug build seconds; a loaded CI machine, more.
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -301,9 +300,9 @@ fn kill_mid_sync(s: &mut Scenario) -> (usize, Instant) {
             s.agent.log_text()
         );
         if map.is_none() {
-            map = svc_map();
+            map = slot_array();
         }
-        if map.as_ref().is_some_and(|m| m.get(&first_slot, 0).is_ok()) {
+        if map.as_ref().is_some_and(fillers_begun) {
             break;
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -78,11 +78,23 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
     current.filter = maps.read_filter().map_err(DatapathError::from)?;
     info!(
         pins = %opts.bpffs.display(),
-        services = current.services.keys().filter(|k| k.slot == 0).count(),
+        services = current.services.len(),
         backends = current.backends.len(),
         "loaded; adopted what was pinned"
     );
     let limits = maps.limits();
+    // The layout before slot ranges: its indices, so every flow keeps its service and backend.
+    let books = match upgrade::slotted_indices(&pins)?.filter(|_| current.services.is_empty()) {
+        Some(indices) => {
+            info!(
+                services = indices.services.len(),
+                backends = indices.backends.len(),
+                "adopted the indices of the service map before slot ranges"
+            );
+            Reconciler::adopt_slotted(indices, current, limits)
+        }
+        None => Reconciler::adopt(current, limits),
+    };
     Ok(Started {
         _lock,
         ebpf,
@@ -91,7 +103,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         hooks,
         maps,
         pins,
-        books: Reconciler::adopt(current, limits),
+        books,
     })
 }
 

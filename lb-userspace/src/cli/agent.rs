@@ -110,9 +110,13 @@ pub struct AgentArgs {
     /// config file's conntrack.min]. The map holds two entries a flow.
     #[arg(long, env = "XLB_CONNTRACK_MIN")]
     pub conntrack_min: Option<u32>,
-    /// Service map entries (a frontend takes one, plus one per backend slot).
+    /// Service map entries (a frontend takes one per scope).
     #[arg(long, env = "XLB_SERVICE_MAP_MAX", default_value_t = lb_common::SVC_MAP_CAPACITY)]
     pub service_map_max: u32,
+    /// Slot array entries: every frontend's backend slots, 4 bytes each, in ranges of a
+    /// power of two (a frontend of 10 backends takes 16).
+    #[arg(long, env = "XLB_SLOT_MAP_MAX", default_value_t = lb_common::SLOT_MAP_CAPACITY)]
+    pub slot_map_max: u32,
     /// Service ports (frontends) the per-service arrays (names, counters) hold [default:
     /// a quarter of --service-map-max, at least 65536].
     #[arg(long, env = "XLB_SERVICE_PORTS_MAX")]
@@ -260,6 +264,7 @@ fn map_sizes(
     lb_userspace::datapath::sizes::MapSizes {
         conntrack: config.conntrack_entries(per_core, min, cpus),
         services: args.service_map_max,
+        slots: args.slot_map_max.max(1),
         backends: args.backend_map_max,
         affinity: args.affinity_map_max,
         service_ports: (args.service_ports_max).unwrap_or_else(|| {

@@ -6,16 +6,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+use lb_common::{Backend, SvcKey, SvcName};
 
 use super::sync::set_word;
-use crate::desired::{Desired, MaglevTable, SrcRange, Touched};
+use crate::desired::{Desired, MaglevTable, SrcRange, SvcEntry, Touched};
 
 /// The programmed state of keys that differ from the desired state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Diverged {
-    /// Frontend (slot 0) → its programmed service map entries (its entry and slots).
-    pub frontends: BTreeMap<SvcKey, Vec<(SvcKey, SvcValue)>>,
+    /// Frontend → its programmed entry and slots (`None`: no entry).
+    pub frontends: BTreeMap<SvcKey, Option<SvcEntry>>,
     /// Service index → its programmed name (`None`: none), for the diverged frontends.
     pub names: BTreeMap<u32, Option<SvcName>>,
     pub backends: BTreeMap<u32, Option<Backend>>,
@@ -27,11 +27,6 @@ pub struct Diverged {
     pub maglev: BTreeMap<u32, Option<MaglevTable>>,
 }
 
-/// The entry (slot 0) of a slot's frontend.
-fn frontend_of(k: &SvcKey) -> SvcKey {
-    SvcKey { slot: 0, ..*k }
-}
-
 fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
     bits.range(word * 64..(word + 1) * 64)
         .fold(0, |acc, b| acc | 1u64 << (b % 64))
@@ -39,37 +34,25 @@ fn word_of(bits: &BTreeSet<u32>, word: u32) -> u64 {
 
 impl Diverged {
     /// The keys `touched` names whose value in `now` (what is programmed of them) differs
-    /// from `desired`, with `now`'s value. A frontend differs when its entry, a slot up to
-    /// either count, or the name of its service index does.
+    /// from `desired`, with `now`'s value. A frontend differs when its entry, its slots, or
+    /// the name of its service index does.
     pub fn of(now: &Desired, desired: &Desired, touched: &Touched) -> Self {
         let mut d = Diverged::default();
         for f in &touched.frontends {
             let (have, want) = (now.services.get(f), desired.services.get(f));
-            let slots = have.map_or(0, |v| v.count).max(want.map_or(0, |v| v.count));
             let ids: BTreeSet<u32> = [have, want]
                 .into_iter()
                 .flatten()
                 .map(|v| v.svc_id)
                 .collect();
             let differs = have != want
-                || (1..=slots).any(|slot| {
-                    let k = SvcKey { slot, ..*f };
-                    now.services.get(&k) != desired.services.get(&k)
-                })
                 || ids
                     .iter()
                     .any(|id| now.names.get(id) != desired.names.get(id));
             if !differs {
                 continue;
             }
-            let mut entries: Vec<(SvcKey, SvcValue)> = (1..=slots)
-                .filter_map(|slot| {
-                    let k = SvcKey { slot, ..*f };
-                    now.services.get(&k).map(|v| (k, *v))
-                })
-                .collect();
-            entries.extend(have.map(|v| (*f, *v)));
-            d.frontends.insert(*f, entries);
+            d.frontends.insert(*f, have.cloned());
             for id in ids {
                 d.names.insert(id, now.names.get(&id).copied());
             }
@@ -132,11 +115,11 @@ impl Diverged {
     /// Puts what it says of its keys into `now` (what is programmed, as far as the desired
     /// state or a journal knows): every entry of its frontends replaced by theirs.
     pub fn overlay(&self, now: &mut Desired) {
-        if !self.frontends.is_empty() {
-            now.services
-                .retain(|k, _| !self.frontends.contains_key(&frontend_of(k)));
-            now.services
-                .extend(self.frontends.values().flatten().copied());
+        for (k, entry) in &self.frontends {
+            match entry {
+                Some(e) => now.services.insert(*k, e.clone()),
+                None => now.services.remove(k),
+            };
         }
         for (id, name) in &self.names {
             match name {
@@ -184,24 +167,13 @@ impl Diverged {
     pub fn by_service(self, desired: &Desired) -> BTreeMap<u32, Diverged> {
         let mut out: BTreeMap<u32, Diverged> = BTreeMap::new();
         let mut users: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
-        for (f, entries) in self.frontends {
+        for (f, entry) in self.frontends {
             let want = desired.services.get(&f);
-            let id = want
-                .map(|v| v.svc_id)
-                .or_else(|| {
-                    entries
-                        .iter()
-                        .find(|(k, _)| k.slot == 0)
-                        .map(|(_, v)| v.svc_id)
-                })
-                .or_else(|| entries.first().map(|(_, v)| v.svc_id))
-                .unwrap_or(0);
-            for slot in 1..=want.map_or(0, |v| v.count) {
-                if let Some(v) = desired.services.get(&SvcKey { slot, ..f }) {
-                    users.entry(v.backend_id).or_default().insert(id);
-                }
+            let id = want.or(entry.as_ref()).map(|v| v.svc_id).unwrap_or(0);
+            for b in want.into_iter().flat_map(|v| v.slots.iter()) {
+                users.entry(*b).or_default().insert(id);
             }
-            out.entry(id).or_default().frontends.insert(f, entries);
+            out.entry(id).or_default().frontends.insert(f, entry);
         }
         for (id, name) in self.names {
             out.entry(id).or_default().names.insert(id, name);
@@ -263,8 +235,8 @@ mod tests {
         let mut maps = MemoryMaps::default();
         let (mut now, r) = apply(&mut maps, &Desired::default(), &before);
         assert!(r.errors.is_empty());
-        // Room for two of the new Service's three entries.
-        maps.svc_capacity = Some(before.services.len() + 2);
+        // No room for the new Service's entry.
+        maps.svc_capacity = Some(before.services.len());
         let both = web + &svc("api", "10.96.0.2", &["10.244.0.3", "10.244.0.4"]);
         let after = desired(&both, &mut ids);
         let touched = crate::datapath::sync::everything(&now, &after);
@@ -273,16 +245,13 @@ mod tests {
         assert!(r.errors[0].cause.contains("map is full"), "{:?}", r.errors);
         let d = Diverged::of(&now, &after, &touched);
         assert_eq!(d.frontends.len(), 1, "only api's frontend differs: {d:?}");
-        let (api, entries) = d.frontends.iter().next().expect("api");
-        assert_eq!(
-            entries.len(),
-            2,
-            "its two slots were written, not its entry"
-        );
+        let (api, entry) = d.frontends.iter().next().expect("api");
+        assert_eq!(entry, &None, "its slots were written, not its entry");
+        let base = after.services[api].slot_base;
         assert!(
-            entries
-                .iter()
-                .all(|(k, _)| frontend_of(k) == *api && k.slot > 0)
+            maps.log.contains(&format!("put slots {base}+2")),
+            "{:?}",
+            maps.log
         );
         // What the maps hold is the desired state with the overlay.
         let mut programmed = after.clone();

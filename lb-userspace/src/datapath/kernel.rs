@@ -9,8 +9,8 @@ use aya::maps::{
 };
 use lb_common::{
     Backend, Counter, MAGLEV_ROW_SLOTS, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CONFIG, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
-    MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
+    MAP_CONFIG, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME,
+    MAP_SVC_STATS, MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
 };
 
 use super::{
@@ -19,13 +19,14 @@ use super::{
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
-use crate::desired::{Desired, MaglevTable, SrcRange};
+use crate::desired::{Desired, MaglevTable, SrcRange, SvcEntry};
 
 /// The maps the agent writes. A service index's counters are zeroed when its name is
 /// first written, a backend index's when the backend is written (a new index or a new
 /// generation there).
 pub struct KernelMaps {
     svc: HashMap<MapData, SvcKey, SvcValue>,
+    slots: Array<MapData, u32>,
     backends: Array<MapData, Backend>,
     names: HashMap<MapData, u32, SvcName>,
     svc_stats: Counters,
@@ -35,6 +36,7 @@ pub struct KernelMaps {
     filter: Array<MapData, u64>,
     maglev: HashMap<MapData, u32, MaglevRow>,
     svc_capacity: u32,
+    slot_capacity: u32,
     backend_capacity: u32,
     src_range_capacity: u32,
     src_range6_capacity: u32,
@@ -158,7 +160,7 @@ impl KernelMaps {
                 .ok_or(DatapathError::MapMissing { name })
         };
         Self::from_maps(
-            take(MAP_SVC)?,
+            [take(MAP_SVC)?, take(MAP_SLOT)?],
             take(MAP_BACKEND)?,
             take(MAP_SVC_NAME)?,
             take(MAP_SVC_STATS)?,
@@ -171,7 +173,7 @@ impl KernelMaps {
     /// The maps as opened in `pins`.
     pub fn open(pins: &Pins) -> Result<Self, DatapathError> {
         Self::from_maps(
-            pins.map(MAP_SVC)?,
+            [pins.map(MAP_SVC)?, pins.map(MAP_SLOT)?],
             pins.map(MAP_BACKEND)?,
             pins.map(MAP_SVC_NAME)?,
             pins.map(MAP_SVC_STATS)?,
@@ -182,7 +184,7 @@ impl KernelMaps {
     }
 
     fn from_maps(
-        svc: Map,
+        [svc, slots]: [Map; 2],
         backends: Map,
         names: Map,
         stats: Map,
@@ -193,6 +195,7 @@ impl KernelMaps {
         let maglev_capacity = capacity(&maglev);
         let filter_size = lb_common::FilterSize::from_entries(capacity(&filter));
         let svc_capacity = capacity(&svc);
+        let slot_capacity = capacity(&slots);
         let svc_stats = Counters::open(stats, MAP_SVC_STATS)?;
         let backend_stats = Counters::open(backend_stats, MAP_BACKEND_STATS)?;
         let backend_capacity = capacity(&backends).min(backend_stats.0.stride());
@@ -202,6 +205,10 @@ impl KernelMaps {
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
+                source,
+            })?,
+            slots: Array::try_from(slots).map_err(|source| DatapathError::Map {
+                name: MAP_SLOT,
                 source,
             })?,
             backends: Array::try_from(backends).map_err(|source| DatapathError::Map {
@@ -231,6 +238,7 @@ impl KernelMaps {
                 source,
             })?,
             svc_capacity,
+            slot_capacity,
             backend_capacity,
             src_range_capacity,
             src_range6_capacity,
@@ -274,6 +282,7 @@ impl KernelMaps {
     pub fn limits(&self) -> crate::desired::Limits {
         crate::desired::Limits {
             svc_entries: self.svc_capacity,
+            slots: self.slot_capacity,
             backends: self.backend_capacity,
             src_ranges: self.src_range_capacity,
             src_ranges6: self.src_range6_capacity,
@@ -316,15 +325,18 @@ impl MapWriter for KernelMaps {
         let mut d = Desired::default();
         for kv in self.svc.iter() {
             let (k, v) = kv.map_err(|e| read_err(MAP_SVC, e))?;
-            d.services.insert(k, v);
+            let slots = (0..v.count as u32)
+                .map(|i| self.slots.get(&v.slot_base.wrapping_add(i), 0))
+                .collect::<Result<Box<[u32]>, _>>()
+                .map_err(|e| read_err(MAP_SLOT, e))?;
+            d.services.insert(k, SvcEntry::new(v, slots));
         }
         // The backends the slots name (an array has no notion of "present": reading only
         // these keeps it to one lookup per backend in use).
         let used: std::collections::BTreeSet<u32> = d
             .services
-            .iter()
-            .filter(|(k, _)| k.slot > 0)
-            .map(|(_, v)| v.backend_id)
+            .values()
+            .flat_map(|v| v.slots.iter().copied())
             .collect();
         for id in used {
             let be = self
@@ -407,27 +419,26 @@ impl MapWriter for KernelMaps {
 
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError> {
         let cap = self.svc_capacity;
-        self.svc.insert(key, value, 0).map_err(|e| {
-            err(
-                MAP_SVC,
-                "insert",
-                format!("{}#{}", show_frontend(key), key.slot),
-                &e,
-                cap,
-            )
-        })
+        self.svc
+            .insert(key, value, 0)
+            .map_err(|e| err(MAP_SVC, "insert", show_frontend(key), &e, cap))
     }
 
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
-        self.svc.remove(key).map_err(|e| {
-            err(
-                MAP_SVC,
-                "delete",
-                format!("{}#{}", show_frontend(key), key.slot),
-                &e,
-                0,
-            )
-        })
+        self.svc
+            .remove(key)
+            .map_err(|e| err(MAP_SVC, "delete", show_frontend(key), &e, 0))
+    }
+
+    fn put_slots(&mut self, base: u32, ids: &[u32]) -> Result<(), WriteError> {
+        let cap = self.slot_capacity;
+        for (i, id) in ids.iter().enumerate() {
+            let at = base.wrapping_add(i as u32);
+            self.slots
+                .set(at, id, 0)
+                .map_err(|e| err(MAP_SLOT, "update", format!("slot {at}"), &e, cap))?;
+        }
+        Ok(())
     }
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
@@ -516,6 +527,29 @@ impl MapWriter for KernelMaps {
         }
         // The rest one by one (the kernel refused the batch there): the failure named.
         in_order(&list[done..], |(k, v)| self.put_svc(k, v)).map_err(|(i, e)| (i + done, e))
+    }
+
+    fn put_slot_runs(&mut self, runs: &[(u32, &[u32])]) -> Vec<(usize, WriteError)> {
+        let n: usize = runs.iter().map(|(_, ids)| ids.len()).sum();
+        if n < BATCH_MIN {
+            return one_by_one(runs, |(base, ids)| self.put_slots(*base, ids));
+        }
+        // Every run's elements in one batch (an array: an element's update cannot fail
+        // for room, only for an index past the end).
+        let keys: Vec<u32> = runs
+            .iter()
+            .flat_map(|(base, ids)| (0..ids.len() as u32).map(move |i| base.wrapping_add(i)))
+            .collect();
+        let values: Vec<u32> = runs
+            .iter()
+            .flat_map(|(_, ids)| ids.iter().copied())
+            .collect();
+        let fd = aya::maps::IterableMap::map(&self.slots).fd().as_fd();
+        match batch::update(fd, &keys, batch::bytes(&values), std::mem::size_of::<u32>()) {
+            Ok(()) => Vec::new(),
+            // One by one: each failure named by its run.
+            Err(_) => one_by_one(runs, |(base, ids)| self.put_slots(*base, ids)),
+        }
     }
 
     fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {

@@ -28,8 +28,9 @@ use super::{
 
 /// The maps a trace reads from the agent's pins and never writes (the programs only read
 /// them).
-pub const SHARED_MAPS: [&str; 9] = [
+pub const SHARED_MAPS: [&str; 10] = [
     MAP_SVC,
+    lb_common::MAP_SLOT,
     MAP_BACKEND,
     MAP_SVC_NAME,
     MAP_CONFIG,

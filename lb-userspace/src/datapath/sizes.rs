@@ -6,8 +6,8 @@ use std::path::Path;
 
 use lb_common::{
     AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, FilterSize, MAP_ADDR_FILTER, MAP_AFFINITY,
-    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SVC,
-    MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
+    MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SLOT,
+    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
 };
 
 use super::{
@@ -26,8 +26,11 @@ pub struct MapSizes {
     /// Conntrack entries (two per flow), of the LRU table and of the assured table each, for
     /// each family.
     pub conntrack: u32,
-    /// Service map entries (one per frontend and one per backend slot).
+    /// Service map entries (one per frontend, each scope).
     pub services: u32,
+    /// Slot array elements (one per backend slot of every frontend, in power-of-two
+    /// ranges).
+    pub slots: u32,
     /// Backends (and their per-backend counters).
     pub backends: u32,
     /// ClientIP affinity entries (one per client and service).
@@ -43,10 +46,9 @@ pub struct MapSizes {
 }
 
 /// The per-service arrays' size for a service map of `services` entries when none is
-/// asked for: every frontend takes an entry and its slots, so a quarter of the entries (at
-/// least the default, 65,536) holds every frontend of services with three endpoints on
-/// average (100,000 × 2 in a map of 524,288: 131,072). A frontend past it is not
-/// programmed and reported, naming the map and its capacity.
+/// asked for: a quarter of the entries (at least the default, 65,536; a service port has a
+/// frontend per address it is served on and scope). A frontend past it is not programmed
+/// and reported, naming the map and its capacity.
 pub fn service_ports_for(services: u32) -> u32 {
     (services / 4).max(SVC_NAME_MAP_CAPACITY)
 }
@@ -56,6 +58,7 @@ impl Default for MapSizes {
         Self {
             conntrack: conntrack_entries(CONNTRACK_MAX_PER_CORE, CONNTRACK_MIN, 1),
             services: lb_common::SVC_MAP_CAPACITY,
+            slots: lb_common::SLOT_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
             affinity: AFFINITY_MAP_CAPACITY,
             service_ports: SVC_NAME_MAP_CAPACITY,
@@ -75,13 +78,14 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 impl MapSizes {
     /// Each sized map's name and size (max entries) on a machine with `cpus` possible CPUs:
     /// the counter arrays hold a row per CPU.
-    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 12] {
+    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 13] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
             (MAP_CT6, self.conntrack),
             (MAP_CT6_ASSURED, self.conntrack),
             (MAP_SVC, self.services),
+            (MAP_SLOT, self.slots),
             (MAP_BACKEND, self.backends),
             (MAP_BACKEND_STATS, rows::entries(self.backends, cpus)),
             (MAP_AFFINITY, self.affinity),

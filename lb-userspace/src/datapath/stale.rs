@@ -36,17 +36,16 @@ pub const MAX_NAMESPACES: usize = 4096;
 pub type Pair = ((u32, u16), (u32, u16));
 
 /// The UDP (frontend, backend) pairs `before` programs and `after` no longer does.
-/// The (frontend, backend) pairs of the UDP slots of `frontends` (slot-0 keys) in `d`: what
+/// The (frontend, backend) pairs of the UDP slots of `frontends` (entry keys) in `d`: what
 /// an incremental sync compares before and after.
 pub fn udp_pairs(d: &Desired, frontends: &BTreeSet<lb_common::SvcKey>) -> BTreeSet<Pair> {
     frontends
         .iter()
         .filter(|k| k.proto == IPPROTO_UDP)
-        .filter_map(|k| d.services.get(k).map(|v| (k, v.count)))
-        .flat_map(|(k, count)| {
-            (1..=count).filter_map(move |slot| {
-                let v = d.services.get(&lb_common::SvcKey { slot, ..*k })?;
-                let be = d.backends.get(&v.backend_id)?;
+        .filter_map(|k| d.services.get(k).map(|v| (k, v)))
+        .flat_map(|(k, v)| {
+            v.slots.iter().filter_map(move |id| {
+                let be = d.backends.get(id)?;
                 Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
             })
         })
@@ -57,10 +56,12 @@ pub fn removed_udp(before: &Desired, after: &Desired) -> BTreeSet<Pair> {
     let pairs = |d: &Desired| -> BTreeSet<Pair> {
         d.services
             .iter()
-            .filter(|(k, _)| k.slot > 0 && k.proto == IPPROTO_UDP)
-            .filter_map(|(k, v)| {
-                let be = d.backends.get(&v.backend_id)?;
-                Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
+            .filter(|(k, _)| k.proto == IPPROTO_UDP)
+            .flat_map(|(k, v)| {
+                v.slots.iter().filter_map(move |id| {
+                    let be = d.backends.get(id)?;
+                    Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
+                })
             })
             .collect()
     };
@@ -236,9 +237,10 @@ fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use lb_common::{SvcKey, SvcValue};
+    use lb_common::SvcValue;
 
     use super::*;
+    use crate::desired::SvcEntry;
     use lb_common::user::frontend_key;
 
     use crate::model::Protocol;
@@ -247,23 +249,18 @@ mod tests {
         let mut d = Desired::default();
         for (i, (proto, backends)) in frontends.iter().enumerate() {
             let key = frontend_key(Ipv4Addr::new(10, 96, 0, i as u8 + 1), 53, *proto);
-            for (slot, b) in backends.iter().enumerate() {
-                let id = u32::from(*b);
+            for b in backends.iter() {
                 d.backends.insert(
-                    id,
+                    u32::from(*b),
                     lb_common::user::backend_value(Ipv4Addr::new(10, 244, 0, *b), 5353, *proto),
                 );
-                d.services.insert(
-                    SvcKey {
-                        slot: slot as u16 + 1,
-                        ..key
-                    },
-                    SvcValue {
-                        backend_id: id,
-                        ..SvcValue::default()
-                    },
-                );
             }
+            let slots: Vec<u32> = backends.iter().map(|b| u32::from(*b)).collect();
+            let value = SvcValue {
+                count: slots.len() as u16,
+                ..SvcValue::default()
+            };
+            d.services.insert(key, SvcEntry::new(value, slots));
         }
         d
     }

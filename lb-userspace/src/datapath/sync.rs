@@ -1,9 +1,15 @@
 //! Applies desired state make-before-break: backends, then slots, then the service entry;
-//! deletes in reverse. At no instant does a programmed slot name a missing backend.
+//! deletes in reverse. At no instant does a programmed slot name a missing backend. A
+//! frontend's slots are written into its range of the slot array before its entry names
+//! the range: a frontend that moved to a new range keeps reading the old one (untouched,
+//! in quarantine) until its entry flips; one that shrinks in place reads no slot past its
+//! entry's count.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+
+use crate::desired::SvcEntry;
 
 use super::writer::{MapWriter, WriteError};
 use crate::desired::{Desired, SrcRange, Touched};
@@ -43,9 +49,7 @@ pub fn apply(w: &mut dyn MapWriter, current: &Desired, desired: &Desired) -> (De
 pub fn everything(current: &Desired, desired: &Desired) -> Touched {
     let both = || [current, desired].into_iter();
     Touched {
-        frontends: both()
-            .flat_map(|d| d.services.keys().filter(|k| k.slot == 0).copied())
-            .collect(),
+        frontends: both().flat_map(|d| d.services.keys().copied()).collect(),
         backends: both().flat_map(|d| d.backends.keys().copied()).collect(),
         src_ranges: both().flat_map(|d| d.src_ranges.iter().copied()).collect(),
         maglev: both().flat_map(|d| d.maglev.keys().copied()).collect(),
@@ -104,13 +108,12 @@ impl Apply<'_> {
         let failed_backends = self.put_backends();
         self.put_src_ranges();
         let failed_tables = self.put_maglev();
-        // 2. The desired frontends: names, then slots, then entries, then the slots past an
-        // entry's new count trimmed. A frontend whose backend, table or slot failed keeps its
-        // old entry.
+        // 2. The desired frontends: names, then slots (one batch), then entries. A frontend
+        // whose backend, table or slots failed keeps its old entry.
         let frontends = self.frontends_to_write(failed_backends, &failed_tables);
         self.put_names(&frontends);
-        let (failed_frontends, old_counts) = self.put_slots_and_entries(&frontends);
-        self.trim_slots(&frontends, &failed_frontends, &old_counts);
+        let frontends = self.put_slots(frontends);
+        self.put_entries(&frontends);
         // 3. Services no longer desired; 4. source ranges no longer desired (their entries are
         // updated or gone).
         self.remove_gone_frontends();
@@ -139,7 +142,7 @@ struct Apply<'a> {
     record: bool,
 }
 
-impl Apply<'_> {
+impl<'a> Apply<'a> {
     /// Writes each touched filter word whose programmed bits differ from `bits(have, want)`.
     fn filter_words(&mut self, bits: impl Fn(u64, u64) -> u64) {
         for &word in &self.touched.filter_words {
@@ -255,20 +258,16 @@ impl Apply<'_> {
         &mut self,
         failed_backends: BTreeMap<u32, WriteError>,
         failed_tables: &BTreeSet<u32>,
-    ) -> Vec<(SvcKey, SvcValue)> {
+    ) -> Vec<(SvcKey, &'a SvcEntry)> {
         let desired = self.desired;
         let mut out = Vec::new();
         for (k, v) in self
             .touched
             .frontends
             .iter()
-            .filter_map(|k| desired.services.get(k).map(|v| (*k, *v)))
+            .filter_map(|k| desired.services.get(k).map(|v| (*k, v)))
         {
-            let failed = (1..=v.count).find_map(|slot| {
-                let s = desired.services.get(&SvcKey { slot, ..k })?;
-                failed_backends.get(&s.backend_id)
-            });
-            match failed {
+            match v.slots.iter().find_map(|b| failed_backends.get(b)) {
                 Some(e) => {
                     self.r
                         .by_service
@@ -284,7 +283,7 @@ impl Apply<'_> {
     }
 
     /// The names of `frontends`' services that are new or changed, as one batch.
-    fn put_names(&mut self, frontends: &[(SvcKey, SvcValue)]) {
+    fn put_names(&mut self, frontends: &[(SvcKey, &SvcEntry)]) {
         let mut names: Vec<(u32, SvcName, bool)> = Vec::new();
         for (_, entry) in frontends {
             if let Some(name) = self.desired.names.get(&entry.svc_id)
@@ -310,90 +309,87 @@ impl Apply<'_> {
         }
     }
 
-    /// Each frontend's slots then its entry, all frontends in one ordered batch: a failed
-    /// write skips the rest of its frontend (its entry never names a missing slot) and the
-    /// batch goes on with the next frontend. The frontends that failed, and each written
-    /// entry's count before.
-    fn put_slots_and_entries(
-        &mut self,
-        frontends: &[(SvcKey, SvcValue)],
-    ) -> (BTreeSet<SvcKey>, BTreeMap<SvcKey, u16>) {
-        let mut writes: Vec<(SvcKey, SvcValue)> = Vec::new();
-        let mut old_counts: BTreeMap<SvcKey, u16> = BTreeMap::new();
-        for (key, entry) in frontends {
-            for slot in 1..=entry.count {
-                let k = SvcKey { slot, ..*key };
-                if let Some(v) = self.desired.services.get(&k)
-                    && self.now.services.get(&k) != Some(v)
-                {
-                    writes.push((k, *v));
-                }
-            }
-            if self.now.services.get(key) != Some(entry) {
-                old_counts.insert(*key, self.now.services.get(key).map_or(0, |v| v.count));
-                writes.push((*key, *entry));
+    /// The slots of `frontends` that differ from what their range holds, all runs in one
+    /// batch: a frontend in a new range (or new) has its whole range written, one in place
+    /// the run from its first changed slot to its last. The frontends whose slots are
+    /// written (or needed none).
+    fn put_slots(&mut self, frontends: Vec<(SvcKey, &'a SvcEntry)>) -> Vec<(SvcKey, &'a SvcEntry)> {
+        let mut runs: Vec<(u32, &[u32])> = Vec::new();
+        let mut of: Vec<usize> = Vec::new();
+        for (i, (key, want)) in frontends.iter().enumerate() {
+            let have = self.now.services.get(key);
+            if let Some((base, ids)) = changed_slots(have, want) {
+                runs.push((base, ids));
+                of.push(i);
             }
         }
+        let failed = self.w.put_slot_runs(&runs);
+        let written: usize = runs.iter().map(|(_, ids)| ids.len()).sum();
+        let failed_slots: usize = failed.iter().map(|(i, _)| runs[*i].1.len()).sum();
+        self.r.writes += written - failed_slots;
+        let mut skip = BTreeSet::new();
+        for (i, e) in failed {
+            let (key, want) = frontends[of[i]];
+            self.r.fail(Some(want.svc_id), e);
+            skip.insert(key);
+        }
+        if self.record {
+            // Slots written in place are programmed at once (the entry reads them).
+            for (i, (base, ids)) in runs.iter().enumerate() {
+                let (key, want) = frontends[of[i]];
+                if !skip.contains(&key) {
+                    record_in_place(self.now, &key, want.slot_base, (*base, ids));
+                }
+            }
+        }
+        frontends
+            .into_iter()
+            .filter(|(k, _)| !skip.contains(k))
+            .collect()
+    }
+
+    /// The entries of `frontends` that differ from what is programmed, in one ordered
+    /// batch; a failed one is named and the batch goes on with the next.
+    fn put_entries(&mut self, frontends: &[(SvcKey, &SvcEntry)]) {
+        let writes: Vec<(SvcKey, SvcValue)> = frontends
+            .iter()
+            .filter(|(k, want)| self.now.services.get(k).map(|e| &e.value) != Some(&want.value))
+            .map(|(k, want)| (*k, want.value))
+            .collect();
         let mut start = 0;
-        let mut failed_frontends = BTreeSet::new();
+        let mut failed = BTreeSet::new();
         while start < writes.len() {
-            let (written, failed) = match self.w.put_svcs(&writes[start..]) {
+            let (written, e) = match self.w.put_svcs(&writes[start..]) {
                 Ok(()) => (writes.len() - start, None),
                 Err((i, e)) => (i, Some(e)),
             };
-            for (k, v) in writes[start..start + written]
-                .iter()
-                .filter(|_| self.record)
-            {
-                self.now.services.insert(*k, *v);
-            }
             self.r.writes += written;
             start += written;
-            let Some(e) = failed else { break };
+            let Some(e) = e else { break };
             self.r.fail(Some(writes[start].1.svc_id), e);
-            let frontend = frontend_of(&writes[start].0);
-            failed_frontends.insert(frontend);
-            // Past the failed frontend's remaining writes.
-            while start < writes.len() && frontend_of(&writes[start].0) == frontend {
-                start += 1;
-            }
+            failed.insert(writes[start].0);
+            start += 1;
         }
-        (failed_frontends, old_counts)
-    }
-
-    /// The slots past each written entry's new count.
-    fn trim_slots(
-        &mut self,
-        frontends: &[(SvcKey, SvcValue)],
-        failed_frontends: &BTreeSet<SvcKey>,
-        old_counts: &BTreeMap<SvcKey, u16>,
-    ) {
-        for (key, entry) in frontends {
-            if failed_frontends.contains(key) {
-                continue;
-            }
-            let old_count = old_counts.get(key).copied().unwrap_or(entry.count);
-            for slot in entry.count + 1..=old_count {
-                delete_svc(self.w, self.now, &mut self.r, SvcKey { slot, ..*key });
+        for (k, want) in frontends.iter().filter(|_| self.record) {
+            if !failed.contains(k) {
+                self.now.services.insert(*k, (*want).clone());
             }
         }
     }
 
-    /// Frontends no longer desired: entry first, then its slots, then its name.
+    /// Frontends no longer desired: entry first, then its name (its range of the slot
+    /// array is left as it is: no entry reads it, and it is reused after a quarantine).
     fn remove_gone_frontends(&mut self) {
-        let gone: Vec<(SvcKey, u16, u32)> = self
+        let gone: Vec<(SvcKey, u32)> = self
             .touched
             .frontends
             .iter()
             .filter(|k| !self.desired.services.contains_key(k))
-            .filter_map(|k| self.now.services.get(k).map(|v| (*k, v.count, v.svc_id)))
+            .filter_map(|k| self.now.services.get(k).map(|v| (*k, v.svc_id)))
             .collect();
-        for (key, count, svc_id) in gone {
+        for (key, svc_id) in gone {
             if !delete_svc(self.w, self.now, &mut self.r, key) {
                 continue;
-            }
-            for slot in 1..=count {
-                delete_svc(self.w, self.now, &mut self.r, SvcKey { slot, ..key });
             }
             if !self.desired.names.contains_key(&svc_id) && self.now.names.contains_key(&svc_id) {
                 match self.w.del_name(svc_id) {
@@ -435,11 +431,8 @@ impl Apply<'_> {
             .touched
             .frontends
             .iter()
-            .filter_map(|k| now.services.get(k).map(|v| (k, v.count)))
-            .flat_map(|(k, count)| {
-                (1..=count).filter_map(|slot| now.services.get(&SvcKey { slot, ..*k }))
-            })
-            .map(|v| v.backend_id)
+            .filter_map(|k| now.services.get(k))
+            .flat_map(|v| v.slots.iter().copied())
             .collect();
         let unused: Vec<u32> = self
             .touched
@@ -464,9 +457,37 @@ impl Apply<'_> {
     }
 }
 
-/// The entry (slot 0) of a slot's frontend.
-fn frontend_of(k: &SvcKey) -> SvcKey {
-    SvcKey { slot: 0, ..*k }
+/// The run of `want`'s slots that its range does not hold yet, as `(base, ids)`: all of
+/// them when `have` (what is programmed) is in another range or none, else from the first
+/// slot that differs to the last (slots past `have`'s count hold nothing it can read).
+fn changed_slots<'e>(have: Option<&SvcEntry>, want: &'e SvcEntry) -> Option<(u32, &'e [u32])> {
+    let base = want.slot_base;
+    let Some(have) = have.filter(|h| h.slot_base == base && h.count > 0) else {
+        return (!want.slots.is_empty()).then_some((base, &want.slots[..]));
+    };
+    let differs = |i: &usize| have.slots.get(*i) != Some(&want.slots[*i]);
+    let first = (0..want.slots.len()).find(differs)?;
+    let last = (0..want.slots.len()).rev().find(differs)?;
+    Some((base + first as u32, &want.slots[first..=last]))
+}
+
+/// Slots `base..` written with `ids` in the range at `range`: when that is `key`'s
+/// programmed range, what its entry reads now (slots past its count stay unread until the
+/// entry grows).
+fn record_in_place(now: &mut Desired, key: &SvcKey, range: u32, (base, ids): (u32, &[u32])) {
+    let Some(e) = now.services.get_mut(key).filter(|e| e.slot_base == range) else {
+        return;
+    };
+    let Some(from) = base.checked_sub(e.slot_base) else {
+        return;
+    };
+    let mut slots = e.slots.to_vec();
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(s) = slots.get_mut(from as usize + i) {
+            *s = *id;
+        }
+    }
+    e.slots = slots.into();
 }
 
 /// Word `word` of a set of filter bits.
@@ -554,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn removal_deletes_the_entry_before_its_slots_and_backends() {
+    fn removal_deletes_the_entry_before_its_backends() {
         let mut ids = Ids::default();
         let want = desired(WEB, &mut ids);
         let mut maps = MemoryMaps::default();
@@ -563,9 +584,72 @@ mod tests {
         let (gone, r) = apply(&mut maps, &now, &Desired::default());
         assert!(r.errors.is_empty());
         assert_eq!(gone, Desired::default());
-        let first_slot = maps.log.iter().position(|l| l.contains("#1"));
-        let entry = maps.log.iter().position(|l| l.contains("#0"));
+        let entry = maps.log.iter().position(|l| l.starts_with("del svc"));
         let backend = maps.log.iter().position(|l| l.contains("backend"));
-        assert!(entry < first_slot && first_slot < backend, "{:?}", maps.log);
+        assert!(entry.is_some() && entry < backend, "{:?}", maps.log);
+        assert!(
+            !maps.log.iter().any(|l| l.contains("slots")),
+            "its range is left as it is: {:?}",
+            maps.log
+        );
+    }
+
+    /// WEB with `n` endpoints.
+    fn web_with(n: u8) -> String {
+        let mut y = WEB.replace(
+            "- {addresses: [10.244.0.1], conditions: {ready: true}}\n- {addresses: [10.244.0.2], conditions: {ready: true}}\n",
+            "",
+        );
+        for i in 1..=n {
+            y.push_str(&format!(
+                "- {{addresses: [10.244.0.{i}], conditions: {{ready: true}}}}\n"
+            ));
+        }
+        y
+    }
+
+    #[test]
+    fn a_frontend_that_outgrows_its_range_has_its_new_range_written_before_its_entry_flips() {
+        let mut ids = Ids::default();
+        let desired = |y: &str, ids: &mut Ids| {
+            let model = file::parse("t.yaml", y).expect("yaml").model;
+            crate::reconcile::recompute(&model, &Default::default(), ids, Limits::default()).0
+        };
+        let two = desired(&web_with(3), &mut ids);
+        let mut maps = MemoryMaps::default();
+        let (now, _) = apply(&mut maps, &Desired::default(), &two);
+        let (key, old) = two.services.iter().next().expect("web");
+        // Four in place (its range of 4 holds them): the new slot before the entry.
+        let three = desired(&web_with(4), &mut ids);
+        maps.log.clear();
+        let (now, r) = apply(&mut maps, &now, &three);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(three.services[key].slot_base, old.slot_base, "in place");
+        let base = old.slot_base;
+        let log: Vec<&String> = maps.log.iter().filter(|l| !l.contains("filter")).collect();
+        assert_eq!(
+            log,
+            [
+                "put backend 4",
+                &format!("put slots {}+1", base + 3),
+                "put svc 10.96.0.1:80/TCP"
+            ]
+        );
+        // Five: a new range, written whole before the entry names it; the old one untouched.
+        let five = desired(&web_with(5), &mut ids);
+        let moved = &five.services[key];
+        assert_ne!(moved.slot_base, base, "moved");
+        maps.log.clear();
+        let (now, r) = apply(&mut maps, &now, &five);
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let slots = maps
+            .log
+            .iter()
+            .position(|l| *l == format!("put slots {}+5", moved.slot_base));
+        let entry = maps.log.iter().position(|l| l.starts_with("put svc"));
+        assert!(slots.is_some() && slots < entry, "{:?}", maps.log);
+        assert_eq!(maps.slot_array[&base], three.services[key].slots[0]);
+        assert_eq!(now, five);
+        assert_eq!(maps.state, five);
     }
 }

@@ -19,17 +19,24 @@
 //! A flow whose first packet the previous program saw in the milliseconds between steps 2 and
 //! 3, and whose next packet the new program saw before step 4, is picked up mid-stream
 //! (`ct_miss`), as after an eviction.
+//!
+//! The layout before slot ranges (`prev::MAP_SVC_V2`: a service map entry per backend slot)
+//! shares everything else with this one (backend array, conntrack, affinity, names): the
+//! agent adopts its service and backend indices from it ([`slotted_indices`]), so every flow
+//! and affinity entry keeps naming the same service and backend; it writes its own service
+//! map and slot array in its first sync while the previous programs keep forwarding from
+//! `XLB_SVC_V2`, attaches its programs, then removes that pin. Nothing is copied.
 
 use std::{collections::BTreeMap, path::Path};
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, CT_F_AFFINITY, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY,
-    MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
+    MAP_BACKEND, MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
 };
 
 use super::{DatapathError, pins::Pins};
-use crate::desired::Desired;
+use crate::desired::{Desired, SvcEntry};
 
 /// The previous layout's pins in a directory, and what its ids meant.
 #[derive(Debug)]
@@ -41,6 +48,9 @@ pub struct Previous {
     backends: BTreeMap<u32, Backend>,
     /// `XLB_SVC_V1` service id → its frontend (slot 0, external scope).
     services: BTreeMap<u32, SvcKey>,
+    /// The V1 layout's conntrack and affinity are pinned (their flows are copied); else only
+    /// `XLB_SVC_V2` is, whose flows are this layout's already.
+    v1: bool,
 }
 
 /// What one copy did.
@@ -101,7 +111,7 @@ impl Mapping {
             services: current
                 .services
                 .iter()
-                .filter(|(k, _)| k.slot == 0 && k.scope == SCOPE_EXTERNAL)
+                .filter(|(k, _)| k.scope == SCOPE_EXTERNAL)
                 .map(|(k, v)| (*k, (v.svc_id, v.affinity_timeout_s != 0)))
                 .collect(),
         }
@@ -272,28 +282,33 @@ impl Previous {
     /// The previous layout's pins beside this layout's `pins`, if any are there.
     pub fn find(pins: &Pins) -> Result<Option<Self>, DatapathError> {
         let dir = pins.dir();
-        if !prev::REPLACED.iter().any(|m| dir.join(m).exists()) {
+        let v1 = prev::REPLACED.iter().any(|m| dir.join(m).exists());
+        if !v1 && !dir.join(prev::MAP_SVC_V2).exists() {
             return Ok(None);
         }
         let backends = entries::<u32, prev::Backend>(dir, prev::MAP_BACKEND)?
             .into_iter()
             .map(|(id, b)| (id, from_prev(&b)))
             .collect();
-        let services = entries::<SvcKey, SvcValue>(dir, prev::MAP_SVC)?
+        let services = entries::<prev::SvcKey, prev::SvcValue>(dir, prev::MAP_SVC)?
             .into_iter()
             .filter(|(k, _)| k.slot == 0 && k.scope == SCOPE_EXTERNAL)
-            .map(|(k, v)| (v.svc_id, k))
+            .map(|(k, v)| (v.svc_id, prev::frontend(&k)))
             .collect();
         Ok(Some(Self {
             pins: pins.clone(),
             backends,
             services,
+            v1,
         }))
     }
 
     /// Copies the previous conntrack and affinity entries into this layout's maps, converted
     /// against what is programmed now (`current`); with `only_new`, only those not there yet.
     pub fn copy(&self, current: &Desired, only_new: bool) -> Result<Copied, DatapathError> {
+        if !self.v1 {
+            return Ok(Copied::default());
+        }
         let m = Mapping::new(self.backends.clone(), self.services.clone(), current);
         let mut c = Copied::default();
         let old_ct = entries::<prev::CtKey, prev::CtValue>(self.pins.dir(), prev::MAP_CT)?;
@@ -318,13 +333,46 @@ impl Previous {
         Ok(c)
     }
 
-    /// Removes the previous layout's pins; returns how many there were.
+    /// Removes the previous layouts' pins; returns how many there were.
     pub fn finish(self) -> usize {
         prev::REPLACED
             .iter()
+            .chain([&prev::MAP_SVC_V2])
             .filter(|m| std::fs::remove_file(self.pins.dir().join(m)).is_ok())
             .count()
     }
+}
+
+/// The frontends of the layout before slot ranges (`prev::MAP_SVC_V2`, pinned beside this
+/// layout's maps), each with its service index (and no slots), and the backends its slots
+/// name in the backend array both layouts share: what this agent adopts its indices from.
+/// `None` when it is not pinned.
+pub fn slotted_indices(pins: &Pins) -> Result<Option<Desired>, DatapathError> {
+    let dir = pins.dir();
+    if !dir.join(prev::MAP_SVC_V2).exists() {
+        return Ok(None);
+    }
+    let old = entries::<prev::SvcKey, prev::SvcValue>(dir, prev::MAP_SVC_V2)?;
+    let backends: Array<MapData, Backend> =
+        Array::try_from(pins.map(MAP_BACKEND)?).map_err(map_err(MAP_BACKEND))?;
+    let mut d = Desired::default();
+    for (k, v) in &old {
+        if k.slot == 0 {
+            let value = SvcValue {
+                svc_id: v.svc_id,
+                flags: v.flags,
+                affinity_timeout_s: v.affinity_timeout_s,
+                ..SvcValue::default()
+            };
+            d.services
+                .insert(prev::frontend(k), SvcEntry::new(value, []));
+        } else if let Ok(be) = backends.get(&v.backend_id, 0)
+            && be.generation != 0
+        {
+            d.backends.insert(v.backend_id, be);
+        }
+    }
+    Ok(Some(d))
 }
 
 #[cfg(test)]
@@ -349,12 +397,15 @@ mod tests {
         let mut current = Desired::default();
         current.services.insert(
             web,
-            SvcValue {
-                svc_id: 3,
-                count: 1,
-                affinity_timeout_s: 60,
-                ..SvcValue::default()
-            },
+            crate::desired::SvcEntry::new(
+                lb_common::SvcValue {
+                    svc_id: 3,
+                    count: 1,
+                    affinity_timeout_s: 60,
+                    ..Default::default()
+                },
+                [5],
+            ),
         );
         current.backends.insert(
             5,

@@ -3,6 +3,8 @@
 use lb_common::{Backend, SvcKey, SvcName, SvcValue};
 use thiserror::Error;
 
+use std::collections::BTreeMap;
+
 use crate::desired::{Desired, MaglevTable, SrcRange};
 
 /// A write the kernel refused, with the map, the entry and the cause.
@@ -22,8 +24,11 @@ pub trait MapWriter {
     fn read(&self) -> Result<Desired, WriteError>;
     fn put_backend(&mut self, id: u32, be: &Backend) -> Result<(), WriteError>;
     fn del_backend(&mut self, id: u32) -> Result<(), WriteError>;
+    /// Writes a frontend's entry (its slots are written before).
     fn put_svc(&mut self, key: &SvcKey, value: &SvcValue) -> Result<(), WriteError>;
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError>;
+    /// Writes slot array elements `base..base + ids.len()`.
+    fn put_slots(&mut self, base: u32, ids: &[u32]) -> Result<(), WriteError>;
     /// Writes a service's name; a kernel writer also creates its zeroed counters.
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError>;
     /// Deletes a service's name (and its counters).
@@ -47,6 +52,12 @@ pub trait MapWriter {
     /// the caller decides what may follow a failed slot.
     fn put_svcs(&mut self, list: &[(SvcKey, SvcValue)]) -> Result<(), (usize, WriteError)> {
         in_order(list, |(k, v)| self.put_svc(k, v))
+    }
+
+    /// Writes many runs of slots (`(base, ids)`, a frontend's range each); returns the runs
+    /// that failed, by position in `runs`. One by one unless the writer can batch.
+    fn put_slot_runs(&mut self, runs: &[(u32, &[u32])]) -> Vec<(usize, WriteError)> {
+        one_by_one(runs, |(base, ids)| self.put_slots(*base, ids))
     }
 
     /// Writes many names; `fresh` ones are indices no name was programmed at (their
@@ -78,10 +89,13 @@ pub fn one_by_one<T>(
         .collect()
 }
 
-/// Maps in memory, with an op log; `dump()` renders them as sorted text.
+/// Maps in memory, with an op log; `dump()` renders them as sorted text. An entry's slots
+/// in `state` are what the slot array holds in its range, as the datapath reads them.
 #[derive(Debug, Default)]
 pub struct MemoryMaps {
     pub state: Desired,
+    /// The slot array's elements written (the rest hold 0).
+    pub slot_array: BTreeMap<u32, u32>,
     /// Every write in order, e.g. `put svc 10.96.0.10:80/TCP#1`.
     pub log: Vec<String>,
     /// Fail puts to the service map once it holds this many entries (to test full maps).
@@ -95,7 +109,19 @@ impl MemoryMaps {
 }
 
 fn svc_entry(k: &SvcKey) -> String {
-    format!("{}#{}", lb_common::user::show_frontend(k), k.slot)
+    lb_common::user::show_frontend(k)
+}
+
+impl MemoryMaps {
+    /// The slots the array holds for an entry `v`.
+    fn slots_of(&self, v: &SvcValue) -> Box<[u32]> {
+        (0..v.count as u32)
+            .map(|i| {
+                let at = v.slot_base.wrapping_add(i);
+                self.slot_array.get(&at).copied().unwrap_or(0)
+            })
+            .collect()
+    }
 }
 
 impl MapWriter for MemoryMaps {
@@ -125,7 +151,34 @@ impl MapWriter for MemoryMaps {
             });
         }
         self.log.push(format!("put svc {}", svc_entry(key)));
-        self.state.services.insert(*key, *value);
+        let slots = self.slots_of(value);
+        self.state
+            .services
+            .insert(*key, crate::desired::SvcEntry::new(*value, slots));
+        Ok(())
+    }
+    fn put_slots(&mut self, base: u32, ids: &[u32]) -> Result<(), WriteError> {
+        self.log.push(format!("put slots {base}+{}", ids.len()));
+        for (i, id) in ids.iter().enumerate() {
+            self.slot_array.insert(base + i as u32, *id);
+        }
+        // Entries whose range this wrote see it at once, as the datapath does.
+        let end = base as u64 + ids.len() as u64;
+        let seen: Vec<(SvcKey, SvcValue)> = self
+            .state
+            .services
+            .iter()
+            .filter(|(_, e)| {
+                (e.slot_base as u64) < end && (base as u64) < e.slot_base as u64 + e.count as u64
+            })
+            .map(|(k, e)| (*k, e.value))
+            .collect();
+        for (k, v) in seen {
+            let slots = self.slots_of(&v);
+            self.state
+                .services
+                .insert(k, crate::desired::SvcEntry::new(v, slots));
+        }
         Ok(())
     }
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {

@@ -1,5 +1,5 @@
 //! Desired state: a pure function from the model to the exact contents of the service,
-//! backend, name and source-range maps and the address filters. The dense indices the
+//! slot, backend, name and source-range maps and the address filters. The dense indices the
 //! contents name come from an [`Indices`] allocator it is handed ([`crate::reconcile`]
 //! keeps them stable across computations, with their quarantine); keeping books of what is
 //! programmed, what went and what failed is the reconciler's, not this module's.
@@ -22,8 +22,8 @@ use std::{
 
 use lb_common::{
     BACKEND_MAP_CAPACITY, Backend, FilterSize, MAGLEV_MAP_CAPACITY, SCOPE_EXTERNAL,
-    SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY,
-    SvcKey, SvcName, SvcValue, user::show_frontend,
+    SLOT_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY,
+    SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue, user::show_frontend,
 };
 use thiserror::Error;
 
@@ -45,8 +45,8 @@ use crate::model::{LbAlgorithm, Model, node::NodeSettings};
 /// The contents of the maps the agent owns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {
-    /// Service entries (slot 0) and backend slots.
-    pub services: BTreeMap<SvcKey, SvcValue>,
+    /// Frontends: each one's service entry and the backend index of each of its slots.
+    pub services: BTreeMap<SvcKey, SvcEntry>,
     /// Backend index → backend (with its generation).
     pub backends: Dense<Backend>,
     /// Service index → its name.
@@ -69,6 +69,37 @@ impl Desired {
             && self.src_ranges.is_empty()
             && self.filter.is_empty()
             && self.maglev.is_empty()
+    }
+}
+
+/// A frontend as the maps hold it: its service entry (`XLB_SVC_V3`) and its slots, the
+/// elements `value.slot_base..` of the slot array (`XLB_SLOT_V1`), a backend index each
+/// (4 B a slot; `slots.len()` is the entry's count). It reads as its entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SvcEntry {
+    pub value: SvcValue,
+    pub slots: Box<[u32]>,
+}
+
+impl SvcEntry {
+    /// An entry `value` whose slots hold `slots`.
+    pub fn new(value: SvcValue, slots: impl Into<Box<[u32]>>) -> Self {
+        Self {
+            value,
+            slots: slots.into(),
+        }
+    }
+
+    /// The backend index of slot `n` (`1..=count`).
+    pub fn slot(&self, n: u16) -> Option<u32> {
+        self.slots.get(usize::from(n).checked_sub(1)?).copied()
+    }
+}
+
+impl std::ops::Deref for SvcEntry {
+    type Target = SvcValue;
+    fn deref(&self) -> &SvcValue {
+        &self.value
     }
 }
 
@@ -122,7 +153,6 @@ impl Default for LbSettings {
 pub fn live_filter_bits(d: &Desired, size: FilterSize) -> BTreeSet<u32> {
     d.services
         .keys()
-        .filter(|k| k.slot == 0)
         .map(|k| size.bit_of(&k.addr_be))
         .chain(d.backends.values().map(|b| backend_filter_bit(size, b)))
         .collect()
@@ -237,6 +267,11 @@ pub trait Indices {
     fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)>;
     /// The frontend holds an index already (it is programmed: it is placed first).
     fn has_svc(&self, key: &SvcKey) -> bool;
+    /// Where the `count` slots of frontend `key` (either scope) go in a slot array of
+    /// `capacity`: the base of its range and how many slots the range has (fewer than
+    /// `count` when the array has no larger range free); `(0, 0)` for none; `None` when the
+    /// array has not one slot free.
+    fn slot_range(&mut self, key: SvcKey, count: u16, capacity: u32) -> Option<(u32, u16)>;
     /// The Maglev table (slot terms) of `backends` (in slot order) of size `m`: computed
     /// here; an allocator that lives across computations caches them.
     fn maglev_table(&mut self, backends: &[String], m: u32, seed: &[u8]) -> Arc<[u16]> {
@@ -247,7 +282,10 @@ pub trait Indices {
 /// Capacities the desired state must fit in.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
+    /// The service map's size: frontend entries.
     pub svc_entries: u32,
+    /// The slot array's size: backend slots of all frontends.
+    pub slots: u32,
     /// The backend array's size: backend indices are `1..backends`.
     pub backends: u32,
     /// The IPv4 source-range trie's size.
@@ -266,6 +304,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             svc_entries: SVC_MAP_CAPACITY,
+            slots: SLOT_MAP_CAPACITY,
             backends: BACKEND_MAP_CAPACITY,
             src_ranges: SRC_RANGE_MAP_CAPACITY,
             src_ranges6: SRC_RANGE6_MAP_CAPACITY,

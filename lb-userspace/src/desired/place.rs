@@ -1,14 +1,16 @@
-//! Placing a frontend: its service index, its backends' indices and generations, its slots;
-//! planned, checked against the room every map it needs has, then applied.
+//! Placing a frontend: its service index, its backends' indices and generations, its slot
+//! range and slots; planned, checked against the room every map it needs has, then applied.
 
 use lb_common::user::{backend_value, remote_backend_value, svc_name};
 use lb_common::{
-    Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
-    SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
+    Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC,
+    MAP_SVC_STATS, SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
 };
 use std::net::IpAddr;
 
-use super::{Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, candidates::Candidate};
+use super::{
+    Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, SvcEntry, candidates::Candidate,
+};
 use crate::model::BackendAddr;
 
 /// One frontend's entries, backends, name and source ranges, checked to fit the desired
@@ -16,8 +18,9 @@ use crate::model::BackendAddr;
 #[derive(Debug)]
 pub struct Plan {
     key: SvcKey,
-    slots: u16,
-    entries: Vec<(SvcKey, SvcValue)>,
+    /// Its entry (written last) and slots.
+    entry: SvcEntry,
+    /// Its backends, slot by slot.
     backends: Vec<(u32, Backend)>,
     name: (u32, SvcName),
     src_ranges: Vec<SrcRange>,
@@ -26,9 +29,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The service map keys it writes.
-    pub fn service_keys(&self) -> impl Iterator<Item = SvcKey> + '_ {
-        self.entries.iter().map(|(k, _)| *k)
+    /// The frontend it writes.
+    pub fn key(&self) -> SvcKey {
+        self.key
     }
 
     /// The backend indices it writes.
@@ -54,12 +57,12 @@ impl Plan {
     pub fn apply(self, desired: &mut Desired) -> Placed {
         let placed = Placed {
             key: self.key,
-            slots: self.slots,
+            slots: self.entry.count,
             name: self.name.0,
             src_ranges: self.src_ranges.clone().into_boxed_slice(),
             maglev: self.maglev_id(),
         };
-        desired.services.extend(self.entries);
+        desired.services.insert(self.key, self.entry);
         desired.maglev.extend(self.maglev);
         desired.backends.extend(self.backends);
         desired.names.insert(self.name.0, self.name.1);
@@ -74,8 +77,7 @@ impl Plan {
     fn new(key: SvcKey, svc_id: u32, object: &str, src_ranges: &[(IpAddr, u8)]) -> Plan {
         Plan {
             key,
-            slots: 0,
-            entries: Vec::new(),
+            entry: SvcEntry::default(),
             backends: Vec::new(),
             name: (svc_id, svc_name(object)),
             src_ranges: src_ranges
@@ -92,34 +94,27 @@ impl Plan {
 }
 
 /// A slot per backend added to `plan`, each backend with its index and generation from
-/// `ids`; how many, or none when the backend array has no index left.
+/// `ids`, in order until the backend array has no index left; how many.
 fn place_backends(
     plan: &mut Plan,
     backends: &[(BackendAddr, bool)],
     ids: &mut impl Indices,
     limits: Limits,
-) -> Option<u16> {
-    let (key, svc_id) = (plan.key, plan.name.0);
+) -> u16 {
     let mut slot = 0u16;
     for (b, local) in backends {
         let be = match local {
             true => backend_value(b.ip, b.port, b.protocol),
             false => remote_backend_value(b.ip, b.port, b.protocol),
         };
-        let (backend_id, generation) = ids.backend_id(be, limits.backends)?;
+        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends) else {
+            break;
+        };
         let be = Backend { generation, ..be };
         slot += 1;
         plan.backends.push((backend_id, be));
-        plan.entries.push((
-            SvcKey { slot, ..key },
-            SvcValue {
-                backend_id,
-                svc_id,
-                ..SvcValue::default()
-            },
-        ));
     }
-    Some(slot)
+    slot
 }
 
 /// Plans one frontend: its index, its backends' indices, its slots. `None` when it does not
@@ -152,24 +147,26 @@ pub fn plan(
         return None;
     };
     let mut plan = Plan::new(key, svc_id, &object, &src_ranges);
-    let Some(slot) = place_backends(&mut plan, &backends, ids, limits) else {
-        errors.push(DesiredError::MapFull {
-            object,
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed: backends.len(),
-        });
-        return None;
+    let placed = place_backends(&mut plan, &backends, ids, limits);
+    let slot = match short_of_indices(&object, placed, backends.len(), limits) {
+        Some(e @ DesiredError::MapFull { .. }) => {
+            errors.push(e);
+            return None;
+        }
+        short => {
+            let slot = fit(
+                desired,
+                &mut plan,
+                (placed, ids),
+                limits,
+                (&object, backends.len()),
+                errors,
+            )?;
+            // `fit` named its own trim; else the index shortage is the frontend's problem.
+            errors.extend(short.filter(|_| slot == placed));
+            slot
+        }
     };
-    let slot = fit(
-        desired,
-        &mut plan,
-        slot,
-        limits,
-        (&object, backends.len()),
-        errors,
-    )?;
-    plan.slots = slot;
     let mut flags = flags;
     if let Some((m, seed)) = maglev.filter(|_| slot > 0) {
         if desired.maglev.len() < limits.maglev as usize {
@@ -188,17 +185,16 @@ pub fn plan(
             });
         }
     }
-    plan.entries.push((
-        key,
-        SvcValue {
-            count: slot,
-            svc_id,
-            flags,
-            affinity_timeout_s,
-            ..SvcValue::default()
-        },
-    ));
-    match room(desired, &plan, limits) {
+    plan.entry.value = SvcValue {
+        count: slot,
+        svc_id,
+        flags,
+        affinity_timeout_s,
+        ..plan.entry.value
+    };
+    plan.entry.slots = plan.backends.iter().map(|(id, _)| *id).collect();
+    // `fit` made sure of the service map, the slot array and the backend array.
+    match src_ranges_full(desired, &plan.src_ranges, limits) {
         None => Some(plan),
         Some((map, capacity, needed)) => {
             errors.push(DesiredError::MapFull {
@@ -212,9 +208,41 @@ pub fn plan(
     }
 }
 
+/// The problem of a frontend that got backend indices for only `placed` of its `count`
+/// backends (the backend array has no index left): left out when it got none, else
+/// programmed with the first `placed`.
+fn short_of_indices(
+    object: &str,
+    placed: u16,
+    count: usize,
+    limits: Limits,
+) -> Option<DesiredError> {
+    if placed as usize == count {
+        return None;
+    }
+    let (object, map, capacity) = (object.to_string(), MAP_BACKEND, limits.backends);
+    let needed = count - placed as usize;
+    Some(match placed {
+        0 => DesiredError::MapFull {
+            object,
+            map,
+            capacity,
+            needed,
+        },
+        kept => DesiredError::MapFullPartly {
+            object,
+            map,
+            capacity,
+            needed,
+            count,
+            kept,
+        },
+    })
+}
+
 /// What one placed frontend added to the desired state: its entry's key and slot count
-/// (the slot keys and their backend indices follow from them and the desired state), its
-/// name's index and its source ranges.
+/// (its slots' backend indices are in the desired state), its name's index and its source
+/// ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placed {
     pub key: SvcKey,
@@ -226,23 +254,13 @@ pub struct Placed {
 }
 
 impl Placed {
-    /// Its service map keys: slots, then the entry.
-    pub fn entries(&self) -> impl Iterator<Item = SvcKey> + use<> {
-        let key = self.key;
-        (1..=self.slots)
-            .map(move |slot| SvcKey { slot, ..key })
-            .chain(std::iter::once(key))
-    }
-
     /// The backend index of each slot, as `desired` has them (while this frontend is in it).
     pub fn backends<'a>(&self, desired: &'a Desired) -> impl Iterator<Item = u32> + 'a {
-        let key = self.key;
-        (1..=self.slots).filter_map(move |slot| {
-            desired
-                .services
-                .get(&SvcKey { slot, ..key })
-                .map(|v| v.backend_id)
-        })
+        desired
+            .services
+            .get(&self.key)
+            .into_iter()
+            .flat_map(|e| e.slots.iter().copied())
     }
 }
 
@@ -263,46 +281,63 @@ pub fn external(key: SvcKey) -> SvcKey {
     }
 }
 
-/// The slots of `plan` (`slots` planned for `object`'s `count` backends) that fit beside
-/// `desired`: all, or the first ones that fit (named in `errors`: a scale-up past a full map
-/// keeps the frontend serving rather than taking it out); `None` when not one does.
+/// The slots of `plan` (the `placed` of `object`'s `count` backends that got an index) that
+/// fit beside `desired`, in the slot range `ids` gives it: all, or the first ones that fit
+/// (named in `errors`: a scale-up past a full map keeps the frontend serving rather than
+/// taking it out); `None` when not one does, or the service map has no room for its entry.
 fn fit(
     desired: &Desired,
     plan: &mut Plan,
-    slots: u16,
+    (placed, ids): (u16, &mut impl Indices),
     limits: Limits,
     (object, count): (&str, usize),
     errors: &mut Vec<DesiredError>,
 ) -> Option<u16> {
-    let Err(Short {
+    let mut short = fitting_slots(desired, plan, placed, limits).err();
+    let keep = short.as_ref().map_or(placed, |s| s.keep);
+    let full = |map, capacity, needed| DesiredError::MapFull {
+        object: object.to_string(),
+        map,
+        capacity,
+        needed,
+    };
+    if let Some(s) = short.as_ref().filter(|s| s.keep == 0) {
+        errors.push(full(s.map, s.capacity, s.needed));
+        return None;
+    }
+    let Some((base, room)) = ids.slot_range(plan.key, keep, limits.slots) else {
+        errors.push(full(MAP_SLOT, limits.slots, keep as usize));
+        return None;
+    };
+    let keep = if room < keep {
+        short = Some(Short {
+            map: MAP_SLOT,
+            capacity: limits.slots,
+            needed: count,
+            keep: room,
+        });
+        room
+    } else {
+        keep
+    };
+    plan.entry.value.slot_base = base;
+    if let Some(Short {
         map,
         capacity,
         needed,
         keep,
-    }) = fitting_slots(desired, plan, slots, limits)
-    else {
-        return Some(slots);
-    };
-    let object = object.to_string();
-    if keep == 0 {
-        errors.push(DesiredError::MapFull {
-            object,
+    }) = short
+    {
+        errors.push(DesiredError::MapFullPartly {
+            object: object.to_string(),
             map,
             capacity,
             needed,
+            count,
+            kept: keep,
         });
-        return None;
+        plan.backends.truncate(keep as usize);
     }
-    errors.push(DesiredError::MapFullPartly {
-        object,
-        map,
-        capacity,
-        needed,
-        count,
-        kept: keep,
-    });
-    plan.backends.truncate(keep as usize);
-    plan.entries.truncate(keep as usize);
     Some(keep)
 }
 
@@ -315,10 +350,18 @@ struct Short {
     keep: u16,
 }
 
-/// Whether `plan`'s `slots` backend slots and its entry (not yet in it) fit the service map
-/// and the backend array beside `desired`; else how many of its first backends do.
+/// Whether `plan`'s entry and its `slots` backends fit the service map and the backend
+/// array beside `desired`; else how many of its first backends do (0 when the entry does
+/// not).
 fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> Result<(), Short> {
-    let svc_free = (limits.svc_entries as usize).saturating_sub(desired.services.len() + 1);
+    if desired.services.len() >= limits.svc_entries as usize {
+        return Err(Short {
+            map: MAP_SVC,
+            capacity: limits.svc_entries,
+            needed: 1,
+            keep: 0,
+        });
+    }
     let be_free = (limits.backends as usize).saturating_sub(desired.backends.len());
     let mut new = 0;
     let be_fit = plan
@@ -329,49 +372,20 @@ fn fitting_slots(desired: &Desired, plan: &Plan, slots: u16, limits: Limits) -> 
             new <= be_free
         })
         .count();
-    let all = slots as usize;
-    if all <= svc_free && be_fit == all {
+    if be_fit == slots as usize {
         return Ok(());
     }
-    let keep = all.min(svc_free).min(be_fit) as u16;
-    Err(if all > svc_free {
-        Short {
-            map: MAP_SVC,
-            capacity: limits.svc_entries,
-            needed: all + 1,
-            keep,
-        }
-    } else {
-        let needed = plan
-            .backends
-            .iter()
-            .filter(|(id, _)| !desired.backends.contains_key(id))
-            .count();
-        Short {
-            map: MAP_BACKEND,
-            capacity: limits.backends,
-            needed,
-            keep,
-        }
-    })
-}
-
-/// The map (name, capacity, entries needed) that has no room for `plan` in `desired`, if
-/// one has none.
-fn room(desired: &Desired, plan: &Plan, limits: Limits) -> Option<(&'static str, u32, usize)> {
-    let svc_needed = plan.entries.len();
-    if desired.services.len() + svc_needed > limits.svc_entries as usize {
-        return Some((MAP_SVC, limits.svc_entries, svc_needed));
-    }
-    let new_backends = plan
+    let needed = plan
         .backends
         .iter()
         .filter(|(id, _)| !desired.backends.contains_key(id))
         .count();
-    if desired.backends.len() + new_backends > limits.backends as usize {
-        return Some((MAP_BACKEND, limits.backends, new_backends));
-    }
-    src_ranges_full(desired, &plan.src_ranges, limits)
+    Err(Short {
+        map: MAP_BACKEND,
+        capacity: limits.backends,
+        needed,
+        keep: be_fit as u16,
+    })
 }
 
 /// The source-range trie (name, capacity, ranges needed) that has no room for `new`, if

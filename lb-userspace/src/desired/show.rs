@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use lb_common::{
     BE_F_REMOTE, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_MAGLEV, SVC_F_SNAT_REMOTE,
-    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES,
+    SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SvcKey, SvcValue,
     user::{show_backend, show_frontend, svc_name_str},
 };
 
@@ -35,58 +35,63 @@ pub fn show_maglev(t: Option<&MaglevTable>) -> String {
 }
 
 impl Desired {
+    /// A frontend entry's flags, source ranges, affinity and Maglev table, as words.
+    fn extra(&self, k: &SvcKey, v: &SvcValue) -> String {
+        let mut extra = String::new();
+        if v.flags & SVC_F_DROP_EMPTY != 0 {
+            extra.push_str(" drop-when-empty");
+        }
+        if v.flags & SVC_F_SNAT_REMOTE != 0 {
+            extra.push_str(" snat-remote");
+        }
+        if v.flags & SVC_F_TWO_SCOPES != 0 {
+            extra.push_str(" two-scopes");
+        }
+        if v.flags & SVC_F_SRC_RANGES != 0 && k.scope == SCOPE_EXTERNAL {
+            let ranges: Vec<String> = self
+                .src_ranges
+                .iter()
+                .filter(|r| r.svc_id == v.svc_id)
+                .map(|r| format!("{}/{}", r.addr, r.prefix))
+                .collect();
+            let _ = write!(extra, " source-ranges={}", ranges.join(","));
+        }
+        if v.affinity_timeout_s != 0 {
+            let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
+        }
+        if v.flags & SVC_F_MAGLEV != 0 {
+            let _ = write!(extra, " {}", show_maglev(self.maglev.get(&v.svc_id)));
+        }
+        extra
+    }
+
     /// Sorted text of every entry, for golden tests and `xlb list --raw`.
     pub fn dump(&self) -> String {
         let mut out = String::new();
         let mut entries: Vec<_> = self.services.iter().collect();
-        entries.sort_by_cached_key(|(k, _)| (show_frontend(k), k.slot));
+        entries.sort_by_cached_key(|(k, _)| show_frontend(k));
         for (k, v) in entries {
-            if k.slot == 0 {
-                let name = self
-                    .names
-                    .get(&v.svc_id)
-                    .map(svc_name_str)
-                    .unwrap_or_default();
-                let mut extra = String::new();
-                if v.flags & SVC_F_DROP_EMPTY != 0 {
-                    extra.push_str(" drop-when-empty");
-                }
-                if v.flags & SVC_F_SNAT_REMOTE != 0 {
-                    extra.push_str(" snat-remote");
-                }
-                if v.flags & SVC_F_TWO_SCOPES != 0 {
-                    extra.push_str(" two-scopes");
-                }
-                if v.flags & SVC_F_SRC_RANGES != 0 && k.scope == SCOPE_EXTERNAL {
-                    let ranges: Vec<String> = self
-                        .src_ranges
-                        .iter()
-                        .filter(|r| r.svc_id == v.svc_id)
-                        .map(|r| format!("{}/{}", r.addr, r.prefix))
-                        .collect();
-                    let _ = write!(extra, " source-ranges={}", ranges.join(","));
-                }
-                if v.affinity_timeout_s != 0 {
-                    let _ = write!(extra, " affinity={}s", v.affinity_timeout_s);
-                }
-                if v.flags & SVC_F_MAGLEV != 0 {
-                    let _ = write!(extra, " {}", show_maglev(self.maglev.get(&v.svc_id)));
-                }
-                let _ = writeln!(
-                    out,
-                    "service {} id={} name={} count={}{extra}",
-                    show_frontend(k),
-                    v.svc_id,
-                    name,
-                    v.count
-                );
-            } else {
-                let be = self.backends.get(&v.backend_id).map(show_backend);
+            let name = self
+                .names
+                .get(&v.svc_id)
+                .map(svc_name_str)
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "service {} id={} name={} count={}{}",
+                show_frontend(k),
+                v.svc_id,
+                name,
+                v.count,
+                self.extra(k, v)
+            );
+            for (n, id) in v.slots.iter().enumerate() {
+                let be = self.backends.get(id).map(show_backend);
                 let _ = writeln!(
                     out,
                     "  slot {} -> backend {} {}",
-                    k.slot,
-                    v.backend_id,
+                    n + 1,
+                    id,
                     be.unwrap_or_else(|| "MISSING".into())
                 );
             }

@@ -54,18 +54,19 @@ fn on_node_at(yaml: &str, addrs: &[IpAddr], socket_lb: bool) -> (Desired, Vec<De
 /// The frontend entry at `ip:port`/TCP, external scope.
 fn entry(d: &Desired, ip: impl Into<IpAddr>, port: u16) -> SvcValue {
     let key = frontend_key(ip, port, Protocol::Tcp);
-    *d.services
+    d.services
         .get(&key)
         .unwrap_or_else(|| panic!("no frontend {}: {:?}", show_frontend(&key), d.services))
+        .value
 }
 
 /// The backends in the slots of the entry at `key`, as `ip` strings, in slot order.
 fn slot_ips(d: &Desired, key: SvcKey) -> Vec<String> {
-    let count = d.services[&key].count;
-    (1..=count)
-        .map(|slot| {
-            let v = d.services[&SvcKey { slot, ..key }];
-            let b = d.backends[&v.backend_id];
+    d.services[&key]
+        .slots
+        .iter()
+        .map(|id| {
+            let b = d.backends[id];
             words_addr(b.addr_be, b.family).to_string()
         })
         .collect()
@@ -88,8 +89,9 @@ fn a_cluster_ip_has_an_entry_a_slot_per_endpoint_and_its_name() {
     let key = frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp);
     assert_eq!(slot_ips(&d, key), ["10.244.0.1", "10.244.1.1"]);
     assert_eq!(svc_name_str(&d.names[&e.svc_id]), "ns/web:p");
-    // Only the ClusterIP: one entry and its two slots.
-    assert_eq!(d.services.len(), 3);
+    // Only the ClusterIP: one entry, its two slots in a range of the slot array.
+    assert_eq!(d.services.len(), 1);
+    assert_eq!(d.services[&key].slots.len(), 2);
     let remote: Vec<bool> = d
         .backends
         .values()
@@ -278,7 +280,7 @@ fn each_familys_load_balancer_ip_admits_that_familys_source_ranges() {
     ] {
         assert_eq!(ranges_of(&d, ip), None, "{ip}");
     }
-    let np6 = d.services[&frontend_key(node6, 30080, Protocol::Tcp)];
+    let np6 = &d.services[&frontend_key(node6, 30080, Protocol::Tcp)];
     assert_eq!(np6.flags & lb_common::SVC_F_SRC_RANGES, 0);
     // Each range is in the trie of its family.
     let maps: BTreeSet<&str> = d.src_ranges.iter().map(SrcRange::map).collect();
@@ -374,11 +376,11 @@ fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_names_each_ipv6_port()
     )));
 }
 
-/// A Service whose backends outgrow a full service map (a scale-up) keeps serving with the
-/// first ones that fit, named in a MapFull problem; with no room for a single slot it is
-/// left out, as before.
+/// A Service whose backends outgrow a full slot array (a scale-up) keeps serving with the
+/// first ones that fit, named in a MapFull problem; with no room for its entry in the
+/// service map, or for a single slot, it is left out, as before.
 #[test]
-fn a_frontend_whose_backends_outgrow_the_service_map_keeps_the_first_that_fit() {
+fn a_frontend_whose_backends_outgrow_the_slot_array_keeps_the_first_that_fit() {
     let loaded = file::parse(
         "t.yaml",
         &yaml(
@@ -388,21 +390,22 @@ fn a_frontend_whose_backends_outgrow_the_service_map_keeps_the_first_that_fit() 
     )
     .expect("yaml");
     let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
-    let at = |svc_entries| {
+    let at = |svc_entries, slots| {
         let limits = Limits {
             svc_entries,
+            slots,
             ..Limits::default()
         };
         compute_on(&loaded.model, &node, &mut Ids::default(), limits)
     };
-    let (d, errors) = at(3);
+    let (d, errors) = at(1, 2);
     assert_eq!(
         errors,
         [DesiredError::MapFullPartly {
             object: "ns/web:p".into(),
-            map: lb_common::MAP_SVC,
-            capacity: 3,
-            needed: 4,
+            map: lb_common::MAP_SLOT,
+            capacity: 2,
+            needed: 3,
             count: 3,
             kept: 2,
         }]
@@ -418,12 +421,49 @@ fn a_frontend_whose_backends_outgrow_the_service_map_keeps_the_first_that_fit() 
         ["10.1.0.1", "10.1.0.2"],
         "the first two, in the slice's order"
     );
-    assert_eq!(d.services.len(), 3);
+    assert_eq!(d.services.len(), 1);
 
-    let (d, errors) = at(1);
-    assert!(d.services.is_empty(), "{:?}", d.services);
-    assert!(
-        matches!(&errors[..], [DesiredError::MapFull { needed: 4, .. }]),
-        "{errors:?}"
+    for (svc_entries, slots, map) in [(0, 8, lb_common::MAP_SVC), (1, 0, lb_common::MAP_SLOT)] {
+        let (d, errors) = at(svc_entries, slots);
+        assert!(d.services.is_empty(), "{:?}", d.services);
+        assert!(
+            matches!(&errors[..], [DesiredError::MapFull { map: m, .. }] if *m == map),
+            "{errors:?}"
+        );
+    }
+}
+
+/// A frontend whose backends get indices only in part (the backend array has no index left
+/// for the rest) serves with the first that got one, named in a MapFullPartly problem,
+/// rather than being left out whole.
+#[test]
+fn a_frontend_short_of_backend_indices_keeps_the_first_that_got_one() {
+    let loaded = file::parse(
+        "t.yaml",
+        &yaml(
+            "  clusterIP: 10.96.0.10\n  ports: [{name: p, port: 80, protocol: TCP}]",
+            Some(&[("10.1.0.1", NODE), ("10.1.0.2", NODE), ("10.1.0.3", NODE)]),
+        ),
+    )
+    .expect("yaml");
+    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    // Backend indices 1..3: two of them.
+    let limits = Limits {
+        backends: 3,
+        ..Limits::default()
+    };
+    let (d, errors) = compute_on(&loaded.model, &node, &mut Ids::default(), limits);
+    assert_eq!(
+        errors,
+        [DesiredError::MapFullPartly {
+            object: "ns/web:p".into(),
+            map: lb_common::MAP_BACKEND,
+            capacity: 3,
+            needed: 1,
+            count: 3,
+            kept: 2,
+        }]
     );
+    let key = frontend_key(Ipv4Addr::new(10, 96, 0, 10), 80, Protocol::Tcp);
+    assert_eq!(slot_ips(&d, key), ["10.1.0.1", "10.1.0.2"]);
 }

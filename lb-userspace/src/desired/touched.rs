@@ -10,7 +10,7 @@ use super::SrcRange;
 /// indices and bits are compared with the maps and written.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Touched {
-    /// Frontend entries (slot 0, either scope) added, changed or gone.
+    /// Frontend entries (either scope) added, changed or gone.
     pub frontends: BTreeSet<SvcKey>,
     pub backends: BTreeSet<u32>,
     pub src_ranges: BTreeSet<SrcRange>,

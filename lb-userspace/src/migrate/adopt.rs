@@ -94,12 +94,8 @@ pub fn adopt(f: &KernelFlow, d: &Desired, now_ns: u64) -> Result<Adopted, Skip> 
     let entry = d.services.get(&key).ok_or(Skip::NotAFrontend)?;
     let be = addr_words(f.reply.src).0;
     let (slot, backend_id, backend_gen) = (1..=entry.count)
-        .filter_map(|slot| d.services.get(&SvcKey { slot, ..key }).map(|v| (slot, v)))
-        .filter_map(|(slot, v)| {
-            d.backends
-                .get(&v.backend_id)
-                .map(|b| (slot, v.backend_id, b))
-        })
+        .filter_map(|slot| entry.slot(slot).map(|id| (slot, id)))
+        .filter_map(|(slot, id)| d.backends.get(&id).map(|b| (slot, id, b)))
         .find(|(_, _, b)| b.addr_be == be && u16::from_be(b.port_be) == f.reply.sport)
         .map(|(slot, id, b)| (slot, id, b.generation))
         .ok_or(Skip::NotABackend)?;
@@ -396,12 +392,10 @@ mod tests {
             d.backends[&v.backend_id].addr_be[0],
             u32::from_ne_bytes([10, 244, 0, 8])
         );
-        let slot = SvcKey {
-            slot: v.slot,
-            ..frontend_key("10.96.0.10".parse::<IpAddr>().expect("ip"), 80, 6u8)
-        };
+        let key = frontend_key("10.96.0.10".parse::<IpAddr>().expect("ip"), 80, 6u8);
         assert_eq!(
-            d.services[&slot].backend_id, v.backend_id,
+            d.services[&key].slot(v.slot),
+            Some(v.backend_id),
             "the slot it is in"
         );
         assert_eq!(adopt(&flow, &desired(), 7).expect("adopted").affinity, None);

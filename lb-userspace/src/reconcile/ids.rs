@@ -21,6 +21,7 @@ use lb_common::{Backend, SvcKey};
 
 use std::sync::Arc;
 
+use super::slots::Slots;
 use crate::desired::{Desired, Indices, maglev::TableCache};
 
 /// How long a freed index stays unused before it is handed out again.
@@ -115,6 +116,8 @@ pub struct Ids {
     now: Instant,
     /// Maglev tables computed before (swept at each full computation).
     maglev: TableCache,
+    /// Each frontend's range of the slot array.
+    slots: Slots,
 }
 
 impl Default for Ids {
@@ -130,6 +133,7 @@ impl Default for Ids {
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
             maglev: TableCache::default(),
+            slots: Slots::default(),
         }
     }
 }
@@ -248,10 +252,17 @@ impl Ids {
             ..Ids::default()
         };
         let mut svc_used = BTreeSet::new();
-        for (k, v) in current.services.iter().filter(|(k, _)| k.slot == 0) {
+        for (k, v) in &current.services {
             ids.svc.insert(*k, v.svc_id);
             svc_used.insert(v.svc_id);
         }
+        ids.slots = Slots::adopt(
+            current
+                .services
+                .iter()
+                .map(|(k, v)| (*k, v.slot_base, v.count)),
+            now,
+        );
         let mut be_used = BTreeSet::new();
         for (id, be) in &current.backends {
             ids.backend.insert(be, *id, be.generation);
@@ -294,6 +305,12 @@ impl Ids {
         backends: impl IntoIterator<Item = Backend>,
     ) {
         let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
+        let keys: Vec<&SvcKey> = keys.into_iter().collect();
+        self.slots.retain_touched(
+            keys.iter().copied(),
+            |k| desired.services.contains_key(k),
+            now,
+        );
         for k in keys {
             if !desired.services.contains_key(k)
                 && let Some(id) = self.svc.remove(k)
@@ -345,6 +362,7 @@ impl Ids {
     pub(super) fn retain(&mut self, desired: &Desired) {
         self.maglev.sweep();
         let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
+        self.slots.retain(|k| desired.services.contains_key(k), now);
         let mut gone = Vec::new();
         self.svc.retain(|k, id| {
             let keep = desired.services.contains_key(k);
@@ -398,6 +416,10 @@ impl Indices for Ids {
         self.svc.contains_key(key)
     }
 
+    fn slot_range(&mut self, key: SvcKey, count: u16, capacity: u32) -> Option<(u32, u16)> {
+        self.slots.range(key, count, capacity, self.now)
+    }
+
     fn maglev_table(&mut self, backends: &[String], m: u32, seed: &[u8]) -> Arc<[u16]> {
         self.maglev.get(backends, m, seed)
     }
@@ -427,10 +449,13 @@ mod tests {
         let mut d = Desired::default();
         d.services.insert(
             svc,
-            lb_common::SvcValue {
-                svc_id: id,
-                ..Default::default()
-            },
+            crate::desired::SvcEntry::new(
+                lb_common::SvcValue {
+                    svc_id: id,
+                    ..Default::default()
+                },
+                [],
+            ),
         );
         d
     }

@@ -50,7 +50,7 @@ pub struct Incremental {
     filter_refs: HashMap<u32, u32>,
     /// The address filters' size (from the limits of the last full computation).
     filter: FilterSize,
-    /// Frontend entries placed (slot 0, either scope).
+    /// Frontend entries placed (either scope).
     frontends: usize,
     /// What the last [`Incremental::update`] changed, as it was before (none after a full
     /// computation, which records nothing).
@@ -83,7 +83,7 @@ impl Incremental {
         self.problems.get(id).into_iter().flatten()
     }
 
-    /// How many frontend entries (slot 0, either scope) the desired state has.
+    /// How many frontend entries (either scope) the desired state has.
     pub fn frontends(&self) -> usize {
         self.frontends
     }
@@ -210,21 +210,18 @@ impl Incremental {
         for p in self.placed.remove(id).unwrap_or_default() {
             self.frontends -= 1;
             self.touch_placed(&p, touched, backends_seen);
-            for k in p.entries() {
-                if let Some(j) = &mut self.journal {
-                    j.service(&self.desired, k);
+            let k = p.key;
+            if let Some(j) = &mut self.journal {
+                j.service(&self.desired, k);
+            }
+            if let Some(v) = self.desired.services.remove(&k) {
+                self.unref_filter(self.filter.bit_of(&k.addr_be), ids, touched);
+                if k.scope == SCOPE_EXTERNAL {
+                    self.owners.remove(&k);
+                    released.push(k);
                 }
-                let Some(v) = self.desired.services.remove(&k) else {
-                    continue;
-                };
-                if k.slot == 0 {
-                    self.unref_filter(self.filter.bit_of(&k.addr_be), ids, touched);
-                    if k.scope == SCOPE_EXTERNAL {
-                        self.owners.remove(&k);
-                        released.push(k);
-                    }
-                } else {
-                    self.unref_backend(v.backend_id, ids, touched);
+                for b in v.slots.iter() {
+                    self.unref_backend(*b, ids, touched);
                 }
             }
             if let Some(j) = &mut self.journal {
@@ -412,7 +409,7 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
 /// How many frontends and backends of `d` have an address in each filter bit.
 fn count_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
     let mut refs = HashMap::new();
-    for k in d.services.keys().filter(|k| k.slot == 0) {
+    for k in d.services.keys() {
         *refs.entry(size.bit_of(&k.addr_be)).or_default() += 1;
     }
     for be in d.backends.values() {

@@ -7,14 +7,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+use lb_common::{Backend, SvcKey, SvcName};
 
-use crate::desired::{Desired, MaglevTable, Plan, SrcRange, Touched};
+use crate::desired::{Desired, MaglevTable, Plan, SrcRange, SvcEntry, Touched};
 
 /// The before-values of one update's changes.
 #[derive(Debug, Default)]
 pub struct Journal {
-    services: BTreeMap<SvcKey, Option<SvcValue>>,
+    services: BTreeMap<SvcKey, Option<SvcEntry>>,
     backends: BTreeMap<u32, Option<Backend>>,
     names: BTreeMap<u32, Option<SvcName>>,
     src_ranges: BTreeMap<SrcRange, bool>,
@@ -26,9 +26,7 @@ pub struct Journal {
 impl Journal {
     /// Records what applying `plan` to `d` overwrites.
     pub(super) fn plan(&mut self, d: &Desired, plan: &Plan) {
-        for k in plan.service_keys() {
-            self.service(d, k);
-        }
+        self.service(d, plan.key());
         for id in plan.backend_ids() {
             self.backend(d, id);
         }
@@ -50,7 +48,7 @@ impl Journal {
     pub(super) fn service(&mut self, d: &Desired, k: SvcKey) {
         self.services
             .entry(k)
-            .or_insert_with(|| d.services.get(&k).copied());
+            .or_insert_with(|| d.services.get(&k).cloned());
     }
 
     pub(super) fn backend(&mut self, d: &Desired, id: u32) {
@@ -78,15 +76,15 @@ impl Journal {
             .or_insert_with(|| word_of(&d.filter, word));
     }
 
-    /// The programmed state of what `t` names (its frontends with their slots and names,
+    /// The programmed state of what `t` names (its frontends, slots and names,
     /// its backends, ranges and filter words): the journal's value where the update
     /// changed a key, else the desired state's (which it did not change). `d` is the
     /// desired state after the update.
     pub fn programmed(&self, d: &Desired, t: &Touched) -> Desired {
         let mut p = Desired::default();
         let svc = |k: SvcKey| match self.services.get(&k) {
-            Some(v) => *v,
-            None => d.services.get(&k).copied(),
+            Some(v) => v.as_ref(),
+            None => d.services.get(&k),
         };
         let name = |id: u32| match self.names.get(&id) {
             Some(n) => *n,
@@ -95,17 +93,8 @@ impl Journal {
         for &k in &t.frontends {
             let before = svc(k);
             let after = d.services.get(&k);
-            let slots = before
-                .map_or(0, |v| v.count)
-                .max(after.map_or(0, |v| v.count));
-            for slot in 1..=slots {
-                let sk = SvcKey { slot, ..k };
-                if let Some(v) = svc(sk) {
-                    p.services.insert(sk, v);
-                }
-            }
             if let Some(v) = before {
-                p.services.insert(k, v);
+                p.services.insert(k, v.clone());
             }
             for id in [before.map(|v| v.svc_id), after.map(|v| v.svc_id)]
                 .into_iter()
@@ -186,7 +175,8 @@ impl Journal {
         );
         let words: BTreeSet<u32> = t.filter_words.iter().copied().collect();
         p.filter.retain(|b| !words.contains(&(b / 64)));
-        p.services.extend(now.services.iter());
+        p.services
+            .extend(now.services.iter().map(|(k, v)| (*k, v.clone())));
         p.backends.extend(now.backends.iter());
         p.names.extend(now.names.iter());
         p.src_ranges.extend(now.src_ranges.iter());

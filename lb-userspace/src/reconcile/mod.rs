@@ -10,6 +10,7 @@
 //! | `ids.rs` | [`Ids`]: the dense indices, their quarantine, the filter bits of addresses that went |
 //! | `incremental.rs` | [`Incremental`]: the desired state and what each service put in it |
 //! | `journal.rs` | [`Journal`]: what one update overwrote (what is programmed of what it touched) |
+//! | `slots.rs` | [`slots::Slots`]: each frontend's range of the slot array (a buddy allocator), their quarantine |
 //! | `retry.rs` | services whose writes failed, each retried on its own with backoff |
 //! | `status.rs` | [`Statuses`]: each failing frontend, its reason and since when; the transitions |
 //!
@@ -39,6 +40,7 @@ mod ids;
 mod incremental;
 mod journal;
 mod retry;
+pub mod slots;
 mod status;
 
 pub use ids::{FILTER_RETAIN, Ids, QUARANTINE};
@@ -177,6 +179,19 @@ impl Reconciler {
             room_freed: false,
             limits,
         }
+    }
+
+    /// Books for maps of this layout that hold no frontend yet beside the layout before slot
+    /// ranges (`datapath::upgrade::slotted_indices`): the indices adopted from `indices`
+    /// (each frontend's service index, each backend's index and generation), so the first
+    /// sync keeps every flow's; `programmed` what this layout's maps hold, with the backends
+    /// both layouts share.
+    pub fn adopt_slotted(mut indices: Desired, mut programmed: Desired, limits: Limits) -> Self {
+        programmed.backends = indices.backends.clone();
+        indices.filter = programmed.filter.clone();
+        let mut books = Self::adopt(programmed, limits);
+        books.ids = Ids::adopt(&indices);
+        books
     }
 
     /// The failing frontends.

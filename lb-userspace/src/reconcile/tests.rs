@@ -99,8 +99,8 @@ fn a_first_sync_into_empty_maps_records_no_copy_and_one_that_fails_reads_back_wh
         ok.incremental(),
         "nothing is kept apart from the desired state"
     );
-    // The same first sync with room for one frontend and its slots only: the other one is
-    // refused, retried alone once there is room, and only it is written then.
+    // The same first sync with room for one frontend only: the other one is refused,
+    // retried alone once there is room, and only it is written then.
     let mut books = Reconciler::adopt(Desired::default(), Limits::default());
     books.retries = Retries::with_backoff(Duration::from_secs(3600));
     let mut b = Bench {
@@ -109,13 +109,13 @@ fn a_first_sync_into_empty_maps_records_no_copy_and_one_that_fails_reads_back_wh
             .model,
         books,
         maps: MemoryMaps {
-            svc_capacity: Some(3),
+            svc_capacity: Some(1),
             ..MemoryMaps::default()
         },
         full: false,
     };
     assert!(b.sync(&[]) > 0, "the full map refuses a frontend");
-    assert_eq!(b.maps.state.services.len(), 3);
+    assert_eq!(b.maps.state.services.len(), 1);
     assert_eq!(
         b.books.retries.len(),
         1,
@@ -131,13 +131,13 @@ fn a_first_sync_into_empty_maps_records_no_copy_and_one_that_fails_reads_back_wh
     assert_eq!(b.sync(&[]), 0);
     assert_eq!(b.books.retries.len(), 0);
     assert_eq!(b.maps.state, *b.books.desired());
-    let svc_writes = b
-        .maps
-        .log
-        .iter()
-        .filter(|l| l.starts_with("put svc"))
-        .count();
-    assert_eq!(svc_writes, 3, "only the refused frontend: {:?}", b.maps.log);
+    let writes = |what: &str| b.maps.log.iter().filter(|l| l.starts_with(what)).count();
+    assert_eq!(
+        (writes("put slots"), writes("put svc")),
+        (1, 1),
+        "only the refused frontend: {:?}",
+        b.maps.log
+    );
 }
 
 #[test]
@@ -245,15 +245,15 @@ fn a_service_the_limits_leave_out_fails_until_it_fits_and_healthy_ones_are_never
     let web = svc("web", "10.96.0.1", &["10.244.0.1"]);
     let api = svc("api", "10.96.0.2", &["10.244.0.3"]);
     let mut b = Bench::new(&web, Duration::ZERO);
-    // Room for web's entry and its slot, not for api's.
-    b.books.limits.svc_entries = 2;
+    // Room for web's entry, not for api's.
+    b.books.limits.svc_entries = 1;
     b.model = file::parse("t.yaml", &(web.clone() + &api))
         .expect("yaml")
         .model;
     let (_, told) = b.sync_told(&["api"]);
     assert_eq!(told, ["Failed ns/api ns/api:p MapFull"]);
     match b.books.statuses().status(&id("api"), "ns/api:p") {
-        Status::Failed(f) => assert!(f.message.contains("is full (capacity 2"), "{}", f.message),
+        Status::Failed(f) => assert!(f.message.contains("is full (capacity 1"), "{}", f.message),
         other => panic!("{other:?}"),
     }
     assert_eq!(

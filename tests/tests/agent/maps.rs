@@ -85,7 +85,17 @@ fn a_batched_cold_sync_reads_back_exactly() {
         want.services.len(),
         "service map entries"
     );
-    assert!(programmed.services.len() > 2 * lb_userspace::datapath::batch::CHUNK);
+    // More than one batch of entries, and more than two of slots.
+    let chunk = lb_userspace::datapath::batch::CHUNK;
+    let slots: usize = programmed.services.values().map(|v| v.slots.len()).sum();
+    assert!(programmed.services.len() > chunk && slots > 2 * chunk);
+    assert!(
+        programmed
+            .services
+            .iter()
+            .all(|(k, v)| want.services.get(k).is_some_and(|w| w.count == v.count)),
+        "every frontend with its slots"
+    );
     assert_eq!(programmed.backends.len(), want.backends.len(), "backends");
     assert_eq!(programmed.names.len(), 5000, "names");
     let rows = lb_userspace::list::services_of(&programmed);

@@ -237,7 +237,9 @@ fn metrics_are_node_level_by_default_and_per_service_only_when_asked() {
     assert!(value(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1e9);
     let map = |m: &str| format!("xlb_map_entries{{map=\"{m}\"}}");
     assert_eq!(value(&text, &map(lb_common::MAP_BACKEND)), 6.0);
-    assert_eq!(value(&text, &map(lb_common::MAP_SVC)), 9.0);
+    // Three frontend entries; their slots, a range of two each, in the slot array.
+    assert_eq!(value(&text, &map(lb_common::MAP_SVC)), 3.0);
+    assert_eq!(value(&text, &map(lb_common::MAP_SLOT)), 6.0);
     assert_eq!(
         value(&text, "xlb_datapath_packets_total{reason=\"new_flow\"}"),
         0.0

@@ -23,7 +23,7 @@ use xlb_tests::{
 
 const WEB: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const API: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 11);
-/// The service map's size: web's 4 entries and room for the fillers.
+/// The service map's size: web's entry and room for the fillers.
 const SVC_MAP: u32 = 16;
 
 fn svc_map(pins: &Path) -> HashMap<MapData, SvcKey, SvcValue> {
@@ -31,22 +31,22 @@ fn svc_map(pins: &Path) -> HashMap<MapData, SvcKey, SvcValue> {
     HashMap::try_from(Map::HashMap(data)).expect("a hash map")
 }
 
-/// Slots of a frontend no Service has (203.0.113.1:9/TCP, without an entry: the datapath
-/// never reads them), inserted until the map is full; how many.
+/// Entries of frontends no Service has (203.0.113.1, ports from 1, without backends: no
+/// test traffic goes there), inserted until the map is full; how many.
 fn fill(pins: &Path) -> u16 {
     let mut map = svc_map(pins);
-    let key = |slot: u16| SvcKey {
+    let key = |port: u16| SvcKey {
         addr_be: [u32::from_ne_bytes([203, 0, 113, 1]), 0, 0, 0],
-        port_be: 9u16.to_be(),
-        slot,
+        port_be: port.to_be(),
         proto: libc::IPPROTO_TCP as u8,
         family: FAMILY_V4,
         scope: 0,
-        _pad: 0,
+        _pad0: 0,
+        _pad1: 0,
     };
-    for slot in 1..=SVC_MAP as u16 + 1 {
-        if map.insert(key(slot), SvcValue::default(), 0).is_err() {
-            return slot - 1;
+    for port in 1..=SVC_MAP as u16 + 1 {
+        if map.insert(key(port), SvcValue::default(), 0).is_err() {
+            return port - 1;
         }
     }
     panic!("the service map never filled up");
@@ -88,7 +88,7 @@ fn a_service_a_full_map_refuses_is_retried_while_the_others_sync_incrementally()
     let fillers = fill(&s.agent.pins);
     eprintln!("{fillers} filler entries fill the service map of {SVC_MAP}");
 
-    // api needs four entries: none is free.
+    // api needs an entry: none is free.
     write_atomic(&s.yaml, &(web(&b) + &api)).expect("yaml");
     s.agent
         .wait_log("service=test/api:p", 2, Duration::from_secs(5))

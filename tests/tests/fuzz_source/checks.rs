@@ -165,33 +165,39 @@ pub(crate) fn check_maps(d: &Desired, limits: Limits) -> Result<(), TestCaseErro
     let v6 = d.src_ranges.iter().filter(|r| r.addr.is_ipv6()).count();
     prop_assert!(d.src_ranges.len() - v6 <= limits.src_ranges as usize);
     prop_assert!(v6 <= limits.src_ranges6 as usize);
-    for (k, v) in d.services.iter().filter(|(k, _)| k.slot == 0) {
+    let mut ranges = Vec::new();
+    for (k, v) in &d.services {
         prop_assert!(v.count <= MAX_BACKENDS_PER_SVC, "{:?}", k);
         prop_assert!(
             d.names.contains_key(&v.svc_id),
             "frontend {:?} has no name",
             k
         );
-        for slot in 1..=v.count {
-            let s = d.services.get(&SvcKey { slot, ..*k });
-            prop_assert!(s.is_some(), "{:?}: slot {} missing", k, slot);
-            if let Some(s) = s {
-                prop_assert_eq!(s.svc_id, v.svc_id);
-                prop_assert!(
-                    d.backends.contains_key(&s.backend_id),
-                    "{:?}: slot {} has no backend",
-                    k,
-                    slot
-                );
-            }
+        prop_assert_eq!(v.slots.len(), v.count as usize, "{:?}", k);
+        for (i, id) in v.slots.iter().enumerate() {
+            prop_assert!(
+                d.backends.contains_key(id),
+                "{:?}: slot {} has no backend",
+                k,
+                i + 1
+            );
+        }
+        if v.count > 0 {
+            // A power of two aligned to its size, inside the slot array.
+            let size = u64::from(v.count.next_power_of_two());
+            let base = u64::from(v.slot_base);
+            prop_assert_eq!(base % size, 0, "{:?}: range not aligned", k);
+            prop_assert!(base + u64::from(v.count) <= u64::from(limits.slots));
+            ranges.push((base, base + u64::from(v.count), *k));
         }
     }
-    for k in d.services.keys().filter(|k| k.slot > 0) {
-        let head = d.services.get(&SvcKey { slot: 0, ..*k });
+    ranges.sort();
+    for w in ranges.windows(2) {
         prop_assert!(
-            head.is_some_and(|h| k.slot <= h.count),
-            "stray slot {:?}",
-            k
+            w[0].1 <= w[1].0,
+            "{:?} and {:?} share slots",
+            w[0].2,
+            w[1].2
         );
     }
     Ok(())

@@ -2,9 +2,9 @@
 //! describe service` shows them: the service map is full (`--service-map-max`), so api's
 //! ClusterIP is left out: a Warning `MapFull` naming the map and its capacity, on api (its
 //! uid too). It stays failing through a change: no second Event. Room made (web deleted),
-//! api is programmed and a Normal `Programmed` Event says what recovered. Failing the same
-//! way again within the de-duplication window is the first Event's series (count 2), not
-//! a second Event. `xlb list services` shows the failing frontend meanwhile.
+//! api is programmed and a Normal `Programmed` Event says what recovered. Failing with the
+//! same reason again within the de-duplication window (a full slot array this time, at
+//! `--slot-map-max`) is the first Event's series (count 2), not a second Event. `xlb list services` shows the failing frontend meanwhile.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -61,8 +61,13 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         return;
     }
     let b: Vec<Ipv4Addr> = (2..=4).map(pod_ip).collect();
-    // web takes 3 of the 4 entries (its ClusterIP and 2 backend slots); api needs 3.
-    let mut c = start("xev", false, &["--service-map-max", "4"]);
+    // web takes the one entry (its ClusterIP); api needs one too. Eight slots: web's range
+    // of two, then (web gone, its range in quarantine) api's range of four.
+    let mut c = start(
+        "xev",
+        false,
+        &["--service-map-max", "1", "--slot-map-max", "8"],
+    );
     c.api
         .apply_yaml(&service("web", xlb_tests::suites::kubernetes::WEB, ""))
         .expect("web");
@@ -93,7 +98,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
     assert!(
         note.contains("test/api:http")
             && note.contains(lb_common::MAP_SVC)
-            && note.contains("is full (capacity 4"),
+            && note.contains("is full (capacity 1"),
         "the note names the frontend, the map and its capacity: {note}"
     );
     assert!(events_on(&c, "web").is_empty(), "web is healthy: no Event");
@@ -106,7 +111,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         .collect();
     assert!(
         matches!(status.as_slice(), [("test/api:http", "-", failing), ("test/web:http", "10.96.0.10:80/TCP", "programmed")]
-            if failing.starts_with("MapFull since 20") && failing.contains("is full (capacity 4")),
+            if failing.starts_with("MapFull since 20") && failing.contains("is full (capacity 1")),
         "{status:#?}"
     );
 
@@ -124,7 +129,7 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         [("Warning".into(), "MapFull".into(), 1)]
     );
 
-    // web goes: api fits (1 + 3 slots) and is programmed at once; told so.
+    // web goes: api fits and is programmed at once; told so.
     c.api.delete("Service", "test/web");
     c.agent
         .wait_for(WAIT, |rows| rows.iter().any(|r| r.frontend == API_FRONTEND))
@@ -153,9 +158,13 @@ fn a_frontend_the_full_service_map_leaves_out_is_an_event_on_its_service_once_an
         "the Event says what recovered from what: {note}"
     );
 
-    // The same failure again within the window: the first Event's series, not a new one.
+    // The same failure again within the window: the first Event's series, not a new one
+    // (five backends want a range of eight: the slot array has none, api keeps its four).
     c.api
-        .apply_yaml(&slice("api", &ready(&[b[0], b[1], b[2], pod_ip(5)])))
+        .apply_yaml(&slice(
+            "api",
+            &ready(&[b[0], b[1], b[2], pod_ip(5), pod_ip(6)]),
+        ))
         .expect("api's slice");
     let events = wait_events(&c, "api", "the MapFull Event's series", |e| {
         shown(e).iter().any(|(_, r, n)| r == "MapFull" && *n == 2)

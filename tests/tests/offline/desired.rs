@@ -117,23 +117,15 @@ struct Checked {
 impl Checked {
     fn check(&self, op: &str) {
         let s = &self.inner.state;
-        for (k, v) in s.services.iter().filter(|(k, _)| k.slot == 0) {
-            for slot in 1..=v.count {
-                let slot_key = SvcKey { slot, ..*k };
-                let entry = s.services.get(&slot_key);
-                assert!(entry.is_some(), "after `{op}`: {k:?} slot {slot} missing");
-                let id = entry.map(|e| e.backend_id).unwrap_or_default();
+        for (k, v) in &s.services {
+            assert_eq!(v.slots.len(), v.count as usize, "after `{op}`: {k:?}");
+            for (i, id) in v.slots.iter().enumerate() {
                 assert!(
-                    s.backends.contains_key(&id),
-                    "after `{op}`: slot {slot} names missing backend {id}"
+                    s.backends.contains_key(id),
+                    "after `{op}`: {k:?} slot {} names missing backend {id}",
+                    i + 1
                 );
             }
-        }
-        for (k, v) in s.services.iter().filter(|(k, _)| k.slot > 0) {
-            assert!(
-                s.backends.contains_key(&v.backend_id),
-                "after `{op}`: {k:?} names missing backend"
-            );
         }
         // Every frontend and every backend programmed has its address filter bit set (a clear
         // bit hides it from the datapath).
@@ -147,7 +139,7 @@ impl Checked {
         for (k, v) in s
             .services
             .iter()
-            .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_SRC_RANGES != 0)
+            .filter(|(_, v)| v.flags & lb_common::SVC_F_SRC_RANGES != 0)
         {
             assert!(
                 s.src_ranges.iter().any(|r| r.svc_id == v.svc_id),
@@ -158,7 +150,7 @@ impl Checked {
         for (k, v) in s
             .services
             .iter()
-            .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_MAGLEV != 0)
+            .filter(|(_, v)| v.flags & lb_common::SVC_F_MAGLEV != 0)
         {
             assert!(
                 s.maglev.contains_key(&v.svc_id),
@@ -190,6 +182,11 @@ impl MapWriter for Checked {
     fn del_svc(&mut self, key: &SvcKey) -> Result<(), WriteError> {
         self.inner.del_svc(key)?;
         self.check("del svc");
+        Ok(())
+    }
+    fn put_slots(&mut self, base: u32, ids: &[u32]) -> Result<(), WriteError> {
+        self.inner.put_slots(base, ids)?;
+        self.check("put slots");
         Ok(())
     }
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
@@ -270,7 +267,8 @@ fn every_sync_is_make_before_break() {
         assert_eq!(w.inner.state, want);
         current = now;
     }
-    // Deleting the service: the entry goes before its slots, backends last.
+    // Deleting the service: the entry goes first (its range is left to its quarantine),
+    // backends last.
     w.inner.log.clear();
     let (want, _) = reconcile::recompute(
         &Model::default(),
@@ -294,7 +292,7 @@ fn every_sync_is_make_before_break() {
     let log = &w.inner.log;
     assert_eq!(
         log.first().map(String::as_str),
-        Some("del svc 10.96.0.10:80/TCP#0"),
+        Some("del svc 10.96.0.10:80/TCP"),
         "{log:?}"
     );
     let first_backend_delete = log
@@ -358,9 +356,9 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
             })
             .collect::<String>()
     };
-    // Each service needs 3 entries (service + 2 slots); room for 2 services.
+    // Each service needs 1 entry; room for 2 services.
     let limits = Limits {
-        svc_entries: 7,
+        svc_entries: 2,
         backends: 100,
         ..Limits::default()
     };
@@ -378,13 +376,12 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     assert!(
         msgs[0].contains("test/a:p")
             && msgs[0].contains(lb_common::MAP_SVC)
-            && msgs[0].contains("capacity 7"),
+            && msgs[0].contains("capacity 2"),
         "{msgs:?}"
     );
     let fronts = |d: &Desired| {
         d.services
             .keys()
-            .filter(|k| k.slot == 0)
             .map(lb_common::user::show_frontend)
             .collect::<Vec<_>>()
     };
@@ -392,7 +389,7 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
 
     // A kernel map that refuses a write mid-sync: the failing service stays as it was.
     let mut w = MemoryMaps {
-        svc_capacity: Some(4),
+        svc_capacity: Some(1),
         ..MemoryMaps::default()
     };
     let (now, report) = apply(&mut w, &Desired::default(), &d1);
@@ -400,9 +397,9 @@ fn a_full_map_rejects_new_services_and_keeps_programmed_ones() {
     assert!(
         report.errors[0]
             .to_string()
-            .contains("map is full (capacity 4)")
+            .contains("map is full (capacity 1)")
     );
-    let programmed = now.services.keys().filter(|k| k.slot == 0).count();
+    let programmed = now.services.len();
     assert_eq!(
         programmed, 1,
         "one service fits, the other is left out whole"
@@ -444,9 +441,9 @@ fn internal_policy_local_refuses_without_any_endpoint_and_drops_without_a_local_
             desired::compute_on(&loaded.model, &node, &mut Ids::default(), Limits::default());
         let entry = d
             .services
-            .iter()
-            .find(|(k, _)| k.slot == 0)
-            .map(|(_, v)| *v)
+            .values()
+            .next()
+            .map(|v| v.value)
             .expect("service entry");
         assert_eq!(entry.count, 0, "{eps}");
         assert_eq!(

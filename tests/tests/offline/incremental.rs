@@ -242,16 +242,14 @@ type Shown = (
 fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
     d.services
         .iter()
-        .filter(|(k, _)| k.slot == 0)
         .map(|(k, v)| {
-            let backends = (1..=v.count)
-                .map(|slot| {
-                    let s = d.services[&SvcKey { slot, ..*k }];
-                    assert_eq!(s.svc_id, v.svc_id, "slot of {k:?} has its frontend's id");
-                    Backend {
-                        generation: 0,
-                        ..d.backends[&s.backend_id]
-                    }
+            assert_eq!(v.slots.len(), v.count as usize, "{k:?}");
+            let backends = v
+                .slots
+                .iter()
+                .map(|id| Backend {
+                    generation: 0,
+                    ..d.backends[id]
                 })
                 .collect();
             let ranges = d
@@ -288,9 +286,8 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
 fn consistent(d: &Desired) {
     let used: std::collections::BTreeSet<u32> = d
         .services
-        .iter()
-        .filter(|(k, _)| k.slot > 0)
-        .map(|(_, v)| v.backend_id)
+        .values()
+        .flat_map(|v| v.slots.iter().copied())
         .collect();
     assert_eq!(
         used,
@@ -302,7 +299,7 @@ fn consistent(d: &Desired) {
     let flagged: std::collections::BTreeSet<u32> = d
         .services
         .iter()
-        .filter(|(k, v)| k.slot == 0 && v.flags & lb_common::SVC_F_MAGLEV != 0)
+        .filter(|(_, v)| v.flags & lb_common::SVC_F_MAGLEV != 0)
         .map(|(_, v)| v.svc_id)
         .collect();
     assert_eq!(
@@ -373,7 +370,7 @@ proptest! {
             consistent(&inc);
             prop_assert_eq!(
                 engine.frontends(),
-                inc.services.keys().filter(|k| k.slot == 0).count()
+                inc.services.len()
             );
             let (want, want_errors) = desired::compute_on(&model, &ctx, &mut Ids::default(), limits);
             prop_assert_eq!(canonical(&inc), canonical(&want));

@@ -30,15 +30,15 @@ fn backends() -> Vec<Ipv4Addr> {
     (1..=10).map(|i| Ipv4Addr::new(10, 244, 2, i)).collect()
 }
 
-fn key(ip: Ipv4Addr, slot: u16) -> SvcKey {
+fn key(ip: Ipv4Addr) -> SvcKey {
     SvcKey {
         addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
         port_be: 80u16.to_be(),
-        slot,
         proto: IPPROTO_TCP,
         family: FAMILY_V4,
         scope: SCOPE_EXTERNAL,
-        _pad: 0,
+        _pad0: 0,
+        _pad1: 0,
     }
 }
 
@@ -123,7 +123,7 @@ fn maglev_frontends_send_each_flow_to_the_backend_its_table_holds() {
         lb_userspace::desired::DEFAULT_MAGLEV_SEED.as_bytes(),
     );
     let state = node1.state();
-    let entry = state.services[&key(EXT, 0)];
+    let entry = &state.services[&key(EXT)];
     assert!(entry.flags & SVC_F_MAGLEV != 0, "the externalIP is flagged");
     assert_eq!(
         state.maglev[&entry.svc_id].size(),
@@ -131,11 +131,11 @@ fn maglev_frontends_send_each_flow_to_the_backend_its_table_holds() {
         "its table is programmed"
     );
     assert_eq!(
-        state.services[&key(VIP, 0)].flags & SVC_F_MAGLEV,
+        state.services[&key(VIP)].flags & SVC_F_MAGLEV,
         0,
         "the ClusterIP picks at random"
     );
-    let other = state.services[&key(Ipv4Addr::new(203, 0, 113, 8), 0)];
+    let other = &state.services[&key(Ipv4Addr::new(203, 0, 113, 8))];
     assert_eq!(other.flags & SVC_F_MAGLEV, 0, "annotated random");
     assert_eq!(
         state.maglev.len(),

@@ -5,7 +5,7 @@
 //! (`xlb_tests::suites::packets::Family` gives a family's addresses and builds its
 //! packets): `flows`, `rewrites`, `refusals`, `robust`, `state`, `hairpin`, `routed` (XDP
 //! and SNAT in a routed namespace), `sctp`; a case that runs in one family says why. IPv4
-//! alone: `maglev`, `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
+//! alone: `maglev`, `slots` (slot ranges that move, the slot array's end), `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
 //! `ranges` (loadBalancerSourceRanges of each family on a dual-stack Service).
 
 use xlb_tests::checksums;
@@ -20,4 +20,5 @@ mod rewrites;
 mod robust;
 mod routed;
 mod sctp;
+mod slots;
 mod state;

@@ -74,10 +74,8 @@ fn set_affinity(f: &Family, dp: &mut LoadedDatapath, timeout_s: u32) {
     let (k, v) = state
         .services
         .iter()
-        .find(|(k, _)| {
-            k.slot == 0 && u16::from_be(k.port_be) == 80 && k.addr_be == Family::words(f.vip)
-        })
-        .map(|(k, v)| (*k, *v))
+        .find(|(k, _)| u16::from_be(k.port_be) == 80 && k.addr_be == Family::words(f.vip))
+        .map(|(k, v)| (*k, v.value))
         .expect("web entry");
     let v = lb_common::SvcValue {
         affinity_timeout_s: timeout_s,

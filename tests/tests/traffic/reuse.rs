@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xlb_tests::suites::traffic::{DNS, TIMEOUT, WEB, synced};
+use xlb_tests::suites::traffic::{DNS, TIMEOUT, WEB, backends, synced, yaml};
 use xlb_tests::{
     client::tcp_request,
     scenario::{Scenario, TCP_PORT, sock},
@@ -112,28 +112,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
         .expect("dns programmed");
     const N: usize = 6;
     let (mut tcp, udp, first) = open_flows(&s, N);
-    let ask_all = |tcp: &mut Vec<std::net::TcpStream>, when: &str| {
-        let mut got = Vec::new();
-        for c in tcp.iter_mut() {
-            got.push(
-                xlb_tests::client::ask_tcp(c).unwrap_or_else(|e| panic!("TCP flow {when}: {e}")),
-            );
-        }
-        for u in &udp {
-            got.push(
-                xlb_tests::client::ask_udp(u).unwrap_or_else(|e| panic!("UDP flow {when}: {e}")),
-            );
-        }
-        got
-    };
-    assert!(
-        first
-            .iter()
-            .collect::<std::collections::BTreeSet<_>>()
-            .len()
-            > 1,
-        "the flows should spread: {first:?}"
-    );
+    assert_spread(&first);
 
     // The previous layout's pins, as its agent leaves them; its programs keep forwarding.
     s.agent.stop();
@@ -142,11 +121,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
         entries >= 4 * N,
         "{entries} conntrack entries for {N}+{N} flows"
     );
-    assert_eq!(ask_all(&mut tcp, "before the upgrade"), first);
-    let counts = |s: &Scenario| {
-        let c = xlb_tests::datapath::reason_counts(&s.agent.pins);
-        (c["ct_miss"], c["backend_gone"])
-    };
+    assert_eq!(ask_all(&mut tcp, &udp, "before the upgrade"), first);
     let misses = counts(&s);
 
     // The new layout's agent on the same pins.
@@ -162,7 +137,7 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
         );
     }
     assert_eq!(
-        ask_all(&mut tcp, "after the upgrade"),
+        ask_all(&mut tcp, &udp, "after the upgrade"),
         first,
         "every flow keeps its backend"
     );
@@ -175,7 +150,122 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
         misses,
         "no flow was picked up mid-stream or lost its backend"
     );
-    // And the new programs serve new flows.
+    assert_new_flows_served(&s);
+}
+
+/// An agent with slot ranges takes over the pins of the layout before them (`XLB_SVC_V2`: a
+/// service-map entry per backend slot; the backend array, conntrack and affinity shared):
+/// it adopts that map's service and backend indices, writes its own service map and slot
+/// array while the previous programs keep forwarding, then replaces the programs and
+/// removes `XLB_SVC_V2`. Long-lived TCP and UDP flows keep their backends throughout, and
+/// none is picked up mid-stream.
+#[test]
+fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
+    let Some(mut s) = synced("xus", 3) else {
+        return;
+    };
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
+        .expect("dns programmed");
+    // web's first backend leaves and comes back: it holds another index and generation than
+    // an agent starting afresh would give it, so only adopted indices keep its flows.
+    let all = backends(3);
+    for (web, n) in [(&all[1..], 2), (&all[..], 3)] {
+        xlb_tests::services::write_atomic(&s.yaml, &yaml(web, &all)).expect("yaml");
+        s.wait_backends("10.96.0.10:80/TCP", n, Duration::from_secs(30))
+            .expect("web's backends");
+    }
+    const N: usize = 6;
+    let (mut tcp, udp, first) = open_flows(&s, N);
+    assert_spread(&first);
+
+    // The layout before slot ranges, as its agent leaves it; its programs keep forwarding.
+    let indices_before = backend_indices(&s);
+    s.agent.stop();
+    let frontends =
+        xlb_tests::prev_layout::downgrade_slots(&s.agent.pins).expect("per-slot layout");
+    assert!(frontends >= 2, "{frontends} frontends");
+    assert_eq!(ask_all(&mut tcp, &udp, "before the upgrade"), first);
+    let misses = counts(&s);
+
+    upgrade(&mut s);
+    let text = s.agent.log_text();
+    assert!(
+        text.contains("adopted the indices of the service map before slot ranges"),
+        "{text}"
+    );
+    assert!(
+        !s.agent.pins.join(lb_common::prev::MAP_SVC_V2).exists(),
+        "XLB_SVC_V2 still pinned: {text}"
+    );
+    assert_eq!(
+        backend_indices(&s),
+        indices_before,
+        "every backend keeps its index and generation"
+    );
+    assert_eq!(
+        ask_all(&mut tcp, &udp, "after the upgrade"),
+        first,
+        "every flow keeps its backend"
+    );
+    assert_eq!(
+        counts(&s),
+        misses,
+        "no flow was picked up mid-stream or lost its backend"
+    );
+    assert_new_flows_served(&s);
+}
+
+/// Each programmed backend's address and port with its index and generation.
+fn backend_indices(s: &Scenario) -> Vec<(String, u32, u32)> {
+    use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
+    let state = KernelMaps::open(&xlb_tests::pins(&s.agent.pins))
+        .and_then(|m| Ok(m.read()?))
+        .expect("read the maps");
+    let mut v: Vec<(String, u32, u32)> = state
+        .backends
+        .iter()
+        .map(|(id, b)| (lb_common::user::show_backend(b), *id, b.generation))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The flows went to more than one backend.
+fn assert_spread(first: &[String]) {
+    assert!(
+        first
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1,
+        "the flows should spread: {first:?}"
+    );
+}
+
+/// Each TCP connection and UDP socket asked once, `when`: the backends that answered.
+fn ask_all(
+    tcp: &mut [std::net::TcpStream],
+    udp: &[std::net::UdpSocket],
+    when: &str,
+) -> Vec<String> {
+    let mut got = Vec::new();
+    for c in tcp.iter_mut() {
+        got.push(xlb_tests::client::ask_tcp(c).unwrap_or_else(|e| panic!("TCP flow {when}: {e}")));
+    }
+    for u in udp {
+        got.push(xlb_tests::client::ask_udp(u).unwrap_or_else(|e| panic!("UDP flow {when}: {e}")));
+    }
+    got
+}
+
+/// Flows picked up mid-stream and flows whose backend went, so far.
+fn counts(s: &Scenario) -> (u64, u64) {
+    let c = xlb_tests::datapath::reason_counts(&s.agent.pins);
+    (c["ct_miss"], c["backend_gone"])
+}
+
+/// New connections to web are served (by the programs now attached).
+fn assert_new_flows_served(s: &Scenario) {
     let answers = s
         .topo
         .client

@@ -11,13 +11,13 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
     ALL_MAPS, BACKEND_MAP_CAPACITY, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, FilterSize,
     GLOBAL_FILTER_LOG2, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED,
-    MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
+    MAP_CT6, MAP_CT6_ASSURED, MAP_SLOT, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
     SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue,
 };
 use lb_userspace::{
@@ -75,6 +75,8 @@ pub fn backend_ip(i: usize, k: usize) -> Ipv4Addr {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Capacities {
     pub svc: Option<u32>,
+    /// The slot array (every frontend's range, a power of two each).
+    pub slots: Option<u32>,
     pub backends: Option<u32>,
     /// The name and per-service counter maps (one entry per service port each).
     pub per_service: Option<u32>,
@@ -82,11 +84,13 @@ pub struct Capacities {
 }
 
 impl Capacities {
-    /// Room for `services` service ports with `slots` backend slots and backends in total.
+    /// Room for `services` service ports with `slots` backend slots and backends in total
+    /// (a frontend's range is at most twice its slots).
     pub fn for_services(services: usize, slots: usize) -> Self {
         let pow2 = |n: usize| (n.max(1024) as u32).next_power_of_two();
         Self {
-            svc: Some(pow2(services + slots + 64)),
+            svc: Some(pow2(services + 64)),
+            slots: Some(pow2(2 * slots + 64).max(lb_common::SLOT_MAP_CAPACITY)),
             backends: Some(pow2(slots + 64)),
             per_service: Some(pow2(services + 64)),
             ct: None,
@@ -165,6 +169,7 @@ impl Datapath {
         strides.set(&mut l);
         let sizes = [
             (MAP_SVC, caps.svc),
+            (MAP_SLOT, caps.slots),
             (MAP_BACKEND, caps.backends),
             (MAP_SVC_NAME, caps.per_service),
             (MAP_SVC_STATS, Some(rows::entries(strides.svc, cpus))),
@@ -540,16 +545,14 @@ pub fn extend_model(
 }
 
 /// The service map key of a frontend.
-pub fn svc_key(vip: Ipv4Addr, port: u16, slot: u16) -> SvcKey {
-    SvcKey {
-        slot,
-        ..lb_common::user::frontend_key(vip, port, lb_userspace::model::Protocol::Tcp)
-    }
+pub fn svc_key(vip: Ipv4Addr, port: u16) -> SvcKey {
+    lb_common::user::frontend_key(vip, port, lb_userspace::model::Protocol::Tcp)
 }
 
 /// Reads one service map entry from pinned maps (a probe of what the datapath sees).
 pub struct Probe {
     svc: HashMap<MapData, SvcKey, SvcValue>,
+    slots: Array<MapData, u32>,
     backends: HashMap<MapData, u32, Backend>,
 }
 
@@ -561,17 +564,18 @@ impl Probe {
         };
         Ok(Self {
             svc: HashMap::try_from(aya::maps::Map::HashMap(open(MAP_SVC)?))?,
+            slots: Array::try_from(aya::maps::Map::Array(open(MAP_SLOT)?))?,
             backends: HashMap::try_from(aya::maps::Map::HashMap(open(MAP_BACKEND)?))?,
         })
     }
 
     /// The backends the datapath would pick from for `vip:port`, as the maps hold them now.
     pub fn backends(&self, vip: Ipv4Addr, port: u16) -> Result<Vec<SocketAddrV4>> {
-        let entry = self.svc.get(&svc_key(vip, port, 0), 0)?;
+        let entry = self.svc.get(&svc_key(vip, port), 0)?;
         let mut out = Vec::new();
-        for slot in 1..=entry.count {
-            let v = self.svc.get(&svc_key(vip, port, slot), 0)?;
-            let b = self.backends.get(&v.backend_id, 0)?;
+        for i in 0..entry.count as u32 {
+            let id = self.slots.get(&(entry.slot_base + i), 0)?;
+            let b = self.backends.get(&id, 0)?;
             out.push(SocketAddrV4::new(
                 Ipv4Addr::from(b.addr_be[0].to_ne_bytes()),
                 u16::from_be(b.port_be),

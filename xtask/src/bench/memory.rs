@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, bail};
 use lb_common::{
-    ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_MAGLEV, MAP_SVC, MAP_SVC_NAME,
+    ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_MAGLEV, MAP_SLOT, MAP_SVC, MAP_SVC_NAME,
     MAP_SVC_STATS,
 };
 
@@ -246,7 +246,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
         .map(|m| (format!("{m} entry"), get(m)))
         .collect();
     bars.push(("backend (slot + entry)".into(), per_backend));
-    bars.push(("service port (slot 0 + name)".into(), per_service));
+    bars.push(("service port (entry + name)".into(), per_service));
     bars.push(("flow (2 conntrack entries)".into(), per_flow));
     report::bar_plot(
         plot,
@@ -320,7 +320,10 @@ fn map_table(
 
 /// The issue's units, counters apart and per CPU.
 struct Units {
+    /// A slot of the slot array.
     slot: f64,
+    /// A frontend's entry in the service hash.
+    entry: f64,
     per_service: f64,
     per_backend: f64,
     svc_counters: f64,
@@ -330,10 +333,11 @@ struct Units {
 
 impl Units {
     fn of(get: &dyn Fn(&str) -> f64) -> Self {
-        let slot = get(MAP_SVC);
+        let (slot, entry) = (get(MAP_SLOT), get(MAP_SVC));
         Self {
             slot,
-            per_service: slot + get(MAP_SVC_NAME),
+            entry,
+            per_service: entry + get(MAP_SVC_NAME),
             per_backend: slot + get(MAP_BACKEND),
             // A counter array's entry is one CPU's counter (a row per CPU).
             svc_counters: get(MAP_SVC_STATS),
@@ -347,6 +351,7 @@ impl Units {
 fn units_table(body: &mut String, u: &Units, ct_entry: f64) {
     let Units {
         slot,
+        entry,
         per_service,
         per_backend,
         svc_counters,
@@ -359,13 +364,18 @@ fn units_table(body: &mut String, u: &Units, ct_entry: f64) {
         .collect();
     let rows = vec![
         vec![
-            format!("service slot ({MAP_SVC} entry)"),
-            "one service-map entry".into(),
+            format!("backend slot ({MAP_SLOT} element)"),
+            "one slot-array element".into(),
             format!("{slot:.1}"),
         ],
         vec![
+            format!("frontend entry ({MAP_SVC} entry)"),
+            "one service-map entry".into(),
+            format!("{entry:.1}"),
+        ],
+        vec![
             "service port (frontend port)".into(),
-            "slot 0 + name".into(),
+            "its entry + name".into(),
             format!("{per_service:.1}"),
         ],
         vec![
@@ -487,22 +497,24 @@ fn agent_table(body: &mut String, xlb: &Path) -> Result<()> {
 fn targets(body: &mut String, u: &Units) {
     let Units {
         slot,
+        entry,
         per_service,
         per_backend,
         ..
     } = *u;
     body.push_str(&format!(
         "\n**Targets** (the fast-path issue's; per-CPU counters apart, above)\n\n\
-         * ≤ 64 B per backend: **{}** ({per_backend:.1} B = a {slot:.1} B slot in the service hash + the \
-         backend array's entry{}).\n\
-         * ≤ 128 B per frontend port: **{}** ({per_service:.1} B = its {slot:.1} B service-hash entry + its \
+         * ≤ 64 B per backend: **{}** ({per_backend:.1} B = a {slot:.1} B element of the slot array + the \
+         backend array's entry; a frontend's range is a power of two, so a frontend of n backends holds up \
+         to 2n − 1 slots{}).\n\
+         * ≤ 128 B per frontend port: **{}** ({per_service:.1} B = its {entry:.1} B service-hash entry + its \
          name{}).\n",
         verdict(per_backend <= 64.0),
         if per_backend <= 64.0 {
             ""
         } else {
-            "; what would close it: slots in an array indexed from the service entry (4 B each \
-             instead of a hash entry), a hash only from frontend to service"
+            "; what would close it: a smaller backend entry (the address and port only, the flags and \
+             generation apart)"
         },
         verdict(per_service <= 128.0),
         if per_service <= 128.0 {

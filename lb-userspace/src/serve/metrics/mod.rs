@@ -278,7 +278,9 @@ impl Metrics {
 
     /// What is programmed after a sync: the fill of the maps the agent writes.
     pub fn programmed(&self, d: &Desired, limits: Limits) {
-        use lb_common::{MAP_BACKEND, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME};
+        use lb_common::{
+            MAP_BACKEND, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME,
+        };
         let v6 = d
             .src_ranges
             .iter()
@@ -290,6 +292,18 @@ impl Metrics {
         };
         self.shared.set_programmed(vec![
             (MAP_SVC, fill(d.services.len(), limits.svc_entries)),
+            // The slots the frontends' ranges take (a power of two each).
+            (
+                MAP_SLOT,
+                fill(
+                    d.services
+                        .values()
+                        .filter(|v| v.count > 0)
+                        .map(|v| v.count.next_power_of_two() as usize)
+                        .sum(),
+                    limits.slots,
+                ),
+            ),
             (MAP_BACKEND, fill(d.backends.len(), limits.backends)),
             (MAP_SVC_NAME, fill(d.names.len(), limits.services)),
             (

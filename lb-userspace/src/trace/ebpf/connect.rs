@@ -37,7 +37,7 @@ pub(super) fn trace_connect(
             req.dst
         ),
     );
-    let Some(outer) = frontend(state, svc_key(req.dst, req.protocol, SCOPE_EXTERNAL, 0)) else {
+    let Some(outer) = frontend(state, svc_key(req.dst, req.protocol, SCOPE_EXTERNAL)) else {
         r.line(
             "frontend",
             format!(
@@ -85,7 +85,7 @@ fn node_scope(r: &mut Report, req: &Resolved, state: &Desired, outer: Frontend) 
     if outer.svc.flags & SVC_F_TWO_SCOPES == 0 {
         return outer;
     }
-    match frontend(state, svc_key(req.dst, req.protocol, SCOPE_INTERNAL, 0)) {
+    match frontend(state, svc_key(req.dst, req.protocol, SCOPE_INTERNAL)) {
         Some(inner) => {
             r.line(
                 "scope",

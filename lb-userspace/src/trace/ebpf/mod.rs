@@ -55,11 +55,10 @@ fn backend_addr(b: &Backend) -> SocketAddr {
     sock(b.addr_be, b.family, b.port_be)
 }
 
-/// The service-map key of frontend `dst` (either family) in `scope`, slot `slot`.
-fn svc_key(dst: SocketAddr, proto: Protocol, scope: u8, slot: u16) -> SvcKey {
+/// The service-map key of frontend `dst` (either family) in `scope`.
+fn svc_key(dst: SocketAddr, proto: Protocol, scope: u8) -> SvcKey {
     SvcKey {
         scope,
-        slot,
         ..frontend_key(dst.ip(), dst.port(), proto)
     }
 }
@@ -72,17 +71,18 @@ struct Frontend {
 }
 
 fn frontend(state: &Desired, key: SvcKey) -> Option<Frontend> {
-    let svc = *state.services.get(&key)?;
-    let slots = (1..=svc.count)
+    let entry = state.services.get(&key)?;
+    let slots = (1..=entry.count)
         .map(|slot| {
-            let id = state
-                .services
-                .get(&SvcKey { slot, ..key })
-                .map_or(0, |v| v.backend_id);
+            let id = entry.slot(slot).unwrap_or(0);
             (slot, id, state.backends.get(&id).copied())
         })
         .collect();
-    Some(Frontend { key, svc, slots })
+    Some(Frontend {
+        key,
+        svc: entry.value,
+        slots,
+    })
 }
 
 fn flag_words(flags: u16) -> Vec<&'static str> {
@@ -146,6 +146,13 @@ fn endpoints_step(r: &mut Report, ctx: &Context, f: &Frontend, dst: SocketAddr) 
     let mut lines: Vec<String> = Vec::new();
     if f.slots.is_empty() {
         lines.push("none left: the frontend has no backends".into());
+    } else {
+        let (base, n) = (f.svc.slot_base, f.slots.len() as u32);
+        lines.push(format!(
+            "{n} slots: {}[{base}..{}]",
+            lb_common::MAP_SLOT,
+            base + n
+        ));
     }
     let mut kept = BTreeSet::new();
     for (slot, id, be) in &f.slots {

@@ -74,7 +74,7 @@ pub(super) fn trace_tc(
             None => "no entry for this tuple: a new flow".into(),
         },
     );
-    let f = frontend(state, svc_key(req.dst, req.protocol, SCOPE_EXTERNAL, 0));
+    let f = frontend(state, svc_key(req.dst, req.protocol, SCOPE_EXTERNAL));
     // The client's live affinity entry decides a new flow's backend (before any table).
     let mut by_affinity = false;
     match &f {

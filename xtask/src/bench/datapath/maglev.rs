@@ -71,7 +71,7 @@ pub(super) fn trial(
     let mut svc: HashMap<MapData, SvcKey, SvcValue> = HashMap::try_from(pinned(dp, MAP_SVC)?)?;
     let mut saved = Vec::with_capacity(tables);
     for i in 0..tables {
-        let key = svc_key(vip(i), SVC_PORT, 0);
+        let key = svc_key(vip(i), SVC_PORT);
         let v = svc.get(&key, 0)?;
         // As the agent: the table first (keyed by the frontend's service index), then the flag.
         table_map.insert(v.svc_id, *row, 0)?;

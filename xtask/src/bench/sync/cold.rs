@@ -29,7 +29,7 @@ pub(super) fn cold(services: usize, endpoints: usize) -> Result<Cold> {
         peak.push(hwm.saturating_sub(rss0) as f64 / 1024.0);
         hwm_mib = hwm as f64 / 1024.0;
         writes = t.writes + t.deletes;
-        let programmed = dp.current().services.keys().filter(|k| k.slot == 0).count();
+        let programmed = dp.current().services.len();
         if programmed != services {
             bail!("cold sync programmed {programmed} of {services} services");
         }
