@@ -376,11 +376,9 @@ fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_names_each_ipv6_port()
     )));
 }
 
-/// A Service whose backends outgrow a full slot array (a scale-up) keeps serving with the
-/// first ones that fit, named in a MapFull problem; with no room for its entry in the
-/// service map, or for a single slot, it is left out, as before.
-#[test]
-fn a_frontend_whose_backends_outgrow_the_slot_array_keeps_the_first_that_fit() {
+/// A ClusterIP Service (10.96.0.10:80/TCP) with three endpoints on this node, parsed, and
+/// the node.
+fn three_endpoints_on_this_node() -> (crate::source::Snapshot, NodeContext) {
     let loaded = file::parse(
         "t.yaml",
         &yaml(
@@ -389,7 +387,15 @@ fn a_frontend_whose_backends_outgrow_the_slot_array_keeps_the_first_that_fit() {
         ),
     )
     .expect("yaml");
-    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    (loaded, NodeContext::new(NODE, &[NODE_IP.into()], false))
+}
+
+/// A Service whose backends outgrow a full slot array (a scale-up) keeps serving with the
+/// first ones that fit, named in a MapFull problem; with no room for its entry in the
+/// service map, or for a single slot, it is left out, as before.
+#[test]
+fn a_frontend_whose_backends_outgrow_the_slot_array_keeps_the_first_that_fit() {
+    let (loaded, node) = three_endpoints_on_this_node();
     let at = |svc_entries, slots| {
         let limits = Limits {
             svc_entries,
@@ -438,15 +444,7 @@ fn a_frontend_whose_backends_outgrow_the_slot_array_keeps_the_first_that_fit() {
 /// rather than being left out whole.
 #[test]
 fn a_frontend_short_of_backend_indices_keeps_the_first_that_got_one() {
-    let loaded = file::parse(
-        "t.yaml",
-        &yaml(
-            "  clusterIP: 10.96.0.10\n  ports: [{name: p, port: 80, protocol: TCP}]",
-            Some(&[("10.1.0.1", NODE), ("10.1.0.2", NODE), ("10.1.0.3", NODE)]),
-        ),
-    )
-    .expect("yaml");
-    let node = NodeContext::new(NODE, &[NODE_IP.into()], false);
+    let (loaded, node) = three_endpoints_on_this_node();
     // Backend indices 1..3: two of them.
     let limits = Limits {
         backends: 3,
