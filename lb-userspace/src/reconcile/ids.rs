@@ -9,6 +9,14 @@
 //! or affinity entry names its backend by index *and* generation, so an index handed to
 //! another backend is never mistaken for the one the flow had. An index handed out but never
 //! programmed (its service did not fit) is free again at once.
+//!
+//! The quarantine starts when the kernel is known to no longer name the index: an index
+//! given back is *held* until [`Ids::confirm`], which the reconciler calls after a sync that
+//! left the maps holding exactly the desired state (no failed write, no service waiting for
+//! its retry). While a write keeps failing, what it left programmed may still name an old
+//! index or slot range, so nothing given back since is handed out again: held indices are
+//! bounded by the pool, and a long failure costs free indices, never a flow read by another
+//! frontend's or backend's entry.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -41,6 +49,8 @@ struct Pool {
     freed: VecDeque<(u32, Instant)>,
     /// Indices handed out but never programmed: free at once.
     unused: Vec<u32>,
+    /// Given back while programmed, until the maps are known not to name them.
+    held: Vec<u32>,
 }
 
 impl Default for Pool {
@@ -49,6 +59,7 @@ impl Default for Pool {
             next: 1,
             freed: VecDeque::new(),
             unused: Vec::new(),
+            held: Vec::new(),
         }
     }
 }
@@ -64,6 +75,7 @@ impl Pool {
                 .map(|i| (i, now))
                 .collect(),
             unused: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -86,13 +98,19 @@ impl Pool {
         None
     }
 
-    /// Gives `i` back: at once when it was never programmed, else after the quarantine.
-    fn give_back(&mut self, i: u32, programmed: bool, now: Instant) {
+    /// Gives `i` back: at once when it was never programmed, else held until
+    /// [`Pool::confirm`] starts its quarantine.
+    fn give_back(&mut self, i: u32, programmed: bool) {
         if programmed {
-            self.freed.push_back((i, now));
+            self.held.push(i);
         } else {
             self.unused.push(i);
         }
+    }
+
+    /// The maps no longer name the held indices: their quarantine starts `now`.
+    fn confirm(&mut self, now: Instant) {
+        self.freed.extend(self.held.drain(..).map(|i| (i, now)));
     }
 }
 
@@ -304,19 +322,15 @@ impl Ids {
         keys: impl IntoIterator<Item = &'a SvcKey>,
         backends: impl IntoIterator<Item = Backend>,
     ) {
-        let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
+        let fresh = std::mem::take(&mut self.fresh);
         let keys: Vec<&SvcKey> = keys.into_iter().collect();
-        self.slots.retain_touched(
-            keys.iter().copied(),
-            |k| desired.services.contains_key(k),
-            now,
-        );
+        self.slots
+            .retain_touched(keys.iter().copied(), |k| desired.services.contains_key(k));
         for k in keys {
             if !desired.services.contains_key(k)
                 && let Some(id) = self.svc.remove(k)
             {
-                self.svc_pool
-                    .give_back(id, !fresh.contains(&(false, id)), now);
+                self.svc_pool.give_back(id, !fresh.contains(&(false, id)));
             }
         }
         for be in backends {
@@ -328,7 +342,7 @@ impl Ids {
             {
                 self.backend.remove(&be);
                 self.backend_pool
-                    .give_back(id, !fresh.contains(&(true, id)), now);
+                    .give_back(id, !fresh.contains(&(true, id)));
             }
         }
     }
@@ -357,12 +371,28 @@ impl Ids {
         self.now = now;
     }
 
+    /// The maps hold the desired state (a sync without a failed write, no retry waiting):
+    /// what was given back since the last call is named by no entry from `now`, so its
+    /// quarantine starts.
+    pub fn confirm(&mut self, now: Instant) {
+        self.svc_pool.confirm(now);
+        self.backend_pool.confirm(now);
+        self.slots.confirm(now);
+    }
+
+    /// Indices and slot ranges given back and held until [`Ids::confirm`].
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.svc_pool.held.len() + self.backend_pool.held.len() + self.slots.held()
+    }
+
     /// Gives back the indices of what is no longer desired: those programmed before after
-    /// the quarantine, those handed out in this computation (never programmed) at once.
+    /// [`Ids::confirm`] and the quarantine, those handed out in this computation (never
+    /// programmed) at once.
     pub(super) fn retain(&mut self, desired: &Desired) {
         self.maglev.sweep();
-        let (now, fresh) = (self.now, std::mem::take(&mut self.fresh));
-        self.slots.retain(|k| desired.services.contains_key(k), now);
+        let fresh = std::mem::take(&mut self.fresh);
+        self.slots.retain(|k| desired.services.contains_key(k));
         let mut gone = Vec::new();
         self.svc.retain(|k, id| {
             let keep = desired.services.contains_key(k);
@@ -374,7 +404,7 @@ impl Ids {
         gone.sort_unstable();
         for (_, id) in gone {
             let programmed = !fresh.contains(&(false, id));
-            self.svc_pool.give_back(id, programmed, now);
+            self.svc_pool.give_back(id, programmed);
         }
         // Live: its index holds it in the desired state (no set of every backend made).
         let gone = self.backend.retain(|b, id| {
@@ -385,7 +415,7 @@ impl Ids {
         });
         for (_, id) in gone {
             let programmed = !fresh.contains(&(true, id));
-            self.backend_pool.give_back(id, programmed, now);
+            self.backend_pool.give_back(id, programmed);
         }
     }
 }
@@ -489,6 +519,16 @@ mod tests {
         let other = adopted.svc_id(dns(), CAP).expect("index");
         assert_ne!(other, a, "reused within the quarantine");
         adopted.retain(&holding(dns(), other));
+        // …from when the maps are known to no longer name it (a sync without a failed
+        // write): held until then, however long that takes…
+        adopted.tick(t0 + QUARANTINE * 2);
+        let fourth = frontend_key(Ipv4Addr::new(10, 96, 0, 4), 80, Protocol::Tcp);
+        let id4 = adopted.svc_id(fourth, CAP).expect("index");
+        assert_ne!(id4, a, "reused while held");
+        let mut both = holding(dns(), other);
+        both.services.extend(holding(fourth, id4).services);
+        adopted.retain(&both);
+        adopted.confirm(t0);
         // …and is handed out again after it.
         adopted.tick(t0 + QUARANTINE);
         let third = frontend_key(Ipv4Addr::new(10, 96, 0, 3), 80, Protocol::Tcp);
@@ -538,6 +578,7 @@ mod tests {
         );
         ids.retain(&d);
         ids.retain(&Desired::default());
+        ids.confirm(t0);
         ids.tick(t0 + QUARANTINE);
         let (i2, g2) = ids.backend_id(two, CAP).expect("index");
         assert_eq!(i2, i1, "the index comes back after the quarantine");

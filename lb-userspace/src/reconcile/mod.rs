@@ -292,6 +292,11 @@ impl Reconciler {
         let desired = self.engine.desired();
         self.retries
             .record(taken, diverged, desired, &report, Instant::now());
+        // The maps hold the desired state: no entry names what was given back, so its
+        // quarantine starts now (while a write keeps failing it is held).
+        if report.errors.is_empty() && self.retries.len() == 0 {
+            self.ids.confirm(Instant::now());
+        }
         let counted = problems
             .iter()
             .filter(|p| !matches!(p, DesiredError::NoEndpointSlice { .. }))

@@ -5,9 +5,10 @@
 //! classes), aligned to its size, so it grows in place up to its class and a freed range
 //! merges with its free buddy into the class above. A frontend that outgrows its range, or
 //! shrinks to a quarter of it, gets a new one (make-before-break: the reconciler writes the
-//! new slots, then flips the entry); the old range is reused only after
-//! [`super::ids::QUARANTINE`], so a packet that read the old entry never reads another
-//! frontend's slots. A range handed out but never programmed is free again at once.
+//! new slots, then flips the entry); the old range is held until the maps are known to hold
+//! the new entry ([`Slots::confirm`], after a sync without a failed write) and reused only
+//! [`super::ids::QUARANTINE`] after that, so a packet that read the old entry never reads
+//! another frontend's slots. A range handed out but never programmed is free again at once.
 //!
 //! What fragmentation costs: a range is up to twice its frontend's slots (10 backends take
 //! 16 slots, 64 B of the array where 40 B are used); the quarter rule bounds a shrunk
@@ -61,8 +62,11 @@ pub struct Slots {
     free: [BTreeSet<u32>; ORDERS],
     /// Frontend (entry key, either scope) → its range.
     ranges: HashMap<SvcKey, Range>,
-    /// Ranges given back while programmed, oldest first, with when.
+    /// Ranges given back while programmed, oldest first, with when the maps stopped
+    /// naming them.
     quarantine: VecDeque<(Range, Instant)>,
+    /// Given back while programmed, until [`Slots::confirm`].
+    held: Vec<Range>,
     /// Bases handed out since the last [`Slots::retain`] (never programmed yet).
     fresh: HashSet<u32>,
     /// Adopted ranges, until the capacity is known; then when they were adopted.
@@ -111,7 +115,7 @@ impl Slots {
         let current = self.ranges.get(&key).copied();
         if count == 0 {
             if let Some(r) = self.ranges.remove(&key) {
-                self.give_back(r, now);
+                self.give_back(r);
             }
             return Some((0, 0));
         }
@@ -133,7 +137,7 @@ impl Slots {
         };
         self.fresh.insert(new.base);
         if let Some(old) = self.ranges.insert(key, new) {
-            self.give_back(old, now);
+            self.give_back(old);
         }
         Some((new.base, room(new)))
     }
@@ -145,9 +149,9 @@ impl Slots {
 
     /// Gives back the ranges of the frontends `keep` says are gone; what was handed out
     /// since the last call is programmed from now.
-    pub fn retain(&mut self, keep: impl Fn(&SvcKey) -> bool, now: Instant) {
+    pub fn retain(&mut self, keep: impl Fn(&SvcKey) -> bool) {
         let gone: Vec<SvcKey> = self.ranges.keys().filter(|k| !keep(k)).copied().collect();
-        self.give_back_all(gone, now);
+        self.give_back_all(gone);
     }
 
     /// [`Slots::retain`] among `keys` only (those an incremental computation touched).
@@ -155,21 +159,20 @@ impl Slots {
         &mut self,
         keys: impl IntoIterator<Item = &'a SvcKey>,
         keep: impl Fn(&SvcKey) -> bool,
-        now: Instant,
     ) {
         let gone: Vec<SvcKey> = keys
             .into_iter()
             .filter(|k| !keep(k) && self.ranges.contains_key(k))
             .copied()
             .collect();
-        self.give_back_all(gone, now);
+        self.give_back_all(gone);
     }
 
-    fn give_back_all(&mut self, mut gone: Vec<SvcKey>, now: Instant) {
+    fn give_back_all(&mut self, mut gone: Vec<SvcKey>) {
         gone.sort_unstable();
         for k in gone {
             if let Some(r) = self.ranges.remove(&k) {
-                self.give_back(r, now);
+                self.give_back(r);
             }
         }
         self.fresh.clear();
@@ -200,9 +203,14 @@ impl Slots {
             self.ranges.insert(k, r);
         }
         let since = self.adopted_at.unwrap_or(now);
+        let held = std::mem::take(&mut self.held)
+            .into_iter()
+            .filter(|r| r.end() <= capacity as u64)
+            .collect();
         *self = Self {
             capacity,
             ranges: std::mem::take(&mut self.ranges),
+            held,
             ..Self::default()
         };
         self.quarantine
@@ -222,13 +230,20 @@ impl Slots {
         Some(Range { base, order })
     }
 
-    /// `r` back: at once when it was never programmed, else after the quarantine.
-    fn give_back(&mut self, r: Range, now: Instant) {
+    /// `r` back: at once when it was never programmed, else held until
+    /// [`Slots::confirm`] starts its quarantine.
+    fn give_back(&mut self, r: Range) {
         if self.fresh.remove(&r.base) {
             self.free(r);
         } else {
-            self.quarantine.push_back((r, now));
+            self.held.push(r);
         }
+    }
+
+    /// The maps no longer name the held ranges: their quarantine starts `now`.
+    pub fn confirm(&mut self, now: Instant) {
+        self.quarantine
+            .extend(self.held.drain(..).map(|r| (r, now)));
     }
 
     /// Ranges whose quarantine is over, free.
@@ -255,6 +270,12 @@ impl Slots {
             };
         }
         self.free[r.order as usize].insert(r.base);
+    }
+
+    /// Ranges held until [`Slots::confirm`].
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.held.len()
     }
 
     /// Free slots (not in quarantine, not in use).
@@ -306,15 +327,43 @@ mod tests {
         let mut s = Slots::default();
         assert_eq!(s.range(fe(1), 3, 64, t0), Some((0, 4)));
         assert_eq!(s.range(fe(2), 1, 64, t0), Some((4, 1)));
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         assert_eq!(s.range(fe(1), 4, 64, t0), Some((0, 4)), "in place");
         // Outgrows its class: a new range of 8, aligned; the old one is in quarantine.
         assert_eq!(s.range(fe(1), 5, 64, t0), Some((8, 8)));
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         assert_eq!(s.range(fe(3), 4, 64, t0), Some((16, 4)), "0..4 not reused");
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
+        s.confirm(t0);
         // After the quarantine it is.
         assert_eq!(s.range(fe(4), 4, 64, t0 + QUARANTINE), Some((0, 4)));
+    }
+
+    #[test]
+    fn a_moved_range_waits_for_the_maps_to_drop_it_before_its_quarantine_starts() {
+        let t0 = Instant::now();
+        let mut s = Slots::default();
+        assert_eq!(s.range(fe(1), 4, 16, t0), Some((0, 4)));
+        assert_eq!(s.range(fe(2), 4, 16, t0), Some((4, 4)));
+        s.retain(|_| true);
+        s.confirm(t0);
+        // Moved to 8..16, but the sync that writes its new entry fails: no confirmation.
+        assert_eq!(s.range(fe(1), 5, 16, t0), Some((8, 8)));
+        s.retain(|_| true);
+        let later = t0 + QUARANTINE * 3;
+        assert_eq!(
+            s.range(fe(3), 1, 16, later),
+            None,
+            "0..4 held while the kernel entry may still name it"
+        );
+        // The entry is written: its quarantine starts then.
+        s.confirm(later);
+        assert_eq!(s.range(fe(3), 1, 16, later), None, "in quarantine");
+        assert_eq!(
+            s.range(fe(3), 1, 16, later + QUARANTINE),
+            Some((0, 1)),
+            "after it"
+        );
     }
 
     #[test]
@@ -324,7 +373,7 @@ mod tests {
         assert_eq!(s.range(fe(1), 2, 8, t0), Some((0, 2)));
         assert_eq!(s.range(fe(2), 2, 8, t0), Some((2, 2)));
         // Neither programmed: both free at once, merged back into one range of 8.
-        s.retain(|_| false, t0);
+        s.retain(|_| false);
         assert_eq!(s.free_slots(), 8);
         assert_eq!(s.range(fe(3), 8, 8, t0), Some((0, 8)));
     }
@@ -334,10 +383,10 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Slots::default();
         assert_eq!(s.range(fe(1), 16, 64, t0), Some((0, 16)));
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         assert_eq!(s.range(fe(1), 5, 64, t0), Some((0, 16)), "a half: stays");
         assert_eq!(s.range(fe(1), 4, 64, t0), Some((16, 4)), "a quarter: moves");
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         assert_eq!(s.range(fe(1), 0, 64, t0), Some((0, 0)));
         assert_eq!(s.get(&fe(1)), None);
     }
@@ -351,7 +400,7 @@ mod tests {
         assert_eq!(s.range(fe(2), 3, 6, t0), Some((4, 2)), "the first two fit");
         assert_eq!(s.range(fe(3), 1, 6, t0), None);
         // One that had a range keeps it when its class has no room.
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         assert_eq!(s.range(fe(1), 5, 6, t0), Some((0, 4)));
     }
 
@@ -382,7 +431,7 @@ mod tests {
             "above the highest"
         );
         assert_eq!(s.range(fe(3), 2, 64, t0), Some((12, 2)));
-        s.retain(|_| true, t0);
+        s.retain(|_| true);
         let later = t0 + QUARANTINE + Duration::from_secs(1);
         assert_eq!(
             s.range(fe(4), 8, 64, later),

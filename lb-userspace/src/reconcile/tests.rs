@@ -216,6 +216,29 @@ fn a_due_retry_that_still_fails_backs_off_and_the_others_still_sync() {
 }
 
 #[test]
+fn what_is_given_back_while_a_write_fails_is_held_until_the_maps_hold_the_desired_state() {
+    let web = |b: &str| svc("web", "10.96.0.1", &["10.244.0.1", b]);
+    let api = svc("api", "10.96.0.2", &["10.244.0.3"]);
+    let mut b = Bench::new(&web("10.244.0.2"), Duration::from_secs(3600));
+    assert_eq!(b.books.ids.held(), 0);
+    // web's backend is replaced: its index is given back; a clean sync confirms it.
+    assert_eq!(b.change(&web("10.244.0.5"), &["web"]), 0);
+    assert_eq!(b.books.ids.held(), 0, "confirmed by the clean sync");
+    // api's write fails: what web gives back meanwhile is held (a failed write's entry may
+    // still name it), however many syncs pass…
+    b.maps.svc_capacity = Some(b.maps.state.services.len());
+    assert!(b.change(&(web("10.244.0.5") + &api), &["api"]) > 0);
+    assert_eq!(b.change(&(web("10.244.0.6") + &api), &["web"]), 0);
+    assert_eq!(b.change(&(web("10.244.0.7") + &api), &["web"]), 0);
+    assert_eq!(b.books.ids.held(), 2, "web's two old backend indices");
+    // …until the maps hold the desired state: then their quarantine starts.
+    b.maps.svc_capacity = None;
+    b.books.retries.make_due();
+    assert_eq!(b.sync(&[]), 0);
+    assert_eq!(b.books.ids.held(), 0);
+}
+
+#[test]
 fn a_failed_write_is_a_failing_frontend_told_once_and_its_recovery_once() {
     let web = svc("web", "10.96.0.1", &["10.244.0.1"]);
     let api = svc("api", "10.96.0.2", &["10.244.0.3"]);
