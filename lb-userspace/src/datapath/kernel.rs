@@ -45,6 +45,34 @@ pub struct KernelMaps {
     filter_size: lb_common::FilterSize,
 }
 
+/// Elements `0..len` of `array`: batched reads (`BPF_MAP_LOOKUP_BATCH`, a few syscalls for
+/// the whole array), else one lookup per element (a kernel without batched lookups).
+fn read_array<V: aya::Pod + bytemuck::Pod>(
+    array: &Array<MapData, V>,
+    len: usize,
+) -> Result<Vec<V>, MapError> {
+    let mut out = vec![<V as bytemuck::Zeroable>::zeroed(); len];
+    if len == 0 {
+        return Ok(out);
+    }
+    let fd = aya::maps::IterableMap::map(array).fd().as_fd();
+    let size = std::mem::size_of::<V>();
+    let batched = batch::lookup(fd, 4, size, batch::CHUNK, |n, keys, values| {
+        for i in 0..n {
+            let key: [u8; 4] = keys[i * 4..i * 4 + 4].try_into().unwrap_or_default();
+            if let Some(slot) = out.get_mut(u32::from_ne_bytes(key) as usize) {
+                *slot = bytemuck::pod_read_unaligned(&values[i * size..(i + 1) * size]);
+            }
+        }
+    });
+    if batched.is_err() {
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = array.get(&(i as u32), 0)?;
+        }
+    }
+    Ok(out)
+}
+
 /// A source range's trie key: the IPv4 trie's, or the IPv6 trie's.
 pub enum RangeKey {
     V4(Key<SrcRangeKey>),
@@ -323,28 +351,39 @@ impl MapWriter for KernelMaps {
     fn read(&self) -> Result<Desired, WriteError> {
         let read_err = |map, e: MapError| err(map, "read", "entries".into(), &e, 0);
         let mut d = Desired::default();
+        let mut frontends = Vec::new();
         for kv in self.svc.iter() {
-            let (k, v) = kv.map_err(|e| read_err(MAP_SVC, e))?;
-            let slots = (0..v.count as u32)
-                .map(|i| self.slots.get(&v.slot_base.wrapping_add(i), 0))
-                .collect::<Result<Box<[u32]>, _>>()
-                .map_err(|e| read_err(MAP_SLOT, e))?;
-            d.services.insert(k, SvcEntry::new(v, slots));
+            frontends.push(kv.map_err(|e| read_err(MAP_SVC, e))?);
         }
-        // The backends the slots name (an array has no notion of "present": reading only
-        // these keeps it to one lookup per backend in use).
+        // The slot array up to the highest slot a frontend names, in a few batched reads.
+        let top = frontends
+            .iter()
+            .map(|(_, v)| v.slot_base as usize + v.count as usize)
+            .max()
+            .unwrap_or(0);
+        let slots = read_array(&self.slots, top).map_err(|e| read_err(MAP_SLOT, e))?;
+        for (k, v) in frontends {
+            let at = v.slot_base as usize;
+            let named = slots.get(at..at + v.count as usize).unwrap_or_default();
+            d.services.insert(k, SvcEntry::new(v, named));
+        }
+        // The backends the slots name (an array has no notion of "present": a backend in
+        // use has a generation).
+        let top = d
+            .services
+            .values()
+            .flat_map(|v| v.slots.iter())
+            .max()
+            .map_or(0, |id| *id as usize + 1);
+        let backends = read_array(&self.backends, top).map_err(|e| read_err(MAP_BACKEND, e))?;
         let used: std::collections::BTreeSet<u32> = d
             .services
             .values()
             .flat_map(|v| v.slots.iter().copied())
             .collect();
         for id in used {
-            let be = self
-                .backends
-                .get(&id, 0)
-                .map_err(|e| read_err(MAP_BACKEND, e))?;
-            if be.generation != 0 {
-                d.backends.insert(id, be);
+            if let Some(be) = backends.get(id as usize).filter(|b| b.generation != 0) {
+                d.backends.insert(id, *be);
             }
         }
         for kv in self.names.iter() {
