@@ -534,7 +534,7 @@ fn take_over(
         ebpf,
         dir: pins.dir(),
     };
-    ifs.sync(&mut links, wanted)?;
+    ifs.sync_all(&mut links, wanted)?;
     backfill_egress(pins);
     let meanwhile = prev.copy(current, true)?;
     let removed = prev.finish();

@@ -151,7 +151,9 @@ impl<'o> Running<'o> {
     /// defers the programs).
     fn attach_when_needed(&mut self) -> Result<(), AgentError> {
         let deferred = self.upgrade.is_some() || self.taking_over;
-        if deferred || !(self.links_changed || self.ifs.retrying() || !self.links_watched) {
+        // Without a link watch, every turn looks.
+        let asked = self.links_changed || self.ifs.pending() || self.ifs.retrying();
+        if deferred || (!asked && self.links_watched) {
             return Ok(());
         }
         self.links_changed = false;
@@ -159,7 +161,12 @@ impl<'o> Running<'o> {
             ebpf: &mut self.ebpf,
             dir: self.pins.dir(),
         };
-        self.ifs.sync(&mut links, &self.wanted)?;
+        // The first attach takes every interface (the flows the previous programs began are
+        // filled in after it); later ones a batch a turn, a due sync between batches.
+        match self.attached {
+            true => self.ifs.sync(&mut links, &self.wanted)?,
+            false => self.ifs.sync_all(&mut links, &self.wanted)?,
+        }
         if !self.attached {
             // Flows the previous programs began before they were replaced.
             self.attached = true;
@@ -222,7 +229,7 @@ impl<'o> Running<'o> {
             };
             let now = self.books.programmed();
             let (ifs, wanted) = (&mut self.ifs, &self.wanted);
-            takeover::from_kube_proxy(&self.pins, now, || ifs.sync(&mut links, wanted))?;
+            takeover::from_kube_proxy(&self.pins, now, || ifs.sync_all(&mut links, wanted))?;
         }
         Ok(())
     }
@@ -253,8 +260,13 @@ impl<'o> Running<'o> {
         let opts = self.opts;
         self.state.release_after_full_sync();
         let poll = !self.links_watched || self.ifs.retrying();
-        // A waiting sync takes due retries in; without one, a retry's time wakes the loop.
-        let wake_at = due.or(self.books.next_retry());
+        // A waiting sync takes due retries in; without one, a retry's time wakes the loop;
+        // interfaces waiting for their batch do not wait at all.
+        let attaching = self.ifs.pending() && self.upgrade.is_none() && !self.taking_over;
+        let wake_at = match attaching {
+            true => Some(Instant::now()),
+            false => due.or(self.books.next_retry()),
+        };
         let Some(first) = next_wake(&self.wake, wake_at, poll.then_some(opts.poll))? else {
             return Ok(());
         };
