@@ -121,7 +121,7 @@ pub const MAP_DEFS: [MapDef; 19] = [
         size_of::<SvcKey>(),
         size_of::<SvcValue>(),
     )
-    .doc(r#""#, r#"`SvcKey{addr_be, port_be, proto, family, scope}` (scope 1: the internal entry of a two-scope frontend, socket hooks only) → `SvcValue{slot_base, count, flags, svc_id, affinity_timeout_s}`: a frontend's entry, its `count` backends in slots `slot_base..slot_base + count` of `XLB_SLOT_V1`, the service's dense index `svc_id`. (V3: frontends only; V2 held an entry per backend slot, V1 hash ids)"#, r#"agent"#, r#"262,144 (`--service-map-max`)"#),
+    .doc(r#""#, r#"`SvcKey{addr_be, port_be, proto, family, scope}` (scope 1: the internal entry of a two-scope frontend, socket hooks only) → `SvcValue{slot_base, count, flags, svc_id, affinity_timeout_s}`: a frontend's entry, its `count` backends in slots `slot_base..slot_base + count` of `XLB_SLOT_V1`, the service's dense index `svc_id`. (V3: frontends only; V2 held an entry per backend slot, V1 hash ids)"#, r#"agent"#, r#"65,536 (`--service-map-max`; a map pinned at another size keeps it unless the flag asks)"#),
     def(MAP_SLOT, kind::ARRAY, size_of::<u32>(), size_of::<u32>())
     .doc(r#""#, r#"slot → backend index (into `XLB_BE_V2`): a frontend's slot `n` (`1..=count`) is element `slot_base + n - 1`. Each frontend owns a power-of-two range aligned to its size (`reconcile::slots`, a buddy allocator); a frontend that outgrows its range gets a new one, written before its entry flips to it, and the old range is reused only after 5 minutes"#, r#"agent"#, r#"1,048,576 (`--slot-map-max`), preallocated"#),
     def(
@@ -158,7 +158,7 @@ pub const MAP_DEFS: [MapDef; 19] = [
         size_of::<u32>(),
         size_of::<SvcName>(),
     )
-    .doc(r#""#, r#"service index → `namespace/name:port` (for `xlb list`; the datapath never reads it)"#, r#"agent"#, r#"65,536 by default (`--service-ports-max`; by default a quarter of `--service-map-max`, at least 65,536)"#),
+    .doc(r#""#, r#"service index → `namespace/name:port` (for `xlb list`; the datapath never reads it)"#, r#"agent"#, r#"65,536 by default (`--service-ports-max`; by default one per `--service-map-max` entry, at least 65,536)"#),
     def(
         MAP_SVC_STATS,
         kind::ARRAY,

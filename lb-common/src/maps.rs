@@ -287,8 +287,9 @@ pub const fn filter_fold(addr_be: &[u32; 4]) -> u32 {
 }
 
 /// Default capacities; the agent may override them at load time. (V3: frontends only, one
-/// entry each.)
-pub const SVC_MAP_CAPACITY: u32 = 262_144;
+/// entry each; as many as the per-service arrays' service indices, which a frontend's two
+/// scopes share.)
+pub const SVC_MAP_CAPACITY: u32 = 65_536;
 /// Default backend map capacity (backend indices `1..capacity`; 0 names no backend).
 pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
 /// Default conntrack capacity (two entries per flow: forward and reply).

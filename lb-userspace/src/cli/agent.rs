@@ -110,15 +110,16 @@ pub struct AgentArgs {
     /// config file's conntrack.min]. The map holds two entries a flow.
     #[arg(long, env = "XLB_CONNTRACK_MIN")]
     pub conntrack_min: Option<u32>,
-    /// Service map entries (a frontend takes one per scope).
-    #[arg(long, env = "XLB_SERVICE_MAP_MAX", default_value_t = lb_common::SVC_MAP_CAPACITY)]
-    pub service_map_max: u32,
+    /// Service map entries (a frontend takes one per scope) [default: 65536, or the size
+    /// of the map pinned by an earlier agent].
+    #[arg(long, env = "XLB_SERVICE_MAP_MAX")]
+    pub service_map_max: Option<u32>,
     /// Slot array entries: every frontend's backend slots, 4 bytes each, in ranges of a
     /// power of two (a frontend of 10 backends takes 16).
     #[arg(long, env = "XLB_SLOT_MAP_MAX", default_value_t = lb_common::SLOT_MAP_CAPACITY)]
     pub slot_map_max: u32,
     /// Service ports (frontends) the per-service arrays (names, counters) hold [default:
-    /// a quarter of --service-map-max, at least 65536].
+    /// --service-map-max, at least 65536; or the size pinned by an earlier agent].
     #[arg(long, env = "XLB_SERVICE_PORTS_MAX")]
     pub service_ports_max: Option<u32>,
     /// Backend map entries.
@@ -261,17 +262,19 @@ fn map_sizes(
     cpus: u32,
 ) -> lb_userspace::datapath::sizes::MapSizes {
     let (per_core, min) = (args.conntrack_max_per_core, args.conntrack_min);
+    let services = args.service_map_max.unwrap_or(lb_common::SVC_MAP_CAPACITY);
     lb_userspace::datapath::sizes::MapSizes {
         conntrack: config.conntrack_entries(per_core, min, cpus),
-        services: args.service_map_max,
+        services,
         slots: args.slot_map_max.max(1),
         backends: args.backend_map_max,
         affinity: args.affinity_map_max,
-        service_ports: (args.service_ports_max).unwrap_or_else(|| {
-            lb_userspace::datapath::sizes::service_ports_for(args.service_map_max)
-        }),
+        service_ports: (args.service_ports_max)
+            .unwrap_or_else(|| lb_userspace::datapath::sizes::service_ports_for(services)),
         maglev: args.maglev_map_max.max(1),
         filter: None,
+        services_asked: args.service_map_max.is_some(),
+        service_ports_asked: args.service_ports_max.is_some(),
     }
 }
 

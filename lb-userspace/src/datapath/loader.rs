@@ -113,7 +113,7 @@ pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, Datapat
     }
     ensure_pin_dir(dir)?;
     let cpus = rows::cpus()?;
-    let sizes = &sizes.keeping_pinned_filter(dir)?;
+    let sizes = &sizes.keeping_pinned(dir, cpus)?;
     sizes.check_pinned(dir, cpus)?;
     let paths: Vec<(&str, PathBuf)> = ALL_MAPS.iter().map(|m| (*m, dir.join(m))).collect();
     let strides = sizes.strides();

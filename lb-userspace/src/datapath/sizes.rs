@@ -43,14 +43,20 @@ pub struct MapSizes {
     /// The address filters' size when one is already pinned (it is kept: the agent
     /// rewrites the filters whole, any size works); `None`: sized from the capacities.
     pub filter: Option<FilterSize>,
+    /// The service map's size was asked for (a flag). When not, a service map pinned with
+    /// another size keeps its size ([`MapSizes::keeping_pinned`]): a new default never
+    /// stops an agent on its own pins.
+    pub services_asked: bool,
+    /// The same for the per-service arrays (theirs derives from the service map's).
+    pub service_ports_asked: bool,
 }
 
 /// The per-service arrays' size for a service map of `services` entries when none is
-/// asked for: a quarter of the entries (at least the default, 65,536; a service port has a
-/// frontend per address it is served on and scope). A frontend past it is not programmed
-/// and reported, naming the map and its capacity.
+/// asked for: one service index per entry (a frontend takes one index, one entry per
+/// scope), at least the default, 65,536. A frontend past it is not programmed and
+/// reported, naming the map and its capacity.
 pub fn service_ports_for(services: u32) -> u32 {
-    (services / 4).max(SVC_NAME_MAP_CAPACITY)
+    services.max(SVC_NAME_MAP_CAPACITY)
 }
 
 impl Default for MapSizes {
@@ -64,6 +70,8 @@ impl Default for MapSizes {
             service_ports: SVC_NAME_MAP_CAPACITY,
             maglev: lb_common::MAGLEV_MAP_CAPACITY,
             filter: None,
+            services_asked: false,
+            service_ports_asked: false,
         }
     }
 }
@@ -102,6 +110,32 @@ impl MapSizes {
     pub fn filter(&self) -> FilterSize {
         self.filter
             .unwrap_or_else(|| FilterSize::for_addresses(self.backends.max(self.service_ports)))
+    }
+
+    /// These sizes with what is pinned under `dir` kept where it may be: the address
+    /// filters always (see [`MapSizes::keeping_pinned_filter`]); the service map and the
+    /// per-service arrays each when no flag asked for its size (an agent whose default
+    /// changed keeps the maps an earlier one sized). Machines with `cpus` CPUs.
+    pub fn keeping_pinned(self, dir: &Path, cpus: u32) -> Result<Self, DatapathError> {
+        let mut sizes = self.keeping_pinned_filter(dir)?;
+        if !sizes.services_asked
+            && let Some(n) = pinned_entries(dir, MAP_SVC)?
+        {
+            sizes.services = n;
+        }
+        if !sizes.service_ports_asked
+            && let Some(n) = pinned_entries(dir, MAP_SVC_STATS)?
+        {
+            sizes.service_ports = n / cpus.max(1);
+        }
+        if (sizes.services, sizes.service_ports) != (self.services, self.service_ports) {
+            tracing::info!(
+                services = sizes.services,
+                service_ports = sizes.service_ports,
+                "the pinned service map and per-service arrays keep their sizes (--service-map-max or --service-ports-max resizes them, after `xlb cleanup`)"
+            );
+        }
+        Ok(sizes)
     }
 
     /// These sizes with the address filters' kept as pinned under `dir`, if they are: a
@@ -168,6 +202,18 @@ impl MapSizes {
     }
 }
 
+/// The max entries of map `name` pinned under `dir`, if it is.
+fn pinned_entries(dir: &Path, name: &'static str) -> Result<Option<u32>, DatapathError> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    aya::maps::MapData::from_pin(&path)
+        .and_then(|m| m.info())
+        .map(|info| Some(info.max_entries()))
+        .map_err(|source| DatapathError::Map { name, source })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,12 +228,12 @@ mod tests {
 
     #[test]
     fn per_service_arrays_follow_the_service_map() {
-        // The default service map keeps the default (pinned maps keep their size).
+        // One service index per service map entry: the defaults agree.
         assert_eq!(
             service_ports_for(lb_common::SVC_MAP_CAPACITY),
             SVC_NAME_MAP_CAPACITY
         );
-        assert_eq!(service_ports_for(1 << 19), 131_072);
+        assert_eq!(service_ports_for(1 << 19), 1 << 19);
         assert_eq!(service_ports_for(1_000), SVC_NAME_MAP_CAPACITY);
     }
 }

@@ -82,7 +82,8 @@ impl Objects {
     pub(super) fn cluster_ips(services: usize, endpoints: usize) -> Self {
         Self {
             yaml: services_yaml(0..services, |_| endpoints),
-            service_entries: services * (endpoints + 1),
+            // One service map entry per frontend (XLB_SVC_V3).
+            service_entries: services,
             backends: services * endpoints,
         }
     }
@@ -130,8 +131,8 @@ pub(super) fn start_agent_on(
         .arg("agent")
         .args(&source_args)
         .args(["--pod-interfaces", "xbv*"])
-        // Maps sized for the services (the per-service arrays follow the service map: a
-        // quarter of its entries, at least 65,536).
+        // Maps sized for the services (the per-service arrays follow the service map: an
+        // index per entry, at least 65,536).
         .arg("--service-map-max")
         .arg(pow2(objects.service_entries + 64).to_string())
         .arg("--backend-map-max")

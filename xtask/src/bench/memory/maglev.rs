@@ -168,7 +168,8 @@ fn agent_deltas(
 ) -> Result<AgentDelta> {
     let objects = Objects {
         yaml: external_services_yaml(0..services, ENDPOINTS, externals),
-        service_entries: services * (1 + externals) * (ENDPOINTS + 1),
+        // An entry per frontend, an externalIP's in both scopes at most.
+        service_entries: services * (1 + 2 * externals),
         backends: services * ENDPOINTS,
     };
     // A ClusterIP frontend and the externalIPs' per service.
