@@ -54,7 +54,8 @@ pub fn setup() -> Option<LoadedDatapath> {
     if !require_root() {
         return None;
     }
-    let mut dp = LoadedDatapath::load(&unique_tag("xlbp")).expect("load the eBPF object");
+    let mut dp = LoadedDatapath::load(&unique_tag("xlbp"))
+        .unwrap_or_else(|e| panic!("load the eBPF object: {e}"));
     let loaded = file::parse("packets.yaml", &base_services()).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     dp.program(&loaded.model).expect("program maps");
