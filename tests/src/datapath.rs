@@ -45,8 +45,8 @@ impl LoadedDatapath {
             let _ = lb_userspace::cleanup::cleanup(&pins);
             e
         };
-        let mut ebpf = loader::load(EBPF_OBJECT, &pins, sizes).map_err(|e| fail(e.to_string()))?;
-        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| fail(e.to_string()))?;
+        let mut ebpf = loader::load(EBPF_OBJECT, &pins, sizes).map_err(|e| fail(chain(&e)))?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| fail(chain(&e)))?;
         Ok(Self {
             ebpf,
             maps,
@@ -75,7 +75,7 @@ impl LoadedDatapath {
 
     /// Writes the node configuration (SNAT ports, hairpin address), as the agent does at start.
     pub fn configure(&mut self, cfg: &lb_common::NodeConfig) -> Result<(), String> {
-        lb_userspace::datapath::kernel::write_config(&mut self.ebpf, cfg).map_err(|e| e.to_string())
+        lb_userspace::datapath::kernel::write_config(&mut self.ebpf, cfg).map_err(|e| chain(&e))
     }
 
     /// What the maps hold now.
@@ -96,15 +96,32 @@ impl LoadedDatapath {
 
     /// Runs tc ingress alone once on `packet`.
     pub fn run_ingress(&mut self, packet: &[u8]) -> Result<RunResult, String> {
-        let prog = loader::tc_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        let prog = loader::tc_program(&mut self.ebpf).map_err(|e| chain(&e))?;
         test_run(prog, packet)
     }
 
     /// Runs tc egress alone once on `packet`.
     pub fn run_egress(&mut self, packet: &[u8]) -> Result<RunResult, String> {
-        let prog = loader::tc_egress_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        let prog = loader::tc_egress_program(&mut self.ebpf).map_err(|e| chain(&e))?;
         test_run(prog, packet)
     }
+}
+
+/// `e` and every error under it (`source()`), each said once: a load's errno (a map's
+/// creation or pin, `BPF_PROG_LOAD`) is a source, which `to_string` alone drops; the
+/// verifier's log is in a program error's own text.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// tc's TC_ACT_OK: the packet goes on.
@@ -118,15 +135,7 @@ fn test_run(prog: &mut aya::programs::SchedClassifier, packet: &[u8]) -> Result<
         data_out: Some(&mut out),
         ..TestRunOptions::default()
     };
-    let r = prog.test_run(opts).map_err(|e| {
-        let mut s = e.to_string();
-        let mut cur = std::error::Error::source(&e);
-        while let Some(c) = cur {
-            s.push_str(&format!(": {c}"));
-            cur = c.source();
-        }
-        s
-    })?;
+    let r = prog.test_run(opts).map_err(|e| chain(&e))?;
     out.truncate(r.data_size_out as usize);
     Ok(RunResult {
         verdict: r.return_value,
@@ -138,7 +147,7 @@ impl LoadedDatapath {
     /// Runs the XDP program once on `packet` as received on interface `ingress_ifindex` (of
     /// the calling thread's namespace).
     pub fn run_xdp(&mut self, packet: &[u8], ingress_ifindex: u32) -> Result<RunResult, String> {
-        let prog = loader::xdp_program(&mut self.ebpf).map_err(|e| e.to_string())?;
+        let prog = loader::xdp_program(&mut self.ebpf).map_err(|e| chain(&e))?;
         let mut out = vec![0u8; packet.len() + 256];
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
         // egress_ifindex.
@@ -154,7 +163,7 @@ impl LoadedDatapath {
             ctx_in: Some(&ctx),
             ..TestRunOptions::default()
         };
-        let r = prog.test_run(opts).map_err(|e| e.to_string())?;
+        let r = prog.test_run(opts).map_err(|e| chain(&e))?;
         out.truncate(r.data_size_out as usize);
         Ok(RunResult {
             verdict: r.return_value,
@@ -169,9 +178,8 @@ impl LoadedDatapath {
             .map_mut(lb_common::MAP_XDP_TX)
             .ok_or("XDP redirect map missing")?;
         let mut tx: aya::maps::DevMapHash<&mut aya::maps::MapData> =
-            aya::maps::DevMapHash::try_from(map).map_err(|e| e.to_string())?;
-        tx.insert(ifindex, ifindex, None, 0)
-            .map_err(|e| e.to_string())
+            aya::maps::DevMapHash::try_from(map).map_err(|e| chain(&e))?;
+        tx.insert(ifindex, ifindex, None, 0).map_err(|e| chain(&e))
     }
 }
 
@@ -316,5 +324,35 @@ fn bpf_elem(
         Ok(false)
     } else {
         Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+    use lb_userspace::datapath::DatapathError;
+
+    /// A map the kernel refuses to create: the errno is only the error's source, which the
+    /// message of a failed load must carry.
+    #[test]
+    fn a_load_error_says_the_kernel_errno() {
+        let refused =
+            DatapathError::Load(aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+                name: lb_common::MAP_CT.into(),
+                io_error: std::io::Error::from_raw_os_error(12),
+            }));
+        let errno = std::io::Error::from_raw_os_error(12).to_string();
+        assert!(!refused.to_string().contains(&errno), "{refused}");
+        let text = chain(&refused);
+        assert!(
+            text.contains(&format!("failed to create map `{}`", lb_common::MAP_CT))
+                && text.ends_with(&errno),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("failed to create map").count(),
+            1,
+            "each cause said once: {text}"
+        );
     }
 }

@@ -68,9 +68,45 @@ pub fn service_on_nodes(
     status: &str,
     endpoints: &[(Ipv4Addr, &str)],
 ) -> String {
+    let endpoints: Vec<(IpAddr, &str)> =
+        endpoints.iter().map(|(ip, n)| ((*ip).into(), *n)).collect();
+    service_on_nodes_of(
+        name,
+        kind,
+        cluster_ip,
+        protocol,
+        port,
+        target_port,
+        node_port,
+        spec,
+        status,
+        &endpoints,
+    )
+}
+
+/// [`service_on_nodes`] of either family: an IPv6 `cluster_ip` makes it an IPv6
+/// single-stack Service (`ipFamilies: [IPv6]`, its slice's `addressType: IPv6`); else it is
+/// IPv4.
+#[allow(clippy::too_many_arguments)]
+pub fn service_on_nodes_of(
+    name: &str,
+    kind: &str,
+    cluster_ip: &str,
+    protocol: &str,
+    port: u16,
+    target_port: u16,
+    node_port: Option<u16>,
+    spec: &str,
+    status: &str,
+    endpoints: &[(IpAddr, &str)],
+) -> String {
     let node_port = node_port.map_or(String::new(), |p| format!(", nodePort: {p}"));
+    let (cluster_ip, family) = match cluster_ip.parse::<Ipv6Addr>() {
+        Ok(ip) => (format!("\"{ip}\"\n  ipFamilies: [IPv6]"), "IPv6"),
+        Err(_) => (cluster_ip.to_string(), "IPv4"),
+    };
     let mut y = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: {kind}\n  clusterIP: {cluster_ip}\n{spec}  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}{node_port}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: {kind}\n  clusterIP: {cluster_ip}\n{spec}  ports:\n  - {{name: p, port: {port}, protocol: {protocol}, targetPort: {target_port}{node_port}}}\n{status}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: ns\n  name: {name}-1\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: {family}\nports:\n- {{name: p, port: {target_port}, protocol: {protocol}}}\nendpoints:"
     );
     y.push_str(if endpoints.is_empty() { " []\n" } else { "\n" });
     for (ip, node) in endpoints {

@@ -54,7 +54,8 @@ pub fn setup() -> Option<LoadedDatapath> {
     if !require_root() {
         return None;
     }
-    let mut dp = LoadedDatapath::load(&unique_tag("xlbp")).expect("load the eBPF object");
+    let mut dp = LoadedDatapath::load(&unique_tag("xlbp"))
+        .unwrap_or_else(|e| panic!("load the eBPF object: {e}"));
     let loaded = file::parse("packets.yaml", &base_services()).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
     dp.program(&loaded.model).expect("program maps");
@@ -133,17 +134,50 @@ impl Family {
 
     /// [`Family::setup`] under pins named `tag` (the caller has checked for root).
     pub fn setup_tagged(&self, tag: &str) -> LoadedDatapath {
-        let yaml = match self.family {
-            IpFamily::V4 => {
-                base_services() + &service_yaml("emptyu", EMPTY_VIP, 53, "UDP", 5353, &[])
-            }
-            IpFamily::V6 => services6(),
-        };
-        let mut dp = LoadedDatapath::load(tag).expect("load the eBPF object");
-        let loaded = file::parse("families.yaml", &yaml).expect("yaml");
-        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
-        dp.program(&loaded.model).expect("program maps");
+        self.load_with(tag, &self.services(&self.backends))
+    }
+
+    /// The datapath under pins named `tag`, programmed with the Services of `yaml`.
+    pub fn load_with(&self, tag: &str, yaml: &str) -> LoadedDatapath {
+        let mut dp = LoadedDatapath::load(tag).unwrap_or_else(|e| {
+            panic!("{}: load the eBPF object: {e}", self.name());
+        });
+        self.program(&mut dp, yaml);
         dp
+    }
+
+    /// Programs `dp` with the Services of `yaml` (which must parse without errors).
+    pub fn program(&self, dp: &mut LoadedDatapath, yaml: &str) {
+        let loaded = file::parse("families.yaml", yaml).expect("yaml");
+        assert!(
+            loaded.errors.is_empty(),
+            "{}: {:?}",
+            self.name(),
+            loaded.errors
+        );
+        dp.program(&loaded.model)
+            .unwrap_or_else(|e| panic!("{}: program maps: {e}", self.name()));
+    }
+
+    /// This family's table Services with `web` as web's backends: web (`vip`:80/TCP) on
+    /// `web`, dns (`vip`:53/UDP) on the three backends, TCP 80 and UDP 53 on `empty`
+    /// without endpoints (IPv6's names end in 6).
+    pub fn services(&self, web: &[IpAddr]) -> String {
+        let s = match self.family {
+            IpFamily::V4 => "",
+            IpFamily::V6 => "6",
+        };
+        service_of(&format!("web{s}"), self.vip, 80, "TCP", 8080, web)
+            + &service_of(
+                &format!("dns{s}"),
+                self.vip,
+                53,
+                "UDP",
+                5353,
+                &self.backends,
+            )
+            + &service_of(&format!("empty{s}"), self.empty, 80, "TCP", 8080, &[])
+            + &service_of(&format!("emptyu{s}"), self.empty, 53, "UDP", 5353, &[])
     }
 
     /// The node's address in [`Family::routed_ns`] (on `dum0`) and the next hop behind it.
@@ -324,9 +358,49 @@ impl Family {
 
     /// The `i`-th of more clients of this family (10.244.9.i, fd00:10:244:9::i).
     pub fn other_client(&self, i: u8) -> IpAddr {
+        self.pod(9, i)
+    }
+
+    /// Pod `host` of the pod network's `subnet` (10.244.subnet.host,
+    /// fd00:10:244:subnet::host): the table's backends are hosts 2 of subnets 2 to 4.
+    pub fn pod(&self, subnet: u8, host: u8) -> IpAddr {
         match self.family {
-            IpFamily::V4 => v4(Ipv4Addr::new(10, 244, 9, i)),
-            IpFamily::V6 => v6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 9, 0, 0, 0, u16::from(i))),
+            IpFamily::V4 => v4(Ipv4Addr::new(10, 244, subnet, host)),
+            IpFamily::V6 => v6(Ipv6Addr::new(
+                0xfd00,
+                0x10,
+                0x244,
+                u16::from(subnet),
+                0,
+                0,
+                0,
+                u16::from(host),
+            )),
+        }
+    }
+
+    /// ClusterIP `n` of the service network (10.96.0.n, fd00:10:96::n).
+    pub fn cluster_ip(&self, n: u8) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::new(10, 96, 0, n)),
+            IpFamily::V6 => v6(Ipv6Addr::new(0xfd00, 0x10, 0x96, 0, 0, 0, 0, u16::from(n))),
+        }
+    }
+
+    /// Host `n` outside the cluster, beside the node's NodePort address (documentation
+    /// ranges: 192.0.2.n, 2001:db8:2::n), in [`Family::outside_net`].
+    pub fn outside(&self, n: u8) -> IpAddr {
+        match self.family {
+            IpFamily::V4 => v4(Ipv4Addr::new(192, 0, 2, n)),
+            IpFamily::V6 => v6(Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, u16::from(n))),
+        }
+    }
+
+    /// The prefix of [`Family::outside`]'s hosts.
+    pub fn outside_net(&self) -> &'static str {
+        match self.family {
+            IpFamily::V4 => "192.0.2.0/24",
+            IpFamily::V6 => "2001:db8:2::/64",
         }
     }
 

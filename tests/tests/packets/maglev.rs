@@ -1,79 +1,75 @@
 //! The Maglev table lookup at tc (`select::xlb_maglev_slot`), programmed as the agent
-//! programs it (`--lb-algorithm maglev`): an external frontend's new flow goes to the
-//! backend its table holds for the flow's hash (`lb_common::flow_hash`), the same backend on
-//! two nodes that learnt the backends in opposite orders; the same Service's ClusterIP
-//! still picks at random, and a Service annotated `random` is not flagged.
+//! programs it (`--lb-algorithm maglev`), in both families: an external frontend's new flow
+//! goes to the backend its table holds for the flow's hash (`lb_common::flow_hash`), the
+//! same backend on two nodes that learnt the backends in opposite orders; the same
+//! Service's ClusterIP still picks at random, and a Service annotated `random` is not
+//! flagged.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
-use lb_common::{FAMILY_V4, IPPROTO_TCP, SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, flow_hash};
+use lb_common::{
+    IPPROTO_TCP, SVC_F_MAGLEV, flow_hash,
+    user::{addr_words, frontend_key},
+};
 use lb_userspace::{
     desired::{NodeContext, maglev},
     model::LbAlgorithm,
-    packet::{PacketBuilder, TCP_SYN, parse},
+    packet::TCP_SYN,
     source::file,
 };
 use xlb_tests::{
     datapath::LoadedDatapath,
     require_root,
-    services::service_yaml,
-    suites::packets::{TC_ACT_OK, VIP},
+    suites::packets::{FAMILIES, Family, TC_ACT_OK, frame, seen, service_of},
     unique_tag,
 };
 
 /// The table size of this test (one of the sizes the agent accepts).
 const M: u32 = 1021;
-/// The Service's externalIP.
-const EXT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
 
-fn backends() -> Vec<Ipv4Addr> {
-    (1..=10).map(|i| Ipv4Addr::new(10, 244, 2, i)).collect()
+/// The family's Maglev table: web's externalIP, the other Service's ClusterIP and
+/// externalIP, the ten backends (pods 1 to 10 of the pod network's subnet 2).
+struct Table {
+    ext: IpAddr,
+    other: IpAddr,
+    other_ext: IpAddr,
+    backends: Vec<IpAddr>,
 }
 
-fn key(ip: Ipv4Addr) -> SvcKey {
-    SvcKey {
-        addr_be: [u32::from_ne_bytes(ip.octets()), 0, 0, 0],
-        port_be: 80u16.to_be(),
-        proto: IPPROTO_TCP,
-        family: FAMILY_V4,
-        scope: SCOPE_EXTERNAL,
-        _pad0: 0,
-        _pad1: 0,
+fn table(f: &Family) -> Table {
+    Table {
+        ext: f.stranger(7),
+        other: f.cluster_ip(11),
+        other_ext: f.stranger(8),
+        backends: (1..=10).map(|i| f.pod(2, i)).collect(),
     }
 }
 
-/// A datapath programmed with web (ClusterIP VIP, externalIP EXT) on `backends` (on this
-/// node), in that order, and `other` (annotated `random`) beside it, by a node with `--lb-algorithm maglev`.
-fn node(tag: &str, backends: &[Ipv4Addr]) -> LoadedDatapath {
-    let ext = |y: String| {
-        y.replacen(
-            "spec:\n",
-            &format!("spec:\n  externalIPs: [\"{EXT}\"]\n"),
-            1,
-        )
+/// A datapath programmed with web (ClusterIP `f.vip`, externalIP `t.ext`) on `backends`
+/// (on this node), in that order, and `other` (annotated `random`) beside it, by a node
+/// with `--lb-algorithm maglev`.
+fn node(f: &Family, t: &Table, tag: &str, backends: &[IpAddr]) -> LoadedDatapath {
+    let ext = |y: String, ip: IpAddr| {
+        y.replacen("spec:\n", &format!("spec:\n  externalIPs: [\"{ip}\"]\n"), 1)
     };
-    let other = service_yaml(
-        "other",
-        Ipv4Addr::new(10, 96, 0, 11),
-        80,
-        "TCP",
-        8080,
-        backends,
+    let other = ext(
+        service_of("other", t.other, 80, "TCP", 8080, backends),
+        t.other_ext,
     )
-    .replacen("spec:\n", "spec:\n  externalIPs: [\"203.0.113.8\"]\n", 1)
     .replacen(
         "name: other}",
         "name: other, annotations: {service.cilium.io/lb-algorithm: random}}",
         1,
     );
     // The backends on this node: no SNAT (TestRun has no route to SNAT toward).
-    let yaml = (ext(service_yaml("web", VIP, 80, "TCP", 8080, backends)) + &other).replace(
+    let yaml = (ext(service_of("web", f.vip, 80, "TCP", 8080, backends), t.ext) + &other).replace(
         "  conditions: {ready: true}",
         "  nodeName: node1\n  conditions: {ready: true}",
     );
     let loaded = file::parse("maglev.yaml", &yaml).expect("yaml");
     assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
-    let mut dp = LoadedDatapath::load(&unique_tag(tag)).expect("load the eBPF object");
+    let tag = unique_tag(&format!("{tag}{}", f.name().to_ascii_lowercase()));
+    let mut dp = LoadedDatapath::load(&tag).unwrap_or_else(|e| panic!("{}: load: {e}", f.name()));
     let mut ctx = NodeContext::new("node1", &[], false);
     ctx.lb.algorithm = LbAlgorithm::Maglev;
     ctx.lb.maglev_size = M;
@@ -81,28 +77,26 @@ fn node(tag: &str, backends: &[Ipv4Addr]) -> LoadedDatapath {
     dp
 }
 
-/// The backend a SYN from `client` to `vip` reaches (its rewritten destination).
-fn reached(dp: &mut LoadedDatapath, client: SocketAddrV4, vip: Ipv4Addr) -> Ipv4Addr {
-    let syn = PacketBuilder::tcp(client, SocketAddrV4::new(vip, 80))
-        .flags(TCP_SYN)
-        .build();
-    let r = dp.run_ingress(&syn).expect("run");
+/// The backend a SYN from `client` to `frontend`:80 reaches (its rewritten destination).
+fn reached(f: &Family, dp: &mut LoadedDatapath, client: SocketAddr, frontend: IpAddr) -> IpAddr {
+    let what = f.row(&format!("SYN from {client}"));
+    let syn = frame(false, client, SocketAddr::new(frontend, 80), TCP_SYN, b"");
+    let r = dp
+        .run_ingress(&syn)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(
         r.verdict,
         TC_ACT_OK,
-        "{client}: {:?}",
+        "{what}: {:?}",
         xlb_tests::datapath::reason_counts(&dp.pins)
     );
-    *parse(&r.packet).expect("parses").dst.ip()
+    seen(&r.packet, &what).dst.ip()
 }
 
-/// 200 client tuples: 50 addresses × 4 ports.
-fn clients() -> Vec<SocketAddrV4> {
+/// 200 client tuples from outside the cluster: 50 addresses × 4 ports.
+fn clients(f: &Family) -> Vec<SocketAddr> {
     (0..200u32)
-        .map(|i| {
-            let ip = Ipv4Addr::new(192, 0, 2, (i / 4) as u8 + 1);
-            SocketAddrV4::new(ip, 40000 + (i % 4) as u16 * 1111)
-        })
+        .map(|i| SocketAddr::new(f.outside((i / 4) as u8 + 1), 40000 + (i % 4) as u16 * 1111))
         .collect()
 }
 
@@ -111,57 +105,91 @@ fn maglev_frontends_send_each_flow_to_the_backend_its_table_holds() {
     if !require_root() {
         return;
     }
-    let mut reversed = backends();
+    for f in &FAMILIES {
+        maglev_table(f);
+    }
+}
+
+fn maglev_table(f: &Family) {
+    let t = table(f);
+    let mut reversed = t.backends.clone();
     reversed.reverse();
-    let mut node1 = node("xlbmg1", &backends());
-    let mut node2 = node("xlbmg2", &reversed);
+    let mut node1 = node(f, &t, "xlbmg1", &t.backends);
+    let mut node2 = node(f, &t, "xlbmg2", &reversed);
     // The table as every node computes it, by backend name (independent of slot order).
-    let names: Vec<String> = backends().iter().map(|a| format!("{a}:8080/TCP")).collect();
+    let named: Vec<(String, IpAddr)> = t
+        .backends
+        .iter()
+        .map(|a| (format!("{}/TCP", SocketAddr::new(*a, 8080)), *a))
+        .collect();
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let (sorted, table) = maglev::table(
         &names,
         M,
         lb_userspace::desired::DEFAULT_MAGLEV_SEED.as_bytes(),
     );
     let state = node1.state();
-    let entry = &state.services[&key(EXT)];
-    assert!(entry.flags & SVC_F_MAGLEV != 0, "the externalIP is flagged");
+    let key = |ip: IpAddr| frontend_key(ip, 80, IPPROTO_TCP);
+    let entry = &state.services[&key(t.ext)];
+    assert!(
+        entry.flags & SVC_F_MAGLEV != 0,
+        "{}",
+        f.row("the externalIP is flagged")
+    );
     assert_eq!(
         state.maglev[&entry.svc_id].size(),
         M,
-        "its table is programmed"
+        "{}",
+        f.row("its table is programmed")
     );
     assert_eq!(
-        state.services[&key(VIP)].flags & SVC_F_MAGLEV,
+        state.services[&key(f.vip)].flags & SVC_F_MAGLEV,
         0,
-        "the ClusterIP picks at random"
+        "{}",
+        f.row("the ClusterIP picks at random")
     );
-    let other = &state.services[&key(Ipv4Addr::new(203, 0, 113, 8))];
-    assert_eq!(other.flags & SVC_F_MAGLEV, 0, "annotated random");
+    let other = &state.services[&key(t.other_ext)];
+    assert_eq!(
+        other.flags & SVC_F_MAGLEV,
+        0,
+        "{}",
+        f.row("annotated random")
+    );
     assert_eq!(
         state.maglev.len(),
         1,
-        "one table: {:?}",
+        "{}: {:?}",
+        f.row("one table"),
         state.maglev.keys()
     );
     let mut seen = std::collections::BTreeSet::new();
-    for c in clients() {
+    for c in clients(f) {
         let h = flow_hash(
-            &[u32::from_ne_bytes(c.ip().octets()), 0, 0, 0],
-            &[u32::from_ne_bytes(EXT.octets()), 0, 0, 0],
+            &addr_words(c.ip()).0,
+            &addr_words(t.ext).0,
             c.port().to_be(),
             80u16.to_be(),
             IPPROTO_TCP,
         );
         let name = &sorted[table[(h % M) as usize] as usize];
-        let want: Ipv4Addr = name
-            .split(':')
-            .next()
-            .and_then(|a| a.parse().ok())
-            .expect("ip");
-        let got = reached(&mut node1, c, EXT);
-        assert_eq!(got, want, "{c}: entry {} of the table", h % M);
-        assert_eq!(reached(&mut node2, c, EXT), want, "{c}: the other node");
+        let want = named
+            .iter()
+            .find_map(|(n, a)| (n == name).then_some(*a))
+            .expect("a backend's name");
+        let got = reached(f, &mut node1, c, t.ext);
+        let what = f.row(&format!("{c}"));
+        assert_eq!(got, want, "{what}: entry {} of the table", h % M);
+        assert_eq!(
+            reached(f, &mut node2, c, t.ext),
+            want,
+            "{what}: the other node"
+        );
         seen.insert(got);
     }
-    assert_eq!(seen.len(), 10, "200 flows over 10 backends: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        10,
+        "{}: {seen:?}",
+        f.row("200 flows over 10 backends")
+    );
 }

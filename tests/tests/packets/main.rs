@@ -1,12 +1,13 @@
 //! Packet tests: crafted packets through the loaded tc program (BPF_PROG_TEST_RUN), as a
 //! table of cases, Katran-style.
 //!
-//! One binary, a module per topic. Most run each case in both families from one body
+//! One binary, a module per topic. Each runs its cases in both families from one body
 //! (`xlb_tests::suites::packets::Family` gives a family's addresses and builds its
 //! packets): `flows`, `rewrites`, `refusals`, `robust`, `state`, `hairpin`, `routed` (XDP
-//! and SNAT in a routed namespace), `sctp`; a case that runs in one family says why. IPv4
-//! alone: `maglev`, `slots` (slot ranges that move, the slot array's end), `north_south` (NodePort, SNAT, hairpin, XDP, in a routed namespace);
-//! `ranges` (loadBalancerSourceRanges of each family on a dual-stack Service).
+//! and SNAT in a routed namespace), `sctp`, `maglev`, `slots` (slot ranges that move, the
+//! slot array's end), `north_south` (NodePort, SNAT, hairpin, XDP, in a dual-stack node
+//! namespace); a case that runs in one family says why. `ranges`
+//! (loadBalancerSourceRanges of each family on a dual-stack Service).
 
 use xlb_tests::checksums;
 

@@ -1,36 +1,34 @@
-//! North-south packet tables at tc: NodePorts, externalIPs and LoadBalancer IPs, SNAT, ICMP
-//! errors, fragmentation needed.
+//! North-south packet tables at tc, in both families: NodePorts, externalIPs and
+//! LoadBalancer IPs, SNAT, ICMP errors, fragmentation needed (ICMPv6: Packet Too Big).
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::SocketAddr;
 
-use crate::checksums::{self, Udp};
-use lb_userspace::packet::{PacketBuilder, TCP_ACK, icmp_error, parse, parse_icmp};
+use lb_userspace::packet::{TCP_ACK, TCP_SYN};
+use xlb_tests::frame6::NEXTHDR_DEST;
+use xlb_tests::suites::packets::{IcmpError, frame, seen, seen_icmp};
 use xlb_tests::suites::packets_north_south::{
-    EXT, HAIRPIN, LOCAL_POD, NODE, OUTSIDER, REMOTE_POD, SNAT_MAX, SNAT_MIN, TC_ACT_OK,
-    TC_ACT_SHOT, UNDERLAY, on_node1,
+    NorthSouth, SNAT_MAX, SNAT_MIN, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, on_node1,
 };
 use xlb_tests::{datapath::LoadedDatapath, require_root};
-const TC_ACT_REDIRECT: u32 = 7;
 
 /// What a case expects.
 #[derive(Debug)]
 enum Expect {
-    /// TC_ACT_OK, rewritten to `src` → `dst` (`src` port 0: any port of the SNAT range).
-    Rewritten {
-        src: SocketAddrV4,
-        dst: SocketAddrV4,
-    },
+    /// TC_ACT_OK, rewritten to `src` → `dst` (`src` port 0: any port of the SNAT range),
+    /// every checksum valid.
+    Rewritten { src: SocketAddr, dst: SocketAddr },
     /// TC_ACT_SHOT.
     Drop,
-    /// TC_ACT_OK: an ICMP error now from `src` to `dst`, quoting `inner_src` → `inner_dst`.
+    /// TC_ACT_OK: an ICMP error of `kind` now from `src` to the client, quoting `quote`
+    /// (what the client sent).
     Icmp {
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        inner_src: SocketAddrV4,
-        inner_dst: SocketAddrV4,
+        src: std::net::IpAddr,
+        kind: IcmpError,
+        quote: Vec<u8>,
     },
-    /// TC_ACT_REDIRECT: fragmentation needed (MTU `mtu`) from `src`, quoting the packet.
-    FragNeeded { src: Ipv4Addr, mtu: u16 },
+    /// TC_ACT_REDIRECT: fragmentation needed (ICMPv6: Packet Too Big) with MTU `mtu` from
+    /// `src` to the sender, quoting the packet as the client sent it.
+    TooBig { src: std::net::IpAddr, mtu: u16 },
 }
 
 struct Case {
@@ -39,75 +37,73 @@ struct Case {
     expect: Expect,
 }
 
-/// Runs a case; returns the rewritten source (for SNAT ports).
-fn check(dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddrV4> {
+/// Runs a case (failures name the family and the case); returns the rewritten source (for
+/// SNAT ports).
+fn check(n: &NorthSouth, dp: &mut LoadedDatapath, c: &Case) -> Option<SocketAddr> {
+    let what = n.row(c.desc);
     let r = dp
         .run(&c.packet)
-        .unwrap_or_else(|e| panic!("{}: test run: {e}", c.desc));
+        .unwrap_or_else(|e| panic!("{what}: test run: {e}"));
     match &c.expect {
         Expect::Drop => {
-            assert_eq!(r.verdict, TC_ACT_SHOT, "{}", c.desc);
+            assert_eq!(r.verdict, TC_ACT_SHOT, "{what}");
             None
         }
         Expect::Rewritten { src, dst } => {
-            assert_eq!(r.verdict, TC_ACT_OK, "{}", c.desc);
-            let p = parse(&r.packet).unwrap_or_else(|| panic!("{}: no parse", c.desc));
-            assert_eq!(p.dst, *dst, "{}: destination", c.desc);
-            assert_eq!(p.src.ip(), src.ip(), "{}: source address", c.desc);
-            if src.port() == 0 {
-                assert!(
-                    (SNAT_MIN..=SNAT_MAX).contains(&p.src.port()),
-                    "{}: SNAT port {} outside {SNAT_MIN}-{SNAT_MAX}",
-                    c.desc,
-                    p.src.port()
-                );
-            } else {
-                assert_eq!(p.src.port(), src.port(), "{}: source port", c.desc);
-            }
-            assert!(
-                p.ip_checksum_ok && p.l4_checksum_ok,
-                "{}: checksums",
-                c.desc
-            );
-            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
+            assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+            let p = seen(&r.packet, &what);
+            assert_eq!(p.dst, *dst, "{what}: destination");
+            assert_snat_source(&what, p.src, *src);
             Some(p.src)
         }
-        Expect::Icmp {
-            src,
-            dst,
-            inner_src,
-            inner_dst,
-        } => {
-            assert_eq!(r.verdict, TC_ACT_OK, "{}", c.desc);
-            let p = parse_icmp(&r.packet).unwrap_or_else(|| panic!("{}: no ICMP", c.desc));
-            assert_eq!((p.src, p.dst), (*src, *dst), "{}: outer header", c.desc);
-            assert_eq!(
-                (p.inner_src, p.inner_dst),
-                (*inner_src, *inner_dst),
-                "{}: quoted header",
-                c.desc
-            );
-            assert!(p.checksums_ok, "{}: checksums", c.desc);
-            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
+        Expect::Icmp { src, kind, quote } => {
+            assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+            let m = seen_icmp(&r.packet, &what);
+            assert_eq!((m.src, m.dst), (*src, n.ext.ip()), "{what}: outer header");
+            assert_eq!((m.kind, m.rest), n.f.icmp_kind(*kind), "{what}");
+            assert_eq!(&m.quote, quote, "{what}: the quote is what the client sent");
             None
         }
-        Expect::FragNeeded { src, mtu } => {
-            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{}", c.desc);
-            let p = parse_icmp(&r.packet).unwrap_or_else(|| panic!("{}: no ICMP", c.desc));
-            let input = parse(&c.packet).expect("input");
-            assert_eq!((p.typ, p.code, p.mtu), (3, 4, *mtu), "{}", c.desc);
-            assert_eq!((p.src, p.dst), (*src, *input.src.ip()), "{}", c.desc);
+        Expect::TooBig { src, mtu } => {
+            assert_eq!(r.verdict, TC_ACT_REDIRECT, "{what}");
+            let m = seen_icmp(&r.packet, &what);
+            let input = seen(&c.packet, &what);
             assert_eq!(
-                (p.inner_src, p.inner_dst),
-                (input.src, input.dst),
-                "{}: quotes the packet as the client sent it",
-                c.desc
+                (m.kind, m.rest),
+                n.f.icmp_kind(IcmpError::TooBig(*mtu)),
+                "{what}"
             );
-            assert!(p.checksums_ok, "{}: checksums", c.desc);
-            checksums::assert_valid(&r.packet, Udp::Computed, c.desc);
+            assert_eq!((m.src, m.dst), (*src, input.src.ip()), "{what}");
+            assert_eq!(
+                m.quote,
+                n.f.quote(&c.packet),
+                "{what}: quotes the packet as the client sent it"
+            );
             None
         }
     }
+}
+
+/// `got` is `want`, or (`want` port 0) `want`'s address with a port of the SNAT range.
+fn assert_snat_source(what: &str, got: SocketAddr, want: SocketAddr) {
+    assert_eq!(got.ip(), want.ip(), "{what}: source address");
+    if want.port() == 0 {
+        assert!(
+            (SNAT_MIN..=SNAT_MAX).contains(&got.port()),
+            "{what}: SNAT port {} outside {SNAT_MIN}-{SNAT_MAX}",
+            got.port()
+        );
+    } else {
+        assert_eq!(got.port(), want.port(), "{what}: source port");
+    }
+}
+
+fn tcp(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    frame(false, src, dst, TCP_SYN, b"")
+}
+
+fn ack(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    frame(false, src, dst, TCP_ACK, b"")
 }
 
 #[test]
@@ -118,16 +114,16 @@ fn north_south_rewrites_follow_the_table() {
     on_node1("xpn", run_table);
 }
 
-fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
-    let np = |port: u16| SocketAddrV4::new(NODE, port);
-    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
-    let snat_any = SocketAddrV4::new(UNDERLAY, 0);
+fn run_table(n: &NorthSouth, dp: &mut LoadedDatapath, _ifindex: u32) {
+    let remote = SocketAddr::new(n.remote_pod, 8080);
+    let snat_any = SocketAddr::new(n.underlay, 0);
 
     let snat = check(
+        n,
         dp,
         &Case {
             desc: "NodePort, remote backend → DNAT to it + SNAT to the node's underlay address",
-            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
+            packet: tcp(n.ext, n.np(30001)),
             expect: Expect::Rewritten {
                 src: snat_any,
                 dst: remote,
@@ -136,10 +132,11 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     )
     .expect("snat");
     let udp_snat = check(
+        n,
         dp,
         &Case {
             desc: "UDP NodePort, remote backend → DNAT + SNAT",
-            packet: PacketBuilder::udp(EXT, np(30002)).payload(b"q").build(),
+            packet: frame(true, n.ext, n.np(30002), 0, b"q"),
             expect: Expect::Rewritten {
                 src: snat_any,
                 dst: remote,
@@ -148,12 +145,12 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     )
     .expect("snat");
 
-    for c in flow_cases(snat)
+    for c in flow_cases(n, snat)
         .iter()
-        .chain(&range_cases())
-        .chain(&error_cases(udp_snat))
+        .chain(&range_cases(n))
+        .chain(&error_cases(n, udp_snat))
     {
-        check(dp, c);
+        check(n, dp, c);
     }
 
     // The SNATed TCP flow closes both ways; the client then reuses its port for a new
@@ -162,20 +159,22 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
     for (desc, packet) in [
         (
             "FIN from the client",
-            PacketBuilder::tcp(EXT, np(30001)).flags(0x11).build(),
+            frame(false, n.ext, n.np(30001), 0x11, b""),
         ),
         (
             "FIN from the backend",
-            PacketBuilder::tcp(remote, snat).flags(0x11).build(),
+            frame(false, remote, snat, 0x11, b""),
         ),
     ] {
-        assert_eq!(dp.run(&packet).expect("run").verdict, TC_ACT_OK, "{desc}");
+        let verdict = dp.run(&packet).expect("run").verdict;
+        assert_eq!(verdict, TC_ACT_OK, "{}", n.row(desc));
     }
     let reopened = check(
+        n,
         dp,
         &Case {
             desc: "SYN on the closed flow's tuple → a new flow",
-            packet: PacketBuilder::tcp(EXT, np(30001)).build(),
+            packet: tcp(n.ext, n.np(30001)),
             expect: Expect::Rewritten {
                 src: snat_any,
                 dst: remote,
@@ -183,25 +182,27 @@ fn run_table(dp: &mut LoadedDatapath, _ifindex: u32) {
         },
     )
     .expect("snat");
-    assert_ne!(reopened, snat, "the reopened flow has its own SNAT port");
+    let what = n.row("the reopened flow has its own SNAT port");
+    assert_ne!(reopened, snat, "{what}");
     let counts = xlb_tests::datapath::reason_counts(&dp.pins);
-    assert_eq!(counts["src_denied"], 1, "{counts:?}");
+    let what = n.row("counters");
+    assert_eq!(counts["src_denied"], 1, "{what}: {counts:?}");
     // The error about the SNATed flow: its destination side at ingress, its source side
     // (the quote's destination: the NodePort) at egress.
-    assert_eq!(counts["icmp_xlate"], 2, "{counts:?}");
-    assert_eq!(counts["frag_needed"], 1, "{counts:?}");
-    assert_eq!(counts["no_backend"], 1, "{counts:?}");
+    assert_eq!(counts["icmp_xlate"], 2, "{what}: {counts:?}");
+    assert_eq!(counts["frag_needed"], 1, "{what}: {counts:?}");
+    assert_eq!(counts["no_backend"], 1, "{what}: {counts:?}");
 }
 
 /// The SNATed flow and its reply, local backends, Local policy, loopback NodePorts.
-fn flow_cases(snat: SocketAddrV4) -> Vec<Case> {
-    let np = |port: u16| SocketAddrV4::new(NODE, port);
-    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
-    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+fn flow_cases(n: &NorthSouth, snat: SocketAddr) -> Vec<Case> {
+    let remote = SocketAddr::new(n.remote_pod, 8080);
+    let local = SocketAddr::new(n.local_pod, 8080);
+    let lo = SocketAddr::new(n.f.loopback(), 30003);
     vec![
         Case {
             desc: "later packet of the SNATed flow: same backend, same SNAT port",
-            packet: PacketBuilder::tcp(EXT, np(30001)).flags(TCP_ACK).build(),
+            packet: ack(n.ext, n.np(30001)),
             expect: Expect::Rewritten {
                 src: snat,
                 dst: remote,
@@ -209,99 +210,87 @@ fn flow_cases(snat: SocketAddrV4) -> Vec<Case> {
         },
         Case {
             desc: "reply to the SNAT address → from the NodePort, to the client",
-            packet: PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build(),
+            packet: ack(remote, snat),
             expect: Expect::Rewritten {
-                src: np(30001),
-                dst: EXT,
+                src: n.np(30001),
+                dst: n.ext,
             },
         },
         Case {
             desc: "NodePort, local backend (Cluster policy) → DNAT, client address kept",
-            packet: PacketBuilder::tcp(EXT, np(30003)).build(),
+            packet: tcp(n.ext, n.np(30003)),
             expect: Expect::Rewritten {
-                src: EXT,
+                src: n.ext,
                 dst: local,
             },
         },
         Case {
             desc: "Local policy without a local endpoint → dropped (the internal scope the socket hooks use for the node's own traffic is never a packet's)",
-            packet: PacketBuilder::tcp(EXT, np(30004)).build(),
+            packet: tcp(n.ext, n.np(30004)),
             expect: Expect::Drop,
         },
         Case {
-            desc: "a packet to 127.0.0.1:NodePort (a frontend for the node's own sockets only) → not translated",
-            packet: PacketBuilder::tcp(EXT, SocketAddrV4::new(Ipv4Addr::LOCALHOST, 30003)).build(),
+            desc: "a packet to the loopback address:NodePort (IPv4: a frontend for the node's own sockets only; IPv6: none, as kube-proxy) → not translated",
+            packet: tcp(n.ext, lo),
             expect: Expect::Rewritten {
-                src: EXT,
-                dst: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 30003),
+                src: n.ext,
+                dst: lo,
             },
         },
     ]
 }
 
 /// LoadBalancer source ranges, a reused client port, hairpin.
-fn range_cases() -> Vec<Case> {
-    let np = |port: u16| SocketAddrV4::new(NODE, port);
-    let local = SocketAddrV4::new(LOCAL_POD, 8080);
+fn range_cases(n: &NorthSouth) -> Vec<Case> {
+    let local = SocketAddr::new(n.local_pod, 8080);
+    let lb = SocketAddr::new(n.lb_ip, 80);
+    let at = |port| SocketAddr::new(n.ext.ip(), port);
+    let cluster = SocketAddr::new(n.f.cluster_ip(6), 80);
+    let pod = SocketAddr::new(n.local_pod, 6000);
     vec![
         Case {
             desc: "LoadBalancer IP, client inside loadBalancerSourceRanges → DNAT",
-            packet: PacketBuilder::tcp(
-                SocketAddrV4::new(*EXT.ip(), 5004),
-                SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
-            )
-            .build(),
+            packet: tcp(at(5004), lb),
             expect: Expect::Rewritten {
-                src: SocketAddrV4::new(*EXT.ip(), 5004),
+                src: at(5004),
                 dst: local,
             },
         },
         Case {
             desc: "the client's port of a live flow to the same backend, to another frontend → only the source port is remapped (the reply tuples would clash)",
-            packet: PacketBuilder::tcp(EXT, SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80))
-                .build(),
+            packet: tcp(n.ext, lb),
             expect: Expect::Rewritten {
-                src: SocketAddrV4::new(*EXT.ip(), 0),
+                src: at(0),
                 dst: local,
             },
         },
         Case {
             desc: "LoadBalancer IP, client outside loadBalancerSourceRanges → dropped",
-            packet: PacketBuilder::tcp(
-                OUTSIDER,
-                SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 5), 80),
-            )
-            .build(),
+            packet: tcp(n.outsider, lb),
             expect: Expect::Drop,
         },
         Case {
             desc: "NodePort of the same Service ignores the source ranges",
-            packet: PacketBuilder::tcp(OUTSIDER, np(30005)).build(),
+            packet: tcp(n.outsider, n.np(30005)),
             expect: Expect::Rewritten {
-                src: OUTSIDER,
+                src: n.outsider,
                 dst: local,
             },
         },
         Case {
             desc: "hairpin: a pod to its own Service → SNAT to the hairpin address",
-            packet: PacketBuilder::tcp(
-                SocketAddrV4::new(LOCAL_POD, 6000),
-                SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 6), 80),
-            )
-            .build(),
+            packet: tcp(pod, cluster),
             expect: Expect::Rewritten {
-                src: SocketAddrV4::new(HAIRPIN, 6000),
+                src: SocketAddr::new(n.hairpin, 6000),
                 dst: local,
             },
         },
         Case {
             desc: "hairpin reply → from the ClusterIP, back to the pod",
-            packet: PacketBuilder::tcp(local, SocketAddrV4::new(HAIRPIN, 6000))
-                .flags(TCP_ACK)
-                .build(),
+            packet: ack(local, SocketAddr::new(n.hairpin, 6000)),
             expect: Expect::Rewritten {
-                src: SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 6), 80),
-                dst: SocketAddrV4::new(LOCAL_POD, 6000),
+                src: cluster,
+                dst: pod,
             },
         },
     ]
@@ -309,28 +298,37 @@ fn range_cases() -> Vec<Case> {
 
 /// ICMP errors about the SNATed UDP flow (the quoted header as the backend sends it) and
 /// fragmentation needed.
-fn error_cases(udp_snat: SocketAddrV4) -> Vec<Case> {
-    let np = |port: u16| SocketAddrV4::new(NODE, port);
-    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
-    let sent_to_backend = PacketBuilder::udp(udp_snat, remote).payload(b"q").build();
+fn error_cases(n: &NorthSouth, udp_snat: SocketAddr) -> Vec<Case> {
+    let remote = SocketAddr::new(n.remote_pod, 8080);
+    let sent_to_backend = frame(true, udp_snat, remote, 0, b"q");
+    let sent = frame(true, n.ext, n.np(30002), 0, b"q");
+    let unreachable = IcmpError::PortUnreachable;
     vec![
         Case {
             desc: "port unreachable from the backend about the SNATed UDP flow → outer and inner translated",
-            packet: icmp_error(REMOTE_POD, UNDERLAY, 3, 3, 0, &sent_to_backend[14..42]),
+            packet: n.f.icmp_error(
+                n.remote_pod,
+                n.underlay,
+                unreachable,
+                n.f.quote(&sent_to_backend),
+            ),
             expect: Expect::Icmp {
-                src: NODE,
-                dst: *EXT.ip(),
-                inner_src: EXT,
-                inner_dst: np(30002),
+                src: n.node,
+                kind: unreachable,
+                quote: n.f.quote(&sent).to_vec(),
             },
         },
         Case {
-            desc: "DF packet too big for the route to the backend → fragmentation needed from the NodePort",
-            packet: PacketBuilder::tcp(SocketAddrV4::new(*EXT.ip(), 5001), np(30001))
-                .payload(&[7u8; 1400])
-                .build(),
-            expect: Expect::FragNeeded {
-                src: NODE,
+            desc: "DF packet too big for the route to the backend → fragmentation needed (Packet Too Big) from the NodePort",
+            packet: frame(
+                false,
+                SocketAddr::new(n.ext.ip(), 5001),
+                n.np(30001),
+                TCP_SYN,
+                &[7u8; 1400],
+            ),
+            expect: Expect::TooBig {
+                src: n.node,
                 mtu: 1280,
             },
         },
@@ -351,138 +349,87 @@ fn ingress_rewrites_destinations_and_egress_sources() {
 /// One step of [`split_table`]: `hook` run on `packet` must leave `src` → `dst` (a `src`
 /// port 0: any port of the SNAT range), checksums valid. Returns the packet it left.
 fn step(
+    n: &NorthSouth,
     dp: &mut LoadedDatapath,
     desc: &str,
     egress: bool,
     packet: &[u8],
-    src: SocketAddrV4,
-    dst: SocketAddrV4,
+    (src, dst): (SocketAddr, SocketAddr),
 ) -> Vec<u8> {
+    let what = n.row(desc);
     let r = if egress {
         dp.run_egress(packet)
     } else {
         dp.run_ingress(packet)
     }
-    .unwrap_or_else(|e| panic!("{desc}: test run: {e}"));
-    assert_eq!(r.verdict, TC_ACT_OK, "{desc}");
-    let p = parse(&r.packet).unwrap_or_else(|| panic!("{desc}: no parse"));
-    assert_eq!(p.dst, dst, "{desc}: destination");
-    assert_eq!(p.src.ip(), src.ip(), "{desc}: source address");
-    if src.port() == 0 {
-        assert!(
-            (SNAT_MIN..=SNAT_MAX).contains(&p.src.port()),
-            "{desc}: SNAT port {}",
-            p.src.port()
-        );
-    } else {
-        assert_eq!(p.src.port(), src.port(), "{desc}: source port");
-    }
-    assert!(p.ip_checksum_ok && p.l4_checksum_ok, "{desc}: checksums");
-    checksums::assert_valid(&r.packet, Udp::Computed, desc);
+    .unwrap_or_else(|e| panic!("{what}: test run: {e}"));
+    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
+    let p = seen(&r.packet, &what);
+    assert_eq!(p.dst, dst, "{what}: destination");
+    assert_snat_source(&what, p.src, src);
     r.packet
 }
 
-fn split_table(dp: &mut LoadedDatapath, _ifindex: u32) {
-    let np = SocketAddrV4::new(NODE, 30001);
-    let remote = SocketAddrV4::new(REMOTE_POD, 8080);
-    let local = SocketAddrV4::new(LOCAL_POD, 8080);
-    let client = EXT;
+fn split_table(n: &NorthSouth, dp: &mut LoadedDatapath, _ifindex: u32) {
+    let np = n.np(30001);
+    let remote = SocketAddr::new(n.remote_pod, 8080);
+    let local = SocketAddr::new(n.local_pod, 8080);
+    let client = n.ext;
     // A SNATed flow (remote backend, Cluster policy).
-    let syn = PacketBuilder::tcp(client, np).build();
-    let seen = step(
-        dp,
-        "SNATed request at ingress: DNAT only",
-        false,
-        &syn,
-        client,
-        remote,
-    );
-    let out = step(
-        dp,
-        "SNATed request at egress: SNAT to the node",
-        true,
-        &seen,
-        SocketAddrV4::new(UNDERLAY, 0),
-        remote,
-    );
-    let snat = parse(&out).expect("out").src;
-    // A later packet of it that carries IP options (which a DSR option also makes the
-    // header longer with): still SNATed at egress.
-    let ack = PacketBuilder::tcp(client, np).flags(TCP_ACK).build();
-    let r = dp.run_ingress(&ack).expect("ingress run");
-    let with_options = ipv4_with_nop_options(&r.packet);
+    let syn = tcp(client, np);
+    let desc = "SNATed request at ingress: DNAT only";
+    let seen_in = step(n, dp, desc, false, &syn, (client, remote));
+    let desc = "SNATed request at egress: SNAT to the node";
+    let snat_any = SocketAddr::new(n.underlay, 0);
+    let out = step(n, dp, desc, true, &seen_in, (snat_any, remote));
+    let snat = seen(&out, desc).src;
+    // A later packet of it that carries IPv4 options / an IPv6 destination options header
+    // (which a DSR option also makes the header longer with): still SNATed at egress.
+    let what = n.row("a SNATed packet with IP options (IPv6: an extension header)");
+    let r = dp.run_ingress(&ack(client, np)).expect("ingress run");
+    let with_options = n.f.with_options(&r.packet, &[NEXTHDR_DEST]);
     let r = dp.run_egress(&with_options).expect("egress run");
-    assert_eq!(r.verdict, TC_ACT_OK, "a SNATed packet with IP options");
-    let sliced = etherparse::SlicedPacket::from_ethernet(&r.packet).expect("parses");
-    let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Tcp(tcp))) =
-        (&sliced.net, &sliced.transport)
-    else {
-        panic!("not IPv4 TCP: {sliced:?}");
-    };
+    assert_eq!(r.verdict, TC_ACT_OK, "{what}");
     assert_eq!(
-        (ip.header().source(), tcp.source_port()),
-        (snat.ip().octets(), snat.port()),
-        "a SNATed packet with IP options gets its flow's SNAT source at egress"
+        seen(&r.packet, &what).src,
+        snat,
+        "{what}: gets its flow's SNAT source at egress"
     );
-    checksums::assert_valid(&r.packet, Udp::Computed, "SNATed packet with IP options");
-    let reply = PacketBuilder::tcp(remote, snat).flags(TCP_ACK).build();
-    let seen = step(
-        dp,
-        "its reply at ingress: un-SNAT only",
-        false,
-        &reply,
-        remote,
-        client,
-    );
-    step(dp, "its reply at egress: un-DNAT", true, &seen, np, client);
+    let reply = ack(remote, snat);
+    let desc = "its reply at ingress: un-SNAT only";
+    let seen_in = step(n, dp, desc, false, &reply, (remote, client));
+    let desc = "its reply at egress: un-DNAT";
+    step(n, dp, desc, true, &seen_in, (np, client));
     // Egress leaves alone what is not a tracked flow's, and a request that is not SNATed.
-    let plain = PacketBuilder::tcp(
-        client,
-        SocketAddrV4::new(Ipv4Addr::new(203, 0, 113, 99), 80),
-    )
-    .build();
+    let plain = tcp(client, SocketAddr::new(n.f.stranger(99), 80));
     let r = dp.run_egress(&plain).expect("egress run");
     assert_eq!(
         (r.verdict, &r.packet),
         (TC_ACT_OK, &plain),
-        "non-service at egress"
+        "{}",
+        n.row("non-service at egress")
     );
     // A local backend (no SNAT): egress leaves its request as ingress left it, and restores
     // the NodePort on its reply, which ingress left alone.
-    let lclient = SocketAddrV4::new(*client.ip(), 40777);
-    let lnp = SocketAddrV4::new(NODE, 30003);
-    let lsyn = PacketBuilder::tcp(lclient, lnp).build();
-    let seen = step(dp, "local request at ingress", false, &lsyn, lclient, local);
-    let r = dp.run_egress(&seen).expect("egress run");
+    let lclient = SocketAddr::new(client.ip(), 40777);
+    let lnp = n.np(30003);
+    let desc = "local request at ingress";
+    let seen_in = step(n, dp, desc, false, &tcp(lclient, lnp), (lclient, local));
+    let r = dp.run_egress(&seen_in).expect("egress run");
     assert_eq!(
-        r.packet, seen,
-        "a request that is not SNATed leaves as ingress left it"
+        r.packet,
+        seen_in,
+        "{}",
+        n.row("a request that is not SNATed leaves as ingress left it")
     );
-    let lreply = PacketBuilder::tcp(local, lclient).flags(TCP_ACK).build();
+    let lreply = ack(local, lclient);
     let r = dp.run_ingress(&lreply).expect("ingress run");
     assert_eq!(
-        r.packet, lreply,
-        "a reply to its own client is left to egress"
+        r.packet,
+        lreply,
+        "{}",
+        n.row("a reply to its own client is left to egress")
     );
-    step(
-        dp,
-        "local reply at egress: un-DNAT",
-        true,
-        &lreply,
-        lnp,
-        lclient,
-    );
-}
-
-/// `frame` (Ethernet, IPv4) with four NOP options after its IP header: the header length,
-/// total length and header checksum made to match (etherparse).
-fn ipv4_with_nop_options(frame: &[u8]) -> Vec<u8> {
-    let (mut h, rest) = etherparse::Ipv4Header::from_slice(&frame[14..]).expect("IPv4 header");
-    h.options = [1u8, 1, 1, 1].into();
-    h.total_len += 4;
-    h.header_checksum = h.calc_header_checksum();
-    let mut p = frame[..14].to_vec();
-    p.extend_from_slice(&h.to_bytes());
-    p.extend_from_slice(rest);
-    p
+    let desc = "local reply at egress: un-DNAT";
+    step(n, dp, desc, true, &lreply, (lnp, lclient));
 }
