@@ -107,22 +107,7 @@ impl LoadedDatapath {
     }
 }
 
-/// `e` and every error under it (`source()`), each said once: a load's errno (a map's
-/// creation or pin, `BPF_PROG_LOAD`) is a source, which `to_string` alone drops; the
-/// verifier's log is in a program error's own text.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let text = c.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cur = c.source();
-    }
-    s
-}
+pub use lb_userspace::datapath::chain;
 
 /// tc's TC_ACT_OK: the packet goes on.
 const TC_ACT_OK: u32 = 0;

@@ -11,7 +11,7 @@ use aya::programs::{
     tc::TcAttachOptions,
 };
 
-use super::DatapathError;
+use super::{DatapathError, chain};
 
 /// Where the tc ingress link of `iface` is pinned. bpffs refuses names with a dot, so a dot
 /// in an interface name (VLANs such as `eth0.100`) is written as `~`.
@@ -170,16 +170,4 @@ pub fn prune_links(dir: &Path, live: &[String]) -> Vec<String> {
         }
     }
     removed
-}
-
-/// An error and its sources on one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

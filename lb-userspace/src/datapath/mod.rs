@@ -28,6 +28,23 @@ pub mod sysctl;
 pub mod upgrade;
 pub mod writer;
 
+/// An error and every error under it (`source()`) on one line, each said once: a load's
+/// errno (a map's creation or pin, `BPF_PROG_LOAD`) is a source, which `to_string` alone
+/// drops; a source whose text the line already holds is not repeated.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 use std::path::PathBuf;
 
 use thiserror::Error;
