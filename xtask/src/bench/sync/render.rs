@@ -397,8 +397,9 @@ fn agent_targets(colds: &[Cold], agents: &[AgentIdle]) -> String {
          program list and waits for an RCU grace period (`strace` of the agent at 10,000 × 10 on a \
          busy machine: `BPF_LINK_CREATE` 10–16 ms, two per veth, nothing else above 0.1 ms), so the \
          time follows the machine's load. The agent attaches 16 interfaces a turn and runs a due \
-         sync between batches, so a burst of new pods does not hold a Service change back; \
-         attaching from several threads would overlap the grace periods.\n",
+         sync between batches, so a burst of new pods does not hold a Service change back. \
+         Attaching from several threads would not help: the kernel waits for the grace period \
+         under the RTNL lock, so link creations run one at a time.\n",
         verdict(rss_10k <= 40.0),
         verdict(idle_max < 0.1),
         agents
