@@ -181,6 +181,8 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
     // The layout before slot ranges, as its agent leaves it; its programs keep forwarding.
     let indices_before = backend_indices(&s);
     s.agent.stop();
+    let names = names(&s);
+    assert!(!names.is_empty(), "the agent wrote its names");
     let frontends =
         xlb_tests::prev_layout::downgrade_slots(&s.agent.pins).expect("per-slot layout");
     assert!(frontends >= 2, "{frontends} frontends");
@@ -193,6 +195,7 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         text.contains("adopted the indices of the service map before slot ranges"),
         "{text}"
     );
+    assert_names_moved(&s, &names);
     assert!(
         !s.agent.pins.join(lb_common::prev::MAP_SVC_V2).exists(),
         "XLB_SVC_V2 still pinned: {text}"
@@ -213,6 +216,94 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         "no flow was picked up mid-stream or lost its backend"
     );
     assert_new_flows_served(&s);
+}
+
+/// The layout before the names left the kernel (`prev::MAP_SVC_NAME`: a names map, no names
+/// file): the agent writes the names to its file, takes over and removes the map's pin.
+/// Long-lived TCP and UDP flows keep their backends throughout, none is picked up
+/// mid-stream, and the services' counters go on (the indices named keep theirs).
+#[test]
+fn names_leave_the_kernel_without_breaking_a_flow() {
+    let Some(mut s) = synced("xun", 3) else {
+        return;
+    };
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
+        .expect("dns programmed");
+    const N: usize = 4;
+    let (mut tcp, udp, first) = open_flows(&s, N);
+    assert_spread(&first);
+
+    // The names in the kernel, as an agent of that layout leaves them.
+    s.agent.stop();
+    let names = xlb_tests::prev_layout::downgrade_names(&s.agent.pins).expect("names map");
+    assert!(names.len() >= 2, "{names:?}");
+    assert_eq!(ask_all(&mut tcp, &udp, "before the upgrade"), first);
+    let misses = counts(&s);
+    let before = counter_rows(&s, &names);
+    assert!(
+        before.values().any(|n| *n > 0),
+        "the flows' first packets are in the counter rows: {before:?}"
+    );
+
+    upgrade(&mut s);
+    assert_names_moved(&s, &names);
+    // No packet since: a service index that kept its counters has the same rows.
+    assert_eq!(
+        counter_rows(&s, &names),
+        before,
+        "the services' counters go on (not zeroed as for an index handed out anew)"
+    );
+    assert_eq!(
+        ask_all(&mut tcp, &udp, "after the upgrade"),
+        first,
+        "every flow keeps its backend"
+    );
+    assert_eq!(
+        counts(&s),
+        misses,
+        "no flow was picked up mid-stream or lost its backend"
+    );
+    assert_new_flows_served(&s);
+}
+
+/// The names in the agent's names file, by service index.
+fn names(s: &Scenario) -> std::collections::BTreeMap<u32, String> {
+    lb_userspace::datapath::names_file::read(&s.agent.pins)
+        .expect("names file")
+        .unwrap_or_default()
+}
+
+/// The upgraded agent wrote `names` (the previous layout's names map's) to its names file,
+/// `xlb list` shows them, and the map's pin is gone.
+fn assert_names_moved(s: &Scenario, want: &std::collections::BTreeMap<u32, String>) {
+    let text = s.agent.log_text();
+    assert!(
+        !s.agent.pins.join(lb_common::prev::MAP_SVC_NAME).exists(),
+        "{} still pinned: {text}",
+        lb_common::prev::MAP_SVC_NAME
+    );
+    assert_eq!(&names(s), want, "the names file holds the map's names");
+    let pins = xlb_tests::pins(&s.agent.pins);
+    let rows = lb_userspace::list::services(&pins).expect("xlb list services");
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| want.values().any(|n| *n == r.service)),
+        "xlb list shows the names: {:?}",
+        rows.iter().map(|r| &r.service).collect::<Vec<_>>()
+    );
+}
+
+/// The packets in the counter rows of each service index `names` names (without what the
+/// assured flows hold pending).
+fn counter_rows(
+    s: &Scenario,
+    names: &std::collections::BTreeMap<u32, String>,
+) -> std::collections::BTreeMap<u32, u64> {
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&xlb_tests::pins(&s.agent.pins))
+        .expect("open the maps");
+    names
+        .keys()
+        .map(|id| (*id, maps.service_counter(*id).packets))
+        .collect()
 }
 
 /// Each programmed backend's address and port with its index and generation.
