@@ -575,6 +575,18 @@ mod tests {
         source::file,
     };
 
+    #[test]
+    fn without_a_names_file_services_are_shown_by_index_and_names_said_unavailable() {
+        let pins =
+            Pins::open(std::path::Path::new("/nonexistent/xlb-list-no-names")).expect("no pins");
+        let why = names_unavailable(&pins).expect("no names file");
+        assert!(
+            why.starts_with("names unavailable") && why.contains("_nonexistent_xlb-list-no-names"),
+            "{why}"
+        );
+        assert_eq!(name_of(&Desired::default(), 7), "#7");
+    }
+
     /// Two Services sharing one endpoint address and port, one of them alone on another.
     const YAML: &str = "\
 apiVersion: v1

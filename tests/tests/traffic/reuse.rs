@@ -105,14 +105,11 @@ fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
 /// copied their entries over, replaced the programs and removed the previous pins.
 #[test]
 fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
-    let Some(mut s) = synced("xu", 3) else {
+    let Some(mut s) = upgrade_lab("xu") else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
-        .expect("dns programmed");
     const N: usize = 6;
-    let (mut tcp, udp, first) = open_flows(&s, N);
-    assert_spread(&first);
+    let (mut tcp, udp, first) = spread_flows(&s, N);
 
     // The previous layout's pins, as its agent leaves them; its programs keep forwarding.
     s.agent.stop();
@@ -136,21 +133,11 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
             "{old} still pinned: {text}"
         );
     }
-    assert_eq!(
-        ask_all(&mut tcp, &udp, "after the upgrade"),
-        first,
-        "every flow keeps its backend"
-    );
     assert!(
         text.contains(&format!("conntrack={entries}")),
         "every entry copied: {text}"
     );
-    assert_eq!(
-        counts(&s),
-        misses,
-        "no flow was picked up mid-stream or lost its backend"
-    );
-    assert_new_flows_served(&s);
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
 }
 
 /// An agent with slot ranges takes over the pins of the layout before them (`XLB_SVC_V2`: a
@@ -161,11 +148,9 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
 /// none is picked up mid-stream.
 #[test]
 fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
-    let Some(mut s) = synced("xus", 3) else {
+    let Some(mut s) = upgrade_lab("xus") else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
-        .expect("dns programmed");
     // web's first backend leaves and comes back: it holds another index and generation than
     // an agent starting afresh would give it, so only adopted indices keep its flows.
     let all = backends(3);
@@ -175,8 +160,7 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
             .expect("web's backends");
     }
     const N: usize = 6;
-    let (mut tcp, udp, first) = open_flows(&s, N);
-    assert_spread(&first);
+    let (mut tcp, udp, first) = spread_flows(&s, N);
 
     // The layout before slot ranges, as its agent leaves it; its programs keep forwarding.
     let indices_before = backend_indices(&s);
@@ -205,17 +189,7 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         indices_before,
         "every backend keeps its index and generation"
     );
-    assert_eq!(
-        ask_all(&mut tcp, &udp, "after the upgrade"),
-        first,
-        "every flow keeps its backend"
-    );
-    assert_eq!(
-        counts(&s),
-        misses,
-        "no flow was picked up mid-stream or lost its backend"
-    );
-    assert_new_flows_served(&s);
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
 }
 
 /// The layout before the names left the kernel (`prev::MAP_SVC_NAME`: a names map, no names
@@ -224,14 +198,11 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
 /// mid-stream, and the services' counters go on (the indices named keep theirs).
 #[test]
 fn names_leave_the_kernel_without_breaking_a_flow() {
-    let Some(mut s) = synced("xun", 3) else {
+    let Some(mut s) = upgrade_lab("xun") else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
-        .expect("dns programmed");
     const N: usize = 4;
-    let (mut tcp, udp, first) = open_flows(&s, N);
-    assert_spread(&first);
+    let (mut tcp, udp, first) = spread_flows(&s, N);
 
     // The names in the kernel, as an agent of that layout leaves them.
     s.agent.stop();
@@ -253,17 +224,53 @@ fn names_leave_the_kernel_without_breaking_a_flow() {
         before,
         "the services' counters go on (not zeroed as for an index handed out anew)"
     );
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
+}
+
+/// A synced lab of 3 backends whose dns service is programmed too.
+fn upgrade_lab(tag: &str) -> Option<Scenario> {
+    let mut s = synced(tag, 3)?;
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
+        .expect("dns programmed");
+    Some(s)
+}
+
+/// [`open_flows`], spread over more than one backend.
+fn spread_flows(
+    s: &Scenario,
+    n: usize,
+) -> (
+    Vec<std::net::TcpStream>,
+    Vec<std::net::UdpSocket>,
+    Vec<String>,
+) {
+    let flows = open_flows(s, n);
+    assert_spread(&flows.2);
+    flows
+}
+
+/// After an upgrade: each flow still answered by the backend it first had, none picked up
+/// mid-stream or lost its backend (`misses` as before), new flows served.
+fn assert_flows_kept(
+    s: &Scenario,
+    (tcp, udp, first): (
+        &mut [std::net::TcpStream],
+        &[std::net::UdpSocket],
+        &[String],
+    ),
+    misses: (u64, u64),
+) {
     assert_eq!(
-        ask_all(&mut tcp, &udp, "after the upgrade"),
+        ask_all(tcp, udp, "after the upgrade"),
         first,
         "every flow keeps its backend"
     );
     assert_eq!(
-        counts(&s),
+        counts(s),
         misses,
         "no flow was picked up mid-stream or lost its backend"
     );
-    assert_new_flows_served(&s);
+    assert_new_flows_served(s);
 }
 
 /// The names in the agent's names file, by service index.
