@@ -42,7 +42,7 @@ pub struct KernelMaps {
     backend_capacity: u32,
     src_range_capacity: u32,
     src_range6_capacity: u32,
-    names_capacity: u32,
+    service_ports_capacity: u32,
     maglev_capacity: u32,
     filter_size: lb_common::FilterSize,
 }
@@ -203,7 +203,8 @@ impl KernelMaps {
         let backend_capacity = capacity(&backends).min(backend_stats.0.stride());
         let src_range_capacity = capacity(&src_ranges);
         let src_range6_capacity = capacity(&src_ranges6);
-        let names_capacity = svc_stats.0.stride();
+        // Service indices: as many as the per-service counter array has a row for.
+        let service_ports_capacity = svc_stats.0.stride();
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
@@ -241,7 +242,7 @@ impl KernelMaps {
             backend_capacity,
             src_range_capacity,
             src_range6_capacity,
-            names_capacity,
+            service_ports_capacity,
             maglev_capacity,
             filter_size,
         })
@@ -297,7 +298,7 @@ impl KernelMaps {
             backends: self.backend_capacity,
             src_ranges: self.src_range_capacity,
             src_ranges6: self.src_range6_capacity,
-            services: self.names_capacity,
+            services: self.service_ports_capacity,
             maglev: self.maglev_capacity,
             filter: self.filter_size,
         }
