@@ -7,14 +7,13 @@ use core::mem::size_of;
 use crate::maps::*;
 
 /// Every map the object defines, in the order `xlb cleanup` removes them.
-pub const ALL_MAPS: [&str; 19] = [
+pub const ALL_MAPS: [&str; 18] = [
     MAP_SVC,
     MAP_SLOT,
     MAP_BACKEND,
     MAP_CT,
     MAP_CT_ASSURED,
     MAP_STATS,
-    MAP_SVC_NAME,
     MAP_SVC_STATS,
     MAP_BACKEND_STATS,
     MAP_AFFINITY,
@@ -114,7 +113,7 @@ pub const fn kind_name(kind: u32) -> &'static str {
 }
 
 /// Every pinned map, in [`ALL_MAPS`] order.
-pub const MAP_DEFS: [MapDef; 19] = [
+pub const MAP_DEFS: [MapDef; 18] = [
     def(
         MAP_SVC,
         kind::HASH,
@@ -153,19 +152,12 @@ pub const MAP_DEFS: [MapDef; 19] = [
     )
     .doc(r#""#, r#"reason code → `Counter{packets, bytes}` (V5: `ct_assured_full` added; V6: `reply_in`, `snat_out` of tc egress; V7: `ct_superseded`; V8: `dsr_in`, `dsr_out`; an agent removes a pinned `XLB_STATS_V4` … `_V7`, so counters restart on that upgrade)"#, r#"datapath"#, r#"29 entries (one per reason code)"#),
     def(
-        MAP_SVC_NAME,
-        kind::HASH,
-        size_of::<u32>(),
-        size_of::<SvcName>(),
-    )
-    .doc(r#""#, r#"service index → `namespace/name:port` (for `xlb list`; the datapath never reads it)"#, r#"agent"#, r#"65,536 by default (`--service-ports-max`; by default one per `--service-map-max` entry, at least 65,536)"#),
-    def(
         MAP_SVC_STATS,
         kind::ARRAY,
         size_of::<u32>(),
         size_of::<Counter>(),
     )
-    .doc(r#", a row per CPU"#, r#"`cpu × XLB_SVC_STRIDE + service index` → `Counter{packets, bytes}` forwarded for the service, both directions (V3 as `XLB_BESTAT_V3`)"#, r#"datapath adds to its CPU's row (an assured flow's packets about once a second, from its conntrack entries' `pending`); the agent zeroes an index in every row when it hands it out"#, r#"the names map's size per possible CPU, preallocated"#),
+    .doc(r#", a row per CPU"#, r#"`cpu × XLB_SVC_STRIDE + service index` → `Counter{packets, bytes}` forwarded for the service, both directions (V3 as `XLB_BESTAT_V3`)"#, r#"datapath adds to its CPU's row (an assured flow's packets about once a second, from its conntrack entries' `pending`); the agent zeroes an index in every row when it hands it out"#, r#"65,536 by default (`--service-ports-max`; by default one per `--service-map-max` entry, at least 65,536) per possible CPU, preallocated"#),
     def(
         MAP_BACKEND_STATS,
         kind::ARRAY,

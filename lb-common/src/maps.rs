@@ -45,9 +45,6 @@ pub const RETIRED_PINS: [&str; 8] = [
     "XLB_BESTAT_V2",
     "XLB_MAGLEV_V1",
 ];
-/// Service names for `xlb list`; written by the agent, never read by the datapath.
-pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
-
 /// Per-service counters, one row per CPU (V3: a plain array laid out CPU-major, CPU `c`'s
 /// counter of service index `i` at `c × stride + i`, one cache miss to reach where V2's
 /// per-CPU array made two dependent ones; V1 was a hash that allocated on the sync path);
@@ -294,8 +291,9 @@ pub const SVC_MAP_CAPACITY: u32 = 65_536;
 pub const BACKEND_MAP_CAPACITY: u32 = 262_144;
 /// Default conntrack capacity (two entries per flow: forward and reply).
 pub const CT_MAP_CAPACITY: u32 = 262_144;
-/// Default name and per-service counter map capacity (one per frontend; service indices
-/// `1..capacity`).
+/// Default capacity of the per-service arrays (the counters; service indices
+/// `1..capacity`, one per service port). The name is the retired names map's
+/// (`prev::MAP_SVC_NAME`), which had this capacity.
 pub const SVC_NAME_MAP_CAPACITY: u32 = 65_536;
 /// Most backends one service port may have (slots 1..=MAX_BACKENDS_PER_SVC): the largest
 /// slot range (a power of two).
@@ -695,10 +693,11 @@ pub struct Counter {
 }
 const _: () = assert!(core::mem::size_of::<Counter>() == 16);
 
-/// Longest service name kept in the names map (`namespace/name:port/proto`, truncated).
+/// Longest service name the agent keeps (`namespace/name:port/proto`, truncated).
 pub const SVC_NAME_LEN: usize = 128;
 
-/// Value of the names map.
+/// A service port's name as the agent holds it (the names file beside the pins, not a
+/// kernel map), and the value of the retired names map (`prev::MAP_SVC_NAME`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct SvcName {

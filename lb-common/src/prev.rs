@@ -29,6 +29,12 @@ pub const REPLACED: [&str; 7] = [
 /// (`XLB_BE_V2`, conntrack and affinity carry over as they are).
 pub const MAP_SVC_V2: &str = "XLB_SVC_V2";
 
+/// The names map of earlier layouts: service index → [`crate::SvcName`] (a hash, 4 B →
+/// 128 B), written by the agent for `xlb list`, never read by the programs. The names left
+/// the kernel (a file beside the pins now): an agent that finds it pinned writes its names
+/// to that file, then removes it after its first sync.
+pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
+
 /// `XLB_SVC_V2`'s key (and `XLB_SVC_V1`'s): a frontend and a slot (0: its entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]

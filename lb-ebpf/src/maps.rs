@@ -11,7 +11,7 @@ use lb_common::{
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, MAGLEV_MAP_CAPACITY, MaglevRow,
     NodeConfig, R_COUNT, SOCK_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
     SLOT_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey,
-    SvcName, SvcValue, XDP_TX_MAP_CAPACITY,
+    SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break: a frontend's slots before its entry),
@@ -187,12 +187,6 @@ pub fn src_range6_key(svc_id: u32, addr_be: &[u32; 4]) -> Key<SrcRangeKey6> {
         },
     )
 }
-
-/// Service names for humans. Written by the agent, never read here.
-/// svc id (u32) → `SvcName`. 4 B → 128 B, 65,536 entries, no eviction.
-#[btf_map]
-pub static XLB_SVCNAME_V1: HashMap<u32, SvcName, { SVC_NAME_MAP_CAPACITY as usize }> =
-    HashMap::new();
 
 /// Per-service counters. Written here (each CPU adds to its own row), zeroed by the agent
 /// when it hands a service index out, read by `xlb list` and metrics.

@@ -15,6 +15,7 @@ pub struct Removed {
 pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
     let mut removed = Removed::default();
     if !dir.exists() {
+        remove_files_beside(dir)?;
         return Ok(removed);
     }
     // Ingress (tc, XDP) and socket hooks first, egress last: a packet that met xlb's
@@ -56,7 +57,12 @@ pub fn cleanup(dir: &Path) -> std::io::Result<Removed> {
         }
     }
     std::fs::remove_dir(dir)?;
-    // The agent's list of failing frontends, kept beside the pins.
-    crate::datapath::status_file::remove(dir)?;
+    remove_files_beside(dir)?;
     Ok(removed)
+}
+
+/// The agent's list of failing frontends and its names file, kept beside the pins.
+fn remove_files_beside(dir: &Path) -> std::io::Result<()> {
+    crate::datapath::status_file::remove(dir)?;
+    crate::datapath::names_file::remove(dir)
 }

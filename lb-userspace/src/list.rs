@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use crate::{
     datapath::{
-        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, pending::Pending,
-        pins::Pins, status_file, writer::MapWriter,
+        DatapathError, clock::monotonic_coarse_ns, kernel::KernelMaps, names_file,
+        pending::Pending, pins::Pins, status_file, writer::MapWriter,
     },
     desired::{Desired, show_maglev},
     model::{IpFamily, Protocol},
@@ -80,6 +80,18 @@ pub struct CounterRow {
 fn read_state(pins: &Pins) -> Result<Desired, DatapathError> {
     let maps = KernelMaps::open(pins)?;
     Ok(maps.read()?)
+}
+
+/// Why the services are shown by index, when they are: the agent's names file (beside the
+/// pins, `datapath::names_file`) is missing.
+pub fn names_unavailable(pins: &Pins) -> Option<String> {
+    let path = names_file::path(pins.dir());
+    (!path.exists()).then(|| {
+        format!(
+            "names unavailable: no names file {} (no agent of this version has run with these pins since boot): services are shown by index (#N)",
+            path.display()
+        )
+    })
 }
 
 fn name_of(state: &Desired, svc_id: u32) -> String {
@@ -488,7 +500,7 @@ pub struct MapUsage {
 /// (their entries: the slots the service entries read, the backends the slots name; the
 /// counter arrays have one slot per index, in use or not).
 pub fn map_usage(pins: &Pins) -> Result<Vec<MapUsage>, DatapathError> {
-    use lb_common::{MAP_BACKEND, MAP_SLOT, MAP_SVC, MAP_SVC_NAME, SvcKey, SvcName, SvcValue};
+    use lb_common::{MAP_BACKEND, MAP_SLOT, MAP_SVC, SvcKey, SvcValue};
     fn usage<K: aya::Pod, V: aya::Pod>(
         pins: &Pins,
         name: &'static str,
@@ -529,7 +541,6 @@ pub fn map_usage(pins: &Pins) -> Result<Vec<MapUsage>, DatapathError> {
         usage::<CtKey, CtValue>(pins, MAP_CT_ASSURED)?,
         usage::<CtKey6, CtValue6>(pins, MAP_CT6)?,
         usage::<CtKey6, CtValue6>(pins, MAP_CT6_ASSURED)?,
-        usage::<u32, SvcName>(pins, MAP_SVC_NAME)?,
         src_range_usage::<lb_common::SrcRangeKey>(pins, lb_common::MAP_SRC_RANGE)?,
         src_range_usage::<lb_common::SrcRangeKey6>(pins, lb_common::MAP_SRC_RANGE6)?,
     ])
@@ -563,6 +574,18 @@ mod tests {
         reconcile::Ids,
         source::file,
     };
+
+    #[test]
+    fn without_a_names_file_services_are_shown_by_index_and_names_said_unavailable() {
+        let pins =
+            Pins::open(std::path::Path::new("/nonexistent/xlb-list-no-names")).expect("no pins");
+        let why = names_unavailable(&pins).expect("no names file");
+        assert!(
+            why.starts_with("names unavailable") && why.contains("_nonexistent_xlb-list-no-names"),
+            "{why}"
+        );
+        assert_eq!(name_of(&Desired::default(), 7), "#7");
+    }
 
     /// Two Services sharing one endpoint address and port, one of them alone on another.
     const YAML: &str = "\

@@ -46,7 +46,7 @@ impl LoadedDatapath {
             e
         };
         let mut ebpf = loader::load(EBPF_OBJECT, &pins, sizes).map_err(|e| fail(chain(&e)))?;
-        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| fail(chain(&e)))?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf, &pins).map_err(|e| fail(chain(&e)))?;
         Ok(Self {
             ebpf,
             maps,

@@ -4,7 +4,7 @@
 //! programs attached keep forwarding those flows from the maps they hold (as the previous
 //! layout's programs would until an upgrade replaces them).
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use aya::maps::{HashMap, MapData};
 use aya_obj::{
@@ -16,7 +16,7 @@ use lb_common::{
     MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_SLOT, MAP_SRC_RANGE, MAP_SVC, MAP_SVC_STATS, kind,
     prev,
 };
-use lb_userspace::datapath::{kernel::KernelMaps, writer::MapWriter};
+use lb_userspace::datapath::{kernel::KernelMaps, names_file, writer::MapWriter};
 
 /// The previous layout's backend ids are this layout's indices plus this…
 pub const BACKEND_ID_OFFSET: u32 = 1000;
@@ -177,7 +177,34 @@ pub fn downgrade_slots(dir: &Path) -> Result<usize, String> {
         std::fs::remove_file(dir.join(name)).map_err(|e| format!("unpin {name}: {e}"))?;
     }
     write_slotted(dir, prev::MAP_SVC_V2, &state, (0, 0))?;
+    // That layout kept the names in the kernel too.
+    downgrade_names(dir)?;
     Ok(state.services.len())
+}
+
+/// Moves the names of the agent's names file under `dir` into the names map of the layouts
+/// before the names left the kernel (`prev::MAP_SVC_NAME`, pinned there), and removes the
+/// file: the pins as such an agent leaves them. Returns the names, by service index.
+pub fn downgrade_names(dir: &Path) -> Result<BTreeMap<u32, String>, String> {
+    let names = names_file::read(dir)
+        .map_err(|e| format!("names file: {e}"))?
+        .ok_or("no names file")?;
+    let map = create(
+        dir,
+        prev::MAP_SVC_NAME,
+        kind::HASH,
+        std::mem::size_of::<u32>(),
+        std::mem::size_of::<lb_common::SvcName>(),
+        lb_common::SVC_NAME_MAP_CAPACITY,
+        0,
+    )?;
+    let mut map: HashMap<MapData, u32, lb_common::SvcName> = hash(map)?;
+    for (id, name) in &names {
+        map.insert(id, lb_common::user::svc_name(name), 0)
+            .map_err(|e| e.to_string())?;
+    }
+    names_file::remove(dir).map_err(|e| format!("names file: {e}"))?;
+    Ok(names)
 }
 
 /// The previous layout's backend map (a hash, no slots).

@@ -21,7 +21,7 @@ use crate::{
     reconcile::{GoneUdp, Reconciler, Synced as SyncedBooks},
     serve::{
         health::Health,
-        metrics::{Metrics, MetricsOptions, Synced},
+        metrics::{Metrics, MetricsOptions, PerServiceOptions, Synced},
         service_health::ServiceHealth,
     },
 };
@@ -63,12 +63,20 @@ impl<'o> Running<'o> {
     /// Loads the datapath, serves the HTTP endpoints, starts the source.
     pub(super) fn start(opts: &'o AgentOptions) -> Result<Self, AgentError> {
         let mut phase = Machine::default();
-        let started = start::load(&opts.datapath, &opts.sockets)?;
+        let mut started = start::load(&opts.datapath, &opts.sockets)?;
+        // The per-service series' names: the agent's own, as it writes them.
+        let per_service = opts
+            .servers
+            .metrics_per_service
+            .map(|limit| PerServiceOptions {
+                limit,
+                names: started.maps.share_names(started.books.programmed()),
+            });
         let health = Arc::new(Health::new(Duration::from_secs(10).max(opts.poll * 20)));
         let metrics = Arc::new(Metrics::new(
             MetricsOptions {
                 pins: started.pins.clone(),
-                per_service: opts.servers.metrics_per_service,
+                per_service,
             },
             Some(health.clone()),
         ));

@@ -73,7 +73,14 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
             None
         }
     };
-    let maps = KernelMaps::from_ebpf(&mut ebpf)?;
+    // The names of the previous layout's names map, before the maps are read.
+    if let Some(names) = upgrade::adopt_names(&pins)? {
+        info!(
+            names,
+            "wrote the names of the previous layout's names map to the names file"
+        );
+    }
+    let maps = KernelMaps::from_ebpf(&mut ebpf, &opts.bpffs)?;
     let mut current = maps.read().map_err(DatapathError::from)?;
     current.filter = maps.read_filter().map_err(DatapathError::from)?;
     info!(

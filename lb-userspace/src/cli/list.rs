@@ -168,6 +168,10 @@ pub fn run(args: ListArgs) -> Result<()> {
     let ctx = || format!("reading pinned maps in {}", args.bpffs.display());
     let pins = &Pins::open(&args.bpffs).with_context(ctx)?;
     let output = args.output;
+    let named = !matches!(args.what, ListWhat::Counters);
+    if let Some(why) = list::names_unavailable(pins).filter(|_| named) {
+        eprintln!("xlb list: {why}");
+    }
     match args.what {
         ListWhat::Services => show(&list::services(pins).with_context(ctx)?, output),
         ListWhat::Backends => show(&list::backends(pins).with_context(ctx)?, output),

@@ -9,26 +9,28 @@ use aya::maps::{
 };
 use lb_common::{
     Backend, Counter, MAGLEV_ROW_SLOTS, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS,
-    MAP_CONFIG, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME,
-    MAP_SVC_STATS, MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
+    MAP_CONFIG, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
+    MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
+    user::{svc_name, svc_name_str},
 };
 
 use super::{
     DatapathError, batch,
+    names_file::{NamesLog, ServiceNames},
     pins::Pins,
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
 use crate::desired::{Desired, MaglevTable, SrcRange, SvcEntry};
 
-/// The maps the agent writes. A service index's counters are zeroed when its name is
-/// first written, a backend index's when the backend is written (a new index or a new
-/// generation there).
+/// The maps the agent writes, and the service ports' names (in a file beside the pins:
+/// `datapath::names_file`). A service index's counters are zeroed when its name is first written,
+/// a backend index's when the backend is written (a new index or a new generation there).
 pub struct KernelMaps {
     svc: HashMap<MapData, SvcKey, SvcValue>,
     slots: Array<MapData, u32>,
     backends: Array<MapData, Backend>,
-    names: HashMap<MapData, u32, SvcName>,
+    names: NamesLog,
     svc_stats: Counters,
     backend_stats: Counters,
     src_ranges: LpmTrie<MapData, SrcRangeKey, u32>,
@@ -40,7 +42,7 @@ pub struct KernelMaps {
     backend_capacity: u32,
     src_range_capacity: u32,
     src_range6_capacity: u32,
-    names_capacity: u32,
+    service_ports_capacity: u32,
     maglev_capacity: u32,
     filter_size: lb_common::FilterSize,
 }
@@ -181,8 +183,8 @@ fn capacity(map: &Map) -> u32 {
 }
 
 impl KernelMaps {
-    /// Takes the maps out of a loaded object.
-    pub fn from_ebpf(ebpf: &mut aya::Ebpf) -> Result<Self, DatapathError> {
+    /// Takes the maps out of a loaded object pinned in `dir`.
+    pub fn from_ebpf(ebpf: &mut aya::Ebpf, dir: &std::path::Path) -> Result<Self, DatapathError> {
         let mut take = |name: &'static str| {
             ebpf.take_map(name)
                 .ok_or(DatapathError::MapMissing { name })
@@ -190,7 +192,7 @@ impl KernelMaps {
         Self::from_maps(
             [take(MAP_SVC)?, take(MAP_SLOT)?],
             take(MAP_BACKEND)?,
-            take(MAP_SVC_NAME)?,
+            NamesLog::new(dir),
             take(MAP_SVC_STATS)?,
             take(MAP_BACKEND_STATS)?,
             [take(MAP_SRC_RANGE)?, take(MAP_SRC_RANGE6)?],
@@ -203,7 +205,7 @@ impl KernelMaps {
         Self::from_maps(
             [pins.map(MAP_SVC)?, pins.map(MAP_SLOT)?],
             pins.map(MAP_BACKEND)?,
-            pins.map(MAP_SVC_NAME)?,
+            NamesLog::new(pins.dir()),
             pins.map(MAP_SVC_STATS)?,
             pins.map(MAP_BACKEND_STATS)?,
             [pins.map(MAP_SRC_RANGE)?, pins.map(MAP_SRC_RANGE6)?],
@@ -214,7 +216,7 @@ impl KernelMaps {
     fn from_maps(
         [svc, slots]: [Map; 2],
         backends: Map,
-        names: Map,
+        names: NamesLog,
         stats: Map,
         backend_stats: Map,
         [src_ranges, src_ranges6]: [Map; 2],
@@ -229,7 +231,8 @@ impl KernelMaps {
         let backend_capacity = capacity(&backends).min(backend_stats.0.stride());
         let src_range_capacity = capacity(&src_ranges);
         let src_range6_capacity = capacity(&src_ranges6);
-        let names_capacity = capacity(&names).min(svc_stats.0.stride());
+        // Service indices: as many as the per-service counter array has a row for.
+        let service_ports_capacity = svc_stats.0.stride();
         Ok(Self {
             svc: HashMap::try_from(svc).map_err(|source| DatapathError::Map {
                 name: MAP_SVC,
@@ -243,10 +246,7 @@ impl KernelMaps {
                 name: MAP_BACKEND,
                 source,
             })?,
-            names: HashMap::try_from(names).map_err(|source| DatapathError::Map {
-                name: MAP_SVC_NAME,
-                source,
-            })?,
+            names,
             svc_stats,
             backend_stats,
             src_ranges: LpmTrie::try_from(src_ranges).map_err(|source| DatapathError::Map {
@@ -270,7 +270,7 @@ impl KernelMaps {
             backend_capacity,
             src_range_capacity,
             src_range6_capacity,
-            names_capacity,
+            service_ports_capacity,
             maglev_capacity,
             filter_size,
         })
@@ -306,6 +306,18 @@ impl KernelMaps {
         Ok(bits)
     }
 
+    /// The names as written from now on, in memory, starting from `programmed`'s: what the
+    /// metrics' per-service series read.
+    pub fn share_names(&mut self, programmed: &Desired) -> ServiceNames {
+        let names: Vec<(u32, String)> = programmed
+            .names
+            .iter()
+            .map(|(id, n)| (*id, svc_name_str(n)))
+            .collect();
+        self.names
+            .share(names.iter().map(|(id, n)| (*id, n.as_str())))
+    }
+
     /// Capacities of the service and backend maps as the kernel reports them.
     pub fn limits(&self) -> crate::desired::Limits {
         crate::desired::Limits {
@@ -314,7 +326,7 @@ impl KernelMaps {
             backends: self.backend_capacity,
             src_ranges: self.src_range_capacity,
             src_ranges6: self.src_range6_capacity,
-            services: self.names_capacity,
+            services: self.service_ports_capacity,
             maglev: self.maglev_capacity,
             filter: self.filter_size,
         }
@@ -386,9 +398,12 @@ impl MapWriter for KernelMaps {
                 d.backends.insert(id, *be);
             }
         }
-        for kv in self.names.iter() {
-            let (k, v) = kv.map_err(|e| read_err(MAP_SVC_NAME, e))?;
-            d.names.insert(k, v);
+        let names = self
+            .names
+            .read()
+            .map_err(|e| names_err("read", "names".into(), &e))?;
+        for (id, name) in names.into_iter().flatten() {
+            d.names.insert(id, svc_name(&name));
         }
         for k in self.src_ranges.keys() {
             let k = k.map_err(|e| read_err(MAP_SRC_RANGE, e))?;
@@ -482,18 +497,21 @@ impl MapWriter for KernelMaps {
 
     fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
         // A service index without a name is handed out anew: its counters start from zero.
-        if matches!(self.names.get(&id, 0), Err(MapError::KeyNotFound)) {
+        let named = self
+            .names
+            .named(id)
+            .map_err(|e| names_err("read", format!("name {id}"), &e))?;
+        if !named {
             self.svc_stats.zero(id)?;
         }
-        self.names
-            .insert(id, name, 0)
-            .map_err(|e| err(MAP_SVC_NAME, "insert", format!("name {id}"), &e, 0))
+        self.write_names(&[(id, name)])
+            .map_err(|e| names_err("append", format!("name {id}"), &e))
     }
 
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {
         self.names
-            .remove(&id)
-            .map_err(|e| err(MAP_SVC_NAME, "delete", format!("name {id}"), &e, 0))
+            .write(&[(id, None)])
+            .map_err(|e| names_err("append", format!("removal of name {id}"), &e))
     }
 
     fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError> {
@@ -596,17 +614,34 @@ impl MapWriter for KernelMaps {
         if list.len() < BATCH_MIN || !self.svc_stats.zero_batch(&fresh) {
             return one_by_one(list, |(id, name, _)| self.put_name(*id, name));
         }
-        let ids: Vec<u32> = list.iter().map(|x| x.0).collect();
-        let values: Vec<SvcName> = list.iter().map(|x| x.1).collect();
-        let fd = aya::maps::IterableMap::map(&self.names).fd().as_fd();
-        let size = std::mem::size_of::<SvcName>();
-        match batch::update(fd, &ids, batch::bytes(&values), size) {
+        // The counters zeroed: the names in one append.
+        let names: Vec<(u32, &SvcName)> = list.iter().map(|(id, n, _)| (*id, n)).collect();
+        match self.write_names(&names) {
             Ok(()) => Vec::new(),
-            Err((done, _)) => one_by_one(&list[done..], |(id, name, _)| self.put_name(*id, name))
-                .into_iter()
-                .map(|(i, e)| (i + done, e))
+            Err(e) => (0..list.len())
+                .map(|i| (i, names_err("append", format!("name {}", list[i].0), &e)))
                 .collect(),
         }
+    }
+}
+
+impl KernelMaps {
+    /// Appends `names` to the names file.
+    fn write_names(&mut self, names: &[(u32, &SvcName)]) -> std::io::Result<()> {
+        let text: Vec<(u32, String)> = names.iter().map(|(id, n)| (*id, svc_name_str(n))).collect();
+        let changes: Vec<(u32, Option<&str>)> =
+            text.iter().map(|(id, n)| (*id, Some(n.as_str()))).collect();
+        self.names.write(&changes)
+    }
+}
+
+/// A names file write (or read) that failed, as a map write's error.
+fn names_err(op: &'static str, entry: String, e: &std::io::Error) -> WriteError {
+    WriteError {
+        map: "names file",
+        op,
+        entry,
+        cause: e.to_string(),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod kernel;
 pub mod kernel_ct;
 pub mod links;
 pub mod loader;
+pub mod names_file;
 pub mod netfilter;
 pub mod netif;
 pub mod pending;
@@ -99,6 +100,12 @@ pub enum DatapathError {
     },
     #[error(transparent)]
     Write(#[from] writer::WriteError),
+    #[error("names file {path}: {source} (is /run writable?)", path = path.display())]
+    NamesFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cgroup {cgroup}: cannot attach the socket hooks: {reason}")]
     Socket { cgroup: PathBuf, reason: String },
     #[error("the programs' debug log (--bpf-log): {reason}")]

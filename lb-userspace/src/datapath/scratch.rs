@@ -1,5 +1,5 @@
 //! A second instance of the datapath for `xlb trace`: the same object loaded again with the
-//! agent's service state reused from its pins (services, backends, names, node config,
+//! agent's service state reused from its pins (services, backends, node config,
 //! source ranges, address filters) and fresh, unpinned copies of every map the programs
 //! write (conntrack of both families, affinity, socket translations, counters). The live
 //! flow (IPv4 and IPv6) and affinity entries are copied into the fresh maps first, so a
@@ -16,8 +16,8 @@ use aya::{
 use lb_common::{
     AffinityKey, AffinityValue, Counter, CtKey, CtKey6, CtValue, CtValue6, MAP_ADDR_FILTER,
     MAP_AFFINITY, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CONFIG, MAP_CT, MAP_CT_ASSURED, MAP_CT6,
-    MAP_CT6_ASSURED, MAP_SOCK, MAP_SRC_RANGE, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
-    MAP_XDP_TX, R_COUNT,
+    MAP_CT6_ASSURED, MAP_SOCK, MAP_SRC_RANGE, MAP_STATS, MAP_SVC, MAP_SVC_STATS, MAP_XDP_TX,
+    R_COUNT,
 };
 
 use super::{
@@ -28,11 +28,10 @@ use super::{
 
 /// The maps a trace reads from the agent's pins and never writes (the programs only read
 /// them).
-pub const SHARED_MAPS: [&str; 10] = [
+pub const SHARED_MAPS: [&str; 9] = [
     MAP_SVC,
     lb_common::MAP_SLOT,
     MAP_BACKEND,
-    MAP_SVC_NAME,
     MAP_CONFIG,
     MAP_SRC_RANGE,
     lb_common::MAP_SRC_RANGE6,

@@ -7,7 +7,7 @@ use std::path::Path;
 use lb_common::{
     AFFINITY_MAP_CAPACITY, BACKEND_MAP_CAPACITY, FilterSize, MAP_ADDR_FILTER, MAP_AFFINITY,
     MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_SLOT,
-    MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
+    MAP_SVC, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
 };
 
 use super::{
@@ -35,8 +35,8 @@ pub struct MapSizes {
     pub backends: u32,
     /// ClientIP affinity entries (one per client and service).
     pub affinity: u32,
-    /// Service ports (frontends): the per-service arrays, names and counters, indexed by
-    /// service index (`1..service_ports`).
+    /// Service ports (frontends): the per-service counters, indexed by service index
+    /// (`1..service_ports`).
     pub service_ports: u32,
     /// Maglev tables (64 KiB of kernel memory each, allocated as they are written).
     pub maglev: u32,
@@ -86,7 +86,7 @@ pub fn conntrack_entries(max_per_core: u32, min: u32, cpus: u32) -> u32 {
 impl MapSizes {
     /// Each sized map's name and size (max entries) on a machine with `cpus` possible CPUs:
     /// the counter arrays hold a row per CPU.
-    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 13] {
+    pub fn by_map(&self, cpus: u32) -> [(&'static str, u32); 12] {
         [
             (MAP_CT, self.conntrack),
             (MAP_CT_ASSURED, self.conntrack),
@@ -97,7 +97,6 @@ impl MapSizes {
             (MAP_BACKEND, self.backends),
             (MAP_BACKEND_STATS, rows::entries(self.backends, cpus)),
             (MAP_AFFINITY, self.affinity),
-            (MAP_SVC_NAME, self.service_ports),
             (MAP_SVC_STATS, rows::entries(self.service_ports, cpus)),
             (lb_common::MAP_MAGLEV, self.maglev),
             (MAP_ADDR_FILTER, self.filter().entries()),

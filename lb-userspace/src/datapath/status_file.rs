@@ -33,8 +33,15 @@ pub struct Failing {
 /// The file of pin directory `pins`: its path with `/` as `_`
 /// (`/sys/fs/bpf/xlb` → `/run/xlb/status/_sys_fs_bpf_xlb.json`).
 pub fn path(pins: &Path) -> PathBuf {
+    beside(DIR, pins, "json")
+}
+
+/// The file of pin directory `pins` under `dir` (a tmpfs beside bpffs), with extension
+/// `ext`: the pin directory's path with `/` as `_`, so each pin directory (each parallel
+/// test's) has its own.
+pub fn beside(dir: &str, pins: &Path, ext: &str) -> PathBuf {
     let name = pins.to_string_lossy().replace('/', "_");
-    Path::new(DIR).join(format!("{name}.json"))
+    Path::new(dir).join(format!("{name}.{ext}"))
 }
 
 /// Replaces the list of `pins`' agent.

@@ -26,6 +26,12 @@
 //! and affinity entry keeps naming the same service and backend; it writes its own service
 //! map and slot array in its first sync while the previous programs keep forwarding from
 //! `XLB_SVC_V2`, attaches its programs, then removes that pin. Nothing is copied.
+//!
+//! The names map (`prev::MAP_SVC_NAME`, pinned by every layout before the names left the
+//! kernel) holds no state the programs read: at start the agent writes its names to the
+//! names file ([`adopt_names`], so the file says what was programmed, and the indices it
+//! names keep their counters), programs its maps in its first sync (writing to the file
+//! what changed), attaches its programs and removes that pin, as for `XLB_SVC_V2`.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -35,7 +41,7 @@ use lb_common::{
     MAP_BACKEND, MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
 };
 
-use super::{DatapathError, pins::Pins};
+use super::{DatapathError, names_file, pins::Pins};
 use crate::desired::{Desired, SvcEntry};
 
 /// The previous layout's pins in a directory, and what its ids meant.
@@ -283,7 +289,8 @@ impl Previous {
     pub fn find(pins: &Pins) -> Result<Option<Self>, DatapathError> {
         let dir = pins.dir();
         let v1 = prev::REPLACED.iter().any(|m| dir.join(m).exists());
-        if !v1 && !dir.join(prev::MAP_SVC_V2).exists() {
+        let later = [prev::MAP_SVC_V2, prev::MAP_SVC_NAME];
+        if !v1 && !later.iter().any(|m| dir.join(m).exists()) {
             return Ok(None);
         }
         let backends = entries::<u32, prev::Backend>(dir, prev::MAP_BACKEND)?
@@ -337,10 +344,33 @@ impl Previous {
     pub fn finish(self) -> usize {
         prev::REPLACED
             .iter()
-            .chain([&prev::MAP_SVC_V2])
+            .chain([&prev::MAP_SVC_V2, &prev::MAP_SVC_NAME])
             .filter(|m| std::fs::remove_file(self.pins.dir().join(m)).is_ok())
             .count()
     }
+}
+
+/// The names of the retired names map (`prev::MAP_SVC_NAME`) pinned beside this layout's
+/// maps, written as the names file when there is none yet (a file there is newer: an agent
+/// of this layout wrote it, and stopped before it removed the pin). Returns how many names,
+/// or `None` when nothing was adopted.
+pub fn adopt_names(pins: &Pins) -> Result<Option<usize>, DatapathError> {
+    let dir = pins.dir();
+    if !dir.join(prev::MAP_SVC_NAME).exists() || names_file::path(dir).exists() {
+        return Ok(None);
+    }
+    let old = entries::<u32, lb_common::SvcName>(dir, prev::MAP_SVC_NAME)?;
+    let names: Vec<(u32, String)> = old
+        .iter()
+        .map(|(id, n)| (*id, lb_common::user::svc_name_str(n)))
+        .collect();
+    let written = names_file::replace(dir, names.iter().map(|(id, n)| (*id, n.as_str()))).map_err(
+        |source| DatapathError::NamesFile {
+            path: names_file::path(dir),
+            source,
+        },
+    )?;
+    Ok(Some(written))
 }
 
 /// The frontends of the layout before slot ranges (`prev::MAP_SVC_V2`, pinned beside this

@@ -105,14 +105,11 @@ fn a_closed_flows_reply_entry_leaves_a_direct_connection_from_its_port_alone() {
 /// copied their entries over, replaced the programs and removed the previous pins.
 #[test]
 fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
-    let Some(mut s) = synced("xu", 3) else {
+    let Some(mut s) = upgrade_lab("xu") else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
-        .expect("dns programmed");
     const N: usize = 6;
-    let (mut tcp, udp, first) = open_flows(&s, N);
-    assert_spread(&first);
+    let (mut tcp, udp, first) = spread_flows(&s, N);
 
     // The previous layout's pins, as its agent leaves them; its programs keep forwarding.
     s.agent.stop();
@@ -136,21 +133,11 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
             "{old} still pinned: {text}"
         );
     }
-    assert_eq!(
-        ask_all(&mut tcp, &udp, "after the upgrade"),
-        first,
-        "every flow keeps its backend"
-    );
     assert!(
         text.contains(&format!("conntrack={entries}")),
         "every entry copied: {text}"
     );
-    assert_eq!(
-        counts(&s),
-        misses,
-        "no flow was picked up mid-stream or lost its backend"
-    );
-    assert_new_flows_served(&s);
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
 }
 
 /// An agent with slot ranges takes over the pins of the layout before them (`XLB_SVC_V2`: a
@@ -161,11 +148,9 @@ fn a_new_layout_takes_over_the_previous_layouts_flows_without_breaking_them() {
 /// none is picked up mid-stream.
 #[test]
 fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
-    let Some(mut s) = synced("xus", 3) else {
+    let Some(mut s) = upgrade_lab("xus") else {
         return;
     };
-    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
-        .expect("dns programmed");
     // web's first backend leaves and comes back: it holds another index and generation than
     // an agent starting afresh would give it, so only adopted indices keep its flows.
     let all = backends(3);
@@ -175,12 +160,13 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
             .expect("web's backends");
     }
     const N: usize = 6;
-    let (mut tcp, udp, first) = open_flows(&s, N);
-    assert_spread(&first);
+    let (mut tcp, udp, first) = spread_flows(&s, N);
 
     // The layout before slot ranges, as its agent leaves it; its programs keep forwarding.
     let indices_before = backend_indices(&s);
     s.agent.stop();
+    let names = names(&s);
+    assert!(!names.is_empty(), "the agent wrote its names");
     let frontends =
         xlb_tests::prev_layout::downgrade_slots(&s.agent.pins).expect("per-slot layout");
     assert!(frontends >= 2, "{frontends} frontends");
@@ -193,6 +179,7 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         text.contains("adopted the indices of the service map before slot ranges"),
         "{text}"
     );
+    assert_names_moved(&s, &names);
     assert!(
         !s.agent.pins.join(lb_common::prev::MAP_SVC_V2).exists(),
         "XLB_SVC_V2 still pinned: {text}"
@@ -202,17 +189,128 @@ fn slot_ranges_take_over_the_per_slot_service_map_without_breaking_a_flow() {
         indices_before,
         "every backend keeps its index and generation"
     );
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
+}
+
+/// The layout before the names left the kernel (`prev::MAP_SVC_NAME`: a names map, no names
+/// file): the agent writes the names to its file, takes over and removes the map's pin.
+/// Long-lived TCP and UDP flows keep their backends throughout, none is picked up
+/// mid-stream, and the services' counters go on (the indices named keep theirs).
+#[test]
+fn names_leave_the_kernel_without_breaking_a_flow() {
+    let Some(mut s) = upgrade_lab("xun") else {
+        return;
+    };
+    const N: usize = 4;
+    let (mut tcp, udp, first) = spread_flows(&s, N);
+
+    // The names in the kernel, as an agent of that layout leaves them.
+    s.agent.stop();
+    let names = xlb_tests::prev_layout::downgrade_names(&s.agent.pins).expect("names map");
+    assert!(names.len() >= 2, "{names:?}");
+    assert_eq!(ask_all(&mut tcp, &udp, "before the upgrade"), first);
+    let misses = counts(&s);
+    let before = counter_rows(&s, &names);
+    assert!(
+        before.values().any(|n| *n > 0),
+        "the flows' first packets are in the counter rows: {before:?}"
+    );
+
+    upgrade(&mut s);
+    assert_names_moved(&s, &names);
+    // No packet since: a service index that kept its counters has the same rows.
     assert_eq!(
-        ask_all(&mut tcp, &udp, "after the upgrade"),
+        counter_rows(&s, &names),
+        before,
+        "the services' counters go on (not zeroed as for an index handed out anew)"
+    );
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
+}
+
+/// A synced lab of 3 backends whose dns service is programmed too.
+fn upgrade_lab(tag: &str) -> Option<Scenario> {
+    let mut s = synced(tag, 3)?;
+    s.wait_backends("10.96.0.53:53/UDP", 3, Duration::from_secs(30))
+        .expect("dns programmed");
+    Some(s)
+}
+
+/// [`open_flows`], spread over more than one backend.
+fn spread_flows(
+    s: &Scenario,
+    n: usize,
+) -> (
+    Vec<std::net::TcpStream>,
+    Vec<std::net::UdpSocket>,
+    Vec<String>,
+) {
+    let flows = open_flows(s, n);
+    assert_spread(&flows.2);
+    flows
+}
+
+/// After an upgrade: each flow still answered by the backend it first had, none picked up
+/// mid-stream or lost its backend (`misses` as before), new flows served.
+fn assert_flows_kept(
+    s: &Scenario,
+    (tcp, udp, first): (
+        &mut [std::net::TcpStream],
+        &[std::net::UdpSocket],
+        &[String],
+    ),
+    misses: (u64, u64),
+) {
+    assert_eq!(
+        ask_all(tcp, udp, "after the upgrade"),
         first,
         "every flow keeps its backend"
     );
     assert_eq!(
-        counts(&s),
+        counts(s),
         misses,
         "no flow was picked up mid-stream or lost its backend"
     );
-    assert_new_flows_served(&s);
+    assert_new_flows_served(s);
+}
+
+/// The names in the agent's names file, by service index.
+fn names(s: &Scenario) -> std::collections::BTreeMap<u32, String> {
+    lb_userspace::datapath::names_file::read(&s.agent.pins)
+        .expect("names file")
+        .unwrap_or_default()
+}
+
+/// The upgraded agent wrote `names` (the previous layout's names map's) to its names file,
+/// `xlb list` shows them, and the map's pin is gone.
+fn assert_names_moved(s: &Scenario, want: &std::collections::BTreeMap<u32, String>) {
+    let text = s.agent.log_text();
+    assert!(
+        !s.agent.pins.join(lb_common::prev::MAP_SVC_NAME).exists(),
+        "{} still pinned: {text}",
+        lb_common::prev::MAP_SVC_NAME
+    );
+    assert_eq!(&names(s), want, "the names file holds the map's names");
+    let pins = xlb_tests::pins(&s.agent.pins);
+    let rows = lb_userspace::list::services(&pins).expect("xlb list services");
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| want.values().any(|n| *n == r.service)),
+        "xlb list shows the names: {:?}",
+        rows.iter().map(|r| &r.service).collect::<Vec<_>>()
+    );
+}
+
+/// The packets in the counter rows of each service index `names` names (without what the
+/// assured flows hold pending).
+fn counter_rows(
+    s: &Scenario,
+    names: &std::collections::BTreeMap<u32, String>,
+) -> std::collections::BTreeMap<u32, u64> {
+    let maps = lb_userspace::datapath::kernel::KernelMaps::open(&xlb_tests::pins(&s.agent.pins))
+        .expect("open the maps");
+    names
+        .keys()
+        .map(|id| (*id, maps.service_counter(*id).packets))
+        .collect()
 }
 
 /// Each programmed backend's address and port with its index and generation.

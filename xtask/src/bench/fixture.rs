@@ -17,8 +17,8 @@ use aya::{
 use lb_common::{
     ALL_MAPS, BACKEND_MAP_CAPACITY, Backend, Counter, CtKey, CtKey6, CtValue, CtValue6, FilterSize,
     GLOBAL_FILTER_LOG2, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_CT_ASSURED,
-    MAP_CT6, MAP_CT6_ASSURED, MAP_SLOT, MAP_STATS, MAP_SVC, MAP_SVC_NAME, MAP_SVC_STATS,
-    SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue,
+    MAP_CT6, MAP_CT6_ASSURED, MAP_SLOT, MAP_STATS, MAP_SVC, MAP_SVC_STATS, SVC_NAME_MAP_CAPACITY,
+    SvcKey, SvcValue,
 };
 use lb_userspace::{
     datapath::{
@@ -171,7 +171,6 @@ impl Datapath {
             (MAP_SVC, caps.svc),
             (MAP_SLOT, caps.slots),
             (MAP_BACKEND, caps.backends),
-            (MAP_SVC_NAME, caps.per_service),
             (MAP_SVC_STATS, Some(rows::entries(strides.svc, cpus))),
             (
                 MAP_BACKEND_STATS,
@@ -199,7 +198,7 @@ impl Datapath {
                 .load()
                 .with_context(|| format!("loading program {name}"))?;
         }
-        let maps = KernelMaps::from_ebpf(&mut ebpf).map_err(|e| anyhow!("{e}"))?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf, &pins).map_err(|e| anyhow!("{e}"))?;
         let ct_map = ebpf
             .take_map(MAP_CT)
             .ok_or_else(|| anyhow!("{MAP_CT} missing"))?;

@@ -13,9 +13,9 @@ use std::{
 
 use anyhow::{Context, Result, anyhow, bail};
 use lb_common::{
-    ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_MAGLEV, MAP_SLOT, MAP_SVC, MAP_SVC_NAME,
-    MAP_SVC_STATS,
+    ALL_MAPS, MAP_BACKEND, MAP_BACKEND_STATS, MAP_CT, MAP_MAGLEV, MAP_SLOT, MAP_SVC, MAP_SVC_STATS,
 };
+use lb_userspace::datapath::names_file;
 
 use super::{
     Summary,
@@ -222,12 +222,13 @@ pub fn run(xlb: &Path) -> Result<Section> {
     let m = model(SERVICES, |_| ENDPOINTS)?;
     dp.program(&m)?;
     let full = all_maps(&dp.pins)?;
+    let names = names_file_bytes(&dp.pins)?;
     drop(dp);
     let maglev = maglev::run(xlb)?;
     let mut body = String::new();
     let per_entry = map_table(&mut body, &empty, &full, maglev.memlock.median);
     let get = |n: &str| per_entry.get(n).copied().unwrap_or(0.0);
-    let units = Units::of(&get);
+    let units = Units::of(&get, names);
     units_table(&mut body, &units, get(MAP_CT));
     agent_table(&mut body, xlb)?;
     maglev::write(&mut body, &maglev);
@@ -246,7 +247,7 @@ pub fn run(xlb: &Path) -> Result<Section> {
         .map(|m| (format!("{m} entry"), get(m)))
         .collect();
     bars.push(("backend (slot + entry)".into(), per_backend));
-    bars.push(("service port (entry + name)".into(), per_service));
+    bars.push(("frontend port (its entry)".into(), per_service));
     bars.push(("flow (2 conntrack entries)".into(), per_flow));
     report::bar_plot(
         plot,
@@ -318,13 +319,29 @@ fn map_table(
     per_entry
 }
 
+/// The names file's bytes per service port (a tmpfs file beside the pins: RAM, but not the
+/// kernel's maps), as the sync path wrote it for `pins`.
+fn names_file_bytes(pins: &Path) -> Result<f64> {
+    let path = names_file::path(pins);
+    let bytes = std::fs::metadata(&path)
+        .with_context(|| format!("names file {}", path.display()))?
+        .len();
+    let names = names_file::read(pins)
+        .with_context(|| format!("names file {}", path.display()))?
+        .map_or(0, |n| n.len());
+    Ok(bytes as f64 / names.max(1) as f64)
+}
+
 /// The issue's units, counters apart and per CPU.
 struct Units {
     /// A slot of the slot array.
     slot: f64,
     /// A frontend's entry in the service hash.
     entry: f64,
+    /// A frontend port in the kernel: its entry (the names are in a file).
     per_service: f64,
+    /// A service port's line in the names file (tmpfs).
+    name_line: f64,
     per_backend: f64,
     svc_counters: f64,
     backend_counters: f64,
@@ -332,12 +349,13 @@ struct Units {
 }
 
 impl Units {
-    fn of(get: &dyn Fn(&str) -> f64) -> Self {
+    fn of(get: &dyn Fn(&str) -> f64, name_line: f64) -> Self {
         let (slot, entry) = (get(MAP_SLOT), get(MAP_SVC));
         Self {
             slot,
             entry,
-            per_service: entry + get(MAP_SVC_NAME),
+            per_service: entry,
+            name_line,
             per_backend: slot + get(MAP_BACKEND),
             // A counter array's entry is one CPU's counter (a row per CPU).
             svc_counters: get(MAP_SVC_STATS),
@@ -353,6 +371,7 @@ fn units_table(body: &mut String, u: &Units, ct_entry: f64) {
         slot,
         entry,
         per_service,
+        name_line,
         per_backend,
         svc_counters,
         backend_counters,
@@ -374,9 +393,17 @@ fn units_table(body: &mut String, u: &Units, ct_entry: f64) {
             format!("{entry:.1}"),
         ],
         vec![
-            "service port (frontend port)".into(),
-            "its entry + name".into(),
+            "frontend port (kernel)".into(),
+            "its entry (no name: the names left the kernel)".into(),
             format!("{per_service:.1}"),
+        ],
+        vec![
+            "service port's name (tmpfs, not kernel)".into(),
+            format!(
+                "its line in the agent's names file ({}/…jsonl)",
+                names_file::DIR
+            ),
+            format!("{name_line:.1}"),
         ],
         vec![
             "service port's counters".into(),
@@ -499,6 +526,7 @@ fn targets(body: &mut String, u: &Units) {
         slot,
         entry,
         per_service,
+        name_line,
         per_backend,
         ..
     } = *u;
@@ -507,8 +535,8 @@ fn targets(body: &mut String, u: &Units) {
          * ≤ 64 B per backend: **{}** ({per_backend:.1} B = a {slot:.1} B element of the slot array + the \
          backend array's entry; a frontend's range is a power of two, so a frontend of n backends holds up \
          to 2n − 1 slots{}).\n\
-         * ≤ 128 B per frontend port: **{}** ({per_service:.1} B = its {entry:.1} B service-hash entry + its \
-         name{}).\n",
+         * ≤ 128 B per frontend port: **{}** ({per_service:.1} B = its {entry:.1} B service-hash entry; \
+         its name is in the agent's names file on tmpfs, {name_line:.1} B a service port, counted apart{}).\n",
         verdict(per_backend <= 64.0),
         if per_backend <= 64.0 {
             ""
@@ -520,8 +548,7 @@ fn targets(body: &mut String, u: &Units) {
         if per_service <= 128.0 {
             ""
         } else {
-            "; what would close it: names out of the kernel (they are the agent's, for `xlb list`: a \
-             file in the pin directory), and the service entry in a hash of compact IPv4 keys"
+            "; what would close it: the service entry in a hash of compact IPv4 keys"
         },
     ));
 }

@@ -5,13 +5,13 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard},
 };
 
 use aya::maps::Map;
 use lb_common::{
-    Counter, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC_NAME,
-    MAP_SVC_STATS, R_COUNT, REASON_NAMES, SvcName, user::svc_name_str,
+    Counter, MAP_CT, MAP_CT_ASSURED, MAP_CT6, MAP_CT6_ASSURED, MAP_STATS, MAP_SVC_STATS, R_COUNT,
+    REASON_NAMES,
 };
 use prometheus_client::{
     collector::Collector,
@@ -27,6 +27,7 @@ use crate::{
         DatapathError,
         counts::{self, Fill},
         ct_gc,
+        names_file::ServiceNames,
         pins::Pins,
         rows,
     },
@@ -35,6 +36,10 @@ use crate::{
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `help` as the registry writes the help of the series it holds: a sentence.
@@ -122,8 +127,8 @@ pub(super) fn register(
         r.register_collector(Box::new(Answers(h)));
     }
     r.register_collector(Box::new(super::process::Process::new()));
-    if let Some(limit) = opts.per_service {
-        r.register_collector(Box::new(PerService::new(&opts.pins, limit)));
+    if let Some(p) = &opts.per_service {
+        r.register_collector(Box::new(PerService::new(&opts.pins, p)));
     }
 }
 
@@ -311,11 +316,12 @@ impl Collector for Answers {
 
 /// `xlb_service_{packets,bytes}_total{service,port}` (`--metrics-per-service`): the
 /// per-service counters summed over a service port's frontends and CPUs, for the first
-/// `limit` service ports in name order. Read with batched lookups: linear in the service
-/// ports programmed (the names) and the per-service array's capacity (the counters).
+/// `limit` service ports in name order. The names are the agent's (in its memory, as it
+/// writes them); the counters read with batched lookups: linear in the service ports
+/// programmed and the per-service array's capacity.
 #[derive(Debug)]
 struct PerService {
-    names: Pinned,
+    names: ServiceNames,
     stats: Pinned,
     limit: usize,
 }
@@ -330,22 +336,19 @@ fn service_port(name: &str) -> (&str, &str) {
 type ServiceRows = (Vec<((String, String), Counter)>, usize);
 
 impl PerService {
-    fn new(pins: &Pins, limit: usize) -> Self {
+    fn new(pins: &Pins, opts: &super::PerServiceOptions) -> Self {
         Self {
-            names: Pinned::new(pins, MAP_SVC_NAME),
+            names: opts.names.clone(),
             stats: Pinned::new(pins, MAP_SVC_STATS),
-            limit,
+            limit: opts.limit,
         }
     }
 
     fn rows(&self) -> Result<ServiceRows, DatapathError> {
-        let names = self
-            .names
-            .with(|m| counts::entries::<u32, SvcName>(m, MAP_SVC_NAME))?;
         let mut ports: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
-        for (id, name) in &names {
-            let name = svc_name_str(name);
-            let (service, port) = service_port(&name);
+        // Grouped under the lock, the counters read after it (a sync waits only for this).
+        for (id, name) in lock_read(&self.names).iter() {
+            let (service, port) = service_port(name);
             ports
                 .entry((service.to_string(), port.to_string()))
                 .or_default()

@@ -34,7 +34,7 @@ use prometheus_client::{
 
 use super::{Response, health::Health};
 use crate::{
-    datapath::{counts::Fill, ct_gc, pins::Pins},
+    datapath::{counts::Fill, ct_gc, names_file::ServiceNames, pins::Pins},
     desired::{Desired, Limits},
 };
 
@@ -43,8 +43,17 @@ use crate::{
 pub struct MetricsOptions {
     /// The agent's pins (the datapath's counters are read from there).
     pub pins: Pins,
-    /// Per-service series for at most this many service ports (`--metrics-per-service`).
-    pub per_service: Option<usize>,
+    /// Per-service series (`--metrics-per-service`).
+    pub per_service: Option<PerServiceOptions>,
+}
+
+/// What the per-service series need.
+#[derive(Clone, Debug)]
+pub struct PerServiceOptions {
+    /// At most this many service ports.
+    pub limit: usize,
+    /// The service ports' names, as the agent writes them.
+    pub names: ServiceNames,
 }
 
 /// Sync histograms' buckets: 0.1 ms doubling to 13 s (kube-proxy's start at 1 ms; an
@@ -278,9 +287,7 @@ impl Metrics {
 
     /// What is programmed after a sync: the fill of the maps the agent writes.
     pub fn programmed(&self, d: &Desired, limits: Limits) {
-        use lb_common::{
-            MAP_BACKEND, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_NAME,
-        };
+        use lb_common::{MAP_BACKEND, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC};
         let v6 = d
             .src_ranges
             .iter()
@@ -305,7 +312,6 @@ impl Metrics {
                 ),
             ),
             (MAP_BACKEND, fill(d.backends.len(), limits.backends)),
-            (MAP_SVC_NAME, fill(d.names.len(), limits.services)),
             (
                 MAP_SRC_RANGE,
                 fill(d.src_ranges.len() - v6, limits.src_ranges),

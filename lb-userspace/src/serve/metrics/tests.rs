@@ -10,7 +10,10 @@ fn metrics(per_service: Option<usize>) -> Metrics {
     Metrics::new(
         MetricsOptions {
             pins: Pins::open(Path::new("/nonexistent/xlb-test-pins")).expect("no pins"),
-            per_service,
+            per_service: per_service.map(|limit| PerServiceOptions {
+                limit,
+                names: Default::default(),
+            }),
         },
         Some(Arc::new(Health::new(Duration::from_secs(10)))),
     )
@@ -156,7 +159,10 @@ fn health_answers_are_counted_and_no_series_is_per_backend() {
     let m = Metrics::new(
         MetricsOptions {
             pins: Pins::open(Path::new("/nonexistent/xlb-test-pins")).expect("no pins"),
-            per_service: Some(10),
+            per_service: Some(PerServiceOptions {
+                limit: 10,
+                names: Default::default(),
+            }),
         },
         Some(health.clone()),
     );

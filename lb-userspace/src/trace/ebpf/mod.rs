@@ -119,7 +119,12 @@ fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, d
         .names
         .get(&f.svc.svc_id)
         .map(svc_name_str)
-        .unwrap_or_else(|| format!("service index {}", f.svc.svc_id));
+        .unwrap_or_else(|| {
+            format!(
+                "service index {} (its name is unavailable: not in the agent's names file)",
+                f.svc.svc_id
+            )
+        });
     let proto = Protocol::from_number(f.key.proto).unwrap_or_default();
     let mut line = match ctx
         .source
