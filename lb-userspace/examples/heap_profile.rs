@@ -85,17 +85,26 @@ fn main() -> anyhow::Result<()> {
     engine.full(&model, &node, &mut ids, limits);
     s.step("Incremental::full");
     engine.compact();
-    ids.compact();
+    ids.compact(engine.desired());
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
     s.step("compacted, trimmed (steady state)");
-    let desired = engine.take_desired();
+    // The indices first: they find their backends in the desired state (one copy).
+    drop(ids);
+    s.step("indices (Ids) dropped");
+    let mut desired = engine.take_desired(&mut Ids::default());
+    drop(std::mem::take(&mut desired.services));
+    s.step("desired frontends (services) dropped");
+    drop(std::mem::take(&mut desired.backends));
+    s.step("desired backends dropped");
+    drop(std::mem::take(&mut desired.names));
+    s.step("desired names dropped");
+    drop(std::mem::take(&mut desired.filter));
+    s.step("desired filter bits dropped");
     drop(desired);
     s.step("desired state dropped");
     drop(engine);
     s.step("bookkeeping (Incremental) dropped");
-    drop(ids);
-    s.step("indices (Ids) dropped");
     drop(digest);
     s.step("digest dropped");
     drop(model);

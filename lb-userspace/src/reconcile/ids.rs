@@ -22,7 +22,7 @@ use lb_common::{Backend, SvcKey};
 use std::sync::Arc;
 
 use super::slots::Slots;
-use crate::desired::{Desired, Indices, maglev::TableCache};
+use crate::desired::{Dense, Desired, Indices, maglev::TableCache};
 
 /// How long a freed index stays unused before it is handed out again.
 pub const QUARANTINE: Duration = Duration::from_secs(300);
@@ -146,98 +146,150 @@ fn identity(be: &Backend) -> Backend {
     }
 }
 
-/// The backend indices handed out: an array indexed by backend index (its backend and
-/// generation, 32 bytes) and a hash table of indices (4 bytes each) to find a backend's,
-/// instead of a hash map keyed by the whole backend (40 bytes and its slack per entry).
+/// The backend indices handed out: a hash table of indices (4 bytes each) hashed by their
+/// backend, the backends themselves looked up where they are. There is one copy of each
+/// backend: the desired state's ([`Desired::backends`], lent to every call by the
+/// computation that keeps it) holds those it programs; [`BackendIndex::own`] those it does
+/// not hold now (handed out in this computation and not yet in it, taken out of it and not
+/// yet given back, or every one when no desired state is kept: [`super::recompute`], the
+/// pins adopted); [`BackendIndex::held`] the backends of the state a full computation
+/// replaces, while it runs.
 #[derive(Clone, Debug, Default)]
 struct BackendIndex {
-    /// Index → its backend, with the generation it was handed out with (0: none).
-    by_index: Vec<Backend>,
     /// The indices handed out, hashed by their backend (without its generation).
     table: HashTable<u32>,
+    /// Index → backend, for indices handed out that the lent desired state does not hold.
+    own: Dense<Backend>,
+    /// The replaced state's backends during a full computation ([`Ids::hold`]).
+    held: Dense<Backend>,
     hasher: foldhash::fast::RandomState,
 }
 
+/// Where the backend of an index is: its own copy, the held state's, the lent state's.
+#[derive(Clone, Copy)]
+struct Stores<'a> {
+    own: &'a Dense<Backend>,
+    held: &'a Dense<Backend>,
+    lent: &'a Dense<Backend>,
+}
+
+impl<'a> Stores<'a> {
+    fn at(self, id: u32) -> Option<&'a Backend> {
+        self.own
+            .get(&id)
+            .or_else(|| self.held.get(&id))
+            .or_else(|| self.lent.get(&id))
+    }
+}
+
 impl BackendIndex {
-    fn hash(&self, be: &Backend) -> u64 {
-        std::hash::BuildHasher::hash_one(&self.hasher, identity(be))
+    fn hash(hasher: &foldhash::fast::RandomState, be: &Backend) -> u64 {
+        std::hash::BuildHasher::hash_one(hasher, identity(be))
     }
 
-    fn at(&self, id: u32) -> Option<&Backend> {
-        self.by_index.get(id as usize).filter(|b| b.generation != 0)
+    fn stores<'a>(&'a self, lent: &'a Dense<Backend>) -> Stores<'a> {
+        Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
+        }
     }
 
     /// The index and generation of `be` (its generation ignored).
-    fn get(&self, be: &Backend) -> Option<(u32, u32)> {
+    fn get(&self, be: &Backend, lent: &Dense<Backend>) -> Option<(u32, u32)> {
         let be = identity(be);
-        let at = |id: &u32| self.at(*id).is_some_and(|b| identity(b) == be);
-        let id = *self.table.find(self.hash(&be), at)?;
-        self.at(id).map(|b| (id, b.generation))
+        let stores = self.stores(lent);
+        let at = |id: &u32| stores.at(*id).is_some_and(|b| identity(b) == be);
+        let id = *self.table.find(Self::hash(&self.hasher, &be), at)?;
+        stores.at(id).map(|b| (id, b.generation))
     }
 
-    /// Hands `id` with `generation` (not 0) to `be`, which holds no index.
-    fn insert(&mut self, be: &Backend, id: u32, generation: u32) {
-        let i = id as usize;
-        if self.by_index.len() <= i {
-            self.by_index.resize(i + 1, Backend::default());
-        }
-        self.by_index[i] = Backend {
-            generation,
-            ..identity(be)
-        };
-        let hash = self.hash(be);
-        let (by_index, hasher) = (&self.by_index, &self.hasher);
-        let rehash =
-            |id: &u32| std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]));
+    /// Hands `id` with `generation` (not 0) to `be`, which holds no index (its copy kept
+    /// here until the desired state holds it).
+    fn insert(&mut self, be: &Backend, id: u32, generation: u32, lent: &Dense<Backend>) {
+        self.own.insert(
+            id,
+            Backend {
+                generation,
+                ..identity(be)
+            },
+        );
+        let hash = Self::hash(&self.hasher, be);
+        let (stores, hasher) = (
+            Stores {
+                own: &self.own,
+                held: &self.held,
+                lent,
+            },
+            &self.hasher,
+        );
+        let rehash = |id: &u32| stores.at(*id).map_or(0, |b| Self::hash(hasher, b));
         self.table.insert_unique(hash, id, rehash);
     }
 
     /// Takes `be`'s index back; returns it.
-    fn remove(&mut self, be: &Backend) -> Option<u32> {
+    fn remove(&mut self, be: &Backend, lent: &Dense<Backend>) -> Option<u32> {
         let be = identity(be);
-        let hash = self.hash(&be);
-        let by_index = &self.by_index;
-        let at = |id: &u32| {
-            by_index
-                .get(*id as usize)
-                .is_some_and(|b| b.generation != 0 && identity(b) == be)
+        let hash = Self::hash(&self.hasher, &be);
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
         };
+        let at = |id: &u32| stores.at(*id).is_some_and(|b| identity(b) == be);
         let (id, _) = self.table.find_entry(hash, at).ok()?.remove();
-        self.by_index[id as usize] = Backend::default();
+        self.own.remove(&id);
         Some(id)
     }
 
-    /// Gives back the array's room past the highest index handed out.
-    fn shrink_to_fit(&mut self) {
-        let used = self
-            .by_index
-            .iter()
-            .rposition(|b| b.generation != 0)
-            .map_or(0, |i| i + 1);
-        self.by_index.truncate(used);
-        self.by_index.shrink_to_fit();
-        let (by_index, hasher) = (&self.by_index, &self.hasher);
-        self.table.shrink_to_fit(|id| {
-            std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]))
-        });
+    /// Gives back the room the table and its own copies grew past what they hold.
+    fn shrink_to_fit(&mut self, lent: &Dense<Backend>) {
+        self.own.shrink_to_fit();
+        let (stores, hasher) = (
+            Stores {
+                own: &self.own,
+                held: &self.held,
+                lent,
+            },
+            &self.hasher,
+        );
+        self.table
+            .shrink_to_fit(|id| stores.at(*id).map_or(0, |b| Self::hash(hasher, b)));
     }
 
     /// Keeps the indices `keep` says to (given the backend, with its generation, and its
     /// index); returns the others, in backend order.
-    fn retain(&mut self, mut keep: impl FnMut(&Backend, u32) -> bool) -> Vec<(Backend, u32)> {
+    fn retain(
+        &mut self,
+        lent: &Dense<Backend>,
+        mut keep: impl FnMut(&Backend, u32) -> bool,
+    ) -> Vec<(Backend, u32)> {
         let mut gone = Vec::new();
-        let by_index = &mut self.by_index;
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
+        };
         self.table.retain(|id| {
-            let be = by_index[*id as usize];
+            let Some(be) = stores.at(*id).copied() else {
+                return false;
+            };
             let kept = keep(&be, *id);
             if !kept {
                 gone.push((identity(&be), *id));
-                by_index[*id as usize] = Backend::default();
             }
             kept
         });
+        for (_, id) in &gone {
+            self.own.remove(id);
+        }
         gone.sort_unstable();
         gone
+    }
+
+    /// The lent state holds its backends from now: the copies of those it holds go.
+    fn lend(&mut self, lent: &Dense<Backend>) {
+        self.own.retain(|id, b| lent.get(id) != Some(b));
     }
 }
 
@@ -264,8 +316,9 @@ impl Ids {
             now,
         );
         let mut be_used = BTreeSet::new();
+        let none = Dense::default();
         for (id, be) in &current.backends {
-            ids.backend.insert(be, *id, be.generation);
+            ids.backend.insert(be, *id, be.generation, &none);
             ids.generation = ids.generation.max(be.generation);
             be_used.insert(*id);
         }
@@ -320,13 +373,13 @@ impl Ids {
             }
         }
         for be in backends {
-            if let Some((id, generation)) = self.backend.get(&be)
+            if let Some((id, generation)) = self.backend.get(&be, &desired.backends)
                 && desired
                     .backends
                     .get(&id)
                     .is_none_or(|d| d.generation != generation)
             {
-                self.backend.remove(&be);
+                self.backend.remove(&be, &desired.backends);
                 self.backend_pool
                     .give_back(id, !fresh.contains(&(true, id)), now);
             }
@@ -345,10 +398,52 @@ impl Ids {
     }
 
     /// Gives back the room the backend index grew past what it holds (the agent does it
-    /// after a full sync, as [`crate::reconcile::Incremental::compact`]).
-    pub fn compact(&mut self) {
-        self.backend.shrink_to_fit();
+    /// after a full sync, as [`crate::reconcile::Incremental::compact`]); `desired` is the
+    /// state it was last lent ([`Ids::lend`]), if any.
+    pub fn compact(&mut self, desired: &Desired) {
+        self.backend.shrink_to_fit(&desired.backends);
         self.svc.shrink_to_fit();
+    }
+
+    /// `desired` keeps its backends from now on, and is passed to every later computation
+    /// as the state it computes (an incremental one's) or, for a full one, held
+    /// ([`Ids::hold`]): the copies of the backends it holds go (one copy of each backend).
+    pub(super) fn lend(&mut self, desired: &Desired) {
+        self.backend.lend(&desired.backends);
+    }
+
+    /// A full computation replaces the state lent with `backends` (its backends, taken out
+    /// of it): they are found here while it runs, and handed back by [`Ids::unhold`].
+    pub(super) fn hold(&mut self, backends: Dense<Backend>) {
+        self.backend.held = backends;
+    }
+
+    /// The backends [`Ids::hold`] took (after the computation's [`Ids::retain`]).
+    pub(super) fn unhold(&mut self) -> Dense<Backend> {
+        std::mem::take(&mut self.backend.held)
+    }
+
+    /// The backend at index `id` of the lent state `desired` is about to leave it (an
+    /// incremental computation took its last slot out): its copy is kept here until its
+    /// index is given back or the state holds it again.
+    pub(super) fn keep_backend(&mut self, id: u32, desired: &Dense<Backend>) {
+        if let Some(be) = desired.get(&id)
+            && self.backend.get(be, desired) == Some((id, be.generation))
+        {
+            self.backend.own.insert(id, *be);
+        }
+    }
+
+    /// `desired`, lent before ([`crate::reconcile::Incremental`] lends its state), is
+    /// no longer passed to every computation (it is taken away, or the indices serve
+    /// [`crate::reconcile::recompute`]): the backends of it the index names are copied
+    /// back here.
+    pub fn unlend(&mut self, desired: &Dense<Backend>) {
+        for (id, be) in desired {
+            if self.backend.get(be, desired) == Some((*id, be.generation)) {
+                self.backend.own.insert(*id, *be);
+            }
+        }
     }
 
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
@@ -377,7 +472,7 @@ impl Ids {
             self.svc_pool.give_back(id, programmed, now);
         }
         // Live: its index holds it in the desired state (no set of every backend made).
-        let gone = self.backend.retain(|b, id| {
+        let gone = self.backend.retain(&desired.backends, |b, id| {
             desired
                 .backends
                 .get(&id)
@@ -401,14 +496,19 @@ impl Indices for Ids {
         Some(id)
     }
 
-    fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)> {
-        if let Some(v) = self.backend.get(&be) {
+    fn backend_id(
+        &mut self,
+        be: Backend,
+        capacity: u32,
+        desired: &Dense<Backend>,
+    ) -> Option<(u32, u32)> {
+        if let Some(v) = self.backend.get(&be, desired) {
             return Some(v);
         }
         let id = self.backend_pool.take(self.now, capacity)?;
         self.generation = self.generation.wrapping_add(1).max(1);
         self.fresh.insert((true, id));
-        self.backend.insert(&be, id, self.generation);
+        self.backend.insert(&be, id, self.generation, desired);
         Some((id, self.generation))
     }
 
@@ -481,7 +581,7 @@ mod tests {
         let mut adopted = Ids::adopt(&d);
         adopted.tick(t0);
         assert_eq!(adopted.svc_id(web(), CAP), Some(a));
-        assert_eq!(adopted.backend_id(be, CAP), Some((7, 9)));
+        assert_eq!(adopted.backend_id(be, CAP, &Dense::default()), Some((7, 9)));
         adopted.retain(&d);
         // A programmed index that was freed waits out its quarantine…
         adopted.retain(&Desired::default());
@@ -527,7 +627,7 @@ mod tests {
         ids.tick(t0);
         let one = backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp);
         let two = backend_value(Ipv4Addr::new(10, 244, 0, 2), 8080, Protocol::Tcp);
-        let (i1, g1) = ids.backend_id(one, CAP).expect("index");
+        let (i1, g1) = ids.backend_id(one, CAP, &Dense::default()).expect("index");
         let mut d = Desired::default();
         d.backends.insert(
             i1,
@@ -539,7 +639,7 @@ mod tests {
         ids.retain(&d);
         ids.retain(&Desired::default());
         ids.tick(t0 + QUARANTINE);
-        let (i2, g2) = ids.backend_id(two, CAP).expect("index");
+        let (i2, g2) = ids.backend_id(two, CAP, &Dense::default()).expect("index");
         assert_eq!(i2, i1, "the index comes back after the quarantine");
         assert_ne!(g2, g1, "with another generation");
         assert!(g1 != 0 && g2 != 0);

@@ -63,10 +63,12 @@ impl Incremental {
         &self.desired
     }
 
-    /// The desired state, taken out (this state is left empty): after a sync without
-    /// errors, what is programmed, to apply a full computation against.
-    pub fn take_desired(&mut self) -> Desired {
-        std::mem::take(&mut self.desired)
+    /// The desired state, taken out (this state is left empty; `ids`, which found its
+    /// backends in it, keep copies of their own again).
+    pub fn take_desired(&mut self, ids: &mut Ids) -> Desired {
+        let d = std::mem::take(&mut self.desired);
+        ids.unlend(&d.backends);
+        d
     }
 
     /// What is programmed of what `touched` (the last update's) names, when the maps held
@@ -99,8 +101,18 @@ impl Incremental {
     }
 
     /// Recomputes everything, as [`super::recompute`] does (the same result): at start, on
-    /// a node change, as the prune.
-    pub fn full(&mut self, model: &Model, node: &NodeContext, ids: &mut Ids, limits: Limits) {
+    /// a node change, as the prune. Returns the desired state it replaced (after a sync
+    /// without errors, what is programmed, to apply it against): kept until it is done, as
+    /// `ids` find the backends they handed out in it.
+    pub fn full(
+        &mut self,
+        model: &Model,
+        node: &NodeContext,
+        ids: &mut Ids,
+        limits: Limits,
+    ) -> Desired {
+        let mut replaced = std::mem::take(&mut self.desired);
+        ids.hold(std::mem::take(&mut replaced.backends));
         *self = Incremental {
             filter: limits.filter,
             ..Incremental::default()
@@ -122,8 +134,11 @@ impl Incremental {
             self.offer(id, c, ids, limits);
         }
         ids.retain(&self.desired);
+        ids.lend(&self.desired);
+        replaced.backends = ids.unhold();
         self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired, self.filter));
         self.filter_refs = count_filter_bits(&self.desired, self.filter);
+        replaced
     }
 
     /// Rebuilds the B-trees from their sorted entries (the arrays give back their room past
@@ -191,6 +206,7 @@ impl Incremental {
             }
         }
         ids.retain_touched(&self.desired, &touched.frontends, backends_seen);
+        ids.lend(&self.desired);
         touched
     }
 
@@ -270,6 +286,7 @@ impl Incremental {
             if let Some(j) = &mut self.journal {
                 j.backend(&self.desired, id);
             }
+            ids.keep_backend(id, &self.desired.backends);
             if let Some(be) = self.desired.backends.remove(&id) {
                 let bit = backend_filter_bit(self.filter, &be);
                 self.unref_filter(bit, ids, touched);
