@@ -109,8 +109,9 @@ pub struct Ids {
     generation: u32,
     /// Handed out since the last [`Ids::retain`]: (is a backend, index).
     fresh: HashSet<(bool, u32)>,
-    /// Address filter bits of the last computation's addresses…
-    filter_live: BTreeSet<u32>,
+    /// Address filter bits of the last computation's addresses (a bit per filter bit:
+    /// the filters' own size, a fraction of a tree of their numbers)…
+    filter_live: Bits,
     /// …and those set for addresses that went, with when they went.
     filter_retired: BTreeMap<u32, Instant>,
     now: Instant,
@@ -129,7 +130,7 @@ impl Default for Ids {
             backend_pool: Pool::default(),
             generation: 0,
             fresh: HashSet::new(),
-            filter_live: BTreeSet::new(),
+            filter_live: Bits::default(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
             maglev: TableCache::default(),
@@ -293,6 +294,57 @@ impl BackendIndex {
     }
 }
 
+/// A set of small numbers as a bit per number (up to the highest held).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Bits(Vec<u64>);
+
+impl Bits {
+    pub(super) fn contains(&self, n: u32) -> bool {
+        self.0
+            .get(n as usize / 64)
+            .is_some_and(|w| w & (1 << (n % 64)) != 0)
+    }
+
+    /// Adds `n`; whether it was not there.
+    pub(super) fn insert(&mut self, n: u32) -> bool {
+        let w = n as usize / 64;
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        let was = self.0[w] & (1 << (n % 64)) != 0;
+        self.0[w] |= 1 << (n % 64);
+        !was
+    }
+
+    /// Takes `n` out; whether it was there.
+    pub(super) fn remove(&mut self, n: u32) -> bool {
+        let was = self.contains(n);
+        if let Some(w) = self.0.get_mut(n as usize / 64) {
+            *w &= !(1 << (n % 64));
+        }
+        was
+    }
+
+    /// The numbers held, in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| (i * 64 + b) as u32)
+        })
+    }
+}
+
+impl FromIterator<u32> for Bits {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut b = Bits::default();
+        for n in iter {
+            b.insert(n);
+        }
+        b
+    }
+}
+
 impl Ids {
     /// Takes over the indices of what is already programmed (a restarted agent adopts its
     /// pins). Indices below the highest one in use but free are in quarantine from now: a
@@ -326,7 +378,7 @@ impl Ids {
         ids.backend_pool = Pool::adopt(&be_used, now);
         // Every bit set now counts as live until the first computation says otherwise (then
         // it is kept for FILTER_RETAIN from now: a flow of the previous agent may need it).
-        ids.filter_live = current.filter.clone();
+        ids.filter_live = current.filter.iter().copied().collect();
         ids
     }
 
@@ -334,18 +386,21 @@ impl Ids {
     /// and those of addresses gone less than [`FILTER_RETAIN`] ago.
     pub(super) fn filter_bits(&mut self, live: BTreeSet<u32>) -> BTreeSet<u32> {
         let now = self.now;
-        for gone in self.filter_live.difference(&live) {
-            self.filter_retired.entry(*gone).or_insert(now);
+        for gone in self.filter_live.iter().filter(|b| !live.contains(b)) {
+            self.filter_retired.entry(gone).or_insert(now);
         }
         self.filter_retired.retain(|b, since| {
             !live.contains(b) && now.saturating_duration_since(*since) < FILTER_RETAIN
         });
-        self.filter_live = live;
-        self.filter_live
-            .iter()
-            .chain(self.filter_retired.keys())
-            .copied()
-            .collect()
+        self.filter_live = live.iter().copied().collect();
+        let mut bits = live;
+        bits.extend(self.filter_retired.keys());
+        bits
+    }
+
+    /// Whether address filter bit `bit` is one of the last computation's addresses'.
+    pub(super) fn filter_live(&self, bit: u32) -> bool {
+        self.filter_live.contains(bit)
     }
 
     /// [`Ids::retain`] for some frontends and backends only (those an incremental
@@ -392,7 +447,7 @@ impl Ids {
         if live {
             self.filter_retired.remove(&bit);
             self.filter_live.insert(bit);
-        } else if self.filter_live.remove(&bit) {
+        } else if self.filter_live.remove(bit) {
             self.filter_retired.insert(bit, self.now);
         }
     }
@@ -597,6 +652,16 @@ mod tests {
             Some(a),
             "reused after the quarantine"
         );
+    }
+
+    #[test]
+    fn bits_hold_a_set_of_numbers_in_order() {
+        let mut b: Bits = [130, 3, 64].into_iter().collect();
+        assert!(b.contains(3) && b.contains(64) && b.contains(130) && !b.contains(4));
+        assert!(!b.insert(3), "held already");
+        assert!(b.insert(0));
+        assert!(b.remove(64) && !b.remove(64) && !b.remove(10_000));
+        assert_eq!(b.iter().collect::<Vec<_>>(), [0, 3, 130]);
     }
 
     #[test]
