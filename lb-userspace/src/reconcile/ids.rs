@@ -181,6 +181,11 @@ impl<'a> Stores<'a> {
             .or_else(|| self.held.get(&id))
             .or_else(|| self.lent.get(&id))
     }
+
+    /// Whether index `id` holds `be` (an identity: without its generation).
+    fn holds(self, id: u32, be: &Backend) -> bool {
+        self.at(id).is_some_and(|b| identity(b) == *be)
+    }
 }
 
 impl BackendIndex {
@@ -188,57 +193,59 @@ impl BackendIndex {
         std::hash::BuildHasher::hash_one(hasher, identity(be))
     }
 
-    fn stores<'a>(&'a self, lent: &'a Dense<Backend>) -> Stores<'a> {
-        Stores {
+    /// The table, where its indices' backends are, and a hash of an index's backend (to
+    /// rehash the table).
+    fn parts<'a>(
+        &'a mut self,
+        lent: &'a Dense<Backend>,
+    ) -> (
+        &'a mut HashTable<u32>,
+        Stores<'a>,
+        impl Fn(&u32) -> u64 + Copy + 'a,
+    ) {
+        let stores = Stores {
             own: &self.own,
             held: &self.held,
             lent,
-        }
+        };
+        let hasher = &self.hasher;
+        let rehash = move |id: &u32| stores.at(*id).map_or(0, |b| Self::hash(hasher, b));
+        (&mut self.table, stores, rehash)
     }
 
     /// The index and generation of `be` (its generation ignored).
     fn get(&self, be: &Backend, lent: &Dense<Backend>) -> Option<(u32, u32)> {
         let be = identity(be);
-        let stores = self.stores(lent);
-        let at = |id: &u32| stores.at(*id).is_some_and(|b| identity(b) == be);
-        let id = *self.table.find(Self::hash(&self.hasher, &be), at)?;
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
+        };
+        let hash = Self::hash(&self.hasher, &be);
+        let id = *self.table.find(hash, |id| stores.holds(*id, &be))?;
         stores.at(id).map(|b| (id, b.generation))
     }
 
     /// Hands `id` with `generation` (not 0) to `be`, which holds no index (its copy kept
     /// here until the desired state holds it).
     fn insert(&mut self, be: &Backend, id: u32, generation: u32, lent: &Dense<Backend>) {
-        self.own.insert(
-            id,
-            Backend {
-                generation,
-                ..identity(be)
-            },
-        );
-        let hash = Self::hash(&self.hasher, be);
-        let (stores, hasher) = (
-            Stores {
-                own: &self.own,
-                held: &self.held,
-                lent,
-            },
-            &self.hasher,
-        );
-        let rehash = |id: &u32| stores.at(*id).map_or(0, |b| Self::hash(hasher, b));
-        self.table.insert_unique(hash, id, rehash);
+        let be = Backend {
+            generation,
+            ..identity(be)
+        };
+        self.own.insert(id, be);
+        let hash = Self::hash(&self.hasher, &be);
+        let (table, _, rehash) = self.parts(lent);
+        table.insert_unique(hash, id, rehash);
     }
 
     /// Takes `be`'s index back; returns it.
     fn remove(&mut self, be: &Backend, lent: &Dense<Backend>) -> Option<u32> {
         let be = identity(be);
         let hash = Self::hash(&self.hasher, &be);
-        let stores = Stores {
-            own: &self.own,
-            held: &self.held,
-            lent,
-        };
-        let at = |id: &u32| stores.at(*id).is_some_and(|b| identity(b) == be);
-        let (id, _) = self.table.find_entry(hash, at).ok()?.remove();
+        let (table, stores, _) = self.parts(lent);
+        let entry = table.find_entry(hash, |id| stores.holds(*id, &be)).ok()?;
+        let (id, _) = entry.remove();
         self.own.remove(&id);
         Some(id)
     }
@@ -246,16 +253,8 @@ impl BackendIndex {
     /// Gives back the room the table and its own copies grew past what they hold.
     fn shrink_to_fit(&mut self, lent: &Dense<Backend>) {
         self.own.shrink_to_fit();
-        let (stores, hasher) = (
-            Stores {
-                own: &self.own,
-                held: &self.held,
-                lent,
-            },
-            &self.hasher,
-        );
-        self.table
-            .shrink_to_fit(|id| stores.at(*id).map_or(0, |b| Self::hash(hasher, b)));
+        let (table, _, rehash) = self.parts(lent);
+        table.shrink_to_fit(rehash);
     }
 
     /// Keeps the indices `keep` says to (given the backend, with its generation, and its
@@ -266,12 +265,8 @@ impl BackendIndex {
         mut keep: impl FnMut(&Backend, u32) -> bool,
     ) -> Vec<(Backend, u32)> {
         let mut gone = Vec::new();
-        let stores = Stores {
-            own: &self.own,
-            held: &self.held,
-            lent,
-        };
-        self.table.retain(|id| {
+        let (table, stores, _) = self.parts(lent);
+        table.retain(|id| {
             let Some(be) = stores.at(*id).copied() else {
                 return false;
             };
