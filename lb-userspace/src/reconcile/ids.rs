@@ -320,12 +320,15 @@ impl Bits {
         was
     }
 
-    /// The numbers held, in order.
-    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().enumerate().flat_map(|(i, w)| {
-            (0..64)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| (i * 64 + b) as u32)
+    /// The numbers held that `other` does not hold, in order (a word at a time).
+    pub(super) fn minus<'a>(&'a self, other: &'a Bits) -> impl Iterator<Item = u32> + 'a {
+        self.0.iter().enumerate().flat_map(move |(i, w)| {
+            let mut left = w & !other.0.get(i).copied().unwrap_or(0);
+            std::iter::from_fn(move || {
+                let b = left.trailing_zeros();
+                left &= left.wrapping_sub(1);
+                (b < 64).then_some((i * 64) as u32 + b)
+            })
         })
     }
 }
@@ -381,13 +384,14 @@ impl Ids {
     /// and those of addresses gone less than [`FILTER_RETAIN`] ago.
     pub(super) fn filter_bits(&mut self, live: BTreeSet<u32>) -> BTreeSet<u32> {
         let now = self.now;
-        for gone in self.filter_live.iter().filter(|b| !live.contains(b)) {
+        let bits: Bits = live.iter().copied().collect();
+        for gone in self.filter_live.minus(&bits) {
             self.filter_retired.entry(gone).or_insert(now);
         }
         self.filter_retired.retain(|b, since| {
-            !live.contains(b) && now.saturating_duration_since(*since) < FILTER_RETAIN
+            !bits.contains(*b) && now.saturating_duration_since(*since) < FILTER_RETAIN
         });
-        self.filter_live = live.iter().copied().collect();
+        self.filter_live = bits;
         let mut bits = live;
         bits.extend(self.filter_retired.keys());
         bits
@@ -656,7 +660,10 @@ mod tests {
         assert!(!b.insert(3), "held already");
         assert!(b.insert(0));
         assert!(b.remove(64) && !b.remove(64) && !b.remove(10_000));
-        assert_eq!(b.iter().collect::<Vec<_>>(), [0, 3, 130]);
+        let none = Bits::default();
+        assert_eq!(b.minus(&none).collect::<Vec<_>>(), [0, 3, 130]);
+        let other: Bits = [3, 200].into_iter().collect();
+        assert_eq!(b.minus(&other).collect::<Vec<_>>(), [0, 130]);
     }
 
     #[test]
