@@ -62,6 +62,17 @@ impl<V> Dense<V> {
 
     /// Sets `id` to `v`; returns what it held.
     pub fn insert(&mut self, id: u32, v: V) -> Option<V> {
+        // The array stays at least half full.
+        let next = id as usize == self.array.len()
+            && self.spill.is_empty()
+            && 2 * (self.len + 1) > self.array.len();
+        if next {
+            // The next index after the array's (indices handed out in order, as a cold
+            // start's are): appended, no B-tree on the way.
+            self.array.push(Some((id, v)));
+            self.len += 1;
+            return None;
+        }
         let old = match (id as usize) < self.array.len() {
             true => self.array[id as usize].replace((id, v)).map(|(_, v)| v),
             false => self.spill.insert(id, v),
@@ -263,5 +274,11 @@ mod tests {
         let keys: Vec<u32> = d.keys().copied().collect();
         let want: Vec<u32> = (1..=1000).chain([u32::MAX]).collect();
         assert_eq!(keys, want);
+        // Emptied, the next index past the array is not appended to it (it would be
+        // mostly empty).
+        d.retain(|_, _| false);
+        let len = d.array.len();
+        d.insert(len as u32, 1);
+        assert_eq!((d.array.len(), d.spill.len()), (len, 1));
     }
 }

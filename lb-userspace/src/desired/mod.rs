@@ -263,8 +263,15 @@ impl DesiredError {
 pub trait Indices {
     /// The index of a frontend (both scopes share it, so `key` is its external scope).
     fn svc_id(&mut self, key: SvcKey, capacity: u32) -> Option<u32>;
-    /// The index and generation of a backend (`be`'s own generation is ignored).
-    fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)>;
+    /// The index and generation of a backend (`be`'s own generation is ignored), with
+    /// `desired` the backends of the state being computed (an allocator may find those
+    /// it handed out there rather than keep a copy).
+    fn backend_id(
+        &mut self,
+        be: Backend,
+        capacity: u32,
+        desired: &Dense<Backend>,
+    ) -> Option<(u32, u32)>;
     /// The frontend holds an index already (it is programmed: it is placed first).
     fn has_svc(&self, key: &SvcKey) -> bool;
     /// Where the `count` slots of frontend `key` (either scope) go in a slot array of

@@ -96,6 +96,7 @@ impl Plan {
 /// A slot per backend added to `plan`, each backend with its index and generation from
 /// `ids`, in order until the backend array has no index left; how many.
 fn place_backends(
+    desired: &Desired,
     plan: &mut Plan,
     backends: &[(BackendAddr, bool)],
     ids: &mut impl Indices,
@@ -107,7 +108,8 @@ fn place_backends(
             true => backend_value(b.ip, b.port, b.protocol),
             false => remote_backend_value(b.ip, b.port, b.protocol),
         };
-        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends) else {
+        let Some((backend_id, generation)) = ids.backend_id(be, limits.backends, &desired.backends)
+        else {
             break;
         };
         let be = Backend { generation, ..be };
@@ -147,7 +149,7 @@ pub fn plan(
         return None;
     };
     let mut plan = Plan::new(key, svc_id, &object, &src_ranges);
-    let placed = place_backends(&mut plan, &backends, ids, limits);
+    let placed = place_backends(desired, &mut plan, &backends, ids, limits);
     let slot = match short_of_indices(&object, placed, backends.len(), limits) {
         Some(e @ DesiredError::MapFull { .. }) => {
             errors.push(e);

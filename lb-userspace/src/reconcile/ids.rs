@@ -30,7 +30,7 @@ use lb_common::{Backend, SvcKey};
 use std::sync::Arc;
 
 use super::slots::Slots;
-use crate::desired::{Desired, Indices, maglev::TableCache};
+use crate::desired::{Dense, Desired, Indices, maglev::TableCache};
 
 /// How long a freed index stays unused before it is handed out again.
 pub const QUARANTINE: Duration = Duration::from_secs(300);
@@ -127,8 +127,9 @@ pub struct Ids {
     generation: u32,
     /// Handed out since the last [`Ids::retain`]: (is a backend, index).
     fresh: HashSet<(bool, u32)>,
-    /// Address filter bits of the last computation's addresses…
-    filter_live: BTreeSet<u32>,
+    /// Address filter bits of the last computation's addresses (a bit per filter bit:
+    /// the filters' own size, a fraction of a tree of their numbers)…
+    filter_live: Bits,
     /// …and those set for addresses that went, with when they went.
     filter_retired: BTreeMap<u32, Instant>,
     now: Instant,
@@ -147,7 +148,7 @@ impl Default for Ids {
             backend_pool: Pool::default(),
             generation: 0,
             fresh: HashSet::new(),
-            filter_live: BTreeSet::new(),
+            filter_live: Bits::default(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
             maglev: TableCache::default(),
@@ -164,98 +165,199 @@ fn identity(be: &Backend) -> Backend {
     }
 }
 
-/// The backend indices handed out: an array indexed by backend index (its backend and
-/// generation, 32 bytes) and a hash table of indices (4 bytes each) to find a backend's,
-/// instead of a hash map keyed by the whole backend (40 bytes and its slack per entry).
+/// The backend indices handed out: a hash table of indices (4 bytes each) hashed by their
+/// backend, the backends themselves looked up where they are. There is one copy of each
+/// backend: the desired state's ([`Desired::backends`], lent to every call by the
+/// computation that keeps it) holds those it programs; [`BackendIndex::own`] those it does
+/// not hold now (handed out in this computation and not yet in it, taken out of it and not
+/// yet given back, or every one when no desired state is kept: [`super::recompute`], the
+/// pins adopted); [`BackendIndex::held`] the backends of the state a full computation
+/// replaces, while it runs.
 #[derive(Clone, Debug, Default)]
 struct BackendIndex {
-    /// Index → its backend, with the generation it was handed out with (0: none).
-    by_index: Vec<Backend>,
     /// The indices handed out, hashed by their backend (without its generation).
     table: HashTable<u32>,
+    /// Index → backend, for indices handed out that the lent desired state does not hold.
+    own: Dense<Backend>,
+    /// The replaced state's backends during a full computation ([`Ids::hold`]).
+    held: Dense<Backend>,
     hasher: foldhash::fast::RandomState,
 }
 
-impl BackendIndex {
-    fn hash(&self, be: &Backend) -> u64 {
-        std::hash::BuildHasher::hash_one(&self.hasher, identity(be))
+/// Where the backend of an index is: its own copy, the held state's, the lent state's.
+#[derive(Clone, Copy)]
+struct Stores<'a> {
+    own: &'a Dense<Backend>,
+    held: &'a Dense<Backend>,
+    lent: &'a Dense<Backend>,
+}
+
+impl<'a> Stores<'a> {
+    fn at(self, id: u32) -> Option<&'a Backend> {
+        self.own
+            .get(&id)
+            .or_else(|| self.held.get(&id))
+            .or_else(|| self.lent.get(&id))
     }
 
-    fn at(&self, id: u32) -> Option<&Backend> {
-        self.by_index.get(id as usize).filter(|b| b.generation != 0)
+    /// Whether index `id` holds `be` (an identity: without its generation).
+    fn holds(self, id: u32, be: &Backend) -> bool {
+        self.at(id).is_some_and(|b| identity(b) == *be)
+    }
+}
+
+impl BackendIndex {
+    fn hash(hasher: &foldhash::fast::RandomState, be: &Backend) -> u64 {
+        std::hash::BuildHasher::hash_one(hasher, identity(be))
+    }
+
+    /// The table, where its indices' backends are, and a hash of an index's backend (to
+    /// rehash the table).
+    fn parts<'a>(
+        &'a mut self,
+        lent: &'a Dense<Backend>,
+    ) -> (
+        &'a mut HashTable<u32>,
+        Stores<'a>,
+        impl Fn(&u32) -> u64 + Copy + 'a,
+    ) {
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
+        };
+        let hasher = &self.hasher;
+        let rehash = move |id: &u32| stores.at(*id).map_or(0, |b| Self::hash(hasher, b));
+        (&mut self.table, stores, rehash)
     }
 
     /// The index and generation of `be` (its generation ignored).
-    fn get(&self, be: &Backend) -> Option<(u32, u32)> {
+    fn get(&self, be: &Backend, lent: &Dense<Backend>) -> Option<(u32, u32)> {
         let be = identity(be);
-        let at = |id: &u32| self.at(*id).is_some_and(|b| identity(b) == be);
-        let id = *self.table.find(self.hash(&be), at)?;
-        self.at(id).map(|b| (id, b.generation))
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent,
+        };
+        let hash = Self::hash(&self.hasher, &be);
+        let id = *self.table.find(hash, |id| stores.holds(*id, &be))?;
+        stores.at(id).map(|b| (id, b.generation))
     }
 
-    /// Hands `id` with `generation` (not 0) to `be`, which holds no index.
-    fn insert(&mut self, be: &Backend, id: u32, generation: u32) {
-        let i = id as usize;
-        if self.by_index.len() <= i {
-            self.by_index.resize(i + 1, Backend::default());
-        }
-        self.by_index[i] = Backend {
+    /// Hands `id` with `generation` (not 0) to `be`, which holds no index (its copy kept
+    /// here until the desired state holds it).
+    fn insert(&mut self, be: &Backend, id: u32, generation: u32, lent: &Dense<Backend>) {
+        let be = Backend {
             generation,
             ..identity(be)
         };
-        let hash = self.hash(be);
-        let (by_index, hasher) = (&self.by_index, &self.hasher);
-        let rehash =
-            |id: &u32| std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]));
-        self.table.insert_unique(hash, id, rehash);
+        self.own.insert(id, be);
+        let hash = Self::hash(&self.hasher, &be);
+        let (table, _, rehash) = self.parts(lent);
+        table.insert_unique(hash, id, rehash);
     }
 
     /// Takes `be`'s index back; returns it.
-    fn remove(&mut self, be: &Backend) -> Option<u32> {
+    fn remove(&mut self, be: &Backend, lent: &Dense<Backend>) -> Option<u32> {
         let be = identity(be);
-        let hash = self.hash(&be);
-        let by_index = &self.by_index;
-        let at = |id: &u32| {
-            by_index
-                .get(*id as usize)
-                .is_some_and(|b| b.generation != 0 && identity(b) == be)
-        };
-        let (id, _) = self.table.find_entry(hash, at).ok()?.remove();
-        self.by_index[id as usize] = Backend::default();
+        let hash = Self::hash(&self.hasher, &be);
+        let (table, stores, _) = self.parts(lent);
+        let entry = table.find_entry(hash, |id| stores.holds(*id, &be)).ok()?;
+        let (id, _) = entry.remove();
+        self.own.remove(&id);
         Some(id)
     }
 
-    /// Gives back the array's room past the highest index handed out.
-    fn shrink_to_fit(&mut self) {
-        let used = self
-            .by_index
-            .iter()
-            .rposition(|b| b.generation != 0)
-            .map_or(0, |i| i + 1);
-        self.by_index.truncate(used);
-        self.by_index.shrink_to_fit();
-        let (by_index, hasher) = (&self.by_index, &self.hasher);
-        self.table.shrink_to_fit(|id| {
-            std::hash::BuildHasher::hash_one(hasher, identity(&by_index[*id as usize]))
-        });
+    /// Gives back the room the table and its own copies grew past what they hold.
+    fn shrink_to_fit(&mut self, lent: &Dense<Backend>) {
+        self.own.shrink_to_fit();
+        let (table, _, rehash) = self.parts(lent);
+        table.shrink_to_fit(rehash);
     }
 
     /// Keeps the indices `keep` says to (given the backend, with its generation, and its
     /// index); returns the others, in backend order.
-    fn retain(&mut self, mut keep: impl FnMut(&Backend, u32) -> bool) -> Vec<(Backend, u32)> {
+    fn retain(
+        &mut self,
+        lent: &Dense<Backend>,
+        mut keep: impl FnMut(&Backend, u32) -> bool,
+    ) -> Vec<(Backend, u32)> {
         let mut gone = Vec::new();
-        let by_index = &mut self.by_index;
-        self.table.retain(|id| {
-            let be = by_index[*id as usize];
+        let (table, stores, _) = self.parts(lent);
+        table.retain(|id| {
+            let Some(be) = stores.at(*id).copied() else {
+                return false;
+            };
             let kept = keep(&be, *id);
             if !kept {
                 gone.push((identity(&be), *id));
-                by_index[*id as usize] = Backend::default();
             }
             kept
         });
+        for (_, id) in &gone {
+            self.own.remove(id);
+        }
         gone.sort_unstable();
         gone
+    }
+
+    /// The lent state holds its backends from now: the copies of those it holds go.
+    fn lend(&mut self, lent: &Dense<Backend>) {
+        self.own.retain(|id, b| lent.get(id) != Some(b));
+    }
+}
+
+/// A set of small numbers as a bit per number (up to the highest held).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Bits(Vec<u64>);
+
+impl Bits {
+    pub(super) fn contains(&self, n: u32) -> bool {
+        self.0
+            .get(n as usize / 64)
+            .is_some_and(|w| w & (1 << (n % 64)) != 0)
+    }
+
+    /// Adds `n`; whether it was not there.
+    pub(super) fn insert(&mut self, n: u32) -> bool {
+        let w = n as usize / 64;
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        let was = self.0[w] & (1 << (n % 64)) != 0;
+        self.0[w] |= 1 << (n % 64);
+        !was
+    }
+
+    /// Takes `n` out; whether it was there.
+    pub(super) fn remove(&mut self, n: u32) -> bool {
+        let was = self.contains(n);
+        if let Some(w) = self.0.get_mut(n as usize / 64) {
+            *w &= !(1 << (n % 64));
+        }
+        was
+    }
+
+    /// The numbers held that `other` does not hold, in order (a word at a time).
+    pub(super) fn minus<'a>(&'a self, other: &'a Bits) -> impl Iterator<Item = u32> + 'a {
+        self.0.iter().enumerate().flat_map(move |(i, w)| {
+            let mut left = w & !other.0.get(i).copied().unwrap_or(0);
+            std::iter::from_fn(move || {
+                let b = left.trailing_zeros();
+                left &= left.wrapping_sub(1);
+                (b < 64).then_some((i * 64) as u32 + b)
+            })
+        })
+    }
+}
+
+impl FromIterator<u32> for Bits {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        let mut b = Bits::default();
+        for n in iter {
+            b.insert(n);
+        }
+        b
     }
 }
 
@@ -282,8 +384,9 @@ impl Ids {
             now,
         );
         let mut be_used = BTreeSet::new();
+        let none = Dense::default();
         for (id, be) in &current.backends {
-            ids.backend.insert(be, *id, be.generation);
+            ids.backend.insert(be, *id, be.generation, &none);
             ids.generation = ids.generation.max(be.generation);
             be_used.insert(*id);
         }
@@ -291,7 +394,7 @@ impl Ids {
         ids.backend_pool = Pool::adopt(&be_used, now);
         // Every bit set now counts as live until the first computation says otherwise (then
         // it is kept for FILTER_RETAIN from now: a flow of the previous agent may need it).
-        ids.filter_live = current.filter.clone();
+        ids.filter_live = current.filter.iter().copied().collect();
         ids
     }
 
@@ -299,18 +402,22 @@ impl Ids {
     /// and those of addresses gone less than [`FILTER_RETAIN`] ago.
     pub(super) fn filter_bits(&mut self, live: BTreeSet<u32>) -> BTreeSet<u32> {
         let now = self.now;
-        for gone in self.filter_live.difference(&live) {
-            self.filter_retired.entry(*gone).or_insert(now);
+        let bits: Bits = live.iter().copied().collect();
+        for gone in self.filter_live.minus(&bits) {
+            self.filter_retired.entry(gone).or_insert(now);
         }
         self.filter_retired.retain(|b, since| {
-            !live.contains(b) && now.saturating_duration_since(*since) < FILTER_RETAIN
+            !bits.contains(*b) && now.saturating_duration_since(*since) < FILTER_RETAIN
         });
-        self.filter_live = live;
-        self.filter_live
-            .iter()
-            .chain(self.filter_retired.keys())
-            .copied()
-            .collect()
+        self.filter_live = bits;
+        let mut bits = live;
+        bits.extend(self.filter_retired.keys());
+        bits
+    }
+
+    /// Whether address filter bit `bit` is one of the last computation's addresses'.
+    pub(super) fn filter_live(&self, bit: u32) -> bool {
+        self.filter_live.contains(bit)
     }
 
     /// [`Ids::retain`] for some frontends and backends only (those an incremental
@@ -334,13 +441,13 @@ impl Ids {
             }
         }
         for be in backends {
-            if let Some((id, generation)) = self.backend.get(&be)
+            if let Some((id, generation)) = self.backend.get(&be, &desired.backends)
                 && desired
                     .backends
                     .get(&id)
                     .is_none_or(|d| d.generation != generation)
             {
-                self.backend.remove(&be);
+                self.backend.remove(&be, &desired.backends);
                 self.backend_pool
                     .give_back(id, !fresh.contains(&(true, id)));
             }
@@ -353,16 +460,58 @@ impl Ids {
         if live {
             self.filter_retired.remove(&bit);
             self.filter_live.insert(bit);
-        } else if self.filter_live.remove(&bit) {
+        } else if self.filter_live.remove(bit) {
             self.filter_retired.insert(bit, self.now);
         }
     }
 
     /// Gives back the room the backend index grew past what it holds (the agent does it
-    /// after a full sync, as [`crate::reconcile::Incremental::compact`]).
-    pub fn compact(&mut self) {
-        self.backend.shrink_to_fit();
+    /// after a full sync, as [`crate::reconcile::Incremental::compact`]); `desired` is the
+    /// state it was last lent ([`Ids::lend`]), if any.
+    pub fn compact(&mut self, desired: &Desired) {
+        self.backend.shrink_to_fit(&desired.backends);
         self.svc.shrink_to_fit();
+    }
+
+    /// `desired` keeps its backends from now on, and is passed to every later computation
+    /// as the state it computes (an incremental one's) or, for a full one, held
+    /// ([`Ids::hold`]): the copies of the backends it holds go (one copy of each backend).
+    pub(super) fn lend(&mut self, desired: &Desired) {
+        self.backend.lend(&desired.backends);
+    }
+
+    /// A full computation replaces the state lent with `backends` (its backends, taken out
+    /// of it): they are found here while it runs, and handed back by [`Ids::unhold`].
+    pub(super) fn hold(&mut self, backends: Dense<Backend>) {
+        self.backend.held = backends;
+    }
+
+    /// The backends [`Ids::hold`] took (after the computation's [`Ids::retain`]).
+    pub(super) fn unhold(&mut self) -> Dense<Backend> {
+        std::mem::take(&mut self.backend.held)
+    }
+
+    /// The backend at index `id` of the lent state `desired` is about to leave it (an
+    /// incremental computation took its last slot out): its copy is kept here until its
+    /// index is given back or the state holds it again.
+    pub(super) fn keep_backend(&mut self, id: u32, desired: &Dense<Backend>) {
+        if let Some(be) = desired.get(&id)
+            && self.backend.get(be, desired) == Some((id, be.generation))
+        {
+            self.backend.own.insert(id, *be);
+        }
+    }
+
+    /// `desired`, lent before ([`crate::reconcile::Incremental`] lends its state), is
+    /// no longer passed to every computation (it is taken away, or the indices serve
+    /// [`crate::reconcile::recompute`]): the backends of it the index names are copied
+    /// back here.
+    pub fn unlend(&mut self, desired: &Dense<Backend>) {
+        for (id, be) in desired {
+            if self.backend.get(be, desired) == Some((*id, be.generation)) {
+                self.backend.own.insert(*id, *be);
+            }
+        }
     }
 
     /// The time a sync runs at (quarantines end by it); the agent calls it before every
@@ -407,7 +556,7 @@ impl Ids {
             self.svc_pool.give_back(id, programmed);
         }
         // Live: its index holds it in the desired state (no set of every backend made).
-        let gone = self.backend.retain(|b, id| {
+        let gone = self.backend.retain(&desired.backends, |b, id| {
             desired
                 .backends
                 .get(&id)
@@ -431,14 +580,19 @@ impl Indices for Ids {
         Some(id)
     }
 
-    fn backend_id(&mut self, be: Backend, capacity: u32) -> Option<(u32, u32)> {
-        if let Some(v) = self.backend.get(&be) {
+    fn backend_id(
+        &mut self,
+        be: Backend,
+        capacity: u32,
+        desired: &Dense<Backend>,
+    ) -> Option<(u32, u32)> {
+        if let Some(v) = self.backend.get(&be, desired) {
             return Some(v);
         }
         let id = self.backend_pool.take(self.now, capacity)?;
         self.generation = self.generation.wrapping_add(1).max(1);
         self.fresh.insert((true, id));
-        self.backend.insert(&be, id, self.generation);
+        self.backend.insert(&be, id, self.generation, desired);
         Some((id, self.generation))
     }
 
@@ -511,7 +665,7 @@ mod tests {
         let mut adopted = Ids::adopt(&d);
         adopted.tick(t0);
         assert_eq!(adopted.svc_id(web(), CAP), Some(a));
-        assert_eq!(adopted.backend_id(be, CAP), Some((7, 9)));
+        assert_eq!(adopted.backend_id(be, CAP, &Dense::default()), Some((7, 9)));
         adopted.retain(&d);
         // A programmed index that was freed waits out its quarantine…
         adopted.retain(&Desired::default());
@@ -537,6 +691,19 @@ mod tests {
             Some(a),
             "reused after the quarantine"
         );
+    }
+
+    #[test]
+    fn bits_hold_a_set_of_numbers_in_order() {
+        let mut b: Bits = [130, 3, 64].into_iter().collect();
+        assert!(b.contains(3) && b.contains(64) && b.contains(130) && !b.contains(4));
+        assert!(!b.insert(3), "held already");
+        assert!(b.insert(0));
+        assert!(b.remove(64) && !b.remove(64) && !b.remove(10_000));
+        let none = Bits::default();
+        assert_eq!(b.minus(&none).collect::<Vec<_>>(), [0, 3, 130]);
+        let other: Bits = [3, 200].into_iter().collect();
+        assert_eq!(b.minus(&other).collect::<Vec<_>>(), [0, 130]);
     }
 
     #[test]
@@ -567,7 +734,7 @@ mod tests {
         ids.tick(t0);
         let one = backend_value(Ipv4Addr::new(10, 244, 0, 1), 8080, Protocol::Tcp);
         let two = backend_value(Ipv4Addr::new(10, 244, 0, 2), 8080, Protocol::Tcp);
-        let (i1, g1) = ids.backend_id(one, CAP).expect("index");
+        let (i1, g1) = ids.backend_id(one, CAP, &Dense::default()).expect("index");
         let mut d = Desired::default();
         d.backends.insert(
             i1,
@@ -580,7 +747,7 @@ mod tests {
         ids.retain(&Desired::default());
         ids.confirm(t0);
         ids.tick(t0 + QUARANTINE);
-        let (i2, g2) = ids.backend_id(two, CAP).expect("index");
+        let (i2, g2) = ids.backend_id(two, CAP, &Dense::default()).expect("index");
         assert_eq!(i2, i1, "the index comes back after the quarantine");
         assert_ne!(g2, g1, "with another generation");
         assert!(g1 != 0 && g2 != 0);

@@ -18,7 +18,7 @@ use foldhash::{HashMap, HashMapExt};
 use lb_common::{Backend, FilterSize, SCOPE_EXTERNAL, SvcKey};
 use smallvec::SmallVec;
 
-use super::{Ids, Journal};
+use super::{Ids, Journal, ids::Bits};
 use crate::{
     desired::{
         Candidate, Desired, DesiredError, Limits, NodeContext, Placed, Touched, backend_filter_bit,
@@ -45,9 +45,10 @@ pub struct Incremental {
     waiting: BTreeMap<SvcKey, BTreeSet<ServiceRef>>,
     /// Backend index → slots naming it (dense: indices are small and reused).
     backend_refs: Vec<u32>,
-    /// Filter bit → frontends and backends with an address in it (a hash map: one
-    /// allocation, looked up and never walked).
-    filter_refs: HashMap<u32, u32>,
+    /// Filter bit → how many frontends and backends beyond the first have an address in
+    /// it (a hash map of the few shared bits: whether a bit has one at all is
+    /// [`Ids`]' set of live bits).
+    filter_shared: HashMap<u32, u32>,
     /// The address filters' size (from the limits of the last full computation).
     filter: FilterSize,
     /// Frontend entries placed (either scope).
@@ -63,10 +64,12 @@ impl Incremental {
         &self.desired
     }
 
-    /// The desired state, taken out (this state is left empty): after a sync without
-    /// errors, what is programmed, to apply a full computation against.
-    pub fn take_desired(&mut self) -> Desired {
-        std::mem::take(&mut self.desired)
+    /// The desired state, taken out (this state is left empty; `ids`, which found its
+    /// backends in it, keep copies of their own again).
+    pub fn take_desired(&mut self, ids: &mut Ids) -> Desired {
+        let d = std::mem::take(&mut self.desired);
+        ids.unlend(&d.backends);
+        d
     }
 
     /// What is programmed of what `touched` (the last update's) names, when the maps held
@@ -99,8 +102,18 @@ impl Incremental {
     }
 
     /// Recomputes everything, as [`super::recompute`] does (the same result): at start, on
-    /// a node change, as the prune.
-    pub fn full(&mut self, model: &Model, node: &NodeContext, ids: &mut Ids, limits: Limits) {
+    /// a node change, as the prune. Returns the desired state it replaced (after a sync
+    /// without errors, what is programmed, to apply it against): kept until it is done, as
+    /// `ids` find the backends they handed out in it.
+    pub fn full(
+        &mut self,
+        model: &Model,
+        node: &NodeContext,
+        ids: &mut Ids,
+        limits: Limits,
+    ) -> Desired {
+        let mut replaced = std::mem::take(&mut self.desired);
+        ids.hold(std::mem::take(&mut replaced.backends));
         *self = Incremental {
             filter: limits.filter,
             ..Incremental::default()
@@ -122,8 +135,11 @@ impl Incremental {
             self.offer(id, c, ids, limits);
         }
         ids.retain(&self.desired);
+        ids.lend(&self.desired);
+        replaced.backends = ids.unhold();
         self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired, self.filter));
-        self.filter_refs = count_filter_bits(&self.desired, self.filter);
+        self.filter_shared = shared_filter_bits(&self.desired, self.filter);
+        replaced
     }
 
     /// Rebuilds the B-trees from their sorted entries (the arrays give back their room past
@@ -191,6 +207,7 @@ impl Incremental {
             }
         }
         ids.retain_touched(&self.desired, &touched.frontends, backends_seen);
+        ids.lend(&self.desired);
         touched
     }
 
@@ -270,6 +287,7 @@ impl Incremental {
             if let Some(j) = &mut self.journal {
                 j.backend(&self.desired, id);
             }
+            ids.keep_backend(id, &self.desired.backends);
             if let Some(be) = self.desired.backends.remove(&id) {
                 let bit = backend_filter_bit(self.filter, &be);
                 self.unref_filter(bit, ids, touched);
@@ -278,28 +296,29 @@ impl Incremental {
     }
 
     fn unref_filter(&mut self, bit: u32, ids: &mut Ids, touched: &mut Touched) {
-        if let Some(n) = self.filter_refs.get_mut(&bit) {
+        if let Some(n) = self.filter_shared.get_mut(&bit) {
             *n -= 1;
             if *n == 0 {
-                self.filter_refs.remove(&bit);
-                // It stays set (a flow may still need it) until a prune retires it.
-                ids.filter_bit(bit, false);
-                touched.filter_words.insert(bit / 64);
+                self.filter_shared.remove(&bit);
             }
+        } else if ids.filter_live(bit) {
+            // It stays set (a flow may still need it) until a prune retires it.
+            ids.filter_bit(bit, false);
+            touched.filter_words.insert(bit / 64);
         }
     }
 
     fn ref_filter(&mut self, bit: u32, ids: &mut Ids, touched: &mut Touched) {
-        let n = self.filter_refs.entry(bit).or_default();
-        *n += 1;
-        if *n == 1 {
-            ids.filter_bit(bit, true);
-            if let Some(j) = &mut self.journal {
-                j.filter_bit(&self.desired, bit);
-            }
-            self.desired.filter.insert(bit);
-            touched.filter_words.insert(bit / 64);
+        if ids.filter_live(bit) {
+            *self.filter_shared.entry(bit).or_default() += 1;
+            return;
         }
+        ids.filter_bit(bit, true);
+        if let Some(j) = &mut self.journal {
+            j.filter_bit(&self.desired, bit);
+        }
+        self.desired.filter.insert(bit);
+        touched.filter_words.insert(bit / 64);
     }
 
     /// [`Incremental::offer`], collecting problems in `errors` and what changed in `touched`.
@@ -406,14 +425,16 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
     *m = std::mem::take(m).into_iter().collect();
 }
 
-/// How many frontends and backends of `d` have an address in each filter bit.
-fn count_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
-    let mut refs = HashMap::new();
-    for k in d.services.keys() {
-        *refs.entry(size.bit_of(&k.addr_be)).or_default() += 1;
+/// How many frontends and backends of `d` beyond the first have an address in each
+/// filter bit shared by more than one.
+fn shared_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
+    let (mut seen, mut shared) = (Bits::default(), HashMap::new());
+    let bits = (d.services.keys().map(|k| size.bit_of(&k.addr_be)))
+        .chain(d.backends.values().map(|be| backend_filter_bit(size, be)));
+    for bit in bits {
+        if !seen.insert(bit) {
+            *shared.entry(bit).or_default() += 1;
+        }
     }
-    for be in d.backends.values() {
-        *refs.entry(backend_filter_bit(size, be)).or_default() += 1;
-    }
-    refs
+    shared
 }

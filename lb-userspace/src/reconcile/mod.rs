@@ -319,7 +319,7 @@ impl Reconciler {
             // maps), then the B-trees rebuilt full.
             drop((touched, problems));
             self.engine.compact();
-            self.ids.compact();
+            self.ids.compact(self.engine.desired());
         }
         let transitions = self.update_statuses(model, full, changed);
         Synced {
@@ -392,14 +392,11 @@ impl Reconciler {
     ) -> (Touched, Desired, Taken) {
         let (ids, limits) = (&mut self.ids, self.limits);
         if full {
-            let mut now = self
-                .programmed
-                .take()
-                .unwrap_or_else(|| self.engine.take_desired());
             let mut retried = Touched::default();
             let taken = self.retries.take(&mut retried, Instant::now(), true);
+            let replaced = self.engine.full(model, node, ids, limits);
+            let mut now = self.programmed.take().unwrap_or(replaced);
             taken.overlay(&mut now);
-            self.engine.full(model, node, ids, limits);
             let mut touched = sync::everything(&now, self.engine.desired());
             touched.extend(retried);
             (touched, now, taken)

@@ -355,8 +355,7 @@ proptest! {
             // No programmed copy: a full computation applies against the desired state it
             // replaces, an update against the journal of what it changed.
             let (touched, mut programmed) = if full {
-                let before = engine.take_desired();
-                engine.full(&model, &ctx, &mut ids, limits);
+                let before = engine.full(&model, &ctx, &mut ids, limits);
                 (sync::everything(&before, engine.desired()), before)
             } else {
                 let changed = event.and_then(|e| events::apply(&mut model, e));
@@ -389,6 +388,8 @@ proptest! {
         let before = engine.desired().clone();
         engine.full(&model, &ctx, &mut ids, limits);
         prop_assert_eq!(canonical(engine.desired()), canonical(&before));
+        // The indices found their backends in the engine's state: their own copies back.
+        ids.unlend(&engine.desired().backends);
         let (again, _) = reconcile::recompute(&model, &ctx, &mut ids, limits);
         prop_assert_eq!(&again.services, &before.services);
         prop_assert_eq!(&again.backends, &before.backends);

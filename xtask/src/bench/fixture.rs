@@ -280,11 +280,11 @@ impl Datapath {
         // As the agent: no programmed copy; a full computation applies against the state it
         // replaces (or what `program` left), an update against the journal of its changes.
         let (touched, mut now) = if full {
+            let replaced = self.engine.full(model, &node, &mut self.ids, limits);
             let now = match std::mem::take(&mut self.current) {
-                c if c == Desired::default() => self.engine.take_desired(),
+                c if c == Desired::default() => replaced,
                 c => c,
             };
-            self.engine.full(model, &node, &mut self.ids, limits);
             (sync::everything(&now, self.engine.desired()), now)
         } else {
             let touched = self
