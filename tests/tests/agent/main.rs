@@ -5,7 +5,6 @@
 //! faults, which kill an agent in the middle of a sync, are a binary of their own: beside a
 //! cold sync of thousands of services the kill never found its moment.)
 
-mod filters;
 mod maps;
 mod metrics;
 mod node_duties;
