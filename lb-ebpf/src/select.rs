@@ -159,7 +159,7 @@ pub fn choose(
 pub extern "C" fn xlb_maglev_slot(svc_id: u32, hash: u32, count: u32) -> u32 {
     // SAFETY: read-only here; the agent replaces a table in one update (a hash map's
     // element is swapped whole, never written in place).
-    let Some(row) = (unsafe { XLB_MAGLEV_V2.get(&svc_id) }) else {
+    let Some(row) = (unsafe { XLB_MAGLEV_V2.get(svc_id) }) else {
         return 0;
     };
     let size = row.size;

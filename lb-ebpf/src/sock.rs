@@ -213,9 +213,13 @@ pub fn reverse<F: Family>(ctx: &SockAddrContext) -> i32 {
     ALLOW
 }
 
+/// The run's `bpf_sock_addr`: the kernel's context, valid and this run's alone for the whole
+/// run (not a map value another CPU writes). Taken once per run, so the one `&mut` is the only
+/// reference to it; its lifetime is the run's, not the borrow of `ctx`.
 #[inline(always)]
-fn addr(ctx: &SockAddrContext) -> &mut bpf_sock_addr {
-    // SAFETY: the kernel passes a valid context for the program run.
+fn addr<'run>(ctx: &SockAddrContext) -> &'run mut bpf_sock_addr {
+    // SAFETY: the kernel passes a valid context for the program run, read and written by
+    // this run only.
     unsafe { &mut *ctx.sock_addr }
 }
 
@@ -319,8 +323,8 @@ fn try_forward<F: Family>(ctx: &SockAddrContext, sendmsg: bool) -> Result<Reason
     // An LRU insert only fails under memory pressure; the socket then sees the backend's
     // address in recvmsg()/getpeername().
     let _ = XLB_SOCK_V1.insert(
-        &key::<F>(cookie, be.addr_be, be.port_be, proto, SOCK_DIR_REVERSE),
-        &back,
+        key::<F>(cookie, be.addr_be, be.port_be, proto, SOCK_DIR_REVERSE),
+        back,
         0,
     );
     F::set_user(sa, &be.addr_be, be.port_be);
@@ -343,7 +347,7 @@ fn sticky<F: Family>(
     // Still in its slot, and still the same backend there (an index handed to another
     // backend holds another address).
     // SAFETY: the value is copied out at once; entries are replaced whole.
-    if let Some(v) = unsafe { XLB_SOCK_V1.get(&k) }
+    if let Some(v) = unsafe { XLB_SOCK_V1.get(k) }
         && select::slot(svc, v.slot) == Some(v.id)
         && let Some(be) = select::backend(v.id)
         && be.addr_be == v.addr_be
@@ -364,7 +368,7 @@ fn sticky<F: Family>(
         slot,
         id,
     };
-    let _ = XLB_SOCK_V1.insert(&k, &v, 0);
+    let _ = XLB_SOCK_V1.insert(k, v, 0);
     Ok((id, be))
 }
 
@@ -384,7 +388,7 @@ fn try_reverse<F: Family>(ctx: &SockAddrContext) -> Reason {
         SOCK_DIR_REVERSE,
     );
     // SAFETY: as in `sticky`.
-    match unsafe { XLB_SOCK_V1.get(&k) } {
+    match unsafe { XLB_SOCK_V1.get(k) } {
         Some(v) => {
             F::set_user(sa, &v.addr_be, v.port_be);
             Reason(R_SOCK_REVNAT)
