@@ -132,11 +132,7 @@ fn tracked<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
 }
 
 #[inline(always)]
-fn try_tracked<F: Family>(
-    ctx: &TcContext,
-    t: &F,
-    s: &mut F::Scratch,
-) -> Result<Then<i32>, Reason> {
+fn try_tracked<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<Then<i32>, Reason> {
     let mut reason = R_NEW_FLOW;
     if let Some(ct) = conntrack::lookup_forward(t) {
         if continues(&ct, t) {
@@ -197,12 +193,7 @@ fn supersede<F: Family>(ctx: &TcContext, t: &F) -> Carried {
 /// unless the service must drop), else its backend (into the scratch, `Parts::chosen`) and
 /// [`Then::Next`]. Also the node's own flows' step at tc egress (`out_dnat`).
 #[inline(never)]
-pub fn choose<F: Family>(
-    t: &F,
-    svc: &SvcValue,
-    reason: u32,
-    s: &mut F::Scratch,
-) -> Carried {
+pub fn choose<F: Family>(t: &F, svc: &SvcValue, reason: u32, s: &mut F::Scratch) -> Carried {
     Carried::then::<i32>(try_choose(t, svc, reason, s))
 }
 

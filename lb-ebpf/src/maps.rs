@@ -9,9 +9,9 @@ use aya_ebpf::{
 use lb_common::{
     AFFINITY_MAP_CAPACITY, AffinityKey, AffinityValue, BACKEND_MAP_CAPACITY, Backend,
     CT_MAP_CAPACITY, Counter, CtKey, CtValue, FILTER_WORDS, MAGLEV_MAP_CAPACITY, MaglevRow,
-    NodeConfig, R_COUNT, SOCK_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY,
-    SLOT_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue, SrcRangeKey, SrcRangeKey6, SvcKey,
-    SvcValue, XDP_TX_MAP_CAPACITY,
+    NodeConfig, R_COUNT, SLOT_MAP_CAPACITY, SOCK_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY,
+    SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY, SVC_NAME_MAP_CAPACITY, SockKey, SockValue,
+    SrcRangeKey, SrcRangeKey6, SvcKey, SvcValue, XDP_TX_MAP_CAPACITY,
 };
 
 /// Services. Written by the agent (make-before-break: a frontend's slots before its entry),

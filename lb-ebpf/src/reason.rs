@@ -38,8 +38,22 @@ pub fn count_service(svc_id: u32, backend_id: u32, len: u32) {
 pub fn add_service(svc_id: u32, backend_id: u32, packets: u32, bytes: u32) {
     // SAFETY: a helper without arguments.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    add(&XLB_BESTAT_V3, XLB_BE_STRIDE.load(), cpu, backend_id, packets, bytes);
-    add(&XLB_SVCSTAT_V3, XLB_SVC_STRIDE.load(), cpu, svc_id, packets, bytes);
+    add(
+        &XLB_BESTAT_V3,
+        XLB_BE_STRIDE.load(),
+        cpu,
+        backend_id,
+        packets,
+        bytes,
+    );
+    add(
+        &XLB_SVCSTAT_V3,
+        XLB_SVC_STRIDE.load(),
+        cpu,
+        svc_id,
+        packets,
+        bytes,
+    );
 }
 
 /// Adds `packets` of `bytes` to index `id` of CPU `cpu`'s row (`stride` indices) of `rows`.

@@ -118,11 +118,7 @@ pub fn slot(svc: &SvcValue, n: u16) -> Option<u32> {
 /// `SVC_F_MAGLEV`; `None`: a socket's connect, which has no flow yet), else one picked at
 /// random.
 #[inline(always)]
-pub fn choose(
-    client: &Client,
-    svc: &SvcValue,
-    hash: Option<u32>,
-) -> Result<Chosen, Reason> {
+pub fn choose(client: &Client, svc: &SvcValue, hash: Option<u32>) -> Result<Chosen, Reason> {
     // Each field of the entry read where it is used (kept across the lookups, they would be
     // spilled).
     let still = |a: &Shared<'_, AffinityValue>| {
