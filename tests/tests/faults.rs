@@ -198,6 +198,10 @@ fn the_agent_mounts_bpffs_itself_under_ip_netns_exec() {
     let _ = child.wait();
     let seen = reader.join().expect("reader");
     let _ = std::fs::remove_dir_all(&dir);
+    // The pins went with the mount namespace; the names file beside them is on the host's
+    // /run (an agent keeps it when it stops: `xlb cleanup` would remove it with the pins).
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/{tag}"));
+    let _ = std::fs::remove_file(lb_userspace::datapath::names_file::path(&pins));
     assert!(seen.contains("mounted one"), "{seen}");
     assert!(seen.contains("synced"), "{seen}");
 }
