@@ -141,17 +141,9 @@ impl MapSizes {
     /// filter pinned by an earlier build (whose filters had one size) or with other
     /// capacities keeps its size rather than refusing the start; new pins get theirs.
     pub fn keeping_pinned_filter(self, dir: &Path) -> Result<Self, DatapathError> {
-        let path = dir.join(MAP_ADDR_FILTER);
-        if !path.exists() {
+        let Some(entries) = pinned_entries(dir, MAP_ADDR_FILTER)? else {
             return Ok(self);
-        }
-        let entries = aya::maps::MapData::from_pin(&path)
-            .and_then(|m| m.info())
-            .map_err(|source| DatapathError::Map {
-                name: MAP_ADDR_FILTER,
-                source,
-            })?
-            .max_entries();
+        };
         let pinned = FilterSize::from_entries(entries);
         let wanted = self.filter();
         if pinned != wanted {
@@ -180,14 +172,9 @@ impl MapSizes {
     /// Refuses when a map already pinned under `dir` has another size than asked for.
     pub fn check_pinned(&self, dir: &Path, cpus: u32) -> Result<(), DatapathError> {
         for (name, wanted) in self.by_map(cpus) {
-            let path = dir.join(name);
-            if !path.exists() {
+            let Some(pinned) = pinned_entries(dir, name)? else {
                 continue;
-            }
-            let pinned = aya::maps::MapData::from_pin(&path)
-                .and_then(|m| m.info())
-                .map_err(|source| DatapathError::Map { name, source })?
-                .max_entries();
+            };
             if pinned != wanted {
                 return Err(DatapathError::SizeChanged {
                     map: name,
