@@ -64,11 +64,14 @@ fn assert_ipv4_header(h: &Ipv4HeaderSlice<'_>, what: &str) {
 }
 
 /// Asserts that no SCTP server of the lab dropped a packet for its CRC32c (each checks
-/// every packet with the `crc32c` crate, independent of xlb's incremental update).
+/// every packet with the `crc32c` crate, independent of xlb's incremental update), and
+/// that none had a packet refused by its own socket (a fault of the lab, not of xlb).
 pub fn assert_no_bad_sctp_checksums(servers: &[xlb_lab::sctp::SctpServer]) {
     let bad: Vec<u64> = servers.iter().map(|s| s.bad_checksums()).collect();
     assert!(
         bad.iter().all(|b| *b == 0),
         "servers dropped packets for their checksum: {bad:?}"
     );
+    let failed: Vec<String> = servers.iter().filter_map(|s| s.failure()).collect();
+    assert!(failed.is_empty(), "the lab's SCTP servers: {failed:?}");
 }

@@ -16,7 +16,7 @@ use std::{
     mem::MaybeUninit,
     net::{IpAddr, SocketAddr},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
@@ -235,11 +235,33 @@ struct Assoc {
 const MAX_ASSOCS: usize = 4096;
 
 /// An SCTP server on `port` of every address of a namespace's `family`, answering until
-/// dropped. [`SctpServer::bad_checksums`] counts packets refused for their checksum.
+/// dropped. [`SctpServer::bad_checksums`] counts packets refused for their checksum;
+/// [`SctpServer::failure`] says what its socket refused. A receive or send the socket
+/// refuses loses that packet, as a drop on the wire would, and the server goes on: a
+/// server that stopped would answer every later packet of its pod with the kernel's ICMP
+/// protocol unreachable (this kernel has no SCTP), hiding the cause.
 pub struct SctpServer {
     stop: Arc<AtomicBool>,
     bad: Arc<AtomicU64>,
+    errors: Arc<Errors>,
     thread: Option<JoinHandle<Result<Result<(), String>, String>>>,
+}
+
+/// What a server's socket refused: how many times, and the first refusal.
+#[derive(Default)]
+struct Errors {
+    count: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl Errors {
+    fn note(&self, what: String) {
+        if self.count.fetch_add(1, Ordering::Relaxed) == 0
+            && let Ok(mut first) = self.first.lock()
+        {
+            *first = Some(what);
+        }
+    }
 }
 
 impl SctpServer {
@@ -248,8 +270,10 @@ impl SctpServer {
     pub fn start(ns: &Netns, name: &str, family: IpAddr, port: u16) -> Result<Self, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let bad = Arc::new(AtomicU64::new(0));
+        let errors = Arc::new(Errors::default());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-        let (stop2, bad2, name2) = (stop.clone(), bad.clone(), name.to_string());
+        let (stop2, bad2, errors2, name2) =
+            (stop.clone(), bad.clone(), errors.clone(), name.to_string());
         let thread = ns.spawn(move || {
             let sock = match raw_socket(&SocketAddr::new(family, 0), Duration::from_millis(50)) {
                 Ok(s) => s,
@@ -260,7 +284,8 @@ impl SctpServer {
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            serve(&sock, &name2, port, &stop2, &bad2)
+            serve(&sock, &name2, port, &stop2, &bad2, &errors2);
+            Ok(())
         });
         ready_rx
             .recv()
@@ -268,6 +293,7 @@ impl SctpServer {
         Ok(SctpServer {
             stop,
             bad,
+            errors,
             thread: Some(thread),
         })
     }
@@ -275,6 +301,19 @@ impl SctpServer {
     /// Packets this server dropped for a wrong checksum.
     pub fn bad_checksums(&self) -> u64 {
         self.bad.load(Ordering::Relaxed)
+    }
+
+    /// What the server's socket refused so far (how many times, and the first refusal),
+    /// or `None`; a thread that ended early (a panic) says so.
+    pub fn failure(&self) -> Option<String> {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            return Some("the server's thread ended".into());
+        }
+        let count = self.errors.count.load(Ordering::Relaxed);
+        (count > 0).then(|| {
+            let first = self.errors.first.lock().ok().and_then(|f| f.clone());
+            format!("{count} refused, the first: {}", first.unwrap_or_default())
+        })
     }
 }
 
@@ -293,7 +332,8 @@ fn serve(
     port: u16,
     stop: &AtomicBool,
     bad: &AtomicU64,
-) -> Result<(), String> {
+    errors: &Errors,
+) {
     let mut assocs: HashMap<(IpAddr, u16), Assoc> = HashMap::new();
     let mut buf = vec![0u8; 65536];
     let mut next_tag: u32 = 0x5c70_0001;
@@ -301,7 +341,12 @@ fn serve(
         let (from, bytes) = match recv(sock, &mut buf) {
             Ok(Some(r)) => r,
             Ok(None) => continue,
-            Err(e) => return Err(format!("{name}: receive: {e}")),
+            Err(e) => {
+                errors.note(format!("{name}: receive: {e}"));
+                // Not a busy loop on an error that repeats.
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
         };
         if bytes.len() >= 4 && u16::from_be_bytes([bytes[2], bytes[3]]) != port {
             continue;
@@ -378,9 +423,10 @@ fn serve(
             }
             _ => continue,
         };
-        send(sock, from, &out).map_err(|e| format!("{name}: send to {peer}: {e}"))?;
+        if let Err(e) = send(sock, from, &out) {
+            errors.note(format!("{name}: send to {peer}: {e}"));
+        }
     }
-    Ok(())
 }
 
 /// One association from this thread's namespace to a frontend or a backend, set up by

@@ -78,12 +78,22 @@ pub struct Installed {
     /// xlb's labs: the cgroup its socket hooks are attached to (`--cgroup-path`); a client
     /// process must join it to be served by the hooks.
     pub cgroup: Option<Cgroup>,
-    _servers: Servers,
+    servers: Servers,
     pub topo: Topology,
     work: PathBuf,
 }
 
 impl Installed {
+    /// What the lab's own SCTP servers' sockets refused ([`SctpServer::failure`]), one line
+    /// per server: a fault of the lab (the pods have no rules), not of the mode under test.
+    pub fn server_failures(&self) -> Vec<String> {
+        self.servers
+            .sctp
+            .iter()
+            .filter_map(SctpServer::failure)
+            .collect()
+    }
+
     /// xlb's datapath counters, in xlb's labs.
     pub fn counters(&self) -> Option<Counts> {
         let pins = self.pins.as_ref()?;
@@ -192,7 +202,7 @@ fn build_pods(spec: &LabSpec) -> Result<Topology, String> {
 #[derive(Default)]
 struct Servers {
     _echo: Vec<EchoServer>,
-    _sctp: Vec<SctpServer>,
+    sctp: Vec<SctpServer>,
 }
 
 /// Servers on every endpoint address's ports, named `ip:port` (`[ip6]:port`), as the
@@ -222,10 +232,7 @@ fn start_servers(
             }
         }
     }
-    Ok(Servers {
-        _echo: echo,
-        _sctp: sctp,
-    })
+    Ok(Servers { _echo: echo, sctp })
 }
 
 /// Builds a lab (a node namespace with its node addresses, a client pod, one pod per
@@ -240,7 +247,7 @@ pub fn install(spec: &LabSpec) -> Result<Installed, String> {
         guards: Vec::new(),
         pins: None,
         cgroup: None,
-        _servers: servers,
+        servers,
         topo,
         work,
     };

@@ -410,6 +410,13 @@ fn run_mode(
             outcomes[i] = Some(o);
         }
     }
+    let failed = lab.server_failures();
+    if !failed.is_empty() {
+        return Err(format!(
+            "the lab's SCTP servers' sockets refused packets, so its outcomes say nothing of the mode: {}",
+            failed.join("; ")
+        ));
+    }
     Ok((outcomes, lab.counters()))
 }
 
