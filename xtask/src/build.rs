@@ -32,7 +32,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// A cargo command for the nightly toolchain, without the stable toolchain's environment
 /// that `cargo xtask` inherited.
-fn nightly_cargo() -> Command {
+pub fn nightly_cargo() -> Command {
     let mut c = Command::new("rustup");
     c.args(["run", "nightly", "cargo"]);
     for var in [
@@ -100,6 +100,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Runs the workspace's tests with the built object and binary, echoing cargo's output,
+/// then (a whole run, no filter) the lint step ([`crate::lint`]),
 /// and ends with one summary line over every test binary: `tests: N passed, N failed, N
 /// skipped`, where skipped counts ignored tests and tests that skipped for want of root or of
 /// a tool (each leaves a marker in a directory passed as `XLB_SKIP_DIR`; see
@@ -144,6 +145,15 @@ pub fn test(extra: &[String]) -> Result<()> {
         }
     }
     let status = child.wait()?;
+    // A whole run (no filter, as CI's) lints too; each step counts as a test.
+    let lint_failed = if extra.is_empty() {
+        let (passed, failed) = crate::lint::steps_run();
+        totals[0] += passed;
+        totals[1] += failed.len() as u64;
+        failed
+    } else {
+        Vec::new()
+    };
     let skipped = skips.names()?;
     if !skipped.is_empty() {
         println!(
@@ -155,6 +165,9 @@ pub fn test(extra: &[String]) -> Result<()> {
     println!("{}", summary(totals, skipped.len() as u64));
     if !status.success() {
         bail!("cargo test failed with {status}");
+    }
+    if !lint_failed.is_empty() {
+        bail!("lint failed: {}", lint_failed.join(", "));
     }
     Ok(())
 }

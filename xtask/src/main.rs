@@ -5,6 +5,7 @@ mod build;
 mod demo;
 mod docs_trace;
 mod image;
+mod lint;
 mod setup;
 mod verifier;
 
@@ -71,7 +72,10 @@ enum Command {
         #[arg(long)]
         object: Option<std::path::PathBuf>,
     },
-    /// Every test tier: unit, golden, packet (TestRun) and real traffic.
+    /// rustfmt and clippy (`-D warnings`) for the workspace and for lb-ebpf.
+    Lint,
+    /// Every test tier: unit, golden, packet (TestRun) and real traffic; without a filter,
+    /// the lint step too.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -123,6 +127,11 @@ fn main() -> Result<()> {
                 }
             };
             verifier::run(&object)
+        }
+        Command::Lint => {
+            setup::run()?;
+            build::ebpf()?;
+            lint::run()
         }
         Command::Test { args } => {
             setup::run()?;

@@ -47,7 +47,7 @@ pub fn run() -> Result<()> {
     let root = is_root();
     let mut missing = Vec::new();
     packages(root, &mut missing)?;
-    rust_src()?;
+    toolchain_components()?;
     bpf_linker()?;
     bpffs(root, &mut missing)?;
     promtool(root, &mut missing)?;
@@ -95,27 +95,49 @@ fn packages(root: bool, missing: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-fn rust_src() -> Result<()> {
+fn toolchain_components() -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         bail!(
             "the nightly toolchain is missing (the eBPF crate needs it): rustup toolchain install nightly"
         );
     }
+    // The eBPF crate builds core from source; the lint step runs rustfmt and clippy on
+    // both toolchains (the workspace's and the eBPF crate's).
+    components("nightly", &["rust-src", "rustfmt", "clippy"])?;
+    let default =
+        output(Command::new("rustup").args(["show", "active-toolchain"])).unwrap_or_default();
+    match default.split_whitespace().next() {
+        Some(t) => components(t, &["rustfmt", "clippy"]),
+        None => Ok(()),
+    }
+}
+
+/// Adds what of `wanted` `toolchain` lacks.
+fn components(toolchain: &str, wanted: &[&str]) -> Result<()> {
     let installed = output(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        toolchain,
         "--installed",
     ]))
     .unwrap_or_default();
-    if installed.lines().any(|l| l.starts_with("rust-src")) {
-        println!("xtask setup: nightly rust-src present");
+    let absent: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|c| !installed.lines().any(|l| l.starts_with(c)))
+        .collect();
+    if absent.is_empty() {
+        println!("xtask setup: {toolchain} has {}", wanted.join(", "));
         return Ok(());
     }
-    println!("xtask setup: adding rust-src to the nightly toolchain");
-    exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    println!("xtask setup: adding {} to {toolchain}", absent.join(", "));
+    exec(
+        Command::new("rustup")
+            .args(["component", "add", "--toolchain", toolchain])
+            .args(&absent),
+    )
 }
 
 /// The nightly toolchain's libLLVM and its major version.
