@@ -419,7 +419,9 @@ fn start_agent(spec: &LabSpec, lab: &mut Installed) -> Result<(), String> {
         .push(spawn_xlb(&lab.topo.node, spec.xlb, &args, &log)?);
     lab.pins = Some(Pins(pins.clone()));
     let want = spec.frontends.len().min(1);
-    let deadline = Instant::now() + Duration::from_secs(15);
+    // A bound to fail by, not a speed: loading the programs (the verifier's walk) takes
+    // seconds on a loaded 2-core machine, 15 s was once not enough.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let programmed = || {
         lb_userspace::datapath::pins::Pins::open(&pins)
             .and_then(|p| lb_userspace::list::services(&p))
