@@ -225,7 +225,7 @@ fn batched_reads_count_and_sum_what_was_written() {
 #[test]
 fn a_batch_a_full_map_refuses_names_each_service_left_out() {
     use aya::maps::{HashMap, Map, MapData};
-    use lb_common::{FAMILY_V4, MAP_SVC, SvcKey, SvcValue};
+    use lb_common::{MAP_SVC, SvcKey, SvcValue};
     if !require_root() {
         return;
     }
@@ -241,15 +241,7 @@ fn a_batch_a_full_map_refuses_names_each_service_left_out() {
     let mut svc: HashMap<MapData, SvcKey, SvcValue> =
         HashMap::try_from(Map::HashMap(data)).expect("a hash map");
     for port in 1..=FOREIGN {
-        let key = SvcKey {
-            addr_be: [u32::from_ne_bytes([203, 0, 113, 1]), 0, 0, 0],
-            port_be: port.to_be(),
-            proto: libc::IPPROTO_TCP as u8,
-            family: FAMILY_V4,
-            scope: 0,
-            _pad0: 0,
-            _pad1: 0,
-        };
+        let key = xlb_tests::datapath::foreign_frontend(port);
         svc.insert(key, SvcValue::default(), 0)
             .expect("a foreign entry");
     }
