@@ -109,6 +109,20 @@ impl LoadedDatapath {
 
 pub use lb_userspace::datapath::chain;
 
+/// The service map key of a frontend no Service has (203.0.113.1:`port`/TCP): an entry
+/// another writer left, to take room in the map (no test traffic goes there).
+pub fn foreign_frontend(port: u16) -> lb_common::SvcKey {
+    lb_common::SvcKey {
+        addr_be: [u32::from_ne_bytes([203, 0, 113, 1]), 0, 0, 0],
+        port_be: port.to_be(),
+        proto: libc::IPPROTO_TCP as u8,
+        family: lb_common::FAMILY_V4,
+        scope: 0,
+        _pad0: 0,
+        _pad1: 0,
+    }
+}
+
 /// tc's TC_ACT_OK: the packet goes on.
 const TC_ACT_OK: u32 = 0;
 

@@ -43,6 +43,7 @@ pub(super) struct Started {
 /// Loads the datapath and adopts what is pinned.
 pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<Started, AgentError> {
     let _lock = loader::lock(&opts.bpffs)?;
+    let counters_pinned = loader::counters_pinned(&opts.bpffs);
     let mut ebpf = loader::load(EBPF_OBJECT, &opts.bpffs, &opts.map_sizes)?;
     super::memory::drop_object_pages(EBPF_OBJECT);
     let pins = Pins::open(&opts.bpffs)?;
@@ -80,7 +81,10 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
             "wrote the names of the previous layout's names map to the names file"
         );
     }
-    let maps = KernelMaps::from_ebpf(&mut ebpf, &opts.bpffs)?;
+    let mut maps = KernelMaps::from_ebpf(&mut ebpf, &opts.bpffs)?;
+    if !counters_pinned {
+        maps.counters_created();
+    }
     let mut current = maps.read().map_err(DatapathError::from)?;
     current.filter = maps.read_filter().map_err(DatapathError::from)?;
     info!(

@@ -105,6 +105,14 @@ pub fn lock(dir: &Path) -> Result<PinLock, DatapathError> {
     }
 }
 
+/// Whether `dir` holds a pin of either counter array: else the load creates them, all zero
+/// (see [`super::kernel::KernelMaps::counters_created`]).
+pub fn counters_pinned(dir: &Path) -> bool {
+    [lb_common::MAP_SVC_STATS, lb_common::MAP_BACKEND_STATS]
+        .iter()
+        .any(|name| dir.join(name).exists())
+}
+
 /// Loads the object from `object`, pinning (or reusing) every map in `dir`, and loads the
 /// tc program into the kernel.
 pub fn load(object: &[u8], dir: &Path, sizes: &MapSizes) -> Result<Ebpf, DatapathError> {

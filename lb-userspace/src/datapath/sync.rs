@@ -143,13 +143,28 @@ struct Apply<'a> {
 }
 
 impl<'a> Apply<'a> {
-    /// Writes each touched filter word whose programmed bits differ from `bits(have, want)`.
+    /// Writes each touched filter word whose programmed bits differ from `bits(have, want)`,
+    /// as one batch.
     fn filter_words(&mut self, bits: impl Fn(u64, u64) -> u64) {
-        for &word in &self.touched.filter_words {
-            let have = word_of(&self.now.filter, word);
-            let to = bits(have, word_of(&self.desired.filter, word));
-            if to != have {
-                write_filter(self.w, self.now, &mut self.r, word, to, self.record);
+        let words: Vec<(u32, u64)> = self
+            .touched
+            .filter_words
+            .iter()
+            .filter_map(|&word| {
+                let have = word_of(&self.now.filter, word);
+                let to = bits(have, word_of(&self.desired.filter, word));
+                (to != have).then_some((word, to))
+            })
+            .collect();
+        let failed = self.w.put_filter_words(&words);
+        self.r.writes += words.len() - failed.len();
+        let failed_words: BTreeSet<usize> = failed.iter().map(|(i, _)| *i).collect();
+        self.r.errors.extend(failed.into_iter().map(|(_, e)| e));
+        if self.record {
+            for (i, (word, bits)) in words.iter().enumerate() {
+                if !failed_words.contains(&i) {
+                    set_word(&mut self.now.filter, *word, *bits);
+                }
             }
         }
     }
@@ -505,25 +520,6 @@ pub fn set_word(set: &mut BTreeSet<u32>, word: u32, bits: u64) {
         } else {
             set.remove(&(word * 64 + i));
         }
-    }
-}
-
-fn write_filter(
-    w: &mut dyn MapWriter,
-    now: &mut Desired,
-    r: &mut SyncReport,
-    word: u32,
-    bits: u64,
-    record: bool,
-) {
-    match w.put_filter_word(word, bits) {
-        Ok(()) => {
-            if record {
-                set_word(&mut now.filter, word, bits);
-            }
-            r.writes += 1;
-        }
-        Err(e) => r.errors.push(e),
     }
 }
 

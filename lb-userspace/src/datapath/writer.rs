@@ -60,6 +60,12 @@ pub trait MapWriter {
         one_by_one(runs, |(base, ids)| self.put_slots(*base, ids))
     }
 
+    /// Writes many address filter words (`(word, bits)`); returns the ones that failed, by
+    /// position in `list`. One by one unless the writer can batch.
+    fn put_filter_words(&mut self, list: &[(u32, u64)]) -> Vec<(usize, WriteError)> {
+        one_by_one(list, |(word, bits)| self.put_filter_word(*word, *bits))
+    }
+
     /// Writes many names; `fresh` ones are indices no name was programmed at (their
     /// counters start from zero). As [`MapWriter::put_backends`].
     fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {

@@ -40,6 +40,28 @@ fn every_map_of_the_object_matches_lb_common() {
     }
 }
 
+/// `n` Services `s0…` at 10.96.0.0 up, 3 endpoints each from 10.244.x.`first`.
+fn services_yaml(n: usize, first: u8) -> String {
+    (0..n)
+        .map(|i| {
+            let vip = std::net::Ipv4Addr::from(
+                u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + i as u32,
+            );
+            let eps: Vec<std::net::Ipv4Addr> = (0..3)
+                .map(|k| {
+                    std::net::Ipv4Addr::new(
+                        10,
+                        244,
+                        (i / 200) as u8,
+                        first + (i % 200) as u8 / 4 + k,
+                    )
+                })
+                .collect();
+            xlb_tests::services::service_yaml(&format!("s{i}"), vip, 80, "TCP", 8080, &eps)
+        })
+        .collect()
+}
+
 /// A cold sync writes its backends, names, slots and entries in batches
 /// (`BPF_MAP_UPDATE_BATCH`, `datapath::batch`), more than one chunk of each: the kernel maps
 /// then hold exactly the desired state, every counter starts from zero, and a resync that
@@ -49,28 +71,8 @@ fn a_batched_cold_sync_reads_back_exactly() {
     if !require_root() {
         return;
     }
-    let yaml = |n: usize, first: u8| -> String {
-        (0..n)
-            .map(|i| {
-                let vip = std::net::Ipv4Addr::from(
-                    u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + i as u32,
-                );
-                let eps: Vec<std::net::Ipv4Addr> = (0..3)
-                    .map(|k| {
-                        std::net::Ipv4Addr::new(
-                            10,
-                            244,
-                            (i / 200) as u8,
-                            first + (i % 200) as u8 / 4 + k,
-                        )
-                    })
-                    .collect();
-                xlb_tests::services::service_yaml(&format!("s{i}"), vip, 80, "TCP", 8080, &eps)
-            })
-            .collect()
-    };
     let mut dp = LoadedDatapath::load(&unique_tag("xmb")).expect("load");
-    let model = lb_userspace::source::file::parse("t.yaml", &yaml(5000, 1))
+    let model = lb_userspace::source::file::parse("t.yaml", &services_yaml(5000, 1))
         .expect("yaml")
         .model;
     dp.program(&model).expect("cold sync");
@@ -112,7 +114,7 @@ fn a_batched_cold_sync_reads_back_exactly() {
         );
     }
     // Every service's backends move.
-    let changed = lb_userspace::source::file::parse("t.yaml", &yaml(5000, 100))
+    let changed = lb_userspace::source::file::parse("t.yaml", &services_yaml(5000, 100))
         .expect("yaml")
         .model;
     dp.program(&changed).expect("resync");
@@ -215,4 +217,132 @@ fn batched_reads_count_and_sum_what_was_written() {
             .filter(|(i, _)| *i != 3)
             .all(|(_, c)| *c == Counter::default())
     );
+}
+
+/// A batch of service entries that a full map refuses part-way: the entries before the
+/// refusal are written, and every frontend left out is named with its service (the
+/// reconciler retries that service alone), the map and its limit; nothing else fails.
+#[test]
+fn a_batch_a_full_map_refuses_names_each_service_left_out() {
+    use aya::maps::{HashMap, Map, MapData};
+    use lb_common::{MAP_SVC, SvcKey, SvcValue};
+    if !require_root() {
+        return;
+    }
+    const MAP: u32 = 64;
+    const FOREIGN: u16 = 24;
+    let sizes = lb_userspace::datapath::sizes::MapSizes {
+        services: MAP,
+        ..Default::default()
+    };
+    let mut dp = LoadedDatapath::load_sized(&unique_tag("xmf"), &sizes).expect("load");
+    // Entries another writer left: 40 of the 64 places free.
+    let data = MapData::from_pin(dp.pins.join(MAP_SVC)).expect("the pinned service map");
+    let mut svc: HashMap<MapData, SvcKey, SvcValue> =
+        HashMap::try_from(Map::HashMap(data)).expect("a hash map");
+    for port in 1..=FOREIGN {
+        let key = xlb_tests::datapath::foreign_frontend(port);
+        svc.insert(key, SvcValue::default(), 0)
+            .expect("a foreign entry");
+    }
+    // 50 frontends, one batch (more than `BATCH_MIN`): 40 fit.
+    let model = lb_userspace::source::file::parse("t.yaml", &services_yaml(50, 1))
+        .expect("yaml")
+        .model;
+    let (want, _) = lb_userspace::reconcile::recompute(
+        &model,
+        &Default::default(),
+        &mut lb_userspace::reconcile::Ids::default(),
+        dp.maps.limits(),
+    );
+    assert_eq!(
+        want.services.len(),
+        50,
+        "the desired state counts on the room"
+    );
+    let (now, report) =
+        lb_userspace::datapath::sync::apply(&mut dp.maps, &Default::default(), &want);
+    let programmed: Vec<&SvcKey> = want
+        .services
+        .keys()
+        .filter(|k| svc.get(k, 0).is_ok())
+        .collect();
+    assert_eq!(
+        programmed.len(),
+        40,
+        "the batch's entries up to the full map"
+    );
+    let left_out: Vec<(&SvcKey, u32)> = want
+        .services
+        .iter()
+        .filter(|(k, _)| svc.get(k, 0).is_err())
+        .map(|(k, e)| (k, e.svc_id))
+        .collect();
+    assert_eq!(report.errors.len(), 10, "{:?}", report.errors);
+    assert_eq!(report.by_service.len(), 10, "{:?}", report.by_service);
+    for (key, svc_id) in left_out {
+        let e = report
+            .by_service
+            .get(&svc_id)
+            .unwrap_or_else(|| panic!("service {svc_id} left out without its error"));
+        assert_eq!((e.map, e.op), (MAP_SVC, "insert"));
+        assert_eq!(e.entry, lb_common::user::show_frontend(key));
+        assert_eq!(e.cause, format!("map is full (capacity {MAP})"));
+        assert!(
+            !now.services.contains_key(key),
+            "recorded as not programmed"
+        );
+    }
+}
+
+/// Counter arrays this load created hold zero, so a cold sync does not zero them; an index
+/// used again (a backend written anew there) has its counters zeroed, one by one or batched.
+#[test]
+fn an_index_used_again_has_its_counters_zeroed_in_maps_the_load_created() {
+    use aya::maps::{Array, MapData};
+    use lb_common::{Backend, Counter, MAP_BACKEND_STATS};
+    use lb_userspace::datapath::writer::MapWriter;
+    if !require_root() {
+        return;
+    }
+    let mut dp = LoadedDatapath::load(&unique_tag("xmz")).expect("load");
+    dp.maps.counters_created();
+    let be = |id: u32| Backend {
+        addr_be: [u32::from_ne_bytes([10, 244, 0, id as u8]), 0, 0, 0],
+        port_be: 8080u16.to_be(),
+        proto: libc::IPPROTO_TCP as u8,
+        family: lb_common::FAMILY_V4,
+        generation: id + 1,
+        ..Default::default()
+    };
+    let first: Vec<(u32, Backend)> = (0..64).map(|id| (id, be(id))).collect();
+    assert!(dp.maps.put_backends(&first).is_empty(), "written");
+    // Traffic counted on backends 5, 6 and 7 (cell `id` is CPU 0's).
+    let data = MapData::from_pin(dp.pins.join(MAP_BACKEND_STATS)).expect("counters");
+    let mut rows: Array<MapData, Counter> =
+        Array::try_from(aya::maps::Map::Array(data)).expect("an array");
+    let counted = Counter {
+        packets: 3,
+        bytes: 300,
+    };
+    for id in [5, 6, 7] {
+        rows.set(id, counted, 0).expect("a counter");
+        assert_eq!(dp.maps.backend_counter(id).packets, 3);
+    }
+    dp.maps.put_backend(5, &be(5)).expect("written anew");
+    assert_eq!(dp.maps.backend_counter(5).packets, 0, "zeroed one by one");
+    let again: Vec<(u32, Backend)> = [6, 7]
+        .into_iter()
+        .chain(64..100)
+        .map(|id| (id, be(id)))
+        .collect();
+    assert!(dp.maps.put_backends(&again).is_empty(), "written");
+    for id in [6, 7] {
+        let c = dp.maps.backend_counter(id);
+        assert_eq!(
+            (c.packets, c.bytes),
+            (0, 0),
+            "backend {id} zeroed in the batch"
+        );
+    }
 }

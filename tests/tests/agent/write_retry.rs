@@ -12,9 +12,10 @@ use std::{
 };
 
 use aya::maps::{HashMap, Map, MapData};
-use lb_common::{FAMILY_V4, MAP_SVC, SvcKey, SvcValue};
+use lb_common::{MAP_SVC, SvcKey, SvcValue};
 use xlb_tests::{
     client::tcp_request,
+    datapath::foreign_frontend,
     require_root,
     scenario::{Scenario, TCP_PORT, sock},
     services::{service_yaml, write_atomic},
@@ -35,17 +36,11 @@ fn svc_map(pins: &Path) -> HashMap<MapData, SvcKey, SvcValue> {
 /// test traffic goes there), inserted until the map is full; how many.
 fn fill(pins: &Path) -> u16 {
     let mut map = svc_map(pins);
-    let key = |port: u16| SvcKey {
-        addr_be: [u32::from_ne_bytes([203, 0, 113, 1]), 0, 0, 0],
-        port_be: port.to_be(),
-        proto: libc::IPPROTO_TCP as u8,
-        family: FAMILY_V4,
-        scope: 0,
-        _pad0: 0,
-        _pad1: 0,
-    };
     for port in 1..=SVC_MAP as u16 + 1 {
-        if map.insert(key(port), SvcValue::default(), 0).is_err() {
+        if map
+            .insert(foreign_frontend(port), SvcValue::default(), 0)
+            .is_err()
+        {
             return port - 1;
         }
     }

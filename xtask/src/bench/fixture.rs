@@ -162,6 +162,8 @@ impl Datapath {
             backend: backend_stride,
             filter_log2: if sized { filter.log2() } else { 0 },
         };
+        // As the agent: counter arrays this load creates start at zero.
+        let counters_pinned = loader::counters_pinned(&pins);
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {
             l.map_pin_path(name, path.as_path());
@@ -198,7 +200,10 @@ impl Datapath {
                 .load()
                 .with_context(|| format!("loading program {name}"))?;
         }
-        let maps = KernelMaps::from_ebpf(&mut ebpf, &pins).map_err(|e| anyhow!("{e}"))?;
+        let mut maps = KernelMaps::from_ebpf(&mut ebpf, &pins).map_err(|e| anyhow!("{e}"))?;
+        if !counters_pinned {
+            maps.counters_created();
+        }
         let ct_map = ebpf
             .take_map(MAP_CT)
             .ok_or_else(|| anyhow!("{MAP_CT} missing"))?;

@@ -329,13 +329,17 @@ fn cold_targets(colds: &[Cold], ipt: &[Rules], ipt_10k: f64) -> String {
          recording a copy (`sync::apply_fresh`: at 10,000 × 10 it took the sync from 0.94 s to about \
          0.6 s and its peak from 57 to 44 MiB); the desired backends and names are arrays indexed by \
          backend and service index (`desired::Dense`), the indices and the filter bits' reference \
-         counts hash maps (foldhash), the candidates sorted by a key looked up once. What would close \
-         it: the apply alone takes {apply_10k:.2} s at 10,000 × 10 (a kernel write per service-map \
-         entry, batched), so fewer writes (a frontend's slots as an array indexed from its service \
-         entry, the memory section's lever); and the compute's one large B-tree left, the 110,000 \
-         service-map entries (`Desired::services`, a 24 B key per slot), as a frontend's entry with \
-         its slots' backend indices in a small vector, and the candidates' per-frontend object-name \
-         strings made once per service.\n\
+         counts hash maps (foldhash), the candidates sorted by a key looked up once; a frontend's \
+         slots are a range of the slot array written in one batch with the others, the address-filter \
+         words one batch, and counter arrays the load created are not zeroed before an index's first \
+         use (220,000 counter writes at 10,000 × 10). What would close it: the apply takes \
+         {apply_10k:.3} s at 10,000 × 10, most of it the kernel's batch loop copying 100,000 backends \
+         and 100,000 slots an element at a time (about 0.3 µs each, 35 and 30 ms of it, timed step by \
+         step on 2026-12-07 at load 7): slot and backend arrays the agent maps into memory \
+         (`BPF_F_MMAPABLE`, written with a copy; a layout change in lb-common) would take most of \
+         that; the compute (`Incremental::full`, about 0.10–0.16 s with the machine's load) is the \
+         rest: the candidates' per-frontend object-name strings made once per service, and its \
+         B-trees' temporaries in an arena.\n\
          * full sync at 10,000 services ≥ 100× faster than iptables-restore of the same services: **{}** \
          ({speedup:.0}× against the extrapolated {ipt_10k:.1} s; measured side by side at {} services: {:.0}×).\n",
         verdict(cold_10k <= 0.2),
