@@ -258,7 +258,7 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
                 .filter(|r| r.svc_id == v.svc_id)
                 .map(|r| (r.addr, r.prefix))
                 .collect();
-            let name = lb_common::user::svc_name_str(&d.names[&v.svc_id]).to_string();
+            let name = d.names[&v.svc_id].to_string();
             let maglev = (v.flags & lb_common::SVC_F_MAGLEV != 0).then(|| {
                 d.maglev
                     .get(&v.svc_id)
