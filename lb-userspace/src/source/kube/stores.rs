@@ -435,7 +435,7 @@ mod tests {
         };
         let svc = &loaded.model.services[&id("ns", "web")];
         assert_eq!(
-            svc.cluster_ips,
+            svc.cluster_ips[..],
             ["10.96.0.2".parse::<std::net::IpAddr>().expect("ip")]
         );
         assert_eq!(loaded.model.slices[&id("ns", "web")].len(), 1);
