@@ -1,6 +1,6 @@
 //! `xlb list`: reads the pinned maps and shows them in Kubernetes terms.
 
-use lb_common::user::{show_backend, show_frontend, svc_name_str};
+use lb_common::user::{show_backend, show_frontend};
 use std::{fmt::Write as _, net::Ipv4Addr};
 
 use aya::maps::{HashMap, MapData, PerCpuArray};
@@ -98,7 +98,7 @@ fn name_of(state: &Desired, svc_id: u32) -> String {
     state
         .names
         .get(&svc_id)
-        .map(svc_name_str)
+        .map(|n| n.to_string())
         .unwrap_or_else(|| format!("#{svc_id}"))
 }
 

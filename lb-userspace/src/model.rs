@@ -24,6 +24,14 @@ pub use name::{Name, intern};
 pub use node::{IpFamily, LocalDetector, NodeSettings};
 pub use slices::Slices;
 
+/// A list that mostly has one element (a Service's ClusterIPs and ports, a slice's ports):
+/// that one inline, no allocation of its own.
+pub type MostlyOne<T> = smallvec::SmallVec<[T; 1]>;
+
+/// A list that is mostly empty (a Service's externalIPs, LoadBalancer IPs and source
+/// ranges): 16 bytes, no allocation when empty.
+pub type MostlyNone<T> = Box<[T]>;
+
 /// `namespace/name` of a Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceRef {
@@ -202,16 +210,16 @@ impl fmt::Display for LbAlgorithm {
 pub struct Service {
     pub id: ServiceRef,
     /// ClusterIPs, primary first.
-    pub cluster_ips: Vec<IpAddr>,
-    pub ports: Vec<ServicePort>,
+    pub cluster_ips: MostlyOne<IpAddr>,
+    pub ports: MostlyOne<ServicePort>,
     /// `spec.type`.
     pub service_type: ServiceType,
     /// `spec.externalIPs` that parse (canonical form), both families.
-    pub external_ips: Vec<IpAddr>,
+    pub external_ips: MostlyNone<IpAddr>,
     /// `status.loadBalancer.ingress[].ip`, without entries whose `ipMode` is `Proxy`.
-    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_ips: MostlyNone<IpAddr>,
     /// `spec.loadBalancerSourceRanges`, trimmed and parsed, both families.
-    pub load_balancer_source_ranges: Vec<Cidr>,
+    pub load_balancer_source_ranges: MostlyNone<Cidr>,
     /// `spec.sessionAffinity` (+ `sessionAffinityConfig.clientIP.timeoutSeconds`).
     pub session_affinity: SessionAffinity,
     /// `spec.externalTrafficPolicy` (unset = Cluster).
@@ -377,7 +385,7 @@ pub struct EndpointSlice {
     /// The slice's own name (unique within the namespace).
     pub name: Name,
     pub service: ServiceRef,
-    pub ports: Vec<EndpointPort>,
+    pub ports: MostlyOne<EndpointPort>,
     pub endpoints: Vec<Endpoint>,
 }
 
@@ -519,14 +527,14 @@ mod tests {
         let mut m = Model::default();
         m.upsert_service(Service {
             id: id.clone(),
-            cluster_ips: vec!["10.96.0.1".parse().expect("ip")],
-            ports: vec![port.clone()],
+            cluster_ips: smallvec::smallvec!["10.96.0.1".parse().expect("ip")],
+            ports: smallvec::smallvec![port.clone()],
             ..Default::default()
         });
         m.upsert_slice(EndpointSlice {
             name: "svc-a".into(),
             service: id.clone(),
-            ports: vec![EndpointPort {
+            ports: smallvec::smallvec![EndpointPort {
                 name: "http".into(),
                 port: 8080,
                 protocol: Protocol::Tcp,

@@ -6,10 +6,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SvcKey, SvcName};
+use lb_common::{Backend, SvcKey};
 
 use super::sync::set_word;
-use crate::desired::{Desired, MaglevTable, SrcRange, SvcEntry, Touched};
+use crate::desired::{Desired, MaglevTable, ObjectName, SrcRange, SvcEntry, Touched};
 
 /// The programmed state of keys that differ from the desired state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub struct Diverged {
     /// Frontend → its programmed entry and slots (`None`: no entry).
     pub frontends: BTreeMap<SvcKey, Option<SvcEntry>>,
     /// Service index → its programmed name (`None`: none), for the diverged frontends.
-    pub names: BTreeMap<u32, Option<SvcName>>,
+    pub names: BTreeMap<u32, Option<ObjectName>>,
     pub backends: BTreeMap<u32, Option<Backend>>,
     /// Source range → whether it is programmed.
     pub src_ranges: BTreeMap<SrcRange, bool>,
@@ -54,7 +54,7 @@ impl Diverged {
             }
             d.frontends.insert(*f, have.cloned());
             for id in ids {
-                d.names.insert(id, now.names.get(&id).copied());
+                d.names.insert(id, now.names.get(&id).cloned());
             }
         }
         for id in &touched.backends {
@@ -123,7 +123,7 @@ impl Diverged {
         }
         for (id, name) in &self.names {
             match name {
-                Some(n) => now.names.insert(*id, *n),
+                Some(n) => now.names.insert(*id, n.clone()),
                 None => now.names.remove(id),
             };
         }

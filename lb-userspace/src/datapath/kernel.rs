@@ -10,8 +10,7 @@ use aya::maps::{
 use lb_common::{
     Backend, Counter, MAGLEV_ROW_SLOTS, MAP_ADDR_FILTER, MAP_BACKEND, MAP_BACKEND_STATS,
     MAP_CONFIG, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC, MAP_SVC_STATS,
-    MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcName, SvcValue,
-    user::{svc_name, svc_name_str},
+    MaglevRow, NodeConfig, SrcRangeKey, SrcRangeKey6, SvcKey, SvcValue,
 };
 
 use super::{
@@ -21,7 +20,7 @@ use super::{
     rows::CounterRows,
     writer::{MapWriter, WriteError, in_order, one_by_one},
 };
-use crate::desired::{Desired, MaglevTable, SrcRange, SvcEntry};
+use crate::desired::{Desired, MaglevTable, ObjectName, SrcRange, SvcEntry, object_name};
 
 /// The maps the agent writes, and the service ports' names (in a file beside the pins:
 /// `datapath::names_file`). A service index's counters are zeroed when its name is first written,
@@ -361,13 +360,8 @@ impl KernelMaps {
     /// The names as written from now on, in memory, starting from `programmed`'s: what the
     /// metrics' per-service series read.
     pub fn share_names(&mut self, programmed: &Desired) -> ServiceNames {
-        let names: Vec<(u32, String)> = programmed
-            .names
-            .iter()
-            .map(|(id, n)| (*id, svc_name_str(n)))
-            .collect();
         self.names
-            .share(names.iter().map(|(id, n)| (*id, n.as_str())))
+            .share(programmed.names.iter().map(|(id, n)| (*id, &**n)))
     }
 
     /// Capacities of the service and backend maps as the kernel reports them.
@@ -455,7 +449,7 @@ impl MapWriter for KernelMaps {
             .read()
             .map_err(|e| names_err("read", "names".into(), &e))?;
         for (id, name) in names.into_iter().flatten() {
-            d.names.insert(id, svc_name(&name));
+            d.names.insert(id, object_name(&name));
         }
         for k in self.src_ranges.keys() {
             let k = k.map_err(|e| read_err(MAP_SRC_RANGE, e))?;
@@ -547,7 +541,7 @@ impl MapWriter for KernelMaps {
         Ok(())
     }
 
-    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+    fn put_name(&mut self, id: u32, name: &ObjectName) -> Result<(), WriteError> {
         // A service index without a name is handed out anew: its counters start from zero.
         let named = self
             .names
@@ -665,13 +659,13 @@ impl MapWriter for KernelMaps {
         }
     }
 
-    fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {
+    fn put_names(&mut self, list: &[(u32, ObjectName, bool)]) -> Vec<(usize, WriteError)> {
         let fresh: Vec<u32> = list.iter().filter(|x| x.2).map(|x| x.0).collect();
         if list.len() < BATCH_MIN || !self.svc_stats.zero_batch(&fresh) {
             return one_by_one(list, |(id, name, _)| self.put_name(*id, name));
         }
         // The counters zeroed: the names in one append.
-        let names: Vec<(u32, &SvcName)> = list.iter().map(|(id, n, _)| (*id, n)).collect();
+        let names: Vec<(u32, &ObjectName)> = list.iter().map(|(id, n, _)| (*id, n)).collect();
         match self.write_names(&names) {
             Ok(()) => Vec::new(),
             Err(e) => (0..list.len())
@@ -683,10 +677,9 @@ impl MapWriter for KernelMaps {
 
 impl KernelMaps {
     /// Appends `names` to the names file.
-    fn write_names(&mut self, names: &[(u32, &SvcName)]) -> std::io::Result<()> {
-        let text: Vec<(u32, String)> = names.iter().map(|(id, n)| (*id, svc_name_str(n))).collect();
+    fn write_names(&mut self, names: &[(u32, &ObjectName)]) -> std::io::Result<()> {
         let changes: Vec<(u32, Option<&str>)> =
-            text.iter().map(|(id, n)| (*id, Some(n.as_str()))).collect();
+            names.iter().map(|(id, n)| (*id, Some(&***n))).collect();
         self.names.write(&changes)
     }
 }

@@ -7,12 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+use lb_common::{Backend, SvcKey, SvcValue};
 
 use crate::desired::SvcEntry;
 
 use super::writer::{MapWriter, WriteError};
-use crate::desired::{Desired, SrcRange, Touched};
+use crate::desired::{Desired, ObjectName, SrcRange, Touched};
 
 /// What one sync did.
 #[derive(Debug, Default)]
@@ -299,14 +299,14 @@ impl<'a> Apply<'a> {
 
     /// The names of `frontends`' services that are new or changed, as one batch.
     fn put_names(&mut self, frontends: &[(SvcKey, &SvcEntry)]) {
-        let mut names: Vec<(u32, SvcName, bool)> = Vec::new();
+        let mut names: Vec<(u32, ObjectName, bool)> = Vec::new();
         for (_, entry) in frontends {
             if let Some(name) = self.desired.names.get(&entry.svc_id)
                 && self.now.names.get(&entry.svc_id) != Some(name)
                 && names.last().map(|n| n.0) != Some(entry.svc_id)
             {
                 let fresh = !self.now.names.contains_key(&entry.svc_id);
-                names.push((entry.svc_id, *name, fresh));
+                names.push((entry.svc_id, name.clone(), fresh));
             }
         }
         names.sort_by_key(|n| n.0);
@@ -319,7 +319,7 @@ impl<'a> Apply<'a> {
         }
         for (i, (id, name, _)) in names.iter().enumerate().filter(|_| self.record) {
             if !failed_names.contains(&i) {
-                self.now.names.insert(*id, *name);
+                self.now.names.insert(*id, name.clone());
             }
         }
     }

@@ -1,11 +1,11 @@
 //! The `MapWriter` interface and its in-memory implementation (for golden tests).
 
-use lb_common::{Backend, SvcKey, SvcName, SvcValue};
+use lb_common::{Backend, SvcKey, SvcValue};
 use thiserror::Error;
 
 use std::collections::BTreeMap;
 
-use crate::desired::{Desired, MaglevTable, SrcRange};
+use crate::desired::{Desired, MaglevTable, ObjectName, SrcRange};
 
 /// A write the kernel refused, with the map, the entry and the cause.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub trait MapWriter {
     /// Writes slot array elements `base..base + ids.len()`.
     fn put_slots(&mut self, base: u32, ids: &[u32]) -> Result<(), WriteError>;
     /// Writes a service's name; a kernel writer also creates its zeroed counters.
-    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError>;
+    fn put_name(&mut self, id: u32, name: &ObjectName) -> Result<(), WriteError>;
     /// Deletes a service's name (and its counters).
     fn del_name(&mut self, id: u32) -> Result<(), WriteError>;
     fn put_src_range(&mut self, r: &SrcRange) -> Result<(), WriteError>;
@@ -68,7 +68,7 @@ pub trait MapWriter {
 
     /// Writes many names; `fresh` ones are indices no name was programmed at (their
     /// counters start from zero). As [`MapWriter::put_backends`].
-    fn put_names(&mut self, list: &[(u32, SvcName, bool)]) -> Vec<(usize, WriteError)> {
+    fn put_names(&mut self, list: &[(u32, ObjectName, bool)]) -> Vec<(usize, WriteError)> {
         one_by_one(list, |(id, name, _)| self.put_name(*id, name))
     }
 }
@@ -192,9 +192,9 @@ impl MapWriter for MemoryMaps {
         self.state.services.remove(key);
         Ok(())
     }
-    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+    fn put_name(&mut self, id: u32, name: &ObjectName) -> Result<(), WriteError> {
         self.log.push(format!("put name {id}"));
-        self.state.names.insert(id, *name);
+        self.state.names.insert(id, name.clone());
         Ok(())
     }
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {

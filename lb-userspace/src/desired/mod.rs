@@ -23,7 +23,7 @@ use std::{
 use lb_common::{
     BACKEND_MAP_CAPACITY, Backend, FilterSize, MAGLEV_MAP_CAPACITY, SCOPE_EXTERNAL,
     SLOT_MAP_CAPACITY, SRC_RANGE_MAP_CAPACITY, SRC_RANGE6_MAP_CAPACITY, SVC_MAP_CAPACITY,
-    SVC_NAME_MAP_CAPACITY, SvcKey, SvcName, SvcValue, user::show_frontend,
+    SVC_NAME_LEN, SVC_NAME_MAP_CAPACITY, SvcKey, SvcValue, user::show_frontend,
 };
 use thiserror::Error;
 
@@ -49,8 +49,8 @@ pub struct Desired {
     pub services: BTreeMap<SvcKey, SvcEntry>,
     /// Backend index → backend (with its generation).
     pub backends: Dense<Backend>,
-    /// Service index → its name.
-    pub names: Dense<SvcName>,
+    /// Service index → its object name, as the names file holds it ([`object_name`]).
+    pub names: Dense<ObjectName>,
     /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
     pub src_ranges: BTreeSet<SrcRange>,
     /// The set bits of the address filters (`XLB_ADDRFILT_V1`, numbered `word * 64 + bit`):
@@ -70,6 +70,21 @@ impl Desired {
             && self.filter.is_empty()
             && self.maglev.is_empty()
     }
+}
+
+/// A frontend's object name (`namespace/name:port`, with the frontend when it is one) as
+/// the names file holds it: one shared copy, cut to at most [`SVC_NAME_LEN`] bytes (a
+/// character boundary) as the kernel's name map cut it. The bookkeeping's owner of the
+/// frontend shares it.
+pub type ObjectName = Arc<str>;
+
+/// The [`ObjectName`] of `object`.
+pub fn object_name(object: &str) -> ObjectName {
+    let mut len = object.len().min(SVC_NAME_LEN);
+    while !object.is_char_boundary(len) {
+        len -= 1;
+    }
+    Arc::from(&object[..len])
 }
 
 /// A frontend as the maps hold it: its service entry (`XLB_SVC_V3`) and its slots, the

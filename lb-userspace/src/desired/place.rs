@@ -1,15 +1,16 @@
 //! Placing a frontend: its service index, its backends' indices and generations, its slot
 //! range and slots; planned, checked against the room every map it needs has, then applied.
 
-use lb_common::user::{backend_value, remote_backend_value, svc_name};
+use lb_common::user::{backend_value, remote_backend_value};
 use lb_common::{
     Backend, MAP_BACKEND, MAP_MAGLEV, MAP_SLOT, MAP_SRC_RANGE, MAP_SRC_RANGE6, MAP_SVC,
-    MAP_SVC_STATS, SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcName, SvcValue,
+    MAP_SVC_STATS, SCOPE_EXTERNAL, SVC_F_MAGLEV, SvcKey, SvcValue,
 };
 use std::net::IpAddr;
 
 use super::{
-    Desired, DesiredError, Indices, Limits, MaglevTable, SrcRange, SvcEntry, candidates::Candidate,
+    Desired, DesiredError, Indices, Limits, MaglevTable, ObjectName, SrcRange, SvcEntry,
+    candidates::Candidate, object_name,
 };
 use crate::model::BackendAddr;
 
@@ -22,7 +23,7 @@ pub struct Plan {
     entry: SvcEntry,
     /// Its backends, slot by slot.
     backends: Vec<(u32, Backend)>,
-    name: (u32, SvcName),
+    name: (u32, ObjectName),
     src_ranges: Vec<SrcRange>,
     /// Its Maglev table, by its service index.
     maglev: Option<(u32, MaglevTable)>,
@@ -42,6 +43,11 @@ impl Plan {
     /// The index of its name.
     pub fn name_id(&self) -> u32 {
         self.name.0
+    }
+
+    /// Its name (shared with the desired state once applied).
+    pub fn name(&self) -> &ObjectName {
+        &self.name.1
     }
 
     pub fn src_ranges(&self) -> &[SrcRange] {
@@ -79,7 +85,7 @@ impl Plan {
             key,
             entry: SvcEntry::default(),
             backends: Vec::new(),
-            name: (svc_id, svc_name(object)),
+            name: (svc_id, object_name(object)),
             src_ranges: src_ranges
                 .iter()
                 .map(|&(addr, prefix)| SrcRange {

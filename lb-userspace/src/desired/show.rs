@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use lb_common::{
     BE_F_REMOTE, SCOPE_EXTERNAL, SVC_F_DROP_EMPTY, SVC_F_MAGLEV, SVC_F_SNAT_REMOTE,
     SVC_F_SRC_RANGES, SVC_F_TWO_SCOPES, SvcKey, SvcValue,
-    user::{show_backend, show_frontend, svc_name_str},
+    user::{show_backend, show_frontend},
 };
 
 use sha2::{Digest, Sha256};
@@ -71,11 +71,7 @@ impl Desired {
         let mut entries: Vec<_> = self.services.iter().collect();
         entries.sort_by_cached_key(|(k, _)| show_frontend(k));
         for (k, v) in entries {
-            let name = self
-                .names
-                .get(&v.svc_id)
-                .map(svc_name_str)
-                .unwrap_or_default();
+            let name = self.names.get(&v.svc_id).map(|n| &**n).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "service {} id={} name={} count={}{}",

@@ -8,7 +8,7 @@ use lb_common::{
     SvcKey,
 };
 
-use lb_common::user::{frontend_key, show_frontend, svc_name_str, words_addr};
+use lb_common::user::{frontend_key, show_frontend, words_addr};
 
 use super::*;
 use crate::{model::Protocol, reconcile::Ids, source::file};
@@ -88,7 +88,7 @@ fn a_cluster_ip_has_an_entry_a_slot_per_endpoint_and_its_name() {
     assert_eq!((e.count, e.flags, e.affinity_timeout_s), (2, 0, 0));
     let key = frontend_key(Ipv4Addr::new(10, 96, 0, 1), 80, Protocol::Tcp);
     assert_eq!(slot_ips(&d, key), ["10.244.0.1", "10.244.1.1"]);
-    assert_eq!(svc_name_str(&d.names[&e.svc_id]), "ns/web:p");
+    assert_eq!(&*d.names[&e.svc_id], "ns/web:p");
     // Only the ClusterIP: one entry, its two slots in a range of the slot array.
     assert_eq!(d.services.len(), 1);
     assert_eq!(d.services[&key].slots.len(), 2);
@@ -117,7 +117,7 @@ fn a_node_port_is_served_on_the_node_addresses_and_with_socket_hooks_on_loopback
     let cluster = entry(&d, Ipv4Addr::new(10, 96, 0, 1), 80);
     assert_ne!(np.svc_id, cluster.svc_id);
     assert_eq!(
-        svc_name_str(&d.names[&np.svc_id]),
+        &*d.names[&np.svc_id],
         format!("ns/web:p (nodePort {NODE_IP})")
     );
     let lo = frontend_key(Ipv4Addr::LOCALHOST, 30080, Protocol::Tcp);

@@ -98,10 +98,11 @@ mod tests {
     fn slice(name: &str, port: u16) -> EndpointSlice {
         EndpointSlice {
             name: name.into(),
-            ports: vec![super::super::EndpointPort {
+            ports: [super::super::EndpointPort {
                 port,
                 ..Default::default()
-            }],
+            }]
+            .into(),
             ..Default::default()
         }
     }

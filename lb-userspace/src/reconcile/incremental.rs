@@ -21,14 +21,15 @@ use smallvec::SmallVec;
 use super::{Ids, Journal, ids::Bits};
 use crate::{
     desired::{
-        Candidate, Desired, DesiredError, Limits, NodeContext, Placed, Touched, backend_filter_bit,
-        external, live_filter_bits, placing_order, plan, service_candidates,
+        Candidate, Desired, DesiredError, Limits, NodeContext, ObjectName, Placed, Touched,
+        backend_filter_bit, external, live_filter_bits, placing_order, plan, service_candidates,
     },
     model::{Model, ServiceRef},
 };
 
-/// A frontend key's owner: the service and the frontend's object name.
-type Owner = (ServiceRef, String);
+/// A frontend key's owner: the service and the frontend's object name (the desired
+/// state's name of it, shared, unless that one was cut short).
+type Owner = (ServiceRef, ObjectName);
 
 /// The desired state and what each service put in it.
 #[derive(Debug, Default)]
@@ -385,7 +386,8 @@ impl Incremental {
         if c.key.scope != SCOPE_EXTERNAL {
             // An internal scope goes with its external entry, placed before it.
             let ext = external(c.key);
-            if self.owners.get(&ext) != Some(&(id.clone(), c.object.clone())) {
+            let owned = self.owners.get(&ext);
+            if owned.is_none_or(|(s, object)| s != id || **object != *c.object) {
                 return None;
             }
         } else if let Some((_, owner)) = self.owners.get(&c.key) {
@@ -393,16 +395,22 @@ impl Incremental {
             return Some(DesiredError::FrontendConflict {
                 frontend: show_frontend(&c.key),
                 object: c.object,
-                owner: owner.clone(),
+                owner: owner.to_string(),
             });
         }
-        let (key, object) = (c.key, c.object.clone());
+        let key = c.key;
+        let object = (key.scope == SCOPE_EXTERNAL).then(|| c.object.clone());
         let plan = plan(&self.desired, c, ids, limits, errors)?;
+        // The owner's object name is the name's (one copy) unless the name is cut short.
+        let object = object.map(|o| match *o == **plan.name() {
+            true => plan.name().clone(),
+            false => ObjectName::from(o),
+        });
         if let Some(j) = &mut self.journal {
             j.plan(&self.desired, &plan);
         }
         let placed = plan.apply(&mut self.desired);
-        if key.scope == SCOPE_EXTERNAL {
+        if let Some(object) = object {
             self.owners.insert(key, (id.clone(), object));
         }
         self.frontends += 1;

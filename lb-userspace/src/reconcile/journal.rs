@@ -7,16 +7,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, SvcKey, SvcName};
+use lb_common::{Backend, SvcKey};
 
-use crate::desired::{Desired, MaglevTable, Plan, SrcRange, SvcEntry, Touched};
+use crate::desired::{Desired, MaglevTable, ObjectName, Plan, SrcRange, SvcEntry, Touched};
 
 /// The before-values of one update's changes.
 #[derive(Debug, Default)]
 pub struct Journal {
     services: BTreeMap<SvcKey, Option<SvcEntry>>,
     backends: BTreeMap<u32, Option<Backend>>,
-    names: BTreeMap<u32, Option<SvcName>>,
+    names: BTreeMap<u32, Option<ObjectName>>,
     src_ranges: BTreeMap<SrcRange, bool>,
     /// Filter word → its bits before.
     filter: BTreeMap<u32, u64>,
@@ -60,7 +60,7 @@ impl Journal {
     pub(super) fn name(&mut self, d: &Desired, id: u32) {
         self.names
             .entry(id)
-            .or_insert_with(|| d.names.get(&id).copied());
+            .or_insert_with(|| d.names.get(&id).cloned());
     }
 
     pub(super) fn src_range(&mut self, d: &Desired, r: SrcRange) {
@@ -87,8 +87,8 @@ impl Journal {
             None => d.services.get(&k),
         };
         let name = |id: u32| match self.names.get(&id) {
-            Some(n) => *n,
-            None => d.names.get(&id).copied(),
+            Some(n) => n.clone(),
+            None => d.names.get(&id).cloned(),
         };
         for &k in &t.frontends {
             let before = svc(k);
@@ -178,7 +178,8 @@ impl Journal {
         p.services
             .extend(now.services.iter().map(|(k, v)| (*k, v.clone())));
         p.backends.extend(now.backends.iter());
-        p.names.extend(now.names.iter());
+        p.names
+            .extend(now.names.iter().map(|(id, n)| (*id, n.clone())));
         p.src_ranges.extend(now.src_ranges.iter());
         p.filter
             .extend(now.filter.iter().filter(|b| words.contains(&(*b / 64))));

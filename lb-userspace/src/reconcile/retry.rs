@@ -5,7 +5,6 @@
 //! one of its keys takes it in (the apply then compares against what it left). It is
 //! reported by name, with the map and the limit, at every failed try.
 
-use lb_common::user::svc_name_str;
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
@@ -174,15 +173,9 @@ impl Retries {
             let name = desired
                 .names
                 .get(&id)
-                .map(svc_name_str)
+                .map(|n| n.to_string())
                 .or_else(|| names.remove(&id))
-                .or_else(|| {
-                    d.names
-                        .get(&id)
-                        .copied()
-                        .flatten()
-                        .map(|n| svc_name_str(&n))
-                })
+                .or_else(|| d.names.get(&id).cloned().flatten().map(|n| n.to_string()))
                 .unwrap_or_else(|| match id {
                     0 => "backends and address filter".to_string(),
                     _ => format!("service index {id}"),

@@ -4,8 +4,8 @@
 use super::{SourceError, objects as obj};
 use crate::model::{
     Cidr, DEFAULT_AFFINITY_TIMEOUT_SECONDS, Endpoint, EndpointPort, EndpointSlice, Hints,
-    LbAlgorithm, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
-    Topology, TrafficPolicy, Uid, intern,
+    LbAlgorithm, MostlyOne, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType,
+    SessionAffinity, Topology, TrafficPolicy, Uid, intern,
 };
 
 /// The label that ties an EndpointSlice to its Service.
@@ -100,9 +100,9 @@ pub fn service(svc: &obj::Service) -> Result<Converted<Service>, SourceError> {
         cluster_ips,
         ports,
         service_type,
-        external_ips: external_ips(&spec, &id),
-        load_balancer_ips: load_balancer_ips(svc, &id),
-        load_balancer_source_ranges: source_ranges(&spec, &id),
+        external_ips: external_ips(&spec, &id).into(),
+        load_balancer_ips: load_balancer_ips(svc, &id).into(),
+        load_balancer_source_ranges: source_ranges(&spec, &id).into(),
         session_affinity: session_affinity(&spec),
         external_traffic_policy: policy(spec.external_traffic_policy.as_deref()),
         internal_traffic_policy: policy(spec.internal_traffic_policy.as_deref()),
@@ -120,7 +120,7 @@ pub fn service(svc: &obj::Service) -> Result<Converted<Service>, SourceError> {
 fn cluster_ips(
     spec: &obj::ServiceSpec,
     obj: &Object<'_>,
-) -> Result<Option<Vec<std::net::IpAddr>>, SourceError> {
+) -> Result<Option<MostlyOne<std::net::IpAddr>>, SourceError> {
     let mut raw_ips = spec.cluster_ips.clone().unwrap_or_default();
     if raw_ips.is_empty() {
         raw_ips.extend(spec.cluster_ip.clone());
@@ -128,7 +128,7 @@ fn cluster_ips(
     if raw_ips.is_empty() || raw_ips.iter().any(|ip| ip == "None" || ip.is_empty()) {
         return Ok(None);
     }
-    let mut cluster_ips = Vec::new();
+    let mut cluster_ips = MostlyOne::new();
     for (i, raw) in raw_ips.iter().enumerate() {
         let ip = parse_ip(raw).ok_or_else(|| {
             obj.invalid(
@@ -146,8 +146,8 @@ fn cluster_ips(
 fn service_ports(
     spec: &obj::ServiceSpec,
     obj: &Object<'_>,
-) -> Result<Vec<ServicePort>, SourceError> {
-    let mut ports = Vec::new();
+) -> Result<MostlyOne<ServicePort>, SourceError> {
+    let mut ports = MostlyOne::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let port = parse_port(p.port).ok_or_else(|| {
             obj.invalid(
@@ -363,8 +363,8 @@ pub fn endpoint_slice(slice: &obj::EndpointSlice) -> Result<Converted<EndpointSl
 fn slice_ports(
     slice: &obj::EndpointSlice,
     obj: &Object<'_>,
-) -> Result<Vec<EndpointPort>, SourceError> {
-    let mut ports = Vec::new();
+) -> Result<MostlyOne<EndpointPort>, SourceError> {
+    let mut ports = MostlyOne::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {
         let Some(raw) = p.port else { continue };
         let port = parse_port(raw).ok_or_else(|| {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use lb_common::{SvcKey, SvcName, SvcValue};
+use lb_common::{SvcKey, SvcValue};
 use lb_userspace::{
     datapath::{
         sync::apply,
@@ -189,7 +189,7 @@ impl MapWriter for Checked {
         self.check("put slots");
         Ok(())
     }
-    fn put_name(&mut self, id: u32, name: &SvcName) -> Result<(), WriteError> {
+    fn put_name(&mut self, id: u32, name: &desired::ObjectName) -> Result<(), WriteError> {
         self.inner.put_name(id, name)
     }
     fn del_name(&mut self, id: u32) -> Result<(), WriteError> {

@@ -119,7 +119,8 @@ fn service(i: u8, shape: Shape) -> Service {
             ]
         } else {
             vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, i + 1))]
-        },
+        }
+        .into(),
         ports: (0..ports)
             .map(|p| ServicePort {
                 name: format!("p{p}").into(),
@@ -130,19 +131,19 @@ fn service(i: u8, shape: Shape) -> Service {
             .collect(),
         service_type,
         external_ips: if external {
-            vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, i + 1))]
+            [IpAddr::V4(Ipv4Addr::new(192, 0, 2, i + 1))].into()
         } else {
-            Vec::new()
+            Box::default()
         },
         load_balancer_ips: if kind == 2 {
-            vec![IpAddr::V4(Ipv4Addr::new(198, 51, 100, i + 1))]
+            [IpAddr::V4(Ipv4Addr::new(198, 51, 100, i + 1))].into()
         } else {
-            Vec::new()
+            Box::default()
         },
         load_balancer_source_ranges: if ranges && kind == 2 {
-            vec!["203.0.113.0/24".parse::<Cidr>().expect("cidr")]
+            ["203.0.113.0/24".parse::<Cidr>().expect("cidr")].into()
         } else {
-            Vec::new()
+            Box::default()
         },
         session_affinity: if affinity {
             SessionAffinity::ClientIp {
@@ -177,7 +178,8 @@ fn slice(i: u8, j: u8, endpoints: &[(u8, u8, bool)]) -> EndpointSlice {
                 port: 5353,
                 protocol: Protocol::Udp,
             },
-        ],
+        ]
+        .into(),
         endpoints: endpoints
             .iter()
             .map(|&(ip, flags, hint)| Endpoint {
@@ -258,7 +260,7 @@ fn canonical(d: &Desired) -> BTreeMap<SvcKey, Shown> {
                 .filter(|r| r.svc_id == v.svc_id)
                 .map(|r| (r.addr, r.prefix))
                 .collect();
-            let name = lb_common::user::svc_name_str(&d.names[&v.svc_id]).to_string();
+            let name = d.names[&v.svc_id].to_string();
             let maglev = (v.flags & lb_common::SVC_F_MAGLEV != 0).then(|| {
                 d.maglev
                     .get(&v.svc_id)
@@ -439,7 +441,7 @@ fn a_frontend_freed_by_its_owner_goes_to_the_service_waiting_for_it() {
             .problems()
             .any(|p| p.to_string().contains("already used"))
     );
-    a.external_ips.clear();
+    a.external_ips = Box::default();
     events::apply(
         &mut model,
         Event::Service {

@@ -44,7 +44,7 @@ fn list_slice(list: &mut SliceList, slice: &EndpointSlice) {
     match slice.object().and_then(convert::endpoint_slice) {
         Ok(Converted::Take(s)) => {
             list.filed
-                .insert(slice_key(slice), (s.service.clone(), s.name.clone()));
+                .insert((slice_key(slice).0, s.name.clone()), s.service.name.clone());
             list.loaded.model.upsert_slice(s);
         }
         Ok(Converted::Ignore(why)) => list.loaded.ignored.push(why),
@@ -85,11 +85,18 @@ pub(super) enum Watched {
     Node(watcher::Event<Node>),
 }
 
+/// An EndpointSlice object's namespace and name (the namespace interned; a filed slice's
+/// name is its model slice's, shared).
+type SliceKey = (Name, Name);
+
+/// EndpointSlice → the Service (in its namespace) it is filed under.
+type Filed = HashMap<SliceKey, Name>;
+
 /// A list of EndpointSlices: the slices converted, and where each is filed.
 #[derive(Default)]
 pub(super) struct SliceList {
     loaded: Snapshot,
-    filed: HashMap<String, (ServiceRef, Name)>,
+    filed: Filed,
 }
 
 /// What the source keeps: lists in progress, the first complete ones until every kind has
@@ -109,9 +116,9 @@ pub(super) struct Stores {
     started: bool,
     /// This node's Node (at most one object).
     node: Option<Node>,
-    /// EndpointSlice `namespace/name` → (its service, its name), for the slices sent: a
-    /// deleted (or relabelled, or no longer valid) slice is removed from where it was filed.
-    pub(super) filed: HashMap<String, (ServiceRef, Name)>,
+    /// EndpointSlice → its service, for the slices sent: a deleted (or relabelled, or no
+    /// longer valid) slice is removed from where it was filed.
+    pub(super) filed: Filed,
     /// What was sent of each Service and slice.
     sent: Digest,
 }
@@ -291,19 +298,22 @@ impl Stores {
                 }
             }
         };
-        let now_filed = taken.as_ref().map(|t| (t.service.clone(), t.name.clone()));
-        if let Some(was) = self.filed.remove(&key)
-            && now_filed.as_ref() != Some(&was)
+        let now_filed = taken.as_ref().map(|t| &t.service.name);
+        if let Some(((namespace, name), service)) = self.filed.remove_entry(&key)
+            && now_filed != Some(&service)
         {
             out.push(Event::Slice {
-                service: was.0,
-                name: was.1,
+                service: ServiceRef {
+                    namespace,
+                    name: service,
+                },
+                name,
                 slice: None,
             });
         }
         if let Some(slice) = taken {
             self.filed
-                .insert(key, (slice.service.clone(), slice.name.clone()));
+                .insert((key.0, slice.name.clone()), slice.service.name.clone());
             out.push(Event::Slice {
                 service: slice.service.clone(),
                 name: slice.name.clone(),
@@ -314,13 +324,12 @@ impl Stores {
     }
 }
 
-/// An EndpointSlice object's `namespace/name`.
-fn slice_key(s: &EndpointSlice) -> String {
+/// An EndpointSlice object's namespace and name.
+fn slice_key(s: &EndpointSlice) -> SliceKey {
     let meta = s.meta();
-    format!(
-        "{}/{}",
-        meta.namespace.as_deref().unwrap_or("default"),
-        meta.name.as_deref().unwrap_or_default()
+    (
+        intern(meta.namespace.as_deref().unwrap_or("default")),
+        Name::from(meta.name.as_deref().unwrap_or_default()),
     )
 }
 
@@ -435,7 +444,7 @@ mod tests {
         };
         let svc = &loaded.model.services[&id("ns", "web")];
         assert_eq!(
-            svc.cluster_ips,
+            svc.cluster_ips[..],
             ["10.96.0.2".parse::<std::net::IpAddr>().expect("ip")]
         );
         assert_eq!(loaded.model.slices[&id("ns", "web")].len(), 1);

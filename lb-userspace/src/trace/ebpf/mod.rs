@@ -4,7 +4,7 @@
 //! the service, backend and affinity maps are shared by both families; conntrack has a
 //! table per family (`flows` shows either).
 
-use lb_common::user::{frontend_key, show_backend, svc_name_str, words_addr};
+use lb_common::user::{frontend_key, show_backend, words_addr};
 use std::{
     collections::BTreeSet,
     net::{IpAddr, SocketAddr},
@@ -118,7 +118,7 @@ fn frontend_step(r: &mut Report, ctx: &Context, state: &Desired, f: &Frontend, d
     let name = state
         .names
         .get(&f.svc.svc_id)
-        .map(svc_name_str)
+        .map(|n| n.to_string())
         .unwrap_or_else(|| {
             format!(
                 "service index {} (its name is unavailable: not in the agent's names file)",
