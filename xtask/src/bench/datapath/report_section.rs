@@ -506,9 +506,9 @@ fn targets(body: &mut String, scales: &[Scale]) {
          cache. Katran's layout, one preallocated array of rows (no hash; 8,192 × 32 KiB = \
          256 MiB up front), was measured and left most of the cost (1.34× / 1.25× at 10,000 \
          / 100,000 against the hash's 1.38× / 1.34×): what stays is the row's two lines (its \
-         size and the slot), each in its own page out of the TLB; the size out of the row \
-         (service entry or a fixed M) and fewer pages per table (a smaller M for small \
-         services) are next",
+         size and the slot), each in its own page out of the TLB, and with the size out of \
+         the row too (one line) about 1.26× / 1.21×: fewer pages per table (a smaller M for \
+         small services, one-byte slots) or huge pages are next",
     );
     target(
         body,
