@@ -44,7 +44,8 @@ fn closing(hook: &str, label: &str) -> &'static str {
         (_, "distinct new flow") => {
             "a new flow reads the service hash, a slot in the same hash, the backend array, \
              inserts two LRU entries and bumps two counters: slots in an array (a hash only from \
-             frontend to service), per-CPU LRU lists"
+             frontend to service); per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`) were measured and \
+             made a new flow slower (each insert rotates its CPU's lists)"
         }
         (_, "scale established") => {
             "the counters were a miss each, growing with the services and backends the flows \
@@ -502,11 +503,12 @@ fn targets(body: &mut String, scales: &[Scale]) {
         &format!("worst {worst:.2}× at {at} services"),
         "a new flow pays a hash lookup of its table and a read in it behind a global \
          function call; at scale the tables (8,192 rows, 64 KiB of pages each) are out of \
-         cache, so the hash bucket, the element and the slot are a miss each. Katran's \
-         layout, one preallocated array of rows indexed from the service entry (no hash), \
-         leaves the slot's miss alone, at the price of every row allocated up front \
-         (8,192 × 32 KiB = 256 MiB, Maglev used or not): an opt-in layout for nodes that \
-         run Maglev on most external frontends",
+         cache. Katran's layout, one preallocated array of rows (no hash; 8,192 × 32 KiB = \
+         256 MiB up front), was measured and left most of the cost (1.34× / 1.25× at 10,000 \
+         / 100,000 against the hash's 1.38× / 1.34×): what stays is the row's two lines (its \
+         size and the slot), each in its own page out of the TLB, and with the size out of \
+         the row too (one line) about 1.26× / 1.21×: fewer pages per table (a smaller M for \
+         small services, one-byte slots) or huge pages are next",
     );
     target(
         body,
