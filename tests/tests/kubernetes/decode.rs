@@ -10,7 +10,7 @@ use std::{
 };
 
 use serde_json::json;
-use xlb_tests::suites::kubernetes::{WEB, ready, service, slice, start};
+use xlb_tests::suites::kubernetes::{SERVICES, SLICES, WEB, ready, service, slice, start};
 use xlb_tests::{require_root, topology::pod_ip};
 
 /// A Service `name` on `ip`:80 with one ready endpoint, as JSON; `extra` is merged into
@@ -64,6 +64,8 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
     c.wait_backends(3);
     c.wait_watches_current();
 
+    // From here on a failed watch would show as a new request (the watcher's restart).
+    let watched = Instant::now();
     let null_time = Ipv4Addr::new(10, 96, 0, 30);
     let unknown = Ipv4Addr::new(10, 96, 0, 31);
     let bad = Ipv4Addr::new(10, 96, 0, 32);
@@ -93,7 +95,8 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
         json!({"spec": {"ports": [{"name": "http", "port": "eighty"}]}}),
     ));
     // Right after them, another Service is created (on the same watch) and web's slice
-    // changes: both apply within the usual sync time (minSyncPeriod, 1 s).
+    // changes: both apply on their events, with no list in between (how fast is for the
+    // sync bench to say; the wait is only a bound to fail by).
     let changed = Instant::now();
     c.api
         .apply_all(odd_service("after", after, json!({})).into_iter().take(1));
@@ -102,7 +105,7 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
         .expect("slice");
     c.wait_backends(2);
     c.agent
-        .wait_for(Duration::from_secs(2), |rows| {
+        .wait_for(Duration::from_secs(10), |rows| {
             rows.iter()
                 .any(|r| r.frontend == format!("{after}:80/TCP") && r.backends.len() == 1)
         })
@@ -116,10 +119,17 @@ fn odd_services_never_fail_the_watch_and_the_others_keep_syncing() {
         "both changes applied {:?} after they were made",
         changed.elapsed()
     );
+    // A watch that failed on an object would be opened again (or the lists read again).
+    let again: Vec<String> = c
+        .api
+        .served()
+        .into_iter()
+        .filter(|r| r.at >= watched && (r.is_for(SERVICES) || r.is_for(SLICES)))
+        .map(|r| r.target)
+        .collect();
     assert!(
-        changed.elapsed() < Duration::from_secs(2),
-        "the changes took {:?}: the odd Services stalled the watch\n{}",
-        changed.elapsed(),
+        again.is_empty(),
+        "the odd Services restarted the watch (requests after them: {again:?})\n{}",
         c.agent.log_text()
     );
     c.agent
