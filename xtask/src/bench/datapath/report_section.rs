@@ -42,10 +42,11 @@ fn closing(hook: &str, label: &str) -> &'static str {
              its checksum fix-ups, and the atomic add of the pending counts"
         }
         (_, "distinct new flow") => {
-            "a new flow reads the service hash, a slot in the same hash, the backend array, \
-             inserts two LRU entries and bumps two counters: slots in an array (a hash only from \
-             frontend to service); per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`) were measured and \
-             made a new flow slower (each insert rotates its CPU's lists)"
+            "a new flow reads its frontend's entry in the service hash, its slot in the slot \
+             array and its backend in the backend array (one line each, no second hash walk since \
+             the slot ranges), inserts two LRU entries and bumps two counters; per-CPU LRU lists \
+             (`BPF_F_NO_COMMON_LRU`) were measured and made a new flow slower (each insert \
+             rotates its CPU's lists), so what is left is those misses and the LRU inserts"
         }
         (_, "scale established") => {
             "the counters were a miss each, growing with the services and backends the flows \
@@ -53,7 +54,11 @@ fn closing(hook: &str, label: &str) -> &'static str {
              to 1.3× with the counts kept in the conntrack entry); what remains is the \
              conntrack lookup's misses in a table of 16,384 flows over 1.8 million backends"
         }
-        (_, "scale new flow") => "the slot hash (two reads of a hash of 1.4 million entries)",
+        (_, "scale new flow") => {
+            "the slot hash (two reads of a hash of 1.4 million entries) is gone with the slot \
+             ranges; what grows with the services is the frontend hash's miss, the slot's and the \
+             backend's (a line each, out of cache at scale) and the LRU inserts"
+        }
         _ => "",
     }
 }
