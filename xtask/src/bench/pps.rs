@@ -396,11 +396,16 @@ fn section(trials: usize, results: &[Vec<Trial>]) -> Section {
     );
     if over_ipt < XDP_OVER_IPTABLES || over_tc < XDP_OVER_TC {
         body.push_str(
-            "\nWhat holds the ratios here: on a veth every datagram costs the sender's transmit and the receiver's skb whatever \
-             node1 does, and both run on the generator's CPU, so the part a datapath can save is a fraction of each packet's cost. \
-             XDP on veth also turns the redirected frame back into an skb in the peer's NAPI poll. Closing it needs what the \
-             profile in this file names for XDP (no route lookup per redirected packet: the way out kept per backend) and, to \
-             show the ratio users see, a NIC with native XDP and a generator on another machine, which this VM lacks.\n",
+            "\nWhat holds the ratios here (a `perf record -a -g` of each row, 2026-12-07): on a veth every datagram is an skb \
+             from the generator's socket on: the sender's transmit, node2's forward and the backend's receive cost the same \
+             in every row and run on the generator's CPU, so a datapath saves only node1's share. In the XDP row node1's \
+             program is about a tenth of a datagram's cost, and its interface first copies the generator's zero-copy skb \
+             into a page with XDP's headroom (`skb_pp_cow_data`, `skb_copy_ubufs`, as much again); the redirected frame \
+             becomes an skb again in node2's NAPI poll. tc and XDP skip node1's netfilter, which is about a third of a datagram's \
+             cost in the iptables row. The flows are established and SNATed, so XDP makes no route lookup here. What would \
+             close it: frames that reach node1 without an skb, as a NIC's do: a generator of XDP frames (xdp-tools' \
+             `xdp-trafficgen`; Debian's 1.3.1 cannot load on this kernel, which no longer has the `xdp_redirect_map_err` \
+             tracepoint it attaches to) or a NIC with native XDP and a generator on another machine, which this VM lacks.\n",
         );
     }
     Section {
