@@ -122,10 +122,7 @@ pub fn services(pins: &Pins) -> Result<Vec<ServiceRow>, DatapathError> {
 /// The row of a frontend the agent failed to program: its service port's name (the
 /// frontend's object name up to its ` (nodePort …)`-like suffix), its status.
 fn failing_row(f: status_file::Failing) -> ServiceRow {
-    let service = match f.frontend.split_once(" (") {
-        Some((port, _)) => port.to_string(),
-        None => f.frontend.clone(),
-    };
+    let service = crate::desired::service_port_name(&f.frontend).to_string();
     let since = i64::try_from(f.since)
         .ok()
         .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())

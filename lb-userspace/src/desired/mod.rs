@@ -87,6 +87,20 @@ pub fn object_name(object: &str) -> ObjectName {
     Arc::from(&object[..len])
 }
 
+/// The service port's name in a frontend's object name: `namespace/name:port`, without the
+/// frontend's suffix (` (nodePort …)`, ` (externalIP …)`, ` (LoadBalancer …)`), whose
+/// address may hold colons (IPv6).
+pub fn service_port_name(object: &str) -> &str {
+    object.split_once(" (").map_or(object, |(base, _)| base)
+}
+
+/// A frontend's object name as (`namespace/name`, port name or number): its
+/// [`service_port_name`] split at the last colon (names and namespaces hold none).
+pub fn service_port_of(object: &str) -> (&str, &str) {
+    let base = service_port_name(object);
+    base.rsplit_once(':').unwrap_or((base, ""))
+}
+
 /// A frontend as the maps hold it: its service entry (`XLB_SVC_V3`) and its slots, the
 /// elements `value.slot_base..` of the slot array (`XLB_SLOT_V1`), a backend index each
 /// (4 B a slot; `slots.len()` is the entry's count). It reads as its entry.

@@ -465,3 +465,26 @@ fn a_frontend_short_of_backend_indices_keeps_the_first_that_got_one() {
     let key = frontend_key(Ipv4Addr::new(10, 96, 0, 10), 80, Protocol::Tcp);
     assert_eq!(slot_ips(&d, key), ["10.1.0.1", "10.1.0.2"]);
 }
+
+#[test]
+fn a_frontend_name_splits_into_service_and_port_whatever_its_address() {
+    assert_eq!(service_port_of("ns/web:http"), ("ns/web", "http"));
+    assert_eq!(
+        service_port_of("ns/web:80 (nodePort 10.0.0.1)"),
+        ("ns/web", "80")
+    );
+    // An IPv6 frontend's suffix holds colons; the port is still the name's.
+    assert_eq!(
+        service_port_of("ns/web:http (nodePort fd00::1)"),
+        ("ns/web", "http")
+    );
+    assert_eq!(
+        service_port_of("ns/web:dns (LoadBalancer 2001:db8::53)"),
+        ("ns/web", "dns")
+    );
+    assert_eq!(
+        service_port_name("ns/web:http (externalIP fd00::7)"),
+        "ns/web:http"
+    );
+    assert_eq!(service_port_of("ns/web"), ("ns/web", ""));
+}

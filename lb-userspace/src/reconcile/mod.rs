@@ -434,8 +434,8 @@ impl Sizes {
 
 /// The Service of a service port's name in the maps (`namespace/name:port`).
 fn service_of(name: &str) -> Option<ServiceRef> {
-    let (namespace, rest) = name.split_once('/')?;
-    let (name, _port) = rest.rsplit_once(':').unwrap_or((rest, ""));
+    let (service, _port) = crate::desired::service_port_of(name);
+    let (namespace, name) = service.split_once('/')?;
     Some(ServiceRef::new(namespace, name))
 }
 

@@ -306,3 +306,12 @@ fn a_service_the_limits_leave_out_fails_until_it_fits_and_healthy_ones_are_never
     assert_eq!(b.sync_told(&["api"]).1, Vec::<String>::new());
     assert_eq!(b.books.statuses().failing().count(), 0);
 }
+
+#[test]
+fn a_failing_ipv6_frontend_is_filed_under_its_service() {
+    // The suffix's address holds colons: the Service is still `ns/web`, not `web:http (…`.
+    let id = super::service_of("ns/web:http (nodePort fd00::1)");
+    assert_eq!(id, Some(ServiceRef::new("ns", "web")));
+    let id = super::service_of("ns/web:http (nodePort 10.0.0.1)");
+    assert_eq!(id, Some(ServiceRef::new("ns", "web")));
+}

@@ -326,12 +326,6 @@ struct PerService {
     limit: usize,
 }
 
-/// `namespace/name` and port of a service name (`ns/name:port`, then the frontend's suffix).
-fn service_port(name: &str) -> (&str, &str) {
-    let base = name.split(" (").next().unwrap_or(name);
-    base.rsplit_once(':').unwrap_or((base, ""))
-}
-
 /// Per-service rows: ((service, port), counters), and the service ports left out.
 type ServiceRows = (Vec<((String, String), Counter)>, usize);
 
@@ -348,7 +342,7 @@ impl PerService {
         let mut ports: BTreeMap<(String, String), Vec<u32>> = BTreeMap::new();
         // Grouped under the lock, the counters read after it (a sync waits only for this).
         for (id, name) in lock_read(&self.names).iter() {
-            let (service, port) = service_port(name);
+            let (service, port) = crate::desired::service_port_of(name);
             ports
                 .entry((service.to_string(), port.to_string()))
                 .or_default()
@@ -415,20 +409,5 @@ impl Collector for PerService {
             "Service ports left out of the per-service series (over --metrics-per-service's limit)",
             ConstGauge::new(omitted as i64),
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::service_port;
-
-    #[test]
-    fn a_service_name_splits_into_service_and_port() {
-        assert_eq!(service_port("ns/web:http"), ("ns/web", "http"));
-        assert_eq!(
-            service_port("ns/web:80 (nodePort 10.0.0.1:30080)"),
-            ("ns/web", "80")
-        );
-        assert_eq!(service_port("ns/web"), ("ns/web", ""));
     }
 }
