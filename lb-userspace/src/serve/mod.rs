@@ -22,11 +22,12 @@ mod server;
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, atomic::AtomicBool},
+    sync::Arc,
     time::Duration,
 };
 
 use thiserror::Error;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Error)]
 #[error("cannot listen on {addr}: {source}")]
@@ -114,12 +115,12 @@ pub fn spawn(
     start(addr, pool, handler, None, Limits::default())
 }
 
-/// [`spawn`] in the health pool until `stop` is set: the listener closes within 50 ms and
+/// [`spawn`] in the health pool until `stop` is cancelled: the listener closes at once and
 /// its connections with it (one mid-response too).
 pub fn spawn_until(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
 ) -> Result<SocketAddr, ServeError> {
     spawn_with(addr, handler, stop, Limits::default())
 }
@@ -128,7 +129,7 @@ pub fn spawn_until(
 pub fn spawn_with(
     addr: SocketAddr,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     limits: Limits,
 ) -> Result<SocketAddr, ServeError> {
     start(addr, Pool::Health, handler, Some(stop), limits)
@@ -138,7 +139,7 @@ fn start(
     addr: SocketAddr,
     pool: Pool,
     handler: impl Fn(&str) -> Option<Response> + Send + Sync + 'static,
-    stop: Option<Arc<AtomicBool>>,
+    stop: Option<CancellationToken>,
     limits: Limits,
 ) -> Result<SocketAddr, ServeError> {
     let handler: server::Handler = Arc::new(move |path: &str| {
@@ -152,7 +153,6 @@ mod tests {
     use std::{
         io::{Read, Write},
         net::{Ipv4Addr, TcpStream},
-        sync::atomic::Ordering,
         time::Instant,
     };
 
@@ -170,8 +170,8 @@ mod tests {
         })
     }
 
-    fn serve(limits: Limits) -> (SocketAddr, Arc<AtomicBool>) {
-        let stop = Arc::new(AtomicBool::new(false));
+    fn serve(limits: Limits) -> (SocketAddr, CancellationToken) {
+        let stop = CancellationToken::new();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         let bound = spawn_with(addr, handler, stop.clone(), limits).expect("listen");
         (bound, stop)
@@ -374,12 +374,12 @@ mod tests {
         c.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")
             .expect("write");
         assert!(response(&mut c).starts_with("HTTP/1.1 200"));
-        stop.store(true, Ordering::Relaxed);
+        stop.cancel();
         std::thread::sleep(Duration::from_millis(50));
         assert!(TcpStream::connect(addr).is_err(), "still listening");
         assert!(closed_within(&mut c, Duration::from_millis(200)));
         // The port is free at once: a new server on it answers.
-        let again = spawn_until(addr, handler, Arc::new(AtomicBool::new(false)))
+        let again = spawn_until(addr, handler, CancellationToken::new())
             .expect("bind again right after the stop");
         let mut d = connect(again);
         d.write_all(b"GET /x HTTP/1.1\r\nHost: n\r\n\r\n")

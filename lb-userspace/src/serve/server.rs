@@ -9,10 +9,7 @@ use std::{
     net::SocketAddr,
     panic::AssertUnwindSafe,
     pin::{Pin, pin},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     thread,
     time::Duration,
@@ -30,6 +27,7 @@ use tokio::{
     net::{TcpListener, TcpSocket},
     runtime::Handle,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::{
@@ -46,9 +44,6 @@ const MIN_BUF: usize = 8192;
 /// Connections the kernel queues for an accept loop (as tokio's and Go's listeners; the
 /// kernel caps it at net.core.somaxconn).
 const BACKLOG: u32 = 1024;
-
-/// How often an accept loop looks at its stop flag.
-const STOP_POLL: Duration = Duration::from_millis(20);
 
 /// The runtime of `pool`, started on first use: a thread of its own, so that what one pool
 /// serves (a scrape) never waits for, or delays, another's (a health probe).
@@ -74,13 +69,14 @@ fn runtime(pool: Pool) -> io::Result<Handle> {
     Ok(h)
 }
 
-/// Serves `handler` on `addr` until `stop` is set (for ever without one: then nothing
-/// wakes while no one connects); the address bound.
+/// Serves `handler` on `addr` until `stop` is cancelled (for ever without one); the address
+/// bound. Nothing wakes while no one connects: the accept loop waits on the listener and
+/// the token together, so an idle server costs no timer.
 pub(super) fn start(
     addr: SocketAddr,
     pool: Pool,
     handler: Handler,
-    stop: Option<Arc<AtomicBool>>,
+    stop: Option<CancellationToken>,
     limits: Limits,
 ) -> io::Result<SocketAddr> {
     let rt = runtime(pool)?;
@@ -109,18 +105,14 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 async fn accept_loop(
     listener: TcpListener,
     handler: Handler,
-    stop: Option<Arc<AtomicBool>>,
+    stop: Option<CancellationToken>,
     limits: Arc<Limits>,
 ) {
     let conns = Arc::new(Conns::new(limits.max_connections));
-    // Looks at the stop flag every STOP_POLL; a server that never stops never ticks.
-    let mut tick = tokio::time::interval(if stop.is_some() {
-        STOP_POLL
-    } else {
-        Duration::from_secs(24 * 3600)
-    });
-    while !stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+    let stop = stop.unwrap_or_default();
+    loop {
         tokio::select! {
+            () = stop.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => admit(stream, peer, &conns, &handler, &limits),
                 Err(e) => {
@@ -129,7 +121,6 @@ async fn accept_loop(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
-            _ = tick.tick() => {}
         }
     }
     drop(listener);

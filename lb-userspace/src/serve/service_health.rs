@@ -8,12 +8,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::{Response, StatusCode, health::Health, spawn_until};
@@ -103,7 +101,7 @@ pub fn response(s: &CheckedService, proxy_healthy: bool) -> Response {
 
 struct Server {
     state: Arc<Mutex<CheckedService>>,
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
 }
 
 /// The running health-check servers, one per (address, port).
@@ -133,7 +131,7 @@ impl ServiceHealth {
         self.servers.retain(|(addr, port), server| {
             let keep = addresses.contains(addr) && want.contains_key(port);
             if !keep {
-                server.stop.store(true, Ordering::Relaxed);
+                server.stop.cancel();
                 info!(%addr, port, "health-check node port closed");
             }
             keep
@@ -145,7 +143,7 @@ impl ServiceHealth {
                     continue;
                 }
                 let state = Arc::new(Mutex::new(svc.clone()));
-                let stop = Arc::new(AtomicBool::new(false));
+                let stop = CancellationToken::new();
                 let (st, health) = (state.clone(), self.health.clone());
                 let handler = move |_path: &str| {
                     let s = st.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -166,7 +164,7 @@ impl ServiceHealth {
 impl Drop for ServiceHealth {
     fn drop(&mut self) {
         for s in self.servers.values() {
-            s.stop.store(true, Ordering::Relaxed);
+            s.stop.cancel();
         }
     }
 }
