@@ -250,7 +250,7 @@ fn update_service_health(
     node_name: &str,
 ) {
     service_health.update(
-        &serve::service_health::desired(&state.model, node_name),
+        &serve::service_health::desired(&state.model, node_name, &state.health_checked),
         &node.node_port_addresses(),
     );
 }
@@ -442,13 +442,7 @@ impl State {
                         .values()
                         .map(|s| s.len() as u64)
                         .sum::<u64>();
-                    self.health_checked = self
-                        .model
-                        .services
-                        .iter()
-                        .filter(|(_, s)| s.health_check_node_port.is_some())
-                        .map(|(id, _)| id.clone())
-                        .collect();
+                    self.health_checked = serve::service_health::checked_services(&self.model);
                     return None;
                 }
                 for e in events::diff(&self.model, &loaded.model) {

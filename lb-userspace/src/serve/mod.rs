@@ -20,11 +20,7 @@ pub mod status;
 mod conns;
 mod server;
 
-use std::{
-    net::SocketAddr,
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;

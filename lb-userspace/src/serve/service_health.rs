@@ -18,7 +18,7 @@ use super::{Response, StatusCode, health::Health, spawn_until};
 use crate::model::{
     Model, ServiceRef,
     node::{IpFamily, NodeSettings},
-    select::service_ports,
+    select::ports_of_service,
 };
 
 /// What one health-check node port reports.
@@ -29,8 +29,24 @@ pub struct CheckedService {
     pub local_endpoints: usize,
 }
 
-/// The health-check node ports `model` asks for on node `node_name`: port → service.
-pub fn desired(model: &Model, node_name: &str) -> BTreeMap<u16, CheckedService> {
+/// The Services of `model` with a health-check node port: the ones [`desired`] looks at.
+pub fn checked_services(model: &Model) -> BTreeSet<ServiceRef> {
+    model
+        .services
+        .iter()
+        .filter(|(_, s)| s.health_check_node_port.is_some())
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// The health-check node ports `model` asks for on node `node_name`: port → service, from
+/// the Services in `checked` ([`checked_services`], kept up to date by the caller), so the
+/// cost follows the Services with a health check, never the whole model.
+pub fn desired(
+    model: &Model,
+    node_name: &str,
+    checked: &BTreeSet<ServiceRef>,
+) -> BTreeMap<u16, CheckedService> {
     let mut out: BTreeMap<u16, CheckedService> = BTreeMap::new();
     // Both families' service ports (an IPv6-only Service has a health check too); a
     // dual-stack Service's one port is answered for both, by the family with more ready
@@ -45,7 +61,10 @@ pub fn desired(model: &Model, node_name: &str) -> BTreeMap<u16, CheckedService> 
         // address over all the Service's ports (10.0.0.1:80 and 10.0.0.1:443 are one), never
         // the serving-terminating fallback.
         let mut ready_local: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
-        for view in service_ports(model, &settings) {
+        let views = checked
+            .iter()
+            .flat_map(|id| ports_of_service(model, id, &settings));
+        for view in views {
             let Some(port) = view.health_check_node_port.filter(|p| *p != 0) else {
                 continue;
             };
@@ -222,7 +241,8 @@ mod tests {
     #[test]
     fn only_ready_local_endpoints_count_by_address_over_the_ports() {
         let count = |eps: &[(&str, &str, bool, bool, bool)]| {
-            desired(&local_lb(eps), "n1")
+            let model = local_lb(eps);
+            desired(&model, "n1", &checked_services(&model))
                 .get(&32000)
                 .expect("served")
                 .local_endpoints
