@@ -90,6 +90,10 @@ impl Interfaces {
         // Forget what is gone or was re-created (same name, another index).
         self.attached.retain(|i, idx| live.get(i) == Some(idx));
         self.xdp.retain(|i, idx| live.get(i) == Some(idx));
+        // A failure is the interface's: one that is gone waits for no retry (a pod's veth
+        // deleted mid-attach would otherwise keep the loop polling, and its name, for ever).
+        self.failed.retain(|i, _| live.contains_key(i));
+        self.xdp_failed.retain(|i, _| live.contains_key(i));
         for iface in want.node_interfaces {
             if let Some(&idx) = live.get(iface)
                 && !self.xdp.contains_key(iface)
@@ -322,5 +326,23 @@ mod tests {
         }
         // One try each within ATTACH_RETRY; tc on the node interface despite XDP failing.
         assert_eq!(links.calls, ["xdp eth0", "tc eth0", "tc veth1"]);
+    }
+
+    #[test]
+    fn a_failed_interface_that_is_gone_waits_for_no_retry() {
+        let mut links = fake(&[("veth1", 5), ("eth0", 2)]);
+        links.fail_tc.insert("veth1".into());
+        links.fail_xdp = true;
+        let node = vec!["eth0".to_string()];
+        let mut ifs = Interfaces::default();
+        let w = want(&node, XdpSetting::Native);
+        ifs.sync(&mut links, &w).expect("sync");
+        assert!(ifs.retrying(), "veth1's tc and eth0's XDP failed");
+        links.live.clear();
+        ifs.sync(&mut links, &w).expect("sync");
+        assert!(
+            !ifs.retrying(),
+            "both interfaces are gone: nothing to retry"
+        );
     }
 }
