@@ -126,17 +126,31 @@ pub fn entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod + bytemuck::Pod>(
     map: &Map,
     name: &'static str,
 ) -> Result<Vec<(K, V)>, DatapathError> {
+    entries_where(map, name, |_: &K, _: &V| true)
+}
+
+/// The entries of hash map `name` (opened as `map`) that `keep` keeps, read as
+/// [`entries`] reads them: a map of any size costs a few syscalls and only what is kept.
+pub fn entries_where<K: aya::Pod + bytemuck::Pod, V: aya::Pod + bytemuck::Pod>(
+    map: &Map,
+    name: &'static str,
+    mut keep: impl FnMut(&K, &V) -> bool,
+) -> Result<Vec<(K, V)>, DatapathError> {
     let d = data(map, name)?;
     let (ks, vs) = (std::mem::size_of::<K>(), std::mem::size_of::<V>());
     let chunk = (CHUNK_BYTES / (ks + vs)).max(1);
     let mut out = Vec::new();
     let read = batch::lookup(d.fd().as_fd(), ks, vs, chunk, |n, keys, values| {
-        out.extend((0..n).map(|i| {
-            (
-                bytemuck::pod_read_unaligned::<K>(&keys[i * ks..(i + 1) * ks]),
-                bytemuck::pod_read_unaligned::<V>(&values[i * vs..(i + 1) * vs]),
-            )
-        }));
+        out.extend(
+            (0..n)
+                .map(|i| {
+                    (
+                        bytemuck::pod_read_unaligned::<K>(&keys[i * ks..(i + 1) * ks]),
+                        bytemuck::pod_read_unaligned::<V>(&values[i * vs..(i + 1) * vs]),
+                    )
+                })
+                .filter(|(k, v)| keep(k, v)),
+        );
     });
     match read {
         Ok(_) => Ok(out),
@@ -147,6 +161,7 @@ pub fn entries<K: aya::Pod + bytemuck::Pod, V: aya::Pod + bytemuck::Pod>(
             m.iter()
                 .take(capacity)
                 .map(|kv| kv.map_err(|e| map_err(name, e)))
+                .filter(|kv| kv.as_ref().map_or(true, |(k, v)| keep(k, v)))
                 .collect()
         }
         Err(e) => Err(batch_err(name, e)),

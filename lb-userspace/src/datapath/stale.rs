@@ -15,85 +15,82 @@ use std::{
 };
 
 use aya::maps::HashMap;
-use lb_common::{IPPROTO_UDP, MAP_SOCK, SOCK_DIR_REVERSE, SockKey, SockValue};
+use lb_common::{Backend, IPPROTO_UDP, MAP_SOCK, SOCK_DIR_REVERSE, SockKey, SockValue, SvcKey};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_sock_diag::{
     SockDiagDestroy, SockDiagMessage,
-    constants::{AF_INET, IPPROTO_UDP as NL_UDP},
+    constants::{AF_INET, AF_INET6, IPPROTO_UDP as NL_UDP},
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
-use super::{DatapathError, pins::Pins};
+use super::{DatapathError, counts, pins::Pins};
 use crate::desired::Desired;
 
 /// Most network namespaces searched for one removal (a node runs a few hundred pods).
 pub const MAX_NAMESPACES: usize = 4096;
 
-/// A UDP frontend and one of its backends, both `(address, port)` in network order.
-pub type Pair = ((u32, u16), (u32, u16));
+/// A UDP frontend and one of its backends, both `(address, port)` in network order (all
+/// four words: IPv4 in word 0, as every map holds it).
+pub type Pair = (([u32; 4], u16), ([u32; 4], u16));
 
-/// The UDP (frontend, backend) pairs `before` programs and `after` no longer does.
-/// The (frontend, backend) pairs of the UDP slots of `frontends` (entry keys) in `d`: what
-/// an incremental sync compares before and after.
-pub fn udp_pairs(d: &Desired, frontends: &BTreeSet<lb_common::SvcKey>) -> BTreeSet<Pair> {
-    frontends
-        .iter()
-        .filter(|k| k.proto == IPPROTO_UDP)
-        .filter_map(|k| d.services.get(k).map(|v| (k, v)))
-        .flat_map(|(k, v)| {
-            v.slots.iter().filter_map(move |id| {
-                let be = d.backends.get(id)?;
-                Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
-            })
-        })
-        .collect()
+/// The pair of frontend `k` and backend `be`.
+fn pair(k: &SvcKey, be: &Backend) -> Pair {
+    ((k.addr_be, k.port_be), (be.addr_be, be.port_be))
 }
 
+/// The UDP (frontend, backend) pairs of `(key, entry)` in `d`.
+fn pairs_of<'a>(
+    d: &'a Desired,
+    frontends: impl Iterator<Item = (&'a SvcKey, &'a crate::desired::SvcEntry)> + 'a,
+) -> impl Iterator<Item = Pair> + 'a {
+    frontends
+        .filter(|(k, _)| k.proto == IPPROTO_UDP)
+        .flat_map(move |(k, v)| {
+            v.slots
+                .iter()
+                .filter_map(move |id| d.backends.get(id).map(|be| pair(k, be)))
+        })
+}
+
+/// The (frontend, backend) pairs of the UDP slots of `frontends` (entry keys) in `d`: what
+/// an incremental sync compares before and after.
+pub fn udp_pairs(d: &Desired, frontends: &BTreeSet<SvcKey>) -> BTreeSet<Pair> {
+    let entries = frontends
+        .iter()
+        .filter_map(|k| d.services.get(k).map(|v| (k, v)));
+    pairs_of(d, entries).collect()
+}
+
+/// The UDP (frontend, backend) pairs `before` programs and `after` no longer does.
 pub fn removed_udp(before: &Desired, after: &Desired) -> BTreeSet<Pair> {
-    let pairs = |d: &Desired| -> BTreeSet<Pair> {
-        d.services
-            .iter()
-            .filter(|(k, _)| k.proto == IPPROTO_UDP)
-            .flat_map(|(k, v)| {
-                v.slots.iter().filter_map(move |id| {
-                    let be = d.backends.get(id)?;
-                    Some(((k.addr_be[0], k.port_be), (be.addr_be[0], be.port_be)))
-                })
-            })
-            .collect()
-    };
-    let now = pairs(after);
-    pairs(before)
-        .into_iter()
+    let now: BTreeSet<Pair> = pairs_of(after, after.services.iter()).collect();
+    pairs_of(before, before.services.iter())
         .filter(|p| !now.contains(p))
         .collect()
 }
 
 /// The cookies of UDP sockets the hooks sent through one of `gone`, from the pinned socket
-/// map of `pins`; their entries are removed.
+/// map of `pins` (read in batches: a few syscalls for the whole map, which the kernel's
+/// LRU may be evicting from meanwhile); their entries are removed.
 pub fn cookies(pins: &Pins, gone: &BTreeSet<Pair>) -> Result<BTreeSet<u64>, DatapathError> {
+    let map = pins.map(MAP_SOCK)?;
+    let stale = counts::entries_where(&map, MAP_SOCK, |k: &SockKey, v: &SockValue| {
+        k.dir == SOCK_DIR_REVERSE
+            && k.proto == IPPROTO_UDP
+            && gone.contains(&((v.addr_be, v.port_be), (k.addr_be, k.port_be)))
+    })?;
     let mut map: HashMap<_, SockKey, SockValue> =
-        HashMap::try_from(pins.map(MAP_SOCK)?).map_err(|source| DatapathError::Map {
+        HashMap::try_from(map).map_err(|source| DatapathError::Map {
             name: MAP_SOCK,
             source,
         })?;
-    let stale: Vec<SockKey> = map
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(k, v)| {
-            k.dir == SOCK_DIR_REVERSE
-                && k.proto == IPPROTO_UDP
-                && gone.contains(&((v.addr_be[0], v.port_be), (k.addr_be[0], k.port_be)))
-        })
-        .map(|(k, _)| k)
-        .collect();
-    for k in &stale {
+    for (k, _) in &stale {
         let _ = map.remove(k);
     }
-    Ok(stale.iter().map(|k| k.cookie).collect())
+    Ok(stale.iter().map(|(k, _)| k.cookie).collect())
 }
 
 /// The network namespaces to search: the agent's own, then (when `cgroup` is given) those
@@ -149,9 +146,9 @@ pub fn destroy_in(ns: &Path, cookies: &BTreeSet<u64>) -> std::io::Result<usize> 
     .map_err(|_| std::io::Error::other("socket destroy thread panicked"))?
 }
 
-fn request(socket_id: SocketId) -> InetRequest {
+fn request(family: u8, socket_id: SocketId) -> InetRequest {
     InetRequest {
-        family: AF_INET,
+        family,
         protocol: NL_UDP,
         extensions: ExtensionFlags::empty(),
         states: StateFlags::all(),
@@ -169,11 +166,17 @@ where
     sock.send(&buf, 0).map(|_| ())
 }
 
-/// Every IPv4 UDP socket of the calling thread's namespace whose cookie is in `cookies`.
-fn matching(sock: &Socket, cookies: &BTreeSet<u64>) -> std::io::Result<Vec<SocketId>> {
+/// Every UDP socket of `family` in the calling thread's namespace whose cookie is in
+/// `cookies` (an IPv6 socket may talk to an IPv4 backend through a mapped address: its
+/// cookie is in the map as an IPv4 one, so both families are searched for every cookie).
+fn matching(sock: &Socket, family: u8, cookies: &BTreeSet<u64>) -> std::io::Result<Vec<SocketId>> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let req = SockDiagMessage::InetRequest(request(SocketId::new_v4()));
+    let any = match family {
+        AF_INET6 => SocketId::new_v6(),
+        _ => SocketId::new_v4(),
+    };
+    let req = SockDiagMessage::InetRequest(request(family, any));
     send(sock, NetlinkMessage::new(header, req.into()))?;
     let mut found = Vec::new();
     let mut buf = Vec::with_capacity(64 * 1024);
@@ -211,10 +214,18 @@ fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
     let mut destroyed = 0;
-    for id in matching(&sock, cookies)? {
+    let mut found = Vec::new();
+    for family in [AF_INET, AF_INET6] {
+        found.extend(
+            matching(&sock, family, cookies)?
+                .into_iter()
+                .map(|id| (family, id)),
+        );
+    }
+    for (family, id) in found {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK;
-        let req = SockDiagDestroy::new(SockDiagMessage::InetRequest(request(id)));
+        let req = SockDiagDestroy::new(SockDiagMessage::InetRequest(request(family, id)));
         send(
             &sock,
             NetlinkMessage::new(header, NetlinkPayload::InnerMessage(req)),
@@ -270,8 +281,13 @@ mod tests {
         let before = state(&[(Protocol::Udp, &[1, 2]), (Protocol::Tcp, &[3])]);
         let after = state(&[(Protocol::Udp, &[2]), (Protocol::Tcp, &[])]);
         let gone = removed_udp(&before, &after);
-        let be = |b: u8| (u32::from_ne_bytes([10, 244, 0, b]), 5353u16.to_be());
-        let fe = (u32::from_ne_bytes([10, 96, 0, 1]), 53u16.to_be());
+        let be = |b: u8| {
+            (
+                [u32::from_ne_bytes([10, 244, 0, b]), 0, 0, 0],
+                5353u16.to_be(),
+            )
+        };
+        let fe = ([u32::from_ne_bytes([10, 96, 0, 1]), 0, 0, 0], 53u16.to_be());
         assert_eq!(gone.into_iter().collect::<Vec<_>>(), vec![(fe, be(1))]);
         assert!(removed_udp(&after, &after).is_empty());
     }

@@ -23,6 +23,7 @@ use xlb_tests::{
     probe::{self, Line},
     require_root,
     scenario::{Scenario, sock},
+    services::write_atomic,
     topology::{pod_ip, pod_ip6},
 };
 
@@ -359,4 +360,69 @@ fn a_pod_reaches_itself_through_its_dual_stack_service_over_ipv6() {
         let client_at = |b: &str| Some(if b == pod.name { hairpin6 } else { own6 });
         check_answers_by(&s, mode, &lines, vip, client_at, 2);
     }
+}
+
+/// A pod's connected IPv6 UDP socket on a backend that leaves the Service is destroyed (its
+/// next call fails) and its next socket goes to the live backend within a second: the agent
+/// finds IPv6 sockets by every word of their addresses and searches IPv6 sockets too.
+#[test]
+fn a_connected_ipv6_udp_socket_leaves_a_removed_backend_within_a_second() {
+    if !require_root() {
+        return;
+    }
+    let (s, _client6, _servers) = dual_stack("xv6u", &[]);
+    let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
+    let dns6 = SocketAddr::from((WEB6, 53));
+    let args: Vec<String> = ["udp-stay", &dns6.to_string(), "3", "20"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let rx = probe::stream(probe::spawn(cg, &s.topo.client.ns, &args).expect("probe"));
+    let (_, first) = rx.recv_timeout(Duration::from_secs(3)).expect("an answer");
+    let on = first.backend().expect("answered").to_string();
+    let index: usize = on
+        .strip_prefix("backend-")
+        .and_then(|k| k.parse().ok())
+        .expect("backend-k");
+    // Remove the backend this socket is connected to from the IPv6 slice (its pod keeps
+    // serving: a socket left on it would go on getting answers from it).
+    let gone = s.topo.backends[index - 1]
+        .ip6
+        .expect("a dual-stack backend");
+    let b4: Vec<_> = s.topo.backends.iter().map(|b| b.ip).collect();
+    let b6: Vec<_> = s
+        .topo
+        .backends
+        .iter()
+        .filter_map(|b| b.ip6)
+        .filter(|ip| *ip != gone)
+        .collect();
+    write_atomic(&s.yaml, &dual_stack_yaml(&b4, &b6)).expect("write");
+    let removed = std::time::Instant::now();
+    let after: Vec<(std::time::Instant, Line)> = rx.iter().collect();
+    let moved = after
+        .iter()
+        .find(|(_, l)| l.backend().is_some_and(|b| b != on))
+        .unwrap_or_else(|| panic!("never left {on}: {after:?}\n{}", s.agent.log_text()));
+    let took = moved.0.duration_since(removed);
+    assert!(
+        took < Duration::from_secs(1),
+        "moved off {on} after {took:?}"
+    );
+    let stayed = after
+        .iter()
+        .filter(|(t, l)| *t > moved.0 && l.backend() == Some(on.as_str()))
+        .count();
+    assert_eq!(stayed, 0, "answers from {on} after the move: {after:?}");
+    assert!(
+        after.iter().any(|(_, l)| matches!(
+            l,
+            Line::Err {
+                errno: 89 | 103,
+                ..
+            }
+        )),
+        "the socket was destroyed (its next call failed with EDESTADDRREQ or ECONNABORTED): {after:?}\n{}",
+        s.agent.log_text()
+    );
 }
