@@ -12,7 +12,9 @@
 //! kube-rs's [`Recorder`] (events.k8s.io/v1), which de-duplicates as client-go's does: the
 //! same Event again within 6 minutes patches the first one's `series` (count, last seen)
 //! instead of creating another. And as client-go's spam filter, each Service gets a burst
-//! of [`BURST`] Events, then one per [`REFILL`].
+//! of [`BURST`] Events, then one per [`REFILL`]; over all Services the node writes at most
+//! [`NODE_QPS`] a second after a burst of [`NODE_BURST`] ([`Pace`]: a failure on every
+//! node, a full map cluster-wide, must not flood the API server).
 
 use std::{
     collections::HashMap,
@@ -33,6 +35,12 @@ pub const BURST: f64 = 25.0;
 pub const REFILL: Duration = Duration::from_secs(300);
 /// Events waiting to be written before new ones are dropped.
 const QUEUE: usize = 1024;
+/// Events this node writes a second, whatever the Services (a failure on every node, such
+/// as a full map cluster-wide, is written once per node and Service): the kubelet's
+/// `eventRecordQPS` is 50, a tenth of it here.
+pub const NODE_QPS: f64 = 5.0;
+/// Events this node may write at once before [`NODE_QPS`] paces them.
+pub const NODE_BURST: f64 = 25.0;
 /// The reason of a recovery.
 pub const PROGRAMMED: &str = "Programmed";
 /// The action every Event names.
@@ -72,6 +80,34 @@ impl SpamFilter {
             true
         } else {
             false
+        }
+    }
+}
+
+/// The writer's pace over every Service: a token bucket of [`NODE_BURST`] refilled at
+/// [`NODE_QPS`]; what waits stays in the bounded queue.
+#[derive(Debug)]
+pub struct Pace {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            tokens: NODE_BURST,
+            at: now,
+        }
+    }
+
+    /// How long to wait from `now` before the next Event; takes its token.
+    pub fn take(&mut self, now: Instant) -> Duration {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * NODE_QPS;
+        self.tokens = (self.tokens + refill).min(NODE_BURST) - 1.0;
+        self.at = now;
+        match self.tokens >= 0.0 {
+            true => Duration::ZERO,
+            false => Duration::from_secs_f64(-self.tokens / NODE_QPS),
         }
     }
 }
@@ -148,10 +184,15 @@ async fn write(opts: KubeOptions, mut rx: mpsc::Receiver<Notice>) {
     };
     let recorder = Recorder::new(client, reporter);
     let mut spam = SpamFilter::default();
+    let mut pace = Pace::new(Instant::now());
     while let Some(n) = rx.recv().await {
         if !spam.allow(&n.service, Instant::now()) {
             debug!(service = %n.service, reason = n.reason, "Event dropped: too many for this Service");
             continue;
+        }
+        let wait = pace.take(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
         let event = Event {
             type_: match n.warning {
@@ -184,6 +225,31 @@ mod tests {
 
     fn svc(name: &str) -> ServiceRef {
         ServiceRef::new("t", name)
+    }
+
+    #[test]
+    fn the_node_writes_a_burst_then_paces_every_service_together() {
+        let t0 = Instant::now();
+        let mut pace = Pace::new(t0);
+        for _ in 0..NODE_BURST as usize {
+            assert_eq!(pace.take(t0), Duration::ZERO);
+        }
+        let per = Duration::from_secs_f64(1.0 / NODE_QPS);
+        let wait = pace.take(t0);
+        assert!(wait > per * 9 / 10 && wait < per * 11 / 10, "{wait:?}");
+        // A thousand Events at once: the last waits a thousand tokens' refill, less the burst.
+        let mut last = Duration::ZERO;
+        for _ in 0..1000 {
+            last = pace.take(t0);
+        }
+        let expect = per * 1001;
+        assert!(
+            last > expect * 99 / 100 && last < expect * 101 / 100,
+            "{last:?}"
+        );
+        // After a quiet while the burst is back.
+        let later = t0 + expect + Duration::from_secs(60);
+        assert_eq!(pace.take(later), Duration::ZERO);
     }
 
     #[test]
