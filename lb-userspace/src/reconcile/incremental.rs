@@ -87,6 +87,11 @@ impl Incremental {
         self.problems.get(id).into_iter().flatten()
     }
 
+    /// The problems of service `id`, as a slice (none: empty).
+    pub fn problem_list(&self, id: &ServiceRef) -> &[DesiredError] {
+        self.problems.get(id).map_or(&[], |p| p.as_slice())
+    }
+
     /// How many frontend entries (either scope) the desired state has.
     pub fn frontends(&self) -> usize {
         self.frontends

@@ -19,7 +19,7 @@
 //! failed service it is what that service left ([`crate::datapath::diverged::Diverged`]).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Instant, SystemTime},
 };
 
@@ -55,21 +55,89 @@ fn logged_problems<'e>(
     engine: &'e Incremental,
     full: bool,
     changed: &BTreeSet<ServiceRef>,
+    logged: &mut HashMap<ServiceRef, u64>,
 ) -> Vec<&'e DesiredError> {
-    let problems: Vec<&DesiredError> = match full {
-        true => engine.problems().collect(),
-        false => changed
-            .iter()
-            .flat_map(|id| engine.problems_of(id))
-            .collect(),
+    let mut problems = Vec::new();
+    let mut log = ProblemLog::default();
+    let mut note = |id: &ServiceRef, of: &'e [DesiredError], logged: &mut HashMap<_, _>| {
+        problems.extend(of.iter());
+        log.note(id, of, logged);
     };
-    for p in &problems {
-        match p {
-            DesiredError::NoEndpointSlice { .. } => info!("{p}"),
-            _ => warn!("{p}"),
+    match full {
+        true => {
+            let now: BTreeSet<&ServiceRef> =
+                engine.problems_by_service().map(|(id, _)| id).collect();
+            logged.retain(|id, _| now.contains(id));
+            for (id, of) in engine.problems_by_service() {
+                note(id, of, logged);
+            }
+        }
+        false => {
+            for id in changed {
+                match engine.problem_list(id) {
+                    [] => {
+                        logged.remove(id);
+                    }
+                    of => note(id, of, logged),
+                }
+            }
         }
     }
+    log.finish();
     problems
+}
+
+/// The problems of one sync that are logged: a service's when they appeared or changed,
+/// at most [`LOGGED_PER_SYNC`] lines, the rest counted in one (each is in the service's
+/// status, `xlb list services` and its Events).
+#[derive(Default)]
+struct ProblemLog {
+    lines: usize,
+    more: usize,
+}
+
+/// The most problems one sync logs one by one.
+const LOGGED_PER_SYNC: usize = 50;
+
+impl ProblemLog {
+    fn note(
+        &mut self,
+        id: &ServiceRef,
+        of: &[DesiredError],
+        logged: &mut HashMap<ServiceRef, u64>,
+    ) {
+        let hash = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            for p in of {
+                p.to_string().hash(&mut h);
+            }
+            h.finish()
+        };
+        if logged.insert(id.clone(), hash) == Some(hash) {
+            return;
+        }
+        for p in of {
+            if self.lines == LOGGED_PER_SYNC {
+                self.more += 1;
+                continue;
+            }
+            self.lines += 1;
+            match p {
+                DesiredError::NoEndpointSlice { .. } => info!("{p}"),
+                _ => warn!("{p}"),
+            }
+        }
+    }
+
+    fn finish(self) {
+        if self.more > 0 {
+            warn!(
+                more = self.more,
+                "and more problems than one sync logs; `xlb list services` shows each"
+            );
+        }
+    }
 }
 
 /// Writes what `touched` names of `desired` into `maps`, which hold `now` (updated to
@@ -128,8 +196,14 @@ pub struct Reconciler {
     retries: Retries,
     /// The failing frontends.
     statuses: Statuses,
-    /// A sync made room in a map: services a full map left out are computed again.
-    room_freed: bool,
+    /// Entries the last sync freed in the maps (0: none): as many services a full map left
+    /// out are computed again, the next ones after [`Reconciler::woken`] in turn.
+    room_freed: usize,
+    /// The last service woken for freed room (the next wake starts after it).
+    woken: Option<ServiceRef>,
+    /// What was logged of each service's problems (a hash of them), so that a problem is
+    /// logged when it appears or changes, not at every sync that computes it again.
+    logged: HashMap<ServiceRef, u64>,
     limits: Limits,
 }
 
@@ -176,7 +250,9 @@ impl Reconciler {
             programmed: Some(programmed),
             retries: Retries::default(),
             statuses: Statuses::default(),
-            room_freed: false,
+            room_freed: 0,
+            woken: None,
+            logged: HashMap::new(),
             limits,
         }
     }
@@ -222,18 +298,38 @@ impl Reconciler {
     /// When the next failed service's retry is due (at once when room was made in a map
     /// a service could not fit in).
     pub fn next_retry(&self) -> Option<Instant> {
-        match self.room_freed && self.waiting_for_room().next().is_some() {
+        match self.room_freed > 0 && self.waiting_for_room().next().is_some() {
             true => Some(Instant::now()),
             false => self.retries.next_due(),
         }
     }
 
-    /// The services a full map left out.
+    /// The services a full map left out (in order, some more than once).
     fn waiting_for_room(&self) -> impl Iterator<Item = &ServiceRef> {
         self.statuses
             .failing()
             .filter(|(_, _, f)| matches!(f.reason, Reason::MapFull | Reason::MaglevMapFull))
             .map(|(id, _, _)| id)
+    }
+
+    /// The services a full map left out to compute again for `freed` entries of room: as
+    /// many (each needs one at least), the ones after the last woken first, in turn, so a
+    /// small change never recomputes every waiter and none waits behind the others for
+    /// ever. Those left wait for the next room or the periodic full sync.
+    fn wake(&mut self, freed: usize) -> BTreeSet<ServiceRef> {
+        let waiting: BTreeSet<&ServiceRef> = self.waiting_for_room().collect();
+        let after = |id: &&&ServiceRef| self.woken.as_ref().is_none_or(|w| **id > w);
+        let turn: Vec<ServiceRef> = waiting
+            .iter()
+            .filter(after)
+            .chain(waiting.iter().filter(|id| !after(id)))
+            .take(freed.max(1))
+            .map(|id| (*id).clone())
+            .collect();
+        let last = turn.last().cloned();
+        let woken = turn.into_iter().collect();
+        self.woken = last;
+        woken
     }
 
     /// Programs `scope` of `model` on `node` (everything as well when
@@ -257,22 +353,24 @@ impl Reconciler {
         };
         // Room made in a map by the last sync: who did not fit is computed again.
         let widened: BTreeSet<ServiceRef>;
-        let changed = match std::mem::take(&mut self.room_freed) && !full {
+        let freed = std::mem::take(&mut self.room_freed);
+        let changed = match freed > 0 && !full {
             true => {
-                widened = changed
-                    .iter()
-                    .chain(self.waiting_for_room())
-                    .cloned()
-                    .collect();
+                let mut woken = self.wake(freed);
+                woken.extend(changed.iter().cloned());
+                widened = woken;
                 &widened
             }
             false => changed,
         };
         let sizes = Sizes::of(self.engine.desired());
         let (touched, mut now, taken) = self.compute(model, node, full, changed);
-        self.room_freed = !full && Sizes::of(self.engine.desired()).shrank_from(&sizes);
+        self.room_freed = match full {
+            true => 0,
+            false => Sizes::of(self.engine.desired()).freed_from(&sizes),
+        };
         let retried = taken.len();
-        let problems = logged_problems(&self.engine, full, changed);
+        let problems = logged_problems(&self.engine, full, changed, &mut self.logged);
         let udp_before = (udp == GoneUdp::Find).then(|| stale::udp_pairs(&now, &touched.frontends));
         let report = apply(maps, &mut now, self.engine.desired(), &touched, full);
         let gone_udp = match udp_before {
@@ -426,9 +524,15 @@ impl Sizes {
         ])
     }
 
-    /// A map has fewer entries than in `before`.
-    fn shrank_from(&self, before: &Sizes) -> bool {
-        self.0.iter().zip(before.0).any(|(now, was)| *now < was)
+    /// The most entries one map has fewer of than in `before` (0: none shrank): how many
+    /// services left out may fit now, one entry each at least.
+    fn freed_from(&self, before: &Sizes) -> usize {
+        self.0
+            .iter()
+            .zip(before.0)
+            .map(|(now, was)| was.saturating_sub(*now))
+            .max()
+            .unwrap_or(0)
     }
 }
 

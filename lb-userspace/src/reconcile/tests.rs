@@ -315,3 +315,60 @@ fn a_failing_ipv6_frontend_is_filed_under_its_service() {
     let id = super::service_of("ns/web:http (nodePort 10.0.0.1)");
     assert_eq!(id, Some(ServiceRef::new("ns", "web")));
 }
+
+#[test]
+fn freed_room_wakes_as_many_left_out_services_in_turn_not_all_of_them() {
+    let web = svc("web", "10.96.0.1", &["10.244.0.1"]);
+    let mut b = Bench::new(&web, Duration::ZERO);
+    b.books.limits.svc_entries = 1;
+    let others: String = (2..7)
+        .map(|i| svc(&format!("s{i}"), &format!("10.96.0.{i}"), &["10.244.0.9"]))
+        .collect();
+    b.model = file::parse("t.yaml", &(web.clone() + &others))
+        .expect("yaml")
+        .model;
+    let names: Vec<String> = (2..7).map(|i| format!("s{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_, told) = b.sync_told(&refs);
+    assert_eq!(told.len(), 5, "{told:?}");
+    let woken = |b: &mut Bench, n| -> Vec<String> {
+        b.books
+            .wake(n)
+            .into_iter()
+            .map(|id| id.name.to_string())
+            .collect()
+    };
+    // As many as the room freed, the next ones each time, round.
+    assert_eq!(woken(&mut b, 2), ["s2", "s3"]);
+    assert_eq!(woken(&mut b, 2), ["s4", "s5"]);
+    assert_eq!(woken(&mut b, 2), ["s2", "s6"]);
+    assert_eq!(woken(&mut b, 0), ["s3"], "one at least");
+    // web goes: its one entry lets one in, the next in turn; the others still wait.
+    b.model = file::parse("t.yaml", &others).expect("yaml").model;
+    b.sync_told(&["web"]);
+    let (_, told) = b.sync_told(&[]);
+    assert_eq!(told, ["Recovered ns/s4 ns/s4:p MapFull"]);
+    assert_eq!(b.books.statuses().failing().count(), 4);
+}
+
+#[test]
+fn a_problem_is_logged_when_it_appears_or_changes_and_a_sync_logs_a_bounded_number() {
+    use super::{LOGGED_PER_SYNC, ProblemLog};
+    let problem = |o: &str| DesiredError::Unsupported {
+        object: o.into(),
+        what: "x".into(),
+    };
+    let mut logged = std::collections::HashMap::new();
+    let (web, api) = (id("web"), id("api"));
+    let mut log = ProblemLog::default();
+    log.note(&web, &[problem("ns/web:p")], &mut logged);
+    log.note(&web, &[problem("ns/web:p")], &mut logged);
+    assert_eq!(log.lines, 1, "the same problem again is not logged");
+    log.note(&web, &[problem("ns/web:q")], &mut logged);
+    assert_eq!(log.lines, 2, "a changed one is");
+    let many: Vec<DesiredError> = (0..LOGGED_PER_SYNC + 10)
+        .map(|i| problem(&format!("ns/api:{i}")))
+        .collect();
+    log.note(&api, &many, &mut logged);
+    assert_eq!((log.lines, log.more), (LOGGED_PER_SYNC, 12));
+}
