@@ -364,7 +364,9 @@ impl<'a> Apply<'a> {
     }
 
     /// The entries of `frontends` that differ from what is programmed, in one ordered
-    /// batch; a failed one is named and the batch goes on with the next.
+    /// batch; a failed one is named and the writes go on with the next, one by one (a
+    /// full map refuses the rest too: a new batch per failure would copy the rest again
+    /// each time).
     fn put_entries(&mut self, frontends: &[(SvcKey, &SvcEntry)]) {
         let writes: Vec<(SvcKey, SvcValue)> = frontends
             .iter()
@@ -374,13 +376,17 @@ impl<'a> Apply<'a> {
         let mut start = 0;
         let mut failed = BTreeSet::new();
         while start < writes.len() {
-            let (written, e) = match self.w.put_svcs(&writes[start..]) {
-                Ok(()) => (writes.len() - start, None),
+            let end = match failed.is_empty() {
+                true => writes.len(),
+                false => start + 1,
+            };
+            let (written, e) = match self.w.put_svcs(&writes[start..end]) {
+                Ok(()) => (end - start, None),
                 Err((i, e)) => (i, Some(e)),
             };
             self.r.writes += written;
             start += written;
-            let Some(e) = e else { break };
+            let Some(e) = e else { continue };
             self.r.fail(Some(writes[start].1.svc_id), e);
             failed.insert(writes[start].0);
             start += 1;
