@@ -375,33 +375,7 @@ fn a_connected_udp_socket_leaves_a_removed_backend_within_a_second() {
         write_atomic(&s.yaml, &yaml(&all, &remaining)).expect("write");
         let removed = std::time::Instant::now();
         let after: Vec<(std::time::Instant, Line)> = rx.iter().collect();
-        let moved = after
-            .iter()
-            .find(|(_, l)| l.backend().is_some_and(|b| b != on))
-            .unwrap_or_else(|| panic!("{who}: never left {on}: {after:?}\n{}", s.agent.log_text()));
-        let took = moved.0.duration_since(removed);
-        assert!(
-            took < Duration::from_secs(1),
-            "{who}: moved off {on} after {took:?}"
-        );
-        let stayed = after
-            .iter()
-            .filter(|(t, l)| *t > moved.0 && l.backend() == Some(on.as_str()))
-            .count();
-        assert_eq!(
-            stayed, 0,
-            "{who}: answers from {on} after the move: {after:?}"
-        );
-        assert!(
-            after.iter().any(|(_, l)| matches!(
-                l,
-                Line::Err {
-                    errno: 89 | 103,
-                    ..
-                }
-            )),
-            "{who}: the socket was destroyed (its next call failed with EDESTADDRREQ or ECONNABORTED): {after:?}"
-        );
+        probe::assert_left_removed_backend(who, &on, removed, &after, &s.agent.log_text());
     }
     assert!(
         s.agent

@@ -163,6 +163,46 @@ pub fn stream(mut child: Child) -> std::sync::mpsc::Receiver<(std::time::Instant
     rx
 }
 
+/// A `udp-stay` probe's lines `after` backend `on` was removed at `removed`: the socket was
+/// destroyed (a call failed with EDESTADDRREQ or ECONNABORTED), its client answered by
+/// another backend within a second, and never by `on` after that. `who` and `log` (the
+/// agent's) name a failure.
+pub fn assert_left_removed_backend(
+    who: &str,
+    on: &str,
+    removed: std::time::Instant,
+    after: &[(std::time::Instant, Line)],
+    log: &str,
+) {
+    let moved = after
+        .iter()
+        .find(|(_, l)| l.backend().is_some_and(|b| b != on))
+        .unwrap_or_else(|| panic!("{who}: never left {on}: {after:?}\n{log}"));
+    let took = moved.0.duration_since(removed);
+    assert!(
+        took < Duration::from_secs(1),
+        "{who}: moved off {on} after {took:?}"
+    );
+    let stayed = after
+        .iter()
+        .filter(|(t, l)| *t > moved.0 && l.backend() == Some(on))
+        .count();
+    assert_eq!(
+        stayed, 0,
+        "{who}: answers from {on} after the move: {after:?}"
+    );
+    assert!(
+        after.iter().any(|(_, l)| matches!(
+            l,
+            Line::Err {
+                errno: 89 | 103,
+                ..
+            }
+        )),
+        "{who}: the socket was destroyed (its next call failed with EDESTADDRREQ or ECONNABORTED): {after:?}\n{log}"
+    );
+}
+
 /// How long one request of a flow may take (connect, then the answer).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
