@@ -17,6 +17,7 @@ pub mod netfilter;
 pub mod netif;
 pub mod pending;
 pub mod pins;
+pub mod routing;
 pub mod rows;
 pub mod scratch;
 pub mod sizes;
