@@ -15,6 +15,7 @@ pub mod loader;
 pub mod names_file;
 pub mod netfilter;
 pub mod netif;
+pub mod netlink;
 pub mod pending;
 pub mod pins;
 pub mod routing;

@@ -15,13 +15,12 @@
 //! come or go.
 
 use lb_common::{CFG_F_ROUTES_BY_DST, CFG_F_ROUTES6_BY_DST};
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage as Rt, route::RouteMessage, rule::RuleMessage,
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+use super::netlink::dump;
 
 /// What selects a family's routes by source: rules `from` a prefix, IPv6 routes with one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,50 +81,15 @@ fn dump_all() -> std::io::Result<BySource> {
     sock.connect(&SocketAddr::new(0, 0))?;
     let mut seen = BySource::default();
     // AF_UNSPEC: every family's rules.
-    dump(&sock, Rt::GetRule(RuleMessage::default()), &mut seen)?;
+    dump(&sock, Rt::GetRule(RuleMessage::default()), |m| seen.see(&m))?;
     let mut route = RouteMessage::default();
     route.header.address_family = AddressFamily::Inet6;
-    if let Err(e) = dump(&sock, Rt::GetRoute(route), &mut seen) {
+    if let Err(e) = dump(&sock, Rt::GetRoute(route), |m| seen.see(&m)) {
         // IPv6 off (no such family): nothing to keep per backend; else unknown.
         tracing::debug!("cannot read the IPv6 routes: {e}; IPv6 routes looked up per flow");
         seen.v6 = true;
     }
     Ok(seen)
-}
-
-/// Sends the dump request `req` and takes in every message of its answer.
-fn dump(sock: &Socket, req: Rt, seen: &mut BySource) -> std::io::Result<()> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut msg = NetlinkMessage::new(header, NetlinkPayload::from(req));
-    msg.finalize();
-    let mut buf = vec![0; msg.buffer_len()];
-    msg.serialize(&mut buf);
-    sock.send(&buf, 0)?;
-    let mut buf = Vec::with_capacity(64 * 1024);
-    loop {
-        buf.clear();
-        let n = sock.recv(&mut buf, 0)?;
-        let mut off = 0;
-        while off < n {
-            let msg = NetlinkMessage::<Rt>::deserialize(&buf[off..n])
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            match &msg.payload {
-                NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(e) => {
-                    return Err(std::io::Error::other(format!("rtnetlink dump: {e:?}")));
-                }
-                NetlinkPayload::InnerMessage(m) => seen.see(m),
-                _ => {}
-            }
-            let len = msg.header.length as usize;
-            if len == 0 {
-                break;
-            }
-            // Messages are aligned to 4 bytes.
-            off += (len + 3) & !3;
-        }
-    }
 }
 
 #[cfg(test)]
