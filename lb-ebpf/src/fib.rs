@@ -1,6 +1,17 @@
 //! Route lookups through `bpf_fib_lookup`, both families (generic over the address,
 //! [`RouteAddr`]): the egress interface and MTU for a translated packet, the node's source
 //! address toward a backend (SNAT), and next-hop MACs (XDP, with a per-CPU route cache).
+//!
+//! XDP keeps a new flow's way out in two per-CPU caches, each entry trusted for a second
+//! (a route or neighbour change is seen within it) and only for packets up to the route's
+//! MTU: per backend ([`backend_hop`], `XLB_XDPBE`: one lookup per backend, ingress
+//! interface and CPU, whichever client) where the node's routes of the family depend on the
+//! destination alone, which the agent says in the node config after reading the `ip rule`s
+//! (a rule by source, a CNI's per-pod policy routing, would send two clients' flows to one
+//! backend different ways); else per flow ([`hop`], `XLB_XDPRT`, keyed by the source too).
+//! Chosen over an array beside the backend array (48 B more per backend, written by every
+//! CPU at once) and over Katran's one default gateway (no route lookups at all, wrong for a
+//! node with more than one way out): fixed memory (48 KiB per CPU), per-CPU writes.
 
 use core::ffi::c_void;
 
