@@ -1,6 +1,5 @@
 //! One netlink request and its answer read to the end, for any netlink family's messages
-//! (the rtnetlink rules and routes of `routing`, the sock_diag sockets of `stale`, the
-//! ctnetlink flows of `kernel_ct`).
+//! (the rtnetlink rules and routes of `routing`, the ctnetlink flows of `kernel_ct`).
 
 use netlink_packet_core::{
     NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,

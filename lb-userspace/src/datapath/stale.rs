@@ -17,7 +17,7 @@ use std::{
 use aya::maps::HashMap;
 use lb_common::{IPPROTO_UDP, MAP_SOCK, SOCK_DIR_REVERSE, SockKey, SockValue};
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_sock_diag::{
     SockDiagDestroy, SockDiagMessage,
@@ -26,11 +26,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
-use super::{
-    DatapathError,
-    netlink::{dump, send},
-    pins::Pins,
-};
+use super::{DatapathError, pins::Pins};
 use crate::desired::Desired;
 
 /// Most network namespaces searched for one removal (a node runs a few hundred pods).
@@ -163,19 +159,51 @@ fn request(socket_id: SocketId) -> InetRequest {
     }
 }
 
+fn send<T>(sock: &Socket, mut msg: NetlinkMessage<T>) -> std::io::Result<()>
+where
+    T: netlink_packet_core::NetlinkSerializable + std::fmt::Debug,
+{
+    msg.finalize();
+    let mut buf = vec![0; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    sock.send(&buf, 0).map(|_| ())
+}
+
 /// Every IPv4 UDP socket of the calling thread's namespace whose cookie is in `cookies`.
 fn matching(sock: &Socket, cookies: &BTreeSet<u64>) -> std::io::Result<Vec<SocketId>> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     let req = SockDiagMessage::InetRequest(request(SocketId::new_v4()));
+    send(sock, NetlinkMessage::new(header, req.into()))?;
     let mut found = Vec::new();
-    dump(sock, req, |m| {
-        if let SockDiagMessage::InetResponse(r) = m {
-            let id = r.header.socket_id;
-            if cookies.contains(&u64::from_ne_bytes(id.cookie)) {
-                found.push(id);
+    let mut buf = Vec::with_capacity(64 * 1024);
+    loop {
+        buf.clear();
+        let n = sock.recv(&mut buf, 0)?;
+        let mut off = 0;
+        while off < n {
+            let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&buf[off..n])
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(found),
+                NetlinkPayload::Error(e) => {
+                    return Err(std::io::Error::other(format!("sock_diag dump: {e:?}")));
+                }
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                    let id = r.header.socket_id;
+                    if cookies.contains(&u64::from_ne_bytes(id.cookie)) {
+                        found.push(id);
+                    }
+                }
+                _ => {}
             }
+            if len == 0 {
+                break;
+            }
+            off += (len + 3) & !3;
         }
-    })?;
-    Ok(found)
+    }
 }
 
 fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
