@@ -593,6 +593,15 @@ pub const CFG_F_BPF_LOG: u32 = 2;
 pub const CFG_F_DSR_TCP: u32 = 4;
 /// Config flag: new UDP flows likewise (`--lb-mode dsr`; hybrid SNATs UDP, as Cilium).
 pub const CFG_F_DSR_UDP: u32 = 8;
+/// Config flag: on this node an IPv4 route depends on the destination and the ingress
+/// interface alone (no `ip rule` selects by source address), so XDP may keep the way out
+/// toward a backend per backend (`fib::backend_hop`), not per flow. Set by the agent from
+/// the namespace's rules (`datapath::routing`), re-checked when they change; unset (the
+/// default, and any older agent): every new flow's route is looked up with its source.
+pub const CFG_F_ROUTES_BY_DST: u32 = 16;
+/// Config flag: as [`CFG_F_ROUTES_BY_DST`] for IPv6 (no IPv6 rule selects by source and no
+/// IPv6 route has a source prefix, `ip -6 route add … from …`).
+pub const CFG_F_ROUTES6_BY_DST: u32 = 32;
 
 /// `family` of an affinity key whose client is a network namespace (a socket without a
 /// bound source address: `client_be[0..2]` hold the namespace cookie). A pod's namespace

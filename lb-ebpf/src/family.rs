@@ -733,12 +733,34 @@ pub trait Family: Flow + Ends<Addr: RouteAddr> + ClientOf + Sized + 'static {
     /// and its payload length): what a route's MTU is checked against.
     fn ip_len(&self) -> u16;
     /// XDP: the way out of a packet `saddr → daddr` of `len` bytes, by its route (cached
-    /// per CPU).
+    /// per CPU, per flow).
     #[inline(always)]
     fn hop(&self, ctx: &XdpContext, saddr: &Self::Addr, daddr: &Self::Addr, len: u16) -> Way {
         let here = Packet::ingress_ifindex(ctx);
         match fib::hop(ctx.raw(), here, self.proto(), saddr, daddr, len) {
             Some(hop) => Way::out(hop.out_ifindex, &hop.smac, &hop.dmac),
+            None => Way::Tc,
+        }
+    }
+    /// XDP: the way out of a packet `saddr → daddr` of `len` bytes where `daddr` is backend
+    /// `backend` (index, generation): kept per backend where the node's routes of the
+    /// family depend on the destination alone (`fib::backend_hop`: a new flow from a new
+    /// client finds it), else per flow as [`Family::hop`].
+    #[inline(always)]
+    fn hop_to_backend(
+        &self,
+        ctx: &XdpContext,
+        saddr: &Self::Addr,
+        daddr: &Self::Addr,
+        backend: (u32, u32),
+        len: u16,
+    ) -> Way {
+        if !fib::by_destination::<Self::Addr>() {
+            return self.hop(ctx, saddr, daddr, len);
+        }
+        let here = Packet::ingress_ifindex(ctx);
+        match fib::backend_hop(ctx.raw(), here, self.proto(), saddr, daddr, backend, len) {
+            Some(w) => Way::out(w.out_ifindex, &w.smac, &w.dmac),
             None => Way::Tc,
         }
     }

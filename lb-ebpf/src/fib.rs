@@ -1,6 +1,17 @@
 //! Route lookups through `bpf_fib_lookup`, both families (generic over the address,
 //! [`RouteAddr`]): the egress interface and MTU for a translated packet, the node's source
 //! address toward a backend (SNAT), and next-hop MACs (XDP, with a per-CPU route cache).
+//!
+//! XDP keeps a new flow's way out in two per-CPU caches, each entry trusted for a second
+//! (a route or neighbour change is seen within it) and only for packets up to the route's
+//! MTU: per backend ([`backend_hop`], `XLB_XDPBE`: one lookup per backend, ingress
+//! interface and CPU, whichever client) where the node's routes of the family depend on the
+//! destination alone, which the agent says in the node config after reading the `ip rule`s
+//! (a rule by source, a CNI's per-pod policy routing, would send two clients' flows to one
+//! backend different ways); else per flow ([`hop`], `XLB_XDPRT`, keyed by the source too).
+//! Chosen over an array beside the backend array (48 B more per backend, written by every
+//! CPU at once) and over Katran's one default gateway (no route lookups at all, wrong for a
+//! node with more than one way out): fixed memory (48 KiB per CPU), per-CPU writes.
 
 use core::ffi::c_void;
 
@@ -27,6 +38,10 @@ pub trait RouteAddr: Addr + 'static {
     /// IPv6: no (its source selection walks the interface's addresses, a large part of an
     /// IPv6 lookup, and a hop never uses it).
     const SRC_WITH_NEIGH: bool;
+    /// The node config flag saying the family's routes depend on the destination and the
+    /// ingress interface alone (`CFG_F_ROUTES_BY_DST`, `CFG_F_ROUTES6_BY_DST`): XDP may
+    /// keep the way out per backend ([`backend_hop`]).
+    const BY_DST: u32;
     /// Writes the address into a request's 16-byte address union at `p` (IPv4: word 0, the
     /// rest zero), word by word, volatile: merged, the words may become a `memset` or
     /// `memcpy` the verifier refuses without CAP_PERFMON.
@@ -50,6 +65,7 @@ pub trait RouteAddr: Addr + 'static {
 impl RouteAddr for u32 {
     const AF: u8 = 2;
     const SRC_WITH_NEIGH: bool = true;
+    const BY_DST: u32 = lb_common::CFG_F_ROUTES_BY_DST;
     #[inline(always)]
     unsafe fn put(&self, p: *mut u32) {
         // SAFETY: the caller's promise.
@@ -82,6 +98,7 @@ impl RouteAddr for u32 {
 impl RouteAddr for [u32; 4] {
     const AF: u8 = 10;
     const SRC_WITH_NEIGH: bool = false;
+    const BY_DST: u32 = lb_common::CFG_F_ROUTES6_BY_DST;
     #[inline(always)]
     unsafe fn put(&self, p: *mut u32) {
         for (i, w) in self.iter().enumerate() {
@@ -262,7 +279,7 @@ fn run(ctx: *mut c_void, p: &mut bpf_fib_lookup, flags: u32) -> Option<bool> {
 
 /// One slot of the XDP route cache: a complete route (neighbour known) for `saddr_be →
 /// daddr_be` entering on `in_ifindex`, looked up at `stamp_ns`, known to fit packets up to
-/// `fits` bytes (the IP packet, header included).
+/// `fits` bytes (the IP packet, header included: the route's MTU, [`fits`]).
 #[derive(Clone, Copy)]
 #[repr(C)]
 pub struct CachedRouteOf<A> {
@@ -366,12 +383,153 @@ fn remember<A: RouteAddr>(
     c.daddr_be.set(daddr);
     c.in_ifindex = ifindex;
     c.out_ifindex = r.ifindex;
-    c.fits = len;
+    c.fits = fits(r, len);
     copy_mac(&mut c.smac, &r.smac);
     copy_mac(&mut c.dmac, &r.dmac);
     c._pad = [0; 2];
     c.stamp_ns = crate::clock::now();
     Some(c)
+}
+
+/// The largest packet a route just looked up for a packet of `len` bytes is known to take:
+/// its MTU as the kernel's forwarding measures it (an XDP lookup always checks the MTU and
+/// returns it in `mtu_result`, on success too), at least `len` (which it took).
+#[inline(always)]
+fn fits<A>(r: &Route<A>, len: u16) -> u16 {
+    r.mtu.max(len)
+}
+
+/// One slot of XDP's way-out cache per backend: the way out toward backend index `backend`
+/// of `generation` (its address folded, [`Addr::fold`], in `addr_fold`) for a packet
+/// entering on `in_ifindex`: the egress interface and next hop's MACs, looked up at
+/// `stamp_ns`, known to fit packets up to `fits` bytes (the route's MTU). Either family:
+/// a backend index has one address, so the entry holds none, and one map serves both.
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct BackendWay {
+    pub stamp_ns: u64,
+    pub backend: u32,
+    pub generation: u32,
+    pub addr_fold: u32,
+    pub in_ifindex: u32,
+    pub out_ifindex: u32,
+    pub fits: u16,
+    pub smac: [u8; 6],
+    pub dmac: [u8; 6],
+    /// (Two fields, not a `[u8; 6]`: zeroed with two stores, where an array may become a
+    /// byte loop the verifier refuses without CAP_PERFMON.)
+    pub _pad0: u16,
+    pub _pad1: u32,
+}
+const _: () = assert!(core::mem::size_of::<BackendWay>() == 48);
+
+/// Slots of the way-out cache per CPU (direct-mapped by backend index: the agent hands
+/// indices out densely, so up to this many backends never share a slot).
+const BACKEND_WAY_SLOTS: u32 = 1024;
+
+/// XDP's way out per backend, per CPU: the route toward a backend (egress interface, next
+/// hop, MTU) looked up at most once a second per backend, ingress interface and CPU, where
+/// [`XLB_XDPRT`] is keyed by the flow's source too and a new flow from a new client always
+/// misses it. Used only while the node config says the family's routes depend on the
+/// destination and ingress interface alone (`RouteAddr::BY_DST`, set by the agent from the
+/// node's `ip rule`s: with a rule selecting by source the way is looked up per flow, as
+/// before); a route or neighbour change is seen within the second, as with [`XLB_XDPRT`];
+/// a packet bigger than `fits` is looked up. Written and read by XDP only. slot
+/// (`backend_slot`) → `BackendWay` (48 B). 1,024 entries per CPU (48 KiB), whatever the
+/// number of backends; overwritten on collision; not pinned.
+#[btf_map]
+static XLB_XDPBE: PerCpuArray<BackendWay, { BACKEND_WAY_SLOTS as usize }> = PerCpuArray::new();
+
+/// Whether the node config says routes of `A`'s family depend on the destination and the
+/// ingress interface alone ([`RouteAddr::BY_DST`]).
+#[inline(always)]
+pub fn by_destination<A: RouteAddr>() -> bool {
+    crate::maps::XLB_CFG_V3
+        .get(0)
+        .is_some_and(|c| c.flags & A::BY_DST != 0)
+}
+
+/// The way-out cache's slot of backend index `backend` entering on `ifindex`: the index's
+/// low bits, xor-ed with a word of the interface (one-to-one over indices per interface).
+#[inline(always)]
+fn backend_slot(backend: u32, ifindex: u32) -> u32 {
+    (backend ^ (ifindex.wrapping_mul(0x9e37_79b1) >> 22)) & (BACKEND_WAY_SLOTS - 1)
+}
+
+/// The hop for a packet `saddr → daddr` of `len` bytes toward `backend` (its index and
+/// generation; `daddr` its address) entering on `ifindex`, when XDP can send it itself: from
+/// the way-out cache, else from `bpf_fib_lookup` (then cached for the backend). Only where
+/// [`by_destination`] holds: the route is then the same whatever the source. `None`: leave
+/// it to the stack. As [`hop`], its steps are leaves of their own.
+#[inline(always)]
+pub fn backend_hop<A: RouteAddr>(
+    ctx: *mut c_void,
+    ifindex: u32,
+    proto: u8,
+    saddr: &A,
+    daddr: &A,
+    backend: (u32, u32),
+    len: u16,
+) -> Option<&'static BackendWay> {
+    let key = Key {
+        backend: backend.0,
+        generation: backend.1,
+        addr_fold: daddr.fold(),
+        ifindex,
+    };
+    if let Some(w) = backend_cached(&key, len) {
+        return Some(w);
+    }
+    match lookup(ctx, ifindex, proto, saddr, daddr, len, true) {
+        Some(r) if r.too_big == 0 => backend_remember::<A>(&key, len),
+        _ => None,
+    }
+}
+
+/// What names a way-out cache entry: the backend (index, generation, address folded) and
+/// the ingress interface.
+struct Key {
+    backend: u32,
+    generation: u32,
+    addr_fold: u32,
+    ifindex: u32,
+}
+
+/// The cached way toward `k`'s backend, when it is fresh and known to fit `len` bytes.
+#[inline(never)]
+fn backend_cached(k: &Key, len: u16) -> Option<&'static BackendWay> {
+    let w = XLB_XDPBE.get_ptr(backend_slot(k.backend, k.ifindex))?;
+    // SAFETY: this CPU's slot; nothing else runs on it while the program does.
+    let w = unsafe { &*w };
+    (w.backend == k.backend
+        && w.generation == k.generation
+        && w.addr_fold == k.addr_fold
+        && w.in_ifindex == k.ifindex
+        && len <= w.fits
+        && crate::clock::since(crate::clock::now(), w.stamp_ns) < ROUTE_CACHE_NS)
+        .then_some(w)
+}
+
+/// Caches the route just looked up (this CPU's route scratch of `A`'s family) as the way
+/// toward `k`'s backend, fitting at least `len` bytes; returns its slot.
+#[inline(never)]
+fn backend_remember<A: RouteAddr>(k: &Key, len: u16) -> Option<&'static BackendWay> {
+    let r = A::scratch()?;
+    let w = XLB_XDPBE.get_ptr_mut(backend_slot(k.backend, k.ifindex))?;
+    // SAFETY: this CPU's slots; nothing else runs on it while the program does.
+    let (r, w) = unsafe { (&(*r).route, &mut *w) };
+    w.backend = k.backend;
+    w.generation = k.generation;
+    w.addr_fold = k.addr_fold;
+    w.in_ifindex = k.ifindex;
+    w.out_ifindex = r.ifindex;
+    w.fits = fits(r, len);
+    copy_mac(&mut w.smac, &r.smac);
+    copy_mac(&mut w.dmac, &r.dmac);
+    w._pad0 = 0;
+    w._pad1 = 0;
+    w.stamp_ns = crate::clock::now();
+    Some(w)
 }
 
 /// Copies a MAC address between two map values byte by byte: a plain array assignment

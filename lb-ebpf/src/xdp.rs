@@ -11,7 +11,10 @@
 //! (`CT_F_XDP_STACK`, forgotten with the once-a-second refresh): a packet into the stack
 //! then costs what tc's does, with no route lookup. A new flow to a backend on this node
 //! always goes into the stack (a pod's veth takes no XDP frames) without a lookup; one to a
-//! remote backend looks its route up once.
+//! remote backend takes the way out kept for its backend (`fib::backend_hop`: looked up at
+//! most once a second per backend, ingress interface and CPU), where the node's routes
+//! depend on the destination alone (the agent says so in the node config, from its `ip
+//! rule`s); else it looks its own route up once (a source-keyed cache a new client misses).
 //!
 //! Whatever XDP cannot finish is passed to the stack untouched, where the tc program does the
 //! whole job: ICMP, refusals (no endpoints), fragmentation needed, unresolved neighbours,
@@ -228,7 +231,7 @@ fn established<F: Family>(
 #[inline(always)]
 fn reply_of<F: Family>(ctx: &XdpContext, t: &F, ct: Ct<F>, len: u32) -> XdpOutcome {
     if ct.flags() & CT_F_XDP_STACK == 0 {
-        match way(ctx, t, &ct) {
+        match way_back(ctx, t, &ct) {
             Way::Tc => return pass(R_PASS),
             Way::Redirect(hop) => return redirect(ctx, t, &ct, &hop, R_REVERSE_NAT, len),
             Way::Stack => ct.add_flags(CT_F_XDP_STACK),
@@ -274,7 +277,8 @@ fn try_start<F: Family>(
     svc: &SvcValue,
     s: &mut F::Scratch,
 ) -> Result<Then<u32>, Reason> {
-    let be = &F::parts(s).chosen.backend;
+    let chosen = &*F::parts(s).chosen;
+    let be = &chosen.backend;
     if dsr::applies(t, svc, be) {
         return Ok(Then::Done(pass(R_PASS)));
     }
@@ -286,7 +290,8 @@ fn try_start<F: Family>(
         }
     } else {
         let len = t.ip_len();
-        match t.hop(ctx, t.saddr(), F::backend_addr(be), len) {
+        let id = (chosen.id, be.generation);
+        match t.hop_to_backend(ctx, t.saddr(), F::backend_addr(be), id, len) {
             Way::Stack => (len, CT_F_XDP_STACK),
             Way::Redirect(_) => (len, 0),
             Way::Tc => return Ok(Then::Done(pass(R_PASS))),
@@ -322,10 +327,21 @@ fn try_send_new<F: Family>(
     pass(R_NEW_FLOW)
 }
 
-/// The way out of a packet of `t` rewritten to `v`, by its route (cached per CPU).
+/// The way out of a packet of `t` rewritten to `v`, a forward entry (its destination its
+/// backend): by the way kept for the backend (`Family::hop_to_backend`). Routed from the
+/// packet's own source, as the kernel routes it: after DNAT (PREROUTING), before SNAT
+/// (POSTROUTING), so a rule by source sees the client even when the flow is SNATed.
 #[inline(always)]
 fn way<F: Family>(ctx: &XdpContext, t: &F, v: &Shared<'_, F::Value>) -> Way {
-    t.hop(ctx, v.saddr(), v.daddr(), t.ip_len())
+    t.hop_to_backend(ctx, t.saddr(), v.daddr(), v.backend(), t.ip_len())
+}
+
+/// The way out of a reply of `t` rewritten to `v`, a reply entry (its destination the
+/// client): by its route from the packet's own source (the backend, as [`way`]), cached
+/// per flow.
+#[inline(always)]
+fn way_back<F: Family>(ctx: &XdpContext, t: &F, v: &Shared<'_, F::Value>) -> Way {
+    t.hop(ctx, t.saddr(), v.daddr(), t.ip_len())
 }
 
 /// Past the stack, both ways (a reply too comes back through XDP): both sides at once, the

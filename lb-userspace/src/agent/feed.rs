@@ -25,6 +25,8 @@ pub(super) enum Wake {
     Links,
     /// An interface address changed (NodePort addresses may have).
     Addresses,
+    /// A rule or route selecting by source came or went (`datapath::routing`).
+    Routing,
 }
 
 /// Starts the source and the rtnetlink watch; their events arrive on the returned channel.
@@ -38,6 +40,7 @@ pub(super) fn start(spec: &SourceSpec, fallback: Duration) -> (mpsc::Receiver<Wa
         let wake = match change {
             netif::LinkChange::Links => Wake::Links,
             netif::LinkChange::Addresses => Wake::Addresses,
+            netif::LinkChange::Routing => Wake::Routing,
         };
         send.send(wake).is_ok()
     });

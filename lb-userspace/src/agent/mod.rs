@@ -276,17 +276,37 @@ fn next_wake(
     }
 }
 
+/// What a wake asks of the loop beyond the state.
+#[derive(Clone, Copy, Debug, Default)]
+struct Redo {
+    /// The links changed: attach.
+    links: bool,
+    /// Routing by source may have changed: look at the rules again (`datapath::routing`).
+    routing: bool,
+}
+
 /// Takes in one wake: a source event into the state, the node's addresses or zone into
-/// `node`; whether the links changed.
+/// `node`; what else it asks of the loop.
 fn woken(
     w: Wake,
     opts: &AgentOptions,
     node: &mut desired::NodeContext,
     state: &mut State,
     health: &Health,
-) -> Result<bool, AgentError> {
+) -> Result<Redo, AgentError> {
     match w {
-        Wake::Links => return Ok(true),
+        Wake::Links => {
+            return Ok(Redo {
+                links: true,
+                ..Redo::default()
+            });
+        }
+        Wake::Routing => {
+            return Ok(Redo {
+                routing: true,
+                ..Redo::default()
+            });
+        }
         Wake::Addresses => {
             let addrs = node_port_addresses(&opts.node, &opts.interfaces);
             if addrs != node.node_port_addresses() {
@@ -305,7 +325,7 @@ fn woken(
             }
         }
     }
-    Ok(false)
+    Ok(Redo::default())
 }
 
 /// How long an idle agent sleeps before it looks at the stop flag again.

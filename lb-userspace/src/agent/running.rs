@@ -16,7 +16,13 @@ use super::{
     sockets, start, status, take_over, takeover, update_service_health, woken,
 };
 use crate::{
-    datapath::{kernel::KernelMaps, links::KernelLinks, loader::PinLock, pins::Pins, upgrade},
+    datapath::{
+        kernel::{KernelMaps, write_config},
+        links::KernelLinks,
+        loader::PinLock,
+        pins::Pins,
+        routing, upgrade,
+    },
     desired,
     reconcile::{GoneUdp, Reconciler, Synced as SyncedBooks},
     serve::{
@@ -31,6 +37,8 @@ pub(super) struct Running<'o> {
     opts: &'o AgentOptions,
     _lock: PinLock,
     ebpf: aya::Ebpf,
+    /// The node configuration as written.
+    config: lb_common::NodeConfig,
     _bpf_log: Option<crate::datapath::bpflog::BpfLogReader>,
     /// The previous layout's pins, taken over after the first sync.
     upgrade: Option<upgrade::Previous>,
@@ -51,6 +59,9 @@ pub(super) struct Running<'o> {
     told: status::Told,
     state: State,
     links_changed: bool,
+    /// A rule or route selecting by source came or went: the routing flags are looked at
+    /// again.
+    routing_changed: bool,
     attached: bool,
     last_sync: Option<Instant>,
     last_prune: Instant,
@@ -114,6 +125,7 @@ impl<'o> Running<'o> {
             opts,
             _lock: started._lock,
             ebpf: started.ebpf,
+            config: started.config,
             _bpf_log: started._bpf_log,
             upgrade: started.upgrade,
             hooks: started.hooks,
@@ -132,6 +144,7 @@ impl<'o> Running<'o> {
             told,
             state: State::default(),
             links_changed: true,
+            routing_changed: false,
             attached: false,
             last_sync: None,
             last_prune: Instant::now(),
@@ -144,6 +157,7 @@ impl<'o> Running<'o> {
     /// sleep until woken.
     pub(super) fn turn(&mut self) -> Result<(), AgentError> {
         self.attach_when_needed()?;
+        self.routing_when_changed()?;
         self.state.prune_when_due(&mut self.last_prune);
         self.state.retry_when_due(self.books.next_retry());
         let due = self.state.due(self.last_sync, self.opts.min_sync);
@@ -180,6 +194,28 @@ impl<'o> Running<'o> {
             self.attached = true;
             backfill_egress(&self.pins);
         }
+        Ok(())
+    }
+
+    /// The node config's routing flags (`CFG_F_ROUTES_BY_DST`, `CFG_F_ROUTES6_BY_DST`: XDP
+    /// keeps the way out per backend) brought in line with the rules, when a rule or route
+    /// selecting by source came or went (or every turn without a link watch).
+    fn routing_when_changed(&mut self) -> Result<(), AgentError> {
+        if !std::mem::take(&mut self.routing_changed) && self.links_watched {
+            return Ok(());
+        }
+        const ROUTING: u32 = lb_common::CFG_F_ROUTES_BY_DST | lb_common::CFG_F_ROUTES6_BY_DST;
+        let flags = (self.config.flags & !ROUTING) | routing::by_destination();
+        if flags == self.config.flags {
+            return Ok(());
+        }
+        self.config.flags = flags;
+        write_config(&mut self.ebpf, &self.config)?;
+        tracing::info!(
+            ipv4 = flags & lb_common::CFG_F_ROUTES_BY_DST != 0,
+            ipv6 = flags & lb_common::CFG_F_ROUTES6_BY_DST != 0,
+            "routing by destination alone (XDP keeps the way out per backend) changed"
+        );
         Ok(())
     }
 
@@ -280,7 +316,9 @@ impl<'o> Running<'o> {
         };
         let wake = &self.wake;
         for w in std::iter::once(first).chain(std::iter::from_fn(|| wake.try_recv().ok())) {
-            self.links_changed |= woken(w, opts, &mut self.node, &mut self.state, &self.health)?;
+            let redo = woken(w, opts, &mut self.node, &mut self.state, &self.health)?;
+            self.links_changed |= redo.links;
+            self.routing_changed |= redo.routing;
         }
         if self.state.dirty.is_some() {
             self.health.queued();

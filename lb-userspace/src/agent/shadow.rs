@@ -84,7 +84,7 @@ pub(super) fn run(
                 }
                 Wake::SourceEnded(Some(e)) => return Err(e.into()),
                 Wake::SourceEnded(None) => return Err(AgentError::SourceStopped),
-                Wake::Links | Wake::Addresses => {}
+                Wake::Links | Wake::Addresses | Wake::Routing => {}
             }
         }
     }

@@ -14,7 +14,7 @@ use crate::{
         kernel::{KernelMaps, write_config},
         loader::{self, PinLock},
         pins::Pins,
-        socket, sysctl, upgrade,
+        routing, socket, sysctl, upgrade,
         writer::MapWriter,
     },
     reconcile::Reconciler,
@@ -26,6 +26,8 @@ pub(super) struct Started {
     /// Held while the agent runs: one agent per pin directory.
     pub(super) _lock: PinLock,
     pub(super) ebpf: aya::Ebpf,
+    /// The node configuration as written (its routing flags kept current by the loop).
+    pub(super) config: lb_common::NodeConfig,
     /// The programs' log reader, with `--bpf-log`.
     pub(super) _bpf_log: Option<BpfLogReader>,
     /// The previous layout's pins, taken over after the first sync.
@@ -59,7 +61,9 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         true => Some(BpfLogReader::start(&mut ebpf)?),
         false => None,
     };
-    write_config(&mut ebpf, &opts.node_config(sockets.socket_lb, cookie))?;
+    let mut config = opts.node_config(sockets.socket_lb, cookie);
+    config.flags |= routing::by_destination();
+    write_config(&mut ebpf, &config)?;
     // The previous layout's pins: its programs keep forwarding from them until this agent
     // has programmed its own maps and copied their flows over; only then are this agent's
     // programs attached (see `datapath::upgrade`).
@@ -109,6 +113,7 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
     Ok(Started {
         _lock,
         ebpf,
+        config,
         _bpf_log,
         upgrade,
         hooks,

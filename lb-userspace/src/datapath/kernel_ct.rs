@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use netlink_packet_core::{
     DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_REQUEST,
 };
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
@@ -21,6 +21,7 @@ use netlink_packet_netfilter::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 use thiserror::Error;
 
+use super::netlink::{Failed, exchange};
 use crate::model::IpFamily;
 
 #[derive(Debug, Error)]
@@ -96,52 +97,19 @@ fn request(
     let mut socket = Socket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(NetfilterMessage::new(
-            NetfilterHeader::new(proto_family(family), 0, 0),
-            message,
-        )),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    socket.send(&buf, 0)?;
+    let req = NetfilterMessage::new(NetfilterHeader::new(proto_family(family), 0, 0), message);
     let mut out = Vec::new();
-    let mut rx = Vec::with_capacity(64 * 1024);
-    loop {
-        rx.clear();
-        let n = socket.recv(&mut rx, 0)?;
-        let mut off = 0;
-        while off < n {
-            let msg = NetlinkMessage::<NetfilterMessage>::deserialize(&rx[off..n])
-                .map_err(|e| KernelCtError::Decode(e.to_string()))?;
-            let len = msg.header.length as usize;
-            match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(out),
-                NetlinkPayload::Error(e) => {
-                    return match e.code {
-                        None => Ok(out),
-                        Some(code) => Err(KernelCtError::Kernel(
-                            std::io::Error::from_raw_os_error(-code.get()),
-                        )),
-                    };
-                }
-                NetlinkPayload::InnerMessage(m) => {
-                    if let NetfilterMessageInner::Conntrack(c) = m.inner {
-                        out.push(c);
-                    }
-                }
-                _ => {}
-            }
-            if len == 0 {
-                break;
-            }
-            off += (len + 3) & !3;
+    let each = |m: NetfilterMessage| {
+        if let NetfilterMessageInner::Conntrack(c) = m.inner {
+            out.push(c);
         }
-    }
+    };
+    exchange(&socket, flags, req, each).map_err(|f| match f {
+        Failed::Io(e) => KernelCtError::Io(e),
+        Failed::Kernel(e) => KernelCtError::Kernel(e),
+        Failed::Decode(e) => KernelCtError::Decode(e),
+    })?;
+    Ok(out)
 }
 
 /// Every TCP and UDP flow of `family` in this namespace's conntrack table.

@@ -23,12 +23,20 @@ pub enum LinkChange {
     Links,
     /// An address of either family was added or removed.
     Addresses,
+    /// A rule selecting by source, or an IPv6 route with a source prefix, was added or
+    /// removed (whether XDP may keep the way out per backend, `routing`).
+    Routing,
 }
 
-/// The rtnetlink groups watched: links, and the addresses of both families (an IPv6 address
-/// added after start is a NodePort address as an IPv4 one is).
-const GROUPS: u32 =
-    (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+/// The rtnetlink groups watched: links, the addresses of both families (an IPv6 address
+/// added after start is a NodePort address as an IPv4 one is), the rules of both families
+/// and the IPv6 routes (`routing`).
+const GROUPS: u32 = (libc::RTMGRP_LINK
+    | libc::RTMGRP_IPV4_IFADDR
+    | libc::RTMGRP_IPV6_IFADDR
+    | libc::RTMGRP_IPV4_RULE
+    | libc::RTMGRP_IPV6_ROUTE) as u32
+    | 1 << (libc::RTNLGRP_IPV6_RULE - 1);
 
 /// Calls `notify` on every link and address change (both families) in this namespace, from
 /// one thread for the life of the process (until `notify` returns false). `Err` when the
@@ -45,13 +53,14 @@ pub fn watch_links(
             let mut buf = Vec::with_capacity(64 * 1024);
             loop {
                 buf.clear();
-                // ENOBUFS (an overrun) is a change of both kinds: the caller looks again.
-                let (links, addrs) = match sock.recv(&mut buf, 0) {
+                // ENOBUFS (an overrun) is a change of every kind: the caller looks again.
+                let (links, addrs, routing) = match sock.recv(&mut buf, 0) {
                     Ok(_) => changes(&buf),
-                    Err(_) => (true, true),
+                    Err(_) => (true, true, true),
                 };
                 let sent = (!links || notify(LinkChange::Links))
-                    && (!addrs || notify(LinkChange::Addresses));
+                    && (!addrs || notify(LinkChange::Addresses))
+                    && (!routing || notify(LinkChange::Routing));
                 if !sent {
                     return;
                 }
@@ -60,20 +69,21 @@ pub fn watch_links(
     Ok(())
 }
 
-/// Whether the rtnetlink messages in `buf` changed links, addresses (of either family):
-/// parsed with netlink-packet-route; a message it cannot parse counts as both (the caller
-/// looks again).
-fn changes(buf: &[u8]) -> (bool, bool) {
+/// Whether the rtnetlink messages in `buf` changed links, addresses (of either family),
+/// routing by source (`routing::BySource`): parsed with netlink-packet-route; a message it
+/// cannot parse counts as all three (the caller looks again).
+fn changes(buf: &[u8]) -> (bool, bool, bool) {
     use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
     use netlink_packet_route::{RouteNetlinkMessage as Rt, address::AddressAttribute};
     let (mut links, mut addrs) = (false, false);
+    let mut by_source = super::routing::BySource::default();
     let mut off = 0;
     while off < buf.len() {
         let msg = match NetlinkMessage::<Rt>::deserialize(&buf[off..]) {
             Ok(m) => m,
             Err(e) => {
                 tracing::debug!("rtnetlink message not understood ({e}); looking again");
-                return (true, true);
+                return (true, true, true);
             }
         };
         match &msg.payload {
@@ -87,6 +97,7 @@ fn changes(buf: &[u8]) -> (bool, bool) {
                 }
             }
             NetlinkPayload::InnerMessage(Rt::NewLink(_) | Rt::DelLink(_)) => links = true,
+            NetlinkPayload::InnerMessage(m) => by_source.see(m),
             _ => {}
         }
         let len = msg.header.length as usize;
@@ -96,7 +107,8 @@ fn changes(buf: &[u8]) -> (bool, bool) {
         // Messages are aligned to 4 bytes.
         off += (len + 3) & !3;
     }
-    (links, addrs)
+    let routing = by_source != super::routing::BySource::default();
+    (links, addrs, routing)
 }
 
 /// Every (interface, address) pair of this process's network namespace, both families.
@@ -186,20 +198,35 @@ mod tests {
 
     #[test]
     fn ipv6_address_and_link_events_are_told_apart() {
-        assert_eq!(changes(&bytes(address6(true))), (false, true));
-        assert_eq!(changes(&bytes(address6(false))), (false, true));
+        assert_eq!(changes(&bytes(address6(true))), (false, true, false));
+        assert_eq!(changes(&bytes(address6(false))), (false, true, false));
         assert_eq!(
             changes(&bytes(Rt::NewLink(LinkMessage::default()))),
-            (true, false)
+            (true, false, false)
         );
         let both = [
             bytes(address6(true)),
             bytes(Rt::DelLink(LinkMessage::default())),
         ]
         .concat();
-        assert_eq!(changes(&both), (true, true));
+        assert_eq!(changes(&both), (true, true, false));
         // Something that is not a netlink message: look at everything again.
-        assert_eq!(changes(&[1, 2, 3]), (true, true));
+        assert_eq!(changes(&[1, 2, 3]), (true, true, true));
+    }
+
+    #[test]
+    fn a_rule_by_source_is_a_routing_change_and_a_plain_one_is_not() {
+        use netlink_packet_route::{AddressFamily, rule::RuleMessage};
+        let rule = |src_len| {
+            let mut r = RuleMessage::default();
+            r.header.family = AddressFamily::Inet;
+            r.header.src_len = src_len;
+            Rt::NewRule(r)
+        };
+        assert_eq!(changes(&bytes(rule(24))), (false, false, true));
+        assert_eq!(changes(&bytes(rule(0))), (false, false, false));
+        assert_ne!(super::GROUPS & libc::RTMGRP_IPV4_RULE as u32, 0);
+        assert_ne!(super::GROUPS & 1 << (libc::RTNLGRP_IPV6_RULE - 1), 0);
     }
 
     #[test]

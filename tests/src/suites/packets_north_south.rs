@@ -128,13 +128,30 @@ impl NorthSouth {
             + &svc("self", 6, "TCP", "", "", &local)
     }
 
+    /// node2's pods' prefix, routed via [`NorthSouth::next_hop`].
+    pub fn pods(&self) -> &'static str {
+        match self.f.family {
+            IpFamily::V4 => "10.245.0.0/16",
+            IpFamily::V6 => "fd00:10:245::/48",
+        }
+    }
+
+    /// Host `k` of the underlay (`10.0.0.k`, `fd00::k`; 2 is the next hop).
+    pub fn underlay_host(&self, k: u8) -> IpAddr {
+        match self.f.family {
+            IpFamily::V4 => Ipv4Addr::new(10, 0, 0, k).into(),
+            IpFamily::V6 => Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(k)).into(),
+        }
+    }
+
     /// `ip` commands giving the namespace this family's addresses, routes and next hop
     /// (after `dum0` is up).
     fn ip_commands(&self) -> Vec<Vec<String>> {
-        let (v, len, pods, local, dad) = match self.f.family {
-            IpFamily::V4 => ("-4", 24, "10.245.0.0/16", 32, ""),
-            IpFamily::V6 => ("-6", 64, "fd00:10:245::/48", 128, " nodad"),
+        let (v, len, local, dad) = match self.f.family {
+            IpFamily::V4 => ("-4", 24, 32, ""),
+            IpFamily::V6 => ("-6", 64, 128, " nodad"),
         };
+        let pods = self.pods();
         let cmd = |args: &str| -> Vec<String> {
             std::iter::once(v.to_string())
                 .chain(args.split(' ').map(str::to_string))
@@ -186,9 +203,24 @@ fn node1_ns(tag: &str) -> Netns {
     ns
 }
 
+/// node1's node configuration, as its agent writes it: SNAT ports `SNAT_MIN..=SNAT_MAX`,
+/// both hairpin addresses, and the routing flags of the namespace's rules as they are now
+/// (`datapath::routing`: with no rule by source, XDP keeps the way out per backend).
+pub fn node1_config() -> NodeConfig {
+    let [v4, v6] = both();
+    NodeConfig {
+        snat_port_min: SNAT_MIN,
+        snat_port_max: SNAT_MAX,
+        hairpin_addr_be: addr_words(v4.hairpin).0[0],
+        hairpin6_addr_be: addr_words(v6.hairpin).0,
+        flags: lb_userspace::datapath::routing::by_destination(),
+        ..NodeConfig::default()
+    }
+}
+
 /// Runs `table` once per family in a dual-stack node1 (see [`node1_ns`]), each on a
-/// datapath of its own loaded there and programmed as node1's agent would: SNAT ports
-/// `SNAT_MIN..=SNAT_MAX`, both hairpin addresses, both families' Services, NodePorts on
+/// datapath of its own loaded there and programmed as node1's agent would
+/// ([`node1_config`]), both families' Services, NodePorts on
 /// both NodePort addresses, with the socket hooks' entries (loopback NodePorts, internal
 /// scopes), which tc and XDP must never use. `table` gets the index of `dum0`.
 pub fn on_node1(prefix: &str, table: fn(&NorthSouth, &mut LoadedDatapath, u32)) {
@@ -205,14 +237,7 @@ pub fn on_node1(prefix: &str, table: fn(&NorthSouth, &mut LoadedDatapath, u32)) 
             let tag = format!("{tag}{}", n.f.name().to_ascii_lowercase());
             let mut dp =
                 LoadedDatapath::load(&tag).unwrap_or_else(|e| panic!("{}: load: {e}", n.f.name()));
-            dp.configure(&NodeConfig {
-                snat_port_min: SNAT_MIN,
-                snat_port_max: SNAT_MAX,
-                hairpin_addr_be: addr_words(v4.hairpin).0[0],
-                hairpin6_addr_be: addr_words(v6.hairpin).0,
-                ..NodeConfig::default()
-            })
-            .expect("config");
+            dp.configure(&node1_config()).expect("config");
             dp.program_on(&loaded.model, &ctx).expect("program");
             table(&n, &mut dp, ifindex);
         }

@@ -2,8 +2,9 @@
 //! namespace of its own: the kernel conntrack's per-namespace timeouts and `tcp_be_liberal`
 //! set from `--config` (a 0 left alone, a value another component raised not lowered), the
 //! host's table size computed and reported but left alone (this is not the initial
-//! namespace), a read-only `/proc/sys` named while the agent goes on, and kube-proxy's
-//! `/proxyMode` and `/configz` on the metrics address.
+//! namespace), a read-only `/proc/sys` named while the agent goes on, kube-proxy's
+//! `/proxyMode` and `/configz` on the metrics address, and whether the node's routes
+//! depend on the source (the node config's routing flags, from its `ip rule`s).
 
 use xlb_tests::{http::ok_body, netns::Netns, require_root};
 
@@ -263,5 +264,85 @@ fn a_node_with_ipv6_turned_off_programs_the_ipv4_side_and_reports_the_ipv6_one()
         value(&text, "xlb_frontends_failing{reason=\"FamilyMissing\"}"),
         1.0,
         "{text}"
+    );
+}
+
+/// The node config's routing flags as the agent's pinned config map holds them now.
+fn routing_flags(pins: &std::path::Path) -> u32 {
+    let map = aya::maps::MapData::from_pin(pins.join(lb_common::MAP_CONFIG)).expect("config pin");
+    let cfg: aya::maps::Array<_, lb_common::NodeConfig> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(map)).expect("config array");
+    let flags = cfg.get(&0, 0).expect("config").flags;
+    flags & (lb_common::CFG_F_ROUTES_BY_DST | lb_common::CFG_F_ROUTES6_BY_DST)
+}
+
+/// Waits (up to 10 s, to fail) for the routing flags to become `want`.
+fn wait_routing_flags(pins: &std::path::Path, want: u32, what: &str) {
+    let start = std::time::Instant::now();
+    while routing_flags(pins) != want {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "{what}: flags {:#x}, want {want:#x}",
+            routing_flags(pins)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// XDP may keep the way out per backend only while no rule routes by source: the agent
+/// says so in the node config (`datapath::routing`) from its namespace's rules at start, and
+/// again on the rtnetlink event of a rule by source coming or going, per family.
+#[test]
+fn the_agent_tells_xdp_whether_routes_depend_on_the_source() {
+    if !require_root() {
+        return;
+    }
+    let lab = Lab::start_in("xrt", 1, 1, Start::default());
+    let pins = lab.agent.pins.clone();
+    let both = lb_common::CFG_F_ROUTES_BY_DST | lb_common::CFG_F_ROUTES6_BY_DST;
+    wait_routing_flags(&pins, both, "no rule by source at start");
+    let rule4 = ["-4", "rule", "add", "from", "192.0.2.7/32", "lookup", "100"];
+    lab.ns.ip(&rule4).expect("ip rule");
+    wait_routing_flags(
+        &pins,
+        lb_common::CFG_F_ROUTES6_BY_DST,
+        "an IPv4 rule by source",
+    );
+    let rule6 = [
+        "-6",
+        "rule",
+        "add",
+        "from",
+        "2001:db8::7/128",
+        "lookup",
+        "100",
+    ];
+    lab.ns.ip(&rule6).expect("ip -6 rule");
+    wait_routing_flags(&pins, 0, "rules by source in both families");
+    lab.ns
+        .ip(&["-4", "rule", "del", "from", "192.0.2.7/32", "lookup", "100"])
+        .expect("ip rule del");
+    lab.ns
+        .ip(&[
+            "-6",
+            "rule",
+            "del",
+            "from",
+            "2001:db8::7/128",
+            "lookup",
+            "100",
+        ])
+        .expect("ip -6 rule del");
+    wait_routing_flags(&pins, both, "the rules by source gone");
+    // A rule without a source selector (by input interface) changes nothing.
+    lab.ns
+        .ip(&["-4", "rule", "add", "iif", "lo", "lookup", "100"])
+        .expect("ip rule iif");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(routing_flags(&pins), both, "a rule by input interface");
+    let log = lab.agent.log_text();
+    assert!(
+        log.contains("routing by destination alone"),
+        "the change is logged:\n{log}"
     );
 }

@@ -27,19 +27,20 @@ use std::{
 const RAW_MUT_DEREFS: [(&str, usize); 4] = [
     ("work.rs", 1),
     ("conntrack.rs", 2),
-    ("fib.rs", 2),
+    ("fib.rs", 3),
     ("sock.rs", 1),
 ];
 
 /// The value types per-CPU arrays may hold: counters, the work area, the route request
-/// scratches and the XDP route caches.
-const PER_CPU_VALUES: [&str; 6] = [
+/// scratches, the XDP route caches and XDP's way out per backend.
+const PER_CPU_VALUES: [&str; 7] = [
     "Counter",
     "WorkArea",
     "RouteScratch",
     "RouteScratch6",
     "CachedRoute",
     "CachedRoute6",
+    "BackendWay",
 ];
 
 /// `lb-userspace`'s top-level modules by layer, lowest first: a module may import from

@@ -212,7 +212,7 @@ fn established_alone(f: &Family, dp: &mut LoadedDatapath) {
 
 /// Runs `f` with this thread pinned to `cpu` (restoring its affinity after); `None` when
 /// the machine has no such CPU.
-fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> Option<T> {
+pub(crate) fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> Option<T> {
     // SAFETY: plain syscalls on this thread's own CPU mask, restored before returning.
     unsafe {
         let size = std::mem::size_of::<libc::cpu_set_t>();

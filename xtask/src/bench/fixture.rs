@@ -378,6 +378,20 @@ impl Datapath {
         })
     }
 
+    /// Writes the node configuration as the agent would for this namespace's routing
+    /// (`datapath::routing`: the families whose routes depend on the destination alone, where
+    /// XDP keeps the way out per backend), the rest zero as without an agent; returns the
+    /// flags. An older object (`XLB_BENCH_OBJECT`) ignores them.
+    pub fn configure_routing(&mut self) -> Result<u32> {
+        let cfg = lb_common::NodeConfig {
+            flags: lb_userspace::datapath::routing::by_destination(),
+            ..Default::default()
+        };
+        lb_userspace::datapath::kernel::write_config(&mut self.ebpf, &cfg)
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok(cfg.flags)
+    }
+
     /// Deletes every conntrack entry.
     pub fn clear_ct(&mut self) -> Result<()> {
         for table in [&mut self.ct, &mut self.cta] {

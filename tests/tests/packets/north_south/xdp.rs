@@ -4,7 +4,9 @@ use std::net::SocketAddr;
 
 use lb_userspace::packet::{TCP_ACK, TCP_SYN};
 use xlb_tests::suites::packets::{IcmpError, frame, seen};
-use xlb_tests::suites::packets_north_south::{NorthSouth, SNAT_MAX, SNAT_MIN, on_node1};
+use xlb_tests::suites::packets_north_south::{
+    NorthSouth, SNAT_MAX, SNAT_MIN, node1_config, on_node1,
+};
 use xlb_tests::{
     datapath::{LoadedDatapath, RunResult, service_packets},
     require_root,
@@ -181,4 +183,125 @@ fn left_to_tc(n: &NorthSouth, dp: &mut LoadedDatapath, ifindex: u32, snat: Socke
         assert_eq!(r.verdict, XDP_PASS, "{what}");
         assert_eq!(r.packet, packet, "{what}: must be untouched");
     }
+}
+
+/// XDP's way out per backend (`fib::backend_hop`): with no rule by source (the agent's
+/// routing flags, [`node1_config`]) new flows from distinct clients to one remote backend
+/// take the way kept for the backend, not a lookup of their own; a route change is seen
+/// within the second; a rule by source makes the agent clear its family's flag, and each
+/// flow's own route is honoured again.
+#[test]
+fn xdp_keeps_the_way_out_per_backend_and_honours_route_changes_and_rules() {
+    if !require_root() {
+        return;
+    }
+    on_node1("xpw", way_out_table);
+}
+
+/// `ip` in this thread's namespace (a child inherits it); panics with its stderr.
+fn ip(args: &str) {
+    let out = std::process::Command::new("ip")
+        .args(args.split(' '))
+        .output()
+        .expect("ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn way_out_table(n: &NorthSouth, dp: &mut LoadedDatapath, ifindex: u32) {
+    // One CPU throughout: the way out is kept per CPU.
+    crate::state::on_cpu(0, || way_out_rows(n, dp, ifindex)).expect("CPU 0");
+}
+
+fn way_out_rows(n: &NorthSouth, dp: &mut LoadedDatapath, ifindex: u32) {
+    let v = match n.f.family {
+        lb_userspace::model::IpFamily::V4 => "-4",
+        lb_userspace::model::IpFamily::V6 => "-6",
+    };
+    let flag = match n.f.family {
+        lb_userspace::model::IpFamily::V4 => lb_common::CFG_F_ROUTES_BY_DST,
+        lb_userspace::model::IpFamily::V6 => lb_common::CFG_F_ROUTES6_BY_DST,
+    };
+    assert_ne!(
+        node1_config().flags & flag,
+        0,
+        "{}: no rule by source here: routes by destination",
+        n.row("the agent's flags")
+    );
+    dp.allow_xdp_redirect(ifindex).expect("devmap");
+    let np = n.np(30001);
+    let remote = SocketAddr::new(n.remote_pod, 8080);
+    // A new flow from the `k`th distinct client: redirected out of dum0 to the next hop
+    // whose MAC ends in `hop`, DNATed to node2's pod (and SNATed).
+    let new_flow = |dp: &mut LoadedDatapath, k: u8, hop: u8, desc: &str| {
+        let what = n.row(desc);
+        let client = SocketAddr::new(n.f.outside(30 + k), 6000);
+        let r = run(
+            n,
+            dp,
+            ifindex,
+            desc,
+            &frame(false, client, np, TCP_SYN, b""),
+        );
+        assert_eq!(r.verdict, XDP_REDIRECT, "{what}");
+        assert_eq!(&r.packet[0..6], &[2, 0, 0, 0, 0, hop], "{what}: next hop");
+        assert_eq!(seen(&r.packet, &what).dst, remote, "{what}");
+    };
+    new_flow(
+        dp,
+        0,
+        2,
+        "first new flow to the backend → its route, next hop 2",
+    );
+    new_flow(dp, 1, 2, "a new client → the way kept for the backend");
+    // node2's pods move behind hop 3: a new flow from a new client within the second still
+    // takes the way kept for the backend (a lookup of its own would find hop 3) ...
+    let pods = n.pods();
+    let (hop3, hop4) = (n.underlay_host(3), n.underlay_host(4));
+    ip(&format!(
+        "{v} neigh add {hop3} lladdr 02:00:00:00:00:03 dev dum0 nud permanent"
+    ));
+    ip(&format!("{v} route replace {pods} via {hop3}"));
+    new_flow(
+        dp,
+        2,
+        2,
+        "route changed, within the second → the way kept (hop 2)",
+    );
+    // ... and after it, the new route.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    new_flow(
+        dp,
+        3,
+        3,
+        "route changed, a second later → the new route (hop 3)",
+    );
+    // A rule by source (a CNI's per-pod policy routing): client 4 is routed by table 100,
+    // via hop 4. The agent's flags go (it re-reads them on the rule's event), and each new
+    // flow's route is looked up with its source.
+    let client4 = n.f.outside(34);
+    let host = match n.f.family {
+        lb_userspace::model::IpFamily::V4 => 32,
+        lb_userspace::model::IpFamily::V6 => 128,
+    };
+    ip(&format!(
+        "{v} neigh add {hop4} lladdr 02:00:00:00:00:04 dev dum0 nud permanent"
+    ));
+    ip(&format!("{v} route add {pods} via {hop4} table 100"));
+    ip(&format!("{v} rule add from {client4}/{host} lookup 100"));
+    let cfg = node1_config();
+    assert_eq!(
+        cfg.flags & flag,
+        0,
+        "{}: a rule by source clears the family's flag",
+        n.row("the agent's flags")
+    );
+    dp.configure(&cfg).expect("config");
+    new_flow(dp, 4, 4, "rule by source → the client's own route (hop 4)");
+    new_flow(dp, 5, 3, "another client → the main table (hop 3)");
+    ip(&format!("{v} rule del from {client4}/{host} lookup 100"));
+    dp.configure(&node1_config()).expect("config");
 }

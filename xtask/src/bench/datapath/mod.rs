@@ -21,7 +21,9 @@
 //! Everything runs in a network namespace of its own whose `dum0` (a veth, forwarding on)
 //! routes the backends, clients and cycle services to a next hop with a permanent neighbour
 //! entry, so XDP's route lookups succeed and it translates every service packet (passing it
-//! to the stack: `dum0` is not in the redirect map). Each hook's floor is an empty program of
+//! to the stack: `dum0` is not in the redirect map). The node config says what the agent's
+//! would of the namespace's routing (no rule by source: XDP keeps a remote backend's way
+//! out per backend, `Datapath::configure_routing`). Each hook's floor is an empty program of
 //! the same kind (`xlb_tc_pass`, `xlb_xdp_pass`), run the same way in the same trial.
 //!
 //! The per-reason counters are checked after every case: each run must have been counted
@@ -503,6 +505,8 @@ fn measure(scales: &[usize], trials: usize, ifindex: u32) -> Result<Vec<Scale>> 
         caps.backends
     );
     let mut dp = Datapath::load(caps)?;
+    let flags = dp.configure_routing()?;
+    println!("node config flags {flags:#x} (routing by destination: XDP's way out per backend)");
     let mut model = parse_model(&cycle_yaml())?;
     let mut have = 0;
     let mut out = Vec::new();
