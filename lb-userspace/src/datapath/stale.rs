@@ -26,7 +26,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
-use super::{DatapathError, counts, pins::Pins};
+use super::{DatapathError, counts, netlink, pins::Pins};
 use crate::desired::Desired;
 
 /// Most network namespaces searched for one removal (a node runs a few hundred pods).
@@ -156,57 +156,24 @@ fn request(family: u8, socket_id: SocketId) -> InetRequest {
     }
 }
 
-fn send<T>(sock: &Socket, mut msg: NetlinkMessage<T>) -> std::io::Result<()>
-where
-    T: netlink_packet_core::NetlinkSerializable + std::fmt::Debug,
-{
-    msg.finalize();
-    let mut buf = vec![0; msg.buffer_len()];
-    msg.serialize(&mut buf);
-    sock.send(&buf, 0).map(|_| ())
-}
-
 /// Every UDP socket of `family` in the calling thread's namespace whose cookie is in
 /// `cookies` (an IPv6 socket may talk to an IPv4 backend through a mapped address: its
 /// cookie is in the map as an IPv4 one, so both families are searched for every cookie).
 fn matching(sock: &Socket, family: u8, cookies: &BTreeSet<u64>) -> std::io::Result<Vec<SocketId>> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     let any = match family {
         AF_INET6 => SocketId::new_v6(),
         _ => SocketId::new_v4(),
     };
     let req = SockDiagMessage::InetRequest(request(family, any));
-    send(sock, NetlinkMessage::new(header, req.into()))?;
     let mut found = Vec::new();
-    let mut buf = Vec::with_capacity(64 * 1024);
-    loop {
-        buf.clear();
-        let n = sock.recv(&mut buf, 0)?;
-        let mut off = 0;
-        while off < n {
-            let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&buf[off..n])
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            let len = msg.header.length as usize;
-            match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(found),
-                NetlinkPayload::Error(e) => {
-                    return Err(std::io::Error::other(format!("sock_diag dump: {e:?}")));
-                }
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                    let id = r.header.socket_id;
-                    if cookies.contains(&u64::from_ne_bytes(id.cookie)) {
-                        found.push(id);
-                    }
-                }
-                _ => {}
-            }
-            if len == 0 {
-                break;
-            }
-            off += (len + 3) & !3;
+    netlink::exchange(sock, NLM_F_REQUEST | NLM_F_DUMP, req, |m| {
+        if let SockDiagMessage::InetResponse(r) = m
+            && cookies.contains(&u64::from_ne_bytes(r.header.socket_id.cookie))
+        {
+            found.push(r.header.socket_id);
         }
-    }
+    })?;
+    Ok(found)
 }
 
 fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
@@ -226,7 +193,7 @@ fn destroy_here(cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_ACK;
         let req = SockDiagDestroy::new(SockDiagMessage::InetRequest(request(family, id)));
-        send(
+        netlink::send(
             &sock,
             NetlinkMessage::new(header, NetlinkPayload::InnerMessage(req)),
         )?;
