@@ -22,7 +22,7 @@ use super::{Ids, Journal, ids::Bits};
 use crate::{
     desired::{
         Candidate, Desired, DesiredError, Limits, NodeContext, ObjectName, Placed, Touched,
-        backend_filter_bit, external, live_filter_bits, placing_order, plan, service_candidates,
+        backend_filter_bit, candidates_of, external, placing_order, plan, service_candidates,
     },
     model::{Model, ServiceRef},
 };
@@ -120,15 +120,20 @@ impl Incremental {
             ..Incremental::default()
         };
         let mut candidates = Vec::new();
-        for id in model.services.keys() {
+        for (id, svc) in &model.services {
             let mut errors = Vec::new();
-            for c in service_candidates(model, id, node, &mut errors) {
+            for c in candidates_of(model, (id, svc), node, &mut errors) {
                 candidates.push((id, c));
             }
             if !errors.is_empty() {
                 self.problems.insert(id.clone(), errors);
             }
         }
+        let backends = candidates
+            .iter()
+            .map(|(_, c)| c.backend_addrs().count())
+            .sum();
+        ids.reserve(candidates.len(), backends, &self.desired);
         // Already-programmed frontends first, then new ones, each group in model order (each
         // key looked up once: a candidate is large, the sort moves indices).
         candidates.sort_by_cached_key(|(_, c)| placing_order(ids, c));
@@ -138,8 +143,9 @@ impl Incremental {
         ids.retain(&self.desired);
         ids.lend(&self.desired);
         replaced.backends = ids.unhold();
-        self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired, self.filter));
-        self.filter_shared = shared_filter_bits(&self.desired, self.filter);
+        let (live, shared) = filter_bits(&self.desired, self.filter);
+        self.desired.filter = ids.filter_bits_of(live);
+        self.filter_shared = shared;
         replaced
     }
 
@@ -394,18 +400,15 @@ impl Incremental {
             self.waiting.entry(c.key).or_default().insert(id.clone());
             return Some(DesiredError::FrontendConflict {
                 frontend: show_frontend(&c.key),
-                object: c.object,
+                object: c.object.to_string(),
                 owner: owner.to_string(),
             });
         }
         let key = c.key;
+        // The owner's object name is the candidate's, which the name shares unless it is
+        // cut short (one copy).
         let object = (key.scope == SCOPE_EXTERNAL).then(|| c.object.clone());
         let plan = plan(&self.desired, c, ids, limits, errors)?;
-        // The owner's object name is the name's (one copy) unless the name is cut short.
-        let object = object.map(|o| match *o == **plan.name() {
-            true => plan.name().clone(),
-            false => ObjectName::from(o),
-        });
         if let Some(j) = &mut self.journal {
             j.plan(&self.desired, &plan);
         }
@@ -433,9 +436,10 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
     *m = std::mem::take(m).into_iter().collect();
 }
 
-/// How many frontends and backends of `d` beyond the first have an address in each
+/// The filter bits of the addresses `d` programs ([`crate::desired::live_filter_bits`]),
+/// and how many frontends and backends of `d` beyond the first have an address in each
 /// filter bit shared by more than one.
-fn shared_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
+fn filter_bits(d: &Desired, size: FilterSize) -> (Bits, HashMap<u32, u32>) {
     let (mut seen, mut shared) = (Bits::default(), HashMap::new());
     let bits = (d.services.keys().map(|k| size.bit_of(&k.addr_be)))
         .chain(d.backends.values().map(|be| backend_filter_bit(size, be)));
@@ -444,5 +448,5 @@ fn shared_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
             *shared.entry(bit).or_default() += 1;
         }
     }
-    shared
+    (seen, shared)
 }
