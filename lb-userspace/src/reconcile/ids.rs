@@ -275,24 +275,31 @@ impl BackendIndex {
         table.shrink_to_fit(rehash);
     }
 
-    /// Keeps the indices `keep` says to (given the backend, with its generation, and its
-    /// index); returns the others, in backend order.
-    fn retain(
-        &mut self,
-        lent: &Dense<Backend>,
-        mut keep: impl FnMut(&Backend, u32) -> bool,
-    ) -> Vec<(Backend, u32)> {
+    /// Keeps the indices whose backend `desired` holds at that index (the same backend,
+    /// whatever its generation); returns the others, in backend order. Which are kept is
+    /// found in index order (the arrays read in order, not at random as the table holds
+    /// them), then the table is swept.
+    fn retain_held_by(&mut self, desired: &Dense<Backend>) -> Vec<(Backend, u32)> {
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent: desired,
+        };
+        let live: Bits = desired
+            .iter()
+            .filter(|(id, d)| stores.at(**id).is_some_and(|b| identity(b) == identity(d)))
+            .map(|(id, _)| *id)
+            .collect();
         let mut gone = Vec::new();
-        let (table, stores, _) = self.parts(lent);
+        let (table, stores, _) = self.parts(desired);
         table.retain(|id| {
-            let Some(be) = stores.at(*id).copied() else {
-                return false;
-            };
-            let kept = keep(&be, *id);
-            if !kept {
-                gone.push((identity(&be), *id));
+            if live.contains(*id) {
+                return true;
             }
-            kept
+            if let Some(be) = stores.at(*id) {
+                gone.push((identity(be), *id));
+            }
+            false
         });
         for (_, id) in &gone {
             self.own.remove(id);
@@ -434,8 +441,11 @@ impl Ids {
         let more = |held: usize, want: usize| want.saturating_sub(held);
         self.svc.reserve(more(self.svc.len(), frontends));
         self.slots.reserve(frontends);
+        let new = more(self.backend.table.len(), backends);
+        // The new ones' copies are kept here until the state holds them.
+        self.backend.own.reserve(new);
         let (table, _, rehash) = self.backend.parts(&lent.backends);
-        table.reserve(more(table.len(), backends), rehash);
+        table.reserve(new, rehash);
     }
 
     /// Whether address filter bit `bit` is one of the last computation's addresses'.
@@ -577,13 +587,8 @@ impl Ids {
             let programmed = !fresh.svc.contains(id);
             self.svc_pool.give_back(id, programmed);
         }
-        // Live: its index holds it in the desired state (no set of every backend made).
-        let gone = self.backend.retain(&desired.backends, |b, id| {
-            desired
-                .backends
-                .get(&id)
-                .is_some_and(|d| identity(d) == identity(b))
-        });
+        // Live: its index holds it in the desired state.
+        let gone = self.backend.retain_held_by(&desired.backends);
         for (_, id) in gone {
             let programmed = !fresh.backend.contains(id);
             self.backend_pool.give_back(id, programmed);
