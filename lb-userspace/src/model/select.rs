@@ -96,7 +96,7 @@ fn slices_endpoints(
             keyed.push((EndpointId::of(ip, ep_port.port), view));
         }
     }
-    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    keyed.sort_by_key(|(id, _)| *id);
     let mut out: Vec<EndpointView> = Vec::with_capacity(keyed.len());
     let mut last: Option<EndpointId> = None;
     for (id, view) in keyed {
