@@ -209,10 +209,31 @@ pub struct Categorized {
     pub cluster: Vec<EndpointView>,
     /// Endpoints for Local traffic policy.
     pub local: Vec<EndpointView>,
-    /// Union of the two, in `ip:port` order: the endpoints that get per-endpoint rules.
-    pub all_reachable: Vec<EndpointView>,
+    /// Which list [`Categorized::all_reachable`] is.
+    reachable: Reachable,
     /// A usable (ready, or serving and terminating) endpoint exists anywhere.
     pub has_any: bool,
+}
+
+/// The union of the cluster and local endpoints: most often one of them (not a copy).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Reachable {
+    #[default]
+    Cluster,
+    Local,
+    Union(Vec<EndpointView>),
+}
+
+impl Categorized {
+    /// Union of the cluster and local endpoints, in `ip:port` order: the endpoints that
+    /// get per-endpoint rules.
+    pub fn all_reachable(&self) -> &[EndpointView] {
+        match &self.reachable {
+            Reachable::Cluster => &self.cluster,
+            Reachable::Local => &self.local,
+            Reachable::Union(u) => u,
+        }
+    }
 }
 
 /// How topology hints narrow the ready endpoints: `None` when they are not used.
@@ -276,7 +297,7 @@ pub fn categorize(eps: &[EndpointView], uses: Uses, topo: Option<Topology<'_>>) 
         out.has_any = !out.cluster.is_empty();
     }
     if !uses.local {
-        out.all_reachable = out.cluster.clone();
+        out.reachable = Reachable::Cluster;
         return out;
     }
     let mut local_ready = false;
@@ -302,18 +323,18 @@ pub fn categorize(eps: &[EndpointView], uses: Uses, topo: Option<Topology<'_>>) 
             .collect();
     }
     if !uses.cluster {
-        out.all_reachable = out.local.clone();
+        out.reachable = Reachable::Local;
         return out;
     }
     if !used_topology && !used_terminating {
-        out.all_reachable = out.cluster.clone();
+        out.reachable = Reachable::Cluster;
         return out;
     }
     let mut union: BTreeMap<String, EndpointView> = BTreeMap::new();
     for e in out.cluster.iter().chain(out.local.iter()) {
         union.insert(e.to_string(), e.clone());
     }
-    out.all_reachable = union.into_values().collect();
+    out.reachable = Reachable::Union(union.into_values().collect());
     out
 }
 
@@ -546,7 +567,7 @@ mod tests {
         assert_eq!(ips(&c.cluster), ["10.0.1.5:80"]);
         assert_eq!(ips(&c.local), ["10.0.1.2:80", "10.0.1.3:80"]);
         assert_eq!(
-            ips(&c.all_reachable),
+            ips(c.all_reachable()),
             ["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"]
         );
         assert!(c.has_any);
@@ -563,7 +584,7 @@ mod tests {
             },
             None,
         );
-        assert!(!c.has_any && c.all_reachable.is_empty());
+        assert!(!c.has_any && c.all_reachable().is_empty());
     }
 
     #[test]
