@@ -16,17 +16,19 @@ use lb_common::{
 
 use super::{DesiredError, NodeContext};
 use crate::model::{
-    BackendAddr, Cidr, LbAlgorithm, Model, Protocol, ServicePort, ServiceRef,
-    node::{IpFamily, NodeSettings},
-    select::{PortView, ports_of_service},
+    BackendAddr, Cidr, LbAlgorithm, Model, Protocol, Service, ServiceRef,
+    node::IpFamily,
+    select::{PortView, push_service_ports},
 };
 
 /// A frontend to program: its key, its object name, its backends (and whether each is on
 /// this node), flags, affinity and allowed source ranges.
 pub struct Candidate {
     pub key: SvcKey,
-    /// The service port's name (`namespace/name:port`).
-    pub object: String,
+    /// The frontend's object name (`namespace/name:port`, with the frontend when it is
+    /// one), whole: made once per service port and shared by its ClusterIP's candidates,
+    /// the error that names it and, when it fits the name map, the desired state's name.
+    pub object: Arc<str>,
     pub(super) backends: Vec<(BackendAddr, bool)>,
     pub(super) flags: u16,
     pub(super) affinity_timeout_s: u32,
@@ -89,7 +91,7 @@ struct Port<'v, 'm> {
     node: &'v NodeContext,
     node_port_addresses: &'v [IpAddr],
     /// `namespace/name:port`.
-    object: String,
+    object: Arc<str>,
 }
 
 /// The frontends service `id` of `model` asks for on `node`, in its port order (a pure
@@ -101,11 +103,22 @@ pub fn service_candidates(
     node: &NodeContext,
     errors: &mut Vec<DesiredError>,
 ) -> Vec<Candidate> {
-    let mut candidates = Vec::new();
-    if !model.services.contains_key(id) {
-        return candidates;
+    match model.services.get_key_value(id) {
+        Some(service) => candidates_of(model, service, node, errors),
+        None => Vec::new(),
     }
-    if !model.slices.contains_key(id) {
+}
+
+/// [`service_candidates`] of service `id` of `model`, `svc` (looked up by the caller).
+pub fn candidates_of(
+    model: &Model,
+    (id, svc): (&ServiceRef, &Service),
+    node: &NodeContext,
+    errors: &mut Vec<DesiredError>,
+) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    let slices = model.slices.get(id);
+    if slices.is_none() {
         errors.push(DesiredError::NoEndpointSlice {
             object: id.to_string(),
         });
@@ -113,17 +126,14 @@ pub fn service_candidates(
     let node_port_addresses = node.node_port_addresses();
     // One pass per family, as kube-proxy runs one proxier per family: a dual-stack Service
     // gets each family's ClusterIP with that family's endpoints.
-    let views = [IpFamily::V4, IpFamily::V6].into_iter().flat_map(|family| {
-        let settings = NodeSettings {
-            family,
-            ..node.node.clone()
-        };
-        ports_of_service(model, id, &settings)
-    });
+    let mut views = Vec::new();
+    for family in [IpFamily::V4, IpFamily::V6] {
+        push_service_ports(slices, (id, svc), &node.node, family, &mut views);
+    }
     for view in views {
         if let (true, Some(why)) = (view.cluster_ip.is_ipv6(), node.ipv6_off) {
             errors.push(DesiredError::NoIpv6 {
-                object: object_name(&view.service.id.to_string(), view.port),
+                object: object_name(&view),
                 why,
             });
             continue;
@@ -137,7 +147,7 @@ pub fn service_candidates(
             },
             node,
             node_port_addresses: &node_port_addresses,
-            object: object_name(&view.service.id.to_string(), view.port),
+            object: object_name(&view).into(),
         };
         for f in port.frontends() {
             port.candidates(f, errors, &mut candidates);
@@ -209,7 +219,10 @@ impl Port<'_, '_> {
     /// sockets with every cluster endpoint.
     fn candidates(&self, f: Frontend, errors: &mut Vec<DesiredError>, out: &mut Vec<Candidate>) {
         let view = self.view;
-        let object = format!("{}{}", self.object, f.suffix);
+        let object: Arc<str> = match f.suffix.is_empty() {
+            true => self.object.clone(),
+            false => format!("{}{}", self.object, f.suffix).into(),
+        };
         let local = match f.reach {
             Reach::Cluster => view.internal_policy_local(),
             Reach::External | Reach::LoadBalancer => view.external_policy_local(),
@@ -343,11 +356,13 @@ fn backends_of(
     backends
 }
 
-/// `namespace/name:port`, the port by name or, when it has none, by number.
-fn object_name(service: &str, port: &ServicePort) -> String {
+/// `namespace/name:port` of `view`, the port by name or, when it has none, by number.
+fn object_name(view: &PortView<'_>) -> String {
+    let port = view.port;
     if port.name.is_empty() {
-        format!("{service}:{}", port.port)
+        format!("{}:{}", view.name, port.port)
     } else {
-        format!("{service}:{}", port.name)
+        // The view's name is the same text.
+        view.name.clone()
     }
 }

@@ -148,6 +148,12 @@ impl<V> Dense<V> {
         self.len -= before - self.spill.len();
     }
 
+    /// Room for `additional` more indices past the array's (handed out in order, as a cold
+    /// start's are: the array grows once).
+    pub fn reserve(&mut self, additional: usize) {
+        self.array.reserve(additional);
+    }
+
     /// Gives back the room past the highest index held.
     pub fn shrink_to_fit(&mut self) {
         let used = self

@@ -34,7 +34,7 @@ mod place;
 mod show;
 mod touched;
 
-pub use candidates::{Candidate, service_candidates};
+pub use candidates::{Candidate, candidates_of, service_candidates};
 pub use dense::Dense;
 pub use place::{Placed, Plan, external, placing_order, plan};
 pub use show::show_maglev;
@@ -85,6 +85,14 @@ pub fn object_name(object: &str) -> ObjectName {
         len -= 1;
     }
     Arc::from(&object[..len])
+}
+
+/// [`object_name`] of a candidate's whole name: that one shared when it fits.
+pub fn shared_object_name(object: &Arc<str>) -> ObjectName {
+    match object.len() <= SVC_NAME_LEN {
+        true => object.clone(),
+        false => object_name(object),
+    }
 }
 
 /// The service port's name in a frontend's object name: `namespace/name:port`, without the
@@ -438,7 +446,7 @@ pub fn compute_on(
     // then IPv6: one pass per family): a full map or a clashing frontend never takes the
     // place of something that works.
     candidates.sort_by_cached_key(|c| placing_order(ids, c));
-    let mut owners: BTreeMap<SvcKey, String> = BTreeMap::new();
+    let mut owners: BTreeMap<SvcKey, Arc<str>> = BTreeMap::new();
     let mut desired = Desired::default();
     for c in candidates {
         if c.key.scope != SCOPE_EXTERNAL {
@@ -453,8 +461,8 @@ pub fn compute_on(
         if let Some(owner) = owners.get(&c.key) {
             errors.push(DesiredError::FrontendConflict {
                 frontend: show_frontend(&c.key),
-                object: c.object,
-                owner: owner.clone(),
+                object: c.object.to_string(),
+                owner: owner.to_string(),
             });
             continue;
         }

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use super::{
     Desired, DesiredError, Indices, Limits, MaglevTable, ObjectName, SrcRange, SvcEntry,
-    candidates::Candidate, object_name,
+    candidates::Candidate, shared_object_name,
 };
 use crate::model::BackendAddr;
 
@@ -80,12 +80,17 @@ impl Plan {
 impl Plan {
     /// A plan of frontend `key` with index `svc_id`, its name and source ranges, no slots
     /// yet.
-    fn new(key: SvcKey, svc_id: u32, object: &str, src_ranges: &[(IpAddr, u8)]) -> Plan {
+    fn new(
+        key: SvcKey,
+        svc_id: u32,
+        object: &std::sync::Arc<str>,
+        src_ranges: &[(IpAddr, u8)],
+    ) -> Plan {
         Plan {
             key,
             entry: SvcEntry::default(),
             backends: Vec::new(),
-            name: (svc_id, object_name(object)),
+            name: (svc_id, shared_object_name(object)),
             src_ranges: src_ranges
                 .iter()
                 .map(|&(addr, prefix)| SrcRange {
@@ -109,6 +114,7 @@ fn place_backends(
     limits: Limits,
 ) -> u16 {
     let mut slot = 0u16;
+    plan.backends.reserve_exact(backends.len());
     for (b, local) in backends {
         let be = match local {
             true => backend_value(b.ip, b.port, b.protocol),
@@ -147,7 +153,7 @@ pub fn plan(
     // Both scopes of a frontend are one service port: one id, one name, one counter.
     let Some(svc_id) = ids.svc_id(external(key), limits.services) else {
         errors.push(DesiredError::MapFull {
-            object,
+            object: object.to_string(),
             map: MAP_SVC_STATS,
             capacity: limits.services,
             needed: 1,
@@ -187,7 +193,7 @@ pub fn plan(
             flags |= SVC_F_MAGLEV;
         } else {
             errors.push(DesiredError::MaglevFull {
-                object: object.clone(),
+                object: object.to_string(),
                 map: MAP_MAGLEV,
                 capacity: limits.maglev,
             });
@@ -206,7 +212,7 @@ pub fn plan(
         None => Some(plan),
         Some((map, capacity, needed)) => {
             errors.push(DesiredError::MapFull {
-                object,
+                object: object.to_string(),
                 map,
                 capacity,
                 needed,

@@ -546,7 +546,7 @@ fn own_chains(
     if plan.d.uses_local_chain {
         eps.policy_chain(&plan.svl_chain, &cat.local, &mut chains);
     }
-    for ep in &cat.all_reachable {
+    for ep in cat.all_reachable() {
         eps.endpoint_chain(ep, &mut chains);
     }
 }

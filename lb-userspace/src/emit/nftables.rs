@@ -433,7 +433,7 @@ fn write_port(t: &mut NftTable, pv: &PortView<'_>, node: &NodeSettings) {
     if plan.d.uses_local_chain {
         policy_chain(t, &plan, &plan.local_chain, &cat.local);
     }
-    for ep in &cat.all_reachable {
+    for ep in cat.all_reachable() {
         endpoint_chain(t, &plan, node, ep);
     }
 }

@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use super::{
     Cidr, Model, Name, Protocol, Service, ServicePort, ServiceRef, ServiceType, SessionAffinity,
-    TrafficPolicy,
+    Slices, TrafficPolicy,
     node::{IpFamily, NodeSettings},
 };
 
@@ -56,8 +56,20 @@ pub fn port_endpoints(
     family: IpFamily,
     node_name: Option<&str>,
 ) -> Vec<EndpointView> {
-    let mut by_id: BTreeMap<String, EndpointView> = BTreeMap::new();
-    for slice in model.slices.get(svc).into_iter().flat_map(|s| s.values()) {
+    slices_endpoints(model.slices.get(svc), port, family, node_name)
+}
+
+/// [`port_endpoints`] of a service's slices (looked up once by the caller).
+fn slices_endpoints(
+    slices: Option<&Slices>,
+    port: &ServicePort,
+    family: IpFamily,
+    node_name: Option<&str>,
+) -> Vec<EndpointView> {
+    // Each endpoint with its `ip:port` text in a buffer of its own (no string allocated),
+    // sorted by it (stable: the first of equal ones first), then one of each kept.
+    let mut keyed: Vec<(EndpointId, EndpointView)> = Vec::new();
+    for slice in slices.into_iter().flat_map(|s| s.values()) {
         let Some(ep_port) = slice
             .ports
             .iter()
@@ -65,6 +77,7 @@ pub fn port_endpoints(
         else {
             continue;
         };
+        keyed.reserve(slice.endpoints.len());
         for ep in &slice.endpoints {
             let ip = ep.address;
             if !family.matches(ip) {
@@ -80,16 +93,99 @@ pub fn port_endpoints(
                 zone_hints: ep.zone_hints().to_vec(),
                 node_hints: ep.node_hints().to_vec(),
             };
-            let id = view.to_string();
-            match by_id.get(&id) {
-                Some(old) if old.ready || !view.ready => {}
-                _ => {
-                    by_id.insert(id, view);
-                }
-            }
+            keyed.push((EndpointId::of(ip, ep_port.port), view));
         }
     }
-    by_id.into_values().collect()
+    keyed.sort_by_key(|(id, _)| *id);
+    let mut out: Vec<EndpointView> = Vec::with_capacity(keyed.len());
+    let mut last: Option<EndpointId> = None;
+    for (id, view) in keyed {
+        if last.as_ref() != Some(&id) {
+            out.push(view);
+            last = Some(id);
+        } else if let Some(kept) = out.last_mut()
+            && !kept.ready
+            && view.ready
+        {
+            // The first ready copy wins over a not-ready one.
+            *kept = view;
+        }
+    }
+    out
+}
+
+/// An endpoint's identity `ip:port` (`[ip6]:port`) as [`EndpointView`] displays it, in a
+/// buffer of its own; ordered as that text.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct EndpointId {
+    /// The text, then zeros (which order below every character of it).
+    text: [u8; 56],
+}
+
+impl EndpointId {
+    fn of(ip: IpAddr, port: u16) -> Self {
+        let mut w = IdWriter {
+            text: [0; 56],
+            len: 0,
+        };
+        match ip {
+            IpAddr::V4(ip) => {
+                for (i, o) in ip.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        w.push(b'.');
+                    }
+                    w.decimal(o.into());
+                }
+                w.push(b':');
+                w.decimal(port.into());
+            }
+            IpAddr::V6(ip) => {
+                // A write into the buffer cannot fail (it is long enough for any address).
+                let _ = fmt::Write::write_fmt(&mut w, format_args!("[{ip}]:{port}"));
+            }
+        }
+        Self { text: w.text }
+    }
+}
+
+/// Writes an [`EndpointId`]'s text.
+struct IdWriter {
+    text: [u8; 56],
+    len: usize,
+}
+
+impl IdWriter {
+    fn push(&mut self, b: u8) {
+        if let Some(c) = self.text.get_mut(self.len) {
+            *c = b;
+            self.len += 1;
+        }
+    }
+
+    /// `n` in decimal.
+    fn decimal(&mut self, n: u32) {
+        let mut digits = [0u8; 10];
+        let mut i = digits.len();
+        let mut n = n;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        for &d in &digits[i..] {
+            self.push(d);
+        }
+    }
+}
+
+impl fmt::Write for IdWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        s.bytes().for_each(|b| self.push(b));
+        Ok(())
+    }
 }
 
 /// Which endpoint lists a service port needs.
@@ -113,10 +209,31 @@ pub struct Categorized {
     pub cluster: Vec<EndpointView>,
     /// Endpoints for Local traffic policy.
     pub local: Vec<EndpointView>,
-    /// Union of the two, in `ip:port` order: the endpoints that get per-endpoint rules.
-    pub all_reachable: Vec<EndpointView>,
+    /// Which list [`Categorized::all_reachable`] is.
+    reachable: Reachable,
     /// A usable (ready, or serving and terminating) endpoint exists anywhere.
     pub has_any: bool,
+}
+
+/// The union of the cluster and local endpoints: most often one of them (not a copy).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+enum Reachable {
+    #[default]
+    Cluster,
+    Local,
+    Union(Vec<EndpointView>),
+}
+
+impl Categorized {
+    /// Union of the cluster and local endpoints, in `ip:port` order: the endpoints that
+    /// get per-endpoint rules.
+    pub fn all_reachable(&self) -> &[EndpointView] {
+        match &self.reachable {
+            Reachable::Cluster => &self.cluster,
+            Reachable::Local => &self.local,
+            Reachable::Union(u) => u,
+        }
+    }
 }
 
 /// How topology hints narrow the ready endpoints: `None` when they are not used.
@@ -180,7 +297,7 @@ pub fn categorize(eps: &[EndpointView], uses: Uses, topo: Option<Topology<'_>>) 
         out.has_any = !out.cluster.is_empty();
     }
     if !uses.local {
-        out.all_reachable = out.cluster.clone();
+        out.reachable = Reachable::Cluster;
         return out;
     }
     let mut local_ready = false;
@@ -206,18 +323,18 @@ pub fn categorize(eps: &[EndpointView], uses: Uses, topo: Option<Topology<'_>>) 
             .collect();
     }
     if !uses.cluster {
-        out.all_reachable = out.local.clone();
+        out.reachable = Reachable::Local;
         return out;
     }
     if !used_topology && !used_terminating {
-        out.all_reachable = out.cluster.clone();
+        out.reachable = Reachable::Cluster;
         return out;
     }
     let mut union: BTreeMap<String, EndpointView> = BTreeMap::new();
     for e in out.cluster.iter().chain(out.local.iter()) {
         union.insert(e.to_string(), e.clone());
     }
-    out.all_reachable = union.into_values().collect();
+    out.reachable = Reachable::Union(union.into_values().collect());
     out
 }
 
@@ -300,7 +417,8 @@ impl PortView<'_> {
 pub fn service_ports<'a>(model: &'a Model, node: &NodeSettings) -> Vec<PortView<'a>> {
     let mut out = Vec::new();
     for (id, svc) in &model.services {
-        push_service_ports(model, id, svc, node, &mut out);
+        let slices = model.slices.get(id);
+        push_service_ports(slices, (id, svc), node, node.family, &mut out);
     }
     out
 }
@@ -313,20 +431,21 @@ pub fn ports_of_service<'a>(
     node: &NodeSettings,
 ) -> Vec<PortView<'a>> {
     let mut out = Vec::new();
-    if let Some((id, svc)) = model.services.get_key_value(id) {
-        push_service_ports(model, id, svc, node, &mut out);
+    if let Some(service) = model.services.get_key_value(id) {
+        push_service_ports(model.slices.get(id), service, node, node.family, &mut out);
     }
     out
 }
 
-fn push_service_ports<'a>(
-    model: &'a Model,
-    id: &'a ServiceRef,
-    svc: &'a Service,
+/// [`ports_of_service`] of service `id` (`svc`, with its `slices`) for the proxier of
+/// `family` on `node` (whose own family is not read), added to `out`.
+pub fn push_service_ports<'a>(
+    slices: Option<&'a Slices>,
+    (id, svc): (&'a ServiceRef, &'a Service),
     node: &NodeSettings,
+    family: IpFamily,
     out: &mut Vec<PortView<'a>>,
 ) {
-    let family = node.family;
     let topo = Topology {
         node_name: &node.node_name,
         zone: node.zone.as_deref(),
@@ -352,7 +471,7 @@ fn push_service_ports<'a>(
             } else {
                 format!("{id}:{}", port.name)
             };
-            let endpoints = port_endpoints(model, id, port, family, Some(&node.node_name));
+            let endpoints = slices_endpoints(slices, port, family, Some(&node.node_name));
             let health_check_node_port = (svc.service_type == ServiceType::LoadBalancer
                 && svc.external_traffic_policy == TrafficPolicy::Local)
                 .then_some(svc.health_check_node_port)
@@ -448,7 +567,7 @@ mod tests {
         assert_eq!(ips(&c.cluster), ["10.0.1.5:80"]);
         assert_eq!(ips(&c.local), ["10.0.1.2:80", "10.0.1.3:80"]);
         assert_eq!(
-            ips(&c.all_reachable),
+            ips(c.all_reachable()),
             ["10.0.1.2:80", "10.0.1.3:80", "10.0.1.5:80"]
         );
         assert!(c.has_any);
@@ -465,7 +584,7 @@ mod tests {
             },
             None,
         );
-        assert!(!c.has_any && c.all_reachable.is_empty());
+        assert!(!c.has_any && c.all_reachable().is_empty());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use foldhash::{HashMap, HashMapExt};
 use hashbrown::HashTable;
 use lb_common::{Backend, SvcKey};
 
@@ -125,8 +125,8 @@ pub struct Ids {
     backend_pool: Pool,
     /// The last generation handed out.
     generation: u32,
-    /// Handed out since the last [`Ids::retain`]: (is a backend, index).
-    fresh: HashSet<(bool, u32)>,
+    /// Handed out since the last [`Ids::retain`].
+    fresh: Fresh,
     /// Address filter bits of the last computation's addresses (a bit per filter bit:
     /// the filters' own size, a fraction of a tree of their numbers)…
     filter_live: Bits,
@@ -147,7 +147,7 @@ impl Default for Ids {
             svc_pool: Pool::default(),
             backend_pool: Pool::default(),
             generation: 0,
-            fresh: HashSet::new(),
+            fresh: Fresh::default(),
             filter_live: Bits::default(),
             filter_retired: BTreeMap::new(),
             now: Instant::now(),
@@ -275,24 +275,31 @@ impl BackendIndex {
         table.shrink_to_fit(rehash);
     }
 
-    /// Keeps the indices `keep` says to (given the backend, with its generation, and its
-    /// index); returns the others, in backend order.
-    fn retain(
-        &mut self,
-        lent: &Dense<Backend>,
-        mut keep: impl FnMut(&Backend, u32) -> bool,
-    ) -> Vec<(Backend, u32)> {
+    /// Keeps the indices whose backend `desired` holds at that index (the same backend,
+    /// whatever its generation); returns the others, in backend order. Which are kept is
+    /// found in index order (the arrays read in order, not at random as the table holds
+    /// them), then the table is swept.
+    fn retain_held_by(&mut self, desired: &Dense<Backend>) -> Vec<(Backend, u32)> {
+        let stores = Stores {
+            own: &self.own,
+            held: &self.held,
+            lent: desired,
+        };
+        let live: Bits = desired
+            .iter()
+            .filter(|(id, d)| stores.at(**id).is_some_and(|b| identity(b) == identity(d)))
+            .map(|(id, _)| *id)
+            .collect();
         let mut gone = Vec::new();
-        let (table, stores, _) = self.parts(lent);
+        let (table, stores, _) = self.parts(desired);
         table.retain(|id| {
-            let Some(be) = stores.at(*id).copied() else {
-                return false;
-            };
-            let kept = keep(&be, *id);
-            if !kept {
-                gone.push((identity(&be), *id));
+            if live.contains(*id) {
+                return true;
             }
-            kept
+            if let Some(be) = stores.at(*id) {
+                gone.push((identity(be), *id));
+            }
+            false
         });
         for (_, id) in &gone {
             self.own.remove(id);
@@ -305,6 +312,13 @@ impl BackendIndex {
     fn lend(&mut self, lent: &Dense<Backend>) {
         self.own.retain(|id, b| lent.get(id) != Some(b));
     }
+}
+
+/// Indices handed out since the last [`Ids::retain`] (a bit per index: they are dense).
+#[derive(Clone, Debug, Default)]
+struct Fresh {
+    svc: Bits,
+    backend: Bits,
 }
 
 /// A set of small numbers as a bit per number (up to the highest held).
@@ -401,18 +415,37 @@ impl Ids {
     /// The address filter bits to program for `live` (this computation's addresses): those,
     /// and those of addresses gone less than [`FILTER_RETAIN`] ago.
     pub(super) fn filter_bits(&mut self, live: BTreeSet<u32>) -> BTreeSet<u32> {
+        self.filter_bits_of(live.iter().copied().collect())
+    }
+
+    /// [`Ids::filter_bits`] of the bits `bits` holds.
+    pub(super) fn filter_bits_of(&mut self, bits: Bits) -> BTreeSet<u32> {
         let now = self.now;
-        let bits: Bits = live.iter().copied().collect();
         for gone in self.filter_live.minus(&bits) {
             self.filter_retired.entry(gone).or_insert(now);
         }
         self.filter_retired.retain(|b, since| {
             !bits.contains(*b) && now.saturating_duration_since(*since) < FILTER_RETAIN
         });
+        // In order (the set's sort finds them sorted).
+        let mut out: BTreeSet<u32> = bits.minus(&Bits::default()).collect();
+        out.extend(self.filter_retired.keys());
         self.filter_live = bits;
-        let mut bits = live;
-        bits.extend(self.filter_retired.keys());
-        bits
+        out
+    }
+
+    /// Room for `frontends` frontends and `backends` backends in all (a full computation's,
+    /// counted from its candidates: the tables grow once, not by doubling and rehashing as
+    /// they fill).
+    pub(super) fn reserve(&mut self, frontends: usize, backends: usize, lent: &Desired) {
+        let more = |held: usize, want: usize| want.saturating_sub(held);
+        self.svc.reserve(more(self.svc.len(), frontends));
+        self.slots.reserve(frontends);
+        let new = more(self.backend.table.len(), backends);
+        // The new ones' copies are kept here until the state holds them.
+        self.backend.own.reserve(new);
+        let (table, _, rehash) = self.backend.parts(&lent.backends);
+        table.reserve(new, rehash);
     }
 
     /// Whether address filter bit `bit` is one of the last computation's addresses'.
@@ -437,7 +470,7 @@ impl Ids {
             if !desired.services.contains_key(k)
                 && let Some(id) = self.svc.remove(k)
             {
-                self.svc_pool.give_back(id, !fresh.contains(&(false, id)));
+                self.svc_pool.give_back(id, !fresh.svc.contains(id));
             }
         }
         for be in backends {
@@ -448,8 +481,7 @@ impl Ids {
                     .is_none_or(|d| d.generation != generation)
             {
                 self.backend.remove(&be, &desired.backends);
-                self.backend_pool
-                    .give_back(id, !fresh.contains(&(true, id)));
+                self.backend_pool.give_back(id, !fresh.backend.contains(id));
             }
         }
     }
@@ -552,18 +584,13 @@ impl Ids {
         });
         gone.sort_unstable();
         for (_, id) in gone {
-            let programmed = !fresh.contains(&(false, id));
+            let programmed = !fresh.svc.contains(id);
             self.svc_pool.give_back(id, programmed);
         }
-        // Live: its index holds it in the desired state (no set of every backend made).
-        let gone = self.backend.retain(&desired.backends, |b, id| {
-            desired
-                .backends
-                .get(&id)
-                .is_some_and(|d| identity(d) == identity(b))
-        });
+        // Live: its index holds it in the desired state.
+        let gone = self.backend.retain_held_by(&desired.backends);
         for (_, id) in gone {
-            let programmed = !fresh.contains(&(true, id));
+            let programmed = !fresh.backend.contains(id);
             self.backend_pool.give_back(id, programmed);
         }
     }
@@ -575,7 +602,7 @@ impl Indices for Ids {
             return Some(*id);
         }
         let id = self.svc_pool.take(self.now, capacity)?;
-        self.fresh.insert((false, id));
+        self.fresh.svc.insert(id);
         self.svc.insert(key, id);
         Some(id)
     }
@@ -591,7 +618,7 @@ impl Indices for Ids {
         }
         let id = self.backend_pool.take(self.now, capacity)?;
         self.generation = self.generation.wrapping_add(1).max(1);
-        self.fresh.insert((true, id));
+        self.fresh.backend.insert(id);
         self.backend.insert(&be, id, self.generation, desired);
         Some((id, self.generation))
     }

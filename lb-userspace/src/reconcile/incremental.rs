@@ -22,7 +22,7 @@ use super::{Ids, Journal, ids::Bits};
 use crate::{
     desired::{
         Candidate, Desired, DesiredError, Limits, NodeContext, ObjectName, Placed, Touched,
-        backend_filter_bit, external, live_filter_bits, placing_order, plan, service_candidates,
+        backend_filter_bit, candidates_of, external, placing_order, plan, service_candidates,
     },
     model::{Model, ServiceRef},
 };
@@ -125,26 +125,40 @@ impl Incremental {
             ..Incremental::default()
         };
         let mut candidates = Vec::new();
-        for id in model.services.keys() {
+        for (id, svc) in &model.services {
             let mut errors = Vec::new();
-            for c in service_candidates(model, id, node, &mut errors) {
+            for c in candidates_of(model, (id, svc), node, &mut errors) {
                 candidates.push((id, c));
             }
             if !errors.is_empty() {
                 self.problems.insert(id.clone(), errors);
             }
         }
+        let backends = candidates
+            .iter()
+            .map(|(_, c)| c.backend_addrs().count())
+            .sum();
+        ids.reserve(candidates.len(), backends, &self.desired);
+        let d = &mut self.desired;
+        d.backends.reserve(backends.min(limits.backends as usize));
+        d.names
+            .reserve(candidates.len().min(limits.services as usize));
         // Already-programmed frontends first, then new ones, each group in model order (each
         // key looked up once: a candidate is large, the sort moves indices).
         candidates.sort_by_cached_key(|(_, c)| placing_order(ids, c));
+        let mut placed = Vec::with_capacity(candidates.len());
         for (id, c) in candidates {
-            self.offer(id, c, ids, limits);
+            if let Some(p) = self.offer(id, c, ids, limits) {
+                placed.push((id, p));
+            }
         }
+        self.placed = by_service(placed);
         ids.retain(&self.desired);
         ids.lend(&self.desired);
         replaced.backends = ids.unhold();
-        self.desired.filter = ids.filter_bits(live_filter_bits(&self.desired, self.filter));
-        self.filter_shared = shared_filter_bits(&self.desired, self.filter);
+        let (live, shared) = filter_bits(&self.desired, self.filter);
+        self.desired.filter = ids.filter_bits_of(live);
+        self.filter_shared = shared;
         replaced
     }
 
@@ -337,16 +351,18 @@ impl Incremental {
         errors: &mut Vec<DesiredError>,
         touched: &mut Touched,
     ) {
-        let before = self.placed.get(id).map_or(0, |v| v.len());
         let key = c.key;
-        if let Some(e) = self.offer_inner(id, c, ids, limits, errors) {
-            errors.push(e);
-            return;
-        }
-        let Some(p) = self.placed.get(id).and_then(|v| v.get(before)).cloned() else {
-            // Not placed (a full map): its index is given back below.
-            touched.frontends.insert(key);
-            return;
+        let p = match self.offer_inner(id, c, ids, limits, errors) {
+            Err(e) => return errors.push(e),
+            Ok(Some(p)) => {
+                self.placed.entry(id.clone()).or_default().push(p.clone());
+                p
+            }
+            Ok(None) => {
+                // Not placed (a full map): its index is given back below.
+                touched.frontends.insert(key);
+                return;
+            }
         };
         self.ref_filter(self.filter.bit_of(&p.key.addr_be), ids, touched);
         let backends: Vec<u32> = p.backends(&self.desired).collect();
@@ -361,14 +377,23 @@ impl Incremental {
         }
     }
 
-    /// A candidate of a full computation (problems go to the service's list).
-    fn offer(&mut self, id: &ServiceRef, c: Candidate, ids: &mut Ids, limits: Limits) {
+    /// A candidate of a full computation (problems go to the service's list); what it
+    /// placed, for the caller to record.
+    fn offer(
+        &mut self,
+        id: &ServiceRef,
+        c: Candidate,
+        ids: &mut Ids,
+        limits: Limits,
+    ) -> Option<Placed> {
         let mut errors = Vec::new();
-        let before = self.placed.get(id).map_or(0, |v| v.len());
-        if let Some(e) = self.offer_inner(id, c, ids, limits, &mut errors) {
-            errors.push(e);
-        }
-        if let Some(p) = self.placed.get(id).and_then(|v| v.get(before)) {
+        let placed = self
+            .offer_inner(id, c, ids, limits, &mut errors)
+            .unwrap_or_else(|e| {
+                errors.push(e);
+                None
+            });
+        if let Some(p) = &placed {
             for b in p.backends(&self.desired) {
                 *backend_ref(&mut self.backend_refs, b) += 1;
             }
@@ -376,10 +401,12 @@ impl Incremental {
         if !errors.is_empty() {
             self.problems.entry(id.clone()).or_default().extend(errors);
         }
+        placed
     }
 
     /// Places candidate `c` of service `id` unless its frontend is taken: the conflict is
-    /// returned (and `id` waits for the frontend). A placed frontend is recorded.
+    /// the error (and `id` waits for the frontend). What it placed is for the caller to
+    /// record in `placed` (none when it does not fit).
     fn offer_inner(
         &mut self,
         id: &ServiceRef,
@@ -387,30 +414,29 @@ impl Incremental {
         ids: &mut Ids,
         limits: Limits,
         errors: &mut Vec<DesiredError>,
-    ) -> Option<DesiredError> {
+    ) -> Result<Option<Placed>, DesiredError> {
         if c.key.scope != SCOPE_EXTERNAL {
             // An internal scope goes with its external entry, placed before it.
             let ext = external(c.key);
             let owned = self.owners.get(&ext);
             if owned.is_none_or(|(s, object)| s != id || **object != *c.object) {
-                return None;
+                return Ok(None);
             }
         } else if let Some((_, owner)) = self.owners.get(&c.key) {
             self.waiting.entry(c.key).or_default().insert(id.clone());
-            return Some(DesiredError::FrontendConflict {
+            return Err(DesiredError::FrontendConflict {
                 frontend: show_frontend(&c.key),
-                object: c.object,
+                object: c.object.to_string(),
                 owner: owner.to_string(),
             });
         }
         let key = c.key;
+        // The owner's object name is the candidate's, which the name shares unless it is
+        // cut short (one copy).
         let object = (key.scope == SCOPE_EXTERNAL).then(|| c.object.clone());
-        let plan = plan(&self.desired, c, ids, limits, errors)?;
-        // The owner's object name is the name's (one copy) unless the name is cut short.
-        let object = object.map(|o| match *o == **plan.name() {
-            true => plan.name().clone(),
-            false => ObjectName::from(o),
-        });
+        let Some(plan) = plan(&self.desired, c, ids, limits, errors) else {
+            return Ok(None);
+        };
         if let Some(j) = &mut self.journal {
             j.plan(&self.desired, &plan);
         }
@@ -419,9 +445,26 @@ impl Incremental {
             self.owners.insert(key, (id.clone(), object));
         }
         self.frontends += 1;
-        self.placed.entry(id.clone()).or_default().push(placed);
-        None
+        Ok(Some(placed))
     }
+}
+
+/// What each service placed, from what each frontend placed in placing order (a service's
+/// frontends kept in that order; the map built at once from its sorted entries, not one
+/// search and insert per frontend).
+fn by_service(
+    mut placed: Vec<(&ServiceRef, Placed)>,
+) -> BTreeMap<ServiceRef, SmallVec<[Placed; 1]>> {
+    // Stable, and found sorted when every frontend is of one group (a cold start's IPv4).
+    placed.sort_by(|a, b| a.0.cmp(b.0));
+    let mut grouped: Vec<(ServiceRef, SmallVec<[Placed; 1]>)> = Vec::new();
+    for (id, p) in placed {
+        match grouped.last_mut() {
+            Some((last, ps)) if last == id => ps.push(p),
+            _ => grouped.push((id.clone(), SmallVec::from_buf([p]))),
+        }
+    }
+    grouped.into_iter().collect()
 }
 
 /// Backend `id`'s reference count in `refs`, grown to hold it.
@@ -438,9 +481,10 @@ pub(super) fn compact<K: Ord, V>(m: &mut BTreeMap<K, V>) {
     *m = std::mem::take(m).into_iter().collect();
 }
 
-/// How many frontends and backends of `d` beyond the first have an address in each
+/// The filter bits of the addresses `d` programs ([`crate::desired::live_filter_bits`]),
+/// and how many frontends and backends of `d` beyond the first have an address in each
 /// filter bit shared by more than one.
-fn shared_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
+fn filter_bits(d: &Desired, size: FilterSize) -> (Bits, HashMap<u32, u32>) {
     let (mut seen, mut shared) = (Bits::default(), HashMap::new());
     let bits = (d.services.keys().map(|k| size.bit_of(&k.addr_be)))
         .chain(d.backends.values().map(|be| backend_filter_bit(size, be)));
@@ -449,5 +493,5 @@ fn shared_filter_bits(d: &Desired, size: FilterSize) -> HashMap<u32, u32> {
             *shared.entry(bit).or_default() += 1;
         }
     }
-    shared
+    (seen, shared)
 }

@@ -142,6 +142,12 @@ impl Slots {
         Some((new.base, room(new)))
     }
 
+    /// Room for ranges of `frontends` frontends in all.
+    pub fn reserve(&mut self, frontends: usize) {
+        self.ranges
+            .reserve(frontends.saturating_sub(self.ranges.len()));
+    }
+
     /// The range of `key`, if it has one.
     pub fn get(&self, key: &SvcKey) -> Option<Range> {
         self.ranges.get(key).copied()

@@ -229,7 +229,7 @@ pub fn compare(
             if let Some(reason) = Reason::of(&xlb, &kube_proxy) {
                 out.divergences.push(Divergence {
                     service: c.object.split(':').next().unwrap_or_default().to_string(),
-                    object: c.object.clone(),
+                    object: c.object.to_string(),
                     frontend: format!("{}/{}", c.frontend, c.protocol),
                     origin: origin(c).to_string(),
                     reason,
