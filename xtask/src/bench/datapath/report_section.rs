@@ -272,7 +272,8 @@ fn findings(body: &mut String) {
          assured tables to the rows, the metrics show the rows.\n\
          * **New flows at scale: not the counters** (2.85× → 2.59× without them): the service \
          hash read twice (frontend, then the slot, in one hash of 1.4 million entries), the \
-         backend, two LRU inserts and the assured table's remove.\n\
+         backend, two LRU inserts and the assured table's remove (since then the slot is \
+         read from an array of its own: the slot ranges).\n\
          * **Non-service at scale: not the counters either** (none is counted): the address \
          filters' false positives sent such a packet to the conntrack lookups while the filters \
          had one size (2^20 bits, about 44% set at 1.2 million backend addresses); they are now \
