@@ -212,6 +212,13 @@ impl FilterSize {
         Self { log2 }
     }
 
+    /// The size a loader set (its global, within range: the loader clamped it), taken as
+    /// it is: the datapath's filters read it once per test without a check.
+    #[inline(always)]
+    pub const fn trusted(log2: u32) -> Self {
+        Self { log2 }
+    }
+
     /// Four bits per address for maps that hold up to `addresses` of them (the larger of
     /// the backend capacity and the frontend capacity).
     pub const fn for_addresses(addresses: u32) -> Self {

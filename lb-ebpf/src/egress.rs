@@ -22,7 +22,8 @@ use crate::{
     conntrack::{self, touch},
     dsr,
     family::{Ends, Family, View},
-    filter, icmp,
+    filter::Filters,
+    icmp,
     nat::{self, BOTH, SRC},
     parse::Frame,
     reason::{self, Carried, Reason, Then},
@@ -62,8 +63,10 @@ pub fn flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Carried {
 
 #[inline(always)]
 fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<Then<i32>, Reason> {
+    let filters = Filters::load();
     // A reply as netfilter saw it (backend → client): the frontend as source.
-    if let Some(ct) = filter::maybe_backend(F::filter_word(t.saddr()))
+    if let Some(ct) = filters
+        .backend(F::filter_word(t.saddr()))
         .then(|| conntrack::lookup_reply(t))
         .flatten()
     {
@@ -72,7 +75,8 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         conntrack::count(&ct, ctx.len());
         return Ok(Then::Done(pass(R_REVERSE_NAT)));
     }
-    if filter::maybe_backend(F::filter_word(t.daddr())) {
+    let to_backend = filters.backend(F::filter_word(t.daddr()));
+    if to_backend {
         // A flow another node sends here by DSR, on its way to the backend (its option makes
         // the header longer): recorded for the backend's replies, which leave this node.
         // (Any other packet with options goes on.)
@@ -90,10 +94,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         }
     }
     // A request of a SNATed flow as netfilter saw it (client → backend): the SNAT source.
-    if let Some(ct) = filter::maybe_backend(F::filter_word(t.daddr()))
-        .then(|| conntrack::lookup_snat_out(t))
-        .flatten()
-    {
+    if let Some(ct) = to_backend.then(|| conntrack::lookup_snat_out(t)).flatten() {
         touch(&ct, t);
         nat::rewrite::<F, _, SRC>(ctx, t, &ct)?;
         return Ok(Then::Done(pass(R_SNAT_OUT)));
@@ -101,7 +102,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
     // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
     // (`out_dnat` checks the protocol: read here, LLVM packs the tuple's fields on ways out
     // where some were never read, which the verifier refuses.)
-    if filter::maybe_frontend(F::filter_word(t.daddr())) {
+    if filters.frontend(F::filter_word(t.daddr())) {
         return Ok(Then::Next(Reason(R_PASS)));
     }
     Ok(Then::Done(pass(R_PASS)))

@@ -11,29 +11,47 @@ use lb_common::FilterSize;
 
 use crate::maps::{XLB_ADDRFILT_V1, XLB_FILTER_LOG2};
 
-/// The filters' size, as the loader set it (a constant to the verifier: frozen read-only
-/// data).
-#[inline(always)]
-fn size() -> FilterSize {
-    FilterSize::from_log2(XLB_FILTER_LOG2.load())
+/// The filters as the loader sized them, read once for a packet's tests (the size is a
+/// load-time global: each read is a load and a shift the compiler cannot fold).
+#[derive(Clone, Copy)]
+pub struct Filters {
+    size: FilterSize,
 }
 
-#[inline(always)]
-fn test(base: u32, addr_be: u32) -> bool {
-    let bit = size().bit(addr_be);
-    XLB_ADDRFILT_V1
-        .get(base + (bit >> 6))
-        .is_some_and(|w| w & (1u64 << (bit & 63)) != 0)
+impl Filters {
+    /// The filters' size, as the loader set it (frozen read-only data).
+    #[inline(always)]
+    pub fn load() -> Self {
+        Self {
+            size: FilterSize::trusted(XLB_FILTER_LOG2.load()),
+        }
+    }
+
+    #[inline(always)]
+    fn test(self, base: u32, word: u32) -> bool {
+        let bit = self.size.bit(word);
+        XLB_ADDRFILT_V1
+            .get(base + (bit >> 6))
+            .is_some_and(|w| w & (1u64 << (bit & 63)) != 0)
+    }
+
+    /// Whether the address of filter word `word` may be a frontend (a flow's destination,
+    /// or a service's).
+    #[inline(always)]
+    pub fn frontend(self, word: u32) -> bool {
+        self.test(0, word)
+    }
+
+    /// Whether the address of filter word `word` may be a backend (the source of a flow's
+    /// replies).
+    #[inline(always)]
+    pub fn backend(self, word: u32) -> bool {
+        self.test(self.size.words(), word)
+    }
 }
 
-/// Whether `addr_be` may be a frontend (a flow's destination, or a service's).
-#[inline(always)]
-pub fn maybe_frontend(addr_be: u32) -> bool {
-    test(0, addr_be)
-}
-
-/// Whether `addr_be` may be a backend (the source of a flow's replies).
+/// Whether `addr_be` may be a backend (one test: [`Filters`] for several).
 #[inline(always)]
 pub fn maybe_backend(addr_be: u32) -> bool {
-    test(size().words(), addr_be)
+    Filters::load().backend(addr_be)
 }

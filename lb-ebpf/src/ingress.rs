@@ -30,7 +30,7 @@ use crate::{
     conntrack::{self, Ct, continues, mid_stream, touch},
     dsr, egress,
     family::{Ends, Family, Mtu, View},
-    filter,
+    filter::{self, Filters},
     flow::{self, keep_alive},
     nat::{self, DST},
     packet::Packet,
@@ -74,16 +74,17 @@ pub fn frame<'a, F: Family>(
 pub fn flow<'a, F: Family>(ctx: &TcContext, t: &F, work: impl Work<'a, F::Scratch>) -> Carried {
     // Read once: the tracked-flow step and the new-flow step both ask it. Most packets that
     // have nothing to do with a service are known so from two bits, without a hash lookup.
-    let front = filter::maybe_frontend(F::filter_word(t.daddr()));
+    let filters = Filters::load();
+    let front = filters.frontend(F::filter_word(t.daddr()));
     if !front {
         // Not to a frontend: a reply of a tracked flow, or no flow of ours. Neither takes the
         // work area; a packet from no backend and to none makes no call out of line.
-        if filter::maybe_backend(F::filter_word(t.saddr()))
+        if filters.backend(F::filter_word(t.saddr()))
             && let Some(ct) = conntrack::lookup_reply(t)
         {
             return reply(ctx, t, &ct);
         }
-        if !filter::maybe_backend(F::filter_word(t.daddr())) {
+        if !filters.backend(F::filter_word(t.daddr())) {
             return Carried::done(pass(R_PASS));
         }
         return supersede(ctx, t);

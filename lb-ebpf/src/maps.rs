@@ -241,7 +241,7 @@ pub static XLB_ADDRFILT_V1: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::n
 /// log2 of each address filter's bits (`GLOBAL_FILTER_LOG2`), set by the loader that sizes
 /// [`XLB_ADDRFILT_V1`]; 0 (not set): the default size.
 #[unsafe(no_mangle)]
-pub static XLB_FILTER_LOG2: Global<u32> = Global::new(0);
+pub static XLB_FILTER_LOG2: Global<u32> = Global::new(lb_common::FILTER_BITS_LOG2);
 
 /// The node's configuration (`XLB_CFG_V3`), zero until the agent writes it.
 #[inline(always)]

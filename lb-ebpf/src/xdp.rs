@@ -38,7 +38,7 @@ use crate::{
     dsr,
     family::{Ends, Family, Mtu, View},
     fib::{Hop, Way},
-    filter,
+    filter::{self, Filters},
     flow::{self, keep_alive},
     maps::XLB_XDPTX_V1,
     nat::{self, BOTH},
@@ -92,8 +92,9 @@ pub fn flow<'a, F: Family>(
         // checksum steps are TCP's and UDP's).
         return Carried::done(pass(R_PASS));
     }
-    let front = filter::maybe_frontend(F::filter_word(t.daddr()));
-    if !front && !filter::maybe_backend(F::filter_word(t.saddr())) {
+    let filters = Filters::load();
+    let front = filters.frontend(F::filter_word(t.daddr()));
+    if !front && !filters.backend(F::filter_word(t.saddr())) {
         // Neither to a frontend nor from a backend: no flow of ours (no call out of line,
         // no work area).
         return Carried::done(pass(R_PASS));
@@ -131,7 +132,8 @@ pub fn flow<'a, F: Family>(
 }
 
 /// A packet of a tracked flow or a reply of one; else [`Then::Next`]. `front`: the
-/// destination may be a frontend (its address filter bit).
+/// destination may be a frontend (its address filter bit); when it may not, [`flow`] found
+/// the source may be a backend (else the packet passed there).
 #[inline(never)]
 fn tracked<F: Family>(
     ctx: &XdpContext,
@@ -156,7 +158,9 @@ fn try_tracked<F: Family>(
     } else {
         None
     };
-    let reply = if forward.is_none() && filter::maybe_backend(F::filter_word(t.saddr())) {
+    // Not to a frontend: `flow` tested the source's bit already.
+    let from_backend = !front || filter::maybe_backend(F::filter_word(t.saddr()));
+    let reply = if forward.is_none() && from_backend {
         conntrack::lookup_reply(t)
     } else {
         None
