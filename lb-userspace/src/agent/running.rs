@@ -282,8 +282,8 @@ impl<'o> Running<'o> {
     /// the phase.
     fn record(&mut self, synced: &SyncedBooks, errors: u64) {
         let statuses = self.books.statuses();
-        self.metrics
-            .programmed(self.books.programmed(), self.books.limits());
+        let (books, metrics) = (&self.books, &self.metrics);
+        metrics.programmed(books.programmed(), books.tally(), books.limits());
         self.metrics.failing(status::counts(statuses));
         self.told
             .tell(&synced.transitions, statuses, &self.state.model);

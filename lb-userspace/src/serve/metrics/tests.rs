@@ -105,7 +105,7 @@ fn map_fill_comes_from_the_last_sync_and_the_collectors_last_pass() {
     let m = metrics(None);
     let mut d = Desired::default();
     d.backends.insert(1, lb_common::Backend::default());
-    m.programmed(&d, Limits::default());
+    m.programmed(&d, Tally::recount(&d), Limits::default());
     let fill = |entries, capacity| crate::datapath::counts::Fill { entries, capacity };
     let pass = |lru| ct_gc::Pass {
         v4: TablePass {
