@@ -84,6 +84,7 @@ struct Series {
     service_pending: Gauge,
     endpoint_pending: Gauge,
     errors: Counter,
+    stale_udp_dropped: Counter,
     reconciled: Family<ByFamily, Histogram, fn() -> Histogram>,
     deleted: Family<ByFamily, Counter>,
     sysctls: Family<[(&'static str, &'static str); 2], Gauge>,
@@ -103,6 +104,7 @@ impl Series {
             service_pending: Gauge::default(),
             endpoint_pending: Gauge::default(),
             errors: Counter::default(),
+            stale_udp_dropped: Counter::default(),
             reconciled: Family::new_with_constructor(sync_buckets as fn() -> Histogram),
             deleted: Family::default(),
             sysctls: Family::default(),
@@ -180,6 +182,11 @@ impl Series {
             "xlb_sync_errors",
             "Objects or map writes a sync could not take",
             self.errors.clone(),
+        );
+        r.register(
+            "xlb_stale_udp_dropped_pairs",
+            "Frontend and endpoint pairs that went whose connected UDP sockets were not destroyed: more waited for the worker than its limit",
+            self.stale_udp_dropped.clone(),
         );
         r.register(
             "kubeproxy_conntrack_reconciler_sync_duration_seconds",
@@ -283,6 +290,14 @@ impl Metrics {
         }
         s.errors.inc_by(sync.errors);
         s.last.set(now_unix());
+    }
+
+    /// `n` connected UDP pairs of removed backends were dropped: their sockets are not
+    /// destroyed.
+    pub fn stale_udp_dropped(&self, n: u64) {
+        if n > 0 {
+            self.series.stale_udp_dropped.inc_by(n);
+        }
     }
 
     /// What is programmed after a sync: the fill of the maps the agent writes, from the

@@ -186,3 +186,13 @@ fn health_answers_are_counted_and_no_series_is_per_backend() {
     );
     assert!(m.handle("/other").is_none());
 }
+
+#[test]
+fn stale_udp_pairs_the_worker_dropped_are_counted() {
+    let m = metrics(None);
+    assert_eq!(value(&m.render(), "xlb_stale_udp_dropped_pairs_total"), 0.0);
+    m.stale_udp_dropped(0);
+    m.stale_udp_dropped(3);
+    m.stale_udp_dropped(2);
+    assert_eq!(value(&m.render(), "xlb_stale_udp_dropped_pairs_total"), 5.0);
+}
