@@ -24,6 +24,7 @@ mod phase;
 mod running;
 mod shadow;
 mod sockets;
+mod stale_udp;
 mod start;
 mod status;
 mod takeover;

@@ -13,7 +13,9 @@ use super::{
     interfaces::{Interfaces, Wanted},
     next_wake, node_port_addresses,
     phase::{Input, Machine},
-    sockets, start, status, take_over, takeover, update_service_health, woken,
+    sockets,
+    stale_udp::{self, StaleUdp},
+    start, status, take_over, takeover, update_service_health, woken,
 };
 use crate::{
     datapath::{
@@ -21,7 +23,9 @@ use crate::{
         links::KernelLinks,
         loader::PinLock,
         pins::Pins,
-        routing, upgrade,
+        routing,
+        socket::SocketLb,
+        upgrade,
     },
     desired,
     reconcile::{GoneUdp, Reconciler, Synced as SyncedBooks},
@@ -44,6 +48,8 @@ pub(super) struct Running<'o> {
     upgrade: Option<upgrade::Previous>,
     /// The socket hooks' cgroup.
     hooks: Option<std::path::PathBuf>,
+    /// Destroys the connected UDP sockets of removed backends, off the loop.
+    stale_udp: StaleUdp,
     maps: KernelMaps,
     pins: Pins,
     books: Reconciler,
@@ -129,6 +135,7 @@ impl<'o> Running<'o> {
             _bpf_log: started._bpf_log,
             upgrade: started.upgrade,
             hooks: started.hooks,
+            stale_udp: StaleUdp::new(started.pins.clone()),
             maps: started.maps,
             pins: started.pins,
             books: started.books,
@@ -231,16 +238,17 @@ impl<'o> Running<'o> {
             true => GoneUdp::Find,
             false => GoneUdp::Ignore,
         };
-        let synced = self
+        let mut synced = self
             .state
             .sync(&mut self.books, &self.node, &mut self.maps, udp);
         if let Some(cgroup) = self.hooks.as_deref() {
-            let hooks = sockets::Attached {
-                opts: &opts.sockets,
-                pins: &self.pins,
-                cgroup,
-            };
-            sockets::destroy_stale_udp(hooks, &synced.gone_udp);
+            // Handed to the worker: the loop does not wait for the namespaces' search.
+            let all = opts.sockets.socket_lb == SocketLb::All;
+            let dropped = self.stale_udp.submit(stale_udp::Job {
+                gone: std::mem::take(&mut synced.gone_udp),
+                scope: all.then(|| cgroup.to_path_buf()),
+            });
+            self.metrics.stale_udp_dropped(dropped as u64);
         }
         self.after_first_sync()?;
         let errors = synced.errors + std::mem::take(&mut self.state.errors);
@@ -282,8 +290,8 @@ impl<'o> Running<'o> {
     /// the phase.
     fn record(&mut self, synced: &SyncedBooks, errors: u64) {
         let statuses = self.books.statuses();
-        self.metrics
-            .programmed(self.books.programmed(), self.books.limits());
+        let (books, metrics) = (&self.books, &self.metrics);
+        metrics.programmed(books.programmed(), books.tally(), books.limits());
         self.metrics.failing(status::counts(statuses));
         self.told
             .tell(&synced.transitions, statuses, &self.state.model);

@@ -1,18 +1,15 @@
-//! The socket hooks from the agent's side: attached (or removed) at start, and the connected
-//! UDP sockets of removed backends destroyed after each sync.
+//! The socket hooks from the agent's side: attached (or removed) at start. The connected
+//! UDP sockets of removed backends are destroyed after each sync by the agent's worker
+//! (`stale_udp`).
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-};
+use std::path::PathBuf;
 
-use tracing::{debug, error, info, warn};
+use tracing::{error, info};
 
 use super::SocketOptions;
 use crate::datapath::{
     pins::Pins,
     socket::{self, SocketLb},
-    stale,
 };
 
 /// Whether the socket hooks are to be attached (on, with a cgroup v2 to attach them to).
@@ -52,42 +49,4 @@ pub(super) fn sync_socket_hooks(
             None
         }
     }
-}
-
-/// The socket hooks as attached: their options, the pins, their cgroup.
-#[derive(Clone, Copy)]
-pub(super) struct Attached<'a> {
-    pub opts: &'a SocketOptions,
-    pub pins: &'a Pins,
-    pub cgroup: &'a Path,
-}
-
-/// Destroys the connected UDP sockets that went to a backend of a frontend that no longer
-/// has it (`gone`: frontend and backend).
-pub(super) fn destroy_stale_udp(hooks: Attached<'_>, gone: &BTreeSet<stale::Pair>) {
-    let Attached { opts, pins, cgroup } = hooks;
-    if gone.is_empty() {
-        return;
-    }
-    let cookies = match stale::cookies(pins, gone) {
-        Ok(c) if c.is_empty() => return,
-        Ok(c) => c,
-        Err(e) => {
-            warn!("cannot read the socket map: {e}; UDP sockets of removed backends stay");
-            return;
-        }
-    };
-    let scope = (opts.socket_lb == SocketLb::All).then_some(cgroup);
-    let mut destroyed = 0;
-    for ns in stale::namespaces(scope) {
-        match stale::destroy_in(&ns, &cookies) {
-            Ok(n) => destroyed += n,
-            Err(e) => debug!(ns = %ns.display(), "cannot destroy UDP sockets there: {e}"),
-        }
-    }
-    info!(
-        sockets = destroyed,
-        backends = gone.len(),
-        "destroyed connected UDP sockets of removed backends"
-    );
 }

@@ -17,8 +17,10 @@
 //! old file or the new one — when the lines it no longer needs (replaced, removed,
 //! garbled) outnumber the live ones (and are at least [`COMPACT_MIN`]): it stays under
 //! about twice its live records, and a compaction, O(live), follows at least as many
-//! appends: O(1) amortized per change. The agent also compacts a file it finds with a torn
-//! tail (its next line must start on a line of its own). JSON lines: any tool reads them
+//! appends: O(1) amortized per change. An append that fails partway (`ENOSPC` on a full
+//! /run) is cut back off, so the file stays as it was and the next append starts on a line
+//! of its own; the agent also compacts a file it finds with a torn tail (a crash
+//! mid-append, or a cut that failed). JSON lines: any tool reads them
 //! (`jq -s 'group_by(.id) | map(last)'`), and a name needs no escaping rules of ours.
 
 use std::{
@@ -189,6 +191,53 @@ impl Open {
     }
 }
 
+/// A file appended to, as [`append`] needs it (a test's fails halfway).
+trait AppendFile: Write {
+    /// Its length.
+    fn end(&self) -> io::Result<u64>;
+    /// Cuts it back to `len`.
+    fn cut(&self, len: u64) -> io::Result<()>;
+}
+
+impl AppendFile for File {
+    fn end(&self) -> io::Result<u64> {
+        self.metadata().map(|m| m.len())
+    }
+
+    fn cut(&self, len: u64) -> io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+/// An append that failed: its error, and whether it left a torn record behind (the cut
+/// failed too).
+#[derive(Debug)]
+struct AppendFailed {
+    error: io::Error,
+    torn: bool,
+}
+
+/// Appends `buf` whole, or leaves the file as it was: a write that fails partway (`ENOSPC`
+/// on a full /run, after part of `buf` landed) has what it wrote cut off, else the torn
+/// record would glue the next append's first line to it and both would be lost.
+fn append(f: &mut impl AppendFile, buf: &[u8]) -> Result<(), AppendFailed> {
+    let failed = |error, torn| AppendFailed { error, torn };
+    let end = f.end().map_err(|e| failed(e, false))?;
+    let Err(error) = f.write_all(buf) else {
+        return Ok(());
+    };
+    let torn = match f.cut(end) {
+        Ok(()) => false,
+        Err(cut) => {
+            tracing::warn!(
+                "names file: cutting off a failed append ({error}) failed: {cut}; compacted at the next write"
+            );
+            true
+        }
+    };
+    Err(failed(error, torn))
+}
+
 fn append_handle(path: &Path) -> io::Result<File> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -260,7 +309,8 @@ impl NamesLog {
     }
 
     /// Appends `changes` (a name, or none: removed) in one write; compacts the file when the
-    /// lines it no longer needs outnumber the live ones.
+    /// lines it no longer needs outnumber the live ones. A write that fails leaves the file
+    /// as it was (see [`append`]) and returns its error.
     pub fn write(&mut self, changes: &[(u32, Option<&str>)]) -> io::Result<()> {
         if changes.is_empty() {
             return Ok(());
@@ -268,7 +318,13 @@ impl NamesLog {
         let open = self.open()?;
         let mut buf = Vec::new();
         lines(&mut buf, changes.iter().copied());
-        open.file.write_all(&buf)?;
+        if let Err(f) = append(&mut open.file, &buf) {
+            if f.torn {
+                // Read again at the next write, and compacted: its tail is torn.
+                self.open = None;
+            }
+            return Err(f.error);
+        }
         open.lines += changes.len();
         for (id, name) in changes {
             match name {
@@ -398,6 +454,96 @@ mod tests {
         let d = tmp("torn");
         let path = d.join("names.jsonl");
         std::fs::write(&path, b"{\"id\":1,\"name\":\"ns/a:p\"}\n{\"id\":2,\"na").expect("write");
+        let mut log = log_in(&d);
+        log.write(&[(3, Some("ns/c:p"))]).expect("write");
+        assert_eq!(
+            names(&log),
+            BTreeMap::from([(1, "ns/a:p".to_string()), (3, "ns/c:p".to_string())])
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The log's file, appended to as [`NamesLog::write`] does, that takes `room` bytes
+    /// and then fails as a full disk does (a write that lands in part, then `ENOSPC`);
+    /// `cut_fails`: cutting it back fails too.
+    struct Full {
+        file: File,
+        room: usize,
+        cut_fails: bool,
+    }
+
+    impl Write for Full {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.room == 0 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            let n = self.file.write(&buf[..buf.len().min(self.room)])?;
+            self.room -= n;
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            self.file.flush()
+        }
+    }
+
+    impl AppendFile for Full {
+        fn end(&self) -> io::Result<u64> {
+            self.file.end()
+        }
+
+        fn cut(&self, len: u64) -> io::Result<()> {
+            match self.cut_fails {
+                true => Err(io::Error::from_raw_os_error(libc::EIO)),
+                false => self.file.cut(len),
+            }
+        }
+    }
+
+    #[test]
+    fn an_append_a_full_disk_cuts_short_leaves_the_file_as_it_was_and_the_next_one_reads_back() {
+        let d = tmp("enospc");
+        let mut log = log_in(&d);
+        log.write(&[(1, Some("ns/a:p"))]).expect("write");
+        let before = std::fs::read(&log.path).expect("file");
+        // Half a record lands, then the disk is full.
+        let mut full = Full {
+            file: append_handle(&log.path).expect("open"),
+            room: 10,
+            cut_fails: false,
+        };
+        let mut buf = Vec::new();
+        lines(&mut buf, [(2, Some("ns/b:p"))]);
+        let failed = append(&mut full, &buf).expect_err("the disk is full");
+        assert_eq!(failed.error.raw_os_error(), Some(libc::ENOSPC));
+        assert!(!failed.torn);
+        assert_eq!(std::fs::read(&log.path).expect("file"), before, "as it was");
+        // The next record starts on a line of its own: it reads back.
+        log.write(&[(3, Some("ns/c:p"))]).expect("write");
+        assert_eq!(
+            names(&log),
+            BTreeMap::from([(1, "ns/a:p".to_string()), (3, "ns/c:p".to_string())])
+        );
+        assert!(!parse(&std::fs::read(&log.path).expect("file")).torn);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn an_append_whose_cut_fails_too_is_torn_and_the_next_open_compacts_it() {
+        let d = tmp("enospc-torn");
+        let path = d.join("names.jsonl");
+        std::fs::write(&path, b"{\"id\":1,\"name\":\"ns/a:p\"}\n").expect("write");
+        let mut full = Full {
+            file: append_handle(&path).expect("open"),
+            room: 10,
+            cut_fails: true,
+        };
+        let mut buf = Vec::new();
+        lines(&mut buf, [(2, Some("ns/b:p"))]);
+        let failed = append(&mut full, &buf).expect_err("the disk is full");
+        assert!(failed.torn);
+        assert!(parse(&std::fs::read(&path).expect("file")).torn);
+        // What the writer does then: the log is read again, compacted, appended to.
         let mut log = log_in(&d);
         log.write(&[(3, Some("ns/c:p"))]).expect("write");
         assert_eq!(

@@ -6,7 +6,9 @@
 //! The sockets are found by their cookie in the socket map (the hooks record which frontend
 //! each socket was sent through) and destroyed with `SOCK_DESTROY` over sock_diag netlink,
 //! in the agent's namespace and, with `--socket-lb all`, in the namespaces of the processes
-//! under the hooks' cgroup.
+//! under the hooks' cgroup: entered one after the other by the thread that destroys them
+//! (the agent's worker, `agent::stale_udp`, off the sync loop), which comes back to its own
+//! after each.
 
 use std::{
     collections::BTreeSet,
@@ -129,21 +131,48 @@ pub fn namespaces(cgroup: Option<&Path>) -> Vec<PathBuf> {
     out
 }
 
-/// Destroys the UDP sockets of namespace `ns` whose cookie is in `cookies`, from a thread of
-/// its own (a namespace belongs to a thread); returns how many went.
-pub fn destroy_in(ns: &Path, cookies: &BTreeSet<u64>) -> std::io::Result<usize> {
-    let ns = ns.to_path_buf();
-    let cookies = cookies.clone();
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&ns)?;
-        // SAFETY: a valid descriptor; this thread is ours alone and ends after the call.
-        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        destroy_here(&cookies)
-    })
-    .join()
-    .map_err(|_| std::io::Error::other("socket destroy thread panicked"))?
+/// The calling thread's network namespace, to come back to after [`destroy_in`] entered
+/// another.
+#[derive(Debug)]
+pub struct Home(std::fs::File);
+
+impl Home {
+    /// The calling thread's namespace.
+    pub fn here() -> std::io::Result<Self> {
+        std::fs::File::open("/proc/thread-self/ns/net").map(Home)
+    }
+}
+
+/// Moves the calling thread into the network namespace `ns` (a descriptor of it).
+fn enter(ns: &std::fs::File) -> std::io::Result<()> {
+    // SAFETY: a valid descriptor; only the calling thread changes namespace.
+    match unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Why [`destroy_in`] destroyed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum DestroyError {
+    /// The namespace could not be entered or searched (the calling thread is home).
+    #[error("{0}")]
+    There(std::io::Error),
+    /// The calling thread could not come back to its namespace: it stays in another
+    /// one (and holds it alive) until it ends.
+    #[error("cannot come back to the agent's network namespace: {0}")]
+    Stranded(std::io::Error),
+}
+
+/// Destroys the UDP sockets of namespace `ns` whose cookie is in `cookies`: the calling
+/// thread enters it and comes back to `home` (a namespace belongs to a thread, so the
+/// caller is a thread of its own, never an async runtime's worker); returns how many went.
+pub fn destroy_in(ns: &Path, cookies: &BTreeSet<u64>, home: &Home) -> Result<usize, DestroyError> {
+    let file = std::fs::File::open(ns).map_err(DestroyError::There)?;
+    enter(&file).map_err(DestroyError::There)?;
+    let destroyed = destroy_here(cookies);
+    enter(&home.0).map_err(DestroyError::Stranded)?;
+    destroyed.map_err(DestroyError::There)
 }
 
 fn request(family: u8, socket_id: SocketId) -> InetRequest {

@@ -72,6 +72,65 @@ impl Desired {
     }
 }
 
+/// What a desired state takes of the maps beyond what their lengths say: the slots its
+/// frontends' ranges take (a power of two each, as the slot allocator hands them out) and
+/// its IPv6 source ranges (the IPv4 ones are the rest of [`Desired::src_ranges`]). Kept as
+/// running totals where the state changes ([`Plan::apply`] adds, the reconciler's removal
+/// takes away), so the fill metrics of a sync cost nothing per frontend;
+/// [`Tally::recount`] is the from-scratch count they must equal.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Slots the frontends' ranges take.
+    pub slots: u64,
+    /// Entries of the IPv6 source-range trie.
+    pub src_ranges6: u64,
+}
+
+impl Tally {
+    /// `d` counted from scratch (walks every frontend and range: for tests and debug
+    /// assertions, or once for a state the totals were not kept for).
+    pub fn recount(d: &Desired) -> Self {
+        let mut t = Tally::default();
+        for e in d.services.values() {
+            t.service(e, true);
+        }
+        for r in &d.src_ranges {
+            t.src_range(r, true);
+        }
+        t
+    }
+
+    /// The slots a frontend of `count` slots takes: its range, a power of two (none when
+    /// it has no slot).
+    pub fn slots_of(count: u16) -> u64 {
+        match count {
+            0 => 0,
+            n => u64::from(n.next_power_of_two()),
+        }
+    }
+
+    /// Frontend entry `e` was added (`true`) to the state or taken out of it.
+    pub fn service(&mut self, e: &SvcEntry, added: bool) {
+        let n = Self::slots_of(e.count);
+        match added {
+            true => self.slots += n,
+            false => self.slots -= n,
+        }
+    }
+
+    /// Source range `r` was added (`true`) to the state's set or taken out of it (only
+    /// when the set changed: a range already there adds nothing).
+    pub fn src_range(&mut self, r: &SrcRange, added: bool) {
+        if r.map() != lb_common::MAP_SRC_RANGE6 {
+            return;
+        }
+        match added {
+            true => self.src_ranges6 += 1,
+            false => self.src_ranges6 -= 1,
+        }
+    }
+}
+
 /// A frontend's object name (`namespace/name:port`, with the frontend when it is one) as
 /// the names file holds it: one shared copy, cut to at most [`SVC_NAME_LEN`] bytes (a
 /// character boundary) as the kernel's name map cut it. The bookkeeping's owner of the

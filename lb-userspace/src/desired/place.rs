@@ -9,7 +9,7 @@ use lb_common::{
 use std::net::IpAddr;
 
 use super::{
-    Desired, DesiredError, Indices, Limits, MaglevTable, ObjectName, SrcRange, SvcEntry,
+    Desired, DesiredError, Indices, Limits, MaglevTable, ObjectName, SrcRange, SvcEntry, Tally,
     candidates::Candidate, shared_object_name,
 };
 use crate::model::BackendAddr;
@@ -61,6 +61,12 @@ impl Plan {
 
     /// Adds it to `desired`; returns what it added.
     pub fn apply(self, desired: &mut Desired) -> Placed {
+        self.apply_counted(desired, &mut Tally::default())
+    }
+
+    /// [`Plan::apply`], `tally` (that of `desired`) kept: the entry it adds (less one it
+    /// replaces), the source ranges the set did not have.
+    pub fn apply_counted(self, desired: &mut Desired, tally: &mut Tally) -> Placed {
         let placed = Placed {
             key: self.key,
             slots: self.entry.count,
@@ -68,11 +74,18 @@ impl Plan {
             src_ranges: self.src_ranges.clone().into_boxed_slice(),
             maglev: self.maglev_id(),
         };
-        desired.services.insert(self.key, self.entry);
+        tally.service(&self.entry, true);
+        if let Some(was) = desired.services.insert(self.key, self.entry) {
+            tally.service(&was, false);
+        }
         desired.maglev.extend(self.maglev);
         desired.backends.extend(self.backends);
         desired.names.insert(self.name.0, self.name.1);
-        desired.src_ranges.extend(self.src_ranges);
+        for r in self.src_ranges {
+            if desired.src_ranges.insert(r) {
+                tally.src_range(&r, true);
+            }
+        }
         placed
     }
 }

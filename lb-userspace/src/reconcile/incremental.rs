@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::{Ids, Journal, ids::Bits};
 use crate::{
     desired::{
-        Candidate, Desired, DesiredError, Limits, NodeContext, ObjectName, Placed, Touched,
+        Candidate, Desired, DesiredError, Limits, NodeContext, ObjectName, Placed, Tally, Touched,
         backend_filter_bit, candidates_of, external, placing_order, plan, service_candidates,
     },
     model::{Model, ServiceRef},
@@ -54,6 +54,12 @@ pub struct Incremental {
     filter: FilterSize,
     /// Frontend entries placed (either scope).
     frontends: usize,
+    /// What the desired state takes beyond its maps' lengths (slots, IPv6 source ranges),
+    /// kept as it changes: where a plan is applied ([`Plan::apply_counted`]) and in
+    /// [`Incremental::remove`], the only places its frontends and ranges change.
+    ///
+    /// [`Plan::apply_counted`]: crate::desired::Plan::apply_counted
+    tally: Tally,
     /// What the last [`Incremental::update`] changed, as it was before (none after a full
     /// computation, which records nothing).
     journal: Option<Journal>,
@@ -69,8 +75,15 @@ impl Incremental {
     /// backends in it, keep copies of their own again).
     pub fn take_desired(&mut self, ids: &mut Ids) -> Desired {
         let d = std::mem::take(&mut self.desired);
+        self.tally = Tally::default();
         ids.unlend(&d.backends);
         d
+    }
+
+    /// What the desired state takes beyond its maps' lengths: the slots of its frontends'
+    /// ranges, its IPv6 source ranges (running totals: no walk).
+    pub fn tally(&self) -> Tally {
+        self.tally
     }
 
     /// What is programmed of what `touched` (the last update's) names, when the maps held
@@ -252,6 +265,7 @@ impl Incremental {
                 j.service(&self.desired, k);
             }
             if let Some(v) = self.desired.services.remove(&k) {
+                self.tally.service(&v, false);
                 self.unref_filter(self.filter.bit_of(&k.addr_be), ids, touched);
                 if k.scope == SCOPE_EXTERNAL {
                     self.owners.remove(&k);
@@ -269,7 +283,9 @@ impl Incremental {
                 if let Some(j) = &mut self.journal {
                     j.src_range(&self.desired, *r);
                 }
-                self.desired.src_ranges.remove(r);
+                if self.desired.src_ranges.remove(r) {
+                    self.tally.src_range(r, false);
+                }
             }
             if let Some(id) = p.maglev {
                 if let Some(j) = &mut self.journal {
@@ -440,7 +456,7 @@ impl Incremental {
         if let Some(j) = &mut self.journal {
             j.plan(&self.desired, &plan);
         }
-        let placed = plan.apply(&mut self.desired);
+        let placed = plan.apply_counted(&mut self.desired, &mut self.tally);
         if let Some(object) = object {
             self.owners.insert(key, (id.clone(), object));
         }

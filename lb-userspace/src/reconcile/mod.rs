@@ -32,7 +32,7 @@ use crate::{
         sync::{self, apply_fresh, apply_touched},
         writer::MapWriter,
     },
-    desired::{self, Desired, DesiredError, Limits, NodeContext, Touched},
+    desired::{self, Desired, DesiredError, Limits, NodeContext, Tally, Touched},
     model::{Model, ServiceRef},
 };
 
@@ -278,6 +278,20 @@ impl Reconciler {
     /// What the maps hold (but for what failed services left).
     pub fn programmed(&self) -> &Desired {
         self.programmed.as_ref().unwrap_or(self.engine.desired())
+    }
+
+    /// What [`Reconciler::programmed`] takes beyond its maps' lengths (the slots of its
+    /// frontends' ranges, its IPv6 source ranges): the running totals of the desired
+    /// state, no walk; counted once from the pins' state before the first sync.
+    pub fn tally(&self) -> Tally {
+        match &self.programmed {
+            Some(p) => Tally::recount(p),
+            None => {
+                let t = self.engine.tally();
+                debug_assert_eq!(t, Tally::recount(self.engine.desired()), "running totals");
+                t
+            }
+        }
     }
 
     /// The desired state now.

@@ -372,3 +372,77 @@ fn a_problem_is_logged_when_it_appears_or_changes_and_a_sync_logs_a_bounded_numb
     log.note(&api, &many, &mut logged);
     assert_eq!((log.lines, log.more), (LOGGED_PER_SYNC, 12));
 }
+
+/// A LoadBalancer `ns/{name}` on both families (LoadBalancer IPs 203.0.113.9 and
+/// 2001:db8:100::9) admitting `ranges`, one endpoint per family.
+fn dual_stack_lb(name: &str, ranges: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{namespace: ns, name: {name}}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.1.1\n  clusterIPs: [10.96.1.1, \"fd00::1\"]\n  ipFamilies: [IPv4, IPv6]\n  loadBalancerSourceRanges: {ranges}\n  ports: [{{name: p, port: 80, nodePort: 30080, protocol: TCP}}]\nstatus:\n  loadBalancer:\n    ingress: [{{ip: 203.0.113.9}}, {{ip: \"2001:db8:100::9\"}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: {name}-4, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n- {{addresses: [10.244.1.1], conditions: {{ready: true}}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{namespace: ns, name: {name}-6, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv6\nports: [{{name: p, port: 8080, protocol: TCP}}]\nendpoints:\n- {{addresses: [\"fd00:244::1\"], conditions: {{ready: true}}}}\n"
+    )
+}
+
+/// The running totals the fill metrics read, which must be a from-scratch count of what
+/// is programmed.
+fn tally(b: &Bench) -> Tally {
+    let t = b.books.tally();
+    assert_eq!(t, Tally::recount(b.books.programmed()), "running totals");
+    t
+}
+
+#[test]
+fn the_running_totals_of_slots_and_ipv6_ranges_equal_a_recount_after_every_change() {
+    let web = |n: usize| {
+        let backends: Vec<String> = (1..=n).map(|i| format!("10.244.0.{i}")).collect();
+        let backends: Vec<&str> = backends.iter().map(String::as_str).collect();
+        svc("web", "10.96.0.1", &backends)
+    };
+    let api = svc("api", "10.96.0.2", &["10.244.0.9"]);
+    let two6 = r#"["2001:db8:1::/48", "10.0.0.0/8", "2001:db8:2::/64"]"#;
+    let one6 = r#"["2001:db8:1::/48", "10.0.0.0/8"]"#;
+    // A full sync: web's 3 slots take a range of 4.
+    let mut b = Bench::new(&web(3), Duration::from_secs(3600));
+    assert_eq!(
+        tally(&b),
+        Tally {
+            slots: 4,
+            src_ranges6: 0
+        }
+    );
+    // Added: api (1 slot), then the load balancer with two IPv6 ranges and an IPv4 one.
+    assert_eq!(b.change(&(web(3) + &api), &["api"]), 0);
+    assert_eq!(tally(&b).slots, 5);
+    let all = |n, ranges| web(n) + &api + &dual_stack_lb("lb", ranges);
+    assert_eq!(b.change(&all(3, two6), &["lb"]), 0);
+    let with_lb = tally(&b);
+    assert_eq!(with_lb.src_ranges6, 2);
+    assert_eq!(b.books.programmed().src_ranges.len(), 3);
+    // web's range resized: 5 slots take 8.
+    assert_eq!(b.change(&all(5, two6), &["web"]), 0);
+    assert_eq!(tally(&b).slots, with_lb.slots + 4);
+    // An IPv6 range removed, then added back.
+    assert_eq!(b.change(&all(5, one6), &["lb"]), 0);
+    assert_eq!(tally(&b).src_ranges6, 1);
+    assert_eq!(b.change(&all(5, two6), &["lb"]), 0);
+    assert_eq!(tally(&b).src_ranges6, 2);
+    // Shrunk back, and api removed.
+    assert_eq!(
+        b.change(&(web(2) + &dual_stack_lb("lb", two6)), &["web", "api"]),
+        0
+    );
+    assert_eq!(tally(&b).slots, with_lb.slots - 1 - 2);
+    // A full sync counts the same.
+    let before = tally(&b);
+    b.full = true;
+    assert_eq!(b.sync(&[]), 0);
+    assert_eq!(tally(&b), before);
+    // The load balancer removed: no IPv6 range left.
+    assert_eq!(b.change(&web(2), &["lb"]), 0);
+    assert_eq!(
+        tally(&b),
+        Tally {
+            slots: 2,
+            src_ranges6: 0
+        }
+    );
+    assert!(b.incremental());
+}

@@ -13,7 +13,7 @@ use std::{
 use lb_common::{Backend, SvcKey};
 use lb_userspace::{
     datapath::{sync, writer::MemoryMaps},
-    desired::{self, Desired, Limits, NodeContext},
+    desired::{self, Desired, Limits, NodeContext, Tally},
     model::{
         Cidr, Endpoint, EndpointPort, EndpointSlice, Hints, LbAlgorithm, Model, Protocol, Service,
         ServicePort, ServiceRef, ServiceType, SessionAffinity, Topology, TrafficPolicy,
@@ -373,6 +373,8 @@ proptest! {
                 engine.frontends(),
                 inc.services.len()
             );
+            // The fill metrics' running totals are a count of the state.
+            prop_assert_eq!(engine.tally(), Tally::recount(&inc));
             let (want, want_errors) = desired::compute_on(&model, &ctx, &mut Ids::default(), limits);
             prop_assert_eq!(canonical(&inc), canonical(&want));
             let mut got_errors: Vec<String> = engine.problems().map(|e| e.to_string()).collect();
@@ -390,6 +392,7 @@ proptest! {
         let before = engine.desired().clone();
         engine.full(&model, &ctx, &mut ids, limits);
         prop_assert_eq!(canonical(engine.desired()), canonical(&before));
+        prop_assert_eq!(engine.tally(), Tally::recount(&before));
         // The indices found their backends in the engine's state: their own copies back.
         ids.unlend(&engine.desired().backends);
         let (again, _) = reconcile::recompute(&model, &ctx, &mut ids, limits);

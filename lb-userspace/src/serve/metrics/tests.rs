@@ -105,7 +105,7 @@ fn map_fill_comes_from_the_last_sync_and_the_collectors_last_pass() {
     let m = metrics(None);
     let mut d = Desired::default();
     d.backends.insert(1, lb_common::Backend::default());
-    m.programmed(&d, Limits::default());
+    m.programmed(&d, Tally::recount(&d), Limits::default());
     let fill = |entries, capacity| crate::datapath::counts::Fill { entries, capacity };
     let pass = |lru| ct_gc::Pass {
         v4: TablePass {
@@ -185,4 +185,14 @@ fn health_answers_are_counted_and_no_series_is_per_backend() {
         "text/plain; version=0.0.4; charset=utf-8"
     );
     assert!(m.handle("/other").is_none());
+}
+
+#[test]
+fn stale_udp_pairs_the_worker_dropped_are_counted() {
+    let m = metrics(None);
+    assert_eq!(value(&m.render(), "xlb_stale_udp_dropped_pairs_total"), 0.0);
+    m.stale_udp_dropped(0);
+    m.stale_udp_dropped(3);
+    m.stale_udp_dropped(2);
+    assert_eq!(value(&m.render(), "xlb_stale_udp_dropped_pairs_total"), 5.0);
 }
