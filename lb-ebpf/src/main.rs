@@ -197,9 +197,26 @@ fn try_xdp(ctx: &XdpContext, len: u32) -> xdp::XdpOutcome {
         let w = unsafe { work::acquire() }?;
         return v6::xdp::xdp(ctx, &mut w.v6, len).outcome();
     }
+    // Neither to a frontend nor from a backend: passed here, as XDP's flow would pass it,
+    // without the out-of-line call to its IPv4 leaf.
+    let mut front = None;
+    if let Some((saddr_be, daddr_be)) = parse::plain_ends(ctx, len) {
+        let filters = filter::Filters::load();
+        let to_frontend = filters.frontend(daddr_be);
+        if !to_frontend && !filters.backend(saddr_be) {
+            return Ok((xdp::PASS, Reason(R_PASS)));
+        }
+        front = Some(to_frontend);
+    }
     // SAFETY: the only acquire of this run (a closure called at most once), taken only once
     // the address filters say the frame may be a service's.
-    v4::xdp(ctx, || unsafe { work::acquire() }.map(|w| &mut w.v4), len).outcome()
+    v4::xdp(
+        ctx,
+        || unsafe { work::acquire() }.map(|w| &mut w.v4),
+        len,
+        front,
+    )
+    .outcome()
 }
 
 /// tc ingress: the frame's family's leaf parses the packet (`v4::tc_in`, `v6::tc`), then the

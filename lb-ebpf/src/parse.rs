@@ -168,6 +168,33 @@ pub fn parse_ipv4<P: Packet>(ctx: &P, len: u32) -> Result<Parsed, Reason> {
     }
 }
 
+/// The addresses `(saddr_be, daddr_be)` of a whole, unfragmented IPv4 TCP or UDP packet
+/// without options, read in place from its IP header alone; `None` for anything else. For
+/// such a packet [`parse_ipv4`] gives a flow with these addresses (its checks pass: the L4
+/// header is within `tot_len`, within the frame), so a hook may judge it by its addresses
+/// before the parse (XDP's early pass, `xlb_xdp`).
+#[inline(always)]
+pub fn plain_ends<P: Packet>(ctx: &P, len: u32) -> Option<(u32, u32)> {
+    let h = at::<_, [u8; L4_OFF]>(ctx, 0)? as *const u8;
+    // SAFETY: within the L4_OFF bytes checked above.
+    let (vihl, proto) = unsafe { (*h.add(ETH_HLEN), *h.add(ETH_HLEN + 9)) };
+    let l4_len = match proto {
+        IPPROTO_TCP => 20,
+        IPPROTO_UDP => 8,
+        _ => return None,
+    };
+    let tot_len = u16::from_be(rd16(h, ETH_HLEN + 2)) as usize;
+    let frag = u16::from_be(rd16(h, ETH_HLEN + 6));
+    if vihl != 0x45
+        || frag & 0x3fff != 0
+        || tot_len < 20 + l4_len
+        || (len as usize) < ETH_HLEN + tot_len
+    {
+        return None;
+    }
+    Some((rd32(h, IP_SRC_OFF), rd32(h, IP_DST_OFF)))
+}
+
 /// Reads a 16-bit field as it sits in the packet.
 #[inline(always)]
 fn rd16(p: *const u8, off: usize) -> u16 {

@@ -258,11 +258,16 @@ impl Message for Icmp {
 }
 
 /// XDP for an IPv4 frame of `len` bytes: parsed here (its tuple on this frame), then XDP's
-/// dispatch. Out of line: inline, the entry's frame and the deepest step's go over 512
+/// dispatch (`front`: the entry's early pass's finding, if it tested the filters). Out of line: inline, the entry's frame and the deepest step's go over 512
 /// bytes.
 #[inline(never)]
-pub fn xdp<'a>(ctx: &XdpContext, work: impl Work<'a, FlowScratch>, len: u32) -> Carried {
-    xdp::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, len), work, len)
+pub fn xdp<'a>(
+    ctx: &XdpContext,
+    work: impl Work<'a, FlowScratch>,
+    len: u32,
+    front: Option<bool>,
+) -> Carried {
+    xdp::frame::<Tuple>(ctx, parse::parse_ipv4(ctx, len), work, len, front)
 }
 
 /// tc egress: the node's own IPv4 packet to a frontend the egress flow left, parsed again

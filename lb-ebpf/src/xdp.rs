@@ -67,9 +67,10 @@ pub fn frame<'a, F: Family>(
     f: Result<Frame<impl Borrow<F>, impl Borrow<F::Icmp>>, Reason>,
     work: impl Work<'a, F::Scratch>,
     len: u32,
+    front: Option<bool>,
 ) -> Carried {
     match f {
-        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), work, len),
+        Ok(Frame::Flow(t)) => flow(ctx, t.borrow(), work, len, front),
         Ok(Frame::Icmp(_)) => Carried::done::<u32>(Ok((XDP_PASS, Reason(R_PASS)))),
         Ok(Frame::Pass(r)) => Carried::done::<u32>(Ok((XDP_PASS, r))),
         Err(r) => Carried::done::<u32>(Err(r)),
@@ -77,7 +78,8 @@ pub fn frame<'a, F: Family>(
 }
 
 /// A frame's parsed TCP or UDP packet `t` (its family's leaf parsed it; `s`: the family's
-/// part of the run's work area; `len`: the frame's length). The same order as tc: the
+/// part of the run's work area; `len`: the frame's length; `front`: whether its destination
+/// may be a frontend, if the entry's early pass tested its filters already). The same order as tc: the
 /// address filters, a tracked flow from its entry alone, then replies, then the service
 /// map for a new flow. Each step is out of line, called from here.
 #[inline(always)]
@@ -86,19 +88,28 @@ pub fn flow<'a, F: Family>(
     t: &F,
     work: impl Work<'a, F::Scratch>,
     len: u32,
+    front: Option<bool>,
 ) -> Carried {
     if t.proto() == IPPROTO_SCTP {
         // Left to tc, whose rewrite keeps SCTP's checksum (XDP's redirect and its
         // checksum steps are TCP's and UDP's).
         return Carried::done(pass(R_PASS));
     }
-    let filters = Filters::load();
-    let front = filters.frontend(F::filter_word(t.daddr()));
-    if !front && !filters.backend(F::filter_word(t.saddr())) {
-        // Neither to a frontend nor from a backend: no flow of ours (no call out of line,
-        // no work area).
-        return Carried::done(pass(R_PASS));
-    }
+    let front = match front {
+        // The entry tested the filters already (and passed a frame neither to a frontend
+        // nor from a backend).
+        Some(front) => front,
+        None => {
+            let filters = Filters::load();
+            let front = filters.frontend(F::filter_word(t.daddr()));
+            if !front && !filters.backend(F::filter_word(t.saddr())) {
+                // Neither to a frontend nor from a backend: no flow of ours (no call out of
+                // line, no work area).
+                return Carried::done(pass(R_PASS));
+            }
+            front
+        }
+    };
     let s = match work() {
         Ok(s) => s,
         Err(r) => return Carried::done::<u32>(Err(r)),

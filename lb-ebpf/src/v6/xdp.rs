@@ -11,5 +11,5 @@ use crate::{reason::Carried, work::Work6, xdp};
 #[inline(never)]
 pub fn xdp(ctx: &XdpContext, w: &mut Work6, len: u32) -> Carried {
     let f = parse::parse6(ctx, &mut w.pkt).map(|p| p.of(&w.pkt));
-    xdp::frame::<Tuple6>(ctx, f, || Ok(&mut w.flow), len)
+    xdp::frame::<Tuple6>(ctx, f, || Ok(&mut w.flow), len, None)
 }
