@@ -75,7 +75,9 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         conntrack::count(&ct, ctx.len());
         return Ok(Then::Done(pass(R_REVERSE_NAT)));
     }
-    let to_backend = filters.backend(F::filter_word(t.daddr()));
+    // The destination's filter word, once (an IPv6 address's is a fold of its four words).
+    let daddr_word = F::filter_word(t.daddr());
+    let to_backend = filters.backend(daddr_word);
     if to_backend {
         // A flow another node sends here by DSR, on its way to the backend (its option makes
         // the header longer): recorded for the backend's replies, which leave this node.
@@ -102,7 +104,7 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
     // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
     // (`out_dnat` checks the protocol: read here, LLVM packs the tuple's fields on ways out
     // where some were never read, which the verifier refuses.)
-    if filters.frontend(F::filter_word(t.daddr())) {
+    if filters.frontend(daddr_word) {
         return Ok(Then::Next(Reason(R_PASS)));
     }
     Ok(Then::Done(pass(R_PASS)))
