@@ -357,19 +357,9 @@ fn a_connected_udp_socket_leaves_a_removed_backend_within_a_second() {
     let cg = s.agent.cgroup.as_ref().expect("cgroup");
     let mut remaining = all.clone();
     for (who, ns) in [("node", &s.topo.node), ("pod", &s.topo.client.ns)] {
-        let args: Vec<String> = ["udp-stay", &sock(DNS, 53).to_string(), "3", "20"]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
-        let rx = probe::stream(probe::spawn(cg, ns, &args).expect("probe"));
-        let (_, first) = rx.recv_timeout(Duration::from_secs(3)).expect("an answer");
-        let on = first.backend().expect("answered").to_string();
+        let (rx, on, index) = probe::udp_stay(cg, ns, sock(DNS, 53));
         // Remove the backend this socket is connected to (its pod keeps serving: a socket
         // left on it would go on getting answers from it).
-        let index: usize = on
-            .strip_prefix("backend-")
-            .and_then(|k| k.parse().ok())
-            .expect("backend-k");
         let gone = s.topo.backends[index - 1].ip;
         remaining.retain(|ip| *ip != gone);
         write_atomic(&s.yaml, &yaml(&all, &remaining)).expect("write");

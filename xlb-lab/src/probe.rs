@@ -163,6 +163,32 @@ pub fn stream(mut child: Child) -> std::sync::mpsc::Receiver<(std::time::Instant
     rx
 }
 
+/// A running `udp-stay` probe: one connected UDP socket in `ns` (under `cg`) asking `to`
+/// every 20 ms, for 3 s; its lines, and the backend its first answer came from
+/// (`backend-k`: its name, and `k`).
+pub fn udp_stay(
+    cg: &Cgroup,
+    ns: &Netns,
+    to: SocketAddr,
+) -> (
+    std::sync::mpsc::Receiver<(std::time::Instant, Line)>,
+    String,
+    usize,
+) {
+    let args: Vec<String> = ["udp-stay", &to.to_string(), "3", "20"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let rx = stream(spawn(cg, ns, &args).expect("probe"));
+    let (_, first) = rx.recv_timeout(Duration::from_secs(3)).expect("an answer");
+    let on = first.backend().expect("answered").to_string();
+    let index: usize = on
+        .strip_prefix("backend-")
+        .and_then(|k| k.parse().ok())
+        .expect("backend-k");
+    (rx, on, index)
+}
+
 /// A `udp-stay` probe's lines `after` backend `on` was removed at `removed`: the socket was
 /// destroyed (a call failed with EDESTADDRREQ or ECONNABORTED), its client answered by
 /// another backend within a second, and never by `on` after that. `who` and `log` (the

@@ -372,18 +372,7 @@ fn a_connected_ipv6_udp_socket_leaves_a_removed_backend_within_a_second() {
     }
     let (s, _client6, _servers) = dual_stack("xv6u", &[]);
     let cg = s.agent.cgroup.as_ref().expect("the agent's cgroup");
-    let dns6 = SocketAddr::from((WEB6, 53));
-    let args: Vec<String> = ["udp-stay", &dns6.to_string(), "3", "20"]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-    let rx = probe::stream(probe::spawn(cg, &s.topo.client.ns, &args).expect("probe"));
-    let (_, first) = rx.recv_timeout(Duration::from_secs(3)).expect("an answer");
-    let on = first.backend().expect("answered").to_string();
-    let index: usize = on
-        .strip_prefix("backend-")
-        .and_then(|k| k.parse().ok())
-        .expect("backend-k");
+    let (rx, on, index) = probe::udp_stay(cg, &s.topo.client.ns, SocketAddr::from((WEB6, 53)));
     // Remove the backend this socket is connected to from the IPv6 slice (its pod keeps
     // serving: a socket left on it would go on getting answers from it).
     let gone = s.topo.backends[index - 1]
