@@ -82,6 +82,9 @@ pub fn rewrite<F: Family, P: L4Sum, const PART: u8>(
         let r = if t.proto() == IPPROTO_TCP {
             in_place::<F, P, F::DirectTcp, 16, PART>(ctx, t, to.lend())
         } else if t.proto() == IPPROTO_SCTP {
+            if !P::SCTP {
+                return Err(Reason(R_REWRITE_FAILED));
+            }
             in_place::<F, P, F::DirectSctp, 8, PART>(ctx, t, to.lend())
         } else {
             in_place::<F, P, F::DirectUdp, 6, PART>(ctx, t, to.lend())
@@ -243,6 +246,9 @@ fn with_helpers<F: Family, P: L4Sum, const PART: u8>(
         ctx.store(t.l4_off() + 2, &dport).map_err(failed)?;
     }
     if t.proto() == IPPROTO_SCTP {
+        if !P::SCTP {
+            return Err(Reason(R_REWRITE_FAILED));
+        }
         let (old, new) = (ports_word(t.sport(), t.dport()), ports_word(sport, dport));
         return sctp_csum_with_helpers(ctx, t.csum_off(), t.l4_len(), old, new);
     }

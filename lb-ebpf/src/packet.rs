@@ -324,12 +324,16 @@ impl Packet for XdpContext {
 
 /// The L4 checksum update at a variable offset (behind extension headers), per hook.
 pub trait L4Sum: Packet {
+    /// The hook rewrites SCTP packets (tc); XDP passes them to tc untranslated, so its
+    /// rewrites carry no SCTP step (nor its calls, whose frames would count in XDP's chain).
+    const SCTP: bool;
     /// Applies `addr` (pseudo-header words) and `port` (L4 header words) diffs to the
     /// checksum at `off`; `udp`: a 0 checksum stays 0 and a computed 0 is sent as 0xffff.
     fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()>;
 }
 
 impl L4Sum for TcContext {
+    const SCTP: bool = true;
     #[inline(always)]
     fn l4_sum(&self, off: usize, addr: u32, port: u32, udp: bool) -> Result<(), ()> {
         self.l4_csum_diff(off, addr, port, udp)
@@ -337,6 +341,7 @@ impl L4Sum for TcContext {
 }
 
 impl L4Sum for XdpContext {
+    const SCTP: bool = false;
     /// Through the load and store helpers: XDP's own `l4_csum_diff` reads in place, at
     /// constant offsets only.
     #[inline(always)]

@@ -81,7 +81,9 @@ pub fn frame<'a, F: Family>(
 /// part of the run's work area; `len`: the frame's length; `front`: whether its destination
 /// may be a frontend, if the entry's early pass tested its filters already). The same order as tc: the
 /// address filters, a tracked flow from its entry alone, then replies, then the service
-/// map for a new flow. Each step is out of line, called from here.
+/// map for a new flow. The tracked step, the hot path's, runs inline (a packet of an
+/// established flow or a reply makes one call, its family's leaf); the new-flow steps are
+/// out of line, called from here.
 #[inline(always)]
 pub fn flow<'a, F: Family>(
     ctx: &XdpContext,
@@ -114,7 +116,7 @@ pub fn flow<'a, F: Family>(
         Ok(s) => s,
         Err(r) => return Carried::done::<u32>(Err(r)),
     };
-    match tracked(ctx, t, front, s, len).next::<u32>() {
+    match Carried::then(tracked(ctx, t, front, s, len)).next::<u32>() {
         Then::Next(_) => {}
         Then::Done(o) => return Carried::done(o),
         Then::Refuse | Then::FragNeeded(_) => return Carried::done(pass(R_PASS)),
@@ -144,20 +146,10 @@ pub fn flow<'a, F: Family>(
 
 /// A packet of a tracked flow or a reply of one; else [`Then::Next`]. `front`: the
 /// destination may be a frontend (its address filter bit); when it may not, [`flow`] found
-/// the source may be a backend (else the packet passed there).
-#[inline(never)]
-fn tracked<F: Family>(
-    ctx: &XdpContext,
-    t: &F,
-    front: bool,
-    s: &mut F::Scratch,
-    len: u32,
-) -> Carried {
-    Carried::then(try_tracked(ctx, t, front, s, len))
-}
-
+/// the source may be a backend (else the packet passed there). Inline in [`flow`]: the
+/// chain of frames it adds to stays within the 512 bytes (480 at most, IPv6's new flow).
 #[inline(always)]
-fn try_tracked<F: Family>(
+fn tracked<F: Family>(
     ctx: &XdpContext,
     t: &F,
     front: bool,
