@@ -161,9 +161,10 @@ fn tracked<F: Family>(
     } else {
         None
     };
-    // Not to a frontend: `flow` tested the source's bit already.
-    let from_backend = !front || filter::maybe_backend(F::filter_word(t.saddr()));
-    let reply = if forward.is_none() && from_backend {
+    // Not to a frontend: `flow` tested the source's bit already. The source's bit only
+    // when no forward entry was found (a hot established packet hashes one address).
+    let reply = if forward.is_none() && (!front || filter::maybe_backend(F::filter_word(t.saddr())))
+    {
         conntrack::lookup_reply(t)
     } else {
         None
