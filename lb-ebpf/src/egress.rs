@@ -16,7 +16,9 @@
 use core::borrow::Borrow;
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use lb_common::{R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT};
+use lb_common::{
+    IPPROTO_SCTP, R_DSR_IN, R_DSR_OUT, R_ICMP_XLATE, R_PASS, R_REVERSE_NAT, R_SNAT_OUT,
+};
 
 use crate::{
     conntrack::{self, touch},
@@ -101,10 +103,11 @@ fn try_flow<F: Family>(ctx: &TcContext, t: &F, s: &mut F::Scratch) -> Result<The
         nat::rewrite::<F, _, SRC>(ctx, t, &ct)?;
         return Ok(Then::Done(pass(R_SNAT_OUT)));
     }
-    // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association.
-    // (`out_dnat` checks the protocol: read here, LLVM packs the tuple's fields on ways out
-    // where some were never read, which the verifier refuses.)
-    if filters.frontend(daddr_word) {
+    // Maybe the node's own SCTP packet to a frontend: no socket hook saw its association
+    // (its TCP and UDP ones were translated at connect or send time). The protocol first:
+    // the packets of no service, nearly all of what leaves a node, read no third filter
+    // word (`out_dnat` checks the protocol again, on its own parse).
+    if t.proto() == IPPROTO_SCTP && filters.frontend(daddr_word) {
         return Ok(Then::Next(Reason(R_PASS)));
     }
     Ok(Then::Done(pass(R_PASS)))
