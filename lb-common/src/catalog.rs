@@ -203,7 +203,7 @@ pub const MAP_DEFS: [MapDef; 18] = [
         size_of::<u32>(),
         size_of::<u64>(),
     )
-    .doc(r#""#, r#"word index → 64 bits: words `0..words` the (hashed, `lb_common::FilterSize::bit`) addresses that may be frontends, `words..2 × words` those that may be backends; a clear bit lets the datapath skip the conntrack and service lookups on that side"#, r#"agent (bits set before the entries that need them, cleared a day after their last address went)"#, r#"sized at load, four bits per address the backend and frontend maps hold: 32,768 words (256 KiB) at the default capacities, up to 4 Mi words (32 MiB)"#),
+    .doc(r#""#, r#"word index → 64 bits: words `0..words` the (hashed, `lb_common::FilterSize::bit`) addresses that may be frontends, the rest (as many words or more, `lb_common::FilterSize::backend_bit_of`) those that may be backends; a clear bit lets the datapath skip the conntrack and service lookups on that side"#, r#"agent (bits set before the entries that need them, cleared a day after their last address went)"#, r#"sized at load, four bits per address: the frontends' filter by the service arrays' capacity, the backends' by the backend map's (or the service arrays', the larger): 32,768 words (256 KiB) at the default capacities, up to 4 Mi words (32 MiB)"#),
     def(
         crate::v6::MAP_CT6,
         kind::LRU_HASH,

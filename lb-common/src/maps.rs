@@ -161,10 +161,12 @@ pub const fn flow_hash(
 
 /// Address filters, written by the agent, read by the datapath before any hash lookup: one
 /// bit per hashed address ([`FilterSize::bit`]), words `0..words` for destinations that may
-/// be frontends, `words..2 * words` for sources that may be backends (whose packets may be
+/// be frontends, the rest (as many or more) for sources that may be backends (whose packets may be
 /// replies). A clear bit means "certainly not": the packet needs no conntrack or service
-/// lookup on that side. Sized at load time ([`FilterSize`]).
-pub const MAP_ADDR_FILTER: &str = "XLB_ADDRFILT_V1";
+/// lookup on that side. Sized at load time ([`FilterSize`]). (V2: the two filters may differ
+/// in size; `prev::MAP_ADDR_FILTER`, V1, had two of one size, and is taken over at
+/// start.)
+pub const MAP_ADDR_FILTER: &str = "XLB_ADDRFILT_V2";
 /// log2 of the bits of each filter at the default map capacities (and the least any
 /// capacity gets).
 pub const FILTER_BITS_LOG2: u32 = 20;
@@ -172,18 +174,23 @@ pub const FILTER_BITS_LOG2: u32 = 20;
 pub const FILTER_BITS_LOG2_MAX: u32 = 27;
 /// 64-bit words of each filter at the default size (2^20 bits: 128 KiB).
 pub const FILTER_WORDS: u32 = 1 << (FILTER_BITS_LOG2 - 6);
-/// The load-time global (a `u32`) holding the filters' log2 bits ([`FilterSize::log2`]),
-/// set by every loader that sizes [`MAP_ADDR_FILTER`]; 0 (not set): the default size.
+/// The load-time global (a `u32`) holding the filters' sizes ([`FilterSize::global`]), set
+/// by every loader that sizes [`MAP_ADDR_FILTER`]; 0 (not set): the default size.
 pub const GLOBAL_FILTER_LOG2: &str = "XLB_FILTER_LOG2";
 
-/// The size of each address filter: 2^`log2` bits. Chosen at load time from the map
-/// capacities, four bits per address the maps can hold (at least the default, 2^20), so a
-/// filter is at most a quarter set when the maps are full and a non-service packet falls
-/// into a conntrack lookup at most one time in five, whatever the scale. The datapath
-/// reads it from [`GLOBAL_FILTER_LOG2`], the agent from the map's size.
+/// The sizes of the two address filters: 2^`front` bits for the frontends' addresses and
+/// 2^`back` bits for the backends', `front <= back`. Chosen at load time from the map
+/// capacities, four bits per address each filter's maps can hold (at least the default,
+/// 2^20), so a filter is at most a quarter set when the maps are full and a non-service
+/// packet falls into a conntrack lookup at most one time in five, whatever the scale; the
+/// frontends' filter, which every packet to a service reads, stays as small as the
+/// frontends allow (a node of 100,000 services and 2 million backends: 128 KiB beside 1 MiB).
+/// The datapath reads it from [`GLOBAL_FILTER_LOG2`] ([`FilterSize::global`]), the agent
+/// from the map's size ([`FilterSize::from_entries`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FilterSize {
-    log2: u32,
+    front: u32,
+    back: u32,
 }
 
 impl Default for FilterSize {
@@ -192,67 +199,126 @@ impl Default for FilterSize {
     }
 }
 
+/// `log2` within `FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX` (0: the default).
+const fn clamp_log2(log2: u32) -> u32 {
+    if log2 < FILTER_BITS_LOG2 {
+        FILTER_BITS_LOG2
+    } else if log2 > FILTER_BITS_LOG2_MAX {
+        FILTER_BITS_LOG2_MAX
+    } else {
+        log2
+    }
+}
+
+/// The least `log2` with `2^log2 >= n`.
+const fn ceil_log2(n: u64) -> u32 {
+    let mut log2 = 0;
+    while log2 < 63 && (1u64 << log2) < n {
+        log2 += 1;
+    }
+    log2
+}
+
 impl FilterSize {
     /// The size at the default capacities (and of a map no loader sized).
     pub const DEFAULT: Self = Self {
-        log2: FILTER_BITS_LOG2,
+        front: FILTER_BITS_LOG2,
+        back: FILTER_BITS_LOG2,
     };
 
-    /// A filter of 2^`log2` bits, kept within `FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX`
-    /// (0, a global no loader set, is the default).
+    /// Two filters of 2^`log2` bits each, kept within
+    /// `FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX` (0, a global no loader set, is the default).
     #[inline(always)]
     pub const fn from_log2(log2: u32) -> Self {
-        let log2 = if log2 < FILTER_BITS_LOG2 {
-            FILTER_BITS_LOG2
-        } else if log2 > FILTER_BITS_LOG2_MAX {
-            FILTER_BITS_LOG2_MAX
-        } else {
-            log2
-        };
-        Self { log2 }
+        let log2 = clamp_log2(log2);
+        Self {
+            front: log2,
+            back: log2,
+        }
     }
 
-    /// The size a loader set (its global, within range: the loader clamped it), taken as
-    /// it is: the datapath's filters read it once per test without a check.
+    /// Filters of 2^`front` and 2^`back` bits, each kept within range and the frontends'
+    /// no larger than the backends'.
+    pub const fn split(front: u32, back: u32) -> Self {
+        let back = clamp_log2(back);
+        let front = clamp_log2(front);
+        Self {
+            front: if front < back { front } else { back },
+            back,
+        }
+    }
+
+    /// The sizes a loader set (its global, [`Self::global`]: within range, the loader
+    /// clamped them), taken as they are: the datapath reads them once per packet without a
+    /// check.
     #[inline(always)]
-    pub const fn trusted(log2: u32) -> Self {
-        Self { log2 }
+    pub const fn trusted(global: u32) -> Self {
+        let back = global & 0xff;
+        Self {
+            front: back - ((global >> 8) & 0xff),
+            back,
+        }
     }
 
-    /// Four bits per address for maps that hold up to `addresses` of them (the larger of
-    /// the backend capacity and the frontend capacity).
+    /// The load-time global's value: the backends' log2 in the low byte, how much smaller
+    /// the frontends' is in the next (so a global of one log2, as every loader before the
+    /// split wrote, reads as two filters of that size).
+    pub const fn global(self) -> u32 {
+        self.back | (self.back - self.front) << 8
+    }
+
+    /// Four bits per address for maps that hold up to `addresses` of them, both filters.
     pub const fn for_addresses(addresses: u32) -> Self {
-        let mut log2 = 0;
-        while log2 < 32 && (1u64 << log2) < addresses as u64 {
-            log2 += 1;
-        }
-        Self::from_log2(log2 + 2)
+        Self::from_log2(ceil_log2(addresses as u64) + 2)
     }
 
-    /// The size of a filter map of `entries` words (both filters).
+    /// Four bits per address each: the frontends' filter for up to `frontends` addresses
+    /// (the service map's capacity), the backends' for the larger of that and `backends`.
+    pub const fn for_maps(frontends: u32, backends: u32) -> Self {
+        let most = if frontends > backends {
+            frontends
+        } else {
+            backends
+        };
+        Self::split(ceil_log2(frontends as u64) + 2, ceil_log2(most as u64) + 2)
+    }
+
+    /// The sizes of a filter map of `entries` words: the frontends' words, then the
+    /// backends' (a power of two: two filters of one size; two bits set: the smaller
+    /// is the frontends').
     pub const fn from_entries(entries: u32) -> Self {
-        let mut log2 = 6;
-        while log2 < 32 && (2u64 << (log2 - 6)) < entries as u64 {
-            log2 += 1;
+        if entries == 0 {
+            return Self::DEFAULT;
         }
-        Self::from_log2(log2)
+        let hi = 31 - entries.leading_zeros();
+        let lo = entries.trailing_zeros();
+        if hi == lo {
+            return Self::from_log2(hi + 5);
+        }
+        Self::split(lo + 6, hi + 6)
     }
 
-    /// log2 of each filter's bits.
+    /// log2 of the backends' filter's bits (the larger).
     #[inline(always)]
     pub const fn log2(self) -> u32 {
-        self.log2
+        self.back
     }
 
-    /// 64-bit words of each filter.
+    /// log2 of the frontends' filter's bits.
+    #[inline(always)]
+    pub const fn front_log2(self) -> u32 {
+        self.front
+    }
+
+    /// 64-bit words of the frontends' filter (the first): the backends' filter's first word.
     #[inline(always)]
     pub const fn words(self) -> u32 {
-        1 << (self.log2 - 6)
+        1 << (self.front - 6)
     }
 
     /// Entries of the filter map (both filters).
     pub const fn entries(self) -> u32 {
-        2 * self.words()
+        (1 << (self.front - 6)) + (1 << (self.back - 6))
     }
 
     /// The number of the second filter's first bit (the backends' filter).
@@ -261,17 +327,31 @@ impl FilterSize {
         self.words() * 64
     }
 
-    /// The bit of IPv4 address `addr_be` (network order) in a filter: a multiplicative hash
-    /// of the address, so neighbouring addresses spread.
+    /// The bit of IPv4 address `addr_be` (network order) in the frontends' filter: a
+    /// multiplicative hash of the address, so neighbouring addresses spread.
     #[inline(always)]
     pub const fn bit(self, addr_be: u32) -> u32 {
-        u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - self.log2)
+        u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - self.front)
     }
 
-    /// The filter bit of an address of either family ([`filter_fold`], then [`Self::bit`]).
+    /// The bit of `addr_be` in the backends' filter (counted from its first bit).
+    #[inline(always)]
+    pub const fn back_bit(self, addr_be: u32) -> u32 {
+        u32::from_be(addr_be).wrapping_mul(0x9e37_79b1) >> (32 - self.back)
+    }
+
+    /// The frontends' filter bit of an address of either family ([`filter_fold`], then
+    /// [`Self::bit`]).
     #[inline(always)]
     pub const fn bit_of(self, addr_be: &[u32; 4]) -> u32 {
         self.bit(filter_fold(addr_be))
+    }
+
+    /// The backends' filter bit of an address of either family, counted from the map's
+    /// first bit ([`Self::backend_base`] on).
+    #[inline(always)]
+    pub const fn backend_bit_of(self, addr_be: &[u32; 4]) -> u32 {
+        self.backend_base() + self.back_bit(filter_fold(addr_be))
     }
 }
 
@@ -800,8 +880,22 @@ mod tests {
         for log2 in FILTER_BITS_LOG2..=FILTER_BITS_LOG2_MAX {
             let f = FilterSize::from_log2(log2);
             assert_eq!(FilterSize::from_entries(f.entries()), f);
+            assert_eq!(FilterSize::trusted(f.global()), f);
             assert!(f.bit(u32::MAX) < f.backend_base());
+            for back in log2..=FILTER_BITS_LOG2_MAX {
+                let f = FilterSize::split(log2, back);
+                assert_eq!(FilterSize::from_entries(f.entries()), f);
+                assert_eq!(FilterSize::trusted(f.global()), f);
+                assert!(f.bit(u32::MAX) < f.backend_base());
+                assert!(f.back_bit(u32::MAX) < f.entries() * 64 - f.backend_base());
+            }
         }
         assert_eq!(FilterSize::from_log2(0), FilterSize::DEFAULT);
+        // A global of one log2 (every loader before the split) reads as two equal filters.
+        assert_eq!(FilterSize::trusted(23), FilterSize::from_log2(23));
+        // The frontends' filter as the service map allows, the backends' as the larger.
+        let f = FilterSize::for_maps(131_072, 2_097_152);
+        assert_eq!((f.front_log2(), f.log2()), (FILTER_BITS_LOG2, 23));
+        assert_eq!(FilterSize::for_maps(1 << 22, 1 << 20).front_log2(), 24);
     }
 }

@@ -35,6 +35,13 @@ pub const MAP_SVC_V2: &str = "XLB_SVC_V2";
 /// to that file, then removes it after its first sync.
 pub const MAP_SVC_NAME: &str = "XLB_SVCNAME_V1";
 
+/// The address filters of the layouts before the two filters could differ in size (two
+/// halves of one size, the same bit numbering as a V2 of that size): an agent that finds it
+/// pinned (and no `XLB_ADDRFILT_V2`) creates its V2 of the same size, ORs these words into it
+/// before its first sync (the bits of addresses gone less than a day stay), and removes
+/// this pin once its programs are attached.
+pub const MAP_ADDR_FILTER: &str = "XLB_ADDRFILT_V1";
+
 /// `XLB_SVC_V2`'s key (and `XLB_SVC_V1`'s): a frontend and a slot (0: its entry).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Pod, Zeroable)]

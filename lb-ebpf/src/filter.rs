@@ -1,4 +1,4 @@
-//! The address filters (`XLB_ADDRFILT_V1`): a packet whose destination can be no frontend
+//! The address filters (`XLB_ADDRFILT_V2`): a packet whose destination can be no frontend
 //! needs no forward conntrack or service lookup, one whose source can be no backend no
 //! reply lookup. One bit per hashed address in an array each (sized by the loader, four bits
 //! per address the maps can hold: `lb_common::FilterSize`), instead of a miss in a hash map
@@ -9,7 +9,7 @@
 
 use lb_common::FilterSize;
 
-use crate::maps::{XLB_ADDRFILT_V1, XLB_FILTER_LOG2};
+use crate::maps::{XLB_ADDRFILT_V2, XLB_FILTER_LOG2};
 
 /// The filters as the loader sized them, read once for a packet's tests (the size is a
 /// load-time global: each read is a load and a shift the compiler cannot fold).
@@ -28,9 +28,8 @@ impl Filters {
     }
 
     #[inline(always)]
-    fn test(self, base: u32, word: u32) -> bool {
-        let bit = self.size.bit(word);
-        XLB_ADDRFILT_V1
+    fn test(self, base: u32, bit: u32) -> bool {
+        XLB_ADDRFILT_V2
             .get(base + (bit >> 6))
             .is_some_and(|w| w & (1u64 << (bit & 63)) != 0)
     }
@@ -39,14 +38,14 @@ impl Filters {
     /// or a service's).
     #[inline(always)]
     pub fn frontend(self, word: u32) -> bool {
-        self.test(0, word)
+        self.test(0, self.size.bit(word))
     }
 
     /// Whether the address of filter word `word` may be a backend (the source of a flow's
     /// replies).
     #[inline(always)]
     pub fn backend(self, word: u32) -> bool {
-        self.test(self.size.words(), word)
+        self.test(self.size.words(), self.size.back_bit(word))
     }
 }
 

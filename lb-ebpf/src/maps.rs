@@ -236,10 +236,10 @@ pub static XLB_SOCK_V1: LruHashMap<SockKey, SockValue, { SOCK_MAP_CAPACITY as us
 /// sources that may be backends. 4 B → 8 B, an array sized by the loader with
 /// [`XLB_FILTER_LOG2`] (32,768 entries, 256 KiB, at the default capacities).
 #[btf_map]
-pub static XLB_ADDRFILT_V1: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::new();
+pub static XLB_ADDRFILT_V2: Array<u64, { 2 * FILTER_WORDS as usize }> = Array::new();
 
-/// log2 of each address filter's bits (`GLOBAL_FILTER_LOG2`), set by the loader that sizes
-/// [`XLB_ADDRFILT_V1`]; 0 (not set): the default size.
+/// The address filters' sizes (`GLOBAL_FILTER_LOG2`, `lb_common::FilterSize::global`), set
+/// by the loader that sizes [`XLB_ADDRFILT_V2`]; the object's own value: the default size.
 #[unsafe(no_mangle)]
 pub static XLB_FILTER_LOG2: Global<u32> = Global::new(lb_common::FILTER_BITS_LOG2);
 

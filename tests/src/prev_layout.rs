@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{Array, HashMap, MapData};
 use aya_obj::{
     EbpfSectionKind,
     maps::{LegacyMap, PinningType, bpf_map_def},
@@ -205,6 +205,63 @@ pub fn downgrade_names(dir: &Path) -> Result<BTreeMap<u32, String>, String> {
     }
     names_file::remove(dir).map_err(|e| format!("names file: {e}"))?;
     Ok(names)
+}
+
+/// Moves the address filters pinned under `dir` (`XLB_ADDRFILT_V2`, two filters of one
+/// size, as at the default capacities) into the layout before (`prev::MAP_ADDR_FILTER`),
+/// with the bit `extra` (numbered `word * 64 + bit`) set as well, as a bit of an address
+/// gone less than a day would be: the pins as such an agent leaves them (the programs
+/// attached keep the map they hold). Returns the words copied.
+pub fn downgrade_filter(dir: &Path, extra: u32) -> Result<usize, String> {
+    let path = dir.join(lb_common::MAP_ADDR_FILTER);
+    let data = MapData::from_pin(&path).map_err(|e| format!("open the filters: {e}"))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(|e| e.to_string())?;
+    let now: Array<MapData, u64> = Array::try_from(map).map_err(|e| e.to_string())?;
+    let size = lb_common::FilterSize::from_entries(now.len());
+    if size.front_log2() != size.log2() {
+        return Err(format!(
+            "{size:?}: the layout before had two filters of one size"
+        ));
+    }
+    let old = create(
+        dir,
+        prev::MAP_ADDR_FILTER,
+        kind::ARRAY,
+        std::mem::size_of::<u32>(),
+        std::mem::size_of::<u64>(),
+        now.len(),
+        0,
+    )?;
+    let map = aya::maps::Map::from_map_data(old).map_err(|e| e.to_string())?;
+    let mut old: Array<MapData, u64> = Array::try_from(map).map_err(|e| e.to_string())?;
+    let mut copied = 0;
+    for i in 0..now.len() {
+        let mut w = now.get(&i, 0).map_err(|e| e.to_string())?;
+        if i == extra / 64 {
+            w |= 1 << (extra % 64);
+        }
+        if w != 0 {
+            old.set(i, w, 0).map_err(|e| e.to_string())?;
+            copied += 1;
+        }
+    }
+    std::fs::remove_file(&path).map_err(|e| format!("unpin the filters: {e}"))?;
+    Ok(copied)
+}
+
+/// The set bits of the address filters pinned under `dir` (this layout's), numbered
+/// `word * 64 + bit`.
+pub fn filter_bits(dir: &Path) -> Result<std::collections::BTreeSet<u32>, String> {
+    let data = MapData::from_pin(dir.join(lb_common::MAP_ADDR_FILTER))
+        .map_err(|e| format!("open the filters: {e}"))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(|e| e.to_string())?;
+    let now: Array<MapData, u64> = Array::try_from(map).map_err(|e| e.to_string())?;
+    let mut bits = std::collections::BTreeSet::new();
+    for i in 0..now.len() {
+        let w = now.get(&i, 0).map_err(|e| e.to_string())?;
+        bits.extend((0..64).filter(|b| w & (1 << b) != 0).map(|b| i * 64 + b));
+    }
+    Ok(bits)
 }
 
 /// The previous layout's backend map (a hash, no slots).

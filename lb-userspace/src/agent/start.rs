@@ -86,6 +86,13 @@ pub(super) fn load(opts: &DatapathOptions, sockets: &SocketOptions) -> Result<St
         );
     }
     let mut maps = KernelMaps::from_ebpf(&mut ebpf, &opts.bpffs)?;
+    // The previous layout's address filters: their bits, before the filters are read.
+    if let Some(words) = upgrade::adopt_filter(&pins)? {
+        info!(
+            words,
+            "took the bits of the previous layout's address filters over"
+        );
+    }
     if !counters_pinned {
         maps.counters_created();
     }

@@ -52,8 +52,8 @@ pub fn entries(stride: u32, cpus: u32) -> u32 {
 pub struct Strides {
     pub svc: u32,
     pub backend: u32,
-    /// log2 of each address filter's bits (`lb_common::FilterSize`), the filter map sized to
-    /// match; 0: not set (an object of a build before sized filters, which has no such global
+    /// The address filters' sizes (`lb_common::FilterSize::global`), the filter map sized
+    /// to match; 0: not set (an object of a build before sized filters, which has no such global
     /// and reads the default size).
     pub filter_log2: u32,
 }

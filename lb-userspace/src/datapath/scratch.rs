@@ -179,7 +179,7 @@ impl Scratch {
         let strides = Strides {
             svc: stride(MAP_SVC_STATS),
             backend: stride(MAP_BACKEND_STATS),
-            filter_log2: lb_common::FilterSize::from_entries(filter_entries).log2(),
+            filter_log2: lb_common::FilterSize::from_entries(filter_entries).global(),
         };
         let mut l = EbpfLoader::new();
         for (name, path) in &paths {

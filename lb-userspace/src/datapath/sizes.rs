@@ -103,12 +103,13 @@ impl MapSizes {
         ]
     }
 
-    /// The address filters' size: a pinned filter's, else four bits per address the backend
-    /// map and the per-service arrays can hold (the default capacities keep the default,
-    /// 2^20 bits each).
+    /// The address filters' sizes: a pinned filter's, else four bits per address the
+    /// per-service arrays can hold for the frontends' filter, and the backend map or those
+    /// arrays, the larger, for the backends' (the default capacities keep the default, 2^20
+    /// bits each).
     pub fn filter(&self) -> FilterSize {
         self.filter
-            .unwrap_or_else(|| FilterSize::for_addresses(self.backends.max(self.service_ports)))
+            .unwrap_or_else(|| FilterSize::for_maps(self.service_ports, self.backends))
     }
 
     /// These sizes with what is pinned under `dir` kept where it may be: the address
@@ -138,10 +139,16 @@ impl MapSizes {
     }
 
     /// These sizes with the address filters' kept as pinned under `dir`, if they are: a
-    /// filter pinned by an earlier build (whose filters had one size) or with other
-    /// capacities keeps its size rather than refusing the start; new pins get theirs.
+    /// filter pinned with other capacities keeps its size rather than refusing the start;
+    /// one of the layout before (`prev::MAP_ADDR_FILTER`, two filters of one size) gives its
+    /// size to this layout's, which takes its bits over (`upgrade::adopt_filter`); new pins
+    /// get theirs.
     pub fn keeping_pinned_filter(self, dir: &Path) -> Result<Self, DatapathError> {
-        let Some(entries) = pinned_entries(dir, MAP_ADDR_FILTER)? else {
+        let pinned = match pinned_entries(dir, MAP_ADDR_FILTER)? {
+            Some(n) => Some(n),
+            None => pinned_entries(dir, lb_common::prev::MAP_ADDR_FILTER)?,
+        };
+        let Some(entries) = pinned else {
             return Ok(self);
         };
         let pinned = FilterSize::from_entries(entries);
@@ -149,8 +156,8 @@ impl MapSizes {
         if pinned != wanted {
             tracing::info!(
                 map = MAP_ADDR_FILTER,
-                pinned_bits_log2 = pinned.log2(),
-                sized_bits_log2 = wanted.log2(),
+                pinned = ?pinned,
+                sized = ?wanted,
                 "the pinned address filters keep their size (removing the pins, `xlb cleanup`, sizes them anew)"
             );
         }
@@ -165,7 +172,7 @@ impl MapSizes {
         Strides {
             svc: self.service_ports,
             backend: self.backends,
-            filter_log2: self.filter().log2(),
+            filter_log2: self.filter().global(),
         }
     }
 

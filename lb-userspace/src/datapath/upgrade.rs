@@ -32,13 +32,19 @@
 //! names file ([`adopt_names`], so the file says what was programmed, and the indices it
 //! names keep their counters), programs its maps in its first sync (writing to the file
 //! what changed), attaches its programs and removes that pin, as for `XLB_SVC_V2`.
+//!
+//! The address filters of the layout before the two filters could differ in size
+//! (`prev::MAP_ADDR_FILTER`): this layout's filter map is created of the same size (two
+//! filters of one size number their bits alike in both layouts), the old words are ORed
+//! into it before the agent reads it ([`adopt_filter`]: the bits of addresses gone less than
+//! a day stay set), and the pin is removed with the others once the programs are attached.
 
 use std::{collections::BTreeMap, path::Path};
 
 use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, CT_F_AFFINITY, CtKey, CtValue, FAMILY_V4, MAP_AFFINITY,
-    MAP_BACKEND, MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
+    AffinityKey, AffinityValue, Backend, CT_F_AFFINITY, CtKey, CtValue, FAMILY_V4, MAP_ADDR_FILTER,
+    MAP_AFFINITY, MAP_BACKEND, MAP_CT, SCOPE_EXTERNAL, SvcKey, SvcValue, prev,
 };
 
 use super::{DatapathError, names_file, pins::Pins};
@@ -289,7 +295,7 @@ impl Previous {
     pub fn find(pins: &Pins) -> Result<Option<Self>, DatapathError> {
         let dir = pins.dir();
         let v1 = prev::REPLACED.iter().any(|m| dir.join(m).exists());
-        let later = [prev::MAP_SVC_V2, prev::MAP_SVC_NAME];
+        let later = [prev::MAP_SVC_V2, prev::MAP_SVC_NAME, prev::MAP_ADDR_FILTER];
         if !v1 && !later.iter().any(|m| dir.join(m).exists()) {
             return Ok(None);
         }
@@ -344,10 +350,47 @@ impl Previous {
     pub fn finish(self) -> usize {
         prev::REPLACED
             .iter()
-            .chain([&prev::MAP_SVC_V2, &prev::MAP_SVC_NAME])
+            .chain([
+                &prev::MAP_SVC_V2,
+                &prev::MAP_SVC_NAME,
+                &prev::MAP_ADDR_FILTER,
+            ])
             .filter(|m| std::fs::remove_file(self.pins.dir().join(m)).is_ok())
             .count()
     }
+}
+
+/// The address filters of the layout before (`prev::MAP_ADDR_FILTER`, pinned beside this
+/// layout's, which was sized as it: `MapSizes::keeping_pinned_filter`): its words ORed into
+/// this layout's filter map before the agent reads that map, so the bits of addresses gone
+/// less than a day stay set (both layouts number the bits of two filters of one size
+/// alike). Returns how many words held bits, or `None` when nothing was adopted (none
+/// pinned, or of another size, where this agent programs its own bits).
+pub fn adopt_filter(pins: &Pins) -> Result<Option<usize>, DatapathError> {
+    let name = prev::MAP_ADDR_FILTER;
+    let path = pins.dir().join(name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let data = MapData::from_pin(path).map_err(map_err(name))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(map_err(name))?;
+    let old: Array<MapData, u64> = Array::try_from(map).map_err(map_err(name))?;
+    let mut new: Array<MapData, u64> =
+        Array::try_from(pins.map(MAP_ADDR_FILTER)?).map_err(map_err(MAP_ADDR_FILTER))?;
+    if old.len() != new.len() {
+        return Ok(None);
+    }
+    let mut words = 0;
+    for i in 0..old.len() {
+        let w = old.get(&i, 0).map_err(map_err(name))?;
+        if w == 0 {
+            continue;
+        }
+        let have = new.get(&i, 0).map_err(map_err(MAP_ADDR_FILTER))?;
+        new.set(i, have | w, 0).map_err(map_err(MAP_ADDR_FILTER))?;
+        words += 1;
+    }
+    Ok(Some(words))
 }
 
 /// The names of the retired names map (`prev::MAP_SVC_NAME`) pinned beside this layout's

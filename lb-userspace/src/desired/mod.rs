@@ -53,7 +53,7 @@ pub struct Desired {
     pub names: Dense<ObjectName>,
     /// loadBalancerSourceRanges of frontends flagged `SVC_F_SRC_RANGES`.
     pub src_ranges: BTreeSet<SrcRange>,
-    /// The set bits of the address filters (`XLB_ADDRFILT_V1`, numbered `word * 64 + bit`):
+    /// The set bits of the address filters (`XLB_ADDRFILT_V2`, numbered `word * 64 + bit`):
     /// every frontend's and every backend's address, and for a day those that went.
     pub filter: BTreeSet<u32>,
     /// Service index → the Maglev table of a frontend flagged `SVC_F_MAGLEV`.
@@ -256,7 +256,7 @@ pub fn live_filter_bits(d: &Desired, size: FilterSize) -> BTreeSet<u32> {
 
 /// A backend's bit (numbered as in [`Desired::filter`]) in the second filter of `size`.
 pub fn backend_filter_bit(size: FilterSize, be: &Backend) -> u32 {
-    size.backend_base() + size.bit_of(&be.addr_be)
+    size.backend_bit_of(&be.addr_be)
 }
 
 /// One allowed source range of a frontend: an entry of the IPv4 source-range trie

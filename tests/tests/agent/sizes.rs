@@ -65,12 +65,13 @@ fn filters_sized_for_a_larger_backend_map_pass_service_flows_and_their_replies()
     if !require_root() {
         return;
     }
-    // 2^20 backends: filters of 2^22 bits (the default capacities keep 2^20).
+    // 2^20 backends: the backends' filter of 2^22 bits, the frontends' at the default 2^20
+    // (the default service capacity): two filters of two sizes, their bits numbered apart.
     let mut s = web("xf", &["--backend-map-max", "1048576"]);
     assert_eq!(
         entries(&s.agent.pins, MAP_ADDR_FILTER),
-        FilterSize::from_log2(22).entries(),
-        "the filter map is sized for 2^20 backends"
+        FilterSize::split(20, 22).entries(),
+        "the backends' filter is sized for 2^20 backends, the frontends' for the services"
     );
     answered(&mut s);
 }

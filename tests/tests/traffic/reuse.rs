@@ -227,6 +227,50 @@ fn names_leave_the_kernel_without_breaking_a_flow() {
     assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
 }
 
+/// The address filters of the layout before the two filters could differ in size
+/// (`prev::MAP_ADDR_FILTER`): the agent creates its own of the same size, takes the old bits
+/// over (a bit of an address gone less than a day included) before its first sync, takes
+/// over and removes the old pin. Long-lived TCP and UDP flows keep their backends
+/// throughout, and none is picked up mid-stream.
+#[test]
+fn the_address_filters_move_to_their_new_layout_without_breaking_a_flow() {
+    let Some(mut s) = upgrade_lab("xuf") else {
+        return;
+    };
+    const N: usize = 4;
+    let (mut tcp, udp, first) = spread_flows(&s, N);
+
+    s.agent.stop();
+    let before = xlb_tests::prev_layout::filter_bits(&s.agent.pins).expect("filter bits");
+    assert!(!before.is_empty(), "the agent set its addresses' bits");
+    // A bit no address of this lab has: as an address gone less than a day leaves it.
+    let extra = (0..u32::MAX)
+        .find(|b| !before.contains(b))
+        .expect("a clear bit");
+    let copied = xlb_tests::prev_layout::downgrade_filter(&s.agent.pins, extra)
+        .expect("filters of the layout before");
+    assert!(copied > 0, "{copied} words");
+    assert_eq!(ask_all(&mut tcp, &udp, "before the upgrade"), first);
+    let misses = counts(&s);
+
+    upgrade(&mut s);
+    let text = s.agent.log_text();
+    assert!(
+        text.contains("took the bits of the previous layout's address filters over"),
+        "{text}"
+    );
+    assert!(
+        !s.agent.pins.join(lb_common::prev::MAP_ADDR_FILTER).exists(),
+        "XLB_ADDRFILT_V1 still pinned: {text}"
+    );
+    let after = xlb_tests::prev_layout::filter_bits(&s.agent.pins).expect("filter bits");
+    assert!(
+        before.is_subset(&after) && after.contains(&extra),
+        "every bit of the old filters is kept: {before:?} + {extra} ⊄ {after:?}"
+    );
+    assert_flows_kept(&s, (&mut tcp, &udp, &first), misses);
+}
+
 /// A synced lab of 3 backends whose dns service is programmed too.
 fn upgrade_lab(tag: &str) -> Option<Scenario> {
     let mut s = synced(tag, 3)?;

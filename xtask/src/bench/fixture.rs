@@ -154,13 +154,13 @@ impl Datapath {
             .windows(GLOBAL_FILTER_LOG2.len())
             .any(|w| w == GLOBAL_FILTER_LOG2.as_bytes());
         let filter = match sized {
-            true => FilterSize::for_addresses(svc_stride.max(backend_stride)),
+            true => FilterSize::for_maps(svc_stride, backend_stride),
             false => FilterSize::DEFAULT,
         };
         let strides = Strides {
             svc: svc_stride,
             backend: backend_stride,
-            filter_log2: if sized { filter.log2() } else { 0 },
+            filter_log2: if sized { filter.global() } else { 0 },
         };
         // As the agent: counter arrays this load creates start at zero.
         let counters_pinned = loader::counters_pinned(&pins);
