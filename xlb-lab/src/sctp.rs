@@ -341,6 +341,8 @@ fn serve(
         let (from, bytes) = match recv(sock, &mut buf) {
             Ok(Some(r)) => r,
             Ok(None) => continue,
+            // A signal, not the socket: receive again.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 errors.note(format!("{name}: receive: {e}"));
                 // Not a busy loop on an error that repeats.
